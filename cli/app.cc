@@ -1,0 +1,116 @@
+// kiln's command line: subcommands, exit codes, and the one-line error format
+// `kiln <verb>: error: <file>: <node/value>: <what>`.
+#include "cli/app.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <random>
+
+#include "formats/ir.h"
+
+namespace kiln::cli {
+
+namespace fs = std::filesystem;
+
+int report(const std::string& verb, const Error& e) {
+  std::cerr << "kiln" << (verb.empty() ? "" : " " + verb) << ": error: " << e.message() << "\n";
+  return static_cast<int>(e.kind);
+}
+
+int report(const std::string& verb, const Status& s) { return s.ok() ? 0 : report(verb, s.error()); }
+
+std::string command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    if (i) s += ' ';
+    s += i == 0 ? std::string("kiln") : std::string(argv[i]);
+  }
+  return s;
+}
+
+Result<std::string> read_input(const std::string& path) {
+  if (path == "-") {
+    std::string bytes((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    return bytes;
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return Error{ErrorKind::user, path, "", "is a directory, expected a file"};
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+Status write_output(const std::string& path, const std::string& bytes) {
+  if (path == "-") {
+    std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::cout.flush();
+    if (!std::cout) return Error{ErrorKind::user, "<stdout>", "", "write failed"};
+    return {};
+  }
+  fs::path target(path);
+  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  int fd = mkstemp(tmpl.data());
+  if (fd < 0) return Error{ErrorKind::user, path, "", "cannot create a file in '" + dir.string() + "'"};
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      ::unlink(tmpl.c_str());
+      return Error{ErrorKind::user, path, "", "write failed (disk full?)"};
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::fchmod(fd, 0644);
+  if (::close(fd) != 0 || std::rename(tmpl.c_str(), path.c_str()) != 0) {
+    ::unlink(tmpl.c_str());
+    return Error{ErrorKind::user, path, "", "cannot write file"};
+  }
+  return {};
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: capture, quantize, compile and profile models"};
+  app.name("kiln");
+  app.set_version_flag("--version", "kiln " + std::string(kiln_version()));
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  int exit_code = 0;
+  std::string cmdline = command_line(argc, argv);
+  add_export_command(app, exit_code, cmdline);
+  add_run_command(app, exit_code);
+  add_inspect_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string verb;
+    for (const CLI::App* sub : app.get_subcommands()) verb = sub->get_name();
+    std::cerr << "kiln" << (verb.empty() ? "" : " " + verb) << ": error: " << e.what()
+              << " (see kiln" << (verb.empty() ? "" : " " + verb) << " --help)\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kiln: error: out of memory\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln: error: internal error: " << e.what() << " (please report this as a kiln bug)\n";
+    return 1;
+  }
+  return exit_code;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,35 @@
+// Command-line entry point and the pieces the subcommands share.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kiln::cli {
+
+/// Parses the command line, runs the subcommand and returns kiln's exit code.
+int main(int argc, char** argv);
+
+/// Prints `kiln <verb>: error: <message>` on stderr and returns the error's exit code.
+int report(const std::string& verb, const Error& e);
+int report(const std::string& verb, const Status& s);
+
+/// The whole command line, for provenance records.
+std::string command_line(int argc, char** argv);
+
+/// Reads a file, or stdin for "-".
+Result<std::string> read_input(const std::string& path);
+/// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
+Status write_output(const std::string& path, const std::string& bytes);
+
+// Subcommand set-up: each adds its options to `app` and returns the callback's exit code slot.
+void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
+void add_run_command(CLI::App& app, int& exit_code);
+void add_inspect_command(CLI::App& app, int& exit_code);
+
+}  // namespace kiln::cli

@@ -1,0 +1,217 @@
+// `kiln run M.kiln`: execute a model on given or random inputs, write and/or check outputs.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <regex>
+
+#include "cli/app.h"
+#include "export/onnx_tensor.h"
+#include "formats/npy.h"
+#include "formats/serialize.h"
+#include "runtime/compare.h"
+#include "runtime/random_inputs.h"
+#include "runtime/session.h"
+
+namespace kiln::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;
+  std::string inputs_file;
+  uint64_t seed = 0;
+  std::string output_dir;
+  std::string check_against;
+  double atol = 1e-5;
+  double rtol = 1e-3;
+  bool verbose = false;
+};
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The input_K.pb / output_K.pb files of an ONNX test_data_set folder, by K.
+std::vector<std::string> numbered_pb_files(const std::string& dir, const std::string& prefix) {
+  std::map<int, std::string> found;
+  std::regex re(prefix + "_([0-9]+)\\.pb");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, re)) found[std::stoi(m[1])] = entry.path().string();
+  }
+  std::vector<std::string> out;
+  for (auto& [k, p] : found) out.push_back(p);
+  return out;
+}
+
+// Tensors from a test_data_set folder's numbered .pb files, named by the graph's values at
+// those positions (the files' own names when they match a value).
+Result<NamedTensors> read_pb_set(const std::string& dir, const std::string& prefix, const std::vector<std::string>& names) {
+  NamedTensors out;
+  std::vector<std::string> files = numbered_pb_files(dir, prefix);
+  for (size_t k = 0; k < files.size(); ++k) {
+    KILN_ASSIGN_OR_RETURN(auto named, read_onnx_tensor_file(files[k]));
+    std::string name = named.first;
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      if (k >= names.size()) return Error{ErrorKind::user, files[k], "", "the model has only " + std::to_string(names.size()) + " " + prefix + "s"};
+      name = names[k];
+    }
+    out.emplace_back(name, std::move(named.second));
+  }
+  return out;
+}
+
+Result<NamedTensors> read_one_input(const std::string& spec) {
+  size_t eq = spec.find('=');
+  std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
+  std::string file = eq == std::string::npos ? spec : spec.substr(eq + 1);
+  if (ends_with(file, ".pb")) {
+    KILN_ASSIGN_OR_RETURN(auto named, read_onnx_tensor_file(file));
+    return NamedTensors{{name.empty() ? named.first : name, std::move(named.second)}};
+  }
+  KILN_ASSIGN_OR_RETURN(NamedTensors t, read_tensors_file(file));
+  if (!name.empty()) {
+    if (t.size() != 1) return Error{ErrorKind::user, file, "", "holds " + std::to_string(t.size()) + " arrays; NAME=FILE needs a .npy"};
+    t[0].first = name;
+  }
+  return t;
+}
+
+int run(const RunArgs& args) {
+  const std::string verb = "run";
+  auto model = load_model(args.model);
+  if (!model.ok()) return report(verb, model.error());
+  const Graph& g = model->graph;
+  std::vector<std::string> input_names, output_names;
+  for (ValueId id : g.inputs) input_names.push_back(g.value(id).name);
+  for (ValueId id : g.outputs) output_names.push_back(g.value(id).name);
+
+  // Gather the given inputs.
+  NamedTensors given;
+  if (!args.inputs_file.empty()) {
+    std::error_code ec;
+    auto r = fs::is_directory(args.inputs_file, ec) ? read_pb_set(args.inputs_file, "input", input_names)
+                                                    : read_tensors_file(args.inputs_file);
+    if (!r.ok()) return report(verb, r.error());
+    given = std::move(*r);
+  }
+  for (const std::string& spec : args.inputs) {
+    auto r = read_one_input(spec);
+    if (!r.ok()) return report(verb, r.error());
+    for (auto& nt : *r) given.push_back(std::move(nt));
+  }
+  std::map<std::string, Tensor> feed;
+  for (auto& [name, t] : given) {
+    if (std::find(input_names.begin(), input_names.end(), name) == input_names.end())
+      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'", "the model has no input of this name"});
+    feed[name] = t;
+  }
+  // Symbolic dims bound by the given inputs size the random ones; any others default to 1.
+  std::map<std::string, int64_t> bound;
+  for (ValueId id : g.inputs) {
+    const Value& v = g.value(id);
+    auto it = feed.find(v.name);
+    if (it == feed.end() || !v.shape.rank_known || it->second.rank() != v.shape.rank()) continue;
+    for (size_t d = 0; d < v.shape.dims.size(); ++d)
+      if (v.shape.dims[d].is_symbolic()) bound.emplace(v.shape.dims[d].symbol, it->second.shape()[d]);
+  }
+  for (ValueId id : g.inputs) {
+    const Value& v = g.value(id);
+    if (feed.count(v.name)) continue;
+    std::vector<int64_t> shape;
+    for (const Dim& d : v.shape.dims) {
+      if (d.is_known()) shape.push_back(d.value);
+      else if (d.is_symbolic() && bound.count(d.symbol)) shape.push_back(bound[d.symbol]);
+      else shape.push_back(1);
+    }
+    feed[v.name] = random_input(g, id, shape, input_seed(args.seed, v.name));
+  }
+
+  auto session = Session::create(*model);
+  if (!session.ok()) return report(verb, with_file(session.status(), args.model));
+  auto outputs = (*session)->run(feed);
+  if (!outputs.ok()) return report(verb, with_file(outputs.status(), args.model));
+  if (args.verbose) {
+    const MemoryPlanStats& m = (*session)->memory_stats();
+    std::cerr << "memory plan: " << m.arena_bytes << " bytes planned for " << m.planned_values
+              << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.dynamic_values
+              << " allocated separately\n";
+  }
+
+  if (!args.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(args.output_dir, ec);
+    if (ec) return report(verb, Error{ErrorKind::user, args.output_dir, "", "cannot create folder: " + ec.message()});
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      std::string path = (fs::path(args.output_dir) / (percent_encode_file_name(output_names[i]) + ".npy")).string();
+      std::vector<uint8_t> bytes = write_npy((*outputs)[i]);
+      Status st = write_output(path, std::string(bytes.begin(), bytes.end()));
+      if (!st.ok()) return report(verb, st);
+    }
+  }
+  if (args.check_against.empty()) {
+    if (args.output_dir.empty())
+      for (size_t i = 0; i < outputs->size(); ++i)
+        std::cout << output_names[i] << ": " << dtype_name((*outputs)[i].dtype()) << " "
+                  << shape_str((*outputs)[i].shape()) << "\n";
+    return 0;
+  }
+
+  // Expected outputs: <name>.npy files, or an ONNX test_data_set's output_K.pb files.
+  NamedTensors expected;
+  if (!numbered_pb_files(args.check_against, "output").empty()) {
+    auto r = read_pb_set(args.check_against, "output", output_names);
+    if (!r.ok()) return report(verb, r.error());
+    expected = std::move(*r);
+  } else {
+    for (const std::string& name : output_names) {
+      std::string path = (fs::path(args.check_against) / (percent_encode_file_name(name) + ".npy")).string();
+      auto t = read_npy_file(path);
+      if (!t.ok()) return report(verb, t.error());
+      expected.emplace_back(name, std::move(*t));
+    }
+  }
+  CompareOptions copt;
+  copt.atol = args.atol;
+  copt.rtol = args.rtol;
+  bool all_pass = true;
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    auto it = std::find_if(expected.begin(), expected.end(), [&](const auto& e) { return e.first == output_names[i]; });
+    if (it == expected.end()) continue;  // a test set may leave optional outputs out
+    CompareResult r = compare_tensors((*outputs)[i], it->second, copt);
+    std::cout << "output '" << output_names[i] << "': " << (r.pass ? "ok" : "FAILED") << ": " << r.summary << "\n";
+    all_pass = all_pass && r.pass;
+  }
+  if (!all_pass) {
+    std::cerr << "kiln run: error: " << args.model << ": outputs differ from " << args.check_against
+              << " (atol " << args.atol << ", rtol " << args.rtol << ")\n";
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Run a .kiln model with the reference runtime");
+  cmd->add_option("model", args->model, "model .kiln file")->required();
+  cmd->add_option("--input", args->inputs, "NAME=FILE.npy or NAME=FILE.pb (repeatable); FILE alone names itself");
+  cmd->add_option("--inputs", args->inputs_file, "an .npz of inputs, or an ONNX test_data_set folder");
+  cmd->add_option("--seed", args->seed, "seed for inputs not given (random within valid ranges)")->capture_default_str();
+  cmd->add_option("--output-dir", args->output_dir, "write DIR/<output name>.npy");
+  cmd->add_option("--check-against", args->check_against,
+                  "compare with DIR/<output name>.npy (or a test_data_set's output_K.pb); exit 3 on mismatch");
+  cmd->add_option("--atol", args->atol, "absolute tolerance for --check-against")->capture_default_str();
+  cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
+  cmd->add_flag("-v,--verbose", args->verbose, "print the memory plan");
+  cmd->callback([args, &exit_code] { exit_code = run(*args); });
+}
+
+}  // namespace kiln::cli

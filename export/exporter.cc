@@ -1,0 +1,316 @@
+// The export driver: parses the ONNX protobuf, builds values for inputs, initializers and
+// node outputs, runs each node's converter, infers types and shapes node by node, verifies.
+#include "export/exporter.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <onnx/onnx_pb.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "export/converter.h"
+#include "export/onnx_tensor.h"
+#include "formats/infer.h"
+#include "formats/sha256.h"
+#include "formats/verify.h"
+
+namespace kiln {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kMaxDim = int64_t{1} << 40;
+
+class Exporter {
+ public:
+  Exporter(const ExportOptions& options, std::string model_dir) : options_(options), model_dir_(std::move(model_dir)) {}
+
+  Result<Model> run(const onnx::ModelProto& proto);
+
+  static Result<std::shared_ptr<Graph>> convert_subgraph(const onnx::GraphProto& g, void* self) {
+    return static_cast<Exporter*>(self)->convert_graph(g, /*top=*/false);
+  }
+
+ private:
+  struct Scope {
+    Graph* graph;
+    std::vector<Tensor> known;  // data inferred so far, by ValueId
+  };
+
+  Result<std::shared_ptr<Graph>> convert_graph(const onnx::GraphProto& g, bool top);
+  Result<ValueId> lookup(Scope& scope, const std::string& name);
+  Result<Shape> shape_of(const onnx::TypeProto& type, const std::string& what, DType* dtype);
+  Status convert_node(Scope& scope, const onnx::NodeProto& node, size_t index);
+
+  const ExportOptions& options_;
+  std::string model_dir_;
+  std::map<std::string, int> opsets_;
+  std::vector<Scope*> scopes_;  // enclosing graphs, innermost last
+  std::set<std::string> node_names_;
+  std::map<std::string, std::vector<std::string>> unsupported_;  // op → node names
+};
+
+Result<Shape> Exporter::shape_of(const onnx::TypeProto& type, const std::string& what, DType* dtype) {
+  if (!type.has_tensor_type()) {
+    std::string kind = type.has_sequence_type() ? "a sequence" : type.has_optional_type() ? "an optional"
+                       : type.has_map_type() ? "a map" : type.has_sparse_tensor_type() ? "a sparse tensor" : "untyped";
+    return user_error(what, "is " + kind + "; kiln supports tensors only");
+  }
+  const auto& tt = type.tensor_type();
+  auto dt = dtype_from_onnx(tt.elem_type());
+  if (!dt) return user_error(what, "element type " + onnx_type_name(tt.elem_type()) + " is not supported");
+  *dtype = *dt;
+  if (!tt.has_shape()) return Shape::unknown_rank();
+  std::vector<Dim> dims;
+  for (const auto& d : tt.shape().dim()) {
+    if (d.has_dim_value()) {
+      if (d.dim_value() < 0 || d.dim_value() > kMaxDim)
+        return user_error(what, "has dim " + std::to_string(d.dim_value()) + ", which is out of range");
+      dims.push_back(Dim::known(d.dim_value()));
+    } else if (d.has_dim_param() && !d.dim_param().empty()) {
+      dims.push_back(Dim::sym(d.dim_param()));
+    } else {
+      dims.push_back(Dim::unknown());
+    }
+  }
+  return Shape(std::move(dims));
+}
+
+Result<ValueId> Exporter::lookup(Scope& scope, const std::string& name) {
+  ValueId id = scope.graph->find_value(name);
+  if (id != kNoValue) return id;
+  // A subgraph may read a value of an enclosing graph: give it a local value of the same
+  // name and type, which the runtime resolves by name.
+  for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+    if (*it == &scope) continue;
+    ValueId outer = (*it)->graph->find_value(name);
+    if (outer == kNoValue) continue;
+    const Value& ov = (*it)->graph->value(outer);
+    Value v;
+    v.name = name;
+    v.dtype = ov.dtype;
+    v.shape = ov.shape;
+    return scope.graph->add_value(std::move(v));
+  }
+  return user_error("value '" + name + "'", "is used but never defined");
+}
+
+Status Exporter::convert_node(Scope& scope, const onnx::NodeProto& node, size_t index) {
+  Graph& g = *scope.graph;
+  std::string domain = node.domain() == "ai.onnx" ? "" : node.domain();
+  std::string name = node.name().empty() ? node.op_type() + "_" + std::to_string(index) : node.name();
+  if (!node_names_.insert(name).second) {
+    for (int i = 1;; ++i)
+      if (node_names_.insert(name + "_" + std::to_string(i)).second) { name += "_" + std::to_string(i); break; }
+  }
+  auto opset_it = opsets_.find(domain);
+  int version = opset_it == opsets_.end() ? 0 : resolve_op_version(domain, node.op_type(), opset_it->second);
+  const ConverterEntry* conv = version ? onnx_converters().find(domain, node.op_type(), version) : nullptr;
+  std::string qualified = domain.empty() ? node.op_type() : domain + "::" + node.op_type();
+  if (!conv) {
+    unsupported_[qualified].push_back(name + (version ? " (version " + std::to_string(version) + ")" : ""));
+    // Still define the outputs so later nodes convert and every unsupported op is reported.
+    for (const std::string& out : node.output())
+      if (!out.empty() && g.find_value(out) == kNoValue) g.add_value(out, DType::undefined);
+    return {};
+  }
+  std::vector<ValueId> ins, outs;
+  for (const std::string& in : node.input()) {
+    if (in.empty()) { ins.push_back(kNoValue); continue; }
+    KILN_ASSIGN_OR_RETURN(ValueId id, lookup(scope, in));
+    ins.push_back(id);
+  }
+  for (const std::string& out : node.output()) {
+    if (out.empty()) { outs.push_back(kNoValue); continue; }
+    ValueId id = g.find_value(out);
+    if (id == kNoValue) id = g.add_value(out, DType::undefined);
+    else if (g.value(id).is_constant() || std::find(g.inputs.begin(), g.inputs.end(), id) != g.inputs.end())
+      return user_error("node '" + name + "'", "output '" + out + "' is already defined");
+    outs.push_back(id);
+  }
+  if (!unsupported_.empty()) return {};  // keep scanning for unsupported ops only
+  onnx::NodeProto named = node;
+  named.set_name(name);
+  size_t first_new = g.nodes.size();
+  ConvertContext ctx(named, version, g, ins, outs, &Exporter::convert_subgraph, this);
+  KILN_RETURN_IF_ERROR(conv->fn(ctx));
+  for (size_t n = first_new; n < g.nodes.size(); ++n) KILN_RETURN_IF_ERROR(infer_node_into(g, n, scope.known));
+  return {};
+}
+
+Result<std::shared_ptr<Graph>> Exporter::convert_graph(const onnx::GraphProto& gp, bool top) {
+  auto graph = std::make_shared<Graph>();
+  Scope scope{graph.get(), {}};
+  scopes_.push_back(&scope);
+  struct Pop { std::vector<Scope*>& s; ~Pop() { s.pop_back(); } } pop{scopes_};
+
+  std::set<std::string> initializer_names;
+  for (const auto& init : gp.initializer()) {
+    if (!initializer_names.insert(init.name()).second)
+      return user_error("initializer '" + init.name() + "'", "is defined twice");
+    KILN_ASSIGN_OR_RETURN(Tensor t, tensor_from_onnx(init, model_dir_));
+    graph->add_constant(init.name(), std::move(t));
+  }
+  if (gp.sparse_initializer_size() > 0) return user_error("", "sparse initializers are not supported");
+  for (const auto& in : gp.input()) {
+    if (initializer_names.count(in.name())) continue;  // an input with a default: a constant
+    DType dt = DType::undefined;
+    KILN_ASSIGN_OR_RETURN(Shape shape, shape_of(in.type(), "input '" + in.name() + "'", &dt));
+    if (top) {
+      if (auto it = options_.input_shapes.find(in.name()); it != options_.input_shapes.end()) shape = it->second;
+    }
+    if (graph->find_value(in.name()) != kNoValue) return user_error("input '" + in.name() + "'", "is declared twice");
+    graph->inputs.push_back(graph->add_value(in.name(), dt, std::move(shape)));
+  }
+  if (top)
+    for (const auto& [name, shape] : options_.input_shapes) {
+      bool found = std::any_of(gp.input().begin(), gp.input().end(), [&](const auto& i) { return i.name() == name; });
+      if (!found) return user_error("input '" + name + "'", "--input-shape names an input the model does not have");
+    }
+  // Declared intermediate and output types seed inference (and catch contradictions).
+  auto declare = [&](const onnx::ValueInfoProto& vi) -> Status {
+    if (graph->find_value(vi.name()) != kNoValue || !vi.has_type() || !vi.type().has_tensor_type()) return {};
+    DType dt = DType::undefined;
+    auto shape = shape_of(vi.type(), "value '" + vi.name() + "'", &dt);
+    if (!shape.ok()) return {};  // a declaration kiln cannot read is not needed
+    graph->add_value(vi.name(), dt, std::move(shape).value());
+    return {};
+  };
+  for (const auto& vi : gp.value_info()) KILN_RETURN_IF_ERROR(declare(vi));
+  for (const auto& vi : gp.output()) {
+    if (top && vi.has_type() && !vi.type().has_tensor_type()) {
+      DType dt;
+      KILN_RETURN_IF_ERROR(shape_of(vi.type(), "output '" + vi.name() + "'", &dt).status());
+    }
+    KILN_RETURN_IF_ERROR(declare(vi));
+  }
+
+  for (int i = 0; i < gp.node_size(); ++i) KILN_RETURN_IF_ERROR(convert_node(scope, gp.node(i), static_cast<size_t>(i)));
+  if (!unsupported_.empty()) return graph;
+
+  for (const auto& out : gp.output()) {
+    KILN_ASSIGN_OR_RETURN(ValueId id, lookup(scope, out.name()));
+    graph->outputs.push_back(id);
+  }
+  return graph;
+}
+
+Result<Model> Exporter::run(const onnx::ModelProto& proto) {
+  for (const auto& op : proto.opset_import()) {
+    std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
+    opsets_[domain] = static_cast<int>(op.version());
+  }
+  if (proto.ir_version() < 3 && opsets_.empty()) opsets_[""] = 1;
+  if (!opsets_.count("")) opsets_[""] = 1;
+  if (opsets_[""] > 27)
+    return user_error("", "the model imports ONNX opset " + std::to_string(opsets_[""]) + "; kiln supports up to 27");
+  if (!proto.has_graph()) return user_error("", "the model has no graph");
+
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Graph> graph, convert_graph(proto.graph(), true));
+  if (!unsupported_.empty()) {
+    std::string what = "unsupported ops: ";
+    bool first = true;
+    for (const auto& [op, nodes] : unsupported_) {
+      what += (first ? "" : ", ") + op + " (" + std::to_string(nodes.size()) + ")";
+      if (options_.verbose) {
+        what += " [";
+        for (size_t i = 0; i < nodes.size(); ++i) what += (i ? ", " : "") + nodes[i];
+        what += "]";
+      }
+        first = false;
+    }
+    return user_error("", what);
+  }
+  Model model;
+  model.graph = std::move(*graph);
+  KILN_RETURN_IF_ERROR(model.graph.topo_sort());
+  model.stage = Stage::exported;
+  if (!proto.producer_name().empty()) model.metadata.emplace_back("onnx.producer", proto.producer_name() + (proto.producer_version().empty() ? "" : " " + proto.producer_version()));
+  model.metadata.emplace_back("onnx.ir_version", std::to_string(proto.ir_version()));
+  for (const auto& [domain, v] : opsets_) model.metadata.emplace_back("onnx.opset." + (domain.empty() ? std::string("ai.onnx") : domain), std::to_string(v));
+  if (!proto.graph().name().empty()) model.metadata.emplace_back("onnx.graph_name", proto.graph().name());
+  std::sort(model.metadata.begin(), model.metadata.end());
+  return model;
+}
+
+std::string base_name(const std::string& path) { return fs::path(path).filename().string(); }
+
+}  // namespace
+
+Result<Shape> parse_shape(const std::string& text) {
+  std::vector<Dim> dims;
+  if (text == "scalar" || text.empty()) return Shape(std::move(dims));
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, 'x')) {
+    if (part.empty()) return user_error("", "bad shape '" + text + "': empty dim");
+    if (part == "?") { dims.push_back(Dim::unknown()); continue; }
+    if (std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      if (part.size() > 12) return user_error("", "bad shape '" + text + "': dim " + part + " is too large");
+      dims.push_back(Dim::known(std::stoll(part)));
+    } else if (std::isalpha(static_cast<unsigned char>(part[0])) || part[0] == '_') {
+      dims.push_back(Dim::sym(part));
+    } else {
+      return user_error("", "bad shape '" + text + "': dim '" + part + "' is neither a size nor a name");
+    }
+  }
+  if (!text.empty() && text.back() == 'x') return user_error("", "bad shape '" + text + "': empty dim");
+  return Shape(std::move(dims));
+}
+
+Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
+                                const std::string& model_dir, const ExportOptions& options) {
+  auto fail = [&](Error e) -> Result<Model> {
+    if (e.file.empty()) e.file = display_name;
+    return e;
+  };
+  onnx::ModelProto proto;
+  google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
+  stream.SetTotalBytesLimit(INT32_MAX);
+  if (bytes.empty() || !proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
+    return fail(user_error("", "not a valid ONNX model (the protobuf does not parse)"));
+  Exporter exporter(options, model_dir);
+  auto model = exporter.run(proto);
+  if (!model.ok()) return fail(model.error());
+  Status v = verify_model(*model);
+  if (!v.ok()) return fail(v.error());
+  Provenance p;
+  p.tool = "kiln export";
+  p.version = std::string(kiln_version());
+  p.command = options.command_line;
+  p.input_file = base_name(display_name);
+  p.input_sha256 = sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  model->provenance.push_back(std::move(p));
+  return model;
+}
+
+Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() >= INT32_MAX)
+    return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
+  std::string dir = fs::path(path).parent_path().string();
+  return export_onnx_bytes(bytes, path, dir.empty() ? "." : dir, options);
+}
+
+std::vector<std::string> supported_onnx_ops() {
+  std::vector<std::string> out;
+  for (const ConverterEntry& e : onnx_converters().entries()) {
+    std::string name = e.domain.empty() ? e.op : e.domain + "::" + e.op;
+    std::span<const int> versions = onnx_op_versions(e.domain, e.op);
+    int hi = e.max_version;
+    if (!versions.empty()) hi = std::min(hi, versions.back());
+    std::string range = e.min_version == hi ? std::to_string(hi) : std::to_string(e.min_version) + "-" + std::to_string(hi);
+    if (!out.empty() && out.back().rfind(name + " ", 0) == 0) out.back() += ", " + range;
+    else out.push_back(name + " " + range);
+  }
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,531 @@
+// .npy / .npz reading and writing. The .npy layout is numpy's own description
+// (numpy/lib/format.py): magic "\x93NUMPY", major and minor version bytes, a little-endian
+// header length (2 bytes in 1.0, 4 bytes in 2.0 and 3.0), then a Python dict literal with the
+// keys 'descr', 'fortran_order' and 'shape', padded to 64 bytes, then the raw data.
+#include "formats/npy.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "formats/zip.h"
+
+namespace kiln {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicLen = 6;
+constexpr size_t kAlign = 64;
+constexpr size_t kGrowthAxisMaxDigits = 21;  // numpy's spare room for the first dim to grow
+
+Error file_error(std::string_view file, std::string where, std::string what) {
+  Error e = user_error(std::move(where), std::move(what));
+  e.file = std::string(file);
+  return e;
+}
+
+// ---- the header dict ------------------------------------------------------------------------
+
+// A Python literal as numpy writes it in the header: str, bool, int, tuple or list.
+struct PyValue {
+  enum class Kind { str, boolean, integer, tuple, list } kind = Kind::str;
+  std::string str;
+  bool boolean = false;
+  int64_t integer = 0;
+  bool too_big = false;  // an integer beyond int64 (its digits are kept in `str`)
+  std::vector<PyValue> items;
+};
+
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string_view text) : t_(text) {}
+
+  // Parses "{key: value, ...}" into (key, value) pairs.
+  Result<std::vector<std::pair<std::string, PyValue>>> parse_dict() {
+    std::vector<std::pair<std::string, PyValue>> out;
+    skip_space();
+    if (!eat('{')) return fail("expected '{'");
+    for (;;) {
+      skip_space();
+      if (eat('}')) break;
+      KILN_ASSIGN_OR_RETURN(PyValue key, parse_value());
+      if (key.kind != PyValue::Kind::str) return fail("dict keys must be strings");
+      skip_space();
+      if (!eat(':')) return fail("expected ':' after key '" + key.str + "'");
+      KILN_ASSIGN_OR_RETURN(PyValue value, parse_value());
+      out.emplace_back(key.str, std::move(value));
+      skip_space();
+      if (eat('}')) break;
+      if (!eat(',')) return fail("expected ',' or '}'");
+    }
+    skip_space();
+    if (pos_ != t_.size()) return fail("unexpected text after the dict");
+    return out;
+  }
+
+ private:
+  Result<PyValue> parse_value() {
+    skip_space();
+    if (pos_ >= t_.size()) return fail("unexpected end of header");
+    char c = t_[pos_];
+    PyValue v;
+    if (c == '\'' || c == '"') {
+      ++pos_;
+      while (pos_ < t_.size() && t_[pos_] != c) {
+        if (t_[pos_] == '\\') return fail("escapes in strings are not supported");
+        v.str += t_[pos_++];
+      }
+      if (!eat(c)) return fail("unterminated string");
+      return v;
+    }
+    if (c == '(' || c == '[') {
+      char close = c == '(' ? ')' : ']';
+      v.kind = c == '(' ? PyValue::Kind::tuple : PyValue::Kind::list;
+      ++pos_;
+      for (;;) {
+        skip_space();
+        if (eat(close)) break;
+        KILN_ASSIGN_OR_RETURN(PyValue item, parse_value());
+        v.items.push_back(std::move(item));
+        skip_space();
+        if (eat(close)) break;
+        if (!eat(',')) return fail(std::string("expected ',' or '") + close + "'");
+      }
+      return v;
+    }
+    if (t_.substr(pos_, 4) == "True" || t_.substr(pos_, 5) == "False") {
+      v.kind = PyValue::Kind::boolean;
+      v.boolean = c == 'T';
+      pos_ += v.boolean ? 4 : 5;
+      return v;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+      v.kind = PyValue::Kind::integer;
+      bool negative = eat('-');
+      size_t start = pos_;
+      while (pos_ < t_.size() && t_[pos_] >= '0' && t_[pos_] <= '9') {
+        int digit = t_[pos_] - '0';
+        if (v.integer > (std::numeric_limits<int64_t>::max() - digit) / 10) v.too_big = true;
+        if (!v.too_big) v.integer = v.integer * 10 + digit;
+        ++pos_;
+      }
+      if (pos_ == start) return fail("expected digits");
+      v.str = std::string(negative ? "-" : "") + std::string(t_.substr(start, pos_ - start));
+      if (negative) v.integer = -v.integer;
+      eat('L');  // Python 2 long literals in old files
+      return v;
+    }
+    return fail(std::string("unexpected character '") + c + "'");
+  }
+
+  void skip_space() {
+    while (pos_ < t_.size() && (t_[pos_] == ' ' || t_[pos_] == '\t' || t_[pos_] == '\n' || t_[pos_] == '\r'))
+      ++pos_;
+  }
+  bool eat(char c) {
+    if (pos_ < t_.size() && t_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  Error fail(std::string what) const {
+    return user_error("", "malformed .npy header: " + what + " at offset " + std::to_string(pos_) +
+                              " of \"" + std::string(t_.substr(0, 120)) + (t_.size() > 120 ? "..." : "") + "\"");
+  }
+
+  std::string_view t_;
+  size_t pos_ = 0;
+};
+
+struct NpyHeader {
+  DType dtype = DType::undefined;
+  bool swap = false;     // big-endian data
+  bool fortran = false;
+  std::vector<int64_t> shape;
+};
+
+// Maps a numpy type string such as '<f4' to a kiln dtype and byte order.
+Status parse_descr(const std::string& descr, NpyHeader& h) {
+  auto unsupported = [&](std::string why) {
+    return user_error("", "dtype '" + descr + "' is not supported: " + why);
+  };
+  if (descr.empty()) return user_error("", "malformed .npy header: empty 'descr'");
+  size_t i = 0;
+  char order = '=';
+  if (std::strchr("<>|=", descr[0])) order = descr[i++];
+  if (i >= descr.size()) return user_error("", "malformed .npy header: descr '" + descr + "' has no type");
+  char kind = descr[i++];
+  std::string size_text = descr.substr(i);
+  switch (kind) {
+    case 'O': return unsupported("object arrays hold pickled python objects");
+    case 'U': case 'S': case 'a': return unsupported("string arrays cannot be tensors");
+    case 'V': return unsupported("structured and void dtypes cannot be tensors");
+    case 'c': return unsupported("complex numbers have no kiln dtype");
+    case 'M': case 'm': return unsupported("datetimes have no kiln dtype");
+    default: break;
+  }
+  struct Entry { char kind; const char* size; DType dtype; };
+  static constexpr Entry kTable[] = {
+      {'f', "2", DType::f16}, {'f', "4", DType::f32}, {'f', "8", DType::f64},
+      {'i', "1", DType::i8},  {'i', "2", DType::i16}, {'i', "4", DType::i32}, {'i', "8", DType::i64},
+      {'u', "1", DType::u8},  {'u', "2", DType::u16}, {'u', "4", DType::u32}, {'u', "8", DType::u64},
+      {'b', "1", DType::boolean},
+  };
+  for (const Entry& e : kTable) {
+    if (e.kind == kind && size_text == e.size) {
+      h.dtype = e.dtype;
+      h.swap = order == '>' && dtype_size(e.dtype) > 1;
+      return Status();
+    }
+  }
+  return unsupported("no kiln dtype matches it");
+}
+
+Result<NpyHeader> parse_header(std::string_view text) {
+  KILN_ASSIGN_OR_RETURN(auto dict, HeaderParser(text).parse_dict());
+  NpyHeader h;
+  bool have_descr = false, have_order = false, have_shape = false;
+  for (auto& [key, v] : dict) {
+    if (key == "descr") {
+      if (v.kind == PyValue::Kind::list)
+        return user_error("", "structured dtypes (a list of fields in 'descr') are not supported");
+      if (v.kind != PyValue::Kind::str) return user_error("", "malformed .npy header: 'descr' is not a string");
+      KILN_RETURN_IF_ERROR(parse_descr(v.str, h));
+      have_descr = true;
+    } else if (key == "fortran_order") {
+      if (v.kind != PyValue::Kind::boolean)
+        return user_error("", "malformed .npy header: 'fortran_order' is not True or False");
+      h.fortran = v.boolean;
+      have_order = true;
+    } else if (key == "shape") {
+      if (v.kind != PyValue::Kind::tuple) return user_error("", "malformed .npy header: 'shape' is not a tuple");
+      for (const PyValue& d : v.items) {
+        if (d.kind != PyValue::Kind::integer)
+          return user_error("", "malformed .npy header: 'shape' holds something other than integers");
+        if (d.too_big || d.integer < 0)
+          return user_error("", "shape dimension " + d.str + " is out of range");
+        h.shape.push_back(d.integer);
+      }
+      have_shape = true;
+    } else {
+      return user_error("", "malformed .npy header: unexpected key '" + key + "'");
+    }
+  }
+  if (!have_descr || !have_order || !have_shape)
+    return user_error("", std::string("malformed .npy header: missing key '") +
+                              (!have_descr ? "descr" : !have_order ? "fortran_order" : "shape") + "'");
+  return h;
+}
+
+// ---- data layout ------------------------------------------------------------------------------
+
+// Copies Fortran-order (column-major) elements of `elem` bytes into row-major order.
+template <size_t N>
+void fortran_to_c(const uint8_t* src, uint8_t* dst, const std::vector<int64_t>& shape, int64_t numel) {
+  const size_t rank = shape.size();
+  std::vector<int64_t> fstride(rank), index(rank, 0);
+  int64_t s = 1;
+  for (size_t k = 0; k < rank; ++k) {
+    fstride[k] = s;
+    s *= shape[k];
+  }
+  int64_t src_off = 0;
+  for (int64_t i = 0; i < numel; ++i) {
+    std::memcpy(dst + i * N, src + src_off * N, N);
+    // Advance the row-major multi-index (last dim fastest), keeping src_off in step.
+    for (size_t k = rank; k-- > 0;) {
+      if (++index[k] < shape[k]) {
+        src_off += fstride[k];
+        break;
+      }
+      src_off -= fstride[k] * (shape[k] - 1);
+      index[k] = 0;
+    }
+  }
+}
+
+void byte_swap(uint8_t* p, int64_t numel, size_t elem) {
+  for (int64_t i = 0; i < numel; ++i, p += elem) std::reverse(p, p + elem);
+}
+
+std::string descr_of(DType t) {
+  switch (t) {
+    case DType::f32: case DType::bf16: return "<f4";
+    case DType::f16: return "<f2";
+    case DType::f64: return "<f8";
+    case DType::i8: return "|i1";
+    case DType::u8: return "|u1";
+    case DType::i16: return "<i2";
+    case DType::u16: return "<u2";
+    case DType::i32: return "<i4";
+    case DType::u32: return "<u4";
+    case DType::i64: return "<i8";
+    case DType::u64: return "<u8";
+    case DType::boolean: return "|b1";
+    default: return "";
+  }
+}
+
+// numpy's header: the sorted dict, growth padding, spaces and '\n' to a multiple of 64.
+std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape) {
+  std::string dict = "{'descr': '" + descr_of(dtype) + "', 'fortran_order': False, 'shape': (";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) dict += ", ";
+    dict += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) dict += ',';
+  dict += "), }";
+  if (!shape.empty()) dict.append(kGrowthAxisMaxDigits - std::to_string(shape[0]).size(), ' ');
+  size_t hlen = dict.size() + 1;  // with the final '\n'
+  uint8_t major = 1;
+  size_t len_bytes = 2;
+  size_t pad = kAlign - (kMagicLen + 2 + len_bytes + hlen) % kAlign;
+  if (hlen + pad > 0xFFFF) {
+    major = 2;
+    len_bytes = 4;
+    pad = kAlign - (kMagicLen + 2 + len_bytes + hlen) % kAlign;
+  }
+  uint64_t total = hlen + pad;
+  std::vector<uint8_t> out(kMagic, kMagic + kMagicLen);
+  out.push_back(major);
+  out.push_back(0);
+  for (size_t i = 0; i < len_bytes; ++i) out.push_back(static_cast<uint8_t>(total >> (8 * i)));
+  out.insert(out.end(), dict.begin(), dict.end());
+  out.insert(out.end(), pad, ' ');
+  out.push_back('\n');
+  return out;
+}
+
+// The bytes numpy should see: bf16 widened to f32, everything else as stored.
+Tensor storable(const Tensor& t) {
+  if (t.dtype() != DType::bf16) return t;
+  Tensor f(DType::f32, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = static_cast<float>(t.data<bfloat16>()[i]);
+  return f;
+}
+
+std::string base_name(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool has_suffix(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+Result<Tensor> read_npy(std::span<const uint8_t> bytes, std::string_view file) {
+  const size_t n = bytes.size();
+  const uint8_t* b = bytes.data();
+  if (n < kMagicLen || std::memcmp(b, kMagic, kMagicLen) != 0)
+    return file_error(file, "", "not a .npy file: it does not start with the magic bytes \"\\x93NUMPY\"");
+  if (n < kMagicLen + 4) return file_error(file, "", "the .npy header is truncated");
+  uint8_t major = b[6], minor = b[7];
+  if ((major != 1 && major != 2 && major != 3) || minor != 0)
+    return file_error(file, "", "unsupported .npy format version " + std::to_string(major) + "." +
+                                    std::to_string(minor) + " (kiln reads 1.0, 2.0 and 3.0)");
+  size_t len_bytes = major == 1 ? 2 : 4;
+  if (n < kMagicLen + 2 + len_bytes) return file_error(file, "", "the .npy header is truncated");
+  uint64_t hlen = 0;
+  for (size_t i = 0; i < len_bytes; ++i) hlen |= static_cast<uint64_t>(b[8 + i]) << (8 * i);
+  const size_t data_off_min = kMagicLen + 2 + len_bytes;
+  if (hlen > n - data_off_min)
+    return file_error(file, "", "the .npy header length " + std::to_string(hlen) + " runs past the end of the " +
+                                    std::to_string(n) + "-byte file");
+  std::string_view text(reinterpret_cast<const char*>(b + data_off_min), static_cast<size_t>(hlen));
+  auto header = parse_header(text);
+  if (!header.ok()) return with_file(header.status(), std::string(file));
+  NpyHeader& h = header.value();
+
+  const size_t elem = dtype_size(h.dtype);
+  const int64_t numel = shape_numel(h.shape);
+  if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(elem))
+    return file_error(file, "", "shape (" + shape_str(h.shape) + ") has too many elements");
+  const uint64_t need = static_cast<uint64_t>(numel) * elem;
+  const size_t data_off = data_off_min + static_cast<size_t>(hlen);
+  const uint64_t have = n - data_off;
+  const std::string what = "shape " + shape_str(h.shape) + " of " + std::string(dtype_name(h.dtype));
+  if (have < need)
+    return file_error(file, "", "the data is truncated: " + what + " needs " + std::to_string(need) +
+                                    " bytes, the file has " + std::to_string(have) + " after the header");
+  if (have > need)
+    return file_error(file, "", "unexpected " + std::to_string(have - need) + " bytes after the data of " + what);
+
+  Tensor t(h.dtype, h.shape);
+  uint8_t* dst = t.data<uint8_t>();
+  const uint8_t* src = b + data_off;
+  if (h.fortran && h.shape.size() > 1 && numel > 0) {
+    switch (elem) {
+      case 1: fortran_to_c<1>(src, dst, h.shape, numel); break;
+      case 2: fortran_to_c<2>(src, dst, h.shape, numel); break;
+      case 4: fortran_to_c<4>(src, dst, h.shape, numel); break;
+      default: fortran_to_c<8>(src, dst, h.shape, numel); break;
+    }
+  } else if (need) {
+    std::memcpy(dst, src, static_cast<size_t>(need));
+  }
+  if (h.swap) byte_swap(dst, numel, elem);
+  if (h.dtype == DType::boolean)
+    for (int64_t i = 0; i < numel; ++i) dst[i] = dst[i] != 0;
+  return t;
+}
+
+Result<Tensor> read_npy_file(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
+  return read_npy(bytes, path);
+}
+
+std::vector<uint8_t> write_npy(const Tensor& t) {
+  Tensor s = storable(t);
+  std::vector<uint8_t> out = npy_header(s.dtype(), s.shape());
+  auto data = s.bytes();
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(data.data());
+  out.insert(out.end(), p, p + data.size());
+  return out;
+}
+
+Status write_npy_file(const std::string& path, const Tensor& t) {
+  return write_file_bytes(path, write_npy(t));
+}
+
+Result<NamedTensors> read_npz(std::span<const uint8_t> bytes, std::string_view file) {
+  NamedTensors out;
+  std::set<std::string> seen;
+  Status s = read_zip(bytes, [&](const std::string& member, std::span<const uint8_t> data) -> Status {
+    std::string where = "member '" + member + "'";
+    std::string name = has_suffix(member, ".npy") ? member.substr(0, member.size() - 4) : member;
+    if (!seen.insert(name).second) return user_error(where, "duplicate array name '" + name + "'");
+    auto t = read_npy(data, "");
+    if (!t.ok()) {
+      Error e = std::move(t.error());
+      e.where = e.where.empty() ? where : where + ": " + e.where;
+      return e;
+    }
+    out.emplace_back(std::move(name), std::move(t.value()));
+    return Status();
+  });
+  if (!s.ok()) {
+    s.error().file = std::string(file);
+    if (s.error().where.empty()) s.error().what = "corrupt .npz archive: " + s.error().what;
+    return s;
+  }
+  return out;
+}
+
+Result<NamedTensors> read_npz_file(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
+  return read_npz(bytes, path);
+}
+
+Result<std::vector<uint8_t>> write_npz(const NamedTensors& tensors, const NpzWriteOptions& options) {
+  std::set<std::string_view> seen;
+  ZipWriter zip(ZipWriteOptions{options.compress, options.force_zip64});
+  for (const auto& [name, t] : tensors) {
+    if (name.empty()) return user_error("", "an .npz array name cannot be empty");
+    if (!seen.insert(name).second) return user_error("", "duplicate .npz array name '" + name + "'");
+    zip.add(name + ".npy", write_npy(t));
+  }
+  return zip.finish();
+}
+
+Status write_npz_file(const std::string& path, const NamedTensors& tensors, const NpzWriteOptions& options) {
+  auto bytes = write_npz(tensors, options);
+  if (!bytes.ok()) return with_file(bytes.status(), path);
+  return write_file_bytes(path, bytes.value());
+}
+
+Result<NamedTensors> read_tensors(std::span<const uint8_t> bytes, std::string_view file,
+                                  std::string_view npy_name) {
+  if (bytes.size() >= kMagicLen && std::memcmp(bytes.data(), kMagic, kMagicLen) == 0) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, read_npy(bytes, file));
+    NamedTensors out;
+    out.emplace_back(std::string(npy_name), std::move(t));
+    return out;
+  }
+  if (bytes.size() >= 4 && bytes[0] == 'P' && bytes[1] == 'K') return read_npz(bytes, file);
+  return file_error(file, "", "not a .npy or .npz file (it starts with neither \"\\x93NUMPY\" nor \"PK\")");
+}
+
+Result<NamedTensors> read_tensors_file(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
+  std::string name = base_name(path);
+  if (has_suffix(name, ".npy")) name.resize(name.size() - 4);
+  if (auto decoded = percent_decode_file_name(name)) name = *decoded;
+  return read_tensors(bytes, path, name);
+}
+
+std::string percent_encode_file_name(std::string_view name) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(name[i]);
+    bool safe = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+                c == '-' || (c == '.' && i > 0);
+    if (safe) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> percent_decode_file_name(std::string_view encoded) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (encoded[i] != '%') {
+      out += encoded[i];
+      continue;
+    }
+    if (i + 2 >= encoded.size()) return std::nullopt;
+    int hi = hex(encoded[i + 1]), lo = hex(encoded[i + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
+Result<std::vector<uint8_t>> read_file_bytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return file_error(path, "", std::string("cannot open: ") + std::strerror(errno));
+  std::vector<uint8_t> out;
+  if (std::fseek(f, 0, SEEK_END) == 0) {  // a size hint; pipes and the like just grow
+    long size = std::ftell(f);
+    if (size > 0) out.reserve(static_cast<size_t>(size));
+    std::rewind(f);
+  }
+  uint8_t buf[1 << 16];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + got);
+  bool failed = std::ferror(f);
+  int err = errno;
+  std::fclose(f);
+  if (failed) return file_error(path, "", std::string("cannot read: ") + std::strerror(err));
+  return out;
+}
+
+Status write_file_bytes(const std::string& path, std::span<const uint8_t> bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return file_error(path, "", std::string("cannot open for writing: ") + std::strerror(errno));
+  bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  int err = errno;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) return file_error(path, "", std::string("cannot write: ") + std::strerror(err ? err : errno));
+  return Status();
+}
+
+}  // namespace kiln

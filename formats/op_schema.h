@@ -1,0 +1,127 @@
+// The core op set: each op's name, arity, attributes and type/shape inference. Export uses
+// the inference with symbolic shapes; the runtime uses the same functions with concrete shapes
+// and input data, so an op's shape rules live in exactly one place. docs/ops.md describes them.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/ir.h"
+
+namespace kiln {
+
+/// What an op's inference sees of one input.
+struct InferInput {
+  DType dtype = DType::undefined;  ///< undefined when the optional input is omitted
+  Shape shape;
+  const Tensor* value = nullptr;   ///< the data when known (constants; every input at run time)
+};
+
+/// What an op's inference fills in for one output.
+struct InferOutput {
+  DType dtype = DType::undefined;
+  Shape shape;
+  Tensor value;  ///< optional: the data when the inference can compute it (small shape math)
+};
+
+/// Passed to an op's infer function.
+class InferContext {
+ public:
+  InferContext(const Node& node, std::vector<InferInput> inputs);
+
+  const Node& node() const { return node_; }
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].dtype != DType::undefined; }
+  DType dtype(size_t i) const { return inputs_[i].dtype; }
+  const Shape& shape(size_t i) const { return inputs_[i].shape; }
+  /// Rank of input i, -1 when unknown.
+  int64_t rank(size_t i) const { return inputs_[i].shape.rank(); }
+  /// The input's data if known, else nullptr.
+  const Tensor* value(size_t i) const { return has_input(i) ? inputs_[i].value : nullptr; }
+  size_t num_outputs() const { return outputs_.size(); }
+  void set_output(size_t i, DType dtype, Shape shape);
+  /// Records the output's data as well (shape arithmetic folded at export).
+  void set_output_value(size_t i, Tensor value);
+  /// True at run time: every input's data is known and every dim is concrete.
+  bool all_inputs_known() const;
+
+  /// A user error about this node: "node 'x': <what>".
+  Error error(std::string what) const;
+
+  std::vector<InferOutput>& outputs() { return outputs_; }
+
+ private:
+  const Node& node_;
+  std::vector<InferInput> inputs_;
+  std::vector<InferOutput> outputs_;
+};
+
+using InferFn = Status (*)(InferContext&);
+
+/// One declared attribute of an op.
+struct AttrSpec {
+  std::string_view name;
+  AttrType type;
+  bool required;
+  std::string_view doc;
+};
+
+inline constexpr int kVariadic = -1;
+
+/// One core op.
+struct OpSchema {
+  std::string_view name;
+  std::string_view summary;  ///< one line for docs/ops.md and --list-ops
+  int min_inputs;
+  int max_inputs;            ///< kVariadic for no limit
+  int min_outputs;
+  int max_outputs;
+  std::vector<AttrSpec> attrs;
+  InferFn infer;
+};
+
+/// All ops known to kiln, by (domain, name). Built once by the register_*_ops functions.
+class OpRegistry {
+ public:
+  void add(std::string domain, OpSchema schema);
+  const OpSchema* find(std::string_view domain, std::string_view name) const;
+  /// Every op sorted by (domain, name).
+  std::vector<std::pair<std::string, const OpSchema*>> all() const;
+
+ private:
+  std::map<std::pair<std::string, std::string>, OpSchema, std::less<>> ops_;
+};
+
+/// The registry of kiln's core ops (domain ""), built on first use.
+const OpRegistry& core_ops();
+
+/// Checks a node against its schema (arity, attribute names and types), without shapes.
+Status check_node_schema(const Node& node, const OpSchema& schema);
+
+/// Runs the op's inference for `node` of `graph` using what the graph knows of its inputs.
+/// `known_values` supplies data for non-constant values when the caller knows it (may be null).
+Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph,
+                                            const std::vector<Tensor>* known_values = nullptr);
+
+// ---- helpers shared by the per-family inference functions ----------------------------------
+
+/// Numpy-style broadcast of two shapes (symbolic dims kept when they agree); fails on conflict.
+Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const InferContext& ctx);
+/// Normalises a possibly negative axis for `rank`; fails naming the attribute when out of range.
+Result<int64_t> normalize_axis(int64_t axis, int64_t rank, const InferContext& ctx,
+                               std::string_view what = "axis");
+
+// Per-family registration (formats/ops/*.cc).
+void register_elementwise_ops(OpRegistry& r);
+void register_reduce_ops(OpRegistry& r);
+void register_shape_ops(OpRegistry& r);
+void register_nn_ops(OpRegistry& r);
+void register_quant_ops(OpRegistry& r);
+void register_misc_ops(OpRegistry& r);
+void register_control_ops(OpRegistry& r);
+
+}  // namespace kiln

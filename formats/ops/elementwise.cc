@@ -1,0 +1,404 @@
+// Core elementwise ops: schemas and type/shape inference. Unary math and activations keep
+// the input's type and shape; binary and variadic ops broadcast with numpy rules; comparisons
+// give bool. Small integer shape arithmetic (Shape → Gather → Mul → Concat chains) is computed
+// here when every input's data is known, so export can resolve Reshape targets.
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "formats/op_schema.h"
+
+namespace kiln {
+
+namespace {
+
+// Type sets an op accepts, as bit flags.
+enum TypeSet : unsigned {
+  kFloat = 1,     // f16 bf16 f32 f64
+  kSigned = 2,    // i8 i16 i32 i64
+  kUnsigned = 4,  // u8 u16 u32 u64
+  kBool = 8,
+  kInt = kSigned | kUnsigned,
+  kNumeric = kFloat | kInt,
+  kAny = kNumeric | kBool,
+  kPowBase = 16,  // f16 bf16 f32 f64 i32 i64
+};
+
+bool in_set(DType t, unsigned set) {
+  if (set & kPowBase) return is_float(t) || t == DType::i32 || t == DType::i64;
+  return ((set & kFloat) && is_float(t)) || ((set & kSigned) && is_signed_int(t)) ||
+         ((set & kUnsigned) && is_unsigned_int(t)) || ((set & kBool) && t == DType::boolean);
+}
+
+std::string set_name(unsigned set) {
+  switch (set) {
+    case kFloat: return "floating-point types";
+    case kInt: return "integer types";
+    case kUnsigned: return "unsigned integer types";
+    case kBool: return "bool";
+    case kNumeric: return "numeric types";
+    case kPowBase: return "f16, bf16, f32, f64, i32 and i64";
+    default: return "numeric types and bool";
+  }
+}
+
+// What each elementwise op accepts for its (first) input.
+struct OpTypes {
+  std::string_view op;
+  unsigned types;
+};
+
+constexpr OpTypes kOpTypes[] = {
+    {"Abs", kNumeric}, {"Neg", kFloat | kSigned}, {"Exp", kFloat}, {"Log", kFloat}, {"Sqrt", kFloat},
+    {"Reciprocal", kFloat}, {"Floor", kFloat}, {"Ceil", kFloat}, {"Round", kFloat}, {"Sign", kNumeric},
+    {"Sin", kFloat}, {"Cos", kFloat}, {"Tan", kFloat}, {"Asin", kFloat}, {"Acos", kFloat}, {"Atan", kFloat},
+    {"Sinh", kFloat}, {"Cosh", kFloat}, {"Asinh", kFloat}, {"Acosh", kFloat}, {"Atanh", kFloat},
+    {"Erf", kFloat}, {"IsNaN", kFloat}, {"IsInf", kFloat}, {"Not", kBool}, {"BitwiseNot", kInt},
+    {"Relu", kFloat | kSigned}, {"LeakyRelu", kFloat}, {"Elu", kFloat}, {"Selu", kFloat}, {"Celu", kFloat},
+    {"Sigmoid", kFloat}, {"HardSigmoid", kFloat}, {"HardSwish", kFloat}, {"Tanh", kFloat},
+    {"Softplus", kFloat}, {"Softsign", kFloat}, {"Mish", kFloat}, {"Gelu", kFloat},
+    {"ThresholdedRelu", kFloat}, {"Shrink", kNumeric}, {"Swish", kFloat}, {"Identity", kAny},
+    {"Add", kNumeric}, {"Sub", kNumeric}, {"Mul", kNumeric}, {"Div", kNumeric}, {"Mod", kNumeric},
+    {"Pow", kPowBase}, {"PRelu", kNumeric}, {"And", kBool}, {"Or", kBool}, {"Xor", kBool},
+    {"Equal", kAny}, {"Less", kNumeric}, {"Greater", kNumeric}, {"LessOrEqual", kNumeric},
+    {"GreaterOrEqual", kNumeric}, {"BitShift", kUnsigned}, {"BitwiseAnd", kInt}, {"BitwiseOr", kInt},
+    {"BitwiseXor", kInt}, {"Max", kNumeric}, {"Min", kNumeric}, {"Sum", kNumeric}, {"Mean", kFloat},
+    {"Clip", kNumeric}, {"Where", kAny}, {"Cast", kAny},
+};
+
+Status check_type(const InferContext& ctx, size_t input, unsigned set) {
+  DType t = ctx.dtype(input);
+  if (in_set(t, set)) return {};
+  return ctx.error(ctx.node().op + " does not support " + std::string(dtype_name(t)) + " (it takes " +
+                   set_name(set) + ")");
+}
+
+Status check_op_type(const InferContext& ctx, size_t input) {
+  for (const OpTypes& e : kOpTypes)
+    if (e.op == ctx.node().op) return check_type(ctx, input, e.types);
+  return {};
+}
+
+// ---- folding of small known inputs ------------------------------------------------------
+
+constexpr int64_t kMaxFoldElements = 64;
+
+bool is_compare(std::string_view op) {
+  return op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual";
+}
+
+// Integer folding wraps like the kernels do (no signed overflow).
+template <class V> V f_add(V a, V b) {
+  if constexpr (std::is_integral_v<V>) return static_cast<V>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  else return a + b;
+}
+template <class V> V f_sub(V a, V b) {
+  if constexpr (std::is_integral_v<V>) return static_cast<V>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+  else return a - b;
+}
+template <class V> V f_mul(V a, V b) {
+  if constexpr (std::is_integral_v<V>) return static_cast<V>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  else return a * b;
+}
+template <class V> V f_neg(V a) { return f_sub(V(0), a); }
+
+// One element of a folded op, computed in int64 or in double; nullopt for ops not folded.
+template <class V>
+std::optional<V> fold_scalar(std::string_view op, const std::vector<V>& v, const Node& n) {
+  if (op == "Identity" || op == "Cast") return v[0];
+  if (op == "Neg") return f_neg(v[0]);
+  if (op == "Abs") return v[0] < 0 ? f_neg(v[0]) : v[0];
+  if (op == "Not") return V(v[0] == 0);
+  if (op == "Add" || op == "Sum") { V s = 0; for (V x : v) s = f_add(s, x); return s; }
+  if (op == "Sub") return f_sub(v[0], v[1]);
+  if (op == "Mul") return f_mul(v[0], v[1]);
+  if (op == "Max") { V m = v[0]; for (V x : v) m = m < x ? x : m; return m; }
+  if (op == "Min") { V m = v[0]; for (V x : v) m = x < m ? x : m; return m; }
+  if (op == "Equal") return V(v[0] == v[1]);
+  if (op == "Less") return V(v[0] < v[1]);
+  if (op == "Greater") return V(v[0] > v[1]);
+  if (op == "LessOrEqual") return V(v[0] <= v[1]);
+  if (op == "GreaterOrEqual") return V(v[0] >= v[1]);
+  if (op == "And") return V(v[0] != 0 && v[1] != 0);
+  if (op == "Or") return V(v[0] != 0 || v[1] != 0);
+  if (op == "Where") return v[0] != 0 ? v[1] : v[2];
+  if constexpr (std::is_same_v<V, double>) {
+    if (op == "Div") return v[0] / v[1];
+    if (op == "Floor") return std::floor(v[0]);
+    if (op == "Ceil") return std::ceil(v[0]);
+    if (op == "Round") return std::nearbyint(v[0]);
+    if (op == "Sqrt") return std::sqrt(v[0]);
+  } else {
+    // Divisors are checked for zero by the caller.
+    if (op == "Div") return v[1] == -1 ? f_neg(v[0]) : v[0] / v[1];
+    if (op == "Mod") {
+      if (v[1] == -1) return 0;
+      V r = v[0] % v[1];
+      if (n.attr_int("fmod", 0) == 0 && r != 0 && ((r < 0) != (v[1] < 0))) r += v[1];
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+void store(Tensor& t, int64_t i, double d, int64_t k, bool from_float) {
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      t.data<T>()[i] = from_float ? d != 0 : k != 0;
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!from_float) { t.data<T>()[i] = static_cast<T>(k); return; }
+      constexpr double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+      constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+      t.data<T>()[i] = std::isnan(d) ? T(0) : d <= lo ? std::numeric_limits<T>::lowest()
+                       : d >= hi ? std::numeric_limits<T>::max() : static_cast<T>(d);
+    } else {
+      t.data<T>()[i] = static_cast<T>(static_cast<float>(from_float ? d : static_cast<double>(k)));
+      if constexpr (std::is_same_v<T, double>) t.data<T>()[i] = from_float ? d : static_cast<double>(k);
+    }
+  });
+}
+
+// Computes output 0 when every input's data is known and the output is small. `domain_input`
+// decides whether the arithmetic is integer or floating point.
+Status maybe_fold(InferContext& ctx, size_t domain_input) {
+  const InferOutput& o = ctx.outputs()[0];
+  if (o.dtype == DType::undefined || !o.shape.is_concrete() || !ctx.all_inputs_known()) return {};
+  std::vector<int64_t> out_shape = o.shape.concrete();
+  int64_t numel = shape_numel(out_shape);
+  if (numel < 0 || numel > kMaxFoldElements) return {};
+  const std::string& op = ctx.node().op;
+  const bool use_float = is_float(ctx.dtype(domain_input));
+  if (!use_float && (op == "Div" || op == "Mod")) {
+    const Tensor* d = ctx.value(1);
+    for (int64_t i = 0; i < d->numel(); ++i)
+      if (d->as_int64(i) == 0) return ctx.error("integer " + std::string(op == "Div" ? "division" : "modulo") + " by zero");
+  }
+  Tensor out(o.dtype, out_shape);
+  const size_t rank = out_shape.size();
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t e = 0; e < numel; ++e) {
+    // The flat index of each input for output index `idx`, with broadcasting.
+    std::vector<double> fv;
+    std::vector<int64_t> iv;
+    for (size_t k = 0; k < ctx.num_inputs(); ++k) {
+      if (!ctx.has_input(k)) continue;
+      const Tensor& t = *ctx.value(k);
+      int64_t flat = 0;
+      const size_t pad = rank - static_cast<size_t>(t.rank());
+      for (size_t d = pad; d < rank; ++d) {
+        int64_t dim = t.dim(static_cast<int64_t>(d - pad));
+        flat = flat * dim + (dim == 1 ? 0 : idx[d]);
+      }
+      if (use_float) fv.push_back(t.as_double(flat));
+      else iv.push_back(t.as_int64(flat));
+    }
+    if (use_float) {
+      auto r = fold_scalar<double>(op, fv, ctx.node());
+      if (!r) return {};
+      store(out, e, *r, 0, true);
+    } else {
+      auto r = fold_scalar<int64_t>(op, iv, ctx.node());
+      if (!r) return {};
+      store(out, e, 0, *r, false);
+    }
+    for (size_t d = rank; d-- > 0;) {
+      if (++idx[d] < out_shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  ctx.set_output_value(0, std::move(out));
+  return {};
+}
+
+// ---- inference ----------------------------------------------------------------------------
+
+Status infer_unary(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
+  const std::string& op = ctx.node().op;
+  DType out = op == "IsNaN" || op == "IsInf" ? DType::boolean : ctx.dtype(0);
+  if (op == "Gelu") {
+    std::string a = ctx.node().attr_string("approximate", "none");
+    if (a != "none" && a != "tanh") return ctx.error("approximate must be 'none' or 'tanh', got '" + a + "'");
+  }
+  ctx.set_output(0, out, ctx.shape(0));
+  return maybe_fold(ctx, 0);
+}
+
+Status infer_binary(InferContext& ctx) {
+  const std::string& op = ctx.node().op;
+  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
+  if (op == "Pow") {
+    KILN_RETURN_IF_ERROR(check_type(ctx, 1, kNumeric));
+  } else if (ctx.dtype(0) != ctx.dtype(1)) {
+    return ctx.error("input types differ: " + std::string(dtype_name(ctx.dtype(0))) + " and " +
+                     std::string(dtype_name(ctx.dtype(1))));
+  }
+  if (op == "Mod" && is_float(ctx.dtype(0)) && ctx.node().attr_int("fmod", 0) == 0)
+    return ctx.error("fmod must be 1 for floating-point inputs");
+  if (op == "BitShift") {
+    std::string d = ctx.node().attr_string("direction", "");
+    if (d != "LEFT" && d != "RIGHT") return ctx.error("direction must be 'LEFT' or 'RIGHT', got '" + d + "'");
+  }
+  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(ctx.shape(0), ctx.shape(1), ctx));
+  if (op == "PRelu" && s.rank_known && ctx.shape(0).rank_known && s.rank() != ctx.rank(0))
+    return ctx.error("slope of shape " + ctx.shape(1).str() + " does not broadcast to the input's shape " +
+                     ctx.shape(0).str());
+  DType out = is_compare(op) ? DType::boolean : ctx.dtype(0);
+  ctx.set_output(0, out, std::move(s));
+  return maybe_fold(ctx, 0);
+}
+
+Status infer_variadic(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
+  Shape s = ctx.shape(0);
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(i) + " is missing");
+    if (ctx.dtype(i) != ctx.dtype(0))
+      return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) +
+                       " but input 0 is " + std::string(dtype_name(ctx.dtype(0))));
+    KILN_ASSIGN_OR_RETURN(s, broadcast_shapes(s, ctx.shape(i), ctx));
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(s));
+  if (ctx.node().op == "Mean") return {};
+  return maybe_fold(ctx, 0);
+}
+
+Status infer_where(InferContext& ctx) {
+  if (ctx.dtype(0) != DType::boolean)
+    return ctx.error("condition must be bool, got " + std::string(dtype_name(ctx.dtype(0))));
+  if (ctx.dtype(1) != ctx.dtype(2))
+    return ctx.error("input types differ: " + std::string(dtype_name(ctx.dtype(1))) + " and " +
+                     std::string(dtype_name(ctx.dtype(2))));
+  KILN_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(ctx.shape(0), ctx.shape(1), ctx));
+  KILN_ASSIGN_OR_RETURN(s, broadcast_shapes(s, ctx.shape(2), ctx));
+  ctx.set_output(0, ctx.dtype(1), std::move(s));
+  return maybe_fold(ctx, 1);
+}
+
+Status infer_clip(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
+  for (size_t i = 1; i <= 2; ++i) {
+    if (!ctx.has_input(i)) continue;
+    const char* what = i == 1 ? "min" : "max";
+    if (ctx.dtype(i) != ctx.dtype(0))
+      return ctx.error(std::string(what) + " is " + std::string(dtype_name(ctx.dtype(i))) + " but the input is " +
+                       std::string(dtype_name(ctx.dtype(0))));
+    const Shape& s = ctx.shape(i);
+    if (s.is_concrete() && shape_numel(s.concrete()) != 1)
+      return ctx.error(std::string(what) + " must have one element, got shape " + s.str());
+  }
+  ctx.set_output(0, ctx.dtype(0), ctx.shape(0));
+  return {};
+}
+
+Status infer_cast(InferContext& ctx) {
+  std::string to = ctx.node().attr_string("to", "");
+  std::optional<DType> t = dtype_from_name(to);
+  if (!t) return ctx.error("attribute 'to' names unknown type '" + to + "'");
+  ctx.set_output(0, *t, ctx.shape(0));
+  return maybe_fold(ctx, 0);
+}
+
+constexpr AttrType kInt64 = AttrType::int64;
+constexpr AttrType kF64 = AttrType::float64;
+constexpr AttrType kStr = AttrType::string;
+
+}  // namespace
+
+void register_elementwise_ops(OpRegistry& r) {
+  auto unary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) {
+    r.add("", OpSchema{name, summary, 1, 1, 1, 1, std::move(attrs), infer_unary});
+  };
+  unary("Abs", "|x|");
+  unary("Neg", "-x");
+  unary("Exp", "e^x");
+  unary("Log", "natural logarithm");
+  unary("Sqrt", "square root");
+  unary("Reciprocal", "1 / x");
+  unary("Floor", "round down");
+  unary("Ceil", "round up");
+  unary("Round", "round to nearest, halves to even");
+  unary("Sign", "-1, 0 or 1");
+  unary("Sin", "sine");
+  unary("Cos", "cosine");
+  unary("Tan", "tangent");
+  unary("Asin", "arcsine");
+  unary("Acos", "arccosine");
+  unary("Atan", "arctangent");
+  unary("Sinh", "hyperbolic sine");
+  unary("Cosh", "hyperbolic cosine");
+  unary("Asinh", "inverse hyperbolic sine");
+  unary("Acosh", "inverse hyperbolic cosine");
+  unary("Atanh", "inverse hyperbolic tangent");
+  unary("Erf", "error function");
+  unary("IsNaN", "x is NaN, as bool");
+  unary("IsInf", "x is an infinity of a detected sign, as bool",
+        {{"detect_negative", kInt64, false, "report -inf (default 1)"},
+         {"detect_positive", kInt64, false, "report +inf (default 1)"}});
+  unary("Not", "logical not of bool");
+  unary("BitwiseNot", "bitwise complement of integers");
+  unary("Identity", "y = x");
+  unary("Relu", "max(x, 0)");
+  unary("LeakyRelu", "x < 0 ? alpha * x : x", {{"alpha", kF64, false, "slope for x < 0 (default 0.01)"}});
+  unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", {{"alpha", kF64, false, "default 1"}});
+  unary("Selu", "gamma * (x <= 0 ? alpha * (e^x - 1) : x)",
+        {{"alpha", kF64, false, "default 1.67326319"}, {"gamma", kF64, false, "default 1.05070102"}});
+  unary("Celu", "max(0, x) + min(0, alpha * (e^(x / alpha) - 1))", {{"alpha", kF64, false, "default 1"}});
+  unary("Sigmoid", "1 / (1 + e^-x)");
+  unary("HardSigmoid", "max(0, min(1, alpha * x + beta))",
+        {{"alpha", kF64, false, "default 0.2"}, {"beta", kF64, false, "default 0.5"}});
+  unary("HardSwish", "x * max(0, min(1, x / 6 + 0.5))");
+  unary("Tanh", "hyperbolic tangent");
+  unary("Softplus", "log(1 + e^x)");
+  unary("Softsign", "x / (1 + |x|)");
+  unary("Mish", "x * tanh(softplus(x))");
+  unary("Gelu", "x * Phi(x), exact or tanh approximation",
+        {{"approximate", kStr, false, "'none' (erf, default) or 'tanh'"}});
+  unary("ThresholdedRelu", "x > alpha ? x : 0", {{"alpha", kF64, false, "default 1"}});
+  unary("Shrink", "x < -lambd ? x + bias : x > lambd ? x - bias : 0",
+        {{"bias", kF64, false, "default 0"}, {"lambd", kF64, false, "default 0.5"}});
+  unary("Swish", "x * sigmoid(alpha * x)", {{"alpha", kF64, false, "default 1"}});
+
+  auto binary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) {
+    r.add("", OpSchema{name, summary, 2, 2, 1, 1, std::move(attrs), infer_binary});
+  };
+  binary("Add", "a + b (integers wrap)");
+  binary("Sub", "a - b (integers wrap)");
+  binary("Mul", "a * b (integers wrap)");
+  binary("Div", "a / b; integers truncate toward zero, division by zero is an error");
+  binary("Mod", "remainder; fmod=0 takes the divisor's sign, fmod=1 the dividend's",
+         {{"fmod", kInt64, false, "0 (integers only, default) or 1"}});
+  binary("Pow", "a ^ b; b may have another numeric type, the result has a's");
+  binary("PRelu", "x < 0 ? slope * x : x, slope broadcast to x");
+  binary("And", "logical and");
+  binary("Or", "logical or");
+  binary("Xor", "logical xor");
+  binary("Equal", "a == b, as bool");
+  binary("Less", "a < b, as bool");
+  binary("Greater", "a > b, as bool");
+  binary("LessOrEqual", "a <= b, as bool");
+  binary("GreaterOrEqual", "a >= b, as bool");
+  binary("BitShift", "a << b or a >> b on unsigned integers",
+         {{"direction", kStr, true, "'LEFT' or 'RIGHT'"}});
+  binary("BitwiseAnd", "a & b");
+  binary("BitwiseOr", "a | b");
+  binary("BitwiseXor", "a ^ b");
+
+  auto variadic = [&](std::string_view name, std::string_view summary) {
+    r.add("", OpSchema{name, summary, 1, kVariadic, 1, 1, {}, infer_variadic});
+  };
+  variadic("Max", "elementwise maximum of all inputs");
+  variadic("Min", "elementwise minimum of all inputs");
+  variadic("Sum", "elementwise sum of all inputs");
+  variadic("Mean", "elementwise mean of all inputs");
+
+  r.add("", OpSchema{"Where", "condition ? x : y with broadcasting", 3, 3, 1, 1, {}, infer_where});
+  r.add("", OpSchema{"Clip", "min(max(x, min), max); min/max are optional one-element inputs", 1, 3, 1, 1, {},
+                     infer_clip});
+  r.add("", OpSchema{"Cast", "converts to another element type", 1, 1, 1, 1,
+                     {{"to", kStr, true, "the kiln type name: f32, f16, bf16, f64, i8 … u64, bool"}}, infer_cast});
+}
+
+}  // namespace kiln

@@ -1,0 +1,477 @@
+// Core ops of the nn family: Conv, ConvTranspose, MatMul, Gemm, the pools, LRN, MaxUnpool and
+// Col2Im (schemas and type/shape inference). Resize, Einsum and the sampling ops live in
+// formats/ops/nn_sample.cc. Semantics are those of the newest ONNX version of each op; see
+// docs/ops/nn.md.
+#include <algorithm>
+#include <numeric>
+
+#include "formats/op_schema.h"
+#include "formats/ops/nn_util.h"
+
+namespace kiln {
+
+void register_nn_sample_ops(OpRegistry& r);  // formats/ops/nn_sample.cc
+
+namespace nn {
+
+namespace {
+
+std::string ints_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// Floor division for possibly negative numerators (ConvTranspose pads can be negative).
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0)) ? 1 : 0); }
+
+// Reads an ints attribute that must hold `n` values (or be absent, giving `def` n times).
+Result<std::vector<int64_t>> per_dim(const Node& node, std::string_view name, size_t n, int64_t def, int64_t min) {
+  std::vector<int64_t> v = node.attr_ints(name);
+  if (v.empty()) return std::vector<int64_t>(n, def);
+  if (v.size() != n)
+    return user_error(node.where(), std::string(name) + " has " + std::to_string(v.size()) + " values but the op has " +
+                                        std::to_string(n) + " spatial dims");
+  for (int64_t x : v)
+    if (x < min) return user_error(node.where(), std::string(name) + " " + ints_str(v) + " has a value below " + std::to_string(min));
+  return v;
+}
+
+Result<std::vector<int64_t>> read_pads(const Node& node, size_t n) {
+  std::vector<int64_t> p = node.attr_ints("pads");
+  if (p.empty()) return std::vector<int64_t>(2 * n, 0);
+  if (p.size() != 2 * n)
+    return user_error(node.where(), "pads has " + std::to_string(p.size()) + " values but " + std::to_string(2 * n) +
+                                        " are needed for " + std::to_string(n) + " spatial dims");
+  for (int64_t x : p)
+    if (x < 0) return user_error(node.where(), "pads " + ints_str(p) + " has a negative value");
+  return p;
+}
+
+}  // namespace
+
+Result<Window> resolve_window(const Node& node, const std::vector<int64_t>& in, std::vector<int64_t> kernel,
+                              bool ceil_mode) {
+  const size_t n = in.size();
+  Window w;
+  std::vector<int64_t> ks = node.attr_ints("kernel_shape");
+  if (!ks.empty()) {
+    if (!kernel.empty() && ks != kernel)
+      return user_error(node.where(), "kernel_shape " + ints_str(ks) + " does not match the weight's " + ints_str(kernel));
+    kernel = ks;
+  }
+  if (kernel.size() != n)
+    return user_error(node.where(), "kernel_shape has " + std::to_string(kernel.size()) + " values but the input has " +
+                                        std::to_string(n) + " spatial dims");
+  for (int64_t k : kernel)
+    if (k < 1) return user_error(node.where(), "kernel_shape " + ints_str(kernel) + " has a value below 1");
+  w.kernel = kernel;
+  KILN_ASSIGN_OR_RETURN(w.strides, per_dim(node, "strides", n, 1, 1));
+  KILN_ASSIGN_OR_RETURN(w.dilations, per_dim(node, "dilations", n, 1, 1));
+  KILN_ASSIGN_OR_RETURN(w.pads, read_pads(node, n));
+  std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
+  if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
+    return user_error(node.where(), "auto_pad '" + auto_pad + "' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER");
+  w.out.assign(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t span = (w.kernel[i] - 1) * w.dilations[i] + 1, s = w.strides[i];
+    if (auto_pad == "VALID") w.pads[i] = w.pads[n + i] = 0;
+    if (in[i] < 0) continue;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      w.out[i] = (in[i] + s - 1) / s;
+      int64_t total = std::max<int64_t>(0, (w.out[i] - 1) * s + span - in[i]);
+      int64_t small = total / 2;
+      w.pads[i] = auto_pad == "SAME_UPPER" ? small : total - small;
+      w.pads[n + i] = total - w.pads[i];
+      continue;
+    }
+    int64_t avail = in[i] + w.pads[i] + w.pads[n + i] - span;
+    if (avail < 0)
+      return user_error(node.where(), "the window (" + std::to_string(span) + " with dilation) is larger than the padded input (" +
+                                          std::to_string(in[i] + w.pads[i] + w.pads[n + i]) + ") along spatial dim " + std::to_string(i));
+    w.out[i] = (ceil_mode ? (avail + s - 1) / s : avail / s) + 1;
+    // With ceil_mode the last window must start inside the input or its begin padding.
+    if (ceil_mode && (w.out[i] - 1) * s >= in[i] + w.pads[i]) --w.out[i];
+  }
+  return w;
+}
+
+Result<Window> resolve_transpose_window(const Node& node, const std::vector<int64_t>& in, std::vector<int64_t> kernel) {
+  const size_t n = in.size();
+  std::vector<int64_t> unknown(n, -1);
+  KILN_ASSIGN_OR_RETURN(Window w, resolve_window(node, unknown, std::move(kernel), false));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out_pad, per_dim(node, "output_padding", n, 0, 0));
+  std::vector<int64_t> out_shape = node.attr_ints("output_shape");
+  if (out_shape.size() > n) out_shape.erase(out_shape.begin(), out_shape.end() - static_cast<ptrdiff_t>(n));
+  if (!out_shape.empty() && out_shape.size() != n)
+    return user_error(node.where(), "output_shape " + ints_str(out_shape) + " does not have " + std::to_string(n) + " spatial dims");
+  std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
+  const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+  for (size_t i = 0; i < n; ++i) {
+    if (out_pad[i] >= std::max(w.strides[i], w.dilations[i]))
+      return user_error(node.where(), "output_padding " + ints_str(out_pad) + " must be smaller than the stride or the dilation");
+    if (in[i] < 0) continue;
+    const int64_t span = (w.kernel[i] - 1) * w.dilations[i] + 1;
+    const int64_t full = w.strides[i] * (in[i] - 1) + out_pad[i] + span;
+    if (!out_shape.empty() || same) {
+      // The pads follow from the requested output size: SAME_UPPER puts the smaller half first.
+      int64_t target = !out_shape.empty() ? out_shape[i] : in[i] * w.strides[i];
+      int64_t total = full - target;
+      int64_t half = floor_div(total, 2);
+      w.pads[i] = auto_pad == "SAME_UPPER" ? half : total - half;
+      w.pads[n + i] = total - w.pads[i];
+      w.out[i] = target;
+    } else {
+      w.out[i] = full - w.pads[i] - w.pads[n + i];
+    }
+    if (w.out[i] < 0)
+      return user_error(node.where(), "output size " + std::to_string(w.out[i]) + " along spatial dim " + std::to_string(i) + " is negative");
+  }
+  return w;
+}
+
+namespace {
+
+std::string dt(DType t) { return std::string(dtype_name(t)); }
+
+Status require_float(const InferContext& ctx, size_t i, std::string_view what) {
+  if (!is_float(ctx.dtype(i))) return ctx.error(std::string(what) + " must be a float type, got " + dt(ctx.dtype(i)));
+  return {};
+}
+
+Status require_same_type(const InferContext& ctx, size_t i, size_t j) {
+  if (ctx.dtype(i) != ctx.dtype(j))
+    return ctx.error("input " + std::to_string(j) + " is " + dt(ctx.dtype(j)) + " but input " + std::to_string(i) + " is " +
+                     dt(ctx.dtype(i)));
+  return {};
+}
+
+std::vector<int64_t> dims_or_unknown(const Shape& s, size_t from) {
+  std::vector<int64_t> v;
+  for (size_t i = from; i < s.dims.size(); ++i) v.push_back(s.dims[i].value);
+  return v;
+}
+
+Dim known_or(int64_t v) { return v >= 0 ? Dim::known(v) : Dim::unknown(); }
+
+// Conv: X [N, C, D...], W [M, C/group, K...], B [M] -> Y [N, M, O...].
+Status infer_conv(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
+  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
+  const int64_t group = ctx.node().attr_int("group", 1);
+  if (group < 1) return ctx.error("group " + std::to_string(group) + " must be at least 1");
+  if (ctx.has_input(2)) {
+    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
+    if (ctx.rank(2) >= 0 && ctx.rank(2) != 1) return ctx.error("bias must be 1-D, got shape " + ctx.shape(2).str());
+  }
+  const Shape& xs = ctx.shape(0);
+  const Shape& ws = ctx.shape(1);
+  int64_t rank = xs.rank() >= 0 ? xs.rank() : ws.rank();
+  if (rank < 0) {
+    ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    return {};
+  }
+  if (rank < 3) return ctx.error("X must have rank 3 or more (N, C, spatial...), got " + xs.str());
+  if (ws.rank() >= 0 && ws.rank() != rank)
+    return ctx.error("W has shape " + ws.str() + " but X has rank " + std::to_string(rank));
+  Dim m = ws.rank() >= 0 ? ws.dims[0] : Dim::unknown();
+  if (ws.rank() >= 0 && xs.rank() >= 0 && xs.dims[1].is_known() && ws.dims[1].is_known() &&
+      xs.dims[1].value != ws.dims[1].value * group)
+    return ctx.error("X has " + std::to_string(xs.dims[1].value) + " channels but W expects " +
+                     std::to_string(ws.dims[1].value) + " x group " + std::to_string(group));
+  if (m.is_known() && m.value % group != 0)
+    return ctx.error("W has " + std::to_string(m.value) + " output channels, not a multiple of group " + std::to_string(group));
+  if (ctx.has_input(2) && m.is_known() && ctx.rank(2) == 1 && ctx.shape(2).dims[0].is_known() &&
+      ctx.shape(2).dims[0].value != m.value)
+    return ctx.error("bias has " + std::to_string(ctx.shape(2).dims[0].value) + " elements but the conv has " +
+                     std::to_string(m.value) + " output channels");
+  std::vector<int64_t> in = xs.rank() >= 0 ? dims_or_unknown(xs, 2) : std::vector<int64_t>(static_cast<size_t>(rank - 2), -1);
+  std::vector<int64_t> kernel;
+  if (ws.rank() >= 0) {
+    kernel = dims_or_unknown(ws, 2);
+    if (std::any_of(kernel.begin(), kernel.end(), [](int64_t k) { return k < 0; })) kernel.clear();
+  }
+  std::vector<Dim> out{xs.rank() >= 0 ? xs.dims[0] : Dim::unknown(), m};
+  if (kernel.empty() && !ctx.node().has_attr("kernel_shape")) {
+    // The weight's spatial sizes are unknown, so are the output's.
+    out.resize(static_cast<size_t>(rank), Dim::unknown());
+    ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+    return {};
+  }
+  KILN_ASSIGN_OR_RETURN(Window w, resolve_window(ctx.node(), in, kernel, false));
+  for (int64_t o : w.out) out.push_back(known_or(o));
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+// ConvTranspose: X [N, C, D...], W [C, M/group, K...] -> Y [N, M, O...].
+Status infer_conv_transpose(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
+  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
+  if (ctx.has_input(2)) KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
+  const int64_t group = ctx.node().attr_int("group", 1);
+  if (group < 1) return ctx.error("group " + std::to_string(group) + " must be at least 1");
+  const Shape& xs = ctx.shape(0);
+  const Shape& ws = ctx.shape(1);
+  if (xs.rank() < 0 || ws.rank() < 0) {
+    ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    return {};
+  }
+  if (xs.rank() < 3) return ctx.error("X must have rank 3 or more (N, C, spatial...), got " + xs.str());
+  if (ws.rank() != xs.rank()) return ctx.error("W has shape " + ws.str() + " but X has rank " + std::to_string(xs.rank()));
+  if (xs.dims[1].is_known() && ws.dims[0].is_known() && xs.dims[1].value != ws.dims[0].value)
+    return ctx.error("X has " + std::to_string(xs.dims[1].value) + " channels but W has " + std::to_string(ws.dims[0].value));
+  if (xs.dims[1].is_known() && xs.dims[1].value % group != 0)
+    return ctx.error("X has " + std::to_string(xs.dims[1].value) + " channels, not a multiple of group " + std::to_string(group));
+  std::vector<int64_t> kernel = dims_or_unknown(ws, 2);
+  if (std::any_of(kernel.begin(), kernel.end(), [](int64_t k) { return k < 0; })) {
+    if (!ctx.node().has_attr("kernel_shape")) {
+      std::vector<Dim> out{xs.dims[0], Dim::unknown()};
+      out.resize(static_cast<size_t>(xs.rank()), Dim::unknown());
+      ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+      return {};
+    }
+    kernel.clear();
+  }
+  KILN_ASSIGN_OR_RETURN(Window w, resolve_transpose_window(ctx.node(), dims_or_unknown(xs, 2), kernel));
+  std::vector<Dim> out{xs.dims[0], ws.dims[1].is_known() ? Dim::known(ws.dims[1].value * group) : Dim::unknown()};
+  for (int64_t o : w.out) out.push_back(known_or(o));
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+bool matmul_type_ok(DType t) {
+  return is_float(t) || t == DType::i32 || t == DType::i64 || t == DType::u32 || t == DType::u64;
+}
+
+Status infer_matmul(InferContext& ctx) {
+  if (!matmul_type_ok(ctx.dtype(0))) return ctx.error("MatMul does not support " + dt(ctx.dtype(0)));
+  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
+  const Shape& a = ctx.shape(0);
+  const Shape& b = ctx.shape(1);
+  if (a.rank() < 0 || b.rank() < 0) {
+    ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    return {};
+  }
+  if (a.rank() == 0 || b.rank() == 0) return ctx.error("MatMul operands must have rank 1 or more, got " + a.str() + " and " + b.str());
+  Shape a2 = a, b2 = b;
+  if (a.rank() == 1) a2.dims.insert(a2.dims.begin(), Dim::known(1));
+  if (b.rank() == 1) b2.dims.push_back(Dim::known(1));
+  const Dim& ka = a2.dims.back();
+  const Dim& kb = b2.dims[b2.dims.size() - 2];
+  if (ka.is_known() && kb.is_known() && ka.value != kb.value)
+    return ctx.error("cannot multiply " + a.str() + " by " + b.str() + ": inner dims " + std::to_string(ka.value) + " and " +
+                     std::to_string(kb.value) + " differ");
+  Shape ba(std::vector<Dim>(a2.dims.begin(), a2.dims.end() - 2));
+  Shape bb(std::vector<Dim>(b2.dims.begin(), b2.dims.end() - 2));
+  KILN_ASSIGN_OR_RETURN(Shape out, broadcast_shapes(ba, bb, ctx));
+  if (a.rank() != 1) out.dims.push_back(a2.dims[a2.dims.size() - 2]);
+  if (b.rank() != 1) out.dims.push_back(b2.dims.back());
+  ctx.set_output(0, ctx.dtype(0), std::move(out));
+  return {};
+}
+
+Status infer_gemm(InferContext& ctx) {
+  if (!matmul_type_ok(ctx.dtype(0))) return ctx.error("Gemm does not support " + dt(ctx.dtype(0)));
+  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
+  if (ctx.has_input(2)) KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
+  const Shape& a = ctx.shape(0);
+  const Shape& b = ctx.shape(1);
+  if (a.rank() >= 0 && a.rank() != 2) return ctx.error("A must be 2-D, got " + a.str());
+  if (b.rank() >= 0 && b.rank() != 2) return ctx.error("B must be 2-D, got " + b.str());
+  const bool ta = ctx.node().attr_int("transA", 0) != 0, tb = ctx.node().attr_int("transB", 0) != 0;
+  Dim m = a.rank() == 2 ? a.dims[ta ? 1 : 0] : Dim::unknown();
+  Dim ka = a.rank() == 2 ? a.dims[ta ? 0 : 1] : Dim::unknown();
+  Dim kb = b.rank() == 2 ? b.dims[tb ? 1 : 0] : Dim::unknown();
+  Dim n = b.rank() == 2 ? b.dims[tb ? 0 : 1] : Dim::unknown();
+  if (ka.is_known() && kb.is_known() && ka.value != kb.value)
+    return ctx.error("cannot multiply A " + a.str() + " by B " + b.str() + " (transA " + std::to_string(ta) + ", transB " +
+                     std::to_string(tb) + "): inner dims " + std::to_string(ka.value) + " and " + std::to_string(kb.value) + " differ");
+  Shape y(std::vector<Dim>{m, n});
+  if (ctx.has_input(2)) {
+    const Shape& c = ctx.shape(2);
+    if (c.rank() > 2) return ctx.error("C must have rank 2 or less, got " + c.str());
+    // C broadcasts one way onto [M, N].
+    for (int64_t i = 0; i < c.rank(); ++i) {
+      const Dim& cd = c.dims[static_cast<size_t>(i)];
+      const Dim& yd = y.dims[static_cast<size_t>(2 - c.rank() + i)];
+      if (cd.is_known() && cd.value != 1 && yd.is_known() && cd.value != yd.value)
+        return ctx.error("C " + c.str() + " cannot broadcast to the output " + y.str());
+    }
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(y));
+  return {};
+}
+
+// Shared by MaxPool, AveragePool, LpPool.
+Status infer_pool(InferContext& ctx, bool allow_int) {
+  DType t = ctx.dtype(0);
+  if (!is_float(t) && !(allow_int && (t == DType::i8 || t == DType::u8)))
+    return ctx.error(std::string(ctx.node().op) + " does not support " + dt(t));
+  const Shape& xs = ctx.shape(0);
+  if (xs.rank() < 0) {
+    ctx.set_output(0, t, Shape::unknown_rank());
+    ctx.set_output(1, DType::i64, Shape::unknown_rank());
+    return {};
+  }
+  if (xs.rank() < 3) return ctx.error("X must have rank 3 or more (N, C, spatial...), got " + xs.str());
+  if (!ctx.node().has_attr("kernel_shape")) return ctx.error("required attribute 'kernel_shape' is missing");
+  KILN_ASSIGN_OR_RETURN(Window w, resolve_window(ctx.node(), dims_or_unknown(xs, 2), {}, ctx.node().attr_int("ceil_mode", 0) != 0));
+  std::vector<Dim> out{xs.dims[0], xs.dims[1]};
+  for (int64_t o : w.out) out.push_back(known_or(o));
+  ctx.set_output(0, t, Shape(out));
+  ctx.set_output(1, DType::i64, Shape(std::move(out)));
+  return {};
+}
+
+Status infer_maxpool(InferContext& ctx) {
+  int64_t so = ctx.node().attr_int("storage_order", 0);
+  if (so != 0 && so != 1) return ctx.error("storage_order " + std::to_string(so) + " must be 0 or 1");
+  return infer_pool(ctx, true);
+}
+Status infer_float_pool(InferContext& ctx) { return infer_pool(ctx, false); }
+
+Status infer_global_pool(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
+  const Shape& xs = ctx.shape(0);
+  if (xs.rank() < 0) {
+    ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    return {};
+  }
+  if (xs.rank() < 2) return ctx.error("X must have rank 2 or more (N, C, spatial...), got " + xs.str());
+  std::vector<Dim> out = xs.dims;
+  for (size_t i = 2; i < out.size(); ++i) out[i] = Dim::known(1);
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+Status infer_lrn(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
+  if (ctx.node().attr_int("size", 0) < 1) return ctx.error("size must be at least 1");
+  if (ctx.rank(0) >= 0 && ctx.rank(0) < 2) return ctx.error("X must have rank 2 or more, got " + ctx.shape(0).str());
+  ctx.set_output(0, ctx.dtype(0), ctx.shape(0));
+  return {};
+}
+
+// MaxUnpool: X [N, C, D...], I (i64, same shape), output_shape? -> Y.
+Status infer_max_unpool(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
+  if (ctx.dtype(1) != DType::i64) return ctx.error("I must be i64, got " + dt(ctx.dtype(1)));
+  const Shape& xs = ctx.shape(0);
+  if (xs.rank() < 0) {
+    ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    return {};
+  }
+  if (xs.rank() < 3) return ctx.error("X must have rank 3 or more (N, C, spatial...), got " + xs.str());
+  const size_t n = static_cast<size_t>(xs.rank() - 2);
+  if (ctx.has_input(2)) {
+    if (const Tensor* os = ctx.value(2)) {
+      std::vector<int64_t> v = os->to_int64_vector();
+      if (v.size() != static_cast<size_t>(xs.rank()))
+        return ctx.error("output_shape has " + std::to_string(v.size()) + " values but X has rank " + std::to_string(xs.rank()));
+      ctx.set_output(0, ctx.dtype(0), Shape::of(v));
+    } else {
+      ctx.set_output(0, ctx.dtype(0), Shape(std::vector<Dim>(static_cast<size_t>(xs.rank()), Dim::unknown())));
+    }
+    return {};
+  }
+  std::vector<int64_t> k = ctx.node().attr_ints("kernel_shape");
+  if (k.size() != n) return ctx.error("kernel_shape must have " + std::to_string(n) + " values");
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> s, per_dim(ctx.node(), "strides", n, 1, 1));
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> p, read_pads(ctx.node(), n));
+  std::vector<Dim> out{xs.dims[0], xs.dims[1]};
+  for (size_t i = 0; i < n; ++i) {
+    const Dim& d = xs.dims[2 + i];
+    out.push_back(d.is_known() ? Dim::known((d.value - 1) * s[i] + k[i] - p[i] - p[n + i]) : Dim::unknown());
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+// Col2Im: input [N, C*prod(block), L], image_shape, block_shape -> [N, C, image...].
+Status infer_col2im(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "input"));
+  const Shape& xs = ctx.shape(0);
+  if (xs.rank() >= 0 && xs.rank() != 3) return ctx.error("input must be 3-D [N, C*prod(block_shape), L], got " + xs.str());
+  const Tensor* img = ctx.value(1);
+  const Tensor* blk = ctx.value(2);
+  if (!img || !blk) {
+    int64_t n = ctx.shape(1).rank() == 1 && ctx.shape(1).dims[0].is_known() ? ctx.shape(1).dims[0].value : -1;
+    if (n < 0) ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    else ctx.set_output(0, ctx.dtype(0), Shape(std::vector<Dim>(static_cast<size_t>(n + 2), Dim::unknown())));
+    return {};
+  }
+  std::vector<int64_t> image = img->to_int64_vector(), block = blk->to_int64_vector();
+  if (image.size() != block.size() || image.empty())
+    return ctx.error("image_shape has " + std::to_string(image.size()) + " values but block_shape has " + std::to_string(block.size()));
+  int64_t bprod = 1;
+  for (int64_t b : block) {
+    if (b < 1) return ctx.error("block_shape " + ints_str(block) + " has a value below 1");
+    bprod *= b;
+  }
+  Dim c = Dim::unknown(), nb = Dim::unknown();
+  if (xs.rank() == 3) {
+    nb = xs.dims[0];
+    if (xs.dims[1].is_known()) {
+      if (xs.dims[1].value % bprod != 0)
+        return ctx.error("input dim 1 (" + std::to_string(xs.dims[1].value) + ") is not a multiple of prod(block_shape) " + std::to_string(bprod));
+      c = Dim::known(xs.dims[1].value / bprod);
+    }
+  }
+  std::vector<Dim> out{nb, c};
+  for (int64_t v : image) out.push_back(Dim::known(v));
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+const AttrSpec kAutoPad{"auto_pad", AttrType::string, false, "NOTSET, VALID, SAME_UPPER or SAME_LOWER"};
+const AttrSpec kDilations{"dilations", AttrType::ints, false, "per spatial dim, default 1"};
+const AttrSpec kKernelShape{"kernel_shape", AttrType::ints, false, "window size per spatial dim"};
+const AttrSpec kPads{"pads", AttrType::ints, false, "begins then ends, default 0"};
+const AttrSpec kStrides{"strides", AttrType::ints, false, "per spatial dim, default 1"};
+const AttrSpec kCeilMode{"ceil_mode", AttrType::int64, false, "round output size up (0)"};
+
+}  // namespace
+}  // namespace nn
+
+void register_nn_ops(OpRegistry& r) {
+  using namespace nn;
+  r.add("", OpSchema{"Conv", "N-d convolution with groups, strides, dilations, pads and optional bias", 2, 3, 1, 1,
+                     {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape, kPads, kStrides},
+                     infer_conv});
+  r.add("", OpSchema{"ConvTranspose", "N-d transposed convolution (gradient of Conv)", 2, 3, 1, 1,
+                     {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape,
+                      {"output_padding", AttrType::ints, false, "extra size at the end of each dim"},
+                      {"output_shape", AttrType::ints, false, "requested output spatial size"}, kPads, kStrides},
+                     infer_conv_transpose});
+  r.add("", OpSchema{"MatMul", "numpy matmul: batched, broadcasting, 1-D operands promoted", 2, 2, 1, 1, {}, infer_matmul});
+  r.add("", OpSchema{"Gemm", "alpha * op(A) @ op(B) + beta * C, C broadcast to [M, N]", 2, 3, 1, 1,
+                     {{"alpha", AttrType::float64, false, "1.0"}, {"beta", AttrType::float64, false, "1.0"},
+                      {"transA", AttrType::int64, false, "0"}, {"transB", AttrType::int64, false, "0"}},
+                     infer_gemm});
+  r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
+                     {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
+                      {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides},
+                     infer_maxpool});
+  r.add("", OpSchema{"AveragePool", "mean over sliding windows", 1, 1, 1, 1,
+                     {kAutoPad, kCeilMode, {"count_include_pad", AttrType::int64, false, "0"}, kDilations, kKernelShape, kPads, kStrides},
+                     infer_float_pool});
+  r.add("", OpSchema{"LpPool", "p-norm over sliding windows", 1, 1, 1, 1,
+                     {kAutoPad, kCeilMode, kDilations, kKernelShape, {"p", AttrType::int64, false, "2"}, kPads, kStrides},
+                     infer_float_pool});
+  r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {}, infer_global_pool});
+  r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {}, infer_global_pool});
+  r.add("", OpSchema{"GlobalLpPool", "p-norm over all spatial dims", 1, 1, 1, 1,
+                     {{"p", AttrType::int64, false, "2"}}, infer_global_pool});
+  r.add("", OpSchema{"LRN", "local response normalization across channels", 1, 1, 1, 1,
+                     {{"alpha", AttrType::float64, false, "1e-4"}, {"beta", AttrType::float64, false, "0.75"},
+                      {"bias", AttrType::float64, false, "1.0"}, {"size", AttrType::int64, true, "channels in the window"}},
+                     infer_lrn});
+  r.add("", OpSchema{"MaxUnpool", "scatter pooled values back to their argmax positions", 2, 3, 1, 1,
+                     {kKernelShape, kPads, kStrides}, infer_max_unpool});
+  r.add("", OpSchema{"Col2Im", "sum sliding blocks back into an image", 3, 3, 1, 1,
+                     {kDilations, kPads, kStrides}, infer_col2im});
+  register_nn_sample_ops(r);
+}
+
+}  // namespace kiln

@@ -1,0 +1,60 @@
+// Sliding-window geometry shared by the nn family's inference (formats/ops/nn.cc) and its
+// reference kernels (runtime/ref/nn_*.cc): Conv, ConvTranspose and the pools resolve auto_pad,
+// ceil_mode and defaults in one place, so the shapes the executor allocates are the shapes the
+// kernels fill.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/ir.h"
+#include "formats/status.h"
+
+namespace kiln::nn {
+
+/// Resolved attributes of a windowed op over `n` spatial dims; pads are begins then ends.
+struct Window {
+  std::vector<int64_t> kernel, strides, dilations, pads;
+  std::vector<int64_t> out;  ///< output spatial sizes (-1 where the input size is unknown)
+  size_t rank() const { return kernel.size(); }
+};
+
+/// Reads kernel_shape (or uses `kernel` when the op takes it from the weight), strides,
+/// dilations, pads and auto_pad from `node` and computes the output sizes for input spatial
+/// sizes `in` (-1 for unknown). `ceil_mode` rounds the output size up (pools only); the last
+/// window must then start inside the input or its begin padding. Fails with a user error
+/// naming the node on inconsistent attributes.
+Result<Window> resolve_window(const Node& node, const std::vector<int64_t>& in, std::vector<int64_t> kernel,
+                              bool ceil_mode);
+
+/// ConvTranspose geometry: output sizes and the pads actually applied, for input sizes `in`
+/// (-1 for unknown) and the weight's kernel sizes.
+Result<Window> resolve_transpose_window(const Node& node, const std::vector<int64_t>& in,
+                                        std::vector<int64_t> kernel);
+
+/// Resize geometry: per input dim, the output size and the scale used to map coordinates
+/// (output / input when `sizes` is given).
+struct ResizeGeometry {
+  std::vector<int64_t> out;
+  std::vector<double> scales;
+  std::vector<int64_t> axes;  ///< the resized axes, in the order given (all dims by default)
+};
+
+/// Resolves Resize's output sizes from the `scales` or `sizes` input data (either may be null
+/// or empty; exactly one must be present) and the axes / keep_aspect_ratio_policy attributes.
+Result<ResizeGeometry> resolve_resize(const Node& node, const std::vector<int64_t>& in, const Tensor* scales,
+                                      const Tensor* sizes);
+
+/// A parsed Einsum equation. Labels are ints: letters keep ASCII order ('A'..'Z' = 0..25,
+/// 'a'..'z' = 26..51); the dims an ellipsis covers are 52 + k, right-aligned across inputs.
+struct EinsumSpec {
+  std::vector<std::vector<int>> inputs;  ///< one label per input dim
+  std::vector<int> output;               ///< one label per output dim
+  int num_labels = 0;                    ///< labels are < num_labels
+};
+
+/// Parses `equation` for inputs of the given ranks (explicit "->" or implicit output).
+Result<EinsumSpec> parse_einsum(const Node& node, const std::string& equation, const std::vector<int64_t>& ranks);
+
+}  // namespace kiln::nn

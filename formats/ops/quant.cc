@@ -1,0 +1,268 @@
+// Core ops of the quant family: QuantizeLinear / DequantizeLinear (per tensor, per axis, blocked),
+// DynamicQuantizeLinear, and the integer compute ops of ONNX's QOperator format (QLinearMatMul,
+// QLinearConv, MatMulInteger, ConvInteger). Their semantics are the newest ONNX versions'; the
+// shape rules here are shared by export (symbolic shapes) and the runtime (concrete shapes).
+#include <algorithm>
+
+#include "formats/op_schema.h"
+
+namespace kiln {
+
+namespace {
+
+std::string dt(DType t) { return std::string(dtype_name(t)); }
+
+bool is_quant_storage(DType t) {
+  return t == DType::u8 || t == DType::i8 || t == DType::u16 || t == DType::i16;
+}
+
+// Reads an optional dtype-name attribute ("f32"); `def` when absent.
+Result<DType> dtype_attr(const InferContext& ctx, std::string_view name, DType def) {
+  if (!ctx.node().has_attr(name)) return def;
+  std::string s = ctx.node().attr_string(name, "");
+  auto t = dtype_from_name(s);
+  if (!t) return ctx.error("attribute '" + std::string(name) + "' names unknown dtype '" + s + "'");
+  return *t;
+}
+
+// Checks a scale or zero-point operand against x for per-tensor, per-axis or blocked
+// quantization (ONNX's rules: rank 0 or one element = per tensor; 1-D = per axis; same rank as x
+// with block_size > 0 = blocked).
+Status check_quant_operand(const InferContext& ctx, size_t i, const Shape& x, std::string_view what) {
+  const Shape& s = ctx.shape(i);
+  if (!s.rank_known) return {};
+  int64_t block = ctx.node().attr_int("block_size", 0);
+  if (block < 0) return ctx.error("block_size " + std::to_string(block) + " is negative");
+  bool single = s.rank() == 0 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value == 1 && block == 0);
+  if (single) return {};
+  if (!x.rank_known) return {};
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 1), x.rank(), ctx));
+  const Dim& xa = x.dims[static_cast<size_t>(axis)];
+  if (block == 0) {
+    if (s.rank() != 1)
+      return ctx.error(std::string(what) + " has shape " + s.str() + "; per-axis quantization needs a 1-D tensor");
+    if (s.dims[0].is_known() && xa.is_known() && s.dims[0].value != xa.value)
+      return ctx.error(std::string(what) + " has " + std::to_string(s.dims[0].value) + " elements but axis " +
+                       std::to_string(axis) + " of the input has size " + std::to_string(xa.value));
+    return {};
+  }
+  if (s.rank() != x.rank())
+    return ctx.error(std::string(what) + " has shape " + s.str() + "; blocked quantization needs rank " +
+                     std::to_string(x.rank()));
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    const Dim& sd = s.dims[static_cast<size_t>(d)];
+    const Dim& xd = x.dims[static_cast<size_t>(d)];
+    if (!sd.is_known() || !xd.is_known()) continue;
+    int64_t want = d == axis ? (xd.value + block - 1) / block : xd.value;
+    if (sd.value != want)
+      return ctx.error(std::string(what) + " has shape " + s.str() + " but input shape " + x.str() +
+                       " with block_size " + std::to_string(block) + " needs " + std::to_string(want) +
+                       " in dim " + std::to_string(d));
+  }
+  return {};
+}
+
+Status infer_quantize(InferContext& ctx) {
+  if (!is_float(ctx.dtype(0))) return ctx.error("input must be a float type, got " + dt(ctx.dtype(0)));
+  if (!is_float(ctx.dtype(1))) return ctx.error("scale must be a float type, got " + dt(ctx.dtype(1)));
+  KILN_ASSIGN_OR_RETURN(DType precision, dtype_attr(ctx, "precision", DType::undefined));
+  if (precision != DType::undefined && !is_float(precision))
+    return ctx.error("precision must be a float type, got " + dt(precision));
+  DType out = DType::u8;
+  if (ctx.has_input(2)) {
+    out = ctx.dtype(2);
+    if (!is_quant_storage(out)) return ctx.error("zero point type " + dt(out) + " is not u8, i8, u16 or i16");
+    KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 2, ctx.shape(0), "zero point"));
+  }
+  KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 1, ctx.shape(0), "scale"));
+  ctx.set_output(0, out, ctx.shape(0));
+  return {};
+}
+
+Status infer_dequantize(InferContext& ctx) {
+  DType x = ctx.dtype(0);
+  if (!is_quant_storage(x) && x != DType::i32)
+    return ctx.error("input type " + dt(x) + " is not u8, i8, u16, i16 or i32");
+  if (!is_float(ctx.dtype(1))) return ctx.error("scale must be a float type, got " + dt(ctx.dtype(1)));
+  if (ctx.has_input(2)) {
+    if (ctx.dtype(2) != x) return ctx.error("zero point type " + dt(ctx.dtype(2)) + " differs from input type " + dt(x));
+    KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 2, ctx.shape(0), "zero point"));
+  }
+  KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 1, ctx.shape(0), "scale"));
+  KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_dtype", ctx.dtype(1)));
+  if (!is_float(out)) return ctx.error("output_dtype must be a float type, got " + dt(out));
+  ctx.set_output(0, out, ctx.shape(0));
+  return {};
+}
+
+Status infer_dynamic_quantize(InferContext& ctx) {
+  if (ctx.dtype(0) != DType::f32) return ctx.error("input must be f32, got " + dt(ctx.dtype(0)));
+  ctx.set_output(0, DType::u8, ctx.shape(0));
+  ctx.set_output(1, DType::f32, Shape(std::vector<Dim>{}));
+  ctx.set_output(2, DType::u8, Shape(std::vector<Dim>{}));
+  return {};
+}
+
+// numpy.matmul's shape rule (1-D operands promoted and the promoted dim dropped again).
+Result<Shape> matmul_shape(const InferContext& ctx, const Shape& a, const Shape& b) {
+  if (!a.rank_known || !b.rank_known) return Shape::unknown_rank();
+  if (a.rank() == 0 || b.rank() == 0) return ctx.error("matmul operands must have rank >= 1");
+  std::vector<Dim> ad = a.dims, bd = b.dims;
+  bool a1 = ad.size() == 1, b1 = bd.size() == 1;
+  if (a1) ad.insert(ad.begin(), Dim::known(1));
+  if (b1) bd.push_back(Dim::known(1));
+  const Dim& ka = ad.back();
+  const Dim& kb = bd[bd.size() - 2];
+  if (ka.is_known() && kb.is_known() && ka.value != kb.value)
+    return ctx.error("inner dimensions differ: " + a.str() + " and " + b.str());
+  Shape ab(std::vector<Dim>(ad.begin(), ad.end() - 2));
+  Shape bb(std::vector<Dim>(bd.begin(), bd.end() - 2));
+  KILN_ASSIGN_OR_RETURN(Shape out, broadcast_shapes(ab, bb, ctx));
+  if (!a1) out.dims.push_back(ad[ad.size() - 2]);
+  if (!b1) out.dims.push_back(bd.back());
+  return out;
+}
+
+Status check_int8(const InferContext& ctx, size_t i, std::string_view what) {
+  if (ctx.dtype(i) != DType::u8 && ctx.dtype(i) != DType::i8)
+    return ctx.error(std::string(what) + " must be u8 or i8, got " + dt(ctx.dtype(i)));
+  return {};
+}
+
+Status check_same(const InferContext& ctx, size_t zp, size_t x, std::string_view what) {
+  if (ctx.has_input(zp) && ctx.dtype(zp) != ctx.dtype(x))
+    return ctx.error(std::string(what) + " type " + dt(ctx.dtype(zp)) + " differs from " + dt(ctx.dtype(x)));
+  return {};
+}
+
+Status infer_matmul_integer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "A"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 1, "B"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "a_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 3, 1, "b_zero_point"));
+  KILN_ASSIGN_OR_RETURN(Shape s, matmul_shape(ctx, ctx.shape(0), ctx.shape(1)));
+  ctx.set_output(0, DType::i32, std::move(s));
+  return {};
+}
+
+Status infer_qlinear_matmul(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "a"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 3, "b"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 7, "y_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "a_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 5, 3, "b_zero_point"));
+  for (size_t i : {1, 4, 6})
+    if (!is_float(ctx.dtype(i))) return ctx.error("scale input " + std::to_string(i) + " must be a float type");
+  KILN_ASSIGN_OR_RETURN(Shape s, matmul_shape(ctx, ctx.shape(0), ctx.shape(3)));
+  ctx.set_output(0, ctx.dtype(7), std::move(s));
+  return {};
+}
+
+// Output shape of an N-d convolution (ONNX Conv rules, auto_pad included).
+Result<Shape> conv_shape(const InferContext& ctx, const Shape& x, const Shape& w) {
+  const Node& n = ctx.node();
+  if (!x.rank_known) return Shape::unknown_rank();
+  if (x.rank() < 3) return ctx.error("input has shape " + x.str() + "; convolution needs rank >= 3");
+  const size_t ns = static_cast<size_t>(x.rank() - 2);
+  if (w.rank_known && w.rank() != x.rank())
+    return ctx.error("weight shape " + w.str() + " does not match input rank " + std::to_string(x.rank()));
+  int64_t group = n.attr_int("group", 1);
+  if (group < 1) return ctx.error("group " + std::to_string(group) + " must be positive");
+  std::vector<int64_t> kernel = n.attr_ints("kernel_shape");
+  if (kernel.empty() && w.rank_known)
+    for (size_t i = 0; i < ns; ++i) kernel.push_back(w.dims[2 + i].value);
+  std::vector<int64_t> strides = n.attr_ints("strides", std::vector<int64_t>(ns, 1));
+  std::vector<int64_t> dil = n.attr_ints("dilations", std::vector<int64_t>(ns, 1));
+  std::vector<int64_t> pads = n.attr_ints("pads", std::vector<int64_t>(2 * ns, 0));
+  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if (strides.size() != ns || dil.size() != ns || pads.size() != 2 * ns || (!kernel.empty() && kernel.size() != ns))
+    return ctx.error("strides, dilations, pads or kernel_shape do not match " + std::to_string(ns) + " spatial dims");
+  for (size_t i = 0; i < ns; ++i) {
+    if (strides[i] < 1 || dil[i] < 1) return ctx.error("strides and dilations must be positive");
+    if (pads[i] < 0 || pads[i + ns] < 0) return ctx.error("pads must not be negative");
+  }
+  if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
+    return ctx.error("unknown auto_pad '" + auto_pad + "'");
+  if (x.dims[1].is_known() && w.rank_known && w.dims[1].is_known() && x.dims[1].value != w.dims[1].value * group)
+    return ctx.error("input has " + std::to_string(x.dims[1].value) + " channels but the weight expects " +
+                     std::to_string(w.dims[1].value * group));
+  std::vector<Dim> out{x.dims[0], w.rank_known ? w.dims[0] : Dim::unknown()};
+  if (out[1].is_known() && out[1].value % group != 0)
+    return ctx.error("output channels " + std::to_string(out[1].value) + " are not divisible by group " + std::to_string(group));
+  for (size_t i = 0; i < ns; ++i) {
+    const Dim& in = x.dims[2 + i];
+    if (!in.is_known() || i >= kernel.size() || kernel[i] < 0) { out.push_back(Dim::unknown()); continue; }
+    int64_t o;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      o = (in.value + strides[i] - 1) / strides[i];
+    } else {
+      int64_t p = auto_pad == "VALID" ? 0 : pads[i] + pads[i + ns];
+      int64_t span = dil[i] * (kernel[i] - 1) + 1;
+      if (in.value + p < span)
+        return ctx.error("kernel extent " + std::to_string(span) + " exceeds padded input size " + std::to_string(in.value + p));
+      o = (in.value + p - span) / strides[i] + 1;
+    }
+    out.push_back(Dim::known(o));
+  }
+  return Shape(std::move(out));
+}
+
+Status infer_conv_integer(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "x"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 1, "w"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "x_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 3, 1, "w_zero_point"));
+  KILN_ASSIGN_OR_RETURN(Shape s, conv_shape(ctx, ctx.shape(0), ctx.shape(1)));
+  ctx.set_output(0, DType::i32, std::move(s));
+  return {};
+}
+
+Status infer_qlinear_conv(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "x"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 3, "w"));
+  KILN_RETURN_IF_ERROR(check_int8(ctx, 7, "y_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "x_zero_point"));
+  KILN_RETURN_IF_ERROR(check_same(ctx, 5, 3, "w_zero_point"));
+  for (size_t i : {1, 4, 6})
+    if (!is_float(ctx.dtype(i))) return ctx.error("scale input " + std::to_string(i) + " must be a float type");
+  if (ctx.has_input(8) && ctx.dtype(8) != DType::i32) return ctx.error("bias must be i32, got " + dt(ctx.dtype(8)));
+  KILN_ASSIGN_OR_RETURN(Shape s, conv_shape(ctx, ctx.shape(0), ctx.shape(3)));
+  ctx.set_output(0, ctx.dtype(7), std::move(s));
+  return {};
+}
+
+std::vector<AttrSpec> conv_attrs() {
+  return {{"auto_pad", AttrType::string, false, "NOTSET, VALID, SAME_UPPER or SAME_LOWER"},
+          {"dilations", AttrType::ints, false, "per spatial dim, default 1"},
+          {"group", AttrType::int64, false, "channel groups, default 1"},
+          {"kernel_shape", AttrType::ints, false, "default: the weight's spatial dims"},
+          {"pads", AttrType::ints, false, "begin pads then end pads, default 0"},
+          {"strides", AttrType::ints, false, "per spatial dim, default 1"}};
+}
+
+}  // namespace
+
+void register_quant_ops(OpRegistry& r) {
+  r.add("", OpSchema{"QuantizeLinear", "y = saturate(round_half_even(x / scale) + zero_point)", 2, 3, 1, 1,
+                     {{"axis", AttrType::int64, false, "channel axis of per-axis / blocked parameters, default 1"},
+                      {"block_size", AttrType::int64, false, "block length along axis; 0 = not blocked"},
+                      {"precision", AttrType::string, false, "float dtype of the division; default the scale's"}},
+                     infer_quantize});
+  r.add("", OpSchema{"DequantizeLinear", "y = (x - zero_point) * scale", 2, 3, 1, 1,
+                     {{"axis", AttrType::int64, false, "channel axis of per-axis / blocked parameters, default 1"},
+                      {"block_size", AttrType::int64, false, "block length along axis; 0 = not blocked"},
+                      {"output_dtype", AttrType::string, false, "float dtype of y; default the scale's"}},
+                     infer_dequantize});
+  r.add("", OpSchema{"DynamicQuantizeLinear", "u8 quantization with scale and zero point from the data's range",
+                     1, 1, 3, 3, {}, infer_dynamic_quantize});
+  r.add("", OpSchema{"MatMulInteger", "i32 matmul of (a - a_zero_point) and (b - b_zero_point)", 2, 4, 1, 1, {},
+                     infer_matmul_integer});
+  r.add("", OpSchema{"QLinearMatMul", "quantized matmul: requantized i32 product of dequantized operands", 8, 8,
+                     1, 1, {}, infer_qlinear_matmul});
+  r.add("", OpSchema{"ConvInteger", "i32 convolution of (x - x_zero_point) and (w - w_zero_point)", 2, 4, 1, 1,
+                     conv_attrs(), infer_conv_integer});
+  r.add("", OpSchema{"QLinearConv", "quantized convolution with i32 bias, requantized to y's scale", 8, 9, 1, 1,
+                     conv_attrs(), infer_qlinear_conv});
+}
+
+}  // namespace kiln

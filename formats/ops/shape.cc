@@ -1,0 +1,636 @@
+// Core ops of the shape family, layout part: schemas and type/shape inference for the ops that
+// move data without looking at it (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat,
+// Split, Slice, Pad, Tile, Expand, DepthToSpace, SpaceToDepth, CenterCropPad). Where the
+// inputs' data is known and the output is tiny, the output's data is computed too, so that
+// shapes computed in the graph (Shape → Gather → Concat → Reshape) stay static at export.
+// The index ops (Gather, Scatter, Shape, Range, …) are in shape_index.cc.
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "formats/op_schema.h"
+#include "formats/ops/shape_util.h"
+
+namespace kiln {
+
+using namespace shape_ops;
+
+namespace {
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+// ---- Reshape -----------------------------------------------------------------------------------
+
+// The size of the -1 entry of a Reshape target, from the input dims and the other target dims;
+// cancels symbols that appear on both sides so [batch, 128, 768] → [batch, -1, 12, 64] resolves.
+Result<Dim> infer_minus_one(const Shape& in, const std::vector<Dim>& out, size_t neg, const InferContext& ctx) {
+  int64_t known_in = 1, known_out = 1;
+  std::multiset<std::string> syms;
+  for (const Dim& d : in.dims) {
+    if (d.is_known()) known_in *= d.value;
+    else if (d.is_symbolic()) syms.insert(d.symbol);
+    else return Dim::unknown();
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i == neg) continue;
+    const Dim& d = out[i];
+    if (d.is_known()) { known_out *= d.value; continue; }
+    if (!d.is_symbolic()) return Dim::unknown();
+    auto it = syms.find(d.symbol);
+    if (it == syms.end()) return Dim::unknown();
+    syms.erase(it);
+  }
+  if (syms.empty()) {
+    if (known_out == 0) {
+      if (known_in == 0) return ctx.error("cannot infer the -1 dim of a reshape with a 0 dim");
+      return ctx.error("cannot reshape " + in.str() + " into a shape with a 0 dim and -1");
+    }
+    if (known_in % known_out != 0)
+      return ctx.error("cannot reshape " + in.str() + " (" + num(known_in) + " elements) so that " + num(known_out) +
+                       " divides it");
+    return Dim::known(known_in / known_out);
+  }
+  if (syms.size() == 1 && known_in == known_out) return Dim::sym(*syms.begin());
+  return Dim::unknown();
+}
+
+Status infer_reshape(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
+  const Shape& in = ctx.shape(0);
+  bool allowzero = ctx.node().attr_int("allowzero", 0) != 0;
+  auto target = known_ints(ctx, 1);
+  if (!target) {
+    const Shape& ts = ctx.shape(1);
+    int64_t r = ts.rank() == 1 && ts.dims[0].is_known() ? ts.dims[0].value : -1;
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(r));
+    return {};
+  }
+  if (ctx.rank(1) != 1) return ctx.error("the shape input must be 1-D, got shape " + ctx.shape(1).str());
+  std::vector<Dim> out;
+  int64_t neg = -1;
+  bool has_zero = false;
+  for (size_t i = 0; i < target->size(); ++i) {
+    int64_t v = (*target)[i];
+    if (v == -1) {
+      if (neg >= 0) return ctx.error("the shape has more than one -1");
+      neg = static_cast<int64_t>(i);
+      out.push_back(Dim::unknown());
+    } else if (v == 0 && !allowzero) {
+      if (in.rank_known && static_cast<int64_t>(i) >= in.rank())
+        return ctx.error("shape[" + num(static_cast<int64_t>(i)) + "] is 0 (copy the input dim) but the input has rank " +
+                         num(in.rank()));
+      out.push_back(in.rank_known ? in.dims[i] : Dim::unknown());
+    } else if (v < 0) {
+      return ctx.error("shape[" + num(static_cast<int64_t>(i)) + "] is " + num(v));
+    } else {
+      if (v == 0) has_zero = true;
+      out.push_back(Dim::known(v));
+    }
+  }
+  if (allowzero && has_zero && neg >= 0) return ctx.error("the shape has both 0 and -1 while allowzero is set");
+  if (in.rank_known) {
+    if (neg >= 0) {
+      KILN_ASSIGN_OR_RETURN(out[static_cast<size_t>(neg)], infer_minus_one(in, out, static_cast<size_t>(neg), ctx));
+    } else if (in.is_concrete() && Shape(out).is_concrete()) {
+      int64_t a = shape_numel(in.concrete()), b = shape_numel(Shape(out).concrete());
+      if (a != b)
+        return ctx.error("cannot reshape " + in.str() + " (" + num(a) + " elements) to " + Shape(out).str() + " (" +
+                         num(b) + " elements)");
+    }
+  }
+  Shape os(std::move(out));
+  const Tensor* data = ctx.value(0);
+  if (data && os.is_concrete() && foldable(os.concrete()) && shape_numel(os.concrete()) == data->numel()) {
+    ctx.set_output_value(0, data->reshaped(os.concrete()));
+    return {};
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(os));
+  return {};
+}
+
+// ---- Flatten, Squeeze, Unsqueeze ------------------------------------------------------------------
+
+Status infer_flatten(InferContext& ctx) {
+  const Shape& in = ctx.shape(0);
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(2));
+    return {};
+  }
+  int64_t r = in.rank(), axis = ctx.node().attr_int("axis", 1);
+  if (axis < -r || axis > r) return ctx.error("axis " + num(axis) + " is out of range for rank " + num(r));
+  if (axis < 0) axis += r;
+  ctx.set_output(0, ctx.dtype(0),
+                 Shape({dim_product(in, 0, static_cast<size_t>(axis)), dim_product(in, static_cast<size_t>(axis), in.dims.size())}));
+  return {};
+}
+
+// Normalises a list of axes for `rank`, rejecting duplicates.
+Result<std::vector<int64_t>> normalize_axes(const std::vector<int64_t>& axes, int64_t rank, const InferContext& ctx) {
+  std::vector<int64_t> out;
+  for (int64_t a : axes) {
+    KILN_ASSIGN_OR_RETURN(int64_t n, normalize_axis(a, rank, ctx));
+    if (std::find(out.begin(), out.end(), n) != out.end()) return ctx.error("axis " + num(a) + " is given twice");
+    out.push_back(n);
+  }
+  return out;
+}
+
+// Sets output 0 to the input's data with a new shape when that data is known and small.
+void set_reshaped(InferContext& ctx, Shape shape) {
+  const Tensor* data = ctx.value(0);
+  if (data && shape.is_concrete() && foldable(shape.concrete())) {
+    ctx.set_output_value(0, data->reshaped(shape.concrete()));
+    return;
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(shape));
+}
+
+Status infer_squeeze(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "axes"));
+  const Shape& in = ctx.shape(0);
+  if (ctx.has_input(1)) {
+    auto axes = known_ints(ctx, 1);
+    if (!axes || !in.rank_known) {
+      const Shape& as = ctx.shape(1);
+      bool n_known = as.rank() == 1 && as.dims[0].is_known();
+      ctx.set_output(0, ctx.dtype(0), in.rank_known && n_known ? unknown_dims(in.rank() - as.dims[0].value) : Shape());
+      return {};
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, in.rank(), ctx));
+    std::vector<Dim> out;
+    for (int64_t i = 0; i < in.rank(); ++i) {
+      const Dim& d = in.dims[static_cast<size_t>(i)];
+      if (std::find(norm.begin(), norm.end(), i) == norm.end()) { out.push_back(d); continue; }
+      if (d.is_known() && d.value != 1)
+        return ctx.error("cannot squeeze axis " + num(i) + " of size " + num(d.value) + " (shape " + in.str() + ")");
+    }
+    set_reshaped(ctx, Shape(std::move(out)));
+    return {};
+  }
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), Shape());
+    return {};
+  }
+  std::vector<Dim> out;
+  for (const Dim& d : in.dims) {
+    if (!d.is_known()) {  // whether it is 1 decides the output rank
+      ctx.set_output(0, ctx.dtype(0), Shape());
+      return {};
+    }
+    if (d.value != 1) out.push_back(d);
+  }
+  set_reshaped(ctx, Shape(std::move(out)));
+  return {};
+}
+
+Status infer_unsqueeze(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "axes"));
+  const Shape& in = ctx.shape(0);
+  auto axes = known_ints(ctx, 1);
+  if (!axes || !in.rank_known) {
+    const Shape& as = ctx.shape(1);
+    bool n_known = as.rank() == 1 && as.dims[0].is_known();
+    ctx.set_output(0, ctx.dtype(0), in.rank_known && n_known ? unknown_dims(in.rank() + as.dims[0].value) : Shape());
+    return {};
+  }
+  if (ctx.rank(1) > 1) return ctx.error("axes must be 1-D, got shape " + ctx.shape(1).str());
+  int64_t r = in.rank() + static_cast<int64_t>(axes->size());
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, r, ctx));
+  std::vector<Dim> out;
+  size_t next = 0;
+  for (int64_t i = 0; i < r; ++i) {
+    if (std::find(norm.begin(), norm.end(), i) != norm.end()) out.push_back(Dim::known(1));
+    else out.push_back(in.dims[next++]);
+  }
+  set_reshaped(ctx, Shape(std::move(out)));
+  return {};
+}
+
+// ---- Transpose ----------------------------------------------------------------------------------
+
+Status infer_transpose(InferContext& ctx) {
+  const Shape& in = ctx.shape(0);
+  std::vector<int64_t> perm = ctx.node().attr_ints("perm");
+  bool has_perm = ctx.node().has_attr("perm");
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), has_perm ? unknown_dims(static_cast<int64_t>(perm.size())) : Shape());
+    return {};
+  }
+  int64_t r = in.rank();
+  if (!has_perm)
+    for (int64_t i = r - 1; i >= 0; --i) perm.push_back(i);
+  if (static_cast<int64_t>(perm.size()) != r)
+    return ctx.error("perm has " + num(static_cast<int64_t>(perm.size())) + " entries but the input has rank " + num(r));
+  std::vector<bool> seen(static_cast<size_t>(r), false);
+  std::vector<Dim> out;
+  for (int64_t p : perm) {
+    if (p < 0 || p >= r || seen[static_cast<size_t>(p)]) return ctx.error("perm is not a permutation of 0.." + num(r - 1));
+    seen[static_cast<size_t>(p)] = true;
+    out.push_back(in.dims[static_cast<size_t>(p)]);
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+// ---- Concat, Split ------------------------------------------------------------------------------
+
+Status infer_concat(InferContext& ctx) {
+  DType dt = ctx.dtype(0);
+  int64_t r = -1;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i)) return ctx.error("input " + num(static_cast<int64_t>(i)) + " is missing");
+    if (ctx.dtype(i) != dt)
+      return ctx.error("input " + num(static_cast<int64_t>(i)) + " is " + std::string(dtype_name(ctx.dtype(i))) +
+                       " but input 0 is " + std::string(dtype_name(dt)));
+    if (ctx.rank(i) < 0) continue;
+    if (r >= 0 && ctx.rank(i) != r)
+      return ctx.error("input " + num(static_cast<int64_t>(i)) + " has rank " + num(ctx.rank(i)) + " but another has rank " + num(r));
+    r = ctx.rank(i);
+  }
+  if (r < 0) {
+    ctx.set_output(0, dt, Shape());
+    return {};
+  }
+  if (r == 0) return ctx.error("cannot concatenate scalars");
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), r, ctx));
+  std::vector<Dim> out(static_cast<size_t>(r));
+  bool all_ranks = true;
+  for (size_t d = 0; d < out.size(); ++d) {
+    Dim acc = static_cast<int64_t>(d) == axis ? Dim::known(0) : Dim::unknown();
+    for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+      if (ctx.rank(i) < 0) { all_ranks = false; if (static_cast<int64_t>(d) == axis) acc = Dim::unknown(); continue; }
+      const Dim& x = ctx.shape(i).dims[d];
+      if (static_cast<int64_t>(d) == axis) {
+        if (all_ranks) acc = dim_add(acc, x);
+      } else if (x.is_known()) {
+        if (acc.is_known() && acc.value != x.value)
+          return ctx.error("input " + num(static_cast<int64_t>(i)) + " has shape " + ctx.shape(i).str() +
+                           ", which differs from the others outside axis " + num(axis));
+        acc = x;
+      } else if (!acc.is_known() && !acc.is_symbolic()) {
+        acc = x;
+      }
+    }
+    out[d] = acc;
+  }
+  Shape os(std::move(out));
+  bool known = os.is_concrete() && foldable(os.concrete());
+  for (size_t i = 0; i < ctx.num_inputs() && known; ++i) known = ctx.value(i) != nullptr;
+  if (known) {
+    std::vector<int64_t> shape = os.concrete();
+    Tensor t(dt, shape);
+    int64_t outer = shape_numel(std::span(shape).first(static_cast<size_t>(axis)));
+    int64_t inner = shape_numel(std::span(shape).subspan(static_cast<size_t>(axis) + 1));
+    int64_t pos = 0;
+    for (int64_t o = 0; o < outer; ++o)
+      for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+        const Tensor* v = ctx.value(i);
+        int64_t block = v->dim(axis) * inner;
+        for (int64_t k = 0; k < block; ++k) copy_element(t, pos++, *v, o * block + k);
+      }
+    ctx.set_output_value(0, std::move(t));
+    return {};
+  }
+  ctx.set_output(0, dt, std::move(os));
+  return {};
+}
+
+Status infer_split(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "split"));
+  const Shape& in = ctx.shape(0);
+  size_t n = ctx.num_outputs();
+  if (ctx.node().has_attr("num_outputs") && ctx.node().attr_int("num_outputs", 0) != static_cast<int64_t>(n))
+    return ctx.error("num_outputs is " + num(ctx.node().attr_int("num_outputs", 0)) + " but the node has " +
+                     num(static_cast<int64_t>(n)) + " outputs");
+  if (!in.rank_known) {
+    for (size_t i = 0; i < n; ++i) ctx.set_output(i, ctx.dtype(0), Shape());
+    return {};
+  }
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), in.rank(), ctx));
+  const Dim& d = in.dims[static_cast<size_t>(axis)];
+  std::vector<Dim> sizes(n, Dim::unknown());
+  auto split = known_ints(ctx, 1);
+  if (split) {
+    if (split->size() != n)
+      return ctx.error("split has " + num(static_cast<int64_t>(split->size())) + " entries but the node has " +
+                       num(static_cast<int64_t>(n)) + " outputs");
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if ((*split)[i] < 0) return ctx.error("split[" + num(static_cast<int64_t>(i)) + "] is " + num((*split)[i]));
+      sum += (*split)[i];
+      sizes[i] = Dim::known((*split)[i]);
+    }
+    if (d.is_known() && sum != d.value)
+      return ctx.error("split sizes add up to " + num(sum) + " but axis " + num(axis) + " has size " + num(d.value));
+  } else if (!ctx.has_input(1) && d.is_known()) {
+    int64_t chunk = (d.value + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
+    int64_t last = d.value - chunk * static_cast<int64_t>(n - 1);
+    if (last < 0)
+      return ctx.error("cannot split axis " + num(axis) + " of size " + num(d.value) + " into " + num(static_cast<int64_t>(n)) +
+                       " parts");
+    for (size_t i = 0; i < n; ++i) sizes[i] = Dim::known(i + 1 == n ? last : chunk);
+  } else if (!ctx.has_input(1) && n == 1) {
+    sizes[0] = d;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Shape s = in;
+    s.dims[static_cast<size_t>(axis)] = sizes[i];
+    ctx.set_output(i, ctx.dtype(0), std::move(s));
+  }
+  return {};
+}
+
+// ---- Slice --------------------------------------------------------------------------------------
+
+Status infer_slice(InferContext& ctx) {
+  for (size_t i = 1; i < 5; ++i) KILN_RETURN_IF_ERROR(require_index_dtype(ctx, i, "starts, ends, axes and steps"));
+  const Shape& in = ctx.shape(0);
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), Shape());
+    return {};
+  }
+  int64_t r = in.rank();
+  auto starts = known_ints(ctx, 1), ends = known_ints(ctx, 2);
+  std::optional<std::vector<int64_t>> axes, steps;
+  if (ctx.has_input(3)) axes = known_ints(ctx, 3);
+  if (ctx.has_input(4)) steps = known_ints(ctx, 4);
+  if ((ctx.has_input(3) && !axes) || !starts || !ends || (ctx.has_input(4) && !steps)) {
+    std::vector<Dim> out(static_cast<size_t>(r), Dim::unknown());
+    if (axes) {  // only the sliced axes change
+      out = in.dims;
+      for (int64_t a : *axes) {
+        KILN_ASSIGN_OR_RETURN(int64_t n, normalize_axis(a, r, ctx));
+        out[static_cast<size_t>(n)] = Dim::unknown();
+      }
+    }
+    ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+    return {};
+  }
+  size_t k = starts->size();
+  if (ends->size() != k) return ctx.error("starts has " + num(static_cast<int64_t>(k)) + " entries but ends has " + num(static_cast<int64_t>(ends->size())));
+  if (!axes) {
+    axes.emplace();
+    for (size_t i = 0; i < k; ++i) axes->push_back(static_cast<int64_t>(i));
+  }
+  if (!steps) steps = std::vector<int64_t>(k, 1);
+  if (axes->size() != k || steps->size() != k)
+    return ctx.error("starts, ends, axes and steps must have the same length");
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, r, ctx));
+  std::vector<Dim> out = in.dims;
+  std::vector<SliceDim> sl(static_cast<size_t>(r));
+  for (size_t i = 0; i < k; ++i) {
+    int64_t step = (*steps)[i];
+    if (step == 0) return ctx.error("steps[" + num(static_cast<int64_t>(i)) + "] is 0");
+    size_t a = static_cast<size_t>(norm[i]);
+    const Dim& d = in.dims[a];
+    if (d.is_known()) {
+      sl[a] = slice_dim(d.value, (*starts)[i], (*ends)[i], step);
+      out[a] = Dim::known(sl[a].len);
+    } else if (step == 1 && (*starts)[i] == 0 && (*ends)[i] >= (int64_t{1} << 31) - 1) {
+      out[a] = d;  // x[:, 0:] keeps a symbolic dim
+    } else {
+      out[a] = Dim::unknown();
+    }
+  }
+  Shape os(std::move(out));
+  const Tensor* data = ctx.value(0);
+  if (data && os.is_concrete() && foldable(os.concrete())) {
+    std::vector<int64_t> shape = os.concrete();
+    for (size_t a = 0; a < shape.size(); ++a)
+      if (std::find(norm.begin(), norm.end(), static_cast<int64_t>(a)) == norm.end()) sl[a] = SliceDim{0, 1, shape[a]};
+    std::vector<int64_t> in_strides = strides_of(data->shape());
+    Tensor t(data->dtype(), shape);
+    std::vector<int64_t> idx(shape.size(), 0);
+    for (int64_t j = 0; j < t.numel(); ++j) {
+      int64_t src = 0;
+      for (size_t a = 0; a < shape.size(); ++a) src += (sl[a].start + idx[a] * sl[a].step) * in_strides[a];
+      copy_element(t, j, *data, src);
+      for (size_t a = shape.size(); a-- > 0;) {
+        if (++idx[a] < shape[a]) break;
+        idx[a] = 0;
+      }
+    }
+    ctx.set_output_value(0, std::move(t));
+    return {};
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(os));
+  return {};
+}
+
+// ---- Pad, Tile, Expand --------------------------------------------------------------------------
+
+Status infer_pad(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "pads"));
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 3, "axes"));
+  std::string mode = ctx.node().attr_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+    return ctx.error("unknown pad mode '" + mode + "'; expected constant, reflect, edge or wrap");
+  if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
+    return ctx.error("constant_value is " + std::string(dtype_name(ctx.dtype(2))) + " but the data is " +
+                     std::string(dtype_name(ctx.dtype(0))));
+  const Shape& in = ctx.shape(0);
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), Shape());
+    return {};
+  }
+  int64_t r = in.rank();
+  auto pads = known_ints(ctx, 1);
+  std::optional<std::vector<int64_t>> axes;
+  if (ctx.has_input(3)) axes = known_ints(ctx, 3);
+  if (!pads || (ctx.has_input(3) && !axes)) {
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(r));
+    return {};
+  }
+  if (!axes) {
+    axes.emplace();
+    for (int64_t i = 0; i < r; ++i) axes->push_back(i);
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, r, ctx));
+  size_t k = norm.size();
+  if (pads->size() != 2 * k)
+    return ctx.error("pads has " + num(static_cast<int64_t>(pads->size())) + " entries, expected " + num(static_cast<int64_t>(2 * k)));
+  std::vector<Dim> out = in.dims;
+  for (size_t i = 0; i < k; ++i) {
+    size_t a = static_cast<size_t>(norm[i]);
+    int64_t add = (*pads)[i] + (*pads)[i + k];
+    out[a] = dim_add(in.dims[a], Dim::known(add));
+    if (add != 0 && !in.dims[a].is_known()) out[a] = Dim::unknown();
+    if (out[a].is_known() && out[a].value < 0)
+      return ctx.error("pads remove more than the " + num(in.dims[a].value) + " elements of axis " + num(norm[i]));
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+Status infer_tile(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "repeats"));
+  const Shape& in = ctx.shape(0);
+  auto reps = known_ints(ctx, 1);
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), Shape());
+    return {};
+  }
+  if (!reps) {
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(in.rank()));
+    return {};
+  }
+  if (static_cast<int64_t>(reps->size()) != in.rank())
+    return ctx.error("repeats has " + num(static_cast<int64_t>(reps->size())) + " entries but the input has rank " + num(in.rank()));
+  std::vector<Dim> out;
+  for (size_t i = 0; i < reps->size(); ++i) {
+    if ((*reps)[i] < 0) return ctx.error("repeats[" + num(static_cast<int64_t>(i)) + "] is " + num((*reps)[i]));
+    out.push_back(dim_mul(in.dims[i], Dim::known((*reps)[i])));
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+Status infer_expand(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
+  const Shape& in = ctx.shape(0);
+  auto target = known_ints(ctx, 1);
+  if (!target) {
+    const Shape& ts = ctx.shape(1);
+    if (!in.rank_known || ts.rank() != 1 || !ts.dims[0].is_known()) {
+      ctx.set_output(0, ctx.dtype(0), Shape());
+      return {};
+    }
+    int64_t r = std::max(in.rank(), ts.dims[0].value);
+    std::vector<Dim> out(static_cast<size_t>(r), Dim::unknown());
+    for (size_t i = 0; i < in.dims.size(); ++i) {
+      const Dim& d = in.dims[i];
+      if (d.is_known() && d.value != 1) out[static_cast<size_t>(r) - in.dims.size() + i] = d;
+    }
+    ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+    return {};
+  }
+  for (int64_t v : *target)
+    if (v < 0) return ctx.error("the shape has a negative dim " + num(v));
+  KILN_ASSIGN_OR_RETURN(Shape os, broadcast_shapes(in, Shape::of(*target), ctx));
+  const Tensor* data = ctx.value(0);
+  if (data && os.is_concrete() && foldable(os.concrete())) {
+    std::vector<int64_t> shape = os.concrete();
+    size_t r = shape.size(), off = r - data->shape().size();
+    std::vector<int64_t> in_strides = strides_of(data->shape());
+    Tensor t(data->dtype(), shape);
+    std::vector<int64_t> idx(r, 0);
+    for (int64_t j = 0; j < t.numel(); ++j) {
+      int64_t src = 0;
+      for (size_t a = off; a < r; ++a)
+        if (data->dim(static_cast<int64_t>(a - off)) != 1) src += idx[a] * in_strides[a - off];
+      copy_element(t, j, *data, src);
+      for (size_t a = r; a-- > 0;) {
+        if (++idx[a] < shape[a]) break;
+        idx[a] = 0;
+      }
+    }
+    ctx.set_output_value(0, std::move(t));
+    return {};
+  }
+  ctx.set_output(0, ctx.dtype(0), std::move(os));
+  return {};
+}
+
+// ---- DepthToSpace, SpaceToDepth, CenterCropPad --------------------------------------------------
+
+Status infer_depth_to_space(InferContext& ctx) {
+  const Shape& in = ctx.shape(0);
+  int64_t b = ctx.node().attr_int("blocksize", 0);
+  if (b <= 0) return ctx.error("blocksize must be positive, got " + num(b));
+  std::string mode = ctx.node().attr_string("mode", "DCR");
+  if (mode != "DCR" && mode != "CRD") return ctx.error("mode must be DCR or CRD, got '" + mode + "'");
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(4));
+    return {};
+  }
+  if (in.rank() != 4) return ctx.error("the input must be 4-D (NCHW), got shape " + in.str());
+  const Dim& c = in.dims[1];
+  if (c.is_known() && c.value % (b * b) != 0)
+    return ctx.error(num(c.value) + " channels are not divisible by blocksize² = " + num(b * b));
+  ctx.set_output(0, ctx.dtype(0),
+                 Shape({in.dims[0], c.is_known() ? Dim::known(c.value / (b * b)) : Dim::unknown(),
+                        dim_mul(in.dims[2], Dim::known(b)), dim_mul(in.dims[3], Dim::known(b))}));
+  return {};
+}
+
+Status infer_space_to_depth(InferContext& ctx) {
+  const Shape& in = ctx.shape(0);
+  int64_t b = ctx.node().attr_int("blocksize", 0);
+  if (b <= 0) return ctx.error("blocksize must be positive, got " + num(b));
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), unknown_dims(4));
+    return {};
+  }
+  if (in.rank() != 4) return ctx.error("the input must be 4-D (NCHW), got shape " + in.str());
+  std::vector<Dim> out = {in.dims[0], dim_mul(in.dims[1], Dim::known(b * b)), Dim::unknown(), Dim::unknown()};
+  for (size_t i = 2; i < 4; ++i) {
+    const Dim& d = in.dims[i];
+    if (!d.is_known()) continue;
+    if (d.value % b != 0) return ctx.error("dim " + num(static_cast<int64_t>(i)) + " of size " + num(d.value) + " is not divisible by blocksize " + num(b));
+    out[i] = Dim::known(d.value / b);
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+Status infer_center_crop_pad(InferContext& ctx) {
+  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
+  const Shape& in = ctx.shape(0);
+  if (!in.rank_known) {
+    ctx.set_output(0, ctx.dtype(0), Shape());
+    return {};
+  }
+  std::vector<int64_t> axes = ctx.node().attr_ints("axes");
+  if (!ctx.node().has_attr("axes"))
+    for (int64_t i = 0; i < in.rank(); ++i) axes.push_back(i);
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(axes, in.rank(), ctx));
+  auto target = known_ints(ctx, 1);
+  std::vector<Dim> out = in.dims;
+  if (target && target->size() != norm.size())
+    return ctx.error("the shape input has " + num(static_cast<int64_t>(target->size())) + " entries but there are " +
+                     num(static_cast<int64_t>(norm.size())) + " axes");
+  for (size_t i = 0; i < norm.size(); ++i) {
+    if (target && (*target)[i] < 0) return ctx.error("the shape has a negative dim " + num((*target)[i]));
+    out[static_cast<size_t>(norm[i])] = target ? Dim::known((*target)[i]) : Dim::unknown();
+  }
+  ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
+  return {};
+}
+
+}  // namespace
+
+void register_shape_index_ops(OpRegistry& r);
+
+void register_shape_ops(OpRegistry& r) {
+  r.add("", OpSchema{"Reshape", "the data with a new shape (0 copies an input dim unless allowzero, -1 is inferred)",
+                     2, 2, 1, 1, {{"allowzero", AttrType::int64, false, "0: a 0 copies the input dim; 1: a 0 is a 0 dim"}},
+                     infer_reshape});
+  r.add("", OpSchema{"Flatten", "reshape to 2-D: dims before axis, dims from axis", 1, 1, 1, 1,
+                     {{"axis", AttrType::int64, false, "default 1, in [-rank, rank]"}}, infer_flatten});
+  r.add("", OpSchema{"Squeeze", "removes size-1 dims (the given axes, or all)", 1, 2, 1, 1, {}, infer_squeeze});
+  r.add("", OpSchema{"Unsqueeze", "inserts size-1 dims at the given axes of the output", 2, 2, 1, 1, {}, infer_unsqueeze});
+  r.add("", OpSchema{"Transpose", "permutes the dims", 1, 1, 1, 1,
+                     {{"perm", AttrType::ints, false, "output dim i is input dim perm[i]; default reversed"}}, infer_transpose});
+  r.add("", OpSchema{"Concat", "joins tensors along an axis", 1, kVariadic, 1, 1,
+                     {{"axis", AttrType::int64, true, "the axis, negative counts from the end"}}, infer_concat});
+  r.add("", OpSchema{"Split", "splits along an axis into the given sizes, or equal parts (the last smaller)", 1, 2, 1, kVariadic,
+                     {{"axis", AttrType::int64, false, "default 0"},
+                      {"num_outputs", AttrType::int64, false, "the number of outputs when split is absent"}},
+                     infer_split});
+  r.add("", OpSchema{"Slice", "strided slice along some axes, with ONNX clamping", 3, 5, 1, 1, {}, infer_slice});
+  r.add("", OpSchema{"Pad", "pads (or crops, with negative pads) the given axes", 2, 4, 1, 1,
+                     {{"mode", AttrType::string, false, "constant (default), reflect, edge or wrap"}}, infer_pad});
+  r.add("", OpSchema{"Tile", "repeats the input along each axis", 2, 2, 1, 1, {}, infer_tile});
+  r.add("", OpSchema{"Expand", "broadcasts the input to a shape (numpy rules)", 2, 2, 1, 1, {}, infer_expand});
+  r.add("", OpSchema{"DepthToSpace", "moves channel blocks into spatial blocks (NCHW)", 1, 1, 1, 1,
+                     {{"blocksize", AttrType::int64, true, "the block edge"},
+                      {"mode", AttrType::string, false, "DCR (default) or CRD"}},
+                     infer_depth_to_space});
+  r.add("", OpSchema{"SpaceToDepth", "moves spatial blocks into channels (NCHW)", 1, 1, 1, 1,
+                     {{"blocksize", AttrType::int64, true, "the block edge"}}, infer_space_to_depth});
+  r.add("", OpSchema{"CenterCropPad", "center-crops or zero-pads the given axes to a shape", 2, 2, 1, 1,
+                     {{"axes", AttrType::ints, false, "default: every axis"}}, infer_center_crop_pad});
+  register_shape_index_ops(r);
+}
+
+}  // namespace kiln

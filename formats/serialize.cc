@@ -1,0 +1,804 @@
+// .kiln writing and reading: Model <-> FlatBuffer (kiln.fbs) plus the 64-aligned weight blob,
+// atomic file replacement, and the structural checks that keep the loader memory safe on any
+// input. Semantic checks (indices, names, cycles, shapes) are verify_model's (verify.cc).
+#include "formats/serialize.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+#include "formats/verify.h"
+#include "kiln_generated.h"
+
+namespace kiln {
+namespace {
+
+// The numeric values of the file's enums are the in-memory ones: a cast converts.
+#define KILN_CHECK_DTYPE(e, v, n, T) \
+  static_assert(static_cast<uint16_t>(fb::DType::e) == static_cast<uint16_t>(DType::e));
+KILN_DTYPES(KILN_CHECK_DTYPE)
+#undef KILN_CHECK_DTYPE
+static_assert(static_cast<uint16_t>(fb::DType::undefined) == static_cast<uint16_t>(DType::undefined));
+static_assert(static_cast<uint16_t>(fb::AttrType::int64) == static_cast<uint16_t>(AttrType::int64));
+static_assert(static_cast<uint16_t>(fb::AttrType::float64) == static_cast<uint16_t>(AttrType::float64));
+static_assert(static_cast<uint16_t>(fb::AttrType::str) == static_cast<uint16_t>(AttrType::string));
+static_assert(static_cast<uint16_t>(fb::AttrType::ints) == static_cast<uint16_t>(AttrType::ints));
+static_assert(static_cast<uint16_t>(fb::AttrType::floats) == static_cast<uint16_t>(AttrType::floats));
+static_assert(static_cast<uint16_t>(fb::AttrType::strs) == static_cast<uint16_t>(AttrType::strings));
+static_assert(static_cast<uint16_t>(fb::AttrType::tensor) == static_cast<uint16_t>(AttrType::tensor));
+static_assert(static_cast<uint16_t>(fb::AttrType::graph) == static_cast<uint16_t>(AttrType::graph));
+static_assert(static_cast<uint16_t>(fb::Stage::exported) == static_cast<uint16_t>(Stage::exported));
+static_assert(static_cast<uint16_t>(fb::Stage::quantized) == static_cast<uint16_t>(Stage::quantized));
+static_assert(static_cast<uint16_t>(fb::Stage::compiled) == static_cast<uint16_t>(Stage::compiled));
+static_assert(std::variant_size_v<AttrValue> == 8, "a new attribute type needs a place in kiln.fbs");
+
+constexpr uint64_t kAlign = kTensorAlignment;
+// Bounds for flatbuffers::Verifier. Every subgraph level costs three tables (Graph, Node,
+// Attribute), so 128 allows ~40 levels of nested control flow; no real model comes close.
+constexpr uint32_t kMaxDepth = 128;
+
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// ---- writing -------------------------------------------------------------------------------
+
+/// Builds the FlatBuffer and lays out the weight blob; tensors that share storage are placed
+/// once. Tensors are placed in the order the model is walked, so the layout is deterministic.
+class Writer {
+ public:
+  struct Item {
+    const Tensor* tensor;
+    uint64_t offset;
+  };
+
+  Writer() : fbb_(1 << 16) {}
+
+  /// Builds everything; `sidecar_name` is recorded when the blob exceeds `threshold`.
+  Status build(const Model& model, uint64_t threshold, const std::string& sidecar_name) {
+    std::vector<flatbuffers::Offset<fb::Provenance>> prov;
+    for (const Provenance& p : model.provenance)
+      prov.push_back(fb::CreateProvenance(fbb_, fbb_.CreateString(p.tool), fbb_.CreateString(p.version),
+                                          fbb_.CreateString(p.command), fbb_.CreateString(p.input_file),
+                                          fbb_.CreateString(p.input_sha256)));
+    auto prov_vec = fbb_.CreateVector(prov);
+    std::vector<flatbuffers::Offset<fb::MetadataEntry>> meta;
+    for (const auto& [k, v] : model.metadata)
+      meta.push_back(fb::CreateMetadataEntry(fbb_, fbb_.CreateString(k), fbb_.CreateString(v)));
+    auto meta_vec = fbb_.CreateVector(meta);
+    KILN_ASSIGN_OR_RETURN(auto graph, write_graph(model.graph, ""));
+    sidecar_ = blob_size_ > threshold;
+    flatbuffers::Offset<flatbuffers::String> weights_file;
+    if (sidecar_) weights_file = fbb_.CreateString(sidecar_name);
+    // The root's scalars are always written (even at their defaults), so that every file
+    // carries its version explicitly and tools can patch them in place.
+    fbb_.ForceDefaults(true);
+    auto root = fb::CreateModel(fbb_, kSchemaMajor, kSchemaMinor, static_cast<fb::Stage>(model.stage), prov_vec,
+                                meta_vec, graph, blob_size_, weights_file);
+    fb::FinishSizePrefixedModelBuffer(fbb_, root);
+    return {};
+  }
+
+  std::span<const uint8_t> flatbuffer() const { return {fbb_.GetBufferPointer(), fbb_.GetSize()}; }
+  const std::vector<Item>& items() const { return items_; }
+  uint64_t blob_size() const { return blob_size_; }
+  bool sidecar() const { return sidecar_; }
+
+ private:
+  Result<flatbuffers::Offset<fb::TensorData>> write_tensor(const Tensor& t, const std::string& where) {
+    uint64_t size = t.nbytes();
+    if (size > 0 && t.raw() == nullptr) return internal_error(where, "tensor has no data");
+    uint64_t offset = 0;
+    if (size > 0) {
+      auto [it, inserted] = placed_.try_emplace({t.raw(), size}, 0);
+      if (inserted) {
+        it->second = align_up(blob_size_);
+        items_.push_back({&t, it->second});
+        blob_size_ = it->second + size;
+      }
+      offset = it->second;
+    }
+    auto shape = fbb_.CreateVector(t.shape());
+    return fb::CreateTensorData(fbb_, static_cast<fb::DType>(t.dtype()), shape, offset, size);
+  }
+
+  flatbuffers::Offset<fb::Shape> write_shape(const Shape& s) {
+    std::vector<int64_t> dims;
+    bool symbolic = false;
+    for (const Dim& d : s.dims) {
+      dims.push_back(d.is_known() ? d.value : -1);
+      symbolic |= !d.symbol.empty();
+    }
+    auto dims_vec = fbb_.CreateVector(dims);
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> symbols;
+    if (symbolic) {
+      std::vector<std::string> names;
+      for (const Dim& d : s.dims) names.push_back(d.symbol);
+      symbols = fbb_.CreateVectorOfStrings(names);
+    }
+    return fb::CreateShape(fbb_, s.rank_known, dims_vec, symbols);
+  }
+
+  Result<flatbuffers::Offset<fb::Attribute>> write_attr(const Attribute& a, const std::string& where) {
+    auto name = fbb_.CreateString(a.name);
+    int64_t i = 0;
+    double f = 0;
+    flatbuffers::Offset<flatbuffers::String> s;
+    flatbuffers::Offset<flatbuffers::Vector<int64_t>> ints;
+    flatbuffers::Offset<flatbuffers::Vector<double>> floats;
+    flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>> strings;
+    flatbuffers::Offset<fb::TensorData> tensor;
+    flatbuffers::Offset<fb::Graph> graph;
+    std::string attr_where = where + ": attribute '" + a.name + "'";
+    if (const auto* v = std::get_if<int64_t>(&a.value)) i = *v;
+    else if (const auto* v = std::get_if<double>(&a.value)) f = *v;
+    else if (const auto* v = std::get_if<std::string>(&a.value)) s = fbb_.CreateString(*v);
+    else if (const auto* v = std::get_if<std::vector<int64_t>>(&a.value)) ints = fbb_.CreateVector(*v);
+    else if (const auto* v = std::get_if<std::vector<double>>(&a.value)) floats = fbb_.CreateVector(*v);
+    else if (const auto* v = std::get_if<std::vector<std::string>>(&a.value)) strings = fbb_.CreateVectorOfStrings(*v);
+    else if (const auto* v = std::get_if<Tensor>(&a.value)) {
+      // An undefined tensor is written as an absent field; verify_model reports it on load.
+      if (v->defined()) {
+        KILN_ASSIGN_OR_RETURN(tensor, write_tensor(*v, attr_where));
+      }
+    } else if (const auto* v = std::get_if<std::shared_ptr<Graph>>(&a.value)) {
+      if (*v) {
+        KILN_ASSIGN_OR_RETURN(graph, write_graph(**v, attr_where + ": "));
+      }
+    }
+    return fb::CreateAttribute(fbb_, name, static_cast<fb::AttrType>(attr_type(a.value)), i, f, s, ints, floats,
+                               strings, tensor, graph);
+  }
+
+  Result<flatbuffers::Offset<fb::Graph>> write_graph(const Graph& g, const std::string& prefix) {
+    std::vector<flatbuffers::Offset<fb::Value>> values;
+    values.reserve(g.values.size());
+    for (const Value& v : g.values) {
+      auto name = fbb_.CreateString(v.name);
+      auto shape = write_shape(v.shape);
+      flatbuffers::Offset<fb::TensorData> constant;
+      if (v.is_constant()) {
+        KILN_ASSIGN_OR_RETURN(constant, write_tensor(v.constant, prefix + "value '" + v.name + "'"));
+      }
+      flatbuffers::Offset<fb::QuantParams> quant;
+      if (v.quant) {
+        auto scales = fbb_.CreateVector(v.quant->scales);
+        auto zps = fbb_.CreateVector(v.quant->zero_points);
+        quant = fb::CreateQuantParams(fbb_, static_cast<fb::DType>(v.quant->storage), scales, zps, v.quant->axis);
+      }
+      values.push_back(fb::CreateValue(fbb_, name, static_cast<fb::DType>(v.dtype), shape, constant, quant));
+    }
+    auto values_vec = fbb_.CreateVector(values);
+    std::vector<flatbuffers::Offset<fb::Node>> nodes;
+    nodes.reserve(g.nodes.size());
+    for (const Node& n : g.nodes) {
+      auto name = fbb_.CreateString(n.name);
+      auto domain = fbb_.CreateString(n.domain);
+      auto op = fbb_.CreateString(n.op);
+      auto inputs = fbb_.CreateVector(n.inputs);
+      auto outputs = fbb_.CreateVector(n.outputs);
+      std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+      for (const Attribute& a : n.attrs) {
+        KILN_ASSIGN_OR_RETURN(auto attr, write_attr(a, prefix + n.where()));
+        attrs.push_back(attr);
+      }
+      auto attrs_vec = fbb_.CreateVector(attrs);
+      auto sources = fbb_.CreateVectorOfStrings(n.sources);
+      flatbuffers::Offset<fb::KernelChoice> kernel;
+      if (!n.kernel.empty() || !n.kernel.params.empty()) {
+        std::vector<flatbuffers::Offset<fb::KernelParam>> params;
+        for (const auto& [k, v] : n.kernel.params)
+          params.push_back(fb::CreateKernelParam(fbb_, fbb_.CreateString(k), v));
+        auto kname = fbb_.CreateString(n.kernel.name);
+        kernel = fb::CreateKernelChoice(fbb_, kname, fbb_.CreateVector(params));
+      }
+      nodes.push_back(fb::CreateNode(fbb_, name, domain, op, inputs, outputs, attrs_vec, sources, kernel));
+    }
+    auto nodes_vec = fbb_.CreateVector(nodes);
+    auto inputs = fbb_.CreateVector(g.inputs);
+    auto outputs = fbb_.CreateVector(g.outputs);
+    return fb::CreateGraph(fbb_, values_vec, nodes_vec, inputs, outputs);
+  }
+
+  flatbuffers::FlatBufferBuilder fbb_;
+  std::vector<Item> items_;
+  std::map<std::pair<const void*, uint64_t>, uint64_t> placed_;
+  uint64_t blob_size_ = 0;
+  bool sidecar_ = false;
+};
+
+/// Where bytes go: a vector (stdout) or a file descriptor (buffered).
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual Status write(const void* data, size_t size) = 0;
+  Status zeros(uint64_t n) {
+    static const uint8_t kZeros[kAlign] = {};
+    while (n > 0) {
+      size_t k = static_cast<size_t>(std::min<uint64_t>(n, kAlign));
+      KILN_RETURN_IF_ERROR(write(kZeros, k));
+      n -= k;
+    }
+    return {};
+  }
+};
+
+class VectorSink : public Sink {
+ public:
+  explicit VectorSink(std::vector<uint8_t>& out) : out_(out) {}
+  Status write(const void* data, size_t size) override {
+    const auto* p = static_cast<const uint8_t*>(data);
+    out_.insert(out_.end(), p, p + size);
+    return {};
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+/// A temporary file next to `final_path` that becomes `final_path` on commit() and is removed
+/// otherwise, so an output is either the old file or the complete new one.
+class TempFile : public Sink {
+ public:
+  ~TempFile() override {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+  }
+
+  Status open(const std::string& final_path) {
+    final_ = final_path;
+    std::filesystem::path p(final_path);
+    std::string base = p.filename().string();
+    if (base.empty() || base == "." || base == "..")
+      return user_error("", "cannot write '" + final_path + "': not a file name");
+    std::filesystem::path dir = p.parent_path();
+    static std::atomic<uint64_t> counter{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      std::string name = "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+      std::string temp = dir.empty() ? name : (dir / name).string();
+      fd_ = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ >= 0) {
+        temp_ = temp;
+        return {};
+      }
+      if (errno != EEXIST)
+        return user_error("", "cannot create a temporary file next to '" + final_path + "': " + errno_text(errno));
+    }
+    return user_error("", "cannot create a temporary file next to '" + final_path + "': too many attempts");
+  }
+
+  Status write(const void* data, size_t size) override {
+    // Small writes (padding, the flatbuffer, small tensors) are gathered; large tensors go
+    // straight to the file.
+    const auto* p = static_cast<const uint8_t*>(data);
+    if (buffer_.size() + size > kBufferSize) KILN_RETURN_IF_ERROR(flush());
+    if (size > kBufferSize) return write_all(p, size);
+    buffer_.insert(buffer_.end(), p, p + size);
+    return {};
+  }
+
+  /// Flushes, syncs and renames the file into place.
+  Status commit() {
+    KILN_RETURN_IF_ERROR(flush());
+    if (::fsync(fd_) != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+    int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+    if (::rename(temp_.c_str(), final_.c_str()) != 0)
+      return user_error("", "cannot replace '" + final_ + "': " + errno_text(errno));
+    committed_ = true;
+    return {};
+  }
+
+ private:
+  static constexpr size_t kBufferSize = size_t{1} << 20;
+
+  Status flush() {
+    Status s = write_all(buffer_.data(), buffer_.size());
+    buffer_.clear();
+    return s;
+  }
+
+  Status write_all(const uint8_t* p, size_t size) {
+    while (size > 0) {
+      ssize_t n = ::write(fd_, p, std::min<size_t>(size, size_t{1} << 30));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return {};
+  }
+
+  std::string final_;
+  std::string temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::vector<uint8_t> buffer_;
+};
+
+/// Writes the weight blob: each tensor at its offset, zeros between.
+Status write_blob(Sink& sink, const Writer& w) {
+  uint64_t pos = 0;
+  for (const Writer::Item& item : w.items()) {
+    KILN_RETURN_IF_ERROR(sink.zeros(item.offset - pos));
+    KILN_RETURN_IF_ERROR(sink.write(item.tensor->raw(), item.tensor->nbytes()));
+    pos = item.offset + item.tensor->nbytes();
+  }
+  return {};
+}
+
+/// Writes the model file: the flatbuffer and, unless the blob is in a sidecar, padding and blob.
+Status write_model_file(Sink& sink, const Writer& w) {
+  auto fb = w.flatbuffer();
+  KILN_RETURN_IF_ERROR(sink.write(fb.data(), fb.size()));
+  if (w.sidecar() || w.blob_size() == 0) return {};
+  KILN_RETURN_IF_ERROR(sink.zeros(align_up(fb.size()) - fb.size()));
+  return write_blob(sink, w);
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+/// A whole file in one 64-byte-aligned allocation.
+struct Buffer {
+  std::shared_ptr<uint8_t> data;
+  uint64_t size = 0;
+};
+
+Result<Buffer> alloc_buffer(uint64_t size) {
+  uint64_t rounded = align_up(std::max<uint64_t>(size, 1));
+  void* p = rounded > std::numeric_limits<size_t>::max() ? nullptr : std::aligned_alloc(kAlign, rounded);
+  if (!p) return user_error("", "cannot allocate " + std::to_string(size) + " bytes to read the file");
+  // The tail past `size` is zeroed so that nothing reads uninitialised memory.
+  std::memset(static_cast<uint8_t*>(p) + size, 0, rounded - size);
+  return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); }), size};
+}
+
+/// Reads `path` whole into an aligned buffer. `what` names the file in messages ("file" for
+/// the model file itself, whose path the caller puts in Error::file).
+Result<Buffer> read_file(const std::string& path, const std::string& what) {
+  std::string label = " " + what;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return user_error("", "cannot open" + label + ": " + errno_text(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
+  if (S_ISDIR(st.st_mode)) return user_error("", "cannot read" + label + ": " + errno_text(EISDIR));
+  auto read_some = [&](uint8_t* p, size_t n) -> ssize_t {
+    for (;;) {
+      ssize_t r = ::read(fd, p, n);
+      if (r < 0 && errno == EINTR) continue;
+      return r;
+    }
+  };
+  if (S_ISREG(st.st_mode)) {
+    KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(static_cast<uint64_t>(st.st_size)));
+    uint64_t got = 0;
+    while (got < buf.size) {
+      ssize_t r = read_some(buf.data.get() + got, static_cast<size_t>(std::min<uint64_t>(buf.size - got, 1u << 30)));
+      if (r < 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
+      if (r == 0) return user_error("", "cannot read" + label + ": the file shrank while it was read");
+      got += static_cast<uint64_t>(r);
+    }
+    return buf;
+  }
+  // A pipe or device: size unknown, read to the end.
+  std::vector<uint8_t> bytes;
+  uint8_t chunk[1 << 16];
+  for (;;) {
+    ssize_t r = read_some(chunk, sizeof chunk);
+    if (r < 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
+    if (r == 0) break;
+    bytes.insert(bytes.end(), chunk, chunk + r);
+  }
+  KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(bytes.size()));
+  if (!bytes.empty()) std::memcpy(buf.data.get(), bytes.data(), bytes.size());
+  return buf;
+}
+
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+/// Copies a vector of scalars out of the buffer. FlatBuffers 2.0.8's verifier checks only the
+/// 4-byte alignment of a vector's length, so 8-byte elements are checked here: a crafted file
+/// must not make the loader read misaligned memory. (The buffer is 64-aligned, so an address
+/// check is an offset check.)
+template <class T>
+Result<std::vector<T>> read_vector(const flatbuffers::Vector<T>* v, const std::string& where) {
+  std::vector<T> out;
+  if (!v || v->size() == 0) return out;  // FlatBuffers does not align empty vectors
+  if (reinterpret_cast<uintptr_t>(v->data()) % alignof(T) != 0)
+    return user_error(where, "file is corrupt: an array of " + std::to_string(sizeof(T)) +
+                                 "-byte numbers is at a misaligned offset");
+  out.assign(v->begin(), v->end());
+  return out;
+}
+
+std::string quoted_bytes(const uint8_t* p, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] >= 0x20 && p[i] < 0x7f && p[i] != '\'' && p[i] != '\\') {
+      out += static_cast<char>(p[i]);
+    } else {
+      out += "\\x";
+      out += kHex[p[i] >> 4];
+      out += kHex[p[i] & 15];
+    }
+  }
+  return out;
+}
+
+/// Converts a verified FlatBuffer into the IR, checking what the IR cannot represent (tensor
+/// data that does not fit its dtype and shape or lies outside the blob, unknown enum values).
+class Reader {
+ public:
+  Reader(const uint8_t* blob, uint64_t blob_size, std::shared_ptr<void> owner, void* empty)
+      : blob_(blob), blob_size_(blob_size), owner_(std::move(owner)), empty_(empty) {}
+
+  Result<Graph> read_graph(const fb::Graph* fg, const std::string& prefix) {
+    Graph g;
+    if (!fg) return g;
+    if (const auto* values = fg->values()) {
+      g.values.reserve(values->size());
+      for (const fb::Value* fv : *values) {
+        Value v;
+        v.name = str(fv->name());
+        v.dtype = static_cast<DType>(fv->dtype());  // verify_model checks it is a known dtype
+        std::string where = prefix + "value '" + v.name + "'";
+        KILN_ASSIGN_OR_RETURN(v.shape, read_shape(fv->shape(), where));
+        if (fv->constant()) {
+          KILN_ASSIGN_OR_RETURN(v.constant, read_tensor(fv->constant(), where));
+        }
+        if (const fb::QuantParams* q = fv->quant()) {
+          QuantParams qp;
+          qp.storage = static_cast<DType>(q->storage());
+          KILN_ASSIGN_OR_RETURN(qp.scales, read_vector(q->scales(), where));
+          KILN_ASSIGN_OR_RETURN(qp.zero_points, read_vector(q->zero_points(), where));
+          qp.axis = q->axis();
+          v.quant = std::move(qp);
+        }
+        g.values.push_back(std::move(v));
+      }
+    }
+    if (const auto* nodes = fg->nodes()) {
+      g.nodes.reserve(nodes->size());
+      for (const fb::Node* fn : *nodes) {
+        Node n;
+        n.name = str(fn->name());
+        n.domain = str(fn->domain());
+        n.op = str(fn->op());
+        KILN_ASSIGN_OR_RETURN(n.inputs, read_vector(fn->inputs(), prefix + n.where()));
+        KILN_ASSIGN_OR_RETURN(n.outputs, read_vector(fn->outputs(), prefix + n.where()));
+        if (fn->sources())
+          for (const flatbuffers::String* s : *fn->sources()) n.sources.push_back(str(s));
+        if (const fb::KernelChoice* k = fn->kernel()) {
+          n.kernel.name = str(k->name());
+          if (k->params())
+            for (const fb::KernelParam* p : *k->params()) n.kernel.params.emplace_back(str(p->name()), p->value());
+        }
+        if (fn->attrs()) {
+          for (const fb::Attribute* fa : *fn->attrs()) {
+            KILN_ASSIGN_OR_RETURN(Attribute a, read_attr(fa, prefix + n.where()));
+            n.attrs.push_back(std::move(a));  // stored order, so a save reproduces the file
+          }
+        }
+        g.nodes.push_back(std::move(n));
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(g.inputs, read_vector(fg->inputs(), prefix));
+    KILN_ASSIGN_OR_RETURN(g.outputs, read_vector(fg->outputs(), prefix));
+    return g;
+  }
+
+ private:
+  Result<Shape> read_shape(const fb::Shape* fs, const std::string& where) {
+    Shape s;
+    if (!fs) return s;
+    s.rank_known = fs->rank_known();
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, read_vector(fs->dims(), where));
+    size_t rank = dims.size();
+    const auto* symbols = fs->symbols();
+    if (symbols && symbols->size() != rank)
+      return user_error(where, "shape has " + std::to_string(rank) + " dims but " + std::to_string(symbols->size()) +
+                                   " symbols");
+    for (size_t i = 0; i < rank; ++i) {
+      Dim d;
+      int64_t v = dims[i];
+      d.value = v >= 0 ? v : -1;
+      if (symbols) d.symbol = str(symbols->Get(static_cast<flatbuffers::uoffset_t>(i)));
+      s.dims.push_back(std::move(d));
+    }
+    return s;
+  }
+
+  Result<Tensor> read_tensor(const fb::TensorData* td, const std::string& where) {
+    auto raw_dtype = static_cast<uint16_t>(td->dtype());
+    if (!dtype_valid(raw_dtype)) return user_error(where, "data has unknown dtype " + std::to_string(raw_dtype));
+    auto dtype = static_cast<DType>(raw_dtype);
+    KILN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, read_vector(td->shape(), where));
+    for (int64_t d : shape)
+      if (d < 0) return user_error(where, "data shape has negative dim " + std::to_string(d));
+    int64_t numel = shape_numel(shape);
+    auto esize = static_cast<int64_t>(dtype_size(dtype));
+    if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / esize)
+      return user_error(where, "data shape " + shape_str(shape) + " has more elements than fit in memory");
+    auto need = static_cast<uint64_t>(numel * esize);
+    std::string desc = std::string(dtype_name(dtype)) + " " + shape_str(shape);
+    if (td->size() != need)
+      return user_error(where, "data has " + std::to_string(td->size()) + " bytes but " + desc + " needs " +
+                                   std::to_string(need));
+    void* ptr = empty_;
+    if (need > 0) {
+      uint64_t off = td->offset();
+      if (off % kAlign != 0)
+        return user_error(where, "data offset " + std::to_string(off) + " is not a multiple of " +
+                                     std::to_string(kAlign));
+      if (off > blob_size_ || need > blob_size_ - off)
+        return user_error(where, "data at offset " + std::to_string(off) + " with " + std::to_string(need) +
+                                     " bytes lies outside the " + std::to_string(blob_size_) + "-byte weight blob");
+      ptr = const_cast<uint8_t*>(blob_ + off);
+      // Any other byte in a bool is undefined behaviour when read as a C++ bool.
+      if (dtype == DType::boolean)
+        for (uint64_t i = 0; i < need; ++i)
+          if (blob_[off + i] > 1)
+            return user_error(where, "bool data has byte " + std::to_string(blob_[off + i]) + " at element " +
+                                         std::to_string(i) + "; bools must be 0 or 1");
+    }
+    return Tensor::view(dtype, std::move(shape), ptr, owner_);
+  }
+
+  Result<Attribute> read_attr(const fb::Attribute* fa, const std::string& node_where) {
+    Attribute a;
+    a.name = str(fa->name());
+    std::string where = node_where + ": attribute '" + a.name + "'";
+    auto raw = static_cast<uint16_t>(fa->type());
+    switch (static_cast<AttrType>(raw)) {
+      case AttrType::int64: a.value = fa->i(); break;
+      case AttrType::float64: a.value = fa->f(); break;
+      case AttrType::string: a.value = str(fa->s()); break;
+      case AttrType::ints: {
+        KILN_ASSIGN_OR_RETURN(std::vector<int64_t> v, read_vector(fa->ints(), where));
+        a.value = std::move(v);
+        break;
+      }
+      case AttrType::floats: {
+        KILN_ASSIGN_OR_RETURN(std::vector<double> v, read_vector(fa->floats(), where));
+        a.value = std::move(v);
+        break;
+      }
+      case AttrType::strings: {
+        std::vector<std::string> v;
+        if (fa->strings())
+          for (const flatbuffers::String* s : *fa->strings()) v.push_back(str(s));
+        a.value = std::move(v);
+        break;
+      }
+      case AttrType::tensor: {
+        Tensor t;
+        if (fa->tensor()) {
+          KILN_ASSIGN_OR_RETURN(t, read_tensor(fa->tensor(), where));
+        }
+        a.value = std::move(t);
+        break;
+      }
+      case AttrType::graph: {
+        std::shared_ptr<Graph> g;
+        if (fa->graph()) {
+          KILN_ASSIGN_OR_RETURN(Graph sub, read_graph(fa->graph(), where + ": "));
+          g = std::make_shared<Graph>(std::move(sub));
+        }
+        a.value = std::move(g);
+        break;
+      }
+      default: return user_error(where, "unknown attribute type " + std::to_string(raw));
+    }
+    return a;
+  }
+
+  const uint8_t* blob_;
+  uint64_t blob_size_;
+  std::shared_ptr<void> owner_;
+  void* empty_;
+};
+
+bool valid_sidecar_name(const std::string& name) {
+  return !name.empty() && name != "." && name.find('/') == std::string::npos &&
+         name.find('\\') == std::string::npos && name.find("..") == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+void topo_sort_all(Graph& g) {
+  // verify_model has ruled out cycles, so this only reorders (and is a no-op on sorted graphs).
+  (void)g.topo_sort();
+  for (Node& n : g.nodes)
+    for (Attribute& a : n.attrs)
+      if (auto* sub = std::get_if<std::shared_ptr<Graph>>(&a.value); sub && *sub) topo_sort_all(**sub);
+}
+
+/// Decodes a whole .kiln file held in `buf`. Errors have no file name yet.
+Result<Model> decode(const Buffer& buf, const std::string& sidecar_dir, const LoadOptions& options) {
+  const uint8_t* p = buf.data.get();
+  const uint64_t size = buf.size;
+  if (size == 0) return user_error("", "file is empty");
+  constexpr uint64_t kHeader = 12;  // size prefix, root offset, identifier
+  if (size < kHeader)
+    return user_error("", "file has " + std::to_string(size) + " bytes, too few for a kiln file");
+  if (std::memcmp(p + 8, kKilnFileIdentifier, 4) != 0)
+    return user_error("", "not a kiln file: expected identifier 'KILN' at byte 8 but found '" + quoted_bytes(p + 8, 4) +
+                              "'");
+  uint64_t fb_size = flatbuffers::ReadScalar<uint32_t>(p);
+  if (fb_size >= FLATBUFFERS_MAX_BUFFER_SIZE - 8)
+    return user_error("", "file is corrupt: flatbuffer size " + std::to_string(fb_size) + " is too large");
+  uint64_t fb_end = 4 + fb_size;
+  if (fb_end > size)
+    return user_error("", "file is truncated: it has " + std::to_string(size) + " bytes but its flatbuffer needs " +
+                              std::to_string(fb_end));
+
+  flatbuffers::Verifier::Options vopts;
+  vopts.max_depth = kMaxDepth;
+  // A table takes at least 4 bytes, so a well-formed buffer has fewer than size/4 of them; the
+  // bound stops a crafted file from making verification revisit shared tables endlessly.
+  vopts.max_tables = static_cast<flatbuffers::uoffset_t>(fb_end / 4 + 16);
+
+  // The version is read after checking only the root table, so that a file of another major
+  // version gets a version message even when the rest of its layout is foreign.
+  {
+    flatbuffers::Verifier v(p, static_cast<size_t>(fb_end), vopts);
+    uint32_t root = v.VerifyOffset(4);
+    // fb::Model inherits flatbuffers::Table privately; the root is a Table all the same.
+    const auto* m = root ? reinterpret_cast<const flatbuffers::Table*>(p + 4 + root) : nullptr;
+    if (!m || !m->VerifyTableStart(v) || !m->VerifyField<uint16_t>(v, fb::Model::VT_SCHEMA_MAJOR, 2) ||
+        !m->VerifyField<uint16_t>(v, fb::Model::VT_SCHEMA_MINOR, 2))
+      return user_error("", "file is corrupt: its root table is malformed");
+    uint16_t major = m->GetField<uint16_t>(fb::Model::VT_SCHEMA_MAJOR, 0);
+    uint16_t minor = m->GetField<uint16_t>(fb::Model::VT_SCHEMA_MINOR, 0);
+    if (major != kSchemaMajor) {
+      std::string file_v = std::to_string(major) + "." + std::to_string(minor);
+      std::string ours = std::to_string(kSchemaMajor) + ".x";
+      if (major > kSchemaMajor)
+        return user_error("", "file has schema version " + file_v + " but this kiln reads " + ours +
+                                  "; upgrade kiln to read it");
+      return user_error("", "file has schema version " + file_v + " but this kiln reads " + ours +
+                                "; re-export the model");
+    }
+  }
+  {
+    flatbuffers::Verifier v(p, static_cast<size_t>(fb_end), vopts);
+    if (!v.VerifySizePrefixedBuffer<fb::Model>(kKilnFileIdentifier)) {
+      // Tell a model that is merely nested too deeply from a corrupt one. The second bound
+      // still keeps the verifier's recursion shallow enough for any stack.
+      flatbuffers::Verifier::Options deep = vopts;
+      deep.max_depth = 4096;
+      flatbuffers::Verifier v2(p, static_cast<size_t>(fb_end), deep);
+      if (v2.VerifySizePrefixedBuffer<fb::Model>(kKilnFileIdentifier))
+        return user_error("", "the model nests subgraphs deeper than this kiln reads (" + std::to_string(kMaxDepth) +
+                                  " levels of tables, about " + std::to_string(kMaxDepth / 3) + " subgraphs)");
+      return user_error("", "file is corrupt: its flatbuffer fails verification");
+    }
+  }
+  const fb::Model* fm = fb::GetSizePrefixedModel(p);
+
+  // Locate the weight blob.
+  uint64_t blob_size = fm->weights_size();
+  const uint8_t* blob = nullptr;
+  std::shared_ptr<void> owner = buf.data;
+  void* empty = buf.data.get();  // where zero-byte tensors point: aligned and owned
+  if (fm->weights_file()) {
+    std::string name = str(fm->weights_file());
+    if (!valid_sidecar_name(name))
+      return user_error("", "sidecar weights file name '" + quoted_bytes(reinterpret_cast<const uint8_t*>(name.data()),
+                                                                         name.size()) +
+                                "' is not a plain file name");
+    if (size != fb_end)
+      return user_error("", "file has " + std::to_string(size) + " bytes but should have " + std::to_string(fb_end) +
+                                " (its weights are in '" + name + "')");
+    std::string path = sidecar_dir.empty() ? name : (std::filesystem::path(sidecar_dir) / name).string();
+    auto side = read_file(path, "sidecar weights file '" + path + "'");
+    if (!side.ok()) return side.error();
+    if (side->size != blob_size)
+      return user_error("", "sidecar weights file '" + path + "' has " + std::to_string(side->size) +
+                                " bytes but the model needs " + std::to_string(blob_size));
+    blob = side->data.get();
+    owner = side->data;
+    empty = side->data.get();
+  } else {
+    uint64_t blob_start = blob_size == 0 ? fb_end : align_up(fb_end);
+    if (blob_size > std::numeric_limits<uint64_t>::max() - blob_start)
+      return user_error("", "file is corrupt: weight blob size " + std::to_string(blob_size) + " is too large");
+    uint64_t expected = blob_start + blob_size;
+    if (size < expected)
+      return user_error("", "file is truncated: it has " + std::to_string(size) + " bytes but should have " +
+                                std::to_string(expected));
+    if (size > expected)
+      return user_error("", "file has " + std::to_string(size - expected) + " unexpected bytes after its end at byte " +
+                                std::to_string(expected));
+    blob = p + blob_start;
+  }
+
+  Model model;
+  auto raw_stage = static_cast<uint16_t>(fm->stage());
+  if (raw_stage < static_cast<uint16_t>(Stage::exported) || raw_stage > static_cast<uint16_t>(Stage::compiled))
+    return user_error("", "unknown model stage " + std::to_string(raw_stage));
+  model.stage = static_cast<Stage>(raw_stage);
+  if (fm->provenance())
+    for (const fb::Provenance* pr : *fm->provenance())
+      model.provenance.push_back(Provenance{str(pr->tool()), str(pr->version()), str(pr->command()),
+                                            str(pr->input_file()), str(pr->input_sha256())});
+  if (fm->metadata())
+    for (const fb::MetadataEntry* e : *fm->metadata()) model.metadata.emplace_back(str(e->key()), str(e->value()));
+  Reader reader(blob, blob_size, owner, empty);
+  KILN_ASSIGN_OR_RETURN(model.graph, reader.read_graph(fm->graph(), ""));
+  if (options.verify) {
+    KILN_RETURN_IF_ERROR(verify_model(model));
+    topo_sort_all(model.graph);
+  }
+  return model;
+}
+
+}  // namespace
+
+std::string sidecar_path(const std::string& path) { return path + kSidecarSuffix; }
+
+Result<std::vector<uint8_t>> serialize_model(const Model& model) {
+  Writer w;
+  KILN_RETURN_IF_ERROR(w.build(model, std::numeric_limits<uint64_t>::max(), ""));
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>(align_up(w.flatbuffer().size()) + w.blob_size()));
+  VectorSink sink(out);
+  KILN_RETURN_IF_ERROR(write_model_file(sink, w));
+  return out;
+}
+
+Status save_model(const Model& model, const std::string& path, const SaveOptions& options) {
+  std::string side = sidecar_path(path);
+  Writer w;
+  KILN_RETURN_IF_ERROR(with_file(w.build(model, options.sidecar_threshold,
+                                         std::filesystem::path(side).filename().string()),
+                                 path));
+  // Both files are complete on disk before either is renamed. The sidecar is renamed first: a
+  // model file never refers to a sidecar that is not there yet.
+  TempFile side_tmp;
+  if (w.sidecar()) {
+    KILN_RETURN_IF_ERROR(with_file(side_tmp.open(side), path));
+    KILN_RETURN_IF_ERROR(with_file(write_blob(side_tmp, w), path));
+  }
+  TempFile model_tmp;
+  KILN_RETURN_IF_ERROR(with_file(model_tmp.open(path), path));
+  KILN_RETURN_IF_ERROR(with_file(write_model_file(model_tmp, w), path));
+  if (w.sidecar()) KILN_RETURN_IF_ERROR(with_file(side_tmp.commit(), path));
+  return with_file(model_tmp.commit(), path);
+}
+
+Result<Model> load_model(const std::string& path, const LoadOptions& options) {
+  auto buf = read_file(path, "file");
+  if (!buf.ok()) return with_file(buf.status(), path);
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  auto model = decode(*buf, dir, options);
+  if (!model.ok()) return with_file(model.status(), path);
+  return model;
+}
+
+Result<Model> load_model_from_bytes(std::span<const uint8_t> bytes, const std::string& name,
+                                    const LoadOptions& options, const std::string& sidecar_dir) {
+  auto buf = alloc_buffer(bytes.size());
+  if (!buf.ok()) return with_file(buf.status(), name);
+  if (!bytes.empty()) std::memcpy(buf->data.get(), bytes.data(), bytes.size());
+  auto model = decode(*buf, sidecar_dir, options);
+  if (!model.ok()) return with_file(model.status(), name);
+  return model;
+}
+
+}  // namespace kiln

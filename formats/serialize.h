@@ -1,0 +1,78 @@
+// Saving and loading .kiln files (schema: formats/kiln.fbs).
+//
+// A .kiln file is a size-prefixed FlatBuffer (identifier "KILN") followed by zero padding to a
+// multiple of 64 and the weight blob; every tensor's data sits at a 64-aligned offset in the
+// blob. Loading reads the whole file into one 64-byte-aligned buffer and makes every constant
+// (and tensor attribute) a view into it, so weights are never copied. Models whose weights
+// pass SaveOptions::sidecar_threshold keep the blob in a sidecar file `<model>.weights`.
+//
+// Versioning: kSchemaMajor.kSchemaMinor is written into every file. Within a major the schema
+// is append-only; a reader accepts any minor of its own major and rejects another major, naming
+// both versions.
+//
+// Saving is deterministic: the same Model gives the same bytes (no timestamps, model order
+// kept, tensors that share storage are written once).
+//
+// Limits: the FlatBuffer part (everything but the weights) must stay under 2 GiB, and
+// subgraphs may nest about 40 levels deep (the verifier's depth bound).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/ir.h"
+#include "formats/status.h"
+
+namespace kiln {
+
+/// The schema version this kiln writes. Bump the minor for every appended field or enum
+/// value; bump the major only for an incompatible change.
+inline constexpr uint16_t kSchemaMajor = 1;
+inline constexpr uint16_t kSchemaMinor = 0;
+
+/// The FlatBuffers file identifier, at byte 8 of every .kiln file.
+inline constexpr char kKilnFileIdentifier[] = "KILN";
+
+/// Suffix appended to the model's file name to name its sidecar weights file.
+inline constexpr char kSidecarSuffix[] = ".weights";
+
+struct SaveOptions {
+  /// When the weight blob is larger than this many bytes it goes to `<path>.weights` instead of
+  /// the model file. Tests set it low to exercise the sidecar.
+  uint64_t sidecar_threshold = uint64_t{2} << 30;
+};
+
+struct LoadOptions {
+  /// Run verify_model() after reading. The structural checks that keep the loader memory safe
+  /// (FlatBuffers verification, dtypes and sizes of tensor data, blob bounds) always run; turning
+  /// this off lets `inspect` show a model whose graph is inconsistent.
+  bool verify = true;
+};
+
+/// Writes `model` to `path` atomically: the file (and its sidecar, if any) is written to a
+/// temporary file in the same directory and renamed into place, so a failure never leaves a
+/// half-written or clobbered output; temporary files are removed on failure. Does not verify
+/// the model (call verify_model first when the model comes from outside kiln's own passes).
+Status save_model(const Model& model, const std::string& path, const SaveOptions& options = {});
+
+/// The bytes of a .kiln file holding `model`, with the weight blob inline whatever its size
+/// (for writing to stdout).
+Result<std::vector<uint8_t>> serialize_model(const Model& model);
+
+/// Reads, verifies and returns the model at `path`. Errors carry `path` in Error::file. A
+/// sidecar weights file is looked up next to `path`.
+Result<Model> load_model(const std::string& path, const LoadOptions& options = {});
+
+/// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
+/// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A
+/// sidecar weights file is looked up in `sidecar_dir` (the current directory when empty).
+Result<Model> load_model_from_bytes(std::span<const uint8_t> bytes, const std::string& name,
+                                    const LoadOptions& options = {},
+                                    const std::string& sidecar_dir = "");
+
+/// The sidecar file save_model writes for a model saved at `path`: `<path>.weights`.
+std::string sidecar_path(const std::string& path);
+
+}  // namespace kiln

@@ -1,0 +1,32 @@
+// What `kiln inspect` reports about a model: op histogram, parameters, FLOPs, I/O shapes,
+// stage and provenance. Symbolic or unknown dims count as 1 (batch 1) in FLOPs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "formats/ir.h"
+
+namespace kiln {
+
+struct ModelSummary {
+  std::map<std::string, int64_t> op_counts;  ///< qualified op → nodes
+  int64_t nodes = 0;
+  int64_t parameters = 0;       ///< elements of constant values
+  int64_t parameter_bytes = 0;
+  int64_t flops = 0;            ///< 2 × MACs of Conv, ConvTranspose, MatMul, Gemm
+};
+
+ModelSummary summarize(const Model& model);
+
+/// FLOPs of one node (2 × MACs for the ops above, 0 for others), symbolic dims as 1.
+int64_t node_flops(const Node& node, const Graph& graph);
+
+/// The `kiln inspect --json` document (schema "kiln.inspect", version 1).
+std::string summary_json(const Model& model, const ModelSummary& s);
+
+/// Escapes a string for a JSON string literal (without the quotes).
+std::string json_escape(std::string_view s);
+
+}  // namespace kiln

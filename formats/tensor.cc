@@ -1,0 +1,90 @@
+// Tensor storage.
+#include "formats/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+namespace kiln {
+
+int64_t shape_numel(std::span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_str(std::span<const int64_t> shape) {
+  if (shape.empty()) return "scalar";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += 'x';
+    s += std::to_string(shape[i]);
+  }
+  return s;
+}
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+  if (numel_ < 0) numel_ = 0;
+  size_t bytes = nbytes();
+  size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  if (rounded == 0) rounded = kTensorAlignment;
+  void* p = std::aligned_alloc(kTensorAlignment, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  data_ = p;
+}
+
+Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, void* data,
+                    std::shared_ptr<void> owner) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.numel_ = std::max<int64_t>(shape_numel(t.shape_), 0);
+  t.data_ = data;
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  t.numel_ = std::max<int64_t>(shape_numel(t.shape_), 0);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+double Tensor::as_double(int64_t i) const {
+  return visit_dtype(dtype_, [&](auto tag) -> double {
+    using T = decltype(tag);
+    return static_cast<double>(static_cast<const T*>(data_)[i]);
+  });
+}
+
+int64_t Tensor::as_int64(int64_t i) const {
+  return visit_dtype(dtype_, [&](auto tag) -> int64_t {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+      return static_cast<int64_t>(static_cast<float>(static_cast<const T*>(data_)[i]));
+    else
+      return static_cast<int64_t>(static_cast<const T*>(data_)[i]);
+  });
+}
+
+std::vector<int64_t> Tensor::to_int64_vector() const {
+  std::vector<int64_t> v(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) v[static_cast<size_t>(i)] = as_int64(i);
+  return v;
+}
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+// Tensor: a dtype, a concrete shape and 64-byte-aligned data, shared by reference.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/dtype.h"
+
+namespace kiln {
+
+/// Alignment of every buffer kiln allocates and of every weight in a .kiln file.
+inline constexpr size_t kTensorAlignment = 64;
+
+/// Product of dims (1 for rank 0); -1 if any dim is negative or the product overflows int64.
+int64_t shape_numel(std::span<const int64_t> shape);
+/// "1x3x224x224"; "scalar" for rank 0.
+std::string shape_str(std::span<const int64_t> shape);
+
+/// A dense row-major tensor. Copies share the data (like a shared_ptr); use clone() for a copy.
+class Tensor {
+ public:
+  Tensor() = default;
+  /// Allocates zero-filled, aligned storage.
+  Tensor(DType dtype, std::vector<int64_t> shape);
+  /// Wraps memory owned by `owner` (an arena, a mapped file) without copying.
+  static Tensor view(DType dtype, std::vector<int64_t> shape, void* data,
+                     std::shared_ptr<void> owner);
+  /// A rank-0 or 1-D tensor from values, for tests and constants.
+  template <class T>
+  static Tensor from(std::vector<int64_t> shape, const std::vector<T>& values) {
+    Tensor t(dtype_of<T>::value, std::move(shape));
+    for (size_t i = 0; i < values.size() && i < static_cast<size_t>(t.numel()); ++i)
+      t.data<T>()[i] = values[i];
+    return t;
+  }
+
+  bool defined() const { return dtype_ != DType::undefined; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t dim(int64_t i) const { return shape_[static_cast<size_t>(i)]; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  template <class T> T* data() { return static_cast<T*>(data_); }
+  template <class T> const T* data() const { return static_cast<const T*>(data_); }
+  std::span<const std::byte> bytes() const {
+    return {static_cast<const std::byte*>(data_), nbytes()};
+  }
+
+  /// Same data, another shape with the same element count.
+  Tensor reshaped(std::vector<int64_t> shape) const;
+  /// A deep copy with its own storage.
+  Tensor clone() const;
+  /// Element i converted to double / int64 (any dtype), for shape operands and printing.
+  double as_double(int64_t i) const;
+  int64_t as_int64(int64_t i) const;
+  /// All elements as int64 (shape operands: Reshape shapes, Slice starts, …).
+  std::vector<int64_t> to_int64_vector() const;
+
+ private:
+  DType dtype_ = DType::undefined;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  void* data_ = nullptr;
+  std::shared_ptr<void> owner_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,169 @@
+// Reference kernels of the nn family: MatMul and Gemm here, and the registration of the rest
+// (nn_conv.cc, nn_pool.cc, nn_sample.cc, nn_einsum.cc).
+#include <cstring>
+
+#include "runtime/ref/nn_util.h"
+
+namespace kiln {
+
+namespace nn {
+
+Tensor to_f32(const Tensor& t) {
+  Tensor r(DType::f32, t.shape());
+  float* d = r.data<float>();
+  if (t.dtype() == DType::f16)
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = t.data<half>()[i];
+  else if (t.dtype() == DType::bf16)
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = t.data<bfloat16>()[i];
+  else
+    for (int64_t i = 0; i < t.numel(); ++i) d[i] = static_cast<float>(t.as_double(i));
+  return r;
+}
+
+void store_from_f32(const Tensor& src, Tensor& dst) {
+  const float* s = src.data<float>();
+  if (dst.dtype() == DType::f16)
+    for (int64_t i = 0; i < dst.numel(); ++i) dst.data<half>()[i] = half(s[i]);
+  else if (dst.dtype() == DType::bf16)
+    for (int64_t i = 0; i < dst.numel(); ++i) dst.data<bfloat16>()[i] = bfloat16(s[i]);
+}
+
+namespace {
+
+// numpy matmul: 1-D operands are promoted ([K] -> [1, K] on the left, [K, 1] on the right) and
+// the batch dims broadcast; broadcast operands are read in place through zero strides.
+template <class T>
+Status matmul_impl(KernelContext& ctx, const Tensor& a, const Tensor& b, Tensor& y) {
+  std::vector<int64_t> as = a.shape(), bs = b.shape();
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
+  if (bs[bs.size() - 2] != K) return ctx.error("inner dims " + std::to_string(K) + " and " + std::to_string(bs[bs.size() - 2]) + " differ");
+  const size_t nb = std::max(as.size(), bs.size()) - 2;
+  std::vector<int64_t> ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+  ab.insert(ab.begin(), nb - ab.size(), 1);
+  bb.insert(bb.begin(), nb - bb.size(), 1);
+  std::vector<int64_t> batch(nb), sa(nb, 0), sb(nb, 0);
+  int64_t stride_a = M * K, stride_b = K * N;
+  for (size_t i = nb; i-- > 0;) {
+    if (ab[i] != bb[i] && ab[i] != 1 && bb[i] != 1)
+      return ctx.error("cannot broadcast batch dims " + std::to_string(ab[i]) + " and " + std::to_string(bb[i]));
+    batch[i] = ab[i] == 1 ? bb[i] : ab[i];
+    if (ab[i] != 1) sa[i] = stride_a;
+    if (bb[i] != 1) sb[i] = stride_b;
+    stride_a *= ab[i];
+    stride_b *= bb[i];
+  }
+  int64_t batches = 1;
+  for (int64_t d : batch) batches *= d;
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* py = y.data<T>();
+  std::fill(py, py + y.numel(), T{});
+  if (batches == 0 || M == 0 || N == 0) return {};
+  // When B is shared by every batch and A's batches are contiguous, one tall GEMM does it all.
+  bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
+  bool a_full = true;
+  for (size_t i = 0; i < nb; ++i) a_full = a_full && (sa[i] != 0 || batch[i] == 1);
+  if (b_shared && a_full) {
+    gemm_acc<T>(batches * M, N, K, pa, K, pb, N, py, N);
+    return {};
+  }
+  std::vector<int64_t> idx(nb, 0);
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t oa = 0, ob = 0;
+    for (size_t i = 0; i < nb; ++i) {
+      oa += idx[i] * sa[i];
+      ob += idx[i] * sb[i];
+    }
+    gemm_acc<T>(M, N, K, pa + oa, K, pb + ob, N, py + bi * M * N, N);
+    for (size_t i = nb; i-- > 0;) {
+      if (++idx[i] < batch[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return {};
+}
+
+Status ref_matmul(KernelContext& ctx) {
+  const DType t = ctx.input(0).dtype();
+  switch (t) {
+    case DType::i32: return matmul_impl<int32_t>(ctx, ctx.input(0), ctx.input(1), ctx.output(0));
+    case DType::i64: return matmul_impl<int64_t>(ctx, ctx.input(0), ctx.input(1), ctx.output(0));
+    case DType::u32: return matmul_impl<uint32_t>(ctx, ctx.input(0), ctx.input(1), ctx.output(0));
+    case DType::u64: return matmul_impl<uint64_t>(ctx, ctx.input(0), ctx.input(1), ctx.output(0));
+    default: break;
+  }
+  return run_float(ctx, [&](auto tag, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+    using T = decltype(tag);
+    return matmul_impl<T>(ctx, *in[0], *in[1], *out[0]);
+  });
+}
+
+// Y = alpha * op(A) @ op(B) + beta * C. op() transposes are copied once so the GEMM loop always
+// reads contiguous rows; alpha is folded into the copy of A.
+template <class T>
+Status gemm_impl(KernelContext& ctx, const Tensor& a, const Tensor* c, const Tensor& b, Tensor& y) {
+  const Node& node = ctx.node();
+  const bool ta = node.attr_int("transA", 0) != 0, tb = node.attr_int("transB", 0) != 0;
+  const T alpha = static_cast<T>(node.attr_float("alpha", 1.0)), beta = static_cast<T>(node.attr_float("beta", 1.0));
+  const int64_t M = ta ? a.dim(1) : a.dim(0), K = ta ? a.dim(0) : a.dim(1);
+  const int64_t N = tb ? b.dim(0) : b.dim(1);
+  if ((tb ? b.dim(1) : b.dim(0)) != K) return ctx.error("inner dims of A and B differ");
+  T* py = y.data<T>();
+  if (c && beta != T{}) {
+    // C broadcasts one way onto [M, N].
+    const std::vector<int64_t>& cs = c->shape();
+    const int64_t cm = cs.size() == 2 ? cs[0] : 1, cn = cs.empty() ? 1 : cs.back();
+    if ((cm != 1 && cm != M) || (cn != 1 && cn != N)) return ctx.error("C " + shape_str(cs) + " cannot broadcast to [" + std::to_string(M) + ", " + std::to_string(N) + "]");
+    const T* pc = c->data<T>();
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) py[i * N + j] = beta * pc[(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
+  } else {
+    std::fill(py, py + M * N, T{});
+  }
+  std::vector<T> at, bt;
+  const T* pa = a.data<T>();
+  if (ta || alpha != T{1}) {
+    if (ta) transpose_into(pa, K, M, M, at);
+    else at.assign(pa, pa + M * K);
+    for (T& v : at) v = static_cast<T>(alpha * v);
+    pa = at.data();
+  }
+  const T* pb = b.data<T>();
+  if (tb) {
+    transpose_into(pb, N, K, K, bt);
+    pb = bt.data();
+  }
+  gemm_acc<T>(M, N, K, pa, K, pb, N, py, N);
+  return {};
+}
+
+Status ref_gemm(KernelContext& ctx) {
+  const Tensor* c = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+  switch (ctx.input(0).dtype()) {
+    case DType::i32: return gemm_impl<int32_t>(ctx, ctx.input(0), c, ctx.input(1), ctx.output(0));
+    case DType::i64: return gemm_impl<int64_t>(ctx, ctx.input(0), c, ctx.input(1), ctx.output(0));
+    case DType::u32: return gemm_impl<uint32_t>(ctx, ctx.input(0), c, ctx.input(1), ctx.output(0));
+    case DType::u64: return gemm_impl<uint64_t>(ctx, ctx.input(0), c, ctx.input(1), ctx.output(0));
+    default: break;
+  }
+  return run_float(ctx, [&](auto tag, const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
+    using T = decltype(tag);
+    return gemm_impl<T>(ctx, *in[0], in.size() > 2 ? in[2] : nullptr, *in[1], *out[0]);
+  });
+}
+
+}  // namespace
+}  // namespace nn
+
+void register_ref_nn(KernelRegistry& r) {
+  r.add_reference("MatMul", nn::ref_matmul);
+  r.add_reference("Gemm", nn::ref_gemm);
+  nn::register_ref_nn_conv(r);
+  nn::register_ref_nn_pool(r);
+  nn::register_ref_nn_sample(r);
+  nn::register_ref_nn_einsum(r);
+}
+
+}  // namespace kiln

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""CLI golden tests: --help texts, each subcommand on samples/, and every user-error path with
+its exit code and one-line message. Corrupt .onnx/.npy/.npz inputs are made here, in a temporary
+folder. Run with --update to rewrite the golden --help files after an intended change."""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
+ONE_LINE = re.compile(r"^kiln (export|run|inspect): error: .+$")
+
+
+class Runner:
+    def __init__(self, kiln, work, update):
+        self.kiln, self.work, self.update = kiln, work, update
+        self.passed, self.failed = 0, []
+
+    def run(self, args, stdin=None):
+        p = subprocess.run([self.kiln] + args, capture_output=True, cwd=self.work, input=stdin)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def check(self, name, cond, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed.append(f"{name}: {detail}")
+
+    def golden(self, name, args):
+        rc, out, err = self.run(args)
+        path = os.path.join(GOLDEN, name + ".txt")
+        if self.update:
+            with open(path, "w") as f:
+                f.write(out)
+        want = open(path).read() if os.path.exists(path) else None
+        self.check(name, rc == 0 and out == want, f"exit {rc}, output differs from {path} (run with --update)")
+
+    def ok(self, name, args, stdout_has=None, stdin=None):
+        rc, out, err = self.run(args, stdin)
+        self.check(name, rc == 0 and (stdout_has is None or stdout_has in out),
+                   f"exit {rc}; stderr: {err.strip()[:300]}; stdout: {out[:200]}")
+        return out
+
+    def error(self, name, args, code, pattern, no_file=None):
+        """A user-facing failure: exit code, exactly one line on stderr in kiln's format, matching
+        `pattern`, and no output file left behind."""
+        rc, out, err = self.run(args)
+        lines = [l for l in err.splitlines() if l.strip()]
+        good = rc == code and len(lines) == 1 and ONE_LINE.match(lines[0]) and re.search(pattern, lines[0])
+        if no_file:
+            leftovers = [f for f in os.listdir(self.work) if f.startswith(no_file) or f.startswith("." + no_file)]
+            good = good and not leftovers
+        self.check(name, good, f"exit {rc} (want {code}); stderr: {err.strip()[:400]!r}; want /{pattern}/")
+
+
+def save(model, path, **kw):
+    onnx.save(model, path, **kw)
+    return path
+
+
+def tiny_model(name="tiny", op="Relu", domain="", opset=17, dims=(2, 3)):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(dims))
+    n1 = helper.make_node(op, ["x"], ["t"], name="first", domain=domain)
+    n2 = helper.make_node(op, ["t"], ["y"], name="second", domain=domain)
+    g = helper.make_graph([n1, n2], name, [x], [y])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def external_model(work, location):
+    w = numpy_helper.from_array(np.ones((4,), np.float32), "w")
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    entry = w.external_data.add()
+    entry.key, entry.value = "location", location
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"], name="add")], "ext", [x], [y], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--update", action="store_true")
+    args = ap.parse_args()
+    kiln = os.path.abspath(args.kiln)
+    work = tempfile.mkdtemp(prefix="kiln-cli-")
+    r = Runner(kiln, work, args.update)
+    try:
+        run_all(r, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for f in r.failed:
+        print("FAILED " + f)
+    print(f"{r.passed} passed, {len(r.failed)} failed")
+    return 1 if r.failed else 0
+
+
+def run_all(r, work):
+    samples = os.path.join(ROOT, "samples")
+    # --help and --version.
+    r.golden("help", ["--help"])
+    for verb in ("export", "run", "inspect"):
+        r.golden(f"help_{verb}", [verb, "--help"])
+    r.ok("version", ["--version"], stdout_has="kiln ")
+    r.ok("list_ops", ["export", "--list-ops"], stdout_has="Relu ")
+
+    # Each subcommand on every sample, and the pipeline through stdin/stdout.
+    for name in ("mlp", "cnn", "transformer"):
+        model = os.path.join(samples, name + ".onnx")
+        r.ok(f"export_{name}", ["export", model, "-o", name + ".kiln"])
+        r.ok(f"inspect_{name}", ["inspect", name + ".kiln"], stdout_has="stage: exported")
+        r.ok(f"inspect_json_{name}", ["inspect", "--json", name + ".kiln"], stdout_has='"schema": "kiln.inspect"')
+        r.ok(f"inspect_text_{name}", ["inspect", "--text", name + ".kiln"])
+        r.ok(f"run_{name}", ["run", name + ".kiln", "--inputs", os.path.join(samples, name + ".inputs.npz"),
+                             "--output-dir", name + ".out", "--check-against",
+                             os.path.join(samples, name + ".expected")])
+        r.ok(f"run_random_{name}", ["run", name + ".kiln", "--seed", "3", "--output-dir", name + ".rand"])
+    with open(os.path.join(samples, "mlp.onnx"), "rb") as f:
+        piped = subprocess.run([r.kiln, "export", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
+    r.ok("inspect_stdin", ["inspect", "-"], stdout_has="stage: exported", stdin=piped)
+    a = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again1.kiln"])
+    b = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again2.kiln"])
+    same = open(os.path.join(work, "again1.kiln"), "rb").read() == open(os.path.join(work, "again2.kiln"), "rb").read()
+    r.check("export_byte_identical", a[0] == 0 and b[0] == 0 and same, "two exports differ")
+
+    # Usage errors.
+    rc, _, err = r.run(["frobnicate"])
+    r.check("unknown_subcommand", rc == 2, f"exit {rc}: {err}")
+    r.error("export_missing_file", ["export", "missing.onnx", "-o", "o.kiln"], 2, r"missing\.onnx: cannot open file")
+    r.error("export_no_output", ["export", os.path.join(samples, "mlp.onnx")], 2, r"no output given")
+    r.error("export_bad_shape", ["export", os.path.join(samples, "mlp.onnx"), "-o", "o.kiln", "--input-shape", "x=2x-1"],
+            2, r"--input-shape 'x=2x-1'", no_file="o.kiln")
+    r.error("export_unknown_input_shape", ["export", os.path.join(samples, "mlp.onnx"), "-o", "o.kiln",
+                                           "--input-shape", "nosuch=1x2"], 2, r"input 'nosuch'", no_file="o.kiln")
+
+    # Unsupported ops: grouped by type with counts; -v names every node.
+    save(tiny_model(op="FrobnicateOp"), os.path.join(work, "unsupported.onnx"))
+    r.error("export_unsupported", ["export", "unsupported.onnx", "-o", "u.kiln"], 2,
+            r"unsupported ops: FrobnicateOp \(2\)$", no_file="u.kiln")
+    r.error("export_unsupported_verbose", ["export", "unsupported.onnx", "-o", "u.kiln", "-v"], 2,
+            r"FrobnicateOp \(2\) \[first, second\]", no_file="u.kiln")
+    save(tiny_model(op="Relu", domain="com.example"), os.path.join(work, "custom.onnx"))
+    r.error("export_unknown_domain", ["export", "custom.onnx", "-o", "u.kiln"], 2,
+            r"unsupported ops: com\.example::Relu \(2\)", no_file="u.kiln")
+
+    # The corrupt .onnx catalogue.
+    good = tiny_model().SerializeToString()
+    with open(os.path.join(work, "truncated.onnx"), "wb") as f:
+        f.write(good[: len(good) // 2])
+    r.error("onnx_truncated", ["export", "truncated.onnx", "-o", "t.kiln"], 2, r"truncated\.onnx: not a valid ONNX model", no_file="t.kiln")
+    with open(os.path.join(work, "garbage.onnx"), "wb") as f:
+        f.write(b"\xff\xfe not a protobuf at all \x00\x01")
+    r.error("onnx_garbage", ["export", "garbage.onnx", "-o", "t.kiln"], 2, r"not a valid ONNX model", no_file="t.kiln")
+    open(os.path.join(work, "empty.onnx"), "wb").close()
+    r.error("onnx_empty", ["export", "empty.onnx", "-o", "t.kiln"], 2, r"not a valid ONNX model", no_file="t.kiln")
+    save(tiny_model(dims=(2, 1 << 50)), os.path.join(work, "absurd.onnx"))
+    r.error("onnx_absurd_dims", ["export", "absurd.onnx", "-o", "t.kiln"], 2, r"input 'x': has dim 1125899906842624", no_file="t.kiln")
+    sub = os.path.join(work, "sub")
+    os.makedirs(sub, exist_ok=True)
+    with open(os.path.join(work, "outside.bin"), "wb") as f:
+        f.write(np.ones(4, np.float32).tobytes())
+    save(external_model(work, "../outside.bin"), os.path.join(sub, "escape.onnx"))
+    r.error("onnx_external_escapes", ["export", "sub/escape.onnx", "-o", "t.kiln"], 2, r"escapes the model's folder", no_file="t.kiln")
+    save(external_model(work, os.path.join(work, "outside.bin")), os.path.join(sub, "absolute.onnx"))
+    r.error("onnx_external_absolute", ["export", "sub/absolute.onnx", "-o", "t.kiln"], 2, r"must be relative", no_file="t.kiln")
+    os.symlink(os.path.join(work, "outside.bin"), os.path.join(sub, "link.bin"))
+    save(external_model(work, "link.bin"), os.path.join(sub, "symlink.onnx"))
+    r.error("onnx_external_symlink_escapes", ["export", "sub/symlink.onnx", "-o", "t.kiln"], 2, r"resolves outside", no_file="t.kiln")
+    save(external_model(work, "nosuch.bin"), os.path.join(sub, "missing_ext.onnx"))
+    r.error("onnx_external_missing", ["export", "sub/missing_ext.onnx", "-o", "t.kiln"], 2, r"cannot open external data file 'nosuch\.bin'", no_file="t.kiln")
+    with open(os.path.join(sub, "short.bin"), "wb") as f:
+        f.write(b"\0" * 8)
+    save(external_model(work, "short.bin"), os.path.join(sub, "short_ext.onnx"))
+    r.error("onnx_external_short", ["export", "sub/short_ext.onnx", "-o", "t.kiln"], 2, r"tensor 'w'", no_file="t.kiln")
+    with open(os.path.join(sub, "ok.bin"), "wb") as f:
+        f.write(np.ones(4, np.float32).tobytes())
+    save(external_model(work, "ok.bin"), os.path.join(sub, "good_ext.onnx"))
+    r.ok("onnx_external_ok", ["export", "sub/good_ext.onnx", "-o", "ext.kiln"])
+
+    # kiln run: inputs that do not fit the model, and corrupt .npy/.npz files.
+    np.save(os.path.join(work, "wrong_dtype.npy"), np.ones((2, 4), np.float64))
+    np.save(os.path.join(work, "wrong_shape.npy"), np.ones((2, 5, 1), np.float32))
+    mlp_in = onnx.load(os.path.join(samples, "mlp.onnx")).graph.input[0]
+    in_name = mlp_in.name
+    feat = mlp_in.type.tensor_type.shape.dim[1].dim_value
+    r.error("run_wrong_dtype", ["run", "mlp.kiln", "--input", f"{in_name}=wrong_dtype.npy"], 2, rf"input '{in_name}': expected f32 but got f64")
+    r.error("run_wrong_shape", ["run", "mlp.kiln", "--input", f"{in_name}=wrong_shape.npy"], 2, rf"input '{in_name}': expected shape")
+    np.save(os.path.join(work, "good.npy"), np.ones((2, feat), np.float32))
+    r.error("run_unknown_input", ["run", "mlp.kiln", "--input", "nosuch=good.npy"], 2, r"input 'nosuch': the model has no input")
+    with open(os.path.join(work, "bad_header.npy"), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4' }\n")
+    r.error("npy_bad_header", ["run", "mlp.kiln", "--input", f"{in_name}=bad_header.npy"], 2, r"bad_header\.npy")
+    with open(os.path.join(work, "pickled.npy"), "wb") as f:
+        np.save(f, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    r.error("npy_pickled", ["run", "mlp.kiln", "--input", f"{in_name}=pickled.npy"], 2, r"pickled\.npy: .*object")
+    np.savez(os.path.join(work, "wrong.npz"), **{in_name: np.ones((3, feat + 1), np.float32)})
+    r.error("npz_wrong_shape", ["run", "mlp.kiln", "--inputs", "wrong.npz"], 2, rf"input '{in_name}': expected shape")
+    with open(os.path.join(work, "corrupt.npz"), "wb") as f:
+        f.write(b"PK\x03\x04" + b"\0" * 20)
+    r.error("npz_corrupt", ["run", "mlp.kiln", "--inputs", "corrupt.npz"], 2, r"corrupt\.npz")
+    r.error("run_missing_model", ["run", "nosuch.kiln"], 2, r"nosuch\.kiln")
+    with open(os.path.join(work, "not_a_model.kiln"), "wb") as f:
+        f.write(b"definitely not flatbuffers")
+    r.error("run_corrupt_model", ["run", "not_a_model.kiln"], 2, r"not_a_model\.kiln")
+    r.error("inspect_corrupt_model", ["inspect", "not_a_model.kiln"], 2, r"not_a_model\.kiln")
+
+    # --check-against: a mismatch is exit 3, missing expected files are user errors.
+    os.makedirs(os.path.join(work, "wrong_expected"), exist_ok=True)
+    out_name = onnx.load(os.path.join(samples, "mlp.onnx")).graph.output[0].name
+    ref = np.load(os.path.join(samples, "mlp.expected", out_name + ".npy"))
+    np.save(os.path.join(work, "wrong_expected", out_name + ".npy"), ref + 1.0)
+    rc, out, err = r.run(["run", "mlp.kiln", "--inputs", os.path.join(samples, "mlp.inputs.npz"), "--check-against", "wrong_expected"])
+    r.check("run_check_mismatch", rc == 3 and "FAILED" in out and ONE_LINE.match(err.strip()), f"exit {rc}: {err}")
+    r.error("run_check_missing", ["run", "mlp.kiln", "--check-against", "no_such_dir"], 2, r"no_such_dir")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

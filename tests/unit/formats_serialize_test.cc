@@ -1,0 +1,566 @@
+// .kiln save/load: round trip of every IR feature, byte-identical saves, 64-byte alignment of
+// loaded weights, the sidecar weights file, atomic saves, and the text form.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <algorithm>
+#include <cstring>
+
+#include "formats/serialize.h"
+#include "formats/text.h"
+#include "formats/verify.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A fresh empty directory for one test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("kiln_fmt_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// A tensor of `dtype` filled with non-zero pseudo-random values.
+Tensor random_tensor(DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t(dtype, std::move(shape));
+  std::mt19937 rng(seed);
+  auto* p = static_cast<uint8_t*>(t.raw());
+  if (dtype == DType::boolean) {
+    for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() & 1);
+  } else if (dtype == DType::f32) {
+    std::uniform_real_distribution<float> d(-2.f, 2.f);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
+  } else {
+    // Other types: random bytes, avoiding NaN patterns mattering (we compare bytes).
+    for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(rng() | 1);
+  }
+  return t;
+}
+
+Shape sym_shape(std::initializer_list<Dim> dims) { return Shape(std::vector<Dim>(dims)); }
+
+/// A model that uses every feature of the IR: every dtype, every attribute type, symbolic and
+/// unknown dims, unknown rank, per-tensor and per-axis quant params, sources, kernel choices,
+/// provenance, metadata, omitted inputs and nested subgraphs with their own constants.
+Model rich_model() {
+  Model m;
+  m.stage = Stage::compiled;
+  m.provenance = {{"kiln export", "0.1.0", "kiln export a.onnx -o a.kiln", "a.onnx", "0123abcd"},
+                  {"kiln compile", "0.1.0", "kiln compile a.kiln -o a.c.kiln --mode \"max-autotune\"", "a.kiln", "ff"}};
+  m.metadata = {{"domain", "ai.test"}, {"producer", "pytest\nv2"}};
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+  g.inputs = {x};
+  ValueId b = g.add_constant("b", random_tensor(DType::f32, {5}, 1));
+  ValueId s = g.add_value("s", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+  ValueId r = g.add_value("r", DType::f32, sym_shape({Dim::sym("batch"), Dim::unknown()}));
+  g.value(r).quant = QuantParams{DType::u8, {0.05f}, {128}, -1};
+
+  Node add;
+  add.name = "add";
+  add.op = "Add";
+  add.inputs = {x, b};
+  add.outputs = {s};
+  add.sources = {"onnx_add", "onnx_bias"};
+  add.kernel = KernelChoice{"kiln.add_f32", {{"vec", 8}, {"threads", 2}}};
+  g.add_node(add);
+  Node relu;
+  relu.name = "relu";
+  relu.op = "Relu";
+  relu.inputs = {s};
+  relu.outputs = {r};
+  g.add_node(relu);
+
+  // One constant of every dtype, odd sizes.
+  std::vector<ValueId> consts;
+  uint32_t seed = 10;
+#define KILN_ADD_CONST(e, v, n, T) consts.push_back(g.add_constant("c_" n, random_tensor(DType::e, {3, 7}, seed++)));
+  KILN_DTYPES(KILN_ADD_CONST)
+#undef KILN_ADD_CONST
+  ValueId wq = g.add_constant("wq", random_tensor(DType::i8, {3, 4}, 99));
+  g.value(wq).quant = QuantParams{DType::i8, {0.5f, 0.25f, 0.125f}, {0, 0, 0}, 0};
+  ValueId empty = g.add_constant("empty", Tensor(DType::f32, {0, 4}));
+  // A second value sharing the storage of `b`: written once, still two values.
+  ValueId b_alias = g.add_constant("b_alias", g.value(b).constant);
+
+  // A custom-domain op with every attribute type, an omitted input and an unknown-rank output.
+  auto body = std::make_shared<Graph>();
+  {
+    ValueId outer = body->add_value("s", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+    ValueId k = body->add_constant("k", random_tensor(DType::f32, {5}, 7));
+    ValueId t = body->add_value("t", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+    ValueId u = body->add_value("u", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+    Node inner_add;
+    inner_add.name = "inner_add";
+    inner_add.op = "Add";
+    inner_add.inputs = {outer, k};
+    inner_add.outputs = {t};
+    body->add_node(inner_add);
+    // A subgraph of the subgraph.
+    auto leaf = std::make_shared<Graph>();
+    ValueId lt = leaf->add_value("t", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+    ValueId lo = leaf->add_value("leaf_out", DType::f32, sym_shape({Dim::sym("batch"), Dim::known(5)}));
+    Node leaf_relu;
+    leaf_relu.name = "leaf_relu";
+    leaf_relu.op = "Relu";
+    leaf_relu.inputs = {lt};
+    leaf_relu.outputs = {lo};
+    leaf->add_node(leaf_relu);
+    leaf->outputs = {lo};
+    Node nest;
+    nest.name = "nest";
+    nest.domain = "test";
+    nest.op = "Scope";
+    nest.inputs = {t};
+    nest.outputs = {u};
+    nest.set_attr("leaf", leaf);
+    body->add_node(nest);
+    body->outputs = {u};
+  }
+  ValueId e = g.add_value("e", DType::f16, Shape::unknown_rank());
+  ValueId e2 = g.add_value("e2", DType::i64, sym_shape({Dim::unknown()}));
+  Node every;
+  every.name = "every attr";  // a name that needs quoting in the text form
+  every.domain = "test";
+  every.op = "Everything";
+  every.inputs = {r, kNoValue, consts[1], wq};
+  every.outputs = {e, kNoValue, e2};
+  every.set_attr("i", int64_t{-42});
+  every.set_attr("f", 0.1);
+  every.set_attr("f_whole", 3.0);
+  every.set_attr("s", std::string("a \"quoted\" string"));
+  every.set_attr("ints", std::vector<int64_t>{1, -2, 3});
+  every.set_attr("floats", std::vector<double>{0.5, -1e-30});
+  every.set_attr("strings", std::vector<std::string>{"p", "", "q"});
+  every.set_attr("empty_ints", std::vector<int64_t>{});
+  every.set_attr("empty_floats", std::vector<double>{});
+  every.set_attr("empty_strings", std::vector<std::string>{});
+  every.set_attr("tensor", random_tensor(DType::i32, {2, 3}, 5));
+  every.set_attr("body", body);
+  every.sources = {"fused_a", "fused_b", "fused_c"};
+  every.kernel = KernelChoice{"kiln.everything", {}};
+  g.add_node(every);
+  g.outputs = {r, e, e2, empty, b_alias};
+  return m;
+}
+
+void expect_tensor_eq(const Tensor& a, const Tensor& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(a.defined(), b.defined());
+  EXPECT_EQ(a.dtype(), b.dtype());
+  EXPECT_EQ(a.shape(), b.shape());
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  if (a.nbytes()) {
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+  }
+}
+
+void expect_graph_eq(const Graph& a, const Graph& b);
+
+void expect_attr_eq(const Attribute& a, const Attribute& b) {
+  SCOPED_TRACE("attribute " + a.name);
+  EXPECT_EQ(a.name, b.name);
+  ASSERT_EQ(a.value.index(), b.value.index());
+  if (const auto* t = std::get_if<Tensor>(&a.value)) expect_tensor_eq(*t, std::get<Tensor>(b.value), "tensor");
+  else if (const auto* g = std::get_if<std::shared_ptr<Graph>>(&a.value)) {
+    const auto& other = std::get<std::shared_ptr<Graph>>(b.value);
+    ASSERT_EQ(*g == nullptr, other == nullptr);
+    if (*g) expect_graph_eq(**g, *other);
+  } else if (const auto* i = std::get_if<int64_t>(&a.value)) {
+    EXPECT_EQ(*i, std::get<int64_t>(b.value));
+  } else if (const auto* f = std::get_if<double>(&a.value)) {
+    EXPECT_EQ(*f, std::get<double>(b.value));
+  } else if (const auto* s = std::get_if<std::string>(&a.value)) {
+    EXPECT_EQ(*s, std::get<std::string>(b.value));
+  } else if (const auto* is = std::get_if<std::vector<int64_t>>(&a.value)) {
+    EXPECT_EQ(*is, std::get<std::vector<int64_t>>(b.value));
+  } else if (const auto* fs = std::get_if<std::vector<double>>(&a.value)) {
+    EXPECT_EQ(*fs, std::get<std::vector<double>>(b.value));
+  } else {
+    EXPECT_EQ(std::get<std::vector<std::string>>(a.value), std::get<std::vector<std::string>>(b.value));
+  }
+}
+
+void expect_graph_eq(const Graph& a, const Graph& b) {
+  ASSERT_EQ(a.values.size(), b.values.size());
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    const Value& va = a.values[i];
+    const Value& vb = b.values[i];
+    SCOPED_TRACE("value " + va.name);
+    EXPECT_EQ(va.name, vb.name);
+    EXPECT_EQ(va.dtype, vb.dtype);
+    EXPECT_EQ(va.shape, vb.shape);
+    EXPECT_EQ(va.quant, vb.quant);
+    expect_tensor_eq(va.constant, vb.constant, "constant");
+  }
+  ASSERT_EQ(a.nodes.size(), b.nodes.size());
+  for (size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node& na = a.nodes[i];
+    const Node& nb = b.nodes[i];
+    SCOPED_TRACE(na.where());
+    EXPECT_EQ(na.name, nb.name);
+    EXPECT_EQ(na.domain, nb.domain);
+    EXPECT_EQ(na.op, nb.op);
+    EXPECT_EQ(na.inputs, nb.inputs);
+    EXPECT_EQ(na.outputs, nb.outputs);
+    EXPECT_EQ(na.sources, nb.sources);
+    EXPECT_EQ(na.kernel, nb.kernel);
+    ASSERT_EQ(na.attrs.size(), nb.attrs.size());
+    for (size_t k = 0; k < na.attrs.size(); ++k) expect_attr_eq(na.attrs[k], nb.attrs[k]);
+  }
+  EXPECT_EQ(a.inputs, b.inputs);
+  EXPECT_EQ(a.outputs, b.outputs);
+}
+
+void expect_model_eq(const Model& a, const Model& b) {
+  EXPECT_EQ(a.stage, b.stage);
+  EXPECT_EQ(a.provenance, b.provenance);
+  EXPECT_EQ(a.metadata, b.metadata);
+  expect_graph_eq(a.graph, b.graph);
+  EXPECT_EQ(model_to_text(a), model_to_text(b));
+}
+
+/// Every tensor of the graph (constants and tensor attributes, subgraphs included).
+void collect_tensors(const Graph& g, std::vector<const Tensor*>& out) {
+  for (const Value& v : g.values)
+    if (v.is_constant()) out.push_back(&v.constant);
+  for (const Node& n : g.nodes)
+    for (const Attribute& a : n.attrs) {
+      if (const auto* t = std::get_if<Tensor>(&a.value)) out.push_back(t);
+      if (const auto* sub = std::get_if<std::shared_ptr<Graph>>(&a.value)) collect_tensors(**sub, out);
+    }
+}
+
+void expect_aligned(const Model& m) {
+  std::vector<const Tensor*> tensors;
+  collect_tensors(m.graph, tensors);
+  EXPECT_GE(tensors.size(), 17u);
+  for (const Tensor* t : tensors)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t->raw()) % kTensorAlignment, 0u) << dtype_name(t->dtype());
+}
+
+TEST(FormatsSerialize, RichModelIsValid) {
+  Status s = verify_model(rich_model());
+  EXPECT_TRUE(s.ok()) << s.error().message();
+}
+
+TEST(FormatsSerialize, RoundTripThroughFile) {
+  TempDir dir;
+  Model m = rich_model();
+  std::string path = dir.file("m.kiln");
+  Status s = save_model(m, path);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+  expect_aligned(*loaded);
+  // Tensors that shared storage in memory share it again after loading.
+  const Graph& g = loaded->graph;
+  EXPECT_EQ(g.value(g.find_value("b")).constant.raw(), g.value(g.find_value("b_alias")).constant.raw());
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+}
+
+TEST(FormatsSerialize, RoundTripThroughBytes) {
+  Model m = rich_model();
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+  auto loaded = load_model_from_bytes(*bytes, "<stdin>");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+  expect_aligned(*loaded);
+}
+
+TEST(FormatsSerialize, LoadedConstantsAreViewsIntoTheFileBuffer) {
+  auto bytes = serialize_model(rich_model());
+  ASSERT_TRUE(bytes.ok());
+  auto loaded = load_model_from_bytes(*bytes, "m.kiln");
+  ASSERT_TRUE(loaded.ok());
+  // All constants point into one allocation no larger than the file: no per-tensor copies.
+  std::vector<const Tensor*> tensors;
+  collect_tensors(loaded->graph, tensors);
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const Tensor* t : tensors) {
+    if (!t->nbytes()) continue;
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(t->raw()));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(t->raw()) + t->nbytes());
+  }
+  EXPECT_LE(hi - lo, bytes->size());
+}
+
+TEST(FormatsSerialize, SavesAreByteIdentical) {
+  TempDir dir;
+  Model m = rich_model();
+  ASSERT_TRUE(save_model(m, dir.file("a.kiln")).ok());
+  ASSERT_TRUE(save_model(m, dir.file("b.kiln")).ok());
+  auto a = read_bytes(dir.file("a.kiln"));
+  EXPECT_EQ(a, read_bytes(dir.file("b.kiln")));
+  // The stdout form is the same file.
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(a, *bytes);
+  // Loading and saving again reproduces the file.
+  auto loaded = load_model(dir.file("a.kiln"));
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  ASSERT_TRUE(save_model(*loaded, dir.file("c.kiln")).ok());
+  EXPECT_EQ(a, read_bytes(dir.file("c.kiln")));
+}
+
+TEST(FormatsSerialize, FileLayout) {
+  auto bytes = serialize_model(rich_model());
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_GT(bytes->size(), 64u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(bytes->data()) + 8, 4), "KILN");
+  uint32_t fb_size;
+  std::memcpy(&fb_size, bytes->data(), 4);
+  uint64_t blob_start = (4 + fb_size + 63) / 64 * 64;
+  ASSERT_LT(blob_start, bytes->size());
+  for (uint64_t i = 4 + fb_size; i < blob_start; ++i) EXPECT_EQ((*bytes)[i], 0) << "padding byte " << i;
+}
+
+TEST(FormatsSerialize, EmptyModelRoundTrips) {
+  Model m;
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  auto loaded = load_model_from_bytes(*bytes, "empty.kiln");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+}
+
+TEST(FormatsSerialize, LargeTensorsRoundTrip) {
+  // Tensors larger than the writer's 1 MiB buffer go straight to the file.
+  TempDir dir;
+  Model m;
+  m.graph.add_constant("small", random_tensor(DType::u8, {3}, 1));
+  m.graph.add_constant("big", random_tensor(DType::f32, {777, 1001}, 2));
+  m.graph.add_constant("tail", random_tensor(DType::i16, {5}, 3));
+  std::string path = dir.file("big.kiln");
+  ASSERT_TRUE(save_model(m, path).ok());
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(read_bytes(path), *bytes);
+}
+
+TEST(FormatsSerialize, LoadFromAPipe) {
+  TempDir dir;
+  std::string fifo = dir.file("pipe.kiln");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Model m = rich_model();
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary).write(reinterpret_cast<const char*>(bytes->data()),
+                                                                      static_cast<std::streamsize>(bytes->size())); });
+  auto loaded = load_model(fifo);
+  writer.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+  expect_aligned(*loaded);
+}
+
+TEST(FormatsSerialize, SidecarAboveThreshold) {
+  TempDir dir;
+  Model m = rich_model();
+  std::string path = dir.file("m.kiln");
+  ASSERT_TRUE(save_model(m, path, SaveOptions{.sidecar_threshold = 64}).ok());
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"m.kiln", "m.kiln.weights"}));
+  auto inline_bytes = serialize_model(m);
+  ASSERT_TRUE(inline_bytes.ok());
+  auto model_bytes = read_bytes(path);
+  auto side_bytes = read_bytes(sidecar_path(path));
+  EXPECT_LT(model_bytes.size(), inline_bytes->size());
+  EXPECT_GT(side_bytes.size(), 64u);
+  // The model file records the sidecar by its file name only.
+  std::string as_text(model_bytes.begin(), model_bytes.end());
+  EXPECT_NE(as_text.find("m.kiln.weights"), std::string::npos);
+  EXPECT_EQ(as_text.find(dir.file("")), std::string::npos);
+
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+  expect_aligned(*loaded);
+
+  // Saving again is byte-identical, for both files.
+  ASSERT_TRUE(save_model(m, dir.file("n.kiln"), SaveOptions{.sidecar_threshold = 64}).ok());
+  EXPECT_EQ(side_bytes, read_bytes(dir.file("n.kiln.weights")));
+  auto n_bytes = read_bytes(dir.file("n.kiln"));
+  EXPECT_EQ(model_bytes.size(), n_bytes.size());
+}
+
+TEST(FormatsSerialize, SidecarIsFoundRelativeToTheModelFile) {
+  TempDir dir;
+  Model m = rich_model();
+  std::string path = dir.file("m.kiln");
+  ASSERT_TRUE(save_model(m, path, SaveOptions{.sidecar_threshold = 1}).ok());
+  // From bytes (stdin), the sidecar is looked up in the directory given.
+  auto bytes = read_bytes(path);
+  auto loaded = load_model_from_bytes(bytes, "<stdin>", {}, fs::path(path).parent_path().string());
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+}
+
+TEST(FormatsSerialize, NoSidecarAtOrBelowThreshold) {
+  TempDir dir;
+  Model m = rich_model();
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  // The blob is smaller than the whole file, so a threshold of the file size keeps it inline.
+  ASSERT_TRUE(save_model(m, dir.file("m.kiln"), SaveOptions{.sidecar_threshold = bytes->size()}).ok());
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+  EXPECT_EQ(read_bytes(dir.file("m.kiln")), *bytes);
+}
+
+TEST(FormatsSerialize, SaveReplacesAnExistingFile) {
+  TempDir dir;
+  std::string path = dir.file("m.kiln");
+  std::ofstream(path) << "old contents";
+  ASSERT_TRUE(save_model(rich_model(), path).ok());
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+}
+
+TEST(FormatsSerialize, FailedSaveLeavesNoTempFileAndKeepsTheTarget) {
+  TempDir dir;
+  // The target is a non-empty directory: the final rename fails after the data was written.
+  std::string path = dir.file("m.kiln");
+  fs::create_directories(path + "/keep");
+  Status s = save_model(rich_model(), path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().kind, ErrorKind::user);
+  EXPECT_EQ(s.error().file, path);
+  EXPECT_NE(s.error().message().find("cannot replace"), std::string::npos) << s.error().message();
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+  EXPECT_TRUE(fs::is_directory(path + "/keep"));
+}
+
+TEST(FormatsSerialize, FailedSidecarSaveDoesNotClobberTheModel) {
+  TempDir dir;
+  std::string path = dir.file("m.kiln");
+  std::ofstream(path) << "old contents";
+  // The sidecar's place is taken by a non-empty directory, so renaming the sidecar fails.
+  fs::create_directories(sidecar_path(path) + "/keep");
+  Status s = save_model(rich_model(), path, SaveOptions{.sidecar_threshold = 1});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().kind, ErrorKind::user);
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"m.kiln", "m.kiln.weights"}));
+  auto kept = read_bytes(path);
+  EXPECT_EQ(std::string(kept.begin(), kept.end()), "old contents");
+}
+
+TEST(FormatsSerialize, SaveIntoMissingDirectoryFails) {
+  TempDir dir;
+  std::string path = dir.file("no/such/dir/m.kiln");
+  Status s = save_model(rich_model(), path);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().kind, ErrorKind::user);
+  EXPECT_EQ(s.error().file, path);
+  EXPECT_NE(s.error().message().find("No such file or directory"), std::string::npos) << s.error().message();
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(FormatsSerialize, LoadMissingFileNamesIt) {
+  auto r = load_model("/nonexistent/dir/m.kiln");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user);
+  EXPECT_EQ(r.error().message(), "/nonexistent/dir/m.kiln: cannot open file: No such file or directory");
+}
+
+TEST(FormatsSerialize, LoadWithoutVerifyShowsAnInconsistentGraph) {
+  Model m;
+  ValueId x = m.graph.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  m.graph.inputs = {x};
+  m.graph.outputs = {7};  // out of range
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_FALSE(load_model_from_bytes(*bytes, "m.kiln").ok());
+  auto r = load_model_from_bytes(*bytes, "m.kiln", LoadOptions{.verify = false});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_NE(model_to_text(*r).find("output %7?"), std::string::npos) << model_to_text(*r);
+}
+
+TEST(FormatsText, IsDeterministicAndReadable) {
+  Model m = rich_model();
+  std::string text = model_to_text(m);
+  EXPECT_EQ(text, model_to_text(rich_model()));
+  auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find(line), std::string::npos) << "missing line: " << line << "\nin:\n" << text;
+  };
+  has("model stage=compiled\n");
+  has("provenance tool=\"kiln export\" version=\"0.1.0\" input=\"a.onnx\" sha256=\"0123abcd\" "
+      "command=\"kiln export a.onnx -o a.kiln\"\n");
+  has("command=\"kiln compile a.kiln -o a.c.kiln --mode \\\"max-autotune\\\"\"\n");
+  has("metadata \"producer\" = \"pytest\\nv2\"\n");
+  has("graph\n  input x: f32[batch,5]\n");
+  has("\n  value r: f32[batch,?] quant=u8 scales=[0.05] zero_points=[128]\n");
+  has("\n  const wq: i8[3,4] crc32=");
+  has(" quant=i8 scales=[0.5, 0.25, 0.125] zero_points=[0, 0, 0] axis=0\n");
+  has("\n  const empty: f32[0,4] crc32=00000000 data=[]\n");
+  has("\n  value e: f16[*]\n");
+  has("\n  node add: Add(x, b) -> (s) sources=[\"onnx_add\", \"onnx_bias\"] kernel=kiln.add_f32{vec=8, threads=2}\n");
+  has("\n  node \"every attr\": test::Everything(r, _, c_f16, wq) -> (e, _, e2) body=<graph> empty_floats=floats[] "
+      "empty_ints=ints[] empty_strings=strings[] f=0.1 f_whole=3.0 floats=floats[0.5, -1e-30] i=-42 "
+      "ints=ints[1, -2, 3] s=\"a \\\"quoted\\\" string\" strings=strings[\"p\", \"\", \"q\"] tensor=tensor(i32[2,3] "
+      "crc32=");
+  has(" sources=[\"fused_a\", \"fused_b\", \"fused_c\"] kernel=kiln.everything{}\n");
+  has("\n    attr body:\n      graph\n        value s: f32[batch,5]\n");
+  has("\n        node inner_add: Add(s, k) -> (t)\n");
+  has("\n          attr leaf:\n            graph\n");
+  has("\n              node leaf_relu: Relu(t) -> (leaf_out)\n              output leaf_out\n");
+  has("\n  output r\n  output e\n  output e2\n  output empty\n  output b_alias\n");
+  // One line per value, node and graph output at the top level.
+  size_t top_level = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("  ", 0) == 0 && line.rfind("   ", 0) != 0) ++top_level;
+  EXPECT_EQ(top_level, m.graph.values.size() + m.graph.nodes.size() + m.graph.outputs.size());
+}
+
+TEST(FormatsText, ConstantDataIsSummarised) {
+  Model m;
+  m.graph.add_constant("w", Tensor::from<float>({10}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  m.graph.add_constant("flag", Tensor::from<bool>({2}, {true, false}));
+  std::string text = model_to_text(m);
+  EXPECT_NE(text.find("const w: f32[10] crc32="), std::string::npos) << text;
+  EXPECT_NE(text.find(" data=[1, 2, 3, 4, 5, 6, 7, 8, ...]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("const flag: bool[2] crc32="), std::string::npos) << text;
+  EXPECT_NE(text.find(" data=[1, 0]\n"), std::string::npos) << text;
+  // Another value of the data changes the checksum.
+  Model m2 = m;
+  m2.graph.values[0].constant = m.graph.values[0].constant.clone();
+  m2.graph.values[0].constant.data<float>()[9] = 11;
+  EXPECT_NE(model_to_text(m2), text);
+}
+
+}  // namespace
+}  // namespace kiln

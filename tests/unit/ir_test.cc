@@ -1,0 +1,100 @@
+// IR basics: shapes, attributes, topological order, dead-node removal, dtype conversions.
+#include <gtest/gtest.h>
+
+#include "formats/infer.h"
+#include "formats/ir.h"
+#include "formats/sha256.h"
+
+namespace kiln {
+namespace {
+
+TEST(Shape, PrintsKnownSymbolicAndUnknownDims) {
+  Shape s({Dim::sym("batch"), Dim::known(3), Dim::unknown()});
+  EXPECT_EQ(s.str(), "batchx3x?");
+  EXPECT_FALSE(s.is_concrete());
+  EXPECT_EQ(Shape().str(), "*");
+  EXPECT_EQ(Shape::of(std::vector<int64_t>{}).str(), "scalar");
+}
+
+TEST(Node, AttributesStaySortedAndTyped) {
+  Node n;
+  n.set_attr("z", int64_t{1});
+  n.set_attr("a", std::vector<int64_t>{1, 2});
+  n.set_attr("m", 0.5);
+  ASSERT_EQ(n.attrs.size(), 3u);
+  EXPECT_EQ(n.attrs[0].name, "a");
+  EXPECT_EQ(n.attrs[2].name, "z");
+  EXPECT_EQ(n.attr_int("z", 7), 1);
+  EXPECT_EQ(n.attr_int("m", 7), 7);  // wrong type gives the default
+  EXPECT_DOUBLE_EQ(n.attr_float("m", 0), 0.5);
+  n.set_attr("z", int64_t{5});
+  EXPECT_EQ(n.attr_int("z", 0), 5);
+  EXPECT_EQ(n.attrs.size(), 3u);
+}
+
+Graph chain_out_of_order() {
+  // y = Relu(Relu(x)), nodes stored in reverse order.
+  Graph g;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  ValueId t = g.add_value("t", DType::f32);
+  ValueId y = g.add_value("y", DType::f32);
+  g.inputs = {x};
+  g.outputs = {y};
+  Node second{.name = "second", .op = "Relu", .inputs = {t}, .outputs = {y}};
+  Node first{.name = "first", .op = "Relu", .inputs = {x}, .outputs = {t}};
+  g.add_node(second);
+  g.add_node(first);
+  return g;
+}
+
+TEST(Graph, TopoSortOrdersProducersFirst) {
+  Graph g = chain_out_of_order();
+  ASSERT_TRUE(g.topo_sort().ok());
+  EXPECT_EQ(g.nodes[0].name, "first");
+  EXPECT_EQ(g.nodes[1].name, "second");
+}
+
+TEST(Graph, TopoSortReportsCycles) {
+  Graph g = chain_out_of_order();
+  g.nodes[1].inputs = {g.find_value("y")};  // first reads second's output: a cycle
+  Status s = g.topo_sort();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().what.find("cycle"), std::string::npos);
+}
+
+TEST(Graph, RemoveDeadDropsUnusedNodes) {
+  Graph g = chain_out_of_order();
+  ValueId x = g.find_value("x");
+  ValueId dead = g.add_value("dead", DType::f32);
+  g.add_node(Node{.name = "unused", .op = "Relu", .inputs = {x}, .outputs = {dead}});
+  g.remove_dead();
+  EXPECT_EQ(g.nodes.size(), 2u);
+  EXPECT_EQ(g.find_value("dead"), kNoValue);
+}
+
+TEST(Infer, PropagatesShapesThroughTheGraph) {
+  Graph g = chain_out_of_order();
+  ASSERT_TRUE(g.topo_sort().ok());
+  auto r = infer_graph(g);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(g.value(g.find_value("y")).shape.str(), "2");
+}
+
+TEST(DType, HalfAndBfloatRoundTrip) {
+  for (float f : {0.0f, 1.0f, -2.5f, 65504.0f, 1e-7f, 3.140625f}) {
+    EXPECT_NEAR(static_cast<float>(half(f)), f, std::abs(f) * 1e-3f + 1e-7f) << f;
+    EXPECT_NEAR(static_cast<float>(bfloat16(f)), f, std::abs(f) * 1e-2f + 1e-30f) << f;
+  }
+  EXPECT_EQ(half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(bfloat16(1.0f).bits, 0x3f80);
+}
+
+TEST(Sha256, KnownVectors) {
+  EXPECT_EQ(sha256_hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  std::string abc = "abc";
+  EXPECT_EQ(sha256_hex({reinterpret_cast<const uint8_t*>(abc.data()), abc.size()}),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+}  // namespace
+}  // namespace kiln
