@@ -150,6 +150,7 @@ def print_table(rows, repeat):
                       fmt_time(row["load"]), fmt_ratio(kiln / row["ort1"].median),
                       fmt_ratio(kiln / row["ortN"].median)])
     widths = [max(len(r[i]) for r in table if len(r) == len(headers)) for i in range(len(headers))]
+    widths[0] = max(len(r[0]) for r in table)
     for r in table:
         if len(r) != len(headers):
             print(f"{r[0]:{widths[0]}s}  {r[1]}")

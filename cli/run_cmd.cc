@@ -85,7 +85,14 @@ Result<NamedTensors> read_one_input(const std::string& spec) {
 
 int run(const RunArgs& args) {
   const std::string verb = "run";
-  auto model = load_model(args.model);
+  Result<Model> model = Error{};
+  if (args.model == "-") {
+    auto bytes = read_input("-");
+    if (!bytes.ok()) return report(verb, bytes.error());
+    model = load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()}, "<stdin>");
+  } else {
+    model = load_model(args.model);
+  }
   if (!model.ok()) return report(verb, model.error());
   const Graph& g = model->graph;
   std::vector<std::string> input_names, output_names;
@@ -201,7 +208,7 @@ int run(const RunArgs& args) {
 void add_run_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand("run", "Run a .kiln model with the reference runtime");
-  cmd->add_option("model", args->model, "model .kiln file")->required();
+  cmd->add_option("model", args->model, "model .kiln file (- for stdin)")->required();
   cmd->add_option("--input", args->inputs, "NAME=FILE.npy or NAME=FILE.pb (repeatable); FILE alone names itself");
   cmd->add_option("--inputs", args->inputs_file, "an .npz of inputs, or an ONNX test_data_set folder");
   cmd->add_option("--seed", args->seed, "seed for inputs not given (random within valid ranges)")->capture_default_str();

@@ -69,6 +69,10 @@ class Session::Context final : public KernelContext {
 
 namespace {
 
+// No single tensor may be larger than this: a shape computed from bad data should fail
+// cleanly rather than exhaust memory.
+constexpr size_t kMaxTensorBytes = size_t{1} << 36;
+
 // Kernels for every node of a graph and, recursively, of its subgraphs.
 Status create_kernels(const Graph& g, const SessionOptions& opt, std::vector<std::unique_ptr<Kernel>>& out,
                       std::vector<std::string>* names,
@@ -305,8 +309,9 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
         std::vector<int64_t> shape = e.shape.concrete();
         size_t v = static_cast<size_t>(node.outputs[i]);
         int64_t numel = shape_numel(shape);
-        if (numel < 0) return user_error(node.where(), "output shape " + e.shape.str() + " is too large");
         size_t bytes = static_cast<size_t>(numel) * dtype_size(e.dtype);
+        if (numel < 0 || bytes > kMaxTensorBytes)
+          return user_error(node.where(), "output " + std::to_string(i) + " of shape " + e.shape.str() + " is too large");
         if (plan && plan->offset[v] >= 0 && bytes <= plan->bytes[v])
           out[i] = Tensor::view(e.dtype, std::move(shape), static_cast<char*>(plan->arena.get()) + plan->offset[v], plan->arena);
         else

@@ -153,6 +153,14 @@ Status convert_eye_like(ConvertContext& ctx) {
   return {};
 }
 
+// Range-27 adds stash_type (the precision f16/bf16 ranges are computed in): the core Range
+// always computes them in at least f32, which is what stash_type float (the default) or double ask.
+Status convert_range(ConvertContext& ctx) {
+  int64_t stash = ctx.attr_int("stash_type", 1);
+  if (stash != 1 && stash != 11) return ctx.error("Range stash_type " + std::to_string(stash) + " is not supported");
+  return emit_with_inputs(ctx, "Range", node_inputs(ctx), {"stash_type"});
+}
+
 // Ops whose inputs and attributes are the core op's, dropping trailing omitted inputs.
 Status convert_same(ConvertContext& ctx) { return emit_with_inputs(ctx, ctx.op_type(), node_inputs(ctx), {}); }
 
@@ -187,7 +195,7 @@ void register_shape_converters(ConverterRegistry& r) {
   r.add("Shape", 1, kLatest, convert_same);
   r.add("Size", 1, kLatest, convert_same);
   r.add("ConstantOfShape", 9, kLatest, convert_same);
-  r.add("Range", 11, kLatest, convert_same);
+  r.add("Range", 11, 27, convert_range);
   r.add("OneHot", 9, kLatest, convert_same);
   r.add("DepthToSpace", 1, kLatest, convert_same);
   r.add("SpaceToDepth", 1, kLatest, convert_same);

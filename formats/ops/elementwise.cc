@@ -169,6 +169,9 @@ Status maybe_fold(InferContext& ctx, size_t domain_input) {
   int64_t numel = shape_numel(out_shape);
   if (numel < 0 || numel > kMaxFoldElements) return {};
   const std::string& op = ctx.node().op;
+  // u64 values above INT64_MAX would compare wrongly in the int64 arithmetic below.
+  for (size_t k = 0; k < ctx.num_inputs(); ++k)
+    if (ctx.has_input(k) && ctx.dtype(k) == DType::u64) return {};
   const bool use_float = is_float(ctx.dtype(domain_input));
   if (!use_float && (op == "Div" || op == "Mod")) {
     const Tensor* d = ctx.value(1);

@@ -35,6 +35,49 @@ std::optional<int64_t> known_dim(const Shape& s, int64_t axis) {
   return s.dims[static_cast<size_t>(axis)].value;
 }
 
+constexpr int64_t kMaxFoldElements = 64;
+
+// Shape arithmetic such as ReduceProd(Shape(x)): computes small i64/i32 sums, products,
+// maxima and minima when the data is known, so export can resolve shapes built from them.
+Status fold_reduce(InferContext& ctx, const std::vector<bool>& reduced) {
+  const std::string& op = ctx.node().op;
+  const DType t = ctx.dtype(0);
+  if ((t != DType::i64 && t != DType::i32) || !ctx.all_inputs_known()) return {};
+  if (op != "ReduceSum" && op != "ReduceProd" && op != "ReduceMax" && op != "ReduceMin") return {};
+  const Tensor& x = *ctx.value(0);
+  const Shape& os = ctx.outputs()[0].shape;
+  if (x.numel() > kMaxFoldElements || !os.is_concrete()) return {};
+  Tensor out(t, os.concrete());
+  std::vector<int64_t> acc(static_cast<size_t>(out.numel()), op == "ReduceProd" ? 1 : 0);
+  std::vector<bool> seen(acc.size(), false);
+  std::vector<int64_t> idx(x.shape().size(), 0);
+  for (int64_t e = 0; e < x.numel(); ++e) {
+    int64_t o = 0;
+    for (size_t d = 0; d < idx.size(); ++d)
+      if (!reduced[d]) o = o * x.dim(static_cast<int64_t>(d)) + idx[d];
+    const int64_t v = x.as_int64(e);
+    int64_t& a = acc[static_cast<size_t>(o)];
+    const uint64_t ua = static_cast<uint64_t>(a), uv = static_cast<uint64_t>(v);
+    if (op == "ReduceSum") a = static_cast<int64_t>(ua + uv);
+    else if (op == "ReduceProd") a = static_cast<int64_t>(ua * uv);
+    else if (!seen[static_cast<size_t>(o)] || (op == "ReduceMax" ? v > a : v < a)) a = v;
+    seen[static_cast<size_t>(o)] = true;
+    for (size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < x.dim(static_cast<int64_t>(d))) break;
+      idx[d] = 0;
+    }
+  }
+  for (size_t o = 0; o < acc.size(); ++o) {
+    // Max/min of an empty set (the type's extremes) are left to the kernel.
+    int64_t v = acc[o];
+    if (!seen[o] && (op == "ReduceMax" || op == "ReduceMin")) return {};
+    if (t == DType::i64) out.data<int64_t>()[o] = v;
+    else out.data<int32_t>()[o] = static_cast<int32_t>(v);
+  }
+  ctx.set_output_value(0, std::move(out));
+  return {};
+}
+
 // ReduceSum, ReduceMean, …: data, optional i64 axes; keepdims, noop_with_empty_axes.
 Status infer_reduce(InferContext& ctx) {
   const std::string& op = ctx.node().op;
@@ -84,7 +127,7 @@ Status infer_reduce(InferContext& ctx) {
     else if (keepdims) out.push_back(Dim::known(1));
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
-  return {};
+  return fold_reduce(ctx, reduced);
 }
 
 Status infer_arg(InferContext& ctx) {

@@ -46,8 +46,8 @@ Result<Dim> infer_minus_one(const Shape& in, const std::vector<Dim>& out, size_t
       return ctx.error("cannot reshape " + in.str() + " into a shape with a 0 dim and -1");
     }
     if (known_in % known_out != 0)
-      return ctx.error("cannot reshape " + in.str() + " (" + num(known_in) + " elements) so that " + num(known_out) +
-                       " divides it");
+      return ctx.error("cannot reshape " + in.str() + " (" + num(known_in) + " elements): the dims other than -1 multiply to " +
+                       num(known_out) + ", which does not divide " + num(known_in));
     return Dim::known(known_in / known_out);
   }
   if (syms.size() == 1 && known_in == known_out) return Dim::sym(*syms.begin());

@@ -167,19 +167,50 @@ Status ref_lrn(KernelContext& ctx) {
   });
 }
 
-// Y is zero except at the flat positions I names, which receive X's values.
+// The values scatter to the flat positions I names within the shape MaxPool's input had
+// (inferred from kernel, strides and pads); that block is then placed at the origin of the
+// requested output shape, the rest of which is zero (the ONNX reference's rule).
 template <class T>
 Status max_unpool_impl(KernelContext& ctx, const Tensor& x, const Tensor& idx, Tensor& y) {
+  const Node& node = ctx.node();
   if (idx.shape() != x.shape()) return ctx.error("I " + shape_str(idx.shape()) + " must have X's shape " + shape_str(x.shape()));
   if (y.rank() != x.rank() || y.dim(0) != x.dim(0) || y.dim(1) != x.dim(1))
     return ctx.error("output shape " + shape_str(y.shape()) + " must keep X's batch and channel dims " + shape_str(x.shape()));
-  T* py = y.data<T>();
-  std::fill(py, py + y.numel(), T{});
+  const size_t n = static_cast<size_t>(x.rank() - 2);
+  std::vector<int64_t> k = node.attr_ints("kernel_shape"), s = node.attr_ints("strides", std::vector<int64_t>(n, 1)),
+                       p = node.attr_ints("pads", std::vector<int64_t>(2 * n, 0));
+  if (k.size() != n || s.size() != n || p.size() != 2 * n) return ctx.error("kernel_shape, strides and pads must match the " + std::to_string(n) + " spatial dims");
+  std::vector<int64_t> inferred = {x.dim(0), x.dim(1)};
+  for (size_t i = 0; i < n; ++i) inferred.push_back(std::max<int64_t>(0, (x.dim(static_cast<int64_t>(i + 2)) - 1) * s[i] - p[i] - p[n + i] + k[i]));
+  const int64_t total = shape_numel(inferred);
+  std::vector<T> buf(static_cast<size_t>(total), T{});
   const int64_t* pi = idx.data<int64_t>();
   for (int64_t i = 0; i < x.numel(); ++i) {
-    if (pi[i] < 0 || pi[i] >= y.numel())
-      return ctx.error("index " + std::to_string(pi[i]) + " is out of range for an output of " + std::to_string(y.numel()) + " elements");
-    py[pi[i]] = x.data<T>()[i];
+    if (pi[i] < 0 || pi[i] >= total)
+      return ctx.error("index " + std::to_string(pi[i]) + " is out of range for an unpooled tensor of " + std::to_string(total) + " elements");
+    buf[static_cast<size_t>(pi[i])] = x.data<T>()[i];
+  }
+  T* py = y.data<T>();
+  std::fill(py, py + y.numel(), T{});
+  if (inferred == y.shape()) {
+    std::copy(buf.begin(), buf.end(), py);
+    return {};
+  }
+  // Copy the overlap of the two shapes element by element.
+  const size_t r = inferred.size();
+  std::vector<int64_t> at(r, 0);
+  for (int64_t i = 0; i < total; ++i) {
+    bool inside = true;
+    int64_t o = 0;
+    for (size_t d = 0; d < r; ++d) {
+      inside = inside && at[d] < y.dim(static_cast<int64_t>(d));
+      o = o * y.dim(static_cast<int64_t>(d)) + at[d];
+    }
+    if (inside) py[o] = buf[static_cast<size_t>(i)];
+    for (size_t d = r; d-- > 0;) {
+      if (++at[d] < inferred[d]) break;
+      at[d] = 0;
+    }
   }
   return {};
 }

@@ -43,6 +43,32 @@ Status ref_softmax(KernelContext& ctx) {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     std::vector<C> buf(static_cast<size_t>(n * inner)), mx(static_cast<size_t>(inner)), sum(static_cast<size_t>(inner));
+    if (inner == 1 && K != SoftKind::hardmax) {
+      // The last axis (attention scores): one contiguous row at a time.
+      C* b = buf.data();
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* in = px + o * n;
+        T* out = py + o * n;
+        C m = -std::numeric_limits<C>::infinity();
+        for (int64_t i = 0; i < n; ++i) {
+          b[i] = static_cast<C>(in[i]);
+          m = std::max(m, b[i]);
+        }
+        C s = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          b[i] = std::exp(b[i] - m);
+          s += b[i];
+        }
+        if constexpr (K == SoftKind::softmax) {
+          const C r = C(1) / s;
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(b[i] * r);
+        } else {
+          const C shift = std::log(s) + m;
+          for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<C>(in[i]) - shift);
+        }
+      }
+      return {};
+    }
     for (int64_t o = 0; o < outer; ++o) {
       const T* in = px + o * n * inner;
       T* out = py + o * n * inner;

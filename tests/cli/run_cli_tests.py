@@ -128,9 +128,11 @@ def run_all(r, work):
     with open(os.path.join(samples, "mlp.onnx"), "rb") as f:
         piped = subprocess.run([r.kiln, "export", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
     r.ok("inspect_stdin", ["inspect", "-"], stdout_has="stage: exported", stdin=piped)
-    a = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again1.kiln"])
-    b = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again2.kiln"])
-    same = open(os.path.join(work, "again1.kiln"), "rb").read() == open(os.path.join(work, "again2.kiln"), "rb").read()
+    # The same command twice gives the same bytes (the command line is part of the provenance).
+    a = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again.kiln"])
+    first = open(os.path.join(work, "again.kiln"), "rb").read()
+    b = r.run(["export", os.path.join(samples, "cnn.onnx"), "-o", "again.kiln"])
+    same = first == open(os.path.join(work, "again.kiln"), "rb").read()
     r.check("export_byte_identical", a[0] == 0 and b[0] == 0 and same, "two exports differ")
 
     # Usage errors.
@@ -212,6 +214,13 @@ def run_all(r, work):
     with open(os.path.join(work, "not_a_model.kiln"), "wb") as f:
         f.write(b"definitely not flatbuffers")
     r.error("run_corrupt_model", ["run", "not_a_model.kiln"], 2, r"not_a_model\.kiln")
+    good_kiln = open(os.path.join(work, "mlp.kiln"), "rb").read()
+    with open(os.path.join(work, "truncated.kiln"), "wb") as f:
+        f.write(good_kiln[: len(good_kiln) // 2])
+    r.error("kiln_truncated", ["run", "truncated.kiln"], 2, r"truncated\.kiln: .*truncated")
+    with open(os.path.join(work, "bad_ident.kiln"), "wb") as f:
+        f.write(good_kiln[:8] + b"NOPE" + good_kiln[12:])
+    r.error("kiln_bad_identifier", ["inspect", "bad_ident.kiln"], 2, r"bad_ident\.kiln: ")
     r.error("inspect_corrupt_model", ["inspect", "not_a_model.kiln"], 2, r"not_a_model\.kiln")
 
     # --check-against: a mismatch is exit 3, missing expected files are user errors.

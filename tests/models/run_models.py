@@ -11,7 +11,7 @@ were made by the current generator, see Generated), then for each model NAME run
 
 and compares every DIR/NAME.kiln-out/<output>.npy with the onnxruntime reference
 DIR/NAME.ort/<output>.npy: an output passes when its relative L2 error ||a-b||_2 / ||b||_2 is at
-most 1e-4 (the max abs error is printed too). One line per model, then 'N passed, M failed';
+most 1e-4, and every element within 1e-4 + 1e-4·|ref| (the max abs error is printed too). One line per model, then 'N passed, M failed';
 exit status 1 on any failure. A missing kiln, a generator error or a missing output is a
 failure, never a skip. NAME.kiln and NAME.kiln-out are deleted once a model passes (they are as
 big as the model); a failing model keeps them for a look, and --keep keeps them always.
@@ -40,6 +40,10 @@ GENERATOR = os.path.join(HERE, "make_models.py")
 GENERATOR_SOURCES = [GENERATOR, os.path.join(HERE, "ort_reference.py")]
 MODEL_NAMES = list(MODELS)
 REL_L2_LIMIT = 1e-4
+# Per element as well, so one wrong value in a large output cannot hide in the norm:
+# |a - b| <= ELEMENT_ATOL + ELEMENT_RTOL * |b|.
+ELEMENT_ATOL = 1e-4
+ELEMENT_RTOL = 1e-4
 
 
 def generator_fingerprint():
@@ -176,6 +180,12 @@ def compare(actual, expected):
     err = float(np.linalg.norm(diff))
     rel = err / norm if norm > 0 else err
     max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+    outside = np.abs(diff) > ELEMENT_ATOL + ELEMENT_RTOL * np.abs(b[finite])
+    if np.any(outside):
+        i = int(np.argmax(outside))
+        return rel, max_abs, (f"{int(np.count_nonzero(outside))} of {b.size} elements differ by more than "
+                              f"{ELEMENT_ATOL:g} + {ELEMENT_RTOL:g}*|ref| (first: {a[finite][i]:.6g} vs "
+                              f"{b[finite][i]:.6g}); relative L2 error {rel:.3g}")
     return rel, max_abs, None
 
 

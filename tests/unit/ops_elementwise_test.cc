@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "formats/infer.h"
 #include "runtime/ref/broadcast.h"
 #include "runtime/session.h"
 
@@ -230,6 +231,41 @@ TEST(ElementwiseKernels, InvalidModelsAreUserErrors) {
   auto fmod = run_op("Mod", {ramp({2}), ramp({2})});
   ASSERT_FALSE(fmod.ok());
   EXPECT_EQ(fmod.error().what, "fmod must be 1 for floating-point inputs");
+}
+
+// Shape arithmetic on known data is computed by inference (export resolves Reshape targets).
+TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
+  Graph g;
+  ValueId dims = g.add_constant("dims", make<int64_t>({3}, {2, 3, 4}));
+  ValueId two = g.add_constant("two", make<int64_t>({}, {2}));
+  ValueId axes = g.add_constant("axes", make<int64_t>({1}, {0}));
+  ValueId half = g.add_value("half", DType::undefined);
+  ValueId numel = g.add_value("numel", DType::undefined);
+  ValueId as_float = g.add_value("as_float", DType::undefined);
+  g.add_node(Node{.name = "div", .op = "Div", .inputs = {dims, two}, .outputs = {half}});
+  g.add_node(Node{.name = "prod", .op = "ReduceProd", .inputs = {dims, axes}, .outputs = {numel}});
+  Node cast{.name = "cast", .op = "Cast", .inputs = {half}, .outputs = {as_float}};
+  cast.set_attr("to", std::string("f32"));
+  g.add_node(std::move(cast));
+  g.outputs = {half, numel, as_float};
+  auto known = infer_graph(g);
+  ASSERT_TRUE(known.ok()) << known.error().message();
+  ASSERT_TRUE((*known)[static_cast<size_t>(half)].defined());
+  EXPECT_EQ(values<int64_t>((*known)[static_cast<size_t>(half)]), (std::vector<int64_t>{1, 1, 2}));
+  ASSERT_TRUE((*known)[static_cast<size_t>(numel)].defined());
+  EXPECT_EQ(values<int64_t>((*known)[static_cast<size_t>(numel)]), (std::vector<int64_t>{24}));
+  EXPECT_EQ(g.value(numel).shape, Shape::of(std::vector<int64_t>{1}));
+  ASSERT_TRUE((*known)[static_cast<size_t>(as_float)].defined());
+  EXPECT_EQ(values<float>((*known)[static_cast<size_t>(as_float)]), (std::vector<float>{1, 1, 2}));
+
+  Graph bad;
+  ValueId a = bad.add_constant("a", make<int64_t>({1}, {5}));
+  ValueId z = bad.add_constant("z", make<int64_t>({1}, {0}));
+  ValueId q = bad.add_value("q", DType::undefined);
+  bad.add_node(Node{.name = "div", .op = "Div", .inputs = {a, z}, .outputs = {q}});
+  auto err = infer_graph(bad);
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.error().what, "integer division by zero");
 }
 
 }  // namespace
