@@ -154,7 +154,7 @@ void register_reduce_converters(ConverterRegistry& r) {
     add_range(r, op, 1, 17, convert_reduce_attr_axes);
     add_range(r, op, 18, last_version(op), convert_plain);
   }
-  for (std::string_view op : {"ArgMax", "ArgMin", "CumSum", "LayerNormalization", "LpNormalization",
+  for (std::string_view op : {"ArgMax", "ArgMin", "CumSum", "CumProd", "LayerNormalization", "LpNormalization",
                               "InstanceNormalization", "RMSNormalization"})
     add_range(r, op, 1, last_version(op), convert_plain);
   for (std::string_view op : {"Softmax", "LogSoftmax", "Hardmax"}) {

@@ -1,7 +1,7 @@
 // Core ops of the reduce family: schemas and type/shape inference for reductions over axes
 // (axes always an input), ArgMax/ArgMin, Softmax/LogSoftmax/Hardmax (one axis, opset-13
-// semantics), CumSum, TopK, and the normalizations (Layer, Batch (inference), Instance, Group,
-// Lp, RMS).
+// semantics), CumSum/CumProd, TopK, and the normalizations (Layer, Batch (inference),
+// Instance, Group, Lp, RMS).
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -305,6 +305,10 @@ void register_reduce_ops(OpRegistry& r) {
   r.add("", OpSchema{"CumSum", "running sum along the axis input", 2, 2, 1, 1,
                      {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
                       {"reverse", kInt64, false, "1 = sum from the end (default 0)"}},
+                     infer_cumsum});
+  r.add("", OpSchema{"CumProd", "running product along the axis input", 2, 2, 1, 1,
+                     {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
+                      {"reverse", kInt64, false, "1 = multiply from the end (default 0)"}},
                      infer_cumsum});
   r.add("", OpSchema{"TopK", "the K largest (or smallest) elements along axis and their i64 indices", 2, 2, 2, 2,
                      {{"axis", kInt64, false, "default -1"},

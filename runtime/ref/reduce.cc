@@ -1,5 +1,5 @@
-// Reference kernels of the reduce family: Reduce* over any set of axes, ArgMax/ArgMin, CumSum
-// and TopK; and the family's registration (Softmax and the normalizations live in
+// Reference kernels of the reduce family: Reduce* over any set of axes, ArgMax/ArgMin,
+// CumSum/CumProd and TopK; and the family's registration (Softmax and the normalizations live in
 // reduce_norm.cc). Reductions walk the input once, in memory order, accumulating into one
 // accumulator per output element, so both "reduce the last axis" (LayerNorm-like) and
 // "reduce a leading axis" run with a contiguous inner loop.
@@ -239,7 +239,9 @@ Status ref_arg(KernelContext& ctx) {
   });
 }
 
-Status ref_cumsum(KernelContext& ctx) {
+// CumSum and CumProd: running sum or product along the axis input.
+template <bool kProd>
+Status ref_cumulative(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0);
   if (ctx.input(1).numel() != 1) return ctx.error("axis must have one element");
@@ -257,7 +259,7 @@ Status ref_cumsum(KernelContext& ctx) {
     T* py = y.data<T>();
     std::vector<A> acc(static_cast<size_t>(s.inner));
     for (int64_t o = 0; o < s.outer; ++o) {
-      std::fill(acc.begin(), acc.end(), A(0));
+      std::fill(acc.begin(), acc.end(), A(kProd ? 1 : 0));
       for (int64_t step = 0; step < s.n; ++step) {
         const int64_t i = reverse ? s.n - 1 - step : step;
         const T* row = px + (o * s.n + i) * s.inner;
@@ -266,8 +268,13 @@ Status ref_cumsum(KernelContext& ctx) {
           const A v = static_cast<A>(static_cast<compute_t<T>>(row[j]));
           A& a = acc[static_cast<size_t>(j)];
           if (exclusive) out[j] = cast_value<T>(a);
-          if constexpr (std::is_integral_v<A>) a = wrap_add(a, v);
-          else a += v;
+          if constexpr (kProd) {
+            if constexpr (std::is_integral_v<A>) a = wrap_mul(a, v);
+            else a *= v;
+          } else {
+            if constexpr (std::is_integral_v<A>) a = wrap_add(a, v);
+            else a += v;
+          }
           if (!exclusive) out[j] = cast_value<T>(a);
         }
       }
@@ -343,7 +350,8 @@ void register_ref_reduce(KernelRegistry& r) {
   r.add_reference("ReduceSumSquare", ref::ref_reduce<ReduceKind::sum_square>);
   r.add_reference("ArgMax", ref::ref_arg<true>);
   r.add_reference("ArgMin", ref::ref_arg<false>);
-  r.add_reference("CumSum", ref::ref_cumsum);
+  r.add_reference("CumSum", ref::ref_cumulative<false>);
+  r.add_reference("CumProd", ref::ref_cumulative<true>);
   r.add_reference("TopK", ref::ref_topk);
   ref::register_ref_reduce_norm(r);
 }

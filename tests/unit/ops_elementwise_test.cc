@@ -17,7 +17,9 @@ Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tens
                                    std::vector<Attribute> attrs = {}, size_t num_outputs = 1) {
   Model m;
   Graph& g = m.graph;
-  Node n{.name = "n", .op = op};
+  Node n;
+  n.name = "n";
+  n.op = op;
   std::vector<Tensor> given;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) {
@@ -234,6 +236,15 @@ TEST(ElementwiseKernels, InvalidModelsAreUserErrors) {
 }
 
 // Shape arithmetic on known data is computed by inference (export resolves Reshape targets).
+Node make_node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
+  Node n;
+  n.name = std::move(name);
+  n.op = std::move(op);
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  return n;
+}
+
 TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
   Graph g;
   ValueId dims = g.add_constant("dims", make<int64_t>({3}, {2, 3, 4}));
@@ -242,9 +253,9 @@ TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
   ValueId half = g.add_value("half", DType::undefined);
   ValueId numel = g.add_value("numel", DType::undefined);
   ValueId as_float = g.add_value("as_float", DType::undefined);
-  g.add_node(Node{.name = "div", .op = "Div", .inputs = {dims, two}, .outputs = {half}});
-  g.add_node(Node{.name = "prod", .op = "ReduceProd", .inputs = {dims, axes}, .outputs = {numel}});
-  Node cast{.name = "cast", .op = "Cast", .inputs = {half}, .outputs = {as_float}};
+  g.add_node(make_node("div", "Div", {dims, two}, {half}));
+  g.add_node(make_node("prod", "ReduceProd", {dims, axes}, {numel}));
+  Node cast = make_node("cast", "Cast", {half}, {as_float});
   cast.set_attr("to", std::string("f32"));
   g.add_node(std::move(cast));
   g.outputs = {half, numel, as_float};
@@ -262,7 +273,7 @@ TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
   ValueId a = bad.add_constant("a", make<int64_t>({1}, {5}));
   ValueId z = bad.add_constant("z", make<int64_t>({1}, {0}));
   ValueId q = bad.add_value("q", DType::undefined);
-  bad.add_node(Node{.name = "div", .op = "Div", .inputs = {a, z}, .outputs = {q}});
+  bad.add_node(make_node("div", "Div", {a, z}, {q}));
   auto err = infer_graph(bad);
   ASSERT_FALSE(err.ok());
   EXPECT_EQ(err.error().what, "integer division by zero");

@@ -14,7 +14,9 @@ Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tens
                                    std::vector<Attribute> attrs = {}, size_t num_outputs = 1) {
   Model m;
   Graph& g = m.graph;
-  Node n{.name = "n", .op = op};
+  Node n;
+  n.name = "n";
+  n.op = op;
   std::vector<Tensor> given;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) {
