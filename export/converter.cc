@@ -155,6 +155,8 @@ const ConverterRegistry& onnx_converters() {
     register_quant_converters(r);
     register_misc_converters(r);
     register_control_converters(r);
+    register_attention_converters(r);
+    register_loss_converters(r);
     r.sort();
     return r;
   }();

@@ -130,5 +130,7 @@ void register_nn_converters(ConverterRegistry& r);
 void register_quant_converters(ConverterRegistry& r);
 void register_misc_converters(ConverterRegistry& r);
 void register_control_converters(ConverterRegistry& r);
+void register_attention_converters(ConverterRegistry& r);
+void register_loss_converters(ConverterRegistry& r);
 
 }  // namespace kiln

@@ -55,6 +55,8 @@ const OpRegistry& core_ops() {
     register_quant_ops(r);
     register_misc_ops(r);
     register_control_ops(r);
+    register_attention_ops(r);
+    register_loss_ops(r);
     return r;
   }();
   return registry;

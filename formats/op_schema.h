@@ -123,5 +123,7 @@ void register_nn_ops(OpRegistry& r);
 void register_quant_ops(OpRegistry& r);
 void register_misc_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
+void register_attention_ops(OpRegistry& r);
+void register_loss_ops(OpRegistry& r);
 
 }  // namespace kiln

@@ -54,6 +54,8 @@ const KernelRegistry& default_kernels() {
     register_ref_quant(r);
     register_ref_misc(r);
     register_ref_control(r);
+    register_ref_attention(r);
+    register_ref_loss(r);
     return r;
   }();
   return registry;

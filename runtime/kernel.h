@@ -99,5 +99,7 @@ void register_ref_nn(KernelRegistry& r);
 void register_ref_quant(KernelRegistry& r);
 void register_ref_misc(KernelRegistry& r);
 void register_ref_control(KernelRegistry& r);
+void register_ref_attention(KernelRegistry& r);
+void register_ref_loss(KernelRegistry& r);
 
 }  // namespace kiln

@@ -9,8 +9,6 @@
 
 namespace kiln {
 
-void register_loss_converters(ConverterRegistry& r);  // export/converters/loss.cc
-
 namespace {
 
 Status convert_attention(ConvertContext& ctx) {
@@ -30,7 +28,6 @@ Status convert_attention(ConvertContext& ctx) {
 void register_attention_converters(ConverterRegistry& r) {
   r.add("Attention", 23, 24, convert_attention);
   r.add("RotaryEmbedding", 23, 23, convert_passthrough);
-  register_loss_converters(r);
 }
 
 }  // namespace kiln

@@ -114,7 +114,6 @@ void register_nn_converters(ConverterRegistry& r) {
   r.add("RoiAlign", 10, 10, convert_roi_align_v10);
   r.add("RoiAlign", 16, 22, convert_passthrough);
   r.add("AffineGrid", 20, 20, convert_passthrough);
-  void register_attention_converters(ConverterRegistry&); register_attention_converters(r);  // export/converters/attention.cc
 }
 
 }  // namespace kiln

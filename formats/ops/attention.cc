@@ -9,8 +9,6 @@
 
 namespace kiln {
 
-void register_loss_ops(OpRegistry& r);  // formats/ops/loss.cc
-
 namespace attention {
 namespace {
 
@@ -259,7 +257,6 @@ void register_attention_ops(OpRegistry& r) {
                       {"num_heads", AttrType::int64, false, "heads of a 3-D input"},
                       {"rotary_embedding_dim", AttrType::int64, false, "features rotated per head (0: all)"}},
                      infer_rotary});
-  register_loss_ops(r);
 }
 
 }  // namespace kiln

@@ -472,7 +472,6 @@ void register_nn_ops(OpRegistry& r) {
   r.add("", OpSchema{"Col2Im", "sum sliding blocks back into an image", 3, 3, 1, 1,
                      {kDilations, kPads, kStrides}, infer_col2im});
   register_nn_sample_ops(r);
-  void register_attention_ops(OpRegistry&); register_attention_ops(r);  // formats/ops/attention.cc
 }
 
 }  // namespace kiln

@@ -11,8 +11,6 @@
 
 namespace kiln {
 
-void register_ref_loss(KernelRegistry& r);  // runtime/ref/loss.cc
-
 namespace attention {
 namespace {
 
@@ -244,7 +242,6 @@ Status ref_rotary(KernelContext& ctx) {
 void register_ref_attention(KernelRegistry& r) {
   r.add_reference("Attention", attention::ref_attention);
   r.add_reference("RotaryEmbedding", attention::ref_rotary);
-  register_ref_loss(r);
 }
 
 }  // namespace kiln

@@ -164,7 +164,6 @@ void register_ref_nn(KernelRegistry& r) {
   nn::register_ref_nn_pool(r);
   nn::register_ref_nn_sample(r);
   nn::register_ref_nn_einsum(r);
-  void register_ref_attention(KernelRegistry&); register_ref_attention(r);  // runtime/ref/attention.cc
 }
 
 }  // namespace kiln

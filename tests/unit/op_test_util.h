@@ -1,9 +1,10 @@
-// Helpers for the per-op tests: run one node through a Session, build small tensors, and
-// check values and user errors.
+// Helpers for the per-op tests: run one node through a Session, build small tensors and nodes,
+// and check values and user errors.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,9 @@ inline Result<std::vector<Tensor>> run_op(const std::string& op, const std::vect
                                           std::vector<Attribute> attrs = {}, size_t num_outputs = 1) {
   Model m;
   Graph& g = m.graph;
-  Node n{.name = "n", .op = op};
+  Node n;  // assigned, not designated: GCC's -Wextra flags the fields a designated initializer omits
+  n.name = "n";
+  n.op = op;
   std::vector<Tensor> given;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].defined()) {
@@ -40,17 +43,39 @@ inline Result<std::vector<Tensor>> run_op(const std::string& op, const std::vect
   return s->run(given);
 }
 
-/// A tensor of dtype T from row-major values.
+/// A node for hand-built graphs and subgraphs.
+inline Node node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
+  Node n;
+  n.name = std::move(name);
+  n.op = std::move(op);
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  return n;
+}
+
+/// One attribute for run_op's list.
+inline Attribute attr(std::string name, AttrValue v) { return Attribute{std::move(name), std::move(v)}; }
+
+/// A tensor of dtype T from row-major values. The test fails when the number of values is not
+/// the shape's element count (a typo in a test would otherwise read or write out of bounds).
 template <class T>
 Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
   Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
+  EXPECT_EQ(static_cast<int64_t>(v.size()), t.numel()) << "make: values do not match the shape";
+  const int64_t n = std::min(t.numel(), static_cast<int64_t>(v.size()));
+  for (int64_t i = 0; i < n; ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
   return t;
 }
 
 template <class T>
 Tensor scalar(T v) {
   return make<T>({}, {v});
+}
+
+/// A 1-D i64 tensor (axes, pads, shapes given as inputs).
+inline Tensor ints(std::vector<int64_t> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return make<int64_t>({n}, std::move(v));
 }
 
 /// Deterministic non-zero f32 values of both signs.
@@ -60,7 +85,7 @@ inline Tensor ramp(std::vector<int64_t> shape, float scale = 0.37f) {
   return t;
 }
 
-/// The tensor's elements converted to T.
+/// The tensor's elements converted to T (through double, so any dtype reads as any T).
 template <class T>
 std::vector<T> values(const Tensor& t) {
   std::vector<T> out(static_cast<size_t>(t.numel()));
@@ -68,6 +93,16 @@ std::vector<T> values(const Tensor& t) {
   return out;
 }
 
+/// The tensor's elements exactly as stored, for comparing integer results bit for bit (no
+/// detour through double). The test fails, and the result is empty, when the dtype is not T.
+template <class T>
+std::vector<T> stored_values(const Tensor& t) {
+  EXPECT_EQ(t.dtype(), dtype_of<T>::value);
+  if (t.dtype() != dtype_of<T>::value) return {};
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
+}
+
+/// Every element of `got` is within `tol` of `want` (tol 0: exactly equal).
 inline void expect_all(const Tensor& got, const std::vector<double>& want, double tol = 0) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (int64_t i = 0; i < got.numel(); ++i)

@@ -6,29 +6,18 @@
 
 #include "formats/infer.h"
 #include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-template <class T>
-Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
-  return t;
-}
+using testing::make;
+using testing::node;
 
+// Within 4 ULPs (EXPECT_DOUBLE_EQ), where testing::expect_all compares with an absolute tolerance.
 void expect_all(const Tensor& got, const std::vector<double>& want) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_DOUBLE_EQ(got.as_double(i), want[static_cast<size_t>(i)]) << "element " << i;
-}
-
-Node node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
-  Node n;
-  n.name = std::move(name);
-  n.op = std::move(op);
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
 }
 
 // y = If(cond) then {x + x} else {constant [7, 8]}; x is read from the outer graph by name.

@@ -7,59 +7,16 @@
 
 #include "formats/infer.h"
 #include "runtime/ref/broadcast.h"
-#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-// Runs one node of `op` whose inputs are graph inputs (undefined tensors = omitted inputs).
-Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
-                                   std::vector<Attribute> attrs = {}, size_t num_outputs = 1) {
-  Model m;
-  Graph& g = m.graph;
-  Node n;
-  n.name = "n";
-  n.op = op;
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    ValueId v = g.add_value("in" + std::to_string(i), inputs[i].dtype(), Shape::of(inputs[i].shape()));
-    g.inputs.push_back(v);
-    n.inputs.push_back(v);
-    given.push_back(inputs[i]);
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    ValueId v = g.add_value("out" + std::to_string(i), DType::undefined);
-    n.outputs.push_back(v);
-    g.outputs.push_back(v);
-  }
-  for (auto& a : attrs) n.set_attr(a.name, a.value);
-  g.add_node(std::move(n));
-  KILN_ASSIGN_OR_RETURN(auto s, Session::create(m));
-  return s->run(given);
-}
-
-template <class T>
-Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
-  return t;
-}
-
-// Deterministic non-zero values of both signs.
-Tensor ramp(std::vector<int64_t> shape, float scale = 0.37f) {
-  Tensor t(DType::f32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * static_cast<float>((i * 7) % 11 - 5) + 0.1f;
-  return t;
-}
-
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
+using testing::make;
+using testing::node;
+using testing::ramp;
+using testing::run_op;
+using testing::stored_values;
 
 TEST(ElementwiseBroadcast, IteratorMergesDimsAndGivesStrides) {
   std::vector<int64_t> out = {2, 3, 4, 5}, a = {2, 3, 4, 5}, b = {3, 1, 1};
@@ -112,19 +69,19 @@ TEST(ElementwiseKernels, ScalarAndZeroSizeInputs) {
 TEST(ElementwiseKernels, IntegerArithmeticWrapsAndTruncates) {
   auto add = run_op("Add", {make<int32_t>({2}, {INT32_MAX, -5}), make<int32_t>({2}, {1, 3})});
   ASSERT_TRUE(add.ok());
-  EXPECT_EQ(values<int32_t>((*add)[0]), (std::vector<int32_t>{INT32_MIN, -2}));
+  EXPECT_EQ(stored_values<int32_t>((*add)[0]), (std::vector<int32_t>{INT32_MIN, -2}));
   auto div = run_op("Div", {make<int64_t>({4}, {-7, 7, -7, INT64_MIN}), make<int64_t>({4}, {2, -2, -2, -1})});
   ASSERT_TRUE(div.ok());
-  EXPECT_EQ(values<int64_t>((*div)[0]), (std::vector<int64_t>{-3, -3, 3, INT64_MIN}));
+  EXPECT_EQ(stored_values<int64_t>((*div)[0]), (std::vector<int64_t>{-3, -3, 3, INT64_MIN}));
   auto mod = run_op("Mod", {make<int32_t>({3}, {-7, 7, -7}), make<int32_t>({3}, {3, -3, -3})});
   ASSERT_TRUE(mod.ok());
-  EXPECT_EQ(values<int32_t>((*mod)[0]), (std::vector<int32_t>{2, -2, -1}));
+  EXPECT_EQ(stored_values<int32_t>((*mod)[0]), (std::vector<int32_t>{2, -2, -1}));
   auto fmod = run_op("Mod", {make<int32_t>({3}, {-7, 7, -7}), make<int32_t>({3}, {3, -3, -3})}, {{"fmod", int64_t{1}}});
   ASSERT_TRUE(fmod.ok());
-  EXPECT_EQ(values<int32_t>((*fmod)[0]), (std::vector<int32_t>{-1, 1, -1}));
+  EXPECT_EQ(stored_values<int32_t>((*fmod)[0]), (std::vector<int32_t>{-1, 1, -1}));
   auto pow = run_op("Pow", {make<int64_t>({3}, {3, -2, 2}), make<int32_t>({3}, {4, 3, -1})});
   ASSERT_TRUE(pow.ok());
-  EXPECT_EQ(values<int64_t>((*pow)[0]), (std::vector<int64_t>{81, -8, 0}));
+  EXPECT_EQ(stored_values<int64_t>((*pow)[0]), (std::vector<int64_t>{81, -8, 0}));
 }
 
 TEST(ElementwiseKernels, IntegerDivisionByZeroIsAUserError) {
@@ -142,21 +99,21 @@ TEST(ElementwiseKernels, ComparisonsLogicAndBits) {
   auto eq = run_op("Less", {make<float>({3}, {1, 2, 3}), make<float>({}, {2})});
   ASSERT_TRUE(eq.ok());
   ASSERT_EQ((*eq)[0].dtype(), DType::boolean);
-  EXPECT_EQ(values<bool>((*eq)[0]), (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(stored_values<bool>((*eq)[0]), (std::vector<bool>{true, false, false}));
   auto x = run_op("Xor", {make<bool>({2, 1}, {true, false}), make<bool>({2}, {true, false})});
   ASSERT_TRUE(x.ok());
-  EXPECT_EQ(values<bool>((*x)[0]), (std::vector<bool>{false, true, true, false}));
+  EXPECT_EQ(stored_values<bool>((*x)[0]), (std::vector<bool>{false, true, true, false}));
   auto sh = run_op("BitShift", {make<uint8_t>({3}, {1, 255, 16}), make<uint8_t>({3}, {3, 9, 2})},
                    {{"direction", std::string("LEFT")}});
   ASSERT_TRUE(sh.ok());
-  EXPECT_EQ(values<uint8_t>((*sh)[0]), (std::vector<uint8_t>{8, 0, 64}));
+  EXPECT_EQ(stored_values<uint8_t>((*sh)[0]), (std::vector<uint8_t>{8, 0, 64}));
 }
 
 TEST(ElementwiseKernels, UnaryActivations) {
   Tensor x = make<float>({5}, {-2.f, -0.5f, 0.f, 0.5f, 3.f});
   auto relu = run_op("Relu", {x});
   ASSERT_TRUE(relu.ok());
-  EXPECT_EQ(values<float>((*relu)[0]), (std::vector<float>{0, 0, 0, 0.5f, 3.f}));
+  EXPECT_EQ(stored_values<float>((*relu)[0]), (std::vector<float>{0, 0, 0, 0.5f, 3.f}));
   auto gelu = run_op("Gelu", {x}, {{"approximate", std::string("tanh")}});
   ASSERT_TRUE(gelu.ok());
   for (int i = 0; i < 5; ++i) {
@@ -169,51 +126,51 @@ TEST(ElementwiseKernels, UnaryActivations) {
   EXPECT_FLOAT_EQ((*leaky)[0].data<float>()[0], -0.2f);
   auto round = run_op("Round", {make<float>({4}, {0.5f, 1.5f, -2.5f, 2.6f})});
   ASSERT_TRUE(round.ok());
-  EXPECT_EQ(values<float>((*round)[0]), (std::vector<float>{0.f, 2.f, -2.f, 3.f}));
+  EXPECT_EQ(stored_values<float>((*round)[0]), (std::vector<float>{0.f, 2.f, -2.f, 3.f}));
   auto half_sig = run_op("Sigmoid", {make<half>({2}, {half(0.f), half(-100.f)})});
   ASSERT_TRUE(half_sig.ok());
   EXPECT_FLOAT_EQ(static_cast<float>((*half_sig)[0].data<half>()[0]), 0.5f);
   EXPECT_FLOAT_EQ(static_cast<float>((*half_sig)[0].data<half>()[1]), 0.f);
   auto abs = run_op("Abs", {make<int8_t>({3}, {-128, -3, 4})});
   ASSERT_TRUE(abs.ok());
-  EXPECT_EQ(values<int8_t>((*abs)[0]), (std::vector<int8_t>{-128, 3, 4}));
+  EXPECT_EQ(stored_values<int8_t>((*abs)[0]), (std::vector<int8_t>{-128, 3, 4}));
 }
 
 TEST(ElementwiseKernels, WhereClipAndVariadic) {
   auto w = run_op("Where", {make<bool>({2, 1}, {true, false}), make<int64_t>({3}, {1, 2, 3}), make<int64_t>({}, {-1})});
   ASSERT_TRUE(w.ok()) << w.error().message();
-  EXPECT_EQ(values<int64_t>((*w)[0]), (std::vector<int64_t>{1, 2, 3, -1, -1, -1}));
+  EXPECT_EQ(stored_values<int64_t>((*w)[0]), (std::vector<int64_t>{1, 2, 3, -1, -1, -1}));
   auto clip = run_op("Clip", {make<float>({3}, {-5, 0, 5}), make<float>({}, {-1}), make<float>({}, {2})});
   ASSERT_TRUE(clip.ok());
-  EXPECT_EQ(values<float>((*clip)[0]), (std::vector<float>{-1, 0, 2}));
+  EXPECT_EQ(stored_values<float>((*clip)[0]), (std::vector<float>{-1, 0, 2}));
   auto inverted = run_op("Clip", {make<float>({2}, {-5, 5}), make<float>({}, {3}), make<float>({}, {1})});
   ASSERT_TRUE(inverted.ok());
-  EXPECT_EQ(values<float>((*inverted)[0]), (std::vector<float>{1, 1}));
+  EXPECT_EQ(stored_values<float>((*inverted)[0]), (std::vector<float>{1, 1}));
   auto only_max = run_op("Clip", {make<int32_t>({2}, {-5, 5}), Tensor(), make<int32_t>({}, {0})});
   ASSERT_TRUE(only_max.ok()) << only_max.error().message();
-  EXPECT_EQ(values<int32_t>((*only_max)[0]), (std::vector<int32_t>{-5, 0}));
+  EXPECT_EQ(stored_values<int32_t>((*only_max)[0]), (std::vector<int32_t>{-5, 0}));
   auto mx = run_op("Max", {make<float>({3}, {1, 5, 2}), make<float>({2, 1}, {3, 0}), make<float>({}, {1.5f})});
   ASSERT_TRUE(mx.ok());
-  EXPECT_EQ(values<float>((*mx)[0]), (std::vector<float>{3, 5, 3, 1.5f, 5, 2}));
+  EXPECT_EQ(stored_values<float>((*mx)[0]), (std::vector<float>{3, 5, 3, 1.5f, 5, 2}));
   auto mean = run_op("Mean", {make<float>({2}, {1, 2}), make<float>({2}, {3, 5})});
   ASSERT_TRUE(mean.ok());
-  EXPECT_EQ(values<float>((*mean)[0]), (std::vector<float>{2, 3.5f}));
+  EXPECT_EQ(stored_values<float>((*mean)[0]), (std::vector<float>{2, 3.5f}));
 }
 
 TEST(ElementwiseKernels, CastConvertsLikeOnnx) {
   Tensor x = make<float>({5}, {-2.7f, -0.5f, 0.f, 1.9f, 300.f});
   auto i = run_op("Cast", {x}, {{"to", std::string("i32")}});
   ASSERT_TRUE(i.ok()) << i.error().message();
-  EXPECT_EQ(values<int32_t>((*i)[0]), (std::vector<int32_t>{-2, 0, 0, 1, 300}));
+  EXPECT_EQ(stored_values<int32_t>((*i)[0]), (std::vector<int32_t>{-2, 0, 0, 1, 300}));
   auto b = run_op("Cast", {x}, {{"to", std::string("bool")}});
   ASSERT_TRUE(b.ok());
-  EXPECT_EQ(values<bool>((*b)[0]), (std::vector<bool>{true, true, false, true, true}));
+  EXPECT_EQ(stored_values<bool>((*b)[0]), (std::vector<bool>{true, true, false, true, true}));
   auto h = run_op("Cast", {x}, {{"to", std::string("f16")}});
   ASSERT_TRUE(h.ok());
   EXPECT_FLOAT_EQ(static_cast<float>((*h)[0].data<half>()[4]), 300.f);
   auto u = run_op("Cast", {make<int32_t>({2}, {-1, 256})}, {{"to", std::string("u8")}});
   ASSERT_TRUE(u.ok());
-  EXPECT_EQ(values<uint8_t>((*u)[0]), (std::vector<uint8_t>{255, 0}));
+  EXPECT_EQ(stored_values<uint8_t>((*u)[0]), (std::vector<uint8_t>{255, 0}));
   auto bad = run_op("Cast", {x}, {{"to", std::string("f8")}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
@@ -236,15 +193,6 @@ TEST(ElementwiseKernels, InvalidModelsAreUserErrors) {
 }
 
 // Shape arithmetic on known data is computed by inference (export resolves Reshape targets).
-Node make_node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
-  Node n;
-  n.name = std::move(name);
-  n.op = std::move(op);
-  n.inputs = std::move(in);
-  n.outputs = std::move(out);
-  return n;
-}
-
 TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
   Graph g;
   ValueId dims = g.add_constant("dims", make<int64_t>({3}, {2, 3, 4}));
@@ -253,27 +201,27 @@ TEST(ElementwiseInference, FoldsSmallKnownIntegerArithmetic) {
   ValueId half = g.add_value("half", DType::undefined);
   ValueId numel = g.add_value("numel", DType::undefined);
   ValueId as_float = g.add_value("as_float", DType::undefined);
-  g.add_node(make_node("div", "Div", {dims, two}, {half}));
-  g.add_node(make_node("prod", "ReduceProd", {dims, axes}, {numel}));
-  Node cast = make_node("cast", "Cast", {half}, {as_float});
+  g.add_node(node("div", "Div", {dims, two}, {half}));
+  g.add_node(node("prod", "ReduceProd", {dims, axes}, {numel}));
+  Node cast = node("cast", "Cast", {half}, {as_float});
   cast.set_attr("to", std::string("f32"));
   g.add_node(std::move(cast));
   g.outputs = {half, numel, as_float};
   auto known = infer_graph(g);
   ASSERT_TRUE(known.ok()) << known.error().message();
   ASSERT_TRUE((*known)[static_cast<size_t>(half)].defined());
-  EXPECT_EQ(values<int64_t>((*known)[static_cast<size_t>(half)]), (std::vector<int64_t>{1, 1, 2}));
+  EXPECT_EQ(stored_values<int64_t>((*known)[static_cast<size_t>(half)]), (std::vector<int64_t>{1, 1, 2}));
   ASSERT_TRUE((*known)[static_cast<size_t>(numel)].defined());
-  EXPECT_EQ(values<int64_t>((*known)[static_cast<size_t>(numel)]), (std::vector<int64_t>{24}));
+  EXPECT_EQ(stored_values<int64_t>((*known)[static_cast<size_t>(numel)]), (std::vector<int64_t>{24}));
   EXPECT_EQ(g.value(numel).shape, Shape::of(std::vector<int64_t>{1}));
   ASSERT_TRUE((*known)[static_cast<size_t>(as_float)].defined());
-  EXPECT_EQ(values<float>((*known)[static_cast<size_t>(as_float)]), (std::vector<float>{1, 1, 2}));
+  EXPECT_EQ(stored_values<float>((*known)[static_cast<size_t>(as_float)]), (std::vector<float>{1, 1, 2}));
 
   Graph bad;
   ValueId a = bad.add_constant("a", make<int64_t>({1}, {5}));
   ValueId z = bad.add_constant("z", make<int64_t>({1}, {0}));
   ValueId q = bad.add_value("q", DType::undefined);
-  bad.add_node(make_node("div", "Div", {a, z}, {q}));
+  bad.add_node(node("div", "Div", {a, z}, {q}));
   auto err = infer_graph(bad);
   ASSERT_FALSE(err.ok());
   EXPECT_EQ(err.error().what, "integer division by zero");

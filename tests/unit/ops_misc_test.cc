@@ -6,59 +6,16 @@
 #include <cmath>
 #include <numbers>
 
-#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-// Builds a one-node model of `op` over graph inputs (undefined tensors = omitted inputs) and runs it.
-Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs, std::vector<Attribute> attrs = {},
-                                   size_t num_outputs = 1) {
-  Model m;
-  Graph& g = m.graph;
-  Node n{.name = "n", .op = op};
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    ValueId v = g.add_value("in" + std::to_string(i), inputs[i].dtype(), Shape::of(inputs[i].shape()));
-    g.inputs.push_back(v);
-    n.inputs.push_back(v);
-    given.push_back(inputs[i]);
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    ValueId v = g.add_value("out" + std::to_string(i), DType::undefined);
-    n.outputs.push_back(v);
-    g.outputs.push_back(v);
-  }
-  for (auto& a : attrs) n.set_attr(a.name, a.value);
-  g.add_node(std::move(n));
-  KILN_ASSIGN_OR_RETURN(auto s, Session::create(m));
-  return s->run(given);
-}
-
-template <class T>
-Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
-  return t;
-}
-
-template <class T>
-Tensor scalar(T v) { return make<T>({}, {v}); }
-
-void expect_all(const Tensor& got, const std::vector<double>& want, double tol = 0) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.as_double(i), want[static_cast<size_t>(i)], tol) << "element " << i;
-}
-
-void expect_user_error(const Result<std::vector<Tensor>>& r, const std::string& fragment) {
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().kind, ErrorKind::user);
-  EXPECT_NE(r.error().what.find(fragment), std::string::npos) << r.error().what;
-}
+using testing::expect_all;
+using testing::expect_user_error;
+using testing::make;
+using testing::run_op;
+using testing::scalar;
 
 double sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 

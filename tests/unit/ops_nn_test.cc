@@ -1,67 +1,29 @@
 // nn family: Conv / ConvTranspose / MatMul / Gemm / pools / Resize / Einsum reference kernels
 // against naive direct formulas on odd sizes (7x5 images, 3 channels, stride 2, pads 1,
 // dilation 2, groups 3), broadcasting, zero-size operands, f16 through f32, and user errors.
-// The DISABLED_ throughput test reports GFLOP/s (run with --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 
-#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs, std::vector<Attribute> attrs = {},
-                                   size_t num_outputs = 1) {
-  Model m;
-  Graph& g = m.graph;
-  Node n{.name = "n", .op = op};
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    ValueId v = g.add_value("in" + std::to_string(i), inputs[i].dtype(), Shape::of(inputs[i].shape()));
-    g.inputs.push_back(v);
-    n.inputs.push_back(v);
-    given.push_back(inputs[i]);
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    ValueId v = g.add_value("out" + std::to_string(i), DType::undefined);
-    n.outputs.push_back(v);
-    g.outputs.push_back(v);
-  }
-  for (auto& a : attrs) n.set_attr(a.name, a.value);
-  g.add_node(std::move(n));
-  KILN_ASSIGN_OR_RETURN(auto s, Session::create(m));
-  return s->run(given);
-}
+using testing::expect_all;
+using testing::ints;
+using testing::make;
+using testing::run_op;
 
-// Deterministic, non-zero, mixed-sign data.
+// Deterministic, non-zero, mixed-sign data; `salt` varies it between the operands of one test.
+// Not testing::ramp (period 11, no salt): these tests' data and tolerances were chosen with it.
 Tensor ramp(std::vector<int64_t> shape, float scale = 0.25f, int salt = 0) {
   Tensor t(DType::f32, std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * static_cast<float>((i * 7 + salt) % 13 - 6) + 0.05f;
   return t;
 }
 
-template <class T>
-Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
-  return t;
-}
-
-Tensor ints(std::vector<int64_t> v) { return make<int64_t>({static_cast<int64_t>(v.size())}, v); }
-
 using I = std::vector<int64_t>;
-
-void expect_near_all(const Tensor& got, const std::vector<double>& want, double tol) {
-  ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.as_double(i), want[static_cast<size_t>(i)], tol) << "element " << i;
-}
 
 // Direct 2-D convolution: y[n, m, oh, ow] = b[m] + sum x[n, g*icg + c, oh*s - p + kh*d, ...] * w[m, c, kh, kw].
 std::vector<double> naive_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, I s, I d, I p, int64_t group, int64_t OH, int64_t OW) {
@@ -96,7 +58,7 @@ TEST(NnKernels, ConvGroupsStrideDilationAsymmetricPadsAndBias) {
   ASSERT_TRUE(r.ok()) << r.error().message();
   // H: (7 + 2 - 5) / 2 + 1 = 3; W: (5 + 1 - 3) / 2 + 1 = 2.
   ASSERT_EQ((*r)[0].shape(), (I{2, 6, 3, 2}));
-  expect_near_all((*r)[0], naive_conv2d(x, w, &b, {2, 2}, {2, 2}, {1, 0}, 3, 3, 2), 1e-4);
+  expect_all((*r)[0], naive_conv2d(x, w, &b, {2, 2}, {2, 2}, {1, 0}, 3, 3, 2), 1e-4);
 }
 
 TEST(NnKernels, ConvDenseOddSizesAndOneByOne) {
@@ -105,12 +67,12 @@ TEST(NnKernels, ConvDenseOddSizesAndOneByOne) {
   auto r = run_op("Conv", {x, w}, {{"pads", I{1, 1, 1, 1}}});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{1, 4, 7, 5}));
-  expect_near_all((*r)[0], naive_conv2d(x, w, nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
+  expect_all((*r)[0], naive_conv2d(x, w, nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
   // A 1x1 conv reads the image directly as the GEMM operand.
   Tensor w1 = ramp({5, 3, 1, 1}, 0.3f, 2);
   auto r1 = run_op("Conv", {x, w1});
   ASSERT_TRUE(r1.ok()) << r1.error().message();
-  expect_near_all((*r1)[0], naive_conv2d(x, w1, nullptr, {1, 1}, {1, 1}, {0, 0}, 1, 7, 5), 1e-4);
+  expect_all((*r1)[0], naive_conv2d(x, w1, nullptr, {1, 1}, {1, 1}, {0, 0}, 1, 7, 5), 1e-4);
 }
 
 TEST(NnKernels, ConvDepthwiseAndAutoPad) {
@@ -121,11 +83,11 @@ TEST(NnKernels, ConvDepthwiseAndAutoPad) {
   auto r = run_op("Conv", {x, w}, {{"group", int64_t{4}}, {"strides", I{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{1, 4, 3, 3}));
-  expect_near_all((*r)[0], naive_conv2d(x, w, nullptr, {2, 2}, {1, 1}, {0, 1}, 4, 3, 3), 1e-4);
+  expect_all((*r)[0], naive_conv2d(x, w, nullptr, {2, 2}, {1, 1}, {0, 1}, 4, 3, 3), 1e-4);
   // SAME_LOWER puts the odd pad first.
   auto l = run_op("Conv", {x, w}, {{"group", int64_t{4}}, {"strides", I{2, 2}}, {"auto_pad", std::string("SAME_LOWER")}});
   ASSERT_TRUE(l.ok()) << l.error().message();
-  expect_near_all((*l)[0], naive_conv2d(x, w, nullptr, {2, 2}, {1, 1}, {1, 1}, 4, 3, 3), 1e-4);
+  expect_all((*l)[0], naive_conv2d(x, w, nullptr, {2, 2}, {1, 1}, {1, 1}, 4, 3, 3), 1e-4);
 }
 
 TEST(NnKernels, Conv1dAnd3dMatchTheir2dEmbedding) {
@@ -136,13 +98,13 @@ TEST(NnKernels, Conv1dAnd3dMatchTheir2dEmbedding) {
   ASSERT_TRUE(r.ok()) << r.error().message();
   // (9 + 1 + 2 - 5) / 2 + 1 = 4.
   ASSERT_EQ((*r)[0].shape(), (I{2, 2, 4}));
-  expect_near_all((*r)[0], naive_conv2d(x.reshaped({2, 3, 1, 9}), w.reshaped({2, 3, 1, 3}), nullptr, {1, 2}, {1, 2}, {0, 1}, 1, 1, 4), 1e-4);
+  expect_all((*r)[0], naive_conv2d(x.reshaped({2, 3, 1, 9}), w.reshaped({2, 3, 1, 3}), nullptr, {1, 2}, {1, 2}, {0, 1}, 1, 1, 4), 1e-4);
   // A 3-D conv with depth kernel 1 equals the 2-D conv applied per depth slice (depth 1 here).
   Tensor x3 = ramp({1, 3, 1, 7, 5});
   Tensor w3 = ramp({2, 3, 1, 3, 3}, 0.3f, 2);
   auto r3 = run_op("Conv", {x3, w3}, {{"pads", I{0, 1, 1, 0, 1, 1}}});
   ASSERT_TRUE(r3.ok()) << r3.error().message();
-  expect_near_all((*r3)[0], naive_conv2d(x3.reshaped({1, 3, 7, 5}), w3.reshaped({2, 3, 3, 3}), nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
+  expect_all((*r3)[0], naive_conv2d(x3.reshaped({1, 3, 7, 5}), w3.reshaped({2, 3, 3, 3}), nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
 }
 
 TEST(NnKernels, ConvF16ComputesThroughF32) {
@@ -154,7 +116,7 @@ TEST(NnKernels, ConvF16ComputesThroughF32) {
   auto r = run_op("Conv", {xh, wh});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].dtype(), DType::f16);
-  expect_near_all((*r)[0], naive_conv2d(xh, wh, nullptr, {1, 1}, {1, 1}, {0, 0}, 1, 3, 3), 2e-2);
+  expect_all((*r)[0], naive_conv2d(xh, wh, nullptr, {1, 1}, {1, 1}, {0, 0}, 1, 3, 3), 2e-2);
 }
 
 TEST(NnKernels, ConvErrorsAreUserErrors) {
@@ -195,7 +157,7 @@ TEST(NnKernels, ConvTransposeStridePadsOutputPaddingGroups) {
                 want[static_cast<size_t>(((gi * 3 + o) * OH + oh) * OW + ow)] +=
                     x.as_double((ic * 3 + ih) * 4 + iw) * w.as_double(((ic * 3 + o) * 3 + kh) * 2 + kw);
               }
-  expect_near_all((*r)[0], want, 1e-4);
+  expect_all((*r)[0], want, 1e-4);
 }
 
 std::vector<double> naive_matmul(const Tensor& a, const Tensor& b, int64_t batches, int64_t M, int64_t K, int64_t N, bool a_bcast, bool b_bcast) {
@@ -217,14 +179,14 @@ TEST(NnKernels, MatMulBatchedBroadcastAndVectors) {
   auto r = run_op("MatMul", {a, b});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{3, 5, 9}));
-  expect_near_all((*r)[0], naive_matmul(a, b, 3, 5, 7, 9, false, true), 1e-4);
+  expect_all((*r)[0], naive_matmul(a, b, 3, 5, 7, 9, false, true), 1e-4);
   // A broadcast along the batch: [1, 5, 7] x [3, 7, 2] -> [3, 5, 2].
   Tensor a1 = ramp({1, 5, 7});
   Tensor b3 = ramp({3, 7, 2}, 0.5f, 2);
   auto r2 = run_op("MatMul", {a1, b3});
   ASSERT_TRUE(r2.ok()) << r2.error().message();
   ASSERT_EQ((*r2)[0].shape(), (I{3, 5, 2}));
-  expect_near_all((*r2)[0], naive_matmul(a1, b3, 3, 5, 7, 2, true, false), 1e-4);
+  expect_all((*r2)[0], naive_matmul(a1, b3, 3, 5, 7, 2, true, false), 1e-4);
   // Both broadcast: [2, 1, 4, 3] x [5, 3, 2] -> [2, 5, 4, 2].
   Tensor a4 = ramp({2, 1, 4, 3});
   Tensor b4 = ramp({5, 3, 2}, 0.5f, 3);
@@ -247,11 +209,11 @@ TEST(NnKernels, MatMulBatchedBroadcastAndVectors) {
   auto rv = run_op("MatMul", {a, v});
   ASSERT_TRUE(rv.ok()) << rv.error().message();
   EXPECT_EQ((*rv)[0].shape(), (I{3, 5}));
-  expect_near_all((*rv)[0], naive_matmul(a, v, 3, 5, 7, 1, false, true), 1e-4);
+  expect_all((*rv)[0], naive_matmul(a, v, 3, 5, 7, 1, false, true), 1e-4);
   auto dot = run_op("MatMul", {v, v});
   ASSERT_TRUE(dot.ok()) << dot.error().message();
   EXPECT_EQ((*dot)[0].rank(), 0);
-  expect_near_all((*dot)[0], naive_matmul(v, v, 1, 1, 7, 1, false, false), 1e-5);
+  expect_all((*dot)[0], naive_matmul(v, v, 1, 1, 7, 1, false, false), 1e-5);
 }
 
 TEST(NnKernels, MatMulIntegersZeroSizeAndErrors) {
@@ -261,7 +223,7 @@ TEST(NnKernels, MatMulIntegersZeroSizeAndErrors) {
   // K = 0 gives zeros; M = 0 gives an empty result.
   auto k0 = run_op("MatMul", {Tensor(DType::f32, {2, 0}), Tensor(DType::f32, {0, 3})});
   ASSERT_TRUE(k0.ok()) << k0.error().message();
-  expect_near_all((*k0)[0], std::vector<double>(6, 0.0), 0);
+  expect_all((*k0)[0], std::vector<double>(6, 0.0), 0);
   auto m0 = run_op("MatMul", {Tensor(DType::f32, {0, 4}), ramp({4, 3})});
   ASSERT_TRUE(m0.ok()) << m0.error().message();
   EXPECT_EQ((*m0)[0].shape(), (I{0, 3}));
@@ -284,17 +246,17 @@ TEST(NnKernels, GemmTransposesAlphaBetaAndBroadcastC) {
       for (int64_t k = 0; k < 5; ++k) acc += a.as_double(k * 3 + i) * b.as_double(j * 5 + k);
       want[static_cast<size_t>(i * 4 + j)] = 0.5 * acc + 2.0 * c.as_double(j);
     }
-  expect_near_all((*r)[0], want, 1e-4);
+  expect_all((*r)[0], want, 1e-4);
   // C as [M, 1] and no C at all.
   Tensor c2 = ramp({3, 1}, 1.0f, 3);
   auto r2 = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}, 0.5f, 1), c2});
   ASSERT_TRUE(r2.ok()) << r2.error().message();
   std::vector<double> mm = naive_matmul(ramp({3, 5}), ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false);
   for (int64_t i = 0; i < 12; ++i) mm[static_cast<size_t>(i)] += c2.as_double(i / 4);
-  expect_near_all((*r2)[0], mm, 1e-4);
+  expect_all((*r2)[0], mm, 1e-4);
   auto r3 = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}, 0.5f, 1)});
   ASSERT_TRUE(r3.ok()) << r3.error().message();
-  expect_near_all((*r3)[0], naive_matmul(ramp({3, 5}), ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false), 1e-4);
+  expect_all((*r3)[0], naive_matmul(ramp({3, 5}), ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false), 1e-4);
   auto bad = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}), ramp({2, 4})});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
@@ -383,7 +345,7 @@ TEST(NnKernels, MaxUnpoolScattersAndChecksIndices) {
   ASSERT_EQ((*r)[0].shape(), (I{1, 1, 4, 4}));
   std::vector<double> want(16, 0);
   want[0] = 1, want[3] = 2, want[9] = 3, want[14] = 4;
-  expect_near_all((*r)[0], want, 0);
+  expect_all((*r)[0], want, 0);
   auto bad = run_op("MaxUnpool", {x, make<int64_t>({1, 1, 2, 2}, {0, 3, 9, 16})}, {{"kernel_shape", I{2, 2}}, {"strides", I{2, 2}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
@@ -420,11 +382,11 @@ TEST(NnKernels, EinsumGeneralEquations) {
   Tensor b = ramp({4, 5}, 0.5f, 1);
   auto mm = run_op("Einsum", {a, b}, {{"equation", std::string("ij,jk->ik")}});
   ASSERT_TRUE(mm.ok()) << mm.error().message();
-  expect_near_all((*mm)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
+  expect_all((*mm)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
   // Implicit output: sorted labels that appear once ("ik").
   auto imp = run_op("Einsum", {a, b}, {{"equation", std::string("ij,jk")}});
   ASSERT_TRUE(imp.ok()) << imp.error().message();
-  expect_near_all((*imp)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
+  expect_all((*imp)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
   // Diagonal and trace.
   Tensor sq = ramp({4, 4});
   auto diag = run_op("Einsum", {sq}, {{"equation", std::string("ii->i")}});
@@ -460,29 +422,6 @@ TEST(NnKernels, EinsumGeneralEquations) {
   auto bad = run_op("Einsum", {a, b}, {{"equation", std::string("ij,jk,kl->il")}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
-}
-
-double gflops_of(double flops, const std::function<void()>& f) {
-  f();  // warm up (plans memory, touches pages)
-  auto t0 = std::chrono::steady_clock::now();
-  int reps = 0;
-  double secs = 0;
-  do {
-    f();
-    ++reps;
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (secs < 1.0);
-  return flops * reps / secs / 1e9;
-}
-
-// Reports throughput of the reference kernels on the two problem sizes that dominate ResNet-50
-// and BERT-base; run explicitly: --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'.
-TEST(NnKernels, DISABLED_Throughput) {
-  Tensor x = ramp({1, 64, 56, 56}), w = ramp({64, 64, 3, 3}, 0.01f);
-  double conv = gflops_of(2.0 * 64 * 64 * 9 * 56 * 56, [&] { ASSERT_TRUE(run_op("Conv", {x, w}, {{"pads", I{1, 1, 1, 1}}}).ok()); });
-  Tensor a = ramp({128, 768}), b = ramp({768, 768}, 0.01f);
-  double mm = gflops_of(2.0 * 128 * 768 * 768, [&] { ASSERT_TRUE(run_op("MatMul", {a, b}).ok()); });
-  std::printf("conv 3x3 64->64 on 56x56: %.2f GFLOP/s\nmatmul 128x768x768: %.2f GFLOP/s\n", conv, mm);
 }
 
 }  // namespace

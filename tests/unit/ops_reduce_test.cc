@@ -5,64 +5,21 @@
 
 #include <cmath>
 
-#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-Result<std::vector<Tensor>> run_op(const std::string& op, const std::vector<Tensor>& inputs,
-                                   std::vector<Attribute> attrs = {}, size_t num_outputs = 1) {
-  Model m;
-  Graph& g = m.graph;
-  Node n;
-  n.name = "n";
-  n.op = op;
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    ValueId v = g.add_value("in" + std::to_string(i), inputs[i].dtype(), Shape::of(inputs[i].shape()));
-    g.inputs.push_back(v);
-    n.inputs.push_back(v);
-    given.push_back(inputs[i]);
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    ValueId v = g.add_value("out" + std::to_string(i), DType::undefined);
-    n.outputs.push_back(v);
-    g.outputs.push_back(v);
-  }
-  for (auto& a : attrs) n.set_attr(a.name, a.value);
-  g.add_node(std::move(n));
-  KILN_ASSIGN_OR_RETURN(auto s, Session::create(m));
-  return s->run(given);
-}
-
-template <class T>
-Tensor make(std::vector<int64_t> shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<T>()[i] = v[static_cast<size_t>(i)];
-  return t;
-}
-
-Tensor ramp(std::vector<int64_t> shape, float scale = 0.37f) {
-  Tensor t(DType::f32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * static_cast<float>((i * 7) % 11 - 5) + 0.1f;
-  return t;
-}
-
-Tensor axes(std::vector<int64_t> a) { return make<int64_t>({static_cast<int64_t>(a.size())}, a); }
-
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
+using testing::ints;
+using testing::make;
+using testing::ramp;
+using testing::run_op;
+using testing::stored_values;
 
 TEST(ReduceKernels, SumOverMiddleAxisAndMeanOverOuterAndInner) {
   Tensor x = ramp({3, 4, 5});
   const float* p = x.data<float>();
-  auto sum = run_op("ReduceSum", {x, axes({1})}, {{"keepdims", int64_t{0}}});
+  auto sum = run_op("ReduceSum", {x, ints({1})}, {{"keepdims", int64_t{0}}});
   ASSERT_TRUE(sum.ok()) << sum.error().message();
   ASSERT_EQ((*sum)[0].shape(), (std::vector<int64_t>{3, 5}));
   for (int i = 0; i < 3; ++i)
@@ -71,7 +28,7 @@ TEST(ReduceKernels, SumOverMiddleAxisAndMeanOverOuterAndInner) {
       for (int j = 0; j < 4; ++j) want += p[(i * 4 + j) * 5 + k];
       EXPECT_NEAR((*sum)[0].data<float>()[i * 5 + k], want, 1e-5);
     }
-  auto mean = run_op("ReduceMean", {x, axes({0, -1})});
+  auto mean = run_op("ReduceMean", {x, ints({0, -1})});
   ASSERT_TRUE(mean.ok());
   ASSERT_EQ((*mean)[0].shape(), (std::vector<int64_t>{1, 4, 1}));
   for (int j = 0; j < 4; ++j) {
@@ -88,17 +45,17 @@ TEST(ReduceKernels, AllAxesNoopAndEmptySets) {
   ASSERT_TRUE(all.ok());
   EXPECT_EQ((*all)[0].rank(), 0);
   EXPECT_EQ((*all)[0].data<float>()[0], 5.f);
-  auto noop = run_op("ReduceSum", {x, axes({})}, {{"noop_with_empty_axes", int64_t{1}}});
+  auto noop = run_op("ReduceSum", {x, ints({})}, {{"noop_with_empty_axes", int64_t{1}}});
   ASSERT_TRUE(noop.ok());
-  EXPECT_EQ(values<float>((*noop)[0]), values<float>(x));
-  auto l1 = run_op("ReduceL1", {x, axes({1})});
+  EXPECT_EQ(stored_values<float>((*noop)[0]), stored_values<float>(x));
+  auto l1 = run_op("ReduceL1", {x, ints({1})});
   ASSERT_TRUE(l1.ok());
-  EXPECT_EQ(values<float>((*l1)[0]), (std::vector<float>{6, 15}));
+  EXPECT_EQ(stored_values<float>((*l1)[0]), (std::vector<float>{6, 15}));
   Tensor empty(DType::f32, {2, 0});
-  auto s = run_op("ReduceSum", {empty, axes({1})}, {{"keepdims", int64_t{0}}});
+  auto s = run_op("ReduceSum", {empty, ints({1})}, {{"keepdims", int64_t{0}}});
   ASSERT_TRUE(s.ok()) << s.error().message();
-  EXPECT_EQ(values<float>((*s)[0]), (std::vector<float>{0, 0}));
-  auto lse = run_op("ReduceLogSumExp", {empty, axes({1})});
+  EXPECT_EQ(stored_values<float>((*s)[0]), (std::vector<float>{0, 0}));
+  auto lse = run_op("ReduceLogSumExp", {empty, ints({1})});
   ASSERT_TRUE(lse.ok());
   EXPECT_EQ((*lse)[0].data<float>()[0], -INFINITY);
   auto big = run_op("ReduceLogSumExp", {make<float>({2}, {1000.f, 1000.f})});
@@ -113,14 +70,14 @@ TEST(ReduceKernels, ArgMaxTiesAndArgMinAxis) {
   Tensor x = make<float>({2, 3}, {1, 3, 3, 2, 0, 2});
   auto first = run_op("ArgMax", {x}, {{"axis", int64_t{1}}, {"keepdims", int64_t{0}}});
   ASSERT_TRUE(first.ok());
-  EXPECT_EQ(values<int64_t>((*first)[0]), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(stored_values<int64_t>((*first)[0]), (std::vector<int64_t>{1, 0}));
   auto last = run_op("ArgMax", {x}, {{"axis", int64_t{1}}, {"select_last_index", int64_t{1}}});
   ASSERT_TRUE(last.ok());
   EXPECT_EQ((*last)[0].shape(), (std::vector<int64_t>{2, 1}));
-  EXPECT_EQ(values<int64_t>((*last)[0]), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(stored_values<int64_t>((*last)[0]), (std::vector<int64_t>{2, 2}));
   auto amin = run_op("ArgMin", {x}, {{"axis", int64_t{0}}});
   ASSERT_TRUE(amin.ok());
-  EXPECT_EQ(values<int64_t>((*amin)[0]), (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(stored_values<int64_t>((*amin)[0]), (std::vector<int64_t>{0, 1, 1}));
 }
 
 TEST(ReduceKernels, SoftmaxAlongAMiddleAxisAndLogSoftmax) {
@@ -144,7 +101,7 @@ TEST(ReduceKernels, SoftmaxAlongAMiddleAxisAndLogSoftmax) {
   }
   auto hm = run_op("Hardmax", {make<float>({2, 3}, {1, 4, 4, 0, -1, -2})});
   ASSERT_TRUE(hm.ok());
-  EXPECT_EQ(values<float>((*hm)[0]), (std::vector<float>{0, 1, 0, 1, 0, 0}));
+  EXPECT_EQ(stored_values<float>((*hm)[0]), (std::vector<float>{0, 1, 0, 1, 0, 0}));
 }
 
 TEST(ReduceKernels, LayerNormWithStatisticsOutputs) {
@@ -209,24 +166,24 @@ TEST(ReduceKernels, CumSumExclusiveReverse) {
   Tensor x = make<int32_t>({2, 3}, {1, 2, 3, 4, 5, 6});
   auto plain = run_op("CumSum", {x, make<int64_t>({}, {1})});
   ASSERT_TRUE(plain.ok()) << plain.error().message();
-  EXPECT_EQ(values<int32_t>((*plain)[0]), (std::vector<int32_t>{1, 3, 6, 4, 9, 15}));
+  EXPECT_EQ(stored_values<int32_t>((*plain)[0]), (std::vector<int32_t>{1, 3, 6, 4, 9, 15}));
   auto er = run_op("CumSum", {x, make<int32_t>({1}, {-1})}, {{"exclusive", int64_t{1}}, {"reverse", int64_t{1}}});
   ASSERT_TRUE(er.ok());
-  EXPECT_EQ(values<int32_t>((*er)[0]), (std::vector<int32_t>{5, 3, 0, 11, 6, 0}));
+  EXPECT_EQ(stored_values<int32_t>((*er)[0]), (std::vector<int32_t>{5, 3, 0, 11, 6, 0}));
   auto col = run_op("CumSum", {x, make<int64_t>({}, {0})});
   ASSERT_TRUE(col.ok());
-  EXPECT_EQ(values<int32_t>((*col)[0]), (std::vector<int32_t>{1, 2, 3, 5, 7, 9}));
+  EXPECT_EQ(stored_values<int32_t>((*col)[0]), (std::vector<int32_t>{1, 2, 3, 5, 7, 9}));
 }
 
 TEST(ReduceKernels, TopKTiesTakeTheSmallerIndex) {
   Tensor x = make<float>({2, 5}, {3, 1, 3, 2, 3, 0, 5, -1, 5, 4});
   auto out = run_op("TopK", {x, make<int64_t>({1}, {3})}, {}, 2);
   ASSERT_TRUE(out.ok()) << out.error().message();
-  EXPECT_EQ(values<float>((*out)[0]), (std::vector<float>{3, 3, 3, 5, 5, 4}));
-  EXPECT_EQ(values<int64_t>((*out)[1]), (std::vector<int64_t>{0, 2, 4, 1, 3, 4}));
+  EXPECT_EQ(stored_values<float>((*out)[0]), (std::vector<float>{3, 3, 3, 5, 5, 4}));
+  EXPECT_EQ(stored_values<int64_t>((*out)[1]), (std::vector<int64_t>{0, 2, 4, 1, 3, 4}));
   auto small = run_op("TopK", {x, make<int64_t>({1}, {2})}, {{"largest", int64_t{0}}, {"axis", int64_t{0}}}, 2);
   ASSERT_TRUE(small.ok());
-  EXPECT_EQ(values<int64_t>((*small)[1]), (std::vector<int64_t>{1, 0, 1, 0, 0, 0, 1, 0, 1, 1}));
+  EXPECT_EQ(stored_values<int64_t>((*small)[1]), (std::vector<int64_t>{1, 0, 1, 0, 0, 0, 1, 0, 1, 1}));
   auto bad = run_op("TopK", {x, make<int64_t>({1}, {6})}, {}, 2);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
@@ -234,10 +191,10 @@ TEST(ReduceKernels, TopKTiesTakeTheSmallerIndex) {
 }
 
 TEST(ReduceKernels, InvalidAxesAreUserErrors) {
-  auto dup = run_op("ReduceSum", {ramp({2, 3}), axes({1, -1})});
+  auto dup = run_op("ReduceSum", {ramp({2, 3}), ints({1, -1})});
   ASSERT_FALSE(dup.ok());
   EXPECT_EQ(dup.error().what, "axis -1 is given twice");
-  auto range = run_op("ReduceMean", {ramp({2, 3}), axes({2})});
+  auto range = run_op("ReduceMean", {ramp({2, 3}), ints({2})});
   ASSERT_FALSE(range.ok());
   EXPECT_EQ(range.error().kind, ErrorKind::user);
   EXPECT_EQ(range.error().what, "axis 2 is out of range for rank 2");

@@ -7,20 +7,18 @@
 
 #include "formats/infer.h"
 #include "formats/op_schema.h"
-#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
-using I64 = std::vector<int64_t>;
+using testing::attr;
+using testing::make;
+using testing::node;
+using testing::run_op;
+using testing::stored_values;
 
-template <class T>
-Tensor make(I64 shape, std::vector<T> v) {
-  Tensor t(dtype_of<T>::value, shape);
-  EXPECT_EQ(static_cast<int64_t>(v.size()), t.numel());
-  for (size_t i = 0; i < v.size(); ++i) t.data<T>()[i] = v[i];
-  return t;
-}
+using I64 = std::vector<int64_t>;
 
 // 0, 1, 2, … as T.
 template <class T>
@@ -30,56 +28,19 @@ Tensor iota(I64 shape) {
   return t;
 }
 
-template <class T>
-std::vector<T> values(const Tensor& t) {
-  EXPECT_EQ(t.dtype(), dtype_of<T>::value);
-  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
-
-// Runs one node with every (defined) input as a graph input, the way `kiln run` executes it.
-Result<std::vector<Tensor>> run_op(const std::string& op, std::vector<Tensor> inputs, std::vector<Attribute> attrs = {},
-                                   size_t num_outputs = 1) {
-  Model m;
-  Graph& g = m.graph;
-  Node n;
-  n.name = "n";
-  n.op = op;
-  std::vector<Tensor> given;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    ValueId id = g.add_value("in" + std::to_string(i), inputs[i].dtype(), Shape::of(inputs[i].shape()));
-    g.inputs.push_back(id);
-    given.push_back(inputs[i]);
-    n.inputs.push_back(id);
-  }
-  for (size_t i = 0; i < num_outputs; ++i) {
-    ValueId id = g.add_value("out" + std::to_string(i), DType::undefined);
-    n.outputs.push_back(id);
-    g.outputs.push_back(id);
-  }
-  for (auto& a : attrs) n.set_attr(a.name, a.value);
-  g.add_node(n);
-  KILN_ASSIGN_OR_RETURN(auto session, Session::create(m));
-  return session->run(given);
-}
-
 std::vector<Tensor> ok(Result<std::vector<Tensor>> r) {
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
   return r.ok() ? std::move(r).value() : std::vector<Tensor>{};
 }
 
-// The run fails with a user error whose message contains `what`.
+// The run fails with a user error whose message contains `what` and names the node (stricter than
+// testing::expect_user_error, which checks only the `what` part).
 void expect_user_error(Result<std::vector<Tensor>> r, const std::string& what) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ErrorKind::user) << r.error().message();
   EXPECT_NE(r.error().message().find(what), std::string::npos) << r.error().message();
   EXPECT_NE(r.error().message().find("node 'n'"), std::string::npos) << r.error().message();
 }
-
-Attribute attr(std::string name, AttrValue v) { return Attribute{std::move(name), std::move(v)}; }
 
 TEST(ShapeOps, TransposeMatchesPlainLoopOnOddSizes) {
   Tensor x = iota<float>({3, 5, 7});
@@ -98,7 +59,7 @@ TEST(ShapeOps, TransposeMatchesPlainLoopOnOddSizes) {
         for (int64_t d = 0; d < 6; ++d)
           EXPECT_EQ(t[0].data<int16_t>()[((b * 4 + s) * 3 + n) * 6 + d], h.data<int16_t>()[((b * 3 + n) * 4 + s) * 6 + d]);
   auto def = ok(run_op("Transpose", {iota<int8_t>({2, 3})}));
-  EXPECT_EQ(values<int8_t>(def[0]), (std::vector<int8_t>{0, 3, 1, 4, 2, 5}));
+  EXPECT_EQ(stored_values<int8_t>(def[0]), (std::vector<int8_t>{0, 3, 1, 4, 2, 5}));
   auto empty = ok(run_op("Transpose", {iota<float>({0, 3})}));
   EXPECT_EQ(empty[0].shape(), (I64{3, 0}));
 }
@@ -125,7 +86,7 @@ TEST(ShapeOps, SqueezeUnsqueezeFlatten) {
   auto un = ok(run_op("Unsqueeze", {iota<float>({3, 2}), make<int64_t>({2}, {3, 0})}));
   EXPECT_EQ(un[0].shape(), (I64{1, 3, 2, 1}));
   auto un0 = ok(run_op("Unsqueeze", {make<int64_t>({}, {7}), make<int64_t>({1}, {0})}));
-  EXPECT_EQ(values<int64_t>(un0[0]), (I64{7}));
+  EXPECT_EQ(stored_values<int64_t>(un0[0]), (I64{7}));
   auto fl = ok(run_op("Flatten", {iota<float>({2, 3, 5})}, {attr("axis", int64_t{-1})}));
   EXPECT_EQ(fl[0].shape(), (I64{6, 5}));
   auto fl0 = ok(run_op("Flatten", {iota<float>({2, 3})}, {attr("axis", int64_t{0})}));
@@ -137,14 +98,14 @@ TEST(ShapeOps, ConcatAndSplitOddSizes) {
   Tensor e(DType::f32, {2, 0, 3});
   auto c = ok(run_op("Concat", {a, e, b}, {attr("axis", int64_t{-2})}));
   EXPECT_EQ(c[0].shape(), (I64{2, 3, 3}));
-  EXPECT_EQ(values<float>(c[0]), (std::vector<float>{0, 1, 2, 10, 11, 12, 13, 14, 15, 3, 4, 5, 16, 17, 18, 19, 20, 21}));
+  EXPECT_EQ(stored_values<float>(c[0]), (std::vector<float>{0, 1, 2, 10, 11, 12, 13, 14, 15, 3, 4, 5, 16, 17, 18, 19, 20, 21}));
   expect_user_error(run_op("Concat", {iota<float>({2, 3}), iota<float>({3, 3})}, {attr("axis", int64_t{1})}), "differs");
   auto s = ok(run_op("Split", {iota<int32_t>({7})}, {attr("num_outputs", int64_t{3})}, 3));
   ASSERT_EQ(s.size(), 3u);
-  EXPECT_EQ(values<int32_t>(s[0]), (std::vector<int32_t>{0, 1, 2}));
-  EXPECT_EQ(values<int32_t>(s[2]), (std::vector<int32_t>{6}));
+  EXPECT_EQ(stored_values<int32_t>(s[0]), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(stored_values<int32_t>(s[2]), (std::vector<int32_t>{6}));
   auto v = ok(run_op("Split", {iota<float>({2, 5}), make<int64_t>({2}, {4, 1})}, {attr("axis", int64_t{1})}, 2));
-  EXPECT_EQ(values<float>(v[1]), (std::vector<float>{4, 9}));
+  EXPECT_EQ(stored_values<float>(v[1]), (std::vector<float>{4, 9}));
   expect_user_error(run_op("Split", {iota<float>({5}), make<int64_t>({2}, {1, 1})}, {}, 2), "add up to 2");
 }
 
@@ -153,7 +114,7 @@ TEST(ShapeOps, SliceClampsAndStepsBackwards) {
   auto s = ok(run_op("Slice", {x, make<int64_t>({2}, {-1, 100}), make<int64_t>({2}, {-100, 0}), make<int64_t>({2}, {0, 1}),
                                make<int64_t>({2}, {-2, -2})}));
   EXPECT_EQ(s[0].shape(), (I64{2, 2}));
-  EXPECT_EQ(values<float>(s[0]), (std::vector<float>{19, 17, 9, 7}));
+  EXPECT_EQ(stored_values<float>(s[0]), (std::vector<float>{19, 17, 9, 7}));
   auto t = ok(run_op("Slice", {x, make<int64_t>({1}, {1}), make<int64_t>({1}, {INT64_MAX}), make<int64_t>({1}, {1})}));
   EXPECT_EQ(t[0].shape(), (I64{4, 4}));
   EXPECT_EQ(t[0].data<float>()[0], 1.0f);
@@ -167,23 +128,23 @@ TEST(ShapeOps, GatherNegativeIndicesAndErrors) {
   Tensor x = iota<float>({3, 5});
   auto g = ok(run_op("Gather", {x, make<int64_t>({2}, {-1, 0})}, {attr("axis", int64_t{1})}));
   EXPECT_EQ(g[0].shape(), (I64{3, 2}));
-  EXPECT_EQ(values<float>(g[0]), (std::vector<float>{4, 0, 9, 5, 14, 10}));
+  EXPECT_EQ(stored_values<float>(g[0]), (std::vector<float>{4, 0, 9, 5, 14, 10}));
   auto scalar_idx = ok(run_op("Gather", {x, make<int32_t>({}, {2})}));
-  EXPECT_EQ(values<float>(scalar_idx[0]), (std::vector<float>{10, 11, 12, 13, 14}));
+  EXPECT_EQ(stored_values<float>(scalar_idx[0]), (std::vector<float>{10, 11, 12, 13, 14}));
   auto none = ok(run_op("Gather", {x, Tensor(DType::i64, {0})}));
   EXPECT_EQ(none[0].shape(), (I64{0, 5}));
   expect_user_error(run_op("Gather", {x, make<int64_t>({1}, {3})}), "index 3 is out of range for axis 0 of size 3");
   expect_user_error(run_op("Gather", {x, make<int64_t>({1}, {-6})}, {attr("axis", int64_t{1})}), "index -6");
 
   auto ge = ok(run_op("GatherElements", {iota<float>({2, 3}), make<int64_t>({2, 2}, {2, -3, 1, 1})}, {attr("axis", int64_t{1})}));
-  EXPECT_EQ(values<float>(ge[0]), (std::vector<float>{2, 0, 4, 4}));
+  EXPECT_EQ(stored_values<float>(ge[0]), (std::vector<float>{2, 0, 4, 4}));
   expect_user_error(run_op("GatherElements", {iota<float>({2, 3}), make<int64_t>({1, 1}, {3})}, {attr("axis", int64_t{1})}),
                     "out of range");
 
   // batch_dims = 1: each batch picks its own rows.
   auto nd = ok(run_op("GatherND", {iota<float>({2, 3, 2}), make<int64_t>({2, 1, 1}, {2, -3})}, {attr("batch_dims", int64_t{1})}));
   EXPECT_EQ(nd[0].shape(), (I64{2, 1, 2}));
-  EXPECT_EQ(values<float>(nd[0]), (std::vector<float>{4, 5, 6, 7}));
+  EXPECT_EQ(stored_values<float>(nd[0]), (std::vector<float>{4, 5, 6, 7}));
   expect_user_error(run_op("GatherND", {iota<float>({2, 3}), make<int64_t>({1, 2}, {2, 0})}), "index 2 is out of range");
 }
 
@@ -192,18 +153,18 @@ TEST(ShapeOps, ScatterReductionsAndErrors) {
   Tensor idx = make<int64_t>({2, 2}, {0, -1, 2, 2});
   Tensor upd = make<float>({2, 2}, {10, 20, 30, 40});
   auto none = ok(run_op("ScatterElements", {x, idx, upd}, {attr("axis", int64_t{1})}));
-  EXPECT_EQ(values<float>(none[0]), (std::vector<float>{10, 2, 20, 4, 5, 40}));
+  EXPECT_EQ(stored_values<float>(none[0]), (std::vector<float>{10, 2, 20, 4, 5, 40}));
   auto add = ok(run_op("ScatterElements", {x, idx, upd}, {attr("axis", int64_t{1}), attr("reduction", std::string("add"))}));
-  EXPECT_EQ(values<float>(add[0]), (std::vector<float>{11, 2, 23, 4, 5, 76}));
+  EXPECT_EQ(stored_values<float>(add[0]), (std::vector<float>{11, 2, 23, 4, 5, 76}));
   auto mn = ok(run_op("ScatterElements", {make<int32_t>({3}, {5, 5, 5}), make<int64_t>({2}, {1, 1}), make<int32_t>({2}, {7, 2})},
                       {attr("reduction", std::string("min"))}));
-  EXPECT_EQ(values<int32_t>(mn[0]), (std::vector<int32_t>{5, 2, 5}));
+  EXPECT_EQ(stored_values<int32_t>(mn[0]), (std::vector<int32_t>{5, 2, 5}));
   expect_user_error(run_op("ScatterElements", {x, make<int64_t>({1, 1}, {3}), make<float>({1, 1}, {0})}, {attr("axis", int64_t{1})}),
                     "index 3 is out of range for axis 1 of size 3");
   auto nd = ok(run_op("ScatterND", {make<float>({3, 2}, {1, 1, 1, 1, 1, 1}), make<int64_t>({2, 1}, {2, -3}),
                                     make<float>({2, 2}, {2, 3, 4, 5})},
                       {attr("reduction", std::string("mul"))}));
-  EXPECT_EQ(values<float>(nd[0]), (std::vector<float>{4, 5, 1, 1, 2, 3}));
+  EXPECT_EQ(stored_values<float>(nd[0]), (std::vector<float>{4, 5, 1, 1, 2, 3}));
   expect_user_error(run_op("ScatterND", {iota<float>({3}), make<int64_t>({1, 1}, {5}), make<float>({1}, {0})}), "index 5");
 }
 
@@ -211,45 +172,45 @@ TEST(ShapeOps, PadModes) {
   Tensor x = make<float>({1, 3}, {1, 2, 3});
   Tensor pads = make<int64_t>({4}, {0, 2, 0, 1});
   auto c = ok(run_op("Pad", {x, pads, make<float>({}, {9})}));
-  EXPECT_EQ(values<float>(c[0]), (std::vector<float>{9, 9, 1, 2, 3, 9}));
+  EXPECT_EQ(stored_values<float>(c[0]), (std::vector<float>{9, 9, 1, 2, 3, 9}));
   auto r = ok(run_op("Pad", {x, pads}, {attr("mode", std::string("reflect"))}));
-  EXPECT_EQ(values<float>(r[0]), (std::vector<float>{3, 2, 1, 2, 3, 2}));
+  EXPECT_EQ(stored_values<float>(r[0]), (std::vector<float>{3, 2, 1, 2, 3, 2}));
   auto e = ok(run_op("Pad", {x, pads}, {attr("mode", std::string("edge"))}));
-  EXPECT_EQ(values<float>(e[0]), (std::vector<float>{1, 1, 1, 2, 3, 3}));
+  EXPECT_EQ(stored_values<float>(e[0]), (std::vector<float>{1, 1, 1, 2, 3, 3}));
   auto w = ok(run_op("Pad", {x, pads}, {attr("mode", std::string("wrap"))}));
-  EXPECT_EQ(values<float>(w[0]), (std::vector<float>{2, 3, 1, 2, 3, 1}));
+  EXPECT_EQ(stored_values<float>(w[0]), (std::vector<float>{2, 3, 1, 2, 3, 1}));
   // Negative pads crop; axes pick the padded axes.
   auto crop = ok(run_op("Pad", {iota<int8_t>({2, 4}), make<int64_t>({2}, {-1, 1}), Tensor(), make<int64_t>({1}, {-1})}));
-  EXPECT_EQ(values<int8_t>(crop[0]), (std::vector<int8_t>{1, 2, 3, 0, 5, 6, 7, 0}));
+  EXPECT_EQ(stored_values<int8_t>(crop[0]), (std::vector<int8_t>{1, 2, 3, 0, 5, 6, 7, 0}));
   expect_user_error(run_op("Pad", {x, pads}, {attr("mode", std::string("mirror"))}), "unknown pad mode");
 }
 
 TEST(ShapeOps, TileExpandBroadcastAndErrors) {
   auto t = ok(run_op("Tile", {make<int16_t>({2}, {1, 2}), make<int64_t>({1}, {3})}));
-  EXPECT_EQ(values<int16_t>(t[0]), (std::vector<int16_t>{1, 2, 1, 2, 1, 2}));
+  EXPECT_EQ(stored_values<int16_t>(t[0]), (std::vector<int16_t>{1, 2, 1, 2, 1, 2}));
   auto t2 = ok(run_op("Tile", {iota<float>({2, 1}), make<int64_t>({2}, {2, 3})}));
-  EXPECT_EQ(values<float>(t2[0]), (std::vector<float>{0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(stored_values<float>(t2[0]), (std::vector<float>{0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1}));
   auto e = ok(run_op("Expand", {make<double>({3, 1}, {1, 2, 3}), make<int64_t>({3}, {2, 1, 2})}));
   EXPECT_EQ(e[0].shape(), (I64{2, 3, 2}));
-  EXPECT_EQ(values<double>(e[0]), (std::vector<double>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(stored_values<double>(e[0]), (std::vector<double>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
   auto s = ok(run_op("Expand", {make<bool>({}, {true}), make<int64_t>({1}, {3})}));
-  EXPECT_EQ(values<bool>(s[0]), (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(stored_values<bool>(s[0]), (std::vector<bool>{true, true, true}));
   expect_user_error(run_op("Expand", {iota<float>({3}), make<int64_t>({1}, {4})}), "cannot broadcast");
 }
 
 TEST(ShapeOps, ShapeSizeRangeConstantOfShape) {
   Tensor x = iota<float>({2, 3, 5});
-  EXPECT_EQ(values<int64_t>(ok(run_op("Shape", {x}))[0]), (I64{2, 3, 5}));
-  EXPECT_EQ(values<int64_t>(ok(run_op("Shape", {x}, {attr("start", int64_t{-2}), attr("end", int64_t{100})}))[0]), (I64{3, 5}));
+  EXPECT_EQ(stored_values<int64_t>(ok(run_op("Shape", {x}))[0]), (I64{2, 3, 5}));
+  EXPECT_EQ(stored_values<int64_t>(ok(run_op("Shape", {x}, {attr("start", int64_t{-2}), attr("end", int64_t{100})}))[0]), (I64{3, 5}));
   EXPECT_EQ(ok(run_op("Shape", {x}, {attr("start", int64_t{2}), attr("end", int64_t{1})}))[0].numel(), 0);
-  EXPECT_EQ(values<int64_t>(ok(run_op("Size", {x}))[0]), (I64{30}));
+  EXPECT_EQ(stored_values<int64_t>(ok(run_op("Size", {x}))[0]), (I64{30}));
   auto r = ok(run_op("Range", {make<int32_t>({}, {10}), make<int32_t>({}, {1}), make<int32_t>({}, {-3})}));
-  EXPECT_EQ(values<int32_t>(r[0]), (std::vector<int32_t>{10, 7, 4}));
+  EXPECT_EQ(stored_values<int32_t>(r[0]), (std::vector<int32_t>{10, 7, 4}));
   auto rf = ok(run_op("Range", {make<float>({}, {0}), make<float>({}, {1}), make<float>({}, {0.25f})}));
-  EXPECT_EQ(values<float>(rf[0]), (std::vector<float>{0, 0.25f, 0.5f, 0.75f}));
+  EXPECT_EQ(stored_values<float>(rf[0]), (std::vector<float>{0, 0.25f, 0.5f, 0.75f}));
   expect_user_error(run_op("Range", {make<float>({}, {0}), make<float>({}, {1}), make<float>({}, {0})}), "delta is 0");
   auto c = ok(run_op("ConstantOfShape", {make<int64_t>({2}, {2, 3})}, {attr("value", make<int32_t>({1}, {7}))}));
-  EXPECT_EQ(values<int32_t>(c[0]), (std::vector<int32_t>(6, 7)));
+  EXPECT_EQ(stored_values<int32_t>(c[0]), (std::vector<int32_t>(6, 7)));
   auto z = ok(run_op("ConstantOfShape", {make<int64_t>({1}, {0})}));
   EXPECT_EQ(z[0].shape(), (I64{0}));
   EXPECT_EQ(z[0].dtype(), DType::f32);
@@ -258,38 +219,38 @@ TEST(ShapeOps, ShapeSizeRangeConstantOfShape) {
 TEST(ShapeOps, OneHotTriluEyeLike) {
   auto oh = ok(run_op("OneHot", {make<int64_t>({3}, {0, -1, 7}), make<int64_t>({}, {3}), make<float>({2}, {0, 5})}));
   EXPECT_EQ(oh[0].shape(), (I64{3, 3}));
-  EXPECT_EQ(values<float>(oh[0]), (std::vector<float>{5, 0, 0, 0, 0, 5, 0, 0, 0}));  // 7 is out of range: all off
+  EXPECT_EQ(stored_values<float>(oh[0]), (std::vector<float>{5, 0, 0, 0, 0, 5, 0, 0, 0}));  // 7 is out of range: all off
   auto oh0 = ok(run_op("OneHot", {make<float>({2}, {1, 0}), make<float>({1}, {2}), make<int32_t>({2}, {-1, 1})},
                        {attr("axis", int64_t{0})}));
-  EXPECT_EQ(values<int32_t>(oh0[0]), (std::vector<int32_t>{-1, 1, 1, -1}));
+  EXPECT_EQ(stored_values<int32_t>(oh0[0]), (std::vector<int32_t>{-1, 1, 1, -1}));
   Tensor m = iota<int32_t>({3, 4});
   auto up = ok(run_op("Trilu", {m, make<int64_t>({}, {1})}));
-  EXPECT_EQ(values<int32_t>(up[0]), (std::vector<int32_t>{0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11}));
+  EXPECT_EQ(stored_values<int32_t>(up[0]), (std::vector<int32_t>{0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11}));
   auto lo = ok(run_op("Trilu", {m, make<int64_t>({}, {-1})}, {attr("upper", int64_t{0})}));
-  EXPECT_EQ(values<int32_t>(lo[0]), (std::vector<int32_t>{0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0}));
+  EXPECT_EQ(stored_values<int32_t>(lo[0]), (std::vector<int32_t>{0, 0, 0, 0, 4, 0, 0, 0, 8, 9, 0, 0}));
   auto eye = ok(run_op("EyeLike", {iota<float>({2, 3})}, {attr("k", int64_t{1}), attr("dtype", std::string("i64"))}));
-  EXPECT_EQ(values<int64_t>(eye[0]), (I64{0, 1, 0, 0, 0, 1}));
+  EXPECT_EQ(stored_values<int64_t>(eye[0]), (I64{0, 1, 0, 0, 0, 1}));
 }
 
 TEST(ShapeOps, DataDependentNonZeroUniqueCompress) {
   auto nz = ok(run_op("NonZero", {make<float>({2, 2}, {0, 3, 1, 0})}));
   EXPECT_EQ(nz[0].shape(), (I64{2, 2}));
-  EXPECT_EQ(values<int64_t>(nz[0]), (I64{0, 1, 1, 0}));
+  EXPECT_EQ(stored_values<int64_t>(nz[0]), (I64{0, 1, 1, 0}));
   auto nz0 = ok(run_op("NonZero", {Tensor(DType::i32, {0, 3})}));
   EXPECT_EQ(nz0[0].shape(), (I64{2, 0}));
   auto u = ok(run_op("Unique", {make<float>({6}, {2, 1, 1, 3, 4, 3})}, {attr("sorted", int64_t{0})}, 4));
-  EXPECT_EQ(values<float>(u[0]), (std::vector<float>{2, 1, 3, 4}));
-  EXPECT_EQ(values<int64_t>(u[1]), (I64{0, 1, 3, 4}));
-  EXPECT_EQ(values<int64_t>(u[2]), (I64{0, 1, 1, 2, 3, 2}));
-  EXPECT_EQ(values<int64_t>(u[3]), (I64{1, 2, 2, 1}));
+  EXPECT_EQ(stored_values<float>(u[0]), (std::vector<float>{2, 1, 3, 4}));
+  EXPECT_EQ(stored_values<int64_t>(u[1]), (I64{0, 1, 3, 4}));
+  EXPECT_EQ(stored_values<int64_t>(u[2]), (I64{0, 1, 1, 2, 3, 2}));
+  EXPECT_EQ(stored_values<int64_t>(u[3]), (I64{1, 2, 2, 1}));
   auto us = ok(run_op("Unique", {make<int8_t>({3, 2}, {1, 0, 0, 1, 1, 0})}, {attr("axis", int64_t{0})}, 4));
-  EXPECT_EQ(values<int8_t>(us[0]), (std::vector<int8_t>{0, 1, 1, 0}));
-  EXPECT_EQ(values<int64_t>(us[2]), (I64{1, 0, 1}));
-  EXPECT_EQ(values<int64_t>(us[3]), (I64{1, 2}));
+  EXPECT_EQ(stored_values<int8_t>(us[0]), (std::vector<int8_t>{0, 1, 1, 0}));
+  EXPECT_EQ(stored_values<int64_t>(us[2]), (I64{1, 0, 1}));
+  EXPECT_EQ(stored_values<int64_t>(us[3]), (I64{1, 2}));
   auto c = ok(run_op("Compress", {iota<float>({3, 2}), make<bool>({2}, {false, true})}, {attr("axis", int64_t{1})}));
-  EXPECT_EQ(values<float>(c[0]), (std::vector<float>{1, 3, 5}));
+  EXPECT_EQ(stored_values<float>(c[0]), (std::vector<float>{1, 3, 5}));
   auto cf = ok(run_op("Compress", {iota<float>({3, 2}), make<bool>({3}, {true, false, true})}));
-  EXPECT_EQ(values<float>(cf[0]), (std::vector<float>{0, 2}));
+  EXPECT_EQ(stored_values<float>(cf[0]), (std::vector<float>{0, 2}));
 }
 
 TEST(ShapeOps, DepthToSpaceSpaceToDepthAndSequences) {
@@ -308,12 +269,12 @@ TEST(ShapeOps, DepthToSpaceSpaceToDepthAndSequences) {
             EXPECT_EQ(crd[0].data<float>()[o], x.data<float>()[((c * 4 + i * 2 + j) * 2 + h) * 3 + w]);
           }
   auto back = ok(run_op("SpaceToDepth", {d[0]}, {attr("blocksize", int64_t{2})}));
-  EXPECT_EQ(values<float>(back[0]), values<float>(x));
+  EXPECT_EQ(stored_values<float>(back[0]), stored_values<float>(x));
   auto rs = ok(run_op("ReverseSequence", {iota<float>({3, 2}), make<int64_t>({2}, {3, 1})}));
-  EXPECT_EQ(values<float>(rs[0]), (std::vector<float>{4, 1, 2, 3, 0, 5}));
+  EXPECT_EQ(stored_values<float>(rs[0]), (std::vector<float>{4, 1, 2, 3, 0, 5}));
   expect_user_error(run_op("ReverseSequence", {iota<float>({3, 2}), make<int64_t>({2}, {4, 1})}), "sequence_lens[0] is 4");
   auto ccp = ok(run_op("CenterCropPad", {iota<float>({5, 2}), make<int64_t>({2}, {2, 4})}));
-  EXPECT_EQ(values<float>(ccp[0]), (std::vector<float>{0, 2, 3, 0, 0, 4, 5, 0}));
+  EXPECT_EQ(stored_values<float>(ccp[0]), (std::vector<float>{0, 2, 3, 0, 0, 4, 5, 0}));
 }
 
 // Export-time inference: a Shape → Gather → Unsqueeze → Concat chain makes the Reshape static.
@@ -326,18 +287,18 @@ TEST(ShapeOps, InferenceFoldsShapeChainsIntoStaticReshape) {
   ValueId zero = g.add_constant("zero", make<int64_t>({}, {0}));
   ValueId axes = g.add_constant("axes", make<int64_t>({1}, {0}));
   ValueId rest = g.add_constant("rest", make<int64_t>({3}, {-1, 4, 16}));
-  g.add_node(Node{.name = "s", .op = "Shape", .inputs = {x}, .outputs = {shp}});
-  g.add_node(Node{.name = "g", .op = "Gather", .inputs = {shp, zero}, .outputs = {b}});
-  g.add_node(Node{.name = "u", .op = "Unsqueeze", .inputs = {b, axes}, .outputs = {bu}});
-  g.add_node(Node{.name = "c", .op = "Concat", .inputs = {bu, rest}, .outputs = {cat}});
+  g.add_node(node("s", "Shape", {x}, {shp}));
+  g.add_node(node("g", "Gather", {shp, zero}, {b}));
+  g.add_node(node("u", "Unsqueeze", {b, axes}, {bu}));
+  g.add_node(node("c", "Concat", {bu, rest}, {cat}));
   g.nodes.back().set_attr("axis", int64_t{0});
-  g.add_node(Node{.name = "r", .op = "Reshape", .inputs = {x, cat}, .outputs = {y}});
+  g.add_node(node("r", "Reshape", {x, cat}, {y}));
   g.outputs = {y};
   auto known = infer_graph(g);
   ASSERT_TRUE(known.ok()) << known.error().message();
   EXPECT_EQ(g.value(y).shape, Shape::of(I64{2, 16, 4, 16}));
   ASSERT_TRUE((*known)[static_cast<size_t>(cat)].defined());
-  EXPECT_EQ(values<int64_t>((*known)[static_cast<size_t>(cat)]), (I64{2, -1, 4, 16}));
+  EXPECT_EQ(stored_values<int64_t>((*known)[static_cast<size_t>(cat)]), (I64{2, -1, 4, 16}));
 }
 
 TEST(ShapeOps, InferenceKeepsSymbolicDims) {
@@ -350,12 +311,12 @@ TEST(ShapeOps, InferenceKeepsSymbolicDims) {
   ValueId tgt2 = g.add_constant("t2", make<int64_t>({2}, {-1, 768}));
   ValueId w = g.add_value("w", DType::undefined);
   ValueId sl = g.add_value("sl", DType::undefined);
-  g.add_node(Node{.name = "r", .op = "Reshape", .inputs = {x, tgt}, .outputs = {y}});
-  g.add_node(Node{.name = "t", .op = "Transpose", .inputs = {y}, .outputs = {z}});
+  g.add_node(node("r", "Reshape", {x, tgt}, {y}));
+  g.add_node(node("t", "Transpose", {y}, {z}));
   g.nodes.back().set_attr("perm", I64{0, 2, 1, 3});
-  g.add_node(Node{.name = "r2", .op = "Reshape", .inputs = {x, tgt2}, .outputs = {w}});
+  g.add_node(node("r2", "Reshape", {x, tgt2}, {w}));
   ValueId s0 = g.add_constant("s0", make<int64_t>({1}, {1})), e0 = g.add_constant("e0", make<int64_t>({1}, {INT64_MAX}));
-  g.add_node(Node{.name = "sl", .op = "Slice", .inputs = {x, s0, e0, s0}, .outputs = {sl}});
+  g.add_node(node("sl", "Slice", {x, s0, e0, s0}, {sl}));
   g.outputs = {z, w};
   auto known = infer_graph(g);
   ASSERT_TRUE(known.ok()) << known.error().message();
