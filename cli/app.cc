@@ -14,6 +14,7 @@
 #include <random>
 
 #include "formats/ir.h"
+#include "formats/serialize.h"
 
 namespace kiln::cli {
 
@@ -46,6 +47,12 @@ Result<std::string> read_input(const std::string& path) {
   if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return bytes;
+}
+
+Result<Model> load_model_arg(const std::string& path) {
+  if (path != "-") return load_model(path);
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_input("-"));
+  return load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "<stdin>");
 }
 
 Status write_output(const std::string& path, const std::string& bytes) {

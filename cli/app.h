@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/ir.h"
 #include "formats/status.h"
 
 namespace CLI {
@@ -24,6 +25,8 @@ std::string command_line(int argc, char** argv);
 
 /// Reads a file, or stdin for "-".
 Result<std::string> read_input(const std::string& path);
+/// Loads and verifies a .kiln model from a file, or from stdin for "-".
+Result<Model> load_model_arg(const std::string& path);
 /// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
 Status write_output(const std::string& path, const std::string& bytes);
 

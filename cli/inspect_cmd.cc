@@ -29,14 +29,7 @@ std::string human(double v, const char* unit) {
 
 int inspect(const InspectArgs& args) {
   const std::string verb = "inspect";
-  Result<Model> model = Error{};
-  if (args.model == "-") {
-    auto bytes = read_input("-");
-    if (!bytes.ok()) return report(verb, bytes.error());
-    model = load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()}, "<stdin>");
-  } else {
-    model = load_model(args.model);
-  }
+  auto model = load_model_arg(args.model);
   if (!model.ok()) return report(verb, model.error());
   if (args.text) {
     std::cout << model_to_text(*model);

@@ -85,14 +85,7 @@ Result<NamedTensors> read_one_input(const std::string& spec) {
 
 int run(const RunArgs& args) {
   const std::string verb = "run";
-  Result<Model> model = Error{};
-  if (args.model == "-") {
-    auto bytes = read_input("-");
-    if (!bytes.ok()) return report(verb, bytes.error());
-    model = load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()}, "<stdin>");
-  } else {
-    model = load_model(args.model);
-  }
+  auto model = load_model_arg(args.model);
   if (!model.ok()) return report(verb, model.error());
   const Graph& g = model->graph;
   std::vector<std::string> input_names, output_names;

@@ -145,4 +145,12 @@ Result<int64_t> normalize_axis(int64_t axis, int64_t rank, const InferContext& c
   return axis < 0 ? axis + rank : axis;
 }
 
+Result<DType> dtype_attr(const InferContext& ctx, std::string_view name, DType def) {
+  if (!ctx.node().has_attr(name)) return def;
+  std::string s = ctx.node().attr_string(name, "");
+  auto t = dtype_from_name(s);
+  if (!t) return ctx.error("attribute '" + std::string(name) + "' names unknown dtype '" + s + "'");
+  return *t;
+}
+
 }  // namespace kiln

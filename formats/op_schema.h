@@ -115,6 +115,9 @@ Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const InferContex
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, const InferContext& ctx,
                                std::string_view what = "axis");
 
+/// Reads an optional dtype-name attribute ("f32"); `def` when absent, a user error when unknown.
+Result<DType> dtype_attr(const InferContext& ctx, std::string_view name, DType def);
+
 // Per-family registration (formats/ops/*.cc).
 void register_elementwise_ops(OpRegistry& r);
 void register_reduce_ops(OpRegistry& r);

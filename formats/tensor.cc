@@ -87,4 +87,14 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
   return v;
 }
 
+std::vector<double> Tensor::to_double_vector() const {
+  std::vector<double> v(static_cast<size_t>(numel_));
+  visit_dtype(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(data_);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
+  });
+  return v;
+}
+
 }  // namespace kiln

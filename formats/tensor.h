@@ -63,6 +63,8 @@ class Tensor {
   int64_t as_int64(int64_t i) const;
   /// All elements as int64 (shape operands: Reshape shapes, Slice starts, …).
   std::vector<int64_t> to_int64_vector() const;
+  /// All elements as double (bool as 0 / 1), for kernels that compute in double.
+  std::vector<double> to_double_vector() const;
 
  private:
   DType dtype_ = DType::undefined;

@@ -21,14 +21,6 @@ std::optional<int64_t> known_int(const InferContext& ctx, size_t i) {
   return t->as_int64(0);
 }
 
-Result<DType> dtype_attr(const InferContext& ctx, std::string_view name, DType def) {
-  if (!ctx.node().has_attr(name)) return def;
-  std::string s = ctx.node().attr_string(name, "");
-  auto t = dtype_from_name(s);
-  if (!t) return ctx.error("attribute '" + std::string(name) + "' names unknown dtype '" + s + "'");
-  return *t;
-}
-
 // ---- recurrent layers --------------------------------------------------------------------
 
 // gates: 1 for RNN, 3 for GRU, 4 for LSTM.

@@ -16,15 +16,6 @@ bool is_quant_storage(DType t) {
   return t == DType::u8 || t == DType::i8 || t == DType::u16 || t == DType::i16;
 }
 
-// Reads an optional dtype-name attribute ("f32"); `def` when absent.
-Result<DType> dtype_attr(const InferContext& ctx, std::string_view name, DType def) {
-  if (!ctx.node().has_attr(name)) return def;
-  std::string s = ctx.node().attr_string(name, "");
-  auto t = dtype_from_name(s);
-  if (!t) return ctx.error("attribute '" + std::string(name) + "' names unknown dtype '" + s + "'");
-  return *t;
-}
-
 // Checks a scale or zero-point operand against x for per-tensor, per-axis or blocked
 // quantization (ONNX's rules: rank 0 or one element = per tensor; 1-D = per axis; same rank as x
 // with block_size > 0 = blocked).

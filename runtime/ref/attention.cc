@@ -16,17 +16,6 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// The tensor's elements as double (bool as 0 / 1).
-std::vector<double> to_f64(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = t.data<T>();
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
-  });
-  return v;
-}
-
 // Writes doubles into a float tensor of any float dtype.
 void store(const std::vector<double>& v, Tensor& t) {
   visit_dtype(t.dtype(), [&](auto tag) {
@@ -46,7 +35,7 @@ void store_f64(const std::vector<double>& v, Tensor& t) {
 
 // Q [B, H, S, D] from a 4-D tensor or a 3-D [B, S, H * D] one.
 std::vector<double> heads_first(const Tensor& t, int64_t heads) {
-  std::vector<double> v = to_f64(t);
+  std::vector<double> v = t.to_double_vector();
   if (t.rank() == 4) return v;
   const int64_t b = t.dim(0), s = t.dim(1), d = t.dim(2) / heads;
   std::vector<double> out(v.size());
@@ -88,8 +77,8 @@ Status ref_attention(KernelContext& ctx) {
 
   std::vector<double> qd = heads_first(q, hq), kd = heads_first(k, hkv), vd = heads_first(v, hkv);
   if (has_past) {
-    kd = concat_seq(to_f64(ctx.input(4)), p, kd, l, batch, hkv, d);
-    vd = concat_seq(to_f64(ctx.input(5)), p, vd, l, batch, hkv, dv);
+    kd = concat_seq(ctx.input(4).to_double_vector(), p, kd, l, batch, hkv, d);
+    vd = concat_seq(ctx.input(5).to_double_vector(), p, vd, l, batch, hkv, dv);
   }
   if (ctx.num_outputs() > 1 && ctx.output(1).defined()) store_f64(kd, ctx.output(1));
   if (ctx.num_outputs() > 2 && ctx.output(2).defined()) store_f64(vd, ctx.output(2));
@@ -101,7 +90,7 @@ Status ref_attention(KernelContext& ctx) {
   int64_t mstride[3] = {0, 0, 0}, mlast = 0;
   const bool mask_bool = mask && mask->dtype() == DType::boolean;
   if (mask) {
-    mv = to_f64(*mask);
+    mv = mask->to_double_vector();
     const int64_t mr = mask->rank();
     mlast = mask->dim(mr - 1);
     int64_t stride = mlast;
@@ -199,7 +188,7 @@ Status ref_rotary(KernelContext& ctx) {
   const int64_t rot = node.attr_int("rotary_embedding_dim", 0) > 0 ? node.attr_int("rotary_embedding_dim", 0) : hd;
   const int64_t half = rot / 2;
   const bool interleaved = node.attr_int("interleaved", 0) != 0;
-  const std::vector<double> xv = to_f64(x), cosv = to_f64(ctx.input(1)), sinv = to_f64(ctx.input(2));
+  const std::vector<double> xv = x.to_double_vector(), cosv = ctx.input(1).to_double_vector(), sinv = ctx.input(2).to_double_vector();
   std::vector<int64_t> pos;
   const bool has_pos = ctx.has_input(3);
   if (has_pos) pos = ctx.input(3).to_int64_vector();

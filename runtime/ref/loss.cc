@@ -14,16 +14,6 @@ namespace kiln {
 namespace loss {
 namespace {
 
-std::vector<double> to_f64(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = t.data<T>();
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
-  });
-  return v;
-}
-
 void store(const double* v, Tensor& t) {
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -56,12 +46,12 @@ Status run_loss(KernelContext& ctx, bool softmax) {
   const int64_t n = x.dim(0), c = x.dim(1);
   int64_t d = 1;
   for (int64_t i = 2; i < x.rank(); ++i) d *= x.dim(i);
-  std::vector<double> logp = to_f64(x);
+  std::vector<double> logp = x.to_double_vector();
   if (softmax) log_softmax(logp, n, c, d);
   if (softmax && ctx.num_outputs() > 1 && ctx.output(1).defined()) store(logp.data(), ctx.output(1));
   const std::vector<int64_t> t = target.to_int64_vector();
   std::vector<double> weight;
-  if (ctx.has_input(2)) weight = to_f64(ctx.input(2));
+  if (ctx.has_input(2)) weight = ctx.input(2).to_double_vector();
   const bool has_ignore = node.has_attr("ignore_index");
   const int64_t ignore = node.attr_int("ignore_index", 0);
   const std::string reduction = node.attr_string("reduction", "mean");

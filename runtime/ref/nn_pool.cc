@@ -142,7 +142,7 @@ Status lrn_impl(KernelContext& ctx, const Tensor& x, Tensor& y) {
   const Node& node = ctx.node();
   const double alpha = node.attr_float("alpha", 1e-4), beta = node.attr_float("beta", 0.75), bias = node.attr_float("bias", 1.0);
   const int64_t size = node.attr_int("size", 1);
-  const int64_t N = x.dim(0), C = x.dim(1), S = N * C ? x.numel() / (N * C) : 0;
+  const int64_t N = x.dim(0), C = x.dim(1), S = N * C != 0 ? x.numel() / (N * C) : 0;
   const int64_t before = (size - 1) / 2, after = size - 1 - before;
   const T* px = x.data<T>();
   T* py = y.data<T>();

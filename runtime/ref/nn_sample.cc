@@ -11,17 +11,6 @@ namespace kiln::nn {
 
 namespace {
 
-// Reads any numeric tensor as doubles.
-std::vector<double> read_doubles(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = t.data<T>();
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(p[i]);
-  });
-  return v;
-}
-
 // Writes doubles into `t`; integer types round half to even and saturate, like the ONNX reference.
 void write_doubles(const std::vector<double>& v, Tensor& t) {
   visit_dtype(t.dtype(), [&](auto tag) {
@@ -171,7 +160,7 @@ Status ref_resize(KernelContext& ctx) {
   for (size_t i = 0; i < r; ++i) roi[2 * i] = 0, roi[2 * i + 1] = 1;
   if (p.ctm == "tf_crop_and_resize") {
     if (!ctx.has_input(1)) return ctx.error("tf_crop_and_resize needs the roi input");
-    std::vector<double> given = read_doubles(ctx.input(1));
+    std::vector<double> given = ctx.input(1).to_double_vector();
     const size_t na = g.axes.size();
     if (given.size() != 2 * na) return ctx.error("roi has " + std::to_string(given.size()) + " values but " + std::to_string(2 * na) + " are needed");
     for (size_t i = 0; i < na; ++i) {
@@ -179,7 +168,7 @@ Status ref_resize(KernelContext& ctx) {
       roi[2 * static_cast<size_t>(g.axes[i]) + 1] = given[na + i];
     }
   }
-  std::vector<double> data = read_doubles(x);
+  std::vector<double> data = x.to_double_vector();
   std::vector<int64_t> shape = x.shape();
   for (int64_t a : g.axes) {
     const size_t ax = static_cast<size_t>(a);

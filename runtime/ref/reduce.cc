@@ -119,7 +119,7 @@ Status ref_reduce(KernelContext& ctx) {
       if constexpr (K == ReduceKind::prod) init = 1;
       if constexpr (K == ReduceKind::max) init = is_float_v<T> ? -std::numeric_limits<A>::infinity() : A(val(std::numeric_limits<T>::lowest()));
       if constexpr (K == ReduceKind::min) init = is_float_v<T> ? std::numeric_limits<A>::infinity() : A(val(std::numeric_limits<T>::max()));
-      if constexpr (K == ReduceKind::log_sum_exp) init = -std::numeric_limits<double>::infinity();
+      if constexpr (K == ReduceKind::log_sum_exp && std::is_floating_point_v<A>) init = -std::numeric_limits<A>::infinity();
       std::fill(acc.begin(), acc.end(), init);
       auto wadd = [](A a, A b) { if constexpr (std::is_integral_v<A>) return wrap_add(a, b); else return a + b; };
       auto wmul = [](A a, A b) { if constexpr (std::is_integral_v<A>) return wrap_mul(a, b); else return a * b; };
