@@ -2,9 +2,6 @@
 // `kiln <verb>: error: <file>: <node/value>: <what>`.
 #include "cli/app.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +10,7 @@
 #include <iterator>
 #include <random>
 
+#include "formats/atomic_file.h"
 #include "formats/ir.h"
 #include "formats/serialize.h"
 
@@ -62,27 +60,7 @@ Status write_output(const std::string& path, const std::string& bytes) {
     if (!std::cout) return Error{ErrorKind::user, "<stdout>", "", "write failed"};
     return {};
   }
-  fs::path target(path);
-  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  int fd = mkstemp(tmpl.data());
-  if (fd < 0) return Error{ErrorKind::user, path, "", "cannot create a file in '" + dir.string() + "'"};
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      ::close(fd);
-      ::unlink(tmpl.c_str());
-      return Error{ErrorKind::user, path, "", "write failed (disk full?)"};
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::fchmod(fd, 0644);
-  if (::close(fd) != 0 || std::rename(tmpl.c_str(), path.c_str()) != 0) {
-    ::unlink(tmpl.c_str());
-    return Error{ErrorKind::user, path, "", "cannot write file"};
-  }
-  return {};
+  return write_file_atomic(path, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
 }
 
 int main(int argc, char** argv) {

@@ -150,8 +150,7 @@ int run(const RunArgs& args) {
     if (ec) return report(verb, Error{ErrorKind::user, args.output_dir, "", "cannot create folder: " + ec.message()});
     for (size_t i = 0; i < outputs->size(); ++i) {
       std::string path = (fs::path(args.output_dir) / (percent_encode_file_name(output_names[i]) + ".npy")).string();
-      std::vector<uint8_t> bytes = write_npy((*outputs)[i]);
-      Status st = write_output(path, std::string(bytes.begin(), bytes.end()));
+      Status st = write_npy_file(path, (*outputs)[i]);
       if (!st.ok()) return report(verb, st);
     }
   }

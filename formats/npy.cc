@@ -4,6 +4,8 @@
 // keys 'descr', 'fortran_order' and 'shape', padded to 64 bytes, then the raw data.
 #include "formats/npy.h"
 
+#include "formats/atomic_file.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -519,13 +521,7 @@ Result<std::vector<uint8_t>> read_file_bytes(const std::string& path) {
 }
 
 Status write_file_bytes(const std::string& path, std::span<const uint8_t> bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) return file_error(path, "", std::string("cannot open for writing: ") + std::strerror(errno));
-  bool ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  int err = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) return file_error(path, "", std::string("cannot write: ") + std::strerror(err ? err : errno));
-  return Status();
+  return write_file_atomic(path, bytes);
 }
 
 }  // namespace kiln

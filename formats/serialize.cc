@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include <limits>
 #include <map>
 
+#include "formats/atomic_file.h"
 #include "formats/verify.h"
 #include "kiln_generated.h"
 
@@ -244,87 +244,15 @@ class VectorSink : public Sink {
   std::vector<uint8_t>& out_;
 };
 
-/// A temporary file next to `final_path` that becomes `final_path` on commit() and is removed
-/// otherwise, so an output is either the old file or the complete new one.
+/// A Sink over an AtomicFile: the output is either the old file or the complete new one.
 class TempFile : public Sink {
  public:
-  ~TempFile() override {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
-  }
-
-  Status open(const std::string& final_path) {
-    final_ = final_path;
-    std::filesystem::path p(final_path);
-    std::string base = p.filename().string();
-    if (base.empty() || base == "." || base == "..")
-      return user_error("", "cannot write '" + final_path + "': not a file name");
-    std::filesystem::path dir = p.parent_path();
-    static std::atomic<uint64_t> counter{0};
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      std::string name = "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-      std::string temp = dir.empty() ? name : (dir / name).string();
-      fd_ = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ >= 0) {
-        temp_ = temp;
-        return {};
-      }
-      if (errno != EEXIST)
-        return user_error("", "cannot create a temporary file next to '" + final_path + "': " + errno_text(errno));
-    }
-    return user_error("", "cannot create a temporary file next to '" + final_path + "': too many attempts");
-  }
-
-  Status write(const void* data, size_t size) override {
-    // Small writes (padding, the flatbuffer, small tensors) are gathered; large tensors go
-    // straight to the file.
-    const auto* p = static_cast<const uint8_t*>(data);
-    if (buffer_.size() + size > kBufferSize) KILN_RETURN_IF_ERROR(flush());
-    if (size > kBufferSize) return write_all(p, size);
-    buffer_.insert(buffer_.end(), p, p + size);
-    return {};
-  }
-
-  /// Flushes, syncs and renames the file into place.
-  Status commit() {
-    KILN_RETURN_IF_ERROR(flush());
-    if (::fsync(fd_) != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
-    int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
-    if (::rename(temp_.c_str(), final_.c_str()) != 0)
-      return user_error("", "cannot replace '" + final_ + "': " + errno_text(errno));
-    committed_ = true;
-    return {};
-  }
+  Status open(const std::string& final_path) { return file_.open(final_path); }
+  Status write(const void* data, size_t size) override { return file_.write(data, size); }
+  Status commit() { return file_.commit(); }
 
  private:
-  static constexpr size_t kBufferSize = size_t{1} << 20;
-
-  Status flush() {
-    Status s = write_all(buffer_.data(), buffer_.size());
-    buffer_.clear();
-    return s;
-  }
-
-  Status write_all(const uint8_t* p, size_t size) {
-    while (size > 0) {
-      ssize_t n = ::write(fd_, p, std::min<size_t>(size, size_t{1} << 30));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-    return {};
-  }
-
-  std::string final_;
-  std::string temp_;
-  int fd_ = -1;
-  bool committed_ = false;
-  std::vector<uint8_t> buffer_;
+  AtomicFile file_;
 };
 
 /// Writes the weight blob: each tensor at its offset, zeros between.

@@ -31,6 +31,8 @@ class KernelContext {
   virtual size_t num_outputs() const = 0;
   /// The output buffer, allocated by the executor when the op's inference gave its shape.
   /// Undefined for outputs whose shape depends on the data (NonZero, Unique): use allocate_output.
+  /// Kernels write into it and never replace it with a view of an input: inputs' memory is
+  /// reused by the memory plan once their last reader has run.
   virtual Tensor& output(size_t i) = 0;
   /// Allocates (or replaces) output i with this dtype and shape and returns it.
   virtual Tensor& allocate_output(size_t i, DType dtype, std::vector<int64_t> shape) = 0;

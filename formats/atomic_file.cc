@@ -1,0 +1,96 @@
+// Atomic file writes (temporary file, fsync, rename).
+#include "formats/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace kiln {
+
+namespace {
+
+constexpr size_t kBufferSize = size_t{1} << 20;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+}  // namespace
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+Status AtomicFile::open(const std::string& final_path) {
+  final_ = final_path;
+  std::filesystem::path p(final_path);
+  std::string base = p.filename().string();
+  if (base.empty() || base == "." || base == "..")
+    return user_error("", "cannot write '" + final_path + "': not a file name");
+  std::filesystem::path dir = p.parent_path();
+  static std::atomic<uint64_t> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string name = "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    std::string temp = dir.empty() ? name : (dir / name).string();
+    fd_ = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0) {
+      temp_ = temp;
+      return {};
+    }
+    if (errno != EEXIST)
+      return user_error("", "cannot create a temporary file next to '" + final_path + "': " + errno_text(errno));
+  }
+  return user_error("", "cannot create a temporary file next to '" + final_path + "': too many attempts");
+}
+
+Status AtomicFile::write(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (buffer_.size() + size > kBufferSize) KILN_RETURN_IF_ERROR(flush());
+  if (size > kBufferSize) return write_all(p, size);
+  buffer_.insert(buffer_.end(), p, p + size);
+  return {};
+}
+
+Status AtomicFile::commit() {
+  KILN_RETURN_IF_ERROR(flush());
+  if (::fsync(fd_) != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+  int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+  if (::rename(temp_.c_str(), final_.c_str()) != 0)
+    return user_error("", "cannot replace '" + final_ + "': " + errno_text(errno));
+  committed_ = true;
+  return {};
+}
+
+Status AtomicFile::flush() {
+  Status s = write_all(buffer_.data(), buffer_.size());
+  buffer_.clear();
+  return s;
+}
+
+Status AtomicFile::write_all(const uint8_t* p, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd_, p, std::min<size_t>(size, size_t{1} << 30));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return {};
+}
+
+Status write_file_atomic(const std::string& path, std::span<const uint8_t> bytes) {
+  AtomicFile f;
+  Status s = f.open(path);
+  if (s.ok()) s = f.write(bytes.data(), bytes.size());
+  if (s.ok()) s = f.commit();
+  return with_file(s, path);
+}
+
+}  // namespace kiln

@@ -1,0 +1,45 @@
+// Writing outputs atomically: every file kiln writes (models, sidecars, .npy outputs) goes to a
+// temporary file in the same folder and is renamed into place once complete, so a failed or
+// interrupted command never leaves a half-written output or clobbers the old one.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+
+namespace kiln {
+
+/// A temporary file next to `final_path` that becomes `final_path` on commit() and is removed
+/// otherwise (also when destroyed without commit).
+class AtomicFile {
+ public:
+  AtomicFile() = default;
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+
+  /// Creates the temporary file.
+  Status open(const std::string& final_path);
+  /// Appends bytes (small writes are gathered, large ones go straight to the file).
+  Status write(const void* data, size_t size);
+  /// Flushes, syncs and renames the file into place.
+  Status commit();
+
+ private:
+  Status flush();
+  Status write_all(const uint8_t* p, size_t size);
+
+  std::string final_;
+  std::string temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::vector<uint8_t> buffer_;
+};
+
+/// Writes a whole file atomically. Errors name the file in Error::file.
+Status write_file_atomic(const std::string& path, std::span<const uint8_t> bytes);
+
+}  // namespace kiln
