@@ -13,24 +13,17 @@
 namespace kiln {
 namespace {
 
+using testing::attr;
 using testing::expect_all;
 using testing::expect_user_error;
 using testing::make;
 using testing::run_op;
-
-Attribute attr(std::string name, AttrValue v) { return Attribute{std::move(name), std::move(v)}; }
 
 // Deterministic mixed-sign data; `salt` varies it between tensors.
 Tensor data(std::vector<int64_t> shape, int salt, float scale = 0.3f) {
   Tensor t(DType::f32, std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * static_cast<float>((i * 7 + salt * 5) % 13 - 6) + 0.05f;
   return t;
-}
-
-std::vector<double> as_vec(const Tensor& t) {
-  std::vector<double> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.as_double(i);
-  return v;
 }
 
 struct Naive {
@@ -138,7 +131,7 @@ TEST(AttentionOps, ThreeDLayoutMatchesFourD) {
   ASSERT_TRUE(r3.ok()) << r3.error().what;
   ASSERT_TRUE(r4.ok()) << r4.error().what;
   ASSERT_EQ((*r3)[0].shape(), (std::vector<int64_t>{B, S, Hq * Dv}));
-  expect_all(to4((*r3)[0], Hq), as_vec((*r4)[0]), 1e-6);
+  expect_all(to4((*r3)[0], Hq), (*r4)[0].to_double_vector(), 1e-6);
 }
 
 TEST(AttentionOps, BoolMaskBroadcastAndNonpadLengths) {
@@ -152,7 +145,7 @@ TEST(AttentionOps, BoolMaskBroadcastAndNonpadLengths) {
   auto rn = run_op("Attention", {q, k, v, Tensor(), Tensor(), Tensor(), make<int64_t>({2}, {3, 2})});
   ASSERT_TRUE(rb.ok()) << rb.error().what;
   ASSERT_TRUE(rn.ok()) << rn.error().what;
-  expect_all((*rb)[0], as_vec((*rn)[0]), 1e-6);
+  expect_all((*rb)[0], (*rn)[0].to_double_vector(), 1e-6);
   // Batch 1 sees only keys 0 and 1: compare with running it on those keys alone.
   Tensor k1(DType::f32, {1, 2, 2, 4}), v1(DType::f32, {1, 2, 2, 3}), q1(DType::f32, {1, 2, 3, 4});
   for (int64_t h = 0; h < 2; ++h) {
@@ -185,7 +178,7 @@ TEST(AttentionOps, HalfPrecisionAndZeroLengthQuery) {
   auto r16 = run_op("Attention", {to_half(q), to_half(k), to_half(v)});
   ASSERT_TRUE(r32.ok() && r16.ok());
   EXPECT_EQ((*r16)[0].dtype(), DType::f16);
-  expect_all((*r16)[0], as_vec((*r32)[0]), 2e-3);
+  expect_all((*r16)[0], (*r32)[0].to_double_vector(), 2e-3);
   auto r0 = run_op("Attention", {data({1, 2, 0, 4}, 1), k, v});
   ASSERT_TRUE(r0.ok()) << r0.error().what;
   EXPECT_EQ((*r0)[0].shape(), (std::vector<int64_t>{1, 2, 0, 4}));
