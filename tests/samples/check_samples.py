@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Checks that the committed samples are what samples/make_samples.py makes, byte for byte.
+"""Checks that the committed samples are what samples/make_samples.py makes.
 
     python tests/samples/check_samples.py [--samples-dir DIR] [--keep-temp]
 
 Reruns make_samples.py with --out-dir into a temporary folder, then checks one file at a time:
-each sample file under samples/ (NAME.onnx, NAME.inputs.npz and NAME.expected/*.npy) must be
-reproduced with the same bytes, and each file the script writes must be in samples/ (a sample
+each model and input file under samples/ (NAME.onnx, NAME.inputs.npz) must be reproduced with
+the same bytes, and each expected output (NAME.expected/*.npy) with the same dtype and shape and
+values within 1e-6 (relative) + 1e-7: they are computed with numpy, whose BLAS may sum in another
+order on another CPU or thread count, and each file the script writes must be in samples/ (a sample
 added to the script but not committed fails too). Other files in samples/ (the script itself,
 docs, calibration data) are not the script's output and are left alone. Prints one line per
 failing file, then 'N passed, M failed'; exit status 1 on any failure, including the script
@@ -14,11 +16,14 @@ Test tool only: needs the Python that runs make_samples.py (onnx, onnxruntime, n
 """
 
 import argparse
+import io
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_SAMPLES = os.path.join(ROOT, "samples")
@@ -45,6 +50,17 @@ def first_difference(a, b):
     return f"{len(a)} bytes committed, {len(b)} regenerated, first difference at byte {index}"
 
 
+def values_differ(want, got):
+    """None when two .npy images hold the same dtype, shape and values within tolerance."""
+    a = np.load(io.BytesIO(want), allow_pickle=False)
+    b = np.load(io.BytesIO(got), allow_pickle=False)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return f"committed {a.dtype} {list(a.shape)}, regenerated {b.dtype} {list(b.shape)}"
+    if np.allclose(b, a, rtol=1e-6, atol=1e-7, equal_nan=True):
+        return None
+    return f"values differ (max abs difference {float(np.max(np.abs(a.astype(np.float64) - b))):.3g})"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples-dir", default=DEFAULT_SAMPLES,
@@ -58,8 +74,11 @@ def main(argv=None):
     passed, failures = 0, []
     temp = tempfile.mkdtemp(prefix="kiln-samples-")
     try:
+        # One BLAS thread: the same summation order as when the samples were made, whatever
+        # else the machine is doing.
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         proc = subprocess.run([sys.executable, script, "--out-dir", temp],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             detail = (proc.stdout + proc.stderr).strip().splitlines()
             failures.append(f"make_samples.py exited {proc.returncode}: "
@@ -80,10 +99,15 @@ def main(argv=None):
                 want = f.read()
             with open(os.path.join(temp, rel), "rb") as f:
                 got = f.read()
-            if want == got:
-                passed += 1
+            problem = None
+            if want != got:
+                problem = first_difference(want, got)
+                if ".expected" + os.sep in rel and rel.endswith(".npy"):
+                    problem = values_differ(want, got)
+            if problem:
+                failures.append(f"{rel}: not reproduced: {problem}")
             else:
-                failures.append(f"{rel}: not reproduced: {first_difference(want, got)}")
+                passed += 1
     finally:
         if args.keep_temp:
             print(f"regenerated samples kept in {temp}")
