@@ -6,8 +6,8 @@
 Reruns make_samples.py with --out-dir into a temporary folder, then checks one file at a time:
 each model and input file under samples/ (NAME.onnx, NAME.inputs.npz) must be reproduced with
 the same bytes, and each expected output (NAME.expected/*.npy) with the same dtype and shape and
-values within 1e-6 (relative) + 1e-7: they are computed with numpy, whose BLAS may sum in another
-order on another CPU or thread count, and each file the script writes must be in samples/ (a sample
+values within 1e-5 + 1e-5·|value|: they are computed with numpy, whose vectorised sums and BLAS
+may round differently from run to run (the data's alignment, the CPU, the thread count), and each file the script writes must be in samples/ (a sample
 added to the script but not committed fails too). Other files in samples/ (the script itself,
 docs, calibration data) are not the script's output and are left alone. Prints one line per
 failing file, then 'N passed, M failed'; exit status 1 on any failure, including the script
@@ -56,7 +56,7 @@ def values_differ(want, got):
     b = np.load(io.BytesIO(got), allow_pickle=False)
     if a.dtype != b.dtype or a.shape != b.shape:
         return f"committed {a.dtype} {list(a.shape)}, regenerated {b.dtype} {list(b.shape)}"
-    if np.allclose(b, a, rtol=1e-6, atol=1e-7, equal_nan=True):
+    if np.allclose(b, a, rtol=1e-5, atol=1e-5, equal_nan=True):
         return None
     return f"values differ (max abs difference {float(np.max(np.abs(a.astype(np.float64) - b))):.3g})"
 
