@@ -10,11 +10,11 @@
 
 namespace kiln {
 
-ConvertContext::ConvertContext(const onnx::NodeProto& node, int op_version, Graph& graph,
+ConvertContext::ConvertContext(const onnx::NodeProto& node, std::string name, int op_version, Graph& graph,
                                std::vector<ValueId> inputs, std::vector<ValueId> outputs,
                                SubgraphConverter subgraphs, void* exporter)
     : node_(node), op_version_(op_version), graph_(graph), inputs_(std::move(inputs)),
-      outputs_(std::move(outputs)), name_(node.name()), subgraphs_(subgraphs), exporter_(exporter) {}
+      outputs_(std::move(outputs)), name_(std::move(name)), subgraphs_(subgraphs), exporter_(exporter) {}
 
 const std::string& ConvertContext::op_type() const { return node_.op_type(); }
 

@@ -28,8 +28,10 @@ using SubgraphConverter = Result<std::shared_ptr<Graph>> (*)(const onnx::GraphPr
 
 class ConvertContext {
  public:
-  ConvertContext(const onnx::NodeProto& node, int op_version, Graph& graph, std::vector<ValueId> inputs,
-                 std::vector<ValueId> outputs, SubgraphConverter subgraphs, void* exporter);
+  /// `name` is the node's kiln name: the ONNX name, or a generated one when that is empty or taken.
+  ConvertContext(const onnx::NodeProto& node, std::string name, int op_version, Graph& graph,
+                 std::vector<ValueId> inputs, std::vector<ValueId> outputs, SubgraphConverter subgraphs,
+                 void* exporter);
 
   const onnx::NodeProto& onnx_node() const { return node_; }
   /// ONNX node name, or "<op>_<index>" when the model leaves it empty.

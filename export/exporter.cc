@@ -133,10 +133,8 @@ Status Exporter::convert_node(Scope& scope, const onnx::NodeProto& node, size_t 
     outs.push_back(id);
   }
   if (!unsupported_.empty()) return {};  // keep scanning for unsupported ops only
-  onnx::NodeProto named = node;
-  named.set_name(name);
   size_t first_new = g.nodes.size();
-  ConvertContext ctx(named, version, g, ins, outs, &Exporter::convert_subgraph, this);
+  ConvertContext ctx(node, name, version, g, ins, outs, &Exporter::convert_subgraph, this);
   KILN_RETURN_IF_ERROR(conv->fn(ctx));
   for (size_t n = first_new; n < g.nodes.size(); ++n) KILN_RETURN_IF_ERROR(infer_node_into(g, n, scope.known));
   return {};

@@ -92,8 +92,6 @@ Status create_kernels(const Graph& g, const SessionOptions& opt, std::vector<std
   return {};
 }
 
-std::string dims_str(const std::vector<int64_t>& d) { return shape_str(d); }
-
 }  // namespace
 
 Session::Session(const Model& model, SessionOptions options) : graph_(model.graph), options_(std::move(options)) {}
@@ -122,12 +120,12 @@ Result<std::map<std::string, int64_t>> Session::bind_symbols(const std::vector<T
     if (!v.shape.rank_known) continue;
     if (t.rank() != v.shape.rank())
       return user_error(where, "expected shape " + v.shape.str() + " (rank " + std::to_string(v.shape.rank()) +
-                                   ") but got " + dims_str(t.shape()));
+                                   ") but got " + shape_str(t.shape()));
     for (size_t d = 0; d < v.shape.dims.size(); ++d) {
       const Dim& dim = v.shape.dims[d];
       int64_t got = t.shape()[d];
       if (dim.is_known() && dim.value != got)
-        return user_error(where, "expected shape " + v.shape.str() + " but got " + dims_str(t.shape()));
+        return user_error(where, "expected shape " + v.shape.str() + " but got " + shape_str(t.shape()));
       if (dim.is_symbolic()) {
         auto [it, fresh] = bound.emplace(dim.symbol, got);
         if (!fresh && it->second != got)
@@ -148,8 +146,7 @@ Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs
   // Infer every shape with the bound input shapes on a copy of the graph.
   Graph bound = graph_;
   for (size_t i = 0; i < inputs.size(); ++i) bound.value(bound.inputs[i]).shape = Shape::of(inputs[i].shape());
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> folded, infer_graph(bound, InferOptions{.overwrite = true}));
-  (void)folded;
+  KILN_RETURN_IF_ERROR(infer_graph(bound, InferOptions{.overwrite = true}).status());
 
   const size_t nv = bound.values.size();
   std::vector<int32_t> first(nv, -1), last(nv, -1);
@@ -236,11 +233,8 @@ Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) frame.values[static_cast<size_t>(graph_.inputs[i])] = inputs[i];
   KILN_RETURN_IF_ERROR(execute(graph_, frame, kernels_, plan));
   std::vector<Tensor> out;
-  for (ValueId id : graph_.outputs) {
-    Tensor t = frame.values[static_cast<size_t>(id)];
-    // Outputs that alias inputs or constants are copied so the caller owns them.
-    out.push_back(t);
-  }
+  // Outputs are never in the arena, so the caller may keep them across runs.
+  for (ValueId id : graph_.outputs) out.push_back(frame.values[static_cast<size_t>(id)]);
   return out;
 }
 
