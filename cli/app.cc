@@ -12,6 +12,7 @@
 
 #include "formats/atomic_file.h"
 #include "formats/ir.h"
+#include "formats/memory.h"
 #include "formats/serialize.h"
 
 namespace kiln::cli {
@@ -63,6 +64,18 @@ Status write_output(const std::string& path, const std::string& bytes) {
   return write_file_atomic(path, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
 }
 
+void add_max_memory_option(CLI::App* cmd) {
+  cmd->add_option_function<std::string>(
+         "--max-memory",
+         [](const std::string& text) {
+           std::optional<size_t> bytes = parse_byte_size(text);
+           if (!bytes) throw CLI::ValidationError("--max-memory", "'" + text + "' is not a size such as 256MiB, 4G or 1500000000");
+           set_memory_limit(*bytes);
+         },
+         "most memory kiln may use for tensors and buffers, e.g. 4GiB (default: the machine's available memory)")
+      ->type_name("SIZE");
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"kiln: capture, quantize, compile and profile models"};
   app.name("kiln");
@@ -88,8 +101,14 @@ int main(int argc, char** argv) {
     std::cerr << "kiln" << (verb.empty() ? "" : " " + verb) << ": error: " << e.what()
               << " (see kiln" << (verb.empty() ? "" : " " + verb) << " --help)\n";
     return 2;
-  } catch (const std::bad_alloc&) {
-    std::cerr << "kiln: error: out of memory\n";
+  } catch (const std::bad_alloc& e) {
+    // Libraries turn allocation failures into errors about a node or value; this is the net.
+    std::string verb;
+    for (const CLI::App* sub : app.get_subcommands()) verb = sub->get_name();
+    const auto* limit = dynamic_cast<const MemoryLimitExceeded*>(&e);
+    std::cerr << "kiln" << (verb.empty() ? "" : " " + verb) << ": error: "
+              << (limit ? std::string(limit->what()) : "out of memory (the machine refused an allocation below --max-memory)")
+              << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "kiln: error: internal error: " << e.what() << " (please report this as a kiln bug)\n";

@@ -30,6 +30,10 @@ Result<Model> load_model_arg(const std::string& path);
 /// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
 Status write_output(const std::string& path, const std::string& bytes);
 
+/// Adds `--max-memory SIZE` to a subcommand that loads or runs a model: parsing it sets kiln's
+/// memory budget (formats/memory.h); a malformed size is a usage error.
+void add_max_memory_option(CLI::App* cmd);
+
 // Subcommand set-up: each adds its options to `app` and returns the callback's exit code slot.
 void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_run_command(CLI::App& app, int& exit_code);

@@ -70,6 +70,7 @@ void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdlin
   cmd->add_option("--sidecar-threshold", args->sidecar_threshold,
                   "weights larger than this many bytes go to OUT.kiln.weights")
       ->capture_default_str();
+  add_max_memory_option(cmd);
   cmd->add_flag("--list-ops", args->list_ops, "print the supported ONNX ops and op versions, then exit");
   cmd->add_flag("-v,--verbose", args->verbose, "name every node of each unsupported op");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_export(*args, cmdline); });

@@ -61,6 +61,7 @@ void add_inspect_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "Summarise a .kiln model");
   cmd->add_option("model", args->model, "model .kiln file (- for stdin)")->required();
+  add_max_memory_option(cmd);
   auto* json = cmd->add_flag("--json", args->json, "machine-readable summary");
   cmd->add_flag("--text", args->text, "the whole graph as diffable text")->excludes(json);
   cmd->callback([args, &exit_code] { exit_code = inspect(*args); });

@@ -209,6 +209,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "compare with DIR/<output name>.npy (or a test_data_set's output_K.pb); exit 3 on mismatch");
   cmd->add_option("--atol", args->atol, "absolute tolerance for --check-against")->capture_default_str();
   cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
+  add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the memory plan");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });
 }

@@ -165,26 +165,72 @@ const ConverterRegistry& onnx_converters() {
 
 namespace {
 
+struct VersionArity {
+  int since, min_in, max_in, required_in, min_out, max_out;
+};
+
 struct OpVersions {
   std::string_view domain, op;
-  std::vector<int> versions;
+  std::vector<VersionArity> arity;
+  std::vector<int> versions;  // the since-versions of `arity`, for callers that want only those
 };
 
 const std::vector<OpVersions>& op_version_table() {
-  static const std::vector<OpVersions> table = {
-#define KILN_ONNX_OP(domain, op, ...) {domain, op, {__VA_ARGS__}},
+  static const std::vector<OpVersions> table = [] {
+    std::vector<OpVersions> t = {
+#define KILN_ONNX_OP(domain, op, ...) {domain, op, {__VA_ARGS__}, {}},
 #include "export/onnx_op_versions.inc"
 #undef KILN_ONNX_OP
-  };
+    };
+    for (OpVersions& e : t)
+      for (const VersionArity& a : e.arity) e.versions.push_back(a.since);
+    return t;
+  }();
   return table;
+}
+
+const OpVersions* find_op(std::string_view domain, std::string_view op) {
+  if (domain == "ai.onnx") domain = "";
+  for (const OpVersions& e : op_version_table())
+    if (e.domain == domain && e.op == op) return &e;
+  return nullptr;
+}
+
+// "2 inputs", "1 output".
+std::string count_of(int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); }
+
+// "1", "1 to 3", "at least 2".
+std::string range_of(int lo, int hi) {
+  if (hi < 0) return "at least " + std::to_string(lo);
+  return lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
 }
 
 }  // namespace
 
 std::span<const int> onnx_op_versions(std::string_view domain, std::string_view op) {
-  if (domain == "ai.onnx") domain = "";
-  for (const OpVersions& e : op_version_table())
-    if (e.domain == domain && e.op == op) return e.versions;
+  const OpVersions* e = find_op(domain, op);
+  return e ? std::span<const int>(e->versions) : std::span<const int>();
+}
+
+std::optional<OnnxArity> onnx_op_arity(std::string_view domain, std::string_view op, int version) {
+  const OpVersions* e = find_op(domain, op);
+  if (!e) return std::nullopt;
+  for (const VersionArity& a : e->arity)
+    if (a.since == version) return OnnxArity{a.min_in, a.max_in, a.required_in, a.min_out, a.max_out};
+  return std::nullopt;
+}
+
+Status check_onnx_arity(const onnx::NodeProto& node, const OnnxArity& arity, int version, const std::string& where) {
+  std::string op = node.op_type() + "-" + std::to_string(version);
+  int ins = node.input_size(), outs = node.output_size();
+  if (ins < arity.min_inputs || (arity.max_inputs >= 0 && ins > arity.max_inputs))
+    return user_error(where, "has " + count_of(ins, "input") + " but " + op + " takes " +
+                                 range_of(arity.min_inputs, arity.max_inputs));
+  for (int i = 0; i < arity.required_inputs && i < ins; ++i)
+    if (node.input(i).empty()) return user_error(where, "input " + std::to_string(i) + " of " + op + " is required but omitted");
+  if (outs < arity.min_outputs || (arity.max_outputs >= 0 && outs > arity.max_outputs))
+    return user_error(where, "has " + count_of(outs, "output") + " but " + op + " gives " +
+                                 range_of(arity.min_outputs, arity.max_outputs));
   return {};
 }
 

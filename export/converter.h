@@ -118,6 +118,18 @@ const ConverterRegistry& onnx_converters();
 
 /// The since-versions of an ONNX op (from the table generated from onnx 1.22), empty if unknown.
 std::span<const int> onnx_op_versions(std::string_view domain, std::string_view op);
+
+/// How many inputs and outputs one version of an ONNX op allows (onnx 1.22's schemas).
+struct OnnxArity {
+  int min_inputs = 0, max_inputs = -1;  ///< -1: no upper limit (variadic)
+  int required_inputs = 0;              ///< leading inputs that may not be omitted ("")
+  int min_outputs = 0, max_outputs = -1;
+};
+/// The arity of `op` at since-version `version`; nullopt if the table does not know it.
+std::optional<OnnxArity> onnx_op_arity(std::string_view domain, std::string_view op, int version);
+/// A user error when the node's input or output counts do not fit the arity, so that no
+/// converter ever indexes an input that is not there.
+Status check_onnx_arity(const onnx::NodeProto& node, const OnnxArity& arity, int version, const std::string& where);
 /// The since-version an op has in a model importing `opset` of its domain (0 if none).
 int resolve_op_version(std::string_view domain, std::string_view op, int opset);
 

@@ -118,6 +118,8 @@ Status Exporter::convert_node(Scope& scope, const onnx::NodeProto& node, size_t 
       if (!out.empty() && g.find_value(out) == kNoValue) g.add_value(out, DType::undefined);
     return {};
   }
+  if (std::optional<OnnxArity> arity = onnx_op_arity(domain, node.op_type(), version))
+    KILN_RETURN_IF_ERROR(check_onnx_arity(node, *arity, version, "node '" + name + "'"));
   std::vector<ValueId> ins, outs;
   for (const std::string& in : node.input()) {
     if (in.empty()) { ins.push_back(kNoValue); continue; }

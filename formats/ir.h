@@ -21,6 +21,10 @@ namespace kiln {
 
 struct Graph;
 
+/// The highest rank kiln accepts for any value: real models stay far below it, and a bound
+/// keeps a hostile file from declaring shapes of millions of dims.
+inline constexpr int64_t kMaxRank = 64;
+
 /// One dimension: a known size, a named symbol ("batch"), or unknown (neither).
 struct Dim {
   int64_t value = -1;  ///< >= 0 when known

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "formats/atomic_file.h"
+#include "formats/memory.h"
 #include "formats/verify.h"
 #include "kiln_generated.h"
 
@@ -285,11 +286,21 @@ struct Buffer {
 
 Result<Buffer> alloc_buffer(uint64_t size) {
   uint64_t rounded = align_up(std::max<uint64_t>(size, 1));
-  void* p = rounded > std::numeric_limits<size_t>::max() ? nullptr : std::aligned_alloc(kAlign, rounded);
-  if (!p) return user_error("", "cannot allocate " + std::to_string(size) + " bytes to read the file");
+  if (rounded > std::numeric_limits<size_t>::max() || !try_charge_memory(rounded))
+    return user_error("", "reading it needs " + format_bytes(size) + ", past the memory limit of " +
+                              format_bytes(memory_limit()) + " (--max-memory)");
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) {
+    release_memory(rounded);
+    return user_error("", "cannot allocate " + format_bytes(size) + " to read the file");
+  }
   // The tail past `size` is zeroed so that nothing reads uninitialised memory.
   std::memset(static_cast<uint8_t*>(p) + size, 0, rounded - size);
-  return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { std::free(q); }), size};
+  return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [rounded](uint8_t* q) {
+                  std::free(q);
+                  release_memory(rounded);
+                }),
+                size};
 }
 
 /// Reads `path` whole into an aligned buffer. `what` names the file in messages ("file" for

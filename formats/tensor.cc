@@ -5,7 +5,13 @@
 #include <cstring>
 #include <limits>
 
+#include "formats/memory.h"
+
 namespace kiln {
+
+namespace {
+constexpr size_t kTensorBookkeepingBytes = 256;
+}  // namespace
 
 int64_t shape_numel(std::span<const int64_t> shape) {
   int64_t n = 1;
@@ -29,14 +35,25 @@ std::string shape_str(std::span<const int64_t> shape) {
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
-  if (numel_ < 0) numel_ = 0;
-  size_t bytes = nbytes();
-  size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  // A negative or overflowing shape cannot be allocated: report it as a request past any limit.
+  std::optional<size_t> bytes = checked_bytes(numel_, dtype_size(dtype_));
+  if (!bytes || *bytes > SIZE_MAX - kTensorAlignment) throw MemoryLimitExceeded(SIZE_MAX, memory_in_use(), memory_limit());
+  size_t rounded = (*bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
+  // The charge includes the bookkeeping around the data (allocator header, shared_ptr control
+  // block, the Tensor and its shape), which dominates for the many tiny tensors a Loop can make.
+  const size_t charge = rounded + kTensorBookkeepingBytes;
+  charge_memory(charge);
   void* p = std::aligned_alloc(kTensorAlignment, rounded);
-  if (!p) throw std::bad_alloc();
+  if (!p) {
+    release_memory(charge);
+    throw std::bad_alloc();
+  }
   std::memset(p, 0, rounded);
-  owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  owner_ = std::shared_ptr<void>(p, [charge](void* q) {
+    std::free(q);
+    release_memory(charge);
+  });
   data_ = p;
 }
 

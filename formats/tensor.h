@@ -24,7 +24,9 @@ std::string shape_str(std::span<const int64_t> shape);
 class Tensor {
  public:
   Tensor() = default;
-  /// Allocates zero-filled, aligned storage.
+  /// Allocates zero-filled, aligned storage, charged against the memory budget
+  /// (formats/memory.h): throws MemoryLimitExceeded when it does not fit or when the shape has
+  /// a negative dim or its byte count overflows.
   Tensor(DType dtype, std::vector<int64_t> shape);
   /// Wraps memory owned by `owner` (an arena, a mapped file) without copying.
   static Tensor view(DType dtype, std::vector<int64_t> shape, void* data,

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "formats/memory.h"
 #include "formats/op_schema.h"
 
 namespace kiln {
@@ -52,6 +53,21 @@ Status check_tensor(const Tensor& t, const std::string& where) {
   if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / esize)
     return user_error(where, "data shape " + shape_str(t.shape()) + " has more elements than fit in memory");
   if (numel > 0 && t.raw() == nullptr) return user_error(where, "data of " + shape_str(t.shape()) + " is missing");
+  return {};
+}
+
+/// A value's shape fits kiln's limits: rank at most kMaxRank, and when every dim is known, a
+/// byte count that neither overflows nor passes the memory limit (`--max-memory`).
+Status check_shape_size(const Value& v, const std::string& where) {
+  if (v.shape.rank() > kMaxRank)
+    return user_error(where, "shape has rank " + num(v.shape.rank()) + "; kiln supports ranks up to " + num(kMaxRank));
+  if (!v.shape.is_concrete() || !dtype_valid(static_cast<uint16_t>(v.dtype))) return {};
+  std::optional<size_t> bytes = checked_bytes(shape_numel(v.shape.concrete()), dtype_size(v.dtype));
+  if (!bytes) return user_error(where, "shape " + v.shape.str() + " has more elements than fit in memory");
+  if (*bytes > memory_limit())
+    return user_error(where, "shape " + v.shape.str() + " (" + std::string(dtype_name(v.dtype)) + ") needs " +
+                                 format_bytes(*bytes) + ", past the memory limit of " + format_bytes(memory_limit()) +
+                                 " (--max-memory)");
   return {};
 }
 
@@ -139,6 +155,7 @@ class GraphVerifier {
       if (!dtype_valid(raw)) return err(w, "unknown dtype " + num(raw));
       if (!v.shape.rank_known && !v.shape.dims.empty())
         return err(w, "shape has unknown rank but lists " + num(static_cast<int64_t>(v.shape.dims.size())) + " dims");
+      KILN_RETURN_IF_ERROR(prefixed(check_shape_size(v, w)));
       if (v.is_constant()) {
         KILN_RETURN_IF_ERROR(prefixed(check_tensor(v.constant, w)));
         if (v.constant.dtype() != v.dtype)

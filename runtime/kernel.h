@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,10 +31,15 @@ class KernelContext {
   virtual const Tensor& input(size_t i) const = 0;
   virtual size_t num_outputs() const = 0;
   /// The output buffer, allocated by the executor when the op's inference gave its shape.
-  /// Undefined for outputs whose shape depends on the data (NonZero, Unique): use allocate_output.
   /// Kernels write into it and never replace it with a view of an input: inputs' memory is
-  /// reused by the memory plan once their last reader has run.
+  /// reused by the memory plan once their last reader has run. An omitted optional output is
+  /// an undefined Tensor. Asking for a requested output the executor could not size (its shape
+  /// depends on the data: NonZero, Unique) throws OutputNotAllocated, which the executor
+  /// reports as an error about the node: such kernels check output_allocated and use
+  /// allocate_output.
   virtual Tensor& output(size_t i) = 0;
+  /// Whether the executor allocated output i.
+  virtual bool output_allocated(size_t i) const = 0;
   /// Allocates (or replaces) output i with this dtype and shape and returns it.
   virtual Tensor& allocate_output(size_t i, DType dtype, std::vector<int64_t> shape) = 0;
   /// Runs a subgraph (If/Loop/Scan bodies) with these inputs; names it does not define resolve
@@ -42,6 +48,18 @@ class KernelContext {
 
   /// A user error about this node: "node 'x': <what>".
   Error error(std::string what) const { return user_error(node().where(), std::move(what)); }
+};
+
+/// Thrown by KernelContext::output for an output the executor could not size ahead; never
+/// escapes the executor. A safety net: no kernel ever writes through a null output.
+class OutputNotAllocated : public std::runtime_error {
+ public:
+  explicit OutputNotAllocated(size_t index)
+      : std::runtime_error("output " + std::to_string(index) + " was not allocated"), index_(index) {}
+  size_t index() const { return index_; }
+
+ private:
+  size_t index_;
 };
 
 /// A prepared kernel for one node: created once, run many times.

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "formats/infer.h"
+#include "formats/memory.h"
 #include "formats/op_schema.h"
 
 namespace kiln {
@@ -18,6 +19,7 @@ struct Session::Plan {
   std::vector<size_t> bytes;    ///< per value: planned size
   std::shared_ptr<void> arena;
   size_t arena_bytes = 0;
+  MemoryCharge charge;          ///< the arena's share of the memory budget
 };
 
 /// The tensors of one graph while it runs; subgraph frames point to their enclosing frame.
@@ -50,12 +52,19 @@ class Session::Context final : public KernelContext {
   bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i] != nullptr; }
   const Tensor& input(size_t i) const override { return *inputs_[i]; }
   size_t num_outputs() const override { return outputs_.size(); }
-  Tensor& output(size_t i) override { return outputs_[i]; }
+  Tensor& output(size_t i) override {
+    if (!outputs_[i].defined() && i < node_.outputs.size() && node_.outputs[i] != kNoValue) throw OutputNotAllocated(i);
+    return outputs_[i];
+  }
+  bool output_allocated(size_t i) const override { return i < outputs_.size() && outputs_[i].defined(); }
   Tensor& allocate_output(size_t i, DType dtype, std::vector<int64_t> shape) override {
     outputs_[i] = Tensor(dtype, std::move(shape));
     return outputs_[i];
   }
   Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
+    if (session_.options_.max_subgraph_runs > 0 && ++session_.subgraph_runs_ > session_.options_.max_subgraph_runs)
+      return error("more than " + std::to_string(session_.options_.max_subgraph_runs) +
+                   " subgraph executions in one run (the caller's limit)");
     return session_.run_subgraph(g, std::move(inputs), &frame_);
   }
 
@@ -69,9 +78,19 @@ class Session::Context final : public KernelContext {
 
 namespace {
 
-// No single tensor may be larger than this: a shape computed from bad data should fail
-// cleanly rather than exhaust memory.
-constexpr size_t kMaxTensorBytes = size_t{1} << 36;
+// "1x3x224x224, 1x128" for messages.
+std::string signature_str(const std::vector<std::vector<int64_t>>& shapes) {
+  std::string s;
+  for (const auto& shape : shapes) s += (s.empty() ? "" : ", ") + shape_str(shape);
+  return s;
+}
+
+// "output 0 'y'" for messages.
+std::string output_name(const Graph& g, const Node& n, size_t i) {
+  std::string s = "output " + std::to_string(i);
+  if (i < n.outputs.size() && n.outputs[i] != kNoValue) s += " '" + g.value(n.outputs[i]).name + "'";
+  return s;
+}
 
 // Kernels for every node of a graph and, recursively, of its subgraphs.
 Status create_kernels(const Graph& g, const SessionOptions& opt, std::vector<std::unique_ptr<Kernel>>& out,
@@ -200,8 +219,13 @@ Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs
   }
   plan->arena_bytes = arena;
   if (arena) {
+    if (!try_charge_memory(arena))
+      return user_error("", "the memory arena for input shapes " + signature_str(key) + " needs " + format_bytes(arena) +
+                                " with " + format_bytes(memory_in_use()) + " already in use, past the memory limit of " +
+                                format_bytes(memory_limit()) + " (--max-memory)");
+    plan->charge = MemoryCharge::adopt(arena);
     void* p = std::aligned_alloc(kTensorAlignment, arena);
-    if (!p) return user_error("", "cannot allocate the " + std::to_string(arena) + "-byte memory arena");
+    if (!p) return user_error("", "cannot allocate the " + format_bytes(arena) + " memory arena");
     plan->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
   stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, plans_.size() + 1};
@@ -226,6 +250,7 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
 
 Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
   KILN_RETURN_IF_ERROR(bind_symbols(inputs).status());
+  subgraph_runs_ = 0;
   KILN_ASSIGN_OR_RETURN(const Plan* plan, plan_for(inputs));
   Frame frame;
   frame.graph = &graph_;
@@ -302,18 +327,43 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
         if (node.outputs[i] == kNoValue || e.dtype == DType::undefined || !e.shape.is_concrete()) continue;
         std::vector<int64_t> shape = e.shape.concrete();
         size_t v = static_cast<size_t>(node.outputs[i]);
-        int64_t numel = shape_numel(shape);
-        size_t bytes = static_cast<size_t>(numel) * dtype_size(e.dtype);
-        if (numel < 0 || bytes > kMaxTensorBytes)
-          return user_error(node.where(), "output " + std::to_string(i) + " of shape " + e.shape.str() + " is too large");
-        if (plan && plan->offset[v] >= 0 && bytes <= plan->bytes[v])
+        std::optional<size_t> bytes = checked_bytes(shape_numel(shape), dtype_size(e.dtype));
+        if (!bytes)
+          return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() + " is too large");
+        if (plan && plan->offset[v] >= 0 && *bytes <= plan->bytes[v]) {
           out[i] = Tensor::view(e.dtype, std::move(shape), static_cast<char*>(plan->arena.get()) + plan->offset[v], plan->arena);
-        else
-          out[i] = Tensor(e.dtype, std::move(shape));
+        } else {
+          try {
+            out[i] = Tensor(e.dtype, std::move(shape));
+          } catch (const MemoryLimitExceeded& ex) {
+            return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() + " (" +
+                                                std::string(dtype_name(e.dtype)) + ") " + ex.what());
+          } catch (const std::bad_alloc&) {
+            return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() +
+                                                ": out of memory (the machine refused an allocation below --max-memory)");
+          }
+        }
       }
     }
+    // A node whose outputs are all empty has nothing to compute; skipping it also keeps kernels
+    // from sizing per-axis tables by a huge dim of an empty tensor (0 x 2^62).
+    bool all_empty = !out.empty();
+    for (size_t i = 0; i < out.size() && all_empty; ++i)
+      all_empty = node.outputs[i] == kNoValue || (out[i].defined() && out[i].numel() == 0);
     Context ctx(*this, frame, node, std::move(in), out);
-    KILN_RETURN_IF_ERROR(kernels[n]->run(ctx));
+    if (!all_empty) {
+      try {
+        KILN_RETURN_IF_ERROR(kernels[n]->run(ctx));
+      } catch (const OutputNotAllocated& ex) {
+        std::string inferred = ex.index() < expected.size() ? expected[ex.index()].shape.str() : "?";
+        return user_error(node.where(), "cannot compute the shape of " + output_name(graph, node, ex.index()) +
+                                            " from its inputs (inferred " + inferred + ")");
+      } catch (const MemoryLimitExceeded& ex) {
+        return user_error(node.where(), std::string("a buffer ") + ex.what());
+      } catch (const std::bad_alloc&) {
+        return user_error(node.where(), "out of memory (the machine refused an allocation below --max-memory)");
+      }
+    }
     for (size_t i = 0; i < out.size(); ++i) {
       if (node.outputs[i] == kNoValue) continue;
       if (!out[i].defined()) return internal_error(node.where(), "kernel did not produce output " + std::to_string(i));

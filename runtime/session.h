@@ -15,6 +15,10 @@ namespace kiln {
 struct SessionOptions {
   Target target;
   const KernelRegistry* kernels = nullptr;  ///< default_kernels() when null
+  /// The most subgraph executions (Loop/Scan iterations, If branches) one run() may make; 0 is
+  /// no limit. A Loop runs as long as its data says (as ONNX Runtime does); fuzzing and other
+  /// callers that must never hang set this.
+  int64_t max_subgraph_runs = 0;
 };
 
 /// The memory plan of the last run's shape signature.
@@ -63,6 +67,7 @@ class Session {
   std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>> subgraph_kernels_;
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Plan>> plans_;
   MemoryPlanStats stats_;
+  int64_t subgraph_runs_ = 0;  ///< subgraph executions in the current run()
 };
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 // lengths, the NMS selection count) are concrete when that data is known.
 #include <algorithm>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 
 namespace kiln {
@@ -48,7 +49,7 @@ Status infer_recurrent(InferContext& ctx, int gates) {
   Dim wd = dim_of(w, 0), wg = dim_of(w, 1);
   if (wd.is_known() && wd.value != dirs)
     return ctx.error("W has " + std::to_string(wd.value) + " directions but direction is '" + direction + "'");
-  if (wg.is_known() && hidden.is_known() && wg.value != gates * hidden.value)
+  if (wg.is_known() && hidden.is_known() && CheckedInt(wg.value) != CheckedInt(gates) * hidden.value)
     return ctx.error("W has " + std::to_string(wg.value) + " rows; expected " + std::to_string(gates) + " x hidden_size " +
                      std::to_string(hidden.value));
   if (dim_of(x, 2).is_known() && dim_of(w, 2).is_known() && dim_of(x, 2).value != dim_of(w, 2).value)

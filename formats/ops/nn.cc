@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 #include "formats/ops/nn_util.h"
 
@@ -20,6 +21,11 @@ std::string ints_str(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+// A window size computed from attributes and dims that does not fit in int64.
+Error too_large(const Node& node, std::string_view what, size_t dim) {
+  return user_error(node.where(), std::string(what) + " along spatial dim " + std::to_string(dim) + " overflows int64");
 }
 
 // Floor division for possibly negative numerators (ConvTranspose pads can be negative).
@@ -74,22 +80,28 @@ Result<Window> resolve_window(const Node& node, const std::vector<int64_t>& in, 
     return user_error(node.where(), "auto_pad '" + auto_pad + "' is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER");
   w.out.assign(n, -1);
   for (size_t i = 0; i < n; ++i) {
-    const int64_t span = (w.kernel[i] - 1) * w.dilations[i] + 1, s = w.strides[i];
+    const CheckedInt checked_span = (CheckedInt(w.kernel[i]) - 1) * w.dilations[i] + 1;
+    if (!checked_span.ok()) return too_large(node, "the window", i);
+    const int64_t span = checked_span.value(), s = w.strides[i];
     if (auto_pad == "VALID") w.pads[i] = w.pads[n + i] = 0;
     if (in[i] < 0) continue;
     if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      w.out[i] = (in[i] + s - 1) / s;
-      int64_t total = std::max<int64_t>(0, (w.out[i] - 1) * s + span - in[i]);
-      int64_t small = total / 2;
-      w.pads[i] = auto_pad == "SAME_UPPER" ? small : total - small;
-      w.pads[n + i] = total - w.pads[i];
+      w.out[i] = in[i] / s + (in[i] % s != 0);
+      CheckedInt total = (CheckedInt(w.out[i]) - 1) * s + span - in[i];
+      if (!total.ok()) return too_large(node, "the padding", i);
+      int64_t pad = std::max<int64_t>(0, total.value());
+      int64_t small = pad / 2;
+      w.pads[i] = auto_pad == "SAME_UPPER" ? small : pad - small;
+      w.pads[n + i] = pad - w.pads[i];
       continue;
     }
-    int64_t avail = in[i] + w.pads[i] + w.pads[n + i] - span;
+    CheckedInt padded = CheckedInt(in[i]) + w.pads[i] + w.pads[n + i];
+    if (!padded.ok()) return too_large(node, "the padded input", i);
+    int64_t avail = padded.value() - span;
     if (avail < 0)
       return user_error(node.where(), "the window (" + std::to_string(span) + " with dilation) is larger than the padded input (" +
-                                          std::to_string(in[i] + w.pads[i] + w.pads[n + i]) + ") along spatial dim " + std::to_string(i));
-    w.out[i] = (ceil_mode ? (avail + s - 1) / s : avail / s) + 1;
+                                          std::to_string(padded.value()) + ") along spatial dim " + std::to_string(i));
+    w.out[i] = (ceil_mode ? avail / s + (avail % s != 0) : avail / s) + 1;
     // With ceil_mode the last window must start inside the input or its begin padding.
     if (ceil_mode && (w.out[i] - 1) * s >= in[i] + w.pads[i]) --w.out[i];
   }
@@ -111,18 +123,24 @@ Result<Window> resolve_transpose_window(const Node& node, const std::vector<int6
     if (out_pad[i] >= std::max(w.strides[i], w.dilations[i]))
       return user_error(node.where(), "output_padding " + ints_str(out_pad) + " must be smaller than the stride or the dilation");
     if (in[i] < 0) continue;
-    const int64_t span = (w.kernel[i] - 1) * w.dilations[i] + 1;
-    const int64_t full = w.strides[i] * (in[i] - 1) + out_pad[i] + span;
+    const CheckedInt span = (CheckedInt(w.kernel[i]) - 1) * w.dilations[i] + 1;
+    const CheckedInt checked_full = CheckedInt(w.strides[i]) * (CheckedInt(in[i]) - 1) + out_pad[i] + span;
+    if (!checked_full.ok()) return too_large(node, "the output", i);
+    const int64_t full = checked_full.value();
     if (!out_shape.empty() || same) {
       // The pads follow from the requested output size: SAME_UPPER puts the smaller half first.
-      int64_t target = !out_shape.empty() ? out_shape[i] : in[i] * w.strides[i];
-      int64_t total = full - target;
+      CheckedInt target = !out_shape.empty() ? CheckedInt(out_shape[i]) : CheckedInt(in[i]) * w.strides[i];
+      CheckedInt checked_total = CheckedInt(full) - target;
+      if (!checked_total.ok()) return too_large(node, "the output", i);
+      int64_t total = checked_total.value();
       int64_t half = floor_div(total, 2);
       w.pads[i] = auto_pad == "SAME_UPPER" ? half : total - half;
       w.pads[n + i] = total - w.pads[i];
-      w.out[i] = target;
+      w.out[i] = target.value();
     } else {
-      w.out[i] = full - w.pads[i] - w.pads[n + i];
+      CheckedInt out = CheckedInt(full) - w.pads[i] - w.pads[n + i];
+      if (!out.ok()) return too_large(node, "the output", i);
+      w.out[i] = out.value();
     }
     if (w.out[i] < 0)
       return user_error(node.where(), "output size " + std::to_string(w.out[i]) + " along spatial dim " + std::to_string(i) + " is negative");
@@ -369,6 +387,8 @@ Status infer_max_unpool(InferContext& ctx) {
       std::vector<int64_t> v = os->to_int64_vector();
       if (v.size() != static_cast<size_t>(xs.rank()))
         return ctx.error("output_shape has " + std::to_string(v.size()) + " values but X has rank " + std::to_string(xs.rank()));
+      for (int64_t d : v)
+        if (d < 0) return ctx.error("output_shape " + ints_str(v) + " has a negative dim");
       ctx.set_output(0, ctx.dtype(0), Shape::of(v));
     } else {
       ctx.set_output(0, ctx.dtype(0), Shape(std::vector<Dim>(static_cast<size_t>(xs.rank()), Dim::unknown())));
@@ -382,7 +402,14 @@ Status infer_max_unpool(InferContext& ctx) {
   std::vector<Dim> out{xs.dims[0], xs.dims[1]};
   for (size_t i = 0; i < n; ++i) {
     const Dim& d = xs.dims[2 + i];
-    out.push_back(d.is_known() ? Dim::known((d.value - 1) * s[i] + k[i] - p[i] - p[n + i]) : Dim::unknown());
+    if (!d.is_known()) {
+      out.push_back(Dim::unknown());
+      continue;
+    }
+    CheckedInt o = (CheckedInt(d.value) - 1) * s[i] + k[i] - p[i] - p[n + i];
+    if (!o.ok()) return too_large(ctx.node(), "the output", i);
+    if (o.value() < 0) return ctx.error("the output size along spatial dim " + std::to_string(i) + " is negative (" + std::to_string(o.value()) + ")");
+    out.push_back(Dim::known(o.value()));
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
   return {};
@@ -397,18 +424,22 @@ Status infer_col2im(InferContext& ctx) {
   const Tensor* blk = ctx.value(2);
   if (!img || !blk) {
     int64_t n = ctx.shape(1).rank() == 1 && ctx.shape(1).dims[0].is_known() ? ctx.shape(1).dims[0].value : -1;
-    if (n < 0) ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
+    if (n < 0 || n > kMaxRank) ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
     else ctx.set_output(0, ctx.dtype(0), Shape(std::vector<Dim>(static_cast<size_t>(n + 2), Dim::unknown())));
     return {};
   }
   std::vector<int64_t> image = img->to_int64_vector(), block = blk->to_int64_vector();
   if (image.size() != block.size() || image.empty())
     return ctx.error("image_shape has " + std::to_string(image.size()) + " values but block_shape has " + std::to_string(block.size()));
-  int64_t bprod = 1;
+  CheckedInt checked_bprod = 1;
   for (int64_t b : block) {
     if (b < 1) return ctx.error("block_shape " + ints_str(block) + " has a value below 1");
-    bprod *= b;
+    checked_bprod *= b;
   }
+  if (!checked_bprod.ok()) return ctx.error("block_shape " + ints_str(block) + " multiplies past the int64 range");
+  for (int64_t v : image)
+    if (v < 0) return ctx.error("image_shape " + ints_str(image) + " has a negative dim");
+  const int64_t bprod = checked_bprod.value();
   Dim c = Dim::unknown(), nb = Dim::unknown();
   if (xs.rank() == 3) {
     nb = xs.dims[0];

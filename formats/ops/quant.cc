@@ -4,6 +4,7 @@
 // shape rules here are shared by export (symbolic shapes) and the runtime (concrete shapes).
 #include <algorithm>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 
 namespace kiln {
@@ -174,26 +175,33 @@ Result<Shape> conv_shape(const InferContext& ctx, const Shape& x, const Shape& w
   }
   if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
     return ctx.error("unknown auto_pad '" + auto_pad + "'");
-  if (x.dims[1].is_known() && w.rank_known && w.dims[1].is_known() && x.dims[1].value != w.dims[1].value * group)
-    return ctx.error("input has " + std::to_string(x.dims[1].value) + " channels but the weight expects " +
-                     std::to_string(w.dims[1].value * group));
+  if (x.dims[1].is_known() && w.rank_known && w.dims[1].is_known()) {
+    CheckedInt expect = CheckedInt(w.dims[1].value) * group;
+    if (!expect.ok() || x.dims[1].value != expect.value())
+      return ctx.error("input has " + std::to_string(x.dims[1].value) + " channels but the weight expects " +
+                       std::to_string(w.dims[1].value) + " x group " + std::to_string(group));
+  }
   std::vector<Dim> out{x.dims[0], w.rank_known ? w.dims[0] : Dim::unknown()};
   if (out[1].is_known() && out[1].value % group != 0)
     return ctx.error("output channels " + std::to_string(out[1].value) + " are not divisible by group " + std::to_string(group));
   for (size_t i = 0; i < ns; ++i) {
     const Dim& in = x.dims[2 + i];
     if (!in.is_known() || i >= kernel.size() || kernel[i] < 0) { out.push_back(Dim::unknown()); continue; }
-    int64_t o;
+    CheckedInt o;
     if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      o = (in.value + strides[i] - 1) / strides[i];
+      o = (CheckedInt(in.value) + strides[i] - 1) / strides[i];
     } else {
-      int64_t p = auto_pad == "VALID" ? 0 : pads[i] + pads[i + ns];
-      int64_t span = dil[i] * (kernel[i] - 1) + 1;
-      if (in.value + p < span)
-        return ctx.error("kernel extent " + std::to_string(span) + " exceeds padded input size " + std::to_string(in.value + p));
-      o = (in.value + p - span) / strides[i] + 1;
+      CheckedInt padded = CheckedInt(in.value) + (auto_pad == "VALID" ? CheckedInt(0) : CheckedInt(pads[i]) + pads[i + ns]);
+      CheckedInt span = CheckedInt(dil[i]) * (CheckedInt(kernel[i]) - 1) + 1;
+      if (!padded.ok() || !span.ok())
+        return ctx.error("the padded input size or kernel extent of spatial dim " + std::to_string(i) + " overflows int64");
+      if (padded.value() < span.value())
+        return ctx.error("kernel extent " + std::to_string(span.value()) + " exceeds padded input size " +
+                         std::to_string(padded.value()));
+      o = (padded - span) / strides[i] + 1;
     }
-    out.push_back(Dim::known(o));
+    if (!o.ok()) return ctx.error("the output size of spatial dim " + std::to_string(i) + " overflows int64");
+    out.push_back(Dim::known(o.value()));
   }
   return Shape(std::move(out));
 }

@@ -19,27 +19,33 @@ namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
+// DepthToSpace/SpaceToDepth block sizes above this are refused, so blocksize² never overflows.
+constexpr int64_t kMaxBlockSize = int64_t{1} << 20;
+
 // ---- Reshape -----------------------------------------------------------------------------------
 
 // The size of the -1 entry of a Reshape target, from the input dims and the other target dims;
 // cancels symbols that appear on both sides so [batch, 128, 768] → [batch, -1, 12, 64] resolves.
 Result<Dim> infer_minus_one(const Shape& in, const std::vector<Dim>& out, size_t neg, const InferContext& ctx) {
-  int64_t known_in = 1, known_out = 1;
+  CheckedInt in_product = 1, out_product = 1;
   std::multiset<std::string> syms;
   for (const Dim& d : in.dims) {
-    if (d.is_known()) known_in *= d.value;
+    if (d.is_known()) in_product *= d.value;
     else if (d.is_symbolic()) syms.insert(d.symbol);
     else return Dim::unknown();
   }
   for (size_t i = 0; i < out.size(); ++i) {
     if (i == neg) continue;
     const Dim& d = out[i];
-    if (d.is_known()) { known_out *= d.value; continue; }
+    if (d.is_known()) { out_product *= d.value; continue; }
     if (!d.is_symbolic()) return Dim::unknown();
     auto it = syms.find(d.symbol);
     if (it == syms.end()) return Dim::unknown();
     syms.erase(it);
   }
+  if (!in_product.ok()) return ctx.error("the input's dims " + in.str() + " multiply past the int64 range");
+  if (!out_product.ok()) return ctx.error("the target dims multiply past the int64 range");
+  int64_t known_in = in_product.value(), known_out = out_product.value();
   if (syms.empty()) {
     if (known_out == 0) {
       if (known_in == 0) return ctx.error("cannot infer the -1 dim of a reshape with a 0 dim");
@@ -62,6 +68,7 @@ Status infer_reshape(InferContext& ctx) {
   if (!target) {
     const Shape& ts = ctx.shape(1);
     int64_t r = ts.rank() == 1 && ts.dims[0].is_known() ? ts.dims[0].value : -1;
+    if (r > kMaxRank) return ctx.error("the shape input has " + num(r) + " entries; kiln supports ranks up to " + num(kMaxRank));
     ctx.set_output(0, ctx.dtype(0), unknown_dims(r));
     return {};
   }
@@ -119,8 +126,9 @@ Status infer_flatten(InferContext& ctx) {
   int64_t r = in.rank(), axis = ctx.node().attr_int("axis", 1);
   if (axis < -r || axis > r) return ctx.error("axis " + num(axis) + " is out of range for rank " + num(r));
   if (axis < 0) axis += r;
-  ctx.set_output(0, ctx.dtype(0),
-                 Shape({dim_product(in, 0, static_cast<size_t>(axis)), dim_product(in, static_cast<size_t>(axis), in.dims.size())}));
+  KILN_ASSIGN_OR_RETURN(Dim outer, dim_product(in, 0, static_cast<size_t>(axis), ctx));
+  KILN_ASSIGN_OR_RETURN(Dim inner, dim_product(in, static_cast<size_t>(axis), in.dims.size(), ctx));
+  ctx.set_output(0, ctx.dtype(0), Shape({outer, inner}));
   return {};
 }
 
@@ -261,7 +269,9 @@ Status infer_concat(InferContext& ctx) {
       if (ctx.rank(i) < 0) { all_ranks = false; if (static_cast<int64_t>(d) == axis) acc = Dim::unknown(); continue; }
       const Dim& x = ctx.shape(i).dims[d];
       if (static_cast<int64_t>(d) == axis) {
-        if (all_ranks) acc = dim_add(acc, x);
+        if (all_ranks) {
+          KILN_ASSIGN_OR_RETURN(acc, dim_add(acc, x, ctx));
+        }
       } else if (x.is_known()) {
         if (acc.is_known() && acc.value != x.value)
           return ctx.error("input " + num(static_cast<int64_t>(i)) + " has shape " + ctx.shape(i).str() +
@@ -452,11 +462,18 @@ Status infer_pad(InferContext& ctx) {
   std::vector<Dim> out = in.dims;
   for (size_t i = 0; i < k; ++i) {
     size_t a = static_cast<size_t>(norm[i]);
-    int64_t add = (*pads)[i] + (*pads)[i + k];
-    out[a] = dim_add(in.dims[a], Dim::known(add));
-    if (add != 0 && !in.dims[a].is_known()) out[a] = Dim::unknown();
-    if (out[a].is_known() && out[a].value < 0)
-      return ctx.error("pads remove more than the " + num(in.dims[a].value) + " elements of axis " + num(norm[i]));
+    std::optional<int64_t> add = checked_add((*pads)[i], (*pads)[i + k]);
+    if (!add) return ctx.error("pads " + num((*pads)[i]) + " + " + num((*pads)[i + k]) + " overflow int64");
+    // Pads may be negative (they crop), so the sum is not a Dim (Dim::known(-1) reads as unknown).
+    if (*add == 0) continue;
+    if (!in.dims[a].is_known()) {
+      out[a] = Dim::unknown();
+      continue;
+    }
+    std::optional<int64_t> size = checked_add(in.dims[a].value, *add);
+    if (!size) return ctx.error("pads " + num(*add) + " overflow int64 on axis " + num(norm[i]));
+    if (*size < 0) return ctx.error("pads remove more than the " + num(in.dims[a].value) + " elements of axis " + num(norm[i]));
+    out[a] = Dim::known(*size);
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
   return {};
@@ -479,7 +496,8 @@ Status infer_tile(InferContext& ctx) {
   std::vector<Dim> out;
   for (size_t i = 0; i < reps->size(); ++i) {
     if ((*reps)[i] < 0) return ctx.error("repeats[" + num(static_cast<int64_t>(i)) + "] is " + num((*reps)[i]));
-    out.push_back(dim_mul(in.dims[i], Dim::known((*reps)[i])));
+    KILN_ASSIGN_OR_RETURN(Dim d, dim_mul(in.dims[i], Dim::known((*reps)[i]), ctx));
+    out.push_back(d);
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
   return {};
@@ -496,6 +514,7 @@ Status infer_expand(InferContext& ctx) {
       return {};
     }
     int64_t r = std::max(in.rank(), ts.dims[0].value);
+    if (r > kMaxRank) return ctx.error("the shape input has " + num(r) + " entries; kiln supports ranks up to " + num(kMaxRank));
     std::vector<Dim> out(static_cast<size_t>(r), Dim::unknown());
     for (size_t i = 0; i < in.dims.size(); ++i) {
       const Dim& d = in.dims[i];
@@ -536,7 +555,7 @@ Status infer_expand(InferContext& ctx) {
 Status infer_depth_to_space(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   int64_t b = ctx.node().attr_int("blocksize", 0);
-  if (b <= 0) return ctx.error("blocksize must be positive, got " + num(b));
+  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + num(kMaxBlockSize) + "], got " + num(b));
   std::string mode = ctx.node().attr_string("mode", "DCR");
   if (mode != "DCR" && mode != "CRD") return ctx.error("mode must be DCR or CRD, got '" + mode + "'");
   if (!in.rank_known) {
@@ -547,22 +566,23 @@ Status infer_depth_to_space(InferContext& ctx) {
   const Dim& c = in.dims[1];
   if (c.is_known() && c.value % (b * b) != 0)
     return ctx.error(num(c.value) + " channels are not divisible by blocksize² = " + num(b * b));
-  ctx.set_output(0, ctx.dtype(0),
-                 Shape({in.dims[0], c.is_known() ? Dim::known(c.value / (b * b)) : Dim::unknown(),
-                        dim_mul(in.dims[2], Dim::known(b)), dim_mul(in.dims[3], Dim::known(b))}));
+  KILN_ASSIGN_OR_RETURN(Dim h, dim_mul(in.dims[2], Dim::known(b), ctx));
+  KILN_ASSIGN_OR_RETURN(Dim w, dim_mul(in.dims[3], Dim::known(b), ctx));
+  ctx.set_output(0, ctx.dtype(0), Shape({in.dims[0], c.is_known() ? Dim::known(c.value / (b * b)) : Dim::unknown(), h, w}));
   return {};
 }
 
 Status infer_space_to_depth(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   int64_t b = ctx.node().attr_int("blocksize", 0);
-  if (b <= 0) return ctx.error("blocksize must be positive, got " + num(b));
+  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + num(kMaxBlockSize) + "], got " + num(b));
   if (!in.rank_known) {
     ctx.set_output(0, ctx.dtype(0), unknown_dims(4));
     return {};
   }
   if (in.rank() != 4) return ctx.error("the input must be 4-D (NCHW), got shape " + in.str());
-  std::vector<Dim> out = {in.dims[0], dim_mul(in.dims[1], Dim::known(b * b)), Dim::unknown(), Dim::unknown()};
+  KILN_ASSIGN_OR_RETURN(Dim c, dim_mul(in.dims[1], Dim::known(b * b), ctx));
+  std::vector<Dim> out = {in.dims[0], c, Dim::unknown(), Dim::unknown()};
   for (size_t i = 2; i < 4; ++i) {
     const Dim& d = in.dims[i];
     if (!d.is_known()) continue;

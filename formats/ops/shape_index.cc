@@ -329,7 +329,10 @@ Status infer_non_zero(InferContext& ctx) {
 
 Status infer_unique(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
-  Dim n = in.rank_known ? dim_product(in, 0, in.dims.size()) : Dim::unknown();
+  Dim n = Dim::unknown();
+  if (in.rank_known) {
+    KILN_ASSIGN_OR_RETURN(n, dim_product(in, 0, in.dims.size(), ctx));
+  }
   if (ctx.node().has_attr("axis") && in.rank_known) {
     KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), in.rank(), ctx));
     Shape y = in;

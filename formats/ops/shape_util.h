@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 
 namespace kiln::shape_ops {
@@ -24,33 +25,46 @@ inline std::optional<std::vector<int64_t>> known_ints(const InferContext& ctx, s
   return t->to_int64_vector();
 }
 
-/// a * b: known when both are, the other operand when one is a known 1, else unknown.
-inline Dim dim_mul(const Dim& a, const Dim& b) {
-  if (a.is_known() && b.is_known()) return Dim::known(a.value * b.value);
+/// a * b: known when both are, the other operand when one is a known 1, else unknown. A
+/// product past the int64 range is a user error about the node.
+inline Result<Dim> dim_mul(const Dim& a, const Dim& b, const InferContext& ctx) {
+  if (a.is_known() && b.is_known()) {
+    std::optional<int64_t> p = checked_mul(a.value, b.value);
+    if (!p) return ctx.error("dims " + std::to_string(a.value) + " x " + std::to_string(b.value) + " overflow int64");
+    return Dim::known(*p);
+  }
   if (a.is_known() && a.value == 1) return b;
   if (b.is_known() && b.value == 1) return a;
   if ((a.is_known() && a.value == 0) || (b.is_known() && b.value == 0)) return Dim::known(0);
   return Dim::unknown();
 }
 
-/// a + b: known when both are, the other operand when one is a known 0, else unknown.
-inline Dim dim_add(const Dim& a, const Dim& b) {
-  if (a.is_known() && b.is_known()) return Dim::known(a.value + b.value);
+/// a + b: known when both are, the other operand when one is a known 0, else unknown. A sum
+/// past the int64 range is a user error about the node.
+inline Result<Dim> dim_add(const Dim& a, const Dim& b, const InferContext& ctx) {
+  if (a.is_known() && b.is_known()) {
+    std::optional<int64_t> sum = checked_add(a.value, b.value);
+    if (!sum) return ctx.error("dims " + std::to_string(a.value) + " + " + std::to_string(b.value) + " overflow int64");
+    return Dim::known(*sum);
+  }
   if (a.is_known() && a.value == 0) return b;
   if (b.is_known() && b.value == 0) return a;
   return Dim::unknown();
 }
 
 /// Product of dims [begin, end) of a shape with known rank.
-inline Dim dim_product(const Shape& s, size_t begin, size_t end) {
+inline Result<Dim> dim_product(const Shape& s, size_t begin, size_t end, const InferContext& ctx) {
   Dim p = Dim::known(1);
-  for (size_t i = begin; i < end && i < s.dims.size(); ++i) p = dim_mul(p, s.dims[i]);
+  for (size_t i = begin; i < end && i < s.dims.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(p, dim_mul(p, s.dims[i], ctx));
+  }
   return p;
 }
 
-/// A shape of `rank` unknown dims (unknown rank when rank < 0).
+/// A shape of `rank` unknown dims (unknown rank when rank < 0, and when rank passes kMaxRank:
+/// such a rank is refused where it becomes concrete, without allocating millions of dims here).
 inline Shape unknown_dims(int64_t rank) {
-  if (rank < 0) return Shape::unknown_rank();
+  if (rank < 0 || rank > kMaxRank) return Shape::unknown_rank();
   return Shape(std::vector<Dim>(static_cast<size_t>(rank), Dim::unknown()));
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "runtime/kernel.h"
+#include "runtime/ref/shape_util.h"
 
 namespace kiln {
 
@@ -15,10 +16,8 @@ namespace {
 // Stores a copy of t as output i, reusing the executor's buffer when it already fits.
 void set_output_copy(KernelContext& ctx, size_t i, const Tensor& t) {
   if (i >= ctx.num_outputs()) return;
-  Tensor& o = ctx.output(i);
-  if (!(o.defined() && o.dtype() == t.dtype() && o.shape() == t.shape()))
-    ctx.allocate_output(i, t.dtype(), t.shape());
-  if (t.nbytes()) std::memcpy(ctx.output(i).raw(), t.raw(), t.nbytes());
+  Tensor& o = ref_shape::output_for(ctx, i, t.dtype(), t.shape());
+  if (t.nbytes()) std::memcpy(o.raw(), t.raw(), t.nbytes());
 }
 
 // A scalar (or [1] when the body declares rank 1) body input.

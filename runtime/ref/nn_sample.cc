@@ -1,5 +1,6 @@
 // Reference kernels for the resampling ops: Resize (separable, one axis at a time, computing
 // in double like the ONNX reference), GridSample, RoiAlign and AffineGrid.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -244,6 +245,10 @@ Status grid_sample_impl(KernelContext& ctx, const Tensor& x, const Tensor& grid,
           if (pm == "border") c = std::clamp(c, 0.0, len - 1);
           else if (pm == "reflection") c = reflect(c, lo[i], hi[i]);
         }
+        // Grids may hold NaN, infinities or huge values: every tap of a coordinate this far out
+        // reads padding, so clamping keeps the float -> int64 conversions below defined.
+        if (std::isnan(c)) c = -4;
+        c = std::clamp(c, -4.0, len + 3);
         coord[i] = c;
         if (mode == "nearest") {
           base[i] = static_cast<int64_t>(c);

@@ -295,8 +295,8 @@ Status ref_topk(KernelContext& ctx) {
   if (k < 0 || k > s.n) return ctx.error("K " + std::to_string(k) + " is out of range for an axis of size " + std::to_string(s.n));
   std::vector<int64_t> out_shape = x.shape();
   out_shape[static_cast<size_t>(axis)] = k;
-  Tensor& values = ctx.output(0).defined() ? ctx.output(0) : ctx.allocate_output(0, x.dtype(), out_shape);
-  Tensor& indices = ctx.output(1).defined() ? ctx.output(1) : ctx.allocate_output(1, DType::i64, out_shape);
+  Tensor& values = ctx.output_allocated(0) ? ctx.output(0) : ctx.allocate_output(0, x.dtype(), out_shape);
+  Tensor& indices = ctx.output_allocated(1) ? ctx.output(1) : ctx.allocate_output(1, DType::i64, out_shape);
   const bool largest = ctx.node().attr_int("largest", 1) != 0;
   return dispatch<IsNumeric>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);

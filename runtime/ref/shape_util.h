@@ -27,8 +27,10 @@ inline int64_t index_at(const Tensor& t, int64_t i) {
 
 /// The output buffer the executor allocated when it matches, else a new one.
 inline Tensor& output_for(KernelContext& ctx, size_t i, DType dtype, const std::vector<int64_t>& shape) {
-  Tensor& o = ctx.output(i);
-  if (o.defined() && o.dtype() == dtype && o.shape() == shape) return o;
+  if (ctx.output_allocated(i)) {
+    Tensor& o = ctx.output(i);
+    if (o.dtype() == dtype && o.shape() == shape) return o;
+  }
   return ctx.allocate_output(i, dtype, shape);
 }
 

@@ -1,0 +1,70 @@
+// Overflow-checked size arithmetic. Dims, pads, strides and byte counts come from files that
+// may be hostile, so every product or sum of sizes goes through CheckedInt: it carries an
+// overflow flag instead of wrapping (which is undefined behaviour for int64 and would quote
+// wrapped-around numbers in messages), and the caller reports the overflow once at the end.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+namespace kiln {
+
+/// An int64 that remembers whether any operation producing it overflowed.
+class CheckedInt {
+ public:
+  constexpr CheckedInt(int64_t v = 0) : v_(v) {}  // NOLINT: implicit, like the int it wraps
+
+  /// False once any operation overflowed.
+  constexpr bool ok() const { return !overflow_; }
+  /// The value; only meaningful when ok().
+  constexpr int64_t value() const { return v_; }
+  constexpr std::optional<int64_t> get() const { return overflow_ ? std::nullopt : std::optional<int64_t>(v_); }
+
+  friend constexpr CheckedInt operator+(CheckedInt a, CheckedInt b) {
+    CheckedInt r;
+    r.overflow_ = a.overflow_ || b.overflow_ || __builtin_add_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  friend constexpr CheckedInt operator-(CheckedInt a, CheckedInt b) {
+    CheckedInt r;
+    r.overflow_ = a.overflow_ || b.overflow_ || __builtin_sub_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  friend constexpr CheckedInt operator*(CheckedInt a, CheckedInt b) {
+    CheckedInt r;
+    r.overflow_ = a.overflow_ || b.overflow_ || __builtin_mul_overflow(a.v_, b.v_, &r.v_);
+    return r;
+  }
+  /// Division by zero counts as overflow; INT64_MIN / -1 too.
+  friend constexpr CheckedInt operator/(CheckedInt a, CheckedInt b) {
+    CheckedInt r;
+    r.overflow_ = a.overflow_ || b.overflow_ || b.v_ == 0 || (a.v_ == INT64_MIN && b.v_ == -1);
+    r.v_ = r.overflow_ ? 0 : a.v_ / b.v_;
+    return r;
+  }
+  /// Equal when neither overflowed and the values match.
+  friend constexpr bool operator==(CheckedInt a, CheckedInt b) { return a.ok() && b.ok() && a.v_ == b.v_; }
+
+  CheckedInt& operator+=(CheckedInt o) { return *this = *this + o; }
+  CheckedInt& operator-=(CheckedInt o) { return *this = *this - o; }
+  CheckedInt& operator*=(CheckedInt o) { return *this = *this * o; }
+
+ private:
+  int64_t v_ = 0;
+  bool overflow_ = false;
+};
+
+/// a * b, a + b, a - b; nullopt on overflow.
+inline std::optional<int64_t> checked_mul(int64_t a, int64_t b) { return (CheckedInt(a) * b).get(); }
+inline std::optional<int64_t> checked_add(int64_t a, int64_t b) { return (CheckedInt(a) + b).get(); }
+inline std::optional<int64_t> checked_sub(int64_t a, int64_t b) { return (CheckedInt(a) - b).get(); }
+
+/// Product of sizes; nullopt on overflow.
+inline std::optional<int64_t> checked_product(std::span<const int64_t> v) {
+  CheckedInt p = 1;
+  for (int64_t x : v) p *= x;
+  return p.get();
+}
+
+}  // namespace kiln
