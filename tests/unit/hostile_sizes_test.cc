@@ -1,0 +1,215 @@
+// Hostile sizes: .kiln files whose dims, pads or attributes make size arithmetic overflow,
+// declared shapes past the memory budget, and runs that would exhaust memory. Each case is a
+// finding of coverage-guided fuzzing kept as a regression test: a user error naming the node
+// or value, never undefined behaviour or an allocation sized by the file.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "formats/checked.h"
+#include "formats/memory.h"
+#include "formats/serialize.h"
+#include "formats/summary.h"
+#include "runtime/session.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kHuge = int64_t{1} << 62;
+
+Node node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
+  return Node{.name = std::move(name), .op = std::move(op), .inputs = std::move(in), .outputs = std::move(out)};
+}
+
+Shape dims(std::vector<Dim> d) { return Shape(std::move(d)); }
+
+/// Saves and loads the model (load verifies it); expects a user error containing `needle`.
+void expect_rejected(const Model& m, const std::string& needle) {
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+  auto r = load_model_from_bytes(*bytes, "hostile.kiln");
+  ASSERT_FALSE(r.ok()) << "expected an error containing: " << needle;
+  EXPECT_EQ(r.error().kind, ErrorKind::user) << r.error().message();
+  EXPECT_NE(r.error().message().find(needle), std::string::npos) << r.error().message();
+}
+
+/// One node `op` from input x (shape `in`) and optional constant inputs to output y.
+Model one_node(const std::string& op, Shape in, std::vector<Tensor> constants = {}, DType dt = DType::f32) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", dt, std::move(in));
+  g.inputs = {x};
+  std::vector<ValueId> ins = {x};
+  for (size_t i = 0; i < constants.size(); ++i) ins.push_back(g.add_constant("c" + std::to_string(i), constants[i]));
+  ValueId y = g.add_value("y", dt, Shape::unknown_rank());
+  g.add_node(node("n", op, ins, {y}));
+  g.outputs = {y};
+  return m;
+}
+
+TEST(CheckedInt, ReportsOverflowInsteadOfWrapping) {
+  EXPECT_EQ(checked_mul(kHuge, 2), std::nullopt);
+  EXPECT_EQ(checked_add(std::numeric_limits<int64_t>::max(), 1), std::nullopt);
+  EXPECT_EQ(checked_sub(std::numeric_limits<int64_t>::min(), 1), std::nullopt);
+  EXPECT_EQ(checked_mul(1 << 20, 1 << 20), int64_t{1} << 40);
+  CheckedInt p = 1;
+  for (int i = 0; i < 4; ++i) p *= int64_t{1} << 20;
+  EXPECT_FALSE(p.ok());
+  EXPECT_FALSE((CheckedInt(5) / 0).ok());
+  std::vector<int64_t> shape{kHuge, 4};
+  EXPECT_EQ(checked_product(shape), std::nullopt);
+}
+
+TEST(HostileSizes, FlattenOfHugeDims) {
+  expect_rejected(one_node("Flatten", dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)})), "overflow int64");
+}
+
+TEST(HostileSizes, ReshapeMinusOneOfHugeDims) {
+  Model m = one_node("Reshape", dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)}),
+                     {Tensor::from<int64_t>({2}, {0, -1})});
+  expect_rejected(m, "multiply past the int64 range");
+}
+
+TEST(HostileSizes, TileOfHugeRepeats) {
+  Model m = one_node("Tile", dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({2}, {1, kHuge})});
+  expect_rejected(m, "overflow int64");
+}
+
+TEST(HostileSizes, PadsThatOverflow) {
+  Model m = one_node("Pad", dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({4}, {0, kHuge, 0, kHuge})});
+  expect_rejected(m, "overflow int64");
+}
+
+TEST(HostileSizes, ConvIntegerPadsThatOverflow) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::u8, dims({Dim::sym("n"), Dim::known(1), Dim::known(4), Dim::known(4)}));
+  ValueId w = g.add_value("w", DType::u8, Shape::of(std::vector<int64_t>{1, 1, 2, 2}));
+  ValueId y = g.add_value("y", DType::i32, Shape::unknown_rank());
+  g.inputs = {x, w};
+  Node n = node("conv", "ConvInteger", {x, w}, {y});
+  n.set_attr("pads", std::vector<int64_t>{kHuge, kHuge, kHuge, kHuge});
+  g.add_node(n);
+  g.outputs = {y};
+  expect_rejected(m, "overflows int64");
+}
+
+TEST(HostileSizes, RecurrentHiddenSizeThatOverflows) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2, 1, 3}));
+  ValueId w = g.add_value("w", DType::f32, Shape::of(std::vector<int64_t>{1, 6, 3}));
+  ValueId r = g.add_value("r", DType::f32, Shape::of(std::vector<int64_t>{1, 6, 2}));
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  g.inputs = {x, w, r};
+  Node n = node("gru", "GRU", {x, w, r}, {y});
+  n.set_attr("hidden_size", kHuge);
+  g.add_node(n);
+  g.outputs = {y};
+  expect_rejected(m, "W has 6 rows; expected 3 x hidden_size 4611686018427387904");
+}
+
+TEST(HostileSizes, RankPastTheLimit) {
+  Model m = one_node("Relu", Shape(std::vector<Dim>(kMaxRank + 1, Dim::known(1))));
+  expect_rejected(m, "value 'x': shape has rank 65; kiln supports ranks up to 64");
+}
+
+TEST(HostileSizes, ShapeInputDeclaredWithMillionsOfEntries) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  ValueId s = g.add_value("s", DType::i64, Shape::of(std::vector<int64_t>{100'000'000}));
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  g.inputs = {x, s};
+  g.add_node(node("expand", "Expand", {x, s}, {y}));
+  g.outputs = {y};
+  expect_rejected(m, "the shape input has 100000000 entries; kiln supports ranks up to 64");
+}
+
+TEST(HostileSizes, DeclaredShapePastTheMemoryLimit) {
+  Model m = one_node("Relu", Shape::of(std::vector<int64_t>{1 << 20, 1 << 20}));
+  set_memory_limit(size_t{256} << 20);
+  expect_rejected(m, "value 'x': shape 1048576x1048576 (f32) needs 4.0 TiB, past the memory limit of 256 MiB");
+  set_memory_limit(0);
+}
+
+TEST(HostileSizes, SummaryOfAnOmittedOptionalInput) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{1, 8, 1}));
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  g.inputs = {x};
+  g.add_node(node("dft", "DFT", {x, kNoValue}, {y}));
+  g.outputs = {y};
+  EXPECT_EQ(node_flops(g.nodes[0], g), 0);
+  EXPECT_EQ(summarize(m).flops, 0);
+}
+
+TEST(MemoryBudget, ChargesTensorsAndRefusesPastTheLimit) {
+  set_memory_limit(size_t{64} << 20);
+  size_t before = memory_in_use();
+  {
+    Tensor t(DType::f32, {1024, 1024});
+    EXPECT_GE(memory_in_use(), before + (size_t{4} << 20));
+    EXPECT_THROW(Tensor(DType::f32, {1 << 14, 1 << 14}), MemoryLimitExceeded);
+    EXPECT_THROW(Tensor(DType::f32, {kHuge, kHuge}), MemoryLimitExceeded);
+  }
+  EXPECT_EQ(memory_in_use(), before);
+  set_memory_limit(0);
+}
+
+TEST(MemoryBudget, ParsesSizes) {
+  EXPECT_EQ(parse_byte_size("256MiB"), size_t{256} << 20);
+  EXPECT_EQ(parse_byte_size("256M"), size_t{256} << 20);
+  EXPECT_EQ(parse_byte_size("300MB"), size_t{300'000'000});
+  EXPECT_EQ(parse_byte_size("1.5GiB"), size_t{3} << 29);
+  EXPECT_EQ(parse_byte_size("4096"), size_t{4096});
+  EXPECT_EQ(parse_byte_size("2 KiB"), size_t{2048});
+  for (const char* bad : {"", "MiB", "-1G", "1.2.3G", "12Q", "0", "1e30"}) EXPECT_EQ(parse_byte_size(bad), std::nullopt) << bad;
+  EXPECT_EQ(format_bytes(812), "812 bytes");
+  EXPECT_EQ(format_bytes(size_t{256} << 20), "256 MiB");
+  EXPECT_EQ(format_bytes(size_t{3} << 29), "1.5 GiB");
+}
+
+// A Loop whose trip count comes from data runs until the caller's subgraph limit.
+TEST(HostileSizes, SubgraphRunLimit) {
+  auto body = std::make_shared<Graph>();
+  ValueId i = body->add_value("i", DType::i64, Shape::of(std::vector<int64_t>{}));
+  ValueId c = body->add_value("c", DType::boolean, Shape::of(std::vector<int64_t>{}));
+  ValueId co = body->add_value("co", DType::boolean, Shape::of(std::vector<int64_t>{}));
+  body->inputs = {i, c};
+  body->add_node(node("id", "Identity", {c}, {co}));
+  body->outputs = {co};
+  Model m;
+  Graph& g = m.graph;
+  ValueId n = g.add_value("n", DType::i64, Shape::of(std::vector<int64_t>{}));
+  ValueId cond = g.add_constant("cond", Tensor::from<bool>({}, {true}));
+  g.inputs = {n};
+  Node loop = node("loop", "Loop", {n, cond}, {});
+  loop.set_attr("body", body);
+  ValueId out = g.add_value("out", DType::i64, Shape::unknown_rank());
+  g.add_node(node("id", "Identity", {n}, {out}));
+  g.add_node(loop);
+  g.outputs = {out};
+  SessionOptions options;
+  options.max_subgraph_runs = 100;
+  auto s = Session::create(m, options);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto r = (*s)->run(std::vector<Tensor>{Tensor::from<int64_t>({}, {180'000'000'000})});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("more than 100 subgraph executions"), std::string::npos) << r.error().message();
+  auto fine = (*s)->run(std::vector<Tensor>{Tensor::from<int64_t>({}, {50})});
+  EXPECT_TRUE(fine.ok()) << fine.error().message();
+}
+
+TEST(Errors, MessagesStayOneShortLine) {
+  Error e = user_error("node '" + std::string(100'000, 'n') + "'", "bad\nvalue");
+  std::string msg = e.message();
+  EXPECT_LT(msg.size(), 1000u);
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  EXPECT_NE(msg.find("bad\\x0avalue"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("characters ...]"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace kiln
