@@ -68,7 +68,7 @@ void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdlin
   cmd->add_option("--input-shape", args->input_shapes,
                   "NAME=SHAPE, e.g. input=1x3x224x224 or ids=batchx128 (repeatable)");
   cmd->add_option("--sidecar-threshold", args->sidecar_threshold,
-                  "weights larger than this many bytes go to OUT.kiln.weights")
+                  "weights larger than this many bytes go to a sidecar OUT.kiln.<hash>.weights")
       ->capture_default_str();
   add_max_memory_option(cmd);
   cmd->add_flag("--list-ops", args->list_ops, "print the supported ONNX ops and op versions, then exit");

@@ -167,7 +167,9 @@ Result<std::shared_ptr<Graph>> Exporter::convert_graph(const onnx::GraphProto& g
     graph->inputs.push_back(graph->add_value(in.name(), dt, std::move(shape)));
   }
   if (top)
-    for (const auto& [name, shape] : options_.input_shapes) {
+    for (const auto& entry : options_.input_shapes) {
+      // Not a structured binding: clang 14 cannot capture those in lambdas.
+      const std::string& name = entry.first;
       bool found = std::any_of(gp.input().begin(), gp.input().end(), [&](const auto& i) { return i.name() == name; });
       if (!found) return user_error("input '" + name + "'", "--input-shape names an input the model does not have");
     }

@@ -2,10 +2,12 @@
 #include "formats/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -17,7 +19,36 @@ constexpr size_t kBufferSize = size_t{1} << 20;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+// The writer pid of a temporary named `<...>.tmp.<pid>.<n>`, or 0 when the name is not one.
+pid_t temp_writer(const std::string& name) {
+  size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos) return 0;
+  const char* p = name.c_str() + at + 5;
+  char* end = nullptr;
+  long pid = std::strtol(p, &end, 10);
+  if (end == p || *end != '.' || pid <= 0) return 0;
+  const char* n = end + 1;
+  if (!*n) return 0;
+  for (; *n; ++n)
+    if (*n < '0' || *n > '9') return 0;
+  return static_cast<pid_t>(pid);
+}
+
 }  // namespace
+
+void remove_stale_temporaries(const std::string& final_path) {
+  std::filesystem::path p(final_path);
+  std::filesystem::path dir = p.parent_path().empty() ? std::filesystem::path(".") : p.parent_path();
+  const std::string prefix = "." + p.filename().string() + ".";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    pid_t pid = temp_writer(name);
+    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
+      std::filesystem::remove(entry.path(), ec);
+  }
+}
 
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
@@ -31,6 +62,7 @@ Status AtomicFile::open(const std::string& final_path) {
   if (base.empty() || base == "." || base == "..")
     return user_error("", "cannot write '" + final_path + "': not a file name");
   std::filesystem::path dir = p.parent_path();
+  remove_stale_temporaries(final_path);
   static std::atomic<uint64_t> counter{0};
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string name = "." + base + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);

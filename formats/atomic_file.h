@@ -39,6 +39,12 @@ class AtomicFile {
   std::vector<uint8_t> buffer_;
 };
 
+/// Removes the temporary files that killed writers left next to `final_path` (its own and those
+/// of files named after it, such as its sidecars): `.<name>.<...>tmp.<pid>.<n>` whose writer
+/// process no longer exists. A live writer's temporary is never touched. AtomicFile::open calls
+/// this, so the next write of an output cleans up after an interrupted one.
+void remove_stale_temporaries(const std::string& final_path);
+
 /// Writes a whole file atomically. Errors name the file in Error::file.
 Status write_file_atomic(const std::string& path, std::span<const uint8_t> bytes);
 

@@ -63,8 +63,10 @@ class Writer {
 
   Writer() : fbb_(1 << 16) {}
 
-  /// Builds everything; `sidecar_name` is recorded when the blob exceeds `threshold`.
-  Status build(const Model& model, uint64_t threshold, const std::string& sidecar_name) {
+  /// Builds everything. When the blob exceeds `threshold` it goes to a sidecar named after the
+  /// model file and the blob's content (`m.kiln.<16 hex>.weights`), recorded in the model: a new
+  /// blob never overwrites the file an older model refers to.
+  Status build(const Model& model, uint64_t threshold, const std::string& model_file_name) {
     std::vector<flatbuffers::Offset<fb::Provenance>> prov;
     for (const Provenance& p : model.provenance)
       prov.push_back(fb::CreateProvenance(fbb_, fbb_.CreateString(p.tool), fbb_.CreateString(p.version),
@@ -78,7 +80,10 @@ class Writer {
     KILN_ASSIGN_OR_RETURN(auto graph, write_graph(model.graph, ""));
     sidecar_ = blob_size_ > threshold;
     flatbuffers::Offset<flatbuffers::String> weights_file;
-    if (sidecar_) weights_file = fbb_.CreateString(sidecar_name);
+    if (sidecar_) {
+      sidecar_name_ = model_file_name + "." + blob_fingerprint() + kSidecarSuffix;
+      weights_file = fbb_.CreateString(sidecar_name_);
+    }
     // The root's scalars are always written (even at their defaults), so that every file
     // carries its version explicitly and tools can patch them in place.
     fbb_.ForceDefaults(true);
@@ -92,8 +97,37 @@ class Writer {
   const std::vector<Item>& items() const { return items_; }
   uint64_t blob_size() const { return blob_size_; }
   bool sidecar() const { return sidecar_; }
+  /// The sidecar's file name (no folder) when sidecar().
+  const std::string& sidecar_name() const { return sidecar_name_; }
 
  private:
+  /// 16 hex digits that change whenever the blob's bytes do (a 64-bit multiply-xor hash over
+  /// the tensors and their offsets, eight bytes at a time: fast on multi-GB blobs).
+  std::string blob_fingerprint() const {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ blob_size_;
+    auto mix = [&h](uint64_t v) {
+      h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+      h *= 0xFF51AFD7ED558CCDull;
+      h ^= h >> 32;
+    };
+    for (const Item& item : items_) {
+      mix(item.offset);
+      const auto* p = static_cast<const uint8_t*>(item.tensor->raw());
+      size_t n = item.tensor->nbytes(), i = 0;
+      for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        std::memcpy(&v, p + i, 8);
+        mix(v);
+      }
+      uint64_t tail = 0;
+      if (i < n) std::memcpy(&tail, p + i, n - i);
+      mix(tail ^ (uint64_t{n - i} << 56));
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return hex;
+  }
+
   Result<flatbuffers::Offset<fb::TensorData>> write_tensor(const Tensor& t, const std::string& where) {
     uint64_t size = t.nbytes();
     if (size > 0 && t.raw() == nullptr) return internal_error(where, "tensor has no data");
@@ -214,6 +248,7 @@ class Writer {
   std::map<std::pair<const void*, uint64_t>, uint64_t> placed_;
   uint64_t blob_size_ = 0;
   bool sidecar_ = false;
+  std::string sidecar_name_;
 };
 
 /// Where bytes go: a vector (stdout) or a file descriptor (buffered).
@@ -689,7 +724,26 @@ Result<Model> decode(const Buffer& buf, const std::string& sidecar_dir, const Lo
 
 }  // namespace
 
-std::string sidecar_path(const std::string& path) { return path + kSidecarSuffix; }
+namespace {
+
+/// Removes the sidecars earlier saves of the model `base` in `dir` wrote (`base.weights` of
+/// older kiln versions and `base.<16 hex>.weights`), except `keep`.
+void remove_stale_sidecars(const std::filesystem::path& dir, const std::string& base, const std::string& keep) {
+  std::error_code ec;
+  std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  const std::string suffix = kSidecarSuffix;
+  for (const auto& entry : std::filesystem::directory_iterator(d, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name == keep || name.compare(0, base.size() + 1, base + ".") != 0 || name.size() < base.size() + suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    std::string middle = name.substr(base.size() + 1, name.size() - base.size() - 1 - suffix.size());
+    bool versioned = middle.size() == 16 && middle.find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (versioned || name == base + suffix) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
+}  // namespace
 
 Result<std::vector<uint8_t>> serialize_model(const Model& model) {
   Writer w;
@@ -702,23 +756,29 @@ Result<std::vector<uint8_t>> serialize_model(const Model& model) {
 }
 
 Status save_model(const Model& model, const std::string& path, const SaveOptions& options) {
-  std::string side = sidecar_path(path);
+  std::filesystem::path p(path);
+  const std::string base = p.filename().string();
+  const std::filesystem::path dir = p.parent_path();
   Writer w;
-  KILN_RETURN_IF_ERROR(with_file(w.build(model, options.sidecar_threshold,
-                                         std::filesystem::path(side).filename().string()),
-                                 path));
-  // Both files are complete on disk before either is renamed. The sidecar is renamed first: a
-  // model file never refers to a sidecar that is not there yet.
+  KILN_RETURN_IF_ERROR(with_file(w.build(model, options.sidecar_threshold, base), path));
+  // The sidecar gets a name no other version of the model uses, so the model's rename is the
+  // one step that switches from the old pair (model, sidecar) to the new one: a kill at any
+  // point leaves the old model with its old sidecar, or the new model with its new one.
+  // Both files are complete on disk before either is renamed.
   TempFile side_tmp;
   if (w.sidecar()) {
-    KILN_RETURN_IF_ERROR(with_file(side_tmp.open(side), path));
+    KILN_RETURN_IF_ERROR(with_file(side_tmp.open((dir / w.sidecar_name()).string()), path));
     KILN_RETURN_IF_ERROR(with_file(write_blob(side_tmp, w), path));
   }
   TempFile model_tmp;
   KILN_RETURN_IF_ERROR(with_file(model_tmp.open(path), path));
   KILN_RETURN_IF_ERROR(with_file(write_model_file(model_tmp, w), path));
   if (w.sidecar()) KILN_RETURN_IF_ERROR(with_file(side_tmp.commit(), path));
-  return with_file(model_tmp.commit(), path);
+  KILN_RETURN_IF_ERROR(with_file(model_tmp.commit(), path));
+  // The previous versions' sidecars (and the temporaries of writers that were killed) are
+  // garbage now that the model refers to its own.
+  remove_stale_sidecars(dir, base, w.sidecar() ? w.sidecar_name() : "");
+  return {};
 }
 
 Result<Model> load_model(const std::string& path, const LoadOptions& options) {

@@ -4,7 +4,8 @@
 // multiple of 64 and the weight blob; every tensor's data sits at a 64-aligned offset in the
 // blob. Loading reads the whole file into one 64-byte-aligned buffer and makes every constant
 // (and tensor attribute) a view into it, so weights are never copied. Models whose weights
-// pass SaveOptions::sidecar_threshold keep the blob in a sidecar file `<model>.weights`.
+// pass SaveOptions::sidecar_threshold keep the blob in a sidecar file `<model>.<16 hex>.weights`
+// named after its content, so replacing a model never rewrites the sidecar an older copy uses.
 //
 // Versioning: kSchemaMajor.kSchemaMinor is written into every file. Within a major the schema
 // is append-only; a reader accepts any minor of its own major and rejects another major, naming
@@ -39,7 +40,7 @@ inline constexpr char kKilnFileIdentifier[] = "KILN";
 inline constexpr char kSidecarSuffix[] = ".weights";
 
 struct SaveOptions {
-  /// When the weight blob is larger than this many bytes it goes to `<path>.weights` instead of
+  /// When the weight blob is larger than this many bytes it goes to `<path>.<16 hex>.weights` instead of
   /// the model file. Tests set it low to exercise the sidecar.
   uint64_t sidecar_threshold = uint64_t{2} << 30;
 };
@@ -72,7 +73,5 @@ Result<Model> load_model_from_bytes(std::span<const uint8_t> bytes, const std::s
                                     const LoadOptions& options = {},
                                     const std::string& sidecar_dir = "");
 
-/// The sidecar file save_model writes for a model saved at `path`: `<path>.weights`.
-std::string sidecar_path(const std::string& path);
 
 }  // namespace kiln

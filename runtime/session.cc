@@ -240,7 +240,8 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
     if (it == named.end()) return user_error("input '" + name + "'", "no data was given");
     inputs.push_back(it->second);
   }
-  for (const auto& [name, t] : named) {
+  for (const auto& entry : named) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture those
     bool known = std::any_of(graph_.inputs.begin(), graph_.inputs.end(),
                              [&](ValueId id) { return graph_.value(id).name == name; });
     if (!known) return user_error("input '" + name + "'", "the model has no input of this name");
@@ -362,6 +363,11 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
         return user_error(node.where(), std::string("a buffer ") + ex.what());
       } catch (const std::bad_alloc&) {
         return user_error(node.where(), "out of memory (the machine refused an allocation below --max-memory)");
+      } catch (const std::length_error&) {
+        // A buffer sized by the data past what the address space can hold.
+        return user_error(node.where(), "a buffer sized by the input data is too large to allocate");
+      } catch (const std::exception& ex) {
+        return internal_error(node.where(), std::string("the kernel threw: ") + ex.what());
       }
     }
     for (size_t i = 0; i < out.size(); ++i) {

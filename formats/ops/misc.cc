@@ -110,6 +110,8 @@ Status infer_nms(InferContext& ctx) {
 
 Status infer_window(InferContext& ctx) {
   if (!is_integer(ctx.dtype(0))) return ctx.error("size must be an integer, got " + dt(ctx.dtype(0)));
+  if (ctx.shape(0).is_concrete() && shape_numel(ctx.shape(0).concrete()) != 1)
+    return ctx.error("size must be a scalar, got shape " + ctx.shape(0).str());
   KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_datatype", DType::f32));
   if (!is_float(out) && !is_integer(out)) return ctx.error("output_datatype " + dt(out) + " is not numeric");
   auto size = known_int(ctx, 0);

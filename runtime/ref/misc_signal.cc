@@ -34,8 +34,9 @@ Status ref_window(KernelContext& ctx) {
   const int64_t size = ctx.input(0).as_int64(0);
   const bool periodic = ctx.node().attr_int("periodic", 1) != 0;
   const double n1 = static_cast<double>(periodic ? size : size - 1);
-  std::vector<double> v(static_cast<size_t>(std::max<int64_t>(size, 0)));
-  for (int64_t i = 0; i < size; ++i) {
+  Tensor& out = ctx.output(0);  // sized by inference from `size`, within the memory budget
+  std::vector<double> v(static_cast<size_t>(out.numel()));
+  for (int64_t i = 0; i < out.numel(); ++i) {
     const double x = static_cast<double>(i);
     double y;
     if constexpr (W == Window::hann) {
@@ -48,7 +49,7 @@ Status ref_window(KernelContext& ctx) {
     }
     v[static_cast<size_t>(i)] = y;
   }
-  store_doubles(ctx.output(0), v);
+  store_doubles(out, v);
   return {};
 }
 

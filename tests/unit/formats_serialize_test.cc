@@ -1,6 +1,8 @@
 // .kiln save/load: round trip of every IR feature, byte-identical saves, 64-byte alignment of
 // loaded weights, the sidecar weights file, atomic saves, and the text form.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -393,16 +395,21 @@ TEST(FormatsSerialize, SidecarAboveThreshold) {
   Model m = rich_model();
   std::string path = dir.file("m.kiln");
   ASSERT_TRUE(save_model(m, path, SaveOptions{.sidecar_threshold = 64}).ok());
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"m.kiln", "m.kiln.weights"}));
+  std::vector<std::string> entries = dir.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0], "m.kiln");
+  const std::string side_name = entries[1];
+  EXPECT_TRUE(side_name.starts_with("m.kiln.") && side_name.ends_with(".weights") && side_name.size() == 6 + 1 + 16 + 8)
+      << side_name;
   auto inline_bytes = serialize_model(m);
   ASSERT_TRUE(inline_bytes.ok());
   auto model_bytes = read_bytes(path);
-  auto side_bytes = read_bytes(sidecar_path(path));
+  auto side_bytes = read_bytes(dir.file(side_name));
   EXPECT_LT(model_bytes.size(), inline_bytes->size());
   EXPECT_GT(side_bytes.size(), 64u);
   // The model file records the sidecar by its file name only.
   std::string as_text(model_bytes.begin(), model_bytes.end());
-  EXPECT_NE(as_text.find("m.kiln.weights"), std::string::npos);
+  EXPECT_NE(as_text.find(side_name), std::string::npos);
   EXPECT_EQ(as_text.find(dir.file("")), std::string::npos);
 
   auto loaded = load_model(path);
@@ -412,7 +419,7 @@ TEST(FormatsSerialize, SidecarAboveThreshold) {
 
   // Saving again is byte-identical, for both files.
   ASSERT_TRUE(save_model(m, dir.file("n.kiln"), SaveOptions{.sidecar_threshold = 64}).ok());
-  EXPECT_EQ(side_bytes, read_bytes(dir.file("n.kiln.weights")));
+  EXPECT_EQ(side_bytes, read_bytes(dir.file("n" + side_name.substr(1))));
   auto n_bytes = read_bytes(dir.file("n.kiln"));
   EXPECT_EQ(model_bytes.size(), n_bytes.size());
 }
@@ -466,16 +473,58 @@ TEST(FormatsSerialize, FailedSaveLeavesNoTempFileAndKeepsTheTarget) {
 
 TEST(FormatsSerialize, FailedSidecarSaveDoesNotClobberTheModel) {
   TempDir dir;
+  // The sidecar's name is the model's plus a hash of the weights: learn the hash from a probe.
+  ASSERT_TRUE(save_model(rich_model(), dir.file("p.kiln"), SaveOptions{.sidecar_threshold = 1}).ok());
+  std::string side_name = "m" + dir.entries().at(1).substr(1);
+  fs::remove(dir.file("p.kiln"));
+  fs::remove(dir.file("p" + side_name.substr(1)));
   std::string path = dir.file("m.kiln");
   std::ofstream(path) << "old contents";
   // The sidecar's place is taken by a non-empty directory, so renaming the sidecar fails.
-  fs::create_directories(sidecar_path(path) + "/keep");
+  fs::create_directories(dir.file(side_name) + "/keep");
   Status s = save_model(rich_model(), path, SaveOptions{.sidecar_threshold = 1});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().kind, ErrorKind::user);
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"m.kiln", "m.kiln.weights"}));
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"m.kiln", side_name}));
   auto kept = read_bytes(path);
   EXPECT_EQ(std::string(kept.begin(), kept.end()), "old contents");
+}
+
+// Replacing a model writes its new sidecar under a new name and removes the old one only after
+// the model itself was renamed: an interrupted save leaves a consistent old pair.
+TEST(FormatsSerialize, ReplacingAModelSwitchesSidecarsAtTheModelRename) {
+  TempDir dir;
+  std::string path = dir.file("m.kiln");
+  Model a = rich_model(), b = rich_model();
+  Tensor w = b.graph.values[b.graph.find_value("b")].constant.clone();
+  w.data<float>()[0] += 1;
+  b.graph.values[b.graph.find_value("b")].constant = w;
+  ASSERT_TRUE(save_model(a, path, SaveOptions{.sidecar_threshold = 1}).ok());
+  std::string side_a = dir.entries().at(1);
+  ASSERT_TRUE(save_model(b, path, SaveOptions{.sidecar_threshold = 1}).ok());
+  std::vector<std::string> entries = dir.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_NE(entries[1], side_a);
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(b, *loaded);
+  // Saving inline removes the sidecar the previous version used.
+  ASSERT_TRUE(save_model(a, path).ok());
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+}
+
+TEST(FormatsSerialize, TemporariesOfKilledWritersAreRemovedByTheNextWrite) {
+  TempDir dir;
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  waitpid(dead, nullptr, 0);
+  std::string d = std::to_string(dead), live = std::to_string(getppid());
+  for (const std::string& name : {".m.kiln.tmp." + d + ".0", ".m.kiln.0123456789abcdef.weights.tmp." + d + ".3",
+                                  ".m.kiln.tmp." + live + ".7", ".other.kiln.tmp." + d + ".1"})
+    std::ofstream(dir.file(name)) << "partial";
+  ASSERT_TRUE(save_model(rich_model(), dir.file("m.kiln")).ok());
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{".m.kiln.tmp." + live + ".7", ".other.kiln.tmp." + d + ".1", "m.kiln"}));
 }
 
 TEST(FormatsSerialize, SaveIntoMissingDirectoryFails) {
