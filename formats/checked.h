@@ -60,6 +60,22 @@ inline std::optional<int64_t> checked_mul(int64_t a, int64_t b) { return (Checke
 inline std::optional<int64_t> checked_add(int64_t a, int64_t b) { return (CheckedInt(a) + b).get(); }
 inline std::optional<int64_t> checked_sub(int64_t a, int64_t b) { return (CheckedInt(a) - b).get(); }
 
+/// x truncated toward zero, or nullopt for NaN, infinities and values outside int64 (a plain
+/// conversion of those is undefined behaviour).
+inline std::optional<int64_t> float_to_int64(double x) {
+  if (!(x >= -0x1p63 && x < 0x1p63)) return std::nullopt;
+  return static_cast<int64_t>(x);
+}
+
+/// x truncated toward zero and clamped to int64; NaN gives 0. For kernels whose results are
+/// defined whatever the input (a coordinate far outside reads padding either way).
+inline int64_t saturate_to_int64(double x) {
+  if (x != x) return 0;
+  if (x >= 0x1p63) return INT64_MAX;
+  if (x < -0x1p63) return INT64_MIN;
+  return static_cast<int64_t>(x);
+}
+
 /// Product of sizes; nullopt on overflow.
 inline std::optional<int64_t> checked_product(std::span<const int64_t> v) {
   CheckedInt p = 1;

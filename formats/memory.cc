@@ -1,11 +1,13 @@
 // The process-wide memory budget.
 #include "formats/memory.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 
@@ -121,3 +123,54 @@ std::optional<size_t> checked_bytes(int64_t count, size_t elem_size) {
 }
 
 }  // namespace kiln
+
+// Every large heap allocation made with operator new (a kernel's std::vector sized by the data,
+// a parsed protobuf, a string read from a file) is charged against the budget too, so that no
+// buffer sized by a hostile file escapes it. Small ones are not: their count is bounded by the
+// tensors and nodes, which are charged. The charge is the block's usable size, read the same
+// way when it is freed. Tensor storage uses aligned_alloc and is charged by Tensor itself.
+// Sanitizer builds keep the sanitizer's own operator new (it checks new/delete pairing); their
+// fuzz runs bound allocations with libFuzzer's -malloc_limit_mb instead.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KILN_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_ASAN 1
+#endif
+
+#ifndef KILN_ASAN
+namespace {
+
+constexpr size_t kChargedAllocation = size_t{64} << 10;
+
+void* charged_new(size_t n) {
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (!p) throw std::bad_alloc();
+  size_t usable = malloc_usable_size(p);
+  if (usable >= kChargedAllocation) {
+    if (!kiln::try_charge_memory(usable)) {
+      std::free(p);
+      throw kiln::MemoryLimitExceeded(usable, kiln::memory_in_use(), kiln::memory_limit());
+    }
+  }
+  return p;
+}
+
+void charged_delete(void* p) noexcept {
+  if (!p) return;
+  size_t usable = malloc_usable_size(p);
+  if (usable >= kChargedAllocation) kiln::release_memory(usable);
+  std::free(p);
+}
+
+}  // namespace
+
+void* operator new(size_t n) { return charged_new(n); }
+void* operator new[](size_t n) { return charged_new(n); }
+void operator delete(void* p) noexcept { charged_delete(p); }
+void operator delete[](void* p) noexcept { charged_delete(p); }
+void operator delete(void* p, size_t) noexcept { charged_delete(p); }
+void operator delete[](void* p, size_t) noexcept { charged_delete(p); }
+#endif  // KILN_ASAN

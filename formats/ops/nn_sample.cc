@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 #include "formats/ops/nn_util.h"
 
@@ -41,7 +42,10 @@ Result<ResizeGeometry> resolve_resize(const Node& node, const std::vector<int64_
       if (!(s > 0)) return user_error(node.where(), "scale " + std::to_string(s) + " must be positive");
       size_t a = static_cast<size_t>(axes[i]);
       g.scales[a] = s;
-      if (in[a] >= 0) g.out[a] = static_cast<int64_t>(std::floor(s * static_cast<double>(in[a])));
+      if (in[a] < 0) continue;
+      std::optional<int64_t> out = float_to_int64(std::floor(s * static_cast<double>(in[a])));
+      if (!out) return user_error(node.where(), "scale " + std::to_string(s) + " makes axis " + std::to_string(a) + " larger than int64");
+      g.out[a] = *out;
     }
     return g;
   }

@@ -5,6 +5,7 @@
 #include <numbers>
 #include <vector>
 
+#include "formats/checked.h"
 #include "runtime/kernel.h"
 
 namespace kiln {
@@ -63,7 +64,7 @@ Status ref_mel(KernelContext& ctx) {
   std::vector<int64_t> f(static_cast<size_t>(bins + 2));
   for (int64_t i = 0; i < bins + 2; ++i) {
     double hz = 700.0 * (std::pow(10.0, (static_cast<double>(i) * step + lo_mel) / 2595.0) - 1.0);
-    f[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(static_cast<double>(len + 1) * hz / static_cast<double>(rate)));
+    f[static_cast<size_t>(i)] = saturate_to_int64(std::floor(static_cast<double>(len + 1) * hz / static_cast<double>(rate)));
   }
   for (int64_t v : f)
     if (v < 0 || v >= spec)

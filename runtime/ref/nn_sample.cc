@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "formats/checked.h"
 #include "formats/ops/nn_util.h"
 #include "runtime/ref/nn_util.h"
 
@@ -48,7 +49,7 @@ std::vector<double> resize_coeffs(const ResizeParams& p, double ratio, bool inte
     if (!p.antialias) return {1 - ratio, ratio};
     // A triangle filter stretched by 1/scale when downsampling.
     const double s = std::min(scale, 1.0);
-    const int64_t start = static_cast<int64_t>(std::floor(-1 / s)) + 1, n = 2 - 2 * start;
+    const int64_t start = saturate_to_int64(std::floor(-1 / s)) + 1, n = 2 - 2 * start;
     std::vector<double> c(static_cast<size_t>(n));
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) sum += c[static_cast<size_t>(i)] = std::clamp(1 - std::fabs((static_cast<double>(start + i) - ratio) * s), 0.0, 1.0);
@@ -62,7 +63,7 @@ std::vector<double> resize_coeffs(const ResizeParams& p, double ratio, bool inte
             ((A + 2) * q - (A + 3)) * q * q + 1, ((A * q1 - 5 * A) * q1 + 8 * A) * q1 - 4 * A};
   }
   const double s = std::min(scale, 1.0);
-  const int64_t start = static_cast<int64_t>(std::floor(-2 / s)) + 1, end = 2 - start;
+  const int64_t start = saturate_to_int64(std::floor(-2 / s)) + 1, end = 2 - start;
   std::vector<double> c;
   double sum = 0;
   for (int64_t i = start; i < end; ++i) {
@@ -327,8 +328,8 @@ Status roi_align_impl(KernelContext& ctx, const Tensor& x, const Tensor& rois, c
     double rw = static_cast<double>(pr[r * 4 + 2]) * scale - off - x0, rh = static_cast<double>(pr[r * 4 + 3]) * scale - off - y0;
     if (!half_pixel) rw = std::max(rw, 1.0), rh = std::max(rh, 1.0);
     const double bh = rh / static_cast<double>(PH), bw = rw / static_cast<double>(PW);
-    const int64_t gh = sampling > 0 ? sampling : static_cast<int64_t>(std::ceil(rh / static_cast<double>(PH)));
-    const int64_t gw = sampling > 0 ? sampling : static_cast<int64_t>(std::ceil(rw / static_cast<double>(PW)));
+    const int64_t gh = sampling > 0 ? sampling : saturate_to_int64(std::ceil(rh / static_cast<double>(PH)));
+    const int64_t gw = sampling > 0 ? sampling : saturate_to_int64(std::ceil(rw / static_cast<double>(PW)));
     const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
     for (int64_t c = 0; c < C; ++c) {
       const T* xs = x.data<T>() + (b * C + c) * H * W;
