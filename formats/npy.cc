@@ -1,19 +1,25 @@
-// .npy / .npz reading and writing. The .npy layout is numpy's own description
+// .npy reading and writing, and reading whole files. The .npy layout is numpy's own description
 // (numpy/lib/format.py): magic "\x93NUMPY", major and minor version bytes, a little-endian
 // header length (2 bytes in 1.0, 4 bytes in 2.0 and 3.0), then a Python dict literal with the
-// keys 'descr', 'fortran_order' and 'shape', padded to 64 bytes, then the raw data.
+// keys 'descr', 'fortran_order' and 'shape', padded to 64 bytes, then the raw data. The reader
+// takes the bytes from a stream whose size is known up front (a buffer, a file, a zip member:
+// formats/npz.cc), checks every size in the header against it and then reads the data straight
+// into the tensor.
 #include "formats/npy.h"
 
-#include "formats/atomic_file.h"
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <set>
+#include <new>
+#include <optional>
 
-#include "formats/zip.h"
+#include "formats/atomic_file.h"
+#include "formats/memory.h"
+#include "formats/npy_stream.h"
 
 namespace kiln {
 namespace {
@@ -23,11 +29,7 @@ constexpr size_t kMagicLen = 6;
 constexpr size_t kAlign = 64;
 constexpr size_t kGrowthAxisMaxDigits = 21;  // numpy's spare room for the first dim to grow
 
-Error file_error(std::string_view file, std::string where, std::string what) {
-  Error e = user_error(std::move(where), std::move(what));
-  e.file = std::string(file);
-  return e;
-}
+using npy_detail::file_error;
 
 // ---- the header dict ------------------------------------------------------------------------
 
@@ -272,6 +274,191 @@ std::string descr_of(DType t) {
   }
 }
 
+std::string base_name(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool has_suffix(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// The bytes a container declared, read in order; notices a source that ends early or runs on.
+class DeclaredReader {
+ public:
+  DeclaredReader(npy_detail::ByteSource& source, uint64_t size, std::string_view container)
+      : source_(source), size_(size), container_(container) {}
+
+  // Reads exactly `n` of the declared bytes.
+  Status read(void* dst, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      KILN_ASSIGN_OR_RETURN(size_t k, source_.read(static_cast<uint8_t*>(dst) + got, n - got));
+      if (k == 0)
+        return user_error("", "the " + container_ + " ends after " + std::to_string(pos_ + got) +
+                                  " bytes but declares " + std::to_string(size_));
+      got += k;
+    }
+    pos_ += n;
+    return Status();
+  }
+
+  // Checks that nothing follows the declared bytes (and lets a zip member check its CRC-32).
+  Status expect_end() {
+    uint8_t extra;
+    KILN_ASSIGN_OR_RETURN(size_t k, source_.read(&extra, 1));
+    if (k != 0)
+      return user_error("", "the " + container_ + " holds more than the " + std::to_string(size_) +
+                                " bytes it declares");
+    return Status();
+  }
+
+ private:
+  npy_detail::ByteSource& source_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+  std::string container_;
+};
+
+// An allocation for `what` (`bytes` long) that failed: over the memory budget or refused by
+// the machine.
+Error allocation_error(const std::string& what, size_t bytes, const std::bad_alloc& e) {
+  if (const auto* limit = dynamic_cast<const MemoryLimitExceeded*>(&e))
+    return user_error("", what + " (" + format_bytes(bytes) + ") does not fit: " + limit->what());
+  return user_error("", what + " needs " + format_bytes(bytes) +
+                            ": out of memory (the machine refused an allocation below --max-memory)");
+}
+
+// A .npy image already in memory.
+class SpanSource final : public npy_detail::ByteSource {
+ public:
+  explicit SpanSource(std::span<const uint8_t> bytes) : bytes_(bytes) {}
+  Result<size_t> read(void* dst, size_t n) override {
+    n = std::min(n, bytes_.size() - pos_);
+    if (n) std::memcpy(dst, bytes_.data() + pos_, n);
+    pos_ += n;
+    return n;
+  }
+
+ private:
+  std::span<const uint8_t> bytes_;
+  size_t pos_ = 0;
+};
+
+// An open file, read from its current position.
+class FileSource final : public npy_detail::ByteSource {
+ public:
+  explicit FileSource(std::FILE* f) : f_(f) {}
+  Result<size_t> read(void* dst, size_t n) override {
+    size_t got = std::fread(dst, 1, n, f_);
+    if (got < n && std::ferror(f_)) return user_error("", std::string("cannot read: ") + std::strerror(errno));
+    return got;
+  }
+
+ private:
+  std::FILE* f_;
+};
+
+// Reads a .npy file opened at its start: streamed into the tensor when it is a regular file,
+// read whole first otherwise (a pipe has no size to check the header against).
+Result<Tensor> read_npy_opened(std::FILE* f, const std::string& path) {
+  std::optional<uint64_t> size = npy_detail::regular_file_size(f);
+  if (!size) {
+    std::vector<uint8_t> bytes;
+    KILN_RETURN_IF_ERROR(npy_detail::read_rest(f, path, bytes));
+    return read_npy(bytes, path);
+  }
+  FileSource source(f);
+  auto t = npy_detail::read_npy_stream(source, *size, "file");
+  if (!t.ok()) return with_file(t.status(), path);
+  return t;
+}
+
+}  // namespace
+
+namespace npy_detail {
+
+Error file_error(std::string_view file, std::string where, std::string what) {
+  Error e = user_error(std::move(where), std::move(what));
+  e.file = std::string(file);
+  return e;
+}
+
+Result<Tensor> read_npy_stream(ByteSource& source, uint64_t n, std::string_view container) {
+  DeclaredReader in(source, n, container);
+  const std::string noun(container);
+  uint8_t pre[kMagicLen + 2 + 4];
+  KILN_RETURN_IF_ERROR(in.read(pre, static_cast<size_t>(std::min<uint64_t>(n, kMagicLen + 4))));
+  if (n < kMagicLen || std::memcmp(pre, kMagic, kMagicLen) != 0)
+    return user_error("", "not a .npy file: it does not start with the magic bytes \"\\x93NUMPY\"");
+  if (n < kMagicLen + 4) return user_error("", "the .npy header is truncated");
+  const uint8_t major = pre[6], minor = pre[7];
+  if ((major != 1 && major != 2 && major != 3) || minor != 0)
+    return user_error("", "unsupported .npy format version " + std::to_string(major) + "." +
+                              std::to_string(minor) + " (kiln reads 1.0, 2.0 and 3.0)");
+  const size_t len_bytes = major == 1 ? 2 : 4;
+  const size_t data_off_min = kMagicLen + 2 + len_bytes;
+  if (n < data_off_min) return user_error("", "the .npy header is truncated");
+  if (len_bytes == 4) KILN_RETURN_IF_ERROR(in.read(pre + kMagicLen + 4, 2));
+  uint64_t hlen = 0;
+  for (size_t i = 0; i < len_bytes; ++i) hlen |= static_cast<uint64_t>(pre[8 + i]) << (8 * i);
+  if (hlen > n - data_off_min)
+    return user_error("", "the .npy header length " + std::to_string(hlen) + " runs past the end of the " +
+                              std::to_string(n) + "-byte " + noun);
+
+  NpyHeader h;
+  {
+    // The header length is bounded by the declared size; a hostile member may still declare
+    // megabytes of header, which operator new charges against the memory budget.
+    std::string text;
+    try {
+      text.resize(static_cast<size_t>(hlen));
+    } catch (const std::bad_alloc& e) {
+      return allocation_error("the .npy header", static_cast<size_t>(hlen), e);
+    }
+    KILN_RETURN_IF_ERROR(in.read(text.data(), text.size()));
+    KILN_ASSIGN_OR_RETURN(h, parse_header(text));
+  }
+
+  const size_t elem = dtype_size(h.dtype);
+  const int64_t numel = shape_numel(h.shape);
+  const std::optional<size_t> need = checked_bytes(numel, elem);
+  if (!need) return user_error("", "shape (" + shape_str(h.shape) + ") has too many elements");
+  const uint64_t have = n - data_off_min - hlen;
+  const std::string what = "shape " + shape_str(h.shape) + " of " + std::string(dtype_name(h.dtype));
+  if (have < *need)
+    return user_error("", "the data is truncated: " + what + " needs " + std::to_string(*need) + " bytes, the " +
+                              noun + " has " + std::to_string(have) + " after the header");
+  if (have > *need)
+    return user_error("", "unexpected " + std::to_string(have - *need) + " bytes after the data of " + what);
+
+  // Only now, with the size known to match the container's, is the tensor allocated.
+  const bool transpose = h.fortran && h.shape.size() > 1 && numel > 0;
+  Tensor t, fortran;
+  try {
+    t = Tensor(h.dtype, h.shape);
+    if (transpose) fortran = Tensor(h.dtype, h.shape);
+  } catch (const std::bad_alloc& e) {
+    return allocation_error("the array of " + what, *need, e);
+  }
+  uint8_t* dst = t.data<uint8_t>();
+  KILN_RETURN_IF_ERROR(in.read(transpose ? fortran.data<uint8_t>() : dst, *need));
+  KILN_RETURN_IF_ERROR(in.expect_end());
+  if (transpose) {
+    const uint8_t* src = fortran.data<uint8_t>();
+    switch (elem) {
+      case 1: fortran_to_c<1>(src, dst, h.shape, numel); break;
+      case 2: fortran_to_c<2>(src, dst, h.shape, numel); break;
+      case 4: fortran_to_c<4>(src, dst, h.shape, numel); break;
+      default: fortran_to_c<8>(src, dst, h.shape, numel); break;
+    }
+  }
+  if (h.swap) byte_swap(dst, numel, elem);
+  if (h.dtype == DType::boolean)
+    for (int64_t i = 0; i < numel; ++i) dst[i] = dst[i] != 0;
+  return t;
+}
+
 // numpy's header: the sorted dict, growth padding, spaces and '\n' to a multiple of 64.
 std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape) {
   std::string dict = "{'descr': '" + descr_of(dtype) + "', 'fortran_order': False, 'shape': (";
@@ -302,89 +489,51 @@ std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape) 
   return out;
 }
 
-// The bytes numpy should see: bf16 widened to f32, everything else as stored.
-Tensor storable(const Tensor& t) {
+Tensor npy_storable(const Tensor& t) {
   if (t.dtype() != DType::bf16) return t;
   Tensor f(DType::f32, t.shape());
   for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = static_cast<float>(t.data<bfloat16>()[i]);
   return f;
 }
 
-std::string base_name(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+Result<FilePtr> open_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return file_error(path, "", std::string("cannot open: ") + std::strerror(errno));
+  return FilePtr(f);
 }
 
-bool has_suffix(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+std::optional<uint64_t> regular_file_size(std::FILE* f) {
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return static_cast<uint64_t>(st.st_size);
 }
 
-}  // namespace
+Status read_rest(std::FILE* f, const std::string& path, std::vector<uint8_t>& out) {
+  if (std::optional<uint64_t> size = regular_file_size(f)) out.reserve(out.size() + static_cast<size_t>(*size));
+  uint8_t buf[1 << 16];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + got);
+  if (std::ferror(f)) return file_error(path, "", std::string("cannot read: ") + std::strerror(errno));
+  return Status();
+}
+
+}  // namespace npy_detail
 
 Result<Tensor> read_npy(std::span<const uint8_t> bytes, std::string_view file) {
-  const size_t n = bytes.size();
-  const uint8_t* b = bytes.data();
-  if (n < kMagicLen || std::memcmp(b, kMagic, kMagicLen) != 0)
-    return file_error(file, "", "not a .npy file: it does not start with the magic bytes \"\\x93NUMPY\"");
-  if (n < kMagicLen + 4) return file_error(file, "", "the .npy header is truncated");
-  uint8_t major = b[6], minor = b[7];
-  if ((major != 1 && major != 2 && major != 3) || minor != 0)
-    return file_error(file, "", "unsupported .npy format version " + std::to_string(major) + "." +
-                                    std::to_string(minor) + " (kiln reads 1.0, 2.0 and 3.0)");
-  size_t len_bytes = major == 1 ? 2 : 4;
-  if (n < kMagicLen + 2 + len_bytes) return file_error(file, "", "the .npy header is truncated");
-  uint64_t hlen = 0;
-  for (size_t i = 0; i < len_bytes; ++i) hlen |= static_cast<uint64_t>(b[8 + i]) << (8 * i);
-  const size_t data_off_min = kMagicLen + 2 + len_bytes;
-  if (hlen > n - data_off_min)
-    return file_error(file, "", "the .npy header length " + std::to_string(hlen) + " runs past the end of the " +
-                                    std::to_string(n) + "-byte file");
-  std::string_view text(reinterpret_cast<const char*>(b + data_off_min), static_cast<size_t>(hlen));
-  auto header = parse_header(text);
-  if (!header.ok()) return with_file(header.status(), std::string(file));
-  NpyHeader& h = header.value();
-
-  const size_t elem = dtype_size(h.dtype);
-  const int64_t numel = shape_numel(h.shape);
-  if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(elem))
-    return file_error(file, "", "shape (" + shape_str(h.shape) + ") has too many elements");
-  const uint64_t need = static_cast<uint64_t>(numel) * elem;
-  const size_t data_off = data_off_min + static_cast<size_t>(hlen);
-  const uint64_t have = n - data_off;
-  const std::string what = "shape " + shape_str(h.shape) + " of " + std::string(dtype_name(h.dtype));
-  if (have < need)
-    return file_error(file, "", "the data is truncated: " + what + " needs " + std::to_string(need) +
-                                    " bytes, the file has " + std::to_string(have) + " after the header");
-  if (have > need)
-    return file_error(file, "", "unexpected " + std::to_string(have - need) + " bytes after the data of " + what);
-
-  Tensor t(h.dtype, h.shape);
-  uint8_t* dst = t.data<uint8_t>();
-  const uint8_t* src = b + data_off;
-  if (h.fortran && h.shape.size() > 1 && numel > 0) {
-    switch (elem) {
-      case 1: fortran_to_c<1>(src, dst, h.shape, numel); break;
-      case 2: fortran_to_c<2>(src, dst, h.shape, numel); break;
-      case 4: fortran_to_c<4>(src, dst, h.shape, numel); break;
-      default: fortran_to_c<8>(src, dst, h.shape, numel); break;
-    }
-  } else if (need) {
-    std::memcpy(dst, src, static_cast<size_t>(need));
-  }
-  if (h.swap) byte_swap(dst, numel, elem);
-  if (h.dtype == DType::boolean)
-    for (int64_t i = 0; i < numel; ++i) dst[i] = dst[i] != 0;
+  SpanSource source(bytes);
+  auto t = npy_detail::read_npy_stream(source, bytes.size(), "file");
+  if (!t.ok()) return with_file(t.status(), std::string(file));
   return t;
 }
 
 Result<Tensor> read_npy_file(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
-  return read_npy(bytes, path);
+  KILN_ASSIGN_OR_RETURN(npy_detail::FilePtr f, npy_detail::open_file(path));
+  return read_npy_opened(f.get(), path);
 }
 
 std::vector<uint8_t> write_npy(const Tensor& t) {
-  Tensor s = storable(t);
-  std::vector<uint8_t> out = npy_header(s.dtype(), s.shape());
+  Tensor s = npy_detail::npy_storable(t);
+  std::vector<uint8_t> out = npy_detail::npy_header(s.dtype(), s.shape());
   auto data = s.bytes();
   const uint8_t* p = reinterpret_cast<const uint8_t*>(data.data());
   out.insert(out.end(), p, p + data.size());
@@ -393,52 +542,6 @@ std::vector<uint8_t> write_npy(const Tensor& t) {
 
 Status write_npy_file(const std::string& path, const Tensor& t) {
   return write_file_bytes(path, write_npy(t));
-}
-
-Result<NamedTensors> read_npz(std::span<const uint8_t> bytes, std::string_view file) {
-  NamedTensors out;
-  std::set<std::string> seen;
-  Status s = read_zip(bytes, [&](const std::string& member, std::span<const uint8_t> data) -> Status {
-    std::string where = "member '" + member + "'";
-    std::string name = has_suffix(member, ".npy") ? member.substr(0, member.size() - 4) : member;
-    if (!seen.insert(name).second) return user_error(where, "duplicate array name '" + name + "'");
-    auto t = read_npy(data, "");
-    if (!t.ok()) {
-      Error e = std::move(t.error());
-      e.where = e.where.empty() ? where : where + ": " + e.where;
-      return e;
-    }
-    out.emplace_back(std::move(name), std::move(t.value()));
-    return Status();
-  });
-  if (!s.ok()) {
-    s.error().file = std::string(file);
-    if (s.error().where.empty()) s.error().what = "corrupt .npz archive: " + s.error().what;
-    return s;
-  }
-  return out;
-}
-
-Result<NamedTensors> read_npz_file(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
-  return read_npz(bytes, path);
-}
-
-Result<std::vector<uint8_t>> write_npz(const NamedTensors& tensors, const NpzWriteOptions& options) {
-  std::set<std::string_view> seen;
-  ZipWriter zip(ZipWriteOptions{options.compress, options.force_zip64});
-  for (const auto& [name, t] : tensors) {
-    if (name.empty()) return user_error("", "an .npz array name cannot be empty");
-    if (!seen.insert(name).second) return user_error("", "duplicate .npz array name '" + name + "'");
-    zip.add(name + ".npy", write_npy(t));
-  }
-  return zip.finish();
-}
-
-Status write_npz_file(const std::string& path, const NamedTensors& tensors, const NpzWriteOptions& options) {
-  auto bytes = write_npz(tensors, options);
-  if (!bytes.ok()) return with_file(bytes.status(), path);
-  return write_file_bytes(path, bytes.value());
 }
 
 Result<NamedTensors> read_tensors(std::span<const uint8_t> bytes, std::string_view file,
@@ -454,11 +557,31 @@ Result<NamedTensors> read_tensors(std::span<const uint8_t> bytes, std::string_vi
 }
 
 Result<NamedTensors> read_tensors_file(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, read_file_bytes(path));
   std::string name = base_name(path);
   if (has_suffix(name, ".npy")) name.resize(name.size() - 4);
   if (auto decoded = percent_decode_file_name(name)) name = *decoded;
-  return read_tensors(bytes, path, name);
+  KILN_ASSIGN_OR_RETURN(npy_detail::FilePtr f, npy_detail::open_file(path));
+  if (!npy_detail::regular_file_size(f.get())) {  // a pipe: only its bytes can tell
+    std::vector<uint8_t> bytes;
+    KILN_RETURN_IF_ERROR(npy_detail::read_rest(f.get(), path, bytes));
+    return read_tensors(bytes, path, name);
+  }
+  // A regular file is streamed: the .npy into its tensor, an .npz member by member.
+  uint8_t head[kMagicLen] = {};
+  const size_t got = std::fread(head, 1, kMagicLen, f.get());
+  if (got == kMagicLen && std::memcmp(head, kMagic, kMagicLen) == 0) {
+    std::rewind(f.get());
+    KILN_ASSIGN_OR_RETURN(Tensor t, read_npy_opened(f.get(), path));
+    NamedTensors out;
+    out.emplace_back(std::move(name), std::move(t));
+    return out;
+  }
+  if (got >= 4 && head[0] == 'P' && head[1] == 'K') {
+    f.reset();
+    return read_npz_file(path);
+  }
+  if (std::ferror(f.get())) return file_error(path, "", std::string("cannot read: ") + std::strerror(errno));
+  return file_error(path, "", "not a .npy or .npz file (it starts with neither \"\\x93NUMPY\" nor \"PK\")");
 }
 
 std::string percent_encode_file_name(std::string_view name) {
@@ -502,21 +625,9 @@ std::optional<std::string> percent_decode_file_name(std::string_view encoded) {
 }
 
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return file_error(path, "", std::string("cannot open: ") + std::strerror(errno));
+  KILN_ASSIGN_OR_RETURN(npy_detail::FilePtr f, npy_detail::open_file(path));
   std::vector<uint8_t> out;
-  if (std::fseek(f, 0, SEEK_END) == 0) {  // a size hint; pipes and the like just grow
-    long size = std::ftell(f);
-    if (size > 0) out.reserve(static_cast<size_t>(size));
-    std::rewind(f);
-  }
-  uint8_t buf[1 << 16];
-  size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + got);
-  bool failed = std::ferror(f);
-  int err = errno;
-  std::fclose(f);
-  if (failed) return file_error(path, "", std::string("cannot read: ") + std::strerror(err));
+  KILN_RETURN_IF_ERROR(npy_detail::read_rest(f.get(), path, out));
   return out;
 }
 

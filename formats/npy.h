@@ -1,7 +1,10 @@
 // NumPy .npy and .npz files: the tensor files `kiln run` reads inputs from and writes outputs
 // to, and that calibration data and reference outputs come in. Reading accepts what numpy
 // writes (format versions 1.0, 2.0 and 3.0, C or Fortran order, either byte order, .npz stored
-// or deflated, zip64) and rejects everything else with a user error naming the file.
+// or deflated, zip64) and rejects everything else with a user error naming the file. .npz
+// archives are read and written with libzip (formats/npz.cc); .npy parsing is kiln's own
+// (formats/npy.cc). Files are streamed: a .npy file or an .npz member is read straight into its
+// tensor, so reading never holds a whole file or archive in memory besides the tensors.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +29,11 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 /// order is transposed, so the result is always a row-major kiln Tensor; bool bytes other than
 /// 0 are read as 1. Rejected: bad magic, versions other than 1.0/2.0/3.0, a malformed header,
 /// object (pickled), string, structured, complex and datetime dtypes, negative or overflowing
-/// shapes, and data shorter or longer than the shape needs.
+/// shapes, and data shorter or longer than the shape needs. Sizes are checked against the
+/// image's length before the tensor is allocated; a tensor that does not fit the memory budget
+/// (formats/memory.h) is a user error naming its shape and size.
 Result<Tensor> read_npy(std::span<const uint8_t> bytes, std::string_view file);
-/// Reads and parses a .npy file.
+/// Reads a .npy file, streaming the data into the tensor (a pipe is read whole first).
 Result<Tensor> read_npy_file(const std::string& path);
 
 /// Serializes a tensor exactly as numpy.save does (format 1.0, 2.0 only if the header needs
@@ -40,24 +45,30 @@ std::vector<uint8_t> write_npy(const Tensor& t);
 /// Writes a .npy file.
 Status write_npy_file(const std::string& path, const Tensor& t);
 
-/// Parses an .npz archive (numpy.savez: stored; numpy.savez_compressed: deflate; zip64
-/// records as numpy writes them). A member "x.npy" becomes the tensor "x"; members not ending
-/// in ".npy" keep their name and must still hold .npy data; directory entries are skipped.
-/// Errors about one member have where = "member 'x.npy'". Corrupt archives (bad signatures,
-/// CRC mismatch, truncation, duplicate members) are rejected.
+/// Parses an .npz archive held in memory (numpy.savez: stored; numpy.savez_compressed:
+/// deflate; zip64 records as numpy writes them). A member "x.npy" becomes the tensor "x";
+/// members not ending in ".npy" keep their name and must still hold .npy data; directory
+/// entries are skipped. Each member's .npy header is checked against the member's declared
+/// size before its tensor is allocated, and a tensor that does not fit the memory budget
+/// (formats/memory.h) is a user error naming the member and the size. Errors about one member
+/// have where = "member 'x.npy'". Corrupt archives (bad signatures, central directory and local
+/// headers that disagree, CRC mismatch, truncation, duplicate members, methods other than
+/// stored and deflate, encryption) are rejected.
 Result<NamedTensors> read_npz(std::span<const uint8_t> bytes, std::string_view file);
-/// Reads and parses an .npz file.
+/// Reads an .npz file as read_npz does, streaming each member from the file into its tensor:
+/// besides the tensors, memory holds little more than the central directory.
 Result<NamedTensors> read_npz_file(const std::string& path);
 
 struct NpzWriteOptions {
-  bool compress = false;     ///< deflate the members, as numpy.savez_compressed does
-  bool force_zip64 = false;  ///< zip64 records even for small archives (tests)
+  bool compress = false;  ///< deflate the members, as numpy.savez_compressed does
 };
 
 /// Builds an .npz archive: member "<name>.npy" per tensor, in the given order, with fixed
-/// timestamps so the bytes are reproducible. Fails on an empty or duplicate name.
+/// timestamps (1980-01-01 00:00) and no extra fields, so the bytes are reproducible. Zip64
+/// records are written only where a size or offset needs them. Fails on an empty or duplicate
+/// name, or one holding a NUL byte.
 Result<std::vector<uint8_t>> write_npz(const NamedTensors& tensors, const NpzWriteOptions& options = {});
-/// Writes an .npz file.
+/// Writes an .npz file atomically (formats/atomic_file.h).
 Status write_npz_file(const std::string& path, const NamedTensors& tensors,
                       const NpzWriteOptions& options = {});
 
@@ -65,8 +76,9 @@ Status write_npz_file(const std::string& path, const NamedTensors& tensors,
 /// .npy gives one tensor named `npy_name`; an .npz gives its members.
 Result<NamedTensors> read_tensors(std::span<const uint8_t> bytes, std::string_view file,
                                   std::string_view npy_name);
-/// Reads a .npy or .npz file. A .npy file's tensor is named after the file: its base name
-/// without ".npy", percent-decoded (the inverse of percent_encode_file_name).
+/// Reads a .npy or .npz file (streamed as read_npy_file and read_npz_file do). A .npy file's
+/// tensor is named after the file: its base name without ".npy", percent-decoded (the inverse
+/// of percent_encode_file_name).
 Result<NamedTensors> read_tensors_file(const std::string& path);
 
 /// Turns a value name into a safe file name component: bytes outside [A-Za-z0-9._-], and a

@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build pkg-config git
   libcli11-dev libonnx-dev libprotobuf-dev protobuf-compiler
-  flatbuffers-compiler libflatbuffers-dev zlib1g-dev
+  flatbuffers-compiler libflatbuffers-dev zlib1g-dev libzip-dev
   libdnnl-dev ocl-icd-opencl-dev libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libgtest-dev python3 python3-venv python3-pip
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

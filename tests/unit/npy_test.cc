@@ -1,16 +1,22 @@
 // .npy / .npz reading and writing: files numpy wrote (tests/data/npy, made by
 // tests/data/make_npy_fixtures.py), round trips of every dtype, byte-identical output to
-// np.save, and the catalogue of malformed files the reader must reject.
+// np.save, reproducible .npz output, streaming .npz members from a file, and the catalogue of
+// malformed files and archives the reader must reject.
 #include "formats/npy.h"
 
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <limits>
 #include <string>
 
-#include "formats/zip.h"
+#include "formats/memory.h"
 
 namespace kiln {
 namespace {
@@ -280,9 +286,12 @@ void check_npz_arrays(const NamedTensors& got) {
 TEST(NpzRead, WrittenByNumpy) {
   for (const char* name : {"stored.npz", "compressed.npz", "zip64.npz"}) {
     SCOPED_TRACE(name);
-    auto got = read_npz_file(kDir + name);
+    auto got = read_npz_file(kDir + name);  // streamed from the file
     ASSERT_TRUE(got.ok()) << got.error().message();
     check_npz_arrays(got.value());
+    auto in_memory = read_npz(fixture_bytes(name), name);
+    ASSERT_TRUE(in_memory.ok()) << in_memory.error().message();
+    check_npz_arrays(in_memory.value());
   }
   auto pos = read_npz_file(kDir + "positional.npz");
   ASSERT_TRUE(pos.ok()) << pos.error().message();
@@ -298,10 +307,76 @@ TEST(NpzRead, ReadTensorsTellsFormatsApart) {
   auto npz = read_tensors(fixture_bytes("compressed.npz"), "c.npz", "unused");
   ASSERT_TRUE(npz.ok()) << npz.error().message();
   check_npz_arrays(npz.value());
+  auto npz_file = read_tensors_file(kDir + "compressed.npz");
+  ASSERT_TRUE(npz_file.ok()) << npz_file.error().message();
+  check_npz_arrays(npz_file.value());
   auto npy = read_tensors(fixture_bytes("f32.npy"), "f32.npy", "input:0");
   ASSERT_TRUE(npy.ok());
   EXPECT_EQ(npy->at(0).first, "input:0");
   expect_user_error(read_tensors(std::vector<uint8_t>{'a', 'b', 'c', 'd'}, "x.txt", "x"), "not a .npy or .npz file");
+}
+
+// A minimal zip writer for archives that libzip refuses to write (duplicate names, members
+// that are not .npy data, directory entries): stored members, no extra fields.
+std::vector<uint8_t> raw_zip(const std::vector<std::pair<std::string, std::vector<uint8_t>>>& members) {
+  auto put16 = [](std::vector<uint8_t>& o, uint32_t v) {
+    o.push_back(static_cast<uint8_t>(v));
+    o.push_back(static_cast<uint8_t>(v >> 8));
+  };
+  auto put32 = [&](std::vector<uint8_t>& o, uint32_t v) {
+    put16(o, v & 0xFFFF);
+    put16(o, v >> 16);
+  };
+  std::vector<uint8_t> out, central;
+  for (const auto& [name, data] : members) {
+    const uint32_t crc = static_cast<uint32_t>(crc32(0, data.data(), static_cast<uInt>(data.size())));
+    const uint32_t offset = static_cast<uint32_t>(out.size());
+    for (std::vector<uint8_t>* o : {&out, &central}) {
+      const bool local = o == &out;
+      put32(*o, local ? 0x04034b50 : 0x02014b50);
+      if (!local) put16(*o, 20);  // made by
+      put16(*o, 20);              // version needed
+      put16(*o, 0);               // flags
+      put16(*o, 0);               // stored
+      put16(*o, 0);               // 00:00
+      put16(*o, 0x21);            // 1980-01-01
+      put32(*o, crc);
+      put32(*o, static_cast<uint32_t>(data.size()));
+      put32(*o, static_cast<uint32_t>(data.size()));
+      put16(*o, static_cast<uint32_t>(name.size()));
+      put16(*o, 0);  // extra
+      if (!local) {
+        put16(*o, 0);  // comment
+        put16(*o, 0);  // disk
+        put16(*o, 0);  // internal attributes
+        put32(*o, 0);  // external attributes
+        put32(*o, offset);
+      }
+      o->insert(o->end(), name.begin(), name.end());
+      if (local) o->insert(o->end(), data.begin(), data.end());
+    }
+  }
+  const uint32_t cd_offset = static_cast<uint32_t>(out.size());
+  out.insert(out.end(), central.begin(), central.end());
+  put32(out, 0x06054b50);
+  put16(out, 0);
+  put16(out, 0);
+  put16(out, static_cast<uint32_t>(members.size()));
+  put16(out, static_cast<uint32_t>(members.size()));
+  put32(out, static_cast<uint32_t>(central.size()));
+  put32(out, cd_offset);
+  put16(out, 0);
+  return out;
+}
+
+TEST(NpzRead, MemberNamesAndDirectories) {
+  std::vector<uint8_t> npy = write_npy(Tensor::from<int32_t>({2}, {5, 6}));
+  auto got = read_npz(raw_zip({{"d/", {}}, {"d/x.npy", npy}, {"plain", npy}}), "m.npz");
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ(got->at(0).first, "d/x");
+  EXPECT_EQ(got->at(1).first, "plain");
+  EXPECT_EQ(got->at(1).second.to_int64_vector(), (std::vector<int64_t>{5, 6}));
 }
 
 NamedTensors sample_tensors() {
@@ -312,18 +387,75 @@ NamedTensors sample_tensors() {
   return t;
 }
 
-TEST(NpzWrite, RoundTripStoredCompressedZip64) {
+TEST(NpzWrite, RoundTripStoredAndCompressed) {
   for (bool compress : {false, true}) {
-    for (bool zip64 : {false, true}) {
-      SCOPED_TRACE(std::string(compress ? "compressed" : "stored") + (zip64 ? " zip64" : ""));
-      auto bytes = write_npz(sample_tensors(), {compress, zip64});
-      ASSERT_TRUE(bytes.ok());
-      auto got = read_npz(bytes.value(), "rt.npz");
-      ASSERT_TRUE(got.ok()) << got.error().message();
-      check_npz_arrays(got.value());
-      // Reproducible: the same tensors give the same bytes.
-      EXPECT_EQ(write_npz(sample_tensors(), {compress, zip64}).value(), bytes.value());
+    SCOPED_TRACE(compress ? "compressed" : "stored");
+    auto bytes = write_npz(sample_tensors(), {compress});
+    ASSERT_TRUE(bytes.ok());
+    auto got = read_npz(bytes.value(), "rt.npz");
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    check_npz_arrays(got.value());
+    // Reproducible: the same tensors give the same bytes.
+    EXPECT_EQ(write_npz(sample_tensors(), {compress}).value(), bytes.value());
+  }
+}
+
+uint16_t get16(const std::vector<uint8_t>& b, size_t at) { return static_cast<uint16_t>(b[at] | (b[at + 1] << 8)); }
+uint32_t get32(const std::vector<uint8_t>& b, size_t at) {
+  return get16(b, at) | (static_cast<uint32_t>(get16(b, at + 2)) << 16);
+}
+void put32_at(std::vector<uint8_t>& b, size_t at, uint32_t v) {
+  for (size_t i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// Offsets of every local header and every central directory entry of an archive kiln wrote.
+std::pair<std::vector<size_t>, std::vector<size_t>> headers_of(const std::vector<uint8_t>& b) {
+  std::vector<size_t> local, central;
+  size_t p = 0;
+  while (get32(b, p) == 0x04034b50) {
+    local.push_back(p);
+    p += 30 + get16(b, p + 26) + get16(b, p + 28) + get32(b, p + 18);
+  }
+  while (get32(b, p) == 0x02014b50) {
+    central.push_back(p);
+    p += 46 + get16(b, p + 28) + get16(b, p + 30) + get16(b, p + 32);
+  }
+  EXPECT_EQ(get32(b, p), 0x06054b50u);
+  return {local, central};
+}
+
+// Reproducible output: fixed DOS time and date whatever the clock or time zone, no extra fields
+// (libzip can add extended timestamps), the requested method.
+TEST(NpzWrite, FixedTimestampsAndNoExtraFields) {
+  NamedTensors tensors = sample_tensors();
+  tensors.emplace_back("zeros", Tensor(DType::f32, {256}));  // compressible: really deflated
+  for (bool compress : {false, true}) {
+    SCOPED_TRACE(compress ? "compressed" : "stored");
+    const std::vector<uint8_t> bytes = write_npz(tensors, {compress}).value();
+    auto [local, central] = headers_of(bytes);
+    ASSERT_EQ(local.size(), 4u);
+    ASSERT_EQ(central.size(), 4u);
+    for (size_t at : local) {
+      EXPECT_EQ(get16(bytes, at + 10), 0);     // time
+      EXPECT_EQ(get16(bytes, at + 12), 0x21);  // date
+      EXPECT_EQ(get16(bytes, at + 28), 0);     // extra field length
     }
+    for (size_t at : central) {
+      EXPECT_EQ(get16(bytes, at + 12), 0);
+      EXPECT_EQ(get16(bytes, at + 14), 0x21);
+      EXPECT_EQ(get16(bytes, at + 30), 0);
+    }
+    EXPECT_EQ(get16(bytes, central[3] + 10), compress ? 8 : 0);
+    // libzip turns DOS times into local time and back: another time zone must not change them.
+    const char* old_tz = std::getenv("TZ");
+    const std::string saved = old_tz ? old_tz : "";
+    for (const char* tz : {"KLN-13", "KLN+11", "UTC0"}) {
+      setenv("TZ", tz, 1);
+      tzset();
+      EXPECT_EQ(write_npz(tensors, {compress}).value(), bytes) << "TZ=" << tz;
+    }
+    if (old_tz) setenv("TZ", saved.c_str(), 1); else unsetenv("TZ");
+    tzset();
   }
 }
 
@@ -334,102 +466,196 @@ TEST(NpzWrite, RejectsBadNames) {
   NamedTensors empty;
   empty.emplace_back("", Tensor::from<float>({1}, {0}));
   expect_user_error(write_npz(empty), "an .npz array name cannot be empty");
+  NamedTensors nul;
+  nul.emplace_back(std::string("a\0b", 3), Tensor::from<float>({1}, {0}));
+  expect_user_error(write_npz(nul), "holds a NUL byte");
 }
 
 TEST(NpzWrite, EmptyArchive) {
-  auto got = read_npz(write_npz({}).value(), "e.npz");
+  auto bytes = write_npz({});
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->size(), 22u);  // an end of central directory record alone, as numpy writes
+  auto got = read_npz(bytes.value(), "e.npz");
   ASSERT_TRUE(got.ok()) << got.error().message();
   EXPECT_TRUE(got->empty());
 }
 
-size_t find_sig(const std::vector<uint8_t>& b, uint32_t sig, size_t from = 0) {
-  for (size_t i = from; i + 4 <= b.size(); ++i)
-    if (b[i] == (sig & 0xFF) && b[i + 1] == ((sig >> 8) & 0xFF) && b[i + 2] == ((sig >> 16) & 0xFF) &&
-        b[i + 3] == (sig >> 24))
-      return i;
-  ADD_FAILURE() << "signature not found";
+TEST(NpzWrite, FileRoundTripAndFailedWrite) {
+  const std::string path = ::testing::TempDir() + "kiln_npz_test.npz";
+  NamedTensors t = sample_tensors();
+  t.emplace_back("bf16", Tensor::from<bfloat16>({2}, {bfloat16(1.5f), bfloat16(-2.0f)}));
+  ASSERT_TRUE(write_npz_file(path, t, {.compress = true}).ok());
+  auto got = read_npz_file(path);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_EQ(got->at(3).second.dtype(), DType::f32);  // numpy has no bfloat16
+  EXPECT_EQ(got->at(3).second.data<float>()[1], -2.0f);
+  got->pop_back();
+  check_npz_arrays(got.value());
+  std::remove(path.c_str());
+  const std::string bad = ::testing::TempDir() + "no_such_dir/x.npz";
+  Status s = write_npz_file(bad, t);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().file, bad);
+}
+
+// RSS of this process now, and its peak since the last reset_peak_rss (kB, from /proc).
+size_t proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::strtoull(line.c_str() + std::strlen(key), nullptr, 10);
   return 0;
+}
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";  // resets VmHWM (Linux 4.0+)
+  out.flush();
+  return out.good();
+}
+
+// A calibration-sized archive read from its path: every value arrives, and the reader holds the
+// tensors and little else, never the archive's bytes.
+TEST(NpzRead, StreamsMembersFromTheFile) {
+  constexpr int kMembers = 6;
+  constexpr int64_t kElems = 2 << 20;  // 8 MiB of f32 per member
+  const std::string path = ::testing::TempDir() + "kiln_npz_stream_test.npz";
+  size_t total = 0;
+  {
+    NamedTensors t;
+    for (int m = 0; m < kMembers; ++m) {
+      Tensor x(DType::f32, {kElems});
+      for (int64_t i = 0; i < kElems; ++i) x.data<float>()[i] = static_cast<float>((i * 7919 + m) % 10007);
+      total += x.nbytes();
+      t.emplace_back(std::string(1, static_cast<char>('a' + m)), std::move(x));
+    }
+    ASSERT_TRUE(write_npz_file(path, t).ok());
+  }
+  const size_t in_use = memory_in_use();
+  reset_memory_peak();
+  const bool rss_known = reset_peak_rss();
+  const size_t rss_before_kb = proc_status_kb("VmRSS:");
+  auto got = read_npz_file(path);
+  const size_t peak_rss_kb = proc_status_kb("VmHWM:");
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), static_cast<size_t>(kMembers));
+  for (int m = 0; m < kMembers; ++m) {
+    const Tensor& x = got->at(m).second;
+    ASSERT_EQ(got->at(m).first, std::string(1, static_cast<char>('a' + m)));
+    ASSERT_EQ(x.numel(), kElems);
+    for (int64_t i = 0; i < kElems; i += 4099) ASSERT_EQ(x.data<float>()[i], static_cast<float>((i * 7919 + m) % 10007));
+    ASSERT_EQ(x.data<float>()[kElems - 1], static_cast<float>(((kElems - 1) * 7919 + m) % 10007));
+  }
+  // The budget saw the tensors and nothing as large as a member besides (Tensor charges it).
+  EXPECT_LE(memory_peak() - in_use, total + kMembers * 4096 + (64 << 10));
+  // Reading the archive whole first would add its 48 MiB to the peak RSS.
+  if (rss_known && peak_rss_kb > 0) {
+    EXPECT_LT((peak_rss_kb - rss_before_kb) * 1024, total + total / 2) << "peak RSS grew past the tensors";
+  }
+  got = NamedTensors{};
+  std::remove(path.c_str());
 }
 
 TEST(NpzReject, CorruptArchives) {
   const std::vector<uint8_t> good = write_npz(sample_tensors()).value();
-  const std::vector<uint8_t> deflated = write_npz(sample_tensors(), {.compress = true}).value();
-  const size_t central = find_sig(good, 0x02014b50);
+  const std::vector<uint8_t> deflated = write_npz({{"x", Tensor(DType::f32, {2, 2})}}, {.compress = true}).value();
+  const auto [local, central] = headers_of(good);
+  const auto [dlocal, dcentral] = headers_of(deflated);
+  ASSERT_EQ(get16(deflated, dcentral[0] + 10), 8);  // really deflated
   struct Case {
     const char* name;
     std::vector<uint8_t> bytes;
     const char* where;
     const char* message;
   };
+  const char* kNoDirectory = "corrupt .npz archive: no valid zip central directory: the archive is truncated, damaged or not a zip file";
+  const char* kDisagrees = "corrupt .npz archive: the central directory disagrees with the archive";
+  // Sets a 32-bit field of the first member in both its local header and its directory entry.
+  auto both = [](std::vector<uint8_t> b, size_t local_at, size_t central_at, uint32_t v) {
+    put32_at(b, local_at, v);
+    put32_at(b, central_at, v);
+    return b;
+  };
   std::vector<Case> cases;
   cases.push_back({"too short", {'P', 'K', 3, 4}, "", "corrupt .npz archive: not a zip archive: 4 bytes is too short"});
+  cases.push_back({"truncated", {good.begin(), good.begin() + static_cast<long>(good.size() / 2)}, "", kNoDirectory});
+  cases.push_back({"truncated end record", {good.begin(), good.end() - 1}, "", kNoDirectory});
   {
-    std::vector<uint8_t> b(good.begin(), good.begin() + static_cast<long>(good.size() / 2));
-    cases.push_back({"truncated", b, "", "corrupt .npz archive: no end of central directory record"});
+    std::vector<uint8_t> b = good;
+    b.push_back(0);
+    cases.push_back({"trailing byte", b, "", kDisagrees});
   }
   {
     std::vector<uint8_t> b = good;
-    b[central] = 'X';
-    cases.push_back({"bad central signature", b, "central directory entry 0", "bad signature 0x02014b58"});
+    b[central[0]] = 'X';
+    cases.push_back({"bad central signature", b, "", kNoDirectory});
   }
   {
     std::vector<uint8_t> b = good;
     b[1] = 'X';
-    cases.push_back({"bad local signature", b, "member 'x.npy'", "bad local header signature 0x04035850"});
+    cases.push_back({"bad local signature", b, "", kNoDirectory});
   }
   {
     std::vector<uint8_t> b = good;
     b[good.size() - 3] = 0x7F;  // high byte of the central directory offset in the end record
-    cases.push_back({"cd offset", b, "", "lies outside the archive"});
+    cases.push_back({"cd offset", b, "", "corrupt .npz archive: "});
   }
   {
     std::vector<uint8_t> b = good;
-    // Last data byte of x.npy (its 4.0f) sits just before the second local header.
-    size_t second = find_sig(good, 0x04034b50, 4);
-    b[second - 1] ^= 0x01;
-    cases.push_back({"crc mismatch", b, "member 'x.npy'", "crc-32 mismatch: the directory says 0x"});
+    b[local[1] - 1] ^= 0x01;  // last data byte of x.npy (its 4.0f), just before the second member
+    cases.push_back({"crc mismatch", b, "member 'x.npy'", "crc-32 mismatch: the data does not match the directory's 0x"});
   }
   {
     std::vector<uint8_t> b = good;
-    b[central + 10] = 12;  // bzip2
+    b[central[0] + 10] = 12;  // bzip2, in the directory only
+    cases.push_back({"method differs from local header", b, "", kDisagrees});
+    b[local[0] + 8] = 12;
     cases.push_back({"bzip2", b, "member 'x.npy'", "unsupported compression method 12 (only stored and deflate are supported)"});
   }
   {
     std::vector<uint8_t> b = good;
-    b[central + 8] |= 1;
+    b[central[0] + 8] |= 1;
     cases.push_back({"encrypted", b, "member 'x.npy'", "encrypted zip members are not supported"});
   }
+  cases.push_back({"size past end", both(good, local[0] + 18, central[0] + 20, 0xFFFFFF), "", kNoDirectory});
   {
     std::vector<uint8_t> b = good;
-    b[central + 20] = 0xFF;  // compressed size: past the end of the archive
-    b[central + 21] = 0xFF;
-    b[central + 22] = 0xFF;
-    cases.push_back({"size past end", b, "member 'x.npy'", "data is truncated"});
+    put32_at(b, central[0] + 20, get32(b, central[0] + 20) + 1);  // compressed size, directory only
+    cases.push_back({"sizes differ from local header", b, "", kDisagrees});
+  }
+  {
+    const uint32_t size = get32(good, central[0] + 24);
+    cases.push_back({"stored sizes differ", both(good, local[0] + 22, central[0] + 24, size + 4), "member 'x.npy'",
+                     "stored member has size 148 but 144 stored bytes"});
   }
   {
     std::vector<uint8_t> b = deflated;
-    size_t data = 30 + 5;  // first member's data: after the local header and "x.npy"
+    const size_t data = dlocal[0] + 30 + 5;  // after the local header and "x.npy"
     for (size_t i = 0; i < 8; ++i) b[data + i] = 0xFF;
     cases.push_back({"bad deflate", b, "member 'x.npy'", "deflate data is corrupt"});
   }
   {
-    std::vector<uint8_t> b = deflated;
-    b[find_sig(deflated, 0x02014b50) + 24] ^= 0x10;  // declared uncompressed size
-    cases.push_back({"deflate size", b, "member 'x.npy'", "deflate data inflates to"});
+    // The member's declared (uncompressed) size disagrees with its .npy header: checked before
+    // the tensor is allocated, whichever way it is off.
+    const uint32_t size = get32(deflated, dcentral[0] + 24);
+    cases.push_back({"declared size larger than the .npy", both(deflated, dlocal[0] + 22, dcentral[0] + 24, size + 16),
+                     "member 'x.npy'", "unexpected 16 bytes after the data of shape 2x2 of f32"});
+    cases.push_back({"declared size smaller than the .npy", both(deflated, dlocal[0] + 22, dcentral[0] + 24, size - 4),
+                     "member 'x.npy'", "the data is truncated: shape 2x2 of f32 needs 16 bytes, the member has 12 after the header"});
+    cases.push_back({"declared size impossible", both(deflated, dlocal[0] + 22, dcentral[0] + 24, 0xFFFFFFF0u),
+                     "member 'x.npy'", "declared size of 4294967280 bytes is impossible for"});
   }
   {
-    ZipWriter zip;
-    std::vector<uint8_t> npy = write_npy(Tensor::from<float>({1}, {1}));
-    zip.add("a.npy", npy);
-    zip.add("a.npy", npy);
-    cases.push_back({"duplicate", zip.finish(), "member 'a.npy'", "duplicate array name 'a'"});
+    // A hostile .npy header: a 4 TiB shape in a member of a few bytes.
+    std::vector<uint8_t> npy = npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }", 8);
+    cases.push_back({"huge shape", raw_zip({{"big.npy", npy}}), "member 'big.npy'",
+                     "the data is truncated: shape 1099511627776 of f32 needs 4398046511104 bytes, the member has 8 after the header"});
   }
   {
-    ZipWriter zip;
     std::vector<uint8_t> npy = write_npy(Tensor::from<float>({1}, {1}));
+    cases.push_back({"duplicate", raw_zip({{"a.npy", npy}, {"a.npy", npy}}), "member 'a.npy'", "duplicate array name 'a'"});
+    cases.push_back({"duplicate tensor", raw_zip({{"a", npy}, {"a.npy", npy}}), "member 'a.npy'", "duplicate array name 'a'"});
     npy.pop_back();
-    zip.add("short.npy", npy);
-    cases.push_back({"bad member", zip.finish(), "member 'short.npy'", "the data is truncated"});
+    cases.push_back({"bad member", raw_zip({{"short.npy", npy}}), "member 'short.npy'", "the data is truncated"});
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -439,12 +665,48 @@ TEST(NpzReject, CorruptArchives) {
   }
 }
 
+// From a file, the same errors name the file; a CRC mismatch is found while streaming.
+TEST(NpzReject, CorruptFilesAreNamed) {
+  const std::string path = ::testing::TempDir() + "kiln_npz_corrupt_test.npz";
+  std::vector<uint8_t> good = write_npz(sample_tensors()).value();
+  std::vector<uint8_t> crc = good;
+  crc[headers_of(good).first[1] - 1] ^= 0x01;
+  std::vector<uint8_t> truncated(good.begin(), good.end() - 10);
+  for (const auto& [bytes, message] : {std::pair{crc, "crc-32 mismatch"}, std::pair{truncated, "corrupt .npz archive"}}) {
+    ASSERT_TRUE(write_file_bytes(path, bytes).ok());
+    Error e = expect_user_error(read_npz_file(path), message);
+    EXPECT_EQ(e.file, path);
+    e = expect_user_error(read_tensors_file(path), message);
+    EXPECT_EQ(e.file, path);
+  }
+  std::remove(path.c_str());
+  expect_user_error(read_npz_file(kDir + "no_such_file.npz"), "cannot open: No such file or directory");
+}
+
+// A member that does not fit the memory budget is a user error naming it and its size, and the
+// budget is charged before the member is read.
+TEST(NpzReject, MemberOverTheMemoryBudget) {
+  NamedTensors t;
+  t.emplace_back("small", Tensor::from<float>({2}, {1, 2}));
+  t.emplace_back("big", Tensor(DType::f32, {2 << 20}));
+  const std::vector<uint8_t> bytes = write_npz(t, {.compress = true}).value();
+  t.clear();
+  struct RestoreLimit {
+    ~RestoreLimit() { set_memory_limit(0); }
+  } restore;
+  set_memory_limit(memory_in_use() + (size_t{4} << 20));
+  Error e = expect_user_error(read_npz(bytes, "big.npz"),
+                              "the array of shape 2097152 of f32 (8.0 MiB) does not fit: needs 8.0 MiB");
+  EXPECT_EQ(e.where, "member 'big.npy'");
+  EXPECT_NE(e.what.find("(--max-memory)"), std::string::npos) << e.what;
+}
+
 // Flipped bytes and truncations anywhere must give a clean result or a user error, never a
 // crash or an out-of-bounds read (the sanitizer build checks the latter).
 TEST(NpzReject, RandomCorruptionNeverCrashes) {
   const std::vector<std::vector<uint8_t>> originals = {
       fixture_bytes("stored.npz"), fixture_bytes("compressed.npz"), fixture_bytes("zip64.npz"),
-      fixture_bytes("fortran_be_i32.npy"), write_npz(sample_tensors(), {true, true}).value()};
+      fixture_bytes("fortran_be_i32.npy"), write_npz(sample_tensors(), {.compress = true}).value()};
   uint64_t state = 12345;
   auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull; };
   int rejected = 0;
