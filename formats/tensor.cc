@@ -14,13 +14,20 @@ constexpr size_t kTensorBookkeepingBytes = 256;
 }  // namespace
 
 int64_t shape_numel(std::span<const int64_t> shape) {
+  // The non-zero dims must multiply within int64 even when another dim is 0, so that every
+  // stride of a valid shape fits (an empty 0 x 2^62 x 2^62 tensor is refused, not strided).
   int64_t n = 1;
+  bool empty = false;
   for (int64_t d : shape) {
     if (d < 0) return -1;
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (n > std::numeric_limits<int64_t>::max() / d) return -1;
     n *= d;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 std::string shape_str(std::span<const int64_t> shape) {

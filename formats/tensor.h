@@ -15,7 +15,8 @@ namespace kiln {
 /// Alignment of every buffer kiln allocates and of every weight in a .kiln file.
 inline constexpr size_t kTensorAlignment = 64;
 
-/// Product of dims (1 for rank 0); -1 if any dim is negative or the product overflows int64.
+/// Product of dims (1 for rank 0); -1 if any dim is negative or the product of the non-zero
+/// dims overflows int64 (such a shape has strides that do not fit, even when it is empty).
 int64_t shape_numel(std::span<const int64_t> shape);
 /// "1x3x224x224"; "scalar" for rank 0.
 std::string shape_str(std::span<const int64_t> shape);

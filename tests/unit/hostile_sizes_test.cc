@@ -158,6 +158,32 @@ TEST(MemoryBudget, ChargesTensorsAndRefusesPastTheLimit) {
   set_memory_limit(0);
 }
 
+TEST(MemoryBudget, EmptyShapesMustStillHaveStridesThatFit) {
+  EXPECT_EQ(shape_numel(std::vector<int64_t>{0, 5}), 0);
+  EXPECT_EQ(shape_numel(std::vector<int64_t>{0, kHuge, 4}), -1);
+  EXPECT_THROW(Tensor(DType::f32, {0, kHuge, 4}), MemoryLimitExceeded);
+  EXPECT_EQ(Tensor(DType::f32, {0, kHuge}).numel(), 0);
+}
+
+TEST(MemoryBudget, ChargesLargeHeapBuffers) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "sanitizer builds keep the sanitizer's operator new";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "sanitizer builds keep the sanitizer's operator new";
+#endif
+#endif
+  set_memory_limit(size_t{4} << 20);
+  size_t before = memory_in_use();
+  {
+    std::vector<char> fits(size_t{1} << 20);
+    EXPECT_GE(memory_in_use(), before + (size_t{1} << 20));
+    EXPECT_THROW(std::vector<double>(size_t{1} << 20), MemoryLimitExceeded);
+  }
+  EXPECT_EQ(memory_in_use(), before);
+  set_memory_limit(0);
+}
+
 TEST(MemoryBudget, ParsesSizes) {
   EXPECT_EQ(parse_byte_size("256MiB"), size_t{256} << 20);
   EXPECT_EQ(parse_byte_size("256M"), size_t{256} << 20);
