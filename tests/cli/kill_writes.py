@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from checks import Checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLES = os.path.join(ROOT, "samples")
 SIDECAR = re.compile(r"^m\.kiln\.[0-9a-f]{16}\.weights$")
@@ -56,14 +58,8 @@ def main():
     rng = random.Random(args.seed)
     print(f"kill_writes: seed {args.seed}")
     work = tempfile.mkdtemp(prefix="kiln-kill-")
-    passed, failed = 0, []
-
-    def check(name, cond, detail=""):
-        nonlocal passed
-        if cond:
-            passed += 1
-        else:
-            failed.append(f"{name}: {detail}")
+    checks = Checks()
+    check = checks.check
 
     try:
         # Two versions of the sample CNN: same graph, different weights, so their outputs differ.
@@ -100,7 +96,7 @@ def main():
             else:
                 check(f"export_kill_{i}", False, f"after a kill at {delay * 1000:.1f} ms the model gives neither output")
                 continue
-            passed += 1
+            check(f"export_kill_{i}", True)
         print(f"kill_writes: export killed {args.kills} times (a full export takes {duration * 1000:.0f} ms): "
               f"{seen['old']} left the old model, {seen['new']} the new one")
         # The next complete write cleans up whatever the killed writers left.
@@ -141,10 +137,7 @@ def main():
         print(f"kill_writes: run killed {mixed} times (a full run takes {duration * 1000:.0f} ms)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for f in failed:
-        print("FAILED " + f)
-    print(f"{passed} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return checks.report()
 
 
 if __name__ == "__main__":

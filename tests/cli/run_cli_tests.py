@@ -14,25 +14,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from checks import Checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
 ONE_LINE = re.compile(r"^kiln (export|run|inspect): error: .+$")
 
 
-class Runner:
+class Runner(Checks):
     def __init__(self, kiln, work, update):
+        super().__init__()
         self.kiln, self.work, self.update = kiln, work, update
-        self.passed, self.failed = 0, []
 
     def run(self, args, stdin=None):
         p = subprocess.run([self.kiln] + args, capture_output=True, cwd=self.work, input=stdin)
         return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
-
-    def check(self, name, cond, detail=""):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed.append(f"{name}: {detail}")
 
     def golden(self, name, args):
         rc, out, err = self.run(args)
@@ -99,10 +95,7 @@ def main():
         run_all(r, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for f in r.failed:
-        print("FAILED " + f)
-    print(f"{r.passed} passed, {len(r.failed)} failed")
-    return 1 if r.failed else 0
+    return r.report()
 
 
 def run_all(r, work):

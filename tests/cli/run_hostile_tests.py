@@ -22,6 +22,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from checks import Checks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "node")
 ONE_LINE = re.compile(r"^kiln (export|run|inspect): error: .+$")
@@ -58,16 +60,10 @@ def run(kiln, args, cwd, timeout=60):
     return rc, read(".out"), read(".err"), time.monotonic() - start, usage.ru_maxrss
 
 
-class Checker:
+class Checker(Checks):
     def __init__(self, kiln, work):
+        super().__init__()
         self.kiln, self.work = kiln, work
-        self.passed, self.failed = 0, []
-
-    def check(self, name, cond, detail):
-        if cond:
-            self.passed += 1
-        else:
-            self.failed.append(f"{name}: {detail}")
 
     def error(self, name, args, pattern, max_seconds=20):
         rc, out, err, secs, rss = run(self.kiln, args, self.work)
@@ -256,10 +252,7 @@ def main():
         corpus_sweep(c, args.corpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for f in c.failed:
-        print("FAILED " + f)
-    print(f"{c.passed} passed, {len(c.failed)} failed")
-    return 1 if c.failed else 0
+    return c.report()
 
 
 if __name__ == "__main__":
