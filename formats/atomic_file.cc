@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,20 +35,56 @@ pid_t temp_writer(const std::string& name) {
   return static_cast<pid_t>(pid);
 }
 
+std::string folder_of(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// True when the process `pid` is gone. A pid that belongs to someone else (EPERM) is alive.
+bool writer_gone(pid_t pid) { return pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Removes the temporary `path` unless its writer still holds the lock it takes on creation
+// (flock locks die with their process, SIGKILL included). Where the file system has no flock,
+// the dead pid alone decides.
+void remove_unlocked(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) ::unlink(path.c_str());
+  ::close(fd);
+}
+
 }  // namespace
 
 void remove_stale_temporaries(const std::string& final_path) {
   std::filesystem::path p(final_path);
-  std::filesystem::path dir = p.parent_path().empty() ? std::filesystem::path(".") : p.parent_path();
   const std::string prefix = "." + p.filename().string() + ".";
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+  for (const auto& entry : std::filesystem::directory_iterator(folder_of(final_path), ec)) {
     std::string name = entry.path().filename().string();
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     pid_t pid = temp_writer(name);
-    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH)
-      std::filesystem::remove(entry.path(), ec);
+    std::error_code type_ec;
+    if (pid > 0 && entry.is_regular_file(type_ec) && !entry.is_symlink(type_ec) && writer_gone(pid))
+      remove_unlocked(entry.path().string());
   }
+}
+
+void sync_folder(const std::string& dir) {
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+FolderLock::FolderLock(const std::string& dir) {
+  fd_ = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 AtomicFile::~AtomicFile() {
@@ -70,6 +107,9 @@ Status AtomicFile::open(const std::string& final_path) {
     fd_ = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd_ >= 0) {
       temp_ = temp;
+      // Held until this process ends: it tells remove_stale_temporaries the writer is alive
+      // even where the pid in the name means nothing (another pid namespace).
+      (void)::flock(fd_, LOCK_EX | LOCK_NB);
       return {};
     }
     if (errno != EEXIST)
@@ -95,6 +135,7 @@ Status AtomicFile::commit() {
   if (::rename(temp_.c_str(), final_.c_str()) != 0)
     return user_error("", "cannot replace '" + final_ + "': " + errno_text(errno));
   committed_ = true;
+  sync_folder(folder_of(final_));
   return {};
 }
 

@@ -5,6 +5,7 @@
 // docs/ops/attention.md.
 #include <string>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 
 namespace kiln {
@@ -34,7 +35,12 @@ Result<Dim> split_dim(const Dim& total, int64_t parts, const InferContext& ctx, 
   return Dim::known(total.value / parts);
 }
 
-Dim mul_dim(const Dim& d, int64_t k) { return d.is_known() ? Dim::known(d.value * k) : Dim::unknown(); }
+Result<Dim> mul_dim(const Dim& d, int64_t k, const InferContext& ctx) {
+  if (!d.is_known()) return Dim::unknown();
+  std::optional<int64_t> p = checked_mul(d.value, k);
+  if (!p) return ctx.error("head size " + std::to_string(d.value) + " x " + std::to_string(k) + " heads overflows int64");
+  return Dim::known(*p);
+}
 
 Status require_float(const InferContext& ctx, size_t i, std::string_view what) {
   if (!is_float(ctx.dtype(i))) return ctx.error(std::string(what) + " must be a float type, got " + dt(ctx.dtype(i)));
@@ -149,7 +155,13 @@ Status infer_attention(InferContext& ctx) {
       KILN_ASSIGN_OR_RETURN(p, unify(p, pv.dims[2], ctx, "past_key and past_value lengths differ"));
       KILN_ASSIGN_OR_RETURN(dv, unify(dv, pv.dims[3], ctx, "past_value head size differs from V"));
     }
-    total = p.is_known() && l.is_known() ? Dim::known(p.value + l.value) : Dim::unknown();
+    total = Dim::unknown();
+    if (p.is_known() && l.is_known()) {
+      std::optional<int64_t> sum = checked_add(p.value, l.value);
+      if (!sum) return ctx.error("past length " + std::to_string(p.value) + " + sequence length " + std::to_string(l.value) +
+                                 " overflows int64");
+      total = Dim::known(*sum);
+    }
   }
   if (ctx.has_input(3) && ctx.rank(3) >= 1) {
     // Broadcast against [B, Hq, S, total]; the last dim may be shorter (padded with -inf).
@@ -174,7 +186,8 @@ Status infer_attention(InferContext& ctx) {
   }
 
   if (r == 3) {
-    ctx.set_output(0, qt, Shape({b, s, mul_dim(dv, qh_attr)}));
+    KILN_ASSIGN_OR_RETURN(Dim width, mul_dim(dv, qh_attr, ctx));
+    ctx.set_output(0, qt, Shape({b, s, width}));
   } else {
     ctx.set_output(0, qt, Shape({b, hq, s, dv}));
   }

@@ -144,7 +144,11 @@ Status infer_dft(InferContext& ctx) {
     len = l ? Dim::known(*l) : Dim::unknown();
     if (l && *l <= 0) return ctx.error("dft_length " + std::to_string(*l) + " must be positive");
   } else if (inverse && onesided) {
-    len = len.is_known() ? Dim::known(2 * (len.value - 1)) : Dim::unknown();
+    if (len.is_known()) {
+      std::optional<int64_t> full = checked_mul(2, len.value - 1);
+      if (!full) return ctx.error("the onesided length " + std::to_string(len.value) + " doubled overflows int64");
+      len = Dim::known(*full);
+    }
   }
   std::vector<Dim> out = x.dims;
   out[static_cast<size_t>(ax)] = (!inverse && onesided) ? (len.is_known() ? Dim::known(len.value / 2 + 1) : Dim::unknown()) : len;

@@ -194,7 +194,7 @@ Status infer_conv(InferContext& ctx) {
     return ctx.error("W has shape " + ws.str() + " but X has rank " + std::to_string(rank));
   Dim m = ws.rank() >= 0 ? ws.dims[0] : Dim::unknown();
   if (ws.rank() >= 0 && xs.rank() >= 0 && xs.dims[1].is_known() && ws.dims[1].is_known() &&
-      xs.dims[1].value != ws.dims[1].value * group)
+      CheckedInt(xs.dims[1].value) != CheckedInt(ws.dims[1].value) * group)
     return ctx.error("X has " + std::to_string(xs.dims[1].value) + " channels but W expects " +
                      std::to_string(ws.dims[1].value) + " x group " + std::to_string(group));
   if (m.is_known() && m.value % group != 0)
@@ -252,7 +252,13 @@ Status infer_conv_transpose(InferContext& ctx) {
     kernel.clear();
   }
   KILN_ASSIGN_OR_RETURN(Window w, resolve_transpose_window(ctx.node(), dims_or_unknown(xs, 2), kernel));
-  std::vector<Dim> out{xs.dims[0], ws.dims[1].is_known() ? Dim::known(ws.dims[1].value * group) : Dim::unknown()};
+  Dim channels = Dim::unknown();
+  if (ws.dims[1].is_known()) {
+    std::optional<int64_t> c = checked_mul(ws.dims[1].value, group);
+    if (!c) return ctx.error("W's " + std::to_string(ws.dims[1].value) + " channels x group " + std::to_string(group) + " overflow int64");
+    channels = Dim::known(*c);
+  }
+  std::vector<Dim> out{xs.dims[0], channels};
   for (int64_t o : w.out) out.push_back(known_or(o));
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
   return {};

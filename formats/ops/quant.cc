@@ -45,7 +45,7 @@ Status check_quant_operand(const InferContext& ctx, size_t i, const Shape& x, st
     const Dim& sd = s.dims[static_cast<size_t>(d)];
     const Dim& xd = x.dims[static_cast<size_t>(d)];
     if (!sd.is_known() || !xd.is_known()) continue;
-    int64_t want = d == axis ? (xd.value + block - 1) / block : xd.value;
+    int64_t want = d == axis ? xd.value / block + (xd.value % block != 0) : xd.value;
     if (sd.value != want)
       return ctx.error(std::string(what) + " has shape " + s.str() + " but input shape " + x.str() +
                        " with block_size " + std::to_string(block) + " needs " + std::to_string(want) +

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 #include "formats/ops/shape_util.h"
 
@@ -324,16 +325,17 @@ Status infer_split(InferContext& ctx) {
     if (split->size() != n)
       return ctx.error("split has " + num(static_cast<int64_t>(split->size())) + " entries but the node has " +
                        num(static_cast<int64_t>(n)) + " outputs");
-    int64_t sum = 0;
+    CheckedInt sum = 0;
     for (size_t i = 0; i < n; ++i) {
       if ((*split)[i] < 0) return ctx.error("split[" + num(static_cast<int64_t>(i)) + "] is " + num((*split)[i]));
       sum += (*split)[i];
       sizes[i] = Dim::known((*split)[i]);
     }
-    if (d.is_known() && sum != d.value)
-      return ctx.error("split sizes add up to " + num(sum) + " but axis " + num(axis) + " has size " + num(d.value));
+    if (!sum.ok()) return ctx.error("split sizes add up past the int64 range");
+    if (d.is_known() && sum.value() != d.value)
+      return ctx.error("split sizes add up to " + num(sum.value()) + " but axis " + num(axis) + " has size " + num(d.value));
   } else if (!ctx.has_input(1) && d.is_known()) {
-    int64_t chunk = (d.value + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
+    int64_t chunk = d.value / static_cast<int64_t>(n) + (d.value % static_cast<int64_t>(n) != 0);
     int64_t last = d.value - chunk * static_cast<int64_t>(n - 1);
     if (last < 0)
       return ctx.error("cannot split axis " + num(axis) + " of size " + num(d.value) + " into " + num(static_cast<int64_t>(n)) +
