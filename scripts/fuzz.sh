@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds kiln's libFuzzer targets (CMake preset `fuzz`: clang, ASan + UBSan) and runs them.
-#   scripts/fuzz.sh --smoke              every target for 60 s from its committed corpus (CI)
+#   scripts/fuzz.sh --smoke              every target for 60 s from its committed corpus and
+#                                        the inputs of past findings (tests/fuzz/findings) (CI)
 #   scripts/fuzz.sh TARGET [SECONDS] [-jobs N]
 #                                        a long campaign: a work corpus in build-fuzz/corpus/TARGET
 #                                        seeded from tests/fuzz/corpus/TARGET, findings in
@@ -29,7 +30,7 @@ run_target() {
   shift 3
   local findings=build-fuzz/findings/$target
   mkdir -p "$work" "$findings"
-  cp -n tests/fuzz/corpus/"$target"/* "$work"/ 2>/dev/null || true
+  cp -n tests/fuzz/corpus/"$target"/* tests/fuzz/findings/"$target"/* "$work"/ 2>/dev/null || true
   local log=build-fuzz/$target.log
   local rc=0
   build-fuzz/tests/fuzz/"$target" "$work" "${limits[@]}" -max_total_time="$seconds" \

@@ -200,28 +200,29 @@ def findings(c):
     c.error("long_name_elided", ["export", "longname.onnx", "-o", "o.kiln", "-v"], r"characters \.\.\.\]")
 
 
-def corpus_sweep(c, corpus_root):
-    """Every committed fuzz corpus file of at most 64 KB, fed to the verb that reads it, with
-    --max-memory 256MiB: exit 0, 2 or 3, and peak RSS within 300 MB."""
+def corpus_sweep(c, corpus_roots):
+    """Every committed fuzz corpus file and finding of at most 64 KB, fed to the verb that reads
+    it, with --max-memory 256MiB: exit 0, 2 or 3, and peak RSS within 300 MB."""
     samples = os.path.join(ROOT, "samples")
     shutil.copy(os.path.join(samples, "mlp.onnx"), os.path.join(c.work, "mlp.onnx"))
     run(c.kiln, ["export", "mlp.onnx", "-o", "mlp.kiln"], c.work)
     worst, count, bad = 0, 0, []
-    for dirpath, _, files in sorted(os.walk(corpus_root)):
+    walked = [w for root in corpus_roots for w in sorted(os.walk(root))]
+    for dirpath, _, files in walked:
         for f in sorted(files):
             path = os.path.join(dirpath, f)
             if os.path.getsize(path) > 64 * 1024:
                 continue
             target = os.path.basename(dirpath)
-            if "kiln" in target or "run" in target:
+            if target == "fuzz_kiln_load":
                 commands = [["inspect", path], ["run", path, "--seed", "1"]]
-            elif "onnx" in target:
+            elif target == "fuzz_onnx_export":
                 commands = [["export", path, "-o", "c.kiln"]]
-            elif "npz" in target or "npy" in target:
+            elif target in ("fuzz_npy", "fuzz_npz"):
                 link = os.path.join(c.work, "in" + (".npz" if "npz" in target else ".npy"))
                 shutil.copy(path, link)
                 commands = [["run", "mlp.kiln", "--inputs" if link.endswith(".npz") else "--input", link]]
-            else:
+            else:  # fuzz_run's inputs are raw bytes for its own models, not files kiln reads
                 continue
             for args in commands:
                 rc, out, err, secs, rss = run(c.kiln, args + ["--max-memory", "256MiB"], c.work, timeout=30)
@@ -231,14 +232,14 @@ def corpus_sweep(c, corpus_root):
                 if rc not in (0, 2, 3) or rss > RSS_LIMIT_KB or (rc == 2 and len(lines) != 1):
                     bad.append(f"{' '.join(args[:2])}: exit {rc}, {rss // 1024} MB, {secs:.1f} s: {err.strip()[:200]!r}")
     print(f"corpus sweep: {count} runs, peak RSS {worst // 1024} MB")
-    c.check("corpus_sweep_ran", count > 0, f"no corpus files under {corpus_root}")
+    c.check("corpus_sweep_ran", count > 0, f"no corpus files under {corpus_roots}")
     c.check("corpus_sweep", not bad, "; ".join(bad[:10]))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--kiln", required=True)
-    ap.add_argument("--corpus", default=os.path.join(ROOT, "tests", "fuzz", "corpus"))
+    ap.add_argument("--corpus", nargs="+", default=[os.path.join(ROOT, "tests", "fuzz", d) for d in ("corpus", "findings")])
     ap.add_argument("--sanitized", action="store_true",
                     help="kiln is built with sanitizers: their shadow memory and slowdown void the RSS and time bounds")
     args = ap.parse_args()
