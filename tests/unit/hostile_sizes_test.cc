@@ -94,6 +94,23 @@ TEST(HostileSizes, ConvIntegerPadsThatOverflow) {
   expect_rejected(m, "overflows int64");
 }
 
+// fuzz_kiln_load: W's declared channels times group overflow when checked against X's.
+TEST(HostileSizes, ConvChannelsTimesGroupOverflow) {
+  {
+    Model m;
+    Graph& g = m.graph;
+    ValueId x = g.add_value("x", DType::f32, dims({Dim::sym("n"), Dim::known(3), Dim::known(4), Dim::known(4)}));
+    ValueId w = g.add_value("w", DType::f32, dims({Dim::known(3), Dim::known(8462108011559649285), Dim::sym("k"), Dim::sym("k")}));
+    ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+    g.inputs = {x, w};
+    Node n = node("conv", "Conv", {x, w}, {y});
+    n.set_attr("group", int64_t{3});
+    g.add_node(n);
+    g.outputs = {y};
+    expect_rejected(m, "channels but W expects 8462108011559649285 x group 3");
+  }
+}
+
 TEST(HostileSizes, RecurrentHiddenSizeThatOverflows) {
   Model m;
   Graph& g = m.graph;
