@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands()) verb = sub->get_name();
     const auto* limit = dynamic_cast<const MemoryLimitExceeded*>(&e);
     std::cerr << "kiln" << (verb.empty() ? "" : " " + verb) << ": error: "
-              << (limit ? std::string(limit->what()) : "out of memory (the machine refused an allocation below --max-memory)")
+              << (limit ? std::string(limit->what()) : kMachineOutOfMemory)
               << "\n";
     return 2;
   } catch (const std::exception& e) {

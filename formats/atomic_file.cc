@@ -56,8 +56,9 @@ void remove_unlocked(const std::string& path) {
 }  // namespace
 
 void remove_stale_temporaries(const std::string& final_path) {
-  std::filesystem::path p(final_path);
-  const std::string prefix = "." + p.filename().string() + ".";
+  std::string prefix = ".";
+  prefix += std::filesystem::path(final_path).filename().string();
+  prefix += '.';
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(folder_of(final_path), ec)) {
     std::string name = entry.path().filename().string();

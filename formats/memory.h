@@ -38,6 +38,9 @@ class MemoryLimitExceeded : public std::bad_alloc {
   std::string message_;
 };
 
+/// What to say when the machine refuses an allocation that the budget allowed.
+inline constexpr char kMachineOutOfMemory[] = "out of memory (the machine refused an allocation below --max-memory)";
+
 /// Charges `bytes` against the budget; throws MemoryLimitExceeded when it does not fit.
 void charge_memory(size_t bytes);
 /// Charges `bytes` if they fit; false (and nothing charged) otherwise.

@@ -325,8 +325,7 @@ class DeclaredReader {
 Error allocation_error(const std::string& what, size_t bytes, const std::bad_alloc& e) {
   if (const auto* limit = dynamic_cast<const MemoryLimitExceeded*>(&e))
     return user_error("", what + " (" + format_bytes(bytes) + ") does not fit: " + limit->what());
-  return user_error("", what + " needs " + format_bytes(bytes) +
-                            ": out of memory (the machine refused an allocation below --max-memory)");
+  return user_error("", what + " needs " + format_bytes(bytes) + ": " + kMachineOutOfMemory);
 }
 
 // A .npy image already in memory.

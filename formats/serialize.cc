@@ -7,15 +7,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <system_error>
+#include <thread>
 
 #include "formats/atomic_file.h"
 #include "formats/memory.h"
+#include "formats/sha256.h"
 #include "formats/verify.h"
 #include "kiln_generated.h"
 
@@ -101,31 +106,58 @@ class Writer {
   const std::string& sidecar_name() const { return sidecar_name_; }
 
  private:
-  /// 16 hex digits that change whenever the blob's bytes do (a 64-bit multiply-xor hash over
-  /// the tensors and their offsets, eight bytes at a time: fast on multi-GB blobs).
+  /// The first 16 hex digits of a SHA-256 tree hash of the blob's bytes (the sidecar's
+  /// content): SHA-256 of the concatenated hex SHA-256 digests of its 1 MiB pieces, hashed on
+  /// up to 8 threads. A collision-resistant hash, so two blobs that get the same sidecar name
+  /// have the same bytes, and a new sidecar never replaces a different one an older model uses.
   std::string blob_fingerprint() const {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ blob_size_;
-    auto mix = [&h](uint64_t v) {
-      h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-      h *= 0xFF51AFD7ED558CCDull;
-      h ^= h >> 32;
-    };
-    for (const Item& item : items_) {
-      mix(item.offset);
-      const auto* p = static_cast<const uint8_t*>(item.tensor->raw());
-      size_t n = item.tensor->nbytes(), i = 0;
-      for (; i + 8 <= n; i += 8) {
-        uint64_t v;
-        std::memcpy(&v, p + i, 8);
-        mix(v);
+    constexpr uint64_t kPiece = uint64_t{1} << 20;
+    const size_t pieces = static_cast<size_t>((blob_size_ + kPiece - 1) / kPiece);
+    std::vector<std::string> digests(pieces);
+    std::atomic<size_t> next{0};
+    auto work = [&](std::vector<uint8_t>& scratch) {
+      for (size_t i; (i = next.fetch_add(1)) < pieces;) {
+        uint64_t begin = i * kPiece, size = std::min(kPiece, blob_size_ - begin);
+        digests[i] = sha256_hex({blob_range(begin, size, scratch), static_cast<size_t>(size)});
       }
-      uint64_t tail = 0;
-      if (i < n) std::memcpy(&tail, p + i, n - i);
-      mix(tail ^ (uint64_t{n - i} << 56));
+    };
+    // Scratch buffers (for pieces that span tensors and padding) are made here, so that a
+    // memory-budget failure is an exception in this thread, not in a worker.
+    const size_t threads = std::min<size_t>({pieces, 8, std::max(1u, std::thread::hardware_concurrency())});
+    std::vector<std::vector<uint8_t>> scratch(std::max<size_t>(threads, 1),
+                                              std::vector<uint8_t>(static_cast<size_t>(std::min(kPiece, blob_size_))));
+    std::vector<std::thread> workers;
+    for (size_t t = 1; t < threads; ++t) {
+      try {
+        workers.emplace_back(work, std::ref(scratch[t]));
+      } catch (const std::system_error&) {
+        break;  // no more threads: this one does the rest
+      }
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-    return hex;
+    work(scratch[0]);
+    for (std::thread& t : workers) t.join();
+    std::string all;
+    all.reserve(pieces * 64);
+    for (const std::string& d : digests) all += d;
+    return sha256_hex({reinterpret_cast<const uint8_t*>(all.data()), all.size()}).substr(0, 16);
+  }
+
+  /// The blob's bytes [begin, begin + size): a pointer into the tensor when one holds them all,
+  /// else `scratch` filled with the tensors' bytes and the zeros between them.
+  const uint8_t* blob_range(uint64_t begin, uint64_t size, std::vector<uint8_t>& scratch) const {
+    // items_ are in increasing offset order: the first that ends after `begin`.
+    auto it = std::partition_point(items_.begin(), items_.end(), [begin](const Item& item) {
+      return item.offset + item.tensor->nbytes() <= begin;
+    });
+    if (it != items_.end() && it->offset <= begin && begin + size <= it->offset + it->tensor->nbytes())
+      return static_cast<const uint8_t*>(it->tensor->raw()) + (begin - it->offset);
+    std::fill(scratch.begin(), scratch.begin() + static_cast<ptrdiff_t>(size), uint8_t{0});
+    for (; it != items_.end() && it->offset < begin + size; ++it) {
+      uint64_t from = std::max(begin, it->offset), to = std::min(begin + size, it->offset + it->tensor->nbytes());
+      std::memcpy(scratch.data() + (from - begin), static_cast<const uint8_t*>(it->tensor->raw()) + (from - it->offset),
+                  static_cast<size_t>(to - from));
+    }
+    return scratch.data();
   }
 
   Result<flatbuffers::Offset<fb::TensorData>> write_tensor(const Tensor& t, const std::string& where) {
@@ -761,10 +793,10 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   const std::filesystem::path dir = p.parent_path();
   Writer w;
   KILN_RETURN_IF_ERROR(with_file(w.build(model, options.sidecar_threshold, base), path));
-  // The sidecar gets a name no other version of the model uses, so the model's rename is the
-  // one step that switches from the old pair (model, sidecar) to the new one: a kill at any
-  // point leaves the old model with its old sidecar, or the new model with its new one.
-  // Both files are complete on disk before either is renamed.
+  // The sidecar is named after its content, so it never replaces the sidecar the old model
+  // uses, and the model's rename is the one step that switches from the old pair (model,
+  // sidecar) to the new one: a kill at any point leaves the old model with its old sidecar, or
+  // the new model with its new one. Both files are complete on disk before either is renamed.
   TempFile side_tmp;
   if (w.sidecar()) {
     KILN_RETURN_IF_ERROR(with_file(side_tmp.open((dir / w.sidecar_name()).string()), path));
@@ -773,11 +805,23 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   TempFile model_tmp;
   KILN_RETURN_IF_ERROR(with_file(model_tmp.open(path), path));
   KILN_RETURN_IF_ERROR(with_file(write_model_file(model_tmp, w), path));
+  // Under the folder's lock, so that a concurrent save of a model here never takes this save's
+  // renamed sidecar for an orphan before its model is renamed too.
+  FolderLock lock(dir.string());
+  // Each commit syncs the folder: the sidecar's name is durable before the model names it.
+  const std::string side_path = w.sidecar() ? (dir / w.sidecar_name()).string() : "";
+  std::error_code ec;
+  const bool side_existed = w.sidecar() && std::filesystem::exists(side_path, ec);
   if (w.sidecar()) KILN_RETURN_IF_ERROR(with_file(side_tmp.commit(), path));
-  KILN_RETURN_IF_ERROR(with_file(model_tmp.commit(), path));
-  // The previous versions' sidecars (and the temporaries of writers that were killed) are
-  // garbage now that the model refers to its own.
+  if (Status s = model_tmp.commit(); !s.ok()) {
+    // The old model stays; a sidecar it may use (same content, same name) stays too.
+    if (w.sidecar() && !side_existed) std::filesystem::remove(side_path, ec);
+    return with_file(s, path);
+  }
+  // The previous versions' sidecars, and those of writers killed between their two renames,
+  // are garbage now that the model refers to its own.
   remove_stale_sidecars(dir, base, w.sidecar() ? w.sidecar_name() : "");
+  sync_folder(dir.string());
   return {};
 }
 

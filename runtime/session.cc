@@ -341,7 +341,7 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
                                                 std::string(dtype_name(e.dtype)) + ") " + ex.what());
           } catch (const std::bad_alloc&) {
             return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() +
-                                                ": out of memory (the machine refused an allocation below --max-memory)");
+                                                ": " + std::string(kMachineOutOfMemory));
           }
         }
       }
@@ -362,7 +362,7 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
       } catch (const MemoryLimitExceeded& ex) {
         return user_error(node.where(), std::string("a buffer ") + ex.what());
       } catch (const std::bad_alloc&) {
-        return user_error(node.where(), "out of memory (the machine refused an allocation below --max-memory)");
+        return user_error(node.where(), kMachineOutOfMemory);
       } catch (const std::length_error&) {
         // A buffer sized by the data past what the address space can hold.
         return user_error(node.where(), "a buffer sized by the input data is too large to allocate");
