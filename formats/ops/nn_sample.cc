@@ -257,6 +257,8 @@ Status infer_grid_sample(InferContext& ctx) {
     return ctx.error("grid's last dim is " + std::to_string(gs.dims.back().value) + " but X has " + std::to_string(xs.rank() - 2) +
                      " spatial dims");
   if (mode == "cubic" && xs.rank() != 4) return ctx.error("cubic mode supports 2-D spatial inputs only");
+  if (xs.dims[0].is_known() && gs.dims[0].is_known() && xs.dims[0].value != gs.dims[0].value)
+    return ctx.error("grid has batch " + std::to_string(gs.dims[0].value) + " but X has " + std::to_string(xs.dims[0].value));
   std::vector<Dim> out{xs.dims[0], xs.dims[1]};
   for (size_t i = 1; i + 1 < gs.dims.size(); ++i) out.push_back(gs.dims[i]);
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));

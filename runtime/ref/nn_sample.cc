@@ -220,6 +220,8 @@ Status grid_sample_impl(KernelContext& ctx, const Tensor& x, const Tensor& grid,
   const size_t nd = static_cast<size_t>(x.rank() - 2);
   if (nd < 1 || nd > 3) return ctx.error("GridSample supports 1 to 3 spatial dims, got " + std::to_string(nd));
   std::vector<int64_t> dims(x.shape().begin() + 2, x.shape().end());
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end())
+    return ctx.error("X " + shape_str(x.shape()) + " has an empty spatial dim: there is nothing to sample");
   const int64_t N = x.dim(0), C = x.dim(1);
   int64_t img = 1, opix = 1;
   for (int64_t d : dims) img *= d;

@@ -245,6 +245,38 @@ TEST(HostileSizes, SubgraphRunLimit) {
   EXPECT_TRUE(fine.ok()) << fine.error().message();
 }
 
+// fuzz_run finding: a GridSample whose grid has another batch than X read past X's rows.
+// The batches must agree when both are known, and at run time when they are not; an X with an
+// empty spatial dim has nothing to sample from.
+TEST(HostileSizes, GridSampleBatchesAndEmptyImages) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, dims({Dim::known(1), Dim::known(1), Dim::known(2), Dim::known(2)}));
+  ValueId grid = g.add_value("grid", DType::f32, dims({Dim::known(3), Dim::known(2), Dim::known(2), Dim::known(2)}));
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  g.inputs = {x, grid};
+  g.add_node(node("gs", "GridSample", {x, grid}, {y}));
+  g.outputs = {y};
+  expect_rejected(m, "grid has batch 3 but X has 1");
+
+  g.value(x).shape = dims({Dim::sym("n"), Dim::known(1), Dim::sym("h"), Dim::sym("w")});
+  g.value(grid).shape = dims({Dim::sym("m"), Dim::known(2), Dim::known(2), Dim::known(2)});
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  std::vector<float> grid_values(3 * 2 * 2 * 2, 0.5f);
+  auto r = (*s)->run(std::vector<Tensor>{Tensor::from<float>({1, 1, 2, 2}, {1, 2, 3, 4}),
+                                         Tensor::from<float>({3, 2, 2, 2}, grid_values)});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user) << r.error().message();
+  auto empty = (*s)->run(std::vector<Tensor>{Tensor::from<float>({1, 1, 0, 2}, {}),
+                                             Tensor::from<float>({1, 2, 2, 2}, std::vector<float>(8, 0.5f))});
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message().find("has an empty spatial dim"), std::string::npos) << empty.error().message();
+  auto fine = (*s)->run(std::vector<Tensor>{Tensor::from<float>({1, 1, 2, 2}, {1, 2, 3, 4}),
+                                            Tensor::from<float>({1, 2, 2, 2}, std::vector<float>(8, 0.5f))});
+  EXPECT_TRUE(fine.ok()) << fine.error().message();
+}
+
 TEST(Errors, MessagesStayOneShortLine) {
   Error e = user_error("node '" + std::string(100'000, 'n') + "'", "bad\nvalue");
   std::string msg = e.message();
