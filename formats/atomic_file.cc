@@ -127,15 +127,23 @@ Status AtomicFile::write(const void* data, size_t size) {
   return {};
 }
 
-Status AtomicFile::commit() {
+Status AtomicFile::sync() {
+  if (synced_) return {};
   KILN_RETURN_IF_ERROR(flush());
   if (::fsync(fd_) != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
-  int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
+  synced_ = true;
+  return {};
+}
+
+Status AtomicFile::commit() {
+  KILN_RETURN_IF_ERROR(sync());
+  // The file stays open (and locked) until it has its final name; its data is on disk, so
+  // closing it cannot lose any.
   if (::rename(temp_.c_str(), final_.c_str()) != 0)
     return user_error("", "cannot replace '" + final_ + "': " + errno_text(errno));
   committed_ = true;
+  ::close(fd_);
+  fd_ = -1;
   sync_folder(folder_of(final_));
   return {};
 }

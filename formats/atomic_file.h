@@ -25,8 +25,11 @@ class AtomicFile {
   Status open(const std::string& final_path);
   /// Appends bytes (small writes are gathered, large ones go straight to the file).
   Status write(const void* data, size_t size);
-  /// Flushes, syncs and renames the file into place, then syncs the folder so that the rename
-  /// is durable before anything that depends on it (a model naming this sidecar) is written.
+  /// Flushes and syncs the data (commit does it when not done yet): call it before taking a
+  /// lock that commit needs, to hold the lock only for the rename.
+  Status sync();
+  /// Renames the synced file into place, then syncs the folder so that the rename is durable
+  /// before anything that depends on it (a model naming this sidecar) is renamed.
   Status commit();
 
  private:
@@ -36,6 +39,7 @@ class AtomicFile {
   std::string final_;
   std::string temp_;
   int fd_ = -1;
+  bool synced_ = false;
   bool committed_ = false;
   std::vector<uint8_t> buffer_;
 };

@@ -151,7 +151,7 @@ class Writer {
     });
     if (it != items_.end() && it->offset <= begin && begin + size <= it->offset + it->tensor->nbytes())
       return static_cast<const uint8_t*>(it->tensor->raw()) + (begin - it->offset);
-    std::fill(scratch.begin(), scratch.begin() + static_cast<ptrdiff_t>(size), uint8_t{0});
+    std::memset(scratch.data(), 0, static_cast<size_t>(size));
     for (; it != items_.end() && it->offset < begin + size; ++it) {
       uint64_t from = std::max(begin, it->offset), to = std::min(begin + size, it->offset + it->tensor->nbytes());
       std::memcpy(scratch.data() + (from - begin), static_cast<const uint8_t*>(it->tensor->raw()) + (from - it->offset),
@@ -317,6 +317,7 @@ class TempFile : public Sink {
  public:
   Status open(const std::string& final_path) { return file_.open(final_path); }
   Status write(const void* data, size_t size) override { return file_.write(data, size); }
+  Status sync() { return file_.sync(); }
   Status commit() { return file_.commit(); }
 
  private:
@@ -759,8 +760,9 @@ Result<Model> decode(const Buffer& buf, const std::string& sidecar_dir, const Lo
 namespace {
 
 /// Removes the sidecars earlier saves of the model `base` in `dir` wrote (`base.weights` of
-/// older kiln versions and `base.<16 hex>.weights`), except `keep`.
-void remove_stale_sidecars(const std::filesystem::path& dir, const std::string& base, const std::string& keep) {
+/// older kiln versions and `base.<16 hex>.weights`), except `keep`; returns how many.
+int remove_stale_sidecars(const std::filesystem::path& dir, const std::string& base, const std::string& keep) {
+  int removed = 0;
   std::error_code ec;
   std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
   const std::string suffix = kSidecarSuffix;
@@ -771,8 +773,9 @@ void remove_stale_sidecars(const std::filesystem::path& dir, const std::string& 
       continue;
     std::string middle = name.substr(base.size() + 1, name.size() - base.size() - 1 - suffix.size());
     bool versioned = middle.size() == 16 && middle.find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (versioned || name == base + suffix) std::filesystem::remove(entry.path(), ec);
+    if ((versioned || name == base + suffix) && std::filesystem::remove(entry.path(), ec)) ++removed;
   }
+  return removed;
 }
 
 }  // namespace
@@ -805,13 +808,16 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   TempFile model_tmp;
   KILN_RETURN_IF_ERROR(with_file(model_tmp.open(path), path));
   KILN_RETURN_IF_ERROR(with_file(write_model_file(model_tmp, w), path));
-  // Under the folder's lock, so that a concurrent save of a model here never takes this save's
-  // renamed sidecar for an orphan before its model is renamed too.
+  if (w.sidecar()) KILN_RETURN_IF_ERROR(with_file(side_tmp.sync(), path));
+  KILN_RETURN_IF_ERROR(with_file(model_tmp.sync(), path));
+  // The renames and the clean-up happen under the folder's lock, so that a concurrent save of
+  // a model here never takes this save's renamed sidecar for an orphan before its model is
+  // renamed too.
   FolderLock lock(dir.string());
-  // Each commit syncs the folder: the sidecar's name is durable before the model names it.
   const std::string side_path = w.sidecar() ? (dir / w.sidecar_name()).string() : "";
   std::error_code ec;
   const bool side_existed = w.sidecar() && std::filesystem::exists(side_path, ec);
+  // Each commit syncs the folder: the sidecar's name is durable before the model names it.
   if (w.sidecar()) KILN_RETURN_IF_ERROR(with_file(side_tmp.commit(), path));
   if (Status s = model_tmp.commit(); !s.ok()) {
     // The old model stays; a sidecar it may use (same content, same name) stays too.
@@ -820,8 +826,7 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   }
   // The previous versions' sidecars, and those of writers killed between their two renames,
   // are garbage now that the model refers to its own.
-  remove_stale_sidecars(dir, base, w.sidecar() ? w.sidecar_name() : "");
-  sync_folder(dir.string());
+  if (remove_stale_sidecars(dir, base, w.sidecar() ? w.sidecar_name() : "") > 0) sync_folder(dir.string());
   return {};
 }
 

@@ -1,6 +1,8 @@
 // .kiln save/load: round trip of every IR feature, byte-identical saves, 64-byte alignment of
 // loaded weights, the sidecar weights file, atomic saves, and the text form.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -14,7 +16,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "formats/atomic_file.h"
 #include "formats/serialize.h"
+#include "formats/sha256.h"
 #include "formats/text.h"
 #include "formats/verify.h"
 
@@ -513,18 +517,146 @@ TEST(FormatsSerialize, ReplacingAModelSwitchesSidecarsAtTheModelRename) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
 }
 
+/// The pid of a process that has exited (and been reaped).
+pid_t dead_pid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  EXPECT_GT(pid, 0);
+  waitpid(pid, nullptr, 0);
+  return pid;
+}
+
 TEST(FormatsSerialize, TemporariesOfKilledWritersAreRemovedByTheNextWrite) {
   TempDir dir;
-  pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  ASSERT_GT(dead, 0);
-  waitpid(dead, nullptr, 0);
-  std::string d = std::to_string(dead), live = std::to_string(getppid());
+  std::string d = std::to_string(dead_pid()), self = std::to_string(getpid()), parent = std::to_string(getppid());
   for (const std::string& name : {".m.kiln.tmp." + d + ".0", ".m.kiln.0123456789abcdef.weights.tmp." + d + ".3",
-                                  ".m.kiln.tmp." + live + ".7", ".other.kiln.tmp." + d + ".1"})
+                                  ".m.kiln.tmp." + self + ".7", ".m.kiln.tmp." + parent + ".2",
+                                  ".other.kiln.tmp." + d + ".1", ".m.kiln.tmp." + d + ".notes"})
     std::ofstream(dir.file(name)) << "partial";
   ASSERT_TRUE(save_model(rich_model(), dir.file("m.kiln")).ok());
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{".m.kiln.tmp." + live + ".7", ".other.kiln.tmp." + d + ".1", "m.kiln"}));
+  // Kept: live writers (this process, its parent), another output's temporary, a name that is
+  // not a temporary's.
+  std::vector<std::string> kept = {".m.kiln.tmp." + self + ".7", ".m.kiln.tmp." + parent + ".2",
+                                   ".other.kiln.tmp." + d + ".1", ".m.kiln.tmp." + d + ".notes", "m.kiln"};
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(dir.entries(), kept);
+}
+
+// A writer whose pid means nothing here (another pid namespace sharing the folder) still holds
+// the lock it takes on its temporary: that temporary is kept until the lock goes.
+TEST(FormatsSerialize, LockedTemporaryOfADeadPidIsKept) {
+  TempDir dir;
+  std::string temp = dir.file(".m.npy.tmp." + std::to_string(dead_pid()) + ".0");
+  std::ofstream(temp) << "partial";
+  int fd = ::open(temp.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  remove_stale_temporaries(dir.file("m.npy"));
+  EXPECT_TRUE(fs::exists(temp));
+  ::close(fd);
+  remove_stale_temporaries(dir.file("m.npy"));
+  EXPECT_FALSE(fs::exists(temp));
+}
+
+// The sidecar's name is `<model>.<16 hex>.weights`, the hex digits the start of the SHA-256 of
+// the concatenated hex SHA-256 digests of the sidecar's 1 MiB pieces: a function of its bytes
+// alone that anyone can recompute. The pieces here cut through tensors and padding.
+TEST(FormatsSerialize, SidecarIsNamedAfterTheHashOfItsBytes) {
+  TempDir dir;
+  Model m = rich_model();
+  m.graph.add_constant("big", random_tensor(DType::f32, {393219}, 41));  // 1.5 MiB + 12 bytes
+  m.graph.add_constant("mid", random_tensor(DType::u8, {1000}, 42));
+  m.graph.add_constant("huge", random_tensor(DType::i16, {1048579}, 43));  // 2 MiB + 6 bytes
+  ASSERT_TRUE(save_model(m, dir.file("m.kiln"), SaveOptions{.sidecar_threshold = 0}).ok());
+  std::vector<std::string> entries = dir.entries();
+  ASSERT_EQ(entries.size(), 2u);
+  const std::string side = entries[1];
+  auto bytes = read_bytes(dir.file(side));
+  ASSERT_GT(bytes.size(), size_t{3} << 20);
+  std::string digests;
+  for (size_t at = 0; at < bytes.size(); at += size_t{1} << 20)
+    digests += sha256_hex({bytes.data() + at, std::min(bytes.size() - at, size_t{1} << 20)});
+  std::string hash = sha256_hex({reinterpret_cast<const uint8_t*>(digests.data()), digests.size()});
+  EXPECT_EQ(side, "m.kiln." + hash.substr(0, 16) + ".weights");
+  auto loaded = load_model(dir.file("m.kiln"));
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  expect_model_eq(m, *loaded);
+
+  // The same weights give the same name (another model file gives its own prefix); one
+  // changed byte gives another.
+  ASSERT_TRUE(save_model(m, dir.file("n.kiln"), SaveOptions{.sidecar_threshold = 0}).ok());
+  EXPECT_TRUE(fs::exists(dir.file("n.kiln." + hash.substr(0, 16) + ".weights")));
+  Tensor t = m.graph.value(m.graph.find_value("huge")).constant.clone();
+  t.data<int16_t>()[1048578] ^= 1;
+  m.graph.value(m.graph.find_value("huge")).constant = t;
+  ASSERT_TRUE(save_model(m, dir.file("m.kiln"), SaveOptions{.sidecar_threshold = 0}).ok());
+  entries = dir.entries();
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_NE(entries[1], side);
+  EXPECT_TRUE(entries[1].starts_with("m.kiln.")) << entries[1];
+}
+
+// Sidecars no model refers to any more (a writer killed between its two renames, or the
+// `<model>.weights` of older kiln versions) go with the next save of that model; other models'
+// sidecars and other files stay.
+TEST(FormatsSerialize, OrphanSidecarsAreRemovedByTheNextSave) {
+  TempDir dir;
+  for (std::string name : {"m.kiln.0123456789abcdef.weights", "m.kiln.weights", "o.kiln.0123456789abcdef.weights",
+                                  "m.kiln.notes.weights", "m.kiln.0123456789ABCDEF.weights"})
+    std::ofstream(dir.file(name)) << "orphan";
+  ASSERT_TRUE(save_model(rich_model(), dir.file("m.kiln"), SaveOptions{.sidecar_threshold = 1}).ok());
+  std::vector<std::string> entries = dir.entries();
+  ASSERT_EQ(entries.size(), 5u);
+  EXPECT_EQ(entries[0], "m.kiln");
+  EXPECT_EQ(entries[1], "m.kiln.0123456789ABCDEF.weights");
+  EXPECT_TRUE(entries[2].size() == 31 && entries[2].starts_with("m.kiln.") && entries[2] != "m.kiln.0123456789abcdef.weights")
+      << entries[2];
+  EXPECT_EQ(entries[3], "m.kiln.notes.weights");
+  EXPECT_EQ(entries[4], "o.kiln.0123456789abcdef.weights");
+}
+
+// A save whose model rename fails leaves neither its temporaries nor its new sidecar.
+TEST(FormatsSerialize, FailedModelRenameLeavesNoSidecar) {
+  TempDir dir;
+  std::string path = dir.file("m.kiln");
+  fs::create_directories(path + "/keep");
+  Status s = save_model(rich_model(), path, SaveOptions{.sidecar_threshold = 1});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message().find("cannot replace"), std::string::npos) << s.error().message();
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.kiln"});
+}
+
+// Processes saving two versions of one model at once: the folder lock keeps each save's
+// switch (sidecar rename, model rename, removal of the other sidecars) whole, so whichever
+// save is last, the model in place finds its sidecar and no orphan is left.
+TEST(FormatsSerialize, ConcurrentSavesOfOneModelLeaveAConsistentPair) {
+  TempDir dir;
+  std::string path = dir.file("m.kiln");
+  Model versions[2] = {rich_model(), rich_model()};
+  Tensor w = versions[1].graph.value(versions[1].graph.find_value("b")).constant.clone();
+  w.data<float>()[0] += 1;
+  versions[1].graph.value(versions[1].graph.find_value("b")).constant = w;
+  std::vector<pid_t> children;
+  for (int c = 0; c < 4; ++c) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      bool ok = true;
+      for (int i = 0; i < 10; ++i) ok = ok && save_model(versions[(c + i) % 2], path, SaveOptions{.sidecar_threshold = 1}).ok();
+      _exit(ok ? 0 : 1);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  std::vector<std::string> entries = dir.entries();
+  ASSERT_EQ(entries.size(), 2u) << ::testing::PrintToString(entries);
+  EXPECT_EQ(entries[0], "m.kiln");
 }
 
 TEST(FormatsSerialize, SaveIntoMissingDirectoryFails) {
