@@ -76,6 +76,24 @@ inline int64_t saturate_to_int64(double x) {
   return static_cast<int64_t>(x);
 }
 
+/// The i-th element of an integer Range, start + i * delta, computed modulo 2^64: exact
+/// whenever the element itself fits (it lies between start and limit), even where i * delta
+/// alone would overflow.
+inline int64_t range_element(int64_t start, int64_t delta, int64_t i) {
+  return static_cast<int64_t>(static_cast<uint64_t>(start) + static_cast<uint64_t>(i) * static_cast<uint64_t>(delta));
+}
+
+/// How many elements an integer Range from start by delta (non-zero) has below (above, for a
+/// negative delta) limit: max(0, ceil((limit - start) / delta)), exact for all int64 values.
+inline uint64_t range_count(int64_t start, int64_t limit, int64_t delta) {
+  if (delta > 0 ? limit <= start : limit >= start) return 0;
+  // Differences and magnitudes in uint64 are exact: both lie below 2^64.
+  const uint64_t span = delta > 0 ? static_cast<uint64_t>(limit) - static_cast<uint64_t>(start)
+                                  : static_cast<uint64_t>(start) - static_cast<uint64_t>(limit);
+  const uint64_t step = delta > 0 ? static_cast<uint64_t>(delta) : uint64_t{0} - static_cast<uint64_t>(delta);
+  return span / step + (span % step != 0);
+}
+
 /// Product of sizes; nullopt on overflow.
 inline std::optional<int64_t> checked_product(std::span<const int64_t> v) {
   CheckedInt p = 1;

@@ -5,6 +5,7 @@
 // when it is tiny and the inputs' data is known (shape arithmetic at export).
 #include <cmath>
 
+#include "formats/checked.h"
 #include "formats/op_schema.h"
 #include "formats/ops/shape_util.h"
 
@@ -225,10 +226,10 @@ Status infer_range(InferContext& ctx) {
   } else {
     int64_t start = s->as_int64(0), delta = d->as_int64(0), limit = l->as_int64(0);
     if (delta == 0) return ctx.error("delta is 0");
-    // In double: limit - start can overflow int64 for extreme values.
-    double count = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
-    if (!(count < 1e12)) return ctx.error("the range has too many elements");
-    n = count > 0 ? static_cast<int64_t>(count) : 0;
+    // Exact: a count rounded in double could take the last element past limit, out of int64.
+    uint64_t count = range_count(start, limit, delta);
+    if (count >= uint64_t{1000000000000}) return ctx.error("the range has too many elements");
+    n = static_cast<int64_t>(count);
   }
   if (n <= kFoldLimit) {
     Tensor out(t, {n});
@@ -243,7 +244,7 @@ Status infer_range(InferContext& ctx) {
         for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<float>(start + static_cast<double>(i) * delta));
       } else {
         int64_t start = s->as_int64(0), delta = d->as_int64(0);
-        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + i * delta);
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(range_element(start, delta, i));
       }
     });
     ctx.set_output_value(0, std::move(out));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "formats/checked.h"
 #include "runtime/kernel.h"
 #include "runtime/ref/shape_util.h"
 
@@ -266,7 +267,7 @@ Status ref_range(KernelContext& ctx) {
       for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(static_cast<float>(start + static_cast<double>(i) * delta));
     } else {
       int64_t start = s.as_int64(0), delta = d.as_int64(0);
-      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + i * delta);
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(range_element(start, delta, i));
     }
   });
   return {};

@@ -60,6 +60,37 @@ TEST(CheckedInt, ReportsOverflowInsteadOfWrapping) {
   EXPECT_EQ(checked_product(shape), std::nullopt);
 }
 
+// fuzz_run finding: an integer Range whose steps are near 2^63 overflowed in start + i * delta,
+// and its count, rounded in double, could take the last element past limit.
+TEST(HostileSizes, RangeOfHugeSteps) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(range_count(0, kMax, 72339069014638592), 128u);
+  EXPECT_EQ(range_count(kMin, kMax, kMax), 3u);
+  EXPECT_EQ(range_count(kMax, kMin, kMin), 2u);
+  EXPECT_EQ(range_count(5, 5, 1), 0u);
+  EXPECT_EQ(range_count(5, 0, -2), 3u);
+  EXPECT_EQ(range_element(kMin, kMax, 2), kMax - 1);
+  EXPECT_EQ(range_element(kMax, kMin, 1), -1);
+
+  Model m;
+  Graph& g = m.graph;
+  ValueId start = g.add_value("start", DType::i64, Shape::of(std::vector<int64_t>{}));
+  ValueId limit = g.add_value("limit", DType::i64, Shape::of(std::vector<int64_t>{}));
+  ValueId delta = g.add_value("delta", DType::i64, Shape::of(std::vector<int64_t>{}));
+  ValueId y = g.add_value("y", DType::i64, Shape::unknown_rank());
+  g.inputs = {start, limit, delta};
+  g.add_node(node("range", "Range", {start, limit, delta}, {y}));
+  g.outputs = {y};
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto scalar = [](int64_t v) { return Tensor::from<int64_t>({}, {v}); };
+  auto r = (*s)->run(std::vector<Tensor>{scalar(-kHuge), scalar(kMax), scalar(kMax / 2)});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  // -2^62, -1, 2^62 - 2, 2^63 - 3: the last one's 3 * delta alone is past int64.
+  ASSERT_EQ((*r)[0].numel(), 4);
+  EXPECT_EQ((*r)[0].data<int64_t>()[3], kMax - 2);
+}
+
 TEST(HostileSizes, FlattenOfHugeDims) {
   expect_rejected(one_node("Flatten", dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)})), "overflow int64");
 }
