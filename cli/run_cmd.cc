@@ -1,11 +1,17 @@
 // `kiln run M.kiln`: execute a model on given or random inputs, write and/or check outputs.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "cli/app.h"
+#include "export/exporter.h"
 #include "export/onnx_tensor.h"
 #include "formats/npy.h"
 #include "formats/serialize.h"
@@ -28,8 +34,28 @@ struct RunArgs {
   std::string check_against;
   double atol = 1e-5;
   double rtol = 1e-3;
+  std::vector<std::string> input_shapes;
+  int warmup = 0;
+  int iters = 0;
+  bool json = false;
   bool verbose = false;
 };
+
+/// Latency of the timed runs, in milliseconds.
+struct Latency {
+  double min, median, p90, mean;
+};
+
+Latency summarize(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  double sum = 0;
+  for (double x : ms) sum += x;
+  // p90 by nearest rank: the smallest time at least 90% of the runs did not exceed.
+  const size_t rank90 = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(n)));
+  return {ms.front(), n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2, ms[std::max<size_t>(rank90, 1) - 1],
+          sum / static_cast<double>(n)};
+}
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -112,36 +138,105 @@ int run(const RunArgs& args) {
       return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'", "the model has no input of this name"});
     feed[name] = t;
   }
-  // Symbolic dims bound by the given inputs size the random ones; any others default to 1.
+  // --input-shape NAME=1x128: the shape of a random input.
+  std::map<std::string, std::vector<int64_t>> shaped;
+  for (const std::string& spec : args.input_shapes) {
+    size_t eq = spec.rfind('=');
+    if (eq == std::string::npos || eq == 0)
+      return report(verb, user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. ids=1x128)"));
+    std::string name = spec.substr(0, eq);
+    auto shape = parse_shape(spec.substr(eq + 1));
+    if (!shape.ok()) return report(verb, user_error("", "--input-shape '" + spec + "': " + shape.error().what));
+    if (!shape->is_concrete())
+      return report(verb, user_error("", "--input-shape '" + spec + "': a random input needs numbers for every dim"));
+    if (std::find(input_names.begin(), input_names.end(), name) == input_names.end())
+      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'", "the model has no input of this name (--input-shape)"});
+    if (feed.count(name))
+      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'",
+                                "is given as data; --input-shape shapes random inputs only"});
+    shaped[name] = shape->concrete();
+  }
+  // Symbolic dims bound by the given inputs and the --input-shape ones size the other random
+  // inputs; any others default to 1.
   std::map<std::string, int64_t> bound;
   for (ValueId id : g.inputs) {
     const Value& v = g.value(id);
-    auto it = feed.find(v.name);
-    if (it == feed.end() || !v.shape.rank_known || it->second.rank() != v.shape.rank()) continue;
+    const std::vector<int64_t>* shape = nullptr;
+    if (auto it = feed.find(v.name); it != feed.end()) shape = &it->second.shape();
+    else if (auto s = shaped.find(v.name); s != shaped.end()) shape = &s->second;
+    if (!shape || !v.shape.rank_known || shape->size() != v.shape.dims.size()) continue;
     for (size_t d = 0; d < v.shape.dims.size(); ++d)
-      if (v.shape.dims[d].is_symbolic()) bound.emplace(v.shape.dims[d].symbol, it->second.shape()[d]);
+      if (v.shape.dims[d].is_symbolic()) bound.emplace(v.shape.dims[d].symbol, (*shape)[d]);
   }
   for (ValueId id : g.inputs) {
     const Value& v = g.value(id);
     if (feed.count(v.name)) continue;
     std::vector<int64_t> shape;
-    for (const Dim& d : v.shape.dims) {
-      if (d.is_known()) shape.push_back(d.value);
-      else if (d.is_symbolic() && bound.count(d.symbol)) shape.push_back(bound[d.symbol]);
-      else shape.push_back(1);
+    if (auto s = shaped.find(v.name); s != shaped.end()) {
+      shape = s->second;
+    } else {
+      for (const Dim& d : v.shape.dims) {
+        if (d.is_known()) shape.push_back(d.value);
+        else if (d.is_symbolic() && bound.count(d.symbol)) shape.push_back(bound[d.symbol]);
+        else shape.push_back(1);
+      }
     }
     feed[v.name] = random_input(g, id, shape, input_seed(args.seed, v.name));
   }
+  std::vector<Tensor> ordered;
+  for (const std::string& name : input_names) ordered.push_back(feed[name]);
 
   auto session = Session::create(*model);
   if (!session.ok()) return report(verb, with_file(session.status(), args.model));
-  auto outputs = (*session)->run(feed);
-  if (!outputs.ok()) return report(verb, with_file(outputs.status(), args.model));
+  // The warm-up runs, then the timed ones; the outputs written or checked are the last run's.
+  using clock = std::chrono::steady_clock;
+  std::vector<double> times_ms;
+  Result<std::vector<Tensor>> outputs = Error{};
+  for (int i = 0; i < args.warmup + std::max(args.iters, 1); ++i) {
+    auto t0 = clock::now();
+    outputs = (*session)->run(ordered);
+    auto t1 = clock::now();
+    if (!outputs.ok()) return report(verb, with_file(outputs.status(), args.model));
+    if (i >= args.warmup) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
   if (args.verbose) {
+    const Target& target = (*session)->target();
+    std::cerr << "target: " << target.device << " (" << target.cpu.str() << "), " << target.threads << " thread\n";
     const MemoryPlanStats& m = (*session)->memory_stats();
     std::cerr << "memory plan: " << m.arena_bytes << " bytes planned for " << m.planned_values
               << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.dynamic_values
-              << " allocated separately\n";
+              << " allocated separately; " << m.reinferred_nodes << " of " << g.nodes.size()
+              << " nodes infer their output shapes on each run\n";
+    std::span<const NodeKernel> kernels = (*session)->kernels();
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      std::cerr << "node '" << g.nodes[i].name << "' (" << g.nodes[i].qualified_op() << "): " << kernels[i].name;
+      for (const auto& [impl, why] : kernels[i].declined) std::cerr << "; " << impl << " declined: " << why;
+      std::cerr << "\n";
+    }
+  }
+  if (args.iters > 0) {
+    Latency lat = summarize(times_ms);
+    if (args.json) {
+      nlohmann::ordered_json j;
+      j["schema"] = "kiln.run";
+      j["schema_version"] = 1;
+      j["model"] = args.model;
+      j["latency_ms"] = {{"min", lat.min}, {"median", lat.median}, {"p90", lat.p90}, {"mean", lat.mean}};
+      j["iters"] = args.iters;
+      j["warmup"] = args.warmup;
+      // Every kernel of this build runs on the calling thread.
+      j["threads"] = 1;
+      nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
+      for (size_t i = 0; i < input_names.size(); ++i) shapes[input_names[i]] = ordered[i].shape();
+      j["input_shapes"] = shapes;
+      j["arena_bytes"] = (*session)->memory_stats().arena_bytes;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      char line[160];
+      std::snprintf(line, sizeof line, "%8s %10s %10s %10s %10s\n%8d %10.3f %10.3f %10.3f %10.3f\n", "runs", "min ms",
+                    "median ms", "p90 ms", "mean ms", args.iters, lat.min, lat.median, lat.p90, lat.mean);
+      std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, 1 thread\n" << line;
+    }
   }
 
   if (!args.output_dir.empty()) {
@@ -155,7 +250,7 @@ int run(const RunArgs& args) {
     }
   }
   if (args.check_against.empty()) {
-    if (args.output_dir.empty())
+    if (args.output_dir.empty() && args.iters == 0)
       for (size_t i = 0; i < outputs->size(); ++i)
         std::cout << output_names[i] << ": " << dtype_name((*outputs)[i].dtype()) << " "
                   << shape_str((*outputs)[i].shape()) << "\n";
@@ -209,8 +304,14 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "compare with DIR/<output name>.npy (or a test_data_set's output_K.pb); exit 3 on mismatch");
   cmd->add_option("--atol", args->atol, "absolute tolerance for --check-against")->capture_default_str();
   cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
+  cmd->add_option("--input-shape", args->input_shapes,
+                  "NAME=SHAPE of a random input, e.g. ids=1x128 (repeatable); other symbolic dims are 1");
+  cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones")->check(CLI::NonNegativeNumber)->capture_default_str();
+  CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
+                           ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);
   add_max_memory_option(cmd);
-  cmd->add_flag("-v,--verbose", args->verbose, "print the memory plan");
+  cmd->add_flag("-v,--verbose", args->verbose, "print the target CPU's features, the memory plan and each node's kernel");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });
 }
 

@@ -36,7 +36,12 @@ Status infer_node_into(Graph& graph, size_t index, std::vector<Tensor>& known, c
   if (known.size() < graph.values.size()) known.resize(graph.values.size());
   const Node& node = graph.nodes[index];
   if (!node.domain.empty() && !core_ops().find(node.domain, node.op)) return {};
-  KILN_ASSIGN_OR_RETURN(std::vector<InferOutput> outs, infer_node(node, graph, &known));
+  bool needs_data = false;
+  KILN_ASSIGN_OR_RETURN(std::vector<InferOutput> outs, infer_node(node, graph, &known, &needs_data));
+  if (options.needs_data) {
+    if (options.needs_data->size() < graph.nodes.size()) options.needs_data->resize(graph.nodes.size());
+    (*options.needs_data)[index] = needs_data;
+  }
   for (size_t i = 0; i < node.outputs.size() && i < outs.size(); ++i) {
     ValueId id = node.outputs[i];
     if (id == kNoValue) continue;

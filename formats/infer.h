@@ -12,6 +12,9 @@ namespace kiln {
 struct InferOptions {
   /// Replace stored shapes rather than merging with them (the runtime's bound-shape pass).
   bool overwrite = false;
+  /// When set, filled per node: whether its inference wanted input data it did not have, so
+  /// that its outputs may depend on data (the runtime infers such nodes again on each run).
+  std::vector<char>* needs_data = nullptr;
 };
 
 /// Infers every node's outputs in topological order and stores them in the graph's values.

@@ -98,7 +98,7 @@ Status check_node_schema(const Node& node, const OpSchema& schema) {
 }
 
 Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph,
-                                            const std::vector<Tensor>* known_values) {
+                                            const std::vector<Tensor>* known_values, bool* needs_data) {
   const OpSchema* schema = core_ops().find(node.domain, node.op);
   if (!schema) return user_error(node.where(), "unknown op '" + node.qualified_op() + "'");
   KILN_RETURN_IF_ERROR(check_node_schema(node, *schema));
@@ -116,6 +116,7 @@ Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph
   }
   InferContext ctx(node, std::move(inputs));
   KILN_RETURN_IF_ERROR(schema->infer(ctx));
+  if (needs_data) *needs_data = ctx.needs_data();
   return std::move(ctx.outputs());
 }
 

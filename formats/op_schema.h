@@ -40,8 +40,19 @@ class InferContext {
   const Shape& shape(size_t i) const { return inputs_[i].shape; }
   /// Rank of input i, -1 when unknown.
   int64_t rank(size_t i) const { return inputs_[i].shape.rank(); }
-  /// The input's data if known, else nullptr.
-  const Tensor* value(size_t i) const { return has_input(i) ? inputs_[i].value : nullptr; }
+  /// The input's data if known, else nullptr. Asking for data that is not known marks the
+  /// inference as depending on data (needs_data): the runtime's plan then infers this node
+  /// again on each run, with the data, rather than trusting a shape worked out without it.
+  const Tensor* value(size_t i) const {
+    if (!has_input(i)) return nullptr;
+    if (!inputs_[i].value) needs_data_ = true;
+    return inputs_[i].value;
+  }
+  /// The input's data if known, for constant folding only: an inference whose output shape
+  /// and checks do not depend on the data uses this, so that its missing data does not count.
+  const Tensor* fold_value(size_t i) const { return has_input(i) ? inputs_[i].value : nullptr; }
+  /// Whether the inference asked for input data it did not have (see value).
+  bool needs_data() const { return needs_data_; }
   size_t num_outputs() const { return outputs_.size(); }
   void set_output(size_t i, DType dtype, Shape shape);
   /// Records the output's data as well (shape arithmetic folded at export).
@@ -58,6 +69,7 @@ class InferContext {
   const Node& node_;
   std::vector<InferInput> inputs_;
   std::vector<InferOutput> outputs_;
+  mutable bool needs_data_ = false;
 };
 
 using InferFn = Status (*)(InferContext&);
@@ -103,9 +115,11 @@ const OpRegistry& core_ops();
 Status check_node_schema(const Node& node, const OpSchema& schema);
 
 /// Runs the op's inference for `node` of `graph` using what the graph knows of its inputs.
-/// `known_values` supplies data for non-constant values when the caller knows it (may be null).
+/// `known_values` supplies data for non-constant values when the caller knows it (may be null);
+/// `needs_data`, when given, is set to whether the inference wanted data it did not have.
 Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph,
-                                            const std::vector<Tensor>* known_values = nullptr);
+                                            const std::vector<Tensor>* known_values = nullptr,
+                                            bool* needs_data = nullptr);
 
 // ---- helpers shared by the per-family inference functions ----------------------------------
 

@@ -1,6 +1,8 @@
 // Kernel registry.
 #include "runtime/kernel.h"
 
+#include <algorithm>
+
 namespace kiln {
 
 void KernelRegistry::add(std::string op, std::string device, KernelImpl impl) {
@@ -9,10 +11,8 @@ void KernelRegistry::add(std::string op, std::string device, KernelImpl impl) {
 
 void KernelRegistry::add_reference(std::string op, KernelFn fn) {
   add(std::move(op), "cpu",
-      KernelImpl{"ref", [](const Node&, const Graph&, const Target&) { return std::optional<std::string>(); },
-                 [fn](const Node&, const Graph&, const Target&) -> std::unique_ptr<Kernel> {
-                   return std::make_unique<FunctionKernel>(fn);
-                 }});
+      KernelImpl{"ref", [](const KernelQuery&) { return std::optional<std::string>(); },
+                 [fn](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<FunctionKernel>(fn); }});
 }
 
 std::span<const KernelImpl> KernelRegistry::find(std::string_view op, std::string_view device) const {
@@ -21,19 +21,32 @@ std::span<const KernelImpl> KernelRegistry::find(std::string_view op, std::strin
   return it->second;
 }
 
-Result<std::unique_ptr<Kernel>> KernelRegistry::select(const Node& node, const Graph& graph,
-                                                       const Target& target, std::string* chosen_name) const {
-  std::span<const KernelImpl> impls = find(node.qualified_op(), target.device);
-  if (impls.empty())
-    return user_error(node.where(), "no kernel for op '" + node.qualified_op() + "' on " + target.device);
+Result<KernelSelection> KernelRegistry::select(const KernelQuery& query) const {
+  const Node& node = query.node;
+  const std::string& device = query.target.device;
+  std::span<const KernelImpl> impls = find(node.qualified_op(), device);
+  if (impls.empty()) return user_error(node.where(), "no kernel for op '" + node.qualified_op() + "' on " + device);
+  KernelSelection sel;
+  const std::string& pinned = node.kernel.name;
+  if (!pinned.empty()) {
+    auto it = std::find_if(impls.begin(), impls.end(), [&](const KernelImpl& k) { return k.name == pinned; });
+    if (it == impls.end())
+      return user_error(node.where(), "the model chose kernel '" + pinned + "', which this kiln does not have for '" +
+                                          node.qualified_op() + "' on " + device);
+    impls = std::span<const KernelImpl>(&*it, 1);
+  }
   std::string reasons;
   for (const KernelImpl& impl : impls) {
-    if (auto why = impl.declines(node, graph, target)) {
+    if (auto why = impl.declines(query)) {
+      if (!pinned.empty()) return user_error(node.where(), "the model chose kernel '" + pinned + "', which declines here: " + *why);
       reasons += (reasons.empty() ? "" : "; ") + impl.name + ": " + *why;
+      sel.declined.emplace_back(impl.name, *why);
       continue;
     }
-    if (chosen_name) *chosen_name = impl.name;
-    return impl.create(node, graph, target);
+    sel.name = impl.name;
+    sel.kernel = impl.create(query);
+    if (!sel.kernel) return internal_error(node.where(), "kernel '" + impl.name + "' accepted the node but made no kernel");
+    return sel;
   }
   return user_error(node.where(), "every kernel for '" + node.qualified_op() + "' declined: " + reasons);
 }

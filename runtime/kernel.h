@@ -13,13 +13,10 @@
 #include <vector>
 
 #include "formats/ir.h"
+#include "formats/op_schema.h"
+#include "runtime/target.h"
 
 namespace kiln {
-
-/// Where a kernel runs.
-struct Target {
-  std::string device = "cpu";
-};
 
 /// What a kernel sees while it runs: its node, its inputs, its outputs.
 class KernelContext {
@@ -45,6 +42,9 @@ class KernelContext {
   /// Runs a subgraph (If/Loop/Scan bodies) with these inputs; names it does not define resolve
   /// in the enclosing graphs.
   virtual Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) = 0;
+  /// The scratch memory the kernel asked for in prepare (KernelNeeds::workspace_bytes), 64-byte
+  /// aligned; shared with the other nodes' kernels, so its contents do not survive the call.
+  virtual std::span<std::byte> workspace() = 0;
 
   /// A user error about this node: "node 'x': <what>".
   Error error(std::string what) const { return user_error(node().where(), std::move(what)); }
@@ -62,10 +62,31 @@ class OutputNotAllocated : public std::runtime_error {
   size_t index_;
 };
 
-/// A prepared kernel for one node: created once, run many times.
+/// What an implementation sees when it is chosen and prepared for a node: the node, its graph,
+/// the target, each input's type, shape (concrete when the plan knows it) and data (constants
+/// and shape arithmetic the plan folded), and each output's type and shape as inferred.
+/// Subgraph bodies are prepared once, unplanned: their shapes may be unknown. The query lives
+/// for the select and prepare calls only: a kernel keeps what it needs by copying (a Tensor
+/// copy shares its data).
+struct KernelQuery {
+  const Node& node;
+  const Graph& graph;
+  const Target& target;
+  std::span<const InferInput> inputs;
+  std::span<const InferOutput> outputs;
+};
+
+/// What a kernel asks of the plan while it prepares.
+struct KernelNeeds {
+  size_t workspace_bytes = 0;  ///< scratch memory, KernelContext::workspace() while it runs
+};
+
+/// A kernel for one node: created and prepared once per plan (packing weights, sizing scratch
+/// memory), then run many times.
 class Kernel {
  public:
   virtual ~Kernel() = default;
+  virtual Status prepare(const KernelQuery&, KernelNeeds&) { return {}; }
   virtual Status run(KernelContext& ctx) = 0;
 };
 
@@ -85,8 +106,16 @@ class FunctionKernel final : public Kernel {
 struct KernelImpl {
   std::string name;  ///< "ref", "onednn.conv", "kiln.gemm_f32_avx512_8x48"
   /// nullopt if it can run the node; otherwise the reason it declines.
-  std::function<std::optional<std::string>(const Node&, const Graph&, const Target&)> declines;
-  std::function<std::unique_ptr<Kernel>(const Node&, const Graph&, const Target&)> create;
+  std::function<std::optional<std::string>(const KernelQuery&)> declines;
+  std::function<std::unique_ptr<Kernel>(const KernelQuery&)> create;
+};
+
+/// The outcome of choosing a kernel for a node: the kernel, its implementation's name, and the
+/// implementations tried before it with the reason each declined.
+struct KernelSelection {
+  std::unique_ptr<Kernel> kernel;
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> declined;
 };
 
 class KernelRegistry {
@@ -97,10 +126,10 @@ class KernelRegistry {
   void add_reference(std::string op, KernelFn fn);
   std::span<const KernelImpl> find(std::string_view op, std::string_view device) const;
 
-  /// A kernel for the node: the first implementation that does not decline. The error lists
-  /// every implementation tried and its reason.
-  Result<std::unique_ptr<Kernel>> select(const Node& node, const Graph& graph, const Target& target,
-                                         std::string* chosen_name = nullptr) const;
+  /// A kernel for the node: the first implementation that does not decline, or the one the
+  /// node's recorded kernel choice names (a compiled model), which must exist and accept. The
+  /// error when none runs it lists every implementation tried and its reason.
+  Result<KernelSelection> select(const KernelQuery& query) const;
   /// Every (op, device) that has at least one implementation.
   std::vector<std::pair<std::string, std::string>> keys() const;
 

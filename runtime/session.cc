@@ -13,31 +13,82 @@
 
 namespace kiln {
 
-/// Arena placement of the intermediate values for one input-shape signature.
+/// Scratch memory shared by kernels that run one after another: the largest size any of them
+/// asked for in prepare.
+struct Session::Workspace {
+  std::shared_ptr<void> data;
+  size_t bytes = 0;
+  MemoryCharge charge;
+
+  std::span<std::byte> span() { return {static_cast<std::byte*>(data.get()), bytes}; }
+  Status allocate(size_t size, const std::string& what) {
+    if (size == 0) return {};
+    size = (size + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    if (!try_charge_memory(size))
+      return user_error("", what + " needs " + format_bytes(size) + " of kernel workspace with " +
+                                format_bytes(memory_in_use()) + " already in use, past the memory limit of " +
+                                format_bytes(memory_limit()) + " (--max-memory)");
+    charge = MemoryCharge::adopt(size);
+    void* p = std::aligned_alloc(kTensorAlignment, size);
+    if (!p) return user_error("", "cannot allocate " + format_bytes(size) + " of kernel workspace");
+    data = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    bytes = size;
+    return {};
+  }
+};
+
+/// One node of a plan: where its tensors are, and what is left to decide at run time.
+struct Session::Step {
+  size_t index = 0;                   ///< position in graph.nodes
+  Kernel* kernel = nullptr;           ///< owned by the plan
+  bool reinfer = false;               ///< output shapes depend on data: infer them on each run
+  bool skip = false;                  ///< every output is empty: nothing to compute
+  std::vector<const Tensor*> inputs;  ///< into Plan::values; null for omitted optional inputs
+  std::vector<Tensor*> outputs;       ///< into Plan::values; omitted ones point into `omitted`
+  std::vector<Tensor> omitted;        ///< stand-ins for omitted outputs
+  struct Fresh {
+    size_t output;
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Fresh> fresh;           ///< graph outputs of known shape: a new buffer each run
+  std::vector<ValueId> release;       ///< data-dependent values whose last reader this node is
+};
+
+/// The plan of one input-shape signature: every value's tensor (constants, views into the
+/// arena, and slots filled on each run for inputs, outputs and data-dependent values) and
+/// every node's step.
 struct Session::Plan {
   std::vector<int64_t> offset;  ///< per value: byte offset in the arena, or -1 when not planned
   std::vector<size_t> bytes;    ///< per value: planned size
   std::shared_ptr<void> arena;
   size_t arena_bytes = 0;
   MemoryCharge charge;          ///< the arena's share of the memory budget
+  std::vector<Tensor> values;
+  std::vector<Step> steps;
+  std::vector<ValueId> per_run;  ///< values emptied after each run (inputs, outputs, dynamic)
+  std::vector<std::unique_ptr<Kernel>> kernels;  ///< per node, chosen on this plan's shapes
+  std::vector<NodeKernel> choices;               ///< per node: the kernel's name, who declined
+  Workspace workspace;
 };
 
 /// The tensors of one graph while it runs; subgraph frames point to their enclosing frame.
 struct Session::Frame {
   const Graph* graph = nullptr;
-  std::vector<Tensor> values;
+  std::vector<Tensor>* values = nullptr;  ///< the plan's values, or `own`
+  std::vector<Tensor> own;
   Frame* parent = nullptr;
   std::unordered_map<std::string, ValueId> by_name;  // filled lazily for outer-scope lookups
 
+  Tensor& at(ValueId id) { return (*values)[static_cast<size_t>(id)]; }
   const Tensor* lookup(ValueId id) {
-    if (values[static_cast<size_t>(id)].defined()) return &values[static_cast<size_t>(id)];
+    if (at(id).defined()) return &at(id);
     const std::string& name = graph->value(id).name;
     for (Frame* f = parent; f; f = f->parent) {
       if (f->by_name.empty())
         for (size_t i = 0; i < f->graph->values.size(); ++i) f->by_name.emplace(f->graph->values[i].name, static_cast<ValueId>(i));
       auto it = f->by_name.find(name);
-      if (it != f->by_name.end() && f->values[static_cast<size_t>(it->second)].defined())
-        return &f->values[static_cast<size_t>(it->second)];
+      if (it != f->by_name.end() && f->at(it->second).defined()) return &f->at(it->second);
     }
     return nullptr;
   }
@@ -45,21 +96,22 @@ struct Session::Frame {
 
 class Session::Context final : public KernelContext {
  public:
-  Context(Session& s, Frame& f, const Node& n, std::vector<const Tensor*> in, std::vector<Tensor>& out)
-      : session_(s), frame_(f), node_(n), inputs_(std::move(in)), outputs_(out) {}
+  Context(Session& s, Frame& f, const Node& n, std::span<const Tensor* const> in, std::span<Tensor* const> out,
+          std::span<std::byte> workspace)
+      : session_(s), frame_(f), node_(n), inputs_(in), outputs_(out), workspace_(workspace) {}
   const Node& node() const override { return node_; }
   size_t num_inputs() const override { return inputs_.size(); }
   bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i] != nullptr; }
   const Tensor& input(size_t i) const override { return *inputs_[i]; }
   size_t num_outputs() const override { return outputs_.size(); }
   Tensor& output(size_t i) override {
-    if (!outputs_[i].defined() && i < node_.outputs.size() && node_.outputs[i] != kNoValue) throw OutputNotAllocated(i);
-    return outputs_[i];
+    if (!outputs_[i]->defined() && i < node_.outputs.size() && node_.outputs[i] != kNoValue) throw OutputNotAllocated(i);
+    return *outputs_[i];
   }
-  bool output_allocated(size_t i) const override { return i < outputs_.size() && outputs_[i].defined(); }
+  bool output_allocated(size_t i) const override { return i < outputs_.size() && outputs_[i]->defined(); }
   Tensor& allocate_output(size_t i, DType dtype, std::vector<int64_t> shape) override {
-    outputs_[i] = Tensor(dtype, std::move(shape));
-    return outputs_[i];
+    *outputs_[i] = Tensor(dtype, std::move(shape));
+    return *outputs_[i];
   }
   Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
     if (session_.options_.max_subgraph_runs > 0 && ++session_.subgraph_runs_ > session_.options_.max_subgraph_runs)
@@ -67,13 +119,15 @@ class Session::Context final : public KernelContext {
                    " subgraph executions in one run (the caller's limit)");
     return session_.run_subgraph(g, std::move(inputs), &frame_);
   }
+  std::span<std::byte> workspace() override { return workspace_; }
 
  private:
   Session& session_;
   Frame& frame_;
   const Node& node_;
-  std::vector<const Tensor*> inputs_;
-  std::vector<Tensor>& outputs_;
+  std::span<const Tensor* const> inputs_;
+  std::span<Tensor* const> outputs_;
+  std::span<std::byte> workspace_;
 };
 
 namespace {
@@ -92,34 +146,104 @@ std::string output_name(const Graph& g, const Node& n, size_t i) {
   return s;
 }
 
-// Kernels for every node of a graph and, recursively, of its subgraphs.
-Status create_kernels(const Graph& g, const SessionOptions& opt, std::vector<std::unique_ptr<Kernel>>& out,
-                      std::vector<std::string>* names,
-                      std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>>& sub) {
-  const KernelRegistry& reg = opt.kernels ? *opt.kernels : default_kernels();
+// What the graph itself records of a node's inputs and outputs, for kernels chosen without a
+// plan (subgraph bodies): stored types and shapes, constants' data.
+void stored_query_parts(const Graph& g, const Node& n, std::vector<InferInput>& in, std::vector<InferOutput>& out) {
+  in.assign(n.inputs.size(), InferInput{});
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i] == kNoValue) continue;
+    const Value& v = g.value(n.inputs[i]);
+    in[i] = InferInput{v.dtype, v.shape, v.is_constant() ? &v.constant : nullptr};
+  }
+  out.assign(n.outputs.size(), InferOutput{});
+  for (size_t i = 0; i < n.outputs.size(); ++i)
+    if (n.outputs[i] != kNoValue) out[i] = InferOutput{g.value(n.outputs[i]).dtype, g.value(n.outputs[i]).shape, Tensor()};
+}
+
+// Kernels for every node of the subgraphs of `g`'s nodes, recursively, chosen and prepared
+// once on the shapes the subgraphs record; `workspace` grows to the largest they ask for. The
+// top-level graph's nodes only must have an implementation here: their kernels are chosen per
+// plan, on concrete shapes.
+Status create_subgraph_kernels(const Graph& g, const SessionOptions& opt, const KernelRegistry& reg, bool top,
+                               std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>>& sub, size_t& workspace) {
+  std::vector<InferInput> in;
+  std::vector<InferOutput> out;
+  std::vector<std::unique_ptr<Kernel>>* kernels = top ? nullptr : &sub[&g];
   for (const Node& n : g.nodes) {
-    std::string chosen;
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Kernel> k, reg.select(n, g, opt.target, &chosen));
-    out.push_back(std::move(k));
-    if (names) names->push_back(chosen);
+    if (top) {
+      if (reg.find(n.qualified_op(), opt.target.device).empty())
+        return user_error(n.where(), "no kernel for op '" + n.qualified_op() + "' on " + opt.target.device);
+    } else {
+      stored_query_parts(g, n, in, out);
+      KernelQuery q{n, g, opt.target, in, out};
+      KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q));
+      KernelNeeds needs;
+      KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
+      workspace = std::max(workspace, needs.workspace_bytes);
+      kernels->push_back(std::move(sel.kernel));
+    }
     for (const Attribute& a : n.attrs)
-      if (const auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value)) {
-        auto& v = sub[sg->get()];
-        if (v.empty()) KILN_RETURN_IF_ERROR(create_kernels(**sg, opt, v, nullptr, sub));
-      }
+      if (const auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value))
+        if (!sub.count(sg->get())) KILN_RETURN_IF_ERROR(create_subgraph_kernels(**sg, opt, reg, false, sub, workspace));
   }
   return {};
 }
 
+// A new buffer for output i of node n; sizes past int64, the memory budget or the machine are
+// user errors about the node.
+Status allocate_output(const Graph& g, const Node& n, size_t i, DType dtype, std::vector<int64_t> shape, Tensor& out) {
+  if (!checked_bytes(shape_numel(shape), dtype_size(dtype)))
+    return user_error(n.where(), output_name(g, n, i) + " of shape " + shape_str(shape) + " is too large");
+  try {
+    out = Tensor(dtype, shape);
+  } catch (const MemoryLimitExceeded& ex) {
+    return user_error(n.where(), output_name(g, n, i) + " of shape " + shape_str(shape) + " (" +
+                                     std::string(dtype_name(dtype)) + ") " + ex.what());
+  } catch (const std::bad_alloc&) {
+    return user_error(n.where(), output_name(g, n, i) + " of shape " + shape_str(shape) + ": " + std::string(kMachineOutOfMemory));
+  }
+  return {};
+}
+
+// Runs a kernel; what it throws becomes an error about the node (`inferred` describes output
+// i's inferred shape for the message when the kernel asks for an output it must size itself).
+template <class Inferred>
+Status run_kernel(Kernel& kernel, KernelContext& ctx, const Graph& g, const Node& n, Inferred inferred) {
+  try {
+    return kernel.run(ctx);
+  } catch (const OutputNotAllocated& ex) {
+    return user_error(n.where(), "cannot compute the shape of " + output_name(g, n, ex.index()) +
+                                     " from its inputs (inferred " + inferred(ex.index()) + ")");
+  } catch (const MemoryLimitExceeded& ex) {
+    return user_error(n.where(), std::string("a buffer ") + ex.what());
+  } catch (const std::bad_alloc&) {
+    return user_error(n.where(), kMachineOutOfMemory);
+  } catch (const std::length_error&) {
+    // A buffer sized by the data past what the address space can hold.
+    return user_error(n.where(), "a buffer sized by the input data is too large to allocate");
+  } catch (const std::exception& ex) {
+    return internal_error(n.where(), std::string("the kernel threw: ") + ex.what());
+  }
+}
+
 }  // namespace
 
-Session::Session(const Model& model, SessionOptions options) : graph_(model.graph), options_(std::move(options)) {}
+Session::Session(const Model& model, SessionOptions options)
+    : graph_(model.graph), options_(std::move(options)), subgraph_workspace_(std::make_unique<Workspace>()) {}
 Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOptions options) {
   std::unique_ptr<Session> s(new Session(model, std::move(options)));
-  KILN_RETURN_IF_ERROR(create_kernels(s->graph_, s->options_, s->kernels_, &s->kernel_names_, s->subgraph_kernels_));
+  const KernelRegistry& reg = s->options_.kernels ? *s->options_.kernels : default_kernels();
+  size_t workspace = 0;
+  KILN_RETURN_IF_ERROR(create_subgraph_kernels(s->graph_, s->options_, reg, true, s->subgraph_kernels_, workspace));
+  KILN_RETURN_IF_ERROR(s->subgraph_workspace_->allocate(workspace, "the model's subgraphs"));
   return s;
+}
+
+std::span<const NodeKernel> Session::kernels() const {
+  if (!last_plan_) return {};
+  return last_plan_->choices;
 }
 
 Result<std::map<std::string, int64_t>> Session::bind_symbols(const std::vector<Tensor>& inputs) const {
@@ -157,7 +281,7 @@ Result<std::map<std::string, int64_t>> Session::bind_symbols(const std::vector<T
   return bound;
 }
 
-Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
+Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
   std::vector<std::vector<int64_t>> key;
   for (const Tensor& t : inputs) key.push_back(t.shape());
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
@@ -165,11 +289,14 @@ Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs
   // Infer every shape with the bound input shapes on a copy of the graph.
   Graph bound = graph_;
   for (size_t i = 0; i < inputs.size(); ++i) bound.value(bound.inputs[i]).shape = Shape::of(inputs[i].shape());
-  KILN_RETURN_IF_ERROR(infer_graph(bound, InferOptions{.overwrite = true}).status());
+  std::vector<char> needs_data;
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(bound, InferOptions{.overwrite = true, .needs_data = &needs_data}));
+  needs_data.resize(bound.nodes.size());
+  known.resize(bound.values.size());
 
-  const size_t nv = bound.values.size();
+  const size_t nv = bound.values.size(), nn = bound.nodes.size();
   std::vector<int32_t> first(nv, -1), last(nv, -1);
-  for (size_t n = 0; n < bound.nodes.size(); ++n) {
+  for (size_t n = 0; n < nn; ++n) {
     for (ValueId o : bound.nodes[n].outputs) if (o >= 0 && first[static_cast<size_t>(o)] < 0) first[static_cast<size_t>(o)] = static_cast<int32_t>(n);
     for (ValueId in : bound.nodes[n].inputs) if (in >= 0) last[static_cast<size_t>(in)] = static_cast<int32_t>(n);
     // Values a subgraph reads from this scope live until the node that owns the subgraph ran.
@@ -177,22 +304,50 @@ Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs
       if (std::holds_alternative<std::shared_ptr<Graph>>(a.value))
         for (size_t v = 0; v < nv; ++v) if (first[v] >= 0 || bound.values[v].constant.defined()) last[v] = std::max<int32_t>(last[v], static_cast<int32_t>(n));
   }
-  std::vector<char> is_output(nv, 0);
+  std::vector<char> is_output(nv, 0), is_input(nv, 0);
   for (ValueId o : bound.outputs) is_output[static_cast<size_t>(o)] = 1;
+  for (ValueId i : bound.inputs) is_input[static_cast<size_t>(i)] = 1;
+
+  // A node infers again on each run when the plan cannot know an output's type and shape, or
+  // cannot trust them: its inference wanted data it did not have (shape operands computed from
+  // data, NonZero, checks of data against shapes), or the op has no inference (custom domains).
+  std::vector<char> reinfer(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    bool known = core_ops().find(node.domain, node.op) != nullptr && !needs_data[n];
+    for (ValueId o : node.outputs)
+      if (o >= 0) known = known && bound.value(o).shape.is_concrete() && bound.value(o).dtype != DType::undefined;
+    reinfer[n] = !known;
+  }
 
   auto plan = std::make_unique<Plan>();
   plan->offset.assign(nv, -1);
   plan->bytes.assign(nv, 0);
+  plan->values.resize(nv);
   struct Item { size_t v; size_t bytes; int32_t begin, end; };
   std::vector<Item> items;
   size_t dynamic = 0;
   for (size_t v = 0; v < nv; ++v) {
     const Value& val = bound.values[v];
-    if (first[v] < 0 || val.is_constant()) continue;
-    if (is_output[v] || !val.shape.is_concrete() || val.dtype == DType::undefined) { ++dynamic; continue; }
-    int64_t numel = shape_numel(val.shape.concrete());
-    if (numel < 0) { ++dynamic; continue; }
-    size_t bytes = (static_cast<size_t>(numel) * dtype_size(val.dtype) + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    if (val.is_constant()) {
+      plan->values[v] = graph_.values[v].constant;
+      continue;
+    }
+    if (is_input[v]) plan->per_run.push_back(static_cast<ValueId>(v));
+    if (first[v] < 0) continue;
+    const size_t producer = static_cast<size_t>(first[v]);
+    if (is_output[v] || reinfer[producer]) {
+      plan->per_run.push_back(static_cast<ValueId>(v));
+      ++dynamic;
+      continue;
+    }
+    std::optional<size_t> nbytes = checked_bytes(shape_numel(val.shape.concrete()), dtype_size(val.dtype));
+    if (!nbytes) {
+      const Node& node = bound.nodes[producer];
+      size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());
+      return user_error(node.where(), output_name(bound, node, i) + " of shape " + val.shape.str() + " is too large");
+    }
+    size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
     if (bytes == 0) bytes = kTensorAlignment;
     items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
   }
@@ -228,7 +383,79 @@ Result<const Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs
     if (!p) return user_error("", "cannot allocate the " + format_bytes(arena) + " memory arena");
     plan->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
-  stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, plans_.size() + 1};
+  for (const Item& it : items) {
+    const Value& val = bound.values[it.v];
+    plan->values[it.v] = Tensor::view(val.dtype, val.shape.concrete(), static_cast<char*>(plan->arena.get()) + plan->offset[it.v], plan->arena);
+  }
+
+  // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
+  const KernelRegistry& reg = options_.kernels ? *options_.kernels : default_kernels();
+  size_t workspace = 0;
+  std::vector<InferInput> q_in;
+  std::vector<InferOutput> q_out;
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    q_in.assign(node.inputs.size(), InferInput{});
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (node.inputs[i] == kNoValue) continue;
+      const size_t v = static_cast<size_t>(node.inputs[i]);
+      const Value& val = bound.values[v];
+      const Tensor* data = val.is_constant() ? &graph_.values[v].constant : known[v].defined() ? &known[v] : nullptr;
+      q_in[i] = InferInput{val.dtype, val.shape, data};
+    }
+    q_out.assign(node.outputs.size(), InferOutput{});
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      if (node.outputs[i] != kNoValue) q_out[i] = InferOutput{bound.value(node.outputs[i]).dtype, bound.value(node.outputs[i]).shape, Tensor()};
+    // The graph's own node: kernels may keep a reference to it, and `bound` is a copy.
+    KernelQuery q{graph_.nodes[n], graph_, options_.target, q_in, q_out};
+    KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q));
+    KernelNeeds needs;
+    KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
+    workspace = std::max(workspace, needs.workspace_bytes);
+    plan->kernels.push_back(std::move(sel.kernel));
+    plan->choices.push_back(NodeKernel{std::move(sel.name), std::move(sel.declined)});
+  }
+  KILN_RETURN_IF_ERROR(plan->workspace.allocate(workspace, "input shapes " + signature_str(key)));
+
+  // The steps: pointers into the values, buffers to make on each run, values to let go.
+  plan->steps.resize(nn);
+  size_t reinferred = 0;
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    Step& st = plan->steps[n];
+    st.index = n;
+    st.kernel = plan->kernels[n].get();
+    st.reinfer = reinfer[n];
+    reinferred += st.reinfer;
+    for (ValueId in : node.inputs) {
+      if (in < 0) {
+        st.inputs.push_back(nullptr);
+        continue;
+      }
+      const size_t v = static_cast<size_t>(in);
+      if (!is_input[v] && !bound.values[v].is_constant() && !(first[v] >= 0 && static_cast<size_t>(first[v]) < n))
+        return internal_error(node.where(), "input '" + bound.values[v].name + "' is computed by no earlier node");
+      st.inputs.push_back(&plan->values[v]);
+    }
+    st.omitted.resize(node.outputs.size());
+    bool all_empty = !node.outputs.empty();
+    for (size_t i = 0; i < node.outputs.size(); ++i) {
+      ValueId o = node.outputs[i];
+      st.outputs.push_back(o >= 0 ? &plan->values[static_cast<size_t>(o)] : &st.omitted[i]);
+      if (o < 0 || st.reinfer) continue;
+      const Value& val = bound.value(o);
+      all_empty = all_empty && shape_numel(val.shape.concrete()) == 0;
+      if (is_output[static_cast<size_t>(o)]) st.fresh.push_back({i, val.dtype, val.shape.concrete()});
+    }
+    // A node whose outputs are all empty has nothing to compute; skipping it also keeps kernels
+    // from sizing per-axis tables by a huge dim of an empty tensor (0 x 2^62).
+    st.skip = !st.reinfer && all_empty;
+  }
+  for (size_t v = 0; v < nv; ++v)
+    if (first[v] >= 0 && !is_output[v] && reinfer[static_cast<size_t>(first[v])])
+      plan->steps[static_cast<size_t>(std::max(last[v], first[v]))].release.push_back(static_cast<ValueId>(v));
+
+  stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, reinferred, plans_.size() + 1};
   return plans_.emplace(std::move(key), std::move(plan)).first->second.get();
 }
 
@@ -252,16 +479,87 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
 Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
   KILN_RETURN_IF_ERROR(bind_symbols(inputs).status());
   subgraph_runs_ = 0;
-  KILN_ASSIGN_OR_RETURN(const Plan* plan, plan_for(inputs));
-  Frame frame;
-  frame.graph = &graph_;
-  frame.values.resize(graph_.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) frame.values[static_cast<size_t>(graph_.inputs[i])] = inputs[i];
-  KILN_RETURN_IF_ERROR(execute(graph_, frame, kernels_, plan));
+  KILN_ASSIGN_OR_RETURN(Plan* plan, plan_for(inputs));
+  last_plan_ = plan;
+  for (size_t i = 0; i < inputs.size(); ++i) plan->values[static_cast<size_t>(graph_.inputs[i])] = inputs[i];
+  Status status = run_planned(*plan);
   std::vector<Tensor> out;
   // Outputs are never in the arena, so the caller may keep them across runs.
-  for (ValueId id : graph_.outputs) out.push_back(frame.values[static_cast<size_t>(id)]);
+  if (status.ok())
+    for (ValueId id : graph_.outputs) out.push_back(plan->values[static_cast<size_t>(id)]);
+  for (ValueId v : plan->per_run) plan->values[static_cast<size_t>(v)] = Tensor();
+  if (!status.ok()) return status.error();
   return out;
+}
+
+Status Session::run_planned(Plan& plan) {
+  Frame frame;
+  frame.graph = &graph_;
+  frame.values = &plan.values;
+  for (const Step& st : plan.steps) KILN_RETURN_IF_ERROR(run_step(st, frame, plan));
+  return {};
+}
+
+Status Session::run_step(const Step& st, Frame& frame, Plan& plan) {
+  const Node& node = graph_.nodes[st.index];
+  Kernel& kernel = *st.kernel;
+  const NodeEvent event{st.index, node, plan.choices[st.index].name, st.inputs, st.outputs};
+  Status status;
+  if (st.reinfer) {
+    if (observer_) observer_->on_node_begin(event);
+    status = infer_and_run(graph_, st.index, frame, kernel, st.inputs, st.outputs, plan.workspace.span());
+  } else {
+    for (const Step::Fresh& f : st.fresh)
+      KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, *st.outputs[f.output]));
+    if (observer_) observer_->on_node_begin(event);
+    if (!st.skip) {
+      Context ctx(*this, frame, node, st.inputs, st.outputs, plan.workspace.span());
+      status = run_kernel(kernel, ctx, graph_, node, [&](size_t i) { return shape_str(st.outputs[i]->shape()); });
+    }
+  }
+  if (observer_) observer_->on_node_end(event);
+  for (ValueId v : st.release) plan.values[static_cast<size_t>(v)] = Tensor();
+  return status;
+}
+
+Status Session::infer_and_run(const Graph& graph, size_t index, Frame& frame, Kernel& kernel,
+                              std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs,
+                              std::span<std::byte> workspace) {
+  const Node& node = graph.nodes[index];
+  const OpSchema* schema = core_ops().find(node.domain, node.op);
+  std::vector<InferOutput> expected;
+  if (schema) {
+    std::vector<InferInput> infer_in(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i]) infer_in[i] = InferInput{inputs[i]->dtype(), Shape::of(inputs[i]->shape()), inputs[i]};
+    InferContext ictx(node, std::move(infer_in));
+    KILN_RETURN_IF_ERROR(schema->infer(ictx));
+    expected = std::move(ictx.outputs());
+    for (size_t i = 0; i < outputs.size() && i < expected.size(); ++i) {
+      const InferOutput& e = expected[i];
+      if (node.outputs[i] == kNoValue || e.dtype == DType::undefined || !e.shape.is_concrete()) continue;
+      KILN_RETURN_IF_ERROR(allocate_output(graph, node, i, e.dtype, e.shape.concrete(), *outputs[i]));
+    }
+  }
+  // A node whose outputs are all empty has nothing to compute (see plan_for).
+  bool all_empty = !outputs.empty();
+  for (size_t i = 0; i < outputs.size() && all_empty; ++i)
+    all_empty = node.outputs[i] == kNoValue || (outputs[i]->defined() && outputs[i]->numel() == 0);
+  if (!all_empty) {
+    Context ctx(*this, frame, node, inputs, outputs, workspace);
+    KILN_RETURN_IF_ERROR(run_kernel(kernel, ctx, graph, node, [&](size_t i) {
+      return i < expected.size() ? expected[i].shape.str() : std::string("?");
+    }));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (node.outputs[i] == kNoValue) continue;
+    if (!outputs[i]->defined()) return internal_error(node.where(), "kernel did not produce output " + std::to_string(i));
+    if (i < expected.size() && expected[i].dtype != DType::undefined && outputs[i]->dtype() != expected[i].dtype)
+      return internal_error(node.where(), "kernel produced " + std::string(dtype_name(outputs[i]->dtype())) +
+                                              " for output " + std::to_string(i) + " but inference said " +
+                                              std::string(dtype_name(expected[i].dtype)));
+  }
+  return {};
 }
 
 Result<std::vector<Tensor>> Session::run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame* parent) {
@@ -271,11 +569,12 @@ Result<std::vector<Tensor>> Session::run_subgraph(const Graph& g, std::vector<Te
   Frame frame;
   frame.graph = &g;
   frame.parent = parent;
-  frame.values.resize(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) frame.values[static_cast<size_t>(g.inputs[i])] = std::move(inputs[i]);
+  frame.own.resize(g.values.size());
+  frame.values = &frame.own;
+  for (size_t i = 0; i < inputs.size(); ++i) frame.own[static_cast<size_t>(g.inputs[i])] = std::move(inputs[i]);
   auto it = subgraph_kernels_.find(&g);
   if (it == subgraph_kernels_.end()) return internal_error("", "subgraph has no prepared kernels");
-  KILN_RETURN_IF_ERROR(execute(g, frame, it->second, nullptr));
+  KILN_RETURN_IF_ERROR(execute(g, frame, it->second));
   std::vector<Tensor> out;
   for (ValueId id : g.outputs) {
     const Tensor* t = frame.lookup(id);
@@ -285,104 +584,28 @@ Result<std::vector<Tensor>> Session::run_subgraph(const Graph& g, std::vector<Te
   return out;
 }
 
-Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std::unique_ptr<Kernel>>& kernels,
-                        const Plan* plan) {
+// Subgraph bodies run unplanned: each node infers its outputs from the tensors at hand.
+Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std::unique_ptr<Kernel>>& kernels) {
   for (size_t v = 0; v < graph.values.size(); ++v)
-    if (graph.values[v].is_constant()) frame.values[v] = graph.values[v].constant;
-
-  // Last use of each value, so intermediates are released (or their arena space reused).
-  std::vector<int32_t> last(graph.values.size(), INT32_MAX);
-  if (plan) {
-    std::fill(last.begin(), last.end(), -1);
-    for (size_t n = 0; n < graph.nodes.size(); ++n)
-      for (ValueId in : graph.nodes[n].inputs) if (in >= 0) last[static_cast<size_t>(in)] = static_cast<int32_t>(n);
-    for (size_t n = 0; n < graph.nodes.size(); ++n)
-      for (const Attribute& a : graph.nodes[n].attrs)
-        if (std::holds_alternative<std::shared_ptr<Graph>>(a.value))
-          for (int32_t& l : last) l = std::max(l, static_cast<int32_t>(n));
-    for (ValueId o : graph.outputs) last[static_cast<size_t>(o)] = INT32_MAX;
-    for (ValueId i : graph.inputs) last[static_cast<size_t>(i)] = INT32_MAX;
-  }
-
+    if (graph.values[v].is_constant()) frame.own[v] = graph.values[v].constant;
+  std::vector<const Tensor*> in;
+  std::vector<Tensor> out;
+  std::vector<Tensor*> out_ptr;
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
     const Node& node = graph.nodes[n];
-    const OpSchema* schema = core_ops().find(node.domain, node.op);
-    std::vector<const Tensor*> in(node.inputs.size(), nullptr);
-    std::vector<InferInput> infer_in(node.inputs.size());
+    in.assign(node.inputs.size(), nullptr);
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       ValueId id = node.inputs[i];
       if (id == kNoValue) continue;
-      const Tensor* t = frame.lookup(id);
-      if (!t) return internal_error(node.where(), "input '" + graph.value(id).name + "' has not been computed");
-      in[i] = t;
-      infer_in[i] = InferInput{t->dtype(), Shape::of(t->shape()), t};
+      in[i] = frame.lookup(id);
+      if (!in[i]) return internal_error(node.where(), "input '" + graph.value(id).name + "' has not been computed");
     }
-    std::vector<Tensor> out(node.outputs.size());
-    std::vector<InferOutput> expected;
-    if (schema) {
-      InferContext ictx(node, std::move(infer_in));
-      KILN_RETURN_IF_ERROR(schema->infer(ictx));
-      expected = std::move(ictx.outputs());
-      for (size_t i = 0; i < out.size() && i < expected.size(); ++i) {
-        const InferOutput& e = expected[i];
-        if (node.outputs[i] == kNoValue || e.dtype == DType::undefined || !e.shape.is_concrete()) continue;
-        std::vector<int64_t> shape = e.shape.concrete();
-        size_t v = static_cast<size_t>(node.outputs[i]);
-        std::optional<size_t> bytes = checked_bytes(shape_numel(shape), dtype_size(e.dtype));
-        if (!bytes)
-          return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() + " is too large");
-        if (plan && plan->offset[v] >= 0 && *bytes <= plan->bytes[v]) {
-          out[i] = Tensor::view(e.dtype, std::move(shape), static_cast<char*>(plan->arena.get()) + plan->offset[v], plan->arena);
-        } else {
-          try {
-            out[i] = Tensor(e.dtype, std::move(shape));
-          } catch (const MemoryLimitExceeded& ex) {
-            return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() + " (" +
-                                                std::string(dtype_name(e.dtype)) + ") " + ex.what());
-          } catch (const std::bad_alloc&) {
-            return user_error(node.where(), output_name(graph, node, i) + " of shape " + e.shape.str() +
-                                                ": " + std::string(kMachineOutOfMemory));
-          }
-        }
-      }
-    }
-    // A node whose outputs are all empty has nothing to compute; skipping it also keeps kernels
-    // from sizing per-axis tables by a huge dim of an empty tensor (0 x 2^62).
-    bool all_empty = !out.empty();
-    for (size_t i = 0; i < out.size() && all_empty; ++i)
-      all_empty = node.outputs[i] == kNoValue || (out[i].defined() && out[i].numel() == 0);
-    Context ctx(*this, frame, node, std::move(in), out);
-    if (!all_empty) {
-      try {
-        KILN_RETURN_IF_ERROR(kernels[n]->run(ctx));
-      } catch (const OutputNotAllocated& ex) {
-        std::string inferred = ex.index() < expected.size() ? expected[ex.index()].shape.str() : "?";
-        return user_error(node.where(), "cannot compute the shape of " + output_name(graph, node, ex.index()) +
-                                            " from its inputs (inferred " + inferred + ")");
-      } catch (const MemoryLimitExceeded& ex) {
-        return user_error(node.where(), std::string("a buffer ") + ex.what());
-      } catch (const std::bad_alloc&) {
-        return user_error(node.where(), kMachineOutOfMemory);
-      } catch (const std::length_error&) {
-        // A buffer sized by the data past what the address space can hold.
-        return user_error(node.where(), "a buffer sized by the input data is too large to allocate");
-      } catch (const std::exception& ex) {
-        return internal_error(node.where(), std::string("the kernel threw: ") + ex.what());
-      }
-    }
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (node.outputs[i] == kNoValue) continue;
-      if (!out[i].defined()) return internal_error(node.where(), "kernel did not produce output " + std::to_string(i));
-      if (i < expected.size() && expected[i].dtype != DType::undefined && out[i].dtype() != expected[i].dtype)
-        return internal_error(node.where(), "kernel produced " + std::string(dtype_name(out[i].dtype())) +
-                                                " for output " + std::to_string(i) + " but inference said " +
-                                                std::string(dtype_name(expected[i].dtype)));
-      frame.values[static_cast<size_t>(node.outputs[i])] = std::move(out[i]);
-    }
-    if (plan)
-      for (ValueId id : node.inputs)
-        if (id >= 0 && last[static_cast<size_t>(id)] == static_cast<int32_t>(n) && !graph.value(id).is_constant())
-          frame.values[static_cast<size_t>(id)] = Tensor();
+    out.assign(node.outputs.size(), Tensor());
+    out_ptr.clear();
+    for (Tensor& t : out) out_ptr.push_back(&t);
+    KILN_RETURN_IF_ERROR(infer_and_run(graph, n, frame, *kernels[n], in, out_ptr, subgraph_workspace_->span()));
+    for (size_t i = 0; i < out.size(); ++i)
+      if (node.outputs[i] != kNoValue) frame.own[static_cast<size_t>(node.outputs[i])] = std::move(out[i]);
   }
   return {};
 }

@@ -1,9 +1,14 @@
-// The executor: binds inputs, plans memory per input-shape signature and runs each node's
-// kernel in order. One Session per model; run() may be called many times.
+// The executor. One Session per model; run() may be called many times. The first run with a
+// given input-shape signature builds an execution plan for it (see plan_for): each node's
+// output shapes, its tensors' places in one arena sized by liveness, and which nodes must
+// infer their outputs again at run time because the sizes depend on data (NonZero, Unique,
+// shape operands computed from data). Later runs with that signature bind the inputs and call
+// the kernels, nothing more.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,6 +16,35 @@
 #include "runtime/kernel.h"
 
 namespace kiln {
+
+/// What an observer sees of one node: its place in the graph, the kernel that runs it, its
+/// inputs (null for omitted optional ones) and its outputs (null for omitted ones; in
+/// on_node_begin their buffers are allocated but not yet written when the shapes were known
+/// ahead, and may be undefined for data-dependent ones).
+struct NodeEvent {
+  size_t index;  ///< position in graph.nodes
+  const Node& node;
+  std::string_view kernel;
+  std::span<const Tensor* const> inputs;
+  std::span<Tensor* const> outputs;
+};
+
+/// Hooks around each top-level node of a run (the profiler's timings, calibration's observers,
+/// checks against the reference kernels). Nodes inside If/Loop/Scan bodies run within their
+/// owner's begin/end. A session with no observer pays one predictable branch per node.
+class ExecutionObserver {
+ public:
+  virtual ~ExecutionObserver() = default;
+  virtual void on_node_begin(const NodeEvent&) {}
+  virtual void on_node_end(const NodeEvent&) {}
+};
+
+/// How a node's kernel was chosen: the implementation that runs it and, before it, each one
+/// that declined with its reason.
+struct NodeKernel {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> declined;
+};
 
 struct SessionOptions {
   Target target;
@@ -21,22 +55,27 @@ struct SessionOptions {
   int64_t max_subgraph_runs = 0;
 };
 
-/// The memory plan of the last run's shape signature.
+/// The memory plan of the last planned shape signature.
 struct MemoryPlanStats {
   size_t arena_bytes = 0;       ///< bytes of the shared arena after reuse by liveness
   size_t unshared_bytes = 0;    ///< what the planned values would need without reuse
   size_t planned_values = 0;    ///< intermediate values placed in the arena
   size_t dynamic_values = 0;    ///< values allocated one by one (data-dependent shapes, outputs)
+  size_t reinferred_nodes = 0;  ///< nodes whose output shapes are inferred again on each run
   size_t signatures = 0;        ///< distinct input-shape signatures planned so far
 };
 
 class Session {
  public:
-  /// Prepares a kernel for every node. The model must outlive the session.
+  /// Checks that every node has a kernel implementation and prepares the subgraphs' kernels;
+  /// the top-level nodes' kernels are chosen and prepared per input-shape signature, on its
+  /// first run. The model must outlive the session.
   static Result<std::unique_ptr<Session>> create(const Model& model, SessionOptions options = {});
   ~Session();
 
-  /// Runs with inputs in the order of graph.inputs; returns outputs in the order of graph.outputs.
+  /// Runs with inputs in the order of graph.inputs; returns outputs in the order of
+  /// graph.outputs. The outputs are the caller's: no later run writes into them. Not
+  /// reentrant: one run at a time per session.
   Result<std::vector<Tensor>> run(const std::vector<Tensor>& inputs);
   /// Runs with inputs by name; every graph input must be given.
   Result<std::vector<Tensor>> run(const std::map<std::string, Tensor>& inputs);
@@ -45,28 +84,39 @@ class Session {
   /// ranks and known dims and binds symbolic dims (a symbol bound to two sizes is a user error).
   Result<std::map<std::string, int64_t>> bind_symbols(const std::vector<Tensor>& inputs) const;
 
+  /// Observes the top-level nodes of the following runs; null detaches. Not owned.
+  void set_observer(ExecutionObserver* observer) { observer_ = observer; }
+
   const MemoryPlanStats& memory_stats() const { return stats_; }
-  /// The implementation chosen for each node, in node order.
-  const std::vector<std::string>& kernel_names() const { return kernel_names_; }
+  /// The kernel of each node in the last run's plan, in node order (empty before a run).
+  std::span<const NodeKernel> kernels() const;
   const Graph& graph() const { return graph_; }
+  const Target& target() const { return options_.target; }
 
  private:
   struct Plan;
+  struct Step;
+  struct Workspace;
   struct Frame;
   class Context;
   Session(const Model& model, SessionOptions options);
-  Result<const Plan*> plan_for(const std::vector<Tensor>& inputs);
-  Status execute(const Graph& graph, Frame& frame, const std::vector<std::unique_ptr<Kernel>>& kernels,
-                 const Plan* plan);
+  Result<Plan*> plan_for(const std::vector<Tensor>& inputs);
+  Status run_planned(Plan& plan);
+  Status run_step(const Step& step, Frame& frame, Plan& plan);
+  Status execute(const Graph& graph, Frame& frame, const std::vector<std::unique_ptr<Kernel>>& kernels);
+  Status infer_and_run(const Graph& graph, size_t index, Frame& frame, Kernel& kernel,
+                       std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs,
+                       std::span<std::byte> workspace);
   Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame* parent);
 
   const Graph& graph_;
   SessionOptions options_;
-  std::vector<std::unique_ptr<Kernel>> kernels_;
-  std::vector<std::string> kernel_names_;
   std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>> subgraph_kernels_;
+  std::unique_ptr<Workspace> subgraph_workspace_;
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Plan>> plans_;
+  Plan* last_plan_ = nullptr;
   MemoryPlanStats stats_;
+  ExecutionObserver* observer_ = nullptr;
   int64_t subgraph_runs_ = 0;  ///< subgraph executions in the current run()
 };
 

@@ -10,7 +10,7 @@ packages=(
   flatbuffers-compiler libflatbuffers-dev zlib1g-dev libzip-dev
   libdnnl-dev ocl-icd-opencl-dev libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libgtest-dev python3 python3-venv python3-pip
-  clang libclang-rt-14-dev strace
+  clang libclang-rt-14-dev strace nlohmann-json3-dev
 )
 missing=()
 for p in "${packages[@]}"; do

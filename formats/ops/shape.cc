@@ -107,7 +107,7 @@ Status infer_reshape(InferContext& ctx) {
     }
   }
   Shape os(std::move(out));
-  const Tensor* data = ctx.value(0);
+  const Tensor* data = ctx.fold_value(0);
   if (data && os.is_concrete() && foldable(os.concrete()) && shape_numel(os.concrete()) == data->numel()) {
     ctx.set_output_value(0, data->reshaped(os.concrete()));
     return {};
@@ -146,7 +146,7 @@ Result<std::vector<int64_t>> normalize_axes(const std::vector<int64_t>& axes, in
 
 // Sets output 0 to the input's data with a new shape when that data is known and small.
 void set_reshaped(InferContext& ctx, Shape shape) {
-  const Tensor* data = ctx.value(0);
+  const Tensor* data = ctx.fold_value(0);
   if (data && shape.is_concrete() && foldable(shape.concrete())) {
     ctx.set_output_value(0, data->reshaped(shape.concrete()));
     return;
@@ -286,7 +286,7 @@ Status infer_concat(InferContext& ctx) {
   }
   Shape os(std::move(out));
   bool known = os.is_concrete() && foldable(os.concrete());
-  for (size_t i = 0; i < ctx.num_inputs() && known; ++i) known = ctx.value(i) != nullptr;
+  for (size_t i = 0; i < ctx.num_inputs() && known; ++i) known = ctx.fold_value(i) != nullptr;
   if (known) {
     std::vector<int64_t> shape = os.concrete();
     Tensor t(dt, shape);
@@ -295,7 +295,7 @@ Status infer_concat(InferContext& ctx) {
     int64_t pos = 0;
     for (int64_t o = 0; o < outer; ++o)
       for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-        const Tensor* v = ctx.value(i);
+        const Tensor* v = ctx.fold_value(i);
         int64_t block = v->dim(axis) * inner;
         for (int64_t k = 0; k < block; ++k) copy_element(t, pos++, *v, o * block + k);
       }
@@ -405,7 +405,7 @@ Status infer_slice(InferContext& ctx) {
     }
   }
   Shape os(std::move(out));
-  const Tensor* data = ctx.value(0);
+  const Tensor* data = ctx.fold_value(0);
   if (data && os.is_concrete() && foldable(os.concrete())) {
     std::vector<int64_t> shape = os.concrete();
     for (size_t a = 0; a < shape.size(); ++a)
@@ -528,7 +528,7 @@ Status infer_expand(InferContext& ctx) {
   for (int64_t v : *target)
     if (v < 0) return ctx.error("the shape has a negative dim " + num(v));
   KILN_ASSIGN_OR_RETURN(Shape os, broadcast_shapes(in, Shape::of(*target), ctx));
-  const Tensor* data = ctx.value(0);
+  const Tensor* data = ctx.fold_value(0);
   if (data && os.is_concrete() && foldable(os.concrete())) {
     std::vector<int64_t> shape = os.concrete();
     size_t r = shape.size(), off = r - data->shape().size();

@@ -34,8 +34,8 @@ Status infer_gather(InferContext& ctx) {
   out.insert(out.end(), ind.dims.begin(), ind.dims.end());
   out.insert(out.end(), data.dims.begin() + axis + 1, data.dims.end());
   Shape os(std::move(out));
-  const Tensor* dv = ctx.value(0);
-  const Tensor* iv = ctx.value(1);
+  const Tensor* dv = ctx.fold_value(0);
+  const Tensor* iv = ctx.fold_value(1);
   if (dv && iv && os.is_concrete() && foldable(os.concrete())) {
     int64_t n = dv->dim(axis);
     int64_t outer = shape_numel(std::span(dv->shape()).first(static_cast<size_t>(axis)));

@@ -3,6 +3,7 @@
 its exit code and one-line message. Corrupt .onnx/.npy/.npz inputs are made here, in a temporary
 folder. Run with --update to rewrite the golden --help files after an intended change."""
 import argparse
+import json
 import os
 import re
 import shutil
@@ -118,6 +119,34 @@ def run_all(r, work):
                              "--output-dir", name + ".out", "--check-against",
                              os.path.join(samples, name + ".expected")])
         r.ok(f"run_random_{name}", ["run", name + ".kiln", "--seed", "3", "--output-dir", name + ".rand"])
+    # Timing: a table on stderr, or JSON on stdout; --input-shape sizes random inputs.
+    rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])
+    r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err,
+            f"exit {rc}; stdout {out[:200]!r}; stderr {err[:300]!r}")
+    rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16"])
+    try:
+        j = json.loads(out)
+        lat = j["latency_ms"]
+        good = (rc == 0 and j["schema"] == "kiln.run" and j["schema_version"] == 1 and j["iters"] == 4
+                and j["warmup"] == 0 and j["threads"] == 1 and j["input_shapes"] == {"input": [8, 16]}
+                and 0 < lat["min"] <= lat["median"] <= lat["p90"] and lat["min"] <= lat["mean"])
+    except (ValueError, KeyError, TypeError) as e:
+        good, err = False, f"{err} ({e})"
+    r.check("run_iters_json", good, f"exit {rc}; stdout {out[:300]!r}; stderr {err[:300]!r}")
+    rc, out, err = r.run(["run", "mlp.kiln", "--iters", "2", "--output-dir", "timed.out"])
+    r.check("run_iters_writes_outputs", rc == 0 and os.path.exists(os.path.join(work, "timed.out", "logits.npy")),
+            f"exit {rc}; stderr {err[:300]!r}")
+    r.error("run_json_needs_iters", ["run", "mlp.kiln", "--json"], 2, r"--json requires --iters")
+    r.error("run_input_shape_unknown", ["run", "mlp.kiln", "--iters", "1", "--input-shape", "nosuch=1x16"], 2,
+            r"input 'nosuch': the model has no input of this name")
+    r.error("run_input_shape_symbolic", ["run", "mlp.kiln", "--iters", "1", "--input-shape", "input=batchx16"], 2,
+            r"a random input needs numbers for every dim")
+    r.error("run_input_shape_wrong", ["run", "mlp.kiln", "--iters", "1", "--input-shape", "input=2x17"], 2,
+            r"input 'input': expected shape batchx16 but got 2x17")
+    r.error("run_input_shape_and_data", ["run", "mlp.kiln", "--inputs", os.path.join(samples, "mlp.inputs.npz"),
+                                         "--input-shape", "input=2x16"], 2, r"is given as data")
+    r.error("run_iters_zero", ["run", "mlp.kiln", "--iters", "0"], 2, r"--iters")
+
     with open(os.path.join(samples, "mlp.onnx"), "rb") as f:
         piped = subprocess.run([r.kiln, "export", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
     r.ok("inspect_stdin", ["inspect", "-"], stdout_has="stage: exported", stdin=piped)

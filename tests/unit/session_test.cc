@@ -1,6 +1,8 @@
 // Executor: input binding (symbolic dims, conflicts), memory planning by liveness, outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "runtime/session.h"
 
 namespace kiln {
@@ -85,6 +87,230 @@ TEST(Session, UnknownOpHasNoKernel) {
   auto s = Session::create(m);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.error().what.find("no kernel for op 'NoSuchOp'"), std::string::npos);
+}
+
+TEST(Session, RepeatedRunsReuseThePlanAndNeverAliasOutputs) {
+  Model m = chain_model();
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  auto first = (*s)->run(std::vector<Tensor>{filled({2, 4}, 1.f), filled({2, 4}, 1.f)});
+  auto second = (*s)->run(std::vector<Tensor>{filled({2, 4}, -5.f), filled({2, 4}, -5.f)});
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ((*s)->memory_stats().signatures, 1u);
+  EXPECT_EQ((*s)->memory_stats().reinferred_nodes, 0u);
+  EXPECT_NE((*first)[0].raw(), (*second)[0].raw());
+  EXPECT_FLOAT_EQ((*first)[0].data<float>()[0], 2.f);
+  EXPECT_FLOAT_EQ((*second)[0].data<float>()[0], 0.f);
+}
+
+// y = Relu(NonZero(x)) as float, then + 1: NonZero's count depends on the data, so it and
+// everything after it infer their shapes on each run; the nodes before do not.
+TEST(Session, DataDependentShapesAreInferredOnEachRun) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(6)}));
+  ValueId r = g.add_value("r", DType::f32, Shape({Dim::known(6)}));
+  ValueId nz = g.add_value("nz", DType::i64, Shape::unknown_rank());
+  ValueId f = g.add_value("f", DType::f32, Shape::unknown_rank());
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  ValueId one = g.add_constant("one", Tensor::from<float>({}, {1.f}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {r}});
+  g.add_node(Node{.name = "nonzero", .op = "NonZero", .inputs = {r}, .outputs = {nz}});
+  Node cast{.name = "cast", .op = "Cast", .inputs = {nz}, .outputs = {f}};
+  cast.set_attr("to", std::string("f32"));
+  g.add_node(cast);
+  g.add_node(Node{.name = "add", .op = "Add", .inputs = {f, one}, .outputs = {y}});
+  g.outputs = {y};
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto a = (*s)->run(std::vector<Tensor>{Tensor::from<float>({6}, {1, -1, 2, 0, 3, -4})});
+  ASSERT_TRUE(a.ok()) << a.error().message();
+  EXPECT_EQ((*s)->memory_stats().reinferred_nodes, 3u);
+  ASSERT_EQ((*a)[0].shape(), (std::vector<int64_t>{1, 3}));
+  EXPECT_FLOAT_EQ((*a)[0].data<float>()[2], 5.f);
+  auto b = (*s)->run(std::vector<Tensor>{Tensor::from<float>({6}, {0, 0, 0, 0, 0, 7})});
+  ASSERT_TRUE(b.ok()) << b.error().message();
+  ASSERT_EQ((*b)[0].shape(), (std::vector<int64_t>{1, 1}));
+  EXPECT_FLOAT_EQ((*b)[0].data<float>()[0], 6.f);
+  EXPECT_EQ((*a)[0].shape(), (std::vector<int64_t>{1, 3}));
+}
+
+// Records what an observer sees.
+struct Recorder : ExecutionObserver {
+  std::vector<std::string> events;
+  void on_node_begin(const NodeEvent& e) override {
+    events.push_back("begin " + e.node.name + " " + std::string(e.kernel) + " " +
+                     (e.outputs[0]->defined() ? shape_str(e.outputs[0]->shape()) : "?"));
+  }
+  void on_node_end(const NodeEvent& e) override {
+    events.push_back("end " + std::to_string(e.index) + " " + std::to_string(e.outputs[0]->data<float>()[0]));
+  }
+};
+
+TEST(Session, ObserverSeesEveryNodeInOrder) {
+  Model m = chain_model();
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  Recorder rec;
+  (*s)->set_observer(&rec);
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 4}, 2.f), filled({1, 4}, -1.f)}).ok());
+  EXPECT_EQ(rec.events, (std::vector<std::string>{"begin add ref 1x4", "end 0 1.000000", "begin relu0 ref 1x4",
+                                                  "end 1 1.000000", "begin relu1 ref 1x4", "end 2 1.000000",
+                                                  "begin relu2 ref 1x4", "end 3 1.000000"}));
+  (*s)->set_observer(nullptr);
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 4}, 2.f), filled({1, 4}, -1.f)}).ok());
+  EXPECT_EQ(rec.events.size(), 8u);
+}
+
+TEST(Session, AFailedRunLeavesTheSessionUsable) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId a = g.add_value("a", DType::i32, Shape({Dim::sym("n")}));
+  ValueId b = g.add_value("b", DType::i32, Shape({Dim::sym("n")}));
+  ValueId q = g.add_value("q", DType::i32, Shape({Dim::sym("n")}));
+  g.inputs = {a, b};
+  g.add_node(Node{.name = "div", .op = "Div", .inputs = {a, b}, .outputs = {q}});
+  g.outputs = {q};
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  auto bad = (*s)->run(std::vector<Tensor>{Tensor::from<int32_t>({2}, {4, 6}), Tensor::from<int32_t>({2}, {2, 0})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("division by zero"), std::string::npos) << bad.error().message();
+  auto good = (*s)->run(std::vector<Tensor>{Tensor::from<int32_t>({2}, {4, 6}), Tensor::from<int32_t>({2}, {2, 3})});
+  ASSERT_TRUE(good.ok()) << good.error().message();
+  EXPECT_EQ((*good)[0].data<int32_t>()[1], 2);
+}
+
+// Kernels for the registry tests: Relu computed through the workspace it asks for, and one
+// that only takes inputs of at most 4 elements per row.
+class WorkspaceRelu final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    if (!q.inputs[0].shape.is_concrete()) return internal_error(q.node.where(), "shapes not concrete at prepare");
+    bytes_ = static_cast<size_t>(shape_numel(q.inputs[0].shape.concrete())) * sizeof(float);
+    needs.workspace_bytes = bytes_;
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    std::span<std::byte> ws = ctx.workspace();
+    if (ws.size() < bytes_ || reinterpret_cast<uintptr_t>(ws.data()) % kTensorAlignment != 0)
+      return ctx.error("workspace too small or misaligned");
+    float* tmp = reinterpret_cast<float*>(ws.data());
+    const Tensor& x = ctx.input(0);
+    for (int64_t i = 0; i < x.numel(); ++i) tmp[i] = std::max(x.data<float>()[i], 0.f);
+    std::copy_n(tmp, x.numel(), ctx.output(0).data<float>());
+    return {};
+  }
+
+ private:
+  size_t bytes_ = 0;
+};
+
+KernelRegistry test_registry(std::vector<std::string>* prepared_constants = nullptr) {
+  KernelRegistry r;
+  r.add("Relu", "cpu",
+        KernelImpl{"narrow",
+                   [](const KernelQuery& q) -> std::optional<std::string> {
+                     const Shape& s = q.inputs[0].shape;
+                     if (!s.is_concrete() || s.concrete().back() > 4) return "rows longer than 4 (" + s.str() + ")";
+                     return std::nullopt;
+                   },
+                   [](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<WorkspaceRelu>(); }});
+  r.add("Add", "cpu",
+        KernelImpl{"sees_constants",
+                   [prepared_constants](const KernelQuery& q) -> std::optional<std::string> {
+                     if (prepared_constants && q.inputs[1].value)
+                       prepared_constants->push_back(q.node.name + " b[0]=" + std::to_string(q.inputs[1].value->data<float>()[0]));
+                     return "only looks";
+                   },
+                   [](const KernelQuery&) -> std::unique_ptr<Kernel> { return nullptr; }});
+  const KernelRegistry& all = default_kernels();
+  for (const char* op : {"Relu", "Add"})
+    for (const KernelImpl& k : all.find(op, "cpu")) r.add(op, "cpu", k);
+  return r;
+}
+
+TEST(Session, KernelsAreChosenAndPreparedOnConcreteShapes) {
+  Model m = chain_model();
+  KernelRegistry reg = test_registry();
+  auto s = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  Tensor a = filled({3, 4}, 0.5f), b = filled({3, 4}, -1.0f);
+  auto small = (*s)->run(std::vector<Tensor>{a, b});
+  ASSERT_TRUE(small.ok()) << small.error().message();
+  std::span<const NodeKernel> k = (*s)->kernels();
+  ASSERT_EQ(k.size(), 4u);
+  EXPECT_EQ(k[0].name, "ref");
+  ASSERT_EQ(k[0].declined.size(), 1u);
+  EXPECT_EQ(k[0].declined[0], (std::pair<std::string, std::string>{"sees_constants", "only looks"}));
+  EXPECT_EQ(k[1].name, "narrow");
+  EXPECT_TRUE(k[1].declined.empty());
+  for (int64_t i = 0; i < 12; ++i)
+    EXPECT_FLOAT_EQ((*small)[0].data<float>()[i], std::max(a.data<float>()[i] + b.data<float>()[i], 0.f));
+}
+
+TEST(Session, KernelChoiceFollowsTheShapesOfEachSignature) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::sym("n"), Dim::sym("w")}));
+  ValueId y = g.add_value("y", DType::f32, Shape({Dim::sym("n"), Dim::sym("w")}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {y}});
+  g.outputs = {y};
+  KernelRegistry reg = test_registry();
+  auto s = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({2, 3}, 1.f)}).ok());
+  EXPECT_EQ((*s)->kernels()[0].name, "narrow");
+  auto wide = (*s)->run(std::vector<Tensor>{filled({2, 9}, 1.f)});
+  ASSERT_TRUE(wide.ok());
+  EXPECT_EQ((*s)->kernels()[0].name, "ref");
+  ASSERT_EQ((*s)->kernels()[0].declined.size(), 1u);
+  EXPECT_EQ((*s)->kernels()[0].declined[0].second, "rows longer than 4 (2x9)");
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 2}, 1.f)}).ok());
+  EXPECT_EQ((*s)->kernels()[0].name, "narrow");
+
+  // A recorded choice (a compiled model) pins the implementation, and must be able to run.
+  m.graph.nodes[0].kernel.name = "ref";
+  auto pinned = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(pinned.ok());
+  ASSERT_TRUE((*pinned)->run(std::vector<Tensor>{filled({2, 3}, 1.f)}).ok());
+  EXPECT_EQ((*pinned)->kernels()[0].name, "ref");
+  m.graph.nodes[0].kernel.name = "narrow";
+  auto narrow = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(narrow.ok());
+  auto refused = (*narrow)->run(std::vector<Tensor>{filled({2, 9}, 1.f)});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().kind, ErrorKind::user);
+  EXPECT_NE(refused.error().message().find("the model chose kernel 'narrow', which declines here: rows longer than 4"),
+            std::string::npos) << refused.error().message();
+  m.graph.nodes[0].kernel.name = "gone";
+  auto gone = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(gone.ok());
+  auto missing = (*gone)->run(std::vector<Tensor>{filled({2, 3}, 1.f)});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message().find("the model chose kernel 'gone', which this kiln does not have"), std::string::npos)
+      << missing.error().message();
+}
+
+TEST(Session, KernelsSeeConstantInputsWhenChosen) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(2)}));
+  ValueId b = g.add_constant("b", Tensor::from<float>({2}, {3.f, 4.f}));
+  ValueId y = g.add_value("y", DType::f32, Shape({Dim::known(2)}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "add", .op = "Add", .inputs = {x, b}, .outputs = {y}});
+  g.outputs = {y};
+  std::vector<std::string> seen;
+  KernelRegistry reg = test_registry(&seen);
+  auto s = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(s.ok());
+  auto r = (*s)->run(std::vector<Tensor>{Tensor::from<float>({2}, {1.f, 1.f})});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(seen, std::vector<std::string>{"add b[0]=3.000000"});
+  EXPECT_FLOAT_EQ((*r)[0].data<float>()[1], 5.f);
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+// Where kernels run, and what the CPU they run on can do. Read at run time (cpuinfo, CPUID),
+// never taken from the build machine: a kiln built here runs on CPUs with and without AVX-512.
+#pragma once
+
+#include <string>
+
+namespace kiln {
+
+/// The instruction-set features kernels dispatch on. Each is set only when the CPU has it and
+/// the operating system saves its registers (for AMX: grants its tile state too).
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512_vnni = false;
+  bool avx512_bf16 = false;
+  bool avx512_fp16 = false;
+  bool amx = false;  ///< AMX-TILE with AMX-BF16 and AMX-INT8
+
+  /// This machine's CPU, read once.
+  static const CpuFeatures& host();
+  /// "avx2 fma avx512f avx512bw avx512vl avx512-vnni avx512-bf16 avx512-fp16 amx", the ones it
+  /// has; "baseline" for none.
+  std::string str() const;
+};
+
+/// Where a kernel runs: the device, its CPU features and how many threads kernels may use.
+struct Target {
+  std::string device = "cpu";
+  CpuFeatures cpu = CpuFeatures::host();
+  int threads = 1;
+};
+
+}  // namespace kiln
