@@ -116,7 +116,9 @@ Status ref_slice(KernelContext& ctx) {
     shape_ops::SliceDim s = shape_ops::slice_dim(x.dim(a), starts[i], ends[i], steps[i]);
     if (s.len != y.dim(a)) return ctx.error("internal slice length mismatch on axis " + num(a));
     offset += s.start * in_strides[static_cast<size_t>(a)];
-    strides[static_cast<size_t>(a)] = in_strides[static_cast<size_t>(a)] * s.step;
+    // With two or more elements |step| is at most the dim, so the product stays within the
+    // input; with one, the step is never taken (and may be near 2^63).
+    strides[static_cast<size_t>(a)] = s.len > 1 ? in_strides[static_cast<size_t>(a)] * s.step : 0;
   }
   copy_strided(y.raw(), x.raw(), dtype_size(x.dtype()), y.shape(), strides, offset);
   return {};

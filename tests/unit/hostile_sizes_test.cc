@@ -308,6 +308,31 @@ TEST(HostileSizes, GridSampleBatchesAndEmptyImages) {
   EXPECT_TRUE(fine.ok()) << fine.error().message();
 }
 
+// fuzz_run finding: a Slice step near 2^63 on an axis it takes one element of overflowed in
+// the input stride times the step, a stride never used.
+TEST(HostileSizes, SliceStepOfOneElementNearInt64) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, dims({Dim::sym("n"), Dim::sym("c")}));
+  ValueId starts = g.add_value("starts", DType::i64, dims({Dim::known(2)}));
+  ValueId ends = g.add_value("ends", DType::i64, dims({Dim::known(2)}));
+  ValueId axes = g.add_constant("axes", Tensor::from<int64_t>({2}, {0, 1}));
+  ValueId steps = g.add_value("steps", DType::i64, dims({Dim::known(2)}));
+  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
+  g.inputs = {x, starts, ends, steps};
+  g.add_node(node("slice", "Slice", {x, starts, ends, axes, steps}, {y}));
+  g.outputs = {y};
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  auto r = (*s)->run(std::vector<Tensor>{Tensor::from<float>({3, 4}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}),
+                                         Tensor::from<int64_t>({2}, {1, 3}), Tensor::from<int64_t>({2}, {kMax, -kMax}),
+                                         Tensor::from<int64_t>({2}, {kMax - 7, -(kMax - 7)})});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  ASSERT_EQ((*r)[0].shape(), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ((*r)[0].data<float>()[0], 7.f);
+}
+
 TEST(Errors, MessagesStayOneShortLine) {
   Error e = user_error("node '" + std::string(100'000, 'n') + "'", "bad\nvalue");
   std::string msg = e.message();
