@@ -18,6 +18,7 @@
 #include "runtime/compare.h"
 #include "runtime/random_inputs.h"
 #include "runtime/session.h"
+#include "runtime/threads.h"
 
 namespace kiln::cli {
 
@@ -38,6 +39,8 @@ struct RunArgs {
   int warmup = 0;
   int iters = 0;
   bool json = false;
+  int threads = 0;  ///< 0: the machine's physical cores
+  bool reference = false;
   bool verbose = false;
 };
 
@@ -186,7 +189,10 @@ int run(const RunArgs& args) {
   std::vector<Tensor> ordered;
   for (const std::string& name : input_names) ordered.push_back(feed[name]);
 
-  auto session = Session::create(*model);
+  SessionOptions options;
+  options.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  options.reference = args.reference;
+  auto session = Session::create(*model, options);
   if (!session.ok()) return report(verb, with_file(session.status(), args.model));
   // The warm-up runs, then the timed ones; the outputs written or checked are the last run's.
   using clock = std::chrono::steady_clock;
@@ -201,7 +207,8 @@ int run(const RunArgs& args) {
   }
   if (args.verbose) {
     const Target& target = (*session)->target();
-    std::cerr << "target: " << target.device << " (" << target.cpu.str() << "), " << target.threads << " thread\n";
+    std::cerr << "target: " << target.device << " (" << target.cpu.str() << "), " << target.threads << (target.threads == 1 ? " thread" : " threads")
+              << (args.reference ? ", reference kernels" : "") << "\n";
     const MemoryPlanStats& m = (*session)->memory_stats();
     std::cerr << "memory plan: " << m.arena_bytes << " bytes planned for " << m.planned_values
               << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.dynamic_values
@@ -224,8 +231,8 @@ int run(const RunArgs& args) {
       j["latency_ms"] = {{"min", lat.min}, {"median", lat.median}, {"p90", lat.p90}, {"mean", lat.mean}};
       j["iters"] = args.iters;
       j["warmup"] = args.warmup;
-      // Every kernel of this build runs on the calling thread.
-      j["threads"] = 1;
+      j["threads"] = (*session)->target().threads;
+      j["reference"] = args.reference;
       nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
       for (size_t i = 0; i < input_names.size(); ++i) shapes[input_names[i]] = ordered[i].shape();
       j["input_shapes"] = shapes;
@@ -235,7 +242,10 @@ int run(const RunArgs& args) {
       char line[160];
       std::snprintf(line, sizeof line, "%8s %10s %10s %10s %10s\n%8d %10.3f %10.3f %10.3f %10.3f\n", "runs", "min ms",
                     "median ms", "p90 ms", "mean ms", args.iters, lat.min, lat.median, lat.p90, lat.mean);
-      std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, 1 thread\n" << line;
+      const int threads = (*session)->target().threads;
+      std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, " << threads
+                << (threads == 1 ? " thread" : " threads") << (args.reference ? ", reference kernels" : "") << "\n"
+                << line;
     }
   }
 
@@ -294,7 +304,7 @@ int run(const RunArgs& args) {
 
 void add_run_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
-  CLI::App* cmd = app.add_subcommand("run", "Run a .kiln model with the reference runtime");
+  CLI::App* cmd = app.add_subcommand("run", "Run a .kiln model");
   cmd->add_option("model", args->model, "model .kiln file (- for stdin)")->required();
   cmd->add_option("--input", args->inputs, "NAME=FILE.npy or NAME=FILE.pb (repeatable); FILE alone names itself");
   cmd->add_option("--inputs", args->inputs_file, "an .npz of inputs, or an ONNX test_data_set folder");
@@ -310,6 +320,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
                            ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);
+  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the machine's physical cores)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--reference", args->reference,
+                "run every node on its reference kernel, with IEEE denormals: the oracle other kernels are checked against");
   add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the target CPU's features, the memory plan and each node's kernel");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });

@@ -11,7 +11,7 @@ void KernelRegistry::add(std::string op, std::string device, KernelImpl impl) {
 
 void KernelRegistry::add_reference(std::string op, KernelFn fn) {
   add(std::move(op), "cpu",
-      KernelImpl{"ref", [](const KernelQuery&) { return std::optional<std::string>(); },
+      KernelImpl{std::string(kReferenceKernel), [](const KernelQuery&) { return std::optional<std::string>(); },
                  [fn](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<FunctionKernel>(fn); }});
 }
 
@@ -21,13 +21,19 @@ std::span<const KernelImpl> KernelRegistry::find(std::string_view op, std::strin
   return it->second;
 }
 
-Result<KernelSelection> KernelRegistry::select(const KernelQuery& query) const {
+Result<KernelSelection> KernelRegistry::select(const KernelQuery& query, bool reference_only) const {
   const Node& node = query.node;
   const std::string& device = query.target.device;
   std::span<const KernelImpl> impls = find(node.qualified_op(), device);
   if (impls.empty()) return user_error(node.where(), "no kernel for op '" + node.qualified_op() + "' on " + device);
   KernelSelection sel;
-  const std::string& pinned = node.kernel.name;
+  if (reference_only) {
+    auto it = std::find_if(impls.begin(), impls.end(), [](const KernelImpl& k) { return k.name == kReferenceKernel; });
+    if (it == impls.end())
+      return user_error(node.where(), "no reference kernel for op '" + node.qualified_op() + "' on " + device);
+    impls = std::span<const KernelImpl>(&*it, 1);
+  }
+  const std::string pinned = reference_only ? std::string() : node.kernel.name;
   if (!pinned.empty()) {
     auto it = std::find_if(impls.begin(), impls.end(), [&](const KernelImpl& k) { return k.name == pinned; });
     if (it == impls.end())

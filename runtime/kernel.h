@@ -102,6 +102,10 @@ class FunctionKernel final : public Kernel {
   KernelFn fn_;
 };
 
+/// The name of every op's reference kernel: the simplest correct one, the oracle others are
+/// tested against.
+inline constexpr std::string_view kReferenceKernel = "ref";
+
 /// One implementation of an op on a device.
 struct KernelImpl {
   std::string name;  ///< "ref", "onednn.conv", "kiln.gemm_f32_avx512_8x48"
@@ -128,8 +132,9 @@ class KernelRegistry {
 
   /// A kernel for the node: the first implementation that does not decline, or the one the
   /// node's recorded kernel choice names (a compiled model), which must exist and accept. The
-  /// error when none runs it lists every implementation tried and its reason.
-  Result<KernelSelection> select(const KernelQuery& query) const;
+  /// error when none runs it lists every implementation tried and its reason. With
+  /// `reference_only`, the reference kernel, whatever the node chose: the oracle.
+  Result<KernelSelection> select(const KernelQuery& query, bool reference_only = false) const;
   /// Every (op, device) that has at least one implementation.
   std::vector<std::pair<std::string, std::string>> keys() const;
 

@@ -10,6 +10,7 @@
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
+#include "runtime/threads.h"
 
 namespace kiln {
 
@@ -176,7 +177,7 @@ Status create_subgraph_kernels(const Graph& g, const SessionOptions& opt, const 
     } else {
       stored_query_parts(g, n, in, out);
       KernelQuery q{n, g, opt.target, in, out};
-      KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q));
+      KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q, opt.reference));
       KernelNeeds needs;
       KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
       workspace = std::max(workspace, needs.workspace_bytes);
@@ -234,6 +235,9 @@ Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOptions options) {
   std::unique_ptr<Session> s(new Session(model, std::move(options)));
+  if (s->options_.target.threads < 1)
+    return user_error("", "the thread count must be at least 1, not " + std::to_string(s->options_.target.threads));
+  use_threads(s->options_.target.threads);
   const KernelRegistry& reg = s->options_.kernels ? *s->options_.kernels : default_kernels();
   size_t workspace = 0;
   KILN_RETURN_IF_ERROR(create_subgraph_kernels(s->graph_, s->options_, reg, true, s->subgraph_kernels_, workspace));
@@ -408,7 +412,7 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
       if (node.outputs[i] != kNoValue) q_out[i] = InferOutput{bound.value(node.outputs[i]).dtype, bound.value(node.outputs[i]).shape, Tensor()};
     // The graph's own node: kernels may keep a reference to it, and `bound` is a copy.
     KernelQuery q{graph_.nodes[n], graph_, options_.target, q_in, q_out};
-    KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q));
+    KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q, options_.reference));
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
     workspace = std::max(workspace, needs.workspace_bytes);
@@ -477,6 +481,8 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
 }
 
 Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
+  use_threads(options_.target.threads);
+  FlushDenormals ftz(!options_.reference);
   KILN_RETURN_IF_ERROR(bind_symbols(inputs).status());
   subgraph_runs_ = 0;
   KILN_ASSIGN_OR_RETURN(Plan* plan, plan_for(inputs));

@@ -47,8 +47,11 @@ struct NodeKernel {
 };
 
 struct SessionOptions {
-  Target target;
+  Target target;  ///< its thread count sizes kiln's one thread pool (runtime/threads.h)
   const KernelRegistry* kernels = nullptr;  ///< default_kernels() when null
+  /// The oracle: every node on its reference kernel, whatever the model chose, and IEEE
+  /// denormals (other runs flush them to zero).
+  bool reference = false;
   /// The most subgraph executions (Loop/Scan iterations, If branches) one run() may make; 0 is
   /// no limit. A Loop runs as long as its data says (as ONNX Runtime does); fuzzing and other
   /// callers that must never hang set this.

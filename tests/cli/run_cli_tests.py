@@ -123,12 +123,12 @@ def run_all(r, work):
     rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])
     r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err,
             f"exit {rc}; stdout {out[:200]!r}; stderr {err[:300]!r}")
-    rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16"])
+    rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16", "--threads", "3"])
     try:
         j = json.loads(out)
         lat = j["latency_ms"]
         good = (rc == 0 and j["schema"] == "kiln.run" and j["schema_version"] == 1 and j["iters"] == 4
-                and j["warmup"] == 0 and j["threads"] == 1 and j["input_shapes"] == {"input": [8, 16]}
+                and j["warmup"] == 0 and j["threads"] == 3 and j["reference"] is False and j["input_shapes"] == {"input": [8, 16]}
                 and 0 < lat["min"] <= lat["median"] <= lat["p90"] and lat["min"] <= lat["mean"])
     except (ValueError, KeyError, TypeError) as e:
         good, err = False, f"{err} ({e})"
@@ -146,6 +146,12 @@ def run_all(r, work):
     r.error("run_input_shape_and_data", ["run", "mlp.kiln", "--inputs", os.path.join(samples, "mlp.inputs.npz"),
                                          "--input-shape", "input=2x16"], 2, r"is given as data")
     r.error("run_iters_zero", ["run", "mlp.kiln", "--iters", "0"], 2, r"--iters")
+    r.error("run_threads_zero", ["run", "mlp.kiln", "--threads", "0"], 2, r"--threads")
+    # --reference: every node on its reference kernel, said in -v and in the timing.
+    rc, out, err = r.run(["run", "cnn.kiln", "--reference", "-v", "--iters", "1", "--threads", "1"])
+    kernel_lines = [l for l in err.splitlines() if l.startswith("node '")]
+    r.check("run_reference", rc == 0 and kernel_lines and all(l.endswith("): ref") for l in kernel_lines)
+            and "1 thread, reference kernels" in err, f"exit {rc}; stderr {err[:400]!r}")
 
     with open(os.path.join(samples, "mlp.onnx"), "rb") as f:
         piped = subprocess.run([r.kiln, "export", "-", "-o", "-"], input=f.read(), capture_output=True).stdout

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/session.h"
+#include "runtime/threads.h"
 
 namespace kiln {
 namespace {
@@ -312,6 +314,86 @@ TEST(Session, KernelsSeeConstantInputsWhenChosen) {
   EXPECT_EQ(seen, std::vector<std::string>{"add b[0]=3.000000"});
   EXPECT_FLOAT_EQ((*r)[0].data<float>()[1], 5.f);
 }
+
+TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
+  Model m = chain_model();
+  m.graph.nodes[1].kernel.name = "narrow";  // a recorded choice does not bind the oracle
+  KernelRegistry reg = test_registry();
+  auto s = Session::create(m, SessionOptions{.kernels = &reg, .reference = true});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({3, 4}, 0.5f), filled({3, 4}, -1.f)}).ok());
+  for (const NodeKernel& k : (*s)->kernels()) {
+    EXPECT_EQ(k.name, kReferenceKernel);
+    EXPECT_TRUE(k.declined.empty());
+  }
+  KernelRegistry no_ref;
+  no_ref.add("Add", "cpu", test_registry().find("Add", "cpu")[0]);
+  for (const char* op : {"Relu"})
+    for (const KernelImpl& k : default_kernels().find(op, "cpu")) no_ref.add(op, "cpu", k);
+  auto r = Session::create(m, SessionOptions{.kernels = &no_ref, .reference = true});
+  ASSERT_TRUE(r.ok());
+  auto out = (*r)->run(std::vector<Tensor>{filled({3, 4}, 0.5f), filled({3, 4}, -1.f)});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.error().message().find("no reference kernel for op 'Add'"), std::string::npos) << out.error().message();
+}
+
+// Records, while it runs, whether the calling thread and the pool flush denormals.
+class FloatModeProbe final : public Kernel {
+ public:
+  FloatModeProbe(bool* caller, bool* pool) : caller_(caller), pool_(pool) {}
+  Status run(KernelContext& ctx) override {
+    *caller_ = flushes_denormals();
+    *pool_ = pool_flushes_denormals();
+    std::memcpy(ctx.output(0).raw(), ctx.input(0).raw(), ctx.input(0).nbytes());
+    return {};
+  }
+
+ private:
+  bool* caller_;
+  bool* pool_;
+};
+
+TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(2)}));
+  ValueId y = g.add_value("y", DType::f32, Shape({Dim::known(2)}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "probe", .op = "Relu", .inputs = {x}, .outputs = {y}});
+  g.outputs = {y};
+  bool caller = false, pool = false;
+  KernelRegistry reg;
+  reg.add("Relu", "cpu",
+          KernelImpl{std::string(kReferenceKernel), [](const KernelQuery&) { return std::optional<std::string>(); },
+                     [&](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<FloatModeProbe>(&caller, &pool); }});
+  ASSERT_FALSE(flushes_denormals());
+  SessionOptions fast{.kernels = &reg};
+  fast.target.threads = 3;
+  auto s = Session::create(m, fast);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({2}, 1.f)}).ok());
+  EXPECT_EQ(pool_threads(), 3);
+  EXPECT_TRUE(caller);
+  EXPECT_TRUE(pool);
+  EXPECT_FALSE(flushes_denormals()) << "a run leaves the caller's floating-point mode as it was";
+
+  // The oracle keeps IEEE denormals on the calling thread.
+  SessionOptions oracle{.kernels = &reg, .reference = true};
+  oracle.target.threads = 2;
+  auto r = Session::create(m, oracle);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*r)->run(std::vector<Tensor>{filled({2}, 1.f)}).ok());
+  EXPECT_EQ(pool_threads(), 2);
+  EXPECT_FALSE(caller);
+
+  SessionOptions none;
+  none.target.threads = 0;
+  auto bad = Session::create(m, none);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().kind, ErrorKind::user);
+}
+
+TEST(Threads, PhysicalCoresAreCounted) { EXPECT_GE(physical_cores(), 1); }
 
 }  // namespace
 }  // namespace kiln

@@ -1,0 +1,66 @@
+#include "runtime/threads.h"
+
+#include <cpuinfo.h>
+#include <xmmintrin.h>
+
+#include <atomic>
+
+#if __has_include(<omp.h>)
+#include <omp.h>
+#else
+// clang ships omp.h only with LLVM's own OpenMP runtime; kiln links GNU OpenMP, whose C entry
+// points are these.
+extern "C" {
+void omp_set_num_threads(int);
+int omp_get_max_threads(void);
+int omp_get_thread_num(void);
+}
+#endif
+
+namespace kiln {
+
+namespace {
+
+constexpr unsigned kFtzDaz = 0x8040;  // MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6)
+
+}  // namespace
+
+int physical_cores() {
+  static const int cores = [] {
+    if (!cpuinfo_initialize()) return 1;
+    const int n = static_cast<int>(cpuinfo_get_cores_count());
+    return n > 0 ? n : 1;
+  }();
+  return cores;
+}
+
+FlushDenormals::FlushDenormals(bool on) : saved_(_mm_getcsr()) {
+  if (on) _mm_setcsr(saved_ | kFtzDaz);
+}
+FlushDenormals::~FlushDenormals() { _mm_setcsr(saved_); }
+
+bool flushes_denormals() { return (_mm_getcsr() & kFtzDaz) == kFtzDaz; }
+
+void use_threads(int threads) {
+  // GNU OpenMP gives each thread that starts parallel regions its own pool and thread count.
+  thread_local int configured = 0;  // the size this thread's workers were last set up for
+  if (threads < 1) threads = 1;
+  if (threads == configured) return;
+  omp_set_num_threads(threads);
+  // The workers persist between parallel regions, and so does their floating-point mode: set
+  // it once in each. The calling thread (number 0) flushes only while it runs (FlushDenormals).
+#pragma omp parallel num_threads(threads)
+  if (omp_get_thread_num() != 0) _mm_setcsr(_mm_getcsr() | kFtzDaz);
+  configured = threads;
+}
+
+int pool_threads() { return omp_get_max_threads(); }
+
+bool pool_flushes_denormals() {
+  std::atomic<bool> all{true};
+#pragma omp parallel num_threads(omp_get_max_threads())
+  if (!flushes_denormals()) all = false;
+  return all;
+}
+
+}  // namespace kiln

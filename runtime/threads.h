@@ -1,0 +1,38 @@
+// kiln's threads: one pool, GNU OpenMP's, which oneDNN shares, so kiln's parallel loops and the
+// libraries' never oversubscribe the machine. Every thread that runs kiln's kernels flushes
+// denormal floats to zero (FTZ and DAZ): denormal arithmetic is up to 100x slower on x86, and
+// results that small are noise next to the tolerances kiln checks.
+#pragma once
+
+namespace kiln {
+
+/// The machine's physical cores (not hyper-threads); 1 when they cannot be read.
+int physical_cores();
+
+/// Sizes the pool to `threads` (>= 1) and turns on FTZ/DAZ in each of its threads. Cheap when
+/// the pool already has that size; call it before running kernels on another thread count.
+void use_threads(int threads);
+
+/// The pool's size, as use_threads last set it (OpenMP's default before that).
+int pool_threads();
+
+/// Whether every thread of the pool (the caller included) flushes denormals now.
+bool pool_flushes_denormals();
+
+/// FTZ/DAZ on the calling thread for its lifetime (when `on`), restoring the caller's setting
+/// after: a run flushes denormals without leaking the mode into the code that called it.
+class FlushDenormals {
+ public:
+  explicit FlushDenormals(bool on = true);
+  ~FlushDenormals();
+  FlushDenormals(const FlushDenormals&) = delete;
+  FlushDenormals& operator=(const FlushDenormals&) = delete;
+
+ private:
+  unsigned saved_;
+};
+
+/// Whether the calling thread flushes denormals (FTZ and DAZ both on).
+bool flushes_denormals();
+
+}  // namespace kiln
