@@ -146,21 +146,36 @@ size_t Graph::add_node(Node n) {
   return nodes.size() - 1;
 }
 
+void Graph::reindex() const {
+  by_name_.clear();
+  indexed_ = 0;
+}
+
 ValueId Graph::find_value(std::string_view name) const {
-  for (size_t i = 0; i < values.size(); ++i)
-    if (values[i].name == name) return static_cast<ValueId>(i);
-  return kNoValue;
+  if (indexed_ > values.size()) reindex();  // values were removed behind the index's back
+  for (; indexed_ < values.size(); ++indexed_)
+    by_name_.emplace(values[indexed_].name, static_cast<ValueId>(indexed_));
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return kNoValue;
+  if (values[static_cast<size_t>(it->second)].name != name) {  // renamed directly: start over
+    reindex();
+    return find_value(name);
+  }
+  return it->second;
 }
 
 std::string Graph::unique_value_name(std::string_view base) const {
-  std::unordered_set<std::string_view> taken;
-  for (const Value& v : values) taken.insert(v.name);
   std::string b(base);
-  if (!taken.count(b)) return b;
+  if (find_value(b) == kNoValue) return b;
   for (int i = 1;; ++i) {
     std::string cand = b + "_" + std::to_string(i);
-    if (!taken.count(cand)) return cand;
+    if (find_value(cand) == kNoValue) return cand;
   }
+}
+
+void Graph::rename_value(ValueId id, std::string name) {
+  value(id).name = std::move(name);
+  reindex();  // another value may share the old name: renames are rare, rebuild on next lookup
 }
 
 std::vector<int32_t> Graph::producers() const {
@@ -169,6 +184,105 @@ std::vector<int32_t> Graph::producers() const {
     for (ValueId o : nodes[n].outputs)
       if (o >= 0 && static_cast<size_t>(o) < values.size()) p[static_cast<size_t>(o)] = static_cast<int32_t>(n);
   return p;
+}
+
+namespace {
+
+// Whether value `id` of `g` is defined there (a graph input, a constant or a node's output)
+// rather than a stand-in for a value of an enclosing graph read by name.
+bool defined_in(const Graph& g, const std::vector<int32_t>& producers, ValueId id) {
+  if (g.value(id).is_constant() || producers[static_cast<size_t>(id)] >= 0) return true;
+  return std::find(g.inputs.begin(), g.inputs.end(), id) != g.inputs.end();
+}
+
+template <class F>
+void for_each_subgraph(const Node& n, F&& f) {
+  for (const Attribute& a : n.attrs)
+    if (const auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value)) f(**sg);
+}
+
+// The names `body` (and the bodies nested in it) read from enclosing graphs.
+void free_names(const Graph& body, std::unordered_set<std::string>& out) {
+  std::vector<int32_t> prod = body.producers();
+  for (const Node& n : body.nodes) {
+    for (ValueId in : n.inputs)
+      if (in >= 0 && !defined_in(body, prod, in)) out.insert(body.value(in).name);
+    for_each_subgraph(n, [&](const Graph& inner) {
+      std::unordered_set<std::string> nested;
+      free_names(inner, nested);
+      for (const std::string& name : nested) {
+        ValueId local = body.find_value(name);
+        if (local == kNoValue || !defined_in(body, prod, local)) out.insert(name);
+      }
+    });
+  }
+  for (ValueId o : body.outputs)
+    if (o >= 0 && !defined_in(body, prod, o)) out.insert(body.value(o).name);
+}
+
+// Points the reads of `from` in one graph at `to`: node inputs and graph outputs.
+void redirect(Graph& g, ValueId from, ValueId to) {
+  for (Node& n : g.nodes)
+    for (ValueId& in : n.inputs)
+      if (in == from) in = to;
+  for (ValueId& o : g.outputs)
+    if (o == from) o = to;
+}
+
+// Makes the body read the enclosing `to` wherever it reads the enclosing `from`; with `apply`
+// false, only checks that it can. Bodies are shared between copies of a graph: one that
+// changes is copied first, so the edit stays in this graph.
+Status recapture(std::shared_ptr<Graph>& body_ptr, const std::string& from, const std::string& to, bool apply) {
+  std::unordered_set<std::string> reads;
+  free_names(*body_ptr, reads);
+  if (!reads.count(from)) return {};
+  if (apply && body_ptr.use_count() > 1) body_ptr = std::make_shared<Graph>(*body_ptr);
+  Graph& body = *body_ptr;
+  std::vector<int32_t> prod = body.producers();
+  ValueId to_local = body.find_value(to);
+  if (to_local != kNoValue && defined_in(body, prod, to_local))
+    return internal_error("value '" + to + "'", "a subgraph defines its own value of this name, so it cannot read the enclosing one");
+  for (Node& n : body.nodes)
+    for (Attribute& a : n.attrs)
+      if (auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value)) KILN_RETURN_IF_ERROR(recapture(*sg, from, to, apply));
+  if (!apply) return {};
+  ValueId from_local = body.find_value(from);
+  if (from_local == kNoValue || defined_in(body, prod, from_local)) return {};
+  if (to_local != kNoValue) redirect(body, from_local, to_local);  // already reads `to`: merge
+  else body.rename_value(from_local, to);
+  return {};
+}
+
+}  // namespace
+
+std::vector<std::vector<Use>> Graph::uses() const {
+  std::vector<std::vector<Use>> u(values.size());
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    for (size_t i = 0; i < nodes[n].inputs.size(); ++i) {
+      ValueId in = nodes[n].inputs[i];
+      if (in >= 0 && static_cast<size_t>(in) < values.size()) u[static_cast<size_t>(in)].push_back(Use{n, i});
+    }
+    std::unordered_set<std::string> reads;
+    for_each_subgraph(nodes[n], [&](const Graph& body) { free_names(body, reads); });
+    std::vector<ValueId> captured;
+    for (const std::string& name : reads)
+      if (ValueId v = find_value(name); v != kNoValue) captured.push_back(v);
+    std::sort(captured.begin(), captured.end());
+    for (ValueId v : captured) u[static_cast<size_t>(v)].push_back(Use{n, Use::kCaptured});
+  }
+  return u;
+}
+
+Status Graph::replace_all_uses(ValueId from, ValueId to) {
+  if (from == to) return {};
+  const std::string from_name = value(from).name, to_name = value(to).name;
+  for (bool apply : {false, true})
+    for (Node& n : nodes)
+      for (Attribute& a : n.attrs)
+        if (auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value))
+          KILN_RETURN_IF_ERROR(recapture(*sg, from_name, to_name, apply));
+  redirect(*this, from, to);
+  return {};
 }
 
 Status Graph::topo_sort() {
@@ -266,6 +380,7 @@ void Graph::remove_dead() {
   for (ValueId& v : outputs) v = remap[static_cast<size_t>(v)];
   values = std::move(kept);
   nodes = std::move(kept_nodes);
+  reindex();
 }
 
 std::string_view stage_name(Stage s) {

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <variant>
 #include <vector>
 
@@ -143,8 +144,21 @@ struct Node {
   std::string qualified_op() const;
 };
 
+/// Where a value is read: input `slot` of node `node`, or (slot kCaptured) by name inside one
+/// of the node's subgraphs (If/Loop/Scan bodies read enclosing values by name).
+struct Use {
+  static constexpr size_t kCaptured = static_cast<size_t>(-1);
+  size_t node;
+  size_t slot;
+  bool operator==(const Use&) const = default;
+};
+
 /// A dataflow graph. Subgraphs (If/Loop bodies) are Graphs held by attributes and may read
 /// values of enclosing graphs by name.
+///
+/// Names: find_value is a hash lookup. Values are added with add_value (or appended to
+/// `values` directly, which the index picks up on the next lookup) and renamed with
+/// rename_value; assigning a Value's name directly can leave the index stale.
 struct Graph {
   std::vector<Value> values;
   std::vector<Node> nodes;
@@ -156,12 +170,22 @@ struct Graph {
   ValueId add_value(std::string name, DType dtype, Shape shape = Shape());
   ValueId add_constant(std::string name, Tensor t);
   size_t add_node(Node n);
-  /// Index of the value with this name, or kNoValue.
+  /// Index of the first value with this name, or kNoValue.
   ValueId find_value(std::string_view name) const;
-  /// A name not used by any value, built from `base`.
+  /// A name not used by any value, built from `base`: base itself, or base_1, base_2, ...
   std::string unique_value_name(std::string_view base) const;
+  /// Renames a value (the name must be free, or the value's own).
+  void rename_value(ValueId id, std::string name);
   /// Index of the node that produces each value (-1 for inputs, constants, unused).
   std::vector<int32_t> producers() const;
+  /// Per value, every place it is read, in node order; reads by name from subgraphs appear
+  /// once per owning node, as Use{node, Use::kCaptured}. Graph outputs are not uses.
+  std::vector<std::vector<Use>> uses() const;
+  /// Makes every reader of `from` read `to` instead: node inputs, graph outputs, and subgraph
+  /// bodies that read `from` by name (their local stand-in is renamed, or merged with one
+  /// already reading `to`). Fails, changing nothing, if a body defines a value of its own named
+  /// like `to` where it would need to read the outer `to`.
+  Status replace_all_uses(ValueId from, ValueId to);
   /// Sorts nodes topologically, keeping the existing order where it is already valid.
   /// Fails (naming a node on the cycle) if the graph has a cycle.
   Status topo_sort();
@@ -170,6 +194,16 @@ struct Graph {
 
   const Value& value(ValueId id) const { return values[static_cast<size_t>(id)]; }
   Value& value(ValueId id) { return values[static_cast<size_t>(id)]; }
+
+ private:
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  /// find_value's index: the first value of each name among values[0, indexed_).
+  mutable std::unordered_map<std::string, ValueId, NameHash, std::equal_to<>> by_name_;
+  mutable size_t indexed_ = 0;
+  void reindex() const;
 };
 
 /// How far down the pipeline a model is.

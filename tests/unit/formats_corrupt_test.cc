@@ -535,7 +535,7 @@ TEST(CorruptKiln, IndexOutOfRangeInASubgraph) {
 
 TEST(CorruptKiln, DuplicateValueNames) {
   Model m = good_model();
-  m.graph.value(6).name = "w";
+  m.graph.rename_value(6, "w");
   expect_rejected(m, "value 'w': the name is used by both value 1 and value 6");
 }
 
