@@ -29,9 +29,9 @@ bool InferContext::all_inputs_known() const {
 
 Error InferContext::error(std::string what) const { return user_error(node_.where(), std::move(what)); }
 
-void OpRegistry::add(std::string domain, OpSchema schema) {
+OpSchema& OpRegistry::add(std::string domain, OpSchema schema) {
   std::string name(schema.name);
-  ops_.insert_or_assign({std::move(domain), std::move(name)}, std::move(schema));
+  return ops_.insert_or_assign({std::move(domain), std::move(name)}, std::move(schema)).first->second;
 }
 
 const OpSchema* OpRegistry::find(std::string_view domain, std::string_view name) const {

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -84,6 +85,35 @@ struct AttrSpec {
 
 inline constexpr int kVariadic = -1;
 
+/// FLOPs of a node from the graph's shapes: 2 x multiply-accumulates of the dense ops, known
+/// dims only (symbolic ones count as 1), saturating at INT64_MAX.
+using FlopsFn = int64_t (*)(const Node&, const Graph&);
+
+/// The values an index input may hold without leaving what it indexes: below `hi`, or below
+/// hi_per_last_axis[k] at position k of its last axis (GatherND), with the reason.
+struct IndexBound {
+  int64_t hi = 0;
+  std::vector<int64_t> hi_per_last_axis;
+  std::string reason;
+};
+/// The bound input `slot` of a node puts on its values when its shape is `shape` (`direct`:
+/// the node reads the input itself, not a reshaped copy); nullopt where the graph does not say.
+using IndexBoundFn = std::optional<IndexBound> (*)(const Graph&, const Node&, size_t slot, bool direct,
+                                                   std::span<const int64_t> shape);
+
+/// What passes, the profiler and the test tools know of an op beyond its shapes: the one place
+/// op traits live.
+struct OpTraits {
+  FlopsFn flops = nullptr;  ///< null: the op's FLOPs are not counted
+  /// Inputs holding weights that a kernel may repack into its own layout at compile time when
+  /// they are constant (Conv's W, MatMul's B).
+  std::vector<int> prepack_inputs;
+  /// Inputs whose values reach output 0 unchanged (Identity, Reshape's data): bounds on the
+  /// output's values hold for them too.
+  enum class PassThrough { none, first, all } pass_through = PassThrough::none;
+  IndexBoundFn index_bound = nullptr;  ///< for ops with index inputs (Gather, OneHot)
+};
+
 /// One core op.
 struct OpSchema {
   std::string_view name;
@@ -94,12 +124,14 @@ struct OpSchema {
   int max_outputs;
   std::vector<AttrSpec> attrs;
   InferFn infer;
+  OpTraits traits = {};
 };
 
 /// All ops known to kiln, by (domain, name). Built once by the register_*_ops functions.
 class OpRegistry {
  public:
-  void add(std::string domain, OpSchema schema);
+  /// Adds (or replaces) an op; returns it so that registration can set its traits.
+  OpSchema& add(std::string domain, OpSchema schema);
   const OpSchema* find(std::string_view domain, std::string_view name) const;
   /// Every op sorted by (domain, name).
   std::vector<std::pair<std::string, const OpSchema*>> all() const;

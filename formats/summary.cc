@@ -6,48 +6,14 @@
 #include <sstream>
 
 #include "formats/checked.h"
+#include "formats/op_schema.h"
+#include "formats/ops/flops.h"
 
 namespace kiln {
 
-namespace {
-
-int64_t dim_or_one(const Shape& s, size_t i) {
-  if (!s.rank_known || i >= s.dims.size()) return 1;
-  return s.dims[i].is_known() ? s.dims[i].value : 1;
-}
-
-CheckedInt numel_or_one(const Shape& s, size_t from, size_t to) {
-  CheckedInt n = 1;
-  for (size_t i = from; i < to && i < s.dims.size(); ++i) n *= dim_or_one(s, i);
-  return n;
-}
-
-// FLOP counts past int64 (absurd declared dims) saturate rather than wrap.
-int64_t saturate(CheckedInt v) { return v.ok() ? v.value() : std::numeric_limits<int64_t>::max(); }
-
-}  // namespace
-
 int64_t node_flops(const Node& node, const Graph& graph) {
-  if (!node.domain.empty() || node.outputs.empty() || node.outputs[0] < 0 || !node.has_input(0) || !node.has_input(1))
-    return 0;
-  const Shape& a = graph.value(node.inputs[0]).shape;
-  const Shape& b = graph.value(node.inputs[1]).shape;
-  const Shape& y = graph.value(node.outputs[0]).shape;
-  if (!a.rank_known || !b.rank_known || !y.rank_known) return 0;
-  if (node.op == "Conv" && b.dims.size() >= 3) {
-    // y: N x Cout x spatial; w: Cout x Cin/group x kernel
-    return saturate(CheckedInt(2) * numel_or_one(y, 0, y.dims.size()) * numel_or_one(b, 1, b.dims.size()));
-  }
-  if (node.op == "ConvTranspose" && b.dims.size() >= 3) {
-    // x: N x Cin x spatial; w: Cin x Cout/group x kernel
-    return saturate(CheckedInt(2) * numel_or_one(a, 0, a.dims.size()) * numel_or_one(b, 1, b.dims.size()));
-  }
-  if (node.op == "MatMul" || node.op == "Gemm") {
-    int64_t k = node.op == "Gemm" && node.attr_int("transA", 0) ? dim_or_one(a, 0)
-                : dim_or_one(a, a.dims.empty() ? 0 : a.dims.size() - 1);
-    return saturate(CheckedInt(2) * numel_or_one(y, 0, y.dims.size()) * k);
-  }
-  return 0;
+  const OpSchema* schema = core_ops().find(node.domain, node.op);
+  return schema && schema->traits.flops ? schema->traits.flops(node, graph) : 0;
 }
 
 ModelSummary summarize(const Model& model) {
@@ -56,7 +22,7 @@ ModelSummary summarize(const Model& model) {
   for (const Node& n : g.nodes) {
     ++s.op_counts[n.qualified_op()];
     ++s.nodes;
-    s.flops = saturate(CheckedInt(s.flops) + node_flops(n, g));
+    s.flops = flops::saturate(CheckedInt(s.flops) + node_flops(n, g));
   }
   for (const Value& v : g.values)
     if (v.is_constant()) {

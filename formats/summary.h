@@ -15,12 +15,12 @@ struct ModelSummary {
   int64_t nodes = 0;
   int64_t parameters = 0;       ///< elements of constant values
   int64_t parameter_bytes = 0;
-  int64_t flops = 0;            ///< 2 × MACs of Conv, ConvTranspose, MatMul, Gemm
+  int64_t flops = 0;            ///< the ops' OpTraits::flops: 2 × MACs of the dense ops
 };
 
 ModelSummary summarize(const Model& model);
 
-/// FLOPs of one node (2 × MACs for the ops above, 0 for others), symbolic dims as 1.
+/// FLOPs of one node by its op's OpTraits::flops (0 for ops not counted), symbolic dims as 1.
 int64_t node_flops(const Node& node, const Graph& graph);
 
 /// The `kiln inspect --json` document (schema "kiln.inspect", version 1).

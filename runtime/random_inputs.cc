@@ -6,6 +6,8 @@
 #include <optional>
 #include <set>
 
+#include "formats/op_schema.h"
+
 namespace kiln {
 namespace {
 
@@ -37,74 +39,37 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// Size of dim `axis` (may be negative) of value `v`, when the graph knows it.
-std::optional<int64_t> known_dim(const Graph& g, ValueId v, int64_t axis) {
-  if (v == kNoValue) return std::nullopt;
-  const Value& val = g.value(v);
-  std::vector<int64_t> dims;
-  if (val.is_constant()) {
-    dims = val.constant.shape();
-  } else {
-    if (!val.shape.rank_known) return std::nullopt;
-    for (const Dim& d : val.shape.dims) dims.push_back(d.is_known() ? d.value : -1);
+// Whether input `slot` of `n` reaches its output 0 unchanged, so bounds on the output's
+// values hold for it.
+bool is_pass_through(const OpSchema* schema, size_t slot) {
+  if (!schema) return false;
+  switch (schema->traits.pass_through) {
+    case OpTraits::PassThrough::all: return true;
+    case OpTraits::PassThrough::first: return slot == 0;
+    case OpTraits::PassThrough::none: return false;
   }
-  int64_t rank = static_cast<int64_t>(dims.size());
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank || dims[static_cast<size_t>(axis)] < 0) return std::nullopt;
-  return dims[static_cast<size_t>(axis)];
-}
-
-bool is_pass_through(const Node& n, size_t slot) {
-  static const std::set<std::string, std::less<>> kAnySlot = {"Cast", "Identity", "Concat"};
-  static const std::set<std::string, std::less<>> kFirstSlot = {"Reshape", "Flatten", "Squeeze", "Unsqueeze",
-                                                                "Expand", "Transpose", "Slice"};
-  if (!n.domain.empty()) return false;
-  return kAnySlot.count(n.op) || (slot == 0 && kFirstSlot.count(n.op));
+  return false;
 }
 
 // Narrows `r` by the bound one use implies; returns whether the use said anything.
-bool apply_use(const Graph& g, const Node& n, size_t slot, bool direct, std::span<const int64_t> shape,
-               RandomRange& r) {
-  auto bound = [&](int64_t hi, std::string reason) {
-    if (hi < r.hi) {
-      r.hi = hi;
-      r.reason = std::move(reason);
-    }
-    return true;
-  };
-  if (!n.domain.empty()) return false;
-  const std::string& op = n.op;
-  if ((op == "Gather" || op == "GatherElements" || op == "ScatterElements") && slot == 1 && !n.inputs.empty()) {
-    int64_t axis = n.attr_int("axis", 0);
-    if (auto d = known_dim(g, n.inputs[0], axis))
-      return bound(*d, "indices of " + op + " " + n.where() + " into a dim of size " + std::to_string(*d));
-    return false;
-  }
-  if ((op == "GatherND" || op == "ScatterND") && slot == 1 && direct && !shape.empty() && !n.inputs.empty()) {
-    int64_t batch = op == "GatherND" ? n.attr_int("batch_dims", 0) : 0;
-    std::vector<int64_t> per;
-    for (int64_t k = 0; k < shape.back(); ++k) {
-      auto d = known_dim(g, n.inputs[0], batch + k);
-      if (!d || batch + k < 0) return false;
-      per.push_back(*d);
-    }
-    if (per.empty()) return false;
+bool apply_use(const Graph& g, const Node& n, const OpSchema* schema, size_t slot, bool direct,
+               std::span<const int64_t> shape, RandomRange& r) {
+  if (!schema || !schema->traits.index_bound) return false;
+  std::optional<IndexBound> b = schema->traits.index_bound(g, n, slot, direct, shape);
+  if (!b) return false;
+  if (!b->hi_per_last_axis.empty()) {
+    std::vector<int64_t>& per = b->hi_per_last_axis;
     if (!r.hi_per_last_axis.empty())
-      for (size_t k = 0; k < per.size(); ++k) per[k] = std::min(per[k], r.hi_per_last_axis[k]);
-    r.hi_per_last_axis = per;
-    std::string dims;
-    for (int64_t d : per) dims += (dims.empty() ? "" : "x") + std::to_string(d);
-    if (r.reason.empty()) r.reason = "indices of " + op + " " + n.where() + " into dims " + dims;
+      for (size_t k = 0; k < per.size() && k < r.hi_per_last_axis.size(); ++k) per[k] = std::min(per[k], r.hi_per_last_axis[k]);
+    r.hi_per_last_axis = std::move(per);
+    if (r.reason.empty()) r.reason = std::move(b->reason);
     return true;
   }
-  if (op == "OneHot" && slot == 0 && n.has_input(1)) {
-    const Value& depth = g.value(n.inputs[1]);
-    if (depth.is_constant() && depth.constant.numel() == 1) {
-      int64_t d = static_cast<int64_t>(depth.constant.as_double(0));
-      if (d > 0) return bound(d, "indices of OneHot " + n.where() + " with depth " + std::to_string(d));
-    }
+  if (b->hi < r.hi) {
+    r.hi = b->hi;
+    r.reason = std::move(b->reason);
   }
-  return false;
+  return true;
 }
 
 int64_t dtype_max(DType t) {
@@ -151,10 +116,11 @@ RandomRange random_input_range(const Graph& g, ValueId input, std::span<const in
     auto [value, direct] = work.back();
     work.pop_back();
     for (const Node& n : g.nodes) {
+      const OpSchema* schema = core_ops().find(n.domain, n.op);
       for (size_t slot = 0; slot < n.inputs.size(); ++slot) {
         if (n.inputs[slot] != value) continue;
-        found = apply_use(g, n, slot, direct, shape, r) || found;
-        if (is_pass_through(n, slot) && !n.outputs.empty() && n.outputs[0] != kNoValue &&
+        found = apply_use(g, n, schema, slot, direct, shape, r) || found;
+        if (is_pass_through(schema, slot) && !n.outputs.empty() && n.outputs[0] != kNoValue &&
             seen.insert(n.outputs[0]).second)
           work.emplace_back(n.outputs[0], false);
       }

@@ -311,8 +311,8 @@ constexpr AttrType kStr = AttrType::string;
 }  // namespace
 
 void register_elementwise_ops(OpRegistry& r) {
-  auto unary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) {
-    r.add("", OpSchema{name, summary, 1, 1, 1, 1, std::move(attrs), infer_unary});
+  auto unary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) -> OpSchema& {
+    return r.add("", OpSchema{name, summary, 1, 1, 1, 1, std::move(attrs), infer_unary});
   };
   unary("Abs", "|x|");
   unary("Neg", "-x");
@@ -342,7 +342,7 @@ void register_elementwise_ops(OpRegistry& r) {
          {"detect_positive", kInt64, false, "report +inf (default 1)"}});
   unary("Not", "logical not of bool");
   unary("BitwiseNot", "bitwise complement of integers");
-  unary("Identity", "y = x");
+  unary("Identity", "y = x").traits.pass_through = OpTraits::PassThrough::all;
   unary("Relu", "max(x, 0)");
   unary("LeakyRelu", "x < 0 ? alpha * x : x", {{"alpha", kF64, false, "slope for x < 0 (default 0.01)"}});
   unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", {{"alpha", kF64, false, "default 1"}});
@@ -401,7 +401,8 @@ void register_elementwise_ops(OpRegistry& r) {
   r.add("", OpSchema{"Clip", "min(max(x, min), max); min/max are optional one-element inputs", 1, 3, 1, 1, {},
                      infer_clip});
   r.add("", OpSchema{"Cast", "converts to another element type", 1, 1, 1, 1,
-                     {{"to", kStr, true, "the kiln type name: f32, f16, bf16, f64, i8 … u64, bool"}}, infer_cast});
+                     {{"to", kStr, true, "the kiln type name: f32, f16, bf16, f64, i8 … u64, bool"}}, infer_cast})
+      .traits.pass_through = OpTraits::PassThrough::all;
 }
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/flops.h"
 #include "formats/ops/nn_util.h"
 
 namespace kiln {
@@ -475,17 +476,18 @@ void register_nn_ops(OpRegistry& r) {
   using namespace nn;
   r.add("", OpSchema{"Conv", "N-d convolution with groups, strides, dilations, pads and optional bias", 2, 3, 1, 1,
                      {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape, kPads, kStrides},
-                     infer_conv});
+                     infer_conv}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
   r.add("", OpSchema{"ConvTranspose", "N-d transposed convolution (gradient of Conv)", 2, 3, 1, 1,
                      {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape,
                       {"output_padding", AttrType::ints, false, "extra size at the end of each dim"},
                       {"output_shape", AttrType::ints, false, "requested output spatial size"}, kPads, kStrides},
-                     infer_conv_transpose});
-  r.add("", OpSchema{"MatMul", "numpy matmul: batched, broadcasting, 1-D operands promoted", 2, 2, 1, 1, {}, infer_matmul});
+                     infer_conv_transpose}).traits = {.flops = flops::conv_transpose, .prepack_inputs = {1}};
+  r.add("", OpSchema{"MatMul", "numpy matmul: batched, broadcasting, 1-D operands promoted", 2, 2, 1, 1, {}, infer_matmul})
+      .traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
   r.add("", OpSchema{"Gemm", "alpha * op(A) @ op(B) + beta * C, C broadcast to [M, N]", 2, 3, 1, 1,
                      {{"alpha", AttrType::float64, false, "1.0"}, {"beta", AttrType::float64, false, "1.0"},
                       {"transA", AttrType::int64, false, "0"}, {"transB", AttrType::int64, false, "0"}},
-                     infer_gemm});
+                     infer_gemm}).traits = {.flops = flops::gemm, .prepack_inputs = {1}};
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
                       {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides},

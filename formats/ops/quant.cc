@@ -6,6 +6,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/flops.h"
 
 namespace kiln {
 
@@ -255,13 +256,13 @@ void register_quant_ops(OpRegistry& r) {
   r.add("", OpSchema{"DynamicQuantizeLinear", "u8 quantization with scale and zero point from the data's range",
                      1, 1, 3, 3, {}, infer_dynamic_quantize});
   r.add("", OpSchema{"MatMulInteger", "i32 matmul of (a - a_zero_point) and (b - b_zero_point)", 2, 4, 1, 1, {},
-                     infer_matmul_integer});
+                     infer_matmul_integer}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
   r.add("", OpSchema{"QLinearMatMul", "quantized matmul: requantized i32 product of dequantized operands", 8, 8,
-                     1, 1, {}, infer_qlinear_matmul});
+                     1, 1, {}, infer_qlinear_matmul}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {3}};
   r.add("", OpSchema{"ConvInteger", "i32 convolution of (x - x_zero_point) and (w - w_zero_point)", 2, 4, 1, 1,
-                     conv_attrs(), infer_conv_integer});
+                     conv_attrs(), infer_conv_integer}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
   r.add("", OpSchema{"QLinearConv", "quantized convolution with i32 bias, requantized to y's scale", 8, 9, 1, 1,
-                     conv_attrs(), infer_qlinear_conv});
+                     conv_attrs(), infer_qlinear_conv}).traits = {.flops = flops::conv<3>, .prepack_inputs = {3}};
 }
 
 }  // namespace kiln

@@ -626,24 +626,31 @@ void register_shape_index_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r) {
   r.add("", OpSchema{"Reshape", "the data with a new shape (0 copies an input dim unless allowzero, -1 is inferred)",
                      2, 2, 1, 1, {{"allowzero", AttrType::int64, false, "0: a 0 copies the input dim; 1: a 0 is a 0 dim"}},
-                     infer_reshape});
+                     infer_reshape}).traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Flatten", "reshape to 2-D: dims before axis, dims from axis", 1, 1, 1, 1,
-                     {{"axis", AttrType::int64, false, "default 1, in [-rank, rank]"}}, infer_flatten});
-  r.add("", OpSchema{"Squeeze", "removes size-1 dims (the given axes, or all)", 1, 2, 1, 1, {}, infer_squeeze});
-  r.add("", OpSchema{"Unsqueeze", "inserts size-1 dims at the given axes of the output", 2, 2, 1, 1, {}, infer_unsqueeze});
+                     {{"axis", AttrType::int64, false, "default 1, in [-rank, rank]"}}, infer_flatten})
+      .traits.pass_through = OpTraits::PassThrough::first;
+  r.add("", OpSchema{"Squeeze", "removes size-1 dims (the given axes, or all)", 1, 2, 1, 1, {}, infer_squeeze})
+      .traits.pass_through = OpTraits::PassThrough::first;
+  r.add("", OpSchema{"Unsqueeze", "inserts size-1 dims at the given axes of the output", 2, 2, 1, 1, {}, infer_unsqueeze})
+      .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Transpose", "permutes the dims", 1, 1, 1, 1,
-                     {{"perm", AttrType::ints, false, "output dim i is input dim perm[i]; default reversed"}}, infer_transpose});
+                     {{"perm", AttrType::ints, false, "output dim i is input dim perm[i]; default reversed"}}, infer_transpose})
+      .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Concat", "joins tensors along an axis", 1, kVariadic, 1, 1,
-                     {{"axis", AttrType::int64, true, "the axis, negative counts from the end"}}, infer_concat});
+                     {{"axis", AttrType::int64, true, "the axis, negative counts from the end"}}, infer_concat})
+      .traits.pass_through = OpTraits::PassThrough::all;
   r.add("", OpSchema{"Split", "splits along an axis into the given sizes, or equal parts (the last smaller)", 1, 2, 1, kVariadic,
                      {{"axis", AttrType::int64, false, "default 0"},
                       {"num_outputs", AttrType::int64, false, "the number of outputs when split is absent"}},
                      infer_split});
-  r.add("", OpSchema{"Slice", "strided slice along some axes, with ONNX clamping", 3, 5, 1, 1, {}, infer_slice});
+  r.add("", OpSchema{"Slice", "strided slice along some axes, with ONNX clamping", 3, 5, 1, 1, {}, infer_slice})
+      .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Pad", "pads (or crops, with negative pads) the given axes", 2, 4, 1, 1,
                      {{"mode", AttrType::string, false, "constant (default), reflect, edge or wrap"}}, infer_pad});
   r.add("", OpSchema{"Tile", "repeats the input along each axis", 2, 2, 1, 1, {}, infer_tile});
-  r.add("", OpSchema{"Expand", "broadcasts the input to a shape (numpy rules)", 2, 2, 1, 1, {}, infer_expand});
+  r.add("", OpSchema{"Expand", "broadcasts the input to a shape (numpy rules)", 2, 2, 1, 1, {}, infer_expand})
+      .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"DepthToSpace", "moves channel blocks into spatial blocks (NCHW)", 1, 1, 1, 1,
                      {{"blocksize", AttrType::int64, true, "the block edge"},
                       {"mode", AttrType::string, false, "DCR (default) or CRD"}},

@@ -359,23 +359,82 @@ Status infer_reverse_sequence(InferContext& ctx) {
   return {};
 }
 
+// ---- index bounds (OpTraits::index_bound): what random test inputs must stay below ----
+
+// Size of dim `axis` (may be negative) of value `v`, when the graph knows it.
+std::optional<int64_t> known_dim(const Graph& g, ValueId v, int64_t axis) {
+  if (v == kNoValue) return std::nullopt;
+  const Value& val = g.value(v);
+  std::vector<int64_t> dims;
+  if (val.is_constant()) {
+    dims = val.constant.shape();
+  } else {
+    if (!val.shape.rank_known) return std::nullopt;
+    for (const Dim& d : val.shape.dims) dims.push_back(d.is_known() ? d.value : -1);
+  }
+  int64_t rank = static_cast<int64_t>(dims.size());
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank || dims[static_cast<size_t>(axis)] < 0) return std::nullopt;
+  return dims[static_cast<size_t>(axis)];
+}
+
+// Gather, GatherElements, ScatterElements: indices (input 1) into the data's dim `axis`.
+std::optional<IndexBound> along_axis_bound(const Graph& g, const Node& n, size_t slot, bool, std::span<const int64_t>) {
+  if (slot != 1 || n.inputs.empty()) return std::nullopt;
+  auto d = known_dim(g, n.inputs[0], n.attr_int("axis", 0));
+  if (!d) return std::nullopt;
+  return IndexBound{*d, {}, "indices of " + n.op + " " + n.where() + " into a dim of size " + std::to_string(*d)};
+}
+
+// GatherND, ScatterND: position k of the indices' last axis indexes the data's dim
+// batch_dims + k.
+std::optional<IndexBound> nd_bound(const Graph& g, const Node& n, size_t slot, bool direct, std::span<const int64_t> shape) {
+  if (slot != 1 || !direct || shape.empty() || n.inputs.empty()) return std::nullopt;
+  const int64_t batch = n.op == "GatherND" ? n.attr_int("batch_dims", 0) : 0;
+  IndexBound b;
+  for (int64_t k = 0; k < shape.back(); ++k) {
+    auto d = known_dim(g, n.inputs[0], batch + k);
+    if (!d || batch + k < 0) return std::nullopt;
+    b.hi_per_last_axis.push_back(*d);
+  }
+  if (b.hi_per_last_axis.empty()) return std::nullopt;
+  std::string dims;
+  for (int64_t d : b.hi_per_last_axis) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+  b.reason = "indices of " + n.op + " " + n.where() + " into dims " + dims;
+  return b;
+}
+
+// OneHot: indices (input 0) below a constant depth.
+std::optional<IndexBound> one_hot_bound(const Graph& g, const Node& n, size_t slot, bool, std::span<const int64_t>) {
+  if (slot != 0 || !n.has_input(1)) return std::nullopt;
+  const Value& depth = g.value(n.inputs[1]);
+  if (!depth.is_constant() || depth.constant.numel() != 1) return std::nullopt;
+  const double d = depth.constant.as_double(0);
+  if (!(d >= 1) || d > 9.2e18) return std::nullopt;
+  const int64_t hi = static_cast<int64_t>(d);
+  return IndexBound{hi, {}, "indices of OneHot " + n.where() + " with depth " + std::to_string(hi)};
+}
+
 }  // namespace
 
 /// Registers the index half of the shape family (called from register_shape_ops).
 void register_shape_index_ops(OpRegistry& r) {
   r.add("", OpSchema{"Gather", "takes entries of the data along an axis at the given indices", 2, 2, 1, 1,
-                     {{"axis", AttrType::int64, false, "default 0"}}, infer_gather});
+                     {{"axis", AttrType::int64, false, "default 0"}}, infer_gather})
+      .traits = {.index_bound = along_axis_bound};
   r.add("", OpSchema{"GatherElements", "out[i][j] = data[indices[i][j]][j] along axis", 2, 2, 1, 1,
-                     {{"axis", AttrType::int64, false, "default 0"}}, infer_gather_elements});
+                     {{"axis", AttrType::int64, false, "default 0"}}, infer_gather_elements})
+      .traits = {.index_bound = along_axis_bound};
   r.add("", OpSchema{"GatherND", "gathers slices addressed by the last dim of indices", 2, 2, 1, 1,
                      {{"batch_dims", AttrType::int64, false, "leading dims shared by data and indices, default 0"}},
-                     infer_gather_nd});
+                     infer_gather_nd}).traits = {.index_bound = nd_bound};
   r.add("", OpSchema{"ScatterElements", "copy of the data with updates written (or reduced) at indices along axis", 3, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "default 0"},
                       {"reduction", AttrType::string, false, "none (default), add, mul, max or min"}},
-                     infer_scatter_elements});
+                     infer_scatter_elements}).traits = {.index_bound = along_axis_bound};
   r.add("", OpSchema{"ScatterND", "copy of the data with update slices written (or reduced) at indices", 3, 3, 1, 1,
-                     {{"reduction", AttrType::string, false, "none (default), add, mul, max or min"}}, infer_scatter_nd});
+                     {{"reduction", AttrType::string, false, "none (default), add, mul, max or min"}}, infer_scatter_nd})
+      .traits = {.index_bound = nd_bound};
   r.add("", OpSchema{"Shape", "the input's shape (dims start..end) as i64", 1, 1, 1, 1,
                      {{"start", AttrType::int64, false, "default 0"}, {"end", AttrType::int64, false, "default rank"}},
                      infer_shape});
@@ -385,7 +444,8 @@ void register_shape_index_ops(OpRegistry& r) {
                      infer_constant_of_shape});
   r.add("", OpSchema{"Range", "start, start + delta, … up to (excluding) limit", 3, 3, 1, 1, {}, infer_range});
   r.add("", OpSchema{"OneHot", "one-hot encoding: values[1] at the index, values[0] elsewhere", 3, 3, 1, 1,
-                     {{"axis", AttrType::int64, false, "where the depth axis goes, default -1"}}, infer_one_hot});
+                     {{"axis", AttrType::int64, false, "where the depth axis goes, default -1"}}, infer_one_hot})
+      .traits = {.index_bound = one_hot_bound};
   r.add("", OpSchema{"Trilu", "keeps the upper or lower triangle of the last two dims", 1, 2, 1, 1,
                      {{"upper", AttrType::int64, false, "1 (default): upper; 0: lower"}}, infer_trilu});
   r.add("", OpSchema{"EyeLike", "a 2-D tensor with ones on the k-th diagonal", 1, 1, 1, 1,
