@@ -9,33 +9,11 @@
 namespace kiln {
 namespace {
 
+using testing::if_model;
 using testing::make;
 using testing::node;
 
 const Shape kTwo = Shape::of(std::vector<int64_t>{2});
-
-// y = If(cond) then {x + x} else {constant [7, 8]}; the then branch reads x by name.
-Model if_model() {
-  Model m;
-  Graph& g = m.graph;
-  ValueId cond = g.add_value("cond", DType::boolean, Shape::of(std::vector<int64_t>{}));
-  ValueId x = g.add_value("x", DType::f32, kTwo);
-  ValueId y = g.add_value("y", DType::f32, kTwo);
-  g.inputs = {cond, x};
-  g.outputs = {y};
-  auto then_g = std::make_shared<Graph>();
-  ValueId tx = then_g->add_value("x", DType::f32, kTwo);
-  ValueId ty = then_g->add_value("then_y", DType::f32, kTwo);
-  then_g->add_node(node("double", "Add", {tx, tx}, {ty}));
-  then_g->outputs = {ty};
-  auto else_g = std::make_shared<Graph>();
-  else_g->outputs = {else_g->add_constant("else_y", make<float>({2}, {7, 8}))};
-  Node n = node("if", "If", {cond}, {y});
-  n.set_attr("then_branch", then_g);
-  n.set_attr("else_branch", else_g);
-  g.add_node(std::move(n));
-  return m;
-}
 
 std::vector<float> run_if(const Model& m, bool cond) {
   auto s = Session::create(m);

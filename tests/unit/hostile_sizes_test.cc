@@ -111,49 +111,47 @@ TEST(HostileSizes, PadsThatOverflow) {
   expect_rejected(m, "overflow int64");
 }
 
-TEST(HostileSizes, ConvIntegerPadsThatOverflow) {
+/// One node `op` reading graph inputs of these dtypes and shapes, with attributes; output y.
+Model inputs_node(const std::string& op, std::vector<std::pair<DType, Shape>> in, std::vector<Attribute> attrs,
+                  DType out) {
   Model m;
   Graph& g = m.graph;
-  ValueId x = g.add_value("x", DType::u8, dims({Dim::sym("n"), Dim::known(1), Dim::known(4), Dim::known(4)}));
-  ValueId w = g.add_value("w", DType::u8, Shape::of(std::vector<int64_t>{1, 1, 2, 2}));
-  ValueId y = g.add_value("y", DType::i32, Shape::unknown_rank());
-  g.inputs = {x, w};
-  Node n = node("conv", "ConvInteger", {x, w}, {y});
-  n.set_attr("pads", std::vector<int64_t>{kHuge, kHuge, kHuge, kHuge});
-  g.add_node(n);
-  g.outputs = {y};
+  Node n = node("n", op, {}, {});
+  for (size_t i = 0; i < in.size(); ++i) {
+    g.inputs.push_back(g.add_value("in" + std::to_string(i), in[i].first, std::move(in[i].second)));
+    n.inputs.push_back(g.inputs.back());
+  }
+  n.outputs = {g.add_value("y", out, Shape::unknown_rank())};
+  for (Attribute& a : attrs) n.set_attr(a.name, std::move(a.value));
+  g.outputs = n.outputs;
+  g.add_node(std::move(n));
+  return m;
+}
+
+TEST(HostileSizes, ConvIntegerPadsThatOverflow) {
+  Model m = inputs_node("ConvInteger",
+                        {{DType::u8, dims({Dim::sym("n"), Dim::known(1), Dim::known(4), Dim::known(4)})},
+                         {DType::u8, Shape::of(std::vector<int64_t>{1, 1, 2, 2})}},
+                        {{"pads", std::vector<int64_t>{kHuge, kHuge, kHuge, kHuge}}}, DType::i32);
   expect_rejected(m, "overflows int64");
 }
 
 // fuzz_kiln_load: W's declared channels times group overflow when checked against X's.
 TEST(HostileSizes, ConvChannelsTimesGroupOverflow) {
-  {
-    Model m;
-    Graph& g = m.graph;
-    ValueId x = g.add_value("x", DType::f32, dims({Dim::sym("n"), Dim::known(3), Dim::known(4), Dim::known(4)}));
-    ValueId w = g.add_value("w", DType::f32, dims({Dim::known(3), Dim::known(8462108011559649285), Dim::sym("k"), Dim::sym("k")}));
-    ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
-    g.inputs = {x, w};
-    Node n = node("conv", "Conv", {x, w}, {y});
-    n.set_attr("group", int64_t{3});
-    g.add_node(n);
-    g.outputs = {y};
-    expect_rejected(m, "channels but W expects 8462108011559649285 x group 3");
-  }
+  Model m = inputs_node(
+      "Conv",
+      {{DType::f32, dims({Dim::sym("n"), Dim::known(3), Dim::known(4), Dim::known(4)})},
+       {DType::f32, dims({Dim::known(3), Dim::known(8462108011559649285), Dim::sym("k"), Dim::sym("k")})}},
+      {{"group", int64_t{3}}}, DType::f32);
+  expect_rejected(m, "channels but W expects 8462108011559649285 x group 3");
 }
 
 TEST(HostileSizes, RecurrentHiddenSizeThatOverflows) {
-  Model m;
-  Graph& g = m.graph;
-  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2, 1, 3}));
-  ValueId w = g.add_value("w", DType::f32, Shape::of(std::vector<int64_t>{1, 6, 3}));
-  ValueId r = g.add_value("r", DType::f32, Shape::of(std::vector<int64_t>{1, 6, 2}));
-  ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
-  g.inputs = {x, w, r};
-  Node n = node("gru", "GRU", {x, w, r}, {y});
-  n.set_attr("hidden_size", kHuge);
-  g.add_node(n);
-  g.outputs = {y};
+  Model m = inputs_node("GRU",
+                        {{DType::f32, Shape::of(std::vector<int64_t>{2, 1, 3})},
+                         {DType::f32, Shape::of(std::vector<int64_t>{1, 6, 3})},
+                         {DType::f32, Shape::of(std::vector<int64_t>{1, 6, 2})}},
+                        {{"hidden_size", kHuge}}, DType::f32);
   expect_rejected(m, "W has 6 rows; expected 3 x hidden_size 4611686018427387904");
 }
 

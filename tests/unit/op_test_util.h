@@ -116,4 +116,28 @@ inline void expect_user_error(const Result<std::vector<Tensor>>& r, const std::s
   EXPECT_NE(r.error().what.find(fragment), std::string::npos) << r.error().what;
 }
 
+/// y = If(cond) then {x + x} else {constant [7, 8]}: x ([2], f32) is read from the outer graph
+/// by name, as exported bodies do.
+inline Model if_model() {
+  Model m;
+  Graph& g = m.graph;
+  ValueId cond = g.add_value("cond", DType::boolean, Shape::of(std::vector<int64_t>{}));
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  ValueId y = g.add_value("y", DType::undefined);
+  g.inputs = {cond, x};
+  g.outputs = {y};
+  auto then_g = std::make_shared<Graph>();
+  ValueId tx = then_g->add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  ValueId ty = then_g->add_value("then_y", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  then_g->add_node(node("double", "Add", {tx, tx}, {ty}));
+  then_g->outputs = {ty};
+  auto else_g = std::make_shared<Graph>();
+  else_g->outputs = {else_g->add_constant("else_y", make<float>({2}, {7, 8}))};
+  Node n = node("if", "If", {cond}, {y});
+  n.set_attr("then_branch", then_g);
+  n.set_attr("else_branch", else_g);
+  g.add_node(std::move(n));
+  return m;
+}
+
 }  // namespace kiln::testing

@@ -11,6 +11,7 @@
 namespace kiln {
 namespace {
 
+using testing::if_model;
 using testing::make;
 using testing::node;
 
@@ -18,29 +19,6 @@ using testing::node;
 void expect_all(const Tensor& got, const std::vector<double>& want) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_DOUBLE_EQ(got.as_double(i), want[static_cast<size_t>(i)]) << "element " << i;
-}
-
-// y = If(cond) then {x + x} else {constant [7, 8]}; x is read from the outer graph by name.
-Model if_model() {
-  Model m;
-  Graph& g = m.graph;
-  ValueId cond = g.add_value("cond", DType::boolean, Shape::of(std::vector<int64_t>{}));
-  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
-  ValueId y = g.add_value("y", DType::undefined);
-  g.inputs = {cond, x};
-  g.outputs = {y};
-  auto then_g = std::make_shared<Graph>();
-  ValueId tx = then_g->add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
-  ValueId ty = then_g->add_value("then_y", DType::f32, Shape::of(std::vector<int64_t>{2}));
-  then_g->add_node(node("double", "Add", {tx, tx}, {ty}));
-  then_g->outputs = {ty};
-  auto else_g = std::make_shared<Graph>();
-  else_g->outputs = {else_g->add_constant("else_y", make<float>({2}, {7, 8}))};
-  Node n = node("if", "If", {cond}, {y});
-  n.set_attr("then_branch", then_g);
-  n.set_attr("else_branch", else_g);
-  g.add_node(std::move(n));
-  return m;
 }
 
 TEST(ControlOps, IfRunsTheChosenBranch) {
