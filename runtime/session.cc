@@ -71,6 +71,7 @@ struct Session::Plan {
   std::vector<std::unique_ptr<Kernel>> kernels;  ///< per node, chosen on this plan's shapes
   std::vector<NodeKernel> choices;               ///< per node: the kernel's name, who declined
   Workspace workspace;
+  uint64_t last_used = 0;  ///< the run that last used it, for evicting the least recent
 };
 
 /// The tensors of one graph while it runs; subgraph frames point to their enclosing frame.
@@ -288,7 +289,11 @@ Result<std::map<std::string, int64_t>> Session::bind_symbols(const std::vector<T
 Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
   std::vector<std::vector<int64_t>> key;
   for (const Tensor& t : inputs) key.push_back(t.shape());
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  ++runs_;
+  if (auto it = plans_.find(key); it != plans_.end()) {
+    it->second->last_used = runs_;
+    return it->second.get();
+  }
 
   // Infer every shape with the bound input shapes on a copy of the graph.
   Graph bound = graph_;
@@ -459,7 +464,16 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     if (first[v] >= 0 && !is_output[v] && reinfer[static_cast<size_t>(first[v])])
       plan->steps[static_cast<size_t>(std::max(last[v], first[v]))].release.push_back(static_cast<ValueId>(v));
 
-  stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, reinferred, plans_.size() + 1};
+  // Keep the most recently used plans only: each holds an arena and prepared kernels.
+  if (plans_.size() >= kMaxCachedPlans) {
+    auto oldest = std::min_element(plans_.begin(), plans_.end(),
+                                   [](const auto& a, const auto& b) { return a.second->last_used < b.second->last_used; });
+    if (oldest->second.get() == last_plan_) last_plan_ = nullptr;
+    plans_.erase(oldest);
+  }
+  plan->last_used = runs_;
+  ++planned_;
+  stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, reinferred, planned_, plans_.size() + 1};
   return plans_.emplace(std::move(key), std::move(plan)).first->second.get();
 }
 

@@ -65,11 +65,16 @@ struct MemoryPlanStats {
   size_t planned_values = 0;    ///< intermediate values placed in the arena
   size_t dynamic_values = 0;    ///< values allocated one by one (data-dependent shapes, outputs)
   size_t reinferred_nodes = 0;  ///< nodes whose output shapes are inferred again on each run
-  size_t signatures = 0;        ///< distinct input-shape signatures planned so far
+  size_t signatures = 0;        ///< plans built so far (a signature planned again counts again)
+  size_t cached_plans = 0;      ///< plans kept now, at most Session::kMaxCachedPlans
 };
 
 class Session {
  public:
+  /// The most plans a session keeps, one per input-shape signature: past that, the least
+  /// recently used is dropped (its arena freed) and planned again if its shapes return.
+  static constexpr size_t kMaxCachedPlans = 8;
+
   /// Checks that every node has a kernel implementation and prepares the subgraphs' kernels;
   /// the top-level nodes' kernels are chosen and prepared per input-shape signature, on its
   /// first run. The model must outlive the session.
@@ -118,6 +123,8 @@ class Session {
   std::unique_ptr<Workspace> subgraph_workspace_;
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Plan>> plans_;
   Plan* last_plan_ = nullptr;
+  uint64_t runs_ = 0;     ///< plan_for calls, the clock of Plan::last_used
+  size_t planned_ = 0;    ///< plans built
   MemoryPlanStats stats_;
   ExecutionObserver* observer_ = nullptr;
   int64_t subgraph_runs_ = 0;  ///< subgraph executions in the current run()

@@ -315,6 +315,27 @@ TEST(Session, KernelsSeeConstantInputsWhenChosen) {
   EXPECT_FLOAT_EQ((*r)[0].data<float>()[1], 5.f);
 }
 
+TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
+  Model m = chain_model();
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  auto run_batch = [&](int64_t n) {
+    auto r = (*s)->run(std::vector<Tensor>{filled({n, 4}, 0.5f), filled({n, 4}, -1.f)});
+    ASSERT_TRUE(r.ok()) << r.error().message();
+  };
+  const size_t cap = Session::kMaxCachedPlans;
+  for (size_t n = 1; n <= cap; ++n) run_batch(static_cast<int64_t>(n));
+  EXPECT_EQ((*s)->memory_stats().cached_plans, cap);
+  run_batch(1);  // batch 1 is now the most recent; batch 2 the least
+  for (size_t n = cap + 1; n <= cap + 4; ++n) run_batch(static_cast<int64_t>(n));
+  EXPECT_EQ((*s)->memory_stats().cached_plans, cap);
+  EXPECT_EQ((*s)->memory_stats().signatures, cap + 4);
+  run_batch(1);
+  EXPECT_EQ((*s)->memory_stats().signatures, cap + 4) << "batch 1 stayed planned";
+  run_batch(2);
+  EXPECT_EQ((*s)->memory_stats().signatures, cap + 5) << "batch 2 was evicted and planned again";
+}
+
 TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
   Model m = chain_model();
   m.graph.nodes[1].kernel.name = "narrow";  // a recorded choice does not bind the oracle
