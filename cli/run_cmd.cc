@@ -36,7 +36,7 @@ struct RunArgs {
   double atol = 1e-5;
   double rtol = 1e-3;
   std::vector<std::string> input_shapes;
-  int warmup = 0;
+  int warmup = 1;  // the first run of a shape signature also plans it
   int iters = 0;
   bool json = false;
   int threads = 0;  ///< 0: the machine's physical cores
@@ -194,16 +194,18 @@ int run(const RunArgs& args) {
   options.reference = args.reference;
   auto session = Session::create(*model, options);
   if (!session.ok()) return report(verb, with_file(session.status(), args.model));
-  // The warm-up runs, then the timed ones; the outputs written or checked are the last run's.
+  // With --iters: the warm-up runs, then the timed ones; otherwise one run. The outputs
+  // written or checked are the last run's.
   using clock = std::chrono::steady_clock;
+  const int warmup = args.iters > 0 ? args.warmup : 0;
   std::vector<double> times_ms;
   Result<std::vector<Tensor>> outputs = Error{};
-  for (int i = 0; i < args.warmup + std::max(args.iters, 1); ++i) {
+  for (int i = 0; i < warmup + std::max(args.iters, 1); ++i) {
     auto t0 = clock::now();
     outputs = (*session)->run(ordered);
     auto t1 = clock::now();
     if (!outputs.ok()) return report(verb, with_file(outputs.status(), args.model));
-    if (i >= args.warmup) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    if (i >= warmup) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
   if (args.verbose) {
     const Target& target = (*session)->target();
@@ -316,7 +318,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
   cmd->add_option("--input-shape", args->input_shapes,
                   "NAME=SHAPE of a random input, e.g. ids=1x128 (repeatable); other symbolic dims are 1");
-  cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones (the first run of a shape also builds its plan)")->check(CLI::NonNegativeNumber)->capture_default_str();
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
                            ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);

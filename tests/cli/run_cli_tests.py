@@ -128,7 +128,7 @@ def run_all(r, work):
         j = json.loads(out)
         lat = j["latency_ms"]
         good = (rc == 0 and j["schema"] == "kiln.run" and j["schema_version"] == 1 and j["iters"] == 4
-                and j["warmup"] == 0 and j["threads"] == 3 and j["reference"] is False and j["input_shapes"] == {"input": [8, 16]}
+                and j["warmup"] == 1 and j["threads"] == 3 and j["reference"] is False and j["input_shapes"] == {"input": [8, 16]}
                 and 0 < lat["min"] <= lat["median"] <= lat["p90"] and lat["min"] <= lat["mean"])
     except (ValueError, KeyError, TypeError) as e:
         good, err = False, f"{err} ({e})"
