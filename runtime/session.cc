@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -360,15 +361,24 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     if (bytes == 0) bytes = kTensorAlignment;
     items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
   }
-  // Greedy by size: each value takes the lowest offset that no value alive at the same time uses.
+  // Greedy by size: each value takes the lowest offset that no value alive at the same time
+  // uses. The placed values alive at each node index are listed, so finding a value's
+  // neighbours in time costs what its lifetime overlaps, not every value placed before it.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-  std::vector<const Item*> placed;
+  std::vector<std::vector<uint32_t>> alive(nn);
+  std::vector<uint32_t> seen(items.size(), UINT32_MAX);
+  std::vector<std::pair<size_t, size_t>> busy;
   size_t arena = 0, unshared = 0;
-  for (const Item& it : items) {
-    std::vector<std::pair<size_t, size_t>> busy;
-    for (const Item* p : placed)
-      if (!(p->end < it.begin || it.end < p->begin))
-        busy.emplace_back(static_cast<size_t>(plan->offset[p->v]), static_cast<size_t>(plan->offset[p->v]) + p->bytes);
+  for (uint32_t k = 0; k < items.size(); ++k) {
+    const Item& it = items[k];
+    busy.clear();
+    for (int32_t t = it.begin; t <= it.end; ++t)
+      for (uint32_t p : alive[static_cast<size_t>(t)])
+        if (seen[p] != k) {
+          seen[p] = k;
+          const size_t b = static_cast<size_t>(plan->offset[items[p].v]);
+          busy.emplace_back(b, b + items[p].bytes);
+        }
     std::sort(busy.begin(), busy.end());
     size_t off = 0;
     for (auto [b, e] : busy) {
@@ -379,7 +389,7 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     plan->bytes[it.v] = it.bytes;
     arena = std::max(arena, off + it.bytes);
     unshared += it.bytes;
-    placed.push_back(&it);
+    for (int32_t t = it.begin; t <= it.end; ++t) alive[static_cast<size_t>(t)].push_back(k);
   }
   plan->arena_bytes = arena;
   if (arena) {
