@@ -262,15 +262,19 @@ std::vector<std::vector<Use>> Graph::uses() const {
       ValueId in = nodes[n].inputs[i];
       if (in >= 0 && static_cast<size_t>(in) < values.size()) u[static_cast<size_t>(in)].push_back(Use{n, i});
     }
-    std::unordered_set<std::string> reads;
-    for_each_subgraph(nodes[n], [&](const Graph& body) { free_names(body, reads); });
-    std::vector<ValueId> captured;
-    for (const std::string& name : reads)
-      if (ValueId v = find_value(name); v != kNoValue) captured.push_back(v);
-    std::sort(captured.begin(), captured.end());
-    for (ValueId v : captured) u[static_cast<size_t>(v)].push_back(Use{n, Use::kCaptured});
+    for (ValueId v : captures(n)) u[static_cast<size_t>(v)].push_back(Use{n, Use::kCaptured});
   }
   return u;
+}
+
+std::vector<ValueId> Graph::captures(size_t node) const {
+  std::unordered_set<std::string> reads;
+  for_each_subgraph(nodes[node], [&](const Graph& body) { free_names(body, reads); });
+  std::vector<ValueId> captured;
+  for (const std::string& name : reads)
+    if (ValueId v = find_value(name); v != kNoValue) captured.push_back(v);
+  std::sort(captured.begin(), captured.end());
+  return captured;
 }
 
 Status Graph::replace_all_uses(ValueId from, ValueId to) {

@@ -181,6 +181,9 @@ struct Graph {
   /// Per value, every place it is read, in node order; reads by name from subgraphs appear
   /// once per owning node, as Use{node, Use::kCaptured}. Graph outputs are not uses.
   std::vector<std::vector<Use>> uses() const;
+  /// The values of this graph that node `node`'s subgraphs (and bodies nested in them) read
+  /// by name, in id order.
+  std::vector<ValueId> captures(size_t node) const;
   /// Makes every reader of `from` read `to` instead: node inputs, graph outputs, and subgraph
   /// bodies that read `from` by name (their local stand-in is renamed, or merged with one
   /// already reading `to`). Fails, changing nothing, if a body defines a value of its own named

@@ -229,6 +229,51 @@ Status run_kernel(Kernel& kernel, KernelContext& ctx, const Graph& g, const Node
   }
 }
 
+// Lifetimes [begin, end] (node indices) of the values placed in an arena so far, to find those
+// that overlap a new one. A value overlaps [b, e] when it is alive at b or begins within
+// (b, e]: a segment tree over node indices answers the first (a value is stored at the
+// O(log n) tree nodes that tile its lifetime, so those alive at b lie on b's root-to-leaf
+// path), an ordered map of beginnings the second. Memory is O(values x log nodes).
+class Lifetimes {
+ public:
+  explicit Lifetimes(size_t nodes) : n_(std::max<size_t>(nodes, 1)), tree_(4 * n_) {}
+
+  void add(uint32_t id, int32_t begin, int32_t end) {
+    insert(1, 0, n_ - 1, static_cast<size_t>(begin), static_cast<size_t>(end), id);
+    begins_.emplace(begin, id);
+  }
+
+  /// Calls f(id) once for each value whose lifetime overlaps [begin, end].
+  template <class F>
+  void overlapping(int32_t begin, int32_t end, F&& f) const {
+    const size_t b = static_cast<size_t>(begin);
+    for (size_t node = 1, lo = 0, hi = n_ - 1;;) {
+      for (uint32_t id : tree_[node]) f(id);
+      if (lo == hi) break;
+      const size_t mid = (lo + hi) / 2;
+      if (b <= mid) node = 2 * node, hi = mid;
+      else node = 2 * node + 1, lo = mid + 1;
+    }
+    for (auto it = begins_.upper_bound(begin); it != begins_.end() && it->first <= end; ++it) f(it->second);
+  }
+
+ private:
+  void insert(size_t node, size_t lo, size_t hi, size_t b, size_t e, uint32_t id) {
+    if (e < lo || hi < b) return;
+    if (b <= lo && hi <= e) {
+      tree_[node].push_back(id);
+      return;
+    }
+    const size_t mid = (lo + hi) / 2;
+    insert(2 * node, lo, mid, b, e, id);
+    insert(2 * node + 1, mid + 1, hi, b, e, id);
+  }
+
+  size_t n_;
+  std::vector<std::vector<uint32_t>> tree_;
+  std::multimap<int32_t, uint32_t> begins_;
+};
+
 }  // namespace
 
 Session::Session(const Model& model, SessionOptions options)
@@ -309,10 +354,8 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
   for (size_t n = 0; n < nn; ++n) {
     for (ValueId o : bound.nodes[n].outputs) if (o >= 0 && first[static_cast<size_t>(o)] < 0) first[static_cast<size_t>(o)] = static_cast<int32_t>(n);
     for (ValueId in : bound.nodes[n].inputs) if (in >= 0) last[static_cast<size_t>(in)] = static_cast<int32_t>(n);
-    // Values a subgraph reads from this scope live until the node that owns the subgraph ran.
-    for (const Attribute& a : bound.nodes[n].attrs)
-      if (std::holds_alternative<std::shared_ptr<Graph>>(a.value))
-        for (size_t v = 0; v < nv; ++v) if (first[v] >= 0 || bound.values[v].constant.defined()) last[v] = std::max<int32_t>(last[v], static_cast<int32_t>(n));
+    // Values a subgraph reads by name live until the node that owns the subgraph ran.
+    for (ValueId v : bound.captures(n)) last[static_cast<size_t>(v)] = std::max<int32_t>(last[static_cast<size_t>(v)], static_cast<int32_t>(n));
   }
   std::vector<char> is_output(nv, 0), is_input(nv, 0);
   for (ValueId o : bound.outputs) is_output[static_cast<size_t>(o)] = 1;
@@ -362,23 +405,18 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
   }
   // Greedy by size: each value takes the lowest offset that no value alive at the same time
-  // uses. The placed values alive at each node index are listed, so finding a value's
-  // neighbours in time costs what its lifetime overlaps, not every value placed before it.
+  // uses; Lifetimes finds those without visiting every value placed before.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-  std::vector<std::vector<uint32_t>> alive(nn);
-  std::vector<uint32_t> seen(items.size(), UINT32_MAX);
+  Lifetimes placed(nn);
   std::vector<std::pair<size_t, size_t>> busy;
   size_t arena = 0, unshared = 0;
   for (uint32_t k = 0; k < items.size(); ++k) {
     const Item& it = items[k];
     busy.clear();
-    for (int32_t t = it.begin; t <= it.end; ++t)
-      for (uint32_t p : alive[static_cast<size_t>(t)])
-        if (seen[p] != k) {
-          seen[p] = k;
-          const size_t b = static_cast<size_t>(plan->offset[items[p].v]);
-          busy.emplace_back(b, b + items[p].bytes);
-        }
+    placed.overlapping(it.begin, it.end, [&](uint32_t p) {
+      const size_t b = static_cast<size_t>(plan->offset[items[p].v]);
+      busy.emplace_back(b, b + items[p].bytes);
+    });
     std::sort(busy.begin(), busy.end());
     size_t off = 0;
     for (auto [b, e] : busy) {
@@ -389,7 +427,7 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     plan->bytes[it.v] = it.bytes;
     arena = std::max(arena, off + it.bytes);
     unshared += it.bytes;
-    for (int32_t t = it.begin; t <= it.end; ++t) alive[static_cast<size_t>(t)].push_back(k);
+    placed.add(k, it.begin, it.end);
   }
   plan->arena_bytes = arena;
   if (arena) {

@@ -315,6 +315,56 @@ TEST(Session, KernelsSeeConstantInputsWhenChosen) {
   EXPECT_FLOAT_EQ((*r)[0].data<float>()[1], 5.f);
 }
 
+// t = -x is read only by name, inside the If's then branch, after a chain of Relus that would
+// reuse t's memory if t died when no node input read it any more.
+TEST(Session, ValuesReadByNameFromSubgraphsLiveUntilTheirNode) {
+  Model m;
+  Graph& g = m.graph;
+  const Shape s({Dim::known(4)});
+  ValueId cond = g.add_value("cond", DType::boolean, Shape::of(std::vector<int64_t>{}));
+  ValueId x = g.add_value("x", DType::f32, s);
+  g.inputs = {cond, x};
+  ValueId t = g.add_value("t", DType::f32, s);
+  g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {x}, .outputs = {t}});
+  ValueId prev = x;
+  for (int i = 0; i < 3; ++i) {
+    ValueId next = g.add_value("r" + std::to_string(i), DType::f32, s);
+    g.add_node(Node{.name = "relu" + std::to_string(i), .op = "Relu", .inputs = {prev}, .outputs = {next}});
+    prev = next;
+  }
+  auto then_g = std::make_shared<Graph>();
+  ValueId tt = then_g->add_value("t", DType::f32, s);
+  ValueId ty = then_g->add_value("then_y", DType::f32, s);
+  then_g->add_node(Node{.name = "double", .op = "Add", .inputs = {tt, tt}, .outputs = {ty}});
+  then_g->outputs = {ty};
+  auto else_g = std::make_shared<Graph>();
+  ValueId er = else_g->add_value("r2", DType::f32, s);
+  ValueId ey = else_g->add_value("else_y", DType::f32, s);
+  else_g->add_node(Node{.name = "copy", .op = "Identity", .inputs = {er}, .outputs = {ey}});
+  else_g->outputs = {ey};
+  ValueId y = g.add_value("y", DType::f32, s);
+  Node n{.name = "if", .op = "If", .inputs = {cond}, .outputs = {y}};
+  n.set_attr("then_branch", then_g);
+  n.set_attr("else_branch", else_g);
+  g.add_node(std::move(n));
+  g.outputs = {y};
+  EXPECT_EQ(g.captures(4), (std::vector<ValueId>{t, prev}));
+
+  auto session = Session::create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  Tensor xs = Tensor::from<float>({4}, {1, -2, 3, -4});
+  auto r = (*session)->run(std::vector<Tensor>{Tensor::from<bool>({}, {true}), xs});
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  for (int64_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ((*r)[0].data<float>()[i], -2 * xs.data<float>()[i]);
+  auto e = (*session)->run(std::vector<Tensor>{Tensor::from<bool>({}, {false}), xs});
+  ASSERT_TRUE(e.ok()) << e.error().message();
+  for (int64_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ((*e)[0].data<float>()[i], std::max(xs.data<float>()[i], 0.f));
+  // The Relus not read by name share memory: t and r2 are kept, r0 and r1 reuse one slot.
+  const MemoryPlanStats& st = (*session)->memory_stats();
+  EXPECT_EQ(st.planned_values, 4u);
+  EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+}
+
 TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
   Model m = chain_model();
   auto s = Session::create(m);
