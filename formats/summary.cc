@@ -1,9 +1,7 @@
 // Model summary for `kiln inspect`.
 #include "formats/summary.h"
 
-#include <cstdio>
-#include <limits>
-#include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
@@ -32,84 +30,56 @@ ModelSummary summarize(const Model& model) {
   return s;
 }
 
-std::string json_escape(std::string_view in) {
-  std::string out;
-  for (char c : in) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
+namespace {
+
+// A shape as JSON: known dims as numbers, symbolic ones as their names, unknown ones null;
+// null for an unknown rank.
+nlohmann::ordered_json dims_json(const Shape& s) {
+  if (!s.rank_known) return nullptr;
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const Dim& d : s.dims) {
+    if (d.is_known()) out.push_back(d.value);
+    else if (d.is_symbolic()) out.push_back(d.symbol);
+    else out.push_back(nullptr);
   }
   return out;
 }
 
-namespace {
-
-std::string q(std::string_view s) { return "\"" + json_escape(s) + "\""; }
-
-std::string dims_json(const Shape& s) {
-  if (!s.rank_known) return "null";
-  std::string out = "[";
-  for (size_t i = 0; i < s.dims.size(); ++i) {
-    if (i) out += ", ";
-    const Dim& d = s.dims[i];
-    out += d.is_known() ? std::to_string(d.value) : d.is_symbolic() ? q(d.symbol) : "null";
+nlohmann::ordered_json io_json(const Graph& g, const std::vector<ValueId>& ids) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (ValueId id : ids) {
+    const Value& v = g.value(id);
+    out.push_back({{"name", v.name}, {"dtype", dtype_name(v.dtype)}, {"shape", dims_json(v.shape)}});
   }
-  return out + "]";
-}
-
-std::string io_json(const Graph& g, const std::vector<ValueId>& ids) {
-  std::string out = "[";
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const Value& v = g.value(ids[i]);
-    out += std::string(i ? ", " : "") + "{\"name\": " + q(v.name) + ", \"dtype\": " + q(dtype_name(v.dtype)) +
-           ", \"shape\": " + dims_json(v.shape) + "}";
-  }
-  return out + "]";
+  return out;
 }
 
 }  // namespace
 
 std::string summary_json(const Model& model, const ModelSummary& s) {
-  std::ostringstream o;
-  o << "{\n  \"schema\": \"kiln.inspect\",\n  \"schema_version\": 1,\n";
-  o << "  \"stage\": " << q(stage_name(model.stage)) << ",\n";
-  o << "  \"nodes\": " << s.nodes << ",\n  \"parameters\": " << s.parameters
-    << ",\n  \"parameter_bytes\": " << s.parameter_bytes << ",\n  \"flops\": " << s.flops << ",\n";
-  o << "  \"inputs\": " << io_json(model.graph, model.graph.inputs) << ",\n";
-  o << "  \"outputs\": " << io_json(model.graph, model.graph.outputs) << ",\n";
-  o << "  \"ops\": {";
-  bool first = true;
-  for (const auto& [op, n] : s.op_counts) {
-    o << (first ? "" : ", ") << q(op) << ": " << n;
-    first = false;
-  }
-  o << "},\n  \"metadata\": {";
-  first = true;
-  for (const auto& [k, v] : model.metadata) {
-    o << (first ? "" : ", ") << q(k) << ": " << q(v);
-    first = false;
-  }
-  o << "},\n  \"provenance\": [";
-  for (size_t i = 0; i < model.provenance.size(); ++i) {
-    const Provenance& p = model.provenance[i];
-    o << (i ? ", " : "") << "{\"tool\": " << q(p.tool) << ", \"version\": " << q(p.version)
-      << ", \"command\": " << q(p.command) << ", \"input_file\": " << q(p.input_file)
-      << ", \"input_sha256\": " << q(p.input_sha256) << "}";
-  }
-  o << "]\n}\n";
-  return o.str();
+  nlohmann::ordered_json j;
+  j["schema"] = "kiln.inspect";
+  j["schema_version"] = 1;
+  j["stage"] = stage_name(model.stage);
+  j["nodes"] = s.nodes;
+  j["parameters"] = s.parameters;
+  j["parameter_bytes"] = s.parameter_bytes;
+  j["flops"] = s.flops;
+  j["inputs"] = io_json(model.graph, model.graph.inputs);
+  j["outputs"] = io_json(model.graph, model.graph.outputs);
+  j["ops"] = nlohmann::ordered_json::object();
+  for (const auto& [op, n] : s.op_counts) j["ops"][op] = n;
+  j["metadata"] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : model.metadata) j["metadata"][k] = v;
+  j["provenance"] = nlohmann::ordered_json::array();
+  for (const Provenance& p : model.provenance)
+    j["provenance"].push_back({{"tool", p.tool},
+                               {"version", p.version},
+                               {"command", p.command},
+                               {"input_file", p.input_file},
+                               {"input_sha256", p.input_sha256}});
+  // Names come from files: bytes that are not UTF-8 become U+FFFD rather than invalid JSON.
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace kiln

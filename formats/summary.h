@@ -26,7 +26,4 @@ int64_t node_flops(const Node& node, const Graph& graph);
 /// The `kiln inspect --json` document (schema "kiln.inspect", version 1).
 std::string summary_json(const Model& model, const ModelSummary& s);
 
-/// Escapes a string for a JSON string literal (without the quotes).
-std::string json_escape(std::string_view s);
-
 }  // namespace kiln

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "formats/checked.h"
 #include "formats/memory.h"
@@ -189,6 +190,25 @@ TEST(HostileSizes, SummaryOfAnOmittedOptionalInput) {
   g.outputs = {y};
   EXPECT_EQ(node_flops(g.nodes[0], g), 0);
   EXPECT_EQ(summarize(m).flops, 0);
+}
+
+// Names come from files: quotes, control characters and bytes that are not UTF-8 still give
+// valid JSON, with the bad bytes replaced.
+TEST(HostileSizes, InspectJsonOfHostileNames) {
+  Model m;
+  Graph& g = m.graph;
+  const std::string name = std::string("a\"b\\c\n\x01") + "\xff\xc3";
+  ValueId x = g.add_value(name, DType::f32, dims({Dim::sym("n\t"), Dim::known(2), Dim::unknown()}));
+  g.inputs = {x};
+  g.outputs = {x};
+  m.metadata.emplace_back("k\x02", "v\xfe");
+  std::string text = summary_json(m, summarize(m));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  EXPECT_EQ(j["schema"], "kiln.inspect");
+  EXPECT_EQ(j["inputs"][0]["name"], "a\"b\\c\n\x01\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(j["inputs"][0]["shape"], nlohmann::json::parse(R"(["n\t", 2, null])"));
+  EXPECT_EQ(j["metadata"]["k\x02"], "v\xef\xbf\xbd");
 }
 
 TEST(MemoryBudget, ChargesTensorsAndRefusesPastTheLimit) {

@@ -52,9 +52,13 @@ TEST(OpTraits, EveryOpsTraitsFitItsArity) {
   for (const auto& [domain, schema] : core_ops().all()) {
     for (int slot : schema->traits.prepack_inputs) {
       EXPECT_GE(slot, 0) << schema->name;
-      if (schema->max_inputs != kVariadic) EXPECT_LT(slot, schema->max_inputs) << schema->name;
+      if (schema->max_inputs != kVariadic) {
+        EXPECT_LT(slot, schema->max_inputs) << schema->name;
+      }
     }
-    if (schema->traits.pass_through != OpTraits::PassThrough::none) EXPECT_GE(schema->max_outputs, 1) << schema->name;
+    if (schema->traits.pass_through != OpTraits::PassThrough::none) {
+      EXPECT_GE(schema->max_outputs, 1) << schema->name;
+    }
   }
   const OpSchema* conv = core_ops().find("", "Conv");
   ASSERT_NE(conv, nullptr);
