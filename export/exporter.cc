@@ -84,7 +84,7 @@ Result<ValueId> Exporter::lookup(Scope& scope, const std::string& name) {
   ValueId id = scope.graph->find_value(name);
   if (id != kNoValue) return id;
   // A subgraph may read a value of an enclosing graph: give it a local value of the same
-  // name and type, which the runtime resolves by name.
+  // name and type, which resolve_captures turns into an explicit capture.
   for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
     if (*it == &scope) continue;
     ValueId outer = (*it)->graph->find_value(name);
@@ -229,6 +229,7 @@ Result<Model> Exporter::run(const onnx::ModelProto& proto) {
   }
   Model model;
   model.graph = std::move(*graph);
+  KILN_RETURN_IF_ERROR(resolve_captures(model.graph));
   KILN_RETURN_IF_ERROR(model.graph.topo_sort());
   model.stage = Stage::exported;
   if (!proto.producer_name().empty()) model.metadata.emplace_back("onnx.producer", proto.producer_name() + (proto.producer_version().empty() ? "" : " " + proto.producer_version()));

@@ -189,71 +189,78 @@ std::vector<int32_t> Graph::producers() const {
 namespace {
 
 // Whether value `id` of `g` is defined there (a graph input, a constant or a node's output)
-// rather than a stand-in for a value of an enclosing graph read by name.
+// rather than a stand-in for a value of an enclosing graph.
 bool defined_in(const Graph& g, const std::vector<int32_t>& producers, ValueId id) {
   if (g.value(id).is_constant() || producers[static_cast<size_t>(id)] >= 0) return true;
   return std::find(g.inputs.begin(), g.inputs.end(), id) != g.inputs.end();
 }
 
-template <class F>
-void for_each_subgraph(const Node& n, F&& f) {
-  for (const Attribute& a : n.attrs)
-    if (const auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value)) f(**sg);
-}
-
-// The names `body` (and the bodies nested in it) read from enclosing graphs.
-void free_names(const Graph& body, std::unordered_set<std::string>& out) {
+// The values `body` reads without defining them, in first-read order: node inputs, the
+// captures of its own nodes (set already for nested bodies) and graph outputs.
+std::vector<ValueId> free_values(const Graph& body) {
   std::vector<int32_t> prod = body.producers();
+  std::vector<char> seen(body.values.size(), 0);
+  std::vector<ValueId> out;
+  auto read = [&](ValueId v) {
+    if (v < 0 || static_cast<size_t>(v) >= body.values.size() || seen[static_cast<size_t>(v)]) return;
+    seen[static_cast<size_t>(v)] = 1;
+    if (!defined_in(body, prod, v)) out.push_back(v);
+  };
   for (const Node& n : body.nodes) {
-    for (ValueId in : n.inputs)
-      if (in >= 0 && !defined_in(body, prod, in)) out.insert(body.value(in).name);
-    for_each_subgraph(n, [&](const Graph& inner) {
-      std::unordered_set<std::string> nested;
-      free_names(inner, nested);
-      for (const std::string& name : nested) {
-        ValueId local = body.find_value(name);
-        if (local == kNoValue || !defined_in(body, prod, local)) out.insert(name);
-      }
-    });
+    for (ValueId in : n.inputs) read(in);
+    for (ValueId c : n.captures) read(c);
   }
-  for (ValueId o : body.outputs)
-    if (o >= 0 && !defined_in(body, prod, o)) out.insert(body.value(o).name);
+  for (ValueId o : body.outputs) read(o);
+  return out;
 }
 
-// Points the reads of `from` in one graph at `to`: node inputs and graph outputs.
-void redirect(Graph& g, ValueId from, ValueId to) {
-  for (Node& n : g.nodes)
-    for (ValueId& in : n.inputs)
-      if (in == from) in = to;
-  for (ValueId& o : g.outputs)
-    if (o == from) o = to;
-}
-
-// Makes the body read the enclosing `to` wherever it reads the enclosing `from`; with `apply`
-// false, only checks that it can. Bodies are shared between copies of a graph: one that
-// changes is copied first, so the edit stays in this graph.
-Status recapture(std::shared_ptr<Graph>& body_ptr, const std::string& from, const std::string& to, bool apply) {
-  std::unordered_set<std::string> reads;
-  free_names(*body_ptr, reads);
-  if (!reads.count(from)) return {};
-  if (apply && body_ptr.use_count() > 1) body_ptr = std::make_shared<Graph>(*body_ptr);
-  Graph& body = *body_ptr;
-  std::vector<int32_t> prod = body.producers();
-  ValueId to_local = body.find_value(to);
-  if (to_local != kNoValue && defined_in(body, prod, to_local))
-    return internal_error("value '" + to + "'", "a subgraph defines its own value of this name, so it cannot read the enclosing one");
-  for (Node& n : body.nodes)
+// Resolves the bodies of every node of `g`, innermost first. `nested` is true for a body,
+// whose unresolved names become stand-ins of its own (captured in turn by its owner).
+Status resolve(Graph& g, bool nested) {
+  for (Node& n : g.nodes) {
+    std::vector<std::shared_ptr<Graph>*> bodies;
     for (Attribute& a : n.attrs)
-      if (auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value)) KILN_RETURN_IF_ERROR(recapture(*sg, from, to, apply));
-  if (!apply) return {};
-  ValueId from_local = body.find_value(from);
-  if (from_local == kNoValue || defined_in(body, prod, from_local)) return {};
-  if (to_local != kNoValue) redirect(body, from_local, to_local);  // already reads `to`: merge
-  else body.rename_value(from_local, to);
+      if (auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value); sg && *sg) bodies.push_back(sg);
+    n.captures.clear();
+    if (bodies.empty()) continue;
+    std::vector<std::vector<ValueId>> reads;
+    std::vector<std::string> names;  // the node's captures, by name, in first-read order
+    for (std::shared_ptr<Graph>* sg : bodies) {
+      KILN_RETURN_IF_ERROR(resolve(**sg, true));
+      reads.push_back(free_values(**sg));
+      for (ValueId v : reads.back())
+        if (std::find(names.begin(), names.end(), (*sg)->value(v).name) == names.end())
+          names.push_back((*sg)->value(v).name);
+    }
+    for (const std::string& name : names) {
+      ValueId outer = g.find_value(name);
+      if (outer == kNoValue) {
+        if (!nested)
+          return user_error(n.where(), "a subgraph reads value '" + name + "', which no enclosing graph defines");
+        // A stand-in here too, so this body's owner captures it from further out.
+        for (size_t b = 0; b < bodies.size() && outer == kNoValue; ++b)
+          if (ValueId local = (*bodies[b])->find_value(name); local != kNoValue) {
+            const Value& v = (*bodies[b])->value(local);
+            outer = g.add_value(Value{v.name, v.dtype, v.shape, {}, {}});
+          }
+      }
+      n.captures.push_back(outer);
+    }
+    for (size_t b = 0; b < bodies.size(); ++b) {
+      Graph& body = **bodies[b];
+      body.captures.assign(names.size(), kNoValue);
+      for (ValueId v : reads[b]) {
+        size_t pos = static_cast<size_t>(std::find(names.begin(), names.end(), body.value(v).name) - names.begin());
+        body.captures[pos] = v;
+      }
+    }
+  }
   return {};
 }
 
 }  // namespace
+
+Status resolve_captures(Graph& graph) { return resolve(graph, false); }
 
 std::vector<std::vector<Use>> Graph::uses() const {
   std::vector<std::vector<Use>> u(values.size());
@@ -262,31 +269,25 @@ std::vector<std::vector<Use>> Graph::uses() const {
       ValueId in = nodes[n].inputs[i];
       if (in >= 0 && static_cast<size_t>(in) < values.size()) u[static_cast<size_t>(in)].push_back(Use{n, i});
     }
-    for (ValueId v : captures(n)) u[static_cast<size_t>(v)].push_back(Use{n, Use::kCaptured});
+    for (ValueId v : nodes[n].captures) {
+      if (v < 0 || static_cast<size_t>(v) >= values.size()) continue;
+      std::vector<Use>& list = u[static_cast<size_t>(v)];
+      if (list.empty() || list.back() != Use{n, Use::kCaptured}) list.push_back(Use{n, Use::kCaptured});
+    }
   }
   return u;
 }
 
-std::vector<ValueId> Graph::captures(size_t node) const {
-  std::unordered_set<std::string> reads;
-  for_each_subgraph(nodes[node], [&](const Graph& body) { free_names(body, reads); });
-  std::vector<ValueId> captured;
-  for (const std::string& name : reads)
-    if (ValueId v = find_value(name); v != kNoValue) captured.push_back(v);
-  std::sort(captured.begin(), captured.end());
-  return captured;
-}
-
-Status Graph::replace_all_uses(ValueId from, ValueId to) {
-  if (from == to) return {};
-  const std::string from_name = value(from).name, to_name = value(to).name;
-  for (bool apply : {false, true})
-    for (Node& n : nodes)
-      for (Attribute& a : n.attrs)
-        if (auto* sg = std::get_if<std::shared_ptr<Graph>>(&a.value))
-          KILN_RETURN_IF_ERROR(recapture(*sg, from_name, to_name, apply));
-  redirect(*this, from, to);
-  return {};
+void Graph::replace_all_uses(ValueId from, ValueId to) {
+  if (from == to) return;
+  for (Node& n : nodes) {
+    for (ValueId& in : n.inputs)
+      if (in == from) in = to;
+    for (ValueId& c : n.captures)
+      if (c == from) c = to;
+  }
+  for (ValueId& o : outputs)
+    if (o == from) o = to;
 }
 
 Status Graph::topo_sort() {
@@ -302,8 +303,10 @@ Status Graph::topo_sort() {
     while (!stack.empty()) {
       auto& [n, next] = stack.back();
       const Node& node = nodes[n];
-      if (next < node.inputs.size()) {
-        ValueId in = node.inputs[next++];
+      // A node depends on its inputs and on the values its subgraphs capture.
+      if (next < node.inputs.size() + node.captures.size()) {
+        ValueId in = next < node.inputs.size() ? node.inputs[next] : node.captures[next - node.inputs.size()];
+        ++next;
         if (in < 0 || static_cast<size_t>(in) >= prod.size()) continue;
         int32_t p = prod[static_cast<size_t>(in)];
         if (p < 0) continue;
@@ -343,26 +346,12 @@ void Graph::remove_dead() {
       for (ValueId in : nodes[static_cast<size_t>(p)].inputs) work.push_back(in);
       for (ValueId o : nodes[static_cast<size_t>(p)].outputs)
         if (o >= 0) live_value[static_cast<size_t>(o)] = 1;
-      // Subgraphs read enclosing values by name: keep those alive too.
-      for (const Attribute& a : nodes[static_cast<size_t>(p)].attrs)
-        if (const auto* g = std::get_if<std::shared_ptr<Graph>>(&a.value)) {
-          std::vector<const Graph*> todo{g->get()};
-          while (!todo.empty()) {
-            const Graph* sg = todo.back();
-            todo.pop_back();
-            for (const Node& sn : sg->nodes) {
-              for (ValueId in : sn.inputs)
-                if (in >= 0) {
-                  ValueId outer = find_value(sg->value(in).name);
-                  if (outer >= 0) work.push_back(outer);
-                }
-              for (const Attribute& sa : sn.attrs)
-                if (const auto* sgg = std::get_if<std::shared_ptr<Graph>>(&sa.value)) todo.push_back(sgg->get());
-            }
-          }
-        }
+      for (ValueId c : nodes[static_cast<size_t>(p)].captures) work.push_back(c);
     }
   }
+  // A subgraph's stand-ins are read through its owner's captures, not by its own nodes.
+  for (ValueId c : captures)
+    if (c >= 0) live_value[static_cast<size_t>(c)] = 1;
   for (ValueId v : inputs) live_value[static_cast<size_t>(v)] = 1;
   // Renumber values and drop dead nodes.
   std::vector<ValueId> remap(values.size(), kNoValue);
@@ -378,10 +367,13 @@ void Graph::remove_dead() {
     Node n = std::move(nodes[i]);
     for (ValueId& v : n.inputs) if (v >= 0) v = remap[static_cast<size_t>(v)];
     for (ValueId& v : n.outputs) if (v >= 0) v = remap[static_cast<size_t>(v)];
+    for (ValueId& v : n.captures) v = remap[static_cast<size_t>(v)];
     kept_nodes.push_back(std::move(n));
   }
   for (ValueId& v : inputs) v = remap[static_cast<size_t>(v)];
   for (ValueId& v : outputs) v = remap[static_cast<size_t>(v)];
+  for (ValueId& v : captures)
+    if (v >= 0) v = remap[static_cast<size_t>(v)];
   values = std::move(kept);
   nodes = std::move(kept_nodes);
   reindex();

@@ -117,6 +117,11 @@ struct Node {
   std::vector<Attribute> attrs;      ///< kept sorted by name (set_attr does this)
   std::vector<std::string> sources;  ///< names of the source-model nodes this node came from
   KernelChoice kernel;
+  /// The values of the enclosing graph that this node's subgraphs read (If/Loop/Scan bodies).
+  /// Each subgraph binds them position by position: its `captures[i]` is its stand-in for
+  /// `captures[i]` here. Reads are explicit, so renaming a value never breaks a body. (A value
+  /// may appear twice after replace_all_uses; each position binds separately.)
+  std::vector<ValueId> captures;
 
   const Attribute* find_attr(std::string_view attr_name) const;
   bool has_attr(std::string_view n) const { return find_attr(n) != nullptr; }
@@ -144,8 +149,8 @@ struct Node {
   std::string qualified_op() const;
 };
 
-/// Where a value is read: input `slot` of node `node`, or (slot kCaptured) by name inside one
-/// of the node's subgraphs (If/Loop/Scan bodies read enclosing values by name).
+/// Where a value is read: input `slot` of node `node`, or (slot kCaptured) by one of the node's
+/// subgraphs through Node::captures.
 struct Use {
   static constexpr size_t kCaptured = static_cast<size_t>(-1);
   size_t node;
@@ -153,8 +158,9 @@ struct Use {
   bool operator==(const Use&) const = default;
 };
 
-/// A dataflow graph. Subgraphs (If/Loop bodies) are Graphs held by attributes and may read
-/// values of enclosing graphs by name.
+/// A dataflow graph. Subgraphs (If/Loop/Scan bodies) are Graphs held by attributes; they read
+/// values of the enclosing graph through stand-ins listed in `captures` (see Node::captures),
+/// never by name.
 ///
 /// Names: find_value is a hash lookup. Values are added with add_value (or appended to
 /// `values` directly, which the index picks up on the next lookup) and renamed with
@@ -164,6 +170,10 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<ValueId> inputs;   ///< graph inputs (never constants)
   std::vector<ValueId> outputs;
+  /// In a subgraph: per entry of the owning node's `captures`, the value of this graph that
+  /// stands for it (kNoValue where this body does not read it). A stand-in is neither an
+  /// input, a constant nor a node output. Empty in a top-level graph.
+  std::vector<ValueId> captures;
 
   ValueId add_value(Value v);
   /// Adds a value named `name` (made unique if taken) with a dtype and shape.
@@ -178,21 +188,17 @@ struct Graph {
   void rename_value(ValueId id, std::string name);
   /// Index of the node that produces each value (-1 for inputs, constants, unused).
   std::vector<int32_t> producers() const;
-  /// Per value, every place it is read, in node order; reads by name from subgraphs appear
-  /// once per owning node, as Use{node, Use::kCaptured}. Graph outputs are not uses.
+  /// Per value, every place it is read, in node order; reads by subgraphs appear once per
+  /// owning node, as Use{node, Use::kCaptured}. Graph outputs are not uses.
   std::vector<std::vector<Use>> uses() const;
-  /// The values of this graph that node `node`'s subgraphs (and bodies nested in them) read
-  /// by name, in id order.
-  std::vector<ValueId> captures(size_t node) const;
-  /// Makes every reader of `from` read `to` instead: node inputs, graph outputs, and subgraph
-  /// bodies that read `from` by name (their local stand-in is renamed, or merged with one
-  /// already reading `to`). Fails, changing nothing, if a body defines a value of its own named
-  /// like `to` where it would need to read the outer `to`.
-  Status replace_all_uses(ValueId from, ValueId to);
+  /// Makes every reader of `from` read `to` instead: node inputs, node captures (so subgraphs
+  /// read `to` through the same stand-ins) and graph outputs.
+  void replace_all_uses(ValueId from, ValueId to);
   /// Sorts nodes topologically, keeping the existing order where it is already valid.
   /// Fails (naming a node on the cycle) if the graph has a cycle.
   Status topo_sort();
   /// Drops nodes whose outputs are not needed for the graph outputs, and unreferenced values.
+  /// (Subgraph stand-ins are kept: they are referenced by `captures`.)
   void remove_dead();
 
   const Value& value(ValueId id) const { return values[static_cast<size_t>(id)]; }
@@ -208,6 +214,14 @@ struct Graph {
   mutable size_t indexed_ = 0;
   void reindex() const;
 };
+
+/// Turns reads by name into explicit captures, for graphs built the way ONNX writes them
+/// (export, .kiln files of schema 1.0, hand-built tests): in every subgraph, a value that is
+/// read but not defined there (no input, constant or producing node) stands for the enclosing
+/// value of the same name. Sets Node::captures and each body's `captures`, adding stand-ins to
+/// intermediate bodies so that nested bodies read through them. Replaces captures already set.
+/// Fails naming the value when no enclosing graph defines a name a body reads.
+Status resolve_captures(Graph& graph);
 
 /// How far down the pipeline a model is.
 enum class Stage : uint16_t { exported = 1, quantized = 2, compiled = 3 };

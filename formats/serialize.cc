@@ -267,12 +267,16 @@ class Writer {
         auto kname = fbb_.CreateString(n.kernel.name);
         kernel = fb::CreateKernelChoice(fbb_, kname, fbb_.CreateVector(params));
       }
-      nodes.push_back(fb::CreateNode(fbb_, name, domain, op, inputs, outputs, attrs_vec, sources, kernel));
+      flatbuffers::Offset<flatbuffers::Vector<int32_t>> captures;
+      if (!n.captures.empty()) captures = fbb_.CreateVector(n.captures);
+      nodes.push_back(fb::CreateNode(fbb_, name, domain, op, inputs, outputs, attrs_vec, sources, kernel, captures));
     }
     auto nodes_vec = fbb_.CreateVector(nodes);
     auto inputs = fbb_.CreateVector(g.inputs);
     auto outputs = fbb_.CreateVector(g.outputs);
-    return fb::CreateGraph(fbb_, values_vec, nodes_vec, inputs, outputs);
+    flatbuffers::Offset<flatbuffers::Vector<int32_t>> captures;
+    if (!g.captures.empty()) captures = fbb_.CreateVector(g.captures);
+    return fb::CreateGraph(fbb_, values_vec, nodes_vec, inputs, outputs, captures);
   }
 
   flatbuffers::FlatBufferBuilder fbb_;
@@ -489,6 +493,7 @@ class Reader {
         n.op = str(fn->op());
         KILN_ASSIGN_OR_RETURN(n.inputs, read_vector(fn->inputs(), prefix + n.where()));
         KILN_ASSIGN_OR_RETURN(n.outputs, read_vector(fn->outputs(), prefix + n.where()));
+        KILN_ASSIGN_OR_RETURN(n.captures, read_vector(fn->captures(), prefix + n.where()));
         if (fn->sources())
           for (const flatbuffers::String* s : *fn->sources()) n.sources.push_back(str(s));
         if (const fb::KernelChoice* k = fn->kernel()) {
@@ -507,6 +512,7 @@ class Reader {
     }
     KILN_ASSIGN_OR_RETURN(g.inputs, read_vector(fg->inputs(), prefix));
     KILN_ASSIGN_OR_RETURN(g.outputs, read_vector(fg->outputs(), prefix));
+    KILN_ASSIGN_OR_RETURN(g.captures, read_vector(fg->captures(), prefix));
     return g;
   }
 
@@ -748,6 +754,8 @@ Result<Model> decode(const Buffer& buf, const std::string& sidecar_dir, const Lo
     for (const fb::MetadataEntry* e : *fm->metadata()) model.metadata.emplace_back(str(e->key()), str(e->value()));
   Reader reader(blob, blob_size, owner, empty);
   KILN_ASSIGN_OR_RETURN(model.graph, reader.read_graph(fm->graph(), ""));
+  // Schema 1.0 had no captures: its subgraphs read enclosing values by name.
+  if (fm->schema_minor() < 1) KILN_RETURN_IF_ERROR(resolve_captures(model.graph));
   if (options.verify) {
     KILN_RETURN_IF_ERROR(verify_model(model));
     topo_sort_all(model.graph);

@@ -31,7 +31,7 @@ namespace kiln {
 /// The schema version this kiln writes. Bump the minor for every appended field or enum
 /// value; bump the major only for an incompatible change.
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 0;
+inline constexpr uint16_t kSchemaMinor = 1;  ///< 1.1: explicit subgraph captures
 
 /// The FlatBuffers file identifier, at byte 8 of every .kiln file.
 inline constexpr char kKilnFileIdentifier[] = "KILN";

@@ -148,16 +148,19 @@ class Printer {
       if (id < 0 || static_cast<size_t>(id) >= g.values.size()) return "%" + std::to_string(id) + "?";
       return name(g.value(id).name);
     };
-    std::vector<uint8_t> is_input(g.values.size(), 0);
+    std::vector<uint8_t> is_input(g.values.size(), 0), is_capture(g.values.size(), 0);
     for (ValueId id : g.inputs)
       if (id >= 0 && static_cast<size_t>(id) < g.values.size()) is_input[static_cast<size_t>(id)] = 1;
+    for (ValueId id : g.captures)
+      if (id >= 0 && static_cast<size_t>(id) < g.values.size()) is_capture[static_cast<size_t>(id)] = 1;
     // Graph inputs first, in their declared order, then the other values in graph order.
     for (ValueId id : g.inputs) {
       if (id < 0 || static_cast<size_t>(id) >= g.values.size()) line(in, "input " + ref(id));
       else value(g.value(id), "input", in);
     }
     for (size_t i = 0; i < g.values.size(); ++i)
-      if (!is_input[i]) value(g.values[i], g.values[i].is_constant() ? "const" : "value", in);
+      if (!is_input[i])
+        value(g.values[i], g.values[i].is_constant() ? "const" : is_capture[i] ? "capture" : "value", in);
     for (const Node& n : g.nodes) {
       std::string s = "node " + name(n.name) + ": " + (n.domain.empty() ? "" : name(n.domain) + "::") + name(n.op) + "(";
       for (size_t i = 0; i < n.inputs.size(); ++i) s += (i ? ", " : "") + ref(n.inputs[i]);
@@ -165,6 +168,7 @@ class Printer {
       for (size_t i = 0; i < n.outputs.size(); ++i) s += (i ? ", " : "") + ref(n.outputs[i]);
       s += ")";
       for (const Attribute& a : n.attrs) s += " " + name(a.name) + "=" + attr_value_text(a.value);
+      if (!n.captures.empty()) s += " captures=" + list(n.captures, ref);
       if (!n.sources.empty()) s += " sources=" + list(n.sources, quote);
       if (!n.kernel.empty() || !n.kernel.params.empty()) {
         s += " kernel=" + name(n.kernel.name) + "{";

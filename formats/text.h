@@ -18,14 +18,16 @@ namespace kiln {
 ///     const w: f32[64,3,7,7] crc32=1a2b3c4d data=[0.5, -1, 2, 0.25, ...]
 ///     value y: u8[batch,64,?,?] quant=u8 scales=[0.1] zero_points=[128]
 ///     node conv_3: Conv(x, w, _) -> (y) group=1 strides=ints[1, 1] sources=["conv"] kernel=onednn.conv{tile=8}
-///     node if_1: If(c) -> (z) then_branch=<graph>
+///     node if_1: If(c) -> (z) then_branch=<graph> captures=[w]
 ///       attr then_branch:
 ///         graph
+///           capture w: f32[64,3,7,7]
 ///           ...
 ///     output y
 ///
-/// Values are listed in graph order (inputs first, marked `input`; constants `const`; the rest
-/// `value`), then nodes in order, then graph outputs. Names made only of letters, digits and
+/// Values are listed in graph order (inputs first, marked `input`; constants `const`; a
+/// subgraph's stand-ins for captured values `capture`; the rest `value`), then nodes in order,
+/// then graph outputs. Names made only of letters, digits and
 /// `_ . : / -` are printed bare, others quoted with C escapes; omitted inputs print as `_`.
 /// Attributes print by name in stored order; lists carry their type (`ints[...]`, `floats[...]`,
 /// `strings[...]`) so that empty lists stay typed, floats always show a point or exponent.

@@ -105,16 +105,18 @@ Status check_quant(const Value& v, const std::string& where) {
   return {};
 }
 
-/// Verifies one graph; subgraphs get their own verifier with the enclosing graphs' names.
+/// Verifies one graph; each subgraph gets its own verifier with its enclosing graph and the
+/// node that owns it, against which its captures are checked.
 class GraphVerifier {
  public:
-  GraphVerifier(const Graph& g, std::string prefix, std::vector<const NameMap*> outer)
-      : g_(g), prefix_(std::move(prefix)), outer_(std::move(outer)) {}
+  GraphVerifier(const Graph& g, std::string prefix, const Graph* enclosing = nullptr, const Node* owner = nullptr)
+      : g_(g), prefix_(std::move(prefix)), enclosing_(enclosing), owner_(owner) {}
 
   Status run() {
     KILN_RETURN_IF_ERROR(check_values());
     KILN_RETURN_IF_ERROR(check_graph_inputs());
     KILN_RETURN_IF_ERROR(check_nodes());
+    KILN_RETURN_IF_ERROR(check_captures());
     KILN_RETURN_IF_ERROR(check_graph_outputs());
     KILN_RETURN_IF_ERROR(check_sources());
     KILN_RETURN_IF_ERROR(check_acyclic());
@@ -214,9 +216,12 @@ class GraphVerifier {
           KILN_RETURN_IF_ERROR(prefixed(check_tensor(*t, aw)));
         } else if (const auto* sub = std::get_if<std::shared_ptr<Graph>>(&a.value)) {
           if (!*sub) return err(aw, "the attribute holds no graph");
-          subgraphs_.push_back({sub->get(), aw + ": "});
+          subgraphs_.push_back({sub->get(), aw + ": ", &node});
         }
       }
+      for (size_t i = 0; i < node.captures.size(); ++i)
+        if (!in_range(node.captures[i]))
+          return err(w, range_what("captured value " + num(static_cast<int64_t>(i)), node.captures[i]));
       if (node.domain.empty()) {
         const OpSchema* schema = core_ops().find("", node.op);
         if (!schema) return err(w, "unknown op '" + node.op + "'");
@@ -233,18 +238,42 @@ class GraphVerifier {
     return {};
   }
 
+  /// A subgraph's stand-ins for the values its owner captures: each one neither an input, a
+  /// constant nor a node output, listed once, of the captured value's dtype.
+  Status check_captures() {
+    is_capture_.assign(n(), 0);
+    size_t expected = owner_ ? owner_->captures.size() : 0;
+    if (g_.captures.size() != expected)
+      return graph_err(owner_ ? "the subgraph binds " + num(static_cast<int64_t>(g_.captures.size())) +
+                                    " captured values but its node captures " + num(static_cast<int64_t>(expected))
+                              : "a top-level graph cannot capture values");
+    for (size_t k = 0; k < g_.captures.size(); ++k) {
+      ValueId id = g_.captures[k];
+      if (id == kNoValue) continue;
+      if (!in_range(id)) return graph_err(range_what("captured value " + num(static_cast<int64_t>(k)), id));
+      auto i = static_cast<size_t>(id);
+      std::string w = "value " + vname(id);
+      if (is_capture_[i]) return err(w, "the value stands for two captured values");
+      if (producer_[i] >= 0 || is_input_[i] || g_.values[i].is_constant())
+        return err(w, "the value stands for a captured value but is also defined in the subgraph");
+      const Value& outer = enclosing_->value(owner_->captures[k]);
+      if (outer.dtype != g_.values[i].dtype)
+        return err(w, "the value is " + std::string(dtype_name(g_.values[i].dtype)) + " but stands for '" +
+                          outer.name + "', which is " + std::string(dtype_name(outer.dtype)));
+      is_capture_[i] = 1;
+    }
+    return {};
+  }
+
   bool has_source(ValueId id) const {
     auto i = static_cast<size_t>(id);
-    if (producer_[i] >= 0 || is_input_[i] || g_.values[i].is_constant()) return true;
-    for (const NameMap* scope : outer_)
-      if (scope->count(g_.values[i].name)) return true;
-    return false;
+    return producer_[i] >= 0 || is_input_[i] || g_.values[i].is_constant() || is_capture_[i];
   }
 
   std::string no_source() const {
-    return outer_.empty() ? " has no source: no node produces it and it is not a graph input or a constant"
-                          : " has no source: no node produces it and it is not a graph input, a constant or a value "
-                            "of an enclosing graph";
+    return owner_ ? " has no source: no node produces it and it is not a graph input, a constant or a captured "
+                    "value of the enclosing graph"
+                  : " has no source: no node produces it and it is not a graph input or a constant";
   }
 
   Status check_sources() {
@@ -271,12 +300,14 @@ class GraphVerifier {
       while (!stack.empty()) {
         auto& [ni, next] = stack.back();
         const Node& node = g_.nodes[ni];
-        if (next == node.inputs.size()) {
+        // A node depends on its inputs and on the values its subgraphs capture.
+        if (next == node.inputs.size() + node.captures.size()) {
           state[ni] = 2;
           stack.pop_back();
           continue;
         }
-        ValueId in = node.inputs[next++];
+        ValueId in = next < node.inputs.size() ? node.inputs[next] : node.captures[next - node.inputs.size()];
+        ++next;
         if (in == kNoValue) continue;
         int32_t p = producer_[static_cast<size_t>(in)];
         if (p < 0) continue;
@@ -292,10 +323,8 @@ class GraphVerifier {
   }
 
   Status check_subgraphs() const {
-    std::vector<const NameMap*> scopes = outer_;
-    scopes.push_back(&names_);
-    for (const auto& [sub, prefix] : subgraphs_)
-      KILN_RETURN_IF_ERROR(GraphVerifier(*sub, prefix_ + prefix, scopes).run());
+    for (const auto& [sub, prefix, owner] : subgraphs_)
+      KILN_RETURN_IF_ERROR(GraphVerifier(*sub, prefix_ + prefix, &g_, owner).run());
     return {};
   }
 
@@ -324,16 +353,23 @@ class GraphVerifier {
 
   const Graph& g_;
   std::string prefix_;  ///< "" or "node 'if_1': attribute 'then_branch': "
-  std::vector<const NameMap*> outer_;
+  const Graph* enclosing_;
+  const Node* owner_;
   NameMap names_;
   std::vector<uint8_t> is_input_;
+  std::vector<uint8_t> is_capture_;
   std::vector<int32_t> producer_;
-  std::vector<std::pair<const Graph*, std::string>> subgraphs_;
+  struct Subgraph {
+    const Graph* graph;
+    std::string prefix;
+    const Node* owner;
+  };
+  std::vector<Subgraph> subgraphs_;
 };
 
 }  // namespace
 
-Status verify_graph(const Graph& graph) { return GraphVerifier(graph, "", {}).run(); }
+Status verify_graph(const Graph& graph) { return GraphVerifier(graph, "").run(); }
 
 Status verify_model(const Model& model) {
   auto raw = static_cast<uint16_t>(model.stage);

@@ -11,6 +11,7 @@
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
+#include "runtime/plan.h"
 #include "runtime/threads.h"
 
 namespace kiln {
@@ -61,10 +62,7 @@ struct Session::Step {
 /// arena, and slots filled on each run for inputs, outputs and data-dependent values) and
 /// every node's step.
 struct Session::Plan {
-  std::vector<int64_t> offset;  ///< per value: byte offset in the arena, or -1 when not planned
-  std::vector<size_t> bytes;    ///< per value: planned size
-  std::shared_ptr<void> arena;
-  size_t arena_bytes = 0;
+  std::shared_ptr<void> arena;  ///< laid out by build_plan (runtime/plan.h)
   MemoryCharge charge;          ///< the arena's share of the memory budget
   std::vector<Tensor> values;
   std::vector<Step> steps;
@@ -75,26 +73,16 @@ struct Session::Plan {
   uint64_t last_used = 0;  ///< the run that last used it, for evicting the least recent
 };
 
-/// The tensors of one graph while it runs; subgraph frames point to their enclosing frame.
+/// The tensors of one graph while it runs. A subgraph's frame starts with its inputs and the
+/// enclosing values it captures bound to its stand-ins.
 struct Session::Frame {
   const Graph* graph = nullptr;
   std::vector<Tensor>* values = nullptr;  ///< the plan's values, or `own`
   std::vector<Tensor> own;
-  Frame* parent = nullptr;
-  std::unordered_map<std::string, ValueId> by_name;  // filled lazily for outer-scope lookups
 
   Tensor& at(ValueId id) { return (*values)[static_cast<size_t>(id)]; }
-  const Tensor* lookup(ValueId id) {
-    if (at(id).defined()) return &at(id);
-    const std::string& name = graph->value(id).name;
-    for (Frame* f = parent; f; f = f->parent) {
-      if (f->by_name.empty())
-        for (size_t i = 0; i < f->graph->values.size(); ++i) f->by_name.emplace(f->graph->values[i].name, static_cast<ValueId>(i));
-      auto it = f->by_name.find(name);
-      if (it != f->by_name.end() && f->at(it->second).defined()) return &f->at(it->second);
-    }
-    return nullptr;
-  }
+  /// The value's tensor, or null when it has not been computed.
+  const Tensor* get(ValueId id) { return at(id).defined() ? &at(id) : nullptr; }
 };
 
 class Session::Context final : public KernelContext {
@@ -120,7 +108,7 @@ class Session::Context final : public KernelContext {
     if (session_.options_.max_subgraph_runs > 0 && ++session_.subgraph_runs_ > session_.options_.max_subgraph_runs)
       return error("more than " + std::to_string(session_.options_.max_subgraph_runs) +
                    " subgraph executions in one run (the caller's limit)");
-    return session_.run_subgraph(g, std::move(inputs), &frame_);
+    return session_.run_subgraph(g, std::move(inputs), frame_, node_);
   }
   std::span<std::byte> workspace() override { return workspace_; }
 
@@ -139,13 +127,6 @@ namespace {
 std::string signature_str(const std::vector<std::vector<int64_t>>& shapes) {
   std::string s;
   for (const auto& shape : shapes) s += (s.empty() ? "" : ", ") + shape_str(shape);
-  return s;
-}
-
-// "output 0 'y'" for messages.
-std::string output_name(const Graph& g, const Node& n, size_t i) {
-  std::string s = "output " + std::to_string(i);
-  if (i < n.outputs.size() && n.outputs[i] != kNoValue) s += " '" + g.value(n.outputs[i]).name + "'";
   return s;
 }
 
@@ -229,51 +210,6 @@ Status run_kernel(Kernel& kernel, KernelContext& ctx, const Graph& g, const Node
   }
 }
 
-// Lifetimes [begin, end] (node indices) of the values placed in an arena so far, to find those
-// that overlap a new one. A value overlaps [b, e] when it is alive at b or begins within
-// (b, e]: a segment tree over node indices answers the first (a value is stored at the
-// O(log n) tree nodes that tile its lifetime, so those alive at b lie on b's root-to-leaf
-// path), an ordered map of beginnings the second. Memory is O(values x log nodes).
-class Lifetimes {
- public:
-  explicit Lifetimes(size_t nodes) : n_(std::max<size_t>(nodes, 1)), tree_(4 * n_) {}
-
-  void add(uint32_t id, int32_t begin, int32_t end) {
-    insert(1, 0, n_ - 1, static_cast<size_t>(begin), static_cast<size_t>(end), id);
-    begins_.emplace(begin, id);
-  }
-
-  /// Calls f(id) once for each value whose lifetime overlaps [begin, end].
-  template <class F>
-  void overlapping(int32_t begin, int32_t end, F&& f) const {
-    const size_t b = static_cast<size_t>(begin);
-    for (size_t node = 1, lo = 0, hi = n_ - 1;;) {
-      for (uint32_t id : tree_[node]) f(id);
-      if (lo == hi) break;
-      const size_t mid = (lo + hi) / 2;
-      if (b <= mid) node = 2 * node, hi = mid;
-      else node = 2 * node + 1, lo = mid + 1;
-    }
-    for (auto it = begins_.upper_bound(begin); it != begins_.end() && it->first <= end; ++it) f(it->second);
-  }
-
- private:
-  void insert(size_t node, size_t lo, size_t hi, size_t b, size_t e, uint32_t id) {
-    if (e < lo || hi < b) return;
-    if (b <= lo && hi <= e) {
-      tree_[node].push_back(id);
-      return;
-    }
-    const size_t mid = (lo + hi) / 2;
-    insert(2 * node, lo, mid, b, e, id);
-    insert(2 * node + 1, mid + 1, hi, b, e, id);
-  }
-
-  size_t n_;
-  std::vector<std::vector<uint32_t>> tree_;
-  std::multimap<int32_t, uint32_t> begins_;
-};
-
 }  // namespace
 
 Session::Session(const Model& model, SessionOptions options)
@@ -341,95 +277,22 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     return it->second.get();
   }
 
-  // Infer every shape with the bound input shapes on a copy of the graph.
-  Graph bound = graph_;
-  for (size_t i = 0; i < inputs.size(); ++i) bound.value(bound.inputs[i]).shape = Shape::of(inputs[i].shape());
-  std::vector<char> needs_data;
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(bound, InferOptions{.overwrite = true, .needs_data = &needs_data}));
-  needs_data.resize(bound.nodes.size());
-  known.resize(bound.values.size());
-
+  const KernelRegistry& reg = options_.kernels ? *options_.kernels : default_kernels();
+  KILN_ASSIGN_OR_RETURN(ExecutionPlan ep, build_plan(graph_, key, PlanOptions{options_.target, reg, options_.reference}));
+  const Graph& bound = ep.bound;
   const size_t nv = bound.values.size(), nn = bound.nodes.size();
-  std::vector<int32_t> first(nv, -1), last(nv, -1);
-  for (size_t n = 0; n < nn; ++n) {
-    for (ValueId o : bound.nodes[n].outputs) if (o >= 0 && first[static_cast<size_t>(o)] < 0) first[static_cast<size_t>(o)] = static_cast<int32_t>(n);
-    for (ValueId in : bound.nodes[n].inputs) if (in >= 0) last[static_cast<size_t>(in)] = static_cast<int32_t>(n);
-    // Values a subgraph reads by name live until the node that owns the subgraph ran.
-    for (ValueId v : bound.captures(n)) last[static_cast<size_t>(v)] = std::max<int32_t>(last[static_cast<size_t>(v)], static_cast<int32_t>(n));
-  }
+  const std::vector<int32_t>& first = ep.first_use;
+  const std::vector<int32_t>& last = ep.last_use;
+  const std::vector<char>& reinfer = ep.reinfer;
+  const MemoryLayout& mem = ep.memory;
   std::vector<char> is_output(nv, 0), is_input(nv, 0);
   for (ValueId o : bound.outputs) is_output[static_cast<size_t>(o)] = 1;
   for (ValueId i : bound.inputs) is_input[static_cast<size_t>(i)] = 1;
 
-  // A node infers again on each run when the plan cannot know an output's type and shape, or
-  // cannot trust them: its inference wanted data it did not have (shape operands computed from
-  // data, NonZero, checks of data against shapes), or the op has no inference (custom domains).
-  std::vector<char> reinfer(nn, 0);
-  for (size_t n = 0; n < nn; ++n) {
-    const Node& node = bound.nodes[n];
-    bool known = core_ops().find(node.domain, node.op) != nullptr && !needs_data[n];
-    for (ValueId o : node.outputs)
-      if (o >= 0) known = known && bound.value(o).shape.is_concrete() && bound.value(o).dtype != DType::undefined;
-    reinfer[n] = !known;
-  }
-
+  // Every value's tensor: constants, views into the arena, or a slot filled on each run.
   auto plan = std::make_unique<Plan>();
-  plan->offset.assign(nv, -1);
-  plan->bytes.assign(nv, 0);
   plan->values.resize(nv);
-  struct Item { size_t v; size_t bytes; int32_t begin, end; };
-  std::vector<Item> items;
-  size_t dynamic = 0;
-  for (size_t v = 0; v < nv; ++v) {
-    const Value& val = bound.values[v];
-    if (val.is_constant()) {
-      plan->values[v] = graph_.values[v].constant;
-      continue;
-    }
-    if (is_input[v]) plan->per_run.push_back(static_cast<ValueId>(v));
-    if (first[v] < 0) continue;
-    const size_t producer = static_cast<size_t>(first[v]);
-    if (is_output[v] || reinfer[producer]) {
-      plan->per_run.push_back(static_cast<ValueId>(v));
-      ++dynamic;
-      continue;
-    }
-    std::optional<size_t> nbytes = checked_bytes(shape_numel(val.shape.concrete()), dtype_size(val.dtype));
-    if (!nbytes) {
-      const Node& node = bound.nodes[producer];
-      size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());
-      return user_error(node.where(), output_name(bound, node, i) + " of shape " + val.shape.str() + " is too large");
-    }
-    size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
-    if (bytes == 0) bytes = kTensorAlignment;
-    items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
-  }
-  // Greedy by size: each value takes the lowest offset that no value alive at the same time
-  // uses; Lifetimes finds those without visiting every value placed before.
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-  Lifetimes placed(nn);
-  std::vector<std::pair<size_t, size_t>> busy;
-  size_t arena = 0, unshared = 0;
-  for (uint32_t k = 0; k < items.size(); ++k) {
-    const Item& it = items[k];
-    busy.clear();
-    placed.overlapping(it.begin, it.end, [&](uint32_t p) {
-      const size_t b = static_cast<size_t>(plan->offset[items[p].v]);
-      busy.emplace_back(b, b + items[p].bytes);
-    });
-    std::sort(busy.begin(), busy.end());
-    size_t off = 0;
-    for (auto [b, e] : busy) {
-      if (off + it.bytes <= b) break;
-      off = std::max(off, e);
-    }
-    plan->offset[it.v] = static_cast<int64_t>(off);
-    plan->bytes[it.v] = it.bytes;
-    arena = std::max(arena, off + it.bytes);
-    unshared += it.bytes;
-    placed.add(k, it.begin, it.end);
-  }
-  plan->arena_bytes = arena;
+  const size_t arena = mem.arena_bytes;
   if (arena) {
     if (!try_charge_memory(arena))
       return user_error("", "the memory arena for input shapes " + signature_str(key) + " needs " + format_bytes(arena) +
@@ -440,39 +303,18 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
     if (!p) return user_error("", "cannot allocate the " + format_bytes(arena) + " memory arena");
     plan->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
-  for (const Item& it : items) {
-    const Value& val = bound.values[it.v];
-    plan->values[it.v] = Tensor::view(val.dtype, val.shape.concrete(), static_cast<char*>(plan->arena.get()) + plan->offset[it.v], plan->arena);
+  for (size_t v = 0; v < nv; ++v) {
+    const Value& val = bound.values[v];
+    if (val.is_constant()) plan->values[v] = graph_.values[v].constant;
+    else if (mem.offset[v] >= 0)
+      plan->values[v] = Tensor::view(val.dtype, val.shape.concrete(), static_cast<char*>(plan->arena.get()) + mem.offset[v], plan->arena);
+    else if (is_input[v] || first[v] >= 0) plan->per_run.push_back(static_cast<ValueId>(v));
   }
-
-  // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
-  const KernelRegistry& reg = options_.kernels ? *options_.kernels : default_kernels();
-  size_t workspace = 0;
-  std::vector<InferInput> q_in;
-  std::vector<InferOutput> q_out;
-  for (size_t n = 0; n < nn; ++n) {
-    const Node& node = bound.nodes[n];
-    q_in.assign(node.inputs.size(), InferInput{});
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      if (node.inputs[i] == kNoValue) continue;
-      const size_t v = static_cast<size_t>(node.inputs[i]);
-      const Value& val = bound.values[v];
-      const Tensor* data = val.is_constant() ? &graph_.values[v].constant : known[v].defined() ? &known[v] : nullptr;
-      q_in[i] = InferInput{val.dtype, val.shape, data};
-    }
-    q_out.assign(node.outputs.size(), InferOutput{});
-    for (size_t i = 0; i < node.outputs.size(); ++i)
-      if (node.outputs[i] != kNoValue) q_out[i] = InferOutput{bound.value(node.outputs[i]).dtype, bound.value(node.outputs[i]).shape, Tensor()};
-    // The graph's own node: kernels may keep a reference to it, and `bound` is a copy.
-    KernelQuery q{graph_.nodes[n], graph_, options_.target, q_in, q_out};
-    KILN_ASSIGN_OR_RETURN(KernelSelection sel, reg.select(q, options_.reference));
-    KernelNeeds needs;
-    KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
-    workspace = std::max(workspace, needs.workspace_bytes);
-    plan->kernels.push_back(std::move(sel.kernel));
-    plan->choices.push_back(NodeKernel{std::move(sel.name), std::move(sel.declined)});
+  for (PlannedKernel& k : ep.kernels) {
+    plan->kernels.push_back(std::move(k.kernel));
+    plan->choices.push_back(NodeKernel{std::move(k.name), std::move(k.declined)});
   }
-  KILN_RETURN_IF_ERROR(plan->workspace.allocate(workspace, "input shapes " + signature_str(key)));
+  KILN_RETURN_IF_ERROR(plan->workspace.allocate(ep.workspace_bytes, "input shapes " + signature_str(key)));
 
   // The steps: pointers into the values, buffers to make on each run, values to let go.
   plan->steps.resize(nn);
@@ -521,7 +363,8 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
   }
   plan->last_used = runs_;
   ++planned_;
-  stats_ = MemoryPlanStats{arena, unshared, items.size(), dynamic, reinferred, planned_, plans_.size() + 1};
+  stats_ = MemoryPlanStats{arena, mem.unshared_bytes, mem.planned_values, mem.dynamic_values, reinferred, planned_,
+                           plans_.size() + 1};
   return plans_.emplace(std::move(key), std::move(plan)).first->second.get();
 }
 
@@ -630,22 +473,34 @@ Status Session::infer_and_run(const Graph& graph, size_t index, Frame& frame, Ke
   return {};
 }
 
-Result<std::vector<Tensor>> Session::run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame* parent) {
+Result<std::vector<Tensor>> Session::run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame& parent,
+                                                  const Node& owner) {
   if (inputs.size() != g.inputs.size())
-    return internal_error("", "subgraph takes " + std::to_string(g.inputs.size()) + " inputs, got " +
-                                  std::to_string(inputs.size()));
+    return internal_error(owner.where(), "subgraph takes " + std::to_string(g.inputs.size()) + " inputs, got " +
+                                             std::to_string(inputs.size()));
+  if (g.captures.size() != owner.captures.size())
+    return internal_error(owner.where(), "subgraph binds " + std::to_string(g.captures.size()) +
+                                             " captured values but its node captures " +
+                                             std::to_string(owner.captures.size()));
   Frame frame;
   frame.graph = &g;
-  frame.parent = parent;
   frame.own.resize(g.values.size());
   frame.values = &frame.own;
   for (size_t i = 0; i < inputs.size(); ++i) frame.own[static_cast<size_t>(g.inputs[i])] = std::move(inputs[i]);
+  for (size_t i = 0; i < g.captures.size(); ++i) {
+    if (g.captures[i] == kNoValue) continue;
+    const Tensor* t = parent.get(owner.captures[i]);
+    if (!t)
+      return internal_error(owner.where(), "captured value '" + parent.graph->value(owner.captures[i]).name +
+                                               "' has not been computed");
+    frame.own[static_cast<size_t>(g.captures[i])] = *t;
+  }
   auto it = subgraph_kernels_.find(&g);
   if (it == subgraph_kernels_.end()) return internal_error("", "subgraph has no prepared kernels");
   KILN_RETURN_IF_ERROR(execute(g, frame, it->second));
   std::vector<Tensor> out;
   for (ValueId id : g.outputs) {
-    const Tensor* t = frame.lookup(id);
+    const Tensor* t = frame.get(id);
     if (!t) return user_error("value '" + g.value(id).name + "'", "subgraph output was not computed");
     out.push_back(*t);
   }
@@ -665,7 +520,7 @@ Status Session::execute(const Graph& graph, Frame& frame, const std::vector<std:
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       ValueId id = node.inputs[i];
       if (id == kNoValue) continue;
-      in[i] = frame.lookup(id);
+      in[i] = frame.get(id);
       if (!in[i]) return internal_error(node.where(), "input '" + graph.value(id).name + "' has not been computed");
     }
     out.assign(node.outputs.size(), Tensor());

@@ -115,7 +115,7 @@ class Session {
   Status infer_and_run(const Graph& graph, size_t index, Frame& frame, Kernel& kernel,
                        std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs,
                        std::span<std::byte> workspace);
-  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame* parent);
+  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame& parent, const Node& owner);
 
   const Graph& graph_;
   SessionOptions options_;

@@ -286,7 +286,7 @@ TEST(CorruptKiln, NewerMajorVersionWithForeignLayout) {
 TEST(CorruptKiln, OlderMajorVersion) {
   Bytes b = serialize(good_model());
   ASSERT_TRUE(table(root(b))->SetField<uint16_t>(fb::Model::VT_SCHEMA_MAJOR, 0, 0));
-  expect_rejected(load(b), "file has schema version 0.0 but this kiln reads 1.x");
+  expect_rejected(load(b), "file has schema version 0." + std::to_string(kSchemaMinor) + " but this kiln reads 1.x");
 }
 
 TEST(CorruptKiln, NewerMinorVersionLoads) {

@@ -176,6 +176,8 @@ Model rich_model() {
   every.kernel = KernelChoice{"kiln.everything", {}};
   g.add_node(every);
   g.outputs = {r, e, e2, empty, b_alias};
+  // The body reads the outer "s" through its stand-in; the leaf reads the body's "t".
+  if (!resolve_captures(g).ok()) std::abort();
   return m;
 }
 
@@ -238,6 +240,7 @@ void expect_graph_eq(const Graph& a, const Graph& b) {
     EXPECT_EQ(na.op, nb.op);
     EXPECT_EQ(na.inputs, nb.inputs);
     EXPECT_EQ(na.outputs, nb.outputs);
+    EXPECT_EQ(na.captures, nb.captures);
     EXPECT_EQ(na.sources, nb.sources);
     EXPECT_EQ(na.kernel, nb.kernel);
     ASSERT_EQ(na.attrs.size(), nb.attrs.size());
@@ -245,6 +248,7 @@ void expect_graph_eq(const Graph& a, const Graph& b) {
   }
   EXPECT_EQ(a.inputs, b.inputs);
   EXPECT_EQ(a.outputs, b.outputs);
+  EXPECT_EQ(a.captures, b.captures);
 }
 
 void expect_model_eq(const Model& a, const Model& b) {
@@ -713,8 +717,10 @@ TEST(FormatsText, IsDeterministicAndReadable) {
       "empty_ints=ints[] empty_strings=strings[] f=0.1 f_whole=3.0 floats=floats[0.5, -1e-30] i=-42 "
       "ints=ints[1, -2, 3] s=\"a \\\"quoted\\\" string\" strings=strings[\"p\", \"\", \"q\"] tensor=tensor(i32[2,3] "
       "crc32=");
-  has(" sources=[\"fused_a\", \"fused_b\", \"fused_c\"] kernel=kiln.everything{}\n");
-  has("\n    attr body:\n      graph\n        value s: f32[batch,5]\n");
+  has(" captures=[s] sources=[\"fused_a\", \"fused_b\", \"fused_c\"] kernel=kiln.everything{}\n");
+  has("\n    attr body:\n      graph\n        capture s: f32[batch,5]\n");
+  has("\n        node nest: test::Scope(t) -> (u) leaf=<graph> captures=[t]\n");
+  has("\n              capture t: f32[batch,5]\n");
   has("\n        node inner_add: Add(s, k) -> (t)\n");
   has("\n          attr leaf:\n            graph\n");
   has("\n              node leaf_relu: Relu(t) -> (leaf_out)\n              output leaf_out\n");

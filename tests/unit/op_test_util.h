@@ -116,14 +116,14 @@ inline void expect_user_error(const Result<std::vector<Tensor>>& r, const std::s
   EXPECT_NE(r.error().what.find(fragment), std::string::npos) << r.error().what;
 }
 
-/// y = If(cond) then {x + x} else {constant [7, 8]}: x ([2], f32) is read from the outer graph
-/// by name, as exported bodies do.
+/// y = If(cond) then {x + x} else {constant [7, 8]}: the then branch captures x ([2], f32) of
+/// the outer graph (written by name, as ONNX does, then resolved).
 inline Model if_model() {
   Model m;
   Graph& g = m.graph;
   ValueId cond = g.add_value("cond", DType::boolean, Shape::of(std::vector<int64_t>{}));
   ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{2}));
-  ValueId y = g.add_value("y", DType::undefined);
+  ValueId y = g.add_value("y", DType::f32, Shape::of(std::vector<int64_t>{2}));
   g.inputs = {cond, x};
   g.outputs = {y};
   auto then_g = std::make_shared<Graph>();
@@ -137,6 +137,7 @@ inline Model if_model() {
   n.set_attr("then_branch", then_g);
   n.set_attr("else_branch", else_g);
   g.add_node(std::move(n));
+  if (!resolve_captures(g).ok()) std::abort();
   return m;
 }
 

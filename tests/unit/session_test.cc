@@ -315,9 +315,9 @@ TEST(Session, KernelsSeeConstantInputsWhenChosen) {
   EXPECT_FLOAT_EQ((*r)[0].data<float>()[1], 5.f);
 }
 
-// t = -x is read only by name, inside the If's then branch, after a chain of Relus that would
+// t = -x is read only by the If's then branch (a capture), after a chain of Relus that would
 // reuse t's memory if t died when no node input read it any more.
-TEST(Session, ValuesReadByNameFromSubgraphsLiveUntilTheirNode) {
+TEST(Session, ValuesCapturedBySubgraphsLiveUntilTheirNode) {
   Model m;
   Graph& g = m.graph;
   const Shape s({Dim::known(4)});
@@ -348,7 +348,11 @@ TEST(Session, ValuesReadByNameFromSubgraphsLiveUntilTheirNode) {
   n.set_attr("else_branch", else_g);
   g.add_node(std::move(n));
   g.outputs = {y};
-  EXPECT_EQ(g.captures(4), (std::vector<ValueId>{t, prev}));
+  ASSERT_TRUE(resolve_captures(g).ok());
+  // Attributes are sorted by name: the else branch is resolved first.
+  EXPECT_EQ(g.nodes[4].captures, (std::vector<ValueId>{prev, t}));
+  EXPECT_EQ(then_g->captures, (std::vector<ValueId>{kNoValue, tt}));
+  EXPECT_EQ(else_g->captures, (std::vector<ValueId>{er, kNoValue}));
 
   auto session = Session::create(m);
   ASSERT_TRUE(session.ok()) << session.error().message();

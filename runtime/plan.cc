@@ -1,0 +1,192 @@
+// Execution planning: shapes, liveness, the arena layout and each node's kernel (plan.h).
+#include "runtime/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "formats/infer.h"
+#include "formats/memory.h"
+#include "formats/op_schema.h"
+
+namespace kiln {
+
+std::string output_name(const Graph& g, const Node& n, size_t i) {
+  std::string s = "output " + std::to_string(i);
+  if (i < n.outputs.size() && n.outputs[i] != kNoValue) s += " '" + g.value(n.outputs[i]).name + "'";
+  return s;
+}
+
+namespace {
+
+// Lifetimes [begin, end] (node indices) of the values placed in an arena so far, to find those
+// that overlap a new one. A value overlaps [b, e] when it is alive at b or begins within
+// (b, e]: a segment tree over node indices answers the first (a value is stored at the
+// O(log n) tree nodes that tile its lifetime, so those alive at b lie on b's root-to-leaf
+// path), an ordered map of beginnings the second. Memory is O(values x log nodes).
+class Lifetimes {
+ public:
+  explicit Lifetimes(size_t nodes) : n_(std::max<size_t>(nodes, 1)), tree_(4 * n_) {}
+
+  void add(uint32_t id, int32_t begin, int32_t end) {
+    insert(1, 0, n_ - 1, static_cast<size_t>(begin), static_cast<size_t>(end), id);
+    begins_.emplace(begin, id);
+  }
+
+  /// Calls f(id) once for each value whose lifetime overlaps [begin, end].
+  template <class F>
+  void overlapping(int32_t begin, int32_t end, F&& f) const {
+    const size_t b = static_cast<size_t>(begin);
+    for (size_t node = 1, lo = 0, hi = n_ - 1;;) {
+      for (uint32_t id : tree_[node]) f(id);
+      if (lo == hi) break;
+      const size_t mid = (lo + hi) / 2;
+      if (b <= mid) node = 2 * node, hi = mid;
+      else node = 2 * node + 1, lo = mid + 1;
+    }
+    for (auto it = begins_.upper_bound(begin); it != begins_.end() && it->first <= end; ++it) f(it->second);
+  }
+
+ private:
+  void insert(size_t node, size_t lo, size_t hi, size_t b, size_t e, uint32_t id) {
+    if (e < lo || hi < b) return;
+    if (b <= lo && hi <= e) {
+      tree_[node].push_back(id);
+      return;
+    }
+    const size_t mid = (lo + hi) / 2;
+    insert(2 * node, lo, mid, b, e, id);
+    insert(2 * node + 1, mid + 1, hi, b, e, id);
+  }
+
+  size_t n_;
+  std::vector<std::vector<uint32_t>> tree_;
+  std::multimap<int32_t, uint32_t> begins_;
+};
+
+}  // namespace
+
+Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector<int64_t>> input_shapes,
+                                 const PlanOptions& options) {
+  if (input_shapes.size() != graph.inputs.size())
+    return internal_error("", "planning for " + std::to_string(input_shapes.size()) + " input shapes, the graph has " +
+                                  std::to_string(graph.inputs.size()) + " inputs");
+  ExecutionPlan plan;
+  // Infer every shape with the bound input shapes on a copy of the graph.
+  Graph& bound = plan.bound;
+  bound = graph;
+  for (size_t i = 0; i < input_shapes.size(); ++i) bound.value(bound.inputs[i]).shape = Shape::of(input_shapes[i]);
+  std::vector<char> needs_data;
+  KILN_ASSIGN_OR_RETURN(plan.known, infer_graph(bound, InferOptions{.overwrite = true, .needs_data = &needs_data}));
+  needs_data.resize(bound.nodes.size());
+  plan.known.resize(bound.values.size());
+
+  const size_t nv = bound.values.size(), nn = bound.nodes.size();
+  std::vector<int32_t>& first = plan.first_use;
+  std::vector<int32_t>& last = plan.last_use;
+  first.assign(nv, -1);
+  last.assign(nv, -1);
+  for (size_t n = 0; n < nn; ++n) {
+    const auto ni = static_cast<int32_t>(n);
+    for (ValueId o : bound.nodes[n].outputs)
+      if (o >= 0 && first[static_cast<size_t>(o)] < 0) first[static_cast<size_t>(o)] = ni;
+    for (ValueId in : bound.nodes[n].inputs)
+      if (in >= 0) last[static_cast<size_t>(in)] = ni;
+    // Values a subgraph captures live until the node that owns the subgraph ran.
+    for (ValueId v : bound.nodes[n].captures) last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], ni);
+  }
+  std::vector<char> is_output(nv, 0), is_input(nv, 0);
+  for (ValueId o : bound.outputs) is_output[static_cast<size_t>(o)] = 1;
+  for (ValueId i : bound.inputs) is_input[static_cast<size_t>(i)] = 1;
+
+  // A node infers again on each run when the plan cannot know an output's type and shape, or
+  // cannot trust them: its inference wanted data it did not have (shape operands computed from
+  // data, NonZero, checks of data against shapes), or the op has no inference (custom domains).
+  plan.reinfer.assign(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    bool known = core_ops().find(node.domain, node.op) != nullptr && !needs_data[n];
+    for (ValueId o : node.outputs)
+      if (o >= 0) known = known && bound.value(o).shape.is_concrete() && bound.value(o).dtype != DType::undefined;
+    plan.reinfer[n] = !known;
+  }
+
+  // The arena: every intermediate of known shape that is not a graph output.
+  MemoryLayout& mem = plan.memory;
+  mem.offset.assign(nv, -1);
+  mem.bytes.assign(nv, 0);
+  struct Item { size_t v; size_t bytes; int32_t begin, end; };
+  std::vector<Item> items;
+  for (size_t v = 0; v < nv; ++v) {
+    const Value& val = bound.values[v];
+    if (val.is_constant() || first[v] < 0) continue;
+    const size_t producer = static_cast<size_t>(first[v]);
+    if (is_output[v] || plan.reinfer[producer]) {
+      ++mem.dynamic_values;
+      continue;
+    }
+    std::optional<size_t> nbytes = checked_bytes(shape_numel(val.shape.concrete()), dtype_size(val.dtype));
+    if (!nbytes) {
+      const Node& node = bound.nodes[producer];
+      size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());
+      return user_error(node.where(), output_name(bound, node, i) + " of shape " + val.shape.str() + " is too large");
+    }
+    size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    if (bytes == 0) bytes = kTensorAlignment;
+    items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
+  }
+  // Greedy by size: each value takes the lowest offset that no value alive at the same time
+  // uses; Lifetimes finds those without visiting every value placed before.
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
+  Lifetimes placed(nn);
+  std::vector<std::pair<size_t, size_t>> busy;
+  for (uint32_t k = 0; k < items.size(); ++k) {
+    const Item& it = items[k];
+    busy.clear();
+    placed.overlapping(it.begin, it.end, [&](uint32_t p) {
+      const size_t b = static_cast<size_t>(mem.offset[items[p].v]);
+      busy.emplace_back(b, b + items[p].bytes);
+    });
+    std::sort(busy.begin(), busy.end());
+    size_t off = 0;
+    for (auto [b, e] : busy) {
+      if (off + it.bytes <= b) break;
+      off = std::max(off, e);
+    }
+    mem.offset[it.v] = static_cast<int64_t>(off);
+    mem.bytes[it.v] = it.bytes;
+    mem.arena_bytes = std::max(mem.arena_bytes, off + it.bytes);
+    mem.unshared_bytes += it.bytes;
+    placed.add(k, it.begin, it.end);
+  }
+  mem.planned_values = items.size();
+
+  // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
+  std::vector<InferInput> q_in;
+  std::vector<InferOutput> q_out;
+  plan.kernels.reserve(nn);
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    q_in.assign(node.inputs.size(), InferInput{});
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (node.inputs[i] == kNoValue) continue;
+      const size_t v = static_cast<size_t>(node.inputs[i]);
+      const Value& val = bound.values[v];
+      const Tensor* data = val.is_constant() ? &graph.values[v].constant : plan.known[v].defined() ? &plan.known[v] : nullptr;
+      q_in[i] = InferInput{val.dtype, val.shape, data};
+    }
+    q_out.assign(node.outputs.size(), InferOutput{});
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      if (node.outputs[i] != kNoValue) q_out[i] = InferOutput{bound.value(node.outputs[i]).dtype, bound.value(node.outputs[i]).shape, Tensor()};
+    // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
+    KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out};
+    KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
+    KernelNeeds needs;
+    KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
+    plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
+    plan.kernels.push_back(PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes});
+  }
+  return plan;
+}
+
+}  // namespace kiln

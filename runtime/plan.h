@@ -1,0 +1,69 @@
+// Execution planning: for one graph and one concrete input-shape signature, every value's
+// shape, which nodes must infer again at run time, each intermediate's place in one arena,
+// and each node's kernel, chosen and prepared on concrete shapes. The Session builds one per
+// signature and runs it; `kiln compile` builds one to record the kernels and memory plan in
+// the artifact. Planning owns no tensor memory: the arena is only sized and laid out here.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/ir.h"
+#include "runtime/kernel.h"
+
+namespace kiln {
+
+/// Where the planned intermediates live in the arena, by liveness.
+struct MemoryLayout {
+  size_t arena_bytes = 0;       ///< the arena's size after reuse
+  size_t unshared_bytes = 0;    ///< what the placed values would need without reuse
+  std::vector<int64_t> offset;  ///< per value: byte offset in the arena, -1 when not placed
+  std::vector<size_t> bytes;    ///< per value: bytes reserved (64-byte multiples), 0 when not placed
+  size_t planned_values = 0;    ///< values placed in the arena
+  size_t dynamic_values = 0;    ///< values allocated per run (graph outputs, data-dependent shapes)
+};
+
+/// A node's kernel in a plan: prepared, with its implementation's name, who declined before
+/// it and why, and the scratch memory it asked for.
+struct PlannedKernel {
+  std::unique_ptr<Kernel> kernel;
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> declined;
+  size_t workspace_bytes = 0;
+};
+
+struct ExecutionPlan {
+  /// A copy of the graph with every type and shape the plan knows (concrete for the planned
+  /// values); value and node indices are the original graph's.
+  Graph bound;
+  /// Data the inference computed ahead (shape arithmetic), per value; undefined elsewhere.
+  std::vector<Tensor> known;
+  /// Per node: its outputs' shapes depend on data (or the op has no inference), so it infers
+  /// them again on each run, as does everything it feeds.
+  std::vector<char> reinfer;
+  /// Per value: the node that produces it and the last node that reads it (inputs or
+  /// captures), -1 when none.
+  std::vector<int32_t> first_use, last_use;
+  MemoryLayout memory;
+  std::vector<PlannedKernel> kernels;  ///< per node
+  size_t workspace_bytes = 0;          ///< the largest any kernel asked for
+};
+
+struct PlanOptions {
+  const Target& target;
+  const KernelRegistry& kernels;
+  bool reference = false;  ///< every node on its reference kernel (the oracle)
+};
+
+/// "output 0 'y'" for messages about a node's outputs.
+std::string output_name(const Graph& g, const Node& n, size_t i);
+
+/// Plans `graph` for inputs of these concrete shapes (in graph.inputs order; the caller has
+/// checked them against the declared shapes). Kernels are created with references to `graph`'s
+/// nodes, so the graph must outlive the plan's kernels.
+Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector<int64_t>> input_shapes,
+                                 const PlanOptions& options);
+
+}  // namespace kiln

@@ -1,0 +1,91 @@
+// build_plan on its own, as `kiln compile` uses it: shapes, liveness, arena layout, kernels.
+#include <gtest/gtest.h>
+
+#include "runtime/plan.h"
+
+namespace kiln {
+namespace {
+
+// x -> Relu a -> Neg b -> Add(a, b) c -> NonZero d -> Identity out: a lives until the Add,
+// b is freed there too, c is read by NonZero only, d's size depends on the data.
+Graph chain() {
+  Graph g;
+  const Shape sym({Dim::sym("n"), Dim::known(16)});
+  ValueId x = g.add_value("x", DType::f32, sym);
+  ValueId a = g.add_value("a", DType::f32, sym);
+  ValueId b = g.add_value("b", DType::f32, sym);
+  ValueId c = g.add_value("c", DType::f32, sym);
+  ValueId d = g.add_value("d", DType::i64, Shape({Dim::known(2), Dim::unknown()}));
+  ValueId out = g.add_value("out", DType::i64, Shape({Dim::known(2), Dim::unknown()}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {a}});
+  g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {a}, .outputs = {b}});
+  g.add_node(Node{.name = "add", .op = "Add", .inputs = {a, b}, .outputs = {c}});
+  g.add_node(Node{.name = "nonzero", .op = "NonZero", .inputs = {c}, .outputs = {d}});
+  g.add_node(Node{.name = "copy", .op = "Identity", .inputs = {d}, .outputs = {out}});
+  g.outputs = {out};
+  return g;
+}
+
+TEST(Plan, LaysOutTheArenaByLivenessAndChoosesKernels) {
+  Graph g = chain();
+  Target target;
+  std::vector<std::vector<int64_t>> shapes = {{4, 16}};
+  auto plan = build_plan(g, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  const ExecutionPlan& p = *plan;
+  auto id = [&](const char* name) { return static_cast<size_t>(g.find_value(name)); };
+  EXPECT_EQ(p.bound.value(g.find_value("c")).shape.str(), "4x16") << "shapes are concrete in the plan";
+  EXPECT_EQ(g.value(g.find_value("c")).shape.str(), "nx16") << "the caller's graph is left alone";
+  EXPECT_EQ(p.reinfer, (std::vector<char>{0, 0, 0, 1, 1})) << "NonZero and what it feeds infer per run";
+  EXPECT_EQ(p.first_use[id("a")], 0);
+  EXPECT_EQ(p.last_use[id("a")], 2);
+  // a, b and c are placed (256 bytes each); a and b are alive together, c may take a's place
+  // only after the Add has read a, so the three need 3 x 256 without reuse and at most that.
+  const MemoryLayout& m = p.memory;
+  EXPECT_EQ(m.planned_values, 3u);
+  EXPECT_EQ(m.dynamic_values, 2u);
+  EXPECT_EQ(m.unshared_bytes, 3u * 256);
+  for (const char* v : {"a", "b", "c"}) EXPECT_EQ(m.bytes[id(v)], 256u) << v;
+  EXPECT_NE(m.offset[id("a")], m.offset[id("b")]);
+  EXPECT_EQ(m.offset[id("d")], -1);
+  EXPECT_EQ(m.offset[id("out")], -1);
+  EXPECT_LE(m.arena_bytes, m.unshared_bytes);
+  ASSERT_EQ(p.kernels.size(), 5u);
+  for (const PlannedKernel& k : p.kernels) {
+    EXPECT_TRUE(k.kernel);
+    EXPECT_EQ(k.name, kReferenceKernel);
+  }
+}
+
+TEST(Plan, ChainsReuseMemory) {
+  // A chain of 64 Relus over 1 KiB tensors needs two buffers, not 63.
+  Graph g;
+  const Shape s = Shape::of(std::vector<int64_t>{256});
+  ValueId prev = g.add_value("x", DType::f32, s);
+  g.inputs = {prev};
+  for (int i = 0; i < 64; ++i) {
+    ValueId next = g.add_value("v" + std::to_string(i), DType::f32, s);
+    g.add_node(Node{.name = "relu" + std::to_string(i), .op = "Relu", .inputs = {prev}, .outputs = {next}});
+    prev = next;
+  }
+  g.outputs = {prev};
+  Target target;
+  std::vector<std::vector<int64_t>> shapes = {{256}};
+  auto plan = build_plan(g, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->memory.planned_values, 63u);
+  EXPECT_EQ(plan->memory.unshared_bytes, 63u * 1024);
+  EXPECT_EQ(plan->memory.arena_bytes, 2u * 1024);
+}
+
+TEST(Plan, RejectsTheWrongNumberOfInputShapes) {
+  Graph g = chain();
+  Target target;
+  auto plan = build_plan(g, {}, PlanOptions{target, default_kernels()});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.error().kind, ErrorKind::internal);
+}
+
+}  // namespace
+}  // namespace kiln
