@@ -7,6 +7,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/epilogue.h"
 #include "formats/ops/flops.h"
 #include "formats/ops/nn_util.h"
 
@@ -328,6 +329,46 @@ Status infer_gemm(InferContext& ctx) {
   return {};
 }
 
+// The epilogue of FusedConv / FusedMatMul (formats/ops/epilogue.h): f32 only; the bias has one
+// value per output channel (`channel_axis` of Y); Z, when given, has Y's shape.
+Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
+  KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "activation").status());
+  KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "post_activation").status());
+  if (ctx.outputs()[0].dtype == DType::undefined) return {};
+  const Shape& y = ctx.outputs()[0].shape;
+  if (ctx.has_input(2)) {
+    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
+    const Shape& b = ctx.shape(2);
+    if (b.rank() >= 0 && b.rank() != 1) return ctx.error("bias must be 1-D, got shape " + b.str());
+    const int64_t axis = channel_axis < 0 ? y.rank() + channel_axis : channel_axis;
+    if (b.rank() == 1 && y.rank() > axis && axis >= 0 && b.dims[0].is_known() && y.dims[static_cast<size_t>(axis)].is_known() &&
+        b.dims[0].value != y.dims[static_cast<size_t>(axis)].value)
+      return ctx.error("bias has " + std::to_string(b.dims[0].value) + " elements but the output " + y.str() + " has " +
+                       std::to_string(y.dims[static_cast<size_t>(axis)].value) + " channels");
+  }
+  if (ctx.has_input(3)) {
+    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 3));
+    const Shape& z = ctx.shape(3);
+    bool same = z.rank() < 0 || y.rank() < 0 || z.rank() == y.rank();
+    for (size_t i = 0; same && z.rank() >= 0 && y.rank() >= 0 && i < z.dims.size(); ++i)
+      same = !z.dims[i].is_known() || !y.dims[i].is_known() || z.dims[i].value == y.dims[i].value;
+    if (!same) return ctx.error("the residual input Z " + z.str() + " does not have the output's shape " + y.str());
+  }
+  return {};
+}
+
+Status infer_fused_conv(InferContext& ctx) {
+  if (ctx.dtype(0) != DType::f32) return ctx.error("FusedConv is f32 only, got " + dt(ctx.dtype(0)));
+  KILN_RETURN_IF_ERROR(infer_conv(ctx));
+  return infer_epilogue(ctx, 1);
+}
+
+Status infer_fused_matmul(InferContext& ctx) {
+  if (ctx.dtype(0) != DType::f32) return ctx.error("FusedMatMul is f32 only, got " + dt(ctx.dtype(0)));
+  KILN_RETURN_IF_ERROR(infer_matmul(ctx));
+  return infer_epilogue(ctx, -1);
+}
+
 // Shared by MaxPool, AveragePool, LpPool.
 Status infer_pool(InferContext& ctx, bool allow_int) {
   DType t = ctx.dtype(0);
@@ -488,6 +529,19 @@ void register_nn_ops(OpRegistry& r) {
                      {{"alpha", AttrType::float64, false, "1.0"}, {"beta", AttrType::float64, false, "1.0"},
                       {"transA", AttrType::int64, false, "0"}, {"transB", AttrType::int64, false, "0"}},
                      infer_gemm}).traits = {.flops = flops::gemm, .prepack_inputs = {1}};
+  // What `kiln compile` fuses a convolution or matrix product and its epilogue into.
+  const std::vector<AttrSpec> epilogue = {
+      {"activation", AttrType::string, false, "applied after the bias (none)"},
+      {"activation_params", AttrType::floats, false, "its alpha / min and beta / max"},
+      {"post_activation", AttrType::string, false, "applied after adding Z (none)"},
+      {"post_activation_params", AttrType::floats, false, "its alpha / min and beta / max"}};
+  std::vector<AttrSpec> fused_conv = {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"},
+                                      kKernelShape, kPads, kStrides};
+  fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
+  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
+                     fused_conv, infer_fused_conv}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
+  r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
+                     epilogue, infer_fused_matmul}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
                       {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides},

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/ref/activation.h"
 #include "runtime/ref/elementwise_util.h"
 
 namespace kiln::ref {
@@ -69,15 +70,15 @@ KILN_UNARY(Asinh, return std::asinh(x);)
 KILN_UNARY(Acosh, return std::acosh(x);)
 KILN_UNARY(Atanh, return std::atanh(x);)
 KILN_UNARY(Erf, return std::erf(x);)
-KILN_UNARY(Tanh, return std::tanh(x);)
+KILN_UNARY(Tanh, return act::tanh(x);)
 // Both branches avoid overflowing exp for large |x|.
-KILN_UNARY(Sigmoid, if (x >= C(0)) return C(1) / (C(1) + std::exp(-x)); const C e = std::exp(x); return e / (C(1) + e);)
+KILN_UNARY(Sigmoid, return act::sigmoid(x);)
 KILN_UNARY(Softplus, if (x > C(0)) return x + std::log1p(std::exp(-x)); return std::log1p(std::exp(x));)
 KILN_UNARY(Softsign, return x / (C(1) + std::abs(x));)
 KILN_UNARY(Mish, const C sp = x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); return x * std::tanh(sp);)
-KILN_UNARY(HardSwish, return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));)
+KILN_UNARY(HardSwish, return act::hard_swish(x);)
 // NaN stays NaN (x < 0 is false for it).
-KILN_UNARY(Relu, return x < C(0) ? C(0) : x;)
+KILN_UNARY(Relu, return act::relu(x);)
 KILN_UNARY(Sign, return x > C(0) ? C(1) : x < C(0) ? C(-1) : C(0);)
 KILN_UNARY(Not, return !x;)
 KILN_UNARY(BitwiseNot, return static_cast<C>(~x);)
@@ -100,7 +101,7 @@ struct IsInf {
 struct LeakyRelu {
   double alpha;
   explicit LeakyRelu(const Node& n) : alpha(n.attr_float("alpha", 0.01f)) {}
-  template <class C> C operator()(C x) const { return x < C(0) ? C(alpha) * x : x; }
+  template <class C> C operator()(C x) const { return act::leaky_relu(x, C(alpha)); }
 };
 
 struct Elu {
@@ -130,7 +131,7 @@ struct Celu {
 struct HardSigmoid {
   double alpha, beta;
   explicit HardSigmoid(const Node& n) : alpha(n.attr_float("alpha", 0.2f)), beta(n.attr_float("beta", 0.5f)) {}
-  template <class C> C operator()(C x) const { return std::max(C(0), std::min(C(1), C(alpha) * x + C(beta))); }
+  template <class C> C operator()(C x) const { return act::hard_sigmoid(x, C(alpha), C(beta)); }
 };
 
 struct ThresholdedRelu {
@@ -153,11 +154,7 @@ struct Gelu {
   bool tanh_approx;
   explicit Gelu(const Node& n) : tanh_approx(n.attr_string("approximate", "none") == "tanh") {}
   template <class C> C operator()(C x) const {
-    if (tanh_approx) {
-      const C k = C(0.7978845608028654);  // sqrt(2 / pi)
-      return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
-    }
-    return C(0.5) * x * (C(1) + std::erf(x * C(0.7071067811865476)));
+    return tanh_approx ? act::gelu_tanh(x) : act::gelu(x);
   }
 };
 

@@ -100,6 +100,23 @@ Status ref_matmul(KernelContext& ctx) {
   });
 }
 
+Status ref_fused_matmul(KernelContext& ctx) {
+  if (ctx.input(0).dtype() != DType::f32) return ctx.error("FusedMatMul is f32 only");
+  KILN_RETURN_IF_ERROR(ref_matmul(ctx));
+  Tensor& y = ctx.output(0);
+  if (ctx.has_input(2)) {
+    const Tensor& b = ctx.input(2);
+    const int64_t n = y.rank() ? y.shape().back() : 1;
+    if (b.rank() != 1 || b.numel() != n)
+      return ctx.error("bias " + shape_str(b.shape()) + " does not have one value per output column (" + std::to_string(n) + ")");
+    float* py = y.data<float>();
+    const float* pb = b.data<float>();
+    for (int64_t i = 0, rows = n ? y.numel() / n : 0; i < rows; ++i)
+      for (int64_t j = 0; j < n; ++j) py[i * n + j] += pb[j];
+  }
+  return fused_epilogue(ctx, y);
+}
+
 // Y = alpha * op(A) @ op(B) + beta * C. op() transposes are copied once so the GEMM loop always
 // reads contiguous rows; alpha is folded into the copy of A.
 template <class T>
@@ -160,6 +177,7 @@ Status ref_gemm(KernelContext& ctx) {
 void register_ref_nn(KernelRegistry& r) {
   r.add_reference("MatMul", nn::ref_matmul);
   r.add_reference("Gemm", nn::ref_gemm);
+  r.add_reference("FusedMatMul", nn::ref_fused_matmul);
   nn::register_ref_nn_conv(r);
   nn::register_ref_nn_pool(r);
   nn::register_ref_nn_sample(r);

@@ -146,6 +146,12 @@ Status ref_conv(KernelContext& ctx) {
   });
 }
 
+Status ref_fused_conv(KernelContext& ctx) {
+  if (ctx.input(0).dtype() != DType::f32) return ctx.error("FusedConv is f32 only");
+  KILN_RETURN_IF_ERROR(ref_conv(ctx));
+  return fused_epilogue(ctx, ctx.output(0));
+}
+
 template <class T>
 Status conv_transpose_impl(KernelContext& ctx, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const int64_t group = ctx.node().attr_int("group", 1);
@@ -205,6 +211,7 @@ Status ref_col2im(KernelContext& ctx) {
 
 void register_ref_nn_conv(KernelRegistry& r) {
   r.add_reference("Conv", ref_conv);
+  r.add_reference("FusedConv", ref_fused_conv);
   r.add_reference("ConvTranspose", ref_conv_transpose);
   r.add_reference("Col2Im", ref_col2im);
 }

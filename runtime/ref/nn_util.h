@@ -108,6 +108,9 @@ inline std::vector<int64_t> to3(const std::vector<int64_t>& v, int64_t fill) {
 }
 
 // Registration of the nn family's kernel groups (one per file).
+/// The epilogue of FusedConv / FusedMatMul after the bias: activation, + Z (input 3), post-activation.
+Status fused_epilogue(KernelContext& ctx, Tensor& y);
+
 void register_ref_nn_conv(KernelRegistry& r);
 void register_ref_nn_pool(KernelRegistry& r);
 void register_ref_nn_sample(KernelRegistry& r);

@@ -1,0 +1,119 @@
+// FusedConv and FusedMatMul (what kiln compile fuses epilogues into) against the chains of
+// core ops they replace, for every activation, and their schema checks.
+#include <gtest/gtest.h>
+
+#include "formats/ops/epilogue.h"
+#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::make;
+using testing::ramp;
+using testing::run_op;
+
+Tensor run1(const std::string& op, const std::vector<Tensor>& in, std::vector<Attribute> attrs = {}) {
+  auto r = run_op(op, in, std::move(attrs));
+  EXPECT_TRUE(r.ok()) << op << ": " << r.error().message();
+  return r.ok() ? (*r)[0] : Tensor();
+}
+
+Tensor scalar(float v) { return make<float>({}, {v}); }
+
+// The unfused activation as the exporter writes it.
+Tensor activate(const ActivationSpec& a, const Tensor& x) {
+  switch (a.kind) {
+    case Activation::none: return x;
+    case Activation::relu: return run1("Relu", {x});
+    case Activation::leaky_relu: return run1("LeakyRelu", {x}, {attr("alpha", double{a.a})});
+    case Activation::clip: return run1("Clip", {x, scalar(a.a), scalar(a.b)});
+    case Activation::sigmoid: return run1("Sigmoid", {x});
+    case Activation::tanh: return run1("Tanh", {x});
+    case Activation::hard_sigmoid: return run1("HardSigmoid", {x}, {attr("alpha", double{a.a}), attr("beta", double{a.b})});
+    case Activation::hard_swish: return run1("HardSwish", {x});
+    case Activation::gelu: return run1("Gelu", {x});
+    case Activation::gelu_tanh: return run1("Gelu", {x}, {attr("approximate", std::string("tanh"))});
+    case Activation::silu: return run1("Mul", {x, run1("Sigmoid", {x})});
+  }
+  return Tensor();
+}
+
+const std::vector<ActivationSpec> kAll = {
+    {Activation::none},        {Activation::relu},       {Activation::leaky_relu, 0.1f},
+    {Activation::clip, 0, 6},  {Activation::sigmoid},    {Activation::tanh},
+    {Activation::hard_sigmoid, 0.2f, 0.5f},              {Activation::hard_swish},
+    {Activation::gelu},        {Activation::gelu_tanh},  {Activation::silu}};
+
+std::vector<Attribute> epilogue_attrs(const ActivationSpec& act, const ActivationSpec& post) {
+  Node n;
+  write_activation(n, "activation", act);
+  write_activation(n, "post_activation", post);
+  return n.attrs;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5 * (1 + std::abs(want.data<float>()[i])))
+        << what << " element " << i;
+}
+
+TEST(FusedOps, FusedConvMatchesConvBiasActivationResidual) {
+  const Tensor x = ramp({1, 3, 6, 5}), w = ramp({4, 3, 3, 3}, 0.21f), b = ramp({4}, 0.5f), z = ramp({1, 4, 6, 5}, 0.3f);
+  const std::vector<Attribute> conv_attrs = {attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+  const Tensor conv = run1("Conv", {x, w, b}, conv_attrs);
+  for (const ActivationSpec& act : kAll)
+    for (const ActivationSpec& post : {ActivationSpec{}, ActivationSpec{Activation::relu}}) {
+      const std::string what = std::string(activation_name(act.kind)) + " then " + std::string(activation_name(post.kind));
+      std::vector<Attribute> attrs = conv_attrs;
+      for (Attribute& a : epilogue_attrs(act, post)) attrs.push_back(a);
+      // Without Z the post-activation follows the activation directly.
+      expect_close(run1("FusedConv", {x, w, b}, attrs), activate(post, activate(act, conv)), what);
+      expect_close(run1("FusedConv", {x, w, b, z}, attrs), activate(post, run1("Add", {activate(act, conv), z})), what + " + Z");
+    }
+}
+
+TEST(FusedOps, FusedMatMulMatchesMatMulBiasActivationResidual) {
+  const Tensor a = ramp({2, 3, 5}), bm = ramp({5, 4}, 0.21f), bias = ramp({4}, 0.5f), z = ramp({2, 3, 4}, 0.3f);
+  const Tensor mm = run1("Add", {run1("MatMul", {a, bm}), bias});
+  for (const ActivationSpec& act : kAll) {
+    const std::string what(activation_name(act.kind));
+    expect_close(run1("FusedMatMul", {a, bm, bias}, epilogue_attrs(act, {})), activate(act, mm), what);
+    expect_close(run1("FusedMatMul", {a, bm, bias, z}, epilogue_attrs(act, {Activation::gelu})),
+                 activate({Activation::gelu}, run1("Add", {activate(act, mm), z})), what + " + Z");
+  }
+  // No bias: the plain product.
+  expect_close(run1("FusedMatMul", {a, bm}), run1("MatMul", {a, bm}), "no bias");
+}
+
+TEST(FusedOps, SchemaChecks) {
+  const Tensor a = ramp({3, 5}), b = ramp({5, 4});
+  auto bad = [](const Result<std::vector<Tensor>>& r, const std::string& fragment) {
+    ASSERT_FALSE(r.ok()) << fragment;
+    EXPECT_NE(r.error().message().find(fragment), std::string::npos) << r.error().message();
+  };
+  bad(run_op("FusedMatMul", {a, b}, {attr("activation", std::string("Swish"))}),
+      "activation 'Swish' is not one of Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu, GeluTanh, Silu");
+  bad(run_op("FusedMatMul", {a, b}, {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0})}),
+      "activation_params has 1 values but Clip takes 2");
+  bad(run_op("FusedMatMul", {a, b, ramp({3})}), "bias has 3 elements but the output 3x4 has 4 channels");
+  bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({4, 3})}), "the residual input Z 4x3 does not have the output's shape 3x4");
+  bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
+      "FusedConv is f32 only, got f64");
+}
+
+TEST(FusedOps, ActivationAttributesRoundTrip) {
+  for (const ActivationSpec& spec : kAll) {
+    Node n;
+    n.name = "n";
+    write_activation(n, "activation", spec);
+    auto back = read_activation(n, "activation");
+    ASSERT_TRUE(back.ok()) << back.error().message();
+    EXPECT_EQ(*back, spec) << activation_name(spec.kind);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
