@@ -84,10 +84,13 @@ struct Attribute {
   AttrValue value;
 };
 
+/// A kernel parameter: a tile size, a blocking factor, a layout tag, a tuned threshold.
+using KernelParam = std::variant<int64_t, double, std::string>;
+
 /// The kernel a compile chose for a node, with its tuning parameters (empty until compile).
 struct KernelChoice {
   std::string name;  ///< e.g. "onednn.conv", "kiln.gemm_f32_avx512_8x48"
-  std::vector<std::pair<std::string, int64_t>> params;
+  std::vector<std::pair<std::string, KernelParam>> params;
   bool empty() const { return name.empty(); }
   bool operator==(const KernelChoice&) const = default;
 };
@@ -237,11 +240,38 @@ struct Provenance {
   bool operator==(const Provenance&) const = default;
 };
 
+/// The machine a compiled model's kernels were chosen for. Running the model needs every ISA
+/// feature listed (the runtime refuses a CPU that lacks one, naming it).
+struct TargetRecord {
+  std::string device = "cpu";
+  std::vector<std::string> isa;  ///< feature names as runtime/target.h spells them ("avx2", "avx512-vnni")
+  int32_t threads = 1;           ///< the thread count kernels were chosen and tuned for
+  bool operator==(const TargetRecord&) const = default;
+};
+
+/// The memory plan compile made for the input shapes it specialised the model to: the arena
+/// and each intermediate's place in it, as the runtime lays them out (runtime/plan.h).
+struct MemoryPlanRecord {
+  struct Placement {
+    ValueId value;
+    uint64_t offset;  ///< bytes from the arena's start
+    uint64_t bytes;
+    bool operator==(const Placement&) const = default;
+  };
+  std::vector<std::vector<int64_t>> input_shapes;  ///< in graph.inputs order
+  uint64_t arena_bytes = 0;
+  uint64_t workspace_bytes = 0;
+  std::vector<Placement> values;
+  bool operator==(const MemoryPlanRecord&) const = default;
+};
+
 struct Model {
   Stage stage = Stage::exported;
   std::vector<Provenance> provenance;
   std::vector<std::pair<std::string, std::string>> metadata;  ///< sorted key/value strings
   Graph graph;
+  std::optional<TargetRecord> target;            ///< compiled models
+  std::optional<MemoryPlanRecord> memory_plan;   ///< compiled models with concrete input shapes
 };
 
 /// The running kiln version ("0.1.0").

@@ -92,8 +92,24 @@ class Writer {
     // The root's scalars are always written (even at their defaults), so that every file
     // carries its version explicitly and tools can patch them in place.
     fbb_.ForceDefaults(true);
+    flatbuffers::Offset<fb::MemoryPlan> memory_plan;
+    if (const MemoryPlanRecord* mp = model.memory_plan ? &*model.memory_plan : nullptr) {
+      std::vector<flatbuffers::Offset<fb::InputShape>> shapes;
+      for (const auto& dims : mp->input_shapes) shapes.push_back(fb::CreateInputShape(fbb_, fbb_.CreateVector(dims)));
+      auto shapes_vec = fbb_.CreateVector(shapes);
+      std::vector<flatbuffers::Offset<fb::PlannedValue>> placed;
+      for (const auto& p : mp->values) placed.push_back(fb::CreatePlannedValue(fbb_, p.value, p.offset, p.bytes));
+      auto placed_vec = fbb_.CreateVector(placed);
+      memory_plan = fb::CreateMemoryPlan(fbb_, shapes_vec, mp->arena_bytes, mp->workspace_bytes, placed_vec);
+    }
+    flatbuffers::Offset<fb::TargetFingerprint> target;
+    if (model.target) {
+      auto device = fbb_.CreateString(model.target->device);
+      auto isa = fbb_.CreateVectorOfStrings(model.target->isa);
+      target = fb::CreateTargetFingerprint(fbb_, device, isa, model.target->threads);
+    }
     auto root = fb::CreateModel(fbb_, kSchemaMajor, kSchemaMinor, static_cast<fb::Stage>(model.stage), prov_vec,
-                                meta_vec, graph, blob_size_, weights_file);
+                                meta_vec, graph, blob_size_, weights_file, memory_plan, target);
     fb::FinishSizePrefixedModelBuffer(fbb_, root);
     return {};
   }
@@ -262,8 +278,17 @@ class Writer {
       flatbuffers::Offset<fb::KernelChoice> kernel;
       if (!n.kernel.empty() || !n.kernel.params.empty()) {
         std::vector<flatbuffers::Offset<fb::KernelParam>> params;
-        for (const auto& [k, v] : n.kernel.params)
-          params.push_back(fb::CreateKernelParam(fbb_, fbb_.CreateString(k), v));
+        for (const auto& [k, v] : n.kernel.params) {
+          auto pname = fbb_.CreateString(k);
+          if (const auto* i = std::get_if<int64_t>(&v)) {
+            params.push_back(fb::CreateKernelParam(fbb_, pname, *i));
+          } else if (const auto* f = std::get_if<double>(&v)) {
+            params.push_back(fb::CreateKernelParam(fbb_, pname, 0, fb::KernelParamType::float64, *f));
+          } else {
+            auto text = fbb_.CreateString(std::get<std::string>(v));
+            params.push_back(fb::CreateKernelParam(fbb_, pname, 0, fb::KernelParamType::str, 0, text));
+          }
+        }
         auto kname = fbb_.CreateString(n.kernel.name);
         kernel = fb::CreateKernelChoice(fbb_, kname, fbb_.CreateVector(params));
       }
@@ -499,7 +524,15 @@ class Reader {
         if (const fb::KernelChoice* k = fn->kernel()) {
           n.kernel.name = str(k->name());
           if (k->params())
-            for (const fb::KernelParam* p : *k->params()) n.kernel.params.emplace_back(str(p->name()), p->value());
+            for (const fb::KernelParam* p : *k->params()) {
+              KernelParam v = p->value();
+              if (p->type() == fb::KernelParamType::float64) v = p->f();
+              else if (p->type() == fb::KernelParamType::str) v = str(p->s());
+              else if (p->type() != fb::KernelParamType::int64)
+                return user_error(prefix + n.where(), "kernel parameter '" + str(p->name()) + "' has unknown type " +
+                                                          std::to_string(static_cast<uint16_t>(p->type())));
+              n.kernel.params.emplace_back(str(p->name()), std::move(v));
+            }
         }
         if (fn->attrs()) {
           for (const fb::Attribute* fa : *fn->attrs()) {
@@ -754,6 +787,27 @@ Result<Model> decode(const Buffer& buf, const std::string& sidecar_dir, const Lo
     for (const fb::MetadataEntry* e : *fm->metadata()) model.metadata.emplace_back(str(e->key()), str(e->value()));
   Reader reader(blob, blob_size, owner, empty);
   KILN_ASSIGN_OR_RETURN(model.graph, reader.read_graph(fm->graph(), ""));
+  if (const fb::MemoryPlan* mp = fm->memory_plan()) {
+    MemoryPlanRecord rec;
+    if (mp->input_shapes())
+      for (const fb::InputShape* is : *mp->input_shapes()) {
+        KILN_ASSIGN_OR_RETURN(std::vector<int64_t> dims, read_vector(is->dims(), std::string("memory plan")));
+        rec.input_shapes.push_back(std::move(dims));
+      }
+    rec.arena_bytes = mp->arena_bytes();
+    rec.workspace_bytes = mp->workspace_bytes();
+    if (mp->values())
+      for (const fb::PlannedValue* pv : *mp->values()) rec.values.push_back({pv->value(), pv->offset(), pv->size()});
+    model.memory_plan = std::move(rec);
+  }
+  if (const fb::TargetFingerprint* t = fm->target()) {
+    TargetRecord rec;
+    rec.device = str(t->device());
+    if (t->isa())
+      for (const flatbuffers::String* f : *t->isa()) rec.isa.push_back(str(f));
+    rec.threads = t->threads();
+    model.target = std::move(rec);
+  }
   // Schema 1.0 had no captures: its subgraphs read enclosing values by name.
   if (fm->schema_minor() < 1) KILN_RETURN_IF_ERROR(resolve_captures(model.graph));
   if (options.verify) {

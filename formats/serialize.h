@@ -31,7 +31,9 @@ namespace kiln {
 /// The schema version this kiln writes. Bump the minor for every appended field or enum
 /// value; bump the major only for an incompatible change.
 inline constexpr uint16_t kSchemaMajor = 1;
-inline constexpr uint16_t kSchemaMinor = 1;  ///< 1.1: explicit subgraph captures
+/// 1.1: explicit subgraph captures. 1.2: typed kernel parameters, the target and the memory
+/// plan of compiled models.
+inline constexpr uint16_t kSchemaMinor = 2;
 
 /// The FlatBuffers file identifier, at byte 8 of every .kiln file.
 inline constexpr char kKilnFileIdentifier[] = "KILN";

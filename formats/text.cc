@@ -172,8 +172,13 @@ class Printer {
       if (!n.sources.empty()) s += " sources=" + list(n.sources, quote);
       if (!n.kernel.empty() || !n.kernel.params.empty()) {
         s += " kernel=" + name(n.kernel.name) + "{";
-        for (size_t i = 0; i < n.kernel.params.size(); ++i)
-          s += (i ? ", " : "") + name(n.kernel.params[i].first) + "=" + std::to_string(n.kernel.params[i].second);
+        for (size_t i = 0; i < n.kernel.params.size(); ++i) {
+          const KernelParam& v = n.kernel.params[i].second;
+          s += (i ? ", " : "") + name(n.kernel.params[i].first) + "=";
+          if (const auto* k = std::get_if<int64_t>(&v)) s += std::to_string(*k);
+          else if (const auto* f = std::get_if<double>(&v)) s += attr_value_text(*f);
+          else s += quote(std::get<std::string>(v));
+        }
         s += "}";
       }
       line(in, s);
@@ -228,6 +233,14 @@ std::string model_to_text(const Model& model) {
     p.line(0, "provenance tool=" + quote(pr.tool) + " version=" + quote(pr.version) + " input=" +
                   quote(pr.input_file) + " sha256=" + quote(pr.input_sha256) + " command=" + quote(pr.command));
   for (const auto& [k, v] : model.metadata) p.line(0, "metadata " + quote(k) + " = " + quote(v));
+  if (const TargetRecord* t = model.target ? &*model.target : nullptr)
+    p.line(0, "target device=" + quote(t->device) + " isa=" + list(t->isa, quote) + " threads=" + std::to_string(t->threads));
+  if (const MemoryPlanRecord* mp = model.memory_plan ? &*model.memory_plan : nullptr) {
+    std::string shapes;
+    for (const auto& dims : mp->input_shapes) shapes += (shapes.empty() ? "" : ", ") + shape_str(dims);
+    p.line(0, "memory_plan inputs=[" + shapes + "] arena=" + std::to_string(mp->arena_bytes) +
+                  " workspace=" + std::to_string(mp->workspace_bytes) + " values=" + std::to_string(mp->values.size()));
+  }
   p.graph(model.graph, 0);
   return std::move(p.out);
 }

@@ -13,6 +13,8 @@ namespace kiln {
 ///   model stage=exported
 ///   provenance tool="kiln export" version="0.1.0" input="m.onnx" sha256="…" command="…"
 ///   metadata "producer" = "pytorch"
+///   target device="cpu" isa=["avx2", "fma"] threads=2
+///   memory_plan inputs=[1x3x224x224] arena=25690112 workspace=0 values=52
 ///   graph
 ///     input x: f32[batch,3,224,224]
 ///     const w: f32[64,3,7,7] crc32=1a2b3c4d data=[0.5, -1, 2, 0.25, ...]

@@ -375,7 +375,27 @@ Status verify_model(const Model& model) {
   auto raw = static_cast<uint16_t>(model.stage);
   if (raw < static_cast<uint16_t>(Stage::exported) || raw > static_cast<uint16_t>(Stage::compiled))
     return user_error("", "unknown model stage " + num(raw));
-  return verify_graph(model.graph);
+  KILN_RETURN_IF_ERROR(verify_graph(model.graph));
+  const Graph& g = model.graph;
+  if (const TargetRecord* t = model.target ? &*model.target : nullptr) {
+    if (t->device.empty()) return user_error("target", "the target names no device");
+    if (t->threads < 1) return user_error("target", "the target's thread count " + num(t->threads) + " is not positive");
+  }
+  if (const MemoryPlanRecord* mp = model.memory_plan ? &*model.memory_plan : nullptr) {
+    if (mp->input_shapes.size() != g.inputs.size())
+      return user_error("memory plan", "it lists " + num(static_cast<int64_t>(mp->input_shapes.size())) +
+                                           " input shapes but the graph has " + num(static_cast<int64_t>(g.inputs.size())) + " inputs");
+    for (const MemoryPlanRecord::Placement& p : mp->values) {
+      if (p.value < 0 || static_cast<size_t>(p.value) >= g.values.size())
+        return user_error("memory plan", "it places value " + num(p.value) + " but the graph has " +
+                                             num(static_cast<int64_t>(g.values.size())) + " values");
+      if (p.offset > mp->arena_bytes || p.bytes > mp->arena_bytes - p.offset)
+        return user_error("memory plan", "value '" + g.value(p.value).name + "' at offset " + std::to_string(p.offset) + " (" +
+                                             std::to_string(p.bytes) + " bytes) lies outside the arena of " +
+                                             std::to_string(mp->arena_bytes) + " bytes");
+    }
+  }
+  return {};
 }
 
 }  // namespace kiln

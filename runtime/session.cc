@@ -220,6 +220,20 @@ Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOpti
   std::unique_ptr<Session> s(new Session(model, std::move(options)));
   if (s->options_.target.threads < 1)
     return user_error("", "the thread count must be at least 1, not " + std::to_string(s->options_.target.threads));
+  // A compiled model's kernels may use every ISA feature it was compiled for; the oracle's
+  // reference kernels use none.
+  if (model.target && !s->options_.reference) {
+    if (model.target->device != s->options_.target.device)
+      return user_error("", "the model was compiled for device '" + model.target->device + "', not '" +
+                                s->options_.target.device + "'");
+    std::vector<std::string> missing = s->options_.target.cpu.missing(model.target->isa);
+    if (!missing.empty()) {
+      std::string list;
+      for (const std::string& f : missing) list += (list.empty() ? "" : ", ") + f;
+      return user_error("", "the model was compiled for a CPU with " + list +
+                                ", which this CPU lacks (compile it again with --target host, or run it with --reference)");
+    }
+  }
   use_threads(s->options_.target.threads);
   const KernelRegistry& reg = s->options_.kernels ? *s->options_.kernels : default_kernels();
   size_t workspace = 0;

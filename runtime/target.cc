@@ -1,5 +1,7 @@
 #include "runtime/target.h"
 
+#include <algorithm>
+
 #include <cpuid.h>
 #include <cpuinfo.h>
 #include <sys/syscall.h>
@@ -55,21 +57,53 @@ const CpuFeatures& CpuFeatures::host() {
   return features;
 }
 
+namespace {
+
+// Every feature with its name, in the order names() lists them.
+constexpr std::pair<bool CpuFeatures::*, std::string_view> kFeatures[] = {
+    {&CpuFeatures::avx2, "avx2"},
+    {&CpuFeatures::fma, "fma"},
+    {&CpuFeatures::avx512f, "avx512f"},
+    {&CpuFeatures::avx512bw, "avx512bw"},
+    {&CpuFeatures::avx512vl, "avx512vl"},
+    {&CpuFeatures::avx512_vnni, "avx512-vnni"},
+    {&CpuFeatures::avx512_bf16, "avx512-bf16"},
+    {&CpuFeatures::avx512_fp16, "avx512-fp16"},
+    {&CpuFeatures::amx, "amx"},
+};
+
+}  // namespace
+
+std::vector<std::string> CpuFeatures::names() const {
+  std::vector<std::string> out;
+  for (const auto& [member, name] : kFeatures)
+    if (this->*member) out.emplace_back(name);
+  return out;
+}
+
 std::string CpuFeatures::str() const {
   std::string s;
-  auto add = [&s](bool has, const char* name) {
-    if (has) s += (s.empty() ? "" : " ") + std::string(name);
-  };
-  add(avx2, "avx2");
-  add(fma, "fma");
-  add(avx512f, "avx512f");
-  add(avx512bw, "avx512bw");
-  add(avx512vl, "avx512vl");
-  add(avx512_vnni, "avx512-vnni");
-  add(avx512_bf16, "avx512-bf16");
-  add(avx512_fp16, "avx512-fp16");
-  add(amx, "amx");
+  for (const std::string& name : names()) s += (s.empty() ? "" : " ") + name;
   return s.empty() ? "baseline" : s;
+}
+
+std::vector<std::string> CpuFeatures::missing(const std::vector<std::string>& required) const {
+  std::vector<std::string> have = names(), out;
+  for (const std::string& r : required)
+    if (std::find(have.begin(), have.end(), r) == have.end()) out.push_back(r);
+  return out;
+}
+
+std::optional<CpuFeatures> CpuFeatures::named(std::string_view name) {
+  if (name == "host") return host();
+  CpuFeatures f;
+  if (name != "avx2" && name != "avx512" && name != "avx512-vnni") return std::nullopt;
+  f.avx2 = f.fma = true;
+  if (name == "avx2") return f;
+  f.avx512f = f.avx512bw = f.avx512vl = true;
+  if (name == "avx512") return f;
+  f.avx512_vnni = true;
+  return f;
 }
 
 }  // namespace kiln

@@ -2,7 +2,10 @@
 // never taken from the build machine: a kiln built here runs on CPUs with and without AVX-512.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace kiln {
 
@@ -21,9 +24,16 @@ struct CpuFeatures {
 
   /// This machine's CPU, read once.
   static const CpuFeatures& host();
-  /// "avx2 fma avx512f avx512bw avx512vl avx512-vnni avx512-bf16 avx512-fp16 amx", the ones it
-  /// has; "baseline" for none.
+  /// A CPU to compile for (`kiln compile --target`): "host" (this one), "avx2" (AVX2 + FMA),
+  /// "avx512" (that + AVX-512 F/BW/VL), "avx512-vnni" (that + VNNI); nullopt for other names.
+  static std::optional<CpuFeatures> named(std::string_view name);
+  /// The names of the features it has, in a fixed order: "avx2", "fma", "avx512f",
+  /// "avx512bw", "avx512vl", "avx512-vnni", "avx512-bf16", "avx512-fp16", "amx".
+  std::vector<std::string> names() const;
+  /// names() joined by spaces; "baseline" for none.
   std::string str() const;
+  /// The features of `required` (by name) this CPU lacks.
+  std::vector<std::string> missing(const std::vector<std::string>& required) const;
 };
 
 /// Where a kernel runs: the device, its CPU features and how many threads kernels may use.

@@ -304,7 +304,7 @@ TEST(CorruptKiln, UnknownFieldsOfANewerMinorAreIgnored) {
     mb.add_schema_minor(kSchemaMinor + 1);
     mb.add_stage(fb::Stage::exported);
     mb.add_graph(graph);
-    constexpr flatbuffers::voffset_t kFutureField = fb::Model::VT_WEIGHTS_FILE + 2;
+    constexpr flatbuffers::voffset_t kFutureField = fb::Model::VT_TARGET + 2;  // past the last field this kiln knows
     fbb.AddOffset(kFutureField, future);
     fbb.AddElement<uint64_t>(kFutureField + 2, 42, 0);
     return mb.Finish();

@@ -97,7 +97,7 @@ Model rich_model() {
   add.inputs = {x, b};
   add.outputs = {s};
   add.sources = {"onnx_add", "onnx_bias"};
-  add.kernel = KernelChoice{"kiln.add_f32", {{"vec", 8}, {"threads", 2}}};
+  add.kernel = KernelChoice{"kiln.add_f32", {{"vec", int64_t{8}}, {"threads", int64_t{2}}, {"alpha", 0.25}, {"layout", std::string("nChw16c")}}};
   g.add_node(add);
   Node relu;
   relu.name = "relu";
@@ -178,6 +178,8 @@ Model rich_model() {
   g.outputs = {r, e, e2, empty, b_alias};
   // The body reads the outer "s" through its stand-in; the leaf reads the body's "t".
   if (!resolve_captures(g).ok()) std::abort();
+  m.target = TargetRecord{"cpu", {"avx2", "fma", "avx512-vnni"}, 2};
+  m.memory_plan = MemoryPlanRecord{{{3, 5}}, 4096, 64, {{s, 0, 64}, {r, 64, 128}}};
   return m;
 }
 
@@ -255,6 +257,8 @@ void expect_model_eq(const Model& a, const Model& b) {
   EXPECT_EQ(a.stage, b.stage);
   EXPECT_EQ(a.provenance, b.provenance);
   EXPECT_EQ(a.metadata, b.metadata);
+  EXPECT_EQ(a.target, b.target);
+  EXPECT_EQ(a.memory_plan, b.memory_plan);
   expect_graph_eq(a.graph, b.graph);
   EXPECT_EQ(model_to_text(a), model_to_text(b));
 }
@@ -712,7 +716,10 @@ TEST(FormatsText, IsDeterministicAndReadable) {
   has(" quant=i8 scales=[0.5, 0.25, 0.125] zero_points=[0, 0, 0] axis=0\n");
   has("\n  const empty: f32[0,4] crc32=00000000 data=[]\n");
   has("\n  value e: f16[*]\n");
-  has("\n  node add: Add(x, b) -> (s) sources=[\"onnx_add\", \"onnx_bias\"] kernel=kiln.add_f32{vec=8, threads=2}\n");
+  has("\n  node add: Add(x, b) -> (s) sources=[\"onnx_add\", \"onnx_bias\"] kernel=kiln.add_f32{vec=8, threads=2, "
+      "alpha=0.25, layout=\"nChw16c\"}\n");
+  has("\ntarget device=\"cpu\" isa=[\"avx2\", \"fma\", \"avx512-vnni\"] threads=2\n");
+  has("\nmemory_plan inputs=[3x5] arena=4096 workspace=64 values=2\n");
   has("\n  node \"every attr\": test::Everything(r, _, c_f16, wq) -> (e, _, e2) body=<graph> empty_floats=floats[] "
       "empty_ints=ints[] empty_strings=strings[] f=0.1 f_whole=3.0 floats=floats[0.5, -1e-30] i=-42 "
       "ints=ints[1, -2, 3] s=\"a \\\"quoted\\\" string\" strings=strings[\"p\", \"\", \"q\"] tensor=tensor(i32[2,3] "
@@ -747,6 +754,27 @@ TEST(FormatsText, ConstantDataIsSummarised) {
   m2.graph.values[0].constant = m.graph.values[0].constant.clone();
   m2.graph.values[0].constant.data<float>()[9] = 11;
   EXPECT_NE(model_to_text(m2), text);
+}
+
+TEST(FormatsVerify, TargetAndMemoryPlanOfCompiledModels) {
+  auto expect_bad = [](const Model& m, const std::string& message) {
+    Status s = verify_model(m);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_EQ(s.error().message(), message);
+  };
+  Model m = rich_model();
+  ASSERT_TRUE(verify_model(m).ok());
+  m.target->threads = 0;
+  expect_bad(m, "target: the target's thread count 0 is not positive");
+  m = rich_model();
+  m.memory_plan->input_shapes.clear();
+  expect_bad(m, "memory plan: it lists 0 input shapes but the graph has 1 inputs");
+  m = rich_model();
+  m.memory_plan->values.push_back({999, 0, 64});
+  expect_bad(m, "memory plan: it places value 999 but the graph has " + std::to_string(m.graph.values.size()) + " values");
+  m = rich_model();
+  m.memory_plan->values[1].offset = 4090;
+  expect_bad(m, "memory plan: value 'r' at offset 4090 (128 bytes) lies outside the arena of 4096 bytes");
 }
 
 }  // namespace

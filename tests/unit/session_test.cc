@@ -470,5 +470,42 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
 
 TEST(Threads, PhysicalCoresAreCounted) { EXPECT_GE(physical_cores(), 1); }
 
+
+// A compiled model records the ISA its kernels may use: a CPU without one of those features is
+// refused, naming it, unless the oracle runs it.
+TEST(Session, RefusesACpuWithoutTheCompiledFeatures) {
+  Model m;
+  Graph& g = m.graph;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(2)}));
+  ValueId y = g.add_value("y", DType::f32, Shape({Dim::known(2)}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {y}});
+  g.outputs = {y};
+  m.target = TargetRecord{"cpu", CpuFeatures::named("avx512-vnni")->names(), 1};
+  SessionOptions baseline;
+  baseline.target.cpu = *CpuFeatures::named("avx2");
+  auto s = Session::create(m, baseline);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().kind, ErrorKind::user);
+  EXPECT_EQ(s.error().message(),
+            "the model was compiled for a CPU with avx512f, avx512bw, avx512vl, avx512-vnni, which this CPU lacks "
+            "(compile it again with --target host, or run it with --reference)");
+  baseline.reference = true;
+  EXPECT_TRUE(Session::create(m, baseline).ok());
+  SessionOptions vnni;
+  vnni.target.cpu = *CpuFeatures::named("avx512-vnni");
+  EXPECT_TRUE(Session::create(m, vnni).ok());
+}
+
+TEST(Target, NamedTargets) {
+  EXPECT_EQ(CpuFeatures::named("avx2")->str(), "avx2 fma");
+  EXPECT_EQ(CpuFeatures::named("avx512")->str(), "avx2 fma avx512f avx512bw avx512vl");
+  EXPECT_EQ(CpuFeatures::named("avx512-vnni")->str(), "avx2 fma avx512f avx512bw avx512vl avx512-vnni");
+  EXPECT_EQ(CpuFeatures::named("host")->str(), CpuFeatures::host().str());
+  EXPECT_FALSE(CpuFeatures::named("sse2"));
+  EXPECT_EQ(CpuFeatures{}.str(), "baseline");
+  EXPECT_EQ(CpuFeatures::named("avx2")->missing({"avx2", "amx", "fma", "avx512f"}), (std::vector<std::string>{"amx", "avx512f"}));
+}
+
 }  // namespace
 }  // namespace kiln
