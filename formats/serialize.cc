@@ -4,6 +4,7 @@
 #include "formats/serialize.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -400,8 +401,9 @@ Result<Buffer> alloc_buffer(uint64_t size) {
                 size};
 }
 
-/// Reads `path` whole into an aligned buffer. `what` names the file in messages ("file" for
-/// the model file itself, whose path the caller puts in Error::file).
+/// Reads `path` whole: a regular file is memory-mapped, a pipe or device read into an aligned
+/// buffer. `what` names the file in messages ("file" for the model file itself, whose path the
+/// caller puts in Error::file).
 Result<Buffer> read_file(const std::string& path, const std::string& what) {
   std::string label = " " + what;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -420,6 +422,16 @@ Result<Buffer> read_file(const std::string& path, const std::string& what) {
       return r;
     }
   };
+  if (S_ISREG(st.st_mode) && st.st_size > 0) {
+    // Mapped, not copied: weights are views into the page cache, loading costs no copy and
+    // the pages of weights a run never touches are never read. Private and writable, so that
+    // nothing written through a view (there should be nothing) could reach the file.
+    const auto size = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p != MAP_FAILED)
+      return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [size](uint8_t* q) { ::munmap(q, size); }),
+                    static_cast<uint64_t>(size)};
+  }
   if (S_ISREG(st.st_mode)) {
     KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(static_cast<uint64_t>(st.st_size)));
     uint64_t got = 0;
