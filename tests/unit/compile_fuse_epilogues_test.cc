@@ -2,89 +2,32 @@
 // original's on the reference kernels, and the patterns it must leave alone.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <sstream>
-
 #include "compile/passes/fuse_epilogues.h"
-#include "formats/infer.h"
-#include "formats/text.h"
-#include "formats/verify.h"
-#include "runtime/session.h"
-#include "tests/unit/op_test_util.h"
+#include "tests/unit/compile_test_util.h"
 
 namespace kiln {
 namespace {
 
 using testing::make;
+using testing::nodes_text;
 using testing::ramp;
-
-// Builds graphs of named values: inputs and constants given, the rest inferred.
-struct Builder {
-  Model m;
-  Graph& g = m.graph;
-  ValueId input(const std::string& name, std::vector<int64_t> shape) {
-    ValueId v = g.add_value(name, DType::f32, Shape::of(shape));
-    g.inputs.push_back(v);
-    return v;
-  }
-  ValueId constant(const std::string& name, Tensor t) { return g.add_constant(name, std::move(t)); }
-  ValueId op(const std::string& name, const std::string& op, std::vector<ValueId> in, std::vector<Attribute> attrs = {}) {
-    ValueId out = g.add_value(name, DType::undefined);
-    Node n = testing::node(name, op, std::move(in), {out});
-    for (Attribute& a : attrs) n.set_attr(a.name, a.value);
-    g.add_node(std::move(n));
-    return out;
-  }
-  Model done(std::vector<ValueId> outputs) {
-    g.outputs = std::move(outputs);
-    auto known = infer_graph(g);
-    EXPECT_TRUE(known.ok()) << known.error().message();
-    return m;
-  }
-};
-
-std::vector<Tensor> run(const Model& m, const std::vector<Tensor>& inputs) {
-  auto s = Session::create(m, SessionOptions{.reference = true});
-  EXPECT_TRUE(s.ok()) << s.error().message();
-  if (!s.ok()) return {};
-  auto r = (*s)->run(inputs);
-  EXPECT_TRUE(r.ok()) << r.error().message();
-  return r.ok() ? *r : std::vector<Tensor>{};
-}
 
 // Fuses, checks the graph still verifies and computes what it did (relative L2 <= 1e-6).
 EpilogueFusions fuse_and_compare(Model& m, const std::vector<Tensor>& inputs) {
-  const Model before = m;
-  auto stats = fuse_epilogues(m.graph);
-  EXPECT_TRUE(stats.ok()) << stats.error().message();
-  Status v = verify_model(m);
-  EXPECT_TRUE(v.ok()) << v.error().message() << "\n" << graph_to_text(m.graph);
-  std::vector<Tensor> want = run(before, inputs), got = run(m, inputs);
-  EXPECT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    EXPECT_EQ(got[i].shape(), want[i].shape());
-    if (got[i].shape() != want[i].shape()) continue;
-    double num = 0, den = 0;
-    for (int64_t k = 0; k < got[i].numel(); ++k) {
-      const double d = got[i].as_double(k) - want[i].as_double(k);
-      num += d * d;
-      den += want[i].as_double(k) * want[i].as_double(k);
-    }
-    EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-6) << "output " << i;
-  }
-  return stats.ok() ? *stats : EpilogueFusions{};
-}
-
-std::string nodes_text(const Graph& g) {
-  std::string text = graph_to_text(g), out;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);)
-    if (line.rfind("  node ", 0) == 0) out += line.substr(2) + "\n";
-  return out;
+  EpilogueFusions stats;
+  testing::expect_same_outputs(
+      m,
+      [&](Graph& g) {
+        auto r = fuse_epilogues(g);
+        ASSERT_TRUE(r.ok()) << r.error().message();
+        stats = *r;
+      },
+      inputs, 1e-6);
+  return stats;
 }
 
 TEST(CompileFuseEpilogues, ConvBiasReluResidualRelu) {
-  Builder b;
+  testing::GraphBuilder b;
   ValueId x = b.input("x", {1, 3, 8, 8}), r = b.input("r", {1, 4, 8, 8});
   ValueId w = b.constant("w", ramp({4, 3, 3, 3}, 0.2f)), cb = b.constant("cb", ramp({4}, 0.3f));
   ValueId shift = b.constant("shift", ramp({4, 1, 1}, 0.5f));
@@ -103,7 +46,7 @@ TEST(CompileFuseEpilogues, ConvBiasReluResidualRelu) {
 }
 
 TEST(CompileFuseEpilogues, MatMulBiasSilu) {
-  Builder b;
+  testing::GraphBuilder b;
   ValueId x = b.input("x", {2, 5, 6});
   ValueId w = b.constant("w", ramp({6, 8}, 0.2f)), bias = b.constant("bias", ramp({8}, 0.3f));
   ValueId mm = b.op("mm", "MatMul", {x, w});
@@ -118,7 +61,7 @@ TEST(CompileFuseEpilogues, MatMulBiasSilu) {
 }
 
 TEST(CompileFuseEpilogues, GemmTransposedWeightsScaledBiasAndMul) {
-  Builder b;
+  testing::GraphBuilder b;
   ValueId x = b.input("x", {3, 6});
   ValueId w = b.constant("w", ramp({8, 6}, 0.2f)), c = b.constant("c", ramp({8}, 0.3f));
   ValueId scale = b.constant("scale", ramp({8}, 0.9f));
@@ -135,7 +78,7 @@ TEST(CompileFuseEpilogues, GemmTransposedWeightsScaledBiasAndMul) {
 }
 
 TEST(CompileFuseEpilogues, LeavesSharedAndOutputValuesAlone) {
-  Builder b;
+  testing::GraphBuilder b;
   ValueId x = b.input("x", {1, 2, 4, 4});
   ValueId w = b.constant("w", ramp({2, 2, 1, 1}, 0.2f));
   ValueId c = b.op("conv", "Conv", {x, w});
@@ -152,7 +95,7 @@ TEST(CompileFuseEpilogues, LeavesSharedAndOutputValuesAlone) {
 
 TEST(CompileFuseEpilogues, EveryActivationAndResidualWithoutActivation) {
   for (const char* op : {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu"}) {
-    Builder b;
+    testing::GraphBuilder b;
     ValueId x = b.input("x", {4, 6}), r = b.input("r", {4, 8});
     ValueId mm = b.op("mm", "MatMul", {x, b.constant("w", ramp({6, 8}, 0.2f))});
     ValueId res = b.op("res", "Add", {mm, r});  // residual first: the activation becomes the post one

@@ -1,0 +1,182 @@
+// fuse_attention: scaled dot-product attention as exporters write it -> one Attention node.
+//
+//   s = MatMul(Q, Kᵀ) [/ d | * c] [+ mask | Where(cond, ·, -big)]; Y = MatMul(Softmax(s), V)
+//
+// on 4-D [batch, heads, seq, head] tensors, every intermediate read by the pattern only. Kᵀ is
+// usually a Transpose: of K itself (perm 0,1,3,2: K is read directly) or of the [batch, seq,
+// heads, head] projection (perm 0,2,3,1: one Transpose to [batch, heads, seq, head] replaces
+// it); any other Kᵀ gets a Transpose back. A Where(cond, s, c) with c ≤ -1e30 (a causal mask
+// built with the float minimum) becomes the additive mask Where(cond, 0, c), which matches it
+// wherever a row has a key left. K and V repeated for grouped-query heads
+// (Reshape(Expand(Unsqueeze(t, [2])))) are read unrepeated: Attention maps query head h to
+// key head h / (Hq / Hkv), as the repetition did. The scale becomes Attention's `scale`.
+#include <algorithm>
+
+#include "compile/passes/match.h"
+#include "compile/passes/patterns.h"
+
+namespace kiln {
+
+namespace {
+
+bool rank4(const Graph& g, ValueId v) { return g.value(v).shape.rank() == 4; }
+
+Shape permuted(const Shape& s, const std::vector<int64_t>& perm) {
+  std::vector<Dim> d;
+  for (int64_t p : perm) d.push_back(s.dims[static_cast<size_t>(p)]);
+  return Shape(std::move(d));
+}
+
+// t when `v` is Reshape(Expand(Unsqueeze(t, [2]))) repeating t's heads for grouped-query
+// attention, the three nodes read by nothing else; kNoValue otherwise.
+ValueId unrepeated(const Matcher& m, ValueId v, std::vector<const Node*>& chain) {
+  const Node* reshape = m.def(v, "Reshape");
+  const Node* expand = reshape ? m.def(reshape->inputs[0], "Expand") : nullptr;
+  const Node* unsq = expand ? m.def(expand->inputs[0], "Unsqueeze") : nullptr;
+  if (!unsq || !m.only_read_by(reshape->inputs[0], {reshape}) || !m.only_read_by(expand->inputs[0], {expand})) return kNoValue;
+  std::optional<std::vector<int64_t>> axes = m.reduce_axes(*unsq);
+  const ValueId t = unsq->inputs[0];
+  const Graph& g = m.graph();
+  if (!axes || *axes != std::vector<int64_t>{2} || !rank4(g, t) || !rank4(g, v)) return kNoValue;
+  const Shape& ts = g.value(t).shape;
+  const Shape& vs = g.value(v).shape;
+  // [B, Hkv, S, D] -> [B, Hkv·rep, S, D]: batch, sequence and head size unchanged.
+  for (size_t i : {size_t{0}, size_t{2}, size_t{3}})
+    if (ts.dims[i] != vs.dims[i] || !(ts.dims[i].is_known() || ts.dims[i].is_symbolic())) return kNoValue;
+  if (!ts.dims[1].is_known() || !vs.dims[1].is_known() || vs.dims[1].value % ts.dims[1].value != 0) return kNoValue;
+  chain.insert(chain.end(), {reshape, expand, unsq});
+  return t;
+}
+
+}  // namespace
+
+Result<size_t> fuse_attention(Graph& g) {
+  Matcher m(g);
+  Rewrite rw(g);
+  size_t fused = 0;
+  const size_t original_nodes = g.nodes.size(), values_before = g.values.size();
+  for (size_t si = 0; si < original_nodes; ++si) {
+    const Node& sm = g.nodes[si];
+    if (sm.op != "Softmax" || !sm.domain.empty() || !rank4(g, sm.inputs[0]) || g.value(sm.inputs[0]).dtype != DType::f32) continue;
+    const int64_t axis = sm.attr_int("axis", -1);
+    if (axis != -1 && axis != 3) continue;
+    const Node* pv = m.single_reader(sm.outputs[0]);
+    if (!pv || pv->op != "MatMul" || pv->inputs[0] != sm.outputs[0] || !rank4(g, pv->inputs[1])) continue;
+    std::vector<const Node*> chain = {&sm, pv};
+    ValueId s = sm.inputs[0];
+    // The scores before the mask: MatMul(Q, Kᵀ), maybe scaled by a scalar constant.
+    auto scaled_scores = [&](ValueId cand) {
+      const Node* below = m.def(cand);
+      if (below && (below->op == "Div" || below->op == "Mul") && below->inputs.size() == 2)
+        for (ValueId c : below->inputs)
+          if (m.scalar(c) && !(below->op == "Div" && c == below->inputs[0])) below = m.def(Matcher::other(*below, c));
+      return below && below->op == "MatMul";
+    };
+    // The mask.
+    ValueId mask = kNoValue, where_cond = kNoValue, where_fill = kNoValue;
+    const Node* n = m.def(s);
+    if (n && m.only_read_by(s, {&sm})) {
+      if (n->op == "Add" && n->inputs.size() == 2) {
+        for (ValueId cand : n->inputs)
+          if (scaled_scores(cand) && m.only_read_by(cand, {n})) {
+            mask = Matcher::other(*n, cand);
+            s = cand;
+            chain.push_back(n);
+            break;
+          }
+      } else if (n->op == "Where" && n->inputs.size() == 3) {
+        std::optional<float> fill = m.scalar(n->inputs[2]);
+        if (fill && *fill <= -1e30f && scaled_scores(n->inputs[1]) && m.only_read_by(n->inputs[1], {n})) {
+          where_cond = n->inputs[0];
+          where_fill = n->inputs[2];
+          s = n->inputs[1];
+          chain.push_back(n);
+        }
+      }
+    }
+    // The scale: scores / d or scores * c.
+    double scale = 1.0;
+    n = m.def(s);
+    if (n && (n->op == "Div" || n->op == "Mul") && n->inputs.size() == 2 && m.only_read_by(s, {chain.back()})) {
+      ValueId c = n->inputs[1], rest = n->inputs[0];
+      if (n->op == "Mul" && !m.scalar(c)) std::swap(c, rest);
+      std::optional<float> k = m.scalar(c);
+      if (k && *k != 0) {
+        scale = n->op == "Div" ? 1.0 / *k : *k;
+        s = rest;
+        chain.push_back(n);
+      }
+    }
+    const Node* qk = m.def(s, "MatMul");
+    if (!qk || !m.only_read_by(s, {chain.back()})) continue;
+    chain.push_back(qk);
+    const ValueId q = qk->inputs[0], kt = qk->inputs[1];
+    ValueId v = pv->inputs[1];
+    if (!rank4(g, q) || !rank4(g, kt)) continue;
+    // K from Kᵀ.
+    ValueId k = kNoValue;
+    std::vector<Node> made;
+    const Node* tr = m.def(kt, "Transpose");
+    const std::vector<int64_t> perm = tr ? tr->attr_ints("perm") : std::vector<int64_t>{};
+    if (tr && m.only_read_by(kt, {qk}) && perm == std::vector<int64_t>{0, 1, 3, 2}) {
+      k = tr->inputs[0];
+      chain.push_back(tr);
+    } else {
+      ValueId from = kt;
+      std::vector<int64_t> back = {0, 1, 3, 2};
+      if (tr && m.only_read_by(kt, {qk}) && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+        from = tr->inputs[0];
+        back = {0, 2, 1, 3};
+        chain.push_back(tr);
+      }
+      k = g.add_value(g.value(kt).name + "_k", DType::f32, permuted(g.value(from).shape, back));
+      Node t;
+      t.name = g.value(kt).name + "_k";
+      t.op = "Transpose";
+      t.inputs = {from};
+      t.outputs = {k};
+      t.set_attr("perm", back);
+      made.push_back(std::move(t));
+    }
+    // Grouped-query heads: read K and V before their repetition (both or neither).
+    if (made.empty()) {
+      std::vector<const Node*> repeat;
+      ValueId k0 = unrepeated(m, k, repeat), v0 = unrepeated(m, v, repeat);
+      if (k0 != kNoValue && v0 != kNoValue && g.value(k0).shape.dims[1] == g.value(v0).shape.dims[1]) {
+        k = k0;
+        v = v0;
+        chain.insert(chain.end(), repeat.begin(), repeat.end());
+      }
+    }
+    if (where_cond != kNoValue) {
+      mask = g.add_value(g.value(where_cond).name + "_additive", DType::f32, g.value(where_cond).shape);
+      Node w;
+      w.name = g.value(where_cond).name + "_additive";
+      w.op = "Where";
+      w.inputs = {where_cond, g.add_constant(w.name + "_zero", Tensor::from<float>({}, {0.f})), where_fill};
+      w.outputs = {mask};
+      made.push_back(std::move(w));
+    }
+    std::vector<size_t> idx;
+    for (const Node* c : chain) idx.push_back(m.index(*c));
+    if (std::any_of(idx.begin(), idx.end(), [&](size_t i) { return rw.taken(i); })) continue;
+    Node att;
+    att.name = pv->name;
+    att.op = "Attention";
+    att.inputs = {q, k, v};
+    if (mask != kNoValue) att.inputs.push_back(mask);
+    att.outputs = {pv->outputs[0]};
+    att.set_attr("scale", scale);
+    std::sort(idx.begin(), idx.end());
+    att.sources = merged_sources(g, idx);
+    for (size_t i : idx) rw.remove(i);
+    for (Node& t : made) rw.add(std::move(t));
+    rw.add(std::move(att));
+    ++fused;
+  }
+  if (fused == 0 && g.values.size() != values_before) g.remove_dead();  // values of matches given up
+  KILN_RETURN_IF_ERROR(rw.commit());
+  return fused;
+}
+
+}  // namespace kiln

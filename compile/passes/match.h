@@ -1,0 +1,72 @@
+// What the pattern passes share: looking at a graph's dataflow around a node (who produces a
+// value, who reads it, constants) and replacing matched nodes with new ones in one commit.
+#pragma once
+
+#include <optional>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "formats/ir.h"
+
+namespace kiln {
+
+class Matcher {
+ public:
+  explicit Matcher(const Graph& g);
+
+  const Graph& graph() const { return g_; }
+  /// The node producing `v` when it is a core op named `op` (any op when empty), else null.
+  const Node* def(ValueId v, std::string_view op = {}) const;
+  /// Index of the node producing `v`, or -1.
+  int32_t def_index(ValueId v) const { return v >= 0 ? producer_[static_cast<size_t>(v)] : -1; }
+  /// Whether every read of `v` is by the nodes listed (through inputs, not captures) and `v` is
+  /// not a graph output: the value may disappear when those nodes do.
+  bool only_read_by(ValueId v, std::initializer_list<const Node*> readers) const;
+  /// The node reading `v` when it has exactly one reader and is not a graph output, else null.
+  const Node* single_reader(ValueId v) const;
+  /// The value of a one-element f32 constant.
+  std::optional<float> scalar(ValueId v) const;
+  /// Whether `v` is a one-element f32 constant within 1e-6 (relative) of `want`.
+  bool is_scalar(ValueId v, double want) const;
+  /// The input of a two-input node other than `v` (kNoValue when it reads `v` twice or not at all).
+  static ValueId other(const Node& n, ValueId v);
+  /// The reduction axes of a ReduceX node (attribute or constant input), or nullopt.
+  std::optional<std::vector<int64_t>> reduce_axes(const Node& n) const;
+  size_t index(const Node& n) const { return static_cast<size_t>(&n - g_.nodes.data()); }
+
+ private:
+  const Graph& g_;
+  std::vector<int32_t> producer_;
+  std::vector<std::vector<Use>> uses_;
+  std::set<ValueId> outputs_;
+};
+
+/// Collects nodes to remove and nodes to add, then applies them together: the new nodes take
+/// their place in dependence order and whatever no longer feeds an output is dropped.
+class Rewrite {
+ public:
+  explicit Rewrite(Graph& g) : g_(g), removed_(g.nodes.size(), 0) {}
+  /// Whether node i is already claimed by an earlier match (a match must not overlap it).
+  bool taken(size_t i) const { return i < removed_.size() && removed_[i]; }
+  void remove(size_t i) { removed_[i] = 1; }
+  void add(Node n) { added_.push_back(std::move(n)); }
+  size_t count() const { return added_.size(); }
+  Status commit();
+
+ private:
+  Graph& g_;
+  std::vector<char> removed_;
+  std::vector<Node> added_;
+};
+
+/// Whether `v` is an f32 constant of shape [d] (a normalization's scale or bias).
+bool per_feature(const Graph& g, ValueId v, int64_t d);
+/// Whether `n` is a ReduceMean of `x` over its last axis only, keeping dims.
+bool mean_over_last(const Matcher& m, const Node* n, ValueId x);
+
+/// The sources of the nodes a fused node replaces, in order, without repeats (a node without
+/// sources contributes its own name).
+std::vector<std::string> merged_sources(const Graph& g, const std::vector<size_t>& nodes);
+
+}  // namespace kiln

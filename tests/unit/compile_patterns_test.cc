@@ -1,0 +1,173 @@
+// The exporter-pattern passes (LayerNormalization, RMSNormalization, Gelu, Attention): golden
+// text of what each makes from the forms tests/models/make_models.py writes, the outputs before
+// and after on the reference kernels, and the near misses each must leave alone.
+#include <gtest/gtest.h>
+
+#include "compile/passes/patterns.h"
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::GraphBuilder;
+using testing::ints;
+using testing::make;
+using testing::nodes_text;
+using testing::ramp;
+
+constexpr float kF32Min = -3.4028234663852886e38f;
+
+size_t apply(Model& m, Result<size_t> (*pass)(Graph&), const std::vector<Tensor>& inputs, double tol) {
+  size_t made = 0;
+  testing::expect_same_outputs(
+      m,
+      [&](Graph& g) {
+        auto r = pass(g);
+        ASSERT_TRUE(r.ok()) << r.error().message();
+        made = *r;
+      },
+      inputs, tol);
+  return made;
+}
+
+// torch's LayerNorm before opset 17; `shared_centered` gives x - mean a reader outside.
+Model layer_norm(bool shared_centered) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {2, 5, 8});
+  ValueId axes = b.constant("axes", ints({-1}));
+  ValueId mean = b.op("mean", "ReduceMean", {x, axes});
+  ValueId c = b.op("centered", "Sub", {x, mean});
+  ValueId var = b.op("var", "ReduceMean", {b.op("sq", "Pow", {c, b.scalar("two", 2)}), axes});
+  ValueId sd = b.op("std", "Sqrt", {b.op("var_eps", "Add", {var, b.scalar("eps", 0.0009765625f)})});
+  ValueId y = b.op("scaled", "Mul", {b.op("norm", "Div", {c, sd}), b.constant("w", ramp({8}, 0.3f))});
+  ValueId out = b.op("out", "Add", {y, b.constant("bias", ramp({8}, 0.2f))});
+  std::vector<ValueId> outs = {out};
+  if (shared_centered) outs.push_back(b.op("leak", "Relu", {c}));
+  return b.done(outs);
+}
+
+TEST(CompilePatterns, LayerNorm) {
+  Model m = layer_norm(false);
+  EXPECT_EQ(apply(m, fuse_layer_norm, {ramp({2, 5, 8})}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node norm: LayerNormalization(x, w, bias) -> (out) axis=-1 epsilon=0.0009765625 "
+            "sources=[\"mean\", \"centered\", \"sq\", \"var\", \"var_eps\", \"std\", \"norm\", \"scaled\", \"out\"]\n");
+  Model shared = layer_norm(true);
+  const std::string before = nodes_text(shared.graph);
+  EXPECT_EQ(apply(shared, fuse_layer_norm, {ramp({2, 5, 8})}, 0), 0u);
+  EXPECT_EQ(nodes_text(shared.graph), before);
+}
+
+TEST(CompilePatterns, RmsNorm) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {2, 3, 8});
+  ValueId var = b.op("var", "ReduceMean", {b.op("sq", "Pow", {x, b.scalar("two", 2)}), b.constant("axes", ints({-1}))});
+  ValueId sd = b.op("std", "Sqrt", {b.op("var_eps", "Add", {var, b.scalar("eps", 0.0009765625f)})});
+  ValueId inv = b.op("inv", "Div", {b.scalar("one", 1), sd});
+  ValueId y = b.op("out", "Mul", {b.constant("w", ramp({8}, 0.3f)), b.op("norm", "Mul", {x, inv})});
+  Model m = b.done({y, b.op("residual", "Relu", {x})});
+  EXPECT_EQ(apply(m, fuse_rms_norm, {ramp({2, 3, 8})}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node residual: Relu(x) -> (residual)\n"
+            "node sq: RMSNormalization(x, w) -> (out) axis=-1 epsilon=0.0009765625 "
+            "sources=[\"sq\", \"var\", \"var_eps\", \"std\", \"inv\", \"norm\", \"out\"]\n");
+}
+
+TEST(CompilePatterns, GeluForms) {
+  // BERT: Mul(Mul(x, 1 + erf(x / √2)), 0.5); the half first: Mul(Mul(x, 0.5), 1 + erf(x * 1/√2));
+  // GPT-2: Mul(Mul(0.5, x), 1 + tanh(√(2/π) · (x + 0.044715 · x³))).
+  GraphBuilder b;
+  ValueId x = b.input("x", {3, 16});
+  ValueId e1 = b.op("e1", "Add", {b.op("erf1", "Erf", {b.op("d1", "Div", {x, b.scalar("sqrt2", 1.4142135381698608f)})}), b.scalar("one1", 1)});
+  ValueId g1 = b.op("g1", "Mul", {b.op("xe1", "Mul", {x, e1}), b.scalar("half1", 0.5f)});
+  ValueId e2 = b.op("e2", "Add", {b.scalar("one2", 1), b.op("erf2", "Erf", {b.op("d2", "Mul", {x, b.scalar("isqrt2", 0.70710678f)})})});
+  ValueId g2 = b.op("g2", "Mul", {b.op("h2", "Mul", {x, b.scalar("half2", 0.5f)}), e2});
+  ValueId cube = b.op("cube", "Pow", {x, b.scalar("three", 3)});
+  ValueId inner = b.op("inner", "Add", {x, b.op("c3", "Mul", {b.scalar("k", 0.044715f), cube})});
+  ValueId t = b.op("t", "Add", {b.scalar("one3", 1), b.op("tanh", "Tanh", {b.op("s3", "Mul", {b.scalar("sqrt2pi", 0.7978845608028654f), inner})})});
+  ValueId g3 = b.op("g3", "Mul", {b.op("h3", "Mul", {b.scalar("half3", 0.5f), x}), t});
+  // Near miss: 1 + erf(x / 2) is not GELU.
+  ValueId e4 = b.op("e4", "Add", {b.op("erf4", "Erf", {b.op("d4", "Div", {x, b.scalar("two", 2)})}), b.scalar("one4", 1)});
+  ValueId g4 = b.op("g4", "Mul", {b.op("xe4", "Mul", {x, e4}), b.scalar("half4", 0.5f)});
+  Model m = b.done({g1, g2, g3, g4});
+  EXPECT_EQ(apply(m, fuse_gelu, {ramp({3, 16})}, 1e-6), 3u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node d4: Div(x, two) -> (d4)\nnode erf4: Erf(d4) -> (erf4)\nnode e4: Add(erf4, one4) -> (e4)\n"
+            "node xe4: Mul(x, e4) -> (xe4)\nnode g4: Mul(xe4, half4) -> (g4)\n"
+            "node erf1: Gelu(x) -> (g1) sources=[\"d1\", \"erf1\", \"e1\", \"xe1\", \"g1\"]\n"
+            "node erf2: Gelu(x) -> (g2) sources=[\"d2\", \"erf2\", \"e2\", \"h2\", \"g2\"]\n"
+            "node tanh: Gelu(x) -> (g3) approximate=\"tanh\" sources=[\"cube\", \"c3\", \"inner\", \"s3\", \"tanh\", \"t\", \"h3\", \"g3\"]\n");
+}
+
+// BERT: K projected as [B, S, H, D] and transposed to Kᵀ in one Transpose, scores / √D, an
+// additive padding mask.
+TEST(CompilePatterns, AttentionBertForm) {
+  GraphBuilder b;
+  ValueId q = b.input("q", {1, 2, 4, 8}), kp = b.input("kp", {1, 4, 2, 8}), v = b.input("v", {1, 2, 4, 8});
+  ValueId mask = b.input("mask", {1, 1, 1, 4});
+  ValueId kt = b.op("kt", "Transpose", {kp}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})});
+  ValueId s = b.op("scores", "Div", {b.op("qk", "MatMul", {q, kt}), b.scalar("sqrt_d", 2.828427f)});
+  ValueId p = b.op("probs", "Softmax", {b.op("masked", "Add", {s, mask})}, {attr("axis", int64_t{-1})});
+  Model m = b.done({b.op("ctx", "MatMul", {p, v})});
+  Tensor mk = make<float>({1, 1, 1, 4}, {0, 0, 0, kF32Min});
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 4, 8}), ramp({1, 4, 2, 8}, 0.3f), ramp({1, 2, 4, 8}, 0.2f), mk}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node kt_k: Transpose(kp) -> (kt_k) perm=ints[0, 2, 1, 3]\n"
+            "node ctx: Attention(q, kt_k, v, mask) -> (ctx) scale=0.3535533966440824 "
+            "sources=[\"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
+}
+
+// GPT-2: a causal Where(bool, scores, float minimum); ViT-style Mul by the scale.
+TEST(CompilePatterns, AttentionCausalWhereAndScaleMul) {
+  GraphBuilder b;
+  ValueId q = b.input("q", {1, 2, 4, 8}), k = b.input("k", {1, 2, 4, 8}), v = b.input("v", {1, 2, 4, 8});
+  ValueId causal = b.input("causal", {1, 1, 4, 4}, DType::boolean);
+  ValueId kt = b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId s = b.op("scores", "Mul", {b.op("qk", "MatMul", {q, kt}), b.scalar("scale", 0.125f)});
+  ValueId w = b.op("w", "Where", {causal, s, b.scalar("min", kF32Min)});
+  ValueId p = b.op("probs", "Softmax", {w});
+  Model m = b.done({b.op("ctx", "MatMul", {p, v})});
+  Tensor tri = make<bool>({1, 1, 4, 4}, {1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1});
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 4, 8}), ramp({1, 2, 4, 8}, 0.3f), ramp({1, 2, 4, 8}, 0.2f), tri}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node causal_additive: Where(causal, causal_additive_zero, min) -> (causal_additive)\n"
+            "node ctx: Attention(q, k, v, causal_additive) -> (ctx) scale=0.125 "
+            "sources=[\"kt\", \"qk\", \"scores\", \"w\", \"probs\", \"ctx\"]\n");
+}
+
+// LLaMA: K and V repeated for 2 query heads per KV head; the Attention reads them unrepeated.
+TEST(CompilePatterns, AttentionGroupedQuery) {
+  GraphBuilder b;
+  ValueId q = b.input("q", {1, 4, 3, 8}), k = b.input("k", {1, 2, 3, 8}), v = b.input("v", {1, 2, 3, 8});
+  ValueId mask = b.input("mask", {1, 1, 3, 3});
+  auto repeat = [&](ValueId t, const std::string& name) {
+    ValueId u = b.op(name + "_unsq", "Unsqueeze", {t, b.constant(name + "_axes", ints({2}))});
+    ValueId e = b.op(name + "_exp", "Expand", {u, b.constant(name + "_shape5", ints({1, 2, 2, 3, 8}))});
+    return b.op(name + "_rep", "Reshape", {e, b.constant(name + "_shape4", ints({1, 4, 3, 8}))});
+  };
+  ValueId kr = repeat(k, "k"), vr = repeat(v, "v");
+  ValueId kt = b.op("kt", "Transpose", {kr}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId s = b.op("scores", "Div", {b.op("qk", "MatMul", {q, kt}), b.scalar("sqrt_d", 2.828427f)});
+  ValueId p = b.op("probs", "Softmax", {b.op("masked", "Add", {s, mask})});
+  Model m = b.done({b.op("ctx", "MatMul", {p, vr})});
+  Tensor causal = make<float>({1, 1, 3, 3}, {0, kF32Min, kF32Min, 0, 0, kF32Min, 0, 0, 0});
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 4, 3, 8}), ramp({1, 2, 3, 8}, 0.3f), ramp({1, 2, 3, 8}, 0.2f), causal}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node ctx: Attention(q, k, v, mask) -> (ctx) scale=0.3535533966440824 sources=[\"k_unsq\", \"k_exp\", \"k_rep\", "
+            "\"v_unsq\", \"v_exp\", \"v_rep\", \"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
+}
+
+TEST(CompilePatterns, AttentionLeavesScoresThatAreReadElsewhere) {
+  GraphBuilder b;
+  ValueId q = b.input("q", {1, 2, 4, 8}), k = b.input("k", {1, 2, 8, 4}), v = b.input("v", {1, 2, 4, 8});
+  ValueId s = b.op("qk", "MatMul", {q, k});
+  ValueId p = b.op("probs", "Softmax", {s});
+  Model m = b.done({b.op("ctx", "MatMul", {p, v}), s});
+  const std::string before = nodes_text(m.graph);
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 4, 8}), ramp({1, 2, 8, 4}), ramp({1, 2, 4, 8})}, 0), 0u);
+  EXPECT_EQ(nodes_text(m.graph), before);
+}
+
+}  // namespace
+}  // namespace kiln
