@@ -66,6 +66,8 @@ std::vector<std::pair<std::string, std::string>> KernelRegistry::keys() const {
 const KernelRegistry& default_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
+    // Providers first: earlier implementations are preferred, the reference kernels come last.
+    register_onednn_kernels(r);
     register_ref_elementwise(r);
     register_ref_reduce(r);
     register_ref_shape(r);

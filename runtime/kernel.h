@@ -145,6 +145,9 @@ class KernelRegistry {
 /// The registry with every kernel kiln was built with.
 const KernelRegistry& default_kernels();
 
+/// The oneDNN provider's kernels (runtime/onednn/): convolutions, matrix products, pooling.
+void register_onednn_kernels(KernelRegistry& r);
+
 // Reference kernels, one registration function per op family (runtime/ref/*.cc).
 void register_ref_elementwise(KernelRegistry& r);
 void register_ref_reduce(KernelRegistry& r);

@@ -1,0 +1,166 @@
+// onednn.matmul: MatMul, FusedMatMul and Gemm as a oneDNN matmul. A product whose B has no
+// batch (a linear layer's weight) is one tall GEMM over all of A's rows; otherwise the batch
+// dims broadcast as numpy does. A constant B is reordered once in prepare into the layout
+// oneDNN picks; Gemm's transposed operands are read in place through strides; the fused
+// epilogue (bias, activation, residual Z) runs as bias and post-ops.
+#include <unordered_map>
+
+#include "runtime/onednn/onednn.h"
+
+namespace kiln::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to; ++i) p *= v[i];
+  return p;
+}
+
+// The Gemm forms oneDNN runs as is: alpha 1; C (beta 1) a row of N values or the whole [M, N].
+std::optional<std::string> gemm_declines(const KernelQuery& q) {
+  if (q.node.attr_float("alpha", 1.0) != 1.0) return "alpha is not 1";
+  if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined) {
+    if (q.node.attr_float("beta", 1.0) != 1.0) return "beta is not 1";
+    const std::vector<int64_t> c = q.inputs[2].shape.concrete(), y = q.outputs[0].shape.concrete();
+    const bool row = (c.size() == 1 && c[0] == y[1]) || (c.size() == 2 && c[0] == 1 && c[1] == y[1]);
+    if (!row && c != y) return "C " + shape_str(c) + " is neither a row of N values nor [M, N]";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> matmul_declines(const KernelQuery& q) {
+  if (auto why = f32_and_concrete(q)) return why;
+  if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
+  if (q.node.op == "Gemm") return gemm_declines(q);
+  return std::nullopt;
+}
+
+class MatMulKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    return guarded(q.node, [&]() -> Status {
+      const bool gemm = q.node.op == "Gemm", fused = q.node.op == "FusedMatMul";
+      std::vector<int64_t> a = q.inputs[0].shape.concrete(), b = q.inputs[1].shape.concrete();
+      const std::vector<int64_t> y = q.outputs[0].shape.concrete();
+      const bool ta = gemm && q.node.attr_int("transA", 0) != 0, tb = gemm && q.node.attr_int("transB", 0) != 0;
+      const size_t rank = y.size();
+      // B without a batch: fold A's batch into M.
+      const bool b_flat = product(b, 0, b.size() - 2) == 1;
+      std::vector<int64_t> ad, bd, yd;
+      if (b_flat && !ta) {
+        const int64_t m = product(a, 0, a.size() - 1);
+        ad = {m, a.back()};
+        bd = {b[b.size() - 2], b.back()};
+        yd = {m, y.back()};
+      } else {
+        ad = a;
+        bd = b;
+        ad.insert(ad.begin(), rank - ad.size(), 1);
+        bd.insert(bd.begin(), rank - bd.size(), 1);
+        yd = y;
+      }
+      // Logical dims are [.., M, K] and [.., K, N]; a transposed operand is stored the other way.
+      auto logical = [](std::vector<int64_t> d, bool t) {
+        if (t) std::swap(d[d.size() - 1], d[d.size() - 2]);
+        return d;
+      };
+      const memory::desc src = ta ? transposed(logical(ad, true)) : plain(ad);
+      const std::vector<int64_t> bl = logical(bd, tb);
+      const memory::desc user_w = tb ? transposed(bl) : plain(bl), dst = plain(yd);
+      const bool const_b = q.inputs[1].value != nullptr;
+      const memory::desc w = const_b ? memory::desc(memory::dims(bl.begin(), bl.end()), memory::data_type::f32, memory::format_tag::any)
+                                     : user_w;
+      // The bias: FusedMatMul's [N], or Gemm's C when it is one row.
+      memory::desc bias;
+      std::optional<memory::desc> z_md;
+      has_bias_ = false;
+      if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined) {
+        const std::vector<int64_t> c = q.inputs[2].shape.concrete();
+        if (fused || c.size() == 1 || c[0] == 1) {
+          std::vector<int64_t> bdims(yd.size(), 1);
+          bdims.back() = yd.back();
+          bias = plain(bdims);
+          has_bias_ = true;
+        } else {
+          z_md = dst;  // Gemm's full [M, N] C: added like a residual
+          z_input_ = 2;
+        }
+      }
+      if (fused && q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
+        z_md = dst;
+        z_input_ = 3;
+      }
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (fused) {
+        KILN_ASSIGN_OR_RETURN(dnnl::post_ops ops, epilogue_post_ops(q.node, z_md ? &*z_md : nullptr, z_index_));
+        attr.set_post_ops(ops);
+      } else if (z_md) {
+        dnnl::post_ops ops;
+        z_index_ = 0;
+        ops.append_binary(dnnl::algorithm::binary_add, *z_md);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::desc desc(src, w, bias, dst);
+      dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+      if (const_b) {
+        KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc()));
+      } else {
+        weights_ = memory(user_w, cpu_engine(), nullptr);
+      }
+      const_b_ = const_b;
+      prim_ = dnnl::matmul(pd);
+      src_ = memory(src, cpu_engine(), nullptr);
+      dst_ = memory(dst, cpu_engine(), nullptr);
+      if (has_bias_) bias_ = memory(bias, cpu_engine(), nullptr);
+      if (z_md) z_ = memory(*z_md, cpu_engine(), nullptr);
+      scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
+      needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      return {};
+    });
+  }
+
+  Status run(KernelContext& ctx) override {
+    return guarded(ctx.node(), [&]() -> Status {
+      src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
+      if (!const_b_) weights_.set_data_handle(const_cast<void*>(ctx.input(1).raw()));
+      dst_.set_data_handle(ctx.output(0).raw());
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
+      if (has_bias_) {
+        bias_.set_data_handle(const_cast<void*>(ctx.input(2).raw()));
+        args.emplace(DNNL_ARG_BIAS, bias_);
+      }
+      if (z_index_ >= 0) {
+        z_.set_data_handle(const_cast<void*>(ctx.input(z_input_).raw()));
+        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(z_index_) | DNNL_ARG_SRC_1, z_);
+      }
+      std::span<std::byte> ws = ctx.workspace();
+      if (!ws.empty()) {
+        scratch_.set_data_handle(ws.data());
+        args.emplace(DNNL_ARG_SCRATCHPAD, scratch_);
+      }
+      prim_.execute(cpu_stream(), args);
+      cpu_stream().wait();
+      return {};
+    });
+  }
+
+ private:
+  dnnl::matmul prim_;
+  memory weights_, src_, dst_, bias_, z_, scratch_;
+  bool has_bias_ = false, const_b_ = false;
+  int z_index_ = -1;
+  size_t z_input_ = 0;
+};
+
+}  // namespace
+
+void register_matmul(KernelRegistry& r) {
+  for (const char* op : {"MatMul", "FusedMatMul", "Gemm"})
+    r.add(op, "cpu", KernelImpl{"onednn.matmul", matmul_declines, [](const KernelQuery&) { return std::make_unique<MatMulKernel>(); }});
+}
+
+}  // namespace kiln::onednn

@@ -1,0 +1,119 @@
+// Shared pieces of the oneDNN provider (onednn.h).
+#include "runtime/onednn/onednn.h"
+
+#include <cstring>
+
+namespace kiln {
+
+namespace onednn {
+
+using dnnl::algorithm;
+using dnnl::memory;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& cpu_stream() {
+  static dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+namespace {
+
+memory::dims to_dims(const std::vector<int64_t>& v) { return memory::dims(v.begin(), v.end()); }
+
+memory::dims row_major_strides(const memory::dims& dims) {
+  memory::dims strides(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  return strides;
+}
+
+}  // namespace
+
+memory::desc plain(const std::vector<int64_t>& dims) {
+  memory::dims d = to_dims(dims);
+  return memory::desc(d, memory::data_type::f32, row_major_strides(d));
+}
+
+memory::desc transposed(const std::vector<int64_t>& dims) {
+  memory::dims d = to_dims(dims);
+  memory::dims swapped = d;
+  std::swap(swapped[swapped.size() - 1], swapped[swapped.size() - 2]);
+  memory::dims s = row_major_strides(swapped);
+  std::swap(s[s.size() - 1], s[s.size() - 2]);
+  return memory::desc(d, memory::data_type::f32, s);
+}
+
+bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act) {
+  switch (act.kind) {
+    case Activation::none: return true;
+    case Activation::relu: ops.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f); return true;
+    case Activation::leaky_relu: ops.append_eltwise(1.f, algorithm::eltwise_relu, act.a, 0.f); return true;
+    case Activation::clip: ops.append_eltwise(1.f, algorithm::eltwise_clip, act.a, act.b); return true;
+    case Activation::sigmoid: ops.append_eltwise(1.f, algorithm::eltwise_logistic, 0.f, 0.f); return true;
+    case Activation::tanh: ops.append_eltwise(1.f, algorithm::eltwise_tanh, 0.f, 0.f); return true;
+    case Activation::hard_sigmoid:
+      // max(0, min(1, a·x + b)): oneDNN 2.6 has no hardsigmoid, a linear step and a clip do it.
+      ops.append_eltwise(1.f, algorithm::eltwise_linear, act.a, act.b);
+      ops.append_eltwise(1.f, algorithm::eltwise_clip, 0.f, 1.f);
+      return true;
+    case Activation::hard_swish: ops.append_eltwise(1.f, algorithm::eltwise_hardswish, 0.f, 0.f); return true;
+    case Activation::gelu: ops.append_eltwise(1.f, algorithm::eltwise_gelu_erf, 0.f, 0.f); return true;
+    case Activation::gelu_tanh: ops.append_eltwise(1.f, algorithm::eltwise_gelu_tanh, 0.f, 0.f); return true;
+    case Activation::silu: ops.append_eltwise(1.f, algorithm::eltwise_swish, 1.f, 0.f); return true;
+  }
+  return false;
+}
+
+Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const memory::desc* z, int& z_index) {
+  dnnl::post_ops ops;
+  z_index = -1;
+  KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(node, "activation"));
+  KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(node, "post_activation"));
+  if (!append_activation(ops, act)) return internal_error(node.where(), "no oneDNN post-op for the activation");
+  if (z) {
+    z_index = ops.len();
+    ops.append_binary(algorithm::binary_add, *z);
+  }
+  if (!append_activation(ops, post)) return internal_error(node.where(), "no oneDNN post-op for the post-activation");
+  return ops;
+}
+
+std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    if (q.inputs[i].dtype == DType::undefined) continue;
+    if (q.inputs[i].dtype != DType::f32) return "input " + std::to_string(i) + " is " + std::string(dtype_name(q.inputs[i].dtype)) + ", not f32";
+    if (!q.inputs[i].shape.is_concrete()) return "input " + std::to_string(i) + "'s shape is not known ahead";
+    if (shape_numel(q.inputs[i].shape.concrete()) == 0) return "input " + std::to_string(i) + " is empty";
+  }
+  for (size_t i = 0; i < q.outputs.size(); ++i) {
+    if (q.outputs[i].dtype == DType::undefined) continue;
+    if (q.outputs[i].dtype != DType::f32) return "output " + std::to_string(i) + " is not f32";
+    if (!q.outputs[i].shape.is_concrete()) return "output " + std::to_string(i) + "'s shape is not known ahead";
+  }
+  return std::nullopt;
+}
+
+Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::desc& wanted) {
+  memory src(user, cpu_engine(), const_cast<void*>(w.raw()));
+  memory dst(wanted, cpu_engine());
+  if (user == wanted) {
+    std::memcpy(dst.get_data_handle(), w.raw(), w.nbytes());
+    return dst;
+  }
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  return dst;
+}
+
+}  // namespace onednn
+
+void register_onednn_kernels(KernelRegistry& r) {
+  onednn::register_conv(r);
+  onednn::register_matmul(r);
+  onednn::register_pool(r);
+}
+
+}  // namespace kiln

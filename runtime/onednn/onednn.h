@@ -1,0 +1,58 @@
+// The oneDNN provider (Debian's oneDNN 2.6): convolutions, matrix products and pooling as
+// oneDNN primitives, created once per plan in prepare (on concrete shapes, with constant
+// weights reordered into the layout the primitive wants) and executed on the tensors' memory
+// at run time. oneDNN shares kiln's GNU OpenMP pool; its scratchpad is the kernel workspace.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "formats/ops/epilogue.h"
+#include "runtime/kernel.h"
+
+namespace kiln::onednn {
+
+/// The CPU engine and the stream kernels execute on (one per process; oneDNN's CPU streams
+/// run in the calling thread's OpenMP pool).
+dnnl::engine& cpu_engine();
+dnnl::stream& cpu_stream();
+
+/// A plain (row-major) f32 descriptor of these dims.
+dnnl::memory::desc plain(const std::vector<int64_t>& dims);
+/// A row-major descriptor of the last two dims swapped in memory (a transposed operand).
+dnnl::memory::desc transposed(const std::vector<int64_t>& dims);
+
+/// Appends the oneDNN post-ops for an activation: false when oneDNN has none for it.
+bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act);
+
+/// The fused ops' epilogue as post-ops: activation, residual add of `z` (when given), post
+/// activation. Sets `z_index` to the post-op index of the residual (its argument is
+/// DNNL_ARG_ATTR_MULTIPLE_POST_OP(z_index) | DNNL_ARG_SRC_1), -1 without one.
+Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const dnnl::memory::desc* z, int& z_index);
+
+/// The reason a node's tensors cannot go to oneDNN, if any: every input and output present
+/// must be f32 with a concrete shape, and no input empty (oneDNN divides by zero sizes).
+std::optional<std::string> f32_and_concrete(const KernelQuery& q);
+
+/// A weight tensor reordered once into the layout a primitive chose for it.
+Result<dnnl::memory> prepack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
+
+/// Wraps a oneDNN call: its exceptions become an internal error about the node.
+template <class F>
+Status guarded(const Node& node, F&& f) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    return internal_error(node.where(), std::string("oneDNN: ") + e.what());
+  }
+}
+
+// Registration, one per primitive family.
+void register_conv(KernelRegistry& r);
+void register_matmul(KernelRegistry& r);
+void register_pool(KernelRegistry& r);
+
+}  // namespace kiln::onednn

@@ -1,0 +1,174 @@
+// The oneDNN provider against the reference kernels: every op it takes, on odd and
+// SIMD-multiple sizes, with the fused epilogues; and what it declines.
+#include <gtest/gtest.h>
+
+#include "runtime/session.h"
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::ramp;
+using testing::relative_l2;
+
+// Deterministic values of both signs with no pattern a wrong index could reproduce.
+Tensor noise(std::vector<int64_t> shape, uint32_t seed, float scale = 1.f) {
+  Tensor t(DType::f32, std::move(shape));
+  uint32_t s = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    t.data<float>()[i] = scale * (static_cast<float>(s >> 8) / 16777216.f - 0.5f);
+  }
+  return t;
+}
+
+struct Case {
+  std::string op;
+  std::vector<Tensor> inputs;          // graph inputs (undefined: omitted)
+  std::vector<bool> constant;          // per input: a constant rather than a graph input
+  std::vector<Attribute> attrs;
+};
+
+// Runs the one-node model on the default kernels and on the reference kernels; returns the
+// kernel that ran it.
+std::string check(const Case& c, double tol = 1e-5) {
+  Model m;
+  Graph& g = m.graph;
+  Node n;
+  n.name = "n";
+  n.op = c.op;
+  std::vector<Tensor> feed;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Tensor& t = c.inputs[i];
+    if (!t.defined()) {
+      n.inputs.push_back(kNoValue);
+      continue;
+    }
+    if (i < c.constant.size() && c.constant[i]) {
+      n.inputs.push_back(g.add_constant("c" + std::to_string(i), t));
+      continue;
+    }
+    ValueId v = g.add_value("in" + std::to_string(i), t.dtype(), Shape::of(t.shape()));
+    g.inputs.push_back(v);
+    n.inputs.push_back(v);
+    feed.push_back(t);
+  }
+  ValueId y = g.add_value("y", DType::undefined);
+  n.outputs = {y};
+  for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
+  g.add_node(std::move(n));
+  g.outputs = {y};
+  EXPECT_TRUE(infer_graph(g).ok());
+  auto fast = Session::create(m);
+  auto ref = Session::create(m, SessionOptions{.reference = true});
+  EXPECT_TRUE(fast.ok() && ref.ok());
+  if (!fast.ok() || !ref.ok()) return "";
+  auto got = (*fast)->run(feed);
+  auto want = (*ref)->run(feed);
+  EXPECT_TRUE(got.ok()) << got.error().message();
+  EXPECT_TRUE(want.ok()) << want.error().message();
+  if (!got.ok() || !want.ok()) return "";
+  EXPECT_EQ((*got)[0].shape(), (*want)[0].shape());
+  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op;
+  return (*fast)->kernels()[0].name;
+}
+
+std::vector<Attribute> conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides, std::vector<int64_t> dil, int64_t group) {
+  return {attr("pads", pads), attr("strides", strides), attr("dilations", dil), attr("group", group)};
+}
+
+TEST(OneDnn, Conv2dShapesGroupsAndEpilogues) {
+  struct Shape2 { int64_t n, c, h, w, m, k, group; };
+  for (const Shape2& s : std::vector<Shape2>{{1, 3, 7, 9, 5, 3, 1}, {2, 16, 16, 16, 32, 3, 1}, {1, 17, 11, 13, 17, 3, 17},
+                                            {1, 32, 8, 8, 32, 1, 1}, {1, 12, 9, 9, 18, 3, 3}}) {
+    SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + " group " + std::to_string(s.group));
+    Tensor x = noise({s.n, s.c, s.h, s.w}, 1), w = noise({s.m, s.c / s.group, s.k, s.k}, 2, 0.3f), b = noise({s.m}, 3);
+    const int64_t p = s.k / 2;
+    EXPECT_EQ(check({"Conv", {x, w, b}, {false, true, true}, conv_attrs({p, p, p, p}, {1, 1}, {1, 1}, s.group)}), "onednn.conv");
+    EXPECT_EQ(check({"Conv", {x, w}, {false, true}, conv_attrs({0, 1, 1, 0}, {2, 2}, {1, 1}, s.group)}), "onednn.conv");
+    if (s.k == 3)
+      EXPECT_EQ(check({"Conv", {x, w, b}, {false, true, false}, conv_attrs({2, 2, 2, 2}, {1, 1}, {2, 2}, s.group)}), "onednn.conv");
+    // Fused: bias, Relu, residual, Silu; and HardSigmoid (two post-ops) alone.
+    const int64_t oh = s.h, ow = s.w;
+    Tensor z = noise({s.n, s.m, oh, ow}, 4);
+    std::vector<Attribute> fa = conv_attrs({p, p, p, p}, {1, 1}, {1, 1}, s.group);
+    fa.push_back(attr("activation", std::string("Relu")));
+    fa.push_back(attr("post_activation", std::string("Silu")));
+    EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, fa}), "onednn.conv");
+    std::vector<Attribute> hs = conv_attrs({p, p, p, p}, {1, 1}, {1, 1}, s.group);
+    hs.push_back(attr("activation", std::string("HardSigmoid")));
+    hs.push_back(attr("activation_params", std::vector<double>{0.2, 0.5}));
+    EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, hs}), "onednn.conv");
+  }
+}
+
+TEST(OneDnn, EveryActivation) {
+  Tensor x = noise({1, 8, 6, 6}, 5, 4.f), w = noise({8, 8, 3, 3}, 6, 0.3f);
+  for (const char* act : {"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Gelu", "GeluTanh", "Silu"}) {
+    std::vector<Attribute> a = conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1);
+    a.push_back(attr("activation", std::string(act)));
+    if (std::string(act) == "LeakyRelu") a.push_back(attr("activation_params", std::vector<double>{0.1}));
+    if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{-1, 2}));
+    if (std::string(act) == "HardSigmoid") a.push_back(attr("activation_params", std::vector<double>{0.3, 0.4}));
+    EXPECT_EQ(check({"FusedConv", {x, w}, {false, true}, a}), "onednn.conv") << act;
+  }
+}
+
+TEST(OneDnn, Conv1dAnd3dAndAutoPad) {
+  EXPECT_EQ(check({"Conv", {noise({2, 5, 19}, 7), noise({7, 5, 3}, 8)}, {false, true}, {attr("auto_pad", std::string("SAME_UPPER"))}}),
+            "onednn.conv");
+  EXPECT_EQ(check({"Conv", {noise({1, 4, 5, 6, 7}, 9), noise({6, 4, 3, 3, 3}, 10, 0.3f)}, {false, true},
+                   {attr("pads", std::vector<int64_t>{1, 1, 1, 1, 1, 1})}}),
+            "onednn.conv");
+}
+
+TEST(OneDnn, MatMulForms) {
+  // 2-D, a batch over one weight (folded into M), batched with broadcast, computed B.
+  EXPECT_EQ(check({"MatMul", {noise({7, 13}, 1), noise({13, 9}, 2)}, {false, true}}), "onednn.matmul");
+  EXPECT_EQ(check({"MatMul", {noise({2, 5, 64}, 3), noise({64, 48}, 4)}, {false, true}}), "onednn.matmul");
+  EXPECT_EQ(check({"MatMul", {noise({2, 3, 5, 8}, 5), noise({1, 3, 8, 6}, 6)}, {false, false}}), "onednn.matmul");
+  EXPECT_EQ(check({"MatMul", {noise({3, 1, 5, 8}, 7), noise({4, 8, 6}, 8)}, {false, false}}), "onednn.matmul");
+  // Fused: bias, GELU, residual.
+  EXPECT_EQ(check({"FusedMatMul", {noise({2, 7, 32}, 9), noise({32, 17}, 10), noise({17}, 11), noise({2, 7, 17}, 12)},
+                   {false, true, true, false}, {attr("activation", std::string("Gelu"))}}),
+            "onednn.matmul");
+  // Gemm: transposed operands, a row C and a full C.
+  EXPECT_EQ(check({"Gemm", {noise({9, 5}, 13), noise({11, 9}, 14), noise({11}, 15)}, {false, true, true},
+                   {attr("transA", int64_t{1}), attr("transB", int64_t{1})}}),
+            "onednn.matmul");
+  EXPECT_EQ(check({"Gemm", {noise({5, 9}, 16), noise({9, 11}, 17), noise({5, 11}, 18)}, {false, false, false}}), "onednn.matmul");
+}
+
+TEST(OneDnn, Pools) {
+  Tensor x = noise({2, 5, 13, 11}, 19);
+  EXPECT_EQ(check({"MaxPool", {x}, {}, {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
+                                         attr("pads", std::vector<int64_t>{1, 1, 1, 1})}}),
+            "onednn.pool");
+  EXPECT_EQ(check({"MaxPool", {x}, {}, {attr("kernel_shape", std::vector<int64_t>{2, 2}), attr("strides", std::vector<int64_t>{2, 2}),
+                                         attr("ceil_mode", int64_t{1})}}),
+            "onednn.pool");
+  for (int64_t include : {0, 1})
+    EXPECT_EQ(check({"AveragePool", {x}, {}, {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
+                                               attr("count_include_pad", include)}}),
+              "onednn.pool");
+  EXPECT_EQ(check({"AveragePool", {x}, {}, {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
+                                             attr("ceil_mode", int64_t{1})}}),
+            "onednn.pool");
+  EXPECT_EQ(check({"GlobalAveragePool", {x}}), "onednn.pool");
+  EXPECT_EQ(check({"GlobalMaxPool", {noise({1, 7, 5, 3, 4}, 20)}}), "onednn.pool");
+}
+
+TEST(OneDnn, DeclinesWhatItCannotRun) {
+  // Weights computed at run time, 1-D MatMul operands, alpha != 1, an empty K.
+  EXPECT_EQ(check({"Conv", {noise({1, 3, 5, 5}, 1), noise({4, 3, 3, 3}, 2)}, {false, false}}), kReferenceKernel);
+  EXPECT_EQ(check({"MatMul", {noise({8}, 3), noise({8, 4}, 4)}, {false, true}}), kReferenceKernel);
+  EXPECT_EQ(check({"Gemm", {noise({3, 4}, 5), noise({4, 2}, 6)}, {false, true}, {attr("alpha", 2.0)}}), kReferenceKernel);
+  EXPECT_EQ(check({"MatMul", {Tensor(DType::f32, {2, 0}), Tensor(DType::f32, {0, 3})}, {false, false}}), kReferenceKernel);
+  EXPECT_EQ(check({"AveragePool", {noise({1, 2, 5, 5}, 7)}, {}, {attr("kernel_shape", std::vector<int64_t>{2, 2}), attr("strides", std::vector<int64_t>{2, 2}),
+                                                                  attr("ceil_mode", int64_t{1}), attr("count_include_pad", int64_t{1})}}),
+            kReferenceKernel);
+}
+
+}  // namespace
+}  // namespace kiln
