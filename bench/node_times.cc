@@ -1,0 +1,106 @@
+// Where a model's time goes: runs it through kiln::Session with an ExecutionObserver timing
+// every node, and prints the totals per op and kernel, most expensive first, with the run's
+// median and the sum of the node times (the difference is the executor's own work).
+//
+//   kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "formats/npy.h"
+#include "formats/serialize.h"
+#include "runtime/session.h"
+#include "runtime/threads.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+class NodeTimer final : public kiln::ExecutionObserver {
+ public:
+  explicit NodeTimer(size_t nodes) : total_(nodes, 0.0) {}
+  void on_node_begin(const kiln::NodeEvent&) override { start_ = clock_type::now(); }
+  void on_node_end(const kiln::NodeEvent& e) override {
+    total_[e.index] += std::chrono::duration<double>(clock_type::now() - start_).count();
+  }
+  const std::vector<double>& total() const { return total_; }
+
+ private:
+  std::vector<double> total_;
+  clock_type::time_point start_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K]\n");
+    return 2;
+  }
+  int runs = 10, warmup = 2, threads = kiln::physical_cores(), top = 25;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    int v = std::atoi(argv[i + 1]);
+    if (flag == "--runs") runs = v;
+    else if (flag == "--warmup") warmup = v;
+    else if (flag == "--threads") threads = v;
+    else if (flag == "--top") top = v;
+  }
+  auto model = kiln::load_model(argv[1]);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.error().message().c_str());
+    return 1;
+  }
+  auto named = kiln::read_npz_file(argv[2]);
+  if (!named.ok()) {
+    std::fprintf(stderr, "%s\n", named.error().message().c_str());
+    return 1;
+  }
+  std::map<std::string, kiln::Tensor> inputs(named->begin(), named->end());
+  kiln::SessionOptions options;
+  options.target.threads = threads;
+  auto session = kiln::Session::create(*model, options);
+  if (!session.ok()) {
+    std::fprintf(stderr, "%s\n", session.error().message().c_str());
+    return 1;
+  }
+  for (int i = 0; i < warmup; ++i)
+    if (auto r = (*session)->run(inputs); !r.ok()) {
+      std::fprintf(stderr, "%s\n", r.error().message().c_str());
+      return 1;
+    }
+  const kiln::Graph& g = model->graph;
+  NodeTimer timer(g.nodes.size());
+  std::vector<double> run_s;
+  for (int i = 0; i < runs; ++i) {
+    (*session)->set_observer(&timer);
+    auto t0 = clock_type::now();
+    auto r = (*session)->run(inputs);
+    run_s.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+    if (!r.ok()) return 1;
+  }
+  std::sort(run_s.begin(), run_s.end());
+  std::map<std::pair<std::string, std::string>, std::pair<double, int>> by_kind;
+  auto kernels = (*session)->kernels();
+  double sum = 0;
+  for (size_t n = 0; n < g.nodes.size(); ++n) {
+    auto& e = by_kind[{g.nodes[n].qualified_op(), n < kernels.size() ? kernels[n].name : "?"}];
+    e.first += timer.total()[n] / runs;
+    e.second += 1;
+    sum += timer.total()[n] / runs;
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [k, v] : by_kind)
+    rows.emplace_back(v.first, k.first + " [" + k.second + "] x" + std::to_string(v.second));
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("run median %.3f ms (observed, %d threads), node times sum %.3f ms\n", run_s[run_s.size() / 2] * 1e3, threads,
+              sum * 1e3);
+  for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i)
+    std::printf("%9.3f ms %5.1f%%  %s\n", rows[static_cast<size_t>(i)].first * 1e3, 100 * rows[static_cast<size_t>(i)].first / sum,
+                rows[static_cast<size_t>(i)].second.c_str());
+  return 0;
+}

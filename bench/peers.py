@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Times compiled kiln against ONNX Runtime and OpenVINO on the same models, in one run.
+
+    python bench/peers.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 3]
+                          [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile]
+
+For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
+64 too, and the samples' MLP at batch 1 and 64) and thread count:
+  - kiln: `kiln export`, then `kiln compile --input-shape ... --threads T`, then
+    `kiln run --iters N --warmup W --threads T --json` (the run's own latency median: no
+    process start or model loading);
+  - ONNX Runtime 1.x, CPU execution provider, all graph optimizations, intra_op_num_threads=T,
+    session.run timed in this process;
+  - OpenVINO, CPU plugin, PERFORMANCE_HINT=LATENCY, INFERENCE_PRECISION_HINT=f32,
+    INFERENCE_NUM_THREADS=T, infer() timed in this process.
+Each runtime's outputs are first checked against ONNX Runtime's (relative L2 <= 1e-4). Then
+`--rounds` rounds each time every (model, threads, runtime) for `--iters` runs after `--warmup`,
+interleaved, so that a machine that slows down mid-run slows every column alike. A cell is the
+median over rounds of each round's median, with the min-max of the round medians. Ratios are
+kiln's median over the peer's; the last rows are geometric means.
+
+kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
+(pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
+onnxruntime and openvino from the test venv (scripts/requirements.txt).
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "models"))
+from make_models import DEFAULT_OUT_DIR, MODELS  # noqa: E402
+from ort_reference import load_npz  # noqa: E402
+from run_models import Generated, last_line  # noqa: E402
+
+REL_L2_LIMIT = 1e-4
+PAUSE_S = 0.2  # between runtimes, so one runtime's spinning threads settle before the next
+
+
+class Failed(Exception):
+    """A measurement that could not be made; the row shows the reason."""
+
+
+def fmt_ms(seconds):
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 1000 else f"{ms:.0f}"
+
+
+def cell(values):
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return f"{fmt_ms(med)} ({fmt_ms(min(values))}-{fmt_ms(max(values))})"
+
+
+def rel_l2(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    if a.shape != b.shape:
+        return math.inf
+    den = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / (den if den > 0 else 1.0))
+
+
+def run(cmd, timeout, env=None):
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise Failed(f"{os.path.basename(cmd[0])} {cmd[1]}: exit {proc.returncode}: {last_line(proc.stderr)}")
+    return proc.stdout
+
+
+class Case:
+    """One model at one input size: its ONNX file, inputs and ONNX Runtime's outputs."""
+
+    def __init__(self, name, onnx_path, inputs, scratch):
+        self.name = name
+        self.onnx_path = onnx_path
+        self.inputs = inputs
+        self.inputs_path = os.path.join(scratch, f"{name}.inputs.npz")
+        np.savez(self.inputs_path, **inputs)
+        self.kiln = {}  # threads -> compiled model path
+        self.ort = {}
+        self.ov = {}
+        self.reference = None
+        self.error = None
+
+
+def input_shapes(inputs):
+    return [f"{k}={'x'.join(str(d) for d in v.shape) or 'scalar'}" for k, v in inputs.items()]
+
+
+def prepare_kiln(case, kiln, threads, scratch, args, env):
+    exported = os.path.join(scratch, f"{case.name}.kiln")
+    if not os.path.exists(exported):
+        run([kiln, "export", case.onnx_path, "-o", exported], args.timeout)
+    if args.no_compile:
+        case.kiln[threads] = exported
+    else:
+        compiled = os.path.join(scratch, f"{case.name}.t{threads}.kiln")
+        cmd = [kiln, "compile", exported, "-o", compiled, "--threads", str(threads)]
+        for s in input_shapes(case.inputs):
+            cmd += ["--input-shape", s]
+        run(cmd, args.timeout, env)
+        case.kiln[threads] = compiled
+    out_dir = os.path.join(scratch, f"{case.name}.t{threads}.out")
+    run([kiln, "run", case.kiln[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--output-dir", out_dir],
+        args.timeout, env)
+    for name, ref in case.reference.items():
+        got = np.load(os.path.join(out_dir, f"{name}.npy"))
+        err = rel_l2(got, ref)
+        if not err <= REL_L2_LIMIT:
+            raise Failed(f"kiln output {name}: relative L2 {err:.3g} against ONNX Runtime")
+
+
+def prepare_ort(case, threads):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    start = time.perf_counter()
+    session = ort.InferenceSession(case.onnx_path, options, providers=["CPUExecutionProvider"])
+    created = time.perf_counter() - start
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(names, case.inputs)))
+    if case.reference is None:
+        case.reference = outputs
+    case.ort[threads] = (session, names, created)
+
+
+def prepare_ov(case, threads):
+    import openvino as ov
+
+    core = ov.Core()
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    compiled = core.compile_model(case.onnx_path, "CPU", config)
+    request = compiled.create_infer_request()
+    result = request.infer(case.inputs)
+    for output in compiled.outputs:
+        name = output.get_any_name()
+        if name in case.reference:
+            err = rel_l2(result[output], case.reference[name])
+            if not err <= REL_L2_LIMIT:
+                raise Failed(f"OpenVINO output {name}: relative L2 {err:.3g} against ONNX Runtime")
+    case.ov[threads] = request
+
+
+def time_kiln(case, kiln, threads, args, env):
+    out = run([kiln, "run", case.kiln[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
+               str(args.iters), "--warmup", str(args.warmup), "--json"], args.timeout, env)
+    return json.loads(out)["latency_ms"]["median"] / 1e3
+
+
+def time_calls(fn, args):
+    for _ in range(args.warmup):
+        fn()
+    seconds = []
+    for _ in range(args.iters):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def make_cases(args, scratch):
+    generated = Generated(args.work_dir)
+    cases = []
+    wanted = args.models
+    rng = np.random.default_rng(0)
+    for name in MODELS:
+        if wanted and name not in wanted and not (name == "resnet50" and "resnet50_b64" in wanted):
+            continue
+        gen_s, error = generated.ensure(name)
+        if error:
+            raise Failed(f"{name}: generator: {error}")
+        onnx_path = os.path.join(args.work_dir, f"{name}.onnx")
+        inputs = load_npz(os.path.join(args.work_dir, f"{name}.inputs.npz"))
+        if not wanted or name in wanted:
+            cases.append(Case(name, onnx_path, inputs, scratch))
+        if name == "resnet50" and (not wanted or "resnet50_b64" in wanted):
+            big = {k: rng.standard_normal((64,) + v.shape[1:]).astype(v.dtype) for k, v in inputs.items()}
+            cases.append(Case("resnet50_b64", onnx_path, big, scratch))
+    mlp = os.path.join(ROOT, "samples", "mlp.onnx")
+    for batch in (1, 64):
+        name = f"mlp_b{batch}"
+        if not wanted or name in wanted:
+            cases.append(Case(name, mlp, {"input": rng.standard_normal((batch, 16)).astype(np.float32)}, scratch))
+    return cases
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kiln", required=True)
+    parser.add_argument("--models", nargs="+", metavar="NAME",
+                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "mlp_b1", "mlp_b64"]))
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--work-dir", default=DEFAULT_OUT_DIR)
+    parser.add_argument("--no-compile", action="store_true", help="time the exported model, not a compiled one")
+    parser.add_argument("--omp-wait-policy", choices=["active", "passive"], help="OMP_WAIT_POLICY for kiln's runs")
+    args = parser.parse_args(argv)
+    kiln = os.path.abspath(args.kiln)
+    env = dict(os.environ)
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
+
+    import onnxruntime
+    import openvino
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; onnxruntime "
+          f"{onnxruntime.__version__}, openvino {openvino.__version__}; kiln {'exported' if args.no_compile else 'compiled'}; "
+          f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')} GOMP_SPINCOUNT={env.get('GOMP_SPINCOUNT', 'unset')}")
+    print(f"# {args.rounds} rounds x {args.iters} runs after {args.warmup} warm-up; ms: median of round medians (min-max)",
+          flush=True)
+    failed = False
+    with tempfile.TemporaryDirectory(dir=args.work_dir if os.path.isdir(args.work_dir) else None) as scratch:
+        cases = make_cases(args, scratch)
+        for case in cases:
+            try:
+                for t in args.threads:
+                    prepare_ort(case, t)
+                    prepare_ov(case, t)
+                    prepare_kiln(case, kiln, t, scratch, args, env)
+            except (Failed, Exception) as e:  # peers raise their own exception types
+                case.error = str(e).splitlines()[0]
+                failed = True
+        times = {}  # (case, threads, runtime) -> [round medians]
+        for _ in range(args.rounds):
+            for case in cases:
+                if case.error:
+                    continue
+                for t in args.threads:
+                    try:
+                        times.setdefault((case.name, t, "kiln"), []).append(time_kiln(case, kiln, t, args, env))
+                        time.sleep(PAUSE_S)
+                        session, names, _ = case.ort[t]
+                        times.setdefault((case.name, t, "ort"), []).append(
+                            time_calls(lambda: session.run(names, case.inputs), args))
+                        time.sleep(PAUSE_S)
+                        request = case.ov[t]
+                        times.setdefault((case.name, t, "ov"), []).append(time_calls(lambda: request.infer(case.inputs), args))
+                        time.sleep(PAUSE_S)
+                    except Failed as e:
+                        case.error = str(e)
+                        failed = True
+        header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}"
+        print(header)
+        ratios = {}
+        for t in args.threads:
+            for case in cases:
+                if case.error:
+                    print(f"{case.name:14s} {t:2d}  FAILED: {case.error}")
+                    continue
+                k, o, v = (times.get((case.name, t, r), []) for r in ("kiln", "ort", "ov"))
+                r_ort = statistics.median(k) / statistics.median(o)
+                r_ov = statistics.median(k) / statistics.median(v)
+                ratios.setdefault(t, []).append((r_ort, r_ov))
+                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {cell(v):>20s}  {r_ort:8.2f}  {r_ov:8.2f}")
+        for t, rs in ratios.items():
+            g_ort = math.exp(statistics.mean(math.log(r[0]) for r in rs))
+            g_ov = math.exp(statistics.mean(math.log(r[1]) for r in rs))
+            print(f"{'geomean':14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov:8.2f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
