@@ -68,6 +68,7 @@ const KernelRegistry& default_kernels() {
     KernelRegistry r;
     // Providers first: earlier implementations are preferred, the reference kernels come last.
     register_onednn_kernels(r);
+    register_cpu_kernels(r);
     register_ref_elementwise(r);
     register_ref_reduce(r);
     register_ref_shape(r);

@@ -145,8 +145,11 @@ class KernelRegistry {
 /// The registry with every kernel kiln was built with.
 const KernelRegistry& default_kernels();
 
-/// The oneDNN provider's kernels (runtime/onednn/): convolutions, matrix products, pooling.
+/// The oneDNN provider's kernels (runtime/onednn/): convolutions, matrix products, pooling,
+/// attention.
 void register_onednn_kernels(KernelRegistry& r);
+/// kiln's own vectorised kernels (runtime/cpu/), one build per ISA chosen at run time.
+void register_cpu_kernels(KernelRegistry& r);
 
 // Reference kernels, one registration function per op family (runtime/ref/*.cc).
 void register_ref_elementwise(KernelRegistry& r);

@@ -110,10 +110,17 @@ Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::
 
 }  // namespace onednn
 
+namespace cpu {
+void register_norm(KernelRegistry& r);
+}
+
+void register_cpu_kernels(KernelRegistry& r) { cpu::register_norm(r); }
+
 void register_onednn_kernels(KernelRegistry& r) {
   onednn::register_conv(r);
   onednn::register_matmul(r);
   onednn::register_pool(r);
+  onednn::register_attention(r);
 }
 
 }  // namespace kiln

@@ -54,5 +54,6 @@ Status guarded(const Node& node, F&& f) {
 void register_conv(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_pool(KernelRegistry& r);
+void register_attention(KernelRegistry& r);
 
 }  // namespace kiln::onednn

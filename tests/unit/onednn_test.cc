@@ -2,77 +2,15 @@
 // SIMD-multiple sizes, with the fused epilogues; and what it declines.
 #include <gtest/gtest.h>
 
-#include "runtime/session.h"
-#include "tests/unit/compile_test_util.h"
+#include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
 namespace {
 
 using testing::attr;
-using testing::ramp;
-using testing::relative_l2;
-
-// Deterministic values of both signs with no pattern a wrong index could reproduce.
-Tensor noise(std::vector<int64_t> shape, uint32_t seed, float scale = 1.f) {
-  Tensor t(DType::f32, std::move(shape));
-  uint32_t s = seed * 2654435761u + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s = s * 1664525u + 1013904223u;
-    t.data<float>()[i] = scale * (static_cast<float>(s >> 8) / 16777216.f - 0.5f);
-  }
-  return t;
-}
-
-struct Case {
-  std::string op;
-  std::vector<Tensor> inputs;          // graph inputs (undefined: omitted)
-  std::vector<bool> constant;          // per input: a constant rather than a graph input
-  std::vector<Attribute> attrs;
-};
-
-// Runs the one-node model on the default kernels and on the reference kernels; returns the
-// kernel that ran it.
-std::string check(const Case& c, double tol = 1e-5) {
-  Model m;
-  Graph& g = m.graph;
-  Node n;
-  n.name = "n";
-  n.op = c.op;
-  std::vector<Tensor> feed;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Tensor& t = c.inputs[i];
-    if (!t.defined()) {
-      n.inputs.push_back(kNoValue);
-      continue;
-    }
-    if (i < c.constant.size() && c.constant[i]) {
-      n.inputs.push_back(g.add_constant("c" + std::to_string(i), t));
-      continue;
-    }
-    ValueId v = g.add_value("in" + std::to_string(i), t.dtype(), Shape::of(t.shape()));
-    g.inputs.push_back(v);
-    n.inputs.push_back(v);
-    feed.push_back(t);
-  }
-  ValueId y = g.add_value("y", DType::undefined);
-  n.outputs = {y};
-  for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
-  g.add_node(std::move(n));
-  g.outputs = {y};
-  EXPECT_TRUE(infer_graph(g).ok());
-  auto fast = Session::create(m);
-  auto ref = Session::create(m, SessionOptions{.reference = true});
-  EXPECT_TRUE(fast.ok() && ref.ok());
-  if (!fast.ok() || !ref.ok()) return "";
-  auto got = (*fast)->run(feed);
-  auto want = (*ref)->run(feed);
-  EXPECT_TRUE(got.ok()) << got.error().message();
-  EXPECT_TRUE(want.ok()) << want.error().message();
-  if (!got.ok() || !want.ok()) return "";
-  EXPECT_EQ((*got)[0].shape(), (*want)[0].shape());
-  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op;
-  return (*fast)->kernels()[0].name;
-}
+using testing::check;
+using testing::Case;
+using testing::noise;
 
 std::vector<Attribute> conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides, std::vector<int64_t> dil, int64_t group) {
   return {attr("pads", pads), attr("strides", strides), attr("dilations", dil), attr("group", group)};
@@ -87,8 +25,9 @@ TEST(OneDnn, Conv2dShapesGroupsAndEpilogues) {
     const int64_t p = s.k / 2;
     EXPECT_EQ(check({"Conv", {x, w, b}, {false, true, true}, conv_attrs({p, p, p, p}, {1, 1}, {1, 1}, s.group)}), "onednn.conv");
     EXPECT_EQ(check({"Conv", {x, w}, {false, true}, conv_attrs({0, 1, 1, 0}, {2, 2}, {1, 1}, s.group)}), "onednn.conv");
-    if (s.k == 3)
+    if (s.k == 3) {
       EXPECT_EQ(check({"Conv", {x, w, b}, {false, true, false}, conv_attrs({2, 2, 2, 2}, {1, 1}, {2, 2}, s.group)}), "onednn.conv");
+    }
     // Fused: bias, Relu, residual, Silu; and HardSigmoid (two post-ops) alone.
     const int64_t oh = s.h, ow = s.w;
     Tensor z = noise({s.n, s.m, oh, ow}, 4);

@@ -1,0 +1,34 @@
+// kiln's own row kernels (runtime/cpu/): loops over contiguous rows of f32 that the compiler
+// vectorises, built once per ISA (rows_avx512.cc with AVX-512, rows_avx2.cc with AVX2 + FMA)
+// and chosen at run time from the target's CPU features, never the build machine's.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "runtime/target.h"
+
+namespace kiln::cpu {
+
+enum class Isa { avx2, avx512 };
+
+/// The best ISA path the CPU has, or nullopt when it has neither (the reference kernels run).
+std::optional<Isa> best_isa(const CpuFeatures& cpu);
+/// "avx512" / "avx2", as kernel names carry it.
+const char* isa_name(Isa isa);
+
+struct RowKernels {
+  /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
+  /// with `rms`, y = x / sqrt(mean(x²) + eps) * scale.
+  void (*norm)(const float* x, const float* scale, const float* bias, float* y, int64_t rows, int64_t d, float eps,
+               bool rms);
+  /// In place: row = softmax(row * scale + mask_row) per row of n values; mask_row may be null,
+  /// `mask_stride` apart (0: one row for all), and masked by -inf; a row that is -inf everywhere
+  /// becomes NaN (as the reference does).
+  void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
+};
+
+const RowKernels& row_kernels(Isa isa);
+
+}  // namespace kiln::cpu

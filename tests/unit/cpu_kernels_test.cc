@@ -1,0 +1,76 @@
+// kiln's own kernels (runtime/cpu/) and the attention kernel, against the reference kernels
+// on odd and SIMD-multiple sizes, on each ISA path this machine has.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/cpu/rows.h"
+#include "tests/unit/kernel_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::check;
+using testing::make;
+using testing::noise;
+
+// The ISA paths this CPU can run, each as the CPU a test pretends to have.
+std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
+  std::vector<std::pair<std::string, CpuFeatures>> out;
+  const CpuFeatures& host = CpuFeatures::host();
+  if (cpu::best_isa(host) == cpu::Isa::avx512) out.emplace_back("avx512", host);
+  if (cpu::best_isa(host)) out.emplace_back("avx2", *CpuFeatures::named("avx2"));
+  return out;
+}
+
+TEST(CpuKernels, LayerNormAndRmsNorm) {
+  ASSERT_FALSE(isa_paths().empty()) << "this machine has neither AVX2 nor AVX-512";
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int64_t d : {1, 7, 16, 768, 1001}) {
+      SCOPED_TRACE(isa + " d=" + std::to_string(d));
+      Tensor x = noise({3, 5, d}, 1, 4.f), scale = noise({d}, 2), bias = noise({d}, 3);
+      EXPECT_EQ(check({"LayerNormalization", {x, scale, bias}, {false, true, true}, {attr("epsilon", 1e-5)}}, 1e-5, &cpu),
+                "kiln.norm_f32_" + isa);
+      EXPECT_EQ(check({"RMSNormalization", {x, scale}, {false, true}, {attr("epsilon", 1e-6)}}, 1e-5, &cpu), "kiln.norm_f32_" + isa);
+      // Normalizing the last two dims, no bias.
+      EXPECT_EQ(check({"LayerNormalization", {x, noise({5, d}, 4)}, {false, true}, {attr("axis", int64_t{1})}}, 1e-5, &cpu),
+                "kiln.norm_f32_" + isa);
+    }
+  // A scale that broadcasts stays with the reference kernel.
+  EXPECT_EQ(check({"LayerNormalization", {noise({2, 3, 4}, 5), noise({1}, 6)}, {false, true}}), kReferenceKernel);
+}
+
+TEST(CpuKernels, Attention) {
+  const float neg = -3.4e38f;
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    // BERT-like: a padding mask over the keys, broadcast over heads and rows.
+    Tensor pad = noise({2, 1, 1, 9}, 1);
+    for (int64_t i = 0; i < pad.numel(); ++i) pad.data<float>()[i] = i % 9 >= 7 ? neg : 0.f;
+    EXPECT_EQ(check({"Attention", {noise({2, 3, 9, 16}, 2), noise({2, 3, 9, 16}, 3), noise({2, 3, 9, 16}, 4), pad}, {}, {}}, 1e-5, &cpu),
+              "onednn.attention");
+    // Grouped-query heads with a causal float mask over rows and keys; odd head size.
+    Tensor causal(DType::f32, {1, 1, 5, 5});
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 5; ++j) causal.data<float>()[i * 5 + j] = j > i ? neg : 0.f;
+    EXPECT_EQ(check({"Attention", {noise({1, 8, 5, 12}, 5), noise({1, 2, 5, 12}, 6), noise({1, 2, 5, 7}, 7), causal}, {}, {}}, 1e-5, &cpu),
+              "onednn.attention");
+    // A boolean mask per batch, head and row; is_causal without a mask; a scale; more keys than queries.
+    Tensor keep(DType::boolean, {2, 4, 3, 6});
+    for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i * 7) % 5 != 0 || i % 6 == 0;
+    EXPECT_EQ(check({"Attention", {noise({2, 4, 3, 8}, 8), noise({2, 4, 6, 8}, 9), noise({2, 4, 6, 8}, 10), keep}, {}, {attr("scale", 0.3)}},
+                    1e-5, &cpu),
+              "onednn.attention");
+    EXPECT_EQ(check({"Attention", {noise({1, 2, 7, 8}, 11), noise({1, 2, 7, 8}, 12), noise({1, 2, 7, 8}, 13)}, {}, {attr("is_causal", int64_t{1})}},
+                    1e-5, &cpu),
+              "onednn.attention");
+  }
+  // 3-D inputs stay with the reference kernel.
+  EXPECT_EQ(check({"Attention", {noise({1, 4, 16}, 14), noise({1, 4, 16}, 15), noise({1, 4, 16}, 16)}, {}, {attr("q_num_heads", int64_t{2}),
+                                                                                                         attr("kv_num_heads", int64_t{2})}}),
+            kReferenceKernel);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,76 @@
+// Helpers for testing kernels against the reference kernels: one-node models run both ways.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln::testing {
+
+/// Deterministic values of both signs with no pattern a wrong index could reproduce.
+inline Tensor noise(std::vector<int64_t> shape, uint32_t seed, float scale = 1.f) {
+  Tensor t(DType::f32, std::move(shape));
+  uint32_t s = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 1664525u + 1013904223u;
+    t.data<float>()[i] = scale * (static_cast<float>(s >> 8) / 16777216.f - 0.5f);
+  }
+  return t;
+}
+
+/// One node of `op`: its inputs, which of them are constants, its attributes.
+struct Case {
+  std::string op;
+  std::vector<Tensor> inputs;          // graph inputs (undefined: omitted)
+  std::vector<bool> constant;          // per input: a constant rather than a graph input
+  std::vector<Attribute> attrs;
+};
+
+/// Runs the one-node model on the default kernels (for this CPU, when given) and on the
+/// reference kernels, compares the first outputs (relative L2 <= tol) and returns the kernel
+/// that ran it.
+inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr) {
+  Model m;
+  Graph& g = m.graph;
+  Node n;
+  n.name = "n";
+  n.op = c.op;
+  std::vector<Tensor> feed;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Tensor& t = c.inputs[i];
+    if (!t.defined()) {
+      n.inputs.push_back(kNoValue);
+      continue;
+    }
+    if (i < c.constant.size() && c.constant[i]) {
+      n.inputs.push_back(g.add_constant("c" + std::to_string(i), t));
+      continue;
+    }
+    ValueId v = g.add_value("in" + std::to_string(i), t.dtype(), Shape::of(t.shape()));
+    g.inputs.push_back(v);
+    n.inputs.push_back(v);
+    feed.push_back(t);
+  }
+  ValueId y = g.add_value("y", DType::undefined);
+  n.outputs = {y};
+  for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
+  g.add_node(std::move(n));
+  g.outputs = {y};
+  EXPECT_TRUE(infer_graph(g).ok());
+  SessionOptions options;
+  if (cpu) options.target.cpu = *cpu;
+  auto fast = Session::create(m, options);
+  auto ref = Session::create(m, SessionOptions{.reference = true});
+  EXPECT_TRUE(fast.ok() && ref.ok());
+  if (!fast.ok() || !ref.ok()) return "";
+  auto got = (*fast)->run(feed);
+  auto want = (*ref)->run(feed);
+  EXPECT_TRUE(got.ok()) << got.error().message();
+  EXPECT_TRUE(want.ok()) << want.error().message();
+  if (!got.ok() || !want.ok()) return "";
+  EXPECT_EQ((*got)[0].shape(), (*want)[0].shape());
+  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op;
+  return (*fast)->kernels()[0].name;
+}
+
+}  // namespace kiln::testing
