@@ -1,0 +1,29 @@
+// The pass table: the default pipeline, read top to bottom.
+#include "compile/pass.h"
+
+#include <array>
+
+namespace kiln {
+
+namespace {
+
+// Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
+// folding before CSE (folded constants that come out equal are merged), CSE before the weight
+// folds (they need each intermediate to have one reader), dead code last (every pass before it
+// may leave unread values behind).
+constexpr std::array kPasses = {
+    PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
+             eliminate_dead},
+};
+
+}  // namespace
+
+std::span<const PassInfo> all_passes() { return kPasses; }
+
+const PassInfo* find_pass(std::string_view name) {
+  for (const PassInfo& p : kPasses)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace kiln
