@@ -12,6 +12,8 @@ namespace {
 // folds (they need each intermediate to have one reader), dead code last (every pass before it
 // may leave unread values behind).
 constexpr std::array kPasses = {
+    PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
+             fold_constants},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
 };

@@ -46,6 +46,7 @@ std::span<const PassInfo> all_passes();
 const PassInfo* find_pass(std::string_view name);
 
 // The passes (compile/passes/<name>.cc).
+Result<PassResult> fold_constants(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 
 }  // namespace kiln
