@@ -14,6 +14,8 @@ namespace {
 constexpr std::array kPasses = {
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
              fold_constants},
+    PassInfo{"cse", "merge identical constants and nodes with the same op, attributes and inputs",
+             eliminate_common_subexpressions},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
 };

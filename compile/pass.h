@@ -47,6 +47,7 @@ const PassInfo* find_pass(std::string_view name);
 
 // The passes (compile/passes/<name>.cc).
 Result<PassResult> fold_constants(Model& model, PassContext& ctx);
+Result<PassResult> eliminate_common_subexpressions(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 
 }  // namespace kiln
