@@ -12,6 +12,7 @@ namespace {
 // folds (they need each intermediate to have one reader), dead code last (every pass before it
 // may leave unread values behind).
 constexpr std::array kPasses = {
+    PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
              fold_constants},
     PassInfo{"cse", "merge identical constants and nodes with the same op, attributes and inputs",

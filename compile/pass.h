@@ -46,6 +46,7 @@ std::span<const PassInfo> all_passes();
 const PassInfo* find_pass(std::string_view name);
 
 // The passes (compile/passes/<name>.cc).
+Result<PassResult> specialize_shapes(Model& model, PassContext& ctx);
 Result<PassResult> fold_constants(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_common_subexpressions(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
