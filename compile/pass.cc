@@ -17,6 +17,8 @@ constexpr std::array kPasses = {
              fold_constants},
     PassInfo{"cse", "merge identical constants and nodes with the same op, attributes and inputs",
              eliminate_common_subexpressions},
+    PassInfo{"fold_batchnorm", "fold BatchNormalization into the constant weights of the Conv, ConvTranspose, Gemm or MatMul before it",
+             fold_batchnorm},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
 };

@@ -49,6 +49,7 @@ const PassInfo* find_pass(std::string_view name);
 Result<PassResult> specialize_shapes(Model& model, PassContext& ctx);
 Result<PassResult> fold_constants(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_common_subexpressions(Model& model, PassContext& ctx);
+Result<PassResult> fold_batchnorm(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 
 }  // namespace kiln
