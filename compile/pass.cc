@@ -19,6 +19,8 @@ constexpr std::array kPasses = {
              eliminate_common_subexpressions},
     PassInfo{"fold_batchnorm", "fold BatchNormalization into the constant weights of the Conv, ConvTranspose, Gemm or MatMul before it",
              fold_batchnorm},
+    PassInfo{"fuse_linear_bias", "MatMul of a 2-D input by a constant 2-D weight, then Add of a constant row bias -> Gemm",
+             fuse_linear_bias},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
 };

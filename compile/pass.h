@@ -50,6 +50,7 @@ Result<PassResult> specialize_shapes(Model& model, PassContext& ctx);
 Result<PassResult> fold_constants(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_common_subexpressions(Model& model, PassContext& ctx);
 Result<PassResult> fold_batchnorm(Model& model, PassContext& ctx);
+Result<PassResult> fuse_linear_bias(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 
 }  // namespace kiln
