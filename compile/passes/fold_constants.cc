@@ -81,9 +81,11 @@ Result<std::vector<Tensor>> evaluate(const Graph& g, const Node& n) {
 
 Result<PassResult> fold_constants(Model& model, PassContext&) {
   Graph& g = model.graph;
-  // Shape arithmetic: inference records the data it can compute. Merging (not overwriting)
-  // keeps every stored shape; inference only makes them more precise.
-  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(g));
+  // Shape arithmetic: inference records the data it can compute. It runs on a copy (tensors
+  // are shared, not copied), so that a pass that folds nothing leaves the model as it was;
+  // the copy's shapes, at least as precise as the stored ones, size the results.
+  Graph probe = g;
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(probe));
   std::vector<char> folded(g.nodes.size(), 0);
   size_t by_kernel = 0, by_inference = 0, capped = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -99,7 +101,7 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
       if (g.value(in).is_constant()) in_bytes += g.value(in).constant.nbytes();
     }
     if (!inferred && !constant_inputs) continue;
-    std::optional<size_t> out_bytes = output_bytes(g, n);
+    std::optional<size_t> out_bytes = output_bytes(probe, n);
     if (out_bytes && too_big(*out_bytes, in_bytes)) {
       ++capped;
       continue;
