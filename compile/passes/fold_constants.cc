@@ -90,8 +90,9 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
   size_t by_kernel = 0, by_inference = 0, capped = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    if (!n.domain.empty() || has_subgraph(n) || n.outputs.empty()) continue;
-    bool inferred = !n.outputs.empty(), constant_inputs = true;
+    const bool any_output = std::any_of(n.outputs.begin(), n.outputs.end(), [](ValueId o) { return o >= 0; });
+    if (!n.domain.empty() || has_subgraph(n) || !any_output) continue;
+    bool inferred = true, constant_inputs = true;
     size_t in_bytes = 0;
     for (ValueId o : n.outputs)
       if (o >= 0) inferred = inferred && static_cast<size_t>(o) < known.size() && known[static_cast<size_t>(o)].defined();
@@ -111,8 +112,8 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
       for (ValueId o : n.outputs) results.push_back(o >= 0 ? known[static_cast<size_t>(o)] : Tensor());
     } else {
       Result<std::vector<Tensor>> r = evaluate(g, n);
-      // A node that fails on its constants (an integer division by zero in a branch never
-      // taken) is left for run time to report, if it ever runs.
+      // A node whose kernel refuses its constants (data a kernel checks beyond what inference
+      // checked) is left for run time to report in its own words.
       if (!r.ok() && r.error().kind == ErrorKind::user) continue;
       if (!r.ok()) return r.error();
       size_t k = 0, total = 0;
