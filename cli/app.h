@@ -36,6 +36,7 @@ void add_max_memory_option(CLI::App* cmd);
 
 // Subcommand set-up: each adds its options to `app` and returns the callback's exit code slot.
 void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
+void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_run_command(CLI::App& app, int& exit_code);
 void add_inspect_command(CLI::App& app, int& exit_code);
 

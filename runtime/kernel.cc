@@ -50,6 +50,7 @@ Result<KernelSelection> KernelRegistry::select(const KernelQuery& query, bool re
       continue;
     }
     sel.name = impl.name;
+    sel.needs_isa = impl.needs_isa;
     sel.kernel = impl.create(query);
     if (!sel.kernel) return internal_error(node.where(), "kernel '" + impl.name + "' accepted the node but made no kernel");
     return sel;

@@ -112,6 +112,9 @@ struct KernelImpl {
   /// nullopt if it can run the node; otherwise the reason it declines.
   std::function<std::optional<std::string>(const KernelQuery&)> declines;
   std::function<std::unique_ptr<Kernel>(const KernelQuery&)> create;
+  /// The ISA features the implementation's code needs (it declines on CPUs without them); a
+  /// compiled model that chose it records them in its target.
+  CpuFeatures needs_isa = {};
 };
 
 /// The outcome of choosing a kernel for a node: the kernel, its implementation's name, and the
@@ -119,6 +122,7 @@ struct KernelImpl {
 struct KernelSelection {
   std::unique_ptr<Kernel> kernel;
   std::string name;
+  CpuFeatures needs_isa;  ///< the chosen implementation's KernelImpl::needs_isa
   std::vector<std::pair<std::string, std::string>> declined;
 };
 

@@ -184,7 +184,8 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
     plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
-    plan.kernels.push_back(PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes});
+    plan.kernels.push_back(
+        PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});
   }
   return plan;
 }

@@ -32,6 +32,7 @@ struct PlannedKernel {
   std::string name;
   std::vector<std::pair<std::string, std::string>> declined;
   size_t workspace_bytes = 0;
+  CpuFeatures needs_isa;  ///< ISA features the implementation needs
 };
 
 struct ExecutionPlan {

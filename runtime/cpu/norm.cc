@@ -68,7 +68,7 @@ void register_norm(KernelRegistry& r) {
     for (const char* op : {"LayerNormalization", "RMSNormalization"})
       r.add(op, "cpu",
             KernelImpl{std::string("kiln.norm_f32_") + isa_name(isa), [isa](const KernelQuery& q) { return norm_declines(q, isa); },
-                       [isa](const KernelQuery&) { return std::make_unique<NormKernel>(isa); }});
+                       [isa](const KernelQuery&) { return std::make_unique<NormKernel>(isa); }, isa_features(isa)});
 }
 
 }  // namespace kiln::cpu

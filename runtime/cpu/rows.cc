@@ -18,6 +18,8 @@ std::optional<Isa> best_isa(const CpuFeatures& cpu) {
 
 const char* isa_name(Isa isa) { return isa == Isa::avx512 ? "avx512" : "avx2"; }
 
+CpuFeatures isa_features(Isa isa) { return *CpuFeatures::named(isa == Isa::avx512 ? "avx512" : "avx2"); }
+
 const RowKernels& row_kernels(Isa isa) { return isa == Isa::avx512 ? avx512::kRowKernels : avx2::kRowKernels; }
 
 }  // namespace kiln::cpu

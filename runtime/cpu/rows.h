@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "formats/ops/epilogue.h"
 #include "runtime/target.h"
 
 namespace kiln::cpu {
@@ -17,6 +18,8 @@ enum class Isa { avx2, avx512 };
 std::optional<Isa> best_isa(const CpuFeatures& cpu);
 /// "avx512" / "avx2", as kernel names carry it.
 const char* isa_name(Isa isa);
+/// The CPU features a build for `isa` uses.
+CpuFeatures isa_features(Isa isa);
 
 struct RowKernels {
   /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
@@ -27,6 +30,8 @@ struct RowKernels {
   /// `mask_stride` apart (0: one row for all), and masked by -inf; a row that is -inf everywhere
   /// becomes NaN (as the reference does).
   void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
+  /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
+  void (*epilogue)(float* y, const float* z, int64_t n, const ActivationSpec& act, const ActivationSpec& post);
 };
 
 const RowKernels& row_kernels(Isa isa);

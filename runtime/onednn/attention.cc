@@ -158,7 +158,8 @@ void register_attention(KernelRegistry& r) {
   r.add("Attention", "cpu",
         KernelImpl{"onednn.attention", attention_declines, [](const KernelQuery& q) {
                      return std::make_unique<AttentionKernel>(*cpu::best_isa(q.target.cpu));
-                   }});
+                   },
+                   cpu::isa_features(cpu::Isa::avx2)});
 }
 
 }  // namespace kiln::onednn

@@ -1,10 +1,16 @@
 // onednn.conv: Conv and FusedConv (1-D to 3-D, grouped and depthwise) as a oneDNN forward
 // convolution. The weights must be constant: prepare reorders them once into the blocked
-// layout oneDNN picks for the shapes and ISA; the fused epilogue runs as post-ops. Inputs and
-// outputs stay in kiln's plain NC(D)HW layout.
+// layout oneDNN picks for the shapes and ISA. Inputs and outputs are kiln's plain NC(D)HW
+// tensors. Ungrouped convolutions run on the blocked activations oneDNN picks (nChw16c on
+// AVX-512), reordered in and out through the kernel's workspace, with the fused epilogue as
+// post-ops: that costs less than oneDNN's GEMM-based path on plain tensors, whose post-ops run
+// element by element. Grouped and depthwise ones stay plain (oneDNN 2.6's blocked ones
+// miscompute some with channel tails) and kiln's vectorised epilogue follows them.
+#include <cstring>
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/rows.h"
 #include "runtime/onednn/onednn.h"
 
 namespace kiln::onednn {
@@ -51,21 +57,50 @@ class ConvKernel final : public Kernel {
       const bool has_z = fused && q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (fused) {
+      blocked_ = group == 1;
+      const std::optional<cpu::Isa> isa = cpu::best_isa(q.target.cpu);
+      if (fused && (blocked_ || !isa)) {
         KILN_ASSIGN_OR_RETURN(dnnl::post_ops ops, epilogue_post_ops(q.node, has_z ? &dst : nullptr, z_index_));
         attr.set_post_ops(ops);
+      } else if (fused) {
+        KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
+        KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
+        own_epilogue_ = &cpu::row_kernels(*isa);
+        has_z_ = has_z;
       }
-      dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src,
-                                           any_w, bias, dst, strides, dil, pad_l, pad_r);
+      // Activations in the layout oneDNN's direct convolutions want (blocked channels on
+      // AVX-512: their post-ops are vectorised, the GEMM-based path on plain NCHW runs them
+      // element by element), reordered from and to kiln's plain tensors in the workspace.
+      auto any = [](const std::vector<int64_t>& d) {
+        return memory::desc(memory::dims(d.begin(), d.end()), memory::data_type::f32, memory::format_tag::any);
+      };
+      dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                           blocked_ ? any(xs) : src, any_w, bias, blocked_ ? any(ys) : dst, strides, dil,
+                                           pad_l, pad_r);
       dnnl::convolution_forward::primitive_desc pd(desc, attr, cpu_engine());
       KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc()));
       prim_ = dnnl::convolution_forward(pd);
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);
       if (has_bias_) bias_ = memory(bias, cpu_engine(), nullptr);
-      if (has_z) z_ = memory(dst, cpu_engine(), nullptr);
+      auto up = [](size_t b) { return (b + 63) / 64 * 64; };
+      size_t offset = up(pd.scratchpad_desc().get_size());
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
-      needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      if (pd.src_desc() != src) {
+        src_in_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src, cpu_engine(), pd.src_desc()));
+        blocked_src_ = memory(pd.src_desc(), cpu_engine(), nullptr);
+        src_offset_ = offset;
+        offset += up(pd.src_desc().get_size());
+      }
+      if (pd.dst_desc() != dst) {
+        dst_in_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), dst, cpu_engine(), pd.dst_desc()));
+        dst_out_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), pd.dst_desc(), cpu_engine(), dst));
+        blocked_dst_ = memory(pd.dst_desc(), cpu_engine(), nullptr);
+        z_plain_ = memory(dst, cpu_engine(), nullptr);
+        dst_offset_ = offset;
+        offset += up(pd.dst_desc().get_size());
+      }
+      needs.workspace_bytes = offset;
       return {};
     });
   }
@@ -74,29 +109,56 @@ class ConvKernel final : public Kernel {
     return guarded(ctx.node(), [&]() -> Status {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       dst_.set_data_handle(ctx.output(0).raw());
-      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
+      std::span<std::byte> ws = ctx.workspace();
+      memory src = src_, dst = dst_;
+      if (src_offset_) {
+        blocked_src_.set_data_handle(ws.data() + src_offset_);
+        src_in_.execute(cpu_stream(), src_, blocked_src_);
+        src = blocked_src_;
+      }
+      if (dst_offset_) {
+        blocked_dst_.set_data_handle(ws.data() + dst_offset_);
+        dst = blocked_dst_;
+      }
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
       if (has_bias_) {
         bias_.set_data_handle(const_cast<void*>(ctx.input(2).raw()));
         args.emplace(DNNL_ARG_BIAS, bias_);
       }
       if (z_index_ >= 0) {
-        z_.set_data_handle(const_cast<void*>(ctx.input(3).raw()));
-        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(z_index_) | DNNL_ARG_SRC_1, z_);
+        // The residual, added by the sum post-op: Z goes into the destination first.
+        const Tensor& z = ctx.input(3);
+        if (dst_offset_) {
+          z_plain_.set_data_handle(const_cast<void*>(z.raw()));
+          dst_in_.execute(cpu_stream(), z_plain_, blocked_dst_);
+        } else {
+          std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
+        }
       }
-      std::span<std::byte> ws = ctx.workspace();
       if (!ws.empty()) {
         scratch_.set_data_handle(ws.data());
         args.emplace(DNNL_ARG_SCRATCHPAD, scratch_);
       }
       prim_.execute(cpu_stream(), args);
+      if (dst_offset_) dst_out_.execute(cpu_stream(), blocked_dst_, dst_);
       cpu_stream().wait();
+      if (own_epilogue_) {
+        Tensor& y = ctx.output(0);
+        own_epilogue_->epilogue(y.data<float>(), has_z_ ? ctx.input(3).data<float>() : nullptr, y.numel(), act_, post_);
+      }
       return {};
     });
   }
 
  private:
   dnnl::convolution_forward prim_;
-  memory weights_, src_, dst_, bias_, z_, scratch_;
+  dnnl::reorder src_in_, dst_in_, dst_out_;
+  memory weights_, src_, dst_, bias_, scratch_, blocked_src_, blocked_dst_, z_plain_;
+  size_t src_offset_ = 0, dst_offset_ = 0;  ///< in the workspace; 0: the plain tensor is used
+  bool blocked_ = true;
+  const cpu::RowKernels* own_epilogue_ = nullptr;  ///< set when kiln applies the epilogue
+  ActivationSpec act_, post_;
+  bool has_z_ = false;
   bool has_bias_ = false;
   int z_index_ = -1;
 };

@@ -2,7 +2,9 @@
 // batch (a linear layer's weight) is one tall GEMM over all of A's rows; otherwise the batch
 // dims broadcast as numpy does. A constant B is reordered once in prepare into the layout
 // oneDNN picks; Gemm's transposed operands are read in place through strides; the fused
-// epilogue (bias, activation, residual Z) runs as bias and post-ops.
+// epilogue (bias, activation, residual Z) runs as bias and post-ops (the residual as a sum
+// post-op over a copy of Z in the destination).
+#include <cstring>
 #include <unordered_map>
 
 #include "runtime/onednn/onednn.h"
@@ -101,7 +103,7 @@ class MatMulKernel final : public Kernel {
       } else if (z_md) {
         dnnl::post_ops ops;
         z_index_ = 0;
-        ops.append_binary(dnnl::algorithm::binary_add, *z_md);
+        ops.append_sum(1.f);  // C, copied into the destination before executing
         attr.set_post_ops(ops);
       }
       dnnl::matmul::desc desc(src, w, bias, dst);
@@ -116,7 +118,6 @@ class MatMulKernel final : public Kernel {
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);
       if (has_bias_) bias_ = memory(bias, cpu_engine(), nullptr);
-      if (z_md) z_ = memory(*z_md, cpu_engine(), nullptr);
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
       needs.workspace_bytes = pd.scratchpad_desc().get_size();
       return {};
@@ -134,8 +135,9 @@ class MatMulKernel final : public Kernel {
         args.emplace(DNNL_ARG_BIAS, bias_);
       }
       if (z_index_ >= 0) {
-        z_.set_data_handle(const_cast<void*>(ctx.input(z_input_).raw()));
-        args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(z_index_) | DNNL_ARG_SRC_1, z_);
+        // The residual, added by the sum post-op.
+        const Tensor& z = ctx.input(z_input_);
+        std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
       }
       std::span<std::byte> ws = ctx.workspace();
       if (!ws.empty()) {
@@ -150,7 +152,7 @@ class MatMulKernel final : public Kernel {
 
  private:
   dnnl::matmul prim_;
-  memory weights_, src_, dst_, bias_, z_, scratch_;
+  memory weights_, src_, dst_, bias_, scratch_;
   bool has_bias_ = false, const_b_ = false;
   int z_index_ = -1;
   size_t z_input_ = 0;

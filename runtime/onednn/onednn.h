@@ -28,9 +28,9 @@ dnnl::memory::desc transposed(const std::vector<int64_t>& dims);
 /// Appends the oneDNN post-ops for an activation: false when oneDNN has none for it.
 bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act);
 
-/// The fused ops' epilogue as post-ops: activation, residual add of `z` (when given), post
-/// activation. Sets `z_index` to the post-op index of the residual (its argument is
-/// DNNL_ARG_ATTR_MULTIPLE_POST_OP(z_index) | DNNL_ARG_SRC_1), -1 without one.
+/// The fused ops' epilogue as post-ops: activation, residual add (a sum post-op when `z` is
+/// given: the caller copies Z into the destination before executing), post activation. Sets
+/// `z_index` to the residual's post-op index, -1 without one.
 Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const dnnl::memory::desc* z, int& z_index);
 
 /// The reason a node's tensors cannot go to oneDNN, if any: every input and output present

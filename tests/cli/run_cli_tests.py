@@ -19,7 +19,7 @@ from checks import Checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
-ONE_LINE = re.compile(r"^kiln (export|run|inspect): error: .+$")
+ONE_LINE = re.compile(r"^kiln (export|compile|run|inspect): error: .+$")
 
 
 class Runner(Checks):
@@ -84,6 +84,89 @@ def external_model(work, location):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
+          "fuse_rms_norm", "fuse_gelu", "fuse_attention", "fuse_epilogues", "eliminate_dead", "select_kernels")
+
+
+def compile_tests(r, work, samples):
+    """kiln compile on every sample: the compiled model gives the outputs the exported one gave
+    on the same inputs; then the pass flags and the user errors."""
+    for name in ("mlp", "cnn", "transformer"):
+        r.ok(f"compile_{name}", ["compile", name + ".kiln", "-o", name + ".c.kiln"])
+        r.ok(f"compile_{name}_same_outputs",
+             ["run", name + ".c.kiln", "--inputs", os.path.join(samples, name + ".inputs.npz"), "--output-dir",
+              name + ".c.out", "--check-against", name + ".out", "--atol", "1e-5", "--rtol", "1e-4"])
+        text = r.ok(f"compile_{name}_inspect", ["inspect", name + ".c.kiln"], stdout_has="stage: compiled")
+        r.check(f"compile_{name}_provenance", f"kiln compile 0.1.0 from {name}.kiln" in text, text[:400])
+    # What the passes did to the samples: the CNN's BatchNormalizations are folded into its
+    # convolutions and their Relus fused; the MLP's MatMul + Add (+ Relu) are fused linear layers.
+    cnn_ops = r.ok("compile_cnn_ops", ["inspect", "--json", "cnn.c.kiln"])
+    mlp_ops = r.ok("compile_mlp_ops", ["inspect", "--json", "mlp.c.kiln"])
+    try:
+        cnn_hist, mlp_hist = json.loads(cnn_ops)["ops"], json.loads(mlp_ops)["ops"]
+        good = "BatchNormalization" not in cnn_hist and "Relu" not in cnn_hist and cnn_hist.get("FusedConv", 0) > 0
+        good = good and "MatMul" not in mlp_hist and "Gemm" not in mlp_hist and mlp_hist.get("FusedMatMul") == 3
+    except (ValueError, KeyError, AttributeError) as e:
+        good, cnn_hist = False, f"{cnn_ops[:200]} ({e})"
+    r.check("compile_rewrites_samples", good, f"cnn ops {cnn_hist}, mlp ops {mlp_ops[:300]}")
+
+    # --input-shape binds the batch; the compiled model takes that shape.
+    r.ok("compile_input_shape", ["compile", "mlp.kiln", "-o", "mlp4.kiln", "--input-shape", "input=4x16"])
+    r.ok("compile_input_shape_inspect", ["inspect", "mlp4.kiln"], stdout_has="input  input: f32 4x16")
+    r.ok("compile_input_shape_run", ["run", "mlp4.kiln", "--seed", "1"], stdout_has="logits: f32 4x10")
+    # Through stdin and stdout.
+    with open(os.path.join(work, "cnn.kiln"), "rb") as f:
+        piped = subprocess.run([r.kiln, "compile", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
+    r.ok("compile_stdout", ["inspect", "-"], stdout_has="stage: compiled", stdin=piped)
+
+    # --list-passes: the table, no model needed.
+    rc, out, err = r.run(["compile", "--list-passes"])
+    rows = [l.split()[0] for l in out.splitlines() if l.strip()]
+    r.check("compile_list_passes", rc == 0 and tuple(rows) == PASSES, f"exit {rc}; stdout {out[:400]!r}")
+    # --time-passes: a row per pass, with its time and what it did.
+    rc, out, err = r.run(["compile", "cnn.kiln", "-o", "timed.kiln", "--time-passes"])
+    lines = err.splitlines()
+    rows = {l.split()[0]: l for l in lines[1:] if l.strip()}
+    good = rc == 0 and lines and lines[0].split() == ["pass", "time", "ms", "result"] and all(p in rows for p in PASSES)
+    good = good and rows.get("fold_batchnorm", "").endswith("folded 3 BatchNormalization into Conv")
+    good = good and rows.get("fuse_linear_bias", "").endswith("no change") and "total" in rows
+    r.check("compile_time_passes", good, f"exit {rc}; stderr {err[:600]!r}")
+    # --print-after all: each pass, dumped when it changed the model, "no change" otherwise.
+    rc, out, err = r.run(["compile", "mlp.kiln", "-o", "printed.kiln", "--print-after", "all"])
+    heads = [l for l in err.splitlines() if l.startswith("# after ")]
+    good = rc == 0 and [h.split()[2].rstrip(":") for h in heads] == list(PASSES)
+    good = good and "# after fuse_linear_bias" in heads and "# after cse: no change" in heads
+    good = good and "Gemm(/relu/Relu_output_0, onnx::MatMul_102, fc2.bias)" in err.split("# after fuse_linear_bias\n", 1)[-1]
+    r.check("compile_print_after_all", good, f"exit {rc}; headings {heads}; stderr {err[:300]!r}")
+    rc, out, err = r.run(["compile", "cnn.kiln", "-o", "printed.kiln", "--passes", "cse,fold_batchnorm",
+                          "--print-after", "fold_batchnorm", "-v"])
+    good = rc == 0 and err.count("# after ") == 1 and "# after fold_batchnorm\nmodel stage=exported" in err
+    good = good and "kiln compile: cse: no change" in err and "kiln compile: fold_batchnorm: folded 3" in err
+    good = good and "fold_constants" not in err
+    r.check("compile_passes_and_print_after", good, f"exit {rc}; stderr {err[:600]!r}")
+
+    # User errors: one line, exit 2, nothing written.
+    r.error("compile_unknown_pass", ["compile", "cnn.kiln", "-o", "bad.kiln", "--passes", "cse,frobnicate"], 2,
+            r"--passes: unknown pass 'frobnicate' \(known passes: specialize_shapes, fold_constants, .*\)$", no_file="bad.kiln")
+    r.error("compile_unknown_print_after", ["compile", "cnn.kiln", "-o", "bad.kiln", "--print-after", "nope"], 2,
+            r"--print-after: unknown pass 'nope'", no_file="bad.kiln")
+    r.error("compile_missing_file", ["compile", "missing.kiln", "-o", "bad.kiln"], 2, r"missing\.kiln: cannot open file",
+            no_file="bad.kiln")
+    r.error("compile_no_input", ["compile", "-o", "bad.kiln"], 2, r"no input model given", no_file="bad.kiln")
+    r.error("compile_no_output", ["compile", "cnn.kiln"], 2, r"no output given")
+    with open(os.path.join(work, "garbage.kiln"), "wb") as f:
+        f.write(b"not a kiln model at all")
+    r.error("compile_corrupt_model", ["compile", "garbage.kiln", "-o", "bad.kiln"], 2, r"garbage\.kiln: ", no_file="bad.kiln")
+    r.error("compile_unknown_input", ["compile", "mlp.kiln", "-o", "bad.kiln", "--input-shape", "nosuch=1x16"], 2,
+            r"mlp\.kiln: input 'nosuch': the model has no input of this name", no_file="bad.kiln")
+    r.error("compile_shape_does_not_fit", ["compile", "cnn.kiln", "-o", "bad.kiln", "--input-shape", "input=2x3x32x32"], 2,
+            r"input 'input': --input-shape 2x3x32x32 does not fit the input's shape 1x3x32x32", no_file="bad.kiln")
+    r.error("compile_symbolic_shape", ["compile", "mlp.kiln", "-o", "bad.kiln", "--input-shape", "input=nx16"], 2,
+            r"compile needs a number for every dim", no_file="bad.kiln")
+    r.error("compile_threads_zero", ["compile", "mlp.kiln", "-o", "bad.kiln", "--threads", "0"], 2, r"--threads",
+            no_file="bad.kiln")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--kiln", required=True)
@@ -103,7 +186,7 @@ def run_all(r, work):
     samples = os.path.join(ROOT, "samples")
     # --help and --version.
     r.golden("help", ["--help"])
-    for verb in ("export", "run", "inspect"):
+    for verb in ("export", "compile", "run", "inspect"):
         r.golden(f"help_{verb}", [verb, "--help"])
     r.ok("version", ["--version"], stdout_has="kiln ")
     r.ok("list_ops", ["export", "--list-ops"], stdout_has="Relu ")
@@ -119,6 +202,8 @@ def run_all(r, work):
                              "--output-dir", name + ".out", "--check-against",
                              os.path.join(samples, name + ".expected")])
         r.ok(f"run_random_{name}", ["run", name + ".kiln", "--seed", "3", "--output-dir", name + ".rand"])
+    compile_tests(r, work, samples)
+
     # Timing: a table on stderr, or JSON on stdout; --input-shape sizes random inputs.
     rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])
     r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err,

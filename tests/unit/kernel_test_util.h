@@ -69,7 +69,7 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
   EXPECT_TRUE(want.ok()) << want.error().message();
   if (!got.ok() || !want.ok()) return "";
   EXPECT_EQ((*got)[0].shape(), (*want)[0].shape());
-  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op;
+  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op << " " << graph_to_text(g);
   return (*fast)->kernels()[0].name;
 }
 

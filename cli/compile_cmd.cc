@@ -1,0 +1,161 @@
+// `kiln compile IN.kiln -o OUT.kiln`: run the pass pipeline (compile/) on a model.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/app.h"
+#include "compile/pipeline.h"
+#include "export/exporter.h"
+#include "formats/serialize.h"
+#include "formats/sha256.h"
+#include "formats/text.h"
+#include "runtime/threads.h"
+
+namespace kiln::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CompileArgs {
+  std::string input;
+  std::string output;
+  std::vector<std::string> input_shapes;
+  int threads = 0;  ///< 0: the machine's physical cores
+  std::string target = "host";
+  std::vector<std::string> passes;
+  std::vector<std::string> print_after;
+  bool time_passes = false;
+  bool list_passes = false;
+  bool verbose = false;
+};
+
+void print_pass_table() {
+  size_t width = 0;
+  for (const PassInfo& p : all_passes()) width = std::max(width, p.name.size());
+  for (const PassInfo& p : all_passes())
+    std::cout << p.name << std::string(width - p.name.size() + 2, ' ') << p.summary << "\n";
+}
+
+std::string result_text(const PassRecord& rec) {
+  if (rec.result.changed) return rec.result.summary;
+  return rec.result.summary.empty() ? "no change" : rec.result.summary;
+}
+
+void print_times(const CompileReport& report) {
+  size_t width = 5;
+  for (const PassRecord& r : report.passes) width = std::max(width, r.name.size());
+  char ms[32];
+  double total = 0;
+  std::cerr << "pass" << std::string(width - 4 + 2, ' ') << "   time ms  result\n";
+  for (const PassRecord& r : report.passes) {
+    std::snprintf(ms, sizeof ms, "%10.3f", r.ms);
+    std::cerr << r.name << std::string(width - r.name.size() + 2, ' ') << ms << "  " << result_text(r) << "\n";
+    total += r.ms;
+  }
+  std::snprintf(ms, sizeof ms, "%10.3f", total);
+  std::cerr << "total" << std::string(width - 5 + 2, ' ') << ms << "\n";
+}
+
+int run_compile(const CompileArgs& args, const std::string& cmdline) {
+  const std::string verb = "compile";
+  if (args.list_passes) {
+    print_pass_table();
+    return 0;
+  }
+  if (args.input.empty()) return report(verb, user_error("", "no input model given (kiln compile IN.kiln -o OUT.kiln)"));
+  if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln, or -o - for stdout)"));
+  CompileOptions options;
+  options.passes = args.passes;
+  options.print_after.insert(args.print_after.begin(), args.print_after.end());
+  options.command_line = cmdline;
+  options.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  std::optional<CpuFeatures> cpu = CpuFeatures::named(args.target);
+  if (!cpu)
+    return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni"));
+  options.target.cpu = *cpu;
+  // Unknown pass names are reported before the model is read.
+  if (Status s = check_pass_names(options); !s.ok()) return report(verb, s);
+  for (const std::string& spec : args.input_shapes) {
+    size_t eq = spec.rfind('=');
+    if (eq == std::string::npos || eq == 0)
+      return report(verb, user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. input=1x3x224x224)"));
+    auto shape = parse_shape(spec.substr(eq + 1));
+    if (!shape.ok()) return report(verb, user_error("", "--input-shape '" + spec + "': " + shape.error().what));
+    options.input_shapes[spec.substr(0, eq)] = *shape;
+  }
+
+  // The file's bytes are read once: hashed for the provenance, then decoded (the constants
+  // view a copy of them, so the bytes read are freed before the passes run).
+  const std::string display = args.input == "-" ? "<stdin>" : args.input;
+  Result<Model> model = Error{};
+  {
+    auto bytes = read_input(args.input);
+    if (!bytes.ok()) return report(verb, bytes.error());
+    std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
+    options.input_sha256 = sha256_hex(raw);
+    options.input_file = args.input == "-" ? display : fs::path(args.input).filename().string();
+    model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+  }
+  if (!model.ok()) return report(verb, model.error());
+
+  const std::set<std::string>& print_after = options.print_after;
+  const bool print_all = print_after.count("all") > 0;
+  options.after_pass = [&](const PassRecord& rec) {
+    if (print_all || print_after.count(rec.name)) {
+      if (rec.has_text) std::cerr << "# after " << rec.name << "\n" << rec.text_after;
+      else std::cerr << "# after " << rec.name << ": no change\n";
+    }
+    if (args.verbose) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.3f", rec.ms);
+      std::cerr << "kiln compile: " << rec.name << ": " << result_text(rec) << " (" << ms << " ms)\n";
+    }
+  };
+  if (args.verbose) {
+    const Target& t = options.target;
+    std::cerr << "kiln compile: target " << t.device << " (" << t.cpu.str() << "), " << t.threads
+              << (t.threads == 1 ? " thread" : " threads") << "\n";
+  }
+  auto compiled = compile_model(*model, options);
+  if (!compiled.ok()) return report(verb, with_file(compiled.status(), display));
+  if (args.time_passes) print_times(*compiled);
+
+  if (args.output == "-") {
+    auto bytes = serialize_model(*model);
+    if (!bytes.ok()) return report(verb, bytes.error());
+    return report(verb, write_output("-", std::string(bytes->begin(), bytes->end())));
+  }
+  return report(verb, save_model(*model, args.output));
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdline) {
+  auto args = std::make_shared<CompileArgs>();
+  CLI::App* cmd = app.add_subcommand("compile", "Optimize a .kiln model with the pass pipeline");
+  cmd->add_option("input", args->input, ".kiln model (- for stdin)");
+  cmd->add_option("-o,--output", args->output, "output .kiln file (- for stdout)");
+  cmd->add_option("--input-shape", args->input_shapes,
+                  "NAME=SHAPE with a number for every dim, e.g. input=1x3x224x224 (repeatable); binds the input's symbolic dims everywhere");
+  cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the machine's physical cores)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--target", args->target,
+                  "the CPU to compile for: host (this one), avx2, avx512 or avx512-vnni; the model then refuses CPUs without the features its kernels use")
+      ->type_name("CPU")
+      ->default_str("host");
+  cmd->add_option("--passes", args->passes, "run only these passes, in this order (comma-separated; see --list-passes)")
+      ->delimiter(',');
+  cmd->add_option("--print-after", args->print_after, "print the model's text form on stderr after this pass, or after every pass with 'all' (repeatable)")
+      ->type_name("PASS|all")
+      ->delimiter(',');
+  cmd->add_flag("--time-passes", args->time_passes, "print each pass's time and what it changed on stderr");
+  cmd->add_flag("--list-passes", args->list_passes, "print the passes in pipeline order with a line on each, then exit");
+  add_max_memory_option(cmd);
+  cmd->add_flag("-v,--verbose", args->verbose, "print the target and what each pass changed");
+  cmd->callback([args, &exit_code, cmdline] { exit_code = run_compile(*args, cmdline); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,25 @@
+// Small graph edits the passes share, on top of Graph's own editing API (formats/ir.h).
+#pragma once
+
+#include <vector>
+
+#include "formats/ir.h"
+
+namespace kiln {
+
+/// Removes the nodes marked in `drop` (one flag per node), keeping the others in order. Their
+/// output values stay; drop_unused_values removes the ones nothing refers to any more.
+void erase_nodes(Graph& graph, const std::vector<char>& drop);
+
+/// Removes values nothing refers to: not a graph input, output or capture, produced by no node,
+/// read by no node input and captured by no node. Renumbers the rest; returns how many went.
+size_t drop_unused_values(Graph& graph);
+
+/// How many places read each value: node inputs, nodes whose subgraphs capture it, and graph outputs
+/// (a graph output is a reader that no rewrite may take away).
+std::vector<size_t> reader_counts(const Graph& graph);
+
+/// A human plural: "1 node", "3 nodes".
+std::string count_of(size_t n, const char* singular, const char* plural);
+
+}  // namespace kiln

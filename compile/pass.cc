@@ -1,0 +1,51 @@
+// The pass table: the default pipeline, read top to bottom.
+#include "compile/pass.h"
+
+#include <array>
+
+namespace kiln {
+
+namespace {
+
+// Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
+// folding before CSE (folded constants that come out equal are merged), CSE before the weight
+// folds (they need each intermediate to have one reader); the exporter patterns become whole
+// ops before the epilogues fuse (GELU must be one node to become a matmul's activation); dead
+// code before kernel selection (every pass before it may leave unread values behind), which
+// plans the final graph.
+constexpr std::array kPasses = {
+    PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
+    PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
+             fold_constants},
+    PassInfo{"cse", "merge identical constants and nodes with the same op, attributes and inputs",
+             eliminate_common_subexpressions},
+    PassInfo{"fold_batchnorm", "fold BatchNormalization into the constant weights of the Conv, ConvTranspose, Gemm or MatMul before it",
+             fold_batchnorm},
+    PassInfo{"fuse_linear_bias", "MatMul of a 2-D input by a constant 2-D weight, then Add of a constant row bias -> Gemm",
+             fuse_linear_bias},
+    PassInfo{"fuse_layer_norm", "ReduceMean/Sub/Pow/Sqrt/Div (+ scale, bias) over the last axis -> LayerNormalization",
+             fuse_layer_norm_pass},
+    PassInfo{"fuse_rms_norm", "Pow/ReduceMean/Add/Sqrt/reciprocal/Mul (+ scale) over the last axis -> RMSNormalization",
+             fuse_rms_norm_pass},
+    PassInfo{"fuse_gelu", "x * 0.5 * (1 + erf(x / sqrt 2)) and its tanh approximation -> Gelu", fuse_gelu_pass},
+    PassInfo{"fuse_attention", "MatMul(Q, K^T), scale, mask, Softmax, MatMul(., V) on 4-D heads -> Attention (grouped-query K/V unrepeated)",
+             fuse_attention_pass},
+    PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",
+             fuse_epilogues_pass},
+    PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
+             eliminate_dead},
+    PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",
+             select_kernels},
+};
+
+}  // namespace
+
+std::span<const PassInfo> all_passes() { return kPasses; }
+
+const PassInfo* find_pass(std::string_view name) {
+  for (const PassInfo& p : kPasses)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace kiln

@@ -1,0 +1,155 @@
+// fold_constants: nodes whose inputs are all constants are run once, now, on the reference
+// kernels, and their outputs become constants; so do outputs whose data shape inference already
+// computed (Shape -> Gather -> Concat chains on concrete shapes), even when their inputs are not
+// constants.
+//
+// What is never folded:
+// - ops outside the core set (no reference kernel, and nothing says they are pure);
+// - nodes holding subgraphs (If/Loop/Scan): running one is not a fold of its inputs alone;
+// - results past the size cap below.
+// kiln's core op set has no random or stateful ops (export refuses RandomNormal, Bernoulli, …),
+// so every core op is a pure function of its inputs; an op added later that is not must get an
+// OpTraits flag that this pass and cse check.
+#include <algorithm>
+
+#include "compile/graph_util.h"
+#include "compile/pass.h"
+#include "formats/infer.h"
+#include "runtime/session.h"
+
+namespace kiln {
+
+namespace {
+
+// The size cap. A folded value is stored in the model file, so folding must not blow the file
+// up: no output over 64 MiB, and no output over 1 MiB that is larger than the node's inputs
+// together (Expand, Tile, ConstantOfShape turning a few bytes into a big tensor, which is better
+// computed at run time than stored).
+constexpr size_t kMaxFoldedBytes = size_t{64} << 20;
+constexpr size_t kMaxGrowthBytes = size_t{1} << 20;
+
+bool too_big(size_t out_bytes, size_t in_bytes) {
+  return out_bytes > kMaxFoldedBytes || (out_bytes > kMaxGrowthBytes && out_bytes > in_bytes);
+}
+
+bool has_subgraph(const Node& n) {
+  return std::any_of(n.attrs.begin(), n.attrs.end(),
+                     [](const Attribute& a) { return std::holds_alternative<std::shared_ptr<Graph>>(a.value); });
+}
+
+// Bytes of the node's outputs from their inferred shapes, or nullopt when one is not concrete.
+std::optional<size_t> output_bytes(const Graph& g, const Node& n) {
+  size_t total = 0;
+  for (ValueId o : n.outputs) {
+    if (o < 0) continue;
+    const Value& v = g.value(o);
+    if (!v.shape.is_concrete()) return std::nullopt;
+    const int64_t numel = shape_numel(v.shape.concrete());
+    if (numel < 0) return std::nullopt;
+    total += static_cast<size_t>(numel) * dtype_size(v.dtype);
+  }
+  return total;
+}
+
+// Runs one node on the reference kernels with its constant inputs: a one-node model whose
+// inputs are those constants and whose outputs are the node's.
+Result<std::vector<Tensor>> evaluate(const Graph& g, const Node& n) {
+  Model one;
+  Graph& sub = one.graph;
+  Node copy = n;
+  for (ValueId& in : copy.inputs) {
+    if (in < 0) continue;
+    const Value& v = g.value(in);
+    ValueId local = sub.find_value(v.name);
+    in = local != kNoValue ? local : sub.add_constant(v.name, v.constant);
+  }
+  for (ValueId& out : copy.outputs) {
+    if (out < 0) continue;
+    // Shapes are left to the session's inference: the stored ones may still be symbolic.
+    out = sub.add_value(g.value(out).name, g.value(out).dtype, Shape::unknown_rank());
+    sub.outputs.push_back(out);
+  }
+  copy.kernel = {};
+  sub.add_node(std::move(copy));
+  SessionOptions options;
+  options.reference = true;
+  KILN_ASSIGN_OR_RETURN(auto session, Session::create(one, options));
+  return session->run(std::vector<Tensor>{});
+}
+
+}  // namespace
+
+Result<PassResult> fold_constants(Model& model, PassContext&) {
+  Graph& g = model.graph;
+  // Shape arithmetic: inference records the data it can compute. It runs on a copy (tensors
+  // are shared, not copied), so that a pass that folds nothing leaves the model as it was;
+  // the copy's shapes, at least as precise as the stored ones, size the results.
+  Graph probe = g;
+  KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(probe));
+  std::vector<char> folded(g.nodes.size(), 0);
+  size_t by_kernel = 0, by_inference = 0, capped = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const bool any_output = std::any_of(n.outputs.begin(), n.outputs.end(), [](ValueId o) { return o >= 0; });
+    if (!n.domain.empty() || has_subgraph(n) || !any_output) continue;
+    bool inferred = true, constant_inputs = true;
+    size_t in_bytes = 0;
+    for (ValueId o : n.outputs)
+      if (o >= 0) inferred = inferred && static_cast<size_t>(o) < known.size() && known[static_cast<size_t>(o)].defined();
+    for (ValueId in : n.inputs) {
+      if (in < 0) continue;
+      constant_inputs = constant_inputs && g.value(in).is_constant();
+      if (g.value(in).is_constant()) in_bytes += g.value(in).constant.nbytes();
+    }
+    if (!inferred && !constant_inputs) continue;
+    std::optional<size_t> out_bytes = output_bytes(probe, n);
+    if (out_bytes && too_big(*out_bytes, in_bytes)) {
+      ++capped;
+      continue;
+    }
+    std::vector<Tensor> results;
+    if (inferred) {
+      for (ValueId o : n.outputs) results.push_back(o >= 0 ? known[static_cast<size_t>(o)] : Tensor());
+    } else {
+      Result<std::vector<Tensor>> r = evaluate(g, n);
+      // A node whose kernel refuses its constants (data a kernel checks beyond what inference
+      // checked) is left for run time to report in its own words.
+      if (!r.ok() && r.error().kind == ErrorKind::user) continue;
+      if (!r.ok()) return r.error();
+      size_t k = 0, total = 0;
+      for (ValueId o : n.outputs) {
+        if (o < 0) {
+          results.emplace_back();
+          continue;
+        }
+        total += (*r)[k].nbytes();
+        results.push_back((*r)[k++]);
+      }
+      if (too_big(total, in_bytes)) {  // shapes the stored ones did not tell
+        ++capped;
+        continue;
+      }
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k] < 0) continue;
+      Value& v = g.value(n.outputs[k]);
+      if (results[k].dtype() != v.dtype)
+        return internal_error(n.where(), "folding gave " + std::string(dtype_name(results[k].dtype())) + " for '" + v.name +
+                                             "', declared " + std::string(dtype_name(v.dtype)));
+      v.shape = Shape::of(results[k].shape());
+      v.constant = results[k];
+    }
+    folded[i] = 1;
+    (inferred ? by_inference : by_kernel) += 1;
+  }
+  const size_t count = by_kernel + by_inference;
+  if (count == 0) return PassResult{false, capped ? "no change (" + count_of(capped, "node", "nodes") + " over the size cap)" : ""};
+  erase_nodes(g, folded);
+  const size_t dropped = drop_unused_values(g);
+  std::string summary = "folded " + count_of(count, "node", "nodes") + " (" + std::to_string(by_inference) +
+                        " from shape inference), dropped " + count_of(dropped, "unused value", "unused values");
+  if (capped) summary += "; " + count_of(capped, "node", "nodes") + " over the size cap kept";
+  return PassResult{true, summary};
+}
+
+}  // namespace kiln

@@ -1,0 +1,59 @@
+// `kiln compile`'s driver: runs the chosen passes in order, verifies the graph after each,
+// times them, and records the compile in the model's provenance.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compile/pass.h"
+#include "formats/ir.h"
+#include "runtime/target.h"
+
+namespace kiln {
+
+/// What one pass did.
+struct PassRecord {
+  std::string name;
+  PassResult result;
+  double ms = 0;          ///< wall time of the pass, verification excluded
+  bool has_text = false;  ///< text_after was captured (the pass is in print_after and changed the model)
+  std::string text_after;
+};
+
+struct CompileOptions {
+  /// Pass names to run, in this order; empty runs all_passes() in table order.
+  std::vector<std::string> passes;
+  /// --input-shape NAME=1x3x224x224 (specialize_shapes).
+  std::map<std::string, Shape> input_shapes;
+  /// The machine compiled for (--threads sets its thread count, which kernel choice will size
+  /// its candidates by; no pass reads it yet).
+  Target target;
+  /// Passes after which to capture the model's text form (PassRecord::text_after); "all" for every pass.
+  std::set<std::string> print_after;
+  /// Called after each pass with its record (the CLI prints --print-after dumps as they come,
+  /// so that the passes before a failing one still show). May be empty.
+  std::function<void(const PassRecord&)> after_pass;
+
+  // The provenance entry the compile appends.
+  std::string command_line;  ///< the whole command line
+  std::string input_file;    ///< file name of the input model (no folders)
+  std::string input_sha256;  ///< hex SHA-256 of the input file
+};
+
+struct CompileReport {
+  std::vector<PassRecord> passes;
+};
+
+/// Checks the pass names (an unknown one is a user error listing the known passes) and whether
+/// every name in print_after is a known pass or "all".
+Status check_pass_names(const CompileOptions& options);
+
+/// Runs the passes on `model` and marks it compiled. After each pass the graph is verified
+/// (formats/verify.h); a pass that leaves an invalid graph is an internal error naming the
+/// pass. On error the model may be half-rewritten: callers write nothing.
+Result<CompileReport> compile_model(Model& model, const CompileOptions& options);
+
+}  // namespace kiln

@@ -1,0 +1,724 @@
+// The compile passes (compile/passes/) and the pipeline. Every pass gets three kinds of test:
+// a golden text test (a small graph, the pass, the expected text form), a before/after test
+// (the graph run on the reference kernels before and after the pass, on random inputs, gives
+// the same outputs: within relative L2 1e-5 for the folding passes, exactly for the others),
+// and the cases the pass must leave alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "compile/pass.h"
+#include "compile/pipeline.h"
+#include "formats/infer.h"
+#include "formats/text.h"
+#include "formats/verify.h"
+#include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::make;
+
+// ---- building graphs --------------------------------------------------------------------
+
+/// A small model under construction: inputs, constants and nodes by name.
+class Builder {
+ public:
+  ValueId input(const std::string& name, Shape shape, DType dtype = DType::f32) {
+    ValueId v = g().add_value(name, dtype, std::move(shape));
+    g().inputs.push_back(v);
+    return v;
+  }
+  ValueId input(const std::string& name, std::vector<int64_t> shape) { return input(name, Shape::of(shape)); }
+  ValueId constant(const std::string& name, Tensor t) { return g().add_constant(name, std::move(t)); }
+  /// Adds a node with one output named `out`; returns the output.
+  ValueId op(const std::string& name, const std::string& op, std::vector<ValueId> in, const std::string& out,
+             std::vector<Attribute> attrs = {}) {
+    ValueId o = g().add_value(out, DType::undefined);
+    Node n = testing::node(name, op, std::move(in), {o});
+    for (Attribute& a : attrs) n.set_attr(a.name, std::move(a.value));
+    n.sources = {name};
+    g().add_node(std::move(n));
+    return o;
+  }
+  void output(ValueId v) { g().outputs.push_back(v); }
+  /// The model with every type and shape inferred; the test fails if it does not verify.
+  Model done() {
+    auto r = infer_graph(g());
+    EXPECT_TRUE(r.ok()) << r.error().message();
+    Status v = verify_model(m_);
+    EXPECT_TRUE(v.ok()) << v.error().message();
+    return m_;
+  }
+  Graph& g() { return m_.graph; }
+
+ private:
+  Model m_;
+};
+
+Shape sym_shape(std::vector<Dim> dims) { return Shape(std::move(dims)); }
+
+/// Uniform random f32 in [lo, hi): never all zeros, odd sizes welcome.
+Tensor random_f32(std::vector<int64_t> shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t(DType::f32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+// ---- running passes and comparing ----------------------------------------------------------
+
+/// Runs one pass by its table name; the model must still verify afterwards.
+PassResult run_pass(const std::string& name, Model& m, std::map<std::string, Shape> shapes = {}) {
+  const PassInfo* pass = find_pass(name);
+  EXPECT_NE(pass, nullptr) << name;
+  if (!pass) return {};
+  Target target;
+  PassContext ctx{target, std::move(shapes)};
+  Result<PassResult> r = pass->run(m, ctx);
+  EXPECT_TRUE(r.ok()) << r.error().message();
+  if (!r.ok()) return {};
+  Status v = verify_model(m);
+  EXPECT_TRUE(v.ok()) << name << " left an invalid graph: " << v.error().message();
+  return *r;
+}
+
+/// The graph's text form with constants shown by name, dtype and shape only: folded weights'
+/// bytes are checked numerically, not by their CRC.
+std::string compact(const Graph& g) {
+  std::istringstream in(graph_to_text(g));
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (size_t crc = line.find(" crc32="); line.rfind("  const ", 0) == 0 && crc != std::string::npos) line.resize(crc);
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::vector<Tensor> run_reference(const Model& m, const std::vector<Tensor>& inputs) {
+  SessionOptions options;
+  options.reference = true;
+  auto s = Session::create(m, options);
+  EXPECT_TRUE(s.ok()) << s.error().message();
+  if (!s.ok()) return {};
+  auto r = (*s)->run(inputs);
+  EXPECT_TRUE(r.ok()) << r.error().message();
+  return r.ok() ? *r : std::vector<Tensor>{};
+}
+
+double relative_l2(const Tensor& got, const Tensor& want) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.as_double(i) - want.as_double(i);
+    num += d * d;
+    den += want.as_double(i) * want.as_double(i);
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+/// Runs `before` and `after` on the same inputs; tol 0 asks for bit-equal outputs.
+void expect_same_outputs(const Model& before, const Model& after, const std::vector<Tensor>& inputs, double tol) {
+  std::vector<Tensor> want = run_reference(before, inputs), got = run_reference(after, inputs);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].dtype(), want[i].dtype()) << "output " << i;
+    ASSERT_EQ(got[i].shape(), want[i].shape()) << "output " << i;
+    if (tol == 0) {
+      EXPECT_EQ(std::memcmp(got[i].raw(), want[i].raw(), want[i].nbytes()), 0) << "output " << i << " differs";
+    } else {
+      EXPECT_LE(relative_l2(got[i], want[i]), tol) << "output " << i;
+    }
+  }
+}
+
+size_t count_ops(const Graph& g, const std::string& op) {
+  return static_cast<size_t>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const Node& n) { return n.op == op; }));
+}
+
+// ---- the pass table ---------------------------------------------------------------------
+
+TEST(CompilePassTable, NamesAreUniqueAndFound) {
+  std::set<std::string_view> names;
+  for (const PassInfo& p : all_passes()) {
+    EXPECT_TRUE(names.insert(p.name).second) << p.name;
+    EXPECT_FALSE(p.summary.empty()) << p.name;
+    EXPECT_EQ(find_pass(p.name), &p);
+  }
+  EXPECT_EQ(names.size(), 12u);
+  EXPECT_EQ(find_pass("no_such_pass"), nullptr);
+}
+
+// ---- specialize_shapes -------------------------------------------------------------------
+
+// x and y share `batch`; fixing x's shape fixes y's and everything computed from them.
+Model shared_batch_model() {
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::known(4)}));
+  ValueId y = b.input("y", sym_shape({Dim::sym("batch"), Dim::known(4)}));
+  ValueId s = b.op("add", "Add", {x, y}, "s");
+  b.output(b.op("relu", "Relu", {s}, "out"));
+  return b.done();
+}
+
+TEST(CompileSpecializeShapes, BindsASymbolEverywhere) {
+  Model m = shared_batch_model();
+  PassResult r = run_pass("specialize_shapes", m, {{"x", Shape::of(std::vector<int64_t>{3, 4})}});
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "fixed 1 input (batch=3); 4 of 4 values have concrete shapes (0 before)");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[3,4]\n"
+            "  input y: f32[3,4]\n"
+            "  value s: f32[3,4]\n"
+            "  value out: f32[3,4]\n"
+            "  node add: Add(x, y) -> (s) sources=[\"add\"]\n"
+            "  node relu: Relu(s) -> (out) sources=[\"relu\"]\n"
+            "  output out\n");
+}
+
+TEST(CompileSpecializeShapes, SameOutputs) {
+  Model before = shared_batch_model();
+  Model after = before;
+  run_pass("specialize_shapes", after, {{"y", Shape::of(std::vector<int64_t>{3, 4})}});
+  expect_same_outputs(before, after, {random_f32({3, 4}, 1), random_f32({3, 4}, 2)}, 0);
+}
+
+TEST(CompileSpecializeShapes, NothingToDoWithoutShapes) {
+  Model m = shared_batch_model();
+  const std::string text = compact(m.graph);
+  EXPECT_FALSE(run_pass("specialize_shapes", m).changed);
+  EXPECT_EQ(compact(m.graph), text);
+}
+
+TEST(CompileSpecializeShapes, RefusesConflictsAndUnknownInputs) {
+  auto refuse = [](std::map<std::string, Shape> shapes, const std::string& fragment) {
+    Model m = shared_batch_model();
+    Target target;
+    PassContext ctx{target, std::move(shapes)};
+    Result<PassResult> r = specialize_shapes(m, ctx);
+    ASSERT_FALSE(r.ok()) << fragment;
+    EXPECT_EQ(r.error().kind, ErrorKind::user);
+    EXPECT_NE(r.error().message().find(fragment), std::string::npos) << r.error().message();
+  };
+  const auto shape = [](std::vector<int64_t> d) { return Shape::of(d); };
+  refuse({{"x", shape({2, 4})}, {"y", shape({3, 4})}}, "binds 'batch' to 3 but input 'x' binds it to 2");
+  refuse({{"nosuch", shape({2, 4})}}, "input 'nosuch': the model has no input of this name");
+  refuse({{"s", shape({2, 4})}}, "input 's': the model has no input of this name");
+  refuse({{"x", shape({2, 5})}}, "does not fit the input's shape batchx4");
+  refuse({{"x", shape({2, 4, 1})}}, "has rank 3 but the input is batchx4");
+  refuse({{"x", sym_shape({Dim::sym("n"), Dim::known(4)})}}, "compile needs a number for every dim");
+}
+
+// ---- fold_constants ----------------------------------------------------------------------
+
+// out = Reshape(x * (exp(c1) + c2), Shape(x)): Exp and then Add fold by running them (Add's
+// input is folded just before it), Shape(x) from inference.
+Model foldable_model() {
+  Builder b;
+  ValueId x = b.input("x", {2, 3});
+  ValueId c1 = b.constant("c1", random_f32({2, 3}, 3));
+  ValueId c2 = b.constant("c2", random_f32({3}, 4));
+  ValueId t = b.op("add", "Add", {b.op("exp", "Exp", {c1}, "e"), c2}, "t");
+  ValueId y = b.op("mul", "Mul", {x, t}, "y");
+  ValueId s = b.op("shape", "Shape", {x}, "s");
+  b.output(b.op("reshape", "Reshape", {y, s}, "out"));
+  return b.done();
+}
+
+TEST(CompileFoldConstants, FoldsConstantNodesAndShapeArithmetic) {
+  Model m = foldable_model();
+  PassResult r = run_pass("fold_constants", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "folded 3 nodes (1 from shape inference), dropped 3 unused values");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[2,3]\n"
+            "  const t: f32[2,3]\n"
+            "  value y: f32[2,3]\n"
+            "  const s: i64[2]\n"
+            "  value out: f32[2,3]\n"
+            "  node mul: Mul(x, t) -> (y) sources=[\"mul\"]\n"
+            "  node reshape: Reshape(y, s) -> (out) sources=[\"reshape\"]\n"
+            "  output out\n");
+  EXPECT_EQ(testing::values<int64_t>(m.graph.value(m.graph.find_value("s")).constant), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(CompileFoldConstants, SameOutputs) {
+  Model before = foldable_model();
+  Model after = before;
+  run_pass("fold_constants", after);
+  expect_same_outputs(before, after, {random_f32({2, 3}, 5)}, 1e-5);
+}
+
+TEST(CompileFoldConstants, FoldsChainsAndConstantGraphOutputs) {
+  Builder b;
+  ValueId x = b.input("x", {4});
+  ValueId c = b.constant("c", random_f32({4}, 6));
+  ValueId e = b.op("exp", "Exp", {c}, "e");
+  ValueId n = b.op("neg", "Neg", {e}, "n");  // reads a value folded just before it
+  b.output(b.op("sub", "Sub", {x, n}, "y"));
+  b.output(n);
+  Model before = b.done();
+  Model after = before;
+  EXPECT_EQ(run_pass("fold_constants", after).summary, "folded 2 nodes (0 from shape inference), dropped 2 unused values");
+  EXPECT_EQ(count_ops(after.graph, "Sub"), 1u);
+  EXPECT_EQ(after.graph.nodes.size(), 1u);
+  expect_same_outputs(before, after, {random_f32({4}, 7)}, 1e-5);
+}
+
+TEST(CompileFoldConstants, KeepsWhatMustNotFold) {
+  Builder b;
+  ValueId x = b.input("x", {2});
+  // Over the size cap: 2 MiB of f32 from a 16-byte shape (more than 1 MiB, and more than its input).
+  ValueId big = b.op("fill", "ConstantOfShape", {b.constant("shape", testing::ints({1024, 512}))}, "big");
+  // Reads a graph input.
+  ValueId r = b.op("relu", "Relu", {x}, "r");
+  // Not a core op: nothing says it is pure, and there is no kernel to run it.
+  ValueId c = b.constant("c", random_f32({2}, 8));
+  ValueId custom = b.g().add_value("custom_out", DType::f32, Shape::of(std::vector<int64_t>{2}));
+  Node n = testing::node("custom", "Frob", {c}, {custom});
+  n.domain = "com.example";
+  b.g().add_node(std::move(n));
+  b.output(big);
+  b.output(r);
+  b.output(custom);
+  Model m = b.done();
+  const std::string text = compact(m.graph);
+  PassResult res = run_pass("fold_constants", m);
+  EXPECT_FALSE(res.changed);
+  EXPECT_EQ(res.summary, "no change (1 node over the size cap)");
+  EXPECT_EQ(compact(m.graph), text);
+}
+
+TEST(CompileFoldConstants, FoldsSmallGrowthAndLargeShrinks) {
+  Builder b;
+  // 64 KiB from 16 bytes: under 1 MiB, folded; 2 MiB summed to 4 bytes: folded.
+  ValueId small = b.op("fill", "ConstantOfShape", {b.constant("shape", testing::ints({128, 128}))}, "small");
+  ValueId sum = b.op("sum", "ReduceSum", {b.constant("w", random_f32({1024, 512}, 8))}, "sum",
+                     {attr("keepdims", int64_t{0})});
+  b.output(small);
+  b.output(sum);
+  Model m = b.done();
+  EXPECT_EQ(run_pass("fold_constants", m).summary, "folded 2 nodes (0 from shape inference), dropped 2 unused values");
+  EXPECT_TRUE(m.graph.nodes.empty());
+}
+
+// ---- cse ---------------------------------------------------------------------------------
+
+// Two Relu(x), two equal constants each multiplied with x: after merging the constants the
+// two Muls are equal too.
+Model duplicated_model() {
+  Builder b;
+  ValueId x = b.input("x", {3, 5});
+  ValueId r1 = b.op("relu_a", "Relu", {x}, "r1");
+  ValueId r2 = b.op("relu_b", "Relu", {x}, "r2");
+  Tensor w = random_f32({5}, 9);
+  ValueId m1 = b.op("mul_a", "Mul", {x, b.constant("w1", w)}, "m1");
+  ValueId m2 = b.op("mul_b", "Mul", {x, b.constant("w2", w.clone())}, "m2");
+  ValueId s = b.op("add", "Add", {r1, r2}, "s");
+  b.output(b.op("sum", "Sum", {s, m1, m2}, "out"));
+  return b.done();
+}
+
+TEST(CompileCse, MergesEqualConstantsThenEqualNodes) {
+  Model m = duplicated_model();
+  PassResult r = run_pass("cse", m);
+  EXPECT_EQ(r.summary, "merged 2 duplicate nodes and 1 duplicate constant");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[3,5]\n"
+            "  value r1: f32[3,5]\n"
+            "  const w1: f32[5]\n"
+            "  value m1: f32[3,5]\n"
+            "  value s: f32[3,5]\n"
+            "  value out: f32[3,5]\n"
+            "  node relu_a: Relu(x) -> (r1) sources=[\"relu_a\", \"relu_b\"]\n"
+            "  node mul_a: Mul(x, w1) -> (m1) sources=[\"mul_a\", \"mul_b\"]\n"
+            "  node add: Add(r1, r1) -> (s) sources=[\"add\"]\n"
+            "  node sum: Sum(s, m1, m1) -> (out) sources=[\"sum\"]\n"
+            "  output out\n");
+}
+
+TEST(CompileCse, SameOutputs) {
+  Model before = duplicated_model();
+  Model after = before;
+  run_pass("cse", after);
+  expect_same_outputs(before, after, {random_f32({3, 5}, 10)}, 0);
+}
+
+TEST(CompileCse, KeepsNodesThatDiffer) {
+  Builder b;
+  ValueId x = b.input("x", {4});
+  // Different attributes; floats differing only in sign of zero; equal bytes of another dtype.
+  ValueId l1 = b.op("leaky_a", "LeakyRelu", {x}, "l1", {attr("alpha", 0.1)});
+  ValueId l2 = b.op("leaky_b", "LeakyRelu", {x}, "l2", {attr("alpha", 0.2)});
+  ValueId z1 = b.op("zero_a", "LeakyRelu", {x}, "z1", {attr("alpha", 0.0)});
+  ValueId z2 = b.op("zero_b", "LeakyRelu", {x}, "z2", {attr("alpha", -0.0)});
+  ValueId i1 = b.constant("i1", make<int32_t>({2}, {1, 2}));
+  ValueId f1 = b.constant("f1", make<float>({2}, {0, 0}));
+  std::memcpy(b.g().value(f1).constant.raw(), b.g().value(i1).constant.raw(), 8);
+  ValueId c1 = b.op("cast_i", "Cast", {i1}, "c1", {attr("to", std::string("f64"))});
+  ValueId c2 = b.op("cast_f", "Cast", {f1}, "c2", {attr("to", std::string("f64"))});
+  // Equal, but both are graph outputs: each name is part of the model's interface.
+  ValueId o1 = b.op("exp_a", "Exp", {x}, "o1");
+  ValueId o2 = b.op("exp_b", "Exp", {x}, "o2");
+  for (ValueId v : {l1, l2, z1, z2, c1, c2, o1, o2}) b.output(v);
+  Model m = b.done();
+  const std::string text = compact(m.graph);
+  EXPECT_FALSE(run_pass("cse", m).changed);
+  EXPECT_EQ(compact(m.graph), text);
+}
+
+TEST(CompileCse, NeverMergesNodesWithSubgraphs) {
+  Model m = testing::if_model();
+  Graph& g = m.graph;
+  // A second If with the very same branches (shared bodies) and condition.
+  Node twin = g.nodes[0];
+  twin.name = "if_twin";
+  ValueId y2 = g.add_value("y2", DType::undefined);
+  twin.outputs = {y2};
+  g.add_node(std::move(twin));
+  ValueId sum = g.add_value("sum", DType::undefined);
+  g.add_node(testing::node("add", "Add", {g.find_value("y"), y2}, {sum}));
+  g.outputs = {sum};
+  ASSERT_TRUE(infer_graph(g).ok());
+  EXPECT_FALSE(run_pass("cse", m).changed);
+  EXPECT_EQ(count_ops(m.graph, "If"), 2u);
+}
+
+// ---- fold_batchnorm ----------------------------------------------------------------------
+
+/// BatchNormalization parameters for `c` channels: random scale, bias and mean, positive var.
+std::vector<ValueId> bn_params(Builder& b, int64_t c, uint32_t seed) {
+  return {b.constant("gamma", random_f32({c}, seed)), b.constant("beta", random_f32({c}, seed + 1)),
+          b.constant("mean", random_f32({c}, seed + 2)), b.constant("var", random_f32({c}, seed + 3, 0.5f, 1.5f))};
+}
+
+ValueId batchnorm(Builder& b, ValueId x, int64_t c, uint32_t seed) {
+  std::vector<ValueId> in{x};
+  for (ValueId p : bn_params(b, c, seed)) in.push_back(p);
+  return b.op("bn", "BatchNormalization", in, "z", {attr("epsilon", 1e-3)});
+}
+
+// Conv (3 -> 4 channels, 3x3, bias optional) then BatchNormalization then Relu.
+Model conv_bn_model(bool bias) {
+  Builder b;
+  ValueId x = b.input("x", {2, 3, 5, 7});
+  std::vector<ValueId> in{x, b.constant("w", random_f32({4, 3, 3, 3}, 11))};
+  if (bias) in.push_back(b.constant("b", random_f32({4}, 12)));
+  ValueId y = b.op("conv", "Conv", in, "y", {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  b.output(b.op("relu", "Relu", {batchnorm(b, y, 4, 13)}, "out"));
+  return b.done();
+}
+
+TEST(CompileFoldBatchnorm, ConvTakesTheScaleAndBias) {
+  Model m = conv_bn_model(false);
+  PassResult r = run_pass("fold_batchnorm", m);
+  EXPECT_EQ(r.summary, "folded 1 BatchNormalization into Conv");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[2,3,5,7]\n"
+            "  value z: f32[2,4,5,7]\n"
+            "  value out: f32[2,4,5,7]\n"
+            "  const w_bn: f32[4,3,3,3]\n"
+            "  const conv.bias: f32[4]\n"
+            "  node conv: Conv(x, w_bn, conv.bias) -> (z) pads=ints[1, 1, 1, 1] sources=[\"conv\", \"bn\"]\n"
+            "  node relu: Relu(z) -> (out) sources=[\"relu\"]\n"
+            "  output out\n");
+}
+
+TEST(CompileFoldBatchnorm, SameOutputsForEveryProducer) {
+  const std::vector<Tensor> conv_in{random_f32({2, 3, 5, 7}, 20)};
+  for (bool bias : {false, true}) {
+    Model before = conv_bn_model(bias), after = before;
+    EXPECT_TRUE(run_pass("fold_batchnorm", after).changed);
+    EXPECT_EQ(count_ops(after.graph, "BatchNormalization"), 0u);
+    expect_same_outputs(before, after, conv_in, 1e-5);
+  }
+  {  // ConvTranspose with 2 groups: W [C_in 4, C_out/group 3, 3, 3], 6 output channels.
+    Builder b;
+    ValueId x = b.input("x", {1, 4, 5, 5});
+    ValueId y = b.op("deconv", "ConvTranspose", {x, b.constant("w", random_f32({4, 3, 3, 3}, 21)), b.constant("b", random_f32({6}, 22))},
+                     "y", {attr("group", int64_t{2}), attr("strides", std::vector<int64_t>{2, 2})});
+    b.output(batchnorm(b, y, 6, 23));
+    Model before = b.done(), after = before;
+    EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into ConvTranspose");
+    expect_same_outputs(before, after, {random_f32({1, 4, 5, 5}, 24)}, 1e-5);
+  }
+  // Gemm: B [N, K] with transB or [K, N] without; C absent, a row, or full [M, N]; alpha, beta.
+  struct GemmCase { bool trans_b; std::vector<int64_t> c_shape; };
+  for (const GemmCase& gc : {GemmCase{true, {6}}, GemmCase{false, {3, 6}}, GemmCase{false, {}}, GemmCase{true, {3, 1}}}) {
+    Builder b;
+    ValueId a = b.input("a", {3, 5});
+    std::vector<ValueId> in{a, b.constant("w", random_f32(gc.trans_b ? std::vector<int64_t>{6, 5} : std::vector<int64_t>{5, 6}, 25))};
+    if (!gc.c_shape.empty()) in.push_back(b.constant("c", random_f32(gc.c_shape, 26)));
+    ValueId y = b.op("gemm", "Gemm", in, "y",
+                     {attr("transB", int64_t{gc.trans_b}), attr("alpha", 0.5), attr("beta", 2.0)});
+    b.output(batchnorm(b, y, 6, 27));
+    Model before = b.done(), after = before;
+    EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into Gemm");
+    expect_same_outputs(before, after, {random_f32({3, 5}, 28)}, 1e-5);
+  }
+  {  // MatMul: becomes MatMul then Add of the folded bias.
+    Builder b;
+    ValueId a = b.input("a", {3, 5});
+    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", random_f32({5, 6}, 29))}, "y");
+    b.output(batchnorm(b, y, 6, 30));
+    Model before = b.done(), after = before;
+    EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into MatMul");
+    EXPECT_EQ(compact(after.graph),
+              "graph\n"
+              "  input a: f32[3,5]\n"
+              "  value y: f32[3,6]\n"
+              "  value z: f32[3,6]\n"
+              "  const w_bn: f32[5,6]\n"
+              "  const bn.bias: f32[6]\n"
+              "  node mm: MatMul(a, w_bn) -> (y) sources=[\"mm\"]\n"
+              "  node bn: Add(y, bn.bias) -> (z) sources=[\"bn\"]\n"
+              "  output z\n");
+    expect_same_outputs(before, after, {random_f32({3, 5}, 31)}, 1e-5);
+  }
+}
+
+TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
+  auto unchanged = [](Model m, const char* why) {
+    const std::string text = compact(m.graph);
+    EXPECT_FALSE(run_pass("fold_batchnorm", m).changed) << why;
+    EXPECT_EQ(compact(m.graph), text) << why;
+  };
+  {  // The Conv's output has a second reader, which needs the unnormalized values.
+    Builder b;
+    ValueId x = b.input("x", {1, 3, 4, 4});
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 40))}, "y");
+    b.output(batchnorm(b, y, 4, 41));
+    b.output(b.op("relu", "Relu", {y}, "other"));
+    unchanged(b.done(), "second reader");
+  }
+  {  // The Conv's output is a graph output.
+    Builder b;
+    ValueId x = b.input("x", {1, 3, 4, 4});
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 42))}, "y");
+    b.output(batchnorm(b, y, 4, 43));
+    b.output(y);
+    unchanged(b.done(), "graph output");
+  }
+  {  // Weights that are not constant.
+    Builder b;
+    ValueId x = b.input("x", {1, 3, 4, 4});
+    ValueId w = b.input("w", {4, 3, 1, 1});
+    b.output(batchnorm(b, b.op("conv", "Conv", {x, w}, "y"), 4, 44));
+    unchanged(b.done(), "weights are an input");
+  }
+  {  // Statistics that are not constant.
+    Builder b;
+    ValueId x = b.input("x", {1, 3, 4, 4});
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 45))}, "y");
+    std::vector<ValueId> p = bn_params(b, 4, 46);
+    p[3] = b.input("var", {4});
+    b.output(b.op("bn", "BatchNormalization", {y, p[0], p[1], p[2], p[3]}, "z"));
+    unchanged(b.done(), "variance is an input");
+  }
+  {  // MatMul with a 3-D output: BatchNormalization's channel axis 1 is not MatMul's N.
+    Builder b;
+    ValueId a = b.input("a", {2, 6, 5});
+    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", random_f32({5, 6}, 47))}, "y");
+    b.output(batchnorm(b, y, 6, 48));
+    unchanged(b.done(), "3-D MatMul");
+  }
+}
+
+// ---- fuse_linear_bias --------------------------------------------------------------------
+
+// relu(bias + x @ w), the bias first as torch exports it.
+Model linear_model(std::vector<int64_t> x_shape, std::vector<int64_t> bias_shape) {
+  Builder b;
+  ValueId x = b.input("x", x_shape);
+  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 50))}, "y");
+  ValueId z = b.op("add", "Add", {b.constant("bias", random_f32(bias_shape, 51)), y}, "z");
+  b.output(b.op("relu", "Relu", {z}, "out"));
+  return b.done();
+}
+
+TEST(CompileFuseLinearBias, MatMulAndAddBecomeGemm) {
+  Model m = linear_model({3, 5}, {6});
+  EXPECT_EQ(run_pass("fuse_linear_bias", m).summary, "fused 1 MatMul + Add into Gemm");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[3,5]\n"
+            "  const w: f32[5,6]\n"
+            "  const bias: f32[6]\n"
+            "  value z: f32[3,6]\n"
+            "  value out: f32[3,6]\n"
+            "  node mm: Gemm(x, w, bias) -> (z) sources=[\"mm\", \"add\"]\n"
+            "  node relu: Relu(z) -> (out) sources=[\"relu\"]\n"
+            "  output out\n");
+}
+
+TEST(CompileFuseLinearBias, SameOutputs) {
+  for (const auto& bias : {std::vector<int64_t>{6}, std::vector<int64_t>{1, 6}}) {
+    Model before = linear_model({3, 5}, bias), after = before;
+    EXPECT_TRUE(run_pass("fuse_linear_bias", after).changed);
+    expect_same_outputs(before, after, {random_f32({3, 5}, 52)}, 1e-5);
+  }
+  // A symbolic batch stays symbolic.
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::known(5)}));
+  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 53))}, "y");
+  b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 54))}, "z"));
+  Model before = b.done(), after = before;
+  EXPECT_TRUE(run_pass("fuse_linear_bias", after).changed);
+  EXPECT_EQ(after.graph.value(after.graph.outputs[0]).shape.str(), "batchx6");
+  expect_same_outputs(before, after, {random_f32({7, 5}, 55)}, 1e-5);
+}
+
+TEST(CompileFuseLinearBias, LeavesOtherShapes) {
+  auto unchanged = [](Model m, const char* why) {
+    const std::string text = compact(m.graph);
+    EXPECT_FALSE(run_pass("fuse_linear_bias", m).changed) << why;
+    EXPECT_EQ(compact(m.graph), text) << why;
+  };
+  unchanged(linear_model({2, 3, 5}, {6}), "3-D input");
+  unchanged(linear_model({3, 5}, {3, 6}), "bias is not a row");
+  {  // The MatMul's output has a second reader.
+    Builder b;
+    ValueId x = b.input("x", {3, 5});
+    ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 56))}, "y");
+    b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 57))}, "z"));
+    b.output(b.op("relu", "Relu", {y}, "other"));
+    unchanged(b.done(), "second reader");
+  }
+  {  // Weights that are not constant.
+    Builder b;
+    ValueId x = b.input("x", {3, 5});
+    ValueId y = b.op("mm", "MatMul", {x, b.input("w", {5, 6})}, "y");
+    b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 58))}, "z"));
+    unchanged(b.done(), "weights are an input");
+  }
+}
+
+// ---- eliminate_dead ----------------------------------------------------------------------
+
+Model dead_code_model() {
+  Builder b;
+  ValueId x = b.input("x", {4});
+  b.constant("unused", random_f32({4}, 60));
+  ValueId dead = b.op("dead_exp", "Exp", {x}, "dead");
+  b.op("dead_neg", "Neg", {dead}, "dead2");
+  b.output(b.op("relu", "Relu", {x}, "out"));
+  return b.done();
+}
+
+TEST(CompileEliminateDead, DropsUnreadNodesAndConstants) {
+  Model m = dead_code_model();
+  EXPECT_EQ(run_pass("eliminate_dead", m).summary, "dropped 2 nodes and 3 values (1 constant)");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[4]\n"
+            "  value out: f32[4]\n"
+            "  node relu: Relu(x) -> (out) sources=[\"relu\"]\n"
+            "  output out\n");
+}
+
+TEST(CompileEliminateDead, SameOutputs) {
+  Model before = dead_code_model(), after = before;
+  run_pass("eliminate_dead", after);
+  expect_same_outputs(before, after, {random_f32({4}, 61)}, 0);
+}
+
+TEST(CompileEliminateDead, KeepsConstantsSubgraphsRead) {
+  Model before = testing::if_model();
+  Graph& g = before.graph;
+  ASSERT_TRUE(infer_graph(g).ok());
+  // The then-branch captures k: no node input refers to it.
+  ValueId k = g.add_constant("k", make<float>({2}, {10, 20}));
+  g.replace_all_uses(g.find_value("x"), k);
+  Model after = before;
+  EXPECT_FALSE(run_pass("eliminate_dead", after).changed);
+  EXPECT_NE(after.graph.find_value("k"), kNoValue);
+  for (bool cond : {true, false})
+    expect_same_outputs(before, after, {make<bool>({}, {cond}), random_f32({2}, 62)}, 0);
+}
+
+// ---- the pipeline ------------------------------------------------------------------------
+
+TEST(CompilePipeline, RunsEveryPassInTableOrderAndRecordsTheCompile) {
+  Model before = conv_bn_model(true), m = before;
+  CompileOptions options;
+  options.command_line = "kiln compile m.kiln -o c.kiln";
+  options.input_file = "m.kiln";
+  options.input_sha256 = std::string(64, 'a');
+  options.print_after = {"fold_batchnorm", "cse"};
+  std::vector<std::string> seen;
+  options.after_pass = [&](const PassRecord& r) { seen.push_back(r.name); };
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<std::string> table;
+  for (const PassInfo& p : all_passes()) table.emplace_back(p.name);
+  EXPECT_EQ(seen, table);
+  ASSERT_EQ(report->passes.size(), table.size());
+  for (const PassRecord& r : report->passes) {
+    EXPECT_GE(r.ms, 0.0);
+    // Text is kept for the passes asked for, when they changed something.
+    EXPECT_EQ(r.has_text, r.name == "fold_batchnorm") << r.name;
+  }
+  EXPECT_NE(report->passes[3].text_after.find("model stage=exported"), std::string::npos);
+  EXPECT_EQ(m.stage, Stage::compiled);
+  ASSERT_EQ(m.provenance.size(), 1u);
+  EXPECT_EQ(m.provenance[0].tool, "kiln compile");
+  EXPECT_EQ(m.provenance[0].input_file, "m.kiln");
+  EXPECT_EQ(m.provenance[0].command, options.command_line);
+  expect_same_outputs(before, m, {random_f32({2, 3, 5, 7}, 70)}, 1e-5);
+}
+
+TEST(CompilePipeline, RunsTheChosenPassesInTheGivenOrder) {
+  Model m = dead_code_model();
+  CompileOptions options;
+  options.passes = {"eliminate_dead", "cse", "eliminate_dead"};
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  ASSERT_EQ(report->passes.size(), 3u);
+  EXPECT_TRUE(report->passes[0].result.changed);
+  EXPECT_EQ(report->passes[1].name, "cse");
+  EXPECT_FALSE(report->passes[2].result.changed);
+}
+
+TEST(CompilePipeline, UnknownPassesAreUserErrors) {
+  Model m = dead_code_model();
+  CompileOptions options;
+  options.passes = {"cse", "frobnicate"};
+  auto r = compile_model(m, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user);
+  EXPECT_EQ(r.error().what,
+            "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_attention, fuse_epilogues, eliminate_dead, "
+            "select_kernels)");
+  EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
+  options.passes.clear();
+  options.print_after = {"nope"};
+  EXPECT_FALSE(check_pass_names(options).ok());
+  options.print_after = {"all"};
+  EXPECT_TRUE(check_pass_names(options).ok());
+}
+
+TEST(CompilePipeline, PassUserErrorsComeBackAsTheyAre) {
+  Model m = shared_batch_model();
+  CompileOptions options;
+  options.input_shapes = {{"nosuch", Shape::of(std::vector<int64_t>{1, 4})}};
+  auto r = compile_model(m, options);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user);
+  EXPECT_EQ(r.error().where, "input 'nosuch'");
+}
+
+}  // namespace
+}  // namespace kiln
