@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Real-sized model test: kiln's reference runtime against ONNX Runtime.
+"""Real-sized model test: kiln's reference runtime against ONNX Runtime, compiled kiln against both.
 
     python tests/models/run_models.py --kiln PATH --work-dir DIR [--only NAME ...] [--keep]
 
@@ -7,13 +7,16 @@ Generates the models of make_models.py into DIR (skipping any whose files are al
 were made by the current generator, see Generated), then for each model NAME runs
 
     kiln export DIR/NAME.onnx -o DIR/NAME.kiln
-    kiln run DIR/NAME.kiln --inputs DIR/NAME.inputs.npz --output-dir DIR/NAME.kiln-out
+    kiln run DIR/NAME.kiln --inputs DIR/NAME.inputs.npz --output-dir DIR/NAME.kiln-out --reference
+    kiln compile DIR/NAME.kiln -o DIR/NAME.c.kiln --input-shape ... (the inputs' shapes)
+    kiln run DIR/NAME.c.kiln --inputs DIR/NAME.inputs.npz --threads T --output-dir DIR/NAME.kiln-out-cT  (T = 1, 2)
 
 and compares every DIR/NAME.kiln-out/<output>.npy with the onnxruntime reference
 DIR/NAME.ort/<output>.npy: an output passes when its relative L2 error ||a-b||_2 / ||b||_2 is at
-most 1e-4, and every element within 1e-4 + 1e-4·|ref| (the max abs error is printed too). One line per model, then 'N passed, M failed';
+most 1e-4, and every element within 1e-4 + 1e-4·|ref| (the max abs error is printed too); the
+compiled model's outputs are held to the same limits against the reference run. One line per model, then 'N passed, M failed';
 exit status 1 on any failure. A missing kiln, a generator error or a missing output is a
-failure, never a skip. NAME.kiln and NAME.kiln-out are deleted once a model passes (they are as
+failure, never a skip. The .kiln files and output folders are deleted once a model passes (they are as
 big as the model); a failing model keeps them for a look, and --keep keeps them always.
 Test tool only: needs numpy (and onnx, onnxruntime for the generator).
 """
@@ -223,34 +226,67 @@ def check_outputs(out_dir, ref_dir):
     return worst_rel, worst_abs, problems
 
 
+def input_shape_flags(inputs_path):
+    """--input-shape NAME=AxB... for every array of the inputs file."""
+    flags = []
+    with np.load(inputs_path, allow_pickle=False) as z:
+        for key in z.files:
+            flags += ["--input-shape", f"{key}=" + ("x".join(str(d) for d in z[key].shape) or "scalar")]
+    return flags
+
+
 def test_model(kiln, work_dir, name, keep, timeout):
-    """Exports, runs and checks one model; returns (ok, result line, problems, repro commands)."""
+    """Exports and runs one model on the reference kernels (checked against ONNX Runtime), then
+    compiles it for its inputs' shapes and runs the compiled model at 1 and 2 threads (checked
+    against the reference run). Returns (ok, result line, problems, repro commands)."""
     onnx_path = os.path.join(work_dir, f"{name}.onnx")
     kiln_path = os.path.join(work_dir, f"{name}.kiln")
+    compiled_path = os.path.join(work_dir, f"{name}.c.kiln")
+    inputs_path = os.path.join(work_dir, f"{name}.inputs.npz")
     out_dir = os.path.join(work_dir, f"{name}.kiln-out")
     export_cmd = [kiln, "export", onnx_path, "-o", kiln_path]
-    run_cmd = [kiln, "run", kiln_path, "--inputs", os.path.join(work_dir, f"{name}.inputs.npz"),
-               "--output-dir", out_dir]
-    repro = [" ".join(export_cmd), " ".join(run_cmd)]
-    if os.path.exists(kiln_path):
-        os.remove(kiln_path)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    run_cmd = [kiln, "run", kiln_path, "--inputs", inputs_path, "--output-dir", out_dir, "--reference"]
+    compile_cmd = [kiln, "compile", kiln_path, "-o", compiled_path] + input_shape_flags(inputs_path)
+    compiled_runs = [(t, [kiln, "run", compiled_path, "--inputs", inputs_path, "--threads", str(t), "--output-dir",
+                          f"{out_dir}-c{t}"]) for t in (1, 2)]
+    repro = [" ".join(export_cmd), " ".join(run_cmd), " ".join(compile_cmd)] + [" ".join(c) for _, c in compiled_runs]
+    for path in (kiln_path, compiled_path):
+        if os.path.exists(path):
+            os.remove(path)
+    for d in [out_dir] + [f"{out_dir}-c{t}" for t, _ in compiled_runs]:
+        shutil.rmtree(d, ignore_errors=True)
 
     export_s, error = run_timed(export_cmd, timeout)
-    run_s, rel, max_abs = None, None, None
+    run_s, rel, max_abs, compiled_rel = None, None, None, None
     problems = []
     if error:
         problems.append(f"kiln export: {error}")
     else:
         run_s, error = run_timed(run_cmd, timeout)
         if error:
-            problems.append(f"kiln run: {error}")
+            problems.append(f"kiln run --reference: {error}")
         else:
             rel, max_abs, problems = check_outputs(out_dir, os.path.join(work_dir, f"{name}.ort"))
+    if not problems:
+        _, error = run_timed(compile_cmd, timeout)
+        if error:
+            problems.append(f"kiln compile: {error}")
+        for threads, cmd in compiled_runs:
+            if error:
+                break
+            _, error = run_timed(cmd, timeout)
+            if error:
+                problems.append(f"kiln run (compiled, {threads} threads): {error}")
+                break
+            c_rel, _, c_problems = check_outputs(f"{out_dir}-c{threads}", out_dir)
+            problems += [f"compiled, {threads} threads, against the reference run: {p}" for p in c_problems]
+            compiled_rel = c_rel if compiled_rel is None else max(compiled_rel, c_rel or 0)
     ok = not problems
     if ok and not keep:
-        os.remove(kiln_path)
-        shutil.rmtree(out_dir, ignore_errors=True)
+        for path in (kiln_path, compiled_path):
+            os.remove(path)
+        for d in [out_dir] + [f"{out_dir}-c{t}" for t, _ in compiled_runs]:
+            shutil.rmtree(d, ignore_errors=True)
 
     def secs(s):
         return f"{s:7.2f} s" if s is not None else "      - "
@@ -259,7 +295,7 @@ def test_model(kiln, work_dir, name, keep, timeout):
         return f"{x:9.2e}" if x is not None else "        -"
 
     line = (f"{name:16s} export {secs(export_s)}  run {secs(run_s)}  rel L2 {num(rel)}  "
-            f"max abs {num(max_abs)}  {'PASS' if ok else 'FAIL'}")
+            f"max abs {num(max_abs)}  compiled rel L2 {num(compiled_rel)}  {'PASS' if ok else 'FAIL'}")
     return ok, line, problems, repro
 
 
