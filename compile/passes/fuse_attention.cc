@@ -96,8 +96,9 @@ Result<size_t> fuse_attention(Graph& g) {
     }
     // The scale: scores / d or scores * c.
     double scale = 1.0;
+    const Node* reader = chain.size() > 2 ? chain.back() : &sm;  // the node reading `s` so far
     n = m.def(s);
-    if (n && (n->op == "Div" || n->op == "Mul") && n->inputs.size() == 2 && m.only_read_by(s, {chain.back()})) {
+    if (n && (n->op == "Div" || n->op == "Mul") && n->inputs.size() == 2 && m.only_read_by(s, {reader})) {
       ValueId c = n->inputs[1], rest = n->inputs[0];
       if (n->op == "Mul" && !m.scalar(c)) std::swap(c, rest);
       std::optional<float> k = m.scalar(c);
@@ -105,10 +106,11 @@ Result<size_t> fuse_attention(Graph& g) {
         scale = n->op == "Div" ? 1.0 / *k : *k;
         s = rest;
         chain.push_back(n);
+        reader = n;
       }
     }
     const Node* qk = m.def(s, "MatMul");
-    if (!qk || !m.only_read_by(s, {chain.back()})) continue;
+    if (!qk || !m.only_read_by(s, {reader})) continue;
     chain.push_back(qk);
     const ValueId q = qk->inputs[0], kt = qk->inputs[1];
     ValueId v = pv->inputs[1];

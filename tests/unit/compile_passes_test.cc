@@ -275,6 +275,20 @@ TEST(CompileFoldConstants, FoldsChainsAndConstantGraphOutputs) {
   expect_same_outputs(before, after, {random_f32({4}, 7)}, 1e-5);
 }
 
+// A big constant that folds into no more bytes than it had (a transposed weight, as GPT-2's
+// tied LM head) folds whatever its size.
+TEST(CompileFoldConstants, FoldsBigOutputsThatDoNotGrow) {
+  Builder b;
+  ValueId w = b.constant("w", random_f32({1024, 768}, 9));  // 3 MiB
+  ValueId t = b.op("transpose", "Transpose", {w}, "wt", {attr("perm", std::vector<int64_t>{1, 0})});
+  b.output(t);
+  Model before = b.done();
+  Model after = before;
+  EXPECT_TRUE(run_pass("fold_constants", after).changed);
+  EXPECT_EQ(count_ops(after.graph, "Transpose"), 0u);
+  expect_same_outputs(before, after, {}, 0);
+}
+
 TEST(CompileFoldConstants, KeepsWhatMustNotFold) {
   Builder b;
   ValueId x = b.input("x", {2});

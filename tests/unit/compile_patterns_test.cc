@@ -158,6 +158,20 @@ TEST(CompilePatterns, AttentionGroupedQuery) {
             "\"v_unsq\", \"v_exp\", \"v_rep\", \"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
 }
 
+// ViT: no mask, the scale a Mul; and no scale at all.
+TEST(CompilePatterns, AttentionWithoutMask) {
+  for (bool scaled : {true, false}) {
+    GraphBuilder b;
+    ValueId q = b.input("q", {1, 2, 5, 8}), k = b.input("k", {1, 2, 5, 8}), v = b.input("v", {1, 2, 5, 8});
+    ValueId s = b.op("qk", "MatMul", {q, b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})})});
+    if (scaled) s = b.op("scores", "Mul", {s, b.scalar("scale", 0.125f)});
+    Model m = b.done({b.op("ctx", "MatMul", {b.op("probs", "Softmax", {s}, {attr("axis", int64_t{-1})}), v})});
+    EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 5, 8}), ramp({1, 2, 5, 8}, 0.3f), ramp({1, 2, 5, 8}, 0.2f)}, 1e-5), 1u);
+    ASSERT_EQ(m.graph.nodes.size(), 1u);
+    EXPECT_EQ(m.graph.nodes[0].attr_float("scale", 0), scaled ? 0.125 : 1.0);
+  }
+}
+
 TEST(CompilePatterns, AttentionLeavesScoresThatAreReadElsewhere) {
   GraphBuilder b;
   ValueId q = b.input("q", {1, 2, 4, 8}), k = b.input("k", {1, 2, 8, 4}), v = b.input("v", {1, 2, 4, 8});
