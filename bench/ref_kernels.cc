@@ -68,7 +68,8 @@ Result<Timing> time_problem(const Problem& p, int warmup, int runs) {
 
   Timing t;
   auto t0 = clock::now();
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<kiln::Session> session, kiln::Session::create(m));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<kiln::Session> session,
+                        kiln::Session::create(m, kiln::SessionOptions{.reference = true}));
   t.create_s = std::chrono::duration<double>(clock::now() - t0).count();
   for (int i = 0; i < warmup; ++i) KILN_RETURN_IF_ERROR(session->run(p.inputs).status());
   for (int i = 0; i < runs; ++i) {
