@@ -45,6 +45,15 @@ int inspect(const InspectArgs& args) {
   for (const Provenance& p : model->provenance)
     std::cout << "provenance: " << p.tool << " " << p.version << " from " << p.input_file << " (sha256 "
               << p.input_sha256.substr(0, 16) << "…): " << p.command << "\n";
+  if (const TargetRecord* t = model->target ? &*model->target : nullptr) {
+    std::string isa;
+    for (const std::string& f : t->isa) isa += (isa.empty() ? "" : " ") + f;
+    std::cout << "target: " << t->device << " (" << (isa.empty() ? "baseline" : isa) << "), " << t->threads
+              << (t->threads == 1 ? " thread" : " threads") << "\n";
+  }
+  if (const MemoryPlanRecord* mp = model->memory_plan ? &*model->memory_plan : nullptr)
+    std::cout << "memory plan: arena " << human(static_cast<double>(mp->arena_bytes), "B") << " for " << mp->values.size()
+              << " values, workspace " << human(static_cast<double>(mp->workspace_bytes), "B") << "\n";
   for (ValueId id : g.inputs)
     std::cout << "input  " << g.value(id).name << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
   for (ValueId id : g.outputs)

@@ -78,6 +78,16 @@ std::string summary_json(const Model& model, const ModelSummary& s) {
                                {"command", p.command},
                                {"input_file", p.input_file},
                                {"input_sha256", p.input_sha256}});
+  if (model.target)
+    j["target"] = {{"device", model.target->device}, {"isa", model.target->isa}, {"threads", model.target->threads}};
+  if (model.memory_plan)
+    j["memory_plan"] = {{"arena_bytes", model.memory_plan->arena_bytes},
+                        {"workspace_bytes", model.memory_plan->workspace_bytes},
+                        {"values", model.memory_plan->values.size()}};
+  std::map<std::string, int64_t> kernels;
+  for (const Node& n : model.graph.nodes)
+    if (!n.kernel.empty()) ++kernels[n.kernel.name];
+  if (!kernels.empty()) j["kernels"] = kernels;
   // Names come from files: bytes that are not UTF-8 become U+FFFD rather than invalid JSON.
   return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }

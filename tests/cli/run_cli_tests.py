@@ -119,7 +119,24 @@ def compile_tests(r, work, samples):
         piped = subprocess.run([r.kiln, "compile", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
     r.ok("compile_stdout", ["inspect", "-"], stdout_has="stage: compiled", stdin=piped)
 
-    # --list-passes: the table, no model needed.
+    # The compiled CNN records its kernels, the target they need and its memory plan; --target
+    # compiles for another CPU; a CPU name kiln does not know is a user error.
+    r.ok("compile_cnn_avx2", ["compile", "cnn.kiln", "-o", "cnn.avx2.kiln", "--input-shape", "input=1x3x32x32",
+                              "--target", "avx2"])
+    info = r.ok("compile_cnn_avx2_inspect", ["inspect", "--json", "cnn.avx2.kiln"])
+    try:
+        doc = json.loads(info)
+        good = doc["target"]["device"] == "cpu" and set(doc["target"]["isa"]) <= {"avx2", "fma"}
+        good = good and doc["memory_plan"]["arena_bytes"] > 0 and doc["kernels"].get("onednn.conv", 0) > 0
+    except (ValueError, KeyError, TypeError) as e:
+        good, info = False, f"{info[:300]} ({e})"
+    r.check("compile_records_kernels_target_and_plan", good, info[:400])
+    r.ok("compile_cnn_avx2_runs", ["run", "cnn.avx2.kiln", "--inputs", os.path.join(samples, "cnn.inputs.npz"),
+                                   "--check-against", os.path.join(samples, "cnn.expected")])
+    r.error("compile_bad_target", ["compile", "cnn.kiln", "-o", "bad.kiln", "--target", "sse2"], 2,
+            r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni$", no_file="bad.kiln")
+
+    # --list-passes: the table, no model needed.    # --list-passes: the table, no model needed.
     rc, out, err = r.run(["compile", "--list-passes"])
     rows = [l.split()[0] for l in out.splitlines() if l.strip()]
     r.check("compile_list_passes", rc == 0 and tuple(rows) == PASSES, f"exit {rc}; stdout {out[:400]!r}")
