@@ -68,8 +68,9 @@ const KernelRegistry& default_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
     // Providers first: earlier implementations are preferred, the reference kernels come last.
-    register_onednn_kernels(r);
+    // kiln's own first: they take only what they beat the libraries at (depthwise convolution).
     register_cpu_kernels(r);
+    register_onednn_kernels(r);
     register_ref_elementwise(r);
     register_ref_reduce(r);
     register_ref_shape(r);

@@ -63,4 +63,6 @@ bool pool_flushes_denormals() {
   return all;
 }
 
+int thread_index() { return omp_get_thread_num(); }
+
 }  // namespace kiln

@@ -15,6 +15,8 @@ void use_threads(int threads);
 
 /// The pool's size, as use_threads last set it (OpenMP's default before that).
 int pool_threads();
+/// The calling thread's index in the current parallel region (0 outside one).
+int thread_index();
 
 /// Whether every thread of the pool (the caller included) flushes denormals now.
 bool pool_flushes_denormals();

@@ -31,8 +31,21 @@ struct RowKernels {
   /// becomes NaN (as the reference does). e^x is a vectorised polynomial, within 2e-7 relative.
   void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
   /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
+  /// Sigmoid, Silu, Tanh and the tanh GELU use the polynomial e^x (within 1e-6 relative).
   void (*epilogue)(float* y, const float* z, int64_t n, const ActivationSpec& act, const ActivationSpec& post);
+  /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
+  /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
+  /// planes, then the epilogue (z: the residual planes, may be null). `scratch` holds
+  /// `threads` padded planes of dwconv_scratch_floats each.
+  void (*dwconv)(const float* x, int64_t planes, int64_t channels, int64_t h, int64_t w, const float* filters,
+                 const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y, int64_t oh,
+                 int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post, float* scratch);
 };
+
+/// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.
+inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t oh, int64_t ow) {
+  return ((oh - 1) * s + kh) * ((ow - 1) * s + kw + 1);  // + 1: stride 2 splits odd widths in two
+}
 
 const RowKernels& row_kernels(Isa isa);
 

@@ -113,12 +113,6 @@ Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::
 
 }  // namespace onednn
 
-namespace cpu {
-void register_norm(KernelRegistry& r);
-}
-
-void register_cpu_kernels(KernelRegistry& r) { cpu::register_norm(r); }
-
 void register_onednn_kernels(KernelRegistry& r) {
   onednn::register_conv(r);
   onednn::register_matmul(r);

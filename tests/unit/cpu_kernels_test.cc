@@ -41,6 +41,38 @@ TEST(CpuKernels, LayerNormAndRmsNorm) {
   EXPECT_EQ(check({"LayerNormalization", {noise({2, 3, 4}, 5), noise({1}, 6)}, {false, true}}), kReferenceKernel);
 }
 
+TEST(CpuKernels, DepthwiseConv) {
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int64_t k : {3, 5})
+      for (int64_t stride : {1, 2})
+        for (int64_t c : {17, 32}) {
+          SCOPED_TRACE(isa + " k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " c=" + std::to_string(c));
+          const int64_t p = k / 2;
+          Tensor x = noise({2, c, 13, 11}, 1), w = noise({c, 1, k, k}, 2, 0.5f), b = noise({c}, 3);
+          std::vector<Attribute> a = {attr("group", c), attr("pads", std::vector<int64_t>{p, p, p, p}),
+                                      attr("strides", std::vector<int64_t>{stride, stride})};
+          const std::string name = "kiln.dwconv_f32_" + isa;
+          EXPECT_EQ(check({"Conv", {x, w, b}, {false, true, true}, a}, 1e-5, &cpu), name);
+          // Asymmetric pads, no bias.
+          std::vector<Attribute> asym = {attr("group", c), attr("pads", std::vector<int64_t>{0, p, p, 0}),
+                                         attr("strides", std::vector<int64_t>{stride, stride})};
+          EXPECT_EQ(check({"Conv", {x, w}, {false, true}, asym}, 1e-5, &cpu), name);
+          // Fused: Clip (Relu6), a residual, HardSwish.
+          const int64_t oh = (13 + 2 * p - k) / stride + 1, ow = (11 + 2 * p - k) / stride + 1;
+          std::vector<Attribute> fused = a;
+          fused.push_back(attr("activation", std::string("Clip")));
+          fused.push_back(attr("activation_params", std::vector<double>{0, 6}));
+          fused.push_back(attr("post_activation", std::string("HardSwish")));
+          EXPECT_EQ(check({"FusedConv", {x, w, b, noise({2, c, oh, ow}, 4)}, {false, true, true, false}, fused}, 1e-5, &cpu), name);
+        }
+  // Dilated and grouped-but-not-depthwise convolutions go elsewhere.
+  Tensor x = noise({1, 8, 9, 9}, 5);
+  EXPECT_NE(check({"Conv", {x, noise({8, 1, 3, 3}, 6)}, {false, true}, {attr("group", int64_t{8}), attr("dilations", std::vector<int64_t>{2, 2})}})
+                .rfind("kiln.dwconv", 0),
+            0u);
+  EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
+}
+
 TEST(CpuKernels, Attention) {
   const float neg = -3.4e38f;
   for (const auto& [isa, cpu] : isa_paths()) {

@@ -18,8 +18,9 @@ std::vector<Attribute> conv_attrs(std::vector<int64_t> pads, std::vector<int64_t
 
 TEST(OneDnn, Conv2dShapesGroupsAndEpilogues) {
   struct Shape2 { int64_t n, c, h, w, m, k, group; };
-  for (const Shape2& s : std::vector<Shape2>{{1, 3, 7, 9, 5, 3, 1}, {2, 16, 16, 16, 32, 3, 1}, {1, 17, 11, 13, 17, 3, 17},
-                                            {1, 32, 8, 8, 32, 1, 1}, {1, 12, 9, 9, 18, 3, 3}}) {
+  // (Depthwise convolutions go to kiln's own kernel first: cpu_kernels_test.cc.)
+  for (const Shape2& s : std::vector<Shape2>{{1, 3, 7, 9, 5, 3, 1}, {2, 16, 16, 16, 32, 3, 1}, {1, 32, 8, 8, 32, 1, 1},
+                                            {1, 12, 9, 9, 18, 3, 3}, {1, 8, 9, 9, 16, 3, 8}}) {
     SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + " group " + std::to_string(s.group));
     Tensor x = noise({s.n, s.c, s.h, s.w}, 1), w = noise({s.m, s.c / s.group, s.k, s.k}, 2, 0.3f), b = noise({s.m}, 3);
     const int64_t p = s.k / 2;

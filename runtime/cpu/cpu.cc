@@ -1,0 +1,16 @@
+// Registration of kiln's own kernels (runtime/cpu/).
+#include "runtime/kernel.h"
+
+namespace kiln {
+
+namespace cpu {
+void register_norm(KernelRegistry& r);
+void register_dwconv(KernelRegistry& r);
+}  // namespace cpu
+
+void register_cpu_kernels(KernelRegistry& r) {
+  cpu::register_norm(r);
+  cpu::register_dwconv(r);
+}
+
+}  // namespace kiln
