@@ -18,13 +18,15 @@
 #include "formats/text.h"
 #include "formats/verify.h"
 #include "runtime/session.h"
-#include "tests/unit/op_test_util.h"
+#include "tests/unit/compile_test_util.h"
 
 namespace kiln {
 namespace {
 
 using testing::attr;
 using testing::make;
+using testing::relative_l2;
+using testing::run_reference;
 
 // ---- building graphs --------------------------------------------------------------------
 
@@ -101,27 +103,6 @@ std::string compact(const Graph& g) {
     out += line + "\n";
   }
   return out;
-}
-
-std::vector<Tensor> run_reference(const Model& m, const std::vector<Tensor>& inputs) {
-  SessionOptions options;
-  options.reference = true;
-  auto s = Session::create(m, options);
-  EXPECT_TRUE(s.ok()) << s.error().message();
-  if (!s.ok()) return {};
-  auto r = (*s)->run(inputs);
-  EXPECT_TRUE(r.ok()) << r.error().message();
-  return r.ok() ? *r : std::vector<Tensor>{};
-}
-
-double relative_l2(const Tensor& got, const Tensor& want) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = got.as_double(i) - want.as_double(i);
-    num += d * d;
-    den += want.as_double(i) * want.as_double(i);
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 /// Runs `before` and `after` on the same inputs; tol 0 asks for bit-equal outputs.
@@ -660,6 +641,61 @@ TEST(CompileEliminateDead, KeepsConstantsSubgraphsRead) {
   EXPECT_NE(after.graph.find_value("k"), kNoValue);
   for (bool cond : {true, false})
     expect_same_outputs(before, after, {make<bool>({}, {cond}), random_f32({2}, 62)}, 0);
+}
+
+// ---- select_kernels ----------------------------------------------------------------------
+
+// The Conv (constant weights) goes to oneDNN, the LayerNormalization to kiln's own kernel for
+// the target's ISA, the BatchNormalization to its reference kernel; the target records the ISA
+// those kernels need.
+Model select_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 3, 6, 8});
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 31))}, "y",
+                   {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  ValueId z = batchnorm(b, y, 4, 32);
+  b.output(b.op("norm", "LayerNormalization", {z, b.constant("scale", random_f32({8}, 33))}, "out"));
+  return b.done();
+}
+
+TEST(CompileSelectKernels, RecordsKernelsTargetAndMemoryPlan) {
+  Model m = select_model();
+  Target target;
+  target.cpu = *CpuFeatures::named("avx2");
+  target.threads = 2;
+  PassContext ctx{target, {}};
+  auto r = find_pass("select_kernels")->run(m, ctx);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(r->changed);
+  EXPECT_EQ(r->summary.rfind("2 nodes on library or kiln kernels, 1 node on reference kernels; arena ", 0), 0u) << r->summary;
+  std::vector<std::string> kernels;
+  for (const Node& n : m.graph.nodes) kernels.push_back(n.name + "=" + n.kernel.name);
+  EXPECT_EQ(kernels, (std::vector<std::string>{"conv=onednn.conv", "bn=ref", "norm=kiln.norm_f32_avx2"}));
+  ASSERT_TRUE(m.target);
+  EXPECT_EQ(*m.target, (TargetRecord{"cpu", {"avx2", "fma"}, 2}));
+  ASSERT_TRUE(m.memory_plan);
+  EXPECT_EQ(m.memory_plan->input_shapes, (std::vector<std::vector<int64_t>>{{1, 3, 6, 8}}));
+  EXPECT_EQ(m.memory_plan->values.size(), 2u) << "y and z live in the arena";
+  EXPECT_TRUE(verify_model(m).ok());
+  // The recorded kernels compute what the reference kernels do.
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  Tensor in = random_f32({1, 3, 6, 8}, 34);
+  auto got = (*s)->run(std::vector<Tensor>{in});
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_LE(relative_l2((*got)[0], run_reference(m, {in})[0]), 1e-5);
+}
+
+TEST(CompileSelectKernels, NeedsConcreteInputShapes) {
+  Builder b;
+  ValueId x = b.input("x", Shape({Dim::sym("batch"), Dim::known(4)}));
+  b.output(b.op("relu", "Relu", {x}, "out"));
+  Model m = b.done();
+  PassResult r = run_pass("select_kernels", m);
+  EXPECT_FALSE(r.changed);
+  EXPECT_EQ(r.summary, "input 'x' has shape batchx4: give --input-shape to choose kernels");
+  EXPECT_FALSE(m.target);
+  EXPECT_TRUE(m.graph.nodes[0].kernel.empty());
 }
 
 // ---- the pipeline ------------------------------------------------------------------------
