@@ -10,6 +10,7 @@
 #include <iterator>
 #include <random>
 
+#include "export/exporter.h"
 #include "formats/atomic_file.h"
 #include "formats/ir.h"
 #include "formats/memory.h"
@@ -74,6 +75,15 @@ void add_max_memory_option(CLI::App* cmd) {
          },
          "most memory kiln may use for tensors and buffers, e.g. 4GiB (default: the machine's available memory)")
       ->type_name("SIZE");
+}
+
+Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& spec, std::string_view example) {
+  size_t eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0)
+    return user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. " + std::string(example) + ")");
+  auto shape = parse_shape(spec.substr(eq + 1));
+  if (!shape.ok()) return user_error("", "--input-shape '" + spec + "': " + shape.error().what);
+  return std::make_pair(spec.substr(0, eq), *shape);
 }
 
 int main(int argc, char** argv) {

@@ -34,6 +34,9 @@ Status write_output(const std::string& path, const std::string& bytes);
 /// memory budget (formats/memory.h); a malformed size is a usage error.
 void add_max_memory_option(CLI::App* cmd);
 
+/// Parses a --input-shape NAME=SHAPE flag (`example` shows the form in the error message).
+Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& spec, std::string_view example);
+
 // Subcommand set-up: each adds its options to `app` and returns the callback's exit code slot.
 void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdline);

@@ -79,12 +79,9 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   // Unknown pass names are reported before the model is read.
   if (Status s = check_pass_names(options); !s.ok()) return report(verb, s);
   for (const std::string& spec : args.input_shapes) {
-    size_t eq = spec.rfind('=');
-    if (eq == std::string::npos || eq == 0)
-      return report(verb, user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. input=1x3x224x224)"));
-    auto shape = parse_shape(spec.substr(eq + 1));
-    if (!shape.ok()) return report(verb, user_error("", "--input-shape '" + spec + "': " + shape.error().what));
-    options.input_shapes[spec.substr(0, eq)] = *shape;
+    auto flag = parse_input_shape_flag(spec, "input=1x3x224x224");
+    if (!flag.ok()) return report(verb, flag.error());
+    options.input_shapes[flag->first] = flag->second;
   }
 
   // The file's bytes are read once: hashed for the provenance, then decoded (the constants

@@ -32,12 +32,9 @@ int run_export(const ExportArgs& args, const std::string& cmdline) {
   options.command_line = cmdline;
   options.verbose = args.verbose;
   for (const std::string& spec : args.input_shapes) {
-    size_t eq = spec.rfind('=');
-    if (eq == std::string::npos || eq == 0)
-      return report(verb, user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. input=1x3x224x224)"));
-    auto shape = parse_shape(spec.substr(eq + 1));
-    if (!shape.ok()) return report(verb, user_error("", "--input-shape '" + spec + "': " + shape.error().what));
-    options.input_shapes[spec.substr(0, eq)] = *shape;
+    auto flag = parse_input_shape_flag(spec, "input=1x3x224x224");
+    if (!flag.ok()) return report(verb, flag.error());
+    options.input_shapes[flag->first] = flag->second;
   }
   Result<Model> model = Error{};
   if (args.input == "-") {

@@ -144,12 +144,10 @@ int run(const RunArgs& args) {
   // --input-shape NAME=1x128: the shape of a random input.
   std::map<std::string, std::vector<int64_t>> shaped;
   for (const std::string& spec : args.input_shapes) {
-    size_t eq = spec.rfind('=');
-    if (eq == std::string::npos || eq == 0)
-      return report(verb, user_error("", "--input-shape '" + spec + "' is not NAME=SHAPE (e.g. ids=1x128)"));
-    std::string name = spec.substr(0, eq);
-    auto shape = parse_shape(spec.substr(eq + 1));
-    if (!shape.ok()) return report(verb, user_error("", "--input-shape '" + spec + "': " + shape.error().what));
+    auto flag = parse_input_shape_flag(spec, "ids=1x128");
+    if (!flag.ok()) return report(verb, flag.error());
+    const std::string& name = flag->first;
+    const Shape* shape = &flag->second;
     if (!shape->is_concrete())
       return report(verb, user_error("", "--input-shape '" + spec + "': a random input needs numbers for every dim"));
     if (std::find(input_names.begin(), input_names.end(), name) == input_names.end())

@@ -159,9 +159,8 @@ Result<size_t> fuse_attention(Graph& g) {
       w.outputs = {mask};
       made.push_back(std::move(w));
     }
-    std::vector<size_t> idx;
-    for (const Node* c : chain) idx.push_back(m.index(*c));
-    if (std::any_of(idx.begin(), idx.end(), [&](size_t i) { return rw.taken(i); })) continue;
+    std::vector<size_t> idx = m.indices(chain);
+    if (!rw.free(idx)) continue;
     Node att;
     att.name = pv->name;
     att.op = "Attention";
@@ -169,11 +168,9 @@ Result<size_t> fuse_attention(Graph& g) {
     if (mask != kNoValue) att.inputs.push_back(mask);
     att.outputs = {pv->outputs[0]};
     att.set_attr("scale", scale);
-    std::sort(idx.begin(), idx.end());
-    att.sources = merged_sources(g, idx);
-    for (size_t i : idx) rw.remove(i);
+    std::sort(idx.begin(), idx.end());  // sources in graph order
     for (Node& t : made) rw.add(std::move(t));
-    rw.add(std::move(att));
+    rw.replace(idx, std::move(att));
     ++fused;
   }
   if (fused == 0 && g.values.size() != values_before) g.remove_dead();  // values of matches given up

@@ -98,18 +98,15 @@ Result<size_t> fuse_gelu(Graph& g) {
     chain.push_back(one);
     const ValueId y = times_half_x(m, one->outputs[0], x, chain);
     if (y == kNoValue) continue;
-    std::vector<size_t> idx;
-    for (const Node* c : chain) idx.push_back(m.index(*c));
-    if (std::any_of(idx.begin(), idx.end(), [&](size_t i) { return rw.taken(i); })) continue;
+    const std::vector<size_t> idx = m.indices(chain);
+    if (!rw.free(idx)) continue;
     Node gelu;
     gelu.name = n.name;
     gelu.op = "Gelu";
     gelu.inputs = {x};
     gelu.outputs = {y};
     if (tanh) gelu.set_attr("approximate", std::string("tanh"));
-    gelu.sources = merged_sources(g, idx);
-    for (size_t i : idx) rw.remove(i);
-    rw.add(std::move(gelu));
+    rw.replace(idx, std::move(gelu));
   }
   const size_t made = rw.count();
   KILN_RETURN_IF_ERROR(rw.commit());

@@ -52,9 +52,8 @@ Result<size_t> fuse_layer_norm(Graph& g) {
       chain.push_back(add);
       y = add->outputs[0];
     }
-    std::vector<size_t> idx;
-    for (const Node* n : chain) idx.push_back(m.index(*n));
-    if (std::any_of(idx.begin(), idx.end(), [&](size_t i) { return rw.taken(i); })) continue;
+    const std::vector<size_t> idx = m.indices(chain);
+    if (!rw.free(idx)) continue;
     if (scale == kNoValue) scale = g.add_constant(g.value(x).name + "_ln_scale", Tensor::from<float>({d}, std::vector<float>(static_cast<size_t>(d), 1.f)));
     Node ln;
     ln.name = div.name;
@@ -64,9 +63,7 @@ Result<size_t> fuse_layer_norm(Graph& g) {
     ln.outputs = {y};
     ln.set_attr("axis", int64_t{-1});
     ln.set_attr("epsilon", static_cast<double>(*eps));
-    ln.sources = merged_sources(g, idx);
-    for (size_t i : idx) rw.remove(i);
-    rw.add(std::move(ln));
+    rw.replace(idx, std::move(ln));
   }
   const size_t made = rw.count();
   KILN_RETURN_IF_ERROR(rw.commit());

@@ -61,6 +61,19 @@ std::optional<std::vector<int64_t>> Matcher::reduce_axes(const Node& n) const {
   return std::vector<int64_t>(a.constant.data<int64_t>(), a.constant.data<int64_t>() + a.constant.numel());
 }
 
+std::vector<size_t> Matcher::indices(const std::vector<const Node*>& nodes) const {
+  std::vector<size_t> out;
+  out.reserve(nodes.size());
+  for (const Node* n : nodes) out.push_back(index(*n));
+  return out;
+}
+
+void Rewrite::replace(const std::vector<size_t>& matched, Node n) {
+  n.sources = merged_sources(g_, matched);
+  for (size_t i : matched) remove(i);
+  add(std::move(n));
+}
+
 Status Rewrite::commit() {
   if (added_.empty()) return {};
   std::vector<Node> kept;

@@ -2,6 +2,7 @@
 // value, who reads it, constants) and replacing matched nodes with new ones in one commit.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -34,6 +35,7 @@ class Matcher {
   /// The reduction axes of a ReduceX node (attribute or constant input), or nullopt.
   std::optional<std::vector<int64_t>> reduce_axes(const Node& n) const;
   size_t index(const Node& n) const { return static_cast<size_t>(&n - g_.nodes.data()); }
+  std::vector<size_t> indices(const std::vector<const Node*>& nodes) const;
 
  private:
   const Graph& g_;
@@ -49,8 +51,14 @@ class Rewrite {
   explicit Rewrite(Graph& g) : g_(g), removed_(g.nodes.size(), 0) {}
   /// Whether node i is already claimed by an earlier match (a match must not overlap it).
   bool taken(size_t i) const { return i < removed_.size() && removed_[i]; }
+  /// Whether none of these nodes is claimed yet.
+  bool free(const std::vector<size_t>& nodes) const {
+    return std::none_of(nodes.begin(), nodes.end(), [&](size_t i) { return taken(i); });
+  }
   void remove(size_t i) { removed_[i] = 1; }
   void add(Node n) { added_.push_back(std::move(n)); }
+  /// Replaces the matched nodes (indices into the graph, free) by `n`, which takes their sources.
+  void replace(const std::vector<size_t>& matched, Node n);
   size_t count() const { return added_.size(); }
   Status commit();
 

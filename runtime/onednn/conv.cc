@@ -135,13 +135,11 @@ class ConvKernel final : public Kernel {
           std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
         }
       }
-      if (!ws.empty()) {
-        scratch_.set_data_handle(ws.data());
-        args.emplace(DNNL_ARG_SCRATCHPAD, scratch_);
+      execute(prim_, args, scratch_, ws);
+      if (dst_offset_) {
+        dst_out_.execute(cpu_stream(), blocked_dst_, dst_);
+        cpu_stream().wait();
       }
-      prim_.execute(cpu_stream(), args);
-      if (dst_offset_) dst_out_.execute(cpu_stream(), blocked_dst_, dst_);
-      cpu_stream().wait();
       if (own_epilogue_) {
         Tensor& y = ctx.output(0);
         own_epilogue_->epilogue(y.data<float>(), has_z_ ? ctx.input(3).data<float>() : nullptr, y.numel(), act_, post_);

@@ -139,13 +139,7 @@ class MatMulKernel final : public Kernel {
         const Tensor& z = ctx.input(z_input_);
         std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
       }
-      std::span<std::byte> ws = ctx.workspace();
-      if (!ws.empty()) {
-        scratch_.set_data_handle(ws.data());
-        args.emplace(DNNL_ARG_SCRATCHPAD, scratch_);
-      }
-      prim_.execute(cpu_stream(), args);
-      cpu_stream().wait();
+      execute(prim_, args, scratch_, ctx.workspace());
       return {};
     });
   }

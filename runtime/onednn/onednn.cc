@@ -111,6 +111,16 @@ Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::
   return dst;
 }
 
+void execute(const dnnl::primitive& prim, std::unordered_map<int, memory>& args, memory& scratch,
+             std::span<std::byte> workspace) {
+  if (!workspace.empty()) {
+    scratch.set_data_handle(workspace.data());
+    args.emplace(DNNL_ARG_SCRATCHPAD, scratch);
+  }
+  prim.execute(cpu_stream(), args);
+  cpu_stream().wait();
+}
+
 }  // namespace onednn
 
 void register_onednn_kernels(KernelRegistry& r) {

@@ -7,6 +7,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <optional>
+#include <span>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,11 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 
 /// A weight tensor reordered once into the layout a primitive chose for it.
 Result<dnnl::memory> prepack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
+
+/// Executes `prim` with `args` on the CPU stream and waits; `scratch` (a memory of the
+/// primitive's scratchpad descriptor) is bound to the kernel's workspace when it has one.
+void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args, dnnl::memory& scratch,
+             std::span<std::byte> workspace);
 
 /// Wraps a oneDNN call: its exceptions become an internal error about the node.
 template <class F>

@@ -69,13 +69,7 @@ class PoolKernel final : public Kernel {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       dst_.set_data_handle(ctx.output(0).raw());
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
-      std::span<std::byte> ws = ctx.workspace();
-      if (!ws.empty()) {
-        scratch_.set_data_handle(ws.data());
-        args.emplace(DNNL_ARG_SCRATCHPAD, scratch_);
-      }
-      prim_.execute(cpu_stream(), args);
-      cpu_stream().wait();
+      execute(prim_, args, scratch_, ctx.workspace());
       return {};
     });
   }
