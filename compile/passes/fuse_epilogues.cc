@@ -86,28 +86,16 @@ std::optional<float> scalar_constant(const Graph& g, const Node& n, size_t slot)
 
 // The activation node `n` applies to `in`, or nullopt when it is not one the epilogue has.
 std::optional<ActivationSpec> activation_of(const Graph& g, const Node& n, ValueId in) {
-  if (!n.domain.empty() || n.inputs.empty() || n.inputs[0] != in) return std::nullopt;
-  if (n.op == "Relu") return ActivationSpec{Activation::relu};
-  if (n.op == "Sigmoid") return ActivationSpec{Activation::sigmoid};
-  if (n.op == "Tanh") return ActivationSpec{Activation::tanh};
-  if (n.op == "HardSwish") return ActivationSpec{Activation::hard_swish};
-  if (n.op == "LeakyRelu") return ActivationSpec{Activation::leaky_relu, static_cast<float>(n.attr_float("alpha", 0.01f))};
-  if (n.op == "HardSigmoid")
-    return ActivationSpec{Activation::hard_sigmoid, static_cast<float>(n.attr_float("alpha", 0.2f)),
-                          static_cast<float>(n.attr_float("beta", 0.5f))};
-  if (n.op == "Gelu")
-    return ActivationSpec{n.attr_string("approximate", "none") == "tanh" ? Activation::gelu_tanh : Activation::gelu};
-  if (n.op == "Clip") {
-    float lo = std::numeric_limits<float>::lowest(), hi = std::numeric_limits<float>::max();
+  if (n.inputs.empty() || n.inputs[0] != in) return std::nullopt;
+  float bounds[2] = {std::numeric_limits<float>::lowest(), std::numeric_limits<float>::max()};
+  if (n.op == "Clip" && n.domain.empty())
     for (size_t slot = 1; slot <= 2; ++slot) {
       if (!n.has_input(slot)) continue;
       std::optional<float> v = scalar_constant(g, n, slot);
       if (!v) return std::nullopt;
-      (slot == 1 ? lo : hi) = *v;
+      bounds[slot - 1] = *v;
     }
-    return ActivationSpec{Activation::clip, lo, hi};
-  }
-  return std::nullopt;
+  return activation_of_node(n, bounds[0], bounds[1]);
 }
 
 // x * Sigmoid(x): `v` read by exactly a Sigmoid s and a Mul(v, s) (either order), s by the Mul

@@ -45,6 +45,22 @@ size_t activation_param_count(Activation a) {
   }
 }
 
+std::optional<ActivationSpec> activation_of_node(const Node& n, float clip_lo, float clip_hi) {
+  if (!n.domain.empty()) return std::nullopt;
+  if (n.op == "Relu") return ActivationSpec{Activation::relu};
+  if (n.op == "Sigmoid") return ActivationSpec{Activation::sigmoid};
+  if (n.op == "Tanh") return ActivationSpec{Activation::tanh};
+  if (n.op == "HardSwish") return ActivationSpec{Activation::hard_swish};
+  if (n.op == "LeakyRelu") return ActivationSpec{Activation::leaky_relu, static_cast<float>(n.attr_float("alpha", 0.01f))};
+  if (n.op == "HardSigmoid")
+    return ActivationSpec{Activation::hard_sigmoid, static_cast<float>(n.attr_float("alpha", 0.2f)),
+                          static_cast<float>(n.attr_float("beta", 0.5f))};
+  if (n.op == "Gelu")
+    return ActivationSpec{n.attr_string("approximate", "none") == "tanh" ? Activation::gelu_tanh : Activation::gelu};
+  if (n.op == "Clip") return ActivationSpec{Activation::clip, clip_lo, clip_hi};
+  return std::nullopt;
+}
+
 Result<ActivationSpec> read_activation(const Node& node, std::string_view attr) {
   const std::string name = node.attr_string(attr, "");
   std::optional<Activation> kind = activation_from_name(name);

@@ -45,6 +45,11 @@ std::optional<Activation> activation_from_name(std::string_view name);
 /// How many parameters the activation takes (0, 1 or 2).
 size_t activation_param_count(Activation a);
 
+/// The activation a unary node computes: Relu, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish,
+/// Gelu (either form), and Clip with the bounds given (its optional inputs, which the caller
+/// reads); nullopt for any other op. The fusion pass and the activation kernels both use it.
+std::optional<ActivationSpec> activation_of_node(const Node& node, float clip_lo, float clip_hi);
+
 /// Reads the activation a fused node names in attribute `attr` ("activation" or
 /// "post_activation") and its parameters in `attr`_params; a user error about the node when the
 /// name is unknown or the parameter count is wrong.

@@ -6,11 +6,13 @@ namespace kiln {
 namespace cpu {
 void register_norm(KernelRegistry& r);
 void register_dwconv(KernelRegistry& r);
+void register_activation(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_norm(r);
   cpu::register_dwconv(r);
+  cpu::register_activation(r);
 }
 
 }  // namespace kiln

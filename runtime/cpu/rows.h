@@ -31,8 +31,11 @@ struct RowKernels {
   /// becomes NaN (as the reference does). e^x is a vectorised polynomial, within 2e-7 relative.
   void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
   /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
-  /// Sigmoid, Silu, Tanh and the tanh GELU use the polynomial e^x (within 1e-6 relative).
+  /// Sigmoid, Silu and the tanh GELU use the polynomial e^x, Tanh and the exact GELU rational
+  /// polynomials (tanh, erf), each within a few ulp.
   void (*epilogue)(float* y, const float* z, int64_t n, const ActivationSpec& act, const ActivationSpec& post);
+  /// y = act(x) over n values (y may be x), as the epilogue computes it.
+  void (*activation)(const float* x, float* y, int64_t n, const ActivationSpec& act);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
   /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
   /// planes, then the epilogue (z: the residual planes, may be null). `scratch` holds

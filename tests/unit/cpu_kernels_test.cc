@@ -41,6 +41,30 @@ TEST(CpuKernels, LayerNormAndRmsNorm) {
   EXPECT_EQ(check({"LayerNormalization", {noise({2, 3, 4}, 5), noise({1}, 6)}, {false, true}}), kReferenceKernel);
 }
 
+TEST(CpuKernels, Activations) {
+  auto scalar = [](float v) { return Tensor::from<float>({}, {v}); };
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int64_t n : {1, 7, 16, 1000, 70001}) {  // 70001: split across threads, with a tail
+      SCOPED_TRACE(isa + " n=" + std::to_string(n));
+      const std::string name = "kiln.activation_f32_" + isa;
+      Tensor x = noise({n}, 7, 24.f);  // [-12, 12]: past erf's and e^x's clamps on both sides
+      for (const char* op : {"Relu", "Sigmoid", "Tanh", "HardSwish"}) EXPECT_EQ(check({op, {x}, {false}}, 1e-6, &cpu), name) << op;
+      EXPECT_EQ(check({"LeakyRelu", {x}, {false}, {attr("alpha", 0.1)}}, 1e-6, &cpu), name);
+      EXPECT_EQ(check({"HardSigmoid", {x}, {false}, {attr("alpha", 0.3), attr("beta", 0.4)}}, 1e-6, &cpu), name);
+      EXPECT_EQ(check({"Gelu", {x}, {false}}, 1e-6, &cpu), name);
+      // 1e-5: the reference's 1 + tanh(u) cancels where tanh nears -1 (kiln's x·sigmoid(2u) does not).
+      EXPECT_EQ(check({"Gelu", {x}, {false}, {attr("approximate", std::string("tanh"))}}, 1e-5, &cpu), name);
+      EXPECT_EQ(check({"Clip", {x, scalar(-1.5f), scalar(6.f)}, {false, true, true}}, 0, &cpu), name);
+      EXPECT_EQ(check({"Clip", {x, Tensor(), scalar(0.25f)}, {false, false, true}}, 0, &cpu), name);
+    }
+  // Near zero, where a relative error shows.
+  for (const char* op : {"Gelu", "Tanh", "Sigmoid"})
+    EXPECT_EQ(check({op, {noise({4096}, 8, 1e-3f)}, {false}}, 1e-6).rfind("kiln.activation_f32_", 0), 0u) << op;
+  // A bound computed at run time stays with the reference kernel.
+  Tensor x = noise({8}, 9);
+  EXPECT_EQ(check({"Clip", {x, Tensor::from<float>({}, {0.f})}, {false, false}}), kReferenceKernel);
+}
+
 TEST(CpuKernels, DepthwiseConv) {
   for (const auto& [isa, cpu] : isa_paths())
     for (int64_t k : {3, 5})
