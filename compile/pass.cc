@@ -10,9 +10,9 @@ namespace {
 // Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
 // folding before CSE (folded constants that come out equal are merged), CSE before the weight
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
-// ops before the epilogues fuse (GELU must be one node to become a matmul's activation); dead
-// code before kernel selection (every pass before it may leave unread values behind), which
-// plans the final graph.
+// ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
+// layout after fusion (a fused node converts as one); dead code before kernel selection (every
+// pass before it may leave unread values behind), which plans the final graph.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
@@ -32,6 +32,8 @@ constexpr std::array kPasses = {
              fuse_attention_pass},
     PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",
              fuse_epilogues_pass},
+    PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
+             channels_last},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
     PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",

@@ -56,6 +56,7 @@ Result<PassResult> fuse_rms_norm_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_gelu_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_attention_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
+Result<PassResult> channels_last(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);
 

@@ -150,9 +150,48 @@ Result<Window> resolve_transpose_window(const Node& node, const std::vector<int6
   return w;
 }
 
+std::vector<int64_t> channels_last_perm(size_t rank) {
+  std::vector<int64_t> p{0};
+  for (size_t i = 2; i < rank; ++i) p.push_back(static_cast<int64_t>(i));
+  if (rank > 1) p.push_back(1);
+  return p;
+}
+
+std::vector<int64_t> channels_first_perm(size_t rank) {
+  std::vector<int64_t> p{0};
+  if (rank > 1) p.push_back(static_cast<int64_t>(rank - 1));
+  for (size_t i = 1; i + 1 < rank; ++i) p.push_back(static_cast<int64_t>(i));
+  return p;
+}
+
 namespace {
 
 std::string dt(DType t) { return std::string(dtype_name(t)); }
+
+// A node with channels_last = 1: `infer` runs on its channels-first view (X, and Z for
+// FusedConv, [N, spatial..., C] -> [N, C, spatial...]) and output 0 is permuted back.
+Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
+  const int64_t last = ctx.node().attr_int("channels_last", 0);
+  if (last == 0) return infer(ctx);
+  if (last != 1) return ctx.error("channels_last " + std::to_string(last) + " must be 0 or 1");
+  if (ctx.node().outputs.size() > 1 && ctx.node().outputs[1] != kNoValue)
+    return ctx.error("a channels_last MaxPool has no Indices output");
+  std::vector<InferInput> inputs(ctx.num_inputs());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
+    if ((i == 0 || (i == 3 && ctx.node().op == "FusedConv")) && ctx.rank(i) >= 0) {
+      if (ctx.rank(i) < 3) return ctx.error("a channels_last input must have rank 3 or more, got " + ctx.shape(i).str());
+      inputs[i].shape.dims = permute(ctx.shape(i).dims, channels_first_perm(static_cast<size_t>(ctx.rank(i))));
+      inputs[i].value = nullptr;
+    }
+  }
+  InferContext first(ctx.node(), std::move(inputs));
+  KILN_RETURN_IF_ERROR(infer(first));
+  InferOutput& y = first.outputs()[0];
+  if (y.shape.rank() >= 0) y.shape.dims = permute(y.shape.dims, channels_last_perm(static_cast<size_t>(y.shape.rank())));
+  ctx.set_output(0, y.dtype, std::move(y.shape));
+  return {};
+}
 
 Status require_float(const InferContext& ctx, size_t i, std::string_view what) {
   if (!is_float(ctx.dtype(i))) return ctx.error(std::string(what) + " must be a float type, got " + dt(ctx.dtype(i)));
@@ -509,6 +548,13 @@ const AttrSpec kKernelShape{"kernel_shape", AttrType::ints, false, "window size 
 const AttrSpec kPads{"pads", AttrType::ints, false, "begins then ends, default 0"};
 const AttrSpec kStrides{"strides", AttrType::ints, false, "per spatial dim, default 1"};
 const AttrSpec kCeilMode{"ceil_mode", AttrType::int64, false, "round output size up (0)"};
+const AttrSpec kChannelsLast{"channels_last", AttrType::int64, false,
+                             "1: X (and Z) and Y are [N, spatial..., C] (0: [N, C, spatial...]); set by kiln compile"};
+
+Status infer_fused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_fused_conv); }
+Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
+Status infer_float_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_float_pool); }
+Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_global_pool); }
 
 }  // namespace
 }  // namespace nn
@@ -538,22 +584,25 @@ void register_nn_ops(OpRegistry& r) {
   std::vector<AttrSpec> fused_conv = {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"},
                                       kKernelShape, kPads, kStrides};
   fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
+  fused_conv.push_back(kChannelsLast);
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
-                     fused_conv, infer_fused_conv}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
+                     fused_conv, infer_fused_conv_any_layout}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      epilogue, infer_fused_matmul}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
-                      {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides},
-                     infer_maxpool});
+                      {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides,
+                      kChannelsLast},
+                     infer_maxpool_any_layout});
   r.add("", OpSchema{"AveragePool", "mean over sliding windows", 1, 1, 1, 1,
-                     {kAutoPad, kCeilMode, {"count_include_pad", AttrType::int64, false, "0"}, kDilations, kKernelShape, kPads, kStrides},
-                     infer_float_pool});
+                     {kAutoPad, kCeilMode, {"count_include_pad", AttrType::int64, false, "0"}, kDilations, kKernelShape, kPads, kStrides,
+                      kChannelsLast},
+                     infer_float_pool_any_layout});
   r.add("", OpSchema{"LpPool", "p-norm over sliding windows", 1, 1, 1, 1,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, {"p", AttrType::int64, false, "2"}, kPads, kStrides},
                      infer_float_pool});
-  r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {}, infer_global_pool});
-  r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {}, infer_global_pool});
+  r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout});
+  r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout});
   r.add("", OpSchema{"GlobalLpPool", "p-norm over all spatial dims", 1, 1, 1, 1,
                      {{"p", AttrType::int64, false, "2"}}, infer_global_pool});
   r.add("", OpSchema{"LRN", "local response normalization across channels", 1, 1, 1, 1,

@@ -57,4 +57,21 @@ struct EinsumSpec {
 /// Parses `equation` for inputs of the given ranks (explicit "->" or implicit output).
 Result<EinsumSpec> parse_einsum(const Node& node, const std::string& equation, const std::vector<int64_t>& ranks);
 
+/// Channels-last layout: FusedConv and the pools with attribute channels_last = 1 read X (and
+/// Z) and write Y as [N, spatial..., C] rather than [N, C, spatial...]; weights and bias keep
+/// their layout. `kiln compile` introduces it where the library kernels run faster on it.
+inline bool channels_last(const Node& node) { return node.attr_int("channels_last", 0) != 0; }
+/// The permutation (Transpose's perm) [N, C, spatial...] -> [N, spatial..., C] of rank r.
+std::vector<int64_t> channels_last_perm(size_t rank);
+/// Its inverse, [N, spatial..., C] -> [N, C, spatial...].
+std::vector<int64_t> channels_first_perm(size_t rank);
+/// v permuted as Transpose permutes dims: out[i] = v[perm[i]].
+template <class T>
+std::vector<T> permute(const std::vector<T>& v, const std::vector<int64_t>& perm) {
+  std::vector<T> out;
+  out.reserve(perm.size());
+  for (int64_t p : perm) out.push_back(v[static_cast<size_t>(p)]);
+  return out;
+}
+
 }  // namespace kiln::nn

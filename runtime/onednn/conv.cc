@@ -1,11 +1,13 @@
 // onednn.conv: Conv and FusedConv (1-D to 3-D, grouped and depthwise) as a oneDNN forward
 // convolution. The weights must be constant: prepare reorders them once into the blocked
-// layout oneDNN picks for the shapes and ISA. Inputs and outputs are kiln's plain NC(D)HW
-// tensors. Ungrouped convolutions run on the blocked activations oneDNN picks (nChw16c on
-// AVX-512), reordered in and out through the kernel's workspace, with the fused epilogue as
-// post-ops: that costs less than oneDNN's GEMM-based path on plain tensors, whose post-ops run
-// element by element. Grouped and depthwise ones stay plain (oneDNN 2.6's blocked ones
-// miscompute some with channel tails) and kiln's vectorised epilogue follows them.
+// layout oneDNN picks for the shapes and ISA. A channels_last FusedConv (what `kiln compile`
+// makes of the convolutions it can) runs directly on its NHWC tensors, oneDNN's fastest
+// layout here (its brgemm kernels, depthwise included), with the epilogue as post-ops.
+// Channels-first convolutions: ungrouped ones run on the layout oneDNN picks, reordered in and
+// out through the kernel's workspace, with the epilogue as post-ops: that costs less than
+// oneDNN's GEMM-based path on plain tensors, whose post-ops run element by element. Grouped
+// and depthwise ones stay plain (oneDNN 2.6's blocked ones miscompute some with channel
+// tails) and kiln's vectorised epilogue follows them.
 #include <cstring>
 #include <unordered_map>
 
@@ -31,8 +33,14 @@ class ConvKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     return guarded(q.node, [&]() -> Status {
-      const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete();
-      const std::vector<int64_t> ys = q.outputs[0].shape.concrete();
+      // oneDNN's dims are logical [N, C, spatial...] whatever the layout.
+      const bool last = nn::channels_last(q.node);
+      std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+      const std::vector<int64_t> ws = q.inputs[1].shape.concrete();
+      if (last) {
+        xs = nn::permute(xs, nn::channels_first_perm(xs.size()));
+        ys = nn::permute(ys, nn::channels_first_perm(ys.size()));
+      }
       const int64_t group = q.node.attr_int("group", 1);
       std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
       KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, spatial, kernel, false));
@@ -49,7 +57,8 @@ class ConvKernel final : public Kernel {
         wdims[0] = ws[0] / group;
         wdims.insert(wdims.begin(), group);
       }
-      const memory::desc src = plain(xs), dst = plain(ys), user_w = plain(wdims);
+      const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
+      const memory::desc user_w = plain(wdims);
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::f32, memory::format_tag::any);
       has_bias_ = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;
       const memory::desc bias = has_bias_ ? plain({ys[1]}) : memory::desc();
@@ -57,9 +66,9 @@ class ConvKernel final : public Kernel {
       const bool has_z = fused && q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      blocked_ = group == 1;
+      blocked_ = group == 1 && !last;
       const std::optional<cpu::Isa> isa = cpu::best_isa(q.target.cpu);
-      if (fused && (blocked_ || !isa)) {
+      if (fused && (blocked_ || last || !isa)) {
         KILN_ASSIGN_OR_RETURN(dnnl::post_ops ops, epilogue_post_ops(q.node, has_z ? &dst : nullptr, z_index_));
         attr.set_post_ops(ops);
       } else if (fused) {

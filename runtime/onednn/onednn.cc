@@ -37,6 +37,18 @@ memory::desc plain(const std::vector<int64_t>& dims) {
   return memory::desc(d, memory::data_type::f32, row_major_strides(d));
 }
 
+memory::desc channels_last(const std::vector<int64_t>& dims) {
+  memory::dims d = to_dims(dims);
+  memory::dims s(d.size(), 1);
+  memory::dim stride = d.size() > 1 ? d[1] : 1;  // C innermost, then the spatial dims, then N
+  for (size_t i = d.size(); i-- > 2;) {
+    s[i] = stride;
+    stride *= d[i];
+  }
+  s[0] = stride;
+  return memory::desc(d, memory::data_type::f32, s);
+}
+
 memory::desc transposed(const std::vector<int64_t>& dims) {
   memory::dims d = to_dims(dims);
   memory::dims swapped = d;

@@ -24,6 +24,9 @@ dnnl::stream& cpu_stream();
 
 /// A plain (row-major) f32 descriptor of these dims.
 dnnl::memory::desc plain(const std::vector<int64_t>& dims);
+/// An f32 descriptor of logical dims [N, C, spatial...] stored channels-last, [N, spatial..., C]
+/// (nhwc): the layout of a channels_last node's activations.
+dnnl::memory::desc channels_last(const std::vector<int64_t>& dims);
 /// A row-major descriptor of the last two dims swapped in memory (a transposed operand).
 dnnl::memory::desc transposed(const std::vector<int64_t>& dims);
 

@@ -1,7 +1,8 @@
 // onednn.pool: MaxPool, AveragePool, GlobalMaxPool and GlobalAveragePool (1-D to 3-D) as a
-// oneDNN pooling primitive on plain NC(D)HW tensors. ceil_mode becomes extra end padding (the
-// window geometry of formats/ops/nn_util.h gives the output size); MaxPool's Indices output
-// and average pooling that counts that extra padding stay with the reference kernels.
+// oneDNN pooling primitive on plain NC(D)HW tensors, or N(D)HWC ones with channels_last.
+// ceil_mode becomes extra end padding (the window geometry of formats/ops/nn_util.h gives the
+// output size); MaxPool's Indices output and average pooling that counts that extra padding
+// stay with the reference kernels.
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
@@ -29,7 +30,12 @@ class PoolKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     return guarded(q.node, [&]() -> Status {
-      const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+      const bool last = nn::channels_last(q.node);
+      std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+      if (last) {  // oneDNN's dims are logical [N, C, spatial...] whatever the layout
+        xs = nn::permute(xs, nn::channels_first_perm(xs.size()));
+        ys = nn::permute(ys, nn::channels_first_perm(ys.size()));
+      }
       const std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), out(ys.begin() + 2, ys.end());
       const size_t n = spatial.size();
       memory::dims kernel(n), strides(n, 1), dil(n, 0), pad_l(n, 0), pad_r(n, 0);
@@ -50,7 +56,7 @@ class PoolKernel final : public Kernel {
       const dnnl::algorithm alg = max ? dnnl::algorithm::pooling_max
                                   : q.node.attr_int("count_include_pad", 0) ? dnnl::algorithm::pooling_avg_include_padding
                                                                             : dnnl::algorithm::pooling_avg_exclude_padding;
-      const memory::desc src = plain(xs), dst = plain(ys);
+      const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src, dst, strides, kernel, dil, pad_l, pad_r);

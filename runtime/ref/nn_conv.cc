@@ -6,6 +6,7 @@
 #include <string>
 
 #include "formats/ops/nn_util.h"
+#include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
 
 namespace kiln::nn {
@@ -207,11 +208,13 @@ Status ref_col2im(KernelContext& ctx) {
   });
 }
 
+Status ref_fused_conv_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_fused_conv); }
+
 }  // namespace
 
 void register_ref_nn_conv(KernelRegistry& r) {
   r.add_reference("Conv", ref_conv);
-  r.add_reference("FusedConv", ref_fused_conv);
+  r.add_reference("FusedConv", ref_fused_conv_any);
   r.add_reference("ConvTranspose", ref_conv_transpose);
   r.add_reference("Col2Im", ref_col2im);
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "formats/ops/nn_util.h"
+#include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
 
 namespace kiln::nn {
@@ -222,14 +223,20 @@ Status ref_max_unpool(KernelContext& ctx) {
   });
 }
 
+// The pools that take channels_last (runtime/ref/layout.h).
+Status ref_max_pool_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_max_pool); }
+Status ref_average_pool_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_average_pool); }
+Status ref_global_max_pool_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_global_max_pool); }
+Status ref_global_average_pool_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_global_average_pool); }
+
 }  // namespace
 
 void register_ref_nn_pool(KernelRegistry& r) {
-  r.add_reference("MaxPool", ref_max_pool);
-  r.add_reference("AveragePool", ref_average_pool);
+  r.add_reference("MaxPool", ref_max_pool_any);
+  r.add_reference("AveragePool", ref_average_pool_any);
   r.add_reference("LpPool", ref_lp_pool);
-  r.add_reference("GlobalMaxPool", ref_global_max_pool);
-  r.add_reference("GlobalAveragePool", ref_global_average_pool);
+  r.add_reference("GlobalMaxPool", ref_global_max_pool_any);
+  r.add_reference("GlobalAveragePool", ref_global_average_pool_any);
   r.add_reference("GlobalLpPool", ref_global_lp_pool);
   r.add_reference("LRN", ref_lrn);
   r.add_reference("MaxUnpool", ref_max_unpool);

@@ -85,7 +85,8 @@ def external_model(work, location):
 
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
-          "fuse_rms_norm", "fuse_gelu", "fuse_attention", "fuse_epilogues", "eliminate_dead", "select_kernels")
+          "fuse_rms_norm", "fuse_gelu", "fuse_attention", "fuse_epilogues", "channels_last", "eliminate_dead",
+          "select_kernels")
 
 
 def compile_tests(r, work, samples):

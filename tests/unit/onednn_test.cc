@@ -99,6 +99,40 @@ TEST(OneDnn, Pools) {
   EXPECT_EQ(check({"GlobalMaxPool", {noise({1, 7, 5, 3, 4}, 20)}}), "onednn.pool");
 }
 
+// channels_last FusedConv and pools (what `kiln compile` makes of them): [N, H, W, C] tensors
+// straight into oneDNN, against the reference kernel on the transposed tensors. Grouped and
+// depthwise ones with channel counts off the SIMD width included.
+TEST(OneDnn, ChannelsLastConvAndPools) {
+  struct Shape2 { int64_t c, h, w, m, k, stride, group; };
+  for (const Shape2& s : std::vector<Shape2>{{3, 11, 9, 5, 3, 2, 1}, {16, 8, 8, 32, 1, 1, 1}, {12, 9, 9, 18, 3, 1, 3},
+                                            {17, 9, 7, 17, 3, 1, 17}, {40, 10, 10, 40, 5, 2, 40}, {24, 6, 6, 144, 1, 1, 1}}) {
+    SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + " k" + std::to_string(s.k) + " group " + std::to_string(s.group));
+    const int64_t p = s.k / 2, oh = (s.h + 2 * p - s.k) / s.stride + 1, ow = (s.w + 2 * p - s.k) / s.stride + 1;
+    Tensor x = noise({2, s.h, s.w, s.c}, 1), w = noise({s.m, s.c / s.group, s.k, s.k}, 2, 0.3f), b = noise({s.m}, 3);
+    std::vector<Attribute> a = conv_attrs({p, p, p, p}, {s.stride, s.stride}, {1, 1}, s.group);
+    a.push_back(attr("channels_last", int64_t{1}));
+    EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a}), "onednn.conv");
+    a.push_back(attr("activation", std::string("Clip")));
+    a.push_back(attr("activation_params", std::vector<double>{0, 6}));
+    a.push_back(attr("post_activation", std::string("Silu")));
+    EXPECT_EQ(check({"FusedConv", {x, w, b, noise({2, oh, ow, s.m}, 4)}, {false, true, true, false}, a}), "onednn.conv");
+  }
+  Tensor x = noise({2, 13, 11, 5}, 5);
+  const std::vector<Attribute> last = {attr("channels_last", int64_t{1})};
+  auto with = [&](std::vector<Attribute> a) {
+    a.push_back(last[0]);
+    return a;
+  };
+  EXPECT_EQ(check({"MaxPool", {x}, {}, with({attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
+                                              attr("pads", std::vector<int64_t>{1, 1, 1, 1})})}),
+            "onednn.pool");
+  EXPECT_EQ(check({"AveragePool", {x}, {}, with({attr("kernel_shape", std::vector<int64_t>{2, 3}), attr("ceil_mode", int64_t{1}),
+                                                  attr("strides", std::vector<int64_t>{2, 2})})}),
+            "onednn.pool");
+  EXPECT_EQ(check({"GlobalAveragePool", {x}, {}, last}), "onednn.pool");
+  EXPECT_EQ(check({"GlobalMaxPool", {x}, {}, last}), "onednn.pool");
+}
+
 TEST(OneDnn, DeclinesWhatItCannotRun) {
   // Weights computed at run time, 1-D MatMul operands, alpha != 1, an empty K.
   EXPECT_EQ(check({"Conv", {noise({1, 3, 5, 5}, 1), noise({4, 3, 3, 3}, 2)}, {false, false}}), kReferenceKernel);

@@ -1,0 +1,217 @@
+// channels_last: 2-D convolutions and pools run on [N, H, W, C] activations, the layout
+// oneDNN's fastest kernels here take (brgemm convolutions, depthwise ones included), with
+// transposes only where the graph enters and leaves the channels-last region.
+//
+// Walking the nodes in order, each f32 rank-4 Conv / FusedConv / MaxPool (without Indices) /
+// AveragePool / GlobalAveragePool / GlobalMaxPool becomes a channels_last = 1 node (a Conv
+// becomes a FusedConv), and so does every layout-agnostic node all of whose activations are
+// already channels-last: elementwise ops (rank-4 output; constant operands permuted to match),
+// Concat and Split (the axis renumbered), Resize by constant scales or sizes (permuted). Each
+// value such a node writes gets a channels-last twin; the original value is then computed by a
+// Transpose back, which eliminate_dead drops when nothing channels-first reads it. A
+// channels-first value that a converted node reads is transposed once and shared.
+#include <cstring>
+#include <set>
+
+#include "compile/graph_util.h"
+#include "compile/pass.h"
+#include "formats/ops/nn_util.h"
+#include "runtime/ref/layout.h"
+
+namespace kiln {
+
+namespace {
+
+const std::set<std::string, std::less<>> kAnchors = {"Conv", "FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                                    "GlobalMaxPool"};
+const std::set<std::string, std::less<>> kUnary = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish",
+                                                  "Gelu", "Elu", "Softplus", "Exp", "Neg", "Abs", "Sqrt", "Erf",
+                                                  "Identity", "Clip"};
+const std::set<std::string, std::less<>> kBroadcasting = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Pow"};
+
+bool rank4_f32(const Value& v) { return v.dtype == DType::f32 && v.shape.is_concrete() && v.shape.rank() == 4; }
+
+class Converter {
+ public:
+  explicit Converter(Graph& g) : g_(g), twin_(g.values.size(), kNoValue) {}
+
+  // Whether node n runs channels-last.
+  bool wanted(const Node& n) const {
+    if (!n.domain.empty() || n.outputs.empty() || n.outputs[0] == kNoValue) return false;
+    for (ValueId o : n.outputs)
+      if (o != kNoValue && !rank4_f32(g_.value(o))) return false;
+    if (kAnchors.count(n.op)) {
+      if (!n.has_input(0) || !rank4_f32(g_.value(n.inputs[0])) || nn::channels_last(n)) return false;
+      if (n.op == "MaxPool" && n.outputs.size() > 1 && n.outputs[1] != kNoValue) return false;
+      return n.op != "Conv" || n.inputs.size() <= 3;
+    }
+    if (kUnary.count(n.op)) return n.has_input(0) && has_twin(n.inputs[0]);
+    if (n.op == "Concat") {
+      for (ValueId v : n.inputs)
+        if (!has_twin(v)) return false;
+      return true;
+    }
+    if (n.op == "Split") return n.has_input(0) && has_twin(n.inputs[0]);  // input 1, the sizes, is not an activation
+    if (n.op == "Resize") {
+      if (n.has_attr("axes") || !n.has_input(0) || !has_twin(n.inputs[0])) return false;
+      for (size_t i = 1; i < n.inputs.size(); ++i)
+        if (n.has_input(i) && !constant_of_size(n.inputs[i], i == 1 ? 8 : 4)) return false;
+      return true;
+    }
+    if (kBroadcasting.count(n.op)) {
+      bool any = false;
+      for (ValueId v : n.inputs) {
+        if (v == kNoValue) return false;
+        if (has_twin(v)) {
+          any = true;
+          continue;
+        }
+        const Value& c = g_.value(v);
+        if (!c.is_constant() || c.constant.rank() > 4) return false;
+      }
+      return any;
+    }
+    return false;
+  }
+
+  // Appends n, converted, to `out`, with the transposes into and out of the channels-last region.
+  void convert(Node n, std::vector<Node>& out) {
+    ++converted_;
+    const bool anchor = kAnchors.count(n.op) > 0;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const ValueId v = n.inputs[i];
+      if (v == kNoValue) continue;
+      if (has_twin(v)) {
+        n.inputs[i] = twin_[static_cast<size_t>(v)];
+      } else if (anchor ? (i == 0 || (i == 3 && n.op == "FusedConv")) : kBroadcasting.count(n.op) > 0) {
+        n.inputs[i] = g_.value(v).is_constant() ? permuted_constant(v) : transposed_in(v, out);
+      } else if (n.op == "Resize") {
+        n.inputs[i] = permuted_vector(v, i == 1);
+      }
+    }
+    if (n.op == "Conv") n.op = "FusedConv";
+    if (anchor) n.set_attr("channels_last", int64_t{1});
+    if (n.op == "Concat" || n.op == "Split") {
+      int64_t axis = n.attr_int("axis", 0);
+      if (axis < 0) axis += 4;
+      const std::vector<int64_t> perm = nn::channels_last_perm(4);
+      for (int64_t j = 0; j < 4; ++j)
+        if (perm[static_cast<size_t>(j)] == axis) n.set_attr("axis", j);
+    }
+    std::vector<ValueId> originals = n.outputs;
+    for (ValueId& o : n.outputs) {
+      if (o == kNoValue) continue;
+      const Value& v = g_.value(o);
+      const ValueId t = g_.add_value(v.name + "_nhwc", v.dtype, last_shape(v.shape));
+      set_twin(o, t);
+      o = t;
+    }
+    out.push_back(std::move(n));
+    for (ValueId o : originals)
+      if (o != kNoValue) {
+        back_.push_back(o);
+        out.push_back(transpose(twin_[static_cast<size_t>(o)], o, nn::channels_first_perm(4)));
+      }
+  }
+
+  // How many of the Transposes back have a reader (a channels-first node or a graph output).
+  size_t transposes_out() const {
+    const std::vector<size_t> readers = reader_counts(g_);
+    size_t n = 0;
+    for (ValueId o : back_) n += readers[static_cast<size_t>(o)] > 0;
+    return n;
+  }
+
+  size_t converted() const { return converted_; }
+  size_t transposes_in() const { return transposes_in_; }
+
+ private:
+  bool has_twin(ValueId v) const { return v != kNoValue && static_cast<size_t>(v) < twin_.size() && twin_[static_cast<size_t>(v)] != kNoValue; }
+
+  void set_twin(ValueId v, ValueId t) {
+    if (twin_.size() <= static_cast<size_t>(v)) twin_.resize(static_cast<size_t>(v) + 1, kNoValue);
+    twin_[static_cast<size_t>(v)] = t;
+  }
+
+  bool constant_of_size(ValueId v, int64_t n) const {
+    const Value& c = g_.value(v);
+    return c.is_constant() && c.constant.rank() == 1 && (c.constant.numel() == n || c.constant.numel() == 0);
+  }
+
+  static Shape last_shape(const Shape& s) { return Shape(nn::permute(s.dims, nn::channels_last_perm(4))); }
+
+  Node transpose(ValueId from, ValueId to, std::vector<int64_t> perm) {
+    Node t;
+    t.op = "Transpose";
+    t.name = g_.value(to).name + "_transpose";
+    t.inputs = {from};
+    t.outputs = {to};
+    t.set_attr("perm", std::move(perm));
+    return t;
+  }
+
+  // The channels-last twin of a channels-first activation, made once.
+  ValueId transposed_in(ValueId v, std::vector<Node>& out) {
+    const Value& x = g_.value(v);
+    const ValueId t = g_.add_value(x.name + "_nhwc", x.dtype, last_shape(x.shape));
+    out.push_back(transpose(v, t, nn::channels_last_perm(4)));
+    set_twin(v, t);
+    ++transposes_in_;
+    return t;
+  }
+
+  // A constant operand of a broadcasting op: aligned to rank 4 from the right (as broadcasting
+  // aligns it to the NCHW operand), then permuted like the activations.
+  ValueId permuted_constant(ValueId v) {
+    const Value& c = g_.value(v);
+    if (c.constant.numel() <= 1) return v;
+    std::vector<int64_t> shape = c.constant.shape();
+    shape.insert(shape.begin(), 4 - shape.size(), 1);
+    Tensor t = ref::permuted(c.constant.reshaped(shape), nn::channels_last_perm(4));
+    return g_.add_constant(c.name + "_nhwc", std::move(t));
+  }
+
+  // Resize's scales or sizes (4 values) or roi (starts then ends, 8) in channels-last order.
+  ValueId permuted_vector(ValueId v, bool roi) {
+    const Value& c = g_.value(v);
+    if (c.constant.numel() == 0) return v;
+    const Tensor halves = roi ? c.constant.reshaped({2, 4}) : c.constant.reshaped({1, 4});
+    Tensor t(halves.dtype(), halves.shape());
+    const size_t es = dtype_size(t.dtype());
+    const std::vector<int64_t> perm = nn::channels_last_perm(4);
+    for (int64_t h = 0; h < halves.dim(0); ++h)
+      for (size_t j = 0; j < 4; ++j)
+        std::memcpy(static_cast<std::byte*>(t.raw()) + (static_cast<size_t>(h) * 4 + j) * es,
+                    static_cast<const std::byte*>(halves.raw()) + (static_cast<size_t>(h) * 4 + static_cast<size_t>(perm[j])) * es, es);
+    return g_.add_constant(c.name + "_nhwc", t.reshaped(c.constant.shape()));
+  }
+
+  Graph& g_;
+  std::vector<ValueId> twin_;  ///< per value: its channels-last twin, or kNoValue
+  std::vector<ValueId> back_;  ///< the values the Transposes back write
+  size_t converted_ = 0, transposes_in_ = 0;
+};
+
+}  // namespace
+
+Result<PassResult> channels_last(Model& model, PassContext&) {
+  Graph& g = model.graph;
+  Converter c(g);
+  std::vector<Node> nodes = std::move(g.nodes);
+  g.nodes.clear();
+  std::vector<Node> out;
+  out.reserve(nodes.size());
+  for (Node& n : nodes) {
+    if (c.wanted(n))
+      c.convert(std::move(n), out);
+    else
+      out.push_back(std::move(n));
+  }
+  g.nodes = std::move(out);
+  if (c.converted() == 0) return PassResult{};
+  return PassResult{true, "ran " + count_of(c.converted(), "node", "nodes") + " channels-last, with " +
+                              count_of(c.transposes_in(), "transpose", "transposes") + " in and " +
+                              count_of(c.transposes_out(), "transpose", "transposes") + " out"};
+}
+
+}  // namespace kiln
