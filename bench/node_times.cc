@@ -3,6 +3,9 @@
 // median and the sum of the node times (the difference is the executor's own work).
 //
 //   kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K]
+//                          [--nodes K]
+// --top: how many op/kernel rows (25); --nodes: also the K most expensive single nodes, with
+// their output shapes (0).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,10 +41,10 @@ class NodeTimer final : public kiln::ExecutionObserver {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K]\n");
+    std::fprintf(stderr, "usage: kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K] [--nodes K]\n");
     return 2;
   }
-  int runs = 10, warmup = 2, threads = kiln::physical_cores(), top = 25;
+  int runs = 10, warmup = 2, threads = kiln::physical_cores(), top = 25, nodes = 0;
   for (int i = 3; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     int v = std::atoi(argv[i + 1]);
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
     else if (flag == "--warmup") warmup = v;
     else if (flag == "--threads") threads = v;
     else if (flag == "--top") top = v;
+    else if (flag == "--nodes") nodes = v;
   }
   auto model = kiln::load_model(argv[1]);
   if (!model.ok()) {
@@ -102,5 +106,15 @@ int main(int argc, char** argv) {
   for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i)
     std::printf("%9.3f ms %5.1f%%  %s\n", rows[static_cast<size_t>(i)].first * 1e3, 100 * rows[static_cast<size_t>(i)].first / sum,
                 rows[static_cast<size_t>(i)].second.c_str());
+  std::vector<std::pair<double, size_t>> single;
+  for (size_t n = 0; n < g.nodes.size(); ++n) single.emplace_back(timer.total()[n] / runs, n);
+  std::sort(single.rbegin(), single.rend());
+  for (int i = 0; i < nodes && i < static_cast<int>(single.size()); ++i) {
+    const kiln::Node& node = g.nodes[single[static_cast<size_t>(i)].second];
+    const kiln::ValueId out = node.outputs.empty() ? kiln::kNoValue : node.outputs[0];
+    std::printf("%9.3f ms  %s %s [%s] -> %s\n", single[static_cast<size_t>(i)].first * 1e3, node.name.c_str(),
+                node.qualified_op().c_str(), kernels[single[static_cast<size_t>(i)].second].name.c_str(),
+                out == kiln::kNoValue ? "-" : g.value(out).shape.str().c_str());
+  }
   return 0;
 }

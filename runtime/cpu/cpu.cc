@@ -7,12 +7,14 @@ namespace cpu {
 void register_norm(KernelRegistry& r);
 void register_dwconv(KernelRegistry& r);
 void register_activation(KernelRegistry& r);
+void register_movement(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_norm(r);
   cpu::register_dwconv(r);
   cpu::register_activation(r);
+  cpu::register_movement(r);
 }
 
 }  // namespace kiln

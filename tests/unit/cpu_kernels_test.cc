@@ -65,6 +65,65 @@ TEST(CpuKernels, Activations) {
   EXPECT_EQ(check({"Clip", {x, Tensor::from<float>({}, {0.f})}, {false, false}}), kReferenceKernel);
 }
 
+// Data movement, bit-exact against the reference kernels, f32 and other element sizes.
+TEST(CpuKernels, ConcatAndSplit) {
+  Tensor a = noise({2, 5, 7, 3}, 1), b = noise({2, 5, 7, 16}, 2), c = noise({2, 5, 7, 1}, 3);
+  EXPECT_EQ(check({"Concat", {a, b, c}, {false, false, false}, {attr("axis", int64_t{3})}}, 0), "kiln.concat");
+  EXPECT_EQ(check({"Concat", {a, noise({2, 4, 7, 3}, 4)}, {false, true}, {attr("axis", int64_t{-3})}}, 0), "kiln.concat");
+  EXPECT_EQ(check({"Concat", {a, noise({1, 5, 7, 3}, 5)}, {false, false}, {attr("axis", int64_t{0})}}, 0), "kiln.concat");
+  EXPECT_EQ(check({"Concat", {make<int64_t>({2, 2}, {1, 2, 3, 4}), make<int64_t>({2, 1}, {5, 6})}, {false, false},
+                   {attr("axis", int64_t{1})}}, 0),
+            "kiln.concat");
+  // Big enough to split across threads: YOLO's channel concatenations after channels_last.
+  EXPECT_EQ(check({"Concat", {noise({1, 80, 80, 32}, 6), noise({1, 80, 80, 32}, 7)}, {false, false}, {attr("axis", int64_t{3})}}, 0),
+            "kiln.concat");
+  Tensor x = noise({2, 40, 40, 24}, 8);
+  EXPECT_EQ(check({"Split", {x, make<int64_t>({3}, {5, 16, 3})}, {false, true}, {attr("axis", int64_t{3})}, {true, true, true}}, 0),
+            "kiln.split");
+  EXPECT_EQ(check({"Split", {x, make<int64_t>({2}, {10, 30})}, {false, true}, {attr("axis", int64_t{1})}, {false, true}}, 0),
+            "kiln.split");
+  EXPECT_EQ(check({"Split", {x}, {false}, {attr("axis", int64_t{-1}), attr("num_outputs", int64_t{3})}, {true, true, true}}, 0),
+            "kiln.split");
+  EXPECT_EQ(check({"Split", {make<int8_t>({1, 5}, {1, 2, 3, 4, 5})}, {false}, {attr("axis", int64_t{1}), attr("num_outputs", int64_t{2})},
+                   {true, true}}, 0),
+            "kiln.split");
+}
+
+TEST(CpuKernels, Transpose) {
+  std::vector<int64_t> perm = {0, 1, 2, 3};
+  do {
+    SCOPED_TRACE(::testing::PrintToString(perm));
+    EXPECT_EQ(check({"Transpose", {noise({2, 3, 17, 5}, 9)}, {false}, {attr("perm", perm)}}, 0), "kiln.transpose");
+    EXPECT_EQ(check({"Transpose", {make<int16_t>({2, 3, 1, 5}, std::vector<int16_t>(30, 7))}, {false}, {attr("perm", perm)}}, 0),
+              "kiln.transpose");
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  // The image into channels-last and back, big enough for threads; the default (reversed) perm.
+  EXPECT_EQ(check({"Transpose", {noise({1, 3, 160, 150}, 10)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
+            "kiln.transpose");
+  EXPECT_EQ(check({"Transpose", {noise({1, 40, 40, 85}, 11)}, {false}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2})}}, 0),
+            "kiln.transpose");
+  EXPECT_EQ(check({"Transpose", {noise({7, 33}, 12)}, {false}}, 0), "kiln.transpose");
+}
+
+TEST(CpuKernels, NearestUpsample) {
+  const std::vector<Attribute> torch = {attr("mode", std::string("nearest")), attr("coordinate_transformation_mode", std::string("asymmetric")),
+                                        attr("nearest_mode", std::string("floor"))};
+  // Channels-last (rows copied whole), channels-first (the last dim resized), by sizes.
+  EXPECT_EQ(check({"Resize", {noise({1, 5, 6, 8}, 13), Tensor(), make<float>({4}, {1, 2, 2, 1})}, {false, false, true}, torch}, 0),
+            "kiln.upsample_nearest");
+  EXPECT_EQ(check({"Resize", {noise({2, 8, 5, 6}, 14), Tensor(), make<float>({4}, {1, 1, 3, 2})}, {false, false, true}, torch}, 0),
+            "kiln.upsample_nearest");
+  EXPECT_EQ(check({"Resize", {noise({1, 40, 40, 64}, 15), Tensor(), Tensor(), make<int64_t>({4}, {1, 80, 80, 64})},
+                   {false, false, false, true}, torch}, 0),
+            "kiln.upsample_nearest");
+  // Other coordinate rules and fractional factors stay with the reference kernel.
+  EXPECT_EQ(check({"Resize", {noise({1, 2, 4, 4}, 16), Tensor(), make<float>({4}, {1, 1, 2, 2})}, {false, false, true},
+                   {attr("mode", std::string("nearest"))}}, 0),
+            kReferenceKernel);
+  EXPECT_EQ(check({"Resize", {noise({1, 2, 4, 4}, 17), Tensor(), make<float>({4}, {1, 1, 1.5f, 1.5f})}, {false, false, true}, torch}, 0),
+            kReferenceKernel);
+}
+
 TEST(CpuKernels, DepthwiseConv) {
   for (const auto& [isa, cpu] : isa_paths())
     for (int64_t k : {3, 5})

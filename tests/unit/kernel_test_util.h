@@ -24,11 +24,12 @@ struct Case {
   std::vector<Tensor> inputs;          // graph inputs (undefined: omitted)
   std::vector<bool> constant;          // per input: a constant rather than a graph input
   std::vector<Attribute> attrs;
+  std::vector<bool> outputs = {true};  // per output: requested (false: omitted)
 };
 
 /// Runs the one-node model on the default kernels (for this CPU, when given) and on the
-/// reference kernels, compares the first outputs (relative L2 <= tol) and returns the kernel
-/// that ran it.
+/// reference kernels, compares the outputs (relative L2 <= tol) and returns the kernel that ran
+/// it.
 inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr) {
   Model m;
   Graph& g = m.graph;
@@ -51,11 +52,13 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
     n.inputs.push_back(v);
     feed.push_back(t);
   }
-  ValueId y = g.add_value("y", DType::undefined);
-  n.outputs = {y};
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    const ValueId y = c.outputs[i] ? g.add_value(i == 0 ? "y" : "y" + std::to_string(i), DType::undefined) : kNoValue;
+    n.outputs.push_back(y);
+    if (y != kNoValue) g.outputs.push_back(y);
+  }
   for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
   g.add_node(std::move(n));
-  g.outputs = {y};
   EXPECT_TRUE(infer_graph(g).ok());
   SessionOptions options;
   if (cpu) options.target.cpu = *cpu;
@@ -68,8 +71,12 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
   EXPECT_TRUE(got.ok()) << got.error().message();
   EXPECT_TRUE(want.ok()) << want.error().message();
   if (!got.ok() || !want.ok()) return "";
-  EXPECT_EQ((*got)[0].shape(), (*want)[0].shape());
-  EXPECT_LE(relative_l2((*got)[0], (*want)[0]), tol) << c.op << " " << graph_to_text(g);
+  EXPECT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < got->size() && i < want->size(); ++i) {
+    EXPECT_EQ((*got)[i].dtype(), (*want)[i].dtype()) << "output " << i;
+    EXPECT_EQ((*got)[i].shape(), (*want)[i].shape()) << "output " << i;
+    EXPECT_LE(relative_l2((*got)[i], (*want)[i]), tol) << c.op << " output " << i << " " << graph_to_text(g);
+  }
   return (*fast)->kernels()[0].name;
 }
 

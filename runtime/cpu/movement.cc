@@ -1,0 +1,327 @@
+// kiln's data-movement kernels: Concat, Split, Transpose and nearest Resize by integer factors,
+// for any dtype (they move elements by size), planned once on the concrete shapes and split
+// across threads when there is enough to move. The reference kernels walk indices element by
+// element or call memcpy per row; after the channels_last pass, concatenating channels copies
+// a short row per pixel, so the copies here are inline loops, not library calls.
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr int64_t kParallelBytes = 1 << 18;  // below this, one thread moves it faster
+
+// Copies n bytes between non-overlapping buffers; short copies stay inline.
+inline void move_bytes(std::byte* dst, const std::byte* src, size_t n) {
+  if (n > 512) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) __builtin_memcpy(dst + i, src + i, 32);
+  for (; i + 4 <= n; i += 4) __builtin_memcpy(dst + i, src + i, 4);
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
+std::optional<std::string> concrete_io(const KernelQuery& q) {
+  for (const InferInput& in : q.inputs)
+    if (in.dtype != DType::undefined && !in.shape.is_concrete()) return "shapes not known ahead";
+  for (const InferOutput& out : q.outputs)
+    if (out.dtype != DType::undefined && !out.shape.is_concrete()) return "shapes not known ahead";
+  return std::nullopt;
+}
+
+int64_t product(const std::vector<int64_t>& s, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= s[i];
+  return p;
+}
+
+size_t axis_of(const Node& n, size_t rank) {
+  int64_t axis = n.attr_int("axis", 0);
+  return static_cast<size_t>(axis < 0 ? axis + static_cast<int64_t>(rank) : axis);
+}
+
+// Concat and Split: `rows` rows, each the pieces' chunks side by side in the joined tensor.
+// Concat copies every piece's chunk into the joined row; Split the other way.
+class JoinKernel final : public Kernel {
+ public:
+  explicit JoinKernel(bool split) : split_(split) {}
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    const std::vector<int64_t> joined = split_ ? q.inputs[0].shape.concrete() : q.outputs[0].shape.concrete();
+    const DType dtype = split_ ? q.inputs[0].dtype : q.outputs[0].dtype;
+    const size_t axis = axis_of(q.node, joined.size()), es = dtype_size(dtype);
+    rows_ = product(joined, 0, axis);
+    const int64_t inner = product(joined, axis + 1, joined.size());
+    row_ = static_cast<size_t>(joined[axis] * inner) * es;
+    if (split_) {
+      // Omitted outputs still take their place in the row: their sizes come from the split input or
+      // equal parts, as the inference has them; a requested output's shape says its own.
+      std::vector<int64_t> sizes;
+      if (q.inputs.size() > 1 && q.inputs[1].dtype != DType::undefined && q.inputs[1].value) sizes = q.inputs[1].value->to_int64_vector();
+      for (size_t i = 0; i < q.outputs.size(); ++i) {
+        int64_t len = 0;
+        if (q.outputs[i].dtype != DType::undefined) len = q.outputs[i].shape.concrete()[axis];
+        else if (i < sizes.size()) len = sizes[i];
+        else return internal_error(q.node.where(), "an omitted Split output of unknown size");
+        bytes_.push_back(static_cast<size_t>(len * inner) * es);
+        wanted_.push_back(q.outputs[i].dtype != DType::undefined);
+      }
+    } else {
+      for (const InferInput& in : q.inputs) {
+        bytes_.push_back(static_cast<size_t>(in.shape.concrete()[axis] * inner) * es);
+        wanted_.push_back(true);
+      }
+    }
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    std::vector<std::byte*> pieces(bytes_.size(), nullptr);
+    std::byte* joined = nullptr;
+    if (split_) {
+      joined = const_cast<std::byte*>(static_cast<const std::byte*>(ctx.input(0).raw()));
+      for (size_t i = 0; i < pieces.size(); ++i)
+        if (wanted_[i]) pieces[i] = static_cast<std::byte*>(ctx.output(i).raw());
+    } else {
+      joined = static_cast<std::byte*>(ctx.output(0).raw());
+      for (size_t i = 0; i < pieces.size(); ++i) pieces[i] = const_cast<std::byte*>(static_cast<const std::byte*>(ctx.input(i).raw()));
+    }
+    const int64_t rows = rows_;
+    const bool split = split_;
+#pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(row_) >= kParallelBytes)
+    for (int64_t r = 0; r < rows; ++r) {
+      size_t col = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const size_t n = bytes_[i];
+        if (pieces[i]) {
+          std::byte* piece = pieces[i] + static_cast<size_t>(r) * n;
+          std::byte* whole = joined + static_cast<size_t>(r) * row_ + col;
+          if (split) move_bytes(piece, whole, n);
+          else move_bytes(whole, piece, n);
+        }
+        col += n;
+      }
+    }
+    return {};
+  }
+
+ private:
+  bool split_;
+  int64_t rows_ = 0;
+  size_t row_ = 0;
+  std::vector<size_t> bytes_;  ///< per piece: its chunk of a row
+  std::vector<bool> wanted_;
+};
+
+std::optional<std::string> join_declines(const KernelQuery& q) {
+  if (auto why = concrete_io(q)) return why;
+  if (q.node.op == "Split" && q.inputs.size() > 1 && q.inputs[1].dtype != DType::undefined && !q.inputs[1].value)
+    return "split sizes computed at run time";
+  return std::nullopt;
+}
+
+// Transpose: dims that stay neighbours merge, then either whole rows move (the last dim stays
+// last) or a batch of 2-D tiles transposes (the last dim moves).
+class TransposeKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    const std::vector<int64_t> in = q.inputs[0].shape.concrete();
+    std::vector<int64_t> perm = q.node.attr_ints("perm");
+    if (!q.node.has_attr("perm"))
+      for (int64_t i = static_cast<int64_t>(in.size()) - 1; i >= 0; --i) perm.push_back(i);
+    es_ = dtype_size(q.inputs[0].dtype);
+    // Merge runs of output dims that are consecutive input dims.
+    std::vector<std::vector<int64_t>> groups;
+    for (int64_t p : perm) {
+      if (!groups.empty() && groups.back().back() + 1 == p) groups.back().push_back(p);
+      else groups.push_back({p});
+    }
+    // The merged input dims in input order, and the permutation of them.
+    std::vector<size_t> order(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return groups[a][0] < groups[b][0]; });
+    std::vector<int64_t> dims(groups.size()), in_stride(groups.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      int64_t d = 1;
+      for (int64_t p : groups[i]) d *= in[static_cast<size_t>(p)];
+      dims[i] = d;
+    }
+    int64_t s = 1;
+    for (size_t k = order.size(); k-- > 0;) {
+      in_stride[order[k]] = s;
+      s *= dims[order[k]];
+    }
+    // Output dim i (a merged group) has size dims[i] and input stride in_stride[i].
+    dims_ = dims;
+    in_stride_ = in_stride;
+    out_stride_.assign(dims.size(), 1);
+    for (size_t i = dims.size(); i-- > 1;) out_stride_[i - 1] = out_stride_[i] * dims[i];
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const std::byte* src = static_cast<const std::byte*>(ctx.input(0).raw());
+    std::byte* dst = static_cast<std::byte*>(ctx.output(0).raw());
+    const size_t r = dims_.size();
+    if (r == 1 || in_stride_[r - 1] == 1) {  // whole rows of the last dim move
+      rows(src, dst);
+      return {};
+    }
+    tiles(src, dst);
+    return {};
+  }
+
+ private:
+  // The offset of outer index `o` (over output dims [0, r - skip)) in the input and output.
+  void offsets(int64_t o, size_t outer_dims, int64_t& in_off, int64_t& out_off) const {
+    in_off = out_off = 0;
+    for (size_t d = outer_dims; d-- > 0;) {
+      const int64_t i = o % dims_[d];
+      o /= dims_[d];
+      in_off += i * in_stride_[d];
+      out_off += i * out_stride_[d];
+    }
+  }
+
+  void rows(const std::byte* src, std::byte* dst) const {
+    const size_t r = dims_.size();
+    const int64_t len = dims_[r - 1];
+    const int64_t count = out_stride_[0] * dims_[0] / len;
+    const size_t bytes = static_cast<size_t>(len) * es_;
+#pragma omp parallel for schedule(static) if (count * static_cast<int64_t>(bytes) >= kParallelBytes)
+    for (int64_t o = 0; o < count; ++o) {
+      int64_t in_off, out_off;
+      offsets(o, r - 1, in_off, out_off);
+      move_bytes(dst + static_cast<size_t>(out_off) * es_, src + static_cast<size_t>(in_off) * es_, bytes);
+    }
+  }
+
+  // The output's last dim (stride 1 out, in_stride_[r-1] in) against the output dim that is the
+  // input's last (stride 1 in): 2-D tiles of those two, for every index of the others.
+  void tiles(const std::byte* src, std::byte* dst) const {
+    const size_t r = dims_.size();
+    size_t k = 0;  // the output dim read with input stride 1
+    while (in_stride_[k] != 1) ++k;
+    const int64_t a_len = dims_[k], b_len = dims_[r - 1];
+    const int64_t a_out = out_stride_[k], b_in = in_stride_[r - 1];
+    std::vector<size_t> rest;
+    for (size_t d = 0; d + 1 < r; ++d)
+      if (d != k) rest.push_back(d);
+    int64_t batches = 1;
+    for (size_t d : rest) batches *= dims_[d];
+    constexpr int64_t kTile = 16;
+    const int64_t tiles_a = (a_len + kTile - 1) / kTile;
+    const size_t es = es_;
+#pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * static_cast<int64_t>(es) >= kParallelBytes)
+    for (int64_t bt = 0; bt < batches; ++bt)
+      for (int64_t ta = 0; ta < tiles_a; ++ta) {
+        int64_t in_off = 0, out_off = 0, o = bt;
+        for (size_t j = rest.size(); j-- > 0;) {
+          const size_t d = rest[j];
+          const int64_t i = o % dims_[d];
+          o /= dims_[d];
+          in_off += i * in_stride_[d];
+          out_off += i * out_stride_[d];
+        }
+        const int64_t a0 = ta * kTile, a1 = std::min(a_len, a0 + kTile);
+        for (int64_t b0 = 0; b0 < b_len; b0 += kTile) {
+          const int64_t b1 = std::min(b_len, b0 + kTile);
+          if (es == 4) {
+            const float* s = reinterpret_cast<const float*>(src) + in_off;
+            float* t = reinterpret_cast<float*>(dst) + out_off;
+            for (int64_t a = a0; a < a1; ++a)
+              for (int64_t b = b0; b < b1; ++b) t[a * a_out + b] = s[b * b_in + a];
+          } else {
+            for (int64_t a = a0; a < a1; ++a)
+              for (int64_t b = b0; b < b1; ++b)
+                std::memcpy(dst + static_cast<size_t>(out_off + a * a_out + b) * es, src + static_cast<size_t>(in_off + b * b_in + a) * es, es);
+          }
+        }
+      }
+  }
+
+  size_t es_ = 4;
+  std::vector<int64_t> dims_, in_stride_, out_stride_;
+};
+
+// Nearest Resize by whole factors, as torch's Upsample(mode="nearest") exports it
+// (coordinate_transformation_mode asymmetric, nearest_mode floor): out[.., y, ..] = in[.., y / f, ..].
+// Rows of the last dim are copied whole when it is not resized (channels-last images).
+class UpsampleKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    in_ = q.inputs[0].shape.concrete();
+    out_ = q.outputs[0].shape.concrete();
+    es_ = dtype_size(q.inputs[0].dtype);
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const std::byte* src = static_cast<const std::byte*>(ctx.input(0).raw());
+    std::byte* dst = static_cast<std::byte*>(ctx.output(0).raw());
+    const size_t r = out_.size();
+    const size_t row = static_cast<size_t>(out_[r - 1]) * es_;
+    const int64_t rows = product(out_, 0, r - 1);
+    const bool whole_rows = in_[r - 1] == out_[r - 1];
+    const int64_t factor_last = out_[r - 1] / in_[r - 1];
+#pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(row) >= kParallelBytes)
+    for (int64_t o = 0; o < rows; ++o) {
+      // The input row this output row reads: each index divided by its factor.
+      int64_t rest = o, in_row = 0, scale = 1;
+      for (size_t d = r - 1; d-- > 0;) {
+        const int64_t i = rest % out_[d];
+        rest /= out_[d];
+        in_row += (i / (out_[d] / in_[d])) * scale;
+        scale *= in_[d];
+      }
+      const std::byte* s = src + static_cast<size_t>(in_row * in_[r - 1]) * es_;
+      std::byte* t = dst + static_cast<size_t>(o) * row;
+      if (whole_rows) {
+        move_bytes(t, s, row);
+      } else {
+        for (int64_t j = 0; j < out_[r - 1]; ++j) std::memcpy(t + static_cast<size_t>(j) * es_, s + static_cast<size_t>(j / factor_last) * es_, es_);
+      }
+    }
+    return {};
+  }
+
+ private:
+  std::vector<int64_t> in_, out_;
+  size_t es_ = 4;
+};
+
+std::optional<std::string> upsample_declines(const KernelQuery& q) {
+  if (auto why = concrete_io(q)) return why;
+  const Node& n = q.node;
+  if (n.attr_string("mode", "nearest") != "nearest" || n.attr_string("coordinate_transformation_mode", "half_pixel") != "asymmetric" ||
+      n.attr_string("nearest_mode", "round_prefer_floor") != "floor" || n.has_attr("axes") ||
+      n.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch")
+    return "not nearest / asymmetric / floor (torch's Upsample)";
+  const std::vector<int64_t> in = q.inputs[0].shape.concrete(), out = q.outputs[0].shape.concrete();
+  if (in.empty() || shape_numel(in) == 0) return "an empty or scalar input";
+  // Whole factors only, and scales (when given) that say exactly those factors.
+  std::vector<double> scales;
+  if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined && q.inputs[2].value && q.inputs[2].value->numel() > 0) {
+    const Tensor& s = *q.inputs[2].value;
+    for (int64_t i = 0; i < s.numel(); ++i) scales.push_back(s.dtype() == DType::f32 ? s.data<float>()[i] : s.as_double(i));
+  }
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (out[d] % in[d] != 0) return "a factor that is not whole";
+    if (!scales.empty() && scales[d] != static_cast<double>(out[d] / in[d])) return "scales that do not match the sizes";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void register_movement(KernelRegistry& r) {
+  r.add("Concat", "cpu", KernelImpl{"kiln.concat", join_declines, [](const KernelQuery&) { return std::make_unique<JoinKernel>(false); }});
+  r.add("Split", "cpu", KernelImpl{"kiln.split", join_declines, [](const KernelQuery&) { return std::make_unique<JoinKernel>(true); }});
+  r.add("Transpose", "cpu", KernelImpl{"kiln.transpose", concrete_io, [](const KernelQuery&) { return std::make_unique<TransposeKernel>(); }});
+  r.add("Resize", "cpu", KernelImpl{"kiln.upsample_nearest", upsample_declines, [](const KernelQuery&) { return std::make_unique<UpsampleKernel>(); }});
+}
+
+}  // namespace kiln::cpu
