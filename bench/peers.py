@@ -17,7 +17,9 @@ Each runtime's outputs are first checked against ONNX Runtime's (relative L2 <= 
 `--rounds` rounds each time every (model, threads, runtime) for `--iters` runs after `--warmup`,
 interleaved, so that a machine that slows down mid-run slows every column alike. A cell is the
 median over rounds of each round's median, with the min-max of the round medians. Ratios are
-kiln's median over the peer's; the last rows are geometric means.
+kiln's median over the peer's; the last rows are geometric means, over every row and over the
+speed gate's models (GATE). A peer that fails a model leaves its cell "failed"; the reason
+follows the table.
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
@@ -44,6 +46,10 @@ from ort_reference import load_npz  # noqa: E402
 from run_models import Generated, last_line  # noqa: E402
 
 REL_L2_LIMIT = 1e-4
+# The models of kiln's speed gate: the real-sized models at batch 1, ResNet-50 at batch 64, the
+# sample MLP at batch 1 and 64 (resnet_qdq is timed too, but is int8 work for ONNX Runtime).
+GATE = {"resnet50", "resnet50_b64", "mobilenetv2", "efficientnet_b0", "vit_s16", "bert_base", "gpt2", "llama", "yolo",
+        "mlp_b1", "mlp_b64"}
 PAUSE_S = 0.2  # between runtimes, so one runtime's spinning threads settle before the next
 
 
@@ -92,7 +98,8 @@ class Case:
         self.ort = {}
         self.ov = {}
         self.reference = None
-        self.error = None
+        self.error = None  # kiln or ONNX Runtime failed: no row
+        self.ov_error = None  # OpenVINO failed: the row without its column
 
 
 def input_shapes(inputs):
@@ -234,9 +241,13 @@ def main(argv=None):
             try:
                 for t in args.threads:
                     prepare_ort(case, t)
-                    prepare_ov(case, t)
+                    try:
+                        prepare_ov(case, t)
+                    except (Failed, Exception) as e:  # OpenVINO raises its own exception types
+                        case.ov_error = str(e).splitlines()[0]
+                        case.ov[t] = None
                     prepare_kiln(case, kiln, t, scratch, args, env)
-            except (Failed, Exception) as e:  # peers raise their own exception types
+            except (Failed, Exception) as e:  # ONNX Runtime raises its own exception types
                 case.error = str(e).splitlines()[0]
                 failed = True
         times = {}  # (case, threads, runtime) -> [round medians]
@@ -253,8 +264,9 @@ def main(argv=None):
                             time_calls(lambda: session.run(names, case.inputs), args))
                         time.sleep(PAUSE_S)
                         request = case.ov[t]
-                        times.setdefault((case.name, t, "ov"), []).append(time_calls(lambda: request.infer(case.inputs), args))
-                        time.sleep(PAUSE_S)
+                        if request is not None:
+                            times.setdefault((case.name, t, "ov"), []).append(time_calls(lambda: request.infer(case.inputs), args))
+                            time.sleep(PAUSE_S)
                     except Failed as e:
                         case.error = str(e)
                         failed = True
@@ -268,13 +280,22 @@ def main(argv=None):
                     continue
                 k, o, v = (times.get((case.name, t, r), []) for r in ("kiln", "ort", "ov"))
                 r_ort = statistics.median(k) / statistics.median(o)
-                r_ov = statistics.median(k) / statistics.median(v)
-                ratios.setdefault(t, []).append((r_ort, r_ov))
-                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {cell(v):>20s}  {r_ort:8.2f}  {r_ov:8.2f}")
+                r_ov = statistics.median(k) / statistics.median(v) if v else None
+                ratios.setdefault(t, []).append((case.name, r_ort, r_ov))
+                ov_cell = cell(v) if v else "failed"
+                ov_ratio = f"{r_ov:8.2f}" if r_ov else f"{'-':>8s}"
+                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {ov_cell:>20s}  {r_ort:8.2f}  {ov_ratio}")
         for t, rs in ratios.items():
-            g_ort = math.exp(statistics.mean(math.log(r[0]) for r in rs))
-            g_ov = math.exp(statistics.mean(math.log(r[1]) for r in rs))
-            print(f"{'geomean':14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov:8.2f}")
+            for label, rows in (("geomean", rs), ("geomean gate", [r for r in rs if r[0] in GATE])):
+                if not rows:
+                    continue
+                g_ort = math.exp(statistics.mean(math.log(r[1]) for r in rows))
+                ov = [r[2] for r in rows if r[2]]
+                g_ov = f"{math.exp(statistics.mean(math.log(x) for x in ov)):8.2f}" if ov else f"{'-':>8s}"
+                print(f"{label:14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov}")
+        for case in cases:
+            if case.ov_error and not case.error:
+                print(f"# {case.name}: OpenVINO failed: {case.ov_error}")
     return 1 if failed else 0
 
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sys/resource.h>
 
 #include "cli/app.h"
 #include "export/exporter.h"
@@ -112,9 +113,19 @@ Result<NamedTensors> read_one_input(const std::string& spec) {
   return t;
 }
 
+// The process's peak resident set so far, in bytes.
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+}
+
 int run(const RunArgs& args) {
   const std::string verb = "run";
+  using clock = std::chrono::steady_clock;
+  const auto load_start = clock::now();
   auto model = load_model_arg(args.model);
+  const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - load_start).count();
   if (!model.ok()) return report(verb, model.error());
   const Graph& g = model->graph;
   std::vector<std::string> input_names, output_names;
@@ -190,20 +201,24 @@ int run(const RunArgs& args) {
   SessionOptions options;
   options.target.threads = args.threads > 0 ? args.threads : physical_cores();
   options.reference = args.reference;
+  const auto session_start = clock::now();
   auto session = Session::create(*model, options);
   if (!session.ok()) return report(verb, with_file(session.status(), args.model));
+  const double session_ms = std::chrono::duration<double, std::milli>(clock::now() - session_start).count();
   // With --iters: the warm-up runs, then the timed ones; otherwise one run. The outputs
   // written or checked are the last run's.
-  using clock = std::chrono::steady_clock;
   const int warmup = args.iters > 0 ? args.warmup : 0;
   std::vector<double> times_ms;
+  double first_ms = 0;
   Result<std::vector<Tensor>> outputs = Error{};
   for (int i = 0; i < warmup + std::max(args.iters, 1); ++i) {
     auto t0 = clock::now();
     outputs = (*session)->run(ordered);
     auto t1 = clock::now();
     if (!outputs.ok()) return report(verb, with_file(outputs.status(), args.model));
-    if (i >= warmup) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    if (i == 0) first_ms = ms;
+    if (i >= warmup) times_ms.push_back(ms);
   }
   if (args.verbose) {
     const Target& target = (*session)->target();
@@ -237,6 +252,8 @@ int run(const RunArgs& args) {
       for (size_t i = 0; i < input_names.size(); ++i) shapes[input_names[i]] = ordered[i].shape();
       j["input_shapes"] = shapes;
       j["arena_bytes"] = (*session)->memory_stats().arena_bytes;
+      j["startup_ms"] = {{"load", load_ms}, {"session", session_ms}, {"first_run", first_ms}};
+      j["peak_rss_bytes"] = peak_rss_bytes();
       std::cout << j.dump(2) << "\n";
     } else {
       char line[160];
@@ -246,6 +263,9 @@ int run(const RunArgs& args) {
       std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, " << threads
                 << (threads == 1 ? " thread" : " threads") << (args.reference ? ", reference kernels" : "") << "\n"
                 << line;
+      std::snprintf(line, sizeof line, "start: load %.1f ms, session %.1f ms, first run %.3f ms (plans it); peak RSS %.1f MB\n",
+                    load_ms, session_ms, first_ms, static_cast<double>(peak_rss_bytes()) / 1e6);
+      std::cerr << line;
     }
   }
 

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -401,6 +402,16 @@ Result<Buffer> alloc_buffer(uint64_t size) {
                 size};
 }
 
+/// The model files kiln has memory-mapped and not yet unmapped: begin -> end address.
+struct MappedFiles {
+  std::mutex mu;
+  std::map<uintptr_t, uintptr_t> ranges;
+};
+MappedFiles& mapped_files() {
+  static MappedFiles* m = new MappedFiles;  // never destroyed: unmapping may run at exit
+  return *m;
+}
+
 /// Reads `path` whole: a regular file is memory-mapped, a pipe or device read into an aligned
 /// buffer. `what` names the file in messages ("file" for the model file itself, whose path the
 /// caller puts in Error::file).
@@ -428,9 +439,22 @@ Result<Buffer> read_file(const std::string& path, const std::string& what) {
     // nothing written through a view (there should be nothing) could reach the file.
     const auto size = static_cast<size_t>(st.st_size);
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (p != MAP_FAILED)
-      return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [size](uint8_t* q) { ::munmap(q, size); }),
+    if (p != MAP_FAILED) {
+      const auto begin = reinterpret_cast<uintptr_t>(p);
+      {
+        std::lock_guard lock(mapped_files().mu);
+        mapped_files().ranges[begin] = begin + size;
+      }
+      return Buffer{std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p),
+                                             [size](uint8_t* q) {
+                                               {
+                                                 std::lock_guard lock(mapped_files().mu);
+                                                 mapped_files().ranges.erase(reinterpret_cast<uintptr_t>(q));
+                                               }
+                                               ::munmap(q, size);
+                                             }),
                     static_cast<uint64_t>(size)};
+    }
   }
   if (S_ISREG(st.st_mode)) {
     KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(static_cast<uint64_t>(st.st_size)));
@@ -902,6 +926,22 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   // are garbage now that the model refers to its own.
   if (remove_stale_sidecars(dir, base, w.sidecar() ? w.sidecar_name() : "") > 0) sync_folder(dir.string());
   return {};
+}
+
+void release_file_pages(const Tensor& t) {
+  if (!t.defined() || t.nbytes() == 0) return;
+  const auto begin = reinterpret_cast<uintptr_t>(t.raw()), end = begin + t.nbytes();
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages only
+  if (first >= last) return;
+  std::lock_guard lock(mapped_files().mu);
+  auto it = mapped_files().ranges.upper_bound(begin);
+  if (it == mapped_files().ranges.begin()) return;
+  --it;
+  if (end > it->second) return;  // not inside one mapped file
+  // Clean pages of a private file mapping: dropped from this process, faulted back in from the
+  // page cache (the file's bytes) on the next read.
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 Result<Model> load_model(const std::string& path, const LoadOptions& options) {

@@ -68,6 +68,12 @@ Result<std::vector<uint8_t>> serialize_model(const Model& model);
 /// sidecar weights file is looked up next to `path`.
 Result<Model> load_model(const std::string& path, const LoadOptions& options = {});
 
+/// Gives the memory pages that hold `t`'s data back to the page cache when they lie in a model
+/// file load_model memory-mapped (nothing otherwise): the next read faults them in again from
+/// the file. Planning calls it for weights a kernel has packed into memory of its own, so that
+/// a process holds each weight once.
+void release_file_pages(const Tensor& t);
+
 /// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
 /// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A
 /// sidecar weights file is looked up in `sidecar_dir` (the current directory when empty).

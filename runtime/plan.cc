@@ -8,6 +8,7 @@
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
+#include "formats/serialize.h"
 
 namespace kiln {
 
@@ -183,6 +184,14 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
+    // Weights the kernel packed into memory of its own: their file pages go back to the page
+    // cache now, so that a process holds each weight once (a later read faults them back in).
+    if (sel.name != kReferenceKernel)
+      if (const OpSchema* schema = core_ops().find(node.domain, node.op))
+        for (int i : schema->traits.prepack_inputs)
+          if (node.has_input(static_cast<size_t>(i)) && bound.values[static_cast<size_t>(node.inputs[static_cast<size_t>(i)])].is_constant() &&
+              q_in[static_cast<size_t>(i)].value && q_in[static_cast<size_t>(i)].value->nbytes() >= (1u << 20))
+            release_file_pages(*q_in[static_cast<size_t>(i)].value);
     plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
     plan.kernels.push_back(
         PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});

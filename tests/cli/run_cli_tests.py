@@ -224,7 +224,8 @@ def run_all(r, work):
 
     # Timing: a table on stderr, or JSON on stdout; --input-shape sizes random inputs.
     rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])
-    r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err,
+    r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err
+            and re.search(r"start: load [0-9.]+ ms, session [0-9.]+ ms, first run [0-9.]+ ms \(plans it\); peak RSS [0-9.]+ MB", err),
             f"exit {rc}; stdout {out[:200]!r}; stderr {err[:300]!r}")
     rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16", "--threads", "3"])
     try:
@@ -232,7 +233,9 @@ def run_all(r, work):
         lat = j["latency_ms"]
         good = (rc == 0 and j["schema"] == "kiln.run" and j["schema_version"] == 1 and j["iters"] == 4
                 and j["warmup"] == 1 and j["threads"] == 3 and j["reference"] is False and j["input_shapes"] == {"input": [8, 16]}
-                and 0 < lat["min"] <= lat["median"] <= lat["p90"] and lat["min"] <= lat["mean"])
+                and 0 < lat["min"] <= lat["median"] <= lat["p90"] and lat["min"] <= lat["mean"]
+                and set(j["startup_ms"]) == {"load", "session", "first_run"} and min(j["startup_ms"].values()) >= 0
+                and j["startup_ms"]["first_run"] > 0 and j["peak_rss_bytes"] > j["arena_bytes"])
     except (ValueError, KeyError, TypeError) as e:
         good, err = False, f"{err} ({e})"
     r.check("run_iters_json", good, f"exit {rc}; stdout {out[:300]!r}; stderr {err[:300]!r}")

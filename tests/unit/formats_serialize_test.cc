@@ -386,6 +386,26 @@ TEST(FormatsSerialize, LargeTensorsRoundTrip) {
   EXPECT_EQ(read_bytes(path), *bytes);
 }
 
+// Weights' pages released after packing come back from the file on the next read; memory that
+// is not a mapped model file (a heap tensor, a model read from a pipe) is never touched.
+TEST(FormatsSerialize, ReleasedFilePagesReadTheSame) {
+  TempDir dir;
+  Model m;
+  m.graph.add_constant("big", random_tensor(DType::f32, {1024, 1001}, 4));
+  std::string path = dir.file("pages.kiln");
+  ASSERT_TRUE(save_model(m, path).ok());
+  auto loaded = load_model(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  const Tensor& mapped = loaded->graph.values[0].constant;
+  const Tensor& original = m.graph.values[0].constant;
+  release_file_pages(mapped);
+  EXPECT_EQ(std::memcmp(mapped.raw(), original.raw(), original.nbytes()), 0);
+  const Tensor heap = original.clone();
+  release_file_pages(heap);
+  EXPECT_EQ(std::memcmp(heap.raw(), original.raw(), original.nbytes()), 0);
+  release_file_pages(Tensor());
+}
+
 TEST(FormatsSerialize, LoadFromAPipe) {
   TempDir dir;
   std::string fifo = dir.file("pipe.kiln");
