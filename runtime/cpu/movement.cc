@@ -134,6 +134,11 @@ class TransposeKernel final : public Kernel {
     if (!q.node.has_attr("perm"))
       for (int64_t i = static_cast<int64_t>(in.size()) - 1; i >= 0; --i) perm.push_back(i);
     es_ = dtype_size(q.inputs[0].dtype);
+    empty_ = shape_numel(in) == 0;
+    if (in.empty() || empty_) {  // a scalar is one element; an empty tensor moves nothing
+      dims_ = in_stride_ = out_stride_ = {1};
+      return {};
+    }
     // Merge runs of output dims that are consecutive input dims.
     std::vector<std::vector<int64_t>> groups;
     for (int64_t p : perm) {
@@ -164,6 +169,7 @@ class TransposeKernel final : public Kernel {
   }
 
   Status run(KernelContext& ctx) override {
+    if (empty_) return {};
     const std::byte* src = static_cast<const std::byte*>(ctx.input(0).raw());
     std::byte* dst = static_cast<std::byte*>(ctx.output(0).raw());
     const size_t r = dims_.size();
@@ -245,6 +251,7 @@ class TransposeKernel final : public Kernel {
   }
 
   size_t es_ = 4;
+  bool empty_ = false;
   std::vector<int64_t> dims_, in_stride_, out_stride_;
 };
 

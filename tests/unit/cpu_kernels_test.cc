@@ -103,6 +103,9 @@ TEST(CpuKernels, Transpose) {
   EXPECT_EQ(check({"Transpose", {noise({1, 40, 40, 85}, 11)}, {false}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2})}}, 0),
             "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({7, 33}, 12)}, {false}}, 0), "kiln.transpose");
+  EXPECT_EQ(check({"Transpose", {make<float>({}, {3.f})}, {false}}, 0), "kiln.transpose");
+  EXPECT_EQ(check({"Transpose", {noise({2, 0, 3}, 13)}, {false}, {attr("perm", std::vector<int64_t>{2, 0, 1})}}, 0), "kiln.transpose");
+  EXPECT_EQ(check({"Concat", {noise({2, 0, 3}, 14), noise({2, 2, 3}, 15)}, {false, false}, {attr("axis", int64_t{1})}}, 0), "kiln.concat");
 }
 
 TEST(CpuKernels, NearestUpsample) {
