@@ -224,6 +224,8 @@ int run(const RunArgs& args) {
     const Target& target = (*session)->target();
     std::cerr << "target: " << target.device << " (" << target.cpu.str() << "), " << target.threads << (target.threads == 1 ? " thread" : " threads")
               << (args.reference ? ", reference kernels" : "") << "\n";
+    if ((*session)->run_threads() != target.threads)
+      std::cerr << "runs on " << (*session)->run_threads() << " thread: the graph is too little work to share\n";
     const MemoryPlanStats& m = (*session)->memory_stats();
     std::cerr << "memory plan: " << m.arena_bytes << " bytes planned for " << m.planned_values
               << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.dynamic_values

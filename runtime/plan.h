@@ -50,7 +50,14 @@ struct ExecutionPlan {
   MemoryLayout memory;
   std::vector<PlannedKernel> kernels;  ///< per node
   size_t workspace_bytes = 0;          ///< the largest any kernel asked for
+  /// The threads a run uses: the target's, or 1 when the whole graph is too little work to
+  /// share (under kSerialFlops counted FLOPs and kSerialBytes of intermediates), where forking
+  /// and joining the pool would cost more than it saves.
+  int threads = 1;
 };
+
+inline constexpr int64_t kSerialFlops = 4'000'000;
+inline constexpr size_t kSerialBytes = 1 << 20;
 
 struct PlanOptions {
   const Target& target;

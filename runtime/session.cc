@@ -70,6 +70,7 @@ struct Session::Plan {
   std::vector<std::unique_ptr<Kernel>> kernels;  ///< per node, chosen on this plan's shapes
   std::vector<NodeKernel> choices;               ///< per node: the kernel's name, who declined
   Workspace workspace;
+  int threads = 1;         ///< ExecutionPlan::threads
   uint64_t last_used = 0;  ///< the run that last used it, for evicting the least recent
 };
 
@@ -305,6 +306,7 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
 
   // Every value's tensor: constants, views into the arena, or a slot filled on each run.
   auto plan = std::make_unique<Plan>();
+  plan->threads = ep.threads;
   plan->values.resize(nv);
   const size_t arena = mem.arena_bytes;
   if (arena) {
@@ -399,6 +401,8 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
   return run(inputs);
 }
 
+int Session::run_threads() const { return last_plan_ ? last_plan_->threads : options_.target.threads; }
+
 Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
   use_threads(options_.target.threads);
   FlushDenormals ftz(!options_.reference);
@@ -406,6 +410,7 @@ Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
   subgraph_runs_ = 0;
   KILN_ASSIGN_OR_RETURN(Plan* plan, plan_for(inputs));
   last_plan_ = plan;
+  use_threads(plan->threads);  // planned (kernels created) for the target's threads, run on the plan's
   for (size_t i = 0; i < inputs.size(); ++i) plan->values[static_cast<size_t>(graph_.inputs[i])] = inputs[i];
   Status status = run_planned(*plan);
   std::vector<Tensor> out;

@@ -100,6 +100,9 @@ class Session {
   std::span<const NodeKernel> kernels() const;
   const Graph& graph() const { return graph_; }
   const Target& target() const { return options_.target; }
+  /// The threads the last run used: the target's, or 1 for a graph too small to share
+  /// (ExecutionPlan::threads); the target's before a run.
+  int run_threads() const;
 
  private:
   struct Plan;

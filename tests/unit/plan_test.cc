@@ -58,6 +58,28 @@ TEST(Plan, LaysOutTheArenaByLivenessAndChoosesKernels) {
   }
 }
 
+TEST(Plan, SmallGraphsRunOnOneThread) {
+  auto matmul = [](int64_t n) {
+    Graph g;
+    ValueId a = g.add_value("a", DType::f32, Shape::of(std::vector<int64_t>{n, n}));
+    ValueId b = g.add_value("b", DType::f32, Shape::of(std::vector<int64_t>{n, n}));
+    ValueId y = g.add_value("y", DType::f32, Shape::of(std::vector<int64_t>{n, n}));
+    g.inputs = {a, b};
+    g.add_node(Node{.name = "mm", .op = "MatMul", .inputs = {a, b}, .outputs = {y}});
+    g.outputs = {y};
+    return g;
+  };
+  Target target;
+  target.threads = 2;
+  for (auto [n, threads] : {std::pair<int64_t, int>{16, 1}, {256, 2}}) {  // 8 KFLOP; 33.6 MFLOP
+    Graph g = matmul(n);
+    std::vector<std::vector<int64_t>> shapes = {{n, n}, {n, n}};
+    auto plan = build_plan(g, shapes, PlanOptions{target, default_kernels()});
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    EXPECT_EQ(plan->threads, threads) << n;
+  }
+}
+
 TEST(Plan, ChainsReuseMemory) {
   // A chain of 64 Relus over 1 KiB tensors needs two buffers, not 63.
   Graph g;

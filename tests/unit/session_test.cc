@@ -432,10 +432,14 @@ class FloatModeProbe final : public Kernel {
 TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   Model m;
   Graph& g = m.graph;
-  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(2)}));
-  ValueId y = g.add_value("y", DType::f32, Shape({Dim::known(2)}));
+  // Enough data (a 1.2 MB intermediate) that the run uses the pool, not one thread.
+  const int64_t n = 300000;
+  ValueId x = g.add_value("x", DType::f32, Shape({Dim::known(n)}));
+  ValueId mid = g.add_value("mid", DType::f32, Shape({Dim::known(n)}));
+  ValueId y = g.add_value("y", DType::f32, Shape({Dim::known(n)}));
   g.inputs = {x};
-  g.add_node(Node{.name = "probe", .op = "Relu", .inputs = {x}, .outputs = {y}});
+  g.add_node(Node{.name = "probe", .op = "Relu", .inputs = {x}, .outputs = {mid}});
+  g.add_node(Node{.name = "probe2", .op = "Relu", .inputs = {mid}, .outputs = {y}});
   g.outputs = {y};
   bool caller = false, pool = false;
   KernelRegistry reg;
@@ -447,8 +451,9 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   fast.target.threads = 3;
   auto s = Session::create(m, fast);
   ASSERT_TRUE(s.ok());
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({2}, 1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({n}, 1.f)}).ok());
   EXPECT_EQ(pool_threads(), 3);
+  EXPECT_EQ((*s)->run_threads(), 3);
   EXPECT_TRUE(caller);
   EXPECT_TRUE(pool);
   EXPECT_FALSE(flushes_denormals()) << "a run leaves the caller's floating-point mode as it was";
@@ -458,7 +463,7 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   oracle.target.threads = 2;
   auto r = Session::create(m, oracle);
   ASSERT_TRUE(r.ok());
-  ASSERT_TRUE((*r)->run(std::vector<Tensor>{filled({2}, 1.f)}).ok());
+  ASSERT_TRUE((*r)->run(std::vector<Tensor>{filled({n}, 1.f)}).ok());
   EXPECT_EQ(pool_threads(), 2);
   EXPECT_FALSE(caller);
 
