@@ -259,7 +259,7 @@ int run(const RunArgs& args) {
       std::cout << j.dump(2) << "\n";
     } else {
       char line[160];
-      std::snprintf(line, sizeof line, "%8s %10s %10s %10s %10s\n%8d %10.3f %10.3f %10.3f %10.3f\n", "runs", "min ms",
+      std::snprintf(line, sizeof line, "%8s %10s %10s %10s %10s\n%8d %10.4g %10.4g %10.4g %10.4g\n", "runs", "min ms",
                     "median ms", "p90 ms", "mean ms", args.iters, lat.min, lat.median, lat.p90, lat.mean);
       const int threads = (*session)->target().threads;
       std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, " << threads

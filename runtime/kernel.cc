@@ -68,8 +68,10 @@ const KernelRegistry& default_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
     // Providers first: earlier implementations are preferred, the reference kernels come last.
-    // kiln's own first: they take only what they beat the libraries at (depthwise convolution).
+    // kiln's own first: they take only what they beat the libraries at (depthwise convolution);
+    // XNNPACK's only the tiny linear layers where it beats oneDNN.
     register_cpu_kernels(r);
+    register_xnnpack_kernels(r);
     register_onednn_kernels(r);
     register_ref_elementwise(r);
     register_ref_reduce(r);

@@ -154,6 +154,9 @@ const KernelRegistry& default_kernels();
 void register_onednn_kernels(KernelRegistry& r);
 /// kiln's own vectorised kernels (runtime/cpu/), one build per ISA chosen at run time.
 void register_cpu_kernels(KernelRegistry& r);
+/// The XNNPACK provider's kernels (runtime/xnnpack/): the tiny fully-connected layers it is
+/// faster at than oneDNN.
+void register_xnnpack_kernels(KernelRegistry& r);
 
 // Reference kernels, one registration function per op family (runtime/ref/*.cc).
 void register_ref_elementwise(KernelRegistry& r);

@@ -740,8 +740,11 @@ TEST(CompileChannelsLast, SameOutputs) {
   PassResult r = run_pass("channels_last", after);
   EXPECT_EQ(r.summary, "ran 14 nodes channels-last, with 2 transposes in and 3 transposes out");
   run_pass("eliminate_dead", after);
-  for (const Node& n : after.graph.nodes)  // every node but the Transposes reads channels-last activations
-    if (n.op != "Transpose") EXPECT_NE(after.graph.value(n.inputs[0]).name.find("_nhwc"), std::string::npos) << n.name;
+  for (const Node& n : after.graph.nodes) {  // every node but the Transposes reads channels-last activations
+    if (n.op != "Transpose") {
+      EXPECT_NE(after.graph.value(n.inputs[0]).name.find("_nhwc"), std::string::npos) << n.name;
+    }
+  }
   EXPECT_EQ(count_ops(after.graph, "Transpose"), 5u);
   const std::vector<Tensor> inputs = {random_f32({2, 8, 10, 12}, 95), random_f32({2, 8, 10, 12}, 96)};
   expect_same_outputs(before, after, inputs, 0);

@@ -64,13 +64,14 @@ TEST(OneDnn, Conv1dAnd3dAndAutoPad) {
 }
 
 TEST(OneDnn, MatMulForms) {
-  // 2-D, a batch over one weight (folded into M), batched with broadcast, computed B.
-  EXPECT_EQ(check({"MatMul", {noise({7, 13}, 1), noise({13, 9}, 2)}, {false, true}}), "onednn.matmul");
-  EXPECT_EQ(check({"MatMul", {noise({2, 5, 64}, 3), noise({64, 48}, 4)}, {false, true}}), "onednn.matmul");
+  // 2-D, a batch over one weight (folded into M), batched with broadcast, computed B. (Layers of
+  // up to 32768 multiply-adds with a constant weight go to XNNPACK: xnnpack_test.cc.)
+  EXPECT_EQ(check({"MatMul", {noise({37, 33}, 1), noise({33, 29}, 2)}, {false, true}}), "onednn.matmul");
+  EXPECT_EQ(check({"MatMul", {noise({2, 7, 64}, 3), noise({64, 48}, 4)}, {false, true}}), "onednn.matmul");
   EXPECT_EQ(check({"MatMul", {noise({2, 3, 5, 8}, 5), noise({1, 3, 8, 6}, 6)}, {false, false}}), "onednn.matmul");
   EXPECT_EQ(check({"MatMul", {noise({3, 1, 5, 8}, 7), noise({4, 8, 6}, 8)}, {false, false}}), "onednn.matmul");
   // Fused: bias, GELU, residual.
-  EXPECT_EQ(check({"FusedMatMul", {noise({2, 7, 32}, 9), noise({32, 17}, 10), noise({17}, 11), noise({2, 7, 17}, 12)},
+  EXPECT_EQ(check({"FusedMatMul", {noise({2, 9, 64}, 9), noise({64, 33}, 10), noise({33}, 11), noise({2, 9, 33}, 12)},
                    {false, true, true, false}, {attr("activation", std::string("Gelu"))}}),
             "onednn.matmul");
   // Gemm: transposed operands, a row C and a full C.
