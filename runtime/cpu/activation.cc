@@ -25,7 +25,7 @@ std::optional<ActivationSpec> activation_spec(const KernelQuery& q) {
 }
 
 std::optional<std::string> activation_declines(const KernelQuery& q, Isa isa) {
-  if (!best_isa(q.target.cpu) || *best_isa(q.target.cpu) < isa) return std::string("the CPU lacks ") + isa_name(isa);
+  if (auto why = lacks(q.target.cpu, isa)) return why;
   if (q.inputs.empty() || q.inputs[0].dtype != DType::f32) return "not f32";
   if (!activation_spec(q)) return "Clip's bounds are not constant f32 scalars";
   return std::nullopt;

@@ -11,7 +11,7 @@ namespace kiln::cpu {
 namespace {
 
 std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
-  if (!best_isa(q.target.cpu) || *best_isa(q.target.cpu) < isa) return std::string("the CPU lacks ") + isa_name(isa);
+  if (auto why = lacks(q.target.cpu, isa)) return why;
   if (nn::channels_last(q.node)) return "channels-last (oneDNN's depthwise kernels run those)";
   for (const InferInput& in : q.inputs)
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";

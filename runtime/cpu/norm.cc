@@ -23,7 +23,7 @@ std::optional<NormShape> norm_shape(const KernelQuery& q) {
 }
 
 std::optional<std::string> norm_declines(const KernelQuery& q, Isa isa) {
-  if (!best_isa(q.target.cpu) || *best_isa(q.target.cpu) < isa) return std::string("the CPU lacks ") + isa_name(isa);
+  if (auto why = lacks(q.target.cpu, isa)) return why;
   for (const InferInput& in : q.inputs)
     if (in.dtype != DType::undefined && in.dtype != DType::f32) return "not f32";
   std::optional<NormShape> s = norm_shape(q);

@@ -18,6 +18,11 @@ std::optional<Isa> best_isa(const CpuFeatures& cpu) {
 
 const char* isa_name(Isa isa) { return isa == Isa::avx512 ? "avx512" : "avx2"; }
 
+std::optional<std::string> lacks(const CpuFeatures& cpu, Isa isa) {
+  if (best_isa(cpu) && *best_isa(cpu) >= isa) return std::nullopt;
+  return std::string("the CPU lacks ") + isa_name(isa);
+}
+
 CpuFeatures isa_features(Isa isa) { return *CpuFeatures::named(isa == Isa::avx512 ? "avx512" : "avx2"); }
 
 const RowKernels& row_kernels(Isa isa) { return isa == Isa::avx512 ? avx512::kRowKernels : avx2::kRowKernels; }

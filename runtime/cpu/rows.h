@@ -20,6 +20,8 @@ std::optional<Isa> best_isa(const CpuFeatures& cpu);
 const char* isa_name(Isa isa);
 /// The CPU features a build for `isa` uses.
 CpuFeatures isa_features(Isa isa);
+/// Why a kernel built for `isa` cannot run on `cpu` ("the CPU lacks avx512"), or nullopt.
+std::optional<std::string> lacks(const CpuFeatures& cpu, Isa isa);
 
 struct RowKernels {
   /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
