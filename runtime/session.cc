@@ -293,6 +293,7 @@ Result<Session::Plan*> Session::plan_for(const std::vector<Tensor>& inputs) {
   }
 
   const KernelRegistry& reg = options_.kernels ? *options_.kernels : default_kernels();
+  use_threads(options_.target.threads);  // kernels are created for the target's threads
   KILN_ASSIGN_OR_RETURN(ExecutionPlan ep, build_plan(graph_, key, PlanOptions{options_.target, reg, options_.reference}));
   const Graph& bound = ep.bound;
   const size_t nv = bound.values.size(), nn = bound.nodes.size();
@@ -404,13 +405,12 @@ Result<std::vector<Tensor>> Session::run(const std::map<std::string, Tensor>& na
 int Session::run_threads() const { return last_plan_ ? last_plan_->threads : options_.target.threads; }
 
 Result<std::vector<Tensor>> Session::run(const std::vector<Tensor>& inputs) {
-  use_threads(options_.target.threads);
   FlushDenormals ftz(!options_.reference);
   KILN_RETURN_IF_ERROR(bind_symbols(inputs).status());
   subgraph_runs_ = 0;
   KILN_ASSIGN_OR_RETURN(Plan* plan, plan_for(inputs));
   last_plan_ = plan;
-  use_threads(plan->threads);  // planned (kernels created) for the target's threads, run on the plan's
+  use_threads(plan->threads);  // created for the target's threads, run on the plan's (the same, or 1)
   for (size_t i = 0; i < inputs.size(); ++i) plan->values[static_cast<size_t>(graph_.inputs[i])] = inputs[i];
   Status status = run_planned(*plan);
   std::vector<Tensor> out;
