@@ -186,12 +186,12 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
     // Weights the kernel packed into memory of its own: their file pages go back to the page
     // cache now, so that a process holds each weight once (a later read faults them back in).
-    if (sel.name != kReferenceKernel)
-      if (const OpSchema* schema = core_ops().find(node.domain, node.op))
-        for (int i : schema->traits.prepack_inputs)
-          if (node.has_input(static_cast<size_t>(i)) && bound.values[static_cast<size_t>(node.inputs[static_cast<size_t>(i)])].is_constant() &&
-              q_in[static_cast<size_t>(i)].value && q_in[static_cast<size_t>(i)].value->nbytes() >= (1u << 20))
-            release_file_pages(*q_in[static_cast<size_t>(i)].value);
+    if (const OpSchema* schema = core_ops().find(node.domain, node.op); schema && sel.name != kReferenceKernel)
+      for (int slot : schema->traits.prepack_inputs) {
+        const auto i = static_cast<size_t>(slot);
+        const Tensor* w = i < q_in.size() ? q_in[i].value : nullptr;
+        if (w && bound.value(node.inputs[i]).is_constant() && w->nbytes() >= (1u << 20)) release_file_pages(*w);
+      }
     plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
     plan.kernels.push_back(
         PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});
