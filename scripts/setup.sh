@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs kiln's build dependencies (Debian 12 packages) and test tools (a Python virtual
 # environment in .venv), builds kiln in build/ (Release), and runs the demo on a sample model:
-# export → inspect → run, checked against the sample's expected outputs.
+# export → compile → inspect → run, checked against the sample's expected outputs, then timed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
