@@ -6,12 +6,12 @@
 For each model (the real-sized test models by default), each in fresh processes, `--repeat`
 times, medians reported:
   - kiln: `kiln run COMPILED --iters 10 --json` gives the load time (memory-mapped), the
-    session creation, the first run (which plans the input shapes: kernels prepared, weights
-    packed), the steady-state median and the peak RSS;
+    session creation (which plans the compiled input shapes: kernels prepared, weights packed),
+    the first run, the steady-state median and the peak RSS;
   - ONNX Runtime (CPU EP, all graph optimizations): session creation, first run, steady-state
     median and peak RSS, measured the same way in a child Python process.
-It prints kiln's load + session + plan (the first run less one steady run) against ORT's
-session creation, each one's first run over its steady median, and peak RSS against the
+It prints kiln's load + session + first run less one steady run (everything done before the
+steady state) against ORT's session creation, each one's first run over its steady median, and peak RSS against the
 weights' bytes plus kiln's arena. Benchmark tool only (needs onnxruntime from the test venv).
 """
 

@@ -265,7 +265,7 @@ int run(const RunArgs& args) {
       std::cerr << "kiln run: " << args.iters << " timed runs after " << args.warmup << " warm-up, " << threads
                 << (threads == 1 ? " thread" : " threads") << (args.reference ? ", reference kernels" : "") << "\n"
                 << line;
-      std::snprintf(line, sizeof line, "start: load %.1f ms, session %.1f ms, first run %.3f ms (plans it); peak RSS %.1f MB\n",
+      std::snprintf(line, sizeof line, "start: load %.1f ms, session %.1f ms, first run %.4g ms; peak RSS %.1f MB\n",
                     load_ms, session_ms, first_ms, static_cast<double>(peak_rss_bytes()) / 1e6);
       std::cerr << line;
     }

@@ -3,7 +3,8 @@
 // output shapes, its tensors' places in one arena sized by liveness, and which nodes must
 // infer their outputs again at run time because the sizes depend on data (NonZero, Unique,
 // shape operands computed from data). Later runs with that signature bind the inputs and call
-// the kernels, nothing more.
+// the kernels, nothing more. A compiled model's recorded input shapes are planned when the
+// session is created.
 #pragma once
 
 #include <map>
@@ -77,7 +78,8 @@ class Session {
 
   /// Checks that every node has a kernel implementation and prepares the subgraphs' kernels;
   /// the top-level nodes' kernels are chosen and prepared per input-shape signature, on its
-  /// first run. The model must outlive the session.
+  /// first run, or here for the input shapes a compiled model records (its memory plan). The
+  /// model must outlive the session.
   static Result<std::unique_ptr<Session>> create(const Model& model, SessionOptions options = {});
   ~Session();
 
@@ -111,7 +113,8 @@ class Session {
   struct Frame;
   class Context;
   Session(const Model& model, SessionOptions options);
-  Result<Plan*> plan_for(const std::vector<Tensor>& inputs);
+  /// The plan for inputs of these shapes (graph.inputs order), built on first use.
+  Result<Plan*> plan_for(std::vector<std::vector<int64_t>> key);
   Status run_planned(Plan& plan);
   Status run_step(const Step& step, Frame& frame, Plan& plan);
   Status execute(const Graph& graph, Frame& frame, const std::vector<std::unique_ptr<Kernel>>& kernels);

@@ -225,7 +225,7 @@ def run_all(r, work):
     # Timing: a table on stderr, or JSON on stdout; --input-shape sizes random inputs.
     rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])
     r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err
-            and re.search(r"start: load [0-9.]+ ms, session [0-9.]+ ms, first run [0-9.]+ ms \(plans it\); peak RSS [0-9.]+ MB", err),
+            and re.search(r"start: load [0-9.]+ ms, session [0-9.]+ ms, first run [0-9.e+-]+ ms; peak RSS [0-9.]+ MB", err),
             f"exit {rc}; stdout {out[:200]!r}; stderr {err[:300]!r}")
     rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16", "--threads", "3"])
     try:

@@ -822,12 +822,16 @@ TEST(CompileSelectKernels, RecordsKernelsTargetAndMemoryPlan) {
   EXPECT_EQ(m.memory_plan->input_shapes, (std::vector<std::vector<int64_t>>{{1, 3, 6, 8}}));
   EXPECT_EQ(m.memory_plan->values.size(), 2u) << "y and z live in the arena";
   EXPECT_TRUE(verify_model(m).ok());
-  // The recorded kernels compute what the reference kernels do.
+  // The recorded kernels compute what the reference kernels do. The session plans the recorded
+  // input shapes when it is created, and the run uses that plan.
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok()) << s.error().message();
+  EXPECT_EQ((*s)->memory_stats().signatures, 1u);
+  EXPECT_EQ((*s)->memory_stats().arena_bytes, m.memory_plan->arena_bytes);
   Tensor in = random_f32({1, 3, 6, 8}, 34);
   auto got = (*s)->run(std::vector<Tensor>{in});
   ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_EQ((*s)->memory_stats().signatures, 1u) << "no second plan";
   EXPECT_LE(relative_l2((*got)[0], run_reference(m, {in})[0]), 1e-5);
 }
 
