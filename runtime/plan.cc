@@ -8,7 +8,9 @@
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
+#include "formats/ops/flops.h"
 #include "formats/serialize.h"
+#include "formats/summary.h"
 
 namespace kiln {
 
@@ -197,9 +199,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
         PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});
   }
   int64_t flops = 0;
-  for (const Node& node : plan.bound.nodes)
-    if (const OpSchema* schema = core_ops().find(node.domain, node.op); schema && schema->traits.flops)
-      flops += schema->traits.flops(node, plan.bound);
+  for (const Node& node : plan.bound.nodes) flops = flops::saturate(CheckedInt(flops) + node_flops(node, plan.bound));
   const bool tiny = flops < kSerialFlops && plan.memory.unshared_bytes < kSerialBytes;
   plan.threads = tiny ? 1 : std::max(1, options.target.threads);
   return plan;
