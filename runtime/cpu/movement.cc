@@ -59,15 +59,18 @@ class JoinKernel final : public Kernel {
     row_ = static_cast<size_t>(joined[axis] * inner) * es;
     if (split_) {
       // Omitted outputs still take their place in the row: their sizes come from the split input or
-      // equal parts, as the inference has them; a requested output's shape says its own.
+      // equal parts (the last smaller), as the inference has them.
+      const auto n = static_cast<int64_t>(q.outputs.size());
       std::vector<int64_t> sizes;
-      if (q.inputs.size() > 1 && q.inputs[1].dtype != DType::undefined && q.inputs[1].value) sizes = q.inputs[1].value->to_int64_vector();
+      if (q.inputs.size() > 1 && q.inputs[1].dtype != DType::undefined) {
+        sizes = q.inputs[1].value->to_int64_vector();
+      } else {
+        const int64_t chunk = (joined[axis] + n - 1) / n;
+        for (int64_t i = 0; i < n; ++i) sizes.push_back(i + 1 == n ? joined[axis] - chunk * (n - 1) : chunk);
+      }
+      if (static_cast<int64_t>(sizes.size()) != n) return internal_error(q.node.where(), "Split sizes do not match its outputs");
       for (size_t i = 0; i < q.outputs.size(); ++i) {
-        int64_t len = 0;
-        if (q.outputs[i].dtype != DType::undefined) len = q.outputs[i].shape.concrete()[axis];
-        else if (i < sizes.size()) len = sizes[i];
-        else return internal_error(q.node.where(), "an omitted Split output of unknown size");
-        bytes_.push_back(static_cast<size_t>(len * inner) * es);
+        bytes_.push_back(static_cast<size_t>(sizes[i] * inner) * es);
         wanted_.push_back(q.outputs[i].dtype != DType::undefined);
       }
     } else {
@@ -76,11 +79,12 @@ class JoinKernel final : public Kernel {
         wanted_.push_back(true);
       }
     }
+    pieces_.assign(bytes_.size(), nullptr);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
-    std::vector<std::byte*> pieces(bytes_.size(), nullptr);
+    std::vector<std::byte*>& pieces = pieces_;
     std::byte* joined = nullptr;
     if (split_) {
       joined = const_cast<std::byte*>(static_cast<const std::byte*>(ctx.input(0).raw()));
@@ -115,6 +119,7 @@ class JoinKernel final : public Kernel {
   size_t row_ = 0;
   std::vector<size_t> bytes_;  ///< per piece: its chunk of a row
   std::vector<bool> wanted_;
+  std::vector<std::byte*> pieces_;  ///< per piece: its data in this run (null: omitted or empty)
 };
 
 std::optional<std::string> join_declines(const KernelQuery& q) {
