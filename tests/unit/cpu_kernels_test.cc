@@ -84,6 +84,8 @@ TEST(CpuKernels, ConcatAndSplit) {
             "kiln.split");
   EXPECT_EQ(check({"Split", {x}, {false}, {attr("axis", int64_t{-1}), attr("num_outputs", int64_t{3})}, {true, true, true}}, 0),
             "kiln.split");
+  EXPECT_EQ(check({"Split", {x}, {false}, {attr("axis", int64_t{2}), attr("num_outputs", int64_t{3})}, {true, false, true}}, 0),
+            "kiln.split");
   EXPECT_EQ(check({"Split", {make<int8_t>({1, 5}, {1, 2, 3, 4, 5})}, {false}, {attr("axis", int64_t{1}), attr("num_outputs", int64_t{2})},
                    {true, true}}, 0),
             "kiln.split");
