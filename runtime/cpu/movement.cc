@@ -170,6 +170,17 @@ class TransposeKernel final : public Kernel {
     in_stride_ = in_stride;
     out_stride_.assign(dims.size(), 1);
     for (size_t i = dims.size(); i-- > 1;) out_stride_[i - 1] = out_stride_[i] * dims[i];
+    // When the last dim moves: the output dim read with input stride 1 pairs with the output's
+    // last in 2-D tiles; the others index the batch of tiles.
+    const size_t r = dims_.size();
+    if (r > 1 && in_stride_[r - 1] != 1) {
+      while (in_stride_[tile_dim_] != 1) ++tile_dim_;
+      for (size_t d = 0; d + 1 < r; ++d)
+        if (d != tile_dim_) {
+          batch_dims_.push_back(d);
+          batches_ *= dims_[d];
+        }
+    }
     return {};
   }
 
@@ -214,16 +225,11 @@ class TransposeKernel final : public Kernel {
   // The output's last dim (stride 1 out, in_stride_[r-1] in) against the output dim that is the
   // input's last (stride 1 in): 2-D tiles of those two, for every index of the others.
   void tiles(const std::byte* src, std::byte* dst) const {
-    const size_t r = dims_.size();
-    size_t k = 0;  // the output dim read with input stride 1
-    while (in_stride_[k] != 1) ++k;
+    const size_t r = dims_.size(), k = tile_dim_;
     const int64_t a_len = dims_[k], b_len = dims_[r - 1];
     const int64_t a_out = out_stride_[k], b_in = in_stride_[r - 1];
-    std::vector<size_t> rest;
-    for (size_t d = 0; d + 1 < r; ++d)
-      if (d != k) rest.push_back(d);
-    int64_t batches = 1;
-    for (size_t d : rest) batches *= dims_[d];
+    const std::vector<size_t>& rest = batch_dims_;
+    const int64_t batches = batches_;
     constexpr int64_t kTile = 16;
     const int64_t tiles_a = (a_len + kTile - 1) / kTile;
     const size_t es = es_;
@@ -258,6 +264,9 @@ class TransposeKernel final : public Kernel {
   size_t es_ = 4;
   bool empty_ = false;
   std::vector<int64_t> dims_, in_stride_, out_stride_;
+  size_t tile_dim_ = 0;            ///< tiles: the output dim read with input stride 1
+  std::vector<size_t> batch_dims_;  ///< tiles: the other dims but the last
+  int64_t batches_ = 1;
 };
 
 // Nearest Resize by whole factors, as torch's Upsample(mode="nearest") exports it
@@ -266,43 +275,51 @@ class TransposeKernel final : public Kernel {
 class UpsampleKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
-    in_ = q.inputs[0].shape.concrete();
-    out_ = q.outputs[0].shape.concrete();
+    const std::vector<int64_t> in = q.inputs[0].shape.concrete(), out = q.outputs[0].shape.concrete();
+    const size_t r = out.size();
     es_ = dtype_size(q.inputs[0].dtype);
+    row_ = static_cast<size_t>(out[r - 1]) * es_;
+    whole_rows_ = in[r - 1] == out[r - 1];
+    // Per output row, the byte offset of the input row it reads: each index divided by its factor.
+    const int64_t rows = product(out, 0, r - 1);
+    src_row_.resize(static_cast<size_t>(rows));
+    for (int64_t o = 0; o < rows; ++o) {
+      int64_t rest = o, in_row = 0, scale = 1;
+      for (size_t d = r - 1; d-- > 0;) {
+        const int64_t i = rest % out[d];
+        rest /= out[d];
+        in_row += (i / (out[d] / in[d])) * scale;
+        scale *= in[d];
+      }
+      src_row_[static_cast<size_t>(o)] = static_cast<size_t>(in_row * in[r - 1]) * es_;
+    }
+    // Per output column, the input column's byte offset, when the last dim is resized too.
+    if (!whole_rows_)
+      for (int64_t j = 0; j < out[r - 1]; ++j) src_col_.push_back(static_cast<size_t>(j / (out[r - 1] / in[r - 1])) * es_);
     return {};
   }
   Status run(KernelContext& ctx) override {
     const std::byte* src = static_cast<const std::byte*>(ctx.input(0).raw());
     std::byte* dst = static_cast<std::byte*>(ctx.output(0).raw());
-    const size_t r = out_.size();
-    const size_t row = static_cast<size_t>(out_[r - 1]) * es_;
-    const int64_t rows = product(out_, 0, r - 1);
-    const bool whole_rows = in_[r - 1] == out_[r - 1];
-    const int64_t factor_last = out_[r - 1] / in_[r - 1];
-#pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(row) >= kParallelBytes)
+    const auto rows = static_cast<int64_t>(src_row_.size());
+#pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(row_) >= kParallelBytes)
     for (int64_t o = 0; o < rows; ++o) {
-      // The input row this output row reads: each index divided by its factor.
-      int64_t rest = o, in_row = 0, scale = 1;
-      for (size_t d = r - 1; d-- > 0;) {
-        const int64_t i = rest % out_[d];
-        rest /= out_[d];
-        in_row += (i / (out_[d] / in_[d])) * scale;
-        scale *= in_[d];
-      }
-      const std::byte* s = src + static_cast<size_t>(in_row * in_[r - 1]) * es_;
-      std::byte* t = dst + static_cast<size_t>(o) * row;
-      if (whole_rows) {
-        move_bytes(t, s, row);
+      const std::byte* s = src + src_row_[static_cast<size_t>(o)];
+      std::byte* t = dst + static_cast<size_t>(o) * row_;
+      if (whole_rows_) {
+        move_bytes(t, s, row_);
       } else {
-        for (int64_t j = 0; j < out_[r - 1]; ++j) std::memcpy(t + static_cast<size_t>(j) * es_, s + static_cast<size_t>(j / factor_last) * es_, es_);
+        for (size_t j = 0; j < src_col_.size(); ++j) std::memcpy(t + j * es_, s + src_col_[j], es_);
       }
     }
     return {};
   }
 
  private:
-  std::vector<int64_t> in_, out_;
-  size_t es_ = 4;
+  size_t es_ = 4, row_ = 0;
+  bool whole_rows_ = true;
+  std::vector<size_t> src_row_;  ///< per output row: its input row's byte offset
+  std::vector<size_t> src_col_;  ///< per output column: its input column's byte offset (last dim resized)
 };
 
 std::optional<std::string> upsample_declines(const KernelQuery& q) {
