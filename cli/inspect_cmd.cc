@@ -59,7 +59,9 @@ int inspect(const InspectArgs& args) {
   for (ValueId id : g.outputs)
     std::cout << "output " << g.value(id).name << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
   std::cout << "nodes: " << s.nodes << "\nparameters: " << s.parameters << " (" << human(static_cast<double>(s.parameter_bytes), "B")
-            << ")\nflops: " << s.flops << " (" << human(static_cast<double>(s.flops), "FLOP") << ", batch 1 where symbolic)\nops:\n";
+            << ")\nflops: " << s.flops << " (" << human(static_cast<double>(s.flops), "FLOP") << ", batch 1 where symbolic)\n"
+            << "bytes: " << s.bytes << " (" << human(static_cast<double>(s.bytes), "B")
+            << " read and written by the kernels, batch 1 where symbolic)\nops:\n";
   for (const auto& [op, n] : s.op_counts) std::cout << "  " << op << " " << n << "\n";
   return 0;
 }

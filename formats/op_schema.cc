@@ -2,6 +2,7 @@
 #include "formats/op_schema.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace kiln {
 
@@ -97,6 +98,72 @@ Status check_node_schema(const Node& node, const OpSchema& schema) {
   return {};
 }
 
+std::string TypeSet::words(bool one) const {
+  // Whole classes are named ("floating-point and signed integer types"), other types listed.
+  static constexpr std::pair<TypeSet, std::string_view> kClasses[] = {
+      {types::kNumeric, "numeric"}, {types::kFloat, "floating-point"}, {types::kInt, "integer"},
+      {types::kSigned, "signed integer"}, {types::kUnsigned, "unsigned integer"}};
+  const std::string_view sep = one ? " or " : " and ";
+  uint32_t rest = bits_;
+  std::string classes;
+  for (const auto& [set, name] : kClasses)
+    if ((rest & set.bits_) == set.bits_) {
+      classes += (classes.empty() ? "" : std::string(sep)) + std::string(name);
+      rest &= ~set.bits_;
+    }
+  std::vector<std::string> items;
+  if (!classes.empty()) {
+    const bool vowel = std::string_view("aeiou").find(classes[0]) != std::string_view::npos;
+    items.push_back(one ? (vowel ? "an " : "a ") + classes + " type" : classes + " types");
+  }
+  for (unsigned t = 1; t < 32; ++t)
+    if ((rest >> t) & 1) items.emplace_back(dtype_name(static_cast<DType>(t)));
+  if (items.empty()) return "no type";
+  std::string out = items[0];
+  for (size_t i = 1; i < items.size(); ++i) out += (i + 1 == items.size() ? std::string(sep) : ", ") + items[i];
+  return out;
+}
+
+namespace {
+
+bool covers(const TypeConstraint& c, size_t slot) {
+  return slot >= static_cast<size_t>(c.first) && (c.last == kVariadic || slot <= static_cast<size_t>(c.last));
+}
+
+// What the op's constraints call input `slot` ("indices"); empty for unnamed data inputs.
+std::string_view input_name(const OpSchema& schema, size_t slot) {
+  for (const TypeConstraint& c : schema.traits.types)
+    if (!c.name.empty() && covers(c, slot)) return c.name;
+  return {};
+}
+
+}  // namespace
+
+Status check_input_types(const OpSchema& schema, const InferContext& ctx) {
+  auto name_of = [&](size_t slot) {
+    std::string_view n = input_name(schema, slot);
+    return n.empty() ? "input " + std::to_string(slot) : std::string(n);
+  };
+  for (const TypeConstraint& c : schema.traits.types)
+    for (size_t i = static_cast<size_t>(c.first); i < ctx.num_inputs() && covers(c, i); ++i) {
+      if (!ctx.has_input(i)) continue;
+      const std::string t(dtype_name(ctx.dtype(i)));
+      if (c.same_as < 0) {
+        if (c.allowed.contains(ctx.dtype(i))) continue;
+        if (!c.name.empty()) return ctx.error(std::string(c.name) + " must be " + c.allowed.one_of() + ", got " + t);
+        if (c.allowed.size() == 1) return ctx.error(std::string(schema.name) + " is " + c.allowed.one_of() + " only, got " + t);
+        return ctx.error(std::string(schema.name) + " does not support " + t + " (it takes " + c.allowed.str() + ")");
+      }
+      const auto other = static_cast<size_t>(c.same_as);
+      if (!ctx.has_input(other) || ctx.dtype(other) == ctx.dtype(i)) continue;
+      const std::string want(dtype_name(ctx.dtype(other)));
+      if (input_name(schema, i).empty() && input_name(schema, other).empty())
+        return ctx.error("input types differ: " + want + " and " + t);
+      return ctx.error(name_of(i) + " type " + t + " differs from " + name_of(other) + " type " + want);
+    }
+  return {};
+}
+
 Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph,
                                             const std::vector<Tensor>* known_values, bool* needs_data) {
   const OpSchema* schema = core_ops().find(node.domain, node.op);
@@ -115,6 +182,7 @@ Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph
       inputs[i].value = &(*known_values)[static_cast<size_t>(id)];
   }
   InferContext ctx(node, std::move(inputs));
+  KILN_RETURN_IF_ERROR(check_input_types(*schema, ctx));
   KILN_RETURN_IF_ERROR(schema->infer(ctx));
   if (needs_data) *needs_data = ctx.needs_data();
   return std::move(ctx.outputs());

@@ -3,6 +3,7 @@
 // and input data, so an op's shape rules live in exactly one place. docs/ops.md describes them.
 #pragma once
 
+#include <bit>
 #include <functional>
 #include <map>
 #include <optional>
@@ -85,9 +86,78 @@ struct AttrSpec {
 
 inline constexpr int kVariadic = -1;
 
+/// A set of element types, one bit per DType: what an input of an op accepts.
+class TypeSet {
+ public:
+  constexpr TypeSet() = default;
+  /// Implicit, so that `DType::i32 | DType::i64` is a set.
+  constexpr TypeSet(DType t) : bits_(uint32_t{1} << static_cast<unsigned>(t)) {}  // NOLINT
+  /// Undefined (an omitted input) is in no set.
+  constexpr bool contains(DType t) const {
+    return t != DType::undefined && ((bits_ >> static_cast<unsigned>(t)) & 1) != 0;
+  }
+  constexpr bool empty() const { return bits_ == 0; }
+  constexpr int size() const { return std::popcount(bits_); }
+  friend constexpr TypeSet operator|(TypeSet a, TypeSet b) {
+    TypeSet r;
+    r.bits_ = a.bits_ | b.bits_;
+    return r;
+  }
+  constexpr bool operator==(const TypeSet&) const = default;
+  /// The set in words, as what an op takes: "floating-point types, i32 and i64", "numeric
+  /// types and bool".
+  std::string str() const { return words(false); }
+  /// The set in words, as what one input must be: "a floating-point type, i32 or i64", "i64".
+  std::string one_of() const { return words(true); }
+
+ private:
+  std::string words(bool one) const;
+  uint32_t bits_ = 0;
+};
+
+/// Two DTypes make a set too (an operator on two enums only matches a declaration taking them).
+constexpr TypeSet operator|(DType a, DType b) { return TypeSet(a) | TypeSet(b); }
+
+/// One type constraint of an op, in the spirit of ONNX's: inputs first..last (last kVariadic:
+/// every input from first on) must have a type in `allowed`, or, when same_as >= 0, the type
+/// of input same_as. Absent inputs are not checked. `name` is what messages call the input
+/// ("indices"); empty for an op's data input.
+struct TypeConstraint {
+  int first = 0;
+  int last = 0;
+  TypeSet allowed;
+  int same_as = -1;
+  std::string_view name;
+};
+
+/// The type sets ops declare, and constraint builders for OpTraits::types.
+namespace types {
+inline constexpr TypeSet kFloat = DType::f16 | DType::bf16 | DType::f32 | DType::f64;
+inline constexpr TypeSet kSigned = DType::i8 | DType::i16 | DType::i32 | DType::i64;
+inline constexpr TypeSet kUnsigned = DType::u8 | DType::u16 | DType::u32 | DType::u64;
+inline constexpr TypeSet kInt = kSigned | kUnsigned;
+inline constexpr TypeSet kNumeric = kFloat | kInt;
+inline constexpr TypeSet kBool = DType::boolean;
+inline constexpr TypeSet kAny = kNumeric | kBool;
+/// Index and shape operands (Gather's indices, Reshape's shape).
+inline constexpr TypeSet kIndex = DType::i32 | DType::i64;
+
+/// Input `slot` has a type in `set`.
+constexpr TypeConstraint input(int slot, TypeSet set, std::string_view name = {}) { return {slot, slot, set, -1, name}; }
+/// Input `slot` has input `other`'s type.
+constexpr TypeConstraint same_as(int slot, int other, std::string_view name = {}) { return {slot, slot, {}, other, name}; }
+/// Every input from `first` on has input `other`'s type (variadic ops).
+constexpr TypeConstraint rest_same_as(int first, int other) { return {first, kVariadic, {}, other, {}}; }
+}  // namespace types
+
 /// FLOPs of a node from the graph's shapes: 2 x multiply-accumulates of the dense ops, known
 /// dims only (symbolic ones count as 1), saturating at INT64_MAX.
 using FlopsFn = int64_t (*)(const Node&, const Graph&);
+
+/// Bytes of memory a node's kernel reads and writes, from the graph's shapes and dtypes
+/// (symbolic and unknown dims count as 1), saturating at INT64_MAX: what a roofline divides by
+/// the node's time to get its bandwidth.
+using BytesFn = int64_t (*)(const Node&, const Graph&);
 
 /// The values an index input may hold without leaving what it indexes: below `hi`, or below
 /// hi_per_last_axis[k] at position k of its last axis (GatherND), with the reason.
@@ -104,7 +174,15 @@ using IndexBoundFn = std::optional<IndexBound> (*)(const Graph&, const Node&, si
 /// What passes, the profiler and the test tools know of an op beyond its shapes: the one place
 /// op traits live.
 struct OpTraits {
+  /// The element types each input accepts, checked before `infer` runs (check_input_types):
+  /// the checks that depend on attributes or on other inputs' data stay in `infer`. Empty: any.
+  std::vector<TypeConstraint> types;
   FlopsFn flops = nullptr;  ///< null: the op's FLOPs are not counted
+  /// null: every present input is read once and every output written once (bytes::moved),
+  /// right for the ops that read all of their inputs. Ops that read part of an input (Gather,
+  /// Slice) or only its shape (Shape, Size) set their own. Small shape operands (Reshape's
+  /// shape, Slice's starts) count as they are.
+  BytesFn bytes = nullptr;
   /// Inputs holding weights that a kernel may repack into its own layout at compile time when
   /// they are constant (Conv's W, MatMul's B).
   std::vector<int> prepack_inputs;
@@ -145,6 +223,13 @@ const OpRegistry& core_ops();
 
 /// Checks a node against its schema (arity, attribute names and types), without shapes.
 Status check_node_schema(const Node& node, const OpSchema& schema);
+
+/// Checks the inputs' element types against the op's OpTraits::types; infer_node runs it before
+/// the op's `infer`. The error is about the first input that breaks a constraint: "indices must
+/// be i32 or i64, got f32" for a named input; "Exp does not support i32 (it takes floating-point
+/// types)" or "FusedConv is f32 only, got f64" for an op's data input; "scale type f16 differs
+/// from X type f32", or "input types differ: f32 and i32" between unnamed inputs.
+Status check_input_types(const OpSchema& schema, const InferContext& ctx);
 
 /// Runs the op's inference for `node` of `graph` using what the graph knows of its inputs.
 /// `known_values` supplies data for non-constant values when the caller knows it (may be null);

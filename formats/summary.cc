@@ -5,6 +5,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/bytes.h"
 #include "formats/ops/flops.h"
 
 namespace kiln {
@@ -14,6 +15,11 @@ int64_t node_flops(const Node& node, const Graph& graph) {
   return schema && schema->traits.flops ? schema->traits.flops(node, graph) : 0;
 }
 
+int64_t node_bytes(const Node& node, const Graph& graph) {
+  const OpSchema* schema = core_ops().find(node.domain, node.op);
+  return schema && schema->traits.bytes ? schema->traits.bytes(node, graph) : bytes::moved(node, graph);
+}
+
 ModelSummary summarize(const Model& model) {
   ModelSummary s;
   const Graph& g = model.graph;
@@ -21,6 +27,7 @@ ModelSummary summarize(const Model& model) {
     ++s.op_counts[n.qualified_op()];
     ++s.nodes;
     s.flops = flops::saturate(CheckedInt(s.flops) + node_flops(n, g));
+    s.bytes = flops::saturate(CheckedInt(s.bytes) + node_bytes(n, g));
   }
   for (const Value& v : g.values)
     if (v.is_constant()) {
@@ -65,6 +72,7 @@ std::string summary_json(const Model& model, const ModelSummary& s) {
   j["parameters"] = s.parameters;
   j["parameter_bytes"] = s.parameter_bytes;
   j["flops"] = s.flops;
+  j["bytes"] = s.bytes;
   j["inputs"] = io_json(model.graph, model.graph.inputs);
   j["outputs"] = io_json(model.graph, model.graph.outputs);
   j["ops"] = nlohmann::ordered_json::object();

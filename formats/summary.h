@@ -1,5 +1,5 @@
-// What `kiln inspect` reports about a model: op histogram, parameters, FLOPs, I/O shapes,
-// stage and provenance. Symbolic or unknown dims count as 1 (batch 1) in FLOPs.
+// What `kiln inspect` reports about a model: op histogram, parameters, FLOPs, bytes moved, I/O
+// shapes, stage and provenance. Symbolic or unknown dims count as 1 (batch 1) in FLOPs and bytes.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +16,18 @@ struct ModelSummary {
   int64_t parameters = 0;       ///< elements of constant values
   int64_t parameter_bytes = 0;
   int64_t flops = 0;            ///< the ops' OpTraits::flops: 2 × MACs of the dense ops
+  int64_t bytes = 0;            ///< the nodes' node_bytes: memory their kernels read and write
 };
 
 ModelSummary summarize(const Model& model);
 
 /// FLOPs of one node by its op's OpTraits::flops (0 for ops not counted), symbolic dims as 1.
 int64_t node_flops(const Node& node, const Graph& graph);
+
+/// Bytes one node's kernel reads and writes by its op's OpTraits::bytes (bytes::moved, every
+/// input and output once, for ops that set none and for ops outside the core set), symbolic
+/// dims as 1.
+int64_t node_bytes(const Node& node, const Graph& graph);
 
 /// The `kiln inspect --json` document (schema "kiln.inspect", version 1).
 std::string summary_json(const Model& model, const ModelSummary& s);

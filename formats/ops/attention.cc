@@ -13,8 +13,6 @@ namespace kiln {
 namespace attention {
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 // The known one of two dims that must agree (a symbolic or unknown one gives way); fails when
 // both are known and differ.
 Result<Dim> unify(const Dim& a, const Dim& b, const InferContext& ctx, const std::string& what) {
@@ -42,34 +40,13 @@ Result<Dim> mul_dim(const Dim& d, int64_t k, const InferContext& ctx) {
   return Dim::known(*p);
 }
 
-Status require_float(const InferContext& ctx, size_t i, std::string_view what) {
-  if (!is_float(ctx.dtype(i))) return ctx.error(std::string(what) + " must be a float type, got " + dt(ctx.dtype(i)));
-  return {};
-}
-
-Status require_dtype(const InferContext& ctx, size_t i, DType want, std::string_view what, std::string_view other) {
-  if (ctx.dtype(i) != want)
-    return ctx.error(std::string(what) + " is " + dt(ctx.dtype(i)) + " but " + std::string(other) + " is " + dt(want));
-  return {};
-}
-
 // Inputs: Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen.
 // Outputs: Y, present_key, present_value, qk_matmul_output.
 Status infer_attention(InferContext& ctx) {
   const Node& node = ctx.node();
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "Q"));
-  KILN_RETURN_IF_ERROR(require_dtype(ctx, 1, ctx.dtype(0), "K", "Q"));
-  KILN_RETURN_IF_ERROR(require_float(ctx, 2, "V"));
   const DType qt = ctx.dtype(0), vt = ctx.dtype(2);
   const bool has_past_k = ctx.has_input(4), has_past_v = ctx.has_input(5);
   if (has_past_k != has_past_v) return ctx.error("past_key and past_value must be given together");
-  if (has_past_k) {
-    KILN_RETURN_IF_ERROR(require_dtype(ctx, 4, qt, "past_key", "Q"));
-    KILN_RETURN_IF_ERROR(require_dtype(ctx, 5, vt, "past_value", "V"));
-  }
-  if (ctx.has_input(6) && ctx.dtype(6) != DType::i64) return ctx.error("nonpad_kv_seqlen must be i64, got " + dt(ctx.dtype(6)));
-  if (ctx.has_input(3) && !is_float(ctx.dtype(3)) && ctx.dtype(3) != DType::boolean && !is_integer(ctx.dtype(3)))
-    return ctx.error("attn_mask must be bool or numeric, got " + dt(ctx.dtype(3)));
 
   const int64_t mode = node.attr_int("qk_matmul_output_mode", 0);
   if (mode < 0 || mode > 3) return ctx.error("qk_matmul_output_mode " + std::to_string(mode) + " is not one of 0, 1, 2, 3");
@@ -200,11 +177,7 @@ Status infer_attention(InferContext& ctx) {
 // Inputs: X, cos_cache, sin_cache, position_ids (optional).
 Status infer_rotary(InferContext& ctx) {
   const Node& node = ctx.node();
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "input"));
-  KILN_RETURN_IF_ERROR(require_dtype(ctx, 1, ctx.dtype(0), "cos_cache", "the input"));
-  KILN_RETURN_IF_ERROR(require_dtype(ctx, 2, ctx.dtype(0), "sin_cache", "the input"));
   const bool has_pos = ctx.has_input(3);
-  if (has_pos && ctx.dtype(3) != DType::i64) return ctx.error("position_ids must be i64, got " + dt(ctx.dtype(3)));
   const int64_t heads = node.attr_int("num_heads", 0), rdim = node.attr_int("rotary_embedding_dim", 0);
   const int64_t interleaved = node.attr_int("interleaved", 0);
   if (heads < 0) return ctx.error("num_heads " + std::to_string(heads) + " is negative");
@@ -256,6 +229,7 @@ Status infer_rotary(InferContext& ctx) {
 
 void register_attention_ops(OpRegistry& r) {
   using namespace attention;
+  using namespace types;
   r.add("", OpSchema{"Attention", "scaled dot-product attention: grouped-query heads, mask, causal, KV cache, softcap", 3, 7, 1, 4,
                      {{"is_causal", AttrType::int64, false, "mask keys after the query position (0)"},
                       {"kv_num_heads", AttrType::int64, false, "K/V heads of 3-D inputs"},
@@ -264,12 +238,16 @@ void register_attention_ops(OpRegistry& r) {
                       {"scale", AttrType::float64, false, "factor on Q K^T (1/sqrt(head_size))"},
                       {"softcap", AttrType::float64, false, "c * tanh(x / c) when > 0 (0)"},
                       {"softmax_precision", AttrType::string, false, "kiln type name the softmax must at least use"}},
-                     infer_attention});
+                     infer_attention})
+      .traits.types = {input(0, kFloat, "Q"), same_as(1, 0, "K"), input(2, kFloat, "V"), input(3, kAny, "attn_mask"),
+                       same_as(4, 0, "past_key"), same_as(5, 2, "past_value"), input(6, DType::i64, "nonpad_kv_seqlen")};
   r.add("", OpSchema{"RotaryEmbedding", "rotary position embedding of the first rotary_embedding_dim features of each head", 3, 4, 1, 1,
                      {{"interleaved", AttrType::int64, false, "rotate (even, odd) pairs instead of halves (0)"},
                       {"num_heads", AttrType::int64, false, "heads of a 3-D input"},
                       {"rotary_embedding_dim", AttrType::int64, false, "features rotated per head (0: all)"}},
-                     infer_rotary});
+                     infer_rotary})
+      .traits.types = {input(0, kFloat, "input"), same_as(1, 0, "cos_cache"), same_as(2, 0, "sin_cache"),
+                       input(3, DType::i64, "position_ids")};
 }
 
 }  // namespace kiln

@@ -27,7 +27,6 @@ Result<const Graph*> body_attr(const InferContext& ctx, std::string_view name) {
 }
 
 Status infer_if(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::boolean) return ctx.error("condition must be bool, got " + dt(ctx.dtype(0)));
   const Shape& cs = ctx.shape(0);
   if (cs.is_concrete() && shape_numel(cs.concrete()) != 1)
     return ctx.error("condition has shape " + cs.str() + "; it must have one element");
@@ -70,8 +69,6 @@ Status infer_loop(InferContext& ctx) {
   if (ctx.num_outputs() != ncarried + nscan)
     return ctx.error("the node has " + std::to_string(ctx.num_outputs()) + " outputs but the body gives " +
                      std::to_string(ncarried + nscan));
-  if (ctx.has_input(0) && ctx.dtype(0) != DType::i64) return ctx.error("trip count must be i64, got " + dt(ctx.dtype(0)));
-  if (ctx.has_input(1) && ctx.dtype(1) != DType::boolean) return ctx.error("condition must be bool, got " + dt(ctx.dtype(1)));
   for (size_t i = 0; i < ncarried; ++i) {
     const Value& out = body->value(body->outputs[1 + i]);
     DType d = ctx.dtype(2 + i);
@@ -158,14 +155,16 @@ Status infer_scan(InferContext& ctx) {
 }  // namespace
 
 void register_control_ops(OpRegistry& r) {
+  using namespace types;
   r.add("", OpSchema{"If", "runs then_branch or else_branch on a one-element bool condition", 1, 1, 1, kVariadic,
                      {{"then_branch", AttrType::graph, true, "graph run when the condition is true"},
                       {"else_branch", AttrType::graph, true, "graph run when the condition is false"}},
-                     infer_if});
+                     infer_if}).traits.types = {input(0, kBool, "condition")};
   r.add("", OpSchema{"Loop", "runs body while iteration < M and cond, carrying values and stacking scan outputs", 0,
                      kVariadic, 0, kVariadic,
                      {{"body", AttrType::graph, true, "(iteration, cond, carried...) -> (cond, carried..., scan...)"}},
-                     infer_loop});
+                     infer_loop})
+      .traits.types = {input(0, DType::i64, "trip count"), input(1, kBool, "condition")};
   r.add("", OpSchema{"Scan", "runs body over slices of the scan inputs, carrying state and stacking outputs", 1,
                      kVariadic, 1, kVariadic,
                      {{"body", AttrType::graph, true, "(state..., slices...) -> (state..., output slices...)"},

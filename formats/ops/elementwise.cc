@@ -13,73 +13,6 @@ namespace kiln {
 
 namespace {
 
-// Type sets an op accepts, as bit flags.
-enum TypeSet : unsigned {
-  kFloat = 1,     // f16 bf16 f32 f64
-  kSigned = 2,    // i8 i16 i32 i64
-  kUnsigned = 4,  // u8 u16 u32 u64
-  kBool = 8,
-  kInt = kSigned | kUnsigned,
-  kNumeric = kFloat | kInt,
-  kAny = kNumeric | kBool,
-  kPowBase = 16,  // f16 bf16 f32 f64 i32 i64
-};
-
-bool in_set(DType t, unsigned set) {
-  if (set & kPowBase) return is_float(t) || t == DType::i32 || t == DType::i64;
-  return ((set & kFloat) && is_float(t)) || ((set & kSigned) && is_signed_int(t)) ||
-         ((set & kUnsigned) && is_unsigned_int(t)) || ((set & kBool) && t == DType::boolean);
-}
-
-std::string set_name(unsigned set) {
-  switch (set) {
-    case kFloat: return "floating-point types";
-    case kInt: return "integer types";
-    case kUnsigned: return "unsigned integer types";
-    case kBool: return "bool";
-    case kNumeric: return "numeric types";
-    case kPowBase: return "f16, bf16, f32, f64, i32 and i64";
-    default: return "numeric types and bool";
-  }
-}
-
-// What each elementwise op accepts for its (first) input.
-struct OpTypes {
-  std::string_view op;
-  unsigned types;
-};
-
-constexpr OpTypes kOpTypes[] = {
-    {"Abs", kNumeric}, {"Neg", kFloat | kSigned}, {"Exp", kFloat}, {"Log", kFloat}, {"Sqrt", kFloat},
-    {"Reciprocal", kFloat}, {"Floor", kFloat}, {"Ceil", kFloat}, {"Round", kFloat}, {"Sign", kNumeric},
-    {"Sin", kFloat}, {"Cos", kFloat}, {"Tan", kFloat}, {"Asin", kFloat}, {"Acos", kFloat}, {"Atan", kFloat},
-    {"Sinh", kFloat}, {"Cosh", kFloat}, {"Asinh", kFloat}, {"Acosh", kFloat}, {"Atanh", kFloat},
-    {"Erf", kFloat}, {"IsNaN", kFloat}, {"IsInf", kFloat}, {"Not", kBool}, {"BitwiseNot", kInt},
-    {"Relu", kFloat | kSigned}, {"LeakyRelu", kFloat}, {"Elu", kFloat}, {"Selu", kFloat}, {"Celu", kFloat},
-    {"Sigmoid", kFloat}, {"HardSigmoid", kFloat}, {"HardSwish", kFloat}, {"Tanh", kFloat},
-    {"Softplus", kFloat}, {"Softsign", kFloat}, {"Mish", kFloat}, {"Gelu", kFloat},
-    {"ThresholdedRelu", kFloat}, {"Shrink", kNumeric}, {"Swish", kFloat}, {"Identity", kAny},
-    {"Add", kNumeric}, {"Sub", kNumeric}, {"Mul", kNumeric}, {"Div", kNumeric}, {"Mod", kNumeric},
-    {"Pow", kPowBase}, {"PRelu", kNumeric}, {"And", kBool}, {"Or", kBool}, {"Xor", kBool},
-    {"Equal", kAny}, {"Less", kNumeric}, {"Greater", kNumeric}, {"LessOrEqual", kNumeric},
-    {"GreaterOrEqual", kNumeric}, {"BitShift", kUnsigned}, {"BitwiseAnd", kInt}, {"BitwiseOr", kInt},
-    {"BitwiseXor", kInt}, {"Max", kNumeric}, {"Min", kNumeric}, {"Sum", kNumeric}, {"Mean", kFloat},
-    {"Clip", kNumeric}, {"Where", kAny}, {"Cast", kAny},
-};
-
-Status check_type(const InferContext& ctx, size_t input, unsigned set) {
-  DType t = ctx.dtype(input);
-  if (in_set(t, set)) return {};
-  return ctx.error(ctx.node().op + " does not support " + std::string(dtype_name(t)) + " (it takes " +
-                   set_name(set) + ")");
-}
-
-Status check_op_type(const InferContext& ctx, size_t input) {
-  for (const OpTypes& e : kOpTypes)
-    if (e.op == ctx.node().op) return check_type(ctx, input, e.types);
-  return {};
-}
-
 // ---- folding of small known inputs ------------------------------------------------------
 
 constexpr int64_t kMaxFoldElements = 64;
@@ -218,7 +151,6 @@ Status maybe_fold(InferContext& ctx, size_t domain_input) {
 // ---- inference ----------------------------------------------------------------------------
 
 Status infer_unary(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
   const std::string& op = ctx.node().op;
   DType out = op == "IsNaN" || op == "IsInf" ? DType::boolean : ctx.dtype(0);
   if (op == "Gelu") {
@@ -231,13 +163,6 @@ Status infer_unary(InferContext& ctx) {
 
 Status infer_binary(InferContext& ctx) {
   const std::string& op = ctx.node().op;
-  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
-  if (op == "Pow") {
-    KILN_RETURN_IF_ERROR(check_type(ctx, 1, kNumeric));
-  } else if (ctx.dtype(0) != ctx.dtype(1)) {
-    return ctx.error("input types differ: " + std::string(dtype_name(ctx.dtype(0))) + " and " +
-                     std::string(dtype_name(ctx.dtype(1))));
-  }
   if (op == "Mod" && is_float(ctx.dtype(0)) && ctx.node().attr_int("fmod", 0) == 0)
     return ctx.error("fmod must be 1 for floating-point inputs");
   if (op == "BitShift") {
@@ -254,13 +179,9 @@ Status infer_binary(InferContext& ctx) {
 }
 
 Status infer_variadic(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
   Shape s = ctx.shape(0);
   for (size_t i = 1; i < ctx.num_inputs(); ++i) {
     if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(i) + " is missing");
-    if (ctx.dtype(i) != ctx.dtype(0))
-      return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) +
-                       " but input 0 is " + std::string(dtype_name(ctx.dtype(0))));
     KILN_ASSIGN_OR_RETURN(s, broadcast_shapes(s, ctx.shape(i), ctx));
   }
   ctx.set_output(0, ctx.dtype(0), std::move(s));
@@ -269,11 +190,6 @@ Status infer_variadic(InferContext& ctx) {
 }
 
 Status infer_where(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::boolean)
-    return ctx.error("condition must be bool, got " + std::string(dtype_name(ctx.dtype(0))));
-  if (ctx.dtype(1) != ctx.dtype(2))
-    return ctx.error("input types differ: " + std::string(dtype_name(ctx.dtype(1))) + " and " +
-                     std::string(dtype_name(ctx.dtype(2))));
   KILN_ASSIGN_OR_RETURN(Shape s, broadcast_shapes(ctx.shape(0), ctx.shape(1), ctx));
   KILN_ASSIGN_OR_RETURN(s, broadcast_shapes(s, ctx.shape(2), ctx));
   ctx.set_output(0, ctx.dtype(1), std::move(s));
@@ -281,13 +197,9 @@ Status infer_where(InferContext& ctx) {
 }
 
 Status infer_clip(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_op_type(ctx, 0));
   for (size_t i = 1; i <= 2; ++i) {
     if (!ctx.has_input(i)) continue;
     const char* what = i == 1 ? "min" : "max";
-    if (ctx.dtype(i) != ctx.dtype(0))
-      return ctx.error(std::string(what) + " is " + std::string(dtype_name(ctx.dtype(i))) + " but the input is " +
-                       std::string(dtype_name(ctx.dtype(0))));
     const Shape& s = ctx.shape(i);
     if (s.is_concrete() && shape_numel(s.concrete()) != 1)
       return ctx.error(std::string(what) + " must have one element, got shape " + s.str());
@@ -311,98 +223,106 @@ constexpr AttrType kStr = AttrType::string;
 }  // namespace
 
 void register_elementwise_ops(OpRegistry& r) {
-  auto unary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) -> OpSchema& {
-    return r.add("", OpSchema{name, summary, 1, 1, 1, 1, std::move(attrs), infer_unary});
+  using namespace types;
+  auto unary = [&](std::string_view name, std::string_view summary, TypeSet t, std::vector<AttrSpec> attrs = {}) -> OpSchema& {
+    OpSchema& s = r.add("", OpSchema{name, summary, 1, 1, 1, 1, std::move(attrs), infer_unary});
+    s.traits.types = {input(0, t)};
+    return s;
   };
-  unary("Abs", "|x|");
-  unary("Neg", "-x");
-  unary("Exp", "e^x");
-  unary("Log", "natural logarithm");
-  unary("Sqrt", "square root");
-  unary("Reciprocal", "1 / x");
-  unary("Floor", "round down");
-  unary("Ceil", "round up");
-  unary("Round", "round to nearest, halves to even");
-  unary("Sign", "-1, 0 or 1");
-  unary("Sin", "sine");
-  unary("Cos", "cosine");
-  unary("Tan", "tangent");
-  unary("Asin", "arcsine");
-  unary("Acos", "arccosine");
-  unary("Atan", "arctangent");
-  unary("Sinh", "hyperbolic sine");
-  unary("Cosh", "hyperbolic cosine");
-  unary("Asinh", "inverse hyperbolic sine");
-  unary("Acosh", "inverse hyperbolic cosine");
-  unary("Atanh", "inverse hyperbolic tangent");
-  unary("Erf", "error function");
-  unary("IsNaN", "x is NaN, as bool");
-  unary("IsInf", "x is an infinity of a detected sign, as bool",
+  unary("Abs", "|x|", kNumeric);
+  unary("Neg", "-x", kFloat | kSigned);
+  unary("Exp", "e^x", kFloat);
+  unary("Log", "natural logarithm", kFloat);
+  unary("Sqrt", "square root", kFloat);
+  unary("Reciprocal", "1 / x", kFloat);
+  unary("Floor", "round down", kFloat);
+  unary("Ceil", "round up", kFloat);
+  unary("Round", "round to nearest, halves to even", kFloat);
+  unary("Sign", "-1, 0 or 1", kNumeric);
+  unary("Sin", "sine", kFloat);
+  unary("Cos", "cosine", kFloat);
+  unary("Tan", "tangent", kFloat);
+  unary("Asin", "arcsine", kFloat);
+  unary("Acos", "arccosine", kFloat);
+  unary("Atan", "arctangent", kFloat);
+  unary("Sinh", "hyperbolic sine", kFloat);
+  unary("Cosh", "hyperbolic cosine", kFloat);
+  unary("Asinh", "inverse hyperbolic sine", kFloat);
+  unary("Acosh", "inverse hyperbolic cosine", kFloat);
+  unary("Atanh", "inverse hyperbolic tangent", kFloat);
+  unary("Erf", "error function", kFloat);
+  unary("IsNaN", "x is NaN, as bool", kFloat);
+  unary("IsInf", "x is an infinity of a detected sign, as bool", kFloat,
         {{"detect_negative", kInt64, false, "report -inf (default 1)"},
          {"detect_positive", kInt64, false, "report +inf (default 1)"}});
-  unary("Not", "logical not of bool");
-  unary("BitwiseNot", "bitwise complement of integers");
-  unary("Identity", "y = x").traits.pass_through = OpTraits::PassThrough::all;
-  unary("Relu", "max(x, 0)");
-  unary("LeakyRelu", "x < 0 ? alpha * x : x", {{"alpha", kF64, false, "slope for x < 0 (default 0.01)"}});
-  unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", {{"alpha", kF64, false, "default 1"}});
-  unary("Selu", "gamma * (x <= 0 ? alpha * (e^x - 1) : x)",
+  unary("Not", "logical not of bool", kBool);
+  unary("BitwiseNot", "bitwise complement of integers", kInt);
+  unary("Identity", "y = x", kAny).traits.pass_through = OpTraits::PassThrough::all;
+  unary("Relu", "max(x, 0)", kFloat | kSigned);
+  unary("LeakyRelu", "x < 0 ? alpha * x : x", kFloat, {{"alpha", kF64, false, "slope for x < 0 (default 0.01)"}});
+  unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", kFloat, {{"alpha", kF64, false, "default 1"}});
+  unary("Selu", "gamma * (x <= 0 ? alpha * (e^x - 1) : x)", kFloat,
         {{"alpha", kF64, false, "default 1.67326319"}, {"gamma", kF64, false, "default 1.05070102"}});
-  unary("Celu", "max(0, x) + min(0, alpha * (e^(x / alpha) - 1))", {{"alpha", kF64, false, "default 1"}});
-  unary("Sigmoid", "1 / (1 + e^-x)");
-  unary("HardSigmoid", "max(0, min(1, alpha * x + beta))",
+  unary("Celu", "max(0, x) + min(0, alpha * (e^(x / alpha) - 1))", kFloat, {{"alpha", kF64, false, "default 1"}});
+  unary("Sigmoid", "1 / (1 + e^-x)", kFloat);
+  unary("HardSigmoid", "max(0, min(1, alpha * x + beta))", kFloat,
         {{"alpha", kF64, false, "default 0.2"}, {"beta", kF64, false, "default 0.5"}});
-  unary("HardSwish", "x * max(0, min(1, x / 6 + 0.5))");
-  unary("Tanh", "hyperbolic tangent");
-  unary("Softplus", "log(1 + e^x)");
-  unary("Softsign", "x / (1 + |x|)");
-  unary("Mish", "x * tanh(softplus(x))");
-  unary("Gelu", "x * Phi(x), exact or tanh approximation",
+  unary("HardSwish", "x * max(0, min(1, x / 6 + 0.5))", kFloat);
+  unary("Tanh", "hyperbolic tangent", kFloat);
+  unary("Softplus", "log(1 + e^x)", kFloat);
+  unary("Softsign", "x / (1 + |x|)", kFloat);
+  unary("Mish", "x * tanh(softplus(x))", kFloat);
+  unary("Gelu", "x * Phi(x), exact or tanh approximation", kFloat,
         {{"approximate", kStr, false, "'none' (erf, default) or 'tanh'"}});
-  unary("ThresholdedRelu", "x > alpha ? x : 0", {{"alpha", kF64, false, "default 1"}});
-  unary("Shrink", "x < -lambd ? x + bias : x > lambd ? x - bias : 0",
+  unary("ThresholdedRelu", "x > alpha ? x : 0", kFloat, {{"alpha", kF64, false, "default 1"}});
+  unary("Shrink", "x < -lambd ? x + bias : x > lambd ? x - bias : 0", kNumeric,
         {{"bias", kF64, false, "default 0"}, {"lambd", kF64, false, "default 0.5"}});
-  unary("Swish", "x * sigmoid(alpha * x)", {{"alpha", kF64, false, "default 1"}});
+  unary("Swish", "x * sigmoid(alpha * x)", kFloat, {{"alpha", kF64, false, "default 1"}});
 
-  auto binary = [&](std::string_view name, std::string_view summary, std::vector<AttrSpec> attrs = {}) {
-    r.add("", OpSchema{name, summary, 2, 2, 1, 1, std::move(attrs), infer_binary});
+  auto binary = [&](std::string_view name, std::string_view summary, TypeSet t, std::vector<AttrSpec> attrs = {}) -> OpSchema& {
+    OpSchema& s = r.add("", OpSchema{name, summary, 2, 2, 1, 1, std::move(attrs), infer_binary});
+    s.traits.types = {input(0, t), same_as(1, 0)};
+    return s;
   };
-  binary("Add", "a + b (integers wrap)");
-  binary("Sub", "a - b (integers wrap)");
-  binary("Mul", "a * b (integers wrap)");
-  binary("Div", "a / b; integers truncate toward zero, division by zero is an error");
-  binary("Mod", "remainder; fmod=0 takes the divisor's sign, fmod=1 the dividend's",
+  binary("Add", "a + b (integers wrap)", kNumeric);
+  binary("Sub", "a - b (integers wrap)", kNumeric);
+  binary("Mul", "a * b (integers wrap)", kNumeric);
+  binary("Div", "a / b; integers truncate toward zero, division by zero is an error", kNumeric);
+  binary("Mod", "remainder; fmod=0 takes the divisor's sign, fmod=1 the dividend's", kNumeric,
          {{"fmod", kInt64, false, "0 (integers only, default) or 1"}});
-  binary("Pow", "a ^ b; b may have another numeric type, the result has a's");
-  binary("PRelu", "x < 0 ? slope * x : x, slope broadcast to x");
-  binary("And", "logical and");
-  binary("Or", "logical or");
-  binary("Xor", "logical xor");
-  binary("Equal", "a == b, as bool");
-  binary("Less", "a < b, as bool");
-  binary("Greater", "a > b, as bool");
-  binary("LessOrEqual", "a <= b, as bool");
-  binary("GreaterOrEqual", "a >= b, as bool");
-  binary("BitShift", "a << b or a >> b on unsigned integers",
+  // The exponent may have another numeric type than the base.
+  binary("Pow", "a ^ b; b may have another numeric type, the result has a's", kFloat | DType::i32 | DType::i64)
+      .traits.types[1] = input(1, kNumeric, "the exponent");
+  binary("PRelu", "x < 0 ? slope * x : x, slope broadcast to x", kNumeric);
+  binary("And", "logical and", kBool);
+  binary("Or", "logical or", kBool);
+  binary("Xor", "logical xor", kBool);
+  binary("Equal", "a == b, as bool", kAny);
+  binary("Less", "a < b, as bool", kNumeric);
+  binary("Greater", "a > b, as bool", kNumeric);
+  binary("LessOrEqual", "a <= b, as bool", kNumeric);
+  binary("GreaterOrEqual", "a >= b, as bool", kNumeric);
+  binary("BitShift", "a << b or a >> b on unsigned integers", kUnsigned,
          {{"direction", kStr, true, "'LEFT' or 'RIGHT'"}});
-  binary("BitwiseAnd", "a & b");
-  binary("BitwiseOr", "a | b");
-  binary("BitwiseXor", "a ^ b");
+  binary("BitwiseAnd", "a & b", kInt);
+  binary("BitwiseOr", "a | b", kInt);
+  binary("BitwiseXor", "a ^ b", kInt);
 
-  auto variadic = [&](std::string_view name, std::string_view summary) {
-    r.add("", OpSchema{name, summary, 1, kVariadic, 1, 1, {}, infer_variadic});
+  auto variadic = [&](std::string_view name, std::string_view summary, TypeSet t) {
+    r.add("", OpSchema{name, summary, 1, kVariadic, 1, 1, {}, infer_variadic}).traits.types = {input(0, t), rest_same_as(1, 0)};
   };
-  variadic("Max", "elementwise maximum of all inputs");
-  variadic("Min", "elementwise minimum of all inputs");
-  variadic("Sum", "elementwise sum of all inputs");
-  variadic("Mean", "elementwise mean of all inputs");
+  variadic("Max", "elementwise maximum of all inputs", kNumeric);
+  variadic("Min", "elementwise minimum of all inputs", kNumeric);
+  variadic("Sum", "elementwise sum of all inputs", kNumeric);
+  variadic("Mean", "elementwise mean of all inputs", kFloat);
 
-  r.add("", OpSchema{"Where", "condition ? x : y with broadcasting", 3, 3, 1, 1, {}, infer_where});
+  r.add("", OpSchema{"Where", "condition ? x : y with broadcasting", 3, 3, 1, 1, {}, infer_where})
+      .traits.types = {input(0, kBool, "condition"), input(1, kAny), same_as(2, 1)};
   r.add("", OpSchema{"Clip", "min(max(x, min), max); min/max are optional one-element inputs", 1, 3, 1, 1, {},
-                     infer_clip});
+                     infer_clip}).traits.types = {input(0, kNumeric), same_as(1, 0, "min"), same_as(2, 0, "max")};
   r.add("", OpSchema{"Cast", "converts to another element type", 1, 1, 1, 1,
                      {{"to", kStr, true, "the kiln type name: f32, f16, bf16, f64, i8 … u64, bool"}}, infer_cast})
-      .traits.pass_through = OpTraits::PassThrough::all;
+      .traits = {.types = {input(0, kAny)}, .pass_through = OpTraits::PassThrough::all};
 }
 
 }  // namespace kiln

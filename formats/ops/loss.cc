@@ -9,17 +9,10 @@ namespace kiln {
 namespace loss {
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 // Inputs: scores [N, C, d1..dk], target [N, d1..dk], weight [C] (optional).
 // Outputs: loss (target's shape for reduction none, else a scalar), log_prob (scores' shape).
 Status infer_loss(InferContext& ctx) {
   const Node& node = ctx.node();
-  if (!is_float(ctx.dtype(0))) return ctx.error("the input must be a float type, got " + dt(ctx.dtype(0)));
-  if (ctx.dtype(1) != DType::i32 && ctx.dtype(1) != DType::i64)
-    return ctx.error("the target must be i32 or i64, got " + dt(ctx.dtype(1)));
-  if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
-    return ctx.error("the weight is " + dt(ctx.dtype(2)) + " but the input is " + dt(ctx.dtype(0)));
   const std::string reduction = node.attr_string("reduction", "mean");
   if (reduction != "none" && reduction != "sum" && reduction != "mean")
     return ctx.error("reduction '" + reduction + "' is not one of none, sum, mean");
@@ -59,10 +52,13 @@ const std::vector<AttrSpec> kLossAttrs{
 
 void register_loss_ops(OpRegistry& r) {
   using namespace loss;
+  using namespace types;
+  const std::vector<TypeConstraint> loss_types = {input(0, kFloat, "the input"), input(1, kIndex, "the target"),
+                                                  same_as(2, 0, "the weight")};
   r.add("", OpSchema{"NegativeLogLikelihoodLoss", "loss = -weight[t] * input[n, t, d...] for target t, reduced", 2, 3, 1, 1,
-                     kLossAttrs, infer_loss});
+                     kLossAttrs, infer_loss}).traits.types = loss_types;
   r.add("", OpSchema{"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss of log-softmax over dim 1, optional log_prob output", 2,
-                     3, 1, 2, kLossAttrs, infer_loss});
+                     3, 1, 2, kLossAttrs, infer_loss}).traits.types = loss_types;
 }
 
 }  // namespace kiln

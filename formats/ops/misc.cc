@@ -28,11 +28,6 @@ std::optional<int64_t> known_int(const InferContext& ctx, size_t i) {
 Status infer_recurrent(InferContext& ctx, int gates) {
   const Node& n = ctx.node();
   DType t = ctx.dtype(0);
-  if (!is_float(t)) return ctx.error("input must be a float type, got " + dt(t));
-  for (size_t i : {1, 2, 3, 5, 6, 7})
-    if (ctx.has_input(i) && i < ctx.num_inputs() && ctx.dtype(i) != t)
-      return ctx.error("input " + std::to_string(i) + " is " + dt(ctx.dtype(i)) + " but X is " + dt(t));
-  if (ctx.has_input(4) && ctx.dtype(4) != DType::i32) return ctx.error("sequence_lens must be i32, got " + dt(ctx.dtype(4)));
   std::string direction = n.attr_string("direction", "forward");
   if (direction != "forward" && direction != "reverse" && direction != "bidirectional")
     return ctx.error("unknown direction '" + direction + "'");
@@ -92,9 +87,6 @@ std::vector<AttrSpec> recurrent_attrs(int gates) {
 // ---- NonMaxSuppression -------------------------------------------------------------------
 
 Status infer_nms(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0)) || ctx.dtype(1) != ctx.dtype(0))
-    return ctx.error("boxes and scores must be the same float type, got " + dt(ctx.dtype(0)) + " and " + dt(ctx.dtype(1)));
-  if (ctx.has_input(2) && ctx.dtype(2) != DType::i64) return ctx.error("max_output_boxes_per_class must be i64");
   const Shape& b = ctx.shape(0);
   const Shape& s = ctx.shape(1);
   if (b.rank_known && (b.rank() != 3 || (b.dims[2].is_known() && b.dims[2].value != 4)))
@@ -109,7 +101,6 @@ Status infer_nms(InferContext& ctx) {
 // ---- signal ops --------------------------------------------------------------------------
 
 Status infer_window(InferContext& ctx) {
-  if (!is_integer(ctx.dtype(0))) return ctx.error("size must be an integer, got " + dt(ctx.dtype(0)));
   if (ctx.shape(0).is_concrete() && shape_numel(ctx.shape(0).concrete()) != 1)
     return ctx.error("size must be a scalar, got shape " + ctx.shape(0).str());
   KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_datatype", DType::f32));
@@ -122,7 +113,6 @@ Status infer_window(InferContext& ctx) {
 
 Status infer_dft(InferContext& ctx) {
   const Node& n = ctx.node();
-  if (!is_float(ctx.dtype(0))) return ctx.error("input must be a float type, got " + dt(ctx.dtype(0)));
   const Shape& x = ctx.shape(0);
   const bool inverse = n.attr_int("inverse", 0) != 0, onesided = n.attr_int("onesided", 0) != 0;
   if (!x.rank_known) { ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank()); return {}; }
@@ -158,7 +148,6 @@ Status infer_dft(InferContext& ctx) {
 }
 
 Status infer_stft(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0))) return ctx.error("signal must be a float type, got " + dt(ctx.dtype(0)));
   const Shape& x = ctx.shape(0);
   if (x.rank_known && x.rank() != 3) return ctx.error("signal has shape " + x.str() + "; expected [batch, length, 1 or 2]");
   auto step = known_int(ctx, 1);
@@ -182,8 +171,6 @@ Status infer_stft(InferContext& ctx) {
 
 Status infer_mel(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_datatype", DType::f32));
-  for (size_t i = 0; i < 3; ++i)
-    if (!is_integer(ctx.dtype(i))) return ctx.error("input " + std::to_string(i) + " must be an integer");
   auto bins = known_int(ctx, 0), len = known_int(ctx, 1);
   if (bins && *bins < 0) return ctx.error("num_mel_bins " + std::to_string(*bins) + " is negative");
   if (len && *len <= 0) return ctx.error("dft_length " + std::to_string(*len) + " must be positive");
@@ -192,7 +179,6 @@ Status infer_mel(InferContext& ctx) {
 }
 
 Status infer_det(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0))) return ctx.error("input must be a float type, got " + dt(ctx.dtype(0)));
   const Shape& x = ctx.shape(0);
   if (!x.rank_known) { ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank()); return {}; }
   if (x.rank() < 2) return ctx.error("input has shape " + x.str() + "; expected [..., M, M]");
@@ -211,26 +197,41 @@ std::vector<AttrSpec> window_attrs() {
 }  // namespace
 
 void register_misc_ops(OpRegistry& r) {
-  r.add("", OpSchema{"RNN", "Elman RNN: H = f(X W^T + H R^T + b)", 3, 6, 0, 2, recurrent_attrs(1), infer_rnn});
-  r.add("", OpSchema{"GRU", "gated recurrent unit (gates z, r, h)", 3, 6, 0, 2, recurrent_attrs(3), infer_gru});
+  using namespace types;
+  // LSTM's inputs; RNN and GRU take the first six.
+  const std::vector<TypeConstraint> lstm_types = {
+      input(0, kFloat, "X"), same_as(1, 0, "W"), same_as(2, 0, "R"), same_as(3, 0, "B"), input(4, DType::i32, "sequence_lens"),
+      same_as(5, 0, "initial_h"), same_as(6, 0, "initial_c"), same_as(7, 0, "P")};
+  const std::vector<TypeConstraint> rnn_types(lstm_types.begin(), lstm_types.begin() + 6);
+  const std::vector<TypeConstraint> window_types = {input(0, kInt, "size")};
+  r.add("", OpSchema{"RNN", "Elman RNN: H = f(X W^T + H R^T + b)", 3, 6, 0, 2, recurrent_attrs(1), infer_rnn})
+      .traits.types = rnn_types;
+  r.add("", OpSchema{"GRU", "gated recurrent unit (gates z, r, h)", 3, 6, 0, 2, recurrent_attrs(3), infer_gru})
+      .traits.types = rnn_types;
   r.add("", OpSchema{"LSTM", "long short-term memory (gates i, o, f, c), optional peepholes", 3, 8, 0, 3,
-                     recurrent_attrs(4), infer_lstm});
+                     recurrent_attrs(4), infer_lstm}).traits.types = lstm_types;
   r.add("", OpSchema{"NonMaxSuppression", "greedy per-class box selection by score and IoU", 2, 5, 1, 1,
                      {{"center_point_box", AttrType::int64, false, "0: [y1, x1, y2, x2] (default), 1: [xc, yc, w, h]"}},
-                     infer_nms});
-  r.add("", OpSchema{"HannWindow", "sin^2(pi n / N)", 1, 1, 1, 1, window_attrs(), infer_window});
-  r.add("", OpSchema{"HammingWindow", "25/46 - 21/46 cos(2 pi n / N)", 1, 1, 1, 1, window_attrs(), infer_window});
+                     infer_nms})
+      .traits.types = {input(0, kFloat, "boxes"), same_as(1, 0, "scores"), input(2, DType::i64, "max_output_boxes_per_class")};
+  r.add("", OpSchema{"HannWindow", "sin^2(pi n / N)", 1, 1, 1, 1, window_attrs(), infer_window})
+      .traits.types = window_types;
+  r.add("", OpSchema{"HammingWindow", "25/46 - 21/46 cos(2 pi n / N)", 1, 1, 1, 1, window_attrs(), infer_window})
+      .traits.types = window_types;
   r.add("", OpSchema{"BlackmanWindow", "0.42 - 0.5 cos(2 pi n / N) + 0.08 cos(4 pi n / N)", 1, 1, 1, 1,
-                     window_attrs(), infer_window});
+                     window_attrs(), infer_window}).traits.types = window_types;
   r.add("", OpSchema{"DFT", "discrete Fourier transform along an axis; complex as a trailing dim of 2", 1, 3, 1, 1,
                      {{"inverse", AttrType::int64, false, "1: inverse transform (scaled by 1/n)"},
                       {"onesided", AttrType::int64, false, "1: only the n/2+1 non-redundant bins"}},
-                     infer_dft});
+                     infer_dft}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"STFT", "short-time Fourier transform of [batch, length, 1|2] signals", 2, 4, 1, 1,
-                     {{"onesided", AttrType::int64, false, "1 (default): only the non-redundant bins"}}, infer_stft});
+                     {{"onesided", AttrType::int64, false, "1 (default): only the non-redundant bins"}}, infer_stft})
+      .traits.types = {input(0, kFloat, "signal")};
   r.add("", OpSchema{"MelWeightMatrix", "triangular mel filter bank of shape [dft_length/2+1, num_mel_bins]", 5, 5, 1,
-                     1, {{"output_datatype", AttrType::string, false, "dtype of the matrix, default f32"}}, infer_mel});
-  r.add("", OpSchema{"Det", "determinant of square matrices [..., M, M]", 1, 1, 1, 1, {}, infer_det});
+                     1, {{"output_datatype", AttrType::string, false, "dtype of the matrix, default f32"}}, infer_mel})
+      .traits.types = {input(0, kInt, "num_mel_bins"), input(1, kInt, "dft_length"), input(2, kInt, "sample_rate")};
+  r.add("", OpSchema{"Det", "determinant of square matrices [..., M, M]", 1, 1, 1, 1, {}, infer_det})
+      .traits.types = {input(0, kFloat)};
 }
 
 }  // namespace kiln

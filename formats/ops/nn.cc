@@ -166,8 +166,6 @@ std::vector<int64_t> channels_first_perm(size_t rank) {
 
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 // A node with channels_last = 1: `infer` runs on its channels-first view (X, and Z for
 // FusedConv, [N, spatial..., C] -> [N, C, spatial...]) and output 0 is permuted back.
 Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
@@ -193,18 +191,6 @@ Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
   return {};
 }
 
-Status require_float(const InferContext& ctx, size_t i, std::string_view what) {
-  if (!is_float(ctx.dtype(i))) return ctx.error(std::string(what) + " must be a float type, got " + dt(ctx.dtype(i)));
-  return {};
-}
-
-Status require_same_type(const InferContext& ctx, size_t i, size_t j) {
-  if (ctx.dtype(i) != ctx.dtype(j))
-    return ctx.error("input " + std::to_string(j) + " is " + dt(ctx.dtype(j)) + " but input " + std::to_string(i) + " is " +
-                     dt(ctx.dtype(i)));
-  return {};
-}
-
 std::vector<int64_t> dims_or_unknown(const Shape& s, size_t from) {
   std::vector<int64_t> v;
   for (size_t i = from; i < s.dims.size(); ++i) v.push_back(s.dims[i].value);
@@ -215,14 +201,10 @@ Dim known_or(int64_t v) { return v >= 0 ? Dim::known(v) : Dim::unknown(); }
 
 // Conv: X [N, C, D...], W [M, C/group, K...], B [M] -> Y [N, M, O...].
 Status infer_conv(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
-  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
   const int64_t group = ctx.node().attr_int("group", 1);
   if (group < 1) return ctx.error("group " + std::to_string(group) + " must be at least 1");
-  if (ctx.has_input(2)) {
-    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
-    if (ctx.rank(2) >= 0 && ctx.rank(2) != 1) return ctx.error("bias must be 1-D, got shape " + ctx.shape(2).str());
-  }
+  if (ctx.has_input(2) && ctx.rank(2) >= 0 && ctx.rank(2) != 1)
+    return ctx.error("bias must be 1-D, got shape " + ctx.shape(2).str());
   const Shape& xs = ctx.shape(0);
   const Shape& ws = ctx.shape(1);
   int64_t rank = xs.rank() >= 0 ? xs.rank() : ws.rank();
@@ -265,9 +247,6 @@ Status infer_conv(InferContext& ctx) {
 
 // ConvTranspose: X [N, C, D...], W [C, M/group, K...] -> Y [N, M, O...].
 Status infer_conv_transpose(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
-  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
-  if (ctx.has_input(2)) KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
   const int64_t group = ctx.node().attr_int("group", 1);
   if (group < 1) return ctx.error("group " + std::to_string(group) + " must be at least 1");
   const Shape& xs = ctx.shape(0);
@@ -305,13 +284,7 @@ Status infer_conv_transpose(InferContext& ctx) {
   return {};
 }
 
-bool matmul_type_ok(DType t) {
-  return is_float(t) || t == DType::i32 || t == DType::i64 || t == DType::u32 || t == DType::u64;
-}
-
 Status infer_matmul(InferContext& ctx) {
-  if (!matmul_type_ok(ctx.dtype(0))) return ctx.error("MatMul does not support " + dt(ctx.dtype(0)));
-  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
   const Shape& a = ctx.shape(0);
   const Shape& b = ctx.shape(1);
   if (a.rank() < 0 || b.rank() < 0) {
@@ -337,9 +310,6 @@ Status infer_matmul(InferContext& ctx) {
 }
 
 Status infer_gemm(InferContext& ctx) {
-  if (!matmul_type_ok(ctx.dtype(0))) return ctx.error("Gemm does not support " + dt(ctx.dtype(0)));
-  KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 1));
-  if (ctx.has_input(2)) KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
   const Shape& a = ctx.shape(0);
   const Shape& b = ctx.shape(1);
   if (a.rank() >= 0 && a.rank() != 2) return ctx.error("A must be 2-D, got " + a.str());
@@ -368,15 +338,14 @@ Status infer_gemm(InferContext& ctx) {
   return {};
 }
 
-// The epilogue of FusedConv / FusedMatMul (formats/ops/epilogue.h): f32 only; the bias has one
-// value per output channel (`channel_axis` of Y); Z, when given, has Y's shape.
+// The epilogue of FusedConv / FusedMatMul (formats/ops/epilogue.h): the bias has one value per
+// output channel (`channel_axis` of Y); Z, when given, has Y's shape.
 Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
   KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "activation").status());
   KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "post_activation").status());
   if (ctx.outputs()[0].dtype == DType::undefined) return {};
   const Shape& y = ctx.outputs()[0].shape;
   if (ctx.has_input(2)) {
-    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 2));
     const Shape& b = ctx.shape(2);
     if (b.rank() >= 0 && b.rank() != 1) return ctx.error("bias must be 1-D, got shape " + b.str());
     const int64_t axis = channel_axis < 0 ? y.rank() + channel_axis : channel_axis;
@@ -386,7 +355,6 @@ Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
                        std::to_string(y.dims[static_cast<size_t>(axis)].value) + " channels");
   }
   if (ctx.has_input(3)) {
-    KILN_RETURN_IF_ERROR(require_same_type(ctx, 0, 3));
     const Shape& z = ctx.shape(3);
     bool same = z.rank() < 0 || y.rank() < 0 || z.rank() == y.rank();
     for (size_t i = 0; same && z.rank() >= 0 && y.rank() >= 0 && i < z.dims.size(); ++i)
@@ -397,22 +365,18 @@ Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
 }
 
 Status infer_fused_conv(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::f32) return ctx.error("FusedConv is f32 only, got " + dt(ctx.dtype(0)));
   KILN_RETURN_IF_ERROR(infer_conv(ctx));
   return infer_epilogue(ctx, 1);
 }
 
 Status infer_fused_matmul(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::f32) return ctx.error("FusedMatMul is f32 only, got " + dt(ctx.dtype(0)));
   KILN_RETURN_IF_ERROR(infer_matmul(ctx));
   return infer_epilogue(ctx, -1);
 }
 
 // Shared by MaxPool, AveragePool, LpPool.
-Status infer_pool(InferContext& ctx, bool allow_int) {
+Status infer_pool(InferContext& ctx) {
   DType t = ctx.dtype(0);
-  if (!is_float(t) && !(allow_int && (t == DType::i8 || t == DType::u8)))
-    return ctx.error(std::string(ctx.node().op) + " does not support " + dt(t));
   const Shape& xs = ctx.shape(0);
   if (xs.rank() < 0) {
     ctx.set_output(0, t, Shape::unknown_rank());
@@ -432,12 +396,10 @@ Status infer_pool(InferContext& ctx, bool allow_int) {
 Status infer_maxpool(InferContext& ctx) {
   int64_t so = ctx.node().attr_int("storage_order", 0);
   if (so != 0 && so != 1) return ctx.error("storage_order " + std::to_string(so) + " must be 0 or 1");
-  return infer_pool(ctx, true);
+  return infer_pool(ctx);
 }
-Status infer_float_pool(InferContext& ctx) { return infer_pool(ctx, false); }
 
 Status infer_global_pool(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
   const Shape& xs = ctx.shape(0);
   if (xs.rank() < 0) {
     ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
@@ -451,7 +413,6 @@ Status infer_global_pool(InferContext& ctx) {
 }
 
 Status infer_lrn(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
   if (ctx.node().attr_int("size", 0) < 1) return ctx.error("size must be at least 1");
   if (ctx.rank(0) >= 0 && ctx.rank(0) < 2) return ctx.error("X must have rank 2 or more, got " + ctx.shape(0).str());
   ctx.set_output(0, ctx.dtype(0), ctx.shape(0));
@@ -460,8 +421,6 @@ Status infer_lrn(InferContext& ctx) {
 
 // MaxUnpool: X [N, C, D...], I (i64, same shape), output_shape? -> Y.
 Status infer_max_unpool(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
-  if (ctx.dtype(1) != DType::i64) return ctx.error("I must be i64, got " + dt(ctx.dtype(1)));
   const Shape& xs = ctx.shape(0);
   if (xs.rank() < 0) {
     ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
@@ -504,7 +463,6 @@ Status infer_max_unpool(InferContext& ctx) {
 
 // Col2Im: input [N, C*prod(block), L], image_shape, block_shape -> [N, C, image...].
 Status infer_col2im(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "input"));
   const Shape& xs = ctx.shape(0);
   if (xs.rank() >= 0 && xs.rank() != 3) return ctx.error("input must be 3-D [N, C*prod(block_shape), L], got " + xs.str());
   const Tensor* img = ctx.value(1);
@@ -553,7 +511,7 @@ const AttrSpec kChannelsLast{"channels_last", AttrType::int64, false,
 
 Status infer_fused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_fused_conv); }
 Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
-Status infer_float_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_float_pool); }
+Status infer_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_pool); }
 Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_global_pool); }
 
 }  // namespace
@@ -561,20 +519,25 @@ Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx
 
 void register_nn_ops(OpRegistry& r) {
   using namespace nn;
+  using namespace types;
+  const std::vector<TypeConstraint> conv_types = {input(0, kFloat, "X"), same_as(1, 0, "W"), same_as(2, 0, "B")};
+  const TypeSet matmul_types = kFloat | DType::i32 | DType::i64 | DType::u32 | DType::u64;
   r.add("", OpSchema{"Conv", "N-d convolution with groups, strides, dilations, pads and optional bias", 2, 3, 1, 1,
                      {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape, kPads, kStrides},
-                     infer_conv}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
+                     infer_conv}).traits = {.types = conv_types, .flops = flops::conv<1>, .prepack_inputs = {1}};
   r.add("", OpSchema{"ConvTranspose", "N-d transposed convolution (gradient of Conv)", 2, 3, 1, 1,
                      {kAutoPad, kDilations, {"group", AttrType::int64, false, "channel groups (1)"}, kKernelShape,
                       {"output_padding", AttrType::ints, false, "extra size at the end of each dim"},
                       {"output_shape", AttrType::ints, false, "requested output spatial size"}, kPads, kStrides},
-                     infer_conv_transpose}).traits = {.flops = flops::conv_transpose, .prepack_inputs = {1}};
+                     infer_conv_transpose})
+      .traits = {.types = conv_types, .flops = flops::conv_transpose, .prepack_inputs = {1}};
   r.add("", OpSchema{"MatMul", "numpy matmul: batched, broadcasting, 1-D operands promoted", 2, 2, 1, 1, {}, infer_matmul})
-      .traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
+      .traits = {.types = {input(0, matmul_types), same_as(1, 0)}, .flops = flops::matmul<0>, .prepack_inputs = {1}};
   r.add("", OpSchema{"Gemm", "alpha * op(A) @ op(B) + beta * C, C broadcast to [M, N]", 2, 3, 1, 1,
                      {{"alpha", AttrType::float64, false, "1.0"}, {"beta", AttrType::float64, false, "1.0"},
                       {"transA", AttrType::int64, false, "0"}, {"transB", AttrType::int64, false, "0"}},
-                     infer_gemm}).traits = {.flops = flops::gemm, .prepack_inputs = {1}};
+                     infer_gemm})
+      .traits = {.types = {input(0, matmul_types), same_as(1, 0), same_as(2, 0)}, .flops = flops::gemm, .prepack_inputs = {1}};
   // What `kiln compile` fuses a convolution or matrix product and its epilogue into.
   const std::vector<AttrSpec> epilogue = {
       {"activation", AttrType::string, false, "applied after the bias (none)"},
@@ -586,33 +549,44 @@ void register_nn_ops(OpRegistry& r) {
   fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
   fused_conv.push_back(kChannelsLast);
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
-                     fused_conv, infer_fused_conv_any_layout}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
+                     fused_conv, infer_fused_conv_any_layout})
+      .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
+                 .flops = flops::conv<1>,
+                 .prepack_inputs = {1}};
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
-                     epilogue, infer_fused_matmul}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
+                     epilogue, infer_fused_matmul})
+      .traits = {.types = {input(0, DType::f32), same_as(1, 0, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},
+                 .flops = flops::matmul<0>,
+                 .prepack_inputs = {1}};
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
                       {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides,
                       kChannelsLast},
-                     infer_maxpool_any_layout});
+                     infer_maxpool_any_layout})
+      .traits.types = {input(0, kFloat | DType::i8 | DType::u8)};
   r.add("", OpSchema{"AveragePool", "mean over sliding windows", 1, 1, 1, 1,
                      {kAutoPad, kCeilMode, {"count_include_pad", AttrType::int64, false, "0"}, kDilations, kKernelShape, kPads, kStrides,
                       kChannelsLast},
-                     infer_float_pool_any_layout});
+                     infer_pool_any_layout})
+      .traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"LpPool", "p-norm over sliding windows", 1, 1, 1, 1,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, {"p", AttrType::int64, false, "2"}, kPads, kStrides},
-                     infer_float_pool});
-  r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout});
-  r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout});
+                     infer_pool}).traits.types = {input(0, kFloat)};
+  r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout})
+      .traits.types = {input(0, kFloat)};
+  r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout})
+      .traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"GlobalLpPool", "p-norm over all spatial dims", 1, 1, 1, 1,
-                     {{"p", AttrType::int64, false, "2"}}, infer_global_pool});
+                     {{"p", AttrType::int64, false, "2"}}, infer_global_pool}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"LRN", "local response normalization across channels", 1, 1, 1, 1,
                      {{"alpha", AttrType::float64, false, "1e-4"}, {"beta", AttrType::float64, false, "0.75"},
                       {"bias", AttrType::float64, false, "1.0"}, {"size", AttrType::int64, true, "channels in the window"}},
-                     infer_lrn});
+                     infer_lrn}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"MaxUnpool", "scatter pooled values back to their argmax positions", 2, 3, 1, 1,
-                     {kKernelShape, kPads, kStrides}, infer_max_unpool});
+                     {kKernelShape, kPads, kStrides}, infer_max_unpool})
+      .traits.types = {input(0, kFloat, "X"), input(1, DType::i64, "I")};
   r.add("", OpSchema{"Col2Im", "sum sliding blocks back into an image", 3, 3, 1, 1,
-                     {kDilations, kPads, kStrides}, infer_col2im});
+                     {kDilations, kPads, kStrides}, infer_col2im}).traits.types = {input(0, kFloat)};
   register_nn_sample_ops(r);
 }
 

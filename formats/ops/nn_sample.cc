@@ -155,8 +155,6 @@ Result<EinsumSpec> parse_einsum(const Node& node, const std::string& equation, c
 
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 Status infer_resize(InferContext& ctx) {
   const Shape& xs = ctx.shape(0);
   if (xs.rank() < 0) {
@@ -175,7 +173,6 @@ Status infer_resize(InferContext& ctx) {
   std::string nm = ctx.node().attr_string("nearest_mode", "round_prefer_floor");
   if (nm != "round_prefer_floor" && nm != "round_prefer_ceil" && nm != "floor" && nm != "ceil")
     return ctx.error("nearest_mode '" + nm + "' is not one of round_prefer_floor, round_prefer_ceil, floor, ceil");
-  if (DType t = ctx.dtype(0); t == DType::boolean) return ctx.error("Resize does not support " + dt(t));
   std::vector<int64_t> in;
   for (const Dim& d : xs.dims) in.push_back(d.value);
   const Tensor* scales = ctx.value(2);
@@ -207,11 +204,7 @@ Status infer_resize(InferContext& ctx) {
 
 Status infer_einsum(InferContext& ctx) {
   std::vector<int64_t> ranks;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    ranks.push_back(ctx.rank(i));
-    if (ctx.dtype(i) != ctx.dtype(0)) return ctx.error("inputs have different types: " + dt(ctx.dtype(0)) + " and " + dt(ctx.dtype(i)));
-  }
-  if (ctx.dtype(0) == DType::boolean) return ctx.error("Einsum does not support bool");
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) ranks.push_back(ctx.rank(i));
   if (!ctx.node().has_attr("equation")) return ctx.error("required attribute 'equation' is missing");
   if (std::any_of(ranks.begin(), ranks.end(), [](int64_t r) { return r < 0; })) {
     ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
@@ -238,8 +231,6 @@ Status infer_einsum(InferContext& ctx) {
 }
 
 Status infer_grid_sample(InferContext& ctx) {
-  if (!is_float(ctx.dtype(1))) return ctx.error("grid must be a float type, got " + dt(ctx.dtype(1)));
-  if (ctx.dtype(0) == DType::boolean) return ctx.error("GridSample does not support bool");
   std::string mode = ctx.node().attr_string("mode", "linear");
   if (mode != "linear" && mode != "nearest" && mode != "cubic") return ctx.error("mode '" + mode + "' is not one of linear, nearest, cubic");
   std::string pm = ctx.node().attr_string("padding_mode", "zeros");
@@ -266,9 +257,6 @@ Status infer_grid_sample(InferContext& ctx) {
 }
 
 Status infer_roi_align(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0))) return ctx.error("X must be a float type, got " + dt(ctx.dtype(0)));
-  if (ctx.dtype(1) != ctx.dtype(0)) return ctx.error("rois must have X's type " + dt(ctx.dtype(0)));
-  if (ctx.dtype(2) != DType::i64) return ctx.error("batch_indices must be i64, got " + dt(ctx.dtype(2)));
   std::string mode = ctx.node().attr_string("mode", "avg");
   if (mode != "avg" && mode != "max") return ctx.error("mode '" + mode + "' is not one of avg, max");
   std::string ctm = ctx.node().attr_string("coordinate_transformation_mode", "half_pixel");
@@ -288,8 +276,6 @@ Status infer_roi_align(InferContext& ctx) {
 }
 
 Status infer_affine_grid(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0))) return ctx.error("theta must be a float type, got " + dt(ctx.dtype(0)));
-  if (ctx.dtype(1) != DType::i64) return ctx.error("size must be i64, got " + dt(ctx.dtype(1)));
   const Tensor* size = ctx.value(1);
   if (!size) {
     const Shape& ss = ctx.shape(1);
@@ -320,6 +306,7 @@ Status infer_affine_grid(InferContext& ctx) {
 
 void register_nn_sample_ops(OpRegistry& r) {
   using namespace nn;
+  using namespace types;
   r.add("", OpSchema{"Resize", "resize by scales or sizes: nearest, linear or cubic interpolation (opset 19 semantics)", 1, 4, 1, 1,
                      {{"antialias", AttrType::int64, false, "0"},
                       {"axes", AttrType::ints, false, "resized axes (all)"},
@@ -330,14 +317,15 @@ void register_nn_sample_ops(OpRegistry& r) {
                       {"keep_aspect_ratio_policy", AttrType::string, false, "stretch"},
                       {"mode", AttrType::string, false, "nearest"},
                       {"nearest_mode", AttrType::string, false, "round_prefer_floor"}},
-                     infer_resize});
+                     infer_resize}).traits.types = {input(0, kNumeric)};
   r.add("", OpSchema{"Einsum", "Einstein summation over any equation", 1, kVariadic, 1, 1,
-                     {{"equation", AttrType::string, true, "e.g. 'bij,bjk->bik'"}}, infer_einsum});
+                     {{"equation", AttrType::string, true, "e.g. 'bij,bjk->bik'"}}, infer_einsum})
+      .traits.types = {input(0, kNumeric), rest_same_as(1, 0)};
   r.add("", OpSchema{"GridSample", "sample X at grid locations (linear, nearest, cubic)", 2, 2, 1, 1,
                      {{"align_corners", AttrType::int64, false, "0"},
                       {"mode", AttrType::string, false, "linear"},
                       {"padding_mode", AttrType::string, false, "zeros"}},
-                     infer_grid_sample});
+                     infer_grid_sample}).traits.types = {input(0, kNumeric), input(1, kFloat, "grid")};
   r.add("", OpSchema{"RoiAlign", "pooled bilinear samples over regions of interest", 3, 3, 1, 1,
                      {{"coordinate_transformation_mode", AttrType::string, false, "half_pixel"},
                       {"mode", AttrType::string, false, "avg"},
@@ -345,9 +333,11 @@ void register_nn_sample_ops(OpRegistry& r) {
                       {"output_width", AttrType::int64, false, "1"},
                       {"sampling_ratio", AttrType::int64, false, "0 (adaptive)"},
                       {"spatial_scale", AttrType::float64, false, "1.0"}},
-                     infer_roi_align});
+                     infer_roi_align})
+      .traits.types = {input(0, kFloat, "X"), same_as(1, 0, "rois"), input(2, DType::i64, "batch_indices")};
   r.add("", OpSchema{"AffineGrid", "sampling grid from affine matrices", 2, 2, 1, 1,
-                     {{"align_corners", AttrType::int64, false, "0"}}, infer_affine_grid});
+                     {{"align_corners", AttrType::int64, false, "0"}}, infer_affine_grid})
+      .traits.types = {input(0, kFloat, "theta"), input(1, DType::i64, "size")};
 }
 
 }  // namespace kiln

@@ -14,10 +14,6 @@ namespace {
 
 std::string dt(DType t) { return std::string(dtype_name(t)); }
 
-bool is_quant_storage(DType t) {
-  return t == DType::u8 || t == DType::i8 || t == DType::u16 || t == DType::i16;
-}
-
 // Checks a scale or zero-point operand against x for per-tensor, per-axis or blocked
 // quantization (ONNX's rules: rank 0 or one element = per tensor; 1-D = per axis; same rank as x
 // with block_size > 0 = blocked).
@@ -56,15 +52,12 @@ Status check_quant_operand(const InferContext& ctx, size_t i, const Shape& x, st
 }
 
 Status infer_quantize(InferContext& ctx) {
-  if (!is_float(ctx.dtype(0))) return ctx.error("input must be a float type, got " + dt(ctx.dtype(0)));
-  if (!is_float(ctx.dtype(1))) return ctx.error("scale must be a float type, got " + dt(ctx.dtype(1)));
   KILN_ASSIGN_OR_RETURN(DType precision, dtype_attr(ctx, "precision", DType::undefined));
   if (precision != DType::undefined && !is_float(precision))
     return ctx.error("precision must be a float type, got " + dt(precision));
   DType out = DType::u8;
   if (ctx.has_input(2)) {
     out = ctx.dtype(2);
-    if (!is_quant_storage(out)) return ctx.error("zero point type " + dt(out) + " is not u8, i8, u16 or i16");
     KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 2, ctx.shape(0), "zero point"));
   }
   KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 1, ctx.shape(0), "scale"));
@@ -73,12 +66,7 @@ Status infer_quantize(InferContext& ctx) {
 }
 
 Status infer_dequantize(InferContext& ctx) {
-  DType x = ctx.dtype(0);
-  if (!is_quant_storage(x) && x != DType::i32)
-    return ctx.error("input type " + dt(x) + " is not u8, i8, u16, i16 or i32");
-  if (!is_float(ctx.dtype(1))) return ctx.error("scale must be a float type, got " + dt(ctx.dtype(1)));
   if (ctx.has_input(2)) {
-    if (ctx.dtype(2) != x) return ctx.error("zero point type " + dt(ctx.dtype(2)) + " differs from input type " + dt(x));
     KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 2, ctx.shape(0), "zero point"));
   }
   KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 1, ctx.shape(0), "scale"));
@@ -89,7 +77,6 @@ Status infer_dequantize(InferContext& ctx) {
 }
 
 Status infer_dynamic_quantize(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::f32) return ctx.error("input must be f32, got " + dt(ctx.dtype(0)));
   ctx.set_output(0, DType::u8, ctx.shape(0));
   ctx.set_output(1, DType::f32, Shape(std::vector<Dim>{}));
   ctx.set_output(2, DType::u8, Shape(std::vector<Dim>{}));
@@ -116,36 +103,13 @@ Result<Shape> matmul_shape(const InferContext& ctx, const Shape& a, const Shape&
   return out;
 }
 
-Status check_int8(const InferContext& ctx, size_t i, std::string_view what) {
-  if (ctx.dtype(i) != DType::u8 && ctx.dtype(i) != DType::i8)
-    return ctx.error(std::string(what) + " must be u8 or i8, got " + dt(ctx.dtype(i)));
-  return {};
-}
-
-Status check_same(const InferContext& ctx, size_t zp, size_t x, std::string_view what) {
-  if (ctx.has_input(zp) && ctx.dtype(zp) != ctx.dtype(x))
-    return ctx.error(std::string(what) + " type " + dt(ctx.dtype(zp)) + " differs from " + dt(ctx.dtype(x)));
-  return {};
-}
-
 Status infer_matmul_integer(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "A"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 1, "B"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "a_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 3, 1, "b_zero_point"));
   KILN_ASSIGN_OR_RETURN(Shape s, matmul_shape(ctx, ctx.shape(0), ctx.shape(1)));
   ctx.set_output(0, DType::i32, std::move(s));
   return {};
 }
 
 Status infer_qlinear_matmul(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "a"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 3, "b"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 7, "y_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "a_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 5, 3, "b_zero_point"));
-  for (size_t i : {1, 4, 6})
-    if (!is_float(ctx.dtype(i))) return ctx.error("scale input " + std::to_string(i) + " must be a float type");
   KILN_ASSIGN_OR_RETURN(Shape s, matmul_shape(ctx, ctx.shape(0), ctx.shape(3)));
   ctx.set_output(0, ctx.dtype(7), std::move(s));
   return {};
@@ -208,24 +172,12 @@ Result<Shape> conv_shape(const InferContext& ctx, const Shape& x, const Shape& w
 }
 
 Status infer_conv_integer(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "x"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 1, "w"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "x_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 3, 1, "w_zero_point"));
   KILN_ASSIGN_OR_RETURN(Shape s, conv_shape(ctx, ctx.shape(0), ctx.shape(1)));
   ctx.set_output(0, DType::i32, std::move(s));
   return {};
 }
 
 Status infer_qlinear_conv(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 0, "x"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 3, "w"));
-  KILN_RETURN_IF_ERROR(check_int8(ctx, 7, "y_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 2, 0, "x_zero_point"));
-  KILN_RETURN_IF_ERROR(check_same(ctx, 5, 3, "w_zero_point"));
-  for (size_t i : {1, 4, 6})
-    if (!is_float(ctx.dtype(i))) return ctx.error("scale input " + std::to_string(i) + " must be a float type");
-  if (ctx.has_input(8) && ctx.dtype(8) != DType::i32) return ctx.error("bias must be i32, got " + dt(ctx.dtype(8)));
   KILN_ASSIGN_OR_RETURN(Shape s, conv_shape(ctx, ctx.shape(0), ctx.shape(3)));
   ctx.set_output(0, ctx.dtype(7), std::move(s));
   return {};
@@ -243,26 +195,47 @@ std::vector<AttrSpec> conv_attrs() {
 }  // namespace
 
 void register_quant_ops(OpRegistry& r) {
+  using namespace types;
+  const TypeSet storage = DType::u8 | DType::i8 | DType::u16 | DType::i16;
+  const TypeSet int8 = DType::u8 | DType::i8;
   r.add("", OpSchema{"QuantizeLinear", "y = saturate(round_half_even(x / scale) + zero_point)", 2, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "channel axis of per-axis / blocked parameters, default 1"},
                       {"block_size", AttrType::int64, false, "block length along axis; 0 = not blocked"},
                       {"precision", AttrType::string, false, "float dtype of the division; default the scale's"}},
-                     infer_quantize});
+                     infer_quantize})
+      .traits.types = {input(0, kFloat, "input"), input(1, kFloat, "scale"), input(2, storage, "zero point")};
   r.add("", OpSchema{"DequantizeLinear", "y = (x - zero_point) * scale", 2, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "channel axis of per-axis / blocked parameters, default 1"},
                       {"block_size", AttrType::int64, false, "block length along axis; 0 = not blocked"},
                       {"output_dtype", AttrType::string, false, "float dtype of y; default the scale's"}},
-                     infer_dequantize});
+                     infer_dequantize})
+      .traits.types = {input(0, storage | DType::i32, "input"), input(1, kFloat, "scale"), same_as(2, 0, "zero point")};
   r.add("", OpSchema{"DynamicQuantizeLinear", "u8 quantization with scale and zero point from the data's range",
-                     1, 1, 3, 3, {}, infer_dynamic_quantize});
+                     1, 1, 3, 3, {}, infer_dynamic_quantize}).traits.types = {input(0, DType::f32)};
   r.add("", OpSchema{"MatMulInteger", "i32 matmul of (a - a_zero_point) and (b - b_zero_point)", 2, 4, 1, 1, {},
-                     infer_matmul_integer}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {1}};
+                     infer_matmul_integer})
+      .traits = {.types = {input(0, int8, "A"), input(1, int8, "B"), same_as(2, 0, "a_zero_point"), same_as(3, 1, "b_zero_point")},
+                 .flops = flops::matmul<0>,
+                 .prepack_inputs = {1}};
   r.add("", OpSchema{"QLinearMatMul", "quantized matmul: requantized i32 product of dequantized operands", 8, 8,
-                     1, 1, {}, infer_qlinear_matmul}).traits = {.flops = flops::matmul<0>, .prepack_inputs = {3}};
+                     1, 1, {}, infer_qlinear_matmul})
+      .traits = {.types = {input(0, int8, "a"), input(1, kFloat, "a_scale"), same_as(2, 0, "a_zero_point"),
+                           input(3, int8, "b"), input(4, kFloat, "b_scale"), same_as(5, 3, "b_zero_point"),
+                           input(6, kFloat, "y_scale"), input(7, int8, "y_zero_point")},
+                 .flops = flops::matmul<0>,
+                 .prepack_inputs = {3}};
   r.add("", OpSchema{"ConvInteger", "i32 convolution of (x - x_zero_point) and (w - w_zero_point)", 2, 4, 1, 1,
-                     conv_attrs(), infer_conv_integer}).traits = {.flops = flops::conv<1>, .prepack_inputs = {1}};
+                     conv_attrs(), infer_conv_integer})
+      .traits = {.types = {input(0, int8, "x"), input(1, int8, "w"), same_as(2, 0, "x_zero_point"), same_as(3, 1, "w_zero_point")},
+                 .flops = flops::conv<1>,
+                 .prepack_inputs = {1}};
   r.add("", OpSchema{"QLinearConv", "quantized convolution with i32 bias, requantized to y's scale", 8, 9, 1, 1,
-                     conv_attrs(), infer_qlinear_conv}).traits = {.flops = flops::conv<3>, .prepack_inputs = {3}};
+                     conv_attrs(), infer_qlinear_conv})
+      .traits = {.types = {input(0, int8, "x"), input(1, kFloat, "x_scale"), same_as(2, 0, "x_zero_point"),
+                           input(3, int8, "w"), input(4, kFloat, "w_scale"), same_as(5, 3, "w_zero_point"),
+                           input(6, kFloat, "y_scale"), input(7, int8, "y_zero_point"), input(8, DType::i32, "bias")},
+                 .flops = flops::conv<3>,
+                 .prepack_inputs = {3}};
 }
 
 }  // namespace kiln

@@ -16,19 +16,6 @@ namespace {
 constexpr AttrType kInt64 = AttrType::int64;
 constexpr AttrType kF64 = AttrType::float64;
 
-std::string type_str(DType t) { return std::string(dtype_name(t)); }
-
-Status require_float(const InferContext& ctx, size_t i, std::string_view what = "input") {
-  if (is_float(ctx.dtype(i))) return {};
-  return ctx.error(std::string(what) + " must be a floating-point type, got " + type_str(ctx.dtype(i)));
-}
-
-Status require_numeric(const InferContext& ctx, size_t i, bool allow_bool = false) {
-  DType t = ctx.dtype(i);
-  if (is_float(t) || is_integer(t) || (allow_bool && t == DType::boolean)) return {};
-  return ctx.error(ctx.node().op + " does not support " + type_str(t));
-}
-
 // Known dims of a shape, or nullopt when one is not known.
 std::optional<int64_t> known_dim(const Shape& s, int64_t axis) {
   if (!s.rank_known || axis < 0 || axis >= s.rank() || !s.dims[static_cast<size_t>(axis)].is_known()) return std::nullopt;
@@ -80,8 +67,6 @@ Status fold_reduce(InferContext& ctx, const std::vector<bool>& reduced) {
 
 // ReduceSum, ReduceMean, …: data, optional i64 axes; keepdims, noop_with_empty_axes.
 Status infer_reduce(InferContext& ctx) {
-  const std::string& op = ctx.node().op;
-  KILN_RETURN_IF_ERROR(require_numeric(ctx, 0, op == "ReduceMax" || op == "ReduceMin"));
   const bool keepdims = ctx.node().attr_int("keepdims", 1) != 0;
   const bool noop = ctx.node().attr_int("noop_with_empty_axes", 0) != 0;
   const Shape& in = ctx.shape(0);
@@ -89,7 +74,6 @@ Status infer_reduce(InferContext& ctx) {
   if (!ctx.has_input(1)) {
     axes.emplace();
   } else {
-    if (ctx.dtype(1) != DType::i64) return ctx.error("axes must be i64, got " + type_str(ctx.dtype(1)));
     if (ctx.rank(1) > 1) return ctx.error("axes must be 1-D, got shape " + ctx.shape(1).str());
     if (const Tensor* v = ctx.value(1)) axes = v->to_int64_vector();
   }
@@ -131,7 +115,6 @@ Status infer_reduce(InferContext& ctx) {
 }
 
 Status infer_arg(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_numeric(ctx, 0));
   const Shape& in = ctx.shape(0);
   if (!in.rank_known) {
     ctx.set_output(0, DType::i64, Shape::unknown_rank());
@@ -148,7 +131,6 @@ Status infer_arg(InferContext& ctx) {
 
 // Softmax, LogSoftmax, Hardmax and LpNormalization: along one axis, same shape.
 Status infer_axis_float(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0));
   if (ctx.rank(0) >= 0) KILN_RETURN_IF_ERROR(normalize_axis(ctx.node().attr_int("axis", -1), ctx.rank(0), ctx).status());
   if (ctx.node().op == "LpNormalization") {
     int64_t p = ctx.node().attr_int("p", 2);
@@ -159,9 +141,6 @@ Status infer_axis_float(InferContext& ctx) {
 }
 
 Status infer_cumsum(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_numeric(ctx, 0));
-  if (ctx.dtype(1) != DType::i32 && ctx.dtype(1) != DType::i64)
-    return ctx.error("axis must be i32 or i64, got " + type_str(ctx.dtype(1)));
   if (const Tensor* a = ctx.value(1); a && ctx.rank(0) >= 0) {
     if (a->numel() != 1) return ctx.error("axis must have one element, got shape " + shape_str(a->shape()));
     KILN_RETURN_IF_ERROR(normalize_axis(a->as_int64(0), ctx.rank(0), ctx).status());
@@ -184,8 +163,6 @@ Result<DType> stash_dtype(const InferContext& ctx) {
 // Scale/bias of Layer- and RMSNormalization broadcast to the normalized dims X.shape[axis:].
 Status check_norm_param(const InferContext& ctx, size_t i, int64_t axis, const char* what) {
   if (!ctx.has_input(i)) return {};
-  if (ctx.dtype(i) != ctx.dtype(0))
-    return ctx.error(std::string(what) + " is " + type_str(ctx.dtype(i)) + " but X is " + type_str(ctx.dtype(0)));
   const Shape& x = ctx.shape(0);
   const Shape& p = ctx.shape(i);
   if (!x.rank_known || !p.rank_known) return {};
@@ -202,7 +179,6 @@ Status check_norm_param(const InferContext& ctx, size_t i, int64_t axis, const c
 }
 
 Status infer_layer_norm(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
   KILN_ASSIGN_OR_RETURN(DType stash, stash_dtype(ctx));
   const Shape& x = ctx.shape(0);
   ctx.set_output(0, ctx.dtype(0), x);
@@ -228,8 +204,6 @@ Status check_channel_params(const InferContext& ctx, size_t first, size_t last) 
   std::optional<int64_t> c = known_dim(x, 1);
   static const char* names[] = {"X", "scale", "B", "mean", "var"};
   for (size_t i = first; i <= last; ++i) {
-    if (!is_float(ctx.dtype(i)))
-      return ctx.error(std::string(names[i]) + " must be a floating-point type, got " + type_str(ctx.dtype(i)));
     const Shape& p = ctx.shape(i);
     if (p.rank_known && p.rank() != 1) return ctx.error(std::string(names[i]) + " must be 1-D, got shape " + p.str());
     if (auto n = known_dim(p, 0); n && c && *n != *c)
@@ -240,7 +214,6 @@ Status check_channel_params(const InferContext& ctx, size_t first, size_t last) 
 }
 
 Status infer_channel_norm(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_float(ctx, 0, "X"));
   const std::string& op = ctx.node().op;
   KILN_RETURN_IF_ERROR(check_channel_params(ctx, 1, op == "BatchNormalization" ? 4 : 2));
   if (op == "GroupNormalization") {
@@ -255,8 +228,6 @@ Status infer_channel_norm(InferContext& ctx) {
 }
 
 Status infer_topk(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_numeric(ctx, 0));
-  if (ctx.dtype(1) != DType::i64) return ctx.error("K must be i64, got " + type_str(ctx.dtype(1)));
   const Shape& x = ctx.shape(0);
   if (!x.rank_known) {
     ctx.set_output(0, ctx.dtype(0), Shape::unknown_rank());
@@ -282,58 +253,75 @@ Status infer_topk(InferContext& ctx) {
 }  // namespace
 
 void register_reduce_ops(OpRegistry& r) {
+  using namespace types;
   const std::vector<AttrSpec> reduce_attrs = {
       {"keepdims", kInt64, false, "keep reduced dims as size 1 (default 1)"},
       {"noop_with_empty_axes", kInt64, false, "with empty axes: 1 = identity, 0 = reduce all (default 0)"}};
   for (std::string_view name : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                                 "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
     r.add("", OpSchema{name, "reduces data over the i64 axes input (all axes when omitted)", 1, 2, 1, 1,
-                       reduce_attrs, infer_reduce});
+                       reduce_attrs, infer_reduce})
+        .traits.types = {input(0, name == "ReduceMax" || name == "ReduceMin" ? kNumeric | kBool : kNumeric),
+                         input(1, DType::i64, "axes")};
   const std::vector<AttrSpec> arg_attrs = {{"axis", kInt64, false, "default 0"},
                                            {"keepdims", kInt64, false, "default 1"},
                                            {"select_last_index", kInt64, false, "ties: 1 = last index (default 0)"}};
-  r.add("", OpSchema{"ArgMax", "index of the largest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg});
-  r.add("", OpSchema{"ArgMin", "index of the smallest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg});
+  r.add("", OpSchema{"ArgMax", "index of the largest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg})
+      .traits.types = {input(0, kNumeric)};
+  r.add("", OpSchema{"ArgMin", "index of the smallest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg})
+      .traits.types = {input(0, kNumeric)};
   const std::vector<AttrSpec> axis_attr = {{"axis", kInt64, false, "default -1"}};
-  r.add("", OpSchema{"Softmax", "e^x / sum(e^x) along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float});
-  r.add("", OpSchema{"LogSoftmax", "log of Softmax along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float});
+  r.add("", OpSchema{"Softmax", "e^x / sum(e^x) along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float})
+      .traits.types = {input(0, kFloat)};
+  r.add("", OpSchema{"LogSoftmax", "log of Softmax along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float})
+      .traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"Hardmax", "1 at the first maximum along one axis, 0 elsewhere", 1, 1, 1, 1, axis_attr,
-                     infer_axis_float});
+                     infer_axis_float}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"LpNormalization", "x / ||x||_p along one axis", 1, 1, 1, 1,
                      {{"axis", kInt64, false, "default -1"}, {"p", kInt64, false, "1 or 2 (default 2)"}},
-                     infer_axis_float});
+                     infer_axis_float}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"CumSum", "running sum along the axis input", 2, 2, 1, 1,
                      {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
                       {"reverse", kInt64, false, "1 = sum from the end (default 0)"}},
-                     infer_cumsum});
+                     infer_cumsum}).traits.types = {input(0, kNumeric), input(1, kIndex, "axis")};
   r.add("", OpSchema{"CumProd", "running product along the axis input", 2, 2, 1, 1,
                      {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
                       {"reverse", kInt64, false, "1 = multiply from the end (default 0)"}},
-                     infer_cumsum});
+                     infer_cumsum}).traits.types = {input(0, kNumeric), input(1, kIndex, "axis")};
   r.add("", OpSchema{"TopK", "the K largest (or smallest) elements along axis and their i64 indices", 2, 2, 2, 2,
                      {{"axis", kInt64, false, "default -1"},
                       {"largest", kInt64, false, "default 1"},
                       {"sorted", kInt64, false, "default 1 (results are always sorted)"}},
-                     infer_topk});
+                     infer_topk}).traits.types = {input(0, kNumeric), input(1, DType::i64, "K")};
   r.add("", OpSchema{"LayerNormalization", "(x - mean) / sqrt(var + epsilon) * scale + B over dims axis…", 2, 3, 1, 3,
                      {{"axis", kInt64, false, "first normalized dim (default -1)"},
                       {"epsilon", kF64, false, "default 1e-5"},
                       {"stash_type", kInt64, false, "ONNX type code of Mean/InvStdDev (default 1 = f32)"}},
-                     infer_layer_norm});
+                     infer_layer_norm})
+      .traits.types = {input(0, kFloat, "X"), same_as(1, 0, "scale"), same_as(2, 0, "bias")};
   r.add("", OpSchema{"RMSNormalization", "x / sqrt(mean(x^2) + epsilon) * scale over dims axis…", 2, 2, 1, 1,
                      {{"axis", kInt64, false, "first normalized dim (default -1)"},
                       {"epsilon", kF64, false, "default 1e-5"},
                       {"stash_type", kInt64, false, "ONNX type code of the computation (default 1 = f32)"}},
-                     infer_layer_norm});
+                     infer_layer_norm}).traits.types = {input(0, kFloat, "X"), same_as(1, 0, "scale")};
+  // The per-channel parameters are float, not necessarily of X's float type.
+  const std::vector<TypeConstraint> channel_norm_types = {input(0, kFloat, "X"), input(1, kFloat, "scale"),
+                                                          input(2, kFloat, "B")};
+  std::vector<TypeConstraint> batch_norm_types = channel_norm_types;
+  batch_norm_types.push_back(input(3, kFloat, "mean"));
+  batch_norm_types.push_back(input(4, kFloat, "var"));
   r.add("", OpSchema{"BatchNormalization", "inference: (x - mean) / sqrt(var + epsilon) * scale + B per channel", 5,
-                     5, 1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm});
+                     5, 1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm})
+      .traits.types = batch_norm_types;
   r.add("", OpSchema{"InstanceNormalization", "normalizes each (n, c) over the spatial dims, then scale and B", 3, 3,
-                     1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm});
+                     1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm})
+      .traits.types = channel_norm_types;
   r.add("", OpSchema{"GroupNormalization", "normalizes each (n, group) then per-channel scale and bias", 3, 3, 1, 1,
                      {{"num_groups", kInt64, true, "number of channel groups"},
                       {"epsilon", kF64, false, "default 1e-5"},
                       {"stash_type", kInt64, false, "ONNX type code of the computation (default 1 = f32)"}},
-                     infer_channel_norm});
+                     infer_channel_norm})
+      .traits.types = channel_norm_types;
 }
 
 }  // namespace kiln

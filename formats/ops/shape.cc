@@ -10,6 +10,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/bytes.h"
 #include "formats/ops/shape_util.h"
 
 namespace kiln {
@@ -62,7 +63,6 @@ Result<Dim> infer_minus_one(const Shape& in, const std::vector<Dim>& out, size_t
 }
 
 Status infer_reshape(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
   const Shape& in = ctx.shape(0);
   bool allowzero = ctx.node().attr_int("allowzero", 0) != 0;
   auto target = known_ints(ctx, 1);
@@ -155,7 +155,6 @@ void set_reshaped(InferContext& ctx, Shape shape) {
 }
 
 Status infer_squeeze(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "axes"));
   const Shape& in = ctx.shape(0);
   if (ctx.has_input(1)) {
     auto axes = known_ints(ctx, 1);
@@ -193,7 +192,6 @@ Status infer_squeeze(InferContext& ctx) {
 }
 
 Status infer_unsqueeze(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "axes"));
   const Shape& in = ctx.shape(0);
   auto axes = known_ints(ctx, 1);
   if (!axes || !in.rank_known) {
@@ -248,9 +246,6 @@ Status infer_concat(InferContext& ctx) {
   int64_t r = -1;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
     if (!ctx.has_input(i)) return ctx.error("input " + num(static_cast<int64_t>(i)) + " is missing");
-    if (ctx.dtype(i) != dt)
-      return ctx.error("input " + num(static_cast<int64_t>(i)) + " is " + std::string(dtype_name(ctx.dtype(i))) +
-                       " but input 0 is " + std::string(dtype_name(dt)));
     if (ctx.rank(i) < 0) continue;
     if (r >= 0 && ctx.rank(i) != r)
       return ctx.error("input " + num(static_cast<int64_t>(i)) + " has rank " + num(ctx.rank(i)) + " but another has rank " + num(r));
@@ -307,7 +302,6 @@ Status infer_concat(InferContext& ctx) {
 }
 
 Status infer_split(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "split"));
   const Shape& in = ctx.shape(0);
   size_t n = ctx.num_outputs();
   if (ctx.node().has_attr("num_outputs") && ctx.node().attr_int("num_outputs", 0) != static_cast<int64_t>(n))
@@ -355,7 +349,6 @@ Status infer_split(InferContext& ctx) {
 // ---- Slice --------------------------------------------------------------------------------------
 
 Status infer_slice(InferContext& ctx) {
-  for (size_t i = 1; i < 5; ++i) KILN_RETURN_IF_ERROR(require_index_dtype(ctx, i, "starts, ends, axes and steps"));
   const Shape& in = ctx.shape(0);
   if (!in.rank_known) {
     ctx.set_output(0, ctx.dtype(0), Shape());
@@ -432,14 +425,9 @@ Status infer_slice(InferContext& ctx) {
 // ---- Pad, Tile, Expand --------------------------------------------------------------------------
 
 Status infer_pad(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "pads"));
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 3, "axes"));
   std::string mode = ctx.node().attr_string("mode", "constant");
   if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
     return ctx.error("unknown pad mode '" + mode + "'; expected constant, reflect, edge or wrap");
-  if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
-    return ctx.error("constant_value is " + std::string(dtype_name(ctx.dtype(2))) + " but the data is " +
-                     std::string(dtype_name(ctx.dtype(0))));
   const Shape& in = ctx.shape(0);
   if (!in.rank_known) {
     ctx.set_output(0, ctx.dtype(0), Shape());
@@ -482,7 +470,6 @@ Status infer_pad(InferContext& ctx) {
 }
 
 Status infer_tile(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "repeats"));
   const Shape& in = ctx.shape(0);
   auto reps = known_ints(ctx, 1);
   if (!in.rank_known) {
@@ -506,7 +493,6 @@ Status infer_tile(InferContext& ctx) {
 }
 
 Status infer_expand(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
   const Shape& in = ctx.shape(0);
   auto target = known_ints(ctx, 1);
   if (!target) {
@@ -596,7 +582,6 @@ Status infer_space_to_depth(InferContext& ctx) {
 }
 
 Status infer_center_crop_pad(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "the shape input"));
   const Shape& in = ctx.shape(0);
   if (!in.rank_known) {
     ctx.set_output(0, ctx.dtype(0), Shape());
@@ -624,33 +609,40 @@ Status infer_center_crop_pad(InferContext& ctx) {
 void register_shape_index_ops(OpRegistry& r);
 
 void register_shape_ops(OpRegistry& r) {
+  using namespace types;
   r.add("", OpSchema{"Reshape", "the data with a new shape (0 copies an input dim unless allowzero, -1 is inferred)",
                      2, 2, 1, 1, {{"allowzero", AttrType::int64, false, "0: a 0 copies the input dim; 1: a 0 is a 0 dim"}},
-                     infer_reshape}).traits.pass_through = OpTraits::PassThrough::first;
+                     infer_reshape})
+      .traits = {.types = {input(1, kIndex, "the shape input")}, .pass_through = OpTraits::PassThrough::first};
   r.add("", OpSchema{"Flatten", "reshape to 2-D: dims before axis, dims from axis", 1, 1, 1, 1,
                      {{"axis", AttrType::int64, false, "default 1, in [-rank, rank]"}}, infer_flatten})
       .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Squeeze", "removes size-1 dims (the given axes, or all)", 1, 2, 1, 1, {}, infer_squeeze})
-      .traits.pass_through = OpTraits::PassThrough::first;
+      .traits = {.types = {input(1, kIndex, "axes")}, .pass_through = OpTraits::PassThrough::first};
   r.add("", OpSchema{"Unsqueeze", "inserts size-1 dims at the given axes of the output", 2, 2, 1, 1, {}, infer_unsqueeze})
-      .traits.pass_through = OpTraits::PassThrough::first;
+      .traits = {.types = {input(1, kIndex, "axes")}, .pass_through = OpTraits::PassThrough::first};
   r.add("", OpSchema{"Transpose", "permutes the dims", 1, 1, 1, 1,
                      {{"perm", AttrType::ints, false, "output dim i is input dim perm[i]; default reversed"}}, infer_transpose})
       .traits.pass_through = OpTraits::PassThrough::first;
   r.add("", OpSchema{"Concat", "joins tensors along an axis", 1, kVariadic, 1, 1,
                      {{"axis", AttrType::int64, true, "the axis, negative counts from the end"}}, infer_concat})
-      .traits.pass_through = OpTraits::PassThrough::all;
+      .traits = {.types = {rest_same_as(1, 0)}, .pass_through = OpTraits::PassThrough::all};
   r.add("", OpSchema{"Split", "splits along an axis into the given sizes, or equal parts (the last smaller)", 1, 2, 1, kVariadic,
                      {{"axis", AttrType::int64, false, "default 0"},
                       {"num_outputs", AttrType::int64, false, "the number of outputs when split is absent"}},
-                     infer_split});
+                     infer_split}).traits.types = {input(1, kIndex, "split")};
   r.add("", OpSchema{"Slice", "strided slice along some axes, with ONNX clamping", 3, 5, 1, 1, {}, infer_slice})
-      .traits.pass_through = OpTraits::PassThrough::first;
+      .traits = {.types = {input(1, kIndex, "starts"), input(2, kIndex, "ends"), input(3, kIndex, "axes"),
+                           input(4, kIndex, "steps")},
+                 .bytes = bytes::selection,
+                 .pass_through = OpTraits::PassThrough::first};
   r.add("", OpSchema{"Pad", "pads (or crops, with negative pads) the given axes", 2, 4, 1, 1,
-                     {{"mode", AttrType::string, false, "constant (default), reflect, edge or wrap"}}, infer_pad});
-  r.add("", OpSchema{"Tile", "repeats the input along each axis", 2, 2, 1, 1, {}, infer_tile});
+                     {{"mode", AttrType::string, false, "constant (default), reflect, edge or wrap"}}, infer_pad})
+      .traits.types = {input(1, kIndex, "pads"), same_as(2, 0, "constant_value"), input(3, kIndex, "axes")};
+  r.add("", OpSchema{"Tile", "repeats the input along each axis", 2, 2, 1, 1, {}, infer_tile})
+      .traits.types = {input(1, kIndex, "repeats")};
   r.add("", OpSchema{"Expand", "broadcasts the input to a shape (numpy rules)", 2, 2, 1, 1, {}, infer_expand})
-      .traits.pass_through = OpTraits::PassThrough::first;
+      .traits = {.types = {input(1, kIndex, "the shape input")}, .pass_through = OpTraits::PassThrough::first};
   r.add("", OpSchema{"DepthToSpace", "moves channel blocks into spatial blocks (NCHW)", 1, 1, 1, 1,
                      {{"blocksize", AttrType::int64, true, "the block edge"},
                       {"mode", AttrType::string, false, "DCR (default) or CRD"}},
@@ -658,7 +650,8 @@ void register_shape_ops(OpRegistry& r) {
   r.add("", OpSchema{"SpaceToDepth", "moves spatial blocks into channels (NCHW)", 1, 1, 1, 1,
                      {{"blocksize", AttrType::int64, true, "the block edge"}}, infer_space_to_depth});
   r.add("", OpSchema{"CenterCropPad", "center-crops or zero-pads the given axes to a shape", 2, 2, 1, 1,
-                     {{"axes", AttrType::ints, false, "default: every axis"}}, infer_center_crop_pad});
+                     {{"axes", AttrType::ints, false, "default: every axis"}}, infer_center_crop_pad})
+      .traits = {.types = {input(1, kIndex, "the shape input")}, .bytes = bytes::selection};
   register_shape_index_ops(r);
 }
 

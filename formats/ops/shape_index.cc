@@ -7,6 +7,7 @@
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/bytes.h"
 #include "formats/ops/shape_util.h"
 
 namespace kiln {
@@ -16,12 +17,10 @@ using namespace shape_ops;
 namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
-std::string dt(DType t) { return std::string(dtype_name(t)); }
 
 // ---- Gather family ------------------------------------------------------------------------------
 
 Status infer_gather(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "indices"));
   const Shape& data = ctx.shape(0);
   const Shape& ind = ctx.shape(1);
   if (!data.rank_known || !ind.rank_known) {
@@ -55,7 +54,6 @@ Status infer_gather(InferContext& ctx) {
 }
 
 Status infer_gather_elements(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "indices"));
   const Shape& data = ctx.shape(0);
   const Shape& ind = ctx.shape(1);
   if (data.rank_known && ind.rank_known) {
@@ -69,7 +67,6 @@ Status infer_gather_elements(InferContext& ctx) {
 }
 
 Status infer_gather_nd(InferContext& ctx) {
-  if (ctx.dtype(1) != DType::i64) return ctx.error("indices must be i64, got " + dt(ctx.dtype(1)));
   const Shape& data = ctx.shape(0);
   const Shape& ind = ctx.shape(1);
   int64_t b = ctx.node().attr_int("batch_dims", 0);
@@ -98,13 +95,10 @@ Status check_reduction(const InferContext& ctx) {
   std::string red = ctx.node().attr_string("reduction", "none");
   if (red != "none" && red != "add" && red != "mul" && red != "max" && red != "min")
     return ctx.error("unknown reduction '" + red + "'; expected none, add, mul, max or min");
-  if (ctx.dtype(2) != ctx.dtype(0))
-    return ctx.error("updates are " + dt(ctx.dtype(2)) + " but the data is " + dt(ctx.dtype(0)));
   return {};
 }
 
 Status infer_scatter_elements(InferContext& ctx) {
-  KILN_RETURN_IF_ERROR(require_index_dtype(ctx, 1, "indices"));
   KILN_RETURN_IF_ERROR(check_reduction(ctx));
   const Shape& data = ctx.shape(0);
   const Shape& ind = ctx.shape(1);
@@ -126,7 +120,6 @@ Status infer_scatter_elements(InferContext& ctx) {
 }
 
 Status infer_scatter_nd(InferContext& ctx) {
-  if (ctx.dtype(1) != DType::i64) return ctx.error("indices must be i64, got " + dt(ctx.dtype(1)));
   KILN_RETURN_IF_ERROR(check_reduction(ctx));
   const Shape& data = ctx.shape(0);
   const Shape& ind = ctx.shape(1);
@@ -176,7 +169,6 @@ Status infer_size(InferContext& ctx) {
 }
 
 Status infer_constant_of_shape(InferContext& ctx) {
-  if (ctx.dtype(0) != DType::i64) return ctx.error("the shape input must be i64, got " + dt(ctx.dtype(0)));
   const Tensor* value = ctx.node().attr_tensor("value");
   if (value && value->numel() != 1) return ctx.error("value must have one element, got " + num(value->numel()));
   DType out_dt = value ? value->dtype() : DType::f32;
@@ -202,10 +194,6 @@ Status infer_constant_of_shape(InferContext& ctx) {
 
 Status infer_range(InferContext& ctx) {
   DType t = ctx.dtype(0);
-  if (ctx.dtype(1) != t || ctx.dtype(2) != t)
-    return ctx.error("start, limit and delta must have the same type, got " + dt(t) + ", " + dt(ctx.dtype(1)) + " and " +
-                     dt(ctx.dtype(2)));
-  if (t == DType::boolean || t == DType::undefined) return ctx.error("Range does not support " + dt(t));
   for (size_t i = 0; i < 3; ++i)
     if (ctx.rank(i) > 1 || (ctx.shape(i).is_concrete() && shape_numel(ctx.shape(i).concrete()) != 1))
       return ctx.error("start, limit and delta must be scalars, got shape " + ctx.shape(i).str());
@@ -257,8 +245,6 @@ Status infer_range(InferContext& ctx) {
 // ---- OneHot, Trilu, EyeLike ---------------------------------------------------------------------
 
 Status infer_one_hot(InferContext& ctx) {
-  if (ctx.dtype(0) == DType::boolean || ctx.dtype(1) == DType::boolean)
-    return ctx.error("indices and depth must be numeric");
   const Shape& ind = ctx.shape(0);
   if (ctx.shape(2).is_concrete() && shape_numel(ctx.shape(2).concrete()) != 2)
     return ctx.error("values must have 2 elements (off, on), got shape " + ctx.shape(2).str());
@@ -283,7 +269,6 @@ Status infer_one_hot(InferContext& ctx) {
 }
 
 Status infer_trilu(InferContext& ctx) {
-  if (ctx.has_input(1) && ctx.dtype(1) != DType::i64) return ctx.error("k must be i64, got " + dt(ctx.dtype(1)));
   if (ctx.rank(0) >= 0 && ctx.rank(0) < 2) return ctx.error("the input must have rank >= 2, got shape " + ctx.shape(0).str());
   ctx.set_output(0, ctx.dtype(0), ctx.shape(0));
   return {};
@@ -305,7 +290,6 @@ Status infer_eye_like(InferContext& ctx) {
 // ---- Compress, NonZero, Unique, ReverseSequence (data-dependent or per-batch) -------------------
 
 Status infer_compress(InferContext& ctx) {
-  if (ctx.dtype(1) != DType::boolean) return ctx.error("condition must be bool, got " + dt(ctx.dtype(1)));
   if (ctx.rank(1) >= 0 && ctx.rank(1) != 1) return ctx.error("condition must be 1-D, got shape " + ctx.shape(1).str());
   const Shape& in = ctx.shape(0);
   if (!ctx.node().has_attr("axis")) {
@@ -350,7 +334,6 @@ Status infer_unique(InferContext& ctx) {
 }
 
 Status infer_reverse_sequence(InferContext& ctx) {
-  if (ctx.dtype(1) != DType::i64) return ctx.error("sequence_lens must be i64, got " + dt(ctx.dtype(1)));
   int64_t b = ctx.node().attr_int("batch_axis", 1), t = ctx.node().attr_int("time_axis", 0);
   if ((b != 0 && b != 1) || (t != 0 && t != 1) || b == t)
     return ctx.error("batch_axis and time_axis must be 0 and 1 in some order, got " + num(b) + " and " + num(t));
@@ -419,41 +402,48 @@ std::optional<IndexBound> one_hot_bound(const Graph& g, const Node& n, size_t sl
 
 /// Registers the index half of the shape family (called from register_shape_ops).
 void register_shape_index_ops(OpRegistry& r) {
+  using namespace types;
   r.add("", OpSchema{"Gather", "takes entries of the data along an axis at the given indices", 2, 2, 1, 1,
                      {{"axis", AttrType::int64, false, "default 0"}}, infer_gather})
-      .traits = {.index_bound = along_axis_bound};
+      .traits = {.types = {input(1, kIndex, "indices")}, .bytes = bytes::selection, .index_bound = along_axis_bound};
   r.add("", OpSchema{"GatherElements", "out[i][j] = data[indices[i][j]][j] along axis", 2, 2, 1, 1,
                      {{"axis", AttrType::int64, false, "default 0"}}, infer_gather_elements})
-      .traits = {.index_bound = along_axis_bound};
+      .traits = {.types = {input(1, kIndex, "indices")}, .bytes = bytes::selection, .index_bound = along_axis_bound};
   r.add("", OpSchema{"GatherND", "gathers slices addressed by the last dim of indices", 2, 2, 1, 1,
                      {{"batch_dims", AttrType::int64, false, "leading dims shared by data and indices, default 0"}},
-                     infer_gather_nd}).traits = {.index_bound = nd_bound};
+                     infer_gather_nd})
+      .traits = {.types = {input(1, DType::i64, "indices")}, .bytes = bytes::selection, .index_bound = nd_bound};
   r.add("", OpSchema{"ScatterElements", "copy of the data with updates written (or reduced) at indices along axis", 3, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "default 0"},
                       {"reduction", AttrType::string, false, "none (default), add, mul, max or min"}},
-                     infer_scatter_elements}).traits = {.index_bound = along_axis_bound};
+                     infer_scatter_elements})
+      .traits = {.types = {input(1, kIndex, "indices"), same_as(2, 0, "updates")}, .index_bound = along_axis_bound};
   r.add("", OpSchema{"ScatterND", "copy of the data with update slices written (or reduced) at indices", 3, 3, 1, 1,
                      {{"reduction", AttrType::string, false, "none (default), add, mul, max or min"}}, infer_scatter_nd})
-      .traits = {.index_bound = nd_bound};
+      .traits = {.types = {input(1, DType::i64, "indices"), same_as(2, 0, "updates")}, .index_bound = nd_bound};
   r.add("", OpSchema{"Shape", "the input's shape (dims start..end) as i64", 1, 1, 1, 1,
                      {{"start", AttrType::int64, false, "default 0"}, {"end", AttrType::int64, false, "default rank"}},
-                     infer_shape});
-  r.add("", OpSchema{"Size", "the input's element count as an i64 scalar", 1, 1, 1, 1, {}, infer_size});
+                     infer_shape}).traits.bytes = bytes::output_only;
+  r.add("", OpSchema{"Size", "the input's element count as an i64 scalar", 1, 1, 1, 1, {}, infer_size})
+      .traits.bytes = bytes::output_only;
   r.add("", OpSchema{"ConstantOfShape", "a tensor of the given shape filled with value", 1, 1, 1, 1,
                      {{"value", AttrType::tensor, false, "one element; its dtype is the output's; default f32 0"}},
-                     infer_constant_of_shape});
-  r.add("", OpSchema{"Range", "start, start + delta, … up to (excluding) limit", 3, 3, 1, 1, {}, infer_range});
+                     infer_constant_of_shape}).traits.types = {input(0, DType::i64, "the shape input")};
+  r.add("", OpSchema{"Range", "start, start + delta, … up to (excluding) limit", 3, 3, 1, 1, {}, infer_range})
+      .traits.types = {input(0, kNumeric, "start"), same_as(1, 0, "limit"), same_as(2, 0, "delta")};
   r.add("", OpSchema{"OneHot", "one-hot encoding: values[1] at the index, values[0] elsewhere", 3, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "where the depth axis goes, default -1"}}, infer_one_hot})
-      .traits = {.index_bound = one_hot_bound};
+      .traits = {.types = {input(0, kNumeric, "indices"), input(1, kNumeric, "depth")}, .index_bound = one_hot_bound};
   r.add("", OpSchema{"Trilu", "keeps the upper or lower triangle of the last two dims", 1, 2, 1, 1,
-                     {{"upper", AttrType::int64, false, "1 (default): upper; 0: lower"}}, infer_trilu});
+                     {{"upper", AttrType::int64, false, "1 (default): upper; 0: lower"}}, infer_trilu})
+      .traits.types = {input(1, DType::i64, "k")};
   r.add("", OpSchema{"EyeLike", "a 2-D tensor with ones on the k-th diagonal", 1, 1, 1, 1,
                      {{"dtype", AttrType::string, false, "output dtype name, default the input's"},
                       {"k", AttrType::int64, false, "diagonal offset, default 0"}},
-                     infer_eye_like});
+                     infer_eye_like}).traits.bytes = bytes::output_only;
   r.add("", OpSchema{"Compress", "keeps the slices where condition is true", 2, 2, 1, 1,
-                     {{"axis", AttrType::int64, false, "default: flatten the input first"}}, infer_compress});
+                     {{"axis", AttrType::int64, false, "default: flatten the input first"}}, infer_compress})
+      .traits = {.types = {input(1, kBool, "condition")}, .bytes = bytes::selection};
   r.add("", OpSchema{"NonZero", "indices of the non-zero elements, [rank, count]", 1, 1, 1, 1, {}, infer_non_zero});
   r.add("", OpSchema{"Unique", "unique elements or slices, with indices, inverse indices and counts", 1, 1, 1, 4,
                      {{"axis", AttrType::int64, false, "default: flatten the input"},
@@ -461,7 +451,7 @@ void register_shape_index_ops(OpRegistry& r) {
                      infer_unique});
   r.add("", OpSchema{"ReverseSequence", "reverses the first sequence_lens[b] steps of each batch", 2, 2, 1, 1,
                      {{"batch_axis", AttrType::int64, false, "default 1"}, {"time_axis", AttrType::int64, false, "default 0"}},
-                     infer_reverse_sequence});
+                     infer_reverse_sequence}).traits.types = {input(1, DType::i64, "sequence_lens")};
 }
 
 }  // namespace kiln

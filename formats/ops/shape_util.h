@@ -102,15 +102,6 @@ inline Tensor int64_tensor(const std::vector<int64_t>& v) {
   return Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v);
 }
 
-/// Requires input i to have an integer dtype from `allowed` when it is present.
-inline Status require_index_dtype(const InferContext& ctx, size_t i, std::string_view what) {
-  if (!ctx.has_input(i)) return {};
-  DType t = ctx.dtype(i);
-  if (t != DType::i64 && t != DType::i32)
-    return ctx.error(std::string(what) + " must be i32 or i64, got " + std::string(dtype_name(t)));
-  return {};
-}
-
 /// One sliced axis: the first index taken, the step, and how many elements are taken.
 struct SliceDim {
   int64_t start = 0;
