@@ -12,7 +12,8 @@ namespace {
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
 // layout after fusion (a fused node converts as one); dead code before kernel selection (every
-// pass before it may leave unread values behind), which plans the final graph.
+// pass before it may leave unread values behind), which plans the final graph; packing last,
+// for the kernels selection chose.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
@@ -38,6 +39,8 @@ constexpr std::array kPasses = {
              eliminate_dead},
     PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",
              select_kernels},
+    PassInfo{"prepack_weights", "store constant weights packed in the layout their chosen kernel reads, dropping the plain copies",
+             prepack_weights},
 };
 
 }  // namespace

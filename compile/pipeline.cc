@@ -38,6 +38,10 @@ Result<CompileReport> compile_model(Model& model, const CompileOptions& options)
   } else {
     for (const std::string& name : options.passes) order.push_back(find_pass(name));
   }
+  // A compiled model compiled again: its packed weights become plain, the form every pass reads
+  // (prepack_weights packs them again for the kernels chosen this time).
+  for (Value& v : model.graph.values)
+    if (v.constant.is_packed()) v.constant = unpack(v.constant);
   PassContext ctx{options.target, options.input_shapes};
   const bool print_all = options.print_after.count("all") > 0;
   CompileReport report;

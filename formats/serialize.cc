@@ -192,7 +192,12 @@ class Writer {
       offset = it->second;
     }
     auto shape = fbb_.CreateVector(t.shape());
-    return fb::CreateTensorData(fbb_, static_cast<fb::DType>(t.dtype()), shape, offset, size);
+    flatbuffers::Offset<fb::PackedLayout> layout;
+    if (const PackedLayout* l = t.layout())
+      layout = fb::CreatePackedLayout(fbb_, fbb_.CreateVector(l->dims), fbb_.CreateVector(l->padded_dims), fbb_.CreateVector(l->strides),
+                                      fbb_.CreateVector(l->inner_blocks), fbb_.CreateVector(l->inner_dims),
+                                      fbb_.CreateString(l->packed_for));
+    return fb::CreateTensorData(fbb_, static_cast<fb::DType>(t.dtype()), shape, offset, size, layout);
   }
 
   flatbuffers::Offset<fb::Shape> write_shape(const Shape& s) {
@@ -532,7 +537,10 @@ class Reader {
         std::string where = prefix + "value '" + v.name + "'";
         KILN_ASSIGN_OR_RETURN(v.shape, read_shape(fv->shape(), where));
         if (fv->constant()) {
-          KILN_ASSIGN_OR_RETURN(v.constant, read_tensor(fv->constant(), where));
+          // Packed weights are a compiled model's: its top-level constants, which the execution
+          // plan unpacks for any kernel that does not read the layout (subgraph bodies are
+          // prepared unplanned, so they never see one).
+          KILN_ASSIGN_OR_RETURN(v.constant, read_tensor(fv->constant(), where, /*packed_ok=*/prefix.empty()));
         }
         if (const fb::QuantParams* q = fv->quant()) {
           QuantParams qp;
@@ -606,7 +614,7 @@ class Reader {
     return s;
   }
 
-  Result<Tensor> read_tensor(const fb::TensorData* td, const std::string& where) {
+  Result<Tensor> read_tensor(const fb::TensorData* td, const std::string& where, bool packed_ok = false) {
     auto raw_dtype = static_cast<uint16_t>(td->dtype());
     if (!dtype_valid(raw_dtype)) return user_error(where, "data has unknown dtype " + std::to_string(raw_dtype));
     auto dtype = static_cast<DType>(raw_dtype);
@@ -619,6 +627,20 @@ class Reader {
       return user_error(where, "data shape " + shape_str(shape) + " has more elements than fit in memory");
     auto need = static_cast<uint64_t>(numel * esize);
     std::string desc = std::string(dtype_name(dtype)) + " " + shape_str(shape);
+    std::optional<PackedLayout> layout;
+    if (const fb::PackedLayout* fl = td->layout()) {
+      if (!packed_ok) return user_error(where, "packed data is only allowed for the constants of the top-level graph");
+      PackedLayout& l = layout.emplace();
+      KILN_ASSIGN_OR_RETURN(l.dims, read_vector(fl->dims(), where));
+      KILN_ASSIGN_OR_RETURN(l.padded_dims, read_vector(fl->padded_dims(), where));
+      KILN_ASSIGN_OR_RETURN(l.strides, read_vector(fl->strides(), where));
+      KILN_ASSIGN_OR_RETURN(l.inner_blocks, read_vector(fl->inner_blocks(), where));
+      KILN_ASSIGN_OR_RETURN(l.inner_dims, read_vector(fl->inner_dims(), where));
+      l.packed_for = str(fl->packed_for());
+      if (dtype == DType::boolean) return user_error(where, "bool data cannot be packed");
+      if (auto why = check_layout(l, numel, td->size(), dtype_size(dtype))) return user_error(where, *why);
+      need = td->size();
+    }
     if (td->size() != need)
       return user_error(where, "data has " + std::to_string(td->size()) + " bytes but " + desc + " needs " +
                                    std::to_string(need));
@@ -639,6 +661,7 @@ class Reader {
             return user_error(where, "bool data has byte " + std::to_string(blob_[off + i]) + " at element " +
                                          std::to_string(i) + "; bools must be 0 or 1");
     }
+    if (layout) return Tensor::packed(dtype, std::move(shape), std::move(*layout), need, ptr, owner_);
     return Tensor::view(dtype, std::move(shape), ptr, owner_);
   }
 

@@ -9,10 +9,6 @@
 
 namespace kiln {
 
-namespace {
-constexpr size_t kTensorBookkeepingBytes = 256;
-}  // namespace
-
 int64_t shape_numel(std::span<const int64_t> shape) {
   // The non-zero dims must multiply within int64 even when another dim is 0, so that every
   // stride of a valid shape fits (an empty 0 x 2^62 x 2^62 tensor is refused, not strided).
@@ -40,10 +36,14 @@ std::string shape_str(std::span<const int64_t> shape) {
   return s;
 }
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+namespace {
+
+constexpr size_t kTensorBookkeepingBytes = 256;
+
+// Zero-filled, aligned storage of `bytes` (nullopt: past any limit), charged against the
+// memory budget; sets `data` and returns its owner.
+std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data) {
   // A negative or overflowing shape cannot be allocated: report it as a request past any limit.
-  std::optional<size_t> bytes = checked_bytes(numel_, dtype_size(dtype_));
   if (!bytes || *bytes > SIZE_MAX - kTensorAlignment) throw MemoryLimitExceeded(SIZE_MAX, memory_in_use(), memory_limit());
   size_t rounded = (*bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (rounded == 0) rounded = kTensorAlignment;
@@ -57,11 +57,18 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     throw std::bad_alloc();
   }
   std::memset(p, 0, rounded);
-  owner_ = std::shared_ptr<void>(p, [charge](void* q) {
+  data = p;
+  return std::shared_ptr<void>(p, [charge](void* q) {
     std::free(q);
     release_memory(charge);
   });
-  data_ = p;
+}
+
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+  owner_ = allocate(checked_bytes(numel_, dtype_size(dtype_)), data_);
 }
 
 Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, void* data,
@@ -75,6 +82,14 @@ Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, void* data,
   return t;
 }
 
+Tensor Tensor::packed(DType dtype, std::vector<int64_t> shape, PackedLayout layout, size_t storage_bytes, void* data,
+                      std::shared_ptr<void> owner) {
+  Tensor t = view(dtype, std::move(shape), data, std::move(owner));
+  t.layout_ = std::make_shared<const PackedLayout>(std::move(layout));
+  t.packed_bytes_ = storage_bytes;
+  return t;
+}
+
 Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
   Tensor t = *this;
   t.shape_ = std::move(shape);
@@ -83,6 +98,12 @@ Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
 }
 
 Tensor Tensor::clone() const {
+  if (layout_) {
+    Tensor t = *this;
+    t.owner_ = allocate(packed_bytes_, t.data_);
+    if (packed_bytes_) std::memcpy(t.data_, data_, packed_bytes_);
+    return t;
+  }
   Tensor t(dtype_, shape_);
   if (nbytes()) std::memcpy(t.data_, data_, nbytes());
   return t;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "formats/dtype.h"
+#include "formats/layout.h"
 
 namespace kiln {
 
@@ -22,6 +23,9 @@ int64_t shape_numel(std::span<const int64_t> shape);
 std::string shape_str(std::span<const int64_t> shape);
 
 /// A dense row-major tensor. Copies share the data (like a shared_ptr); use clone() for a copy.
+/// A packed tensor (a compiled model's weight stored in its kernel's layout) holds its elements
+/// in a PackedLayout instead: only kernels that read that layout take it as it is; the
+/// execution plan unpacks it for every other reader.
 class Tensor {
  public:
   Tensor() = default;
@@ -32,6 +36,10 @@ class Tensor {
   /// Wraps memory owned by `owner` (an arena, a mapped file) without copying.
   static Tensor view(DType dtype, std::vector<int64_t> shape, void* data,
                      std::shared_ptr<void> owner);
+  /// Wraps `storage_bytes` of memory holding the elements in `layout`, which the caller has
+  /// checked (check_layout) against the shape and the storage.
+  static Tensor packed(DType dtype, std::vector<int64_t> shape, PackedLayout layout, size_t storage_bytes, void* data,
+                       std::shared_ptr<void> owner);
   /// A rank-0 or 1-D tensor from values, for tests and constants.
   template <class T>
   static Tensor from(std::vector<int64_t> shape, const std::vector<T>& values) {
@@ -47,7 +55,11 @@ class Tensor {
   int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
   int64_t dim(int64_t i) const { return shape_[static_cast<size_t>(i)]; }
   int64_t numel() const { return numel_; }
-  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  /// The bytes of its storage: numel × element size, or a packed layout's storage.
+  size_t nbytes() const { return layout_ ? packed_bytes_ : static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  /// The packed layout of the data, null for a plain row-major tensor.
+  const PackedLayout* layout() const { return layout_.get(); }
+  bool is_packed() const { return layout_ != nullptr; }
 
   void* raw() { return data_; }
   const void* raw() const { return data_; }
@@ -57,9 +69,9 @@ class Tensor {
     return {static_cast<const std::byte*>(data_), nbytes()};
   }
 
-  /// Same data, another shape with the same element count.
+  /// Same data, another shape with the same element count (plain tensors only).
   Tensor reshaped(std::vector<int64_t> shape) const;
-  /// A deep copy with its own storage.
+  /// A deep copy with its own storage (and the same layout).
   Tensor clone() const;
   /// Element i converted to double / int64 (any dtype), for shape operands and printing.
   double as_double(int64_t i) const;
@@ -75,6 +87,8 @@ class Tensor {
   int64_t numel_ = 0;
   void* data_ = nullptr;
   std::shared_ptr<void> owner_;
+  std::shared_ptr<const PackedLayout> layout_;
+  size_t packed_bytes_ = 0;
 };
 
 }  // namespace kiln

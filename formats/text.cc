@@ -95,6 +95,8 @@ std::string tensor_text(const Tensor& t) {
   std::snprintf(hex, sizeof hex, "%08lx", static_cast<unsigned long>(crc));
   out += " crc32=";
   out += hex;
+  // Packed storage is not in element order: its placement instead of its first elements.
+  if (const PackedLayout* l = t.layout()) return out + " packed=[" + l->str() + "; " + l->packed_for + "]";
   out += " data=[";
   int64_t shown = std::min(t.numel(), kShownElements);
   for (int64_t i = 0; i < shown; ++i) {

@@ -88,6 +88,10 @@ class Kernel {
   virtual ~Kernel() = default;
   virtual Status prepare(const KernelQuery&, KernelNeeds&) { return {}; }
   virtual Status run(KernelContext& ctx) = 0;
+  /// After prepare: constant input `input` in the layout this kernel packed it into, to store
+  /// in a compiled model (KernelImpl::reads_packed kernels); undefined when it keeps the input
+  /// as it is.
+  virtual Tensor packed_input(size_t /*input*/) const { return {}; }
 };
 
 /// A kernel that is a plain function (the reference kernels).
@@ -115,6 +119,10 @@ struct KernelImpl {
   /// The ISA features the implementation's code needs (it declines on CPUs without them); a
   /// compiled model that chose it records them in its target.
   CpuFeatures needs_isa = {};
+  /// Whether prepare takes its op's prepack inputs (OpTraits::prepack_inputs) packed
+  /// (Tensor::layout), in whatever layout: it uses the mapped bytes when the layout is the one
+  /// it wants and repacks them otherwise. The plan unpacks packed inputs for other kernels.
+  bool reads_packed = false;
 };
 
 /// The outcome of choosing a kernel for a node: the kernel, its implementation's name, and the

@@ -67,6 +67,35 @@ class Lifetimes {
   std::multimap<int32_t, uint32_t> begins_;
 };
 
+// Packed constants (a compiled model's weights) stay packed only where every reader reads the
+// layout: the kernel recorded for it, at one of its op's prepack inputs, when that kernel
+// takes packed inputs. Everything else (the reference kernels, other readers and slots,
+// subgraph captures, graph outputs) gets the plain tensor, unpacked once here, before
+// inference or any kernel sees it.
+void unpack_for_readers(Graph& g, const PlanOptions& options) {
+  std::vector<char> plain(g.values.size(), 0);
+  bool any = false;
+  for (const Value& v : g.values) any |= v.constant.is_packed();
+  if (!any) return;
+  for (const Node& node : g.nodes) {
+    const OpSchema* schema = core_ops().find(node.domain, node.op);
+    bool reads_packed = false;
+    if (!options.reference && schema)
+      for (const KernelImpl& impl : options.kernels.find(node.op, options.target.device))
+        if (impl.name == node.kernel.name) reads_packed = impl.reads_packed;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (node.inputs[i] == kNoValue) continue;
+      const bool slot = reads_packed && std::count(schema->traits.prepack_inputs.begin(), schema->traits.prepack_inputs.end(),
+                                                   static_cast<int>(i)) > 0;
+      if (!slot) plain[static_cast<size_t>(node.inputs[i])] = 1;
+    }
+    for (ValueId v : node.captures) plain[static_cast<size_t>(v)] = 1;
+  }
+  for (ValueId o : g.outputs) plain[static_cast<size_t>(o)] = 1;
+  for (size_t v = 0; v < g.values.size(); ++v)
+    if (plain[v] && g.values[v].constant.is_packed()) g.values[v].constant = unpack(g.values[v].constant);
+}
+
 }  // namespace
 
 Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector<int64_t>> input_shapes,
@@ -79,6 +108,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   Graph& bound = plan.bound;
   bound = graph;
   for (size_t i = 0; i < input_shapes.size(); ++i) bound.value(bound.inputs[i]).shape = Shape::of(input_shapes[i]);
+  unpack_for_readers(bound, options);
   std::vector<char> needs_data;
   KILN_ASSIGN_OR_RETURN(plan.known, infer_graph(bound, InferOptions{.overwrite = true, .needs_data = &needs_data}));
   needs_data.resize(bound.nodes.size());
@@ -175,7 +205,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
       if (node.inputs[i] == kNoValue) continue;
       const size_t v = static_cast<size_t>(node.inputs[i]);
       const Value& val = bound.values[v];
-      const Tensor* data = val.is_constant() ? &graph.values[v].constant : plan.known[v].defined() ? &plan.known[v] : nullptr;
+      const Tensor* data = val.is_constant() ? &val.constant : plan.known[v].defined() ? &plan.known[v] : nullptr;
       q_in[i] = InferInput{val.dtype, val.shape, data};
     }
     q_out.assign(node.outputs.size(), InferOutput{});
@@ -186,13 +216,14 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
-    // Weights the kernel packed into memory of its own: their file pages go back to the page
-    // cache now, so that a process holds each weight once (a later read faults them back in).
+    // Plain weights the kernel packed into memory of its own: their file pages go back to the
+    // page cache now, so that a process holds each weight once (a later read faults them back
+    // in). Packed weights are read where they are mapped.
     if (const OpSchema* schema = core_ops().find(node.domain, node.op); schema && sel.name != kReferenceKernel)
       for (int slot : schema->traits.prepack_inputs) {
         const auto i = static_cast<size_t>(slot);
         const Tensor* w = i < q_in.size() ? q_in[i].value : nullptr;
-        if (w && bound.value(node.inputs[i]).is_constant() && w->nbytes() >= (1u << 20)) release_file_pages(*w);
+        if (w && bound.value(node.inputs[i]).is_constant() && !w->is_packed() && w->nbytes() >= (1u << 20)) release_file_pages(*w);
       }
     plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
     plan.kernels.push_back(

@@ -324,7 +324,7 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
   }
   for (size_t v = 0; v < nv; ++v) {
     const Value& val = bound.values[v];
-    if (val.is_constant()) plan->values[v] = graph_.values[v].constant;
+    if (val.is_constant()) plan->values[v] = val.constant;  // the plan's: unpacked where a reader needs it
     else if (mem.offset[v] >= 0)
       plan->values[v] = Tensor::view(val.dtype, val.shape.concrete(), static_cast<char*>(plan->arena.get()) + mem.offset[v], plan->arena);
     else if (is_input[v] || first[v] >= 0) plan->per_run.push_back(static_cast<ValueId>(v));

@@ -1,6 +1,7 @@
 // onednn.conv: Conv and FusedConv (1-D to 3-D, grouped and depthwise) as a oneDNN forward
 // convolution. The weights must be constant: prepare reorders them once into the blocked
-// layout oneDNN picks for the shapes and ISA. A channels_last FusedConv (what `kiln compile`
+// layout oneDNN picks for the shapes and ISA (or uses them in place when a compiled model
+// stored them packed that way). A channels_last FusedConv (what `kiln compile`
 // makes of the convolutions it can) runs directly on its NHWC tensors, oneDNN's fastest
 // layout here (its brgemm kernels, depthwise included), with the epilogue as post-ops.
 // Channels-first convolutions: ungrouped ones run on the layout oneDNN picks, reordered in and
@@ -88,6 +89,7 @@ class ConvKernel final : public Kernel {
                                            pad_l, pad_r);
       dnnl::convolution_forward::primitive_desc pd(desc, attr, cpu_engine());
       KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc()));
+      packed_ = packed_weights(*q.inputs[1].value, weights_, false, "convolution");
       prim_ = dnnl::convolution_forward(pd);
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);
@@ -157,8 +159,11 @@ class ConvKernel final : public Kernel {
     });
   }
 
+  Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
+
  private:
   dnnl::convolution_forward prim_;
+  Tensor packed_;  // the weights as weights_ holds them, for a compiled model
   dnnl::reorder src_in_, dst_in_, dst_out_;
   memory weights_, src_, dst_, bias_, scratch_, blocked_src_, blocked_dst_, z_plain_;
   size_t src_offset_ = 0, dst_offset_ = 0;  ///< in the workspace; 0: the plain tensor is used
@@ -174,7 +179,10 @@ class ConvKernel final : public Kernel {
 
 void register_conv(KernelRegistry& r) {
   for (const char* op : {"Conv", "FusedConv"})
-    r.add(op, "cpu", KernelImpl{"onednn.conv", conv_declines, [](const KernelQuery&) { return std::make_unique<ConvKernel>(); }});
+    r.add(op, "cpu", KernelImpl{.name = "onednn.conv",
+                                .declines = conv_declines,
+                                .create = [](const KernelQuery&) { return std::make_unique<ConvKernel>(); },
+                                .reads_packed = true});
 }
 
 }  // namespace kiln::onednn

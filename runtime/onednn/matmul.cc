@@ -1,7 +1,7 @@
 // onednn.matmul: MatMul, FusedMatMul and Gemm as a oneDNN matmul. A product whose B has no
 // batch (a linear layer's weight) is one tall GEMM over all of A's rows; otherwise the batch
 // dims broadcast as numpy does. A constant B is reordered once in prepare into the layout
-// oneDNN picks; Gemm's transposed operands are read in place through strides; the fused
+// oneDNN picks (or used in place when a compiled model stored it packed that way); Gemm's transposed operands are read in place through strides; the fused
 // epilogue (bias, activation, residual Z) runs as bias and post-ops (the residual as a sum
 // post-op over a copy of Z in the destination).
 #include <cstring>
@@ -109,7 +109,8 @@ class MatMulKernel final : public Kernel {
       dnnl::matmul::desc desc(src, w, bias, dst);
       dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
       if (const_b) {
-        KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc()));
+        KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc(), tb));
+        packed_ = packed_weights(*q.inputs[1].value, weights_, tb, "matmul");
       } else {
         weights_ = memory(user_w, cpu_engine(), nullptr);
       }
@@ -123,6 +124,8 @@ class MatMulKernel final : public Kernel {
       return {};
     });
   }
+
+  Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
 
   Status run(KernelContext& ctx) override {
     return guarded(ctx.node(), [&]() -> Status {
@@ -146,6 +149,7 @@ class MatMulKernel final : public Kernel {
 
  private:
   dnnl::matmul prim_;
+  Tensor packed_;  // the constant B as weights_ holds it, for a compiled model
   memory weights_, src_, dst_, bias_, scratch_;
   bool has_bias_ = false, const_b_ = false;
   int z_index_ = -1;
@@ -156,7 +160,10 @@ class MatMulKernel final : public Kernel {
 
 void register_matmul(KernelRegistry& r) {
   for (const char* op : {"MatMul", "FusedMatMul", "Gemm"})
-    r.add(op, "cpu", KernelImpl{"onednn.matmul", matmul_declines, [](const KernelQuery&) { return std::make_unique<MatMulKernel>(); }});
+    r.add(op, "cpu", KernelImpl{.name = "onednn.matmul",
+                                .declines = matmul_declines,
+                                .create = [](const KernelQuery&) { return std::make_unique<MatMulKernel>(); },
+                                .reads_packed = true});
 }
 
 }  // namespace kiln::onednn

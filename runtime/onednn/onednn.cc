@@ -111,7 +111,82 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
   return std::nullopt;
 }
 
-Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::desc& wanted) {
+namespace {
+
+// Relabels the last two dims of a layout (a transposed operand: the kernel's dims are the
+// tensor's with the last two swapped).
+void swap_last_two(PackedLayout& l) {
+  const size_t r = l.dims.size();
+  if (r < 2) return;
+  std::swap(l.dims[r - 1], l.dims[r - 2]);
+  std::swap(l.padded_dims[r - 1], l.padded_dims[r - 2]);
+  std::swap(l.strides[r - 1], l.strides[r - 2]);
+  for (int32_t& d : l.inner_dims)
+    if (d == static_cast<int32_t>(r - 1)) d = static_cast<int32_t>(r - 2);
+    else if (d == static_cast<int32_t>(r - 2)) d = static_cast<int32_t>(r - 1);
+}
+
+memory::desc desc_of(PackedLayout l, bool swap_last2) {
+  if (swap_last2) swap_last_two(l);
+  dnnl_memory_desc_t md{};
+  md.ndims = static_cast<int>(l.dims.size());
+  md.data_type = dnnl_f32;
+  md.format_kind = dnnl_blocked;
+  for (size_t d = 0; d < l.dims.size(); ++d) {
+    md.dims[d] = l.dims[d];
+    md.padded_dims[d] = l.padded_dims[d];
+    md.format_desc.blocking.strides[d] = l.strides[d];
+  }
+  md.format_desc.blocking.inner_nblks = static_cast<int>(l.inner_blocks.size());
+  for (size_t k = 0; k < l.inner_blocks.size(); ++k) {
+    md.format_desc.blocking.inner_blks[k] = l.inner_blocks[k];
+    md.format_desc.blocking.inner_idxs[k] = l.inner_dims[k];
+  }
+  return memory::desc(md);
+}
+
+}  // namespace
+
+std::optional<PackedLayout> layout_of(const memory::desc& desc, bool swap_last2) {
+  const dnnl_memory_desc_t& md = desc.data;
+  if (md.format_kind != dnnl_blocked || md.data_type != dnnl_f32 || md.extra.flags != 0 || md.offset0 != 0) return std::nullopt;
+  PackedLayout l;
+  const dnnl_blocking_desc_t& b = md.format_desc.blocking;
+  for (int d = 0; d < md.ndims; ++d) {
+    if (md.padded_offsets[d] != 0) return std::nullopt;
+    l.dims.push_back(md.dims[d]);
+    l.padded_dims.push_back(md.padded_dims[d]);
+    l.strides.push_back(b.strides[d]);
+  }
+  for (int k = 0; k < b.inner_nblks; ++k) {
+    l.inner_blocks.push_back(b.inner_blks[k]);
+    l.inner_dims.push_back(static_cast<int32_t>(b.inner_idxs[k]));
+  }
+  if (swap_last2) swap_last_two(l);
+  return l;
+}
+
+Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::desc& wanted, bool swap_last2) {
+  if (const PackedLayout* l = w.layout()) {
+    // A compiled model's packed weight: used where it is mapped when it is in the layout this
+    // primitive wants (oneDNN only reads weights), reordered from its layout otherwise.
+    const std::optional<PackedLayout> want = layout_of(wanted, swap_last2);
+    if (want && want->same_placement(*l) && w.nbytes() >= wanted.get_size())
+      return memory(wanted, cpu_engine(), const_cast<void*>(w.raw()));
+    memory dst(wanted, cpu_engine());
+    const memory::desc from = desc_of(*l, swap_last2);
+    if (from.dims() == wanted.dims()) {
+      memory src(from, cpu_engine(), const_cast<void*>(w.raw()));
+      dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+    } else {
+      // Packed over other dims (a batch of 1 the primitive does not have): through the plain form.
+      const Tensor p = unpack(w);
+      memory src(user, cpu_engine(), const_cast<void*>(p.raw()));
+      dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+    }
+    cpu_stream().wait();
+    return dst;
+  }
   memory src(user, cpu_engine(), const_cast<void*>(w.raw()));
   memory dst(wanted, cpu_engine());
   if (user == wanted) {
@@ -121,6 +196,24 @@ Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::
   dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
   cpu_stream().wait();
   return dst;
+}
+
+Tensor packed_weights(const Tensor& original, const memory& weights, bool swap_last2, std::string_view primitive) {
+  std::optional<PackedLayout> l = layout_of(weights.get_desc(), swap_last2);
+  if (!l || shape_numel(l->dims) != original.numel()) return {};
+  const dnnl_version_t* v = dnnl_version();
+  l->packed_for = "onednn " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) + " " +
+                  std::string(primitive);
+  // The tensor keeps the oneDNN memory alive, and with it the buffer it owns, or the original
+  // whose mapped bytes it uses in place.
+  struct Held {
+    memory weights;
+    Tensor original;
+  };
+  auto held = std::make_shared<Held>(Held{weights, original});
+  void* data = weights.get_data_handle();
+  return Tensor::packed(original.dtype(), original.shape(), std::move(*l), weights.get_desc().get_size(), data,
+                        std::shared_ptr<void>(held, data));
 }
 
 void execute(const dnnl::primitive& prim, std::unordered_map<int, memory>& args, memory& scratch,

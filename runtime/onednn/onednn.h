@@ -42,8 +42,20 @@ Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const dnnl::memory::d
 /// must be f32 with a concrete shape, and no input empty (oneDNN divides by zero sizes).
 std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 
-/// A weight tensor reordered once into the layout a primitive chose for it.
-Result<dnnl::memory> prepack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
+/// A weight tensor reordered once into the layout `wanted` a primitive chose for it, from its
+/// plain layout `user`, or from its packed layout (Tensor::layout; `swap_last2`: the layout's
+/// dims are the primitive's with the last two swapped, a transposed operand). A packed weight
+/// already in the wanted layout is used where it is, without a copy.
+Result<dnnl::memory> prepack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& wanted,
+                             bool swap_last2 = false);
+
+/// A oneDNN blocked layout as kiln's PackedLayout (nullopt for layouts it cannot describe:
+/// non-blocked formats, compensation, offsets).
+std::optional<PackedLayout> layout_of(const dnnl::memory::desc& desc, bool swap_last2 = false);
+
+/// The weights a primitive prepared, as a packed tensor of `original`'s shape that a compiled
+/// model stores (Kernel::packed_input); undefined when the layout cannot be described.
+Tensor packed_weights(const Tensor& original, const dnnl::memory& weights, bool swap_last2, std::string_view primitive);
 
 /// Executes `prim` with `args` on the CPU stream and waits; `scratch` (a memory of the
 /// primitive's scratchpad descriptor) is bound to the kernel's workspace when it has one.

@@ -86,7 +86,7 @@ def external_model(work, location):
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
           "fuse_rms_norm", "fuse_gelu", "fuse_attention", "fuse_epilogues", "channels_last", "eliminate_dead",
-          "select_kernels")
+          "select_kernels", "prepack_weights")
 
 
 def compile_tests(r, work, samples):
@@ -134,10 +134,18 @@ def compile_tests(r, work, samples):
     r.check("compile_records_kernels_target_and_plan", good, info[:400])
     r.ok("compile_cnn_avx2_runs", ["run", "cnn.avx2.kiln", "--inputs", os.path.join(samples, "cnn.inputs.npz"),
                                    "--check-against", os.path.join(samples, "cnn.expected")])
+    # Its weights are stored packed for the kernels chosen; the reference kernels unpack them.
+    r.ok("compile_cnn_packed_reference", ["run", "cnn.avx2.kiln", "--reference", "--inputs",
+                                          os.path.join(samples, "cnn.inputs.npz"), "--check-against",
+                                          os.path.join(samples, "cnn.expected")])
     r.error("compile_bad_target", ["compile", "cnn.kiln", "-o", "bad.kiln", "--target", "sse2"], 2,
             r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni$", no_file="bad.kiln")
+    # A compiled model compiled again: its packed weights are unpacked, and packed again.
+    r.ok("compile_compiled_again", ["compile", "cnn.avx2.kiln", "-o", "cnn.again.kiln"])
+    r.ok("compile_compiled_again_runs", ["run", "cnn.again.kiln", "--inputs", os.path.join(samples, "cnn.inputs.npz"),
+                                         "--check-against", os.path.join(samples, "cnn.expected")])
 
-    # --list-passes: the table, no model needed.    # --list-passes: the table, no model needed.
+    # --list-passes: the table, no model needed.
     rc, out, err = r.run(["compile", "--list-passes"])
     rows = [l.split()[0] for l in out.splitlines() if l.strip()]
     r.check("compile_list_passes", rc == 0 and tuple(rows) == PASSES, f"exit {rc}; stdout {out[:400]!r}")
@@ -148,6 +156,7 @@ def compile_tests(r, work, samples):
     good = rc == 0 and lines and lines[0].split() == ["pass", "time", "ms", "result"] and all(p in rows for p in PASSES)
     good = good and rows.get("fold_batchnorm", "").endswith("folded 3 BatchNormalization into Conv")
     good = good and rows.get("fuse_linear_bias", "").endswith("no change") and "total" in rows
+    good = good and "stored 4 weights packed" in rows.get("prepack_weights", "")
     r.check("compile_time_passes", good, f"exit {rc}; stderr {err[:600]!r}")
     # --print-after all: each pass, dumped when it changed the model, "no change" otherwise.
     rc, out, err = r.run(["compile", "mlp.kiln", "-o", "printed.kiln", "--print-after", "all"])

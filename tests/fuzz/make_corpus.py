@@ -3,7 +3,9 @@
 bytes every time:
   fuzz_onnx_export  the samples, ~30 ONNX node conformance models (control flow, shapes,
                     quantization, resampling) and hand-made edge cases
-  fuzz_kiln_load    those models exported by kiln (needs --kiln), plus a truncated one
+  fuzz_kiln_load    those models exported by kiln (needs --kiln), plus a truncated one and the
+                    compiled MLP and CNN samples (their kernels and packed weights' layouts
+                    are this machine's)
   fuzz_npy          tests/data/npy and numpy-made edge cases
   fuzz_npz          sample inputs and numpy-made archives (stored, deflated, empty, nested names)
   fuzz_run          one seed per model of fuzz_run.cc with small shapes and plain values
@@ -107,6 +109,12 @@ def main():
                 write("fuzz_kiln_load", name.replace(".onnx", ".kiln"), kb)
                 if name == "sample_mlp.onnx":
                     write("fuzz_kiln_load", "truncated_mlp.kiln", kb[: len(kb) // 2])
+                if name in ("sample_mlp.onnx", "sample_cnn.onnx"):
+                    # Compiled: kernel choices, target, memory plan and packed weights.
+                    compiled = os.path.join(work, "m.c.kiln")
+                    subprocess.run([kiln, "compile", out, "-o", compiled], check=True, capture_output=True)
+                    write("fuzz_kiln_load", name.replace("sample_", "compiled_").replace(".onnx", ".kiln"),
+                          open(compiled, "rb").read())
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -15,6 +15,7 @@
 #include "compile/pass.h"
 #include "compile/pipeline.h"
 #include "formats/infer.h"
+#include "formats/serialize.h"
 #include "formats/text.h"
 #include "formats/verify.h"
 #include "runtime/session.h"
@@ -134,7 +135,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 13u);
+  EXPECT_EQ(names.size(), 14u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -847,6 +848,101 @@ TEST(CompileSelectKernels, NeedsConcreteInputShapes) {
   EXPECT_TRUE(m.graph.nodes[0].kernel.empty());
 }
 
+// ---- prepack_weights ---------------------------------------------------------------------
+
+// A Conv and a MatMul on oneDNN, and a Gather that reads the MatMul's weight too (a tied
+// embedding). select_kernels has chosen the kernels.
+Model prepack_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 3, 6, 8});
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 41))}, "y",
+                   {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  ValueId e = b.constant("e", random_f32({8, 600}, 42));
+  b.output(b.op("mm", "MatMul", {y, e}, "z"));
+  b.output(b.op("gather", "Gather", {e, b.constant("ids", Tensor::from<int64_t>({2}, {1, 7}))}, "rows"));
+  Model m = b.done();
+  run_pass("select_kernels", m);
+  return m;
+}
+
+TEST(CompilePrepackWeights, Golden) {
+  Model m = prepack_model();
+  const Tensor plain_w = m.graph.value(m.graph.find_value("w")).constant;
+  PassResult r = run_pass("prepack_weights", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary.rfind("stored 2 weights packed (", 0), 0u) << r.summary;
+  EXPECT_NE(r.summary.find(" bytes, 432 bytes of plain weights dropped); 1 weight keeps a plain copy for other readers"), std::string::npos)
+      << r.summary;
+  // The Conv's weight is packed where it was; the MatMul reads a packed copy of the embedding,
+  // which the Gather still reads plain. Value indices do not move.
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[1,3,6,8]\n"
+            "  const w: f32[4,3,3,3]\n"
+            "  value y: f32[1,4,6,8]\n"
+            "  const e: f32[8,600]\n"
+            "  value z: f32[1,4,6,600]\n"
+            "  const ids: i64[2]\n"
+            "  value rows: f32[2,600]\n"
+            "  const e.packed: f32[8,600]\n"
+            "  node conv: Conv(x, w) -> (y) pads=ints[1, 1, 1, 1] sources=[\"conv\"] kernel=onednn.conv{}\n"
+            "  node mm: MatMul(y, e.packed) -> (z) sources=[\"mm\"] kernel=onednn.matmul{}\n"
+            "  node gather: Gather(e, ids) -> (rows) sources=[\"gather\"] kernel=ref{}\n"
+            "  output z\n"
+            "  output rows\n");
+  const Graph& g = m.graph;
+  const Tensor& w = g.value(g.find_value("w")).constant;
+  ASSERT_TRUE(w.is_packed());
+  EXPECT_EQ(w.layout()->packed_for.rfind("onednn 2.", 0), 0u) << w.layout()->packed_for;
+  EXPECT_EQ(std::memcmp(unpack(w).raw(), plain_w.raw(), plain_w.nbytes()), 0);
+  EXPECT_FALSE(g.value(g.find_value("e")).constant.is_packed());
+  EXPECT_TRUE(g.value(g.find_value("e.packed")).constant.is_packed());
+  EXPECT_NE(graph_to_text(g).find(" packed=["), std::string::npos);
+}
+
+TEST(CompilePrepackWeights, SameOutputsAndTheFileUsesThemInPlace) {
+  Model before = prepack_model(), after = before;
+  run_pass("prepack_weights", after);
+  const std::vector<Tensor> in = {random_f32({1, 3, 6, 8}, 43)};
+  // Unpacked for the reference kernels: bit-equal.
+  expect_same_outputs(before, after, in, 0);
+  // Saved and loaded, on the recorded kernels: the same as before packing.
+  auto bytes = serialize_model(after);
+  ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+  auto loaded = load_model_from_bytes(*bytes, "packed.kiln");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  ASSERT_TRUE(loaded->graph.value(loaded->graph.find_value("w")).constant.is_packed());
+  auto s = Session::create(*loaded), s0 = Session::create(before);
+  ASSERT_TRUE(s.ok() && s0.ok());
+  auto got = (*s)->run(in), want = (*s0)->run(in);
+  ASSERT_TRUE(got.ok() && want.ok());
+  for (size_t i = 0; i < want->size(); ++i) EXPECT_EQ(std::memcmp((*got)[i].raw(), (*want)[i].raw(), (*want)[i].nbytes()), 0) << i;
+  // Compiled again: the packed weights come back plain for the passes, and are packed again.
+  Model again = *loaded;
+  CompileOptions options;
+  auto report = compile_model(again, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  expect_same_outputs(before, again, in, 1e-6);
+}
+
+TEST(CompilePrepackWeights, NothingToPack) {
+  Builder b;
+  ValueId x = b.input("x", Shape({Dim::sym("batch"), Dim::known(4)}));
+  b.output(b.op("relu", "Relu", {x}, "out"));
+  Model m = b.done();
+  PassResult r = run_pass("prepack_weights", m);
+  EXPECT_FALSE(r.changed);
+  EXPECT_EQ(r.summary, "input 'x' has shape batchx4: no kernels to pack for");
+  Builder c;
+  x = c.input("x", {2, 4});
+  c.output(c.op("relu", "Relu", {x}, "out"));
+  Model m2 = c.done();
+  run_pass("select_kernels", m2);
+  r = run_pass("prepack_weights", m2);
+  EXPECT_FALSE(r.changed);
+  EXPECT_EQ(r.summary, "no kernel packs a constant weight");
+}
+
 // ---- the pipeline ------------------------------------------------------------------------
 
 TEST(CompilePipeline, RunsEveryPassInTableOrderAndRecordsTheCompile) {
@@ -900,7 +996,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
             "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_attention, fuse_epilogues, channels_last, eliminate_dead, "
-            "select_kernels)");
+            "select_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();
   options.print_after = {"nope"};

@@ -409,6 +409,66 @@ TEST(CorruptKiln, BoolDataOtherThanZeroOrOne) {
   expect_rejected(load(b), "value 'flags': bool data has byte 139 at element 1; bools must be 0 or 1");
 }
 
+// ---- packed weights ---------------------------------------------------------------------------
+
+// good_model with w stored packed: rows padded from 3 to 4 elements.
+Model packed_model() {
+  Model m = good_model();
+  Tensor& w = m.graph.value(1).constant;
+  w = pack(w, PackedLayout{{2, 3}, {2, 4}, {4, 1}, {}, {}, "test"});
+  return m;
+}
+
+TEST(CorruptKiln, PackedWeightsRoundTrip) {
+  auto r = load(serialize(packed_model()));
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const Tensor& w = r->graph.value(1).constant;
+  ASSERT_TRUE(w.is_packed());
+  EXPECT_TRUE(w.layout()->same_placement(*packed_model().graph.value(1).constant.layout()));
+  EXPECT_EQ(w.layout()->packed_for, "test");
+  EXPECT_EQ(w.nbytes(), 32u);
+  EXPECT_EQ(std::memcmp(unpack(w).raw(), good_model().graph.value(1).constant.raw(), 24), 0);
+}
+
+TEST(CorruptKiln, PackedLayoutWithANegativeStride) {
+  Bytes b = serialize(packed_model());
+  mut(find_value(b, "w")->constant()->layout()->strides())->Mutate(0, -4);
+  expect_rejected(load(b), "value 'w': packed layout dim 0 has stride -4");
+}
+
+TEST(CorruptKiln, PackedLayoutPastItsData) {
+  Bytes b = serialize(packed_model());
+  mut(find_value(b, "w")->constant()->layout()->strides())->Mutate(0, 1000);
+  expect_rejected(load(b), "value 'w': packed layout 2x3 padded to 2x4, strides 1000x1 addresses 4016 bytes but the data has 32");
+}
+
+TEST(CorruptKiln, PackedLayoutOfTheWrongElementCount) {
+  Bytes b = serialize(packed_model());
+  mut(find_value(b, "w")->constant()->layout()->dims())->Mutate(1, 2);
+  expect_rejected(load(b), "value 'w': packed layout dims 2x2 do not hold the tensor's 6 elements");
+}
+
+TEST(CorruptKiln, PackedDataSizeTooSmall) {
+  Bytes b = serialize(packed_model());
+  ASSERT_TRUE(table(find_value(b, "w")->constant())->SetField<uint64_t>(fb::TensorData::VT_SIZE, 28, 0));
+  expect_rejected(load(b), "value 'w': packed layout 2x3 padded to 2x4, strides 4x1 addresses 32 bytes but the data has 28");
+}
+
+TEST(CorruptKiln, PackedBools) {
+  Model m = good_model();
+  m.graph.add_constant("flags", pack(Tensor::from<bool>({3}, {true, false, true}), PackedLayout{{3}, {3}, {1}, {}, {}, ""}));
+  expect_rejected(m, "value 'flags': bool data cannot be packed");
+}
+
+TEST(CorruptKiln, PackedConstantInASubgraph) {
+  Model m = good_model();
+  auto body = std::make_shared<Graph>();
+  ValueId k = body->add_constant("k", pack(filled({2}, 1), PackedLayout{{2}, {2}, {1}, {}, {}, ""}));
+  body->outputs = {k};
+  m.graph.nodes[3].set_attr("body", body);
+  expect_rejected(m, "value 'k': packed data is only allowed for the constants of the top-level graph");
+}
+
 TEST(CorruptKiln, UnknownAttributeType) {
   Bytes b = serialize(good_model());
   const fb::Node* custom = root(b)->graph()->nodes()->Get(3);

@@ -2,6 +2,7 @@
 // SIMD-multiple sizes, with the fused epilogues; and what it declines.
 #include <gtest/gtest.h>
 
+#include "runtime/onednn/onednn.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
@@ -143,6 +144,89 @@ TEST(OneDnn, DeclinesWhatItCannotRun) {
   EXPECT_EQ(check({"AveragePool", {noise({1, 2, 5, 5}, 7)}, {}, {attr("kernel_shape", std::vector<int64_t>{2, 2}), attr("strides", std::vector<int64_t>{2, 2}),
                                                                   attr("ceil_mode", int64_t{1}), attr("count_include_pad", int64_t{1})}}),
             kReferenceKernel);
+}
+
+// kiln's reading of oneDNN's blocked layouts (PackedLayout) agrees with oneDNN: weights
+// reordered by oneDNN into the layouts its matmuls and convolutions pick, unpacked by kiln, are
+// the weights; packed by kiln, they are oneDNN's bytes, padding included.
+TEST(OneDnnPacking, LayoutsAgreeWithOneDnn) {
+  using dnnl::memory;
+  using tag = memory::format_tag;
+  struct Case { std::vector<int64_t> dims; tag t; };
+  for (const Case& c : std::vector<Case>{{{37, 70}, tag::BA16a64b4a}, {{37, 70}, tag::AB16b64a}, {{50, 33}, tag::BA16a48b},
+                                         {{37, 70}, tag::ba}, {{20, 24, 3, 3}, tag::OIhw16i16o},
+                                         {{2, 9, 5, 3, 3}, tag::gOIhw16i16o}}) {
+    SCOPED_TRACE(shape_str(c.dims));
+    const Tensor w = noise(c.dims, 21);
+    const memory::dims d(c.dims.begin(), c.dims.end());
+    memory src(onednn::plain(c.dims), onednn::cpu_engine(), const_cast<void*>(w.raw()));
+    memory dst(memory::desc(d, memory::data_type::f32, c.t), onednn::cpu_engine());
+    dnnl::reorder(src, dst).execute(onednn::cpu_stream(), src, dst);
+    onednn::cpu_stream().wait();
+    const std::optional<PackedLayout> layout = onednn::layout_of(dst.get_desc());
+    ASSERT_TRUE(layout);
+    const size_t bytes = dst.get_desc().get_size();
+    ASSERT_FALSE(check_layout(*layout, w.numel(), bytes, 4)) << *check_layout(*layout, w.numel(), bytes, 4);
+    const Tensor theirs = Tensor::packed(DType::f32, c.dims, *layout, bytes, dst.get_data_handle(), nullptr);
+    const Tensor back = unpack(theirs);
+    EXPECT_EQ(std::memcmp(back.raw(), w.raw(), w.nbytes()), 0);
+    const Tensor ours = pack(w, *layout);
+    ASSERT_EQ(ours.nbytes(), bytes);
+    EXPECT_EQ(std::memcmp(ours.raw(), dst.get_data_handle(), bytes), 0);
+  }
+}
+
+// prepack: weights already in the wanted layout are used where they are; weights packed another
+// way, or over other dims, or transposed, are reordered into it.
+TEST(OneDnnPacking, PrepackUsesMatchingLayoutsInPlace) {
+  using dnnl::memory;
+  const Tensor w = noise({37, 70}, 22);
+  const memory::desc user = onednn::plain({37, 70});
+  const memory::desc wanted({37, 70}, memory::data_type::f32, memory::format_tag::BA16a64b4a);
+  auto reference = [&] {
+    memory src(user, onednn::cpu_engine(), const_cast<void*>(w.raw())), dst(wanted, onednn::cpu_engine());
+    dnnl::reorder(src, dst).execute(onednn::cpu_stream(), src, dst);
+    onednn::cpu_stream().wait();
+    return dst;
+  }();
+  auto same_bytes = [&](const memory& m) {
+    return std::memcmp(m.get_data_handle(), reference.get_data_handle(), wanted.get_size()) == 0;
+  };
+  // Plain, and packed the way the primitive wants: in place.
+  auto plain = onednn::prepack(w, user, wanted);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(same_bytes(*plain));
+  const Tensor packed = onednn::packed_weights(w, *plain, false, "test");
+  ASSERT_TRUE(packed.is_packed());
+  EXPECT_EQ(packed.layout()->packed_for.rfind("onednn 2.", 0), 0u) << packed.layout()->packed_for;
+  auto in_place = onednn::prepack(packed, user, wanted);
+  ASSERT_TRUE(in_place.ok());
+  EXPECT_EQ(in_place->get_data_handle(), packed.raw());
+  // Packed another way (column-major): reordered.
+  const Tensor other = pack(w, PackedLayout{{37, 70}, {37, 70}, {1, 37}, {}, {}, "test"});
+  auto reordered = onednn::prepack(other, user, wanted);
+  ASSERT_TRUE(reordered.ok());
+  EXPECT_NE(reordered->get_data_handle(), other.raw());
+  EXPECT_TRUE(same_bytes(*reordered));
+  // Packed over [1, 37, 70] (a batch the primitive does not have): through the plain form.
+  Tensor batched = pack(w, PackedLayout{{1, 37, 70}, {1, 37, 70}, {2590, 70, 1}, {}, {}, "test"});
+  auto through_plain = onednn::prepack(batched, user, wanted);
+  ASSERT_TRUE(through_plain.ok());
+  EXPECT_TRUE(same_bytes(*through_plain));
+  // A transposed operand: the tensor is [70, 37], the primitive's dims [37, 70].
+  Tensor wt(DType::f32, {70, 37});
+  for (int64_t i = 0; i < 37; ++i)
+    for (int64_t j = 0; j < 70; ++j) wt.data<float>()[j * 37 + i] = w.data<float>()[i * 70 + j];
+  auto t = onednn::prepack(wt, onednn::transposed({37, 70}), wanted);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(same_bytes(*t));
+  const Tensor tp = onednn::packed_weights(wt, *t, true, "test");
+  ASSERT_TRUE(tp.is_packed());
+  EXPECT_EQ(tp.layout()->dims, (std::vector<int64_t>{70, 37}));
+  EXPECT_EQ(std::memcmp(unpack(tp).raw(), wt.raw(), wt.nbytes()), 0);
+  auto t_in_place = onednn::prepack(tp, onednn::transposed({37, 70}), wanted, true);
+  ASSERT_TRUE(t_in_place.ok());
+  EXPECT_EQ(t_in_place->get_data_handle(), tp.raw());
 }
 
 }  // namespace
