@@ -468,6 +468,8 @@ Status Session::infer_and_run(const Graph& graph, size_t index, Frame& frame, Ke
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i]) infer_in[i] = InferInput{inputs[i]->dtype(), Shape::of(inputs[i]->shape()), inputs[i]};
     InferContext ictx(node, std::move(infer_in));
+    // The same checks as infer_node's: types the op does not take never reach its kernel.
+    KILN_RETURN_IF_ERROR(check_input_types(*schema, ictx));
     KILN_RETURN_IF_ERROR(schema->infer(ictx));
     expected = std::move(ictx.outputs());
     for (size_t i = 0; i < outputs.size() && i < expected.size(); ++i) {
