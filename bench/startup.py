@@ -6,8 +6,8 @@
 For each model (the real-sized test models by default), each in fresh processes, `--repeat`
 times, medians reported:
   - kiln: `kiln run COMPILED --iters 10 --json` gives the load time (memory-mapped), the
-    session creation (which plans the compiled input shapes: kernels prepared, weights packed),
-    the first run, the steady-state median and the peak RSS;
+    session creation (which plans the compiled input shapes: kernels prepared on the weights
+    as the model stores them, packed), the first run, the steady-state median and the peak RSS;
   - ONNX Runtime (CPU EP, all graph optimizations): session creation, first run, steady-state
     median and peak RSS, measured the same way in a child Python process.
 It prints kiln's load + session + first run less one steady run (everything done before the
