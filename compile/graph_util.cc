@@ -59,6 +59,16 @@ size_t drop_unused_values(Graph& graph) {
   return dropped;
 }
 
+std::optional<std::string> concrete_input_shapes(const Graph& graph, std::vector<std::vector<int64_t>>& shapes) {
+  shapes.clear();
+  for (ValueId in : graph.inputs) {
+    const Value& v = graph.value(in);
+    if (!v.shape.is_concrete()) return "input '" + v.name + "' has shape " + v.shape.str();
+    shapes.push_back(v.shape.concrete());
+  }
+  return std::nullopt;
+}
+
 std::vector<size_t> reader_counts(const Graph& graph) {
   std::vector<std::vector<Use>> uses = graph.uses();
   std::vector<size_t> count(graph.values.size(), 0);

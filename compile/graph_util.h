@@ -1,6 +1,8 @@
 // Small graph edits the passes share, on top of Graph's own editing API (formats/ir.h).
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "formats/ir.h"
@@ -18,6 +20,10 @@ size_t drop_unused_values(Graph& graph);
 /// How many places read each value: node inputs, nodes whose subgraphs capture it, and graph outputs
 /// (a graph output is a reader that no rewrite may take away).
 std::vector<size_t> reader_counts(const Graph& graph);
+
+/// The graph inputs' concrete shapes, in order, into `shapes`; when an input's shape is not
+/// concrete, says which and what it is ("input 'x' has shape batchx4") instead.
+std::optional<std::string> concrete_input_shapes(const Graph& graph, std::vector<std::vector<int64_t>>& shapes);
 
 /// A human plural: "1 node", "3 nodes".
 std::string count_of(size_t n, const char* singular, const char* plural);

@@ -18,11 +18,7 @@ namespace kiln {
 Result<PassResult> prepack_weights(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
   std::vector<std::vector<int64_t>> shapes;
-  for (ValueId in : g.inputs) {
-    const Shape& s = g.value(in).shape;
-    if (!s.is_concrete()) return PassResult{false, "input '" + g.value(in).name + "' has shape " + s.str() + ": no kernels to pack for"};
-    shapes.push_back(s.concrete());
-  }
+  if (auto symbolic = concrete_input_shapes(g, shapes)) return PassResult{false, *symbolic + ": no kernels to pack for"};
   KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(g, shapes, PlanOptions{ctx.target, default_kernels()}));
 
   // Per constant: the packed forms its readers asked for, each with the (node, slot) pairs that

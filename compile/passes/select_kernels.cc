@@ -12,12 +12,7 @@ namespace kiln {
 Result<PassResult> select_kernels(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
   std::vector<std::vector<int64_t>> shapes;
-  for (ValueId in : g.inputs) {
-    const Shape& s = g.value(in).shape;
-    if (!s.is_concrete())
-      return PassResult{false, "input '" + g.value(in).name + "' has shape " + s.str() + ": give --input-shape to choose kernels"};
-    shapes.push_back(s.concrete());
-  }
+  if (auto symbolic = concrete_input_shapes(g, shapes)) return PassResult{false, *symbolic + ": give --input-shape to choose kernels"};
   KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(g, shapes, PlanOptions{ctx.target, default_kernels()}));
   CpuFeatures required;
   auto add = [&](const CpuFeatures& f) {
