@@ -22,7 +22,7 @@ Result<PassResult> prepack_weights(Model& model, PassContext& ctx) {
   KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(g, shapes, PlanOptions{ctx.target, default_kernels()}));
 
   // Per constant: the packed forms its readers asked for, each with the (node, slot) pairs that
-  // read it, and whether anything reads it plain.
+  // read it. A constant with more readers than that is also read plain.
   struct Form {
     Tensor packed;
     std::vector<std::pair<size_t, size_t>> readers;
@@ -53,8 +53,8 @@ Result<PassResult> prepack_weights(Model& model, PassContext& ctx) {
     for (const Form& f : fs) packed_reads += f.readers.size();
     const bool plain_read = readers[static_cast<size_t>(v)] > packed_reads;
     kept_plain += plain_read;
-    // Copied out: the plan (and its kernels' memory, which the packed tensors share) goes with
-    // this pass, while add_value may move the values.
+    // A copy: add_constant may reallocate the values. (The packed tensors own their memory and
+    // outlive the plan.)
     const std::string name = g.value(v).name;
     for (size_t k = 0; k < fs.size(); ++k) {
       stored_bytes += static_cast<int64_t>(fs[k].packed.nbytes());
