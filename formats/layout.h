@@ -7,9 +7,10 @@
 // row-major order). Each dim d is padded to padded_dims[d] and split into an outer index and
 // the inner blocks that name it; an element's offset in the storage is
 //   sum_d outer_d * strides[d] + the row-major offset of its inner-block indices,
-// where the inner blocks are listed outermost first (oneDNN's `inner_blks` / `inner_idxs`):
-// oneDNN's `BA16a64b4a` on dims [a, b] is strides {64*64, 16*64*4} (for 64 ≤ a), inner blocks
-// {16, 64, 4} on dims {0, 1, 0}. Padding elements hold zeros.
+// where the inner blocks are listed outermost first (oneDNN's `inner_blks` / `inner_idxs`).
+// oneDNN's `BA16a64b4a` on dims [a, b] padded to [A, B] (multiples of 64) is inner blocks
+// {16, 64, 4} on dims {0, 1, 0}, 4096-element blocks, with strides {4096, A / 64 * 4096}: the
+// blocks along a lie next to each other, those along b outermost. Padding elements hold zeros.
 #pragma once
 
 #include <cstdint>
