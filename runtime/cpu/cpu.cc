@@ -8,6 +8,7 @@ void register_norm(KernelRegistry& r);
 void register_dwconv(KernelRegistry& r);
 void register_activation(KernelRegistry& r);
 void register_movement(KernelRegistry& r);
+void register_softmax(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -15,6 +16,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_dwconv(r);
   cpu::register_activation(r);
   cpu::register_movement(r);
+  cpu::register_softmax(r);
 }
 
 }  // namespace kiln

@@ -30,7 +30,8 @@ struct RowKernels {
                bool rms);
   /// In place: row = softmax(row * scale + mask_row) per row of n values; mask_row may be null,
   /// `mask_stride` apart (0: one row for all), and masked by -inf; a row that is -inf everywhere
-  /// becomes NaN (as the reference does). e^x is a vectorised polynomial, within 2e-7 relative.
+  /// becomes NaN (as the reference does). e^x is a vectorised polynomial, within 2e-7 relative,
+  /// and exactly 0 for masked entries (below e^-87.3), never a denormal.
   void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
   /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
   /// Sigmoid, Silu and the tanh GELU use the polynomial e^x, Tanh and the exact GELU rational

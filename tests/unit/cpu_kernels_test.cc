@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "runtime/cpu/rows.h"
 #include "tests/unit/kernel_test_util.h"
@@ -63,6 +64,45 @@ TEST(CpuKernels, Activations) {
   // A bound computed at run time stays with the reference kernel.
   Tensor x = noise({8}, 9);
   EXPECT_EQ(check({"Clip", {x, Tensor::from<float>({}, {0.f})}, {false, false}}), kReferenceKernel);
+}
+
+TEST(CpuKernels, Softmax) {
+  for (const auto& [isa, cpu] : isa_paths())
+    for (std::vector<int64_t> shape : std::vector<std::vector<int64_t>>{{1}, {3, 7}, {2, 4, 16}, {5, 1000}, {40, 2049}}) {
+      SCOPED_TRACE(isa + " " + shape_str(shape));
+      Tensor x = noise(shape, 11, 30.f);
+      // 2e-6: e^x within 2e-7, and rows of 2049 summed in another order than the reference.
+      EXPECT_EQ(check({"Softmax", {x}, {false}}, 2e-6, &cpu), "kiln.softmax_f32_" + isa);
+      EXPECT_EQ(check({"Softmax", {x}, {false}, {attr("axis", static_cast<int64_t>(shape.size()) - 1)}}, 2e-6, &cpu),
+                "kiln.softmax_f32_" + isa);
+    }
+  // Other axes stay with the reference kernel.
+  EXPECT_EQ(check({"Softmax", {noise({3, 5}, 12)}, {false}, {attr("axis", int64_t{0})}}), kReferenceKernel);
+}
+
+// Behind a large negative mask (BERT's -10000, -1e9, the lowest float, -inf), a softmax gives
+// exact zeros, never denormals, even on a thread that does not flush them to zero: denormal
+// arithmetic runs many times slower (ONNX Runtime's softmax is about 3x slower there).
+TEST(CpuKernels, SoftmaxBehindALargeNegativeMaskMakesNoDenormals) {
+  const int64_t n = 67;
+  std::vector<float> mask(n, 0.f);
+  const float big[] = {-1e4f, -1e9f, std::numeric_limits<float>::lowest(), -std::numeric_limits<float>::infinity(), -90.f};
+  for (int64_t i = 3; i < n; i += 2) mask[static_cast<size_t>(i)] = big[i % 5];
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
+    if (cpu::lacks(CpuFeatures::host(), isa)) continue;
+    SCOPED_TRACE(cpu::isa_name(isa));
+    std::vector<float> row(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) row[static_cast<size_t>(i)] = std::sin(static_cast<float>(i)) * 3.f;
+    cpu::row_kernels(isa).softmax(row.data(), 1, n, 1.f, mask.data(), 0);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = row[static_cast<size_t>(i)];
+      EXPECT_NE(std::fpclassify(v), FP_SUBNORMAL) << i;
+      if (mask[static_cast<size_t>(i)] != 0.f) EXPECT_EQ(v, 0.f) << i;
+      sum += v;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+  }
 }
 
 // Data movement, bit-exact against the reference kernels, f32 and other element sizes.
