@@ -1,6 +1,7 @@
 // Shared pieces of the oneDNN provider (onednn.h).
 #include "runtime/onednn/onednn.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kiln {
@@ -167,33 +168,31 @@ std::optional<PackedLayout> layout_of(const memory::desc& desc, bool swap_last2)
 }
 
 Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::desc& wanted, bool swap_last2) {
+  // Where the elements come from: the plain tensor by default; a compiled model's packed weight
+  // from its own layout, or used where it is mapped when that is the layout this primitive wants
+  // (oneDNN only reads weights); packed over other dims (a batch of 1 the primitive does not
+  // have), through the plain form.
+  const Tensor* src = &w;
+  Tensor plain;
+  memory::desc from = user;
   if (const PackedLayout* l = w.layout()) {
-    // A compiled model's packed weight: used where it is mapped when it is in the layout this
-    // primitive wants (oneDNN only reads weights), reordered from its layout otherwise.
     const std::optional<PackedLayout> want = layout_of(wanted, swap_last2);
     if (want && want->same_placement(*l) && w.nbytes() >= wanted.get_size())
       return memory(wanted, cpu_engine(), const_cast<void*>(w.raw()));
-    memory dst(wanted, cpu_engine());
-    const memory::desc from = desc_of(*l, swap_last2);
-    if (from.dims() == wanted.dims()) {
-      memory src(from, cpu_engine(), const_cast<void*>(w.raw()));
-      dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
-    } else {
-      // Packed over other dims (a batch of 1 the primitive does not have): through the plain form.
-      const Tensor p = unpack(w);
-      memory src(user, cpu_engine(), const_cast<void*>(p.raw()));
-      dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+    from = desc_of(*l, swap_last2);
+    if (from.dims() != wanted.dims()) {
+      plain = unpack(w);
+      src = &plain;
+      from = user;
     }
-    cpu_stream().wait();
-    return dst;
   }
-  memory src(user, cpu_engine(), const_cast<void*>(w.raw()));
   memory dst(wanted, cpu_engine());
-  if (user == wanted) {
-    std::memcpy(dst.get_data_handle(), w.raw(), w.nbytes());
+  if (from == wanted) {
+    std::memcpy(dst.get_data_handle(), src->raw(), std::min(src->nbytes(), wanted.get_size()));
     return dst;
   }
-  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  memory in(from, cpu_engine(), const_cast<void*>(src->raw()));
+  dnnl::reorder(in, dst).execute(cpu_stream(), in, dst);
   cpu_stream().wait();
   return dst;
 }

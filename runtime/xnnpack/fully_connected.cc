@@ -12,7 +12,6 @@
 #include <xnnpack.h>
 
 #include <cmath>
-#include <mutex>
 
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
