@@ -147,16 +147,16 @@ Status check_input_types(const OpSchema& schema, const InferContext& ctx) {
   for (const TypeConstraint& c : schema.traits.types)
     for (size_t i = static_cast<size_t>(c.first); i < ctx.num_inputs() && covers(c, i); ++i) {
       if (!ctx.has_input(i)) continue;
-      const std::string t(dtype_name(ctx.dtype(i)));
       if (c.same_as < 0) {
         if (c.allowed.contains(ctx.dtype(i))) continue;
+        const std::string t(dtype_name(ctx.dtype(i)));
         if (!c.name.empty()) return ctx.error(std::string(c.name) + " must be " + c.allowed.one_of() + ", got " + t);
         if (c.allowed.size() == 1) return ctx.error(std::string(schema.name) + " is " + c.allowed.one_of() + " only, got " + t);
         return ctx.error(std::string(schema.name) + " does not support " + t + " (it takes " + c.allowed.str() + ")");
       }
       const auto other = static_cast<size_t>(c.same_as);
       if (!ctx.has_input(other) || ctx.dtype(other) == ctx.dtype(i)) continue;
-      const std::string want(dtype_name(ctx.dtype(other)));
+      const std::string t(dtype_name(ctx.dtype(i))), want(dtype_name(ctx.dtype(other)));
       if (input_name(schema, i).empty() && input_name(schema, other).empty())
         return ctx.error("input types differ: " + want + " and " + t);
       return ctx.error(name_of(i) + " type " + t + " differs from " + name_of(other) + " type " + want);
