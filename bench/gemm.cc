@@ -1,13 +1,16 @@
-// The f32 GEMM yardstick: this machine's measured FMA peak and what oneDNN's matmul reaches of
-// it, on the shapes kiln's own GEMM templates will be held to (M=N=K=1024 and BERT-base's
-// 128x768x768, 128x768x3072, 128x3072x768), in the same run so that the percentages compare.
+// The f32 GEMM yardstick: this machine's measured FMA peak, and what oneDNN's matmul and kiln's
+// own GEMM templates reach of it, on the shapes the templates are held to (M=N=K=1024 and
+// BERT-base's 128x768x768, 128x768x3072, 128x3072x768), in the same run, calls interleaved, so
+// that the percentages and the ratio compare.
 //
-//   kiln_bench_gemm [--runs N] [--threads T]
+//   kiln_bench_gemm [--runs N] [--threads T] [--sweep]
 //
 // The peak is probed, not looked up: a loop of independent FMAs on 16 vector accumulators
 // (enough to hide the FMA latency on two ports), AVX-512 where the CPU has it and AVX2+FMA
-// otherwise, chosen at run time. oneDNN's B is constant and reordered ahead into the layout
-// it picks, as `kiln compile` stores it; each GEMM's time is the median of --runs calls.
+// otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
+// the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
+// the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
+// --sweep the fastest of every tile, Kc and A packing, each printed as it is timed.
 #include <immintrin.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -17,9 +20,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/gemm/gemm.h"
 #include "runtime/target.h"
 #include "runtime/threads.h"
 
@@ -27,6 +32,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using dnnl::memory;
+namespace gemm = kiln::cpu::gemm;
 
 int g_runs = 21;
 
@@ -87,70 +93,173 @@ struct Shape {
   const char* what;
 };
 
-// Median seconds of oneDNN's f32 matmul [m, k] x [k, n] with B reordered ahead.
-double onednn_matmul_seconds(const Shape& s) {
-  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  dnnl::stream strm(eng);
-  const memory::desc a_md({s.m, s.k}, memory::data_type::f32, memory::format_tag::ab);
-  const memory::desc b_plain({s.k, s.n}, memory::data_type::f32, memory::format_tag::ab);
-  const memory::desc b_any({s.k, s.n}, memory::data_type::f32, memory::format_tag::any);
-  const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::format_tag::ab);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), eng);
-  std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n)), c(static_cast<size_t>(s.m * s.n));
-  for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(static_cast<float>(i) * 0.01f);
-  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(static_cast<float>(i) * 0.01f);
-  memory a_mem(a_md, eng, a.data()), b_src(b_plain, eng, b.data()), c_mem(c_md, eng, c.data());
-  memory b_mem(pd.weights_desc(), eng);
-  dnnl::reorder(b_src, b_mem).execute(strm, b_src, b_mem);
-  dnnl::matmul prim(pd);
-  auto run = [&] {
+std::vector<float> filled(int64_t count, float step, bool cosine) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = cosine ? std::cos(static_cast<float>(i) * step) : std::sin(static_cast<float>(i) * step);
+  return v;
+}
+
+// One shape's operands, and both libraries ready to run on them: oneDNN's matmul with B
+// reordered ahead into the layout it picks, kiln's GEMM with B packed ahead (as `kiln compile`
+// stores a weight).
+struct Problem {
+  Shape s;
+  std::vector<float> a, b, c_onednn, c_kiln, b_packed;
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::matmul prim;
+  memory a_mem, b_mem, c_mem;
+
+  explicit Problem(const Shape& shape) : s(shape) {
+    a = filled(s.m * s.k, 0.01f, false);
+    b = filled(s.k * s.n, 0.01f, true);
+    c_onednn.resize(static_cast<size_t>(s.m * s.n));
+    c_kiln.resize(c_onednn.size());
+    const memory::desc a_md({s.m, s.k}, memory::data_type::f32, memory::format_tag::ab);
+    const memory::desc b_plain({s.k, s.n}, memory::data_type::f32, memory::format_tag::ab);
+    const memory::desc b_any({s.k, s.n}, memory::data_type::f32, memory::format_tag::any);
+    const memory::desc c_md({s.m, s.n}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), eng);
+    a_mem = memory(a_md, eng, a.data());
+    c_mem = memory(c_md, eng, c_onednn.data());
+    memory b_src(b_plain, eng, b.data());
+    b_mem = memory(pd.weights_desc(), eng);
+    dnnl::reorder(b_src, b_mem).execute(strm, b_src, b_mem);
+    strm.wait();
+    prim = dnnl::matmul(pd);
+  }
+  void onednn() {
     prim.execute(strm, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
     strm.wait();
-  };
-  for (int i = 0; i < 3; ++i) run();
-  std::vector<double> t;
-  for (int r = 0; r < g_runs; ++r) {
-    const auto t0 = clock_type::now();
-    run();
-    t.push_back(seconds_since(t0));
   }
+  // kiln's GEMM with these parameters; B packed for the parameters' tile.
+  struct Kiln {
+    gemm::GemmParams p;
+    gemm::GemmProblem g;
+    std::vector<std::byte> ws;
+  };
+  Kiln kiln(const gemm::GemmParams& p) {
+    b_packed.assign(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)), 0.f);
+    gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, b_packed.data());
+    Kiln k{p, {}, {}};
+    k.g = gemm::GemmProblem{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = b_packed.data(), .b_packed = true,
+                            .c = c_kiln.data(), .ldc = s.n};
+    k.ws.resize(gemm::workspace_bytes(p, k.g) + 64);
+    return k;
+  }
+  static void run(Kiln& k) {
+    auto* ws = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(k.ws.data()) + 63) / 64 * 64);
+    gemm::run(k.p, k.g, ws);
+  }
+  // The largest difference between the two libraries' C, relative to C's largest magnitude.
+  double disagreement() const {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < c_kiln.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(c_kiln[i]) - c_onednn[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(c_onednn[i])));
+    }
+    return diff / std::max(scale, 1e-30);
+  }
+};
+
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Median seconds of each function, their calls interleaved so that a neighbour's load falls
+// on both alike; (max - min) / median of each is returned in `spread`.
+template <class... F>
+std::vector<double> interleaved(std::vector<double>& spread, F&&... fns) {
+  std::vector<std::function<void()>> f = {fns...};
+  for (int w = 0; w < 3; ++w)
+    for (auto& fn : f) fn();
+  std::vector<std::vector<double>> t(f.size());
+  for (int r = 0; r < g_runs; ++r)
+    for (size_t i = 0; i < f.size(); ++i) {
+      const auto t0 = clock_type::now();
+      f[i]();
+      t[i].push_back(seconds_since(t0));
+    }
+  std::vector<double> med;
+  spread.clear();
+  for (auto& ti : t) {
+    med.push_back(median(ti));
+    spread.push_back((*std::max_element(ti.begin(), ti.end()) - *std::min_element(ti.begin(), ti.end())) / med.back());
+  }
+  return med;
+}
+
+double gflops(const Shape& s, double sec) { return 2.0 * static_cast<double>(s.m * s.n * s.k) / sec / 1e9; }
+
+std::string shape_name(const Shape& s) {
+  return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.what;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1;
+  bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) g_runs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--sweep") sweep = true;
     else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T]\n");
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep]\n");
       return 2;
     }
   }
   const kiln::CpuFeatures& cpu = kiln::CpuFeatures::host();
-  if (!cpu.avx2 || !cpu.fma) {
+  const std::optional<kiln::cpu::Isa> isa = kiln::cpu::best_isa(cpu);
+  if (!isa) {
     std::fprintf(stderr, "kiln_bench_gemm: this CPU has no AVX2+FMA to probe\n");
     return 1;
   }
-  kiln::use_threads(threads);  // oneDNN runs on kiln's pool, GNU OpenMP's
-  const char* isa = "";
-  const double core_peak = fma_peak_gflops(cpu, isa);
+  kiln::use_threads(threads);  // oneDNN and kiln run on kiln's pool, GNU OpenMP's
+  const char* probe_isa = "";
+  const double core_peak = fma_peak_gflops(cpu, probe_isa);
   const double peak = core_peak * threads;
-  std::printf("# f32 FMA peak (%s, probed on one thread): %.1f GFLOP/s per core, %.1f for %d thread(s)\n", isa, core_peak, peak,
-              threads);
-  std::printf("# oneDNN %d.%d matmul, B reordered ahead; median of %d calls\n", dnnl_version()->major, dnnl_version()->minor,
-              g_runs);
-  std::printf("%-34s %10s %10s %8s\n", "shape (MxNxK)", "ms", "GFLOP/s", "of peak");
-  for (const Shape& s : {Shape{1024, 1024, 1024, "square"}, Shape{128, 768, 768, "BERT attention proj"},
-                         Shape{128, 3072, 768, "BERT FFN up"}, Shape{128, 768, 3072, "BERT FFN down"}}) {
-    const double sec = onednn_matmul_seconds(s);
-    const double gflops = 2.0 * static_cast<double>(s.m * s.n * s.k) / sec / 1e9;
-    const std::string name = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.what;
-    std::printf("%-34s %10.3f %10.1f %7.0f%%\n", name.c_str(), sec * 1e3, gflops, 100.0 * gflops / peak);
+  const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+  std::printf("# f32 FMA peak (%s, probed on one thread): %.1f GFLOP/s per core, %.1f for %d thread(s)\n", probe_isa,
+              core_peak, peak, threads);
+  std::printf("# caches per core: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB\n", static_cast<long long>(caches.l1d >> 10),
+              static_cast<long long>(caches.l2 >> 10), static_cast<long long>(caches.l3 >> 10));
+  std::printf("# oneDNN %d.%d matmul (B reordered ahead) and kiln's GEMM (B packed ahead), calls interleaved; median of %d "
+              "calls each, spread = (max - min) / median\n",
+              dnnl_version()->major, dnnl_version()->minor, g_runs);
+  std::printf("%-28s %9s %7s %6s %6s | %9s %7s %6s %6s | %6s  %s\n", "shape (MxNxK)", "onednn ms", "GFLOP/s", "peak",
+              "spread", "kiln ms", "GFLOP/s", "peak", "spread", "ratio", "kiln template");
+  const Shape shapes[] = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"}, {128, 3072, 768, "BERT FFN up"},
+                          {128, 768, 3072, "BERT FFN down"}};
+  for (const Shape& s : shapes) {
+    Problem pr(s);
+    const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.n), caches, s.m, s.n, s.k, threads);
+    gemm::GemmParams chosen = def;
+    if (sweep) {  // every tile, Kc and packing of A; the fastest replaces the default
+      double best_sec = 1e30;
+      for (const gemm::Tile& t : gemm::tiles(*isa))
+        for (int64_t kc : {128, 256, 512, 768, 1024, 1536, 3072})
+          for (bool pack_a : {false, true}) {
+            gemm::GemmParams p = gemm::default_params(*isa, t, caches, s.m, s.n, s.k, threads);
+            p.kc = std::min<int64_t>(kc, s.k);
+            p.pack_a = pack_a;
+            Problem::Kiln k = pr.kiln(p);
+            std::vector<double> spread;
+            const double sec = interleaved(spread, [&] { Problem::run(k); })[0];
+            std::printf("#   %-26s %-50s %8.3f ms %6.0f%%\n", shape_name(s).c_str(), p.name().c_str(), sec * 1e3,
+                        100.0 * gflops(s, sec) / peak);
+            if (sec < best_sec) best_sec = sec, chosen = p;
+          }
+    }
+    Problem::Kiln best = pr.kiln(chosen);  // packs B for the chosen tile
+    std::vector<double> spread;
+    const std::vector<double> sec = interleaved(spread, [&] { pr.onednn(); }, [&] { Problem::run(best); });
+    std::printf("%-28s %9.3f %7.1f %5.0f%% %5.0f%% | %9.3f %7.1f %5.0f%% %5.0f%% | %6.2f  %s (max rel diff %.1e)\n",
+                shape_name(s).c_str(), sec[0] * 1e3, gflops(s, sec[0]), 100.0 * gflops(s, sec[0]) / peak, 100 * spread[0],
+                sec[1] * 1e3, gflops(s, sec[1]), 100.0 * gflops(s, sec[1]) / peak, 100 * spread[1], sec[0] / sec[1],
+                best.p.name().c_str(), pr.disagreement());
   }
   return 0;
 }

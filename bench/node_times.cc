@@ -3,9 +3,10 @@
 // median and the sum of the node times (the difference is the executor's own work).
 //
 //   kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K]
-//                          [--nodes K]
+//                          [--nodes K] [--without IMPL,IMPL...]
 // --top: how many op/kernel rows (25); --nodes: also the K most expensive single nodes, with
-// their output shapes (0).
+// their output shapes (0); --without: run without these kernel implementations (the nodes a
+// compiled model pinned to them choose again), to compare providers on the same model.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,8 +46,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   int runs = 10, warmup = 2, threads = kiln::physical_cores(), top = 25, nodes = 0;
+  std::vector<std::string> without;
   for (int i = 3; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--without") {
+      for (std::string list = argv[i + 1]; !list.empty();) {
+        const size_t comma = list.find(',');
+        without.push_back(list.substr(0, comma));
+        list = comma == std::string::npos ? "" : list.substr(comma + 1);
+      }
+      continue;
+    }
     int v = std::atoi(argv[i + 1]);
     if (flag == "--runs") runs = v;
     else if (flag == "--warmup") warmup = v;
@@ -67,6 +77,12 @@ int main(int argc, char** argv) {
   std::map<std::string, kiln::Tensor> inputs(named->begin(), named->end());
   kiln::SessionOptions options;
   options.target.threads = threads;
+  const kiln::KernelRegistry registry = kiln::default_kernels().without(without);
+  if (!without.empty()) {
+    options.kernels = &registry;
+    for (kiln::Node& n : model->graph.nodes)
+      if (std::find(without.begin(), without.end(), n.kernel.name) != without.end()) n.kernel = {};
+  }
   auto session = kiln::Session::create(*model, options);
   if (!session.ok()) {
     std::fprintf(stderr, "%s\n", session.error().message().c_str());
@@ -101,8 +117,9 @@ int main(int argc, char** argv) {
   for (const auto& [k, v] : by_kind)
     rows.emplace_back(v.first, k.first + " [" + k.second + "] x" + std::to_string(v.second));
   std::sort(rows.rbegin(), rows.rend());
-  std::printf("run median %.3f ms (observed, %d threads), node times sum %.3f ms\n", run_s[run_s.size() / 2] * 1e3, threads,
-              sum * 1e3);
+  const kiln::MemoryPlanStats& mem = (*session)->memory_stats();
+  std::printf("run median %.3f ms (observed, %d threads), node times sum %.3f ms; arena %zu bytes, workspace %zu bytes\n",
+              run_s[run_s.size() / 2] * 1e3, threads, sum * 1e3, mem.arena_bytes, mem.workspace_bytes);
   for (int i = 0; i < top && i < static_cast<int>(rows.size()); ++i)
     std::printf("%9.3f ms %5.1f%%  %s\n", rows[static_cast<size_t>(i)].first * 1e3, 100 * rows[static_cast<size_t>(i)].first / sum,
                 rows[static_cast<size_t>(i)].second.c_str());

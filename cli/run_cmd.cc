@@ -228,12 +228,14 @@ int run(const RunArgs& args) {
       std::cerr << "runs on " << (*session)->run_threads() << " thread: the graph is too little work to share\n";
     const MemoryPlanStats& m = (*session)->memory_stats();
     std::cerr << "memory plan: " << m.arena_bytes << " bytes planned for " << m.planned_values
-              << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.dynamic_values
+              << " intermediate values (" << m.unshared_bytes << " without reuse), " << m.workspace_bytes
+              << " bytes of kernel workspace, " << m.dynamic_values
               << " allocated separately; " << m.reinferred_nodes << " of " << g.nodes.size()
               << " nodes infer their output shapes on each run\n";
     std::span<const NodeKernel> kernels = (*session)->kernels();
     for (size_t i = 0; i < kernels.size(); ++i) {
       std::cerr << "node '" << g.nodes[i].name << "' (" << g.nodes[i].qualified_op() << "): " << kernels[i].name;
+      if (!kernels[i].label.empty()) std::cerr << " (" << kernels[i].label << ")";
       for (const auto& [impl, why] : kernels[i].declined) std::cerr << "; " << impl << " declined: " << why;
       std::cerr << "\n";
     }

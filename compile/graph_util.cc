@@ -1,7 +1,10 @@
 // Shared graph edits for the passes.
 #include "compile/graph_util.h"
 
+#include <algorithm>
 #include <string>
+
+#include "runtime/session.h"
 
 namespace kiln {
 
@@ -79,6 +82,56 @@ std::vector<size_t> reader_counts(const Graph& graph) {
 
 std::string count_of(size_t n, const char* singular, const char* plural) {
   return std::to_string(n) + " " + (n == 1 ? singular : plural);
+}
+
+Result<std::vector<Tensor>> evaluate_nodes(const Graph& graph, const std::vector<size_t>& nodes,
+                                           const std::vector<ValueId>& outputs) {
+  Model model;
+  Graph& sub = model.graph;
+  for (size_t i : nodes) {
+    Node copy = graph.nodes[i];
+    for (ValueId& in : copy.inputs) {
+      if (in < 0) continue;
+      const Value& v = graph.value(in);
+      const ValueId local = sub.find_value(v.name);
+      in = local != kNoValue ? local : sub.add_constant(v.name, v.constant);
+    }
+    // Shapes are left to the session's inference: the stored ones may still be symbolic.
+    for (ValueId& out : copy.outputs)
+      if (out >= 0) out = sub.add_value(graph.value(out).name, graph.value(out).dtype, Shape::unknown_rank());
+    copy.kernel = {};
+    sub.add_node(std::move(copy));
+  }
+  for (ValueId o : outputs) sub.outputs.push_back(sub.find_value(graph.value(o).name));
+  SessionOptions options;
+  options.reference = true;
+  KILN_ASSIGN_OR_RETURN(auto session, Session::create(model, options));
+  return session->run(std::vector<Tensor>{});
+}
+
+std::optional<std::vector<size_t>> constant_cone(const Graph& graph, ValueId value) {
+  const std::vector<int32_t> producer = graph.producers();
+  std::vector<char> in_cone(graph.nodes.size(), 0);
+  std::vector<ValueId> todo = {value};
+  while (!todo.empty()) {
+    const ValueId v = todo.back();
+    todo.pop_back();
+    if (v < 0 || graph.value(v).is_constant()) continue;
+    const int32_t p = producer[static_cast<size_t>(v)];
+    if (p < 0) return std::nullopt;  // a graph input (or a subgraph's stand-in)
+    if (in_cone[static_cast<size_t>(p)]) continue;
+    const Node& n = graph.nodes[static_cast<size_t>(p)];
+    if (!n.domain.empty() || !n.captures.empty()) return std::nullopt;
+    for (const Attribute& a : n.attrs)
+      if (std::holds_alternative<std::shared_ptr<Graph>>(a.value)) return std::nullopt;
+    in_cone[static_cast<size_t>(p)] = 1;
+    todo.insert(todo.end(), n.inputs.begin(), n.inputs.end());
+  }
+  std::vector<size_t> nodes;
+  for (size_t i = 0; i < in_cone.size(); ++i)
+    if (in_cone[i]) nodes.push_back(i);
+  if (nodes.empty()) return std::nullopt;
+  return nodes;
 }
 
 }  // namespace kiln

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "formats/ir.h"
+#include "formats/status.h"
 
 namespace kiln {
 
@@ -24,6 +25,17 @@ std::vector<size_t> reader_counts(const Graph& graph);
 /// The graph inputs' concrete shapes, in order, into `shapes`; when an input's shape is not
 /// concrete, says which and what it is ("input 'x' has shape batchx4") instead.
 std::optional<std::string> concrete_input_shapes(const Graph& graph, std::vector<std::vector<int64_t>>& shapes);
+
+/// Runs `nodes` (indices into graph.nodes, in graph order) once on the reference kernels and
+/// returns the values `outputs` (outputs of those nodes). Every input of the nodes that none of
+/// them produces must be a constant: the nodes are a pure function of constants (kiln's core
+/// ops are pure), computed now instead of on every run.
+Result<std::vector<Tensor>> evaluate_nodes(const Graph& graph, const std::vector<size_t>& nodes,
+                                           const std::vector<ValueId>& outputs);
+
+/// The nodes `value` is computed from, in graph order, when it depends on constants alone (no
+/// graph input, no subgraph, only core ops); nullopt otherwise, and for a constant.
+std::optional<std::vector<size_t>> constant_cone(const Graph& graph, ValueId value);
 
 /// A human plural: "1 node", "3 nodes".
 std::string count_of(size_t n, const char* singular, const char* plural);

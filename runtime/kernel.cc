@@ -64,14 +64,38 @@ std::vector<std::pair<std::string, std::string>> KernelRegistry::keys() const {
   return out;
 }
 
+KernelRegistry KernelRegistry::without(const std::vector<std::string>& names) const {
+  KernelRegistry r;
+  for (const auto& [key, impls] : impls_)
+    for (const KernelImpl& impl : impls)
+      if (std::find(names.begin(), names.end(), impl.name) == names.end()) r.add(key.first, key.second, impl);
+  return r;
+}
+
+std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    if (q.inputs[i].dtype == DType::undefined) continue;
+    if (q.inputs[i].dtype != DType::f32) return "input " + std::to_string(i) + " is " + std::string(dtype_name(q.inputs[i].dtype)) + ", not f32";
+    if (!q.inputs[i].shape.is_concrete()) return "input " + std::to_string(i) + "'s shape is not known ahead";
+    if (shape_numel(q.inputs[i].shape.concrete()) == 0) return "input " + std::to_string(i) + " is empty";
+  }
+  for (size_t i = 0; i < q.outputs.size(); ++i) {
+    if (q.outputs[i].dtype == DType::undefined) continue;
+    if (q.outputs[i].dtype != DType::f32) return "output " + std::to_string(i) + " is not f32";
+    if (!q.outputs[i].shape.is_concrete()) return "output " + std::to_string(i) + "'s shape is not known ahead";
+  }
+  return std::nullopt;
+}
+
 const KernelRegistry& default_kernels() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
     // Providers first: earlier implementations are preferred, the reference kernels come last.
-    // kiln's own first: they take only what they beat the libraries at (depthwise convolution);
-    // XNNPACK's only the tiny linear layers where it beats oneDNN.
-    register_cpu_kernels(r);
+    // XNNPACK's only take the tiny linear layers, where a call's fixed cost is the time and
+    // theirs is lowest; then kiln's own, which take what they match or beat the libraries at
+    // (docs/architecture.md, "Choosing kernels"); oneDNN's the rest.
     register_xnnpack_kernels(r);
+    register_cpu_kernels(r);
     register_onednn_kernels(r);
     register_ref_elementwise(r);
     register_ref_reduce(r);

@@ -92,6 +92,12 @@ class Kernel {
   /// in a compiled model (KernelImpl::reads_packed kernels); undefined when it keeps the input
   /// as it is.
   virtual Tensor packed_input(size_t /*input*/) const { return {}; }
+  /// After prepare: the parameters it chose (a GEMM template's tile and blocking), which a
+  /// compiled model records with the kernel's name and hands back to prepare next time.
+  virtual std::vector<std::pair<std::string, KernelParam>> params() const { return {}; }
+  /// After prepare: what the kernel is, beyond its implementation's name, for `run -v` and
+  /// profiles (`gemm_f32_avx512_6x64_mc192_nc768_kc96_t1x1`); empty when the name says it all.
+  virtual std::string label() const { return {}; }
 };
 
 /// A kernel that is a plain function (the reference kernels).
@@ -149,10 +155,17 @@ class KernelRegistry {
   Result<KernelSelection> select(const KernelQuery& query, bool reference_only = false) const;
   /// Every (op, device) that has at least one implementation.
   std::vector<std::pair<std::string, std::string>> keys() const;
+  /// This registry without the implementations named in `names` (to measure or test a
+  /// provider that a preferred one would otherwise take the node from).
+  KernelRegistry without(const std::vector<std::string>& names) const;
 
  private:
   std::map<std::pair<std::string, std::string>, std::vector<KernelImpl>, std::less<>> impls_;
 };
+
+/// The reason a node's tensors cannot go to a library or vectorised kernel, if any: every input
+/// and output present must be f32 with a concrete shape, and no input empty.
+std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 
 /// The registry with every kernel kiln was built with.
 const KernelRegistry& default_kernels();

@@ -330,8 +330,9 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
     else if (is_input[v] || first[v] >= 0) plan->per_run.push_back(static_cast<ValueId>(v));
   }
   for (PlannedKernel& k : ep.kernels) {
+    std::string label = k.kernel ? k.kernel->label() : std::string();
     plan->kernels.push_back(std::move(k.kernel));
-    plan->choices.push_back(NodeKernel{std::move(k.name), std::move(k.declined)});
+    plan->choices.push_back(NodeKernel{std::move(k.name), std::move(label), std::move(k.declined)});
   }
   KILN_RETURN_IF_ERROR(plan->workspace.allocate(ep.workspace_bytes, "input shapes " + signature_str(key)));
 
@@ -382,8 +383,8 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
   }
   plan->last_used = runs_;
   ++planned_;
-  stats_ = MemoryPlanStats{arena, mem.unshared_bytes, mem.planned_values, mem.dynamic_values, reinferred, planned_,
-                           plans_.size() + 1};
+  stats_ = MemoryPlanStats{arena,   mem.unshared_bytes, ep.workspace_bytes, mem.planned_values, mem.dynamic_values,
+                           reinferred, planned_, plans_.size() + 1};
   return plans_.emplace(std::move(key), std::move(plan)).first->second.get();
 }
 

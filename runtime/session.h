@@ -44,6 +44,7 @@ class ExecutionObserver {
 /// that declined with its reason.
 struct NodeKernel {
   std::string name;
+  std::string label;  ///< Kernel::label(): the template instance, when the name does not say it all
   std::vector<std::pair<std::string, std::string>> declined;
 };
 
@@ -63,6 +64,7 @@ struct SessionOptions {
 struct MemoryPlanStats {
   size_t arena_bytes = 0;       ///< bytes of the shared arena after reuse by liveness
   size_t unshared_bytes = 0;    ///< what the planned values would need without reuse
+  size_t workspace_bytes = 0;   ///< the kernels' shared scratch memory (the largest any asked for)
   size_t planned_values = 0;    ///< intermediate values placed in the arena
   size_t dynamic_values = 0;    ///< values allocated one by one (data-dependent shapes, outputs)
   size_t reinferred_nodes = 0;  ///< nodes whose output shapes are inferred again on each run

@@ -50,32 +50,6 @@ std::optional<size_t> output_bytes(const Graph& g, const Node& n) {
   return total;
 }
 
-// Runs one node on the reference kernels with its constant inputs: a one-node model whose
-// inputs are those constants and whose outputs are the node's.
-Result<std::vector<Tensor>> evaluate(const Graph& g, const Node& n) {
-  Model one;
-  Graph& sub = one.graph;
-  Node copy = n;
-  for (ValueId& in : copy.inputs) {
-    if (in < 0) continue;
-    const Value& v = g.value(in);
-    ValueId local = sub.find_value(v.name);
-    in = local != kNoValue ? local : sub.add_constant(v.name, v.constant);
-  }
-  for (ValueId& out : copy.outputs) {
-    if (out < 0) continue;
-    // Shapes are left to the session's inference: the stored ones may still be symbolic.
-    out = sub.add_value(g.value(out).name, g.value(out).dtype, Shape::unknown_rank());
-    sub.outputs.push_back(out);
-  }
-  copy.kernel = {};
-  sub.add_node(std::move(copy));
-  SessionOptions options;
-  options.reference = true;
-  KILN_ASSIGN_OR_RETURN(auto session, Session::create(one, options));
-  return session->run(std::vector<Tensor>{});
-}
-
 }  // namespace
 
 Result<PassResult> fold_constants(Model& model, PassContext&) {
@@ -110,7 +84,10 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
     if (inferred) {
       for (ValueId o : n.outputs) results.push_back(o >= 0 ? known[static_cast<size_t>(o)] : Tensor());
     } else {
-      Result<std::vector<Tensor>> r = evaluate(g, n);
+      std::vector<ValueId> outs;
+      for (ValueId o : n.outputs)
+        if (o >= 0) outs.push_back(o);
+      Result<std::vector<Tensor>> r = evaluate_nodes(g, {i}, outs);
       // A node whose kernel refuses its constants (data a kernel checks beyond what inference
       // checked) is left for run time to report in its own words.
       if (!r.ok() && r.error().kind == ErrorKind::user) continue;

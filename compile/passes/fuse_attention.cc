@@ -9,9 +9,15 @@
 // built with the float minimum) becomes the additive mask Where(cond, 0, c), which matches it
 // wherever a row has a key left. K and V repeated for grouped-query heads
 // (Reshape(Expand(Unsqueeze(t, [2])))) are read unrepeated: Attention maps query head h to
-// key head h / (Hq / Hkv), as the repetition did. The scale becomes Attention's `scale`.
+// key head h / (Hq / Hkv), as the repetition did. The scale becomes Attention's `scale`; a
+// mask that is exactly causal (0 or true on and below the diagonal, ≤ -1e30 or false above
+// it, the same for every batch and head), constant or computed from constants alone, becomes
+// `is_causal`, which matches it exactly (every row keeps its first key): kernels then skip what
+// it masks instead of reading an S×S tensor.
 #include <algorithm>
+#include <map>
 
+#include "compile/graph_util.h"
 #include "compile/passes/match.h"
 #include "compile/passes/patterns.h"
 
@@ -48,6 +54,42 @@ ValueId unrepeated(const Matcher& m, ValueId v, std::vector<const Node*>& chain)
   return t;
 }
 
+// Whether `t` is a causal mask over scores [.., S, S]: the same for every batch and head
+// (S·S elements), and for query i, key j, 0 (or true, for a Where's condition) where j <= i and
+// <= -1e30 (false) where j > i.
+bool is_causal_mask(const Tensor& t, const Shape& scores) {
+  if (!t.defined() || t.is_packed() || t.rank() < 2 || scores.rank() != 4) return false;
+  if (!scores.dims[2].is_known() || scores.dims[2] != scores.dims[3]) return false;
+  const int64_t n = scores.dims[2].value;
+  if (t.dim(t.rank() - 1) != n || t.dim(t.rank() - 2) != n || t.numel() != n * n) return false;
+  if (t.dtype() != DType::f32 && t.dtype() != DType::boolean) return false;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t at = i * n + j;
+      const bool keep = t.dtype() == DType::boolean ? t.data<bool>()[at] : t.data<float>()[at] == 0.f;
+      const bool drop = t.dtype() == DType::boolean ? !t.data<bool>()[at] : t.data<float>()[at] <= -1e30f;
+      if (j <= i ? !keep : !drop) return false;
+    }
+  return true;
+}
+
+// Masks up to this many elements that depend on constants alone are computed at compile time
+// to see whether they are causal (a 4096-token mask has 16M).
+constexpr int64_t kMaxComputedMask = int64_t{1} << 26;
+
+// Whether `mask` (an additive mask or a Where's condition) is causal over `scores`: a constant,
+// or computed from constants alone (exporters build it from the sequence length with
+// Range/Less/Where or Trilu, which folding leaves to run time when it is large).
+bool causal(const Graph& g, ValueId mask, ValueId scores) {
+  const Value& mv = g.value(mask);
+  if (mv.is_constant()) return is_causal_mask(mv.constant, g.value(scores).shape);
+  if (!mv.shape.is_concrete() || shape_numel(mv.shape.concrete()) > kMaxComputedMask) return false;
+  std::optional<std::vector<size_t>> cone = constant_cone(g, mask);
+  if (!cone) return false;
+  Result<std::vector<Tensor>> t = evaluate_nodes(g, *cone, {mask});
+  return t.ok() && is_causal_mask((*t)[0], g.value(scores).shape);
+}
+
 }  // namespace
 
 Result<size_t> fuse_attention(Graph& g) {
@@ -55,6 +97,7 @@ Result<size_t> fuse_attention(Graph& g) {
   Rewrite rw(g);
   size_t fused = 0;
   const size_t original_nodes = g.nodes.size(), values_before = g.values.size();
+  std::map<ValueId, bool> causal_masks;
   for (size_t si = 0; si < original_nodes; ++si) {
     const Node& sm = g.nodes[si];
     if (sm.op != "Softmax" || !sm.domain.empty() || !rank4(g, sm.inputs[0]) || g.value(sm.inputs[0]).dtype != DType::f32) continue;
@@ -150,6 +193,12 @@ Result<size_t> fuse_attention(Graph& g) {
         chain.insert(chain.end(), repeat.begin(), repeat.end());
       }
     }
+    // A causal mask becomes is_causal.
+    const ValueId mask_or_cond = mask != kNoValue ? mask : where_cond;
+    if (mask_or_cond != kNoValue && !causal_masks.count(mask_or_cond))
+      causal_masks[mask_or_cond] = causal(g, mask_or_cond, sm.inputs[0]);  // layers share their mask
+    const bool is_causal = mask_or_cond != kNoValue && causal_masks[mask_or_cond];
+    if (is_causal) mask = where_cond = kNoValue;
     if (where_cond != kNoValue) {
       mask = g.add_value(g.value(where_cond).name + "_additive", DType::f32, g.value(where_cond).shape);
       Node w;
@@ -168,6 +217,7 @@ Result<size_t> fuse_attention(Graph& g) {
     if (mask != kNoValue) att.inputs.push_back(mask);
     att.outputs = {pv->outputs[0]};
     att.set_attr("scale", scale);
+    if (is_causal) att.set_attr("is_causal", int64_t{1});
     std::sort(idx.begin(), idx.end());  // sources in graph order
     for (Node& t : made) rw.add(std::move(t));
     rw.replace(idx, std::move(att));

@@ -29,7 +29,7 @@ Result<PassResult> select_kernels(Model& model, PassContext& ctx) {
   size_t library = 0;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const PlannedKernel& k = plan.kernels[n];
-    g.nodes[n].kernel = KernelChoice{k.name, {}};
+    g.nodes[n].kernel = KernelChoice{k.name, k.kernel ? k.kernel->params() : std::vector<std::pair<std::string, KernelParam>>{}};
     add(k.needs_isa);
     library += k.name != kReferenceKernel;
   }

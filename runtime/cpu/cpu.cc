@@ -9,6 +9,8 @@ void register_dwconv(KernelRegistry& r);
 void register_activation(KernelRegistry& r);
 void register_movement(KernelRegistry& r);
 void register_softmax(KernelRegistry& r);
+void register_gemm(KernelRegistry& r);
+void register_attention(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -17,6 +19,8 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_activation(r);
   cpu::register_movement(r);
   cpu::register_softmax(r);
+  cpu::register_gemm(r);
+  cpu::register_attention(r);
 }
 
 }  // namespace kiln

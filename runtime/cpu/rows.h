@@ -14,6 +14,9 @@ namespace kiln::cpu {
 
 enum class Isa { avx2, avx512 };
 
+/// RowKernels::softmax_block's causal limit when there is none.
+inline constexpr int64_t kNoCausal = INT64_MAX;
+
 /// The best ISA path the CPU has, or nullopt when it has neither (the reference kernels run).
 std::optional<Isa> best_isa(const CpuFeatures& cpu);
 /// "avx512" / "avx2", as kernel names carry it.
@@ -33,10 +36,23 @@ struct RowKernels {
   /// becomes NaN (as the reference does). e^x is a vectorised polynomial, within 2e-7 relative,
   /// and exactly 0 for masked entries (below e^-87.3), never a denormal.
   void (*softmax)(float* rows, int64_t count, int64_t n, float scale, const float* mask, int64_t mask_stride);
+  /// One step of flash attention's online softmax, on the calling thread: a block of `rows`
+  /// score rows of n keys (`lds` apart) becomes, in place, x = s·scale + mask (an additive f32
+  /// `mask`, or a bool `keep` where false is −∞; rows `mask_stride` apart; both may be null),
+  /// keys j > causal + i out when causal is not kNoCausal, then p = e^(x − m'), where m' is the
+  /// row's running maximum m[i] taken over the block; the running sum becomes l·e^(m − m') +
+  /// Σp, and the row of the output accumulated so far (dv values of `o`, `ldo` apart) is
+  /// scaled by e^(m − m'). A row with nothing to attend to yet adds zeros.
+  void (*softmax_block)(float* s, int64_t lds, int64_t rows, int64_t n, float scale, const float* mask, const bool* keep,
+                        int64_t mask_stride, int64_t causal, float* m, float* l, float* o, int64_t ldo, int64_t dv);
   /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
   /// Sigmoid, Silu and the tanh GELU use the polynomial e^x, Tanh and the exact GELU rational
   /// polynomials (tanh, erf), each within a few ulp.
   void (*epilogue)(float* y, const float* z, int64_t n, const ActivationSpec& act, const ActivationSpec& post);
+  /// The epilogue over a tile of `rows` rows of n values, `ldy` (and Z's `ldz`) apart, on the
+  /// calling thread: what a GEMM applies to each register tile it finishes.
+  void (*tile_epilogue)(float* y, int64_t ldy, const float* z, int64_t ldz, int64_t rows, int64_t n,
+                        const ActivationSpec& act, const ActivationSpec& post);
   /// y = act(x) over n values (y may be x), as the epilogue computes it.
   void (*activation)(const float* x, float* y, int64_t n, const ActivationSpec& act);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per

@@ -3,7 +3,7 @@
 // softmax(scores·scale + mask), then Y = P·V. Grouped-query heads need no copy of K or V: the
 // query heads sharing a KV head are contiguous, so Q is read as [batch, kv_heads, rep·seq,
 // head] against each KV head. The scores take batch·heads·seq·keys floats of workspace (the
-// flash-style kernel that needs none is a later one). Masks: additive f32 or boolean
+// flash kernel, kiln.attention_f32_<isa>, needs none). Masks: additive f32 or boolean
 // (true attends), broadcast over batch, heads and query rows; is_causal without a mask.
 #include <cmath>
 #include <limits>

@@ -97,21 +97,6 @@ Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const memory::desc* z
   return ops;
 }
 
-std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
-  for (size_t i = 0; i < q.inputs.size(); ++i) {
-    if (q.inputs[i].dtype == DType::undefined) continue;
-    if (q.inputs[i].dtype != DType::f32) return "input " + std::to_string(i) + " is " + std::string(dtype_name(q.inputs[i].dtype)) + ", not f32";
-    if (!q.inputs[i].shape.is_concrete()) return "input " + std::to_string(i) + "'s shape is not known ahead";
-    if (shape_numel(q.inputs[i].shape.concrete()) == 0) return "input " + std::to_string(i) + " is empty";
-  }
-  for (size_t i = 0; i < q.outputs.size(); ++i) {
-    if (q.outputs[i].dtype == DType::undefined) continue;
-    if (q.outputs[i].dtype != DType::f32) return "output " + std::to_string(i) + " is not f32";
-    if (!q.outputs[i].shape.is_concrete()) return "output " + std::to_string(i) + "'s shape is not known ahead";
-  }
-  return std::nullopt;
-}
-
 namespace {
 
 // Relabels the last two dims of a layout (a transposed operand: the kernel's dims are the

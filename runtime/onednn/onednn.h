@@ -38,10 +38,6 @@ bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act);
 /// `z_index` to the residual's post-op index, -1 without one.
 Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const dnnl::memory::desc* z, int& z_index);
 
-/// The reason a node's tensors cannot go to oneDNN, if any: every input and output present
-/// must be f32 with a concrete shape, and no input empty (oneDNN divides by zero sizes).
-std::optional<std::string> f32_and_concrete(const KernelQuery& q);
-
 /// A weight tensor reordered once into the layout `wanted` a primitive chose for it, from its
 /// plain layout `user`, or from its packed layout (Tensor::layout; `swap_last2`: the layout's
 /// dims are the primitive's with the last two swapped, a transposed operand). A packed weight

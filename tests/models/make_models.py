@@ -594,13 +594,13 @@ def rotate_half(b, x, hd, scope):
     return b.op("Concat", [b.op("Neg", [x2], scope), x1], scope, axis=-1)
 
 
-def make_llama(seq=32, vocab=32000):
+def make_llama(seq=32, vocab=32000, max_pos=2048):
     """A LLaMA-style decoder (2 layers, hidden 512, 8 query heads and 2 kv heads of 64, SwiGLU
     MLP of 1408) exported at opset 18: decomposed RMSNorm, RoPE from cos/sin tables with the
     rotate-half pattern, grouped-query attention repeating kv by Unsqueeze/Expand/Reshape,
     an additive causal mask from Range/Less/Where, SiLU as x*Sigmoid(x)."""
     b = Builder(opset=18, seed=7)
-    dim, heads, kv_heads, layers, ffn, max_pos = 512, 8, 2, 2, 1408, 2048
+    dim, heads, kv_heads, layers, ffn = 512, 8, 2, 2, 1408
     hd, rep = dim // heads, heads // kv_heads
     ids = b.input("input_ids", INT64, ["batch", "sequence"])
     y = b.op("Gather", [b.param("model.embed_tokens.weight", (vocab, dim), 1.0), ids],

@@ -158,6 +158,47 @@ TEST(CompilePatterns, AttentionGroupedQuery) {
             "\"v_unsq\", \"v_exp\", \"v_rep\", \"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
 }
 
+// LLaMA and GPT-2 as exported for a fixed length: the causal mask is a constant (additive, or a
+// Where's condition); the Attention gets is_causal instead of reading it.
+TEST(CompilePatterns, AttentionConstantCausalMaskBecomesIsCausal) {
+  Tensor additive = make<float>({1, 1, 3, 3}, {0, kF32Min, kF32Min, 0, 0, kF32Min, 0, 0, 0});
+  Tensor keep = make<bool>({1, 1, 3, 3}, {1, 0, 0, 1, 1, 0, 1, 1, 1});
+  Tensor not_causal = make<float>({1, 1, 3, 3}, {0, kF32Min, 0, 0, 0, kF32Min, 0, 0, 0});
+  for (const Tensor* mask : {&additive, &keep, &not_causal}) {
+    GraphBuilder b;
+    ValueId q = b.input("q", {1, 2, 3, 8}), k = b.input("k", {1, 2, 3, 8}), v = b.input("v", {1, 2, 3, 8});
+    ValueId kt = b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+    ValueId s = b.op("qk", "MatMul", {q, kt});
+    ValueId c = b.constant("mask", *mask);
+    ValueId masked = mask == &keep ? b.op("masked", "Where", {c, s, b.scalar("min", kF32Min)}) : b.op("masked", "Add", {s, c});
+    Model m = b.done({b.op("ctx", "MatMul", {b.op("probs", "Softmax", {masked}), v})});
+    EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 3, 8}), ramp({1, 2, 3, 8}, 0.3f), ramp({1, 2, 3, 8}, 0.2f)}, 1e-5), 1u);
+    const Node& att = m.graph.nodes.back();
+    ASSERT_EQ(att.op, "Attention");
+    EXPECT_EQ(att.attr_int("is_causal", 0), mask == &not_causal ? 0 : 1);
+    EXPECT_EQ(att.inputs.size(), mask == &not_causal ? 4u : 3u);
+  }
+}
+
+// The LLaMA generator's mask, computed at run time from the sequence length: Where(Less(col,
+// row), min, 0) over Range positions. It depends on constants alone once the length is known,
+// so the pass computes it, sees that it is causal, and the nodes making it become dead.
+TEST(CompilePatterns, AttentionComputedCausalMaskBecomesIsCausal) {
+  GraphBuilder b;
+  ValueId q = b.input("q", {1, 2, 5, 8}), k = b.input("k", {1, 2, 5, 8}), v = b.input("v", {1, 2, 5, 8});
+  ValueId pos = b.op("pos", "Range", {b.constant("zero", make<int64_t>({}, {0})), b.constant("len", make<int64_t>({}, {5})),
+                                      b.constant("one", make<int64_t>({}, {1}))});
+  ValueId col = b.op("col", "Unsqueeze", {pos, b.constant("ax1", ints({1}))});
+  ValueId future = b.op("future", "Less", {col, pos});
+  ValueId mask = b.op("mask", "Where", {future, b.scalar("min", kF32Min), b.scalar("zero_f", 0.f)});
+  ValueId mask4 = b.op("mask4", "Unsqueeze", {mask, b.constant("ax01", ints({0, 1}))});
+  ValueId kt = b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId s = b.op("masked", "Add", {b.op("qk", "MatMul", {q, kt}), mask4});
+  Model m = b.done({b.op("ctx", "MatMul", {b.op("probs", "Softmax", {s}), v})});
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 2, 5, 8}), ramp({1, 2, 5, 8}, 0.3f), ramp({1, 2, 5, 8}, 0.2f)}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph), "node ctx: Attention(q, k, v) -> (ctx) is_causal=1 scale=1.0 sources=[\"kt\", \"qk\", \"masked\", \"probs\", \"ctx\"]\n");
+}
+
 // ViT: no mask, the scale a Mul; and no scale at all.
 TEST(CompilePatterns, AttentionWithoutMask) {
   for (bool scaled : {true, false}) {

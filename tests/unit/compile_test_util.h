@@ -59,10 +59,11 @@ inline std::vector<Tensor> run_reference(const Model& m, const std::vector<Tenso
   return r.ok() ? *r : std::vector<Tensor>{};
 }
 
-/// ‖a − b‖₂ / ‖b‖₂.
+/// ‖a − b‖₂ / ‖b‖₂, where NaN matches NaN (and nothing else).
 inline double relative_l2(const Tensor& a, const Tensor& b) {
   double num = 0, den = 0;
   for (int64_t k = 0; k < a.numel(); ++k) {
+    if (std::isnan(a.as_double(k)) && std::isnan(b.as_double(k))) continue;
     const double d = a.as_double(k) - b.as_double(k);
     num += d * d;
     den += b.as_double(k) * b.as_double(k);

@@ -98,7 +98,9 @@ TEST(CpuKernels, SoftmaxBehindALargeNegativeMaskMakesNoDenormals) {
     for (int64_t i = 0; i < n; ++i) {
       const float v = row[static_cast<size_t>(i)];
       EXPECT_NE(std::fpclassify(v), FP_SUBNORMAL) << i;
-      if (mask[static_cast<size_t>(i)] != 0.f) EXPECT_EQ(v, 0.f) << i;
+      if (mask[static_cast<size_t>(i)] != 0.f) {
+        EXPECT_EQ(v, 0.f) << i;
+      }
       sum += v;
     }
     EXPECT_NEAR(sum, 1.0, 1e-6);
@@ -202,34 +204,58 @@ TEST(CpuKernels, DepthwiseConv) {
 }
 
 TEST(CpuKernels, Attention) {
+  // kiln's flash attention on each ISA path, and oneDNN's attention where kiln's is left out.
+  const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});
   const float neg = -3.4e38f;
-  for (const auto& [isa, cpu] : isa_paths()) {
-    SCOPED_TRACE(isa);
-    // BERT-like: a padding mask over the keys, broadcast over heads and rows.
-    Tensor pad = noise({2, 1, 1, 9}, 1);
-    for (int64_t i = 0; i < pad.numel(); ++i) pad.data<float>()[i] = i % 9 >= 7 ? neg : 0.f;
-    EXPECT_EQ(check({"Attention", {noise({2, 3, 9, 16}, 2), noise({2, 3, 9, 16}, 3), noise({2, 3, 9, 16}, 4), pad}, {}, {}}, 1e-5, &cpu),
-              "onednn.attention");
-    // Grouped-query heads with a causal float mask over rows and keys; odd head size.
-    Tensor causal(DType::f32, {1, 1, 5, 5});
-    for (int64_t i = 0; i < 5; ++i)
-      for (int64_t j = 0; j < 5; ++j) causal.data<float>()[i * 5 + j] = j > i ? neg : 0.f;
-    EXPECT_EQ(check({"Attention", {noise({1, 8, 5, 12}, 5), noise({1, 2, 5, 12}, 6), noise({1, 2, 5, 7}, 7), causal}, {}, {}}, 1e-5, &cpu),
-              "onednn.attention");
-    // A boolean mask per batch, head and row; is_causal without a mask; a scale; more keys than queries.
-    Tensor keep(DType::boolean, {2, 4, 3, 6});
-    for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i * 7) % 5 != 0 || i % 6 == 0;
-    EXPECT_EQ(check({"Attention", {noise({2, 4, 3, 8}, 8), noise({2, 4, 6, 8}, 9), noise({2, 4, 6, 8}, 10), keep}, {}, {attr("scale", 0.3)}},
-                    1e-5, &cpu),
-              "onednn.attention");
-    EXPECT_EQ(check({"Attention", {noise({1, 2, 7, 8}, 11), noise({1, 2, 7, 8}, 12), noise({1, 2, 7, 8}, 13)}, {}, {attr("is_causal", int64_t{1})}},
-                    1e-5, &cpu),
-              "onednn.attention");
-  }
+  for (const auto& [isa, cpu] : isa_paths())
+    for (const KernelRegistry* kernels : {&default_kernels(), &without_flash}) {
+      const std::string name = kernels == &without_flash ? "onednn.attention" : "kiln.attention_f32_" + isa;
+      SCOPED_TRACE(name);
+      auto run = [&](const testing::Case& c) { return check(c, 1e-5, &cpu, kernels); };
+      // BERT-like: a padding mask over the keys, broadcast over heads and rows.
+      Tensor pad = noise({2, 1, 1, 9}, 1);
+      for (int64_t i = 0; i < pad.numel(); ++i) pad.data<float>()[i] = i % 9 >= 7 ? neg : 0.f;
+      EXPECT_EQ(run({"Attention", {noise({2, 3, 9, 16}, 2), noise({2, 3, 9, 16}, 3), noise({2, 3, 9, 16}, 4), pad}, {}, {}}), name);
+      // Grouped-query heads with a causal float mask over rows and keys; odd head size.
+      Tensor causal(DType::f32, {1, 1, 5, 5});
+      for (int64_t i = 0; i < 5; ++i)
+        for (int64_t j = 0; j < 5; ++j) causal.data<float>()[i * 5 + j] = j > i ? neg : 0.f;
+      EXPECT_EQ(run({"Attention", {noise({1, 8, 5, 12}, 5), noise({1, 2, 5, 12}, 6), noise({1, 2, 5, 7}, 7), causal}, {}, {}}), name);
+      // A boolean mask per batch, head and row; is_causal without a mask; a scale; more keys than queries.
+      Tensor keep(DType::boolean, {2, 4, 3, 6});
+      for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i * 7) % 5 != 0 || i % 6 == 0;
+      EXPECT_EQ(run({"Attention", {noise({2, 4, 3, 8}, 8), noise({2, 4, 6, 8}, 9), noise({2, 4, 6, 8}, 10), keep}, {}, {attr("scale", 0.3)}}),
+                name);
+      EXPECT_EQ(run({"Attention", {noise({1, 2, 7, 8}, 11), noise({1, 2, 7, 8}, 12), noise({1, 2, 7, 8}, 13)}, {}, {attr("is_causal", int64_t{1})}}),
+                name);
+    }
   // 3-D inputs stay with the reference kernel.
   EXPECT_EQ(check({"Attention", {noise({1, 4, 16}, 14), noise({1, 4, 16}, 15), noise({1, 4, 16}, 16)}, {}, {attr("q_num_heads", int64_t{2}),
                                                                                                          attr("kv_num_heads", int64_t{2})}}),
             kReferenceKernel);
+}
+
+TEST(CpuKernels, FlashAttentionAcrossBlocks) {
+  // Sequences longer than a query block (64) and a key block (192), with tails: the online
+  // softmax carries its running maximum and sum across key blocks, causal masks skip and cut
+  // blocks, masks broadcast over heads and rows, grouped-query heads share packed K and V.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.attention_f32_" + isa;
+    SCOPED_TRACE(name);
+    for (int64_t s : {65, 200, 300})
+      for (int64_t t : {s, int64_t{400}}) {
+        SCOPED_TRACE("s=" + std::to_string(s) + " t=" + std::to_string(t));
+        // Scores of both signs and large spread, so that a later key block raises the maximum.
+        Tensor q = noise({1, 4, s, 64}, 1, 6.f), k = noise({1, 2, t, 64}, 2, 6.f), v = noise({1, 2, t, 48}, 3);
+        EXPECT_EQ(check({"Attention", {q, k, v}, {}, {}}, 1e-5, &cpu), name);
+        EXPECT_EQ(check({"Attention", {q, k, v}, {}, {attr("is_causal", int64_t{1})}}, 1e-5, &cpu), name);
+        Tensor mask = noise({4, 1, t}, 4, 8.f);  // per head, broadcast over rows and the batch
+        EXPECT_EQ(check({"Attention", {q, k, v, mask}, {}, {}}, 1e-5, &cpu), name);
+        Tensor keep(DType::boolean, {1, 1, s, t});  // per row, with whole rows masked out
+        for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i / t) % 7 != 3 && (i * 13) % 11 != 0;
+        EXPECT_EQ(check({"Attention", {q, k, v, keep}, {}, {attr("is_causal", int64_t{1})}}, 1e-5, &cpu), name);
+      }
+  }
 }
 
 }  // namespace

@@ -27,10 +27,11 @@ struct Case {
   std::vector<bool> outputs = {true};  // per output: requested (false: omitted)
 };
 
-/// Runs the one-node model on the default kernels (for this CPU, when given) and on the
-/// reference kernels, compares the outputs (relative L2 <= tol) and returns the kernel that ran
-/// it.
-inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr) {
+/// Runs the one-node model on the default kernels (for this CPU, when given; or on `kernels`)
+/// and on the reference kernels, compares the outputs (relative L2 <= tol) and returns the
+/// kernel that ran it.
+inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr,
+                         const KernelRegistry* kernels = nullptr) {
   Model m;
   Graph& g = m.graph;
   Node n;
@@ -62,6 +63,7 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
   EXPECT_TRUE(infer_graph(g).ok());
   SessionOptions options;
   if (cpu) options.target.cpu = *cpu;
+  options.kernels = kernels;
   auto fast = Session::create(m, options);
   auto ref = Session::create(m, SessionOptions{.reference = true});
   EXPECT_TRUE(fast.ok() && ref.ok());

@@ -1,0 +1,186 @@
+// kiln.attention_f32_<isa>: Attention as flash attention. Each block of query rows meets the
+// keys a block at a time: scores = Q·Kᵀ for the block (kiln's GEMM on K packed once per KV
+// head), then the online softmax (a running maximum and sum per row, the output accumulated so
+// far rescaled when the maximum grows), then Y += P·V (the GEMM again, on V packed once). No
+// S×T score matrix exists: the workspace is K and V packed plus one block of scores per
+// thread, linear in the sequence. The scale is folded into the softmax step; a causal mask
+// skips the key blocks wholly after a query block and cuts the one on the diagonal; an
+// additive f32 or boolean mask is read where it lies, broadcast over batch, heads and rows;
+// grouped-query heads read their KV head's packed K and V, never copies of them.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <omp.h>
+
+#include "runtime/cpu/gemm/gemm.h"
+#include "runtime/kernel.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// Query rows and keys per block. Up to kWholeKeys keys are one block: no rescaling, and no
+// short last block of keys (ViT's 197); longer sequences go kBlockK keys at a time (whole
+// tiles of 64 columns), so a block's scores (at most 64 × 512 floats, 128 KiB) stay in L2
+// between the two products. Query rows are split into blocks of at most kBlockQ, evenly.
+constexpr int64_t kBlockQ = 64, kBlockK = 256, kWholeKeys = 512;
+
+size_t floats_bytes(int64_t n) { return static_cast<size_t>((n * 4 + 63) / 64 * 64); }
+
+std::optional<std::string> flash_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  if (q.inputs.size() > 4) return "past key/value or sequence lengths";
+  for (size_t i = 1; i < q.outputs.size(); ++i)
+    if (q.outputs[i].dtype != DType::undefined) return "present key/value or the scores output";
+  for (size_t i = 0; i < 3; ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype != DType::f32) return "not f32";
+    if (!in.shape.is_concrete() || in.shape.rank() != 4) return "not 4-D with shapes known ahead";
+    if (shape_numel(in.shape.concrete()) == 0) return "an empty input";
+  }
+  if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
+  const std::string precision = q.node.attr_string("softmax_precision", "");
+  if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
+  const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
+  if (qs[1] % ks[1] != 0 || vs[1] != ks[1] || vs[2] != ks[2] || ks[3] != qs[3] || ks[0] != qs[0] || vs[0] != qs[0])
+    return "shapes that do not line up";
+  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
+    const InferInput& m = q.inputs[3];
+    if (m.dtype != DType::f32 && m.dtype != DType::boolean) return "a mask that is neither f32 nor bool";
+    if (!m.shape.is_concrete() || m.shape.rank() < 1 || m.shape.rank() > 4) return "a mask of unknown shape";
+    std::vector<int64_t> md = m.shape.concrete();
+    md.insert(md.begin(), 4 - md.size(), 1);
+    const int64_t full[4] = {qs[0], qs[1], qs[2], ks[2]};
+    if (md[3] != full[3]) return "a mask shorter than the keys";
+    for (int i = 0; i < 3; ++i)
+      if (md[static_cast<size_t>(i)] != 1 && md[static_cast<size_t>(i)] != full[i]) return "a mask that does not broadcast";
+  }
+  return std::nullopt;
+}
+
+class FlashAttention final : public Kernel {
+ public:
+  explicit FlashAttention(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
+
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
+    b_ = qs[0], hq_ = qs[1], s_ = qs[2], d_ = qs[3], hkv_ = ks[1], t_ = ks[2], dv_ = vs[3];
+    scale_ = static_cast<float>(q.node.attr_float("scale", 1.0 / std::sqrt(static_cast<double>(d_))));
+    causal_ = q.node.attr_int("is_causal", 0) != 0;
+    // The mask's strides over [batch, head, query row], 0 where it broadcasts.
+    has_mask_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+    bool_mask_ = has_mask_ && q.inputs[3].dtype == DType::boolean;
+    if (has_mask_) {
+      std::vector<int64_t> md = q.inputs[3].shape.concrete();
+      md.insert(md.begin(), 4 - md.size(), 1);
+      mask_sb_ = md[0] > 1 ? md[1] * md[2] * t_ : 0;
+      mask_sh_ = md[1] > 1 ? md[2] * t_ : 0;
+      mask_si_ = md[2] > 1 ? t_ : 0;
+    }
+    // The two products' templates, each on one thread: the threads take whole query blocks.
+    const int64_t q_blocks = (s_ + kBlockQ - 1) / kBlockQ;
+    bq_ = (s_ + q_blocks - 1) / q_blocks;
+    bk_ = t_ <= kWholeKeys ? t_ : kBlockK;
+    const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+    qk_ = gemm::default_params(isa_, gemm::default_tile(isa_, bk_), caches, bq_, bk_, d_, 1);
+    pv_ = gemm::default_params(isa_, gemm::default_tile(isa_, dv_), caches, bq_, dv_, bk_, 1);
+    k_floats_ = gemm::packed_b_floats(d_, t_, qk_.tile.nr);
+    v_floats_ = gemm::packed_b_floats(t_, dv_, pv_.tile.nr);
+    const gemm::GemmProblem qk{.m = bq_, .n = bk_, .k = d_, .b_packed = true}, pv{.m = bq_, .n = dv_, .k = bk_, .b_packed = true};
+    thread_bytes_ = floats_bytes(bq_ * bk_) + 2 * floats_bytes(bq_) +
+                    floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
+    threads_ = std::max(1, q.target.threads);
+    packed_bytes_ = floats_bytes(b_ * hkv_ * (k_floats_ + v_floats_));
+    needs.workspace_bytes = packed_bytes_ + thread_bytes_ * static_cast<size_t>(threads_);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const float* qd = ctx.input(0).data<float>();
+    const float* kd = ctx.input(1).data<float>();
+    const float* vd = ctx.input(2).data<float>();
+    const float* mask = has_mask_ && !bool_mask_ ? ctx.input(3).data<float>() : nullptr;
+    const bool* keep = bool_mask_ ? ctx.input(3).data<bool>() : nullptr;
+    float* y = ctx.output(0).data<float>();
+    std::byte* ws = ctx.workspace().data();
+    float* packed = reinterpret_cast<float*>(ws);
+    const int64_t heads = b_ * hkv_, rep = hq_ / hkv_, q_blocks = (s_ + bq_ - 1) / bq_;
+    const int64_t items = b_ * hq_ * q_blocks;
+    const int threads = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), std::max(heads, items)}));
+    auto body = [&](int thread) {
+      // K (as Kᵀ) and V of each KV head, packed once.
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* pk = packed + h * (k_floats_ + v_floats_);
+        gemm::pack_b(kd + h * t_ * d_, d_, true, d_, t_, qk_.tile.nr, pk);
+        gemm::pack_b(vd + h * t_ * dv_, dv_, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
+      }
+      std::byte* mine = ws + packed_bytes_ + thread_bytes_ * static_cast<size_t>(thread);
+      float* scores = reinterpret_cast<float*>(mine);
+      float* m = scores + floats_bytes(bq_ * bk_) / 4;
+      float* l = m + floats_bytes(bq_) / 4;
+      std::byte* gemm_ws = reinterpret_cast<std::byte*>(l + floats_bytes(bq_) / 4);
+#pragma omp for schedule(dynamic)
+      for (int64_t item = 0; item < items; ++item) {
+        const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
+        const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0);
+        const float* pk = packed + (b * hkv_ + h / rep) * (k_floats_ + v_floats_);
+        float* out = y + (bh * s_ + q0) * dv_;
+        std::fill(out, out + rows * dv_, 0.f);
+        std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+        std::fill(l, l + rows, 0.f);
+        const int64_t keys = causal_ ? std::min(t_, q0 + rows) : t_;  // keys after the block's last row are out
+        for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
+          const int64_t n = std::min(bk_, keys - k0);
+          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qd + (bh * s_ + q0) * d_, .lda = d_,
+                               .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = bk_};
+          gemm::run(qk_, qk, gemm_ws);
+          const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
+          rows_.softmax_block(scores, bk_, rows, n, scale_, mask ? mask + mo : nullptr, keep ? keep + mo : nullptr, mask_si_,
+                              causal_ ? q0 - k0 : kNoCausal, m, l, out, dv_, dv_);
+          gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = bk_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
+                               .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = dv_, .accumulate = true};
+          gemm::run(pv_, pv, gemm_ws);
+        }
+        for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
+          const float inv = 1.f / l[i];
+          for (int64_t j = 0; j < dv_; ++j) out[i * dv_ + j] *= inv;
+        }
+      }
+    };
+    if (threads <= 1) {
+      body(0);
+    } else {
+#pragma omp parallel num_threads(threads)
+      body(omp_get_thread_num());
+    }
+    return {};
+  }
+
+ private:
+  Isa isa_;
+  const RowKernels& rows_;
+  int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
+  float scale_ = 1;
+  bool causal_ = false, has_mask_ = false, bool_mask_ = false;
+  int64_t mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;
+  gemm::GemmParams qk_, pv_;
+  int64_t k_floats_ = 0, v_floats_ = 0;
+  size_t packed_bytes_ = 0, thread_bytes_ = 0;
+  int threads_ = 1;
+};
+
+}  // namespace
+
+void register_attention(KernelRegistry& r) {
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("Attention", "cpu",
+          KernelImpl{.name = std::string("kiln.attention_f32_") + isa_name(isa),
+                     .declines = [isa](const KernelQuery& q) { return flash_declines(q, isa); },
+                     .create = [isa](const KernelQuery&) { return std::make_unique<FlashAttention>(isa); },
+                     .needs_isa = isa_features(isa)});
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,232 @@
+// The GEMM templates' parameters, packing and thread grid (gemm.h); the micro-kernels and the
+// blocking loops are gemm.inc, one build per ISA.
+#include "runtime/cpu/gemm/gemm.h"
+
+#include <cpuinfo.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/cpu/gemm/gemm_isa.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu::gemm {
+
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_down(int64_t x, int64_t m) { return std::max(m, x / m * m); }
+
+BlockFn block_of(Isa isa) { return isa == Isa::avx512 ? avx512::kBlock : avx2::kBlock; }
+
+// The part [begin, end) of `units` units (of `unit` elements, the last possibly short within
+// `total`) that share `part` of `parts` gets.
+std::pair<int64_t, int64_t> share(int64_t total, int64_t unit, int parts, int part) {
+  const int64_t units = (total + unit - 1) / unit;
+  const int64_t base = units / parts, extra = units % parts;
+  const int64_t begin = part * base + std::min<int64_t>(part, extra);
+  const int64_t end = begin + base + (part < extra ? 1 : 0);
+  return {std::min(total, begin * unit), std::min(total, end * unit)};
+}
+
+// Floats of one thread's A and B blocks.
+int64_t a_block_floats(const GemmParams& p) { return round_up(p.mc, p.tile.mr) * p.kc; }
+int64_t b_block_floats(const GemmParams& p, const GemmProblem& g) { return g.b_packed ? 0 : round_up(p.nc, p.tile.nr) * p.kc; }
+size_t thread_bytes(const GemmParams& p, const GemmProblem& g) {
+  return static_cast<size_t>(round_up((a_block_floats(p) + b_block_floats(p, g)) * 4, 64));
+}
+
+}  // namespace
+
+std::span<const Tile> tiles(Isa isa) { return isa == Isa::avx512 ? avx512::kTiles : avx2::kTiles; }
+
+std::string GemmParams::name() const {
+  return std::string("gemm_f32_") + isa_name(isa) + "_" + std::to_string(tile.mr) + "x" + std::to_string(tile.nr) + "_mc" +
+         std::to_string(mc) + "_nc" + std::to_string(nc) + "_kc" + std::to_string(kc) + "_t" + std::to_string(tm) + "x" +
+         std::to_string(tn) + (pack_a ? "" : "_ua");
+}
+
+std::optional<std::string> GemmParams::invalid() const {
+  const std::span<const Tile> ts = tiles(isa);
+  if (std::find(ts.begin(), ts.end(), tile) == ts.end())
+    return "no " + std::to_string(tile.mr) + "x" + std::to_string(tile.nr) + " micro-kernel for " + isa_name(isa);
+  if (mc <= 0 || mc % tile.mr != 0) return "mc " + std::to_string(mc) + " is not a positive multiple of " + std::to_string(tile.mr);
+  if (nc <= 0 || nc % tile.nr != 0) return "nc " + std::to_string(nc) + " is not a positive multiple of " + std::to_string(tile.nr);
+  if (kc <= 0) return "kc " + std::to_string(kc) + " is not positive";
+  if (tm < 1 || tn < 1 || int64_t{tm} * tn > 1024) return "the thread grid " + std::to_string(tm) + "x" + std::to_string(tn) + " is invalid";
+  return std::nullopt;
+}
+
+const CacheSizes& CacheSizes::host() {
+  static const CacheSizes sizes = [] {
+    CacheSizes s;
+    if (!cpuinfo_initialize()) return s;
+    if (const cpuinfo_cache* c = cpuinfo_get_l1d_cache(0); c && c->size) s.l1d = c->size;
+    if (const cpuinfo_cache* c = cpuinfo_get_l2_cache(0); c && c->size) s.l2 = c->size / std::max(1u, c->processor_count);
+    if (const cpuinfo_cache* c = cpuinfo_get_l3_cache(0); c && c->size) s.l3 = c->size / std::max(1u, c->processor_count);
+    return s;
+  }();
+  return sizes;
+}
+
+GemmParams fit(GemmParams p, int64_t m, int64_t n, int64_t k) {
+  p.mc = std::min(p.mc, round_up(std::max<int64_t>(m, 1), p.tile.mr));
+  p.nc = std::min(p.nc, round_up(std::max<int64_t>(n, 1), p.tile.nr));
+  p.kc = std::min(p.kc, std::max<int64_t>(k, 1));
+  return p;
+}
+
+Tile default_tile(Isa isa, int64_t n) {
+  const std::span<const Tile> ts = tiles(isa);
+  const auto padding = [n](const Tile& t) { return (n + t.nr - 1) / t.nr * t.nr - n; };
+  return *std::min_element(ts.begin(), ts.end(), [&](const Tile& a, const Tile& b) { return padding(a) < padding(b); });
+}
+
+GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, int64_t m, int64_t n, int64_t k,
+                          int threads) {
+  GemmParams p;
+  p.isa = isa;
+  p.tile = tile;
+  p.pack_a = false;
+  m = std::max<int64_t>(m, 1);
+  n = std::max<int64_t>(n, 1);
+  k = std::max<int64_t>(k, 1);
+  // Kc: the whole of K while A's MR rows and B's NR-column micro-panel over it fill at most
+  // three quarters of L2 (each tile then reads and writes C once).
+  p.kc = std::min(k, round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16));
+  // Threads: along N while each thread keeps at least two NR panels, then along M.
+  threads = std::max(1, threads);
+  const int64_t panels = (n + tile.nr - 1) / tile.nr;
+  p.tn = static_cast<int>(std::clamp<int64_t>(panels / 2, 1, threads));
+  while (threads % p.tn != 0) --p.tn;
+  p.tm = threads / p.tn;
+  const int64_t m_share = (m + p.tm - 1) / p.tm, n_share = (n + p.tn - 1) / p.tn;
+  // Mc: A's Mc×Kc block in about half of L2 (when packed); Nc: B's Kc×Nc block in a thread's
+  // share of L3.
+  p.mc = std::min(round_up(m_share, tile.mr), round_down(caches.l2 / 2 / (4 * p.kc), tile.mr));
+  p.nc = std::min(round_up(n_share, tile.nr), round_down(caches.l3 / 2 / (4 * p.kc), tile.nr));
+  return fit(p, m, n, k);
+}
+
+PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans) {
+  PackedLayout l;
+  const int64_t np = round_up(n, nr);
+  const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
+  l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+  l.padded_dims = trans ? std::vector<int64_t>{np, k} : std::vector<int64_t>{k, np};
+  l.strides.assign(2, 0);
+  l.strides[static_cast<size_t>(kd)] = nr;
+  l.strides[static_cast<size_t>(nd)] = k * nr;
+  l.inner_blocks = {nr};
+  l.inner_dims = {static_cast<int32_t>(nd)};
+  l.packed_for = "kiln gemm_f32 nr" + std::to_string(nr);
+  return l;
+}
+
+int64_t packed_b_floats(int64_t k, int64_t n, int nr) { return round_up(n, nr) * k; }
+
+void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t kc, int64_t n0, int64_t nc, int nr,
+                   float* out, int64_t panel_stride) {
+  for (int64_t j0 = 0; j0 < nc; j0 += nr) {
+    float* panel = out + (j0 / nr) * panel_stride;
+    const int64_t w = std::min<int64_t>(nr, nc - j0);
+    if (!trans) {
+      for (int64_t p = 0; p < kc; ++p) {
+        float* dst = panel + p * nr;
+        std::memcpy(dst, b + (k0 + p) * ld + n0 + j0, static_cast<size_t>(w) * sizeof(float));
+        std::fill(dst + w, dst + nr, 0.f);
+      }
+    } else {
+      for (int64_t j = 0; j < w; ++j) {
+        const float* src = b + (n0 + j0 + j) * ld + k0;
+        for (int64_t p = 0; p < kc; ++p) panel[p * nr + j] = src[p];
+      }
+      if (w < nr)
+        for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * nr + w, panel + (p + 1) * nr, 0.f);
+    }
+  }
+}
+
+void pack_a_panels(const float* a, int64_t ld, bool trans, int64_t m0, int64_t mc, int64_t k0, int64_t kc, int mr,
+                   float* out) {
+  for (int64_t i0 = 0; i0 < mc; i0 += mr) {
+    float* panel = out + (i0 / mr) * kc * mr;
+    const int64_t h = std::min<int64_t>(mr, mc - i0);
+    if (!trans) {
+      for (int64_t i = 0; i < h; ++i) {
+        const float* src = a + (m0 + i0 + i) * ld + k0;
+        for (int64_t p = 0; p < kc; ++p) panel[p * mr + i] = src[p];
+      }
+    } else {
+      for (int64_t p = 0; p < kc; ++p)
+        std::memcpy(panel + p * mr, a + (k0 + p) * ld + m0 + i0, static_cast<size_t>(h) * sizeof(float));
+    }
+    if (h < mr)
+      for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * mr + h, panel + (p + 1) * mr, 0.f);
+  }
+}
+
+void pack_b(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, int nr, float* out) {
+  pack_b_panels(b, ld, trans, 0, k, 0, n, nr, out, k * nr);
+}
+
+size_t workspace_bytes(const GemmParams& p, const GemmProblem& problem) {
+  return thread_bytes(p, problem) * static_cast<size_t>(p.threads());
+}
+
+void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
+  if (g.m <= 0 || g.n <= 0) return;
+  if (g.k == 0) {  // no products: C is the bias (or zeros), then the epilogue
+    const RowKernels& rows = row_kernels(p.isa);
+    for (int64_t i = 0; i < g.m; ++i) {
+      float* c = g.c + i * g.ldc;
+      if (g.epilogue.bias) std::memcpy(c, g.epilogue.bias, static_cast<size_t>(g.n) * sizeof(float));
+      else std::fill(c, c + g.n, 0.f);
+      rows.epilogue(c, g.epilogue.z ? g.epilogue.z + i * g.epilogue.ldz : nullptr, g.n, g.epilogue.act, g.epilogue.post);
+    }
+    return;
+  }
+  const BlockFn block = block_of(p.isa);
+  const size_t per_thread = thread_bytes(p, g);
+  auto part = [&](int tm, int tn, int t) {
+    const auto [m0, m1] = share(g.m, p.tile.mr, tm, t / tn);
+    const auto [n0, n1] = share(g.n, p.tile.nr, tn, t % tn);
+    if (m0 >= m1 || n0 >= n1) return;
+    float* abuf = reinterpret_cast<float*>(workspace + per_thread * static_cast<size_t>(t));
+    block(p, g, m0, m1, n0, n1, abuf, abuf + a_block_floats(p));
+  };
+  // The pool may be smaller than the grid (a plan that runs on one thread): keep the split
+  // along N as far as it goes.
+  const int threads = std::min(p.threads(), pool_threads());
+  if (threads <= 1) {
+    part(1, 1, 0);
+    return;
+  }
+  const int tn = std::min(p.tn, threads), tm = threads == p.threads() ? p.tm : threads / tn;
+#pragma omp parallel num_threads(tm * tn)
+  part(tm, tn, omp_get_thread_num());
+}
+
+void run_batch(const GemmParams& p, const GemmProblem& problem, std::span<const int64_t> a_offsets,
+               std::span<const int64_t> b_offsets, int64_t c_stride, int batch_threads, std::byte* workspace) {
+  const int64_t count = static_cast<int64_t>(a_offsets.size());
+  auto one = [&](int64_t i, std::byte* ws) {
+    GemmProblem g = problem;
+    g.a += a_offsets[static_cast<size_t>(i)];
+    g.b += b_offsets[static_cast<size_t>(i)];
+    g.c += c_stride * i;
+    if (g.epilogue.z) g.epilogue.z += c_stride * i;
+    run(p, g, ws);
+  };
+  const int threads = std::min<int64_t>({batch_threads, pool_threads(), count});
+  if (threads <= 1) {
+    for (int64_t i = 0; i < count; ++i) one(i, workspace);
+    return;
+  }
+  const size_t per_thread = workspace_bytes(p, problem);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < count; ++i) one(i, workspace + per_thread * static_cast<size_t>(omp_get_thread_num()));
+}
+
+}  // namespace kiln::cpu::gemm

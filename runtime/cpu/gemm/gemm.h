@@ -1,0 +1,134 @@
+// kiln's own f32 GEMM templates (runtime/cpu/gemm/): C = A·B with a fused epilogue, built from a
+// register-tile micro-kernel (MR rows × NR columns of C held in vector registers, one build
+// per ISA), cache blocking (Kc of the shared dimension, Mc rows of A, Nc columns of B) and a
+// grid of threads over M and N. Every choice is one field of GemmParams, whose name() is what
+// profiles and compiled models show (`gemm_f32_avx512_6x64_mc192_nc3072_kc256_t2x1`), and
+// which `--mode max-autotune` will search over.
+//
+// The loops, per thread's block of C (BLIS's order, for the small-M products of inference):
+//   for each Nc columns:  for each Kc slice:  B's Kc×Nc block (packed: panels of NR columns)
+//     for each Mc rows:  A's Mc×Kc block (packed into panels of MR rows, or read in place)
+//       for each NR panel of B:  for each MR rows:  the micro-kernel over Kc
+// A constant B (a weight) is packed once, ahead, over the whole of K (pack_b), so a run reads
+// it where it lies; the epilogue (bias, activation, residual, second activation) is applied to
+// each MR×NR tile right after its last Kc slice, while it is in L1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "formats/layout.h"
+#include "formats/ops/epilogue.h"
+#include "runtime/cpu/rows.h"
+
+namespace kiln::cpu::gemm {
+
+/// A register tile a build has a micro-kernel for.
+struct Tile {
+  int mr = 0, nr = 0;
+  bool operator==(const Tile&) const = default;
+};
+
+/// The register tiles of an ISA's build, the preferred first. AVX-512 (32 registers of 16
+/// floats): 8x48, 6x64, 14x32, 4x64; AVX2 (16 registers of 8 floats): 6x16, 4x24, 3x32.
+std::span<const Tile> tiles(Isa isa);
+
+/// One GEMM template instance: the ISA build, the register tile, the cache blocks and the
+/// thread grid (tm × tn threads over M and N).
+struct GemmParams {
+  Isa isa = Isa::avx512;
+  Tile tile;
+  int64_t mc = 0, nc = 0, kc = 0;  ///< multiples of mr, nr, and any positive K slice
+  int tm = 1, tn = 1;              ///< threads along M and along N
+  bool pack_a = true;              ///< pack A's Mc×Kc blocks, or read A's rows in place
+
+  int threads() const { return tm * tn; }
+  /// `gemm_f32_avx512_6x64_mc192_nc3072_kc256_t2x1` (`_ua` when A is read unpacked).
+  std::string name() const;
+  /// Why these parameters cannot run (a tile the ISA has no kernel for, blocks that are not
+  /// multiples of the tile or not positive, no threads), or nullopt.
+  std::optional<std::string> invalid() const;
+  bool operator==(const GemmParams&) const = default;
+};
+
+/// `p` with its blocks no larger than an M×N×K product needs (whole tiles; at least one), so
+/// that recorded parameters from a file never size more workspace than the product does.
+GemmParams fit(GemmParams p, int64_t m, int64_t n, int64_t k);
+
+/// The data caches a thread sees, in bytes.
+struct CacheSizes {
+  int64_t l1d = 32 << 10, l2 = 1 << 20, l3 = 8 << 20;
+  /// This machine's, from cpuinfo (the defaults above where it cannot tell).
+  static const CacheSizes& host();
+};
+
+/// The tile of the ISA's build that pads N least (the first listed on a tie).
+Tile default_tile(Isa isa, int64_t n);
+
+/// Parameters for an M×N×K product on `threads` threads, derived from the cache sizes: Kc the
+/// whole of K while A's MR rows and B's Kc×NR micro-panel fit in three quarters of L2; A read
+/// in place; Mc×Kc in half of L2, B's Kc×Nc block in half a thread's share of L3; threads
+/// split N while each gets at least two NR panels, then M. (`kiln_bench_gemm --sweep` measured
+/// this on the GEMM targets' shapes: Kc = K beat every smaller slice and reading A in place
+/// beat packing it, at one and two threads.)
+GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, int64_t m, int64_t n, int64_t k,
+                          int threads);
+
+/// B of K×N (or its transpose, N×K, when `trans`) packed for tiles NR columns wide: panels of
+/// NR columns, each K rows of NR floats, the last panel zero-padded. The layout depends on NR
+/// alone, so one packed weight serves every Mc/Nc/Kc and thread grid.
+PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans);
+/// Floats packed_b writes: ceil(N / NR) · K · NR.
+int64_t packed_b_floats(int64_t k, int64_t n, int nr);
+/// Packs B (`ld` floats between its rows as stored) into `out` (packed_b_floats long).
+void pack_b(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, int nr, float* out);
+
+/// What follows the product, per element of C: post(act(c + bias[col]) + z[row, col]).
+struct Epilogue {
+  const float* bias = nullptr;  ///< N values, or null
+  const float* z = nullptr;     ///< the residual, M×N with `ldz` floats between rows, or null
+  int64_t ldz = 0;
+  ActivationSpec act, post;
+
+  bool has_tail() const { return z || act.kind != Activation::none || post.kind != Activation::none; }
+};
+
+/// One product C[M×N] = A[M×K] · B[K×N], then the epilogue.
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;      ///< floats between A's rows as stored ([M, K], or [K, M] when trans_a)
+  bool trans_a = false;
+  const float* b = nullptr;
+  int64_t ldb = 0;      ///< as for A; unused when b_packed
+  bool trans_b = false;
+  bool b_packed = false;  ///< B is pack_b's output for the tile's NR
+  /// Floats between a packed B's panels: 0 for K · NR (B packed over this product's K); more
+  /// when the product reads a slice of a B packed over a longer K (b then points into it).
+  int64_t b_panel_stride = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;  ///< C += A·B (then the epilogue) instead of C = A·B
+  Epilogue epilogue;
+};
+
+/// Workspace bytes one product needs with these parameters (A and B blocks per thread).
+size_t workspace_bytes(const GemmParams& p, const GemmProblem& problem);
+
+/// Runs the product on the calling thread's OpenMP pool with min(p.threads(), pool size)
+/// threads; `workspace` is workspace_bytes long and 64-byte aligned. The parameters must be
+/// valid (GemmParams::invalid) for this ISA, which the caller's CPU must have.
+void run(const GemmParams& p, const GemmProblem& problem, std::byte* workspace);
+
+/// Runs a batch of products of the same shape: product i reads A at problem.a + a_offsets[i]
+/// and B at problem.b + b_offsets[i] (elements), and writes C (and reads Z) c_stride · i
+/// elements on. With `batch_threads` > 1 the products are shared among that many threads, each
+/// running whole products with `p` (whose grid must then be 1×1), and `workspace` holds
+/// workspace_bytes for each; otherwise they run one after the other, each on p's grid.
+void run_batch(const GemmParams& p, const GemmProblem& problem, std::span<const int64_t> a_offsets,
+               std::span<const int64_t> b_offsets, int64_t c_stride, int batch_threads, std::byte* workspace);
+
+}  // namespace kiln::cpu::gemm

@@ -1,0 +1,290 @@
+// kiln's GEMM templates (runtime/cpu/gemm/) against a plain double-precision product, on every
+// tile of every ISA build this machine runs, with odd and SIMD-multiple sizes, several K / M / N
+// blocks, thread grids, transposed and packed operands and every part of the epilogue; and the
+// kiln.gemm kernels against the reference kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compile/pipeline.h"
+#include "runtime/cpu/gemm/gemm.h"
+#include "runtime/threads.h"
+#include "tests/unit/kernel_test_util.h"
+
+namespace kiln {
+namespace {
+
+using cpu::Isa;
+using testing::attr;
+using testing::check;
+using testing::noise;
+namespace gemm = cpu::gemm;
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  if (cpu::best_isa(CpuFeatures::host()) == Isa::avx512) out.push_back(Isa::avx512);
+  if (cpu::best_isa(CpuFeatures::host())) out.push_back(Isa::avx2);
+  return out;
+}
+
+struct Operands {
+  int64_t m, n, k;
+  bool trans_a = false, trans_b = false;
+  bool bias = false, residual = false;
+  ActivationSpec act, post;
+};
+
+// C = post(act(A·B + bias) + Z) in double, A and B as stored (transposed when asked).
+std::vector<float> expected(const Operands& o, const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& z) {
+  std::vector<float> c(static_cast<size_t>(o.m * o.n));
+  auto apply = [](const ActivationSpec& s, double v) {
+    switch (s.kind) {
+      case Activation::none: return v;
+      case Activation::relu: return std::max(v, 0.0);
+      case Activation::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+      case Activation::clip: return std::min(std::max(v, double{s.a}), double{s.b});
+      default: return std::nan("");
+    }
+  };
+  for (int64_t i = 0; i < o.m; ++i)
+    for (int64_t j = 0; j < o.n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < o.k; ++p) {
+        const float av = o.trans_a ? a.data<float>()[p * o.m + i] : a.data<float>()[i * o.k + p];
+        const float bv = o.trans_b ? b.data<float>()[j * o.k + p] : b.data<float>()[p * o.n + j];
+        s += double{av} * bv;
+      }
+      if (o.bias) s += bias.data<float>()[j];
+      s = apply(o.act, s);
+      if (o.residual) s += z.data<float>()[i * o.n + j];
+      c[static_cast<size_t>(i * o.n + j)] = static_cast<float>(apply(o.post, s));
+    }
+  return c;
+}
+
+// Runs the product with `p` (B packed ahead when `packed`) and compares it with expected().
+void check_gemm(const gemm::GemmParams& p, const Operands& o, bool packed) {
+  SCOPED_TRACE(p.name() + " m=" + std::to_string(o.m) + " n=" + std::to_string(o.n) + " k=" + std::to_string(o.k) +
+               (o.trans_a ? " transA" : "") + (o.trans_b ? " transB" : "") + (packed ? " packedB" : ""));
+  const Tensor a = noise(o.trans_a ? std::vector<int64_t>{o.k, o.m} : std::vector<int64_t>{o.m, o.k}, 1);
+  const Tensor b = noise(o.trans_b ? std::vector<int64_t>{o.n, o.k} : std::vector<int64_t>{o.k, o.n}, 2);
+  const Tensor bias = noise({o.n}, 3), z = noise({o.m, o.n}, 4);
+  std::vector<float> bp;
+  gemm::GemmProblem g{.m = o.m, .n = o.n, .k = o.k, .a = a.data<float>(), .lda = o.trans_a ? o.m : o.k, .trans_a = o.trans_a,
+                      .b = b.data<float>(), .ldb = o.trans_b ? o.k : o.n, .trans_b = o.trans_b};
+  if (packed) {
+    bp.assign(static_cast<size_t>(gemm::packed_b_floats(o.k, o.n, p.tile.nr)), std::nanf(""));
+    gemm::pack_b(b.data<float>(), g.ldb, o.trans_b, o.k, o.n, p.tile.nr, bp.data());
+    g.b = bp.data();
+    g.b_packed = true;
+  }
+  std::vector<float> c(static_cast<size_t>(o.m * o.n), std::nanf(""));
+  g.c = c.data();
+  g.ldc = o.n;
+  g.epilogue = gemm::Epilogue{.bias = o.bias ? bias.data<float>() : nullptr, .z = o.residual ? z.data<float>() : nullptr,
+                              .ldz = o.n, .act = o.act, .post = o.post};
+  Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+  gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+  const std::vector<float> want = expected(o, a, b, bias, z);
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    ASSERT_FALSE(std::isnan(c[i])) << "element " << i << " not written";
+    err += (double{c[i]} - want[i]) * (double{c[i]} - want[i]);
+    ref += double{want[i]} * want[i];
+  }
+  EXPECT_LE(std::sqrt(err / std::max(ref, 1e-30)), 2e-6);
+}
+
+TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
+  ASSERT_FALSE(isas().empty()) << "this machine has neither AVX2 nor AVX-512";
+  use_threads(2);
+  for (Isa isa : isas())
+    for (const gemm::Tile& t : gemm::tiles(isa))
+      for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 1, 1}, {5, 17, 7}, {t.mr, t.nr, 16}, {2 * t.mr + 1, 3 * t.nr - 5, 37}, {37, 130, 301}})
+        for (bool pack_a : {false, true}) {
+          gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
+          p.pack_a = pack_a;
+          check_gemm(p, {m, n, k}, true);
+          // Small blocks: several K slices, M and N blocks, and both thread grids.
+          p.kc = 5;
+          p.mc = t.mr;
+          p.nc = t.nr;
+          for (auto [tm, tn] : {std::pair{1, 1}, {2, 1}, {1, 2}}) {
+            p.tm = tm;
+            p.tn = tn;
+            check_gemm(p, {m, n, k}, true);
+            check_gemm(p, {m, n, k}, false);
+          }
+        }
+}
+
+TEST(Gemm, TransposedOperandsAndEpilogues) {
+  use_threads(2);
+  for (Isa isa : isas()) {
+    const gemm::Tile t = gemm::tiles(isa)[0];
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool packed : {false, true}) {
+          gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), 29, 71, 45, 2);
+          p.kc = 16;
+          Operands o{29, 71, 45, ta, tb, true, true, {Activation::relu}, {Activation::clip, -0.25f, 0.5f}};
+          check_gemm(p, o, packed);
+          o.act = {Activation::gelu};
+          o.post = {};
+          o.residual = false;
+          check_gemm(p, o, packed);
+        }
+    // No K at all: C is the bias, then the epilogue.
+    check_gemm(gemm::default_params(isa, t, gemm::CacheSizes::host(), 3, 5, 0, 1),
+               {3, 5, 0, false, false, true, true, {Activation::relu}, {}}, false);
+  }
+}
+
+TEST(Gemm, NamesAndValidation) {
+  gemm::GemmParams p;
+  p.isa = Isa::avx512;
+  p.tile = {8, 48};
+  p.mc = 128;
+  p.nc = 3072;
+  p.kc = 768;
+  p.tm = 1;
+  p.tn = 2;
+  EXPECT_EQ(p.name(), "gemm_f32_avx512_8x48_mc128_nc3072_kc768_t1x2");
+  EXPECT_EQ(p.invalid(), std::nullopt);
+  p.pack_a = false;
+  EXPECT_EQ(p.name(), "gemm_f32_avx512_8x48_mc128_nc3072_kc768_t1x2_ua");
+  p.tile = {8, 16};
+  EXPECT_EQ(p.invalid(), "no 8x16 micro-kernel for avx512");
+  p.tile = {8, 48};
+  p.mc = 100;
+  EXPECT_EQ(p.invalid(), "mc 100 is not a positive multiple of 8");
+  p.mc = 128;
+  p.tm = 1 << 20;
+  EXPECT_TRUE(p.invalid().has_value());
+  // Recorded blocks larger than a product never size more than it needs.
+  p.tm = 1;
+  p.mc = 1 << 30;
+  p.kc = int64_t{1} << 40;
+  const gemm::GemmParams f = gemm::fit(p, 3, 50, 7);
+  EXPECT_EQ(f.mc, 8);
+  EXPECT_EQ(f.nc, 96);
+  EXPECT_EQ(f.kc, 7);
+  // The tile that pads N least.
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 768), (gemm::Tile{8, 48}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 1024), (gemm::Tile{6, 64}));
+}
+
+TEST(Gemm, PackedLayoutDescribesPackB) {
+  // pack() through the PackedLayout that a compiled model stores places every element where
+  // pack_b does, so any kiln can unpack a stored weight and oneDNN can reorder it.
+  for (bool trans : {false, true})
+    for (int nr : {48, 64}) {
+      const int64_t k = 13, n = 100;
+      const Tensor b = noise(trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, 5);
+      std::vector<float> packed(static_cast<size_t>(gemm::packed_b_floats(k, n, nr)));
+      gemm::pack_b(b.data<float>(), trans ? k : n, trans, k, n, nr, packed.data());
+      const PackedLayout l = gemm::packed_b_layout(k, n, nr, trans);
+      EXPECT_EQ(check_layout(l, b.numel(), packed.size() * 4, 4), std::nullopt);
+      const Tensor via = pack(b, l);
+      ASSERT_EQ(via.nbytes(), packed.size() * 4);
+      EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0) << "trans " << trans << " nr " << nr;
+      const Tensor back = unpack(via);
+      EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
+    }
+}
+
+// The ISA paths this CPU can run, each as the CPU a test pretends to have.
+std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
+  std::vector<std::pair<std::string, CpuFeatures>> out;
+  if (cpu::best_isa(CpuFeatures::host()) == Isa::avx512) out.emplace_back("avx512", CpuFeatures::host());
+  if (cpu::best_isa(CpuFeatures::host())) out.emplace_back("avx2", *CpuFeatures::named("avx2"));
+  return out;
+}
+
+TEST(GemmKernel, MatMulGemmAndFusedForms) {
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const std::string name = "kiln.gemm_f32_" + isa;
+    // Constant weights (packed in prepare), A's batch folded into M.
+    EXPECT_EQ(check({"MatMul", {noise({37, 33}, 1), noise({33, 129}, 2)}, {false, true}}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"MatMul", {noise({2, 7, 64}, 3), noise({64, 48}, 4)}, {false, true}}, 1e-5, &cpu), name);
+    // Both operands at run time, batches broadcast both ways.
+    EXPECT_EQ(check({"MatMul", {noise({2, 3, 5, 8}, 5), noise({1, 3, 8, 6}, 6)}, {false, false}}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"MatMul", {noise({3, 1, 5, 8}, 7), noise({4, 8, 6}, 8)}, {false, false}}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"MatMul", {noise({5, 8}, 9), noise({3, 8, 70}, 10)}, {false, true}}, 1e-5, &cpu), name);
+    // Gemm: transposed operands, C as a row (bias) and as a whole [M, N]; past XNNPACK's sizes.
+    for (int64_t ta : {0, 1})
+      for (int64_t tb : {0, 1}) {
+        Tensor a = noise(ta ? std::vector<int64_t>{19, 41} : std::vector<int64_t>{41, 19}, 11);
+        Tensor b = noise(tb ? std::vector<int64_t>{67, 19} : std::vector<int64_t>{19, 67}, 12);
+        EXPECT_EQ(check({"Gemm", {a, b, noise({67}, 13)}, {false, true, true}, {attr("transA", ta), attr("transB", tb)}}, 1e-5, &cpu),
+                  name);
+        EXPECT_EQ(check({"Gemm", {a, b, noise({41, 67}, 14)}, {false, false, false}, {attr("transA", ta), attr("transB", tb)}}, 1e-5, &cpu),
+                  name);
+      }
+    // FusedMatMul: bias, activation, residual, post-activation.
+    EXPECT_EQ(check({"FusedMatMul", {noise({3, 11, 40}, 15), noise({40, 100}, 16), noise({100}, 17), noise({3, 11, 100}, 18)},
+                     {false, true, true, false},
+                     {attr("activation", std::string("Gelu")), attr("post_activation", std::string("Relu"))}},
+                    1e-5, &cpu),
+              name);
+    EXPECT_EQ(check({"FusedMatMul", {noise({4, 2, 9, 16}, 19), noise({4, 1, 16, 33}, 20), Tensor(), noise({4, 2, 9, 33}, 21)},
+                     {false, false, false, false},
+                     {attr("activation", std::string("Silu"))}},
+                    1e-5, &cpu),
+              name);
+  }
+  // Alpha other than 1 stays with another kernel.
+  EXPECT_NE(check({"Gemm", {noise({4, 5}, 22), noise({5, 6}, 23)}, {false, true}, {attr("alpha", 0.5)}}).rfind("kiln.gemm", 0), 0u);
+}
+
+TEST(GemmKernel, BatchesAreSharedAmongThreads) {
+  // More products than threads: each thread takes whole products (attention's heads).
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(threads);
+    use_threads(threads);
+    EXPECT_EQ(check({"MatMul", {noise({12, 17, 64}, 1), noise({12, 64, 17}, 2)}, {false, false}}).rfind("kiln.gemm", 0), 0u);
+  }
+  use_threads(physical_cores());
+}
+
+TEST(GemmKernel, CompiledModelsRecordAndReuseTheParameters) {
+  // A linear layer compiled for two threads records its template; a session on one thread keeps
+  // the recorded tile and blocking and grids it again; the packed weight is stored in the
+  // tile's layout and read where it is mapped.
+  testing::GraphBuilder b;
+  const ValueId y = b.op("y", "MatMul", {b.input("x", std::vector<int64_t>{6, 200}), b.constant("w", noise({200, 300}, 2))});
+  Model m = b.done({y});
+  CompileOptions options;
+  options.target.threads = 2;
+  auto compiled = compile_model(m, options);
+  ASSERT_TRUE(compiled.ok()) << compiled.error().message();
+  const Node& node = m.graph.nodes[0];
+  ASSERT_EQ(node.kernel.name.rfind("kiln.gemm_f32_", 0), 0u);
+  ASSERT_FALSE(node.kernel.params.empty());
+  const Tensor& w = m.graph.value(node.inputs[1]).constant;
+  ASSERT_NE(w.layout(), nullptr);
+  EXPECT_EQ(w.layout()->packed_for.rfind("kiln gemm_f32 nr", 0), 0u);
+  Tensor x = noise({6, 200}, 3);
+  for (int threads : {1, 2}) {
+    SessionOptions so;
+    so.target.threads = threads;
+    auto fast = Session::create(m, so);
+    auto ref = Session::create(m, SessionOptions{.reference = true});
+    ASSERT_TRUE(fast.ok() && ref.ok());
+    auto got = (*fast)->run({x});
+    auto want = (*ref)->run({x});
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_LE(testing::relative_l2((*got)[0], (*want)[0]), 1e-6);
+    EXPECT_EQ((*fast)->kernels()[0].label.rfind("gemm_f32_", 0), 0u);
+  }
+  // Parameters a hostile file records are refused, naming them.
+  m.graph.nodes[0].kernel.params = {{"mr", int64_t{7}}, {"nr", int64_t{7}}, {"mc", int64_t{7}}, {"nc", int64_t{7}}, {"kc", int64_t{7}}};
+  auto bad = Session::create(m, SessionOptions{});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("recorded GEMM parameters are invalid"), std::string::npos) << bad.error().message();
+}
+
+}  // namespace
+}  // namespace kiln
