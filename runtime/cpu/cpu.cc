@@ -11,6 +11,7 @@ void register_movement(KernelRegistry& r);
 void register_softmax(KernelRegistry& r);
 void register_gemm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
+void register_binary(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -21,6 +22,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_softmax(r);
   cpu::register_gemm(r);
   cpu::register_attention(r);
+  cpu::register_binary(r);
 }
 
 }  // namespace kiln

@@ -14,6 +14,10 @@ namespace kiln::cpu {
 
 enum class Isa { avx2, avx512 };
 
+/// The binary elementwise ops RowKernels::binary computes, as the reference kernels define them
+/// (Max and Min as a < b ? b : a and b < a ? b : a, so NaNs fall the same way).
+enum class BinaryOp { add, sub, mul, div, max, min, square };
+
 /// RowKernels::softmax_block's causal limit when there is none.
 inline constexpr int64_t kNoCausal = INT64_MAX;
 
@@ -53,6 +57,9 @@ struct RowKernels {
   /// calling thread: what a GEMM applies to each register tile it finishes.
   void (*tile_epilogue)(float* y, int64_t ldy, const float* z, int64_t ldz, int64_t rows, int64_t n,
                         const ActivationSpec& act, const ActivationSpec& post);
+  /// y[i] = a[i·as] op b[i·bs] over n values, each step 0 (one value for the row) or 1; `square`
+  /// is a·a (Pow by a constant 2, b unused). y may be a or b.
+  void (*binary)(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float* y, int64_t n);
   /// y = act(x) over n values (y may be x), as the epilogue computes it.
   void (*activation)(const float* x, float* y, int64_t n, const ActivationSpec& act);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per

@@ -9,6 +9,14 @@
 // oneDNN's GEMM-based path on plain tensors, whose post-ops run element by element. Grouped
 // and depthwise ones stay plain (oneDNN 2.6's blocked ones miscompute some with channel
 // tails) and kiln's vectorised epilogue follows them.
+//
+// 3x3, stride-1, undilated, ungrouped 2-D convolutions of at least 16 channels in and out run
+// as oneDNN's Winograd convolution (F(2x2, 3x3) or F(4x4, 3x3), its choice) where the CPU has
+// it (AVX-512): 2.25 to 4 times fewer multiplies, within about 1e-6 of the direct result per
+// convolution; it wants blocked activations, so NHWC ones are reordered in and out through the
+// workspace (microseconds next to the convolution). `kiln_bench_conv` measured it against the
+// direct convolution on the models' shapes. The choice is the kernel's parameter `algorithm`
+// ("winograd" or "direct"), which a compiled model records.
 #include <cstring>
 #include <unordered_map>
 
@@ -22,12 +30,22 @@ namespace {
 
 using dnnl::memory;
 
+// Channels from which a 3x3 convolution goes to Winograd (kiln_bench_conv: it wins from 16).
+constexpr int64_t kWinogradChannels = 16;
+
 std::optional<std::string> conv_declines(const KernelQuery& q) {
   if (auto why = f32_and_concrete(q)) return why;
   const int64_t rank = q.inputs[0].shape.rank();
   if (rank < 3 || rank > 5) return "only 1-D to 3-D convolutions";
   if (!q.inputs[1].value) return "the weights are computed at run time";
   return std::nullopt;
+}
+
+// The algorithm a compiled model recorded for the node ("winograd", "direct"), or "".
+std::string recorded_algorithm(const Node& node) {
+  for (const auto& [key, value] : node.kernel.params)
+    if (const std::string* s = std::get_if<std::string>(&value); s && key == "algorithm") return *s;
+  return "";
 }
 
 class ConvKernel final : public Kernel {
@@ -65,18 +83,25 @@ class ConvKernel final : public Kernel {
       const memory::desc bias = has_bias_ ? plain({ys[1]}) : memory::desc();
       const bool fused = q.node.op == "FusedConv";
       const bool has_z = fused && q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
-      dnnl::primitive_attr attr;
+      dnnl::primitive_attr attr, bare;  // with the epilogue as post-ops, and without any
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      bare.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       blocked_ = group == 1 && !last;
       const std::optional<cpu::Isa> isa = cpu::best_isa(q.target.cpu);
-      if (fused && (blocked_ || last || !isa)) {
-        KILN_ASSIGN_OR_RETURN(dnnl::post_ops ops, epilogue_post_ops(q.node, has_z ? &dst : nullptr, z_index_));
-        attr.set_post_ops(ops);
-      } else if (fused) {
+      auto own_epilogue = [&]() -> Status {  // kiln's row kernels apply the epilogue after oneDNN
         KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
         KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
         own_epilogue_ = &cpu::row_kernels(*isa);
         has_z_ = has_z;
+        z_index_ = -1;
+        return {};
+      };
+      const bool post_ops = fused && (blocked_ || last || !isa);
+      if (post_ops) {
+        KILN_ASSIGN_OR_RETURN(dnnl::post_ops ops, epilogue_post_ops(q.node, has_z ? &dst : nullptr, z_index_));
+        attr.set_post_ops(ops);
+      } else if (fused) {
+        KILN_RETURN_IF_ERROR(own_epilogue());
       }
       // Activations in the layout oneDNN's direct convolutions want (blocked channels on
       // AVX-512: their post-ops are vectorised, the GEMM-based path on plain NCHW runs them
@@ -84,11 +109,37 @@ class ConvKernel final : public Kernel {
       auto any = [](const std::vector<int64_t>& d) {
         return memory::desc(memory::dims(d.begin(), d.end()), memory::data_type::f32, memory::format_tag::any);
       };
-      dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                           blocked_ ? any(xs) : src, any_w, bias, blocked_ ? any(ys) : dst, strides, dil,
-                                           pad_l, pad_r);
-      dnnl::convolution_forward::primitive_desc pd(desc, attr, cpu_engine());
-      KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc()));
+      auto primitive = [&](dnnl::algorithm alg, bool any_activations, const dnnl::primitive_attr& a) {
+        dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, alg, any_activations ? any(xs) : src, any_w, bias,
+                                             any_activations ? any(ys) : dst, strides, dil, pad_l, pad_r);
+        return dnnl::convolution_forward::primitive_desc(desc, a, cpu_engine());
+      };
+      // Winograd where the shape suits it and oneDNN has it for this CPU, unless the model
+      // recorded the direct algorithm; the direct one otherwise.
+      const bool wino_shape = n == 2 && group == 1 && kernel == std::vector<int64_t>{3, 3} && w.strides == std::vector<int64_t>{1, 1} &&
+                              dil == memory::dims{0, 0} && xs[1] >= kWinogradChannels && ys[1] >= kWinogradChannels;
+      const bool recorded_direct = recorded_algorithm(q.node) == "direct";
+      winograd_ = false;
+      dnnl::convolution_forward::primitive_desc pd;
+      if (wino_shape && !recorded_direct && q.target.cpu.avx512f) {
+        try {
+          pd = primitive(dnnl::algorithm::convolution_winograd, true, attr);
+          winograd_ = true;
+        } catch (const dnnl::error&) {
+        }
+        if (!winograd_ && post_ops && isa) {  // post-ops Winograd lacks (Swish): kiln's epilogue after it
+          try {
+            pd = primitive(dnnl::algorithm::convolution_winograd, true, bare);
+            winograd_ = true;
+            KILN_RETURN_IF_ERROR(own_epilogue());
+          } catch (const dnnl::error&) {
+          }
+        }
+      }
+      if (!winograd_) pd = primitive(dnnl::algorithm::convolution_direct, blocked_, attr);
+      // Winograd's weight layout is its own: it starts from the plain weights.
+      const Tensor& wt = *q.inputs[1].value;
+      KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
       packed_ = packed_weights(*q.inputs[1].value, weights_, false, "convolution");
       prim_ = dnnl::convolution_forward(pd);
       src_ = memory(src, cpu_engine(), nullptr);
@@ -160,6 +211,10 @@ class ConvKernel final : public Kernel {
   }
 
   Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
+  std::vector<std::pair<std::string, KernelParam>> params() const override {
+    return {{"algorithm", std::string(winograd_ ? "winograd" : "direct")}};
+  }
+  std::string label() const override { return winograd_ ? "winograd" : ""; }
 
  private:
   dnnl::convolution_forward prim_;
@@ -168,6 +223,7 @@ class ConvKernel final : public Kernel {
   memory weights_, src_, dst_, bias_, scratch_, blocked_src_, blocked_dst_, z_plain_;
   size_t src_offset_ = 0, dst_offset_ = 0;  ///< in the workspace; 0: the plain tensor is used
   bool blocked_ = true;
+  bool winograd_ = false;
   const cpu::RowKernels* own_epilogue_ = nullptr;  ///< set when kiln applies the epilogue
   ActivationSpec act_, post_;
   bool has_z_ = false;

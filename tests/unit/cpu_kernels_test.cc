@@ -66,6 +66,31 @@ TEST(CpuKernels, Activations) {
   EXPECT_EQ(check({"Clip", {x, Tensor::from<float>({}, {0.f})}, {false, false}}), kReferenceKernel);
 }
 
+TEST(CpuKernels, BinaryElementwise) {
+  // Every op; the same shape, scalars either side, broadcasts inner and outer (an SE block's
+  // per-channel scale on NHWC), dims of 1 on both sides, and a long row split among threads.
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
+      {{7, 33}, {7, 33}}, {{7, 33}, {}}, {{}, {5, 17}}, {{2, 5, 5, 40}, {2, 1, 1, 40}}, {{2, 40, 5, 5}, {1, 40, 1, 1}},
+      {{3, 1, 9}, {1, 4, 1}}, {{1, 6, 1, 9}, {5, 1, 7, 1}}, {{70001}, {70001}}, {{300, 257}, {300, 1}}};
+  for (const auto& [isa, cpu] : isa_paths())
+    for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"})
+      for (const auto& [sa, sb] : shapes) {
+        SCOPED_TRACE(isa + " " + op + " " + shape_str(sa) + " " + shape_str(sb));
+        Tensor b = noise(sb, 2);
+        if (std::string(op) == "Div")  // away from 0
+          for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] += b.data<float>()[i] < 0 ? -0.5f : 0.5f;
+        EXPECT_EQ(check({op, {noise(sa, 1, 4.f), b}, {false, false}}, 0, &cpu), "kiln.binary_f32_" + isa);
+        EXPECT_EQ(check({op, {noise(sa, 3), b}, {false, true}}, 0, &cpu), "kiln.binary_f32_" + isa);
+      }
+  for (const auto& [isa, cpu] : isa_paths())
+    EXPECT_EQ(check({"Pow", {noise({3, 50}, 4, 3.f), Tensor::from<float>({}, {2.f})}, {false, true}}, 0, &cpu), "kiln.binary_f32_" + isa);
+  // Other exponents, integer tensors and three-input Max stay with the reference kernels.
+  EXPECT_EQ(check({"Pow", {noise({3, 5}, 5), Tensor::from<float>({}, {3.f})}, {false, true}}), kReferenceKernel);
+  EXPECT_EQ(check({"Add", {Tensor::from<int64_t>({3}, {1, 2, 3}), Tensor::from<int64_t>({3}, {4, 5, 6})}, {false, false}}),
+            kReferenceKernel);
+  EXPECT_EQ(check({"Max", {noise({4}, 6), noise({4}, 7), noise({4}, 8)}, {false, false, false}}), kReferenceKernel);
+}
+
 TEST(CpuKernels, Softmax) {
   for (const auto& [isa, cpu] : isa_paths())
     for (std::vector<int64_t> shape : std::vector<std::vector<int64_t>>{{1}, {3, 7}, {2, 4, 16}, {5, 1000}, {40, 2049}}) {

@@ -29,9 +29,9 @@ struct Case {
 
 /// Runs the one-node model on the default kernels (for this CPU, when given; or on `kernels`)
 /// and on the reference kernels, compares the outputs (relative L2 <= tol) and returns the
-/// kernel that ran it.
+/// kernel that ran it (and its label, Kernel::label, into `label` when given).
 inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr,
-                         const KernelRegistry* kernels = nullptr) {
+                         const KernelRegistry* kernels = nullptr, std::string* label = nullptr) {
   Model m;
   Graph& g = m.graph;
   Node n;
@@ -79,6 +79,7 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
     EXPECT_EQ((*got)[i].shape(), (*want)[i].shape()) << "output " << i;
     EXPECT_LE(relative_l2((*got)[i], (*want)[i]), tol) << c.op << " output " << i << " " << graph_to_text(g);
   }
+  if (label) *label = (*fast)->kernels()[0].label;
   return (*fast)->kernels()[0].name;
 }
 

@@ -138,6 +138,50 @@ TEST(OneDnn, ChannelsLastConvAndPools) {
   EXPECT_EQ(check({"GlobalMaxPool", {x}, {}, last}), "onednn.pool");
 }
 
+// 3x3 stride-1 ungrouped convolutions of 16 channels and more: oneDNN's Winograd where the CPU
+// has it (AVX-512), NHWC and NCHW, with bias, activations (as post-ops, or after it on kiln's
+// row kernels when Winograd has no such post-op) and a residual, odd channel counts
+// and sizes; within 1e-5 of the direct reference. A stride of 2, too few channels or a 5x5
+// kernel stay direct.
+TEST(OneDnn, WinogradConvolutions) {
+  const bool wino = CpuFeatures::host().avx512f;
+  struct Shape2 { int64_t c, h, w, m; };
+  for (const Shape2& s : std::vector<Shape2>{{16, 9, 9, 32}, {64, 14, 14, 64}, {33, 7, 11, 20}})
+    for (bool last : {true, false}) {
+      SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + (last ? " nhwc" : " nchw"));
+      Tensor x = noise(last ? std::vector<int64_t>{2, s.h, s.w, s.c} : std::vector<int64_t>{2, s.c, s.h, s.w}, 1);
+      Tensor w = noise({s.m, s.c, 3, 3}, 2, 0.3f), b = noise({s.m}, 3);
+      Tensor z = noise(last ? std::vector<int64_t>{2, s.h, s.w, s.m} : std::vector<int64_t>{2, s.m, s.h, s.w}, 4);
+      std::vector<Attribute> a = conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1);
+      if (last) a.push_back(attr("channels_last", int64_t{1}));
+      a.push_back(attr("activation", std::string("Relu")));
+      std::string label;
+      EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, a}, 1e-5, nullptr, nullptr, &label), "onednn.conv");
+      EXPECT_EQ(label, wino ? "winograd" : "");
+      EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a}, 1e-5, nullptr, nullptr, &label), "onednn.conv");
+      EXPECT_EQ(label, wino ? "winograd" : "");
+      // Silu, which Winograd's post-ops lack: kiln's epilogue follows it.
+      a.back() = attr("activation", std::string("Silu"));
+      a.push_back(attr("post_activation", std::string("Relu")));
+      EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, a}, 1e-5, nullptr, nullptr, &label), "onednn.conv");
+      EXPECT_EQ(label, wino ? "winograd" : "");
+    }
+  std::string label;
+  Tensor x = noise({1, 16, 12, 12}, 5);
+  EXPECT_EQ(check({"Conv", {x, noise({16, 16, 3, 3}, 6)}, {false, true}, conv_attrs({1, 1, 1, 1}, {2, 2}, {1, 1}, 1)}, 1e-5, nullptr,
+                  nullptr, &label),
+            "onednn.conv");
+  EXPECT_EQ(label, "");
+  EXPECT_EQ(check({"Conv", {noise({1, 8, 12, 12}, 7), noise({16, 8, 3, 3}, 8)}, {false, true}, conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1)},
+                  1e-5, nullptr, nullptr, &label),
+            "onednn.conv");
+  EXPECT_EQ(label, "");
+  EXPECT_EQ(check({"Conv", {x, noise({16, 16, 5, 5}, 9)}, {false, true}, conv_attrs({2, 2, 2, 2}, {1, 1}, {1, 1}, 1)}, 1e-5, nullptr,
+                  nullptr, &label),
+            "onednn.conv");
+  EXPECT_EQ(label, "");
+}
+
 TEST(OneDnn, DeclinesWhatItCannotRun) {
   // Weights computed at run time, 1-D MatMul operands, alpha != 1, an empty K.
   EXPECT_EQ(check({"Conv", {noise({1, 3, 5, 5}, 1), noise({4, 3, 3, 3}, 2)}, {false, false}}), kReferenceKernel);

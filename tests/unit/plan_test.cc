@@ -20,7 +20,7 @@ Graph chain() {
   g.inputs = {x};
   g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {x}, .outputs = {a}});  // ops without kiln kernels
   g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {a}, .outputs = {b}});
-  g.add_node(Node{.name = "add", .op = "Add", .inputs = {a, b}, .outputs = {c}});
+  g.add_node(Node{.name = "add", .op = "Sum", .inputs = {a, b}, .outputs = {c}});
   g.add_node(Node{.name = "nonzero", .op = "NonZero", .inputs = {c}, .outputs = {d}});
   g.add_node(Node{.name = "copy", .op = "Identity", .inputs = {d}, .outputs = {out}});
   g.outputs = {out};
@@ -41,7 +41,7 @@ TEST(Plan, LaysOutTheArenaByLivenessAndChoosesKernels) {
   EXPECT_EQ(p.first_use[id("a")], 0);
   EXPECT_EQ(p.last_use[id("a")], 2);
   // a, b and c are placed (256 bytes each); a and b are alive together, c may take a's place
-  // only after the Add has read a, so the three need 3 x 256 without reuse and at most that.
+  // only after the Sum has read a, so the three need 3 x 256 without reuse and at most that.
   const MemoryLayout& m = p.memory;
   EXPECT_EQ(m.planned_values, 3u);
   EXPECT_EQ(m.dynamic_values, 2u);
