@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "formats/infer.h"
 #include "formats/memory.h"
@@ -148,25 +150,46 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   MemoryLayout& mem = plan.memory;
   mem.offset.assign(nv, -1);
   mem.bytes.assign(nv, 0);
+  auto placed_in_arena = [&](size_t v) {
+    return !bound.values[v].is_constant() && first[v] >= 0 && !is_output[v] && !plan.reinfer[static_cast<size_t>(first[v])];
+  };
+  // Views share their input's place: `root` is the value whose memory a value is, and a root
+  // lives until the last read of any value that is its memory.
+  std::vector<size_t> root(nv);
+  for (size_t v = 0; v < nv; ++v) root[v] = v;
+  plan.views.assign(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    const Node& node = bound.nodes[n];
+    static const std::set<std::string, std::less<>> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+    if (!node.domain.empty() || !kViews.count(node.op) || node.inputs.empty() || node.outputs.size() != 1) continue;
+    const ValueId in = node.inputs[0], out = node.outputs[0];
+    if (in < 0 || out < 0 || !placed_in_arena(static_cast<size_t>(in)) || !placed_in_arena(static_cast<size_t>(out))) continue;
+    if (bound.value(in).dtype != bound.value(out).dtype) continue;
+    plan.views[n] = 1;
+    root[static_cast<size_t>(out)] = root[static_cast<size_t>(in)];
+  }
+  std::vector<int32_t> end(nv, -1);
+  for (size_t v = 0; v < nv; ++v)
+    if (first[v] >= 0) end[root[v]] = std::max({end[root[v]], last[v], first[v]});
   struct Item { size_t v; size_t bytes; int32_t begin, end; };
   std::vector<Item> items;
   for (size_t v = 0; v < nv; ++v) {
     const Value& val = bound.values[v];
     if (val.is_constant() || first[v] < 0) continue;
-    const size_t producer = static_cast<size_t>(first[v]);
-    if (is_output[v] || plan.reinfer[producer]) {
+    if (!placed_in_arena(v)) {
       ++mem.dynamic_values;
       continue;
     }
+    if (root[v] != v) continue;  // a view: placed with its root
     std::optional<size_t> nbytes = checked_bytes(shape_numel(val.shape.concrete()), dtype_size(val.dtype));
     if (!nbytes) {
-      const Node& node = bound.nodes[producer];
+      const Node& node = bound.nodes[static_cast<size_t>(first[v])];
       size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());
       return user_error(node.where(), output_name(bound, node, i) + " of shape " + val.shape.str() + " is too large");
     }
     size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
     if (bytes == 0) bytes = kTensorAlignment;
-    items.push_back({v, bytes, first[v], std::max(last[v], first[v])});
+    items.push_back({v, bytes, first[v], end[v]});
   }
   // Greedy by size: each value takes the lowest offset that no value alive at the same time
   // uses; Lifetimes finds those without visiting every value placed before.
@@ -193,6 +216,11 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     placed.add(k, it.begin, it.end);
   }
   mem.planned_values = items.size();
+  for (size_t v = 0; v < nv; ++v)
+    if (root[v] != v) {
+      mem.offset[v] = mem.offset[root[v]];
+      mem.bytes[v] = mem.bytes[root[v]];
+    }
 
   // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
   std::vector<InferInput> q_in;

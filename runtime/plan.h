@@ -48,6 +48,10 @@ struct ExecutionPlan {
   /// captures), -1 when none.
   std::vector<int32_t> first_use, last_use;
   MemoryLayout memory;
+  /// Per node: a Reshape, Flatten, Squeeze, Unsqueeze or Identity whose output is its input's
+  /// memory (both arena intermediates, the elements in the same order), so that running it is
+  /// nothing at all; its input lives as long as the output is read.
+  std::vector<char> views;
   std::vector<PlannedKernel> kernels;  ///< per node
   size_t workspace_bytes = 0;          ///< the largest any kernel asked for
   /// The threads a run uses: the target's, or 1 when the whole graph is too little work to

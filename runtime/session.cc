@@ -329,8 +329,9 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
       plan->values[v] = Tensor::view(val.dtype, val.shape.concrete(), static_cast<char*>(plan->arena.get()) + mem.offset[v], plan->arena);
     else if (is_input[v] || first[v] >= 0) plan->per_run.push_back(static_cast<ValueId>(v));
   }
-  for (PlannedKernel& k : ep.kernels) {
-    std::string label = k.kernel ? k.kernel->label() : std::string();
+  for (size_t n = 0; n < ep.kernels.size(); ++n) {
+    PlannedKernel& k = ep.kernels[n];
+    std::string label = ep.views[n] ? "a view of its input's memory: nothing to run" : k.kernel ? k.kernel->label() : std::string();
     plan->kernels.push_back(std::move(k.kernel));
     plan->choices.push_back(NodeKernel{std::move(k.name), std::move(label), std::move(k.declined)});
   }
@@ -368,7 +369,7 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
     }
     // A node whose outputs are all empty has nothing to compute; skipping it also keeps kernels
     // from sizing per-axis tables by a huge dim of an empty tensor (0 x 2^62).
-    st.skip = !st.reinfer && all_empty;
+    st.skip = (!st.reinfer && all_empty) || ep.views[n];
   }
   for (size_t v = 0; v < nv; ++v)
     if (first[v] >= 0 && !is_output[v] && reinfer[static_cast<size_t>(first[v])])

@@ -265,7 +265,7 @@ def run_all(r, work):
     # --reference: every node on its reference kernel, said in -v and in the timing.
     rc, out, err = r.run(["run", "cnn.kiln", "--reference", "-v", "--iters", "1", "--threads", "1"])
     kernel_lines = [l for l in err.splitlines() if l.startswith("node '")]
-    r.check("run_reference", rc == 0 and kernel_lines and all(l.endswith("): ref") for l in kernel_lines)
+    r.check("run_reference", rc == 0 and kernel_lines and all(l.endswith("): ref") or l.endswith("): ref (a view of its input's memory: nothing to run)") for l in kernel_lines)
             and "1 thread, reference kernels" in err, f"exit {rc}; stderr {err[:400]!r}")
 
     with open(os.path.join(samples, "mlp.onnx"), "rb") as f:

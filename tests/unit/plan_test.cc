@@ -1,7 +1,11 @@
 // build_plan on its own, as `kiln compile` uses it: shapes, liveness, arena layout, kernels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "formats/infer.h"
 #include "runtime/plan.h"
+#include "runtime/session.h"
 
 namespace kiln {
 namespace {
@@ -99,6 +103,45 @@ TEST(Plan, ChainsReuseMemory) {
   EXPECT_EQ(plan->memory.planned_values, 63u);
   EXPECT_EQ(plan->memory.unshared_bytes, 63u * 1024);
   EXPECT_EQ(plan->memory.arena_bytes, 2u * 1024);
+}
+
+TEST(Plan, ViewsShareTheirInputsMemory) {
+  // x -> Relu a [32] -> Reshape b [4, 8] -> Neg c -> Reshape d [32] -> Abs out: b is a's
+  // memory and d is c's, so the Reshapes run nothing; a lives until Neg read b, so c cannot
+  // take a's place.
+  Graph g;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{32}));
+  g.inputs = {x};
+  ValueId a = g.add_value("a", DType::undefined), b = g.add_value("b", DType::undefined), c = g.add_value("c", DType::undefined);
+  ValueId d = g.add_value("d", DType::undefined), out = g.add_value("out", DType::undefined);
+  ValueId s48 = g.add_constant("s48", Tensor::from<int64_t>({2}, {4, 8})), s32 = g.add_constant("s32", Tensor::from<int64_t>({1}, {32}));
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {a}});
+  g.add_node(Node{.name = "r1", .op = "Reshape", .inputs = {a, s48}, .outputs = {b}});
+  g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {b}, .outputs = {c}});
+  g.add_node(Node{.name = "r2", .op = "Reshape", .inputs = {c, s32}, .outputs = {d}});
+  g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {d}, .outputs = {out}});
+  g.outputs = {out};
+  Target target;
+  std::vector<std::vector<int64_t>> shapes = {{32}};
+  auto plan = build_plan(g, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->views, (std::vector<char>{0, 1, 0, 1, 0}));
+  const std::vector<int64_t>& off = plan->memory.offset;
+  EXPECT_EQ(off[static_cast<size_t>(b)], off[static_cast<size_t>(a)]);
+  EXPECT_EQ(off[static_cast<size_t>(d)], off[static_cast<size_t>(c)]);
+  EXPECT_NE(off[static_cast<size_t>(c)], off[static_cast<size_t>(a)]);
+  EXPECT_EQ(plan->memory.planned_values, 2u);
+  // And it computes what the nodes say.
+  Model m;
+  m.graph = g;
+  ASSERT_TRUE(infer_graph(m.graph).ok());
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  Tensor in(DType::f32, {32});
+  for (int i = 0; i < 32; ++i) in.data<float>()[i] = static_cast<float>(i - 16);
+  auto y = (*s)->run({in});
+  ASSERT_TRUE(y.ok()) << y.error().message();
+  for (int i = 0; i < 32; ++i) EXPECT_EQ((*y)[0].data<float>()[i], static_cast<float>(std::max(i - 16, 0))) << i;
 }
 
 TEST(Plan, RejectsTheWrongNumberOfInputShapes) {
