@@ -57,6 +57,7 @@ Result<PassResult> fuse_gelu_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_attention_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
 Result<PassResult> channels_last(Model& model, PassContext& ctx);
+Result<PassResult> merge_transposes(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);
 Result<PassResult> prepack_weights(Model& model, PassContext& ctx);

@@ -140,7 +140,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 14u);
+  EXPECT_EQ(names.size(), 15u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -853,6 +853,59 @@ TEST(CompileSelectKernels, NeedsConcreteInputShapes) {
   EXPECT_TRUE(m.graph.nodes[0].kernel.empty());
 }
 
+// ---- merge_transposes ----------------------------------------------------------------------
+
+// A detection head as the layout pass leaves it: a channels-last output brought back to NCHW,
+// reshaped to [N, anchors, outputs, H, W] and transposed to [N, anchors, H, W, outputs]; and two
+// Transposes that cancel.
+Model head_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 4, 5, 12});  // NHWC, 12 = 3 anchors x 4 outputs
+  ValueId nchw = b.op("to_nchw", "Transpose", {x}, "nchw", {attr("perm", std::vector<int64_t>{0, 3, 1, 2})});
+  ValueId r = b.op("split", "Reshape", {nchw, b.constant("s5", Tensor::from<int64_t>({5}, {1, 3, 4, 4, 5}))}, "r");
+  b.output(b.op("head", "Transpose", {r}, "y", {attr("perm", std::vector<int64_t>{0, 1, 3, 4, 2})}));
+  ValueId u = b.input("u", {2, 3, 4});
+  ValueId t = b.op("t1", "Transpose", {u}, "t", {attr("perm", std::vector<int64_t>{2, 0, 1})});
+  b.output(b.op("t2", "Transpose", {t}, "back", {attr("perm", std::vector<int64_t>{1, 2, 0})}));
+  return b.done();
+}
+
+TEST(CompileMergeTransposes, Golden) {
+  Model m = head_model();
+  PassResult r = run_pass("merge_transposes", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "merged 2 pairs of Transposes (1 around a Reshape)");
+  // The head: X's last dim split into [3, 4], then one Transpose moving rows of 4; the pair
+  // that cancels: a Reshape to the same shape.
+  EXPECT_EQ(testing::nodes_text(m.graph),
+            "node head_split: Reshape(x, head_split_shape) -> (x_split) sources=[\"to_nchw\", \"split\", \"head\"]\n"
+            "node head: Transpose(x_split) -> (y) perm=ints[0, 3, 1, 2, 4] sources=[\"to_nchw\", \"split\", \"head\"]\n"
+            "node t2: Reshape(u, t2_shape) -> (back) sources=[\"t1\", \"t2\"]\n");
+}
+
+TEST(CompileMergeTransposes, SameOutputs) {
+  Model before = head_model(), after = before;
+  run_pass("merge_transposes", after);
+  expect_same_outputs(before, after, {random_f32({1, 4, 5, 12}, 91), random_f32({2, 3, 4}, 92)}, 0);
+}
+
+TEST(CompileMergeTransposes, LeavesWhatItCannotMerge) {
+  // A Reshape that merges dims; an intermediate that is read elsewhere.
+  Builder b;
+  ValueId x = b.input("x", {2, 3, 4});
+  ValueId t = b.op("t1", "Transpose", {x}, "t", {attr("perm", std::vector<int64_t>{1, 0, 2})});
+  ValueId r = b.op("merge", "Reshape", {t, b.constant("s", Tensor::from<int64_t>({2}, {6, 4}))}, "r");
+  b.output(b.op("t2", "Transpose", {r}, "y", {attr("perm", std::vector<int64_t>{1, 0})}));
+  ValueId u = b.input("u", {2, 3});
+  ValueId tu = b.op("u1", "Transpose", {u}, "tu", {});
+  b.output(b.op("u2", "Transpose", {tu}, "back", {}));
+  b.output(tu);
+  Model m = b.done();
+  PassResult r2 = run_pass("merge_transposes", m);
+  EXPECT_FALSE(r2.changed);
+  EXPECT_EQ(r2.summary, "");
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too
@@ -1002,7 +1055,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
-            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_attention, fuse_epilogues, channels_last, eliminate_dead, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_attention, fuse_epilogues, channels_last, merge_transposes, eliminate_dead, "
             "select_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();
