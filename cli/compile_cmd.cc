@@ -119,6 +119,10 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   auto compiled = compile_model(*model, options);
   if (!compiled.ok()) return report(verb, with_file(compiled.status(), display));
   if (args.time_passes) print_times(*compiled);
+  if (args.verbose)  // each node's kernel, with its parameters
+    for (const Node& n : model->graph.nodes)
+      if (!n.kernel.empty())
+        std::cerr << "kiln compile: node '" << n.name << "' (" << n.qualified_op() << "): " << kernel_choice_text(n.kernel) << "\n";
 
   if (args.output == "-") {
     auto bytes = serialize_model(*model);
@@ -151,7 +155,7 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_flag("--time-passes", args->time_passes, "print each pass's time and what it changed on stderr");
   cmd->add_flag("--list-passes", args->list_passes, "print the passes in pipeline order with a line on each, then exit");
   add_max_memory_option(cmd);
-  cmd->add_flag("-v,--verbose", args->verbose, "print the target and what each pass changed");
+  cmd->add_flag("-v,--verbose", args->verbose, "print the target, what each pass changed and each node's kernel");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_compile(*args, cmdline); });
 }
 

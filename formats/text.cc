@@ -172,17 +172,7 @@ class Printer {
       for (const Attribute& a : n.attrs) s += " " + name(a.name) + "=" + attr_value_text(a.value);
       if (!n.captures.empty()) s += " captures=" + list(n.captures, ref);
       if (!n.sources.empty()) s += " sources=" + list(n.sources, quote);
-      if (!n.kernel.empty() || !n.kernel.params.empty()) {
-        s += " kernel=" + name(n.kernel.name) + "{";
-        for (size_t i = 0; i < n.kernel.params.size(); ++i) {
-          const KernelParam& v = n.kernel.params[i].second;
-          s += (i ? ", " : "") + name(n.kernel.params[i].first) + "=";
-          if (const auto* k = std::get_if<int64_t>(&v)) s += std::to_string(*k);
-          else if (const auto* f = std::get_if<double>(&v)) s += attr_value_text(*f);
-          else s += quote(std::get<std::string>(v));
-        }
-        s += "}";
-      }
+      if (!n.kernel.empty() || !n.kernel.params.empty()) s += " kernel=" + kernel_choice_text(n.kernel);
       line(in, s);
       for (const Attribute& a : n.attrs)
         if (const auto* sub = std::get_if<std::shared_ptr<Graph>>(&a.value); sub && *sub) {
@@ -245,6 +235,20 @@ std::string model_to_text(const Model& model) {
   }
   p.graph(model.graph, 0);
   return std::move(p.out);
+}
+
+std::string kernel_choice_text(const KernelChoice& k) {
+  std::string s;
+  s += name(k.name) + "{";
+  for (size_t i = 0; i < k.params.size(); ++i) {
+    const KernelParam& v = k.params[i].second;
+    s += (i ? ", " : "") + name(k.params[i].first) + "=";
+    if (const auto* n = std::get_if<int64_t>(&v)) s += std::to_string(*n);
+    else if (const auto* f = std::get_if<double>(&v)) s += attr_value_text(*f);
+    else s += quote(std::get<std::string>(v));
+  }
+  s += "}";
+  return s;
 }
 
 }  // namespace kiln

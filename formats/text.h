@@ -38,6 +38,9 @@ namespace kiln {
 /// The function never fails: out-of-range indices print as `%<index>?`.
 std::string model_to_text(const Model& model);
 
+/// A node's kernel choice as the text form writes it: `kiln.gemm_f32_avx512{mr=8, nr=48, ...}`.
+std::string kernel_choice_text(const KernelChoice& kernel);
+
 /// The text form of one graph at the given indentation (two spaces per level).
 std::string graph_to_text(const Graph& graph, int indent = 0);
 

@@ -173,6 +173,13 @@ def compile_tests(r, work, samples):
     good = good and "fold_constants" not in err
     r.check("compile_passes_and_print_after", good, f"exit {rc}; stderr {err[:600]!r}")
 
+    # -v: each node's kernel with its parameters, once kernels are chosen.
+    rc, out, err = r.run(["compile", "cnn.kiln", "-o", "verbose.kiln", "--input-shape", "input=1x3x32x32", "-v"])
+    kernels = [l for l in err.splitlines() if l.startswith("kiln compile: node '")]
+    good = rc == 0 and kernels and all(l.endswith("}") for l in kernels)
+    good = good and any("onednn.conv{algorithm=" in l for l in kernels)
+    r.check("compile_verbose_kernels", good, f"exit {rc}; stderr {err[-600:]!r}")
+
     # User errors: one line, exit 2, nothing written.
     r.error("compile_unknown_pass", ["compile", "cnn.kiln", "-o", "bad.kiln", "--passes", "cse,frobnicate"], 2,
             r"--passes: unknown pass 'frobnicate' \(known passes: specialize_shapes, fold_constants, .*\)$", no_file="bad.kiln")
