@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/target.h"
 #include "runtime/threads.h"
 
@@ -84,6 +85,44 @@ double fma_peak_gflops(const kiln::CpuFeatures& cpu, const char*& isa) {
     sink = sink + (avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters));
     const double s = seconds_since(t0);
     best = std::max(best, static_cast<double>(iters) * 16 * lanes * 2 / s / 1e9);
+  }
+  return best;
+}
+
+// The same probe for the lower-precision dot products: 16 independent vpdpbusd (64 u8·s8
+// multiply-adds each) or vdpbf16ps (32 bf16 multiply-adds each) chains. Returns G multiply-adds
+// x 2 per second (GOP/s or GFLOP/s), the best of 5.
+__attribute__((target("avx512f,avx512vnni"))) int vnni_loop(long iters) {
+  __m512i acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1);
+  for (long n = 0; n < iters; ++n)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  __m512i s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
+  return _mm512_reduce_add_epi32(s);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float bf16_loop(long iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+  for (long n = 0; n < iters; ++n)
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+double lowp_peak(bool vnni) {
+  const long iters = 10'000'000;
+  volatile float sink = 0;
+  double best = 0;
+  for (int probe = 0; probe < 5; ++probe) {
+    const auto t0 = clock_type::now();
+    sink = sink + (vnni ? static_cast<float>(vnni_loop(iters)) : bf16_loop(iters));
+    const double s = seconds_since(t0);
+    best = std::max(best, static_cast<double>(iters) * 16 * (vnni ? 64 : 32) * 2 / s / 1e9);
   }
   return best;
 }
@@ -260,6 +299,46 @@ int main(int argc, char** argv) {
                 shape_name(s).c_str(), sec[0] * 1e3, gflops(s, sec[0]), 100.0 * gflops(s, sec[0]) / peak, 100 * spread[0],
                 sec[1] * 1e3, gflops(s, sec[1]), 100.0 * gflops(s, sec[1]) / peak, 100 * spread[1], sec[0] / sec[1],
                 best.p.name().c_str(), pr.disagreement());
+  }
+  // The lower-precision templates against kiln's f32 one on the same shapes: u8·s8 (the
+  // speed-up over f32 is the number to hold), bf16 (the share of its own probed peak).
+  const bool vnni = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::u8s8);
+  const bool bf16 = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::bf16);
+  if (!vnni && !bf16) {
+    std::printf("# this CPU has neither AVX512-VNNI nor AVX512-BF16: no lower-precision rows\n");
+    return 0;
+  }
+  const double vnni_peak = vnni ? lowp_peak(true) * threads : 0, bf16_peak = bf16 ? lowp_peak(false) * threads : 0;
+  std::printf("# u8s8 vpdpbusd peak %.1f GOP/s, bf16 vdpbf16ps peak %.1f GFLOP/s, for %d thread(s) (0: the CPU lacks it)\n",
+              vnni_peak, bf16_peak, threads);
+  std::printf("%-28s %9s | %9s %8s %7s %8s | %9s %8s %7s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",
+              "bf16 ms", "GFLOP/s", "peak");
+  for (const Shape& s : shapes) {
+    Problem pr(s);
+    Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n), caches, s.m, s.n, s.k, threads));
+    std::vector<uint8_t> a8(static_cast<size_t>(s.m * s.k));
+    std::vector<int8_t> b8(static_cast<size_t>(s.k * s.n)), b8p(static_cast<size_t>(gemm::packed_b_s8_bytes(s.k, s.n)));
+    for (size_t i = 0; i < a8.size(); ++i) a8[i] = static_cast<uint8_t>(i * 7 % 251);
+    for (size_t i = 0; i < b8.size(); ++i) b8[i] = static_cast<int8_t>(i * 13 % 255 - 127);
+    std::vector<int32_t> sums(static_cast<size_t>(s.n));
+    gemm::pack_b_s8(b8.data(), s.n, false, s.k, s.n, b8p.data(), sums.data());
+    std::vector<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n));
+    std::vector<uint16_t> bbf(static_cast<size_t>(gemm::packed_b_bf16_elements(s.k, s.n)));
+    gemm::pack_b_bf16(pr.b.data(), s.n, false, s.k, s.n, bbf.data());
+    std::vector<std::byte> ws(std::max(gemm::lowp_workspace_bytes(gemm::Lowp::u8s8, s.m, s.k),
+                                       gemm::lowp_workspace_bytes(gemm::Lowp::bf16, s.m, s.k)) + 64);
+    const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
+    std::vector<double> spread;
+    std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
+    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, ws.data()); });
+    if (bf16) fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data()); });
+    std::vector<double> sec;
+    if (fns.size() == 3) sec = interleaved(spread, fns[0], fns[1], fns[2]);
+    else sec = interleaved(spread, fns[0], fns[1]);
+    const double t8 = vnni ? sec[1] : 0, tb = bf16 ? sec.back() : 0;
+    std::printf("%-28s %9.3f | %9.3f %8.1f %6.0f%% %8.2f | %9.3f %8.1f %6.0f%%\n", shape_name(s).c_str(), sec[0] * 1e3, t8 * 1e3,
+                vnni ? gflops(s, t8) : 0.0, vnni ? 100 * gflops(s, t8) / vnni_peak : 0.0, vnni ? sec[0] / t8 : 0.0, tb * 1e3,
+                bf16 ? gflops(s, tb) : 0.0, bf16 ? 100 * gflops(s, tb) / bf16_peak : 0.0);
   }
   return 0;
 }

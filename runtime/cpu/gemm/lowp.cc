@@ -1,0 +1,138 @@
+// The lower-precision GEMMs' packing, dispatch and threads (lowp.h); the kernels are in
+// lowp_avx512.cc.
+#include "runtime/cpu/gemm/lowp.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu::gemm {
+
+namespace {
+
+constexpr int64_t NR = kLowpTile.nr, MR = kLowpTile.mr;
+
+int64_t panels(int64_t n) { return (n + NR - 1) / NR; }
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Rows of A (of `row_bytes`) whose block fills about half of L2, whole tiles of MR.
+int64_t rows_per_block(int64_t row_bytes) {
+  return std::max<int64_t>(MR, CacheSizes::host().l2 / 2 / std::max<int64_t>(row_bytes, 1) / MR * MR);
+}
+
+// Runs f(p0, p1) over the panels, shared among min(threads, pool, panels) threads.
+template <class F>
+void over_panels(int64_t n, int threads, F&& f) {
+  const int64_t count = panels(n);
+  const int t = static_cast<int>(std::min<int64_t>({threads, pool_threads(), count}));
+  if (t <= 1) {
+    f(0, count);
+    return;
+  }
+#pragma omp parallel num_threads(t)
+  {
+    const int64_t i = omp_get_thread_num(), base = count / t, extra = count % t;
+    const int64_t p0 = i * base + std::min<int64_t>(i, extra);
+    f(p0, p0 + base + (i < extra ? 1 : 0));
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> lowp_lacks(const CpuFeatures& cpu, Lowp kind) {
+  if (!cpu.avx512f || !cpu.avx512bw || !cpu.avx512vl) return "the CPU lacks avx512";
+  if (kind == Lowp::u8s8 && !cpu.avx512_vnni) return "the CPU lacks avx512-vnni";
+  if (kind == Lowp::bf16 && !cpu.avx512_bf16) return "the CPU lacks avx512-bf16";
+  return std::nullopt;
+}
+
+uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x40);  // stays a (quiet) NaN
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float from_bf16(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+int64_t packed_b_s8_bytes(int64_t k, int64_t n) { return panels(n) * round_up(k, 4) * NR; }
+
+void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, int8_t* out, int32_t* col_sums) {
+  const int64_t k4 = (k + 3) / 4;
+  std::memset(out, 0, static_cast<size_t>(packed_b_s8_bytes(k, n)));
+  std::fill(col_sums, col_sums + n, 0);
+  for (int64_t j = 0; j < n; ++j) {
+    int8_t* panel = out + (j / NR) * k4 * NR * 4;
+    for (int64_t p = 0; p < k; ++p) {
+      const int8_t v = trans ? b[j * ld + p] : b[p * ld + j];
+      panel[(p / 4) * NR * 4 + (j % NR) * 4 + p % 4] = v;
+      col_sums[j] += v;
+    }
+  }
+}
+
+int64_t packed_b_bf16_elements(int64_t k, int64_t n) { return panels(n) * round_up(k, 2) * NR; }
+
+void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
+  const int64_t k2 = (k + 1) / 2;
+  std::memset(out, 0, static_cast<size_t>(packed_b_bf16_elements(k, n)) * 2);
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t* panel = out + (j / NR) * k2 * NR * 2;
+    for (int64_t p = 0; p < k; ++p) panel[(p / 2) * NR * 2 + (j % NR) * 2 + p % 2] = to_bf16(trans ? b[j * ld + p] : b[p * ld + j]);
+  }
+}
+
+size_t lowp_workspace_bytes(Lowp kind, int64_t m, int64_t k) {
+  // A in MR-row panels: u8 groups of 4, or bf16 pairs.
+  if (kind == Lowp::u8s8) return static_cast<size_t>(round_up(m, MR) * round_up(k, 4));
+  return static_cast<size_t>(round_up(m, MR) * round_up(k, 2)) * 2;
+}
+
+void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+  if (m <= 0 || n <= 0) return;
+  // A in MR-row panels of groups of 4 bytes (zero-padded in K and in the last panel's rows):
+  // each step's broadcasts then come from one cache line.
+  auto* packed = reinterpret_cast<uint8_t*>(workspace);
+  const int64_t k4 = round_up(k, 4), panel = k4 * MR;
+  const int64_t whole = k / 4;  // groups of 4 bytes copied as 32-bit words; the last one padded
+  for (int64_t i0 = 0; i0 < m; i0 += MR) {
+    uint8_t* out = packed + (i0 / MR) * panel;
+    for (int64_t i = 0; i < MR; ++i) {
+      const uint8_t* row = a + (i0 + i) * lda;
+      const bool real = i0 + i < m;
+      for (int64_t p = 0; p < whole; ++p)
+        std::memcpy(out + (p * MR + i) * 4, real ? row + p * 4 : reinterpret_cast<const uint8_t*>("\0\0\0\0"), 4);
+      if (whole * 4 < k) {
+        uint8_t last[4] = {0, 0, 0, 0};
+        if (real) std::memcpy(last, row + whole * 4, static_cast<size_t>(k - whole * 4));
+        std::memcpy(out + (whole * MR + i) * 4, last, 4);
+      }
+    }
+  }
+  if (mc <= 0) mc = rows_per_block(k4);
+  over_panels(n, threads, [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+}
+
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+  if (m <= 0 || n <= 0) return;
+  auto* packed = reinterpret_cast<uint16_t*>(workspace);
+  const int64_t panel = round_up(k, 2) * MR;
+  for (int64_t i0 = 0; i0 < m; i0 += MR) lowp_avx512::bf16_pack_a(a, lda, i0, std::min(MR, m - i0), k, packed + (i0 / MR) * panel);
+  if (mc <= 0) mc = rows_per_block(round_up(k, 2) * 2);
+  over_panels(n, threads, [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+}
+
+}  // namespace kiln::cpu::gemm

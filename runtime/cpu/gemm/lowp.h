@@ -1,0 +1,80 @@
+// kiln's lower-precision GEMMs, for `kiln quant` and `--precision` to build on: u8 · s8 → s32
+// on AVX512-VNNI (`vpdpbusd`, four byte products per 32-bit lane) with a dequantizing or
+// requantizing epilogue, and bf16 · bf16 → f32 on AVX512-BF16 (`vdpbf16ps`, two products per
+// lane). Both use the f32 templates' shape: a register tile of MR rows × NR columns of 32-bit
+// accumulators, B packed once in panels of NR columns with the K dimension grouped by 4 (u8s8)
+// or 2 (bf16) so that one vector load feeds a whole row of the tile, A broadcast one group at a
+// time; Kc is the whole of K and the threads split the panels of B.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "formats/ops/epilogue.h"
+#include "runtime/cpu/gemm/gemm.h"
+#include "runtime/target.h"
+
+namespace kiln::cpu::gemm {
+
+/// The lower-precision element types.
+enum class Lowp { u8s8, bf16 };
+
+/// Why this CPU cannot run `kind` ("the CPU lacks avx512-vnni"), or nullopt.
+std::optional<std::string> lowp_lacks(const CpuFeatures& cpu, Lowp kind);
+
+/// The register tile of the lower-precision kernels: 8 rows × 48 columns (24 accumulators).
+inline constexpr Tile kLowpTile{8, 48};
+
+// ---- u8 · s8 -------------------------------------------------------------------------------
+
+/// Bytes pack_b_s8 writes for a K×N s8 B: ceil(N / NR) panels of ceil(K / 4) groups of NR×4.
+int64_t packed_b_s8_bytes(int64_t k, int64_t n);
+/// Packs s8 B (K×N, or N×K when `trans`; `ld` between stored rows) for kLowpTile, zero-padded
+/// in K and N; `col_sums` (N values) gets Σ_k B[k][n], which the epilogue needs to remove A's
+/// zero point.
+void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, int8_t* out, int32_t* col_sums);
+
+/// What becomes of each s32 sum: y = scale[n] · (sum − a_zero · col_sums[n]) + bias[n], then
+/// the activation; then, when `out_u8`, q = clamp(round_half_even(y / out_scale) + out_zero,
+/// 0, 255) stored as u8, else y stored as f32.
+struct QuantEpilogue {
+  const int32_t* col_sums = nullptr;
+  int32_t a_zero = 0;
+  const float* scale = nullptr;  ///< N values: A's scale × B's scale of the column
+  const float* bias = nullptr;   ///< N values, or null
+  ActivationSpec act;
+  bool out_u8 = false;
+  float out_scale = 1;
+  int32_t out_zero = 0;
+};
+
+/// C[M×N] = epilogue(A[M×K] u8 · B s8), B packed by pack_b_s8, C f32 or u8 (`ldc` elements
+/// between rows), on min(threads, pool) threads. `workspace` holds lowp_workspace_bytes. A's
+/// rows go `mc` at a time (a multiple of 8; 0: as many as fill half of L2).
+void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+
+// ---- bf16 · bf16 -----------------------------------------------------------------------------
+
+/// uint16 elements pack_b_bf16 writes: ceil(N / NR) panels of ceil(K / 2) pairs of NR × 2.
+int64_t packed_b_bf16_elements(int64_t k, int64_t n);
+/// Packs f32 B (K×N, or N×K when `trans`) as bf16 (round to nearest even) for kLowpTile.
+void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
+
+/// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
+/// pack_b_bf16, then bias and the epilogue as in the f32 GEMM.
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+
+/// Workspace a product of M rows of K takes (A's copy: u8 padded to groups of 4 when K is
+/// not a multiple of 4, bf16 pairs always).
+size_t lowp_workspace_bytes(Lowp kind, int64_t m, int64_t k);
+
+/// f32 to bf16, rounding to nearest even (NaN stays NaN), and back: what the kernels compute
+/// with, for tests and references.
+uint16_t to_bf16(float x);
+float from_bf16(uint16_t x);
+
+}  // namespace kiln::cpu::gemm

@@ -1,0 +1,194 @@
+// The lower-precision micro-kernels and their loops (lowp.h), built with AVX-512 VNNI and BF16
+// (CMake sets the flags for this file); lowp.cc calls them only on CPUs that have those.
+//
+// Each kernel keeps an MRT×48 tile of 32-bit accumulators in 24 vector registers. Per group of
+// K (4 bytes for u8s8, 2 bf16 for bf16) it loads three vectors of B's packed panel (a group for
+// each of 16 columns per vector) and broadcasts each row's group of A as one 32-bit value:
+// `vpdpbusd` adds the four u8·s8 products of a lane, `vdpbf16ps` the two bf16 products.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/cpu/rows.h"
+
+namespace kiln::cpu::gemm::lowp_avx512 {
+
+namespace {
+
+constexpr int MR = kLowpTile.mr, NR = kLowpTile.nr, NV = NR / 16;
+
+__mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
+
+// Four bytes of A broadcast to every lane (a vector load, not a byte copy, which would let the
+// compiler assume it may write the accumulators and keep them in memory).
+__m512i broadcast_group(const uint8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
+
+// tile[MRT×48] = (Σ over k4 groups of A's packed panel (MR groups of 4 bytes a step) · B's
+// panel − comp) · scale + bias, as f32. The sums stay in registers until they are converted.
+struct U8s8Columns {
+  __m512i comp[NV];  // a_zero · Σb per column
+  __m512 scale[NV], bias[NV];
+};
+
+template <int MRT>
+void tile_u8s8(int64_t k4, const uint8_t* a, const int8_t* b, const U8s8Columns& cols, float* tile) {
+  __m512i acc[MRT][NV];
+  for (int i = 0; i < MRT; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_si512();
+  // The steps in blocks of 64: with the loop nested, GCC keeps the sums in registers (one flat
+  // loop gets them copied and spilled around every vpdpbusd).
+  for (int64_t p0 = 0; p0 < k4; p0 += 64)
+  for (int64_t p = p0; p < std::min(k4, p0 + 64); ++p) {
+    __m512i bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + p * NR * 4 + j * 64);
+    for (int i = 0; i < MRT; ++i) {
+      const __m512i av = broadcast_group(a + (p * MR + i) * 4);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
+    }
+  }
+  for (int i = 0; i < MRT; ++i)
+    for (int j = 0; j < NV; ++j)
+      _mm512_store_ps(tile + i * NR + j * 16,
+                      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], cols.comp[j])), cols.scale[j], cols.bias[j]));
+}
+
+// acc[MRT×48] (f32, starting from `init`) += Σ over k2 pairs of A's packed rows · B's panel.
+template <int MRT>
+void tile_bf16(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&out)[MR][NV]) {
+  __m512 acc[MRT][NV];
+  for (int i = 0; i < MRT; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = init[j];
+  for (int64_t p0 = 0; p0 < k2; p0 += 64)  // nested, as in tile_u8s8
+  for (int64_t p = p0; p < std::min(k2, p0 + 64); ++p) {
+    __m512bh bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * NR * 2 + j * 32);
+    for (int i = 0; i < MRT; ++i) {
+      const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(a + (p * MR + i) * 2));
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+    }
+  }
+  for (int i = 0; i < MRT; ++i)
+    for (int j = 0; j < NV; ++j) out[i][j] = acc[i][j];
+}
+
+template <class T, template <int> class F, size_t... R>
+constexpr auto table(std::index_sequence<R...>) {
+  return std::array<T, sizeof...(R)>{&F<static_cast<int>(R) + 1>::run...};
+}
+
+template <int MRT>
+struct U8s8 {
+  static void run(int64_t k4, const uint8_t* a, const int8_t* b, const U8s8Columns& cols, float* tile) {
+    tile_u8s8<MRT>(k4, a, b, cols, tile);
+  }
+};
+template <int MRT>
+struct Bf16 {
+  static void run(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&acc)[MR][NV]) {
+    tile_bf16<MRT>(k2, a, b, init, acc);
+  }
+};
+
+using U8s8Fn = void (*)(int64_t, const uint8_t*, const int8_t*, const U8s8Columns&, float*);
+using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV]);
+constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
+constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
+
+}  // namespace
+
+void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a_packed, const int8_t* b,
+                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+  const RowKernels& rows = row_kernels(Isa::avx512);
+  const int64_t k4 = (k + 3) / 4;
+  const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
+  for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's panels pass
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    const int64_t n0 = panel * NR;
+    const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
+    const int8_t* bp = b + panel * k4 * NR * 4;
+    // Per column: what A's zero point adds to the sum (a_zero · Σb, taken away in integers,
+    // exactly, before the scale), the scale and the bias.
+    U8s8Columns cols;
+    for (int j = 0; j < NV; ++j) {
+      const __mmask16 mk = mask(w - j * 16);
+      cols.scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
+      cols.comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk, ep.col_sums + n0 + j * 16));
+      cols.bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    }
+    for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
+      const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
+      alignas(64) float tile[MR][NR];
+      kU8s8[static_cast<size_t>(rows_here - 1)](k4, a_packed + (i0 / MR) * k4 * MR * 4, bp, cols, &tile[0][0]);
+      if (ep.act.kind != Activation::none) rows.tile_epilogue(&tile[0][0], NR, nullptr, 0, rows_here, w, ep.act, ActivationSpec{});
+      for (int i = 0; i < rows_here; ++i) {
+        if (!ep.out_u8) {
+          float* out = static_cast<float*>(c) + (i0 + i) * ldc + n0;
+          for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(out + j * 16, mask(w - j * 16), _mm512_load_ps(&tile[i][j * 16]));
+          continue;
+        }
+        uint8_t* out = static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0;
+        const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
+        const __m512i zero = _mm512_set1_epi32(ep.out_zero);
+        for (int j = 0; j < NV; ++j) {
+          // Round half to even (the MXCSR default), add the zero point, saturate to 0..255.
+          __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&tile[i][j * 16]), inv)), zero);
+          q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+          _mm_mask_storeu_epi8(out + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
+        }
+      }
+    }
+  }
+}
+
+void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out) {
+  // Each row converted 32 values at a time (vcvtne2ps2bf16: round to nearest even), then its
+  // pairs dealt out to the panel's steps as 32-bit words.
+  const int64_t k2 = (k + 1) / 2;
+  auto* words = reinterpret_cast<uint32_t*>(out);
+  for (int i = 0; i < MR; ++i) {
+    if (i >= rows) {
+      for (int64_t p = 0; p < k2; ++p) words[p * MR + i] = 0;
+      continue;
+    }
+    const float* row = a + (m0 + i) * lda;
+    for (int64_t p0 = 0; p0 < k2; p0 += 16) {
+      const int64_t f0 = 2 * p0, left = k - f0;  // floats of the row from f0
+      const __m512 lo = _mm512_maskz_loadu_ps(mask(static_cast<int>(std::min<int64_t>(left, 16))), row + f0);
+      const __m512 hi = _mm512_maskz_loadu_ps(mask(static_cast<int>(std::min<int64_t>(left - 16, 16))), row + f0 + 16);
+      alignas(64) uint32_t pairs[16];
+      _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      for (int64_t q = 0; q < std::min<int64_t>(16, k2 - p0); ++q) words[(p0 + q) * MR + i] = pairs[q];
+    }
+  }
+}
+
+void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b,
+                 const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
+  const RowKernels& rows = row_kernels(Isa::avx512);
+  const int64_t k2 = (k + 1) / 2;
+  for (int64_t ib = 0; ib < m; ib += mc)
+  for (int64_t panel = p0; panel < p1; ++panel) {
+    const int64_t n0 = panel * NR;
+    const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
+    const uint16_t* bp = b + panel * k2 * NR * 2;
+    __m512 init[NV];
+    for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
+      const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
+      __m512 acc[MR][NV];
+      kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc);
+      for (int i = 0; i < rows_here; ++i)
+        for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[i][j]);
+      if (ep.has_tail())
+        rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
+                           ep.post);
+    }
+  }
+}
+
+}  // namespace kiln::cpu::gemm::lowp_avx512

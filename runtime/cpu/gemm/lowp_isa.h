@@ -1,0 +1,24 @@
+// What lowp.cc and the AVX-512 VNNI/BF16 build of the lower-precision kernels
+// (lowp_avx512.cc) share.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/cpu/gemm/lowp.h"
+
+namespace kiln::cpu::gemm::lowp_avx512 {
+
+/// u8s8: C's panels [p0, p1) (of NR columns, N in all) for all M rows, `mc` rows (a multiple of
+/// MR) at a time; A in MR-row panels of groups of 4 bytes (gemm_u8s8 packs it), B is
+/// pack_b_s8's output.
+void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a_packed, const int8_t* b,
+                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
+
+/// bf16: A's rows [m0, m0 + rows) as one MR-row panel of bf16 pairs (rows past `rows` zero).
+void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out);
+/// bf16: C's panels [p0, p1) for all M rows, `mc` at a time, A packed by bf16_pack_a panel after
+/// panel.
+void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b, const Epilogue& ep,
+                 float* c, int64_t ldc, int64_t n);
+
+}  // namespace kiln::cpu::gemm::lowp_avx512
