@@ -27,9 +27,40 @@ int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
 
 bool present(const KernelQuery& q, size_t i) { return q.inputs.size() > i && q.inputs[i].dtype != DType::undefined; }
 
+bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
+
+// A channels-last convolution that is a plain matrix product: 1x1 kernel, stride 1, no
+// padding, no dilation, no groups. Its [N, H, W, C] input is [N·H·W, C] rows, its weight
+// [K, C, 1, 1] is Bᵀ.
+std::optional<std::string> pointwise_declines(const KernelQuery& q) {
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4) return "not 2-D";
+  if (!q.inputs[1].value) return "the weights are computed at run time";
+  const std::vector<int64_t> w = q.inputs[1].shape.concrete();
+  if (w.size() != 4 || w[2] != 1 || w[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
+  for (const char* attr : {"strides", "dilations"})
+    for (int64_t v : q.node.attr_ints(attr)) if (v != 1) return std::string(attr) + " other than 1";
+  for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
+  if (q.node.has_attr("auto_pad") && q.node.attr_string("auto_pad", "NOTSET") != "NOTSET" &&
+      q.node.attr_string("auto_pad", "NOTSET") != "VALID")
+    return "auto_pad";
+  // oneDNN's convolution is the faster one unless a call's fixed cost is the time (one pixel:
+  // an SE block's squeeze and excite, 2-5x faster here) or the epilogue is a transcendental
+  // activation, which kiln's row kernels compute faster than oneDNN's post-ops (SiLU layers:
+  // 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7). docs/architecture.md has the table.
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete();
+  if (x[1] * x[2] == 1) return std::nullopt;
+  const Result<ActivationSpec> act = read_activation(q.node, "activation");
+  const Activation kind = act.ok() ? act->kind : Activation::none;
+  if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
+    return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
+  return std::nullopt;
+}
+
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   if (auto why = f32_and_concrete(q)) return why;
+  if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") {
     if (q.node.attr_float("alpha", 1.0) != 1.0) return "alpha is not 1";
@@ -70,11 +101,17 @@ class GemmKernel final : public Kernel {
   explicit GemmKernel(Isa isa) : isa_(isa) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const bool gemm_op = q.node.op == "Gemm", fused = q.node.op == "FusedMatMul";
-    const std::vector<int64_t> a = q.inputs[0].shape.concrete(), b = q.inputs[1].shape.concrete();
-    const std::vector<int64_t> y = q.outputs[0].shape.concrete();
+    const bool conv = is_conv(q.node), gemm_op = q.node.op == "Gemm";
+    const bool fused = q.node.op == "FusedMatMul" || q.node.op == "FusedConv";
+    std::vector<int64_t> a = q.inputs[0].shape.concrete(), b = q.inputs[1].shape.concrete();
+    std::vector<int64_t> y = q.outputs[0].shape.concrete();
+    if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
+      a = {a[0] * a[1] * a[2], a[3]};
+      b = {b[0], b[1]};
+      y = {y[0] * y[1] * y[2], y[3]};
+    }
     trans_a_ = gemm_op && q.node.attr_int("transA", 0) != 0;
-    trans_b_ = gemm_op && q.node.attr_int("transB", 0) != 0;
+    trans_b_ = conv || (gemm_op && q.node.attr_int("transB", 0) != 0);
     const size_t rank = y.size();
     k_ = trans_a_ ? a[a.size() - 2] : a.back();
     n_ = y.back();
@@ -209,7 +246,7 @@ class GemmKernel final : public Kernel {
 
 void register_gemm(KernelRegistry& r) {
   for (Isa isa : {Isa::avx512, Isa::avx2})
-    for (const char* op : {"MatMul", "FusedMatMul", "Gemm"})
+    for (const char* op : {"MatMul", "FusedMatMul", "Gemm", "Conv", "FusedConv"})
       r.add(op, "cpu",
             KernelImpl{.name = GemmKernel::impl_name(isa),
                        .declines = [isa](const KernelQuery& q) { return gemm_declines(q, isa); },

@@ -235,6 +235,32 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                     1e-5, &cpu),
               name);
   }
+  // Channels-last 1x1 convolutions are products too: with a transcendental activation (bias,
+  // residual, post-activation), and on one pixel whatever the epilogue (an SE block).
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::vector<Attribute> last = {attr("channels_last", int64_t{1}), attr("activation", std::string("Silu")),
+                                         attr("post_activation", std::string("Relu"))};
+    EXPECT_EQ(check({"FusedConv", {noise({2, 5, 7, 37}, 30), noise({70, 37, 1, 1}, 31), noise({70}, 32), noise({2, 5, 7, 70}, 33)},
+                     {false, true, true, false}, last},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {noise({2, 1, 1, 96}, 38), noise({24, 96, 1, 1}, 39), noise({24}, 40)}, {false, true, true},
+                     {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+    // Over many pixels with a piecewise-linear epilogue oneDNN is faster.
+    EXPECT_EQ(check({"FusedConv", {noise({1, 5, 7, 16}, 41), noise({8, 16, 1, 1}, 42)}, {false, true},
+                     {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
+                    1e-5, &cpu),
+              "onednn.conv");
+    // Padding, strides, 3x3 kernels and channels-first layouts are convolutions proper.
+    EXPECT_NE(check({"FusedConv", {noise({1, 5, 7, 16}, 34), noise({8, 16, 1, 1}, 35)}, {false, true},
+                     {attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{2, 2})}},
+                    1e-5, &cpu)
+                  .rfind("kiln.gemm", 0),
+              0u);
+    EXPECT_NE(check({"Conv", {noise({1, 16, 5, 7}, 36), noise({8, 16, 1, 1}, 37)}, {false, true}}, 1e-5, &cpu).rfind("kiln.gemm", 0), 0u);
+  }
   // Alpha other than 1 stays with another kernel.
   EXPECT_NE(check({"Gemm", {noise({4, 5}, 22), noise({5, 6}, 23)}, {false, true}, {attr("alpha", 0.5)}}).rfind("kiln.gemm", 0), 0u);
 }
