@@ -71,6 +71,8 @@ class Tensor {
 
   /// Same data, another shape with the same element count (plain tensors only).
   Tensor reshaped(std::vector<int64_t> shape) const;
+  /// Whether this tensor is the only holder of its storage (no copy or view of it is alive).
+  bool sole_owner() const { return owner_ && owner_.use_count() == 1; }
   /// A deep copy with its own storage (and the same layout).
   Tensor clone() const;
   /// Element i converted to double / int64 (any dtype), for shape operands and printing.

@@ -2,6 +2,7 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -53,8 +54,13 @@ struct Session::Step {
     size_t output;
     DType dtype;
     std::vector<int64_t> shape;
+    /// The buffers the last two runs returned: one is used again once the caller has let go
+    /// of it (a caller may hold the previous result while it runs the next), so that a loop
+    /// of runs does not allocate, and page-fault in, a new output every time.
+    mutable std::array<Tensor, 2> kept;
+    mutable size_t next = 0;
   };
-  std::vector<Fresh> fresh;           ///< graph outputs of known shape: a new buffer each run
+  std::vector<Fresh> fresh;           ///< graph outputs of known shape: a buffer each run
   std::vector<ValueId> release;       ///< data-dependent values whose last reader this node is
 };
 
@@ -446,8 +452,18 @@ Status Session::run_step(const Step& st, Frame& frame, Plan& plan) {
     if (observer_) observer_->on_node_begin(event);
     status = infer_and_run(graph_, st.index, frame, kernel, st.inputs, st.outputs, plan.workspace.span());
   } else {
-    for (const Step::Fresh& f : st.fresh)
-      KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, *st.outputs[f.output]));
+    for (const Step::Fresh& f : st.fresh) {
+      Tensor& out = *st.outputs[f.output];
+      auto free = std::find_if(f.kept.begin(), f.kept.end(), [](const Tensor& t) { return t.sole_owner(); });
+      if (free != f.kept.end()) {  // zeroed, as a new tensor is
+        std::memset(free->raw(), 0, free->nbytes());
+        out = *free;
+      } else {
+        KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, out));
+        f.kept[f.next] = out;
+        f.next ^= 1;
+      }
+    }
     if (observer_) observer_->on_node_begin(event);
     if (!st.skip) {
       Context ctx(*this, frame, node, st.inputs, st.outputs, plan.workspace.span());

@@ -105,6 +105,41 @@ TEST(Session, RepeatedRunsReuseThePlanAndNeverAliasOutputs) {
   EXPECT_FLOAT_EQ((*second)[0].data<float>()[0], 0.f);
 }
 
+TEST(Session, OutputBuffersTheCallerLetGoOfAreUsedAgain) {
+  Model m = chain_model();
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  const std::vector<Tensor> in = {filled({2, 4}, 1.f), filled({2, 4}, 1.f)};
+  const void* first;
+  {
+    auto r = (*s)->run(in);
+    ASSERT_TRUE(r.ok());
+    first = (*r)[0].raw();
+  }
+  // Released: the next run writes into the same buffer (all of it, zeroed first).
+  auto again = (*s)->run(in);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].raw(), first);
+  EXPECT_FLOAT_EQ((*again)[0].data<float>()[0], 2.f);
+  // Held: a run never writes into a result the caller still has, two of them either.
+  auto held2 = (*s)->run(std::vector<Tensor>{filled({2, 4}, 3.f), filled({2, 4}, 3.f)});
+  ASSERT_TRUE(held2.ok());
+  EXPECT_NE((*held2)[0].raw(), (*again)[0].raw());
+  auto held3 = (*s)->run(in);
+  ASSERT_TRUE(held3.ok());
+  EXPECT_NE((*held3)[0].raw(), (*again)[0].raw());
+  EXPECT_NE((*held3)[0].raw(), (*held2)[0].raw());
+  EXPECT_FLOAT_EQ((*again)[0].data<float>()[0], 2.f);
+  EXPECT_FLOAT_EQ((*held2)[0].data<float>()[0], 6.f);
+  // A view of a result holds it too.
+  const Tensor view = (*held3)[0].reshaped({8});
+  const void* viewed = view.raw();
+  held3 = Error{};
+  auto after = (*s)->run(in);
+  ASSERT_TRUE(after.ok());
+  EXPECT_NE((*after)[0].raw(), viewed);
+}
+
 // y = Relu(NonZero(x)) as float, then + 1: NonZero's count depends on the data, so it and
 // everything after it infer their shapes on each run; the nodes before do not.
 TEST(Session, DataDependentShapesAreInferredOnEachRun) {
