@@ -167,6 +167,13 @@ class KernelRegistry {
 /// and output present must be f32 with a concrete shape, and no input empty.
 std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 
+/// The reason an Attention node is not the 4-D f32 attention the fast kernels run (kiln's flash
+/// attention, oneDNN's two matmuls), if any: past keys and values or sequence lengths, outputs
+/// besides Y, inputs that are not f32, 4-D, known ahead and non-empty, softcap, a softmax
+/// precision other than f32/f16/bf16 (computed in f32), shapes that do not line up, a mask that
+/// is neither f32 nor bool, shorter than the keys or not broadcasting.
+std::optional<std::string> attention_declines(const KernelQuery& q);
+
 /// The registry with every kernel kiln was built with.
 const KernelRegistry& default_kernels();
 

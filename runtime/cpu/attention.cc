@@ -31,33 +31,7 @@ size_t floats_bytes(int64_t n) { return static_cast<size_t>((n * 4 + 63) / 64 * 
 
 std::optional<std::string> flash_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (q.inputs.size() > 4) return "past key/value or sequence lengths";
-  for (size_t i = 1; i < q.outputs.size(); ++i)
-    if (q.outputs[i].dtype != DType::undefined) return "present key/value or the scores output";
-  for (size_t i = 0; i < 3; ++i) {
-    const InferInput& in = q.inputs[i];
-    if (in.dtype != DType::f32) return "not f32";
-    if (!in.shape.is_concrete() || in.shape.rank() != 4) return "not 4-D with shapes known ahead";
-    if (shape_numel(in.shape.concrete()) == 0) return "an empty input";
-  }
-  if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
-  const std::string precision = q.node.attr_string("softmax_precision", "");
-  if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
-  const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
-  if (qs[1] % ks[1] != 0 || vs[1] != ks[1] || vs[2] != ks[2] || ks[3] != qs[3] || ks[0] != qs[0] || vs[0] != qs[0])
-    return "shapes that do not line up";
-  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
-    const InferInput& m = q.inputs[3];
-    if (m.dtype != DType::f32 && m.dtype != DType::boolean) return "a mask that is neither f32 nor bool";
-    if (!m.shape.is_concrete() || m.shape.rank() < 1 || m.shape.rank() > 4) return "a mask of unknown shape";
-    std::vector<int64_t> md = m.shape.concrete();
-    md.insert(md.begin(), 4 - md.size(), 1);
-    const int64_t full[4] = {qs[0], qs[1], qs[2], ks[2]};
-    if (md[3] != full[3]) return "a mask shorter than the keys";
-    for (int i = 0; i < 3; ++i)
-      if (md[static_cast<size_t>(i)] != 1 && md[static_cast<size_t>(i)] != full[i]) return "a mask that does not broadcast";
-  }
-  return std::nullopt;
+  return attention_declines(q);
 }
 
 class FlashAttention final : public Kernel {

@@ -19,12 +19,6 @@ namespace kiln::cpu {
 
 namespace {
 
-int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
-  int64_t p = 1;
-  for (size_t i = from; i < to; ++i) p *= v[i];
-  return p;
-}
-
 bool present(const KernelQuery& q, size_t i) { return q.inputs.size() > i && q.inputs[i].dtype != DType::undefined; }
 
 bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
@@ -116,11 +110,11 @@ class GemmKernel final : public Kernel {
     k_ = trans_a_ ? a[a.size() - 2] : a.back();
     n_ = y.back();
     // B without a batch: A's batch folds into M, one GEMM.
-    const bool b_flat = product(b, 0, b.size() - 2) == 1;
+    const bool b_flat = shape_numel(std::span(b).first(b.size() - 2)) == 1;
     batch_a_.clear();
     batch_b_.clear();
     if (b_flat && !trans_a_) {
-      m_ = product(a, 0, a.size() - 1);
+      m_ = shape_numel(std::span(a).first(a.size() - 1));
       batch_a_ = {0};
       batch_b_ = {0};
     } else {
@@ -129,7 +123,7 @@ class GemmKernel final : public Kernel {
       std::vector<int64_t> ad(a.begin(), a.end() - 2), bd(b.begin(), b.end() - 2), yd(y.begin(), y.end() - 2);
       ad.insert(ad.begin(), yd.size() - ad.size(), 1);
       bd.insert(bd.begin(), yd.size() - bd.size(), 1);
-      const int64_t batches = product(yd, 0, yd.size());
+      const int64_t batches = shape_numel(yd);
       for (int64_t index = 0; index < batches; ++index) {
         int64_t rest = index, ao = 0, bo = 0, as = 1, bs = 1;
         for (size_t d = yd.size(); d-- > 0;) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -20,86 +21,86 @@ struct Dims {
 };
 const std::vector<Dims> kDims = {{1, 1, 1}, {5, 47, 3}, {8, 48, 4}, {13, 100, 37}, {17, 130, 300}};
 
-TEST(GemmLowp, U8S8DequantizedAndRequantized) {
-  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
-  std::mt19937 rng(1);
+// Runs `check` on every size, B plain and transposed, on one and two threads.
+void for_each_case(const std::function<void(const Dims&, bool, int)>& check) {
   for (int threads : {1, 2}) {
     use_threads(threads);
     for (const Dims& d : kDims)
       for (bool trans : {false, true}) {
         SCOPED_TRACE("m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) +
                      (trans ? " transB" : "") + " threads=" + std::to_string(threads));
-        std::vector<uint8_t> a(static_cast<size_t>(d.m * d.k));
-        std::vector<int8_t> b(static_cast<size_t>(d.k * d.n));
-        for (auto& v : a) v = static_cast<uint8_t>(rng() % 256);
-        for (auto& v : b) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
-        std::vector<float> scale(static_cast<size_t>(d.n)), bias(static_cast<size_t>(d.n));
-        for (int64_t j = 0; j < d.n; ++j) {
-          scale[static_cast<size_t>(j)] = 1e-4f * static_cast<float>(1 + j % 7);
-          bias[static_cast<size_t>(j)] = 0.01f * static_cast<float>(j % 5) - 0.02f;
-        }
-        std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(d.k, d.n)));
-        std::vector<int32_t> sums(static_cast<size_t>(d.n));
-        gemm::pack_b_s8(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data(), sums.data());
-        // B as stored: [K, N], or [N, K] when transposed (the same values, read the other way).
-        auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-        gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(),
-                               .act = {Activation::relu}};
-        std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::u8s8, d.m, d.k) + 1);
-        std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-        gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
-        std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
-        ep.out_u8 = true;
-        ep.out_scale = 0.003f;
-        ep.out_zero = 10;
-        gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, ws.data());
-        for (int64_t i = 0; i < d.m; ++i)
-          for (int64_t j = 0; j < d.n; ++j) {
-            int64_t s = 0;
-            for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
-            const double want = std::max(0.0, double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)]);
-            const float got = y[static_cast<size_t>(i * d.n + j)];
-            ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
-            const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
-            ASSERT_LE(std::abs(double{q[static_cast<size_t>(i * d.n + j)]} - wq), 1.0) << i << "," << j;
-          }
+        check(d, trans, threads);
       }
   }
   use_threads(physical_cores());
+}
+
+TEST(GemmLowp, U8S8DequantizedAndRequantized) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
+  std::mt19937 rng(1);
+  for_each_case([&](const Dims& d, bool trans, int threads) {
+    std::vector<uint8_t> a(static_cast<size_t>(d.m * d.k));
+    std::vector<int8_t> b(static_cast<size_t>(d.k * d.n));
+    for (auto& v : a) v = static_cast<uint8_t>(rng() % 256);
+    for (auto& v : b) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+    std::vector<float> scale(static_cast<size_t>(d.n)), bias(static_cast<size_t>(d.n));
+    for (int64_t j = 0; j < d.n; ++j) {
+      scale[static_cast<size_t>(j)] = 1e-4f * static_cast<float>(1 + j % 7);
+      bias[static_cast<size_t>(j)] = 0.01f * static_cast<float>(j % 5) - 0.02f;
+    }
+    std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(d.k, d.n)));
+    std::vector<int32_t> sums(static_cast<size_t>(d.n));
+    gemm::pack_b_s8(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data(), sums.data());
+    // B as stored: [K, N], or [N, K] when transposed (the same values, read the other way).
+    auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
+    gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(),
+                           .act = {Activation::relu}};
+    std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::u8s8, d.m, d.k) + 1);
+    std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+    std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
+    ep.out_u8 = true;
+    ep.out_scale = 0.003f;
+    ep.out_zero = 10;
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, ws.data());
+    for (int64_t i = 0; i < d.m; ++i)
+      for (int64_t j = 0; j < d.n; ++j) {
+        int64_t s = 0;
+        for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
+        const double want = std::max(0.0, double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)]);
+        const float got = y[static_cast<size_t>(i * d.n + j)];
+        ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
+        const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
+        ASSERT_LE(std::abs(double{q[static_cast<size_t>(i * d.n + j)]} - wq), 1.0) << i << "," << j;
+      }
+  });
 }
 
 TEST(GemmLowp, Bf16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::bf16)) GTEST_SKIP() << *why;
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  for (int threads : {1, 2}) {
-    use_threads(threads);
-    for (const Dims& d : kDims)
-      for (bool trans : {false, true}) {
-        SCOPED_TRACE("m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) +
-                     (trans ? " transB" : "") + " threads=" + std::to_string(threads));
-        std::vector<float> a(static_cast<size_t>(d.m * d.k)), b(static_cast<size_t>(d.k * d.n)), bias(static_cast<size_t>(d.n));
-        for (auto& v : a) v = dist(rng);
-        for (auto& v : b) v = dist(rng);
-        for (auto& v : bias) v = dist(rng);
-        std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n)));
-        gemm::pack_b_bf16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
-        auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-        gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::gelu}};
-        std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::bf16, d.m, d.k));
-        std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-        gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
-        for (int64_t i = 0; i < d.m; ++i)
-          for (int64_t j = 0; j < d.n; ++j) {
-            double s = bias[static_cast<size_t>(j)];
-            for (int64_t p = 0; p < d.k; ++p)
-              s += double{gemm::from_bf16(gemm::to_bf16(a[static_cast<size_t>(i * d.k + p)]))} * gemm::from_bf16(gemm::to_bf16(bv(p, j)));
-            const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
-            ASSERT_NEAR(y[static_cast<size_t>(i * d.n + j)], want, 1e-4 * std::max(1.0, std::abs(s))) << i << "," << j;
-          }
+  for_each_case([&](const Dims& d, bool trans, int threads) {
+    std::vector<float> a(static_cast<size_t>(d.m * d.k)), b(static_cast<size_t>(d.k * d.n)), bias(static_cast<size_t>(d.n));
+    for (auto& v : a) v = dist(rng);
+    for (auto& v : b) v = dist(rng);
+    for (auto& v : bias) v = dist(rng);
+    std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n)));
+    gemm::pack_b_bf16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
+    auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
+    gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::gelu}};
+    std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::bf16, d.m, d.k));
+    std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
+    gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+    for (int64_t i = 0; i < d.m; ++i)
+      for (int64_t j = 0; j < d.n; ++j) {
+        double s = bias[static_cast<size_t>(j)];
+        for (int64_t p = 0; p < d.k; ++p)
+          s += double{gemm::from_bf16(gemm::to_bf16(a[static_cast<size_t>(i * d.k + p)]))} * gemm::from_bf16(gemm::to_bf16(bv(p, j)));
+        const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+        ASSERT_NEAR(y[static_cast<size_t>(i * d.n + j)], want, 1e-4 * std::max(1.0, std::abs(s))) << i << "," << j;
       }
-  }
-  use_threads(physical_cores());
+  });
 }
 
 TEST(GemmLowp, Bf16Rounding) {
