@@ -89,9 +89,16 @@ using KernelParam = std::variant<int64_t, double, std::string>;
 
 /// The kernel a compile chose for a node, with its tuning parameters (empty until compile).
 struct KernelChoice {
-  std::string name;  ///< e.g. "onednn.conv", "kiln.gemm_f32_avx512_8x48"
+  std::string name;  ///< e.g. "onednn.conv", "kiln.gemm_f32_avx512"
   std::vector<std::pair<std::string, KernelParam>> params;
   bool empty() const { return name.empty(); }
+  /// The parameter `key` when it is recorded with type T, else null.
+  template <class T>
+  const T* param(std::string_view key) const {
+    for (const auto& [k, v] : params)
+      if (k == key) return std::get_if<T>(&v);
+    return nullptr;
+  }
   bool operator==(const KernelChoice&) const = default;
 };
 

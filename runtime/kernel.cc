@@ -87,6 +87,17 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
   return std::nullopt;
 }
 
+std::optional<std::string> gemm_form_declines(const KernelQuery& q) {
+  if (q.node.attr_float("alpha", 1.0) != 1.0) return "alpha is not 1";
+  if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined) {
+    if (q.node.attr_float("beta", 1.0) != 1.0) return "beta is not 1";
+    const std::vector<int64_t> c = q.inputs[2].shape.concrete(), y = q.outputs[0].shape.concrete();
+    const bool row = (c.size() == 1 && c[0] == y[1]) || (c.size() == 2 && c[0] == 1 && c[1] == y[1]);
+    if (!row && c != y) return "C " + shape_str(c) + " is neither a row of N values nor [M, N]";
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> attention_declines(const KernelQuery& q) {
   if (q.inputs.size() > 4) return "past key/value or sequence lengths";
   for (size_t i = 1; i < q.outputs.size(); ++i)

@@ -167,6 +167,10 @@ class KernelRegistry {
 /// and output present must be f32 with a concrete shape, and no input empty.
 std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 
+/// The reason a Gemm node is not in the form the library and kiln GEMMs run (its inputs concrete):
+/// alpha must be 1, and C (with beta 1) a row of N values or the whole [M, N].
+std::optional<std::string> gemm_form_declines(const KernelQuery& q);
+
 /// The reason an Attention node is not the 4-D f32 attention the fast kernels run (kiln's flash
 /// attention, oneDNN's two matmuls), if any: past keys and values or sequence lengths, outputs
 /// besides Y, inputs that are not f32, 4-D, known ahead and non-empty, softcap, a softmax

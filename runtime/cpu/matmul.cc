@@ -1,5 +1,6 @@
 // kiln.gemm_f32_<isa>: MatMul, FusedMatMul and Gemm on kiln's own GEMM templates
-// (runtime/cpu/gemm/). A product whose B has no batch (a linear layer's weight) is one tall GEMM
+// (runtime/cpu/gemm/), and the channels-last 1x1 convolutions that are the same product and
+// that it measured faster at than oneDNN (pointwise_declines). A product whose B has no batch (a linear layer's weight) is one tall GEMM
 // over all of A's rows; otherwise each batch index (numpy broadcasting, offsets worked out in
 // prepare) is one GEMM. A constant 2-D B is packed once in prepare for the tile's NR (or used
 // where a compiled model mapped it, when it was stored packed that way); Gemm's transposed
@@ -35,9 +36,7 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q) {
   for (const char* attr : {"strides", "dilations"})
     for (int64_t v : q.node.attr_ints(attr)) if (v != 1) return std::string(attr) + " other than 1";
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
-  if (q.node.has_attr("auto_pad") && q.node.attr_string("auto_pad", "NOTSET") != "NOTSET" &&
-      q.node.attr_string("auto_pad", "NOTSET") != "VALID")
-    return "auto_pad";
+  if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
   // oneDNN's convolution is the faster one unless a call's fixed cost is the time (one pixel:
   // an SE block's squeeze and excite, 2-5x faster here) or the epilogue is a transcendental
   // activation, which kiln's row kernels compute faster than oneDNN's post-ops (SiLU layers:
@@ -56,23 +55,14 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = f32_and_concrete(q)) return why;
   if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
-  if (q.node.op == "Gemm") {
-    if (q.node.attr_float("alpha", 1.0) != 1.0) return "alpha is not 1";
-    if (present(q, 2)) {
-      if (q.node.attr_float("beta", 1.0) != 1.0) return "beta is not 1";
-      const std::vector<int64_t> c = q.inputs[2].shape.concrete(), y = q.outputs[0].shape.concrete();
-      const bool row = (c.size() == 1 && c[0] == y[1]) || (c.size() == 2 && c[0] == 1 && c[1] == y[1]);
-      if (!row && c != y) return "C " + shape_str(c) + " is neither a row of N values nor [M, N]";
-    }
-  }
+  if (q.node.op == "Gemm") return gemm_form_declines(q);
   return std::nullopt;
 }
 
 // A recorded integer parameter of the node, 0 when it has none.
 int64_t recorded_int(const Node& node, std::string_view key) {
-  for (const auto& [k, v] : node.kernel.params)
-    if (const int64_t* i = std::get_if<int64_t>(&v); i && k == key) return *i;
-  return 0;
+  const int64_t* i = node.kernel.param<int64_t>(key);
+  return i ? *i : 0;
 }
 
 // The recorded parameters of a node that pinned this kernel, if it has them.

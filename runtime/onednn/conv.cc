@@ -41,13 +41,6 @@ std::optional<std::string> conv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The algorithm a compiled model recorded for the node ("winograd", "direct"), or "".
-std::string recorded_algorithm(const Node& node) {
-  for (const auto& [key, value] : node.kernel.params)
-    if (const std::string* s = std::get_if<std::string>(&value); s && key == "algorithm") return *s;
-  return "";
-}
-
 class ConvKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
@@ -118,7 +111,8 @@ class ConvKernel final : public Kernel {
       // recorded the direct algorithm; the direct one otherwise.
       const bool wino_shape = n == 2 && group == 1 && kernel == std::vector<int64_t>{3, 3} && w.strides == std::vector<int64_t>{1, 1} &&
                               dil == memory::dims{0, 0} && xs[1] >= kWinogradChannels && ys[1] >= kWinogradChannels;
-      const bool recorded_direct = recorded_algorithm(q.node) == "direct";
+      const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
+      const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;
       dnnl::convolution_forward::primitive_desc pd;
       if (wino_shape && !recorded_direct && q.target.cpu.avx512f) {

@@ -21,22 +21,10 @@ int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
   return p;
 }
 
-// The Gemm forms oneDNN runs as is: alpha 1; C (beta 1) a row of N values or the whole [M, N].
-std::optional<std::string> gemm_declines(const KernelQuery& q) {
-  if (q.node.attr_float("alpha", 1.0) != 1.0) return "alpha is not 1";
-  if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined) {
-    if (q.node.attr_float("beta", 1.0) != 1.0) return "beta is not 1";
-    const std::vector<int64_t> c = q.inputs[2].shape.concrete(), y = q.outputs[0].shape.concrete();
-    const bool row = (c.size() == 1 && c[0] == y[1]) || (c.size() == 2 && c[0] == 1 && c[1] == y[1]);
-    if (!row && c != y) return "C " + shape_str(c) + " is neither a row of N values nor [M, N]";
-  }
-  return std::nullopt;
-}
-
 std::optional<std::string> matmul_declines(const KernelQuery& q) {
   if (auto why = f32_and_concrete(q)) return why;
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
-  if (q.node.op == "Gemm") return gemm_declines(q);
+  if (q.node.op == "Gemm") return gemm_form_declines(q);
   return std::nullopt;
 }
 

@@ -106,18 +106,20 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   // each step's broadcasts then come from one cache line.
   auto* packed = reinterpret_cast<uint8_t*>(workspace);
   const int64_t k4 = round_up(k, 4), panel = k4 * MR;
-  const int64_t whole = k / 4;  // groups of 4 bytes copied as 32-bit words; the last one padded
   for (int64_t i0 = 0; i0 < m; i0 += MR) {
     uint8_t* out = packed + (i0 / MR) * panel;
     for (int64_t i = 0; i < MR; ++i) {
+      auto group = [&](int64_t p) { return out + (p * MR + i) * 4; };
+      if (i0 + i >= m) {  // past the last row: zeros
+        for (int64_t p = 0; p < k4 / 4; ++p) std::memset(group(p), 0, 4);
+        continue;
+      }
       const uint8_t* row = a + (i0 + i) * lda;
-      const bool real = i0 + i < m;
-      for (int64_t p = 0; p < whole; ++p)
-        std::memcpy(out + (p * MR + i) * 4, real ? row + p * 4 : reinterpret_cast<const uint8_t*>("\0\0\0\0"), 4);
-      if (whole * 4 < k) {
+      for (int64_t p = 0; p < k / 4; ++p) std::memcpy(group(p), row + p * 4, 4);
+      if (k % 4) {  // K's last, partial group
         uint8_t last[4] = {0, 0, 0, 0};
-        if (real) std::memcpy(last, row + whole * 4, static_cast<size_t>(k - whole * 4));
-        std::memcpy(out + (whole * MR + i) * 4, last, 4);
+        std::memcpy(last, row + k / 4 * 4, static_cast<size_t>(k % 4));
+        std::memcpy(group(k / 4), last, 4);
       }
     }
   }

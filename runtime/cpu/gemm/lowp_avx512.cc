@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <cstring>
 #include <utility>
 
 #include "runtime/cpu/gemm/lowp_isa.h"
