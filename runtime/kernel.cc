@@ -98,6 +98,27 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
+std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
+  if (q.inputs.size() < 3) return std::nullopt;
+  for (size_t i = 0; i < 3; ++i)
+    if (!q.inputs[i].shape.is_concrete() || q.inputs[i].shape.rank() != q.inputs[0].shape.rank()) return std::nullopt;
+  const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
+  AttentionGeometry a;
+  if (qs.size() == 4) {
+    a = {.b = qs[0], .hq = qs[1], .s = qs[2], .d = qs[3], .hkv = ks[1], .t = ks[2], .dv = vs[3]};
+    if (vs[1] != a.hkv || vs[2] != a.t || ks[3] != a.d) return std::nullopt;
+  } else if (qs.size() == 3) {
+    const int64_t hq = q.node.attr_int("q_num_heads", 0), hkv = q.node.attr_int("kv_num_heads", 0);
+    if (hq <= 0 || hkv <= 0 || qs[2] % hq || ks[2] % hkv || vs[2] % hkv) return std::nullopt;
+    a = {.b = qs[0], .hq = hq, .s = qs[1], .d = qs[2] / hq, .hkv = hkv, .t = ks[1], .dv = vs[2] / hkv, .seq_major = true};
+    if (vs[1] != a.t || ks[2] / hkv != a.d) return std::nullopt;
+  } else {
+    return std::nullopt;
+  }
+  if (ks[0] != a.b || vs[0] != a.b) return std::nullopt;
+  return a;
+}
+
 std::optional<std::string> attention_declines(const KernelQuery& q) {
   if (q.inputs.size() > 4) return "past key/value or sequence lengths";
   for (size_t i = 1; i < q.outputs.size(); ++i)
@@ -105,22 +126,21 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
   for (size_t i = 0; i < 3; ++i) {
     const InferInput& in = q.inputs[i];
     if (in.dtype != DType::f32) return "not f32";
-    if (!in.shape.is_concrete() || in.shape.rank() != 4) return "not 4-D with shapes known ahead";
+    if (!in.shape.is_concrete() || (in.shape.rank() != 4 && in.shape.rank() != 3)) return "not 3-D or 4-D with shapes known ahead";
     if (shape_numel(in.shape.concrete()) == 0) return "an empty input";
   }
   if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
   const std::string precision = q.node.attr_string("softmax_precision", "");
   if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
-  const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
-  if (ks[1] == 0 || qs[1] % ks[1] != 0 || vs[1] != ks[1] || vs[2] != ks[2] || ks[3] != qs[3] || ks[0] != qs[0] || vs[0] != qs[0])
-    return "shapes that do not line up";
+  const std::optional<AttentionGeometry> a = attention_geometry(q);
+  if (!a || a->hkv == 0 || a->hq % a->hkv != 0) return "shapes that do not line up";
   if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
     const InferInput& m = q.inputs[3];
     if (m.dtype != DType::f32 && m.dtype != DType::boolean) return "a mask that is neither f32 nor bool";
     if (!m.shape.is_concrete() || m.shape.rank() < 1 || m.shape.rank() > 4) return "a mask of unknown shape";
     std::vector<int64_t> md = m.shape.concrete();
     md.insert(md.begin(), 4 - md.size(), 1);
-    const int64_t full[4] = {qs[0], qs[1], qs[2], ks[2]};
+    const int64_t full[4] = {a->b, a->hq, a->s, a->t};
     if (md[3] != full[3]) return "a mask shorter than the keys";
     for (int i = 0; i < 3; ++i)
       if (md[static_cast<size_t>(i)] != 1 && md[static_cast<size_t>(i)] != full[i]) return "a mask that does not broadcast";

@@ -171,12 +171,40 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q);
 /// alpha must be 1, and C (with beta 1) a row of N values or the whole [M, N].
 std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 
-/// The reason an Attention node is not the 4-D f32 attention the fast kernels run (kiln's flash
+/// The reason an Attention node is not the f32 attention the fast kernels run (kiln's flash
 /// attention, oneDNN's two matmuls), if any: past keys and values or sequence lengths, outputs
-/// besides Y, inputs that are not f32, 4-D, known ahead and non-empty, softcap, a softmax
+/// besides Y, inputs that are not f32, 3-D or 4-D, known ahead and non-empty, softcap, a softmax
 /// precision other than f32/f16/bf16 (computed in f32), shapes that do not line up, a mask that
 /// is neither f32 nor bool, shorter than the keys or not broadcasting.
 std::optional<std::string> attention_declines(const KernelQuery& q);
+
+/// Where element [batch, head, row, 0] of one of Attention's tensors lies: batch · batch_stride
+/// + head · head_stride + row · row_stride.
+struct HeadStrides {
+  int64_t batch = 0, head = 0, row = 0;
+  int64_t at(int64_t b, int64_t h) const { return b * batch + h * head; }
+};
+
+/// An Attention node's sizes (batch, query heads, query rows, head size, KV heads, keys, V's
+/// head size) and how Q, K, V and Y lie: head-major ([B, H, S, D], 4-D) or sequence-major
+/// ([B, S, H·D], 3-D, as the projections write them, with q_num_heads / kv_num_heads).
+struct AttentionGeometry {
+  int64_t b = 0, hq = 0, s = 0, d = 0, hkv = 0, t = 0, dv = 0;
+  bool seq_major = false;
+  HeadStrides q() const { return strides(hq, s, d); }
+  HeadStrides k() const { return strides(hkv, t, d); }
+  HeadStrides v() const { return strides(hkv, t, dv); }
+  HeadStrides y() const { return strides(hq, s, dv); }
+
+ private:
+  HeadStrides strides(int64_t heads, int64_t rows, int64_t size) const {
+    return seq_major ? HeadStrides{rows * heads * size, size, heads * size} : HeadStrides{heads * rows * size, rows * size, size};
+  }
+};
+
+/// The geometry of an Attention node whose Q, K and V have concrete shapes of rank 3 or 4 (and,
+/// for 3-D ones, positive head counts dividing the hidden sizes), else nullopt.
+std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q);
 
 /// The registry with every kernel kiln was built with.
 const KernelRegistry& default_kernels();

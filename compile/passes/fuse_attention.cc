@@ -13,7 +13,11 @@
 // mask that is exactly causal (0 or true on and below the diagonal, ≤ -1e30 or false above
 // it, the same for every batch and head), constant or computed from constants alone, becomes
 // `is_causal`, which matches it exactly (every row keeps its first key): kernels then skip what
-// it masks instead of reading an S×S tensor.
+// it masks instead of reading an S×S tensor. When Q, K and V are each a projection split into
+// heads (Reshape of a 3-D [B, S, H·D] to [B, S, H, D], then Transpose 0,2,1,3, or 0,2,3,1 for
+// Kᵀ) and Y is merged back the same way (Transpose 0,2,1,3, Reshape to [B, S, H·D]), the
+// Attention reads and writes the 3-D tensors (q_num_heads, kv_num_heads) and those transposes
+// are gone: the kernels read each head where the projection wrote it.
 #include <algorithm>
 #include <map>
 
@@ -52,6 +56,33 @@ ValueId unrepeated(const Matcher& m, ValueId v, std::vector<const Node*>& chain)
   if (!ts.dims[1].is_known() || !vs.dims[1].is_known() || vs.dims[1].value % ts.dims[1].value != 0) return kNoValue;
   chain.insert(chain.end(), {reshape, expand, unsq});
   return t;
+}
+
+// The 3-D projection x when `split` is Reshape(x, [B, S, H, D]) of a [B, S, H·D] x, read only
+// by `reader`; appends the Reshape to chain.
+ValueId unsplit(const Matcher& m, ValueId split, const Node* reader, std::vector<const Node*>& chain) {
+  const Node* r = m.def(split, "Reshape");
+  if (!r || !m.only_read_by(split, {reader})) return kNoValue;
+  const Graph& g = m.graph();
+  const Shape& x = g.value(r->inputs[0]).shape;
+  const Shape& y = g.value(split).shape;
+  if (x.rank() != 3 || y.rank() != 4 || x.dims[0] != y.dims[0] || x.dims[1] != y.dims[1]) return kNoValue;
+  if (!x.dims[2].is_known() || !y.dims[2].is_known() || !y.dims[3].is_known() || x.dims[2].value != y.dims[2].value * y.dims[3].value)
+    return kNoValue;
+  if (!(x.dims[0].is_known() || x.dims[0].is_symbolic()) || !(x.dims[1].is_known() || x.dims[1].is_symbolic())) return kNoValue;
+  chain.push_back(r);
+  return r->inputs[0];
+}
+
+// The 3-D projection x when `heads` is Transpose(Reshape(x, [B, S, H, D]), perm 0,2,1,3), the
+// two read by nothing else but `reader`; appends both nodes to chain.
+ValueId unsplit_heads(const Matcher& m, ValueId heads, const Node* reader, std::vector<const Node*>& chain) {
+  const Node* t = m.def(heads, "Transpose");
+  if (!t || !m.only_read_by(heads, {reader}) || t->attr_ints("perm") != std::vector<int64_t>{0, 2, 1, 3}) return kNoValue;
+  std::vector<const Node*> mine = {t};
+  const ValueId x = unsplit(m, t->inputs[0], t, mine);
+  if (x != kNoValue) chain.insert(chain.end(), mine.begin(), mine.end());
+  return x;
 }
 
 // Whether `t` is a causal mask over scores [.., S, S]: the same for every batch and head
@@ -155,7 +186,9 @@ Result<size_t> fuse_attention(Graph& g) {
     const Node* qk = m.def(s, "MatMul");
     if (!qk || !m.only_read_by(s, {reader})) continue;
     chain.push_back(qk);
-    const ValueId q = qk->inputs[0], kt = qk->inputs[1];
+    ValueId q = qk->inputs[0];
+    const ValueId kt = qk->inputs[1];
+    std::optional<std::pair<int64_t, int64_t>> heads;  // q_num_heads, kv_num_heads of a sequence-major Attention
     ValueId v = pv->inputs[1];
     if (!rank4(g, q) || !rank4(g, kt)) continue;
     // K from Kᵀ.
@@ -208,6 +241,33 @@ Result<size_t> fuse_attention(Graph& g) {
       w.outputs = {mask};
       made.push_back(std::move(w));
     }
+    // Sequence-major: Q, K and V split from 3-D projections and Y merged back into one.
+    ValueId y = pv->outputs[0];
+    std::vector<const Node*> seq_chain;
+    const ValueId q3 = unsplit_heads(m, q, qk, seq_chain), v3 = unsplit_heads(m, v, pv, seq_chain);
+    ValueId k3 = kNoValue;
+    const bool k_made = !made.empty() && made[0].outputs[0] == k;  // the Transpose from Kᵀ back to K
+    if (k_made && tr && made[0].inputs[0] == tr->inputs[0] && made[0].attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3})
+      k3 = unsplit(m, made[0].inputs[0], tr, seq_chain);  // Kᵀ was Transpose 0,2,3,1 of the split projection
+    else if (!k_made && tr && tr->inputs[0] == k)
+      k3 = unsplit_heads(m, k, tr, seq_chain);
+    const Node* yt = m.single_reader(y);
+    const Node* yr = yt && yt->op == "Transpose" && yt->attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3} ? m.single_reader(yt->outputs[0]) : nullptr;
+    if (q3 != kNoValue && k3 != kNoValue && v3 != kNoValue && yr && yr->op == "Reshape" && yr->inputs[0] == yt->outputs[0]) {
+      const Shape& y4 = g.value(y).shape;
+      const Shape& ym = g.value(yr->outputs[0]).shape;
+      if (ym.rank() == 3 && y4.dims[1].is_known() && y4.dims[3].is_known() && ym.dims[0] == y4.dims[0] && ym.dims[1] == y4.dims[2] &&
+          ym.dims[2].is_known() && ym.dims[2].value == y4.dims[1].value * y4.dims[3].value) {
+        const Dim hq = g.value(q).shape.dims[1], hkv = g.value(k).shape.dims[1];
+        if (hq.is_known() && hkv.is_known()) {
+          chain.insert(chain.end(), seq_chain.begin(), seq_chain.end());
+          chain.insert(chain.end(), {yt, yr});
+          if (k_made) made.erase(made.begin());
+          q = q3, k = k3, v = v3, y = yr->outputs[0];
+          heads = {hq.value, hkv.value};
+        }
+      }
+    }
     std::vector<size_t> idx = m.indices(chain);
     if (!rw.free(idx)) continue;
     Node att;
@@ -215,7 +275,11 @@ Result<size_t> fuse_attention(Graph& g) {
     att.op = "Attention";
     att.inputs = {q, k, v};
     if (mask != kNoValue) att.inputs.push_back(mask);
-    att.outputs = {pv->outputs[0]};
+    att.outputs = {y};
+    if (heads) {
+      att.set_attr("q_num_heads", heads->first);
+      att.set_attr("kv_num_heads", heads->second);
+    }
     att.set_attr("scale", scale);
     if (is_causal) att.set_attr("is_causal", int64_t{1});
     std::sort(idx.begin(), idx.end());  // sources in graph order

@@ -6,7 +6,9 @@
 // thread, linear in the sequence. The scale is folded into the softmax step; a causal mask
 // skips the key blocks wholly after a query block and cuts the one on the diagonal; an
 // additive f32 or boolean mask is read where it lies, broadcast over batch, heads and rows;
-// grouped-query heads read their KV head's packed K and V, never copies of them.
+// grouped-query heads read their KV head's packed K and V, never copies of them. Q, K, V and Y
+// are read and written where they lie, head-major ([B, H, S, D]) or sequence-major ([B, S,
+// H·D], the projections' own layout, which fuse_attention hands over without transposes).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -39,8 +41,10 @@ class FlashAttention final : public Kernel {
   explicit FlashAttention(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const std::vector<int64_t> qs = q.inputs[0].shape.concrete(), ks = q.inputs[1].shape.concrete(), vs = q.inputs[2].shape.concrete();
-    b_ = qs[0], hq_ = qs[1], s_ = qs[2], d_ = qs[3], hkv_ = ks[1], t_ = ks[2], dv_ = vs[3];
+    const std::optional<AttentionGeometry> a = attention_geometry(q);
+    if (!a) return internal_error(q.node.where(), "attention shapes that do not line up");
+    b_ = a->b, hq_ = a->hq, s_ = a->s, d_ = a->d, hkv_ = a->hkv, t_ = a->t, dv_ = a->dv;
+    qst_ = a->q(), kst_ = a->k(), vst_ = a->v(), yst_ = a->y();
     scale_ = static_cast<float>(q.node.attr_float("scale", 1.0 / std::sqrt(static_cast<double>(d_))));
     causal_ = q.node.attr_int("is_causal", 0) != 0;
     // The mask's strides over [batch, head, query row], 0 where it broadcasts.
@@ -88,8 +92,8 @@ class FlashAttention final : public Kernel {
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < heads; ++h) {
         float* pk = packed + h * (k_floats_ + v_floats_);
-        gemm::pack_b(kd + h * t_ * d_, d_, true, d_, t_, qk_.tile.nr, pk);
-        gemm::pack_b(vd + h * t_ * dv_, dv_, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
+        gemm::pack_b(kd + kst_.at(h / hkv_, h % hkv_), kst_.row, true, d_, t_, qk_.tile.nr, pk);
+        gemm::pack_b(vd + vst_.at(h / hkv_, h % hkv_), vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
       }
       std::byte* mine = ws + packed_bytes_ + thread_bytes_ * static_cast<size_t>(thread);
       float* scores = reinterpret_cast<float*>(mine);
@@ -101,26 +105,27 @@ class FlashAttention final : public Kernel {
         const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
         const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0);
         const float* pk = packed + (b * hkv_ + h / rep) * (k_floats_ + v_floats_);
-        float* out = y + (bh * s_ + q0) * dv_;
-        std::fill(out, out + rows * dv_, 0.f);
+        const int64_t ldy = yst_.row;
+        float* out = y + yst_.at(b, h) + q0 * ldy;
+        for (int64_t i = 0; i < rows; ++i) std::fill(out + i * ldy, out + i * ldy + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
         const int64_t keys = causal_ ? std::min(t_, q0 + rows) : t_;  // keys after the block's last row are out
         for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
           const int64_t n = std::min(bk_, keys - k0);
-          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qd + (bh * s_ + q0) * d_, .lda = d_,
+          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qd + qst_.at(b, h) + q0 * qst_.row, .lda = qst_.row,
                                .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = bk_};
           gemm::run(qk_, qk, gemm_ws);
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
           rows_.softmax_block(scores, bk_, rows, n, scale_, mask ? mask + mo : nullptr, keep ? keep + mo : nullptr, mask_si_,
-                              causal_ ? q0 - k0 : kNoCausal, m, l, out, dv_, dv_);
+                              causal_ ? q0 - k0 : kNoCausal, m, l, out, ldy, dv_);
           gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = bk_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
-                               .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = dv_, .accumulate = true};
+                               .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
           gemm::run(pv_, pv, gemm_ws);
         }
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
           const float inv = 1.f / l[i];
-          for (int64_t j = 0; j < dv_; ++j) out[i * dv_ + j] *= inv;
+          for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] *= inv;
         }
       }
     };
@@ -137,6 +142,7 @@ class FlashAttention final : public Kernel {
   Isa isa_;
   const RowKernels& rows_;
   int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
+  HeadStrides qst_, kst_, vst_, yst_;
   float scale_ = 1;
   bool causal_ = false, has_mask_ = false, bool_mask_ = false;
   int64_t mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;

@@ -118,6 +118,52 @@ TEST(CompilePatterns, AttentionBertForm) {
             "sources=[\"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
 }
 
+// The projections split into heads and the context merged back: BERT's Kᵀ in one Transpose
+// (0,2,3,1), GPT-2's in two (0,2,1,3 then 0,1,3,2). The Attention reads the 3-D projections
+// and writes the merged context; no Transpose is left. With `y_read_4d` the 4-D context has
+// another reader, so the heads stay 4-D.
+Model split_heads_attention(bool kt_in_one, bool y_read_4d) {
+  GraphBuilder b;
+  ValueId mask = b.input("mask", {1, 1, 1, 5});
+  auto split = [&](const std::string& name, const std::vector<int64_t>& perm) {
+    ValueId x = b.input(name, {1, 5, 24});
+    ValueId r = b.op(name + "_4d", "Reshape", {x, b.constant(name + "_shape", ints({1, 5, 3, 8}))});
+    return b.op(name + "_heads", "Transpose", {r}, {attr("perm", perm)});
+  };
+  ValueId q = split("q", {0, 2, 1, 3}), v = split("v", {0, 2, 1, 3});
+  ValueId kt = kt_in_one ? split("k", {0, 2, 3, 1})
+                         : b.op("kt", "Transpose", {split("k", {0, 2, 1, 3})}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId s = b.op("scores", "Div", {b.op("qk", "MatMul", {q, kt}), b.scalar("sqrt_d", 2.828427f)});
+  ValueId p = b.op("probs", "Softmax", {b.op("masked", "Add", {s, mask})});
+  ValueId ctx = b.op("ctx", "MatMul", {p, v});
+  ValueId merged = b.op("ctx_t", "Transpose", {ctx}, {attr("perm", std::vector<int64_t>{0, 2, 1, 3})});
+  ValueId out = b.op("out", "Reshape", {merged, b.constant("out_shape", ints({1, 5, 24}))});
+  std::vector<ValueId> outs = {out};
+  if (y_read_4d) outs.push_back(b.op("leak", "Relu", {ctx}));
+  return b.done(outs);
+}
+
+TEST(CompilePatterns, AttentionSequenceMajor) {
+  Tensor mk = make<float>({1, 1, 1, 5}, {0, 0, 0, 0, kF32Min});
+  const std::vector<Tensor> inputs = {mk, ramp({1, 5, 24}), ramp({1, 5, 24}, 0.2f), ramp({1, 5, 24}, 0.3f)};
+  for (bool kt_in_one : {true, false}) {
+    SCOPED_TRACE(kt_in_one ? "Kt in one Transpose" : "Kt in two");
+    Model m = split_heads_attention(kt_in_one, false);
+    EXPECT_EQ(apply(m, fuse_attention, inputs, 1e-5), 1u);
+    const std::string k_sources = kt_in_one ? "\"k_4d\", \"k_heads\"" : "\"k_4d\", \"k_heads\", \"kt\"";
+    EXPECT_EQ(nodes_text(m.graph),
+              "node ctx: Attention(q, k, v, mask) -> (out) kv_num_heads=3 q_num_heads=3 scale=0.3535533966440824 sources=[\"q_4d\", "
+              "\"q_heads\", \"v_4d\", \"v_heads\", " + k_sources + ", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\", "
+              "\"ctx_t\", \"out\"]\n");
+  }
+  // The 4-D context is read elsewhere: the Attention stays head-major.
+  Model m = split_heads_attention(true, true);
+  EXPECT_EQ(apply(m, fuse_attention, inputs, 1e-5), 1u);
+  const std::string text = nodes_text(m.graph);
+  EXPECT_NE(text.find("Attention(q_heads, k_heads_k, v_heads, mask) -> (ctx)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("q_num_heads"), std::string::npos) << text;
+}
+
 // GPT-2: a causal Where(bool, scores, float minimum); ViT-style Mul by the scale.
 TEST(CompilePatterns, AttentionCausalWhereAndScaleMul) {
   GraphBuilder b;

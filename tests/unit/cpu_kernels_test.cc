@@ -254,9 +254,29 @@ TEST(CpuKernels, Attention) {
       EXPECT_EQ(run({"Attention", {noise({1, 2, 7, 8}, 11), noise({1, 2, 7, 8}, 12), noise({1, 2, 7, 8}, 13)}, {}, {attr("is_causal", int64_t{1})}}),
                 name);
     }
-  // 3-D inputs stay with the reference kernel.
-  EXPECT_EQ(check({"Attention", {noise({1, 4, 16}, 14), noise({1, 4, 16}, 15), noise({1, 4, 16}, 16)}, {}, {attr("q_num_heads", int64_t{2}),
-                                                                                                         attr("kv_num_heads", int64_t{2})}}),
+  // 3-D (sequence-major) inputs, as fuse_attention hands over the projections: kiln's flash
+  // attention reads each head where it lies and writes Y the same way; oneDNN's declines them.
+  auto heads = [](int64_t hq, int64_t hkv) { return std::vector<Attribute>{attr("q_num_heads", hq), attr("kv_num_heads", hkv)}; };
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.attention_f32_" + isa;
+    SCOPED_TRACE(name);
+    EXPECT_EQ(check({"Attention", {noise({1, 4, 16}, 14), noise({1, 4, 16}, 15), noise({1, 4, 16}, 16)}, {}, heads(2, 2)}, 1e-5, &cpu), name);
+    // Grouped-query heads, an odd head size, V's head size apart from K's, a padding mask.
+    Tensor pad = noise({2, 1, 1, 7}, 17);
+    for (int64_t i = 0; i < pad.numel(); ++i) pad.data<float>()[i] = i % 7 >= 5 ? neg : 0.f;
+    EXPECT_EQ(check({"Attention", {noise({2, 5, 4 * 12}, 18), noise({2, 7, 2 * 12}, 19), noise({2, 7, 2 * 9}, 20), pad}, {}, heads(4, 2)}, 1e-5,
+                    &cpu),
+              name);
+    // Across query and key blocks, causal.
+    std::vector<Attribute> causal_heads = heads(3, 3);
+    causal_heads.push_back(attr("is_causal", int64_t{1}));
+    EXPECT_EQ(check({"Attention", {noise({1, 300, 3 * 64}, 21, 6.f), noise({1, 300, 3 * 64}, 22, 6.f), noise({1, 300, 3 * 48}, 23)}, {},
+                     causal_heads},
+                    1e-5, &cpu),
+              name);
+  }
+  EXPECT_EQ(check({"Attention", {noise({1, 4, 16}, 14), noise({1, 4, 16}, 15), noise({1, 4, 16}, 16)}, {}, heads(2, 2)}, 1e-5, nullptr,
+                  &without_flash),
             kReferenceKernel);
 }
 
