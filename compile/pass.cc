@@ -30,6 +30,7 @@ constexpr std::array kPasses = {
     PassInfo{"fuse_rms_norm", "Pow/ReduceMean/Add/Sqrt/reciprocal/Mul (+ scale) over the last axis -> RMSNormalization",
              fuse_rms_norm_pass},
     PassInfo{"fuse_gelu", "x * 0.5 * (1 + erf(x / sqrt 2)) and its tanh approximation -> Gelu", fuse_gelu_pass},
+    PassInfo{"fuse_rotary", "x * cos + rotate_half(x) * sin with constant tables on 4-D heads -> RotaryEmbedding", fuse_rotary_pass},
     PassInfo{"fuse_attention", "MatMul(Q, K^T), scale, mask, Softmax, MatMul(., V) on 4-D heads -> Attention (grouped-query K/V unrepeated, split heads read in place)",
              fuse_attention_pass},
     PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",

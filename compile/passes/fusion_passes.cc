@@ -24,6 +24,9 @@ Result<PassResult> fuse_rms_norm_pass(Model& m, PassContext&) {
   return made(fuse_rms_norm(m.graph), "RMSNormalization", "RMSNormalizations");
 }
 Result<PassResult> fuse_gelu_pass(Model& m, PassContext&) { return made(fuse_gelu(m.graph), "Gelu", "Gelus"); }
+Result<PassResult> fuse_rotary_pass(Model& m, PassContext&) {
+  return made(fuse_rotary(m.graph), "RotaryEmbedding", "RotaryEmbeddings");
+}
 Result<PassResult> fuse_attention_pass(Model& m, PassContext&) {
   return made(fuse_attention(m.graph), "Attention", "Attentions");
 }

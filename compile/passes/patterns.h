@@ -1,5 +1,5 @@
 // The passes that turn what exporters write back into whole ops: LayerNormalization,
-// RMSNormalization, Gelu and Attention. Each rewrites the graph in place, keeps it verified and
+// RMSNormalization, Gelu, RotaryEmbedding and Attention. Each rewrites the graph in place, keeps it verified and
 // in order, and returns how many ops it made.
 #pragma once
 
@@ -16,6 +16,9 @@ Result<size_t> fuse_rms_norm(Graph& g);
 /// x * 0.5 * (1 + erf(x / sqrt 2)) and 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))),
 /// in the association orders exporters write -> Gelu (approximate "none" / "tanh").
 Result<size_t> fuse_gelu(Graph& g);
+/// x · cos + Concat(Neg(x[..., D/2:]), x[..., :D/2]) · sin on 4-D heads, with constant tables
+/// whose halves repeat -> RotaryEmbedding with [B, S, D/2] caches.
+Result<size_t> fuse_rotary(Graph& g);
 /// MatMul(Q, Kᵀ) [scaled] [+ mask | Where(mask, ·, -big)] / Softmax / MatMul(·, V) on 4-D
 /// [batch, heads, seq, head] tensors -> Attention; K / V repeated for grouped-query heads
 /// (Unsqueeze / Expand / Reshape) are read unrepeated.

@@ -9,6 +9,9 @@
 // grouped-query heads read their KV head's packed K and V, never copies of them. Q, K, V and Y
 // are read and written where they lie, head-major ([B, H, S, D]) or sequence-major ([B, S,
 // H·D], the projections' own layout, which fuse_attention hands over without transposes).
+//
+// kiln.rotary_f32_<isa>: RotaryEmbedding's rotate-half form (what fuse_rotary makes of the
+// exporters' x·cos + rotate_half(x)·sin) in one pass over x on the row kernels.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -152,6 +155,73 @@ class FlashAttention final : public Kernel {
   int threads_ = 1;
 };
 
+// The rotary embedding's sizes, for 3-D or 4-D x with concrete shapes.
+struct RotaryShape {
+  int64_t batch = 0, seq = 0, heads = 0, d = 0, half = 0;
+  bool seq_major = false;
+};
+
+std::optional<RotaryShape> rotary_shape(const KernelQuery& q) {
+  const Shape& xs = q.inputs[0].shape;
+  if (!xs.is_concrete() || (xs.rank() != 3 && xs.rank() != 4)) return std::nullopt;
+  const std::vector<int64_t> x = xs.concrete();
+  RotaryShape r{.batch = x[0], .seq = x[xs.rank() == 4 ? 2 : 1], .seq_major = xs.rank() == 3};
+  r.heads = r.seq_major ? q.node.attr_int("num_heads", 0) : x[1];
+  if (r.heads <= 0 || (r.seq_major && x[2] % r.heads != 0)) return std::nullopt;
+  r.d = r.seq_major ? x[2] / r.heads : x[3];
+  const int64_t rot = q.node.attr_int("rotary_embedding_dim", 0);
+  r.half = (rot > 0 ? rot : r.d) / 2;
+  return r;
+}
+
+std::optional<std::string> rotary_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  for (size_t i = 0; i < 3; ++i)
+    if (q.inputs[i].dtype != DType::f32) return "not f32";
+  if (q.node.attr_int("interleaved", 0) != 0) return "interleaved pairs";
+  const std::optional<RotaryShape> r = rotary_shape(q);
+  if (!r) return "the input's shape is not known ahead";
+  const bool positions = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+  for (size_t i : {1, 2}) {
+    if (!q.inputs[i].shape.is_concrete()) return "caches of unknown shape";
+    const std::vector<int64_t> c = q.inputs[i].shape.concrete();
+    const bool fits = positions ? c.size() == 2 && c[1] == r->half : c == std::vector<int64_t>{r->batch, r->seq, r->half};
+    if (!fits) return "caches that do not match the input";
+  }
+  if (positions && q.inputs[3].shape.concrete() != std::vector<int64_t>{r->batch, r->seq}) return "position ids that do not match the input";
+  return std::nullopt;
+}
+
+class RotaryKernel final : public Kernel {
+ public:
+  explicit RotaryKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    shape_ = *rotary_shape(q);
+    positions_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+    if (positions_) max_pos_ = std::min(q.inputs[1].shape.concrete()[0], q.inputs[2].shape.concrete()[0]);
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const int64_t* rows = nullptr;
+    if (positions_) {  // data: checked on every run, as the reference does
+      rows = ctx.input(3).data<int64_t>();
+      for (int64_t i = 0; i < shape_.batch * shape_.seq; ++i)
+        if (rows[i] < 0 || rows[i] >= max_pos_)
+          return ctx.error("position id " + std::to_string(rows[i]) + " is out of range for a cache of " + std::to_string(max_pos_) +
+                           " positions");
+    }
+    rows_.rotary(ctx.input(0).data<float>(), ctx.output(0).data<float>(), ctx.input(1).data<float>(), ctx.input(2).data<float>(), rows,
+                 shape_.batch, shape_.seq, shape_.heads, shape_.d, shape_.half, shape_.seq_major);
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+  RotaryShape shape_;
+  bool positions_ = false;
+  int64_t max_pos_ = 0;
+};
+
 }  // namespace
 
 void register_attention(KernelRegistry& r) {
@@ -160,6 +230,12 @@ void register_attention(KernelRegistry& r) {
           KernelImpl{.name = std::string("kiln.attention_f32_") + isa_name(isa),
                      .declines = [isa](const KernelQuery& q) { return flash_declines(q, isa); },
                      .create = [isa](const KernelQuery&) { return std::make_unique<FlashAttention>(isa); },
+                     .needs_isa = isa_features(isa)});
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("RotaryEmbedding", "cpu",
+          KernelImpl{.name = std::string("kiln.rotary_f32_") + isa_name(isa),
+                     .declines = [isa](const KernelQuery& q) { return rotary_declines(q, isa); },
+                     .create = [isa](const KernelQuery&) { return std::make_unique<RotaryKernel>(isa); },
                      .needs_isa = isa_features(isa)});
 }
 

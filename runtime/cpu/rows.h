@@ -62,6 +62,13 @@ struct RowKernels {
   void (*binary)(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float* y, int64_t n);
   /// y = act(x) over n values (y may be x), as the epilogue computes it.
   void (*activation)(const float* x, float* y, int64_t n, const ActivationSpec& act);
+  /// RotaryEmbedding's rotate-half form over x [batch, heads, seq, d] (or [batch, seq, heads·d]
+  /// when `seq_major`) into y: per token, with c, s the cache rows of `half` values (row
+  /// cache_rows[token], or the token's own index b·seq + t when cache_rows is null), each head's
+  /// (x[e], x[e + half]) becomes (c·x[e] − s·x[e + half], s·x[e] + c·x[e + half]); features from
+  /// 2·half on are copied.
+  void (*rotary)(const float* x, float* y, const float* cos, const float* sin, const int64_t* cache_rows, int64_t batch,
+                 int64_t seq, int64_t heads, int64_t d, int64_t half, bool seq_major);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
   /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
   /// planes, then the epilogue (z: the residual planes, may be null). `scratch` holds

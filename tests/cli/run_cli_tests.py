@@ -85,7 +85,7 @@ def external_model(work, location):
 
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
-          "fuse_rms_norm", "fuse_gelu", "fuse_attention", "fuse_epilogues", "channels_last", "merge_transposes",
+          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "merge_transposes",
           "eliminate_dead",
           "select_kernels", "prepack_weights")
 

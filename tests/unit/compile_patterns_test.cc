@@ -3,6 +3,10 @@
 // and after on the reference kernels, and the near misses each must leave alone.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #include "compile/passes/patterns.h"
 #include "tests/unit/compile_test_util.h"
 
@@ -116,6 +120,41 @@ TEST(CompilePatterns, AttentionBertForm) {
             "node kt_k: Transpose(kp) -> (kt_k) perm=ints[0, 2, 1, 3]\n"
             "node ctx: Attention(q, kt_k, v, mask) -> (ctx) scale=0.3535533966440824 "
             "sources=[\"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
+}
+
+// LLaMA's rotary embedding as exported: x·cos + Concat(-x[..., 4:], x[..., :4])·sin with the
+// tables folded to constants [1, 1, S, D] (cat(freqs, freqs): halves equal). `halves_differ`
+// breaks that, so the tables are not a RotaryEmbedding's caches.
+Model rotary(bool halves_differ) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 2, 3, 8});
+  Tensor cos(DType::f32, {1, 1, 3, 8}), sin(DType::f32, {1, 1, 3, 8});
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t e = 0; e < 8; ++e) {
+      const double angle = (t + 1) * (e % 4 + 1) * 0.4;
+      cos.data<float>()[t * 8 + e] = static_cast<float>(std::cos(angle));
+      sin.data<float>()[t * 8 + e] = static_cast<float>(std::sin(angle)) + (halves_differ && e == 6 ? 0.1f : 0.f);
+    }
+  ValueId axes = b.constant("axes", ints({3})), one = b.constant("one", ints({1}));
+  ValueId upper = b.op("upper", "Slice", {x, b.constant("four", ints({4})), b.constant("end", ints({std::numeric_limits<int64_t>::max()})), axes, one});
+  ValueId lower = b.op("lower", "Slice", {x, b.constant("zero", ints({0})), b.constant("half", ints({4})), axes, one});
+  ValueId rotated = b.op("rotated", "Concat", {b.op("neg", "Neg", {upper}), lower}, {attr("axis", int64_t{-1})});
+  ValueId a = b.op("xc", "Mul", {x, b.constant("cos", cos)});
+  ValueId s = b.op("rs", "Mul", {rotated, b.constant("sin", sin)});
+  return b.done({b.op("y", "Add", {a, s})});
+}
+
+TEST(CompilePatterns, RotaryEmbedding) {
+  Model m = rotary(false);
+  EXPECT_EQ(apply(m, fuse_rotary, {ramp({1, 2, 3, 8})}, 1e-6), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node y: RotaryEmbedding(x, cos_cache, sin_cache) -> (y) sources=[\"upper\", \"lower\", \"neg\", \"rotated\", \"rs\", "
+            "\"xc\", \"y\"]\n");
+  EXPECT_EQ(m.graph.value(m.graph.find_value("cos_cache")).constant.shape(), (std::vector<int64_t>{1, 3, 4}));
+  // Tables whose halves differ are not caches: nothing changes.
+  Model other = rotary(true);
+  EXPECT_EQ(apply(other, fuse_rotary, {ramp({1, 2, 3, 8})}, 0), 0u);
+  EXPECT_EQ(other.graph.nodes.size(), 7u);
 }
 
 // The projections split into heads and the context merged back: BERT's Kᵀ in one Transpose

@@ -280,6 +280,28 @@ TEST(CpuKernels, Attention) {
             kReferenceKernel);
 }
 
+TEST(CpuKernels, RotaryEmbedding) {
+  // The rotate-half form on each ISA path: 4-D and 3-D inputs, caches per token or indexed by
+  // position ids, a partial rotary dim (the rest copied), head sizes off the vector width.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.rotary_f32_" + isa;
+    SCOPED_TRACE(name);
+    EXPECT_EQ(check({"RotaryEmbedding", {noise({2, 3, 5, 64}, 1), noise({2, 5, 32}, 2), noise({2, 5, 32}, 3)}, {}, {}}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"RotaryEmbedding", {noise({1, 7, 2 * 22}, 4), noise({1, 7, 11}, 5), noise({1, 7, 11}, 6)}, {}, {attr("num_heads", int64_t{2})}},
+                    1e-5, &cpu),
+              name);
+    Tensor pos = make<int64_t>({1, 4}, {3, 0, 9, 3});
+    EXPECT_EQ(check({"RotaryEmbedding", {noise({1, 2, 4, 40}, 7), noise({10, 12}, 8), noise({10, 12}, 9), pos}, {},
+                     {attr("rotary_embedding_dim", int64_t{24})}},
+                    1e-5, &cpu),
+              name);
+    // Interleaved pairs stay with the reference kernel.
+    EXPECT_EQ(check({"RotaryEmbedding", {noise({1, 2, 3, 8}, 10), noise({1, 3, 4}, 11), noise({1, 3, 4}, 12)}, {}, {attr("interleaved", int64_t{1})}},
+                    1e-5, &cpu),
+              kReferenceKernel);
+  }
+}
+
 TEST(CpuKernels, FlashAttentionAcrossBlocks) {
   // Sequences longer than a query block (64) and a key block (192), with tails: the online
   // softmax carries its running maximum and sum across key blocks, causal masks skip and cut
