@@ -17,8 +17,11 @@
 // heads (Reshape of a 3-D [B, S, H·D] to [B, S, H, D], then Transpose 0,2,1,3, or 0,2,3,1 for
 // Kᵀ) and Y is merged back the same way (Transpose 0,2,1,3, Reshape to [B, S, H·D]), the
 // Attention reads and writes the 3-D tensors (q_num_heads, kv_num_heads) and those transposes
-// are gone: the kernels read each head where the projection wrote it.
+// are gone: the kernels read each head where the projection wrote it. A packed projection
+// [B, S, 3·H·D] reshaped to [B, S, 3, H, D], permuted (2,0,3,1,4), split on axis 0 and squeezed
+// (ViT's qkv) is cut into Q, K and V by one Split along its features instead.
 #include <algorithm>
+#include <array>
 #include <map>
 
 #include "compile/graph_util.h"
@@ -83,6 +86,38 @@ ValueId unsplit_heads(const Matcher& m, ValueId heads, const Node* reader, std::
   const ValueId x = unsplit(m, t->inputs[0], t, mine);
   if (x != kNoValue) chain.insert(chain.end(), mine.begin(), mine.end());
   return x;
+}
+
+// The packed projection x [B, S, 3·H·D] when q, k and v are, in that order, the three parts of
+// Squeeze(Split(Transpose(Reshape(x, [B, S, 3, H, D]), perm 2,0,3,1,4), axis 0), axis 0) (ViT's
+// qkv), each read only by its reader and the rest by the pattern alone; appends the nodes.
+ValueId packed_qkv(const Matcher& m, const std::array<ValueId, 3>& qkv, const std::array<const Node*, 3>& readers,
+                   std::vector<const Node*>& chain) {
+  std::vector<const Node*> mine;
+  const Node* split = nullptr;
+  for (size_t i = 0; i < 3; ++i) {
+    const Node* sq = m.def(qkv[i], "Squeeze");
+    if (!sq || !m.only_read_by(qkv[i], {readers[i]}) || m.reduce_axes(*sq) != std::vector<int64_t>{0}) return kNoValue;
+    const Node* sp = m.def(sq->inputs[0], "Split");
+    if (!sp || (split && sp != split) || sp->outputs.size() != 3 || sp->outputs[i] != sq->inputs[0] || !m.only_read_by(sq->inputs[0], {sq}))
+      return kNoValue;
+    split = sp;
+    mine.push_back(sq);
+  }
+  if (split->attr_int("axis", 0) != 0) return kNoValue;
+  const Node* t = m.def(split->inputs[0], "Transpose");
+  if (!t || !m.only_read_by(split->inputs[0], {split}) || t->attr_ints("perm") != std::vector<int64_t>{2, 0, 3, 1, 4}) return kNoValue;
+  const Node* r = m.def(t->inputs[0], "Reshape");
+  if (!r || !m.only_read_by(t->inputs[0], {t})) return kNoValue;
+  const Graph& g = m.graph();
+  const Shape& x = g.value(r->inputs[0]).shape;
+  const Shape& y = g.value(t->inputs[0]).shape;
+  if (x.rank() != 3 || y.rank() != 5 || !y.is_concrete() || !x.is_concrete() || x.dims[0] != y.dims[0] || x.dims[1] != y.dims[1] ||
+      y.dims[2].value != 3 || x.dims[2].value != 3 * y.dims[3].value * y.dims[4].value)
+    return kNoValue;
+  mine.insert(mine.end(), {split, t, r});
+  chain.insert(chain.end(), mine.begin(), mine.end());
+  return r->inputs[0];
 }
 
 // Whether `t` is a causal mask over scores [.., S, S]: the same for every batch and head
@@ -188,7 +223,6 @@ Result<size_t> fuse_attention(Graph& g) {
     chain.push_back(qk);
     ValueId q = qk->inputs[0];
     const ValueId kt = qk->inputs[1];
-    std::optional<std::pair<int64_t, int64_t>> heads;  // q_num_heads, kv_num_heads of a sequence-major Attention
     ValueId v = pv->inputs[1];
     if (!rank4(g, q) || !rank4(g, kt)) continue;
     // K from Kᵀ.
@@ -243,17 +277,24 @@ Result<size_t> fuse_attention(Graph& g) {
     }
     // Sequence-major: Q, K and V split from 3-D projections and Y merged back into one.
     ValueId y = pv->outputs[0];
+    int64_t q_heads = 0, kv_heads = 0;  // set when the Attention is sequence-major
     std::vector<const Node*> seq_chain;
-    const ValueId q3 = unsplit_heads(m, q, qk, seq_chain), v3 = unsplit_heads(m, v, pv, seq_chain);
+    ValueId q3 = unsplit_heads(m, q, qk, seq_chain), v3 = unsplit_heads(m, v, pv, seq_chain);
     ValueId k3 = kNoValue;
     const bool k_made = !made.empty() && made[0].outputs[0] == k;  // the Transpose from Kᵀ back to K
     if (k_made && tr && made[0].inputs[0] == tr->inputs[0] && made[0].attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3})
       k3 = unsplit(m, made[0].inputs[0], tr, seq_chain);  // Kᵀ was Transpose 0,2,3,1 of the split projection
     else if (!k_made && tr && tr->inputs[0] == k)
       k3 = unsplit_heads(m, k, tr, seq_chain);
+    ValueId packed = kNoValue;  // one [B, S, 3·H·D] projection that Q, K and V are cut from
+    if (q3 == kNoValue && k3 == kNoValue && v3 == kNoValue && !k_made && tr && tr->inputs[0] == k) {
+      seq_chain.clear();
+      packed = packed_qkv(m, {q, k, v}, {qk, tr, pv}, seq_chain);
+    }
     const Node* yt = m.single_reader(y);
     const Node* yr = yt && yt->op == "Transpose" && yt->attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3} ? m.single_reader(yt->outputs[0]) : nullptr;
-    if (q3 != kNoValue && k3 != kNoValue && v3 != kNoValue && yr && yr->op == "Reshape" && yr->inputs[0] == yt->outputs[0]) {
+    if ((packed != kNoValue || (q3 != kNoValue && k3 != kNoValue && v3 != kNoValue)) && yr && yr->op == "Reshape" &&
+        yr->inputs[0] == yt->outputs[0]) {
       const Shape& y4 = g.value(y).shape;
       const Shape& ym = g.value(yr->outputs[0]).shape;
       if (ym.rank() == 3 && y4.dims[1].is_known() && y4.dims[3].is_known() && ym.dims[0] == y4.dims[0] && ym.dims[1] == y4.dims[2] &&
@@ -263,8 +304,21 @@ Result<size_t> fuse_attention(Graph& g) {
           chain.insert(chain.end(), seq_chain.begin(), seq_chain.end());
           chain.insert(chain.end(), {yt, yr});
           if (k_made) made.erase(made.begin());
+          if (packed != kNoValue) {  // one Split along the features cuts the projection into Q, K and V
+            const Shape ps = g.value(packed).shape;  // a copy: adding values below moves them
+            const int64_t part = ps.dims[2].value / 3;
+            Node cut;
+            cut.name = g.value(packed).name + "_qkv";
+            cut.op = "Split";
+            cut.inputs = {packed, g.add_constant(cut.name + "_sizes", Tensor::from<int64_t>({3}, {part, part, part}))};
+            cut.set_attr("axis", int64_t{2});
+            for (const char* part_name : {"_q", "_k", "_v"})
+              cut.outputs.push_back(g.add_value(g.value(packed).name + part_name, DType::f32, Shape({ps.dims[0], ps.dims[1], Dim::known(part)})));
+            q3 = cut.outputs[0], k3 = cut.outputs[1], v3 = cut.outputs[2];
+            made.push_back(std::move(cut));
+          }
           q = q3, k = k3, v = v3, y = yr->outputs[0];
-          heads = {hq.value, hkv.value};
+          q_heads = hq.value, kv_heads = hkv.value;
         }
       }
     }
@@ -276,9 +330,9 @@ Result<size_t> fuse_attention(Graph& g) {
     att.inputs = {q, k, v};
     if (mask != kNoValue) att.inputs.push_back(mask);
     att.outputs = {y};
-    if (heads) {
-      att.set_attr("q_num_heads", heads->first);
-      att.set_attr("kv_num_heads", heads->second);
+    if (q_heads > 0) {
+      att.set_attr("q_num_heads", q_heads);
+      att.set_attr("kv_num_heads", kv_heads);
     }
     att.set_attr("scale", scale);
     if (is_causal) att.set_attr("is_causal", int64_t{1});

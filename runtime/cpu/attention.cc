@@ -182,6 +182,7 @@ std::optional<std::string> rotary_declines(const KernelQuery& q, Isa isa) {
   const std::optional<RotaryShape> r = rotary_shape(q);
   if (!r) return "the input's shape is not known ahead";
   const bool positions = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+  if (q.inputs[1].shape != q.inputs[2].shape) return "caches of different shapes";
   for (size_t i : {1, 2}) {
     if (!q.inputs[i].shape.is_concrete()) return "caches of unknown shape";
     const std::vector<int64_t> c = q.inputs[i].shape.concrete();
@@ -198,7 +199,7 @@ class RotaryKernel final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
     shape_ = *rotary_shape(q);
     positions_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
-    if (positions_) max_pos_ = std::min(q.inputs[1].shape.concrete()[0], q.inputs[2].shape.concrete()[0]);
+    if (positions_) max_pos_ = q.inputs[1].shape.concrete()[0];
     return {};
   }
   Status run(KernelContext& ctx) override {

@@ -203,6 +203,33 @@ TEST(CompilePatterns, AttentionSequenceMajor) {
   EXPECT_EQ(text.find("q_num_heads"), std::string::npos) << text;
 }
 
+// ViT: one qkv projection [B, S, 3·H·D] reshaped to [B, S, 3, H, D], permuted to [3, B, H, S, D],
+// split on axis 0 and squeezed. The Attention reads Q, K and V cut from the projection by one
+// Split along its features, and writes the merged context.
+TEST(CompilePatterns, AttentionPackedQkv) {
+  GraphBuilder b;
+  ValueId qkv = b.input("qkv", {1, 5, 24});
+  ValueId r = b.op("qkv_5d", "Reshape", {qkv, b.constant("qkv_shape", ints({1, 5, 3, 2, 4}))});
+  ValueId t = b.op("qkv_t", "Transpose", {r}, {attr("perm", std::vector<int64_t>{2, 0, 3, 1, 4})});
+  std::vector<ValueId> parts;
+  for (const char* name : {"p0", "p1", "p2"}) parts.push_back(b.g.add_value(name, DType::undefined));
+  Node split = testing::node("split", "Split", {t, b.constant("ones", ints({1, 1, 1}))}, parts);
+  split.set_attr("axis", int64_t{0});
+  b.g.add_node(std::move(split));
+  ValueId zero = b.constant("zero", ints({0}));
+  ValueId q = b.op("q", "Squeeze", {parts[0], zero}), k = b.op("k", "Squeeze", {parts[1], zero}), v = b.op("v", "Squeeze", {parts[2], zero});
+  ValueId kt = b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId s = b.op("scores", "Mul", {b.op("qk", "MatMul", {q, kt}), b.scalar("scale", 0.5f)});
+  ValueId ctx = b.op("ctx", "MatMul", {b.op("probs", "Softmax", {s}), v});
+  ValueId merged = b.op("ctx_t", "Transpose", {ctx}, {attr("perm", std::vector<int64_t>{0, 2, 1, 3})});
+  Model m = b.done({b.op("out", "Reshape", {merged, b.constant("out_shape", ints({1, 5, 8}))})});
+  EXPECT_EQ(apply(m, fuse_attention, {ramp({1, 5, 24})}, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node qkv_qkv: Split(qkv, qkv_qkv_sizes) -> (qkv_q, qkv_k, qkv_v) axis=2\n"
+            "node ctx: Attention(qkv_q, qkv_k, qkv_v) -> (out) kv_num_heads=2 q_num_heads=2 scale=0.5 sources=[\"qkv_5d\", \"qkv_t\", "
+            "\"split\", \"q\", \"k\", \"v\", \"kt\", \"qk\", \"scores\", \"probs\", \"ctx\", \"ctx_t\", \"out\"]\n");
+}
+
 // GPT-2: a causal Where(bool, scores, float minimum); ViT-style Mul by the scale.
 TEST(CompilePatterns, AttentionCausalWhereAndScaleMul) {
   GraphBuilder b;
