@@ -325,12 +325,11 @@ int main(int argc, char** argv) {
     std::vector<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n));
     std::vector<uint16_t> bbf(static_cast<size_t>(gemm::packed_b_bf16_elements(s.k, s.n)));
     gemm::pack_b_bf16(pr.b.data(), s.n, false, s.k, s.n, bbf.data());
-    std::vector<std::byte> ws(std::max(gemm::lowp_workspace_bytes(gemm::Lowp::u8s8, s.m, s.k),
-                                       gemm::lowp_workspace_bytes(gemm::Lowp::bf16, s.m, s.k)) + 64);
+    std::vector<std::byte> ws(gemm::bf16_workspace_bytes(s.m, s.k) + 64);
     const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
     std::vector<double> spread;
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
-    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, ws.data()); });
+    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads); });
     if (bf16) fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data()); });
     std::vector<double> sec;
     if (fns.size() == 3) sec = interleaved(spread, fns[0], fns[1], fns[2]);

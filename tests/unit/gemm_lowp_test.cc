@@ -55,14 +55,13 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
     gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(),
                            .act = {Activation::relu}};
-    std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::u8s8, d.m, d.k) + 1);
     std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8);
     std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
     ep.out_u8 = true;
     ep.out_scale = 0.003f;
     ep.out_zero = 10;
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, ws.data());
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads);
     for (int64_t i = 0; i < d.m; ++i)
       for (int64_t j = 0; j < d.n; ++j) {
         int64_t s = 0;
@@ -89,7 +88,7 @@ TEST(GemmLowp, Bf16) {
     gemm::pack_b_bf16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
     gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::gelu}};
-    std::vector<std::byte> ws(gemm::lowp_workspace_bytes(gemm::Lowp::bf16, d.m, d.k));
+    std::vector<std::byte> ws(gemm::bf16_workspace_bytes(d.m, d.k));
     std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
     gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
     for (int64_t i = 0; i < d.m; ++i)

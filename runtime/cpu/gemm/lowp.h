@@ -4,7 +4,8 @@
 // lane). Both use the f32 templates' shape: a register tile of MR rows × NR columns of 32-bit
 // accumulators, B packed once in panels of NR columns with the K dimension grouped by 4 (u8s8)
 // or 2 (bf16) so that one vector load feeds a whole row of the tile, A broadcast one group at a
-// time; Kc is the whole of K and the threads split the panels of B.
+// time (u8 read from its rows in place, bf16 from its rounded copy); Kc is the whole of K and
+// the threads split the panels of B.
 #pragma once
 
 #include <cstddef>
@@ -51,10 +52,10 @@ struct QuantEpilogue {
 };
 
 /// C[M×N] = epilogue(A[M×K] u8 · B s8), B packed by pack_b_s8, C f32 or u8 (`ldc` elements
-/// between rows), on min(threads, pool) threads. `workspace` holds lowp_workspace_bytes. A's
-/// rows go `mc` at a time (a multiple of 8; 0: as many as fill half of L2).
+/// between rows), on min(threads, pool) threads. A's rows are read in place (`lda` bytes apart),
+/// `mc` at a time (a multiple of 8; 0: as many as fill half of L2); no workspace.
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
-               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0);
 
 // ---- bf16 · bf16 -----------------------------------------------------------------------------
 
@@ -68,9 +69,8 @@ void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, u
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
                float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
 
-/// Workspace a product of M rows of K takes (A's copy: u8 padded to groups of 4 when K is
-/// not a multiple of 4, bf16 pairs always).
-size_t lowp_workspace_bytes(Lowp kind, int64_t m, int64_t k);
+/// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16 pairs).
+size_t bf16_workspace_bytes(int64_t m, int64_t k);
 
 /// f32 to bf16, rounding to nearest even (NaN stays NaN), and back: what the kernels compute
 /// with, for tests and references.

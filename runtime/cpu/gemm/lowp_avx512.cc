@@ -26,26 +26,38 @@ __mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 
 // compiler assume it may write the accumulators and keep them in memory).
 __m512i broadcast_group(const uint8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
 
-// tile[MRT×48] = (Σ over k4 groups of A's packed panel (MR groups of 4 bytes a step) · B's
-// panel − comp) · scale + bias, as f32. The sums stay in registers until they are converted.
+// tile[MRT×48] = (Σ over K's groups of 4 of A's rows (read in place, `lda` apart) · B's panel −
+// comp) · scale + bias, as f32. The sums stay in registers until they are converted. A last
+// group shorter than 4 is loaded masked: B's panel is zero past K, so whatever A's padding
+// would hold adds nothing, and no byte past A's rows is read.
 struct U8s8Columns {
   __m512i comp[NV];  // a_zero · Σb per column
   __m512 scale[NV], bias[NV];
 };
 
 template <int MRT>
-void tile_u8s8(int64_t k4, const uint8_t* a, const int8_t* b, const U8s8Columns& cols, float* tile) {
+void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile) {
   __m512i acc[MRT][NV];
   for (int i = 0; i < MRT; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_si512();
+  const int64_t whole = k / 4;
   // The steps in blocks of 64: with the loop nested, GCC keeps the sums in registers (one flat
   // loop gets them copied and spilled around every vpdpbusd).
-  for (int64_t p0 = 0; p0 < k4; p0 += 64)
-  for (int64_t p = p0; p < std::min(k4, p0 + 64); ++p) {
+  for (int64_t p0 = 0; p0 < whole; p0 += 64)
+  for (int64_t p = p0; p < std::min(whole, p0 + 64); ++p) {
     __m512i bv[NV];
     for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + p * NR * 4 + j * 64);
     for (int i = 0; i < MRT; ++i) {
-      const __m512i av = broadcast_group(a + (p * MR + i) * 4);
+      const __m512i av = broadcast_group(a + i * lda + p * 4);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
+    }
+  }
+  if (k % 4) {
+    const __mmask16 part = static_cast<__mmask16>((1u << (k % 4)) - 1);
+    __m512i bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + whole * NR * 4 + j * 64);
+    for (int i = 0; i < MRT; ++i) {
+      const __m512i av = _mm512_broadcastd_epi32(_mm_maskz_loadu_epi8(part, a + i * lda + whole * 4));
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
     }
   }
@@ -81,8 +93,8 @@ constexpr auto table(std::index_sequence<R...>) {
 
 template <int MRT>
 struct U8s8 {
-  static void run(int64_t k4, const uint8_t* a, const int8_t* b, const U8s8Columns& cols, float* tile) {
-    tile_u8s8<MRT>(k4, a, b, cols, tile);
+  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile) {
+    tile_u8s8<MRT>(k, a, lda, b, cols, tile);
   }
 };
 template <int MRT>
@@ -92,14 +104,14 @@ struct Bf16 {
   }
 };
 
-using U8s8Fn = void (*)(int64_t, const uint8_t*, const int8_t*, const U8s8Columns&, float*);
+using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*);
 using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV]);
 constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
 constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
 
 }  // namespace
 
-void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a_packed, const int8_t* b,
+void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
   const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t k4 = (k + 3) / 4;
@@ -121,7 +133,7 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float tile[MR][NR];
-      kU8s8[static_cast<size_t>(rows_here - 1)](k4, a_packed + (i0 / MR) * k4 * MR * 4, bp, cols, &tile[0][0]);
+      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, &tile[0][0]);
       if (ep.act.kind != Activation::none) rows.tile_epilogue(&tile[0][0], NR, nullptr, 0, rows_here, w, ep.act, ActivationSpec{});
       for (int i = 0; i < rows_here; ++i) {
         if (!ep.out_u8) {

@@ -9,9 +9,8 @@
 namespace kiln::cpu::gemm::lowp_avx512 {
 
 /// u8s8: C's panels [p0, p1) (of NR columns, N in all) for all M rows, `mc` rows (a multiple of
-/// MR) at a time; A in MR-row panels of groups of 4 bytes (gemm_u8s8 packs it), B is
-/// pack_b_s8's output.
-void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a_packed, const int8_t* b,
+/// MR) at a time; A's rows read in place (`lda` bytes apart), B is pack_b_s8's output.
+void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
 
 /// bf16: A's rows [m0, m0 + rows) as one MR-row panel of bf16 pairs (rows past `rows` zero).
