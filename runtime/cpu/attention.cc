@@ -226,18 +226,18 @@ class RotaryKernel final : public Kernel {
 }  // namespace
 
 void register_attention(KernelRegistry& r) {
-  for (Isa isa : {Isa::avx512, Isa::avx2})
+  for (Isa isa : {Isa::avx512, Isa::avx2}) {
     r.add("Attention", "cpu",
           KernelImpl{.name = std::string("kiln.attention_f32_") + isa_name(isa),
                      .declines = [isa](const KernelQuery& q) { return flash_declines(q, isa); },
                      .create = [isa](const KernelQuery&) { return std::make_unique<FlashAttention>(isa); },
                      .needs_isa = isa_features(isa)});
-  for (Isa isa : {Isa::avx512, Isa::avx2})
     r.add("RotaryEmbedding", "cpu",
           KernelImpl{.name = std::string("kiln.rotary_f32_") + isa_name(isa),
                      .declines = [isa](const KernelQuery& q) { return rotary_declines(q, isa); },
                      .create = [isa](const KernelQuery&) { return std::make_unique<RotaryKernel>(isa); },
                      .needs_isa = isa_features(isa)});
+  }
 }
 
 }  // namespace kiln::cpu
