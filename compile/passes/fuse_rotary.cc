@@ -12,6 +12,7 @@
 // readers. Anything else (interleaved pairs, a partial rotary dim, caches computed at run time)
 // is left as it is.
 #include <map>
+#include <tuple>
 
 #include "compile/passes/match.h"
 #include "compile/passes/patterns.h"
@@ -78,7 +79,7 @@ Result<size_t> fuse_rotary(Graph& g) {
   Rewrite rw(g);
   size_t fused = 0;
   const size_t original_nodes = g.nodes.size(), values_before = g.values.size();
-  std::map<std::pair<ValueId, int64_t>, ValueId> caches;  // (table, batch) -> its cache, or kNoValue
+  std::map<std::tuple<ValueId, int64_t, int64_t, int64_t>, ValueId> caches;  // (table, B, S, D) -> its cache, or kNoValue
   for (size_t ai = 0; ai < original_nodes; ++ai) {
     const Node& add = g.nodes[ai];
     if (add.op != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
@@ -107,11 +108,12 @@ Result<size_t> fuse_rotary(Graph& g) {
       if (!rw.free(idx)) continue;
       // Q and K of every layer share their tables: one cache each.
       auto cache = [&](ValueId table) {
-        auto it = caches.find({table, xs.dims[0].value});
+        const auto key = std::make_tuple(table, xs.dims[0].value, xs.dims[2].value, d);
+        auto it = caches.find(key);
         if (it != caches.end()) return it->second;
         std::optional<Tensor> t = cache_of(g, table, xs);
         const ValueId made = t ? g.add_constant(g.value(table).name + "_cache", std::move(*t)) : kNoValue;
-        return caches[{table, xs.dims[0].value}] = made;
+        return caches[key] = made;
       };
       const ValueId cos_cache = cache(cos), sin_cache = cache(sin);
       if (cos_cache == kNoValue || sin_cache == kNoValue) continue;

@@ -300,6 +300,10 @@ TEST(CpuKernels, RotaryEmbedding) {
                     1e-5, &cpu),
               kReferenceKernel);
   }
+  // Position ids are data: one past the caches is a user error on the run that has it.
+  auto r = testing::run_op("RotaryEmbedding", {noise({1, 2, 4, 8}, 13), noise({3, 4}, 14), noise({3, 4}, 15), make<int64_t>({1, 4}, {0, 1, 3, 2})});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().what.find("position id 3 is out of range for a cache of 3 positions"), std::string::npos) << r.error().what;
 }
 
 TEST(CpuKernels, FlashAttentionAcrossBlocks) {
