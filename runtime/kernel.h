@@ -178,8 +178,8 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 /// is neither f32 nor bool, shorter than the keys or not broadcasting.
 std::optional<std::string> attention_declines(const KernelQuery& q);
 
-/// Where element [batch, head, row, 0] of one of Attention's tensors lies: batch · batch_stride
-/// + head · head_stride + row · row_stride.
+/// The strides, in elements, of one of Attention's tensors over its batch, head and row
+/// (token) dims: element [b, h, r, 0] lies at b · batch + h · head + r · row.
 struct HeadStrides {
   int64_t batch = 0, head = 0, row = 0;
   int64_t at(int64_t b, int64_t h) const { return b * batch + h * head; }

@@ -21,14 +21,12 @@ namespace kiln {
 
 namespace {
 
-// The values of an integer constant (i64 or i32), or nullopt.
+// The values of an integer constant (i64 or i32, as Slice's indices are), or nullopt.
 std::optional<std::vector<int64_t>> ints(const Graph& g, ValueId v) {
   if (v == kNoValue) return std::nullopt;
   const Value& c = g.value(v);
-  if (!c.is_constant()) return std::nullopt;
-  if (c.dtype == DType::i64) return std::vector<int64_t>(c.constant.data<int64_t>(), c.constant.data<int64_t>() + c.constant.numel());
-  if (c.dtype == DType::i32) return std::vector<int64_t>(c.constant.data<int32_t>(), c.constant.data<int32_t>() + c.constant.numel());
-  return std::nullopt;
+  if (!c.is_constant() || (c.dtype != DType::i64 && c.dtype != DType::i32)) return std::nullopt;
+  return c.constant.to_int64_vector();
 }
 
 // Whether `s` is Slice(x, begin .. end) over the last axis of a 4-D x whose last dim is d, with
