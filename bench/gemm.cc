@@ -5,14 +5,12 @@
 //
 //   kiln_bench_gemm [--runs N] [--threads T] [--sweep]
 //
-// The peak is probed, not looked up: a loop of independent FMAs on 16 vector accumulators
-// (enough to hide the FMA latency on two ports), AVX-512 where the CPU has it and AVX2+FMA
-// otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
+// The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
+// independent FMAs on 16 vector accumulators (enough to hide the FMA latency on two ports),
+// AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
 // the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
 // the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
 // --sweep the fastest of every tile, Kc and A packing, each printed as it is timed.
-#include <immintrin.h>
-
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "profile/ceilings.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/target.h"
@@ -38,94 +37,6 @@ namespace gemm = kiln::cpu::gemm;
 int g_runs = 21;
 
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-
-// 16 independent accumulators; returns a value that depends on all of them, so that nothing is
-// optimised away.
-__attribute__((target("avx512f"))) float fma_loop_avx512(long iters) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (long n = 0; n < iters; ++n)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  float sum = 0;
-  for (float l : lanes) sum += l;
-  return sum;
-}
-
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(long iters) {
-  __m256 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (long n = 0; n < iters; ++n)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  __m256 s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm256_add_ps(s, acc[i]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, s);
-  float sum = 0;
-  for (float l : lanes) sum += l;
-  return sum;
-}
-
-// GFLOP/s of one thread's FMAs: the best of several half-second-ish probes (a probe that a
-// neighbour's process interrupts only comes out slower).
-double fma_peak_gflops(const kiln::CpuFeatures& cpu, const char*& isa) {
-  const bool avx512 = cpu.avx512f;
-  isa = avx512 ? "avx512" : "avx2";
-  const int lanes = avx512 ? 16 : 8;
-  const long iters = 20'000'000;
-  volatile float sink = 0;
-  double best = 0;
-  for (int probe = 0; probe < 5; ++probe) {
-    const auto t0 = clock_type::now();
-    sink = sink + (avx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters));
-    const double s = seconds_since(t0);
-    best = std::max(best, static_cast<double>(iters) * 16 * lanes * 2 / s / 1e9);
-  }
-  return best;
-}
-
-// The same probe for the lower-precision dot products: 16 independent vpdpbusd (64 u8·s8
-// multiply-adds each) or vdpbf16ps (32 bf16 multiply-adds each) chains. Returns G multiply-adds
-// x 2 per second (GOP/s or GFLOP/s), the best of 5.
-__attribute__((target("avx512f,avx512vnni"))) int vnni_loop(long iters) {
-  __m512i acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
-  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1);
-  for (long n = 0; n < iters; ++n)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
-  __m512i s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
-  return _mm512_reduce_add_epi32(s);
-}
-
-__attribute__((target("avx512f,avx512bf16"))) float bf16_loop(long iters) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i) * 1e-3f);
-  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
-  for (long n = 0; n < iters; ++n)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  __m512 s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
-}
-
-double lowp_peak(bool vnni) {
-  const long iters = 10'000'000;
-  volatile float sink = 0;
-  double best = 0;
-  for (int probe = 0; probe < 5; ++probe) {
-    const auto t0 = clock_type::now();
-    sink = sink + (vnni ? static_cast<float>(vnni_loop(iters)) : bf16_loop(iters));
-    const double s = seconds_since(t0);
-    best = std::max(best, static_cast<double>(iters) * 16 * (vnni ? 64 : 32) * 2 / s / 1e9);
-  }
-  return best;
-}
 
 struct Shape {
   int64_t m, n, k;
@@ -257,8 +168,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   kiln::use_threads(threads);  // oneDNN and kiln run on kiln's pool, GNU OpenMP's
-  const char* probe_isa = "";
-  const double core_peak = fma_peak_gflops(cpu, probe_isa);
+  // The peaks of `kiln profile`'s ceilings probe, on one thread.
+  const kiln::profile::Ceilings probed = kiln::profile::probe_ceilings(cpu, 1);
+  const char* probe_isa = probed.f32_isa.c_str();
+  const double core_peak = probed.compute_gflops.at("f32");
   const double peak = core_peak * threads;
   const gemm::CacheSizes& caches = gemm::CacheSizes::host();
   std::printf("# f32 FMA peak (%s, probed on one thread): %.1f GFLOP/s per core, %.1f for %d thread(s)\n", probe_isa,
@@ -308,7 +221,8 @@ int main(int argc, char** argv) {
     std::printf("# this CPU has neither AVX512-VNNI nor AVX512-BF16: no lower-precision rows\n");
     return 0;
   }
-  const double vnni_peak = vnni ? lowp_peak(true) * threads : 0, bf16_peak = bf16 ? lowp_peak(false) * threads : 0;
+  const double vnni_peak = vnni ? probed.compute_gflops.at("int8") * threads : 0;
+  const double bf16_peak = bf16 ? probed.compute_gflops.at("bf16") * threads : 0;
   std::printf("# u8s8 vpdpbusd peak %.1f GOP/s, bf16 vdpbf16ps peak %.1f GFLOP/s, for %d thread(s) (0: the CPU lacks it)\n",
               vnni_peak, bf16_peak, threads);
   std::printf("%-28s %9s | %9s %8s %7s %8s | %9s %8s %7s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",

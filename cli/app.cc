@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   add_export_command(app, exit_code, cmdline);
   add_compile_command(app, exit_code, cmdline);
   add_run_command(app, exit_code);
+  add_profile_command(app, exit_code, cmdline);
   add_inspect_command(app, exit_code);
   try {
     app.parse(argc, argv);

@@ -41,6 +41,7 @@ Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& 
 void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_run_command(CLI::App& app, int& exit_code);
+void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_inspect_command(CLI::App& app, int& exit_code);
 
 }  // namespace kiln::cli

@@ -8,16 +8,15 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
-#include <sys/resource.h>
 
 #include "cli/app.h"
+#include "cli/inputs.h"
 #include "export/exporter.h"
-#include "export/onnx_tensor.h"
+#include "formats/memory.h"
 #include "formats/npy.h"
 #include "formats/serialize.h"
+#include "profile/node_check.h"
 #include "runtime/compare.h"
-#include "runtime/random_inputs.h"
 #include "runtime/session.h"
 #include "runtime/threads.h"
 
@@ -29,20 +28,18 @@ namespace {
 
 struct RunArgs {
   std::string model;
-  std::vector<std::string> inputs;
-  std::string inputs_file;
-  uint64_t seed = 0;
+  InputArgs in;
   std::string output_dir;
   std::string check_against;
   double atol = 1e-5;
   double rtol = 1e-3;
-  std::vector<std::string> input_shapes;
   int warmup = 1;  // the first run of a shape signature also plans it
   int iters = 0;
   bool json = false;
   int threads = 0;  ///< 0: the machine's physical cores
   bool reference = false;
   bool verbose = false;
+  std::string node;
 };
 
 /// Latency of the timed runs, in milliseconds.
@@ -61,65 +58,6 @@ Latency summarize(std::vector<double> ms) {
           sum / static_cast<double>(n)};
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The input_K.pb / output_K.pb files of an ONNX test_data_set folder, by K.
-std::vector<std::string> numbered_pb_files(const std::string& dir, const std::string& prefix) {
-  std::map<int, std::string> found;
-  std::regex re(prefix + "_([0-9]+)\\.pb");
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, re)) found[std::stoi(m[1])] = entry.path().string();
-  }
-  std::vector<std::string> out;
-  for (auto& [k, p] : found) out.push_back(p);
-  return out;
-}
-
-// Tensors from a test_data_set folder's numbered .pb files, named by the graph's values at
-// those positions (the files' own names when they match a value).
-Result<NamedTensors> read_pb_set(const std::string& dir, const std::string& prefix, const std::vector<std::string>& names) {
-  NamedTensors out;
-  std::vector<std::string> files = numbered_pb_files(dir, prefix);
-  for (size_t k = 0; k < files.size(); ++k) {
-    KILN_ASSIGN_OR_RETURN(auto named, read_onnx_tensor_file(files[k]));
-    std::string name = named.first;
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
-      if (k >= names.size()) return Error{ErrorKind::user, files[k], "", "the model has only " + std::to_string(names.size()) + " " + prefix + "s"};
-      name = names[k];
-    }
-    out.emplace_back(name, std::move(named.second));
-  }
-  return out;
-}
-
-Result<NamedTensors> read_one_input(const std::string& spec) {
-  size_t eq = spec.find('=');
-  std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
-  std::string file = eq == std::string::npos ? spec : spec.substr(eq + 1);
-  if (ends_with(file, ".pb")) {
-    KILN_ASSIGN_OR_RETURN(auto named, read_onnx_tensor_file(file));
-    return NamedTensors{{name.empty() ? named.first : name, std::move(named.second)}};
-  }
-  KILN_ASSIGN_OR_RETURN(NamedTensors t, read_tensors_file(file));
-  if (!name.empty()) {
-    if (t.size() != 1) return Error{ErrorKind::user, file, "", "holds " + std::to_string(t.size()) + " arrays; NAME=FILE needs a .npy"};
-    t[0].first = name;
-  }
-  return t;
-}
-
-// The process's peak resident set so far, in bytes.
-int64_t peak_rss_bytes() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
-}
-
 int run(const RunArgs& args) {
   const std::string verb = "run";
   using clock = std::chrono::steady_clock;
@@ -127,76 +65,21 @@ int run(const RunArgs& args) {
   auto model = load_model_arg(args.model);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - load_start).count();
   if (!model.ok()) return report(verb, model.error());
+  if (!args.node.empty()) {  // --node: that node alone, its other inputs now the graph's
+    auto index = profile::find_node(*model, args.node, args.model);
+    if (!index.ok()) return report(verb, index.error());
+    auto alone = profile::single_node_model(*model, *index);
+    if (!alone.ok()) return report(verb, with_file(alone.status(), args.model));
+    *model = std::move(*alone);
+  }
   const Graph& g = model->graph;
   std::vector<std::string> input_names, output_names;
   for (ValueId id : g.inputs) input_names.push_back(g.value(id).name);
   for (ValueId id : g.outputs) output_names.push_back(g.value(id).name);
 
-  // Gather the given inputs.
-  NamedTensors given;
-  if (!args.inputs_file.empty()) {
-    std::error_code ec;
-    auto r = fs::is_directory(args.inputs_file, ec) ? read_pb_set(args.inputs_file, "input", input_names)
-                                                    : read_tensors_file(args.inputs_file);
-    if (!r.ok()) return report(verb, r.error());
-    given = std::move(*r);
-  }
-  for (const std::string& spec : args.inputs) {
-    auto r = read_one_input(spec);
-    if (!r.ok()) return report(verb, r.error());
-    for (auto& nt : *r) given.push_back(std::move(nt));
-  }
-  std::map<std::string, Tensor> feed;
-  for (auto& [name, t] : given) {
-    if (std::find(input_names.begin(), input_names.end(), name) == input_names.end())
-      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'", "the model has no input of this name"});
-    feed[name] = t;
-  }
-  // --input-shape NAME=1x128: the shape of a random input.
-  std::map<std::string, std::vector<int64_t>> shaped;
-  for (const std::string& spec : args.input_shapes) {
-    auto flag = parse_input_shape_flag(spec, "ids=1x128");
-    if (!flag.ok()) return report(verb, flag.error());
-    const std::string& name = flag->first;
-    const Shape* shape = &flag->second;
-    if (!shape->is_concrete())
-      return report(verb, user_error("", "--input-shape '" + spec + "': a random input needs numbers for every dim"));
-    if (std::find(input_names.begin(), input_names.end(), name) == input_names.end())
-      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'", "the model has no input of this name (--input-shape)"});
-    if (feed.count(name))
-      return report(verb, Error{ErrorKind::user, args.model, "input '" + name + "'",
-                                "is given as data; --input-shape shapes random inputs only"});
-    shaped[name] = shape->concrete();
-  }
-  // Symbolic dims bound by the given inputs and the --input-shape ones size the other random
-  // inputs; any others default to 1.
-  std::map<std::string, int64_t> bound;
-  for (ValueId id : g.inputs) {
-    const Value& v = g.value(id);
-    const std::vector<int64_t>* shape = nullptr;
-    if (auto it = feed.find(v.name); it != feed.end()) shape = &it->second.shape();
-    else if (auto s = shaped.find(v.name); s != shaped.end()) shape = &s->second;
-    if (!shape || !v.shape.rank_known || shape->size() != v.shape.dims.size()) continue;
-    for (size_t d = 0; d < v.shape.dims.size(); ++d)
-      if (v.shape.dims[d].is_symbolic()) bound.emplace(v.shape.dims[d].symbol, (*shape)[d]);
-  }
-  for (ValueId id : g.inputs) {
-    const Value& v = g.value(id);
-    if (feed.count(v.name)) continue;
-    std::vector<int64_t> shape;
-    if (auto s = shaped.find(v.name); s != shaped.end()) {
-      shape = s->second;
-    } else {
-      for (const Dim& d : v.shape.dims) {
-        if (d.is_known()) shape.push_back(d.value);
-        else if (d.is_symbolic() && bound.count(d.symbol)) shape.push_back(bound[d.symbol]);
-        else shape.push_back(1);
-      }
-    }
-    feed[v.name] = random_input(g, id, shape, input_seed(args.seed, v.name));
-  }
-  std::vector<Tensor> ordered;
-  for (const std::string& name : input_names) ordered.push_back(feed[name]);
+  auto gathered = gather_inputs(g, args.in, args.model);
+  if (!gathered.ok()) return report(verb, gathered.error());
+  const std::vector<Tensor>& ordered = *gathered;
 
   SessionOptions options;
   options.target.threads = args.threads > 0 ? args.threads : physical_cores();
@@ -330,16 +213,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand("run", "Run a .kiln model");
   cmd->add_option("model", args->model, "model .kiln file (- for stdin)")->required();
-  cmd->add_option("--input", args->inputs, "NAME=FILE.npy or NAME=FILE.pb (repeatable); FILE alone names itself");
-  cmd->add_option("--inputs", args->inputs_file, "an .npz of inputs, or an ONNX test_data_set folder");
-  cmd->add_option("--seed", args->seed, "seed for inputs not given (random within valid ranges)")->capture_default_str();
+  add_input_options(cmd, args->in);
   cmd->add_option("--output-dir", args->output_dir, "write DIR/<output name>.npy");
   cmd->add_option("--check-against", args->check_against,
                   "compare with DIR/<output name>.npy (or a test_data_set's output_K.pb); exit 3 on mismatch");
   cmd->add_option("--atol", args->atol, "absolute tolerance for --check-against")->capture_default_str();
   cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
-  cmd->add_option("--input-shape", args->input_shapes,
-                  "NAME=SHAPE of a random input, e.g. ids=1x128 (repeatable); other symbolic dims are 1");
   cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones (the first run of a shape also builds its plan)")->check(CLI::NonNegativeNumber)->capture_default_str();
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
                            ->check(CLI::PositiveNumber);
@@ -348,6 +227,8 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--reference", args->reference,
                 "run every node on its reference kernel, with IEEE denormals: the oracle other kernels are checked against");
+  cmd->add_option("--node", args->node,
+                  "run this node alone: its non-constant inputs are the inputs (kiln profile --check saves them as NODE.npz)");
   add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the target CPU's features, the memory plan and each node's kernel");
   cmd->callback([args, &exit_code] { exit_code = run(*args); });

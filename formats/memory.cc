@@ -2,6 +2,7 @@
 #include "formats/memory.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -120,6 +121,12 @@ std::optional<size_t> checked_bytes(int64_t count, size_t elem_size) {
   size_t out = 0;
   if (__builtin_mul_overflow(static_cast<size_t>(count), elem_size, &out)) return std::nullopt;
   return out;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
 }
 
 }  // namespace kiln

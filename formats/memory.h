@@ -23,6 +23,9 @@ size_t memory_in_use();
 /// The most bytes charged at once since start (or since reset_memory_peak).
 size_t memory_peak();
 void reset_memory_peak();
+/// The process's peak resident set so far, in bytes, as the OS counts it (mapped weight pages a
+/// kernel touched included, unlike memory_peak).
+int64_t peak_rss_bytes();
 
 /// Thrown when a charge would take the total past the limit. It is a std::bad_alloc, so code
 /// that only knows about allocation failure still handles it; the executor and the loaders

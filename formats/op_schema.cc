@@ -40,6 +40,11 @@ const OpSchema* OpRegistry::find(std::string_view domain, std::string_view name)
   return it == ops_.end() ? nullptr : &it->second;
 }
 
+OpSchema* OpRegistry::find_mutable(std::string_view domain, std::string_view name) {
+  auto it = ops_.find(std::pair<std::string, std::string>(domain, name));
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
 std::vector<std::pair<std::string, const OpSchema*>> OpRegistry::all() const {
   std::vector<std::pair<std::string, const OpSchema*>> out;
   for (const auto& [key, schema] : ops_) out.emplace_back(key.first, &schema);
@@ -58,6 +63,7 @@ const OpRegistry& core_ops() {
     register_control_ops(r);
     register_attention_ops(r);
     register_loss_ops(r);
+    register_flop_models(r);  // last: it fills in the ops the families left without a model
     return r;
   }();
   return registry;

@@ -150,8 +150,9 @@ constexpr TypeConstraint same_as(int slot, int other, std::string_view name = {}
 constexpr TypeConstraint rest_same_as(int first, int other) { return {first, kVariadic, {}, other, {}}; }
 }  // namespace types
 
-/// FLOPs of a node from the graph's shapes: 2 x multiply-accumulates of the dense ops, known
-/// dims only (symbolic ones count as 1), saturating at INT64_MAX.
+/// FLOPs of a node from the graph's shapes (symbolic and unknown dims count as 1), saturating
+/// at INT64_MAX: 2 x multiply-accumulates of the dense ops, a documented per-element cost of the
+/// others (formats/ops/flop_models.cc), 0 for ops that only move data.
 using FlopsFn = int64_t (*)(const Node&, const Graph&);
 
 /// Bytes of memory a node's kernel reads and writes, from the graph's shapes and dtypes
@@ -177,7 +178,10 @@ struct OpTraits {
   /// The element types each input accepts, checked before `infer` runs (check_input_types):
   /// the checks that depend on attributes or on other inputs' data stay in `infer`. Empty: any.
   std::vector<TypeConstraint> types;
-  FlopsFn flops = nullptr;  ///< null: the op's FLOPs are not counted
+  /// Every core op has one (a test checks it): the dense ops set theirs where they are
+  /// registered, register_flop_models gives every other op its model, flops::none included
+  /// for ops that do no arithmetic.
+  FlopsFn flops = nullptr;
   /// null: every present input is read once and every output written once (bytes::moved),
   /// right for the ops that read all of their inputs. Ops that read part of an input (Gather,
   /// Slice) or only its shape (Shape, Size) set their own. Small shape operands (Reshape's
@@ -211,6 +215,9 @@ class OpRegistry {
   /// Adds (or replaces) an op; returns it so that registration can set its traits.
   OpSchema& add(std::string domain, OpSchema schema);
   const OpSchema* find(std::string_view domain, std::string_view name) const;
+  /// The same op for changing after its family registered it (register_flop_models fills in
+  /// traits for every op); null when absent.
+  OpSchema* find_mutable(std::string_view domain, std::string_view name);
   /// Every op sorted by (domain, name).
   std::vector<std::pair<std::string, const OpSchema*>> all() const;
 
@@ -259,5 +266,8 @@ void register_misc_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
 void register_attention_ops(OpRegistry& r);
 void register_loss_ops(OpRegistry& r);
+/// Runs last: gives every op that registered no FLOP model its model from the one table in
+/// formats/ops/flop_models.cc.
+void register_flop_models(OpRegistry& r);
 
 }  // namespace kiln

@@ -15,13 +15,14 @@ struct ModelSummary {
   int64_t nodes = 0;
   int64_t parameters = 0;       ///< elements of constant values
   int64_t parameter_bytes = 0;
-  int64_t flops = 0;            ///< the ops' OpTraits::flops: 2 × MACs of the dense ops
+  int64_t flops = 0;            ///< the nodes' node_flops: every core op's OpTraits::flops
   int64_t bytes = 0;            ///< the nodes' node_bytes: memory their kernels read and write
 };
 
 ModelSummary summarize(const Model& model);
 
-/// FLOPs of one node by its op's OpTraits::flops (0 for ops not counted), symbolic dims as 1.
+/// FLOPs of one node by its op's OpTraits::flops (0 for ops outside the core set), symbolic
+/// dims as 1.
 int64_t node_flops(const Node& node, const Graph& graph);
 
 /// Bytes one node's kernel reads and writes by its op's OpTraits::bytes (bytes::moved, every

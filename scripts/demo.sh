@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a bundled sample: export the sample CNN, compile it for its input shape
 # (folding, fusion, kernel choice), inspect it, run it and check the outputs against the
-# sample's expected outputs, then time it.
+# sample's expected outputs, then time it and profile it (where its time goes, kernel by kernel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kiln=${1:-build/kiln}
@@ -14,4 +14,5 @@ trap 'rm -rf "$out"' EXIT
 "$kiln" run "$out/cnn.c.kiln" --inputs samples/cnn.inputs.npz --output-dir "$out/outputs" \
   --check-against samples/cnn.expected
 "$kiln" run "$out/cnn.c.kiln" --inputs samples/cnn.inputs.npz --warmup 10 --iters 100
+"$kiln" profile "$out/cnn.c.kiln" --inputs samples/cnn.inputs.npz --iters 200 --top 5
 echo "demo: ok"

@@ -1,4 +1,5 @@
-// FLOP counts of the dense ops (OpTraits::flops), shared by the float and integer families.
+// FLOP counts of the dense ops (OpTraits::flops), shared by the float and integer families, and
+// the helpers every op's model uses (formats/ops/flop_models.cc has the models of the others).
 #pragma once
 
 #include <limits>
@@ -33,6 +34,10 @@ inline const Shape* output_shape(const Node& n, const Graph& g) {
   const Shape& s = g.value(n.outputs[0]).shape;
   return s.rank_known ? &s : nullptr;
 }
+
+/// The model of an op that does no arithmetic (it moves, selects or describes data): a named
+/// 0, so that "counted, and it is 0" reads differently from a missing model.
+inline int64_t none(const Node&, const Graph&) { return 0; }
 
 /// Convolution with weights at input `W`: y is N x Cout x spatial, w is Cout x Cin/group x
 /// kernel, so each output element takes Cin/group x kernel MACs.

@@ -551,13 +551,11 @@ void register_nn_ops(OpRegistry& r) {
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      fused_conv, infer_fused_conv_any_layout})
       .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
-                 .flops = flops::conv<1>,
-                 .prepack_inputs = {1}};
+                 .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      epilogue, infer_fused_matmul})
       .traits = {.types = {input(0, DType::f32), same_as(1, 0, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},
-                 .flops = flops::matmul<0>,
-                 .prepack_inputs = {1}};
+                 .prepack_inputs = {1}};  // flops: the matmul's plus its epilogue's (flop_models.cc)
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,
                       {"storage_order", AttrType::int64, false, "0 row major, 1 column major indices"}, kStrides,

@@ -19,7 +19,7 @@ from checks import Checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
-ONE_LINE = re.compile(r"^kiln (export|compile|run|inspect): error: .+$")
+ONE_LINE = re.compile(r"^kiln (export|compile|run|inspect|profile): error: .+$")
 
 
 class Runner(Checks):
@@ -221,7 +221,7 @@ def run_all(r, work):
     samples = os.path.join(ROOT, "samples")
     # --help and --version.
     r.golden("help", ["--help"])
-    for verb in ("export", "compile", "run", "inspect"):
+    for verb in ("export", "compile", "run", "inspect", "profile"):
         r.golden(f"help_{verb}", [verb, "--help"])
     r.ok("version", ["--version"], stdout_has="kiln ")
     r.ok("list_ops", ["export", "--list-ops"], stdout_has="Relu ")

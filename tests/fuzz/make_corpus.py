@@ -9,6 +9,8 @@ bytes every time:
   fuzz_npy          tests/data/npy and numpy-made edge cases
   fuzz_npz          sample inputs and numpy-made archives (stored, deflated, empty, nested names)
   fuzz_run          one seed per model of fuzz_run.cc with small shapes and plain values
+  fuzz_profile_compare  kiln.profile documents (as `kiln profile --json` writes them, with
+                    fixed numbers) and near misses, for the --compare baseline reader
 Run: .venv/bin/python tests/fuzz/make_corpus.py --kiln build/kiln
 """
 import argparse
@@ -144,6 +146,45 @@ def main():
         seed = bytes([k]) + bytes([1, 4]) + np.arange(4, dtype=np.float32).tobytes()
         seed += bytes([1, 2]) + np.array([2, 2], np.int64).tobytes() + bytes([0]) * 64
         write("fuzz_run", f"model_{k:02d}", seed)
+
+    for name, data in profile_seeds().items():
+        write("fuzz_profile_compare", name, data)
+
+
+def profile_seeds():
+    """kiln.profile documents with the fields --compare reads (and the others around them), and
+    near misses: another schema, another version, a negative time, a node without times."""
+    import json
+
+    def doc(runs, nodes):
+        return {
+            "schema": "kiln.profile", "schema_version": 1, "kiln_version": "0.1.0", "command_line": "kiln profile m.kiln --json",
+            "created": "2026-11-26T12:00:00Z",
+            "model": {"file": "m.kiln", "stage": "compiled", "compiled_in_memory": False, "nodes": len(nodes)},
+            "machine": {"cpu": "AMD EPYC", "features": ["avx2", "fma"], "threads": 2,
+                        "ceilings": {"compute_gflops": {"f32": 230.0}, "f32_isa": "avx2",
+                                     "memory": [{"level": "L1", "capacity_bytes": 65536, "gbps": 300.0},
+                                                {"level": "DRAM", "capacity_bytes": 0, "gbps": 20.0}],
+                                     "memory_gbps": 20.0, "threads": 2, "source": "cache"}},
+            "run": {"warmup": 2, "iterations": len(runs), "threads": 2, "threads_requested": 2, "seed": 0, "inputs": []},
+            "iteration_ms": runs,
+            "nodes": [{"index": i, "name": n, "op": "FusedConv", "kernel": k, "kernel_params": "", "sources": [n],
+                       "share": sum(t) / 1e3 / sum(runs), "times_us": t} for i, (n, k, t) in enumerate(nodes)],
+        }
+
+    runs = [1.25, 1.5, 1.0, 1.75, 1.125]
+    nodes = [("/conv1/Conv", "onednn.conv", [500.5, 600.25, 450.0, 700.0, 480.0]),
+             ("/fc/Gemm", "kiln.gemm_f32_avx2", [20.0, 21.5, 19.0, 22.0, 20.5]),
+             ("ids", "xnnpack.fully_connected", [0.0, 0.125, 0.0, 0.25, 0.5])]
+    seeds = {"profile.json": doc(runs, nodes), "no_nodes.json": doc([3.0, 3.5], []), "one_run.json": doc([2.0], nodes[:1])}
+    wrong_version = doc(runs, nodes)
+    wrong_version["schema_version"] = 2
+    negative = doc([1.0, -1.0], [])
+    no_times = doc(runs, nodes)
+    del no_times["nodes"][0]["times_us"]
+    seeds.update({"wrong_version.json": wrong_version, "negative_time.json": negative, "no_times.json": no_times,
+                  "other_schema.json": {"schema": "kiln.run", "schema_version": 1, "latency_ms": {"median": 1.0}}})
+    return {name: (json.dumps(d, indent=1) + "\n").encode() for name, d in seeds.items()}
 
 
 if __name__ == "__main__":

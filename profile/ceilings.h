@@ -1,0 +1,63 @@
+// The machine's ceilings, the roofs of a roofline: the peak multiply-add rate of each precision
+// the CPU has and the memory bandwidth, measured by a short probe (well under a second) on the
+// thread count the profile runs with, and cached per machine in the user's cache folder.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "formats/status.h"
+#include "runtime/target.h"
+
+namespace kiln::profile {
+
+/// One level of the memory hierarchy, as a roof: how fast the threads together read data that
+/// fits in it.
+struct MemoryLevel {
+  std::string name;         ///< "L1", "L2", "L3" or "DRAM"
+  int64_t capacity = 0;     ///< bytes the threads' share of it holds (private caches x threads); 0 for DRAM
+  double gbps = 0;          ///< read bandwidth, GB/s (10^9 bytes)
+};
+
+struct Ceilings {
+  /// Peak rate of `threads` threads together, multiply-adds x 2 per second, in G: "f32" (FMA, on
+  /// f32_isa), and "bf16" (vdpbf16ps) and "int8" (vpdpbusd, GOP/s) where the CPU has them.
+  std::map<std::string, double> compute_gflops;
+  std::string f32_isa;  ///< "avx512", "avx2" or "scalar"
+  /// The caches the OS reports, smallest first, then DRAM.
+  std::vector<MemoryLevel> memory;
+  /// DRAM's: the better of a streaming read and STREAM's triad (a[i] = b[i] + s·c[i], counted
+  /// as 3 arrays), over buffers far larger than the caches.
+  double memory_gbps = 0;
+  int threads = 1;
+  std::string source;      ///< "probed" (this run) or "cache"
+  std::string cache_file;  ///< where they were read from or stored; empty when not cached
+};
+
+/// The roof for a node that moves `bytes`: the smallest level that holds them (a cache-aware
+/// roofline: a working set that stays in L2 is held to L2's bandwidth, not DRAM's).
+const MemoryLevel& memory_roof(const Ceilings& c, int64_t bytes);
+
+/// The CPU's model name ("AMD EPYC 9R14 96-Core Processor"), "unknown" when unreadable.
+std::string cpu_model_name();
+
+/// Runs the probes on `threads` threads (kiln's pool, resized to that).
+Ceilings probe_ceilings(const CpuFeatures& cpu, int threads);
+
+struct CeilingsOptions {
+  /// The cache folder: $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when neither is set.
+  std::string cache_dir = default_cache_dir();
+  bool reprobe = false;  ///< probe even when the cache has this machine, and replace its entry
+  static std::string default_cache_dir();
+};
+
+/// This machine's ceilings at `threads` threads: the cached entry for this CPU (model name and
+/// features) and thread count, or a fresh probe, stored in the cache. A cache that cannot be
+/// read or written is probed past (and, when unreadable, replaced): the ceilings never fail.
+Ceilings machine_ceilings(const CpuFeatures& cpu, int threads, const CeilingsOptions& options = {});
+
+nlohmann::ordered_json to_json(const Ceilings& c);
+
+}  // namespace kiln::profile

@@ -1,0 +1,282 @@
+#include "profile/node_check.h"
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string_view>
+
+#include "formats/npy.h"
+#include "runtime/compare.h"
+
+namespace kiln::profile {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+bool has_subgraph(const Node& n) {
+  if (!n.captures.empty()) return true;
+  for (const Attribute& a : n.attrs)
+    if (std::holds_alternative<std::shared_ptr<Graph>>(a.value)) return true;
+  return false;
+}
+
+
+// Kernels that compute in a lower precision than their f32 inputs and outputs.
+bool low_precision(const std::string& kernel, const Node& node, const Graph& g) {
+  if (kernel.find("bf16") != std::string::npos || kernel.find("u8s8") != std::string::npos) return true;
+  for (ValueId id : node.inputs)
+    if (id != kNoValue && (g.value(id).dtype == DType::i8 || g.value(id).dtype == DType::u8)) return true;
+  return false;
+}
+
+// Runs the node's reference kernel right after its own, on the same inputs, and compares.
+class Checker final : public ExecutionObserver {
+ public:
+  Checker(const Model& model, std::span<const NodeKernel> kernels, const CheckOptions& options)
+      : model_(model), kernels_(kernels), options_(options) {}
+
+  void on_node_end(const NodeEvent& e) override {
+    if (!failure_.ok()) return;
+    const Node& node = e.node;
+    NodeCheck c;
+    c.index = e.index;
+    c.name = node.name;
+    c.op = node.qualified_op();
+    c.kernel = e.index < kernels_.size() ? kernels_[e.index].name : std::string(e.kernel);
+    if (has_subgraph(node)) {
+      c.why = "has subgraphs: their nodes run inside it, on the kernels the whole model's run checks";
+      checks_.push_back(std::move(c));
+      return;
+    }
+    if (c.kernel == "ref") {
+      c.why = "runs on its reference kernel already";
+      checks_.push_back(std::move(c));
+      return;
+    }
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<Tensor> feed;  // the non-constant inputs, in the one-node model's input order
+    std::map<ValueId, bool> fed;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const ValueId id = node.inputs[i];
+      const Tensor* t = i < e.inputs.size() ? e.inputs[i] : nullptr;
+      shapes.push_back(t && t->defined() ? t->shape() : std::vector<int64_t>{});
+      if (id == kNoValue || model_.graph.value(id).is_constant() || fed.count(id)) continue;
+      fed[id] = true;
+      feed.push_back(t ? *t : Tensor());
+    }
+    auto sub = single_node_model(model_, e.index, &shapes);
+    if (!sub.ok()) {
+      failure_ = sub.status();
+      return;
+    }
+    SessionOptions so;
+    so.reference = true;
+    auto ref_session = Session::create(*sub, so);
+    if (!ref_session.ok()) {
+      failure_ = ref_session.status();
+      return;
+    }
+    auto ref = (*ref_session)->run(feed);
+    if (!ref.ok()) {
+      failure_ = ref.status();
+      return;
+    }
+    c.checked = true;
+    c.tolerance = low_precision(c.kernel, node, model_.graph) ? options_.low_precision_tolerance : options_.tolerance;
+    CompareOptions exact;
+    exact.atol = 0;
+    exact.rtol = 0;
+    for (size_t o = 0, r = 0; o < node.outputs.size(); ++o) {
+      if (node.outputs[o] == kNoValue) continue;
+      const Tensor* fast = o < e.outputs.size() ? e.outputs[o] : nullptr;
+      if (!fast || r >= ref->size()) break;
+      const Tensor& expected = (*ref)[r++];
+      CompareResult cr = compare_tensors(*fast, expected, exact);
+      const bool structural = cr.kind == CompareResult::Kind::dtype_mismatch || cr.kind == CompareResult::Kind::shape_mismatch;
+      const bool bad = structural || (is_float(expected.dtype()) ? !(cr.rel_l2_error <= c.tolerance) : !cr.pass);
+      if (!structural) {
+        c.rel_l2 = std::max(c.rel_l2, cr.rel_l2_error);
+        c.max_abs = std::max(c.max_abs, cr.max_abs_error);
+      }
+      if (bad && c.pass) {
+        c.pass = false;
+        c.detail = "output '" + model_.graph.value(node.outputs[o]).name + "': " + cr.summary;
+      }
+    }
+    if (!c.pass) {
+      Status saved = save_repro(c, node, feed);
+      if (!saved.ok()) failure_ = saved;
+    }
+    checks_.push_back(std::move(c));
+  }
+
+  Status failure() const { return failure_; }
+  std::vector<NodeCheck> take() { return std::move(checks_); }
+
+ private:
+  Status save_repro(NodeCheck& c, const Node& node, const std::vector<Tensor>& feed) {
+    NamedTensors named;
+    size_t k = 0;
+    std::map<ValueId, bool> seen;
+    for (ValueId id : node.inputs) {
+      if (id == kNoValue || model_.graph.value(id).is_constant() || seen.count(id)) continue;
+      seen[id] = true;
+      named.emplace_back(model_.graph.value(id).name, feed[k++]);
+    }
+    std::error_code ec;
+    fs::create_directories(options_.repro_dir, ec);
+    if (ec) return Error{ErrorKind::user, options_.repro_dir, "", "cannot create folder: " + ec.message()};
+    const std::string file = (fs::path(options_.repro_dir) / (percent_encode_file_name(node.name) + ".npz")).string();
+    KILN_RETURN_IF_ERROR(write_npz_file(file, named));
+    c.repro = "kiln run " + options_.model_file + " --node '" + node.name + "' --inputs " + file;
+    return {};
+  }
+
+  const Model& model_;
+  std::span<const NodeKernel> kernels_;
+  const CheckOptions& options_;
+  std::vector<NodeCheck> checks_;
+  Status failure_;
+};
+
+// Hashes every node's outputs, one vector per run.
+class Hasher final : public ExecutionObserver {
+ public:
+  void on_node_end(const NodeEvent& e) override {
+    size_t h = e.index;
+    for (const Tensor* t : e.outputs) {
+      if (!t || !t->defined()) continue;
+      const std::string_view bytes(static_cast<const char*>(t->raw()), t->nbytes());
+      h = h * 1099511628211ull ^ std::hash<std::string_view>{}(bytes);
+    }
+    hashes.emplace_back(e.index, h);
+  }
+  std::vector<std::pair<size_t, size_t>> hashes;
+};
+
+}  // namespace
+
+Result<size_t> find_node(const Model& model, const std::string& name, const std::string& file) {
+  for (size_t i = 0; i < model.graph.nodes.size(); ++i)
+    if (model.graph.nodes[i].name == name) return i;
+  return Error{ErrorKind::user, file, "node '" + name + "'", "the model has no node of this name (kiln inspect --text lists them)"};
+}
+
+Result<Model> single_node_model(const Model& model, size_t index, const std::vector<std::vector<int64_t>>* shapes) {
+  const Node& node = model.graph.nodes.at(index);
+  if (has_subgraph(node))
+    return user_error(node.where(), "has subgraphs (If, Loop, Scan): run the whole model to reproduce it");
+  Model out;
+  out.stage = model.stage;
+  out.provenance = model.provenance;
+  out.metadata = model.metadata;
+  out.target = model.target;
+  Graph& g = out.graph;
+  std::map<ValueId, ValueId> remap;
+  Node copy = node;
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    const ValueId id = node.inputs[i];
+    if (id == kNoValue) continue;
+    if (auto it = remap.find(id); it != remap.end()) {
+      copy.inputs[i] = it->second;
+      continue;
+    }
+    Value v = model.graph.value(id);
+    if (!v.is_constant() && shapes && i < shapes->size()) v.shape = Shape::of((*shapes)[i]);
+    const bool constant = v.is_constant();
+    const ValueId nid = g.add_value(std::move(v));
+    if (!constant) g.inputs.push_back(nid);
+    remap[id] = nid;
+    copy.inputs[i] = nid;
+  }
+  for (size_t o = 0; o < node.outputs.size(); ++o) {
+    const ValueId id = node.outputs[o];
+    if (id == kNoValue) continue;
+    const Value& v = model.graph.value(id);
+    const ValueId nid = g.add_value(Value{v.name, v.dtype, Shape(), {}, v.quant});
+    g.outputs.push_back(nid);
+    copy.outputs[o] = nid;
+  }
+  g.add_node(std::move(copy));
+  return out;
+}
+
+Result<std::vector<NodeCheck>> check_nodes(Session& session, const Model& model, const std::vector<Tensor>& inputs,
+                                           const CheckOptions& options) {
+  auto warm = session.run(inputs);  // plans the shapes, so that the kernels are known
+  if (!warm.ok()) return warm.error();
+  Checker checker(model, session.kernels(), options);
+  session.set_observer(&checker);
+  auto r = session.run(inputs);
+  session.set_observer(nullptr);
+  if (!r.ok()) return r.error();
+  KILN_RETURN_IF_ERROR(checker.failure());
+  return checker.take();
+}
+
+Result<BitwiseCheck> check_bitwise(Session& session, const std::vector<Tensor>& inputs) {
+  Hasher first, second;
+  session.set_observer(&first);
+  auto a = session.run(inputs);
+  session.set_observer(&second);
+  auto b = a.ok() ? session.run(inputs) : a;
+  session.set_observer(nullptr);
+  if (!a.ok()) return a.error();
+  if (!b.ok()) return b.error();
+  BitwiseCheck out;
+  const auto kernels = session.kernels();
+  for (size_t i = 0; i < first.hashes.size() && i < second.hashes.size(); ++i)
+    if (first.hashes[i] != second.hashes[i]) {
+      const size_t n = first.hashes[i].first;
+      out.identical = false;
+      out.first_node = session.graph().nodes[n].name;
+      out.first_kernel = n < kernels.size() ? kernels[n].name : "";
+      break;
+    }
+  const Graph& g = session.graph();
+  for (size_t o = 0; o < a->size() && o < b->size(); ++o) {
+    const Tensor &x = (*a)[o], &y = (*b)[o];
+    const bool same = x.dtype() == y.dtype() && x.shape() == y.shape() && x.nbytes() == y.nbytes() &&
+                      std::string_view(static_cast<const char*>(x.raw()), x.nbytes()) ==
+                          std::string_view(static_cast<const char*>(y.raw()), y.nbytes());
+    if (!same) {
+      out.identical = false;
+      out.outputs_differ.push_back(g.value(g.outputs[o]).name);
+    }
+  }
+  return out;
+}
+
+json to_json(const std::vector<NodeCheck>& checks, const CheckOptions& options) {
+  json nodes = json::array();
+  bool failed = false;
+  for (const NodeCheck& c : checks) {
+    json j = {{"index", c.index}, {"name", c.name}, {"op", c.op}, {"kernel", c.kernel}, {"checked", c.checked}};
+    if (!c.checked) {
+      j["why"] = c.why;
+    } else {
+      j["rel_l2"] = c.rel_l2;
+      j["max_abs"] = c.max_abs;
+      j["tolerance"] = c.tolerance;
+      j["pass"] = c.pass;
+      if (!c.pass) {
+        j["detail"] = c.detail;
+        j["repro"] = c.repro;
+      }
+    }
+    failed = failed || !c.pass;
+    nodes.push_back(j);
+  }
+  return {{"tolerance", options.tolerance}, {"low_precision_tolerance", options.low_precision_tolerance}, {"nodes", nodes},
+          {"failed", failed}};
+}
+
+json to_json(const BitwiseCheck& b) {
+  json j = {{"identical", b.identical}, {"outputs_differ", b.outputs_differ}};
+  if (!b.first_node.empty()) j["first_node"] = {{"name", b.first_node}, {"kernel", b.first_kernel}};
+  return j;
+}
+
+}  // namespace kiln::profile

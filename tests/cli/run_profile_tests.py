@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""`kiln profile` end to end on the samples: the table, the JSON against docs/profile.schema.json,
+the CSV, the Chrome trace against the trace event format's rules, the ceilings cache, and the
+user-error paths. The ceilings cache goes to a temporary XDG_CACHE_HOME."""
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import jsonschema
+
+from checks import Checks
+from run_cli_tests import ONE_LINE, ROOT
+
+SCHEMA = json.load(open(os.path.join(ROOT, "docs", "profile.schema.json")))
+
+
+class Runner(Checks):
+    def __init__(self, kiln, work):
+        super().__init__()
+        self.kiln, self.work = kiln, work
+        self.env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"))
+
+    def run(self, args, env=None):
+        p = subprocess.run([self.kiln] + args, capture_output=True, cwd=self.work, env={**self.env, **(env or {})})
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def error(self, name, args, code, pattern, env=None):
+        import re
+        rc, out, err = self.run(args, env)
+        lines = [l for l in err.splitlines() if l.strip()]
+        good = rc == code and len(lines) == 1 and ONE_LINE.match(lines[0]) and re.search(pattern, lines[0])
+        self.check(name, good, f"exit {rc} (want {code}); stderr: {err.strip()[:400]!r}; want /{pattern}/")
+
+
+def trace_problems(trace, node_names):
+    """What breaks Chrome's trace event format (the JSON Object Format), or kiln's promises about
+    its trace: every complete event needs name/ph/ts/dur/pid/tid with numeric times; kernel events
+    sit inside their run's event and never overlap on one thread."""
+    problems = []
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        return ["no traceEvents list"]
+    if trace.get("displayTimeUnit") not in (None, "ms", "ns"):
+        problems.append(f"displayTimeUnit {trace.get('displayTimeUnit')!r}")
+    runs, kernels, named_threads = [], [], set()
+    for e in trace["traceEvents"]:
+        ph = e.get("ph")
+        if ph == "M":
+            if e.get("name") not in ("process_name", "thread_name", "process_sort_index", "thread_sort_index"):
+                problems.append(f"metadata event {e.get('name')!r}")
+            if not isinstance(e.get("args", {}).get("name", ""), str):
+                problems.append("metadata name not a string")
+            if e.get("name") == "thread_name":
+                named_threads.add((e.get("pid"), e.get("tid")))
+            continue
+        if ph != "X":
+            problems.append(f"unexpected phase {ph!r}")
+            continue
+        for k, t in (("name", str), ("pid", int), ("tid", int)):
+            if not isinstance(e.get(k), t):
+                problems.append(f"event without {k}: {e}")
+        for k in ("ts", "dur"):
+            if not isinstance(e.get(k), (int, float)) or e[k] < 0:
+                problems.append(f"event with bad {k}: {str(e)[:200]}")
+        if "args" in e and not isinstance(e["args"], dict):
+            problems.append("args not an object")
+        (runs if e.get("cat") == "run" else kernels).append(e)
+    if not runs or not kernels:
+        problems.append(f"{len(runs)} run events, {len(kernels)} kernel events")
+    for e in runs + kernels:
+        if (e.get("pid"), e.get("tid")) not in named_threads:
+            problems.append(f"event on an unnamed thread: {e.get('tid')}")
+            break
+    eps = 0.01  # µs: times are printed with their float rounding
+    for e in kernels:
+        if e["name"] not in node_names:
+            problems.append(f"kernel event for unknown node {e['name']!r}")
+        inside = [r for r in runs if r["tid"] == e["tid"] and r["ts"] - eps <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"] + eps]
+        if not inside:
+            problems.append(f"kernel event {e['name']!r} outside every run")
+    by_tid = {}
+    for e in kernels:
+        by_tid.setdefault(e["tid"], []).append(e)
+    for events in by_tid.values():
+        events.sort(key=lambda e: e["ts"])
+        for a, b in zip(events, events[1:]):
+            if a["ts"] + a["dur"] > b["ts"] + eps:
+                problems.append(f"kernel events overlap: {a['name']!r} and {b['name']!r}")
+                break
+    return problems[:10]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--kiln", required=True)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="kiln-profile-")
+    r = Runner(os.path.abspath(args.kiln), work)
+    try:
+        run_all(r, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return r.report()
+
+
+def run_all(r, work):
+    samples = os.path.join(ROOT, "samples")
+    for name in ("mlp", "cnn", "transformer"):
+        rc, _, err = r.run(["export", os.path.join(samples, name + ".onnx"), "-o", name + ".kiln"])
+        r.check(f"export_{name}", rc == 0, err)
+    rc, _, err = r.run(["compile", "cnn.kiln", "-o", "cnn.c.kiln"])
+    r.check("compile_cnn", rc == 0, err)
+
+    # The table: header lines, the top nodes, the per-op summary; the probe fills the cache.
+    rc, out, err = r.run(["profile", "transformer.kiln", "--inputs", os.path.join(samples, "transformer.inputs.npz"),
+                          "--iters", "30"])
+    r.check("table", rc == 0 and out.startswith("model    transformer.kiln (exported; compiled in memory")
+            and "ceilings f32 " in out and "(probed now)" in out and "latency  min " in out and "over 30 runs" in out
+            and "executor overhead" in out and "top 9 of 9 nodes by time" in out and "\nby op type\n" in out
+            and "FusedMatMul" in out and err == "", f"exit {rc}; stdout {out[:600]!r}; stderr {err[:300]!r}")
+    cache_file = os.path.join(work, "cache", "kiln", "ceilings.json")
+    cache = json.load(open(cache_file)) if os.path.exists(cache_file) else {}
+    r.check("ceilings_cached", cache.get("schema") == "kiln.ceilings" and len(cache.get("machines", {})) == 1,
+            f"cache: {str(cache)[:300]}")
+    rc, out, err = r.run(["profile", "transformer.kiln", "--iters", "5", "--top", "2"])
+    r.check("table_cached_top", rc == 0 and "(cached)" in out and "top 2 of 9 nodes" in out, f"exit {rc}; {out[:400]!r} {err[:200]!r}")
+
+    # --json: valid against the schema, consistent with itself.
+    for model, extra in (("cnn.kiln", []), ("cnn.c.kiln", ["--threads", "2"]), ("mlp.kiln", ["--input-shape", "input=4x16"])):
+        rc, out, err = r.run(["profile", model, "--json", "--iters", "12", "--warmup", "1"] + extra)
+        try:
+            doc = json.loads(out)
+            jsonschema.validate(doc, SCHEMA)
+            nodes = doc["nodes"]
+            iters = doc["run"]["iterations"]
+            good = (rc == 0 and iters == 12 and len(doc["iteration_ms"]) == 12 and doc["run"]["warmup"] == 1
+                    and all(n["calls"] == 12 and len(n["times_us"]) == 12 for n in nodes)
+                    and doc["model"]["compiled_in_memory"] == (model != "cnn.c.kiln")
+                    and doc["model"]["stage"] == ("compiled" if model == "cnn.c.kiln" else "exported")
+                    and doc["latency_ms"]["min"] <= doc["latency_ms"]["p50"] <= doc["latency_ms"]["p99"] <= doc["latency_ms"]["max"]
+                    and sum(n["total_ms"] for n in nodes) <= sum(doc["iteration_ms"]) * 1.0001
+                    and abs(sum(g["total_ms"] for g in doc["by_op"]) - sum(n["total_ms"] for n in nodes)) < 1e-4
+                    and {g["key"] for g in doc["by_kernel"]} == {n["kernel"] for n in nodes}
+                    and any(n["flops"] > 0 and n["gflops"] > 0 for n in nodes)
+                    and all(n["bytes_read"] + n["bytes_written"] > 0 for n in nodes)
+                    and doc["machine"]["ceilings"]["memory"][-1]["level"] == "DRAM"
+                    and len(doc["timeline"]["events"]) == len(nodes))
+            if model == "mlp.kiln":
+                good = good and doc["run"]["inputs"][0]["shape"] == [4, 16]
+        except (ValueError, KeyError, TypeError, jsonschema.ValidationError) as e:
+            good, err = False, f"{err} ({str(e)[:400]})"
+        r.check(f"json_{model}", good, f"exit {rc}; stdout {out[:300]!r}; stderr {err[:400]!r}")
+
+    # A fused node lists every source node it came from.
+    rc, out, err = r.run(["profile", "cnn.kiln", "--json", "--iters", "3"])
+    try:
+        doc = json.loads(out)
+        fused = [n for n in doc["nodes"] if n["op"] == "FusedConv"]
+        good = rc == 0 and fused and all(len(n["sources"]) >= 2 for n in fused)
+    except (ValueError, KeyError) as e:
+        good, err = False, str(e)
+    r.check("json_fused_sources", good, f"exit {rc}; {err[:300]}")
+
+    # --csv: one row per node, the JSON's numbers.
+    rc, out, err = r.run(["profile", "cnn.kiln", "--csv", "--iters", "3"])
+    rows = list(csv.DictReader(io.StringIO(out))) if rc == 0 else []
+    r.check("csv", rc == 0 and rows and len(rows) == len(doc["nodes"])
+            and {"name", "op", "kernel", "sources", "median_us", "flops", "bytes_read", "bound", "peak_share"} <= set(rows[0])
+            and all(int(x["calls"]) == 3 for x in rows), f"exit {rc}; {out[:300]!r} {err[:200]!r}")
+
+    # --trace: the trace event format, kernels inside their runs, on named threads.
+    rc, out, err = r.run(["profile", "transformer.kiln", "--iters", "4", "--trace", "t.json", "--json"])
+    try:
+        trace = json.load(open(os.path.join(work, "t.json")))
+        doc = json.loads(out)
+        problems = trace_problems(trace, {n["name"] for n in doc["nodes"]})
+        runs = [e for e in trace["traceEvents"] if e.get("cat") == "run"]
+        kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+        good = rc == 0 and not problems and len(runs) == 4 and len(kernels) == 4 * len(doc["nodes"])
+        if rc == 0 and not good:
+            err += f" problems: {problems}; {len(runs)} runs, {len(kernels)} kernel events"
+    except (OSError, ValueError, KeyError) as e:
+        good, err = False, f"{err} ({e})"
+    r.check("trace", good, f"exit {rc}; {err[:500]}")
+    # The validator catches what it should: overlapping kernels, an event outside its run.
+    if good:
+        bad = json.loads(json.dumps(trace))
+        ks = [e for e in bad["traceEvents"] if e.get("cat") == "kernel"]
+        ks[1]["ts"] = ks[0]["ts"]
+        r.check("trace_validator_overlap", bool(trace_problems(bad, {n["name"] for n in doc["nodes"]})), "not caught")
+        bad = json.loads(json.dumps(trace))
+        [e for e in bad["traceEvents"] if e.get("cat") == "kernel"][0]["ts"] = -5
+        r.check("trace_validator_bad_ts", bool(trace_problems(bad, {n["name"] for n in doc["nodes"]})), "not caught")
+
+    # --duration runs until the time has passed.
+    rc, out, err = r.run(["profile", "mlp.kiln", "--duration", "300ms", "--json"])
+    try:
+        doc = json.loads(out)
+        good = rc == 0 and doc["run"]["iterations"] >= 2 and sum(doc["iteration_ms"]) < 300 * 3
+    except ValueError as e:
+        good, err = False, str(e)
+    r.check("duration", good, f"exit {rc}; {err[:300]}")
+
+    # --reprobe measures again and says so.
+    rc, out, err = r.run(["profile", "mlp.kiln", "--iters", "2", "--reprobe"])
+    r.check("reprobe", rc == 0 and "(probed now)" in out, f"exit {rc}; {out[:300]!r}")
+
+    # --compare: a re-run of the same build passes; a deliberately slowed kernel (the test hook)
+    # fails the gate with exit 3 and is named; the comparison is in the JSON too.
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--json"])
+    with open(os.path.join(work, "base.json"), "w") as f:
+        f.write(out)
+    base_ms = json.loads(out)["latency_ms"]["p50"]
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--compare", "base.json", "--max-regression", "50%"])
+    r.check("compare_rerun", rc == 0 and "against base.json: end to end p50" in out and err == "",
+            f"exit {rc}; {out[-600:]!r} {err[:300]!r}")
+    slow = {"KILN_PROFILE_DELAY": f"/block.1/conv/Conv:{int(base_ms * 2e3)}"}  # adds twice the run
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--compare", "base.json", "--max-regression", "50%"], env=slow)
+    lines = [l for l in err.splitlines() if l.strip()]
+    r.check("compare_slowed", rc == 3 and "REGRESSED" in out and "slower" in out and "/block.1/conv/Conv" in out
+            and len(lines) == 1 and ONE_LINE.match(lines[0]) and "end-to-end median regressed past 50%" in lines[0],
+            f"exit {rc}; {out[-600:]!r} {err[:300]!r}")
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--json", "--compare", "base.json"], env=slow)
+    try:
+        doc = json.loads(out)
+        jsonschema.validate(doc, SCHEMA)
+        c = doc["comparison"]
+        good = (rc == 3 and c["failed"] and c["end_to_end_ms"]["regressed"] and c["end_to_end_ms"]["p"] < 0.01
+                and any(n["name"] == "/block.1/conv/Conv" and n["regressed"] for n in c["nodes_us"])
+                and "against base.json" in err)
+    except (ValueError, KeyError, jsonschema.ValidationError) as e:
+        good, err = False, f"{err} ({str(e)[:300]})"
+    r.check("compare_json", good, f"exit {rc}; {err[:400]}")
+    # --per-kernel: a slowed kernel fails the gate even when the end to end stays within the limit.
+    small = {"KILN_PROFILE_DELAY": f"/pool/MaxPool:{int(base_ms * 300)}"}  # +30% of the run on a small node
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--compare", "base.json", "--max-regression", "100%",
+                          "--per-kernel"], env=small)
+    r.check("compare_per_kernel", rc == 3 and "node '/pool/MaxPool' (onednn.pool" in err, f"exit {rc}; {err[:300]!r}")
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "30", "--compare", "base.json", "--max-regression", "100%"], env=small)
+    r.check("compare_per_kernel_off", rc == 0, f"exit {rc}; {err[:300]!r}")
+    with open(os.path.join(work, "not_profile.json"), "w") as f:
+        f.write('{"schema": "kiln.run", "schema_version": 1}')
+    r.error("compare_not_a_profile", ["profile", "cnn.c.kiln", "--iters", "2", "--compare", "not_profile.json"], 2,
+            r"not_profile\.json: not a kiln profile")
+    r.error("compare_missing", ["profile", "cnn.c.kiln", "--compare", "nosuch.json"], 2, r"nosuch\.json")
+    r.error("compare_bad_limit", ["profile", "cnn.c.kiln", "--compare", "base.json", "--max-regression", "lots"], 2,
+            r"--max-regression 'lots'")
+    r.error("max_regression_needs_compare", ["profile", "cnn.c.kiln", "--max-regression", "5%"], 2, r"requires --compare")
+
+    # --check: every node against its reference kernel; --bitwise: two runs bit for bit.
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "3", "--check", "--bitwise"])
+    r.check("check_passes", rc == 0 and "check: 9 of 10 nodes against their reference kernels; worst relative L2 error" in out
+            and "bitwise: two runs gave bit-identical outputs" in out, f"exit {rc}; {out[-500:]!r} {err[:300]!r}")
+    # A tolerance no float kernel meets: every checked node mismatches, each with a repro that runs.
+    rc, out, err = r.run(["profile", "cnn.c.kiln", "--iters", "3", "--check", "--check-tolerance", "1e-12", "--json",
+                          "--check-dir", "repro"])
+    try:
+        doc = json.loads(out)
+        jsonschema.validate(doc, SCHEMA)
+        bad = [n for n in doc["check"]["nodes"] if n["checked"] and not n["pass"]]
+        conv = next(n for n in bad if n["name"] == "/conv2/Conv")
+        good = (rc == 3 and doc["check"]["failed"] and conv["rel_l2"] > 1e-12 and conv["rel_l2"] < 1e-4
+                and "MISMATCH '/conv2/Conv' (FusedConv, onednn.conv)" in err and "nodes differ from the reference kernels" in err
+                and conv["repro"] == "kiln run cnn.c.kiln --node '/conv2/Conv' --inputs repro/%2Fconv2%2FConv.npz")
+    except (ValueError, KeyError, StopIteration, jsonschema.ValidationError) as e:
+        good, conv = False, None
+        err = f"{err[-500:]} ({str(e)[:300]})"
+    r.check("check_mismatch", good, f"exit {rc}; {err[-600:]!r}")
+    if conv:
+        # The repro: the node alone on its saved inputs, on its kernel and on the reference.
+        args = ["run", "cnn.c.kiln", "--node", "/conv2/Conv", "--inputs", "repro/%2Fconv2%2FConv.npz"]
+        rc1, _, err1 = r.run(args + ["--output-dir", "fast"])
+        rc2, _, err2 = r.run(args + ["--output-dir", "ref", "--reference"])
+        rc3, out3, err3 = r.run(args + ["--check-against", "ref", "--atol", "1e-5", "--rtol", "1e-4"])
+        fast, ref = os.listdir(os.path.join(work, "fast")), os.listdir(os.path.join(work, "ref")) if rc2 == 0 else []
+        r.check("run_node_repro", rc1 == 0 and rc2 == 0 and rc3 == 0 and fast == ref and len(fast) == 1 and "ok" in out3,
+                f"exits {rc1} {rc2} {rc3}; {err1[:200]!r} {err2[:200]!r} {err3[:200]!r} {out3[:200]!r}")
+    r.error("run_node_unknown", ["run", "cnn.c.kiln", "--node", "nosuch"], 2, r"node 'nosuch': the model has no node of this name")
+    rc, out, err = r.run(["profile", "cnn.kiln", "--iters", "2", "--bitwise", "--json"])
+    try:
+        b = json.loads(out)["bitwise"]
+        good = rc == 0 and b["identical"] and b["outputs_differ"] == [] and "bit-identical" in err
+    except (ValueError, KeyError) as e:
+        good, err = False, str(e)
+    r.check("bitwise_json", good, f"exit {rc}; {err[:300]!r}")
+
+    # User errors: one line, exit 2.
+    r.error("missing_model", ["profile", "nosuch.kiln"], 2, r"kiln profile: error: nosuch\.kiln")
+    r.error("bad_duration", ["profile", "mlp.kiln", "--duration", "fast"], 2, r"--duration 'fast'")
+    r.error("iters_and_duration", ["profile", "mlp.kiln", "--iters", "3", "--duration", "1s"], 2, r"excludes")
+    r.error("json_and_csv", ["profile", "mlp.kiln", "--json", "--csv"], 2, r"excludes")
+    r.error("unknown_input", ["profile", "mlp.kiln", "--input-shape", "nosuch=1x16"], 2, r"input 'nosuch'")
+    r.error("trace_unwritable", ["profile", "mlp.kiln", "--iters", "1", "--trace", "no/such/dir/t.json"], 2, r"t\.json")
+    r.error("delay_unknown_node", ["profile", "mlp.kiln", "--iters", "1"], 2, r"KILN_PROFILE_DELAY names node 'nosuch'",
+            env={"KILN_PROFILE_DELAY": "nosuch:100"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

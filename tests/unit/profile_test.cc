@@ -1,0 +1,208 @@
+// kiln profile's pieces: the significance test, the baseline reader, the comparison, the
+// memory roofs and the ceilings cache.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unistd.h>
+
+#include "profile/ceilings.h"
+#include "profile/compare.h"
+
+namespace kiln::profile {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+TEST(MannWhitney, SeparatedSamples) {
+  // n1 = n2 = 5, U = 0: z = (12.5 - 0.5) / sqrt(25/12 * 11), p = erfc(z / sqrt 2).
+  EXPECT_NEAR(mann_whitney_p({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}), 0.0121858, 1e-6);
+  EXPECT_NEAR(mann_whitney_p({6, 7, 8, 9, 10}, {1, 2, 3, 4, 5}), 0.0121858, 1e-6);  // two-sided
+}
+
+TEST(MannWhitney, SameSamplesAndDegenerateOnes) {
+  EXPECT_NEAR(mann_whitney_p({1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}), 1.0, 1e-12);
+  EXPECT_EQ(mann_whitney_p({3, 3, 3}, {3, 3, 3}), 1.0);  // all tied: no evidence either way
+  EXPECT_EQ(mann_whitney_p({1}, {2, 3, 4}), 1.0);
+  EXPECT_EQ(mann_whitney_p({}, {}), 1.0);
+}
+
+TEST(MannWhitney, TiesLowerTheVariance) {
+  // With ties the p-value is smaller than without the tie correction would give.
+  const double p = mann_whitney_p({1, 1, 1, 2, 2}, {2, 3, 3, 3, 3});
+  EXPECT_GT(p, 0.0);
+  EXPECT_LT(p, 0.02);
+}
+
+// A kiln.profile document with just what a comparison reads.
+json doc(const std::vector<double>& runs_ms, const std::vector<std::pair<std::string, std::vector<double>>>& nodes,
+         int threads = 2, const std::string& cpu = "cpu") {
+  json d;
+  d["schema"] = "kiln.profile";
+  d["schema_version"] = 1;
+  d["model"] = {{"file", "m.kiln"}};
+  d["machine"] = {{"cpu", cpu}};
+  d["run"] = {{"threads", threads}};
+  d["iteration_ms"] = runs_ms;
+  double total = 0;
+  for (double x : runs_ms) total += x;
+  json ns = json::array();
+  for (const auto& [name, times] : nodes) {
+    double sum = 0;
+    for (double x : times) sum += x;
+    ns.push_back({{"name", name}, {"kernel", "k"}, {"share", sum / 1e3 / total}, {"times_us", times}});
+  }
+  d["nodes"] = ns;
+  return d;
+}
+
+std::vector<double> noisy(double center, int n, double jitter, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-jitter, jitter);
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) v.push_back(center * (1 + u(rng)));
+  return v;
+}
+
+TEST(ProfileSamples, ReadsAProfileAndRefusesOthers) {
+  auto ok = read_profile_samples(doc({1, 2}, {{"a", {10, 11}}}).dump(), "base.json");
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_EQ(ok->iteration_ms.size(), 2u);
+  ASSERT_EQ(ok->nodes.size(), 1u);
+  EXPECT_EQ(ok->nodes[0].times_us[1], 11);
+
+  auto fails = [](const std::string& text, const std::string& what) {
+    auto r = read_profile_samples(text, "base.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.error().kind, ErrorKind::user);
+    EXPECT_NE(r.error().message().find("base.json"), std::string::npos);
+    EXPECT_NE(r.error().message().find(what), std::string::npos) << r.error().message();
+  };
+  fails("not json", "not valid JSON");
+  fails("[1, 2]", "not a kiln profile");
+  fails(R"({"schema": "kiln.inspect"})", "not a kiln profile");
+  json d = doc({1}, {});
+  d["schema_version"] = 2;
+  fails(d.dump(), "schema_version 2");
+  d = doc({1, -3}, {});
+  fails(d.dump(), "not a time");
+  d = doc({}, {});
+  fails(d.dump(), "no runs");
+  d = doc({1}, {{"a", {1}}});
+  d["nodes"][0]["times_us"] = "fast";
+  fails(d.dump(), "node 'a'");
+  d = doc({1}, {});
+  d.erase("machine");
+  fails(d.dump(), "\"machine\"");
+  d = doc({1}, {});
+  d["run"]["threads"] = "two";
+  fails(d.dump(), "threads");
+}
+
+TEST(CompareProfiles, SameDistributionIsNoRegression) {
+  auto base = profile_samples(doc(noisy(10, 40, 0.02, 1), {{"a", noisy(500, 40, 0.02, 2)}}), "b");
+  auto now = profile_samples(doc(noisy(10, 40, 0.02, 3), {{"a", noisy(500, 40, 0.02, 4)}}), "n");
+  ASSERT_TRUE(base.ok() && now.ok());
+  CompareOptions o;
+  o.per_kernel = true;
+  Comparison c = compare_profiles(*base, *now, o);
+  EXPECT_FALSE(c.failed);
+  EXPECT_FALSE(c.end_to_end.regressed);
+  ASSERT_EQ(c.nodes.size(), 1u);
+  EXPECT_FALSE(c.nodes[0].regressed);
+  EXPECT_TRUE(c.notes.empty());
+}
+
+TEST(CompareProfiles, ASignificantRisePastTheLimitRegresses) {
+  auto base = profile_samples(doc(noisy(10, 30, 0.02, 1), {{"a", noisy(500, 30, 0.02, 2)}, {"b", noisy(9, 30, 0.02, 5)}}), "b");
+  // The run 10% slower, node b 50% slower but under 1% of the run.
+  auto now = profile_samples(doc(noisy(11, 30, 0.02, 3), {{"a", noisy(500, 30, 0.02, 4)}, {"b", noisy(13.5, 30, 0.02, 6)}}), "n");
+  ASSERT_TRUE(base.ok() && now.ok());
+  CompareOptions o;
+  Comparison c = compare_profiles(*base, *now, o);
+  EXPECT_TRUE(c.end_to_end.regressed);
+  EXPECT_TRUE(c.failed);
+  EXPECT_NEAR(c.end_to_end.change, 0.1, 0.03);
+  EXPECT_TRUE(c.nodes[1].regressed);
+  // A 10% rise under a 15% limit is no regression, however significant.
+  o.max_regression = 0.15;
+  c = compare_profiles(*base, *now, o);
+  EXPECT_FALSE(c.failed);
+  EXPECT_TRUE(c.end_to_end.significant);
+  // --per-kernel: a kernel under 1% of the run does not fail the check...
+  o.per_kernel = true;
+  c = compare_profiles(*base, *now, o);
+  EXPECT_FALSE(c.failed);
+  // ...one above it does.
+  o.min_share = 0.0001;
+  c = compare_profiles(*base, *now, o);
+  EXPECT_TRUE(c.failed);
+}
+
+TEST(CompareProfiles, NotesSpreadMachineAndUnmatchedNodes) {
+  auto base = profile_samples(doc(noisy(10, 30, 0.3, 1), {{"a", {1, 2}}, {"gone", {1, 1}}}, 1, "cpu A"), "b");
+  auto now = profile_samples(doc(noisy(10, 30, 0.3, 2), {{"a", {1, 2}}, {"new", {1, 1}}}, 2, "cpu B"), "n");
+  ASSERT_TRUE(base.ok() && now.ok());
+  Comparison c = compare_profiles(*base, *now, CompareOptions{});
+  ASSERT_EQ(c.only_base.size(), 1u);
+  EXPECT_EQ(c.only_base[0], "gone [k]");
+  ASSERT_EQ(c.only_now.size(), 1u);
+  EXPECT_EQ(c.only_now[0], "new [k]");
+  std::string notes;
+  for (const auto& n : c.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("another CPU (cpu A)"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("1 threads, this profile on 2"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("larger than the 5.0% limit"), std::string::npos) << notes;
+  const json j = to_json(c, CompareOptions{}, "base.json");
+  EXPECT_EQ(j["base"], "base.json");
+  EXPECT_EQ(j["only_base"].size(), 1u);
+}
+
+TEST(Ceilings, MemoryRoofIsTheSmallestLevelThatHolds) {
+  Ceilings c;
+  c.memory = {{"L1", 32 << 10, 200}, {"L2", 1 << 20, 100}, {"DRAM", 0, 20}};
+  EXPECT_EQ(memory_roof(c, 1000).name, "L1");
+  EXPECT_EQ(memory_roof(c, 32 << 10).name, "L1");
+  EXPECT_EQ(memory_roof(c, (32 << 10) + 1).name, "L2");
+  EXPECT_EQ(memory_roof(c, 1 << 30).name, "DRAM");
+  EXPECT_EQ(memory_roof(Ceilings{}, 1).gbps, 0);
+}
+
+TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
+  const fs::path dir = fs::temp_directory_path() / ("kiln-ceilings-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CeilingsOptions o;
+  o.cache_dir = dir.string();
+  const CpuFeatures& cpu = CpuFeatures::host();
+  const Ceilings first = machine_ceilings(cpu, 1, o);
+  EXPECT_EQ(first.source, "probed");
+  EXPECT_GT(first.compute_gflops.at("f32"), 0);
+  ASSERT_FALSE(first.memory.empty());
+  EXPECT_EQ(first.memory.back().name, "DRAM");
+  EXPECT_GT(first.memory_gbps, 0);
+  for (size_t i = 0; i + 1 < first.memory.size(); ++i) EXPECT_LT(first.memory[i].capacity, first.memory[i + 1].capacity == 0 ? INT64_MAX : first.memory[i + 1].capacity);
+  EXPECT_EQ(cpu.avx512_vnni, first.compute_gflops.count("int8") == 1);
+  const Ceilings again = machine_ceilings(cpu, 1, o);
+  EXPECT_EQ(again.source, "cache");
+  EXPECT_EQ(again.compute_gflops, first.compute_gflops);
+  EXPECT_EQ(again.memory.size(), first.memory.size());
+  EXPECT_EQ(again.cache_file, (dir / "ceilings.json").string());
+  o.reprobe = true;
+  EXPECT_EQ(machine_ceilings(cpu, 1, o).source, "probed");
+  o.reprobe = false;
+  std::ofstream(dir / "ceilings.json") << "{ corrupt";
+  EXPECT_EQ(machine_ceilings(cpu, 1, o).source, "probed");
+  EXPECT_EQ(machine_ceilings(cpu, 1, o).source, "cache");
+  // A folder that cannot be made: probed, not cached, no error.
+  o.cache_dir = "/proc/kiln-no-such-dir";
+  const Ceilings uncached = machine_ceilings(cpu, 1, o);
+  EXPECT_EQ(uncached.source, "probed");
+  EXPECT_TRUE(uncached.cache_file.empty());
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln::profile
