@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
 // Bumped when a probe changes what it measures: cached entries of another version are probed again.
-constexpr int kProbeVersion = 2;
+constexpr int kProbeVersion = 3;
 
 // The lanes added with stores (GCC 12's _mm512_reduce_add_* warn of uninitialized use).
 __attribute__((target("avx512f"))) float lane_sum(__m512 v) {
@@ -308,7 +308,8 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
   }
   if (cpu.avx512_bf16) c.compute_gflops["bf16"] = peak_rate(bf16_loop, 1'000'000, 16.0 * 32, threads);
   if (cpu.avx512_vnni) c.compute_gflops["int8"] = peak_rate(vnni_loop, 1'000'000, 16.0 * 64, threads);
-  // Each cache: every thread reads half of its share of it, over and over (~64 MiB a thread).
+  // Each cache: every thread reads half of its share of it, over and over (~512 MiB a thread:
+  // a millisecond or more, so that waking the pool's threads is no part of the rate).
   const ReadLoop read = read_loop(cpu);
   int64_t largest = 0;
   for (const CacheInfo& cache : data_caches()) {
@@ -316,7 +317,7 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
     const int64_t per_thread = cache.bytes / std::min(cache.sharing, threads);
     const size_t bytes = static_cast<size_t>(per_thread / 2) / 512 * 512;
     if (bytes < 4096) continue;
-    const int passes = static_cast<int>(std::max<size_t>(1, (size_t{64} << 20) / bytes));
+    const int passes = static_cast<int>(std::max<size_t>(1, (size_t{512} << 20) / bytes));
     MemoryLevel level;
     level.name = "L" + std::to_string(cache.level);
     level.capacity = per_thread * threads;

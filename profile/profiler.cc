@@ -12,6 +12,7 @@
 #include "formats/memory.h"
 #include "formats/summary.h"
 #include "profile/stats.h"
+#include "runtime/threads.h"
 
 namespace kiln::profile {
 
@@ -39,9 +40,17 @@ class Recorder final : public ExecutionObserver {
   void start_run(clock_type::time_point t, bool keep) {
     run_start_ = t;
     keep_ = keep;
-    if (keep) m_.start_us.emplace_back(m_.node_us.size(), -1.0f);
+    if (keep) {
+      m_.start_us.emplace_back(m_.node_us.size(), -1.0f);
+      m_.worker_events.emplace_back();
+      take_worker_spans();  // nothing from before this run
+    }
+    record_worker_spans(keep);
   }
-  void end_run() { first_ = false; }
+  void end_run() {
+    first_ = false;
+    record_worker_spans(false);
+  }
 
   void on_node_begin(const NodeEvent&) override { begin_ = clock_type::now(); }
   void on_node_end(const NodeEvent& e) override {
@@ -53,7 +62,13 @@ class Recorder final : public ExecutionObserver {
     }
     const auto end = clock_type::now();
     m_.node_us[e.index].push_back(static_cast<float>(us_between(begin_, end)));
-    if (keep_) m_.start_us.back()[e.index] = static_cast<float>(us_between(run_start_, begin_));
+    if (keep_) {
+      m_.start_us.back()[e.index] = static_cast<float>(us_between(run_start_, begin_));
+      const int64_t base_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(run_start_.time_since_epoch()).count();
+      for (const WorkerSpanRecord& w : take_worker_spans())
+        m_.worker_events.back().push_back({e.index, w.thread, w.os_tid, static_cast<float>((w.begin_ns - base_ns) / 1e3),
+                                           static_cast<float>((w.end_ns - w.begin_ns) / 1e3)});
+    }
     if (first_) {
       m_.node_inputs[e.index] = infos(e.node.inputs, e.inputs);
       std::vector<ValueId> outs(e.node.outputs.begin(), e.node.outputs.end());

@@ -30,6 +30,15 @@ struct RunOptions {
   double delay_us = 0;
 };
 
+/// One pool thread's stretch of work inside a node of a kept run (runtime/threads.h).
+struct WorkerEvent {
+  size_t node;
+  int thread;      ///< index in the pool; 0 is the thread that runs the nodes
+  int64_t os_tid;
+  float start_us;  ///< after the run's start
+  float dur_us;
+};
+
 /// A value as a node saw it on the timed runs.
 struct TensorInfo {
   std::string name;
@@ -45,6 +54,9 @@ struct Measurements {
   /// The first kept_iterations runs' timelines: per run, per node, its start after the run's start (µs).
   std::vector<std::vector<float>> start_us;
   std::vector<double> iteration_start_us;  ///< each kept run's start after the first timed run's start
+  /// Per kept run, the pool threads' work inside kiln's own parallel kernels (library kernels,
+  /// oneDNN's, run on the same threads but record nothing).
+  std::vector<std::vector<WorkerEvent>> worker_events;
   /// The inputs and outputs of each node (absent ones have no name), from the first timed run.
   std::vector<std::vector<TensorInfo>> node_inputs, node_outputs;
   std::vector<NodeKernel> kernels;  ///< each node's kernel in the timed runs' plan

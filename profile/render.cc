@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "profile/profiler.h"
@@ -208,6 +209,14 @@ json render_trace(const json& doc, const Measurements& m) {
                     {"args", {{"name", "kiln profile " + doc["model"]["file"].get<std::string>()}}}});
   events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid},
                     {"args", {{"name", "kiln executor (kernels use " + std::to_string(m.run_threads) + " threads)"}}}});
+  // The pool's other threads, each named once.
+  std::map<int64_t, int> workers;
+  for (const auto& run : m.worker_events)
+    for (const WorkerEvent& w : run)
+      if (w.os_tid != tid) workers.emplace(w.os_tid, w.thread);
+  for (const auto& [os_tid, index] : workers)
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", os_tid},
+                      {"args", {{"name", "kiln pool thread " + std::to_string(index)}}}});
   const json& nodes = doc["nodes"];
   for (size_t it = 0; it < m.start_us.size(); ++it) {
     const double base = m.iteration_start_us[it];
@@ -223,6 +232,11 @@ json render_trace(const json& doc, const Measurements& m) {
       events.push_back({{"ph", "X"}, {"cat", "kernel"}, {"name", node["name"]}, {"pid", pid}, {"tid", tid},
                         {"ts", base + m.start_us[it][n]}, {"dur", m.node_us[n][it]}, {"args", args}});
     }
+    if (it < m.worker_events.size())
+      for (const WorkerEvent& w : m.worker_events[it])
+        events.push_back({{"ph", "X"}, {"cat", "worker"}, {"name", nodes[w.node]["name"]}, {"pid", pid}, {"tid", w.os_tid},
+                          {"ts", base + w.start_us}, {"dur", w.dur_us},
+                          {"args", {{"node", nodes[w.node]["name"]}, {"kernel", nodes[w.node]["kernel"]}, {"thread", w.thread}}}});
   }
   json trace;
   trace["traceEvents"] = events;

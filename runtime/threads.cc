@@ -3,7 +3,12 @@
 #include <cpuinfo.h>
 #include <xmmintrin.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #if __has_include(<omp.h>)
 #include <omp.h>
@@ -22,6 +27,16 @@ namespace kiln {
 namespace {
 
 constexpr unsigned kFtzDaz = 0x8040;  // MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6)
+
+// Worker spans: one list per pool thread index, each written only by its thread inside a
+// parallel region and read by thread 0 after the region's closing barrier.
+constexpr int kMaxSpanThreads = 512;
+std::atomic<bool> g_record_spans{false};
+std::vector<WorkerSpanRecord> g_spans[kMaxSpanThreads];
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -64,5 +79,29 @@ bool pool_flushes_denormals() {
 }
 
 int thread_index() { return omp_get_thread_num(); }
+
+void record_worker_spans(bool on) { g_record_spans.store(on, std::memory_order_relaxed); }
+
+std::vector<WorkerSpanRecord> take_worker_spans() {
+  std::vector<WorkerSpanRecord> out;
+  const int threads = std::min(kMaxSpanThreads, omp_get_max_threads());
+  for (int t = 0; t < threads; ++t) {
+    out.insert(out.end(), g_spans[t].begin(), g_spans[t].end());
+    g_spans[t].clear();
+  }
+  return out;
+}
+
+WorkerSpan::WorkerSpan() {
+  if (g_record_spans.load(std::memory_order_relaxed)) begin_ns_ = now_ns();
+}
+
+WorkerSpan::~WorkerSpan() {
+  if (begin_ns_ < 0) return;
+  const int t = omp_get_thread_num();
+  if (t < 0 || t >= kMaxSpanThreads) return;
+  thread_local const int64_t tid = static_cast<int64_t>(syscall(SYS_gettid));
+  g_spans[t].push_back({t, tid, begin_ns_, now_ns()});
+}
 
 }  // namespace kiln

@@ -4,6 +4,9 @@
 // results that small are noise next to the tolerances kiln checks.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 namespace kiln {
 
 /// The machine's physical cores (not hyper-threads); 1 when they cannot be read.
@@ -36,5 +39,32 @@ class FlushDenormals {
 
 /// Whether the calling thread flushes denormals (FTZ and DAZ both on).
 bool flushes_denormals();
+
+/// One stretch of work of one pool thread inside a kiln kernel's parallel region.
+struct WorkerSpanRecord {
+  int thread;        ///< index in the pool (0: the thread that runs the nodes)
+  int64_t os_tid;    ///< the OS thread id
+  int64_t begin_ns;  ///< std::chrono::steady_clock, since its epoch
+  int64_t end_ns;
+};
+
+/// Worker spans, for the profiler's trace: while recording is on, each WorkerSpan placed at
+/// the top of a parallel region of kiln's own kernels (GEMM, attention, depthwise convolution)
+/// records its thread's stretch of work. Off, a WorkerSpan costs one relaxed atomic load.
+void record_worker_spans(bool on);
+/// The spans recorded since the last call, every thread's; call it after the parallel
+/// regions have ended (between nodes), from the thread that runs the nodes.
+std::vector<WorkerSpanRecord> take_worker_spans();
+
+class WorkerSpan {
+ public:
+  WorkerSpan();
+  ~WorkerSpan();
+  WorkerSpan(const WorkerSpan&) = delete;
+  WorkerSpan& operator=(const WorkerSpan&) = delete;
+
+ private:
+  int64_t begin_ns_ = -1;
+};
 
 }  // namespace kiln

@@ -136,7 +136,10 @@ class FlashAttention final : public Kernel {
       body(0);
     } else {
 #pragma omp parallel num_threads(threads)
-      body(omp_get_thread_num());
+      {
+        WorkerSpan span;
+        body(omp_get_thread_num());
+      }
     }
     return {};
   }

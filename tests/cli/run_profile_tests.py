@@ -47,7 +47,7 @@ def trace_problems(trace, node_names):
         return ["no traceEvents list"]
     if trace.get("displayTimeUnit") not in (None, "ms", "ns"):
         problems.append(f"displayTimeUnit {trace.get('displayTimeUnit')!r}")
-    runs, kernels, named_threads = [], [], set()
+    runs, kernels, workers, named_threads = [], [], [], set()
     for e in trace["traceEvents"]:
         ph = e.get("ph")
         if ph == "M":
@@ -69,23 +69,31 @@ def trace_problems(trace, node_names):
                 problems.append(f"event with bad {k}: {str(e)[:200]}")
         if "args" in e and not isinstance(e["args"], dict):
             problems.append("args not an object")
-        (runs if e.get("cat") == "run" else kernels).append(e)
+        {"run": runs, "worker": workers}.get(e.get("cat"), kernels).append(e)
     if not runs or not kernels:
         problems.append(f"{len(runs)} run events, {len(kernels)} kernel events")
-    for e in runs + kernels:
+    for e in runs + kernels + workers:
         if (e.get("pid"), e.get("tid")) not in named_threads:
             problems.append(f"event on an unnamed thread: {e.get('tid')}")
             break
-    eps = 0.01  # µs: times are printed with their float rounding
+    eps = 0.5  # µs: times are stored as floats
     for e in kernels:
         if e["name"] not in node_names:
             problems.append(f"kernel event for unknown node {e['name']!r}")
         inside = [r for r in runs if r["tid"] == e["tid"] and r["ts"] - eps <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"] + eps]
         if not inside:
             problems.append(f"kernel event {e['name']!r} outside every run")
+    # A pool thread's work sits inside the node it works for, and one thread does one thing at a time.
+    for w in workers:
+        if not any(k["name"] == w.get("args", {}).get("node") and k["ts"] - eps <= w["ts"]
+                   and w["ts"] + w["dur"] <= k["ts"] + k["dur"] + eps for k in kernels):
+            problems.append(f"worker event {w['name']!r} on thread {w['tid']} outside its node")
+            break
     by_tid = {}
     for e in kernels:
         by_tid.setdefault(e["tid"], []).append(e)
+    for e in workers:
+        by_tid.setdefault(("worker", e["tid"]), []).append(e)
     for events in by_tid.values():
         events.sort(key=lambda e: e["ts"])
         for a, b in zip(events, events[1:]):
@@ -196,6 +204,28 @@ def run_all(r, work):
         bad = json.loads(json.dumps(trace))
         [e for e in bad["traceEvents"] if e.get("cat") == "kernel"][0]["ts"] = -5
         r.check("trace_validator_bad_ts", bool(trace_problems(bad, {n["name"] for n in doc["nodes"]})), "not caught")
+
+    # Two threads on a model big enough to share: the pool's threads' work inside kiln's GEMM
+    # is in the trace, on their own named threads, inside the node they work for.
+    rc, out, err = r.run(["profile", "mlp.kiln", "--input-shape", "input=8192x16", "--threads", "2", "--iters", "3",
+                          "--trace", "w.json", "--json"])
+    try:
+        trace = json.load(open(os.path.join(work, "w.json")))
+        doc = json.loads(out)
+        problems = trace_problems(trace, {n["name"] for n in doc["nodes"]})
+        workers = [e for e in trace["traceEvents"] if e.get("cat") == "worker"]
+        good = (rc == 0 and doc["run"]["threads"] == 2 and not problems and len({e["tid"] for e in workers}) == 2
+                and {e["args"]["thread"] for e in workers} == {0, 1})
+        if rc == 0 and not good:
+            err += f" problems: {problems}; {len(workers)} worker events"
+    except (OSError, ValueError, KeyError) as e:
+        good, err = False, f"{err} ({e})"
+    r.check("trace_workers", good, f"exit {rc}; {err[:500]}")
+    if good:
+        bad = json.loads(json.dumps(trace))
+        w = [e for e in bad["traceEvents"] if e.get("cat") == "worker"][0]
+        w["ts"] += 1e6
+        r.check("trace_validator_worker_outside", bool(trace_problems(bad, {n["name"] for n in doc["nodes"]})), "not caught")
 
     # --duration runs until the time has passed.
     rc, out, err = r.run(["profile", "mlp.kiln", "--duration", "300ms", "--json"])

@@ -205,7 +205,10 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
   }
   const int tn = std::min(p.tn, threads), tm = threads == p.threads() ? p.tm : threads / tn;
 #pragma omp parallel num_threads(tm * tn)
-  part(tm, tn, omp_get_thread_num());
+  {
+    WorkerSpan span;
+    part(tm, tn, omp_get_thread_num());
+  }
 }
 
 void run_batch(const GemmParams& p, const GemmProblem& problem, std::span<const int64_t> a_offsets,
@@ -225,8 +228,12 @@ void run_batch(const GemmParams& p, const GemmProblem& problem, std::span<const 
     return;
   }
   const size_t per_thread = workspace_bytes(p, problem);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < count; ++i) one(i, workspace + per_thread * static_cast<size_t>(omp_get_thread_num()));
+#pragma omp parallel num_threads(threads)
+  {
+    WorkerSpan span;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < count; ++i) one(i, workspace + per_thread * static_cast<size_t>(omp_get_thread_num()));
+  }
 }
 
 }  // namespace kiln::cpu::gemm

@@ -36,6 +36,7 @@ void over_panels(int64_t n, int threads, F&& f) {
   }
 #pragma omp parallel num_threads(t)
   {
+    WorkerSpan span;
     const int64_t i = omp_get_thread_num(), base = count / t, extra = count % t;
     const int64_t p0 = i * base + std::min<int64_t>(i, extra);
     f(p0, p0 + base + (i < extra ? 1 : 0));
