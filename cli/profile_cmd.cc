@@ -32,6 +32,7 @@ struct ProfileArgs {
   bool json = false;
   bool csv = false;
   std::string trace;
+  std::string html;
   int top = 15;
   bool reprobe = false;
   std::string compare;
@@ -43,9 +44,9 @@ struct ProfileArgs {
   bool bitwise = false;
 };
 
-// "5%", "5" (percent) or "0.5%"; nullopt for anything else.
-std::optional<double> parse_percent(std::string text) {
-  if (!text.empty() && text.back() == '%') text.pop_back();
+// The number a flag's text starts with and the unit after it ("500ms" → 500, "ms"); nullopt
+// when it does not start with a number.
+std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
   size_t used = 0;
   double v = 0;
   try {
@@ -53,23 +54,24 @@ std::optional<double> parse_percent(std::string text) {
   } catch (const std::exception&) {
     return std::nullopt;
   }
-  if (used != text.size() || !(v >= 0) || v > 1000) return std::nullopt;
-  return v / 100;
+  return std::make_pair(v, text.substr(used));
+}
+
+// "5%" or "5" (percent) as a fraction; nullopt for anything else.
+std::optional<double> parse_percent(const std::string& text) {
+  auto n = number_and_unit(text);
+  if (!n || (n->second != "" && n->second != "%") || !(n->first >= 0) || n->first > 1000) return std::nullopt;
+  return n->first / 100;
 }
 
 // "5s", "500ms", "2m" or plain seconds; nullopt for anything else.
 std::optional<double> parse_seconds(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const std::string unit = text.substr(used);
-  double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" || unit == "min" ? 60 : -1;
-  if (scale < 0 || !(v > 0) || v * scale > 86400) return std::nullopt;
-  return v * scale;
+  auto n = number_and_unit(text);
+  if (!n) return std::nullopt;
+  const std::string& unit = n->second;
+  const double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" || unit == "min" ? 60 : -1;
+  if (scale < 0 || !(n->first > 0) || n->first * scale > 86400) return std::nullopt;
+  return n->first * scale;
 }
 
 // Columns of the terminal stdout writes to; 0 (no fitting) when it is not one.
@@ -206,10 +208,13 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
   }
 
   if (!args.trace.empty()) {
-    const std::string text = profile::render_trace(doc, *measured).dump() + "\n";
+    const std::string text = profile::render_trace(doc, *measured).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (Status s = write_output(args.trace, text); !s.ok()) return report(verb, s);
   }
-  if (args.json) std::cout << doc.dump(2) << "\n";
+  if (!args.html.empty())
+    if (Status s = write_output(args.html, profile::render_html(doc)); !s.ok()) return report(verb, s);
+  // Names come from files: bytes that are not UTF-8 become U+FFFD rather than invalid JSON.
+  if (args.json) std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else if (args.csv) std::cout << profile::render_csv(doc);
   else std::cout << profile::render_table(doc, terminal_width(), args.top);
   // The comparison's and checks' lines follow the table, or go to stderr when stdout is JSON or CSV.
@@ -289,6 +294,7 @@ void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   CLI::Option* json = cmd->add_flag("--json", args->json, "print the profile as JSON (schema kiln.profile, docs/profile.schema.json)");
   cmd->add_flag("--csv", args->csv, "print one CSV row per kernel call site")->excludes(json);
   cmd->add_option("--trace", args->trace, "write a Chrome trace (Perfetto, chrome://tracing) of the first runs to this file");
+  cmd->add_option("--html", args->html, "write an HTML report (roofline, one run's timeline, the tables; self-contained) to this file");
   cmd->add_option("--top", args->top, "nodes in the table")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("--reprobe", args->reprobe, "measure the machine's ceilings again instead of reading them from the cache");
   CLI::Option* compare = cmd->add_option("--compare", args->compare,

@@ -374,7 +374,7 @@ Ceilings machine_ceilings(const CpuFeatures& cpu, int threads, const CeilingsOpt
   cache["machines"][key] = entry;
   std::error_code ec;
   fs::create_directories(options.cache_dir, ec);
-  const std::string text = cache.dump(2) + "\n";
+  const std::string text = cache.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   if (!ec && write_file_atomic(file, {reinterpret_cast<const uint8_t*>(text.data()), text.size()}).ok()) c.cache_file = file;
   return c;
 }

@@ -29,7 +29,7 @@ Result<std::vector<double>> numbers(const json& j, const std::string& file, cons
   for (const auto& x : j) {
     if (!x.is_number()) return user_error(file, what + ": expected an array of numbers");
     const double v = x.get<double>();
-    if (!std::isfinite(v) || v < 0) return user_error(file, what + ": holds " + x.dump() + ", not a time");
+    if (!std::isfinite(v) || v < 0) return user_error(file, what + ": holds " + x.dump().substr(0, 40) + ", not a time");
     out.push_back(v);
   }
   return out;
@@ -62,7 +62,7 @@ Result<ProfileSamples> profile_samples(const json& doc, const std::string& file)
   if (!doc.is_object() || !doc.contains("schema") || doc["schema"] != "kiln.profile")
     return user_error(file, "not a kiln profile (expected \"schema\": \"kiln.profile\", from kiln profile --json)");
   if (!doc.contains("schema_version") || !doc["schema_version"].is_number_integer() || doc["schema_version"] != 1)
-    return user_error(file, "kiln.profile schema_version " + (doc.contains("schema_version") ? doc["schema_version"].dump() : std::string("missing")) +
+    return user_error(file, "kiln.profile schema_version " + (doc.contains("schema_version") ? doc["schema_version"].dump().substr(0, 40) : std::string("missing")) +
                                 " is not one this kiln reads (1)");
   ProfileSamples s;
   auto str = [&](const json& obj, const char* key, std::string& out) -> Status {

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
-#include <thread>
 
 #include "formats/memory.h"
 #include "formats/summary.h"
@@ -31,6 +30,8 @@ class Recorder final : public ExecutionObserver {
  public:
   Recorder(Measurements& m, const RunOptions& options, size_t nodes, const Graph& g) : m_(m), graph_(g) {
     m_.node_us.assign(nodes, {});
+    if (options.iterations > 0)  // no allocation on the timed path when the count is known
+      for (auto& times : m_.node_us) times.reserve(static_cast<size_t>(options.iterations));
     m_.node_inputs.assign(nodes, {});
     m_.node_outputs.assign(nodes, {});
     delay_node_ = options.delay_node.empty() ? -1 : static_cast<int64_t>(find_node(g, options.delay_node));
@@ -263,6 +264,9 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
   };
   std::map<std::string, Group> by_op, by_kernel;
   json nodes = json::array();
+  json notes = json::array();
+  double fastest_share = 0;  // the highest share of a compute roof any node reached
+  std::string fastest;
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
     const Node& node = graph.nodes[n];
     const NodeKernel empty;
@@ -295,6 +299,7 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     const MemoryLevel& roof = memory_roof(ceilings, bytes);
     const bool compute_bound = flops > 0 && roof.gbps > 0 && intensity * roof.gbps >= compute_peak;
     const double peak_share = compute_bound ? (compute_peak > 0 ? gflops / compute_peak : 0) : (roof.gbps > 0 ? gbps / roof.gbps : 0);
+    if (compute_bound && peak_share > fastest_share) fastest_share = peak_share, fastest = node.name;
     json ins = json::array(), outs = json::array(), sources = json::array(), per_call = json::array();
     for (const TensorInfo& x : m.node_inputs[n]) ins.push_back(tensor_json(x));
     for (const TensorInfo& x : m.node_outputs[n]) outs.push_back(tensor_json(x));
@@ -333,6 +338,13 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     }
   }
   doc["nodes"] = nodes;
+  // No kernel outruns the machine: a node past its compute roof means the probe ran slow (a
+  // busy machine when the ceilings were measured and cached).
+  if (fastest_share > 1.05)
+    notes.push_back("node '" + fastest + "' ran at " + std::to_string(static_cast<int>(std::lround(100 * fastest_share))) +
+                    "% of the " + (ceilings.source == "cache" ? "cached " : "") +
+                    "compute ceiling: the ceilings were measured low (a busy machine?); measure them again with --reprobe");
+  doc["notes"] = notes;
   auto groups_json = [&](const std::map<std::string, Group>& groups) {
     std::vector<std::pair<std::string, Group>> rows(groups.begin(), groups.end());
     std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.total_ms > b.second.total_ms; });

@@ -104,4 +104,9 @@ std::string render_csv(const nlohmann::ordered_json& doc);
 /// sources, shapes, FLOPs and bytes as args.
 nlohmann::ordered_json render_trace(const nlohmann::ordered_json& doc, const Measurements& m);
 
+/// One self-contained HTML page (inline CSS and JavaScript, nothing fetched) that embeds `doc` and
+/// draws it: the summary, a roofline of the nodes under the machine's roofs, one run's timeline
+/// and the node, op-type and kernel tables (profile/html.cc).
+std::string render_html(const nlohmann::ordered_json& doc);
+
 }  // namespace kiln::profile

@@ -181,6 +181,8 @@ std::string render_table(const json& doc, int width, int top) {
                         std::to_string(g["nodes"].get<int64_t>()), fmt("%.1f", g["gflops"].get<double>()),
                         fmt("%.1f", g["gbps"].get<double>()), g["key"].get<std::string>()});
   out << "by op type\n" << ops.render(width);
+  if (doc.contains("notes"))
+    for (const auto& note : doc["notes"]) out << "\nnote: " << note.get<std::string>() << "\n";
   return out.str();
 }
 

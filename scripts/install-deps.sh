@@ -11,6 +11,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libgtest-dev python3 python3-venv python3-pip
   clang libclang-rt-14-dev strace nlohmann-json3-dev
+  chromium  # tests/cli/run_html_test.py: the HTML report in a headless browser
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,8 @@
 
 #include "profile/ceilings.h"
 #include "profile/compare.h"
+#include "profile/profiler.h"
+#include "tests/unit/compile_test_util.h"
 
 namespace kiln::profile {
 namespace {
@@ -202,6 +204,69 @@ TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
   EXPECT_EQ(uncached.source, "probed");
   EXPECT_TRUE(uncached.cache_file.empty());
   fs::remove_all(dir);
+}
+
+// A batch-symbolic MatMul + Relu, measured: FLOPs and bytes count the shapes that ran.
+TEST(Profiler, MeasuresAndReportsWhatRan) {
+  testing::GraphBuilder b;
+  ValueId x = b.input("x", Shape({Dim::sym("batch"), Dim::known(64)}));
+  ValueId w = b.constant("w", testing::make<float>({64, 32}, std::vector<float>(64 * 32, 0.01f)));
+  ValueId y = b.op("mm", "MatMul", {x, w});
+  ValueId z = b.op("relu", "Relu", {y});
+  Model m = b.done({z});
+  auto session = Session::create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  RunOptions ro;
+  ro.warmup = 1;
+  ro.iterations = 7;
+  int progress_calls = 0;
+  ro.progress = [&](int, double) { ++progress_calls; };
+  Tensor input = testing::make<float>({8, 64}, std::vector<float>(8 * 64, 1.0f));
+  auto measured = measure(**session, {input}, ro);
+  ASSERT_TRUE(measured.ok()) << measured.error().message();
+  EXPECT_EQ(measured->iteration_ms.size(), 7u);
+  EXPECT_EQ(progress_calls, 7);
+  ASSERT_EQ(measured->node_us.size(), 2u);
+  EXPECT_EQ(measured->node_us[0].size(), 7u);
+  EXPECT_EQ(measured->start_us.size(), 7u);  // all kept: fewer than kKeptIterations
+  EXPECT_EQ(measured->outputs.size(), 1u);
+
+  ReportContext ctx;
+  ctx.model_file = "m.kiln";
+  ctx.stage = Stage::exported;
+  ctx.compiled_in_memory = true;
+  ctx.inputs = {{"x", DType::f32, {8, 64}}};
+  ctx.ceilings.compute_gflops["f32"] = 1e6;  // a roof no node reaches
+  ctx.ceilings.memory = {{"L1", 1 << 20, 1e6}, {"DRAM", 0, 1e6}};
+  ctx.ceilings.memory_gbps = 1e6;
+  ctx.ceilings.threads = 1;
+  ctx.ceilings.source = "probed";
+  json doc = build_report(m.graph, *measured, ctx);
+  ASSERT_EQ(doc["nodes"].size(), 2u);
+  const json& mm = doc["nodes"][0];
+  EXPECT_EQ(mm["name"], "mm");
+  EXPECT_EQ(mm["flops"], 2 * 8 * 64 * 32);  // batch 8 as it ran, not 1
+  EXPECT_EQ(mm["bytes_written"], 8 * 32 * 4);
+  EXPECT_EQ(mm["bytes_read"], (8 * 64 + 64 * 32) * 4);
+  EXPECT_EQ(mm["inputs"][0]["shape"], json::array({8, 64}));
+  EXPECT_EQ(mm["times_us"].size(), 7u);
+  EXPECT_EQ(doc["nodes"][1]["flops"], 8 * 32);  // Relu: one per element
+  EXPECT_EQ(doc["run"]["iterations"], 7);
+  EXPECT_EQ(doc["by_op"].size(), 2u);
+  EXPECT_TRUE(doc["notes"].empty());
+  EXPECT_LE(doc["kernel_time"]["sum_ms_p50"].get<double>(), doc["kernel_time"]["wall_ms_p50"].get<double>());
+  EXPECT_EQ(doc["timeline"]["events"].size(), 2u);
+
+  // Ceilings far below what a node reached: the report says they were measured low.
+  ctx.ceilings.compute_gflops["f32"] = 1e-6;
+  ctx.ceilings.memory = {{"DRAM", 0, 1e6}};  // so that the nodes sit under the compute roof
+  doc = build_report(m.graph, *measured, ctx);
+  ASSERT_EQ(doc["notes"].size(), 1u);
+  EXPECT_NE(doc["notes"][0].get<std::string>().find("--reprobe"), std::string::npos);
+  EXPECT_EQ(doc["nodes"][0]["bound"], "compute");
+  EXPECT_NE(render_table(doc, 80, 5).find("note: node 'mm' ran at"), std::string::npos);
+  const std::string csv = render_csv(doc);
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3);
 }
 
 }  // namespace
