@@ -106,6 +106,8 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
     run_options.min_iterations = 2;
   }
   read_delay_hook(run_options);
+  for (const std::string* file : {&args.trace, &args.html})
+    if (*file == "-") return report(verb, user_error("", "--trace and --html write files: stdout carries the report"));
   // The baseline is read (and found wanting) before anything runs.
   profile::CompareOptions compare_options;
   std::optional<profile::ProfileSamples> base;

@@ -325,6 +325,7 @@ def run_all(r, work):
     r.error("iters_and_duration", ["profile", "mlp.kiln", "--iters", "3", "--duration", "1s"], 2, r"excludes")
     r.error("json_and_csv", ["profile", "mlp.kiln", "--json", "--csv"], 2, r"excludes")
     r.error("unknown_input", ["profile", "mlp.kiln", "--input-shape", "nosuch=1x16"], 2, r"input 'nosuch'")
+    r.error("trace_stdout", ["profile", "mlp.kiln", "--iters", "1", "--trace", "-"], 2, r"stdout carries the report")
     r.error("trace_unwritable", ["profile", "mlp.kiln", "--iters", "1", "--trace", "no/such/dir/t.json"], 2, r"t\.json")
     r.error("delay_unknown_node", ["profile", "mlp.kiln", "--iters", "1"], 2, r"KILN_PROFILE_DELAY names node 'nosuch'",
             env={"KILN_PROFILE_DELAY": "nosuch:100"})
