@@ -2,25 +2,25 @@
 """What `kiln profile` costs and how much of the run it accounts for, on the real-sized models.
 
     python bench/profile_overhead.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 20]
-                                     [--iters 10] [--warmup 3] [--work-dir DIR]
+                                     [--iters 10] [--work-dir DIR] [--bench build/bench/kiln_bench_profile_overhead]
 
 Every model (tests/models/make_models.py's, at their test inputs) is exported and compiled for
-each thread count. Then `--rounds` rounds each run, interleaved, `kiln run --iters N --json`
-(no observer) and `kiln profile --iters N --json` (every node timed) on the same compiled model
-and inputs, so that a machine that slows down mid-run slows both alike. Per model and thread
-count it prints:
-  - run / profile: the median over rounds of each round's median latency, with the min-max of
-    the round medians;
-  - overhead: profile's median over run's, less 1 (what timing every node costs);
-  - kernels/wall: the profile's sum of node times over its wall-clock latency (the rest is the
-    executor's own work, which the profile reports as overhead).
+each thread count. Then kiln_bench_profile_overhead (bench/profile_overhead.cc) runs it in one
+process: `--rounds` rounds, each timing `--iters` plain runs and `--iters` runs with kiln
+profile's recorder on every node, in alternating order, so that both sides share the process's
+memory placement and the machine's moods. Per model and thread count it prints:
+  - plain / profiled: the median latency over all runs of each side, with the min-max of the
+    round medians;
+  - overhead: profiled median over plain median, less 1 (what timing every node costs);
+  - kernels/wall: the median share of each profiled run's wall-clock time that the node times
+    sum to (the rest is the executor's own work, which the profile reports as overhead).
 Benchmark tool only; needs the test venv (scripts/requirements.txt).
 """
 
 import argparse
 import json
 import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,10 +44,6 @@ def input_shapes(npz):
         return [f"{k}={'x'.join(str(d) for d in z[k].shape)}" for k in z.files]
 
 
-def cell(values):
-    return f"{statistics.median(values):8.3f} [{min(values):.3f}-{max(values):.3f}]"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln", required=True)
@@ -55,12 +51,20 @@ def main(argv=None):
     ap.add_argument("--threads", nargs="*", type=int, default=[1, 2])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bench", "kiln_bench_profile_overhead"))
     ap.add_argument("--work-dir", default=DEFAULT_OUT_DIR)
     args = ap.parse_args(argv)
     kiln = os.path.abspath(args.kiln)
+    bench = os.path.abspath(args.bench)
     env = dict(os.environ)
     scratch = tempfile.mkdtemp(prefix="kiln-profile-overhead-")
+    try:
+        return measure(args, kiln, bench, env, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure(args, kiln, bench, env, scratch):
     cases = []
     for name in args.models:
         onnx_path = os.path.join(args.work_dir, f"{name}.onnx")
@@ -77,29 +81,17 @@ def main(argv=None):
                 cmd += ["--input-shape", s]
             run(cmd, env)
             cases.append((name, t, compiled, npz))
-    print(f"# {args.rounds} rounds of --iters {args.iters} --warmup {args.warmup}, run and profile interleaved; "
+    print(f"# {args.rounds} rounds of {args.iters} plain and {args.iters} profiled runs, interleaved in one process; "
           f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')} GOMP_SPINCOUNT={env.get('GOMP_SPINCOUNT', 'unset')}")
-    results = {(n, t): {"run": [], "profile": [], "share": []} for n, t, _, _ in cases}
-    for r in range(args.rounds):
-        for name, t, model, npz in cases:
-            common = [model, "--inputs", npz, "--threads", str(t), "--iters", str(args.iters), "--warmup", str(args.warmup), "--json"]
-            order = ("run", "profile") if r % 2 == 0 else ("profile", "run")
-            for verb in order:
-                doc = json.loads(run([kiln, verb] + common, env))
-                res = results[(name, t)]
-                if verb == "run":
-                    res["run"].append(doc["latency_ms"]["median"])
-                else:
-                    res["profile"].append(doc["latency_ms"]["p50"])
-                    res["share"].append(doc["kernel_time"]["sum_ms_p50"] / doc["kernel_time"]["wall_ms_p50"])
-        print(f"# round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"{'model':18} {'T':>2} {'run ms [min-max]':>24} {'profile ms [min-max]':>24} {'overhead':>9} {'kernels/wall':>13}")
+    print(f"{'model':18} {'T':>2} {'plain ms [round min-max]':>28} {'profiled ms [round min-max]':>28} {'overhead':>9} {'kernels/wall':>13}")
     worst = 0.0
-    for (name, t), res in results.items():
-        overhead = statistics.median(res["profile"]) / statistics.median(res["run"]) - 1
-        worst = max(worst, overhead)
-        print(f"{name:18} {t:2d} {cell(res['run']):>24} {cell(res['profile']):>24} {100 * overhead:8.1f}% "
-              f"{100 * statistics.median(res['share']):12.1f}%")
+    for name, t, model, npz in cases:
+        out = run([bench, model, npz, "--threads", str(t), "--rounds", str(args.rounds), "--iters", str(args.iters)], env)
+        j = json.loads(out)
+        worst = max(worst, j["overhead"])
+        cell = lambda s: f"{s['median']:8.3f} [{s['round_min']:.3f}-{s['round_max']:.3f}]"
+        print(f"{name:18} {t:2d} {cell(j['plain_ms']):>28} {cell(j['profiled_ms']):>28} {100 * j['overhead']:8.1f}% "
+              f"{100 * j['kernel_share']:12.1f}%", flush=True)
     print(f"# worst overhead {100 * worst:.1f}%")
     return 0
 

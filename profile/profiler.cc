@@ -142,7 +142,7 @@ Result<Measurements> measure(Session& session, const std::vector<Tensor>& inputs
   Measurements m;
   const Graph& g = session.graph();
   m.warmup = options.warmup;
-  for (int i = 0; i < std::max(options.warmup, 1); ++i) {  // at least one: it builds the plan
+  for (int i = 0; i < options.warmup; ++i) {  // the first run of a new shape also builds its plan
     auto r = session.run(inputs);
     if (!r.ok()) return r.error();
   }

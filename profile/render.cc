@@ -103,11 +103,7 @@ std::string joined(const json& list, const std::string& sep, bool shapes) {
   return s;
 }
 
-std::string number(const json& x) {
-  std::ostringstream o;
-  o << x.dump();
-  return o.str();
-}
+std::string number(const json& x) { return x.dump(); }
 
 }  // namespace
 
