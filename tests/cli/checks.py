@@ -1,4 +1,6 @@
 """Counting named checks for the script-driven tests, and their closing line."""
+import shutil
+import tempfile
 
 
 class Checks:
@@ -20,3 +22,15 @@ class Checks:
             print("FAILED " + f)
         print(f"{self.passed} passed, {len(self.failed)} failed")
         return 1 if self.failed else 0
+
+
+def run_in_temp_dir(prefix, make_checks, body):
+    """Runs body(checks, work) in a fresh temporary folder (removed after), where `checks` is
+    make_checks(work); prints the report and returns the exit code."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    checks = make_checks(work)
+    try:
+        body(checks, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return checks.report()

@@ -6,16 +6,14 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from checks import Checks
+from checks import Checks, run_in_temp_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
@@ -208,13 +206,7 @@ def main():
     ap.add_argument("--update", action="store_true")
     args = ap.parse_args()
     kiln = os.path.abspath(args.kiln)
-    work = tempfile.mkdtemp(prefix="kiln-cli-")
-    r = Runner(kiln, work, args.update)
-    try:
-        run_all(r, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return r.report()
+    return run_in_temp_dir("kiln-cli-", lambda work: Runner(kiln, work, args.update), run_all)
 
 
 def run_all(r, work):

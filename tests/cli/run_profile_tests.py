@@ -7,14 +7,12 @@ import csv
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import jsonschema
 
-from checks import Checks
+from checks import Checks, run_in_temp_dir
 from run_cli_tests import ONE_LINE, ROOT
 
 SCHEMA = json.load(open(os.path.join(ROOT, "docs", "profile.schema.json")))
@@ -107,13 +105,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--kiln", required=True)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="kiln-profile-")
-    r = Runner(os.path.abspath(args.kiln), work)
-    try:
-        run_all(r, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return r.report()
+    kiln = os.path.abspath(args.kiln)
+    return run_in_temp_dir("kiln-profile-", lambda work: Runner(kiln, work), run_all)
 
 
 def run_all(r, work):
