@@ -1,0 +1,232 @@
+// The built-in quantizers' patterns on kiln's exported graphs. PT2E sees `linear` and `conv2d`;
+// kiln's exporter writes a linear layer as MatMul by a constant [K, N] weight (then an Add of a
+// constant [N] bias) or as Gemm, and a convolution as Conv: those are the anchors here.
+#include "quant/quantizer.h"
+
+#include <algorithm>
+#include <set>
+
+namespace kiln::quant {
+
+namespace {
+
+// Producers and readers of every value.
+struct Uses {
+  explicit Uses(const Graph& g) : producer(g.values.size(), -1), readers(g.values.size()), is_output(g.values.size(), false) {
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      for (ValueId v : g.nodes[n].outputs)
+        if (v != kNoValue) producer[static_cast<size_t>(v)] = static_cast<int64_t>(n);
+      for (size_t i = 0; i < g.nodes[n].inputs.size(); ++i)
+        if (g.nodes[n].inputs[i] != kNoValue) readers[static_cast<size_t>(g.nodes[n].inputs[i])].push_back(n);
+    }
+    for (ValueId v : g.outputs) is_output[static_cast<size_t>(v)] = true;
+  }
+  /// The one node that reads node n's output 0, when exactly one does and it is no graph output.
+  std::optional<size_t> only_reader(const Graph& g, size_t n) const {
+    const Node& node = g.nodes[n];
+    if (node.outputs.empty() || node.outputs[0] == kNoValue) return std::nullopt;
+    const size_t v = static_cast<size_t>(node.outputs[0]);
+    if (readers[v].size() != 1 || is_output[v]) return std::nullopt;
+    return readers[v][0];
+  }
+  std::vector<int64_t> producer;
+  std::vector<std::vector<size_t>> readers;
+  std::vector<bool> is_output;
+};
+
+bool is_constant(const Graph& g, const Node& n, size_t slot) { return n.has_input(slot) && g.value(n.inputs[slot]).is_constant(); }
+
+bool is_float_value(const Graph& g, ValueId v) { return v != kNoValue && is_float(g.value(v).dtype); }
+
+// The output-channel axis of a linear or conv node's constant weight; nullopt when the node is
+// no such layer.
+std::optional<int64_t> weight_axis(const Graph& g, const Node& n) {
+  if (n.op == "Conv" && is_constant(g, n, 1)) return 0;
+  if (n.op == "MatMul" && is_constant(g, n, 1) && g.value(n.inputs[1]).constant.rank() == 2) return 1;
+  if (n.op == "Gemm" && is_constant(g, n, 1) && n.attr_int("transA", 0) == 0)
+    return n.attr_int("transB", 0) ? 0 : 1;
+  return std::nullopt;
+}
+
+// A MatMul's bias: the Add of a constant vector that alone reads its output.
+std::optional<size_t> bias_add(const Graph& g, const Uses& u, size_t n) {
+  if (g.nodes[n].op != "MatMul") return std::nullopt;
+  auto next = u.only_reader(g, n);
+  if (!next) return std::nullopt;
+  const Node& add = g.nodes[*next];
+  if (add.op != "Add" || add.num_inputs() != 2) return std::nullopt;
+  const int other = add.inputs[0] == g.nodes[n].outputs[0] ? 1 : 0;
+  if (!is_constant(g, add, static_cast<size_t>(other)) || g.value(add.inputs[static_cast<size_t>(other)]).constant.rank() > 1)
+    return std::nullopt;
+  return *next;
+}
+
+struct Style {
+  std::string name;
+  QuantConfig config;
+  std::set<std::string> conv_activations, linear_activations;
+  bool binary_after_layer;  ///< x86: conv / linear + add (+ relu) as one pattern
+  std::set<std::string> propagate;  ///< ops whose output shares their input 0's spec
+  bool propagate_needs_quantized_inputs;  ///< x86: only when every input comes from a quantized pattern
+};
+
+class PatternQuantizer final : public Quantizer {
+ public:
+  explicit PatternQuantizer(Style style) : s_(std::move(style)) {}
+  std::string name() const override { return s_.name; }
+
+  Status annotate(const Graph& g, Annotations& out) const override {
+    Uses u(g);
+    // Layers with their fusions first, then the lone layers, as PT2E orders its annotators.
+    for (size_t n = 0; n < g.nodes.size(); ++n) layer(g, u, n, out);
+    if (s_.name == "xnnpack")
+      for (size_t n = 0; n < g.nodes.size(); ++n) binary(g, u, n, out);
+    for (size_t n = 0; n < g.nodes.size(); ++n) propagated(g, u, n, out);
+    return {};
+  }
+
+ private:
+  bool free(const Annotations& out, std::initializer_list<size_t> nodes) const {
+    for (size_t n : nodes)
+      if (out.count(n)) return false;
+    return true;
+  }
+  NodeAnnotation mark(const std::string& pattern) const {
+    NodeAnnotation a;
+    a.quantizer = s_.name;
+    a.pattern = pattern;
+    return a;
+  }
+
+  // conv / linear, its bias Add, then (x86) + Add (+ Relu), or + one activation.
+  void layer(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
+    const Node& node = g.nodes[n];
+    auto axis = weight_axis(g, node);
+    if (!axis || !is_float_value(g, node.inputs[0]) || out.count(n)) return;
+    const bool conv = node.op == "Conv";
+    std::vector<size_t> chain = {n};
+    if (auto b = bias_add(g, u, n)) chain.push_back(*b);
+    if (!free(out, {chain.back()})) return;
+    std::string pattern = conv ? "conv" : "linear";
+    std::optional<size_t> residual;
+    int residual_slot = 0;  // the Add's input that is not the layer's output
+    auto next = u.only_reader(g, chain.back());
+    if (next && s_.binary_after_layer && g.nodes[*next].op == "Add" && g.nodes[*next].num_inputs() == 2 && !out.count(*next)) {
+      const Node& add = g.nodes[*next];
+      const int other = add.inputs[0] == g.nodes[chain.back()].outputs[0] ? 1 : 0;
+      if (!is_constant(g, add, static_cast<size_t>(other)) && is_float_value(g, add.inputs[static_cast<size_t>(other)])) {
+        chain.push_back(*next);
+        residual = *next;
+        residual_slot = other;
+        pattern += "_add";
+        auto relu = u.only_reader(g, *next);
+        if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu)) chain.push_back(*relu), pattern += "_relu";
+      }
+    } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
+      chain.push_back(*next);
+      pattern += "_" + g.nodes[*next].op;
+    }
+    QuantSpec weight = s_.config.weight;
+    weight.ch_axis = weight.per_channel() ? *axis : 0;
+    NodeAnnotation head = mark(pattern);
+    head.inputs[0] = s_.config.activation;
+    head.inputs[1] = weight;
+    for (size_t c : chain) out[c] = mark(pattern);
+    out[n] = head;
+    if (residual) out[*residual].inputs[residual_slot] = s_.config.activation;
+    out[chain.back()].output = s_.config.activation;
+  }
+
+  // xnnpack: Add and Mul (+ Relu) of two float tensors, quantized on both sides.
+  void binary(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
+    const Node& node = g.nodes[n];
+    if ((node.op != "Add" && node.op != "Mul") || node.num_inputs() != 2 || out.count(n)) return;
+    NodeAnnotation a = mark(node.op == "Add" ? "add" : "mul");
+    for (int i = 0; i < 2; ++i) {
+      const ValueId v = node.inputs[static_cast<size_t>(i)];
+      if (!is_float_value(g, v)) continue;
+      const Tensor& c = g.value(v).constant;
+      // A scalar too large for the histogram stays float (PT2E's HISTC_UPPER_BOUND).
+      if (c.defined() && c.numel() == 1 && c.dtype() == DType::f32 && std::abs(c.data<float>()[0]) > 3.4028235e15f) continue;
+      a.inputs[i] = s_.config.activation;
+    }
+    if (a.inputs.empty()) return;
+    auto relu = u.only_reader(g, n);
+    if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu)) {
+      a.pattern += "_relu";
+      NodeAnnotation r = mark(a.pattern);
+      r.output = s_.config.activation;
+      out[*relu] = r;
+    } else {
+      a.output = s_.config.activation;
+    }
+    out[n] = a;
+  }
+
+  // Pooling, shape ops and Concat keep their input's quantization: the output shares input 0's
+  // spec (Concat: every input shares input 0's too).
+  void propagated(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
+    const Node& node = g.nodes[n];
+    if (!s_.propagate.count(node.op) || out.count(n) || node.inputs.empty() || !is_float_value(g, node.inputs[0])) return;
+    const bool concat = node.op == "Concat";
+    const size_t data_inputs = concat ? node.inputs.size() : 1;
+    auto quantized_output = [&](ValueId v) {
+      const int64_t p = u.producer[static_cast<size_t>(v)];
+      return p >= 0 && out.count(static_cast<size_t>(p)) && out.at(static_cast<size_t>(p)).output.has_value();
+    };
+    if (s_.propagate_needs_quantized_inputs || !concat) {
+      for (size_t i = 0; i < data_inputs; ++i)
+        if (node.inputs[i] == kNoValue || !quantized_output(node.inputs[i])) return;
+    }
+    NodeAnnotation a = mark("shared: " + node.op);
+    a.inputs[0] = s_.config.activation;
+    for (size_t i = 1; i < data_inputs; ++i) a.inputs[static_cast<int>(i)] = SharedSpec{Edge{n, 0}};
+    a.output = SharedSpec{Edge{n, 0}};
+    out[n] = a;
+  }
+
+  Style s_;
+};
+
+}  // namespace
+
+QuantConfig x86_config() {
+  QuantConfig c;
+  c.activation = QuantSpec{DType::u8, 0, 255, QScheme::per_tensor_affine, 0, ObserverKind::histogram};
+  c.weight = QuantSpec{DType::i8, -128, 127, QScheme::per_channel_symmetric, 0, ObserverKind::per_channel_min_max};
+  return c;
+}
+
+QuantConfig xnnpack_config(bool per_channel) {
+  QuantConfig c;
+  c.activation = QuantSpec{DType::i8, -128, 127, QScheme::per_tensor_affine, 0, ObserverKind::histogram};
+  c.weight = per_channel ? QuantSpec{DType::i8, -127, 127, QScheme::per_channel_symmetric, 0, ObserverKind::per_channel_min_max}
+                         : QuantSpec{DType::i8, -127, 127, QScheme::per_tensor_symmetric, 0, ObserverKind::min_max};
+  return c;
+}
+
+std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel) {
+  if (name == "x86")
+    return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(), {"Relu", "Clip", "HardSwish"},
+                                                    {"Relu", "LeakyRelu", "Tanh", "Gelu"}, true,
+                                                    {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true});
+  if (name == "xnnpack")
+    return std::make_unique<PatternQuantizer>(Style{"xnnpack", xnnpack_config(per_channel), {"Relu"}, {"Relu"}, false,
+                                                    {"Relu", "Clip", "MaxPool", "ReduceMean", "Transpose", "Squeeze",
+                                                     "Reshape", "Slice", "Flatten", "GlobalAveragePool", "Concat"},
+                                                    false});
+  return nullptr;
+}
+
+std::string ComposableQuantizer::name() const {
+  std::string s;
+  for (const auto& p : parts_) s += (s.empty() ? "" : "+") + p->name();
+  return s;
+}
+
+Status ComposableQuantizer::annotate(const Graph& graph, Annotations& out) const {
+  for (const auto& p : parts_) KILN_RETURN_IF_ERROR(p->annotate(graph, out));
+  return {};
+}
+
+}  // namespace kiln::quant

@@ -1,0 +1,159 @@
+// The built-in quantizers' annotations on small exported-style graphs: which edges get which
+// spec, the fused patterns PT2E's X86InductorQuantizer and XNNPACKQuantizer annotate as one,
+// sharing through pooling / shape ops / Concat, and "the first annotation wins".
+#include <gtest/gtest.h>
+
+#include "quant/quantizer.h"
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln::quant {
+namespace {
+
+using testing::GraphBuilder;
+
+const QuantSpec* spec(const std::optional<EdgeSpec>& e) { return e ? std::get_if<QuantSpec>(&*e) : nullptr; }
+const QuantSpec* input_spec(const NodeAnnotation& a, int slot) {
+  auto it = a.inputs.find(slot);
+  return it == a.inputs.end() ? nullptr : std::get_if<QuantSpec>(&it->second);
+}
+
+size_t node_index(const Model& m, const std::string& name) {
+  for (size_t i = 0; i < m.graph.nodes.size(); ++i)
+    if (m.graph.nodes[i].name == name) return i;
+  ADD_FAILURE() << "no node " << name;
+  return 0;
+}
+
+Tensor weights(std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>(i % 7) - 0.02f;
+  return testing::make<float>(std::move(shape), v);
+}
+
+// x → Conv → Relu → MaxPool → Flatten → MatMul(+bias Add) → out, and a residual Conv → Add.
+Model cnn() {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 3, 8, 8});
+  ValueId c1 = b.op("conv1", "Conv", {x, b.constant("w1", weights({4, 3, 3, 3})), b.constant("b1", weights({4}))},
+                    {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  ValueId r1 = b.op("relu1", "Relu", {c1});
+  ValueId c2 = b.op("conv2", "Conv", {r1, b.constant("w2", weights({4, 4, 1, 1}))});
+  ValueId add = b.op("residual", "Add", {c2, r1});
+  ValueId r2 = b.op("relu2", "Relu", {add});
+  ValueId pool = b.op("pool", "MaxPool", {r2}, {{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}});
+  ValueId flat = b.op("flat", "Flatten", {pool});
+  ValueId mm = b.op("fc", "MatMul", {flat, b.constant("wfc", weights({64, 10}))});
+  ValueId bias = b.op("fc_bias", "Add", {mm, b.constant("bfc", weights({10}))});
+  return b.done({bias});
+}
+
+TEST(X86Quantizer, AnnotatesConvLinearAndTheirFusions) {
+  Model m = cnn();
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  // conv1 + relu1: the conv's input and per-channel weight (axis 0), the relu's output.
+  const NodeAnnotation& conv1 = a.at(node_index(m, "conv1"));
+  EXPECT_EQ(conv1.pattern, "conv_Relu");
+  ASSERT_NE(input_spec(conv1, 0), nullptr);
+  EXPECT_EQ(input_spec(conv1, 0)->dtype, DType::u8);
+  EXPECT_EQ(input_spec(conv1, 0)->observer, ObserverKind::histogram);
+  ASSERT_NE(input_spec(conv1, 1), nullptr);
+  EXPECT_EQ(input_spec(conv1, 1)->qscheme, QScheme::per_channel_symmetric);
+  EXPECT_EQ(input_spec(conv1, 1)->ch_axis, 0);
+  EXPECT_EQ(input_spec(conv1, 1)->qmin, -128);
+  EXPECT_FALSE(conv1.inputs.count(2));  // the bias stays f32
+  EXPECT_FALSE(conv1.output.has_value());  // no Q/DQ between the conv and its relu
+  ASSERT_NE(spec(a.at(node_index(m, "relu1")).output), nullptr);
+  // conv2 + residual Add + relu2: one pattern; the Add's other input is quantized too.
+  EXPECT_EQ(a.at(node_index(m, "conv2")).pattern, "conv_add_relu");
+  const NodeAnnotation& residual = a.at(node_index(m, "residual"));
+  ASSERT_NE(input_spec(residual, 1), nullptr);
+  EXPECT_FALSE(residual.output.has_value());
+  EXPECT_NE(spec(a.at(node_index(m, "relu2")).output), nullptr);
+  // MaxPool and Flatten follow quantized outputs: they share their input's spec.
+  for (const char* name : {"pool", "flat"}) {
+    const NodeAnnotation& p = a.at(node_index(m, name));
+    ASSERT_TRUE(p.output.has_value()) << name;
+    ASSERT_TRUE(std::holds_alternative<SharedSpec>(*p.output)) << name;
+    EXPECT_EQ(std::get<SharedSpec>(*p.output).with, (Edge{node_index(m, name), 0}));
+  }
+  // The linear layer: MatMul by a [K, N] weight is per channel along N (axis 1), its bias Add is
+  // part of it and carries the output.
+  const NodeAnnotation& fc = a.at(node_index(m, "fc"));
+  EXPECT_EQ(fc.pattern, "linear");
+  EXPECT_EQ(input_spec(fc, 1)->ch_axis, 1);
+  EXPECT_NE(spec(a.at(node_index(m, "fc_bias")).output), nullptr);
+  EXPECT_EQ(a.size(), m.graph.nodes.size());
+  for (const auto& [n, ann] : a) EXPECT_EQ(ann.quantizer, "x86");
+}
+
+TEST(X86Quantizer, PoolingAfterFloatStaysFloat) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 2, 4, 4});
+  ValueId p = b.op("pool", "MaxPool", {x}, {{"kernel_shape", std::vector<int64_t>{2, 2}}});
+  Model m = b.done({p});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  EXPECT_TRUE(a.empty());  // its input comes from no quantized pattern
+}
+
+TEST(XnnpackQuantizer, SymmetricWeightsAddMulAndPropagation) {
+  Model m = cnn();
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("xnnpack", /*per_channel=*/false)->annotate(m.graph, a).ok());
+  const NodeAnnotation& conv1 = a.at(node_index(m, "conv1"));
+  EXPECT_EQ(conv1.pattern, "conv_Relu");
+  EXPECT_EQ(input_spec(conv1, 0)->dtype, DType::i8);
+  EXPECT_EQ(input_spec(conv1, 0)->qmin, -128);
+  EXPECT_EQ(input_spec(conv1, 1)->qmin, -127);  // restricted symmetric
+  EXPECT_EQ(input_spec(conv1, 1)->qscheme, QScheme::per_tensor_symmetric);
+  // No conv + add fusion in xnnpack: conv2 alone, then add_relu on its own.
+  EXPECT_EQ(a.at(node_index(m, "conv2")).pattern, "conv");
+  EXPECT_NE(spec(a.at(node_index(m, "conv2")).output), nullptr);
+  const NodeAnnotation& add = a.at(node_index(m, "residual"));
+  EXPECT_EQ(add.pattern, "add_relu");
+  EXPECT_NE(input_spec(add, 0), nullptr);
+  EXPECT_NE(input_spec(add, 1), nullptr);
+  EXPECT_NE(spec(a.at(node_index(m, "relu2")).output), nullptr);
+  EXPECT_TRUE(std::holds_alternative<SharedSpec>(*a.at(node_index(m, "pool")).output));
+  Annotations per_channel;
+  ASSERT_TRUE(make_quantizer("xnnpack", true)->annotate(m.graph, per_channel).ok());
+  EXPECT_EQ(input_spec(per_channel.at(node_index(m, "fc")), 1)->qscheme, QScheme::per_channel_symmetric);
+}
+
+TEST(XnnpackQuantizer, ConcatSharesInputZero) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 2});
+  ValueId y = b.input("y", {1, 3});
+  ValueId c = b.op("cat", "Concat", {x, y}, {{"axis", int64_t{1}}});
+  Model m = b.done({c});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("xnnpack")->annotate(m.graph, a).ok());
+  const NodeAnnotation& cat = a.at(0);
+  EXPECT_NE(input_spec(cat, 0), nullptr);
+  ASSERT_TRUE(std::holds_alternative<SharedSpec>(cat.inputs.at(1)));
+  EXPECT_EQ(std::get<SharedSpec>(cat.inputs.at(1)).with, (Edge{0, 0}));
+  EXPECT_EQ(std::get<SharedSpec>(*cat.output).with, (Edge{0, 0}));
+}
+
+TEST(ComposableQuantizer, TheFirstAnnotationWins) {
+  Model m = cnn();
+  std::vector<std::unique_ptr<Quantizer>> parts;
+  parts.push_back(make_quantizer("xnnpack"));
+  parts.push_back(make_quantizer("x86"));
+  ComposableQuantizer both(std::move(parts));
+  EXPECT_EQ(both.name(), "xnnpack+x86");
+  Annotations a;
+  ASSERT_TRUE(both.annotate(m.graph, a).ok());
+  for (const auto& [n, ann] : a) EXPECT_EQ(ann.quantizer, "xnnpack") << m.graph.nodes[n].name;
+  EXPECT_EQ(make_quantizer("tflite"), nullptr);
+  for (const QuantConfig& c : {x86_config(), xnnpack_config(true), xnnpack_config(false)}) {
+    EXPECT_TRUE(validate(c.activation, "activation").ok());
+    EXPECT_TRUE(validate(c.weight, "weight").ok());
+  }
+}
+
+}  // namespace
+}  // namespace kiln::quant
