@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <iostream>
 
 #include "cli/app.h"
 #include "cli/inputs.h"
 #include "compile/pipeline.h"
+#include "formats/serialize.h"
 #include "profile/ceilings.h"
 #include "profile/compare.h"
 #include "profile/node_check.h"
@@ -21,6 +23,8 @@
 namespace kiln::cli {
 
 namespace {
+
+namespace fs = std::filesystem;
 
 struct ProfileArgs {
   std::string model;
@@ -187,11 +191,18 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
   check_options.tolerance = args.check_tolerance;
   check_options.repro_dir = args.check_dir;
   check_options.model_file = display;
+  // A model compiled here has nodes its file lacks (fused ones): the repro runs a saved copy.
+  const std::string compiled_copy =
+      (fs::path(args.check_dir) / (fs::path(display).stem().string() + ".compiled.kiln")).string();
+  if (stage != Stage::compiled) check_options.model_file = compiled_copy;
   if (args.check) {
     auto r = profile::check_nodes(**session, *model, *inputs, check_options);
     if (!r.ok()) return report(verb, with_file(r.status(), display));
     checks = std::move(*r);
     doc["check"] = profile::to_json(checks, check_options);
+    const bool mismatch = std::any_of(checks.begin(), checks.end(), [](const profile::NodeCheck& c) { return !c.pass; });
+    if (mismatch && stage != Stage::compiled)
+      if (Status s = save_model(*model, compiled_copy); !s.ok()) return report(verb, s);
   }
   std::optional<profile::BitwiseCheck> bitwise;
   if (args.bitwise) {

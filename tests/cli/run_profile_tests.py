@@ -303,6 +303,15 @@ def run_all(r, work):
         fast, ref = os.listdir(os.path.join(work, "fast")), os.listdir(os.path.join(work, "ref")) if rc2 == 0 else []
         r.check("run_node_repro", rc1 == 0 and rc2 == 0 and rc3 == 0 and fast == ref and len(fast) == 1 and "ok" in out3,
                 f"exits {rc1} {rc2} {rc3}; {err1[:200]!r} {err2[:200]!r} {err3[:200]!r} {out3[:200]!r}")
+    # An exported model is compiled in memory: its fused nodes exist only there, so the repro
+    # runs the compiled copy saved beside the inputs.
+    rc, out, err = r.run(["profile", "cnn.kiln", "--iters", "2", "--check", "--check-tolerance", "1e-12", "--check-dir", "repro2"])
+    line = next((l.strip() for l in out.splitlines() if "repro: kiln run" in l and "/conv2/Conv" in l), "")
+    args = line.split("repro: ", 1)[1].split() if line else []
+    rc2, out2, err2 = r.run([a.strip("'") for a in args[1:]]) if args else (None, "", "")
+    r.check("check_exported_repro", rc == 3 and args[:3] == ["kiln", "run", "repro2/cnn.compiled.kiln"]
+            and os.path.exists(os.path.join(work, "repro2", "cnn.compiled.kiln")) and rc2 == 0,
+            f"exit {rc}; {line!r}; repro exit {rc2}: {err2[:300]!r}")
     r.error("run_node_unknown", ["run", "cnn.c.kiln", "--node", "nosuch"], 2, r"node 'nosuch': the model has no node of this name")
     rc, out, err = r.run(["profile", "cnn.kiln", "--iters", "2", "--bitwise", "--json"])
     try:
