@@ -3,6 +3,7 @@
 // sharing through pooling / shape ops / Concat, and "the first annotation wins".
 #include <gtest/gtest.h>
 
+#include "quant/prepare.h"
 #include "quant/quantizer.h"
 #include "tests/unit/compile_test_util.h"
 
@@ -153,6 +154,69 @@ TEST(ComposableQuantizer, TheFirstAnnotationWins) {
     EXPECT_TRUE(validate(c.activation, "activation").ok());
     EXPECT_TRUE(validate(c.weight, "weight").ok());
   }
+}
+
+// prepare groups the x86 annotations of the CNN as PT2E's implicit and explicit sharing do:
+// one observer for relu1's output, which conv2 and the residual Add read; one for relu2's
+// output, the pool, Flatten and the linear layer's input; the weights observed at once.
+TEST(Prepare, GroupsSharedEdgesAndObservesWeights) {
+  Model m = cnn();
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  const size_t conv1 = node_index(m, "conv1"), relu1 = node_index(m, "relu1"), conv2 = node_index(m, "conv2"),
+               residual = node_index(m, "residual"), relu2 = node_index(m, "relu2"), pool = node_index(m, "pool"),
+               flat = node_index(m, "flat"), fc = node_index(m, "fc"), fc_bias = node_index(m, "fc_bias");
+  auto group = [&](size_t node, int input) { return p->group_of.at(Edge{node, input}); };
+  EXPECT_EQ(group(relu1, Edge::kOutput), group(conv2, 0));
+  EXPECT_EQ(group(relu1, Edge::kOutput), group(residual, 1));
+  for (auto [node, input] : std::vector<std::pair<size_t, int>>{
+           {pool, 0}, {pool, Edge::kOutput}, {flat, 0}, {flat, Edge::kOutput}, {fc, 0}})
+    EXPECT_EQ(group(relu2, Edge::kOutput), group(node, input)) << m.graph.nodes[node].name << " " << input;
+  EXPECT_NE(group(conv1, 0), group(relu1, Edge::kOutput));
+  EXPECT_NE(group(relu1, Edge::kOutput), group(relu2, Edge::kOutput));
+  // x, relu1's, relu2's and the bias Add's outputs, three weights: 7 groups.
+  EXPECT_EQ(p->groups.size(), 7u);
+  // The weights are constants: observed now, per channel along the output channels.
+  const ObserverGroup& w1 = p->groups[group(conv1, 1)];
+  ASSERT_NE(w1.observer, nullptr);
+  EXPECT_EQ(w1.observer->qparams().scale.size(), 4u);
+  EXPECT_EQ(p->groups[group(fc, 1)].observer->qparams().scale.size(), 10u);
+  EXPECT_FALSE(p->watch.count(m.graph.nodes[conv1].inputs[1]));
+  // Calibration observes the watched values of each run: the input, the activations.
+  auto session = Session::create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  Calibrator calibrator(m.graph, *p);
+  (*session)->set_observer(&calibrator);
+  for (float scale : {1.0f, 3.0f}) {
+    std::vector<float> v(3 * 64);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = scale * (static_cast<float>(i % 17) / 8.0f - 1.0f);
+    std::vector<Tensor> inputs = {testing::make<float>({1, 3, 8, 8}, v)};
+    ASSERT_TRUE(calibrator.observe_inputs(inputs).ok());
+    ASSERT_TRUE((*session)->run(inputs).ok());
+  }
+  ASSERT_TRUE(calibrator.status().ok());
+  const Observer& input_obs = *p->groups[group(conv1, 0)].observer;
+  ASSERT_EQ(input_obs.min_vals().size(), 1u);
+  EXPECT_LT(input_obs.min_vals()[0], -2.0f);  // the second, wider run is in
+  const QParams relu = p->groups[group(relu1, Edge::kOutput)].observer->qparams();
+  EXPECT_EQ(relu.zero_point[0], 0);  // a Relu's output is ≥ 0: u8 affine puts zero at 0
+  EXPECT_GT(relu.scale[0], 1.0f / 4096);
+  const QParams out = p->groups[group(fc_bias, Edge::kOutput)].observer->qparams();
+  EXPECT_GT(out.scale[0], 1.0f / 4096);
+}
+
+TEST(Prepare, ASharedSpecNamingNoAnnotationIsAQuantizersBug) {
+  Model m = cnn();
+  Annotations a;
+  NodeAnnotation bad;
+  bad.inputs[0] = SharedSpec{Edge{0, 0}};
+  a[node_index(m, "pool")] = bad;
+  auto p = prepare(m.graph, a);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.error().kind, ErrorKind::internal);
+  EXPECT_NE(p.error().message().find("has no annotation"), std::string::npos) << p.error().message();
 }
 
 }  // namespace
