@@ -3,6 +3,8 @@
 // sharing through pooling / shape ops / Concat, and "the first annotation wins".
 #include <gtest/gtest.h>
 
+#include "formats/verify.h"
+#include "quant/convert.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
 #include "tests/unit/compile_test_util.h"
@@ -205,6 +207,76 @@ TEST(Prepare, GroupsSharedEdgesAndObservesWeights) {
   EXPECT_GT(relu.scale[0], 1.0f / 4096);
   const QParams out = p->groups[group(fc_bias, Edge::kOutput)].observer->qparams();
   EXPECT_GT(out.scale[0], 1.0f / 4096);
+}
+
+double sqnr_db(const Tensor& ref, const Tensor& got) {
+  double signal = 0, noise = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double r = ref.data<float>()[i], d = r - got.data<float>()[i];
+    signal += r * r;
+    noise += d * d;
+  }
+  return 10 * std::log10(signal / std::max(noise, 1e-30));
+}
+
+// annotate → prepare → calibrate → convert on the CNN: explicit Q/DQ, weights stored as i8, and
+// the quantized model's output within 8-bit noise of the float one.
+TEST(Convert, QdqModelRunsCloseToFloat) {
+  Model m = cnn();
+  std::vector<std::vector<Tensor>> samples;
+  for (unsigned seed = 1; seed <= 8; ++seed) {
+    std::vector<float> v(3 * 64);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i * seed)) * 1.5f;
+    samples.push_back({testing::make<float>({1, 3, 8, 8}, v)});
+  }
+  const std::vector<Tensor> reference = testing::run_reference(m, samples[7]);
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  {
+    auto session = Session::create(m);
+    ASSERT_TRUE(session.ok());
+    Calibrator calibrator(m.graph, *p);
+    (*session)->set_observer(&calibrator);
+    for (const auto& s : samples) {
+      ASSERT_TRUE(calibrator.observe_inputs(s).ok());
+      ASSERT_TRUE((*session)->run(s).ok());
+    }
+  }
+  const size_t nodes_before = m.graph.nodes.size();
+  auto stats = convert(m, *p);
+  ASSERT_TRUE(stats.ok()) << stats.error().message();
+  EXPECT_EQ(m.stage, Stage::quantized);
+  EXPECT_EQ(stats->quantized_weights, 3u);
+  EXPECT_EQ(m.graph.nodes.size(), nodes_before + stats->quantize_nodes + stats->dequantize_nodes);
+  Status v = verify_model(m);
+  ASSERT_TRUE(v.ok()) << v.error().message();
+  // Every Conv / MatMul reads its input and weight through a DequantizeLinear; the weights are i8.
+  std::map<ValueId, const Node*> producer;
+  for (const Node& n : m.graph.nodes)
+    for (ValueId o : n.outputs) producer[o] = &n;
+  for (const Node& n : m.graph.nodes) {
+    if (n.op != "Conv" && n.op != "MatMul") continue;
+    for (size_t slot : {size_t{0}, size_t{1}}) {
+      const Node* dq = producer[n.inputs[slot]];
+      ASSERT_NE(dq, nullptr) << n.name;
+      EXPECT_EQ(dq->op, "DequantizeLinear") << n.name << " input " << slot;
+      if (slot == 1) {
+        EXPECT_EQ(m.graph.value(dq->inputs[0]).constant.dtype(), DType::i8);
+        if (n.op == "Conv") EXPECT_EQ(dq->attr_int("axis", -1), 0);
+        else EXPECT_EQ(dq->attr_int("axis", -1), 1);
+      } else {
+        EXPECT_EQ(m.graph.value(dq->inputs[0]).dtype, DType::u8);
+      }
+    }
+  }
+  const std::vector<Tensor> quantized = testing::run_reference(m, samples[7]);
+  ASSERT_EQ(quantized.size(), 1u);
+  const double db = sqnr_db(reference[0], quantized[0]);
+  EXPECT_GT(db, 25.0) << db;
+  RecordProperty("sqnr_db", std::to_string(db));
+  EXPECT_LT(db, 80.0);  // it did quantize
 }
 
 TEST(Prepare, ASharedSpecNamingNoAnnotationIsAQuantizersBug) {
