@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   std::string cmdline = command_line(argc, argv);
   add_export_command(app, exit_code, cmdline);
+  add_quant_command(app, exit_code, cmdline);
   add_compile_command(app, exit_code, cmdline);
   add_run_command(app, exit_code);
   add_profile_command(app, exit_code, cmdline);

@@ -39,6 +39,7 @@ Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& 
 
 // Subcommand set-up: each adds its options to `app` and returns the callback's exit code slot.
 void add_export_command(CLI::App& app, int& exit_code, const std::string& cmdline);
+void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_run_command(CLI::App& app, int& exit_code);
 void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdline);

@@ -17,7 +17,7 @@ from checks import Checks, run_in_temp_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GOLDEN = os.path.join(ROOT, "tests", "cli", "golden")
-ONE_LINE = re.compile(r"^kiln (export|compile|run|inspect|profile): error: .+$")
+ONE_LINE = re.compile(r"^kiln (export|quant|compile|run|inspect|profile): error: .+$")
 
 
 class Runner(Checks):
@@ -200,6 +200,49 @@ def compile_tests(r, work, samples):
             no_file="bad.kiln")
 
 
+def quant_tests(r, work, samples):
+    """kiln quant: both quantizers on the sample CNN, calibrated on its inputs; the quantized
+    model (and it compiled) stays close to the float outputs; its user errors."""
+    cnn_in = os.path.join(samples, "cnn.inputs.npz")
+    expected = os.path.join(samples, "cnn.expected")
+    for q in ("x86", "xnnpack"):
+        rc, out, err = r.run(["quant", "cnn.kiln", "-o", f"cnn.{q}.kiln", "--quantizer", q, "--calib", cnn_in])
+        r.check(f"quant_{q}", rc == 0 and f"kiln quant: {q}: " in err and "weights stored quantized" in err,
+                f"exit {rc}; {err[:300]!r}")
+        r.ok(f"quant_{q}_inspect", ["inspect", f"cnn.{q}.kiln"], stdout_has="stage: quantized")
+        rc, out, err = r.run(["inspect", "--text", f"cnn.{q}.kiln"])
+        r.check(f"quant_{q}_qdq", rc == 0 and "QuantizeLinear" in out and "DequantizeLinear" in out
+                and ": BatchNormalization(" not in out, f"exit {rc}; {err[:200]!r}")
+        # 8-bit: within a few percent of the float logits, run as is and compiled.
+        r.ok(f"quant_{q}_run", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--check-against", expected,
+                                "--atol", "0.05", "--rtol", "0.05"])
+        r.ok(f"quant_{q}_compiled", ["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln"])
+        r.ok(f"quant_{q}_compiled_run", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", expected,
+                                         "--atol", "0.05", "--rtol", "0.05"])
+    # A folder of .npz files, a batch split into samples, --calib-limit.
+    os.makedirs(os.path.join(work, "calib"), exist_ok=True)
+    x = np.load(cnn_in)["input"]
+    np.savez(os.path.join(work, "calib", "a.npz"), input=np.concatenate([x, 0.5 * x, -x], axis=0))
+    np.savez(os.path.join(work, "calib", "b.npz"), input=x * 2)
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.dir.kiln", "--quantizer", "x86", "--calib", "calib"])
+    r.check("quant_calib_folder", rc == 0 and "calibrated on 4 samples" in err, f"exit {rc}; {err[:300]!r}")
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.lim.kiln", "--quantizer", "x86", "--calib", "calib", "--calib-limit", "2"])
+    r.check("quant_calib_limit", rc == 0 and "calibrated on 2 samples" in err, f"exit {rc}; {err[:300]!r}")
+    r.error("quant_unknown_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "tflite", "--calib", cnn_in], 2,
+            r"--quantizer 'tflite' is not one of x86, xnnpack", no_file="q.kiln")
+    r.error("quant_no_calib", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86"], 2, r"needs calibration inputs",
+            no_file="q.kiln")
+    r.error("quant_compiled", ["quant", "cnn.c.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in], 2,
+            r"is compiled; quantize the exported model", no_file="q.kiln")
+    np.savez(os.path.join(work, "wrong_name.npz"), other=x)
+    r.error("quant_calib_missing_input", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "wrong_name.npz"],
+            2, r"wrong_name\.npz: input 'input': has no array of this name", no_file="q.kiln")
+    r.error("quant_calib_not_npz", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in + ".txt"], 2,
+            r"is not an \.npz of calibration inputs", no_file="q.kiln")
+    r.error("quant_per_tensor_x86", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--per-tensor", "--calib", cnn_in],
+            2, r"--per-tensor is for the xnnpack quantizer", no_file="q.kiln")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--kiln", required=True)
@@ -213,7 +256,7 @@ def run_all(r, work):
     samples = os.path.join(ROOT, "samples")
     # --help and --version.
     r.golden("help", ["--help"])
-    for verb in ("export", "compile", "run", "inspect", "profile"):
+    for verb in ("export", "quant", "compile", "run", "inspect", "profile"):
         r.golden(f"help_{verb}", [verb, "--help"])
     r.ok("version", ["--version"], stdout_has="kiln ")
     r.ok("list_ops", ["export", "--list-ops"], stdout_has="Relu ")
@@ -230,6 +273,7 @@ def run_all(r, work):
                              os.path.join(samples, name + ".expected")])
         r.ok(f"run_random_{name}", ["run", name + ".kiln", "--seed", "3", "--output-dir", name + ".rand"])
     compile_tests(r, work, samples)
+    quant_tests(r, work, samples)
 
     # Timing: a table on stderr, or JSON on stdout; --input-shape sizes random inputs.
     rc, out, err = r.run(["run", "cnn.kiln", "--iters", "3", "--warmup", "1"])

@@ -1,0 +1,218 @@
+// `kiln quant IN.kiln -o OUT.kiln --quantizer x86|xnnpack --calib FILE.npz|DIR`: static
+// post-training quantization as PT2E does it — annotate, prepare, calibrate on the user's files,
+// convert to explicit QuantizeLinear / DequantizeLinear.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+
+#include "cli/app.h"
+#include "compile/pass.h"
+#include "formats/verify.h"
+#include "formats/npy.h"
+#include "formats/serialize.h"
+#include "formats/sha256.h"
+#include "quant/convert.h"
+#include "quant/prepare.h"
+#include "quant/quantizer.h"
+#include "runtime/session.h"
+#include "runtime/threads.h"
+
+namespace kiln::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct QuantArgs {
+  std::string input;
+  std::string output;
+  std::string quantizer;
+  std::vector<std::string> calib;
+  int64_t calib_limit = 0;
+  bool per_tensor = false;
+  int threads = 0;
+  bool verbose = false;
+};
+
+// The .npz files a --calib source names: the file, or a folder's .npz files by name.
+Result<std::vector<std::string>> calibration_files(const std::vector<std::string>& sources) {
+  std::vector<std::string> files;
+  for (const std::string& src : sources) {
+    std::error_code ec;
+    if (fs::is_directory(src, ec)) {
+      std::vector<std::string> found;
+      for (const auto& entry : fs::directory_iterator(src, ec))
+        if (entry.path().extension() == ".npz") found.push_back(entry.path().string());
+      if (found.empty()) return Error{ErrorKind::user, src, "", "holds no .npz files of calibration inputs"};
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::path(src).extension() == ".npz") {
+      files.push_back(src);
+    } else {
+      return Error{ErrorKind::user, src, "", "is not an .npz of calibration inputs or a folder of them"};
+    }
+  }
+  return files;
+}
+
+// Row `i` of dim 0 of `t`, dim 0 kept as 1.
+Tensor row(const Tensor& t, int64_t i) {
+  std::vector<int64_t> shape = t.shape();
+  const size_t bytes = t.nbytes() / static_cast<size_t>(shape[0]);
+  shape[0] = 1;
+  Tensor out(t.dtype(), shape);
+  std::memcpy(out.raw(), static_cast<const std::byte*>(t.raw()) + bytes * static_cast<size_t>(i), bytes);
+  return out;
+}
+
+// The samples of one calibration file, in graph.inputs order: a leading dim larger than the
+// model's (1 or symbolic) is a batch of samples, split one by one.
+Result<std::vector<std::vector<Tensor>>> file_samples(const Graph& g, const std::string& file) {
+  KILN_ASSIGN_OR_RETURN(NamedTensors arrays, read_npz_file(file));
+  std::map<std::string, Tensor> by_name(arrays.begin(), arrays.end());
+  std::vector<Tensor> inputs;
+  int64_t count = -1;
+  std::vector<bool> split;
+  for (ValueId id : g.inputs) {
+    const Value& v = g.value(id);
+    auto it = by_name.find(v.name);
+    if (it == by_name.end()) return Error{ErrorKind::user, file, "input '" + v.name + "'", "has no array of this name"};
+    const Tensor& t = it->second;
+    const bool batch_dim = v.shape.rank_known && !v.shape.dims.empty() && (!v.shape.dims[0].is_known() || v.shape.dims[0].value == 1);
+    const bool splits = batch_dim && t.rank() == v.shape.rank() && t.dim(0) > 1;
+    const int64_t n = splits ? t.dim(0) : 1;
+    if (count >= 0 && n != count && (n > 1 || count > 1))
+      return Error{ErrorKind::user, file, "input '" + v.name + "'", "has " + std::to_string(n) + " samples, the others " + std::to_string(count)};
+    count = std::max(count, n);
+    split.push_back(splits);
+    inputs.push_back(t);
+  }
+  std::vector<std::vector<Tensor>> samples;
+  for (int64_t i = 0; i < std::max<int64_t>(count, 1); ++i) {
+    std::vector<Tensor> s;
+    for (size_t k = 0; k < inputs.size(); ++k) s.push_back(split[k] ? row(inputs[k], i) : inputs[k]);
+    samples.push_back(std::move(s));
+  }
+  return samples;
+}
+
+int run_quant(const QuantArgs& args, const std::string& cmdline) {
+  const std::string verb = "quant";
+  if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln)"));
+  auto quantizer = quant::make_quantizer(args.quantizer, !args.per_tensor);
+  if (!quantizer) return report(verb, user_error("", "--quantizer '" + args.quantizer + "' is not one of x86, xnnpack"));
+  if (args.per_tensor && args.quantizer != "xnnpack")
+    return report(verb, user_error("", "--per-tensor is for the xnnpack quantizer (x86 weights are per channel)"));
+  if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
+  auto files = calibration_files(args.calib);
+  if (!files.ok()) return report(verb, files.error());
+
+  const std::string display = args.input == "-" ? "<stdin>" : args.input;
+  auto bytes = read_input(args.input);
+  if (!bytes.ok()) return report(verb, bytes.error());
+  std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
+  const std::string input_sha256 = sha256_hex(raw);
+  auto model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+  if (!model.ok()) return report(verb, model.error());
+  if (model->stage != Stage::exported)
+    return report(verb, user_error(display, "is " + std::string(stage_name(model->stage)) +
+                                                "; quantize the exported model (before kiln compile)"));
+  // As prepare_pt2e does first: BatchNorm folded into the convolution before it, so that the
+  // quantized weights are the folded ones and Conv + Relu is one pattern.
+  Target target;
+  target.threads = args.threads > 0 ? args.threads : physical_cores();
+  PassContext pass_context{target, {}};
+  if (auto r = fold_batchnorm(*model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
+  const Graph& g = model->graph;
+
+  quant::Annotations annotations;
+  if (Status s = quantizer->annotate(g, annotations); !s.ok()) return report(verb, with_file(s, display));
+  auto prepared = quant::prepare(g, annotations);
+  if (!prepared.ok()) return report(verb, with_file(prepared.status(), display));
+
+  SessionOptions options;
+  options.target = target;
+  auto session = Session::create(*model, options);
+  if (!session.ok()) return report(verb, with_file(session.status(), display));
+  quant::Calibrator calibrator(g, *prepared);
+  (*session)->set_observer(&calibrator);
+  int64_t seen = 0;
+  const bool tty = isatty(STDERR_FILENO);
+  for (const std::string& file : *files) {
+    if (args.calib_limit > 0 && seen >= args.calib_limit) break;
+    auto samples = file_samples(g, file);  // one file's arrays at a time: memory stays bounded
+    if (!samples.ok()) return report(verb, samples.error());
+    for (const auto& sample : *samples) {
+      if (args.calib_limit > 0 && seen >= args.calib_limit) break;
+      if (Status s = calibrator.observe_inputs(sample); !s.ok()) return report(verb, with_file(s, file));
+      auto r = (*session)->run(sample);
+      if (!r.ok()) return report(verb, with_file(r.status(), file));
+      if (!calibrator.status().ok()) return report(verb, with_file(calibrator.status(), file));
+      ++seen;
+      if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(seen));
+    }
+  }
+  if (tty) std::fprintf(stderr, "\r\033[K");
+  (*session)->set_observer(nullptr);
+  session->reset();
+
+  auto stats = quant::convert(*model, *prepared);
+  if (!stats.ok()) return report(verb, with_file(stats.status(), display));
+  // The float weights now stored quantized, and what BatchNorm folding left, are read no more.
+  if (auto r = eliminate_dead(*model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
+  if (Status s = verify_model(*model); !s.ok())
+    return report(verb, Error{ErrorKind::internal, display, "", "the quantized model does not verify: " + s.error().what});
+  Provenance p;
+  p.tool = "kiln quant";
+  p.version = std::string(kiln_version());
+  p.command = cmdline;
+  p.input_file = args.input == "-" ? display : fs::path(args.input).filename().string();
+  p.input_sha256 = input_sha256;
+  model->provenance.push_back(std::move(p));
+
+  std::map<std::string, int> patterns;
+  for (const auto& [n, a] : annotations) ++patterns[a.pattern];
+  std::cerr << "kiln quant: " << args.quantizer << ": " << annotations.size() << " of " << g.nodes.size() << " nodes annotated";
+  // Nodes per pattern: a conv + relu pattern is two nodes.
+  for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
+  std::cerr << (patterns.empty() ? "" : ")") << "; " << prepared->groups.size() << " observers, calibrated on " << seen
+            << (seen == 1 ? " sample" : " samples") << "; " << stats->quantize_nodes << " QuantizeLinear, " << stats->dequantize_nodes
+            << " DequantizeLinear, " << stats->quantized_weights << " weights stored quantized\n";
+  if (args.verbose)
+    for (const auto& [n, a] : annotations) std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << a.pattern << "\n";
+
+  if (args.output == "-") {
+    auto out = serialize_model(*model);
+    if (!out.ok()) return report(verb, out.error());
+    return report(verb, write_output("-", std::string(out->begin(), out->end())));
+  }
+  return report(verb, save_model(*model, args.output));
+}
+
+}  // namespace
+
+void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline) {
+  auto args = std::make_shared<QuantArgs>();
+  CLI::App* cmd = app.add_subcommand("quant", "Quantize an exported model (PT2E-style: annotate, calibrate, convert to Q/DQ)");
+  cmd->add_option("input", args->input, "exported .kiln model (- for stdin)")->required();
+  cmd->add_option("-o,--output", args->output, "quantized .kiln model (- for stdout)");
+  cmd->add_option("--quantizer", args->quantizer, "x86 (u8 activations, i8 per-channel weights) or xnnpack (i8 / i8 symmetric)")
+      ->required();
+  cmd->add_option("--calib", args->calib,
+                  "calibration inputs: an .npz of arrays named after the inputs (a leading batch dim is split into samples), "
+                  "or a folder of them (repeatable)");
+  cmd->add_option("--calib-limit", args->calib_limit, "use at most this many samples")->check(CLI::PositiveNumber);
+  cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
+  cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
+      ->check(CLI::PositiveNumber);
+  add_max_memory_option(cmd);
+  cmd->add_flag("-v,--verbose", args->verbose, "print each annotated node's pattern");
+  cmd->callback([args, &exit_code, cmdline] { exit_code = run_quant(*args, cmdline); });
+}
+
+}  // namespace kiln::cli
