@@ -65,6 +65,12 @@ Status write_output(const std::string& path, const std::string& bytes) {
   return write_file_atomic(path, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
 }
 
+Status write_model_output(const Model& model, const std::string& path, const SaveOptions& options) {
+  if (path != "-") return save_model(model, path, options);
+  KILN_ASSIGN_OR_RETURN(auto bytes, serialize_model(model));
+  return write_output("-", std::string(bytes.begin(), bytes.end()));
+}
+
 void add_max_memory_option(CLI::App* cmd) {
   cmd->add_option_function<std::string>(
          "--max-memory",

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "formats/ir.h"
+#include "formats/serialize.h"
 #include "formats/status.h"
 
 namespace CLI {
@@ -29,6 +30,8 @@ Result<std::string> read_input(const std::string& path);
 Result<Model> load_model_arg(const std::string& path);
 /// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
 Status write_output(const std::string& path, const std::string& bytes);
+/// Saves a model (save_model: atomically, a sidecar past 2 GB), or serializes it to stdout for "-".
+Status write_model_output(const Model& model, const std::string& path, const SaveOptions& options = {});
 
 /// Adds `--max-memory SIZE` to a subcommand that loads or runs a model: parsing it sets kiln's
 /// memory budget (formats/memory.h); a malformed size is a usage error.

@@ -124,12 +124,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
       if (!n.kernel.empty())
         std::cerr << "kiln compile: node '" << n.name << "' (" << n.qualified_op() << "): " << kernel_choice_text(n.kernel) << "\n";
 
-  if (args.output == "-") {
-    auto bytes = serialize_model(*model);
-    if (!bytes.ok()) return report(verb, bytes.error());
-    return report(verb, write_output("-", std::string(bytes->begin(), bytes->end())));
-  }
-  return report(verb, save_model(*model, args.output));
+  return report(verb, write_model_output(*model, args.output));
 }
 
 }  // namespace

@@ -45,14 +45,9 @@ int run_export(const ExportArgs& args, const std::string& cmdline) {
     model = export_onnx(args.input, options);
   }
   if (!model.ok()) return report(verb, model.error());
-  if (args.output == "-") {
-    auto bytes = serialize_model(*model);
-    if (!bytes.ok()) return report(verb, bytes.error());
-    return report(verb, write_output("-", std::string(bytes->begin(), bytes->end())));
-  }
   SaveOptions save;
   save.sidecar_threshold = args.sidecar_threshold;
-  return report(verb, save_model(*model, args.output, save));
+  return report(verb, write_model_output(*model, args.output, save));
 }
 
 }  // namespace

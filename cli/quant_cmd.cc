@@ -186,12 +186,7 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (args.verbose)
     for (const auto& [n, a] : annotations) std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << a.pattern << "\n";
 
-  if (args.output == "-") {
-    auto out = serialize_model(*model);
-    if (!out.ok()) return report(verb, out.error());
-    return report(verb, write_output("-", std::string(out->begin(), out->end())));
-  }
-  return report(verb, save_model(*model, args.output));
+  return report(verb, write_model_output(*model, args.output));
 }
 
 }  // namespace
