@@ -161,6 +161,9 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   (*session)->set_observer(nullptr);
   session->reset();
 
+  const size_t float_nodes = g.nodes.size();  // before convert adds the Q/DQ
+  std::vector<std::string> annotated_names;
+  for (const auto& [n, a] : annotations) annotated_names.push_back("node '" + g.nodes[n].name + "': " + a.pattern);
   auto stats = quant::convert(*model, *prepared);
   if (!stats.ok()) return report(verb, with_file(stats.status(), display));
   // The float weights now stored quantized, and what BatchNorm folding left, are read no more.
@@ -177,14 +180,14 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
 
   std::map<std::string, int> patterns;
   for (const auto& [n, a] : annotations) ++patterns[a.pattern];
-  std::cerr << "kiln quant: " << args.quantizer << ": " << annotations.size() << " of " << g.nodes.size() << " nodes annotated";
+  std::cerr << "kiln quant: " << args.quantizer << ": " << annotations.size() << " of " << float_nodes << " nodes annotated";
   // Nodes per pattern: a conv + relu pattern is two nodes.
   for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
   std::cerr << (patterns.empty() ? "" : ")") << "; " << prepared->groups.size() << " observers, calibrated on " << seen
             << (seen == 1 ? " sample" : " samples") << "; " << stats->quantize_nodes << " QuantizeLinear, " << stats->dequantize_nodes
             << " DequantizeLinear, " << stats->quantized_weights << " weights stored quantized\n";
   if (args.verbose)
-    for (const auto& [n, a] : annotations) std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << a.pattern << "\n";
+    for (const std::string& line : annotated_names) std::cerr << "kiln quant: " << line << "\n";
 
   return report(verb, write_model_output(*model, args.output));
 }

@@ -219,6 +219,11 @@ def quant_tests(r, work, samples):
         r.ok(f"quant_{q}_compiled", ["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln"])
         r.ok(f"quant_{q}_compiled_run", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", expected,
                                          "--atol", "0.05", "--rtol", "0.05"])
+    # -v names the annotated nodes of the model as given (before the Q/DQ go in).
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.v.kiln", "--quantizer", "x86", "--calib", cnn_in, "-v"])
+    r.check("quant_verbose", rc == 0 and "kiln quant: node '/stem/conv/Conv': conv_Relu" in err
+            and "kiln quant: node '/stem/relu/Relu': conv_Relu" in err and "x86: 13 of 13 nodes annotated" in err,
+            f"exit {rc}; {err[:600]!r}")
     # A folder of .npz files, a batch split into samples, --calib-limit.
     os.makedirs(os.path.join(work, "calib"), exist_ok=True)
     x = np.load(cnn_in)["input"]
