@@ -113,11 +113,17 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (!files.ok()) return report(verb, files.error());
 
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
-  auto bytes = read_input(args.input);
-  if (!bytes.ok()) return report(verb, bytes.error());
-  std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
-  const std::string input_sha256 = sha256_hex(raw);
-  auto model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+  // The file's bytes are read once: hashed for the provenance, then decoded (the constants view
+  // a copy of them, so the bytes are freed before calibration runs).
+  std::string input_sha256;
+  Result<Model> model = Error{};
+  {
+    auto bytes = read_input(args.input);
+    if (!bytes.ok()) return report(verb, bytes.error());
+    std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
+    input_sha256 = sha256_hex(raw);
+    model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+  }
   if (!model.ok()) return report(verb, model.error());
   if (model->stage != Stage::exported)
     return report(verb, user_error(display, "is " + std::string(stage_name(model->stage)) +
