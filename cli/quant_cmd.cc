@@ -11,6 +11,7 @@
 #include <map>
 
 #include "cli/app.h"
+#include "cli/inputs.h"
 #include "compile/pass.h"
 #include "formats/verify.h"
 #include "formats/npy.h"
@@ -39,25 +40,60 @@ struct QuantArgs {
   bool verbose = false;
 };
 
-// The .npz files a --calib source names: the file, or a folder's .npz files by name.
-Result<std::vector<std::string>> calibration_files(const std::vector<std::string>& sources) {
-  std::vector<std::string> files;
+// Whether a folder is one sample set: an ONNX test_data_set (input_K.pb) or .npy files.
+bool sample_folder(const fs::path& dir) {
+  std::error_code ec;
+  if (!numbered_pb_files(dir.string(), "input").empty()) return true;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".npy") return true;
+  return false;
+}
+
+// What a --calib source names, each read on its own: .npz files, and sample-set folders (an
+// ONNX test_data_set_N with input_K.pb, or <input name>.npy files). A folder of them is taken
+// in name order.
+Result<std::vector<std::string>> calibration_sets(const std::vector<std::string>& sources) {
+  std::vector<std::string> sets;
   for (const std::string& src : sources) {
     std::error_code ec;
-    if (fs::is_directory(src, ec)) {
-      std::vector<std::string> found;
-      for (const auto& entry : fs::directory_iterator(src, ec))
-        if (entry.path().extension() == ".npz") found.push_back(entry.path().string());
-      if (found.empty()) return Error{ErrorKind::user, src, "", "holds no .npz files of calibration inputs"};
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::path(src).extension() == ".npz") {
-      files.push_back(src);
-    } else {
-      return Error{ErrorKind::user, src, "", "is not an .npz of calibration inputs or a folder of them"};
+    if (!fs::is_directory(src, ec)) {
+      if (fs::path(src).extension() != ".npz")
+        return Error{ErrorKind::user, src, "", "is not an .npz of calibration inputs or a folder of them"};
+      sets.push_back(src);
+      continue;
     }
+    if (sample_folder(src)) {
+      sets.push_back(src);
+      continue;
+    }
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(src, ec))
+      if (entry.path().extension() == ".npz" || (entry.is_directory() && sample_folder(entry.path())))
+        found.push_back(entry.path().string());
+    if (found.empty())
+      return Error{ErrorKind::user, src, "", "holds no calibration inputs (.npz files, .npy files named after the inputs, "
+                                             "or test_data_set folders)"};
+    std::sort(found.begin(), found.end());
+    sets.insert(sets.end(), found.begin(), found.end());
   }
-  return files;
+  return sets;
+}
+
+// One set's arrays by input name.
+Result<NamedTensors> read_set(const Graph& g, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return read_npz_file(path);
+  std::vector<std::string> names;
+  for (ValueId id : g.inputs) names.push_back(g.value(id).name);
+  if (!numbered_pb_files(path, "input").empty()) return read_pb_set(path, "input", names);
+  NamedTensors out;
+  for (const std::string& name : names) {
+    const std::string file = (fs::path(path) / (percent_encode_file_name(name) + ".npy")).string();
+    if (!fs::exists(file, ec)) return Error{ErrorKind::user, path, "input '" + name + "'", "has no " + fs::path(file).filename().string()};
+    KILN_ASSIGN_OR_RETURN(Tensor t, read_npy_file(file));
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
 }
 
 // Row `i` of dim 0 of `t`, dim 0 kept as 1.
@@ -70,10 +106,10 @@ Tensor row(const Tensor& t, int64_t i) {
   return out;
 }
 
-// The samples of one calibration file, in graph.inputs order: a leading dim larger than the
+// The samples of one calibration set, in graph.inputs order: a leading dim larger than the
 // model's (1 or symbolic) is a batch of samples, split one by one.
 Result<std::vector<std::vector<Tensor>>> file_samples(const Graph& g, const std::string& file) {
-  KILN_ASSIGN_OR_RETURN(NamedTensors arrays, read_npz_file(file));
+  KILN_ASSIGN_OR_RETURN(NamedTensors arrays, read_set(g, file));
   std::map<std::string, Tensor> by_name(arrays.begin(), arrays.end());
   std::vector<Tensor> inputs;
   int64_t count = -1;
@@ -109,7 +145,7 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (args.per_tensor && args.quantizer != "xnnpack")
     return report(verb, user_error("", "--per-tensor is for the xnnpack quantizer (x86 weights are per channel)"));
   if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
-  auto files = calibration_files(args.calib);
+  auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
 
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
@@ -208,8 +244,8 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   cmd->add_option("--quantizer", args->quantizer, "x86 (u8 activations, i8 per-channel weights) or xnnpack (i8 / i8 symmetric)")
       ->required();
   cmd->add_option("--calib", args->calib,
-                  "calibration inputs: an .npz of arrays named after the inputs (a leading batch dim is split into samples), "
-                  "or a folder of them (repeatable)");
+                  "calibration inputs: an .npz of arrays named after the inputs, a folder of <input>.npy files or an ONNX "
+                  "test_data_set (input_K.pb), or a folder of any of these (repeatable); a leading batch dim is split into samples");
   cmd->add_option("--calib-limit", args->calib_limit, "use at most this many samples")->check(CLI::PositiveNumber);
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")

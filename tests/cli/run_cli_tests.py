@@ -233,6 +233,28 @@ def quant_tests(r, work, samples):
     r.check("quant_calib_folder", rc == 0 and "calibrated on 4 samples" in err, f"exit {rc}; {err[:300]!r}")
     rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.lim.kiln", "--quantizer", "x86", "--calib", "calib", "--calib-limit", "2"])
     r.check("quant_calib_limit", rc == 0 and "calibrated on 2 samples" in err, f"exit {rc}; {err[:300]!r}")
+    # .npy files named after the inputs, and ONNX test_data_set folders (input_K.pb), alone or many.
+    os.makedirs(os.path.join(work, "calib_npy"), exist_ok=True)
+    np.save(os.path.join(work, "calib_npy", "input.npy"), np.concatenate([x, -x], axis=0))
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.npy.kiln", "--quantizer", "x86", "--calib", "calib_npy"])
+    r.check("quant_calib_npy_folder", rc == 0 and "calibrated on 2 samples" in err, f"exit {rc}; {err[:300]!r}")
+    for k in range(2):
+        d = os.path.join(work, "sets", f"test_data_set_{k}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "input_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(x * (k + 1), "input").SerializeToString())
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.sets.kiln", "--quantizer", "xnnpack", "--calib", "sets"])
+    r.check("quant_calib_test_data_sets", rc == 0 and "calibrated on 2 samples" in err, f"exit {rc}; {err[:300]!r}")
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.set0.kiln", "--quantizer", "x86", "--calib",
+                        os.path.join("sets", "test_data_set_0")])
+    r.check("quant_calib_one_test_data_set", rc == 0 and "calibrated on 1 sample;" in err, f"exit {rc}; {err[:300]!r}")
+    os.makedirs(os.path.join(work, "calib_wrong_npy"), exist_ok=True)
+    np.save(os.path.join(work, "calib_wrong_npy", "other.npy"), x)
+    r.error("quant_calib_npy_missing", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "calib_wrong_npy"],
+            2, r"calib_wrong_npy: input 'input': has no input\.npy", no_file="q.kiln")
+    os.makedirs(os.path.join(work, "calib_empty"), exist_ok=True)
+    r.error("quant_calib_empty", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "calib_empty"],
+            2, r"holds no calibration inputs", no_file="q.kiln")
     r.error("quant_unknown_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "tflite", "--calib", cnn_in], 2,
             r"--quantizer 'tflite' is not one of x86, xnnpack", no_file="q.kiln")
     r.error("quant_no_calib", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86"], 2, r"needs calibration inputs",
