@@ -1,11 +1,13 @@
 #include "profile/node_check.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <string_view>
 
 #include "formats/npy.h"
+#include "profile/profiler.h"
 #include "runtime/compare.h"
 
 namespace kiln::profile {
@@ -23,13 +25,6 @@ bool has_subgraph(const Node& n) {
 }
 
 
-// Kernels that compute in a lower precision than their f32 inputs and outputs.
-bool low_precision(const std::string& kernel, const Node& node, const Graph& g) {
-  if (kernel.find("bf16") != std::string::npos || kernel.find("u8s8") != std::string::npos) return true;
-  for (ValueId id : node.inputs)
-    if (id != kNoValue && (g.value(id).dtype == DType::i8 || g.value(id).dtype == DType::u8)) return true;
-  return false;
-}
 
 // Runs the node's reference kernel right after its own, on the same inputs, and compares.
 class Checker final : public ExecutionObserver {
@@ -56,15 +51,19 @@ class Checker final : public ExecutionObserver {
       return;
     }
     std::vector<std::vector<int64_t>> shapes;
-    std::vector<Tensor> feed;  // the non-constant inputs, in the one-node model's input order
-    std::map<ValueId, bool> fed;
+    std::vector<DType> dtypes;
+    NamedTensors named;  // the non-constant inputs, in the one-node model's input order
+    std::vector<Tensor> feed;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const ValueId id = node.inputs[i];
       const Tensor* t = i < e.inputs.size() ? e.inputs[i] : nullptr;
       shapes.push_back(t && t->defined() ? t->shape() : std::vector<int64_t>{});
-      if (id == kNoValue || model_.graph.value(id).is_constant() || fed.count(id)) continue;
-      fed[id] = true;
-      feed.push_back(t ? *t : Tensor());
+      dtypes.push_back(t && t->defined() ? t->dtype() : DType::undefined);
+      if (id == kNoValue || model_.graph.value(id).is_constant()) continue;
+      const std::string& name = model_.graph.value(id).name;
+      if (std::any_of(named.begin(), named.end(), [&](const auto& n) { return n.first == name; })) continue;
+      named.emplace_back(name, t ? *t : Tensor());
+      feed.push_back(named.back().second);
     }
     auto sub = single_node_model(model_, e.index, &shapes);
     if (!sub.ok()) {
@@ -84,7 +83,7 @@ class Checker final : public ExecutionObserver {
       return;
     }
     c.checked = true;
-    c.tolerance = low_precision(c.kernel, node, model_.graph) ? options_.low_precision_tolerance : options_.tolerance;
+    c.tolerance = kernel_precision(c.kernel, dtypes) != "f32" ? options_.low_precision_tolerance : options_.tolerance;
     CompareOptions exact;
     exact.atol = 0;
     exact.rtol = 0;
@@ -106,7 +105,7 @@ class Checker final : public ExecutionObserver {
       }
     }
     if (!c.pass) {
-      Status saved = save_repro(c, node, feed);
+      Status saved = save_repro(c, node, named);
       if (!saved.ok()) failure_ = saved;
     }
     checks_.push_back(std::move(c));
@@ -116,15 +115,7 @@ class Checker final : public ExecutionObserver {
   std::vector<NodeCheck> take() { return std::move(checks_); }
 
  private:
-  Status save_repro(NodeCheck& c, const Node& node, const std::vector<Tensor>& feed) {
-    NamedTensors named;
-    size_t k = 0;
-    std::map<ValueId, bool> seen;
-    for (ValueId id : node.inputs) {
-      if (id == kNoValue || model_.graph.value(id).is_constant() || seen.count(id)) continue;
-      seen[id] = true;
-      named.emplace_back(model_.graph.value(id).name, feed[k++]);
-    }
+  Status save_repro(NodeCheck& c, const Node& node, const NamedTensors& named) {
     std::error_code ec;
     fs::create_directories(options_.repro_dir, ec);
     if (ec) return Error{ErrorKind::user, options_.repro_dir, "", "cannot create folder: " + ec.message()};

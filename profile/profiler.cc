@@ -127,16 +127,15 @@ std::string utc_now() {
 }
 
 // The compute ceiling a node's kernel works against.
-std::string precision_of(const NodeKernel& k, const std::vector<TensorInfo>& inputs) {
-  const std::string name = k.name + " " + k.label;
-  if (name.find("bf16") != std::string::npos) return "bf16";
-  if (name.find("u8s8") != std::string::npos || name.find("int8") != std::string::npos) return "int8";
-  for (const TensorInfo& t : inputs)
-    if (t.dtype == DType::i8 || t.dtype == DType::u8) return "int8";
+}  // namespace
+
+std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes) {
+  if (kernel.find("bf16") != std::string::npos) return "bf16";
+  if (kernel.find("u8s8") != std::string::npos || kernel.find("int8") != std::string::npos) return "int8";
+  for (DType t : input_dtypes)
+    if (t == DType::i8 || t == DType::u8) return "int8";
   return "f32";
 }
-
-}  // namespace
 
 Result<Measurements> measure(Session& session, const std::vector<Tensor>& inputs, const RunOptions& options) {
   Measurements m;
@@ -291,7 +290,9 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     const double gflops = med_us > 0 ? static_cast<double>(flops) / (med_us * 1e3) : 0;
     const double gbps = med_us > 0 ? static_cast<double>(bytes) / (med_us * 1e3) : 0;
     const double intensity = bytes > 0 ? static_cast<double>(flops) / static_cast<double>(bytes) : 0;
-    std::string precision = precision_of(k, m.node_inputs[n]);
+    std::vector<DType> dtypes;
+    for (const TensorInfo& t : m.node_inputs[n]) dtypes.push_back(t.dtype);
+    std::string precision = kernel_precision(k.name + " " + k.label, dtypes);
     if (!ceilings.compute_gflops.count(precision)) precision = "f32";
     const double compute_peak = ceilings.compute_gflops.count(precision) ? ceilings.compute_gflops.at(precision) : f32_peak;
     // Under the roofline: compute-bound where the intensity passes the ridge point (peak over

@@ -68,6 +68,10 @@ struct Measurements {
   int64_t peak_rss_bytes = 0;   ///< the process's peak resident set after the runs
 };
 
+/// The compute ceiling a kernel works against: "bf16" or "int8" when its name (and parameters)
+/// say it computes so ("bf16", "u8s8", "int8") or an input is i8 / u8; else "f32".
+std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes);
+
 /// How many timed runs keep their timeline (trace events, the HTML timeline).
 inline constexpr size_t kKeptIterations = 50;
 
