@@ -11,7 +11,8 @@ namespace {
 // folding before CSE (folded constants that come out equal are merged), CSE before the weight
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
-// layout after fusion (a fused node converts as one), and the transposes it leaves at a
+// layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
+// channels-last conv whole), and the transposes it leaves at a
 // region's edge merged with those the model makes after it; dead code before kernel selection (every
 // pass before it may leave unread values behind), which plans the final graph; packing last,
 // for the kernels selection chose.
@@ -37,6 +38,8 @@ constexpr std::array kPasses = {
              fuse_epilogues_pass},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
              channels_last},
+    PassInfo{"lower_int8", "DequantizeLinear -> conv -> QuantizeLinear -> QFusedConv, and max pools between Q/DQ on int8; weight DQs left folded",
+             lower_int8},
     PassInfo{"merge_transposes", "Transpose -> Reshape splitting dims -> Transpose (or two Transposes) -> Reshape -> one Transpose",
              merge_transposes},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",

@@ -6,7 +6,8 @@
 // AveragePool / GlobalAveragePool / GlobalMaxPool becomes a channels_last = 1 node (a Conv
 // becomes a FusedConv), and so does every layout-agnostic node all of whose activations are
 // already channels-last: elementwise ops (rank-4 output; constant operands permuted to match),
-// Concat and Split (the axis renumbered), Resize by constant scales or sizes (permuted). Each
+// Concat and Split (the axis renumbered), Resize by constant scales or sizes (permuted),
+// per-tensor QuantizeLinear and DequantizeLinear (a quantized model's int8 activations). Each
 // value such a node writes gets a channels-last twin; the original value is then computed by a
 // Transpose back, which eliminate_dead drops when nothing channels-first reads it. A
 // channels-first value that a converted node reads is transposed once and shared.
@@ -31,6 +32,18 @@ const std::set<std::string, std::less<>> kBroadcasting = {"Add", "Sub", "Mul", "
 
 bool rank4_f32(const Value& v) { return v.dtype == DType::f32 && v.shape.is_concrete() && v.shape.rank() == 4; }
 
+// QuantizeLinear / DequantizeLinear with one scale and zero point (constants): elementwise, so
+// layout-agnostic, between f32 and u8 / s8 tensors (a quantized model's, which lower_int8 then
+// turns into int8 kernels).
+bool per_tensor_qdq(const Graph& g, const Node& n) {
+  if (n.op != "QuantizeLinear" && n.op != "DequantizeLinear") return false;
+  for (size_t i = 1; i < n.inputs.size(); ++i)
+    if (n.has_input(i) && (!g.value(n.inputs[i]).is_constant() || g.value(n.inputs[i]).constant.numel() != 1)) return false;
+  const Value& x = g.value(n.inputs[0]);
+  const Value& y = g.value(n.outputs[0]);
+  return x.shape.is_concrete() && x.shape.rank() == 4 && y.shape.is_concrete() && y.shape.rank() == 4;
+}
+
 class Converter {
  public:
   explicit Converter(Graph& g) : g_(g), twin_(g.values.size(), kNoValue) {}
@@ -38,6 +51,7 @@ class Converter {
   // Whether node n runs channels-last.
   bool wanted(const Node& n) const {
     if (!n.domain.empty() || n.outputs.empty() || n.outputs[0] == kNoValue) return false;
+    if (per_tensor_qdq(g_, n)) return has_twin(n.inputs[0]);
     for (ValueId o : n.outputs)
       if (o != kNoValue && !rank4_f32(g_.value(o))) return false;
     if (kAnchors.count(n.op)) {

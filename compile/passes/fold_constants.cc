@@ -6,7 +6,9 @@
 // What is never folded:
 // - ops outside the core set (no reference kernel, and nothing says they are pure);
 // - nodes holding subgraphs (If/Loop/Scan): running one is not a fold of its inputs alone;
-// - results past the size cap below.
+// - results past the size cap below;
+// - the DequantizeLinear of a constant weight that a convolution reads (a quantized model's):
+//   lower_int8 gives it to an int8 kernel as it is, or folds it when none takes it.
 // kiln's core op set has no random or stateful ops (export refuses RandomNormal, Bernoulli, …),
 // so every core op is a pure function of its inputs; an op added later that is not must get an
 // OpTraits flag that this pass and cse check.
@@ -50,6 +52,14 @@ std::optional<size_t> output_bytes(const Graph& g, const Node& n) {
   return total;
 }
 
+// A DequantizeLinear whose output a Conv or FusedConv reads as its weight.
+bool dequantized_weight(const Graph& g, const std::vector<std::vector<Use>>& uses, const Node& n) {
+  if (n.op != "DequantizeLinear" || !n.domain.empty() || n.outputs.size() != 1 || n.outputs[0] < 0) return false;
+  for (const Use& u : uses[static_cast<size_t>(n.outputs[0])])
+    if (u.slot == 1 && (g.nodes[u.node].op == "Conv" || g.nodes[u.node].op == "FusedConv")) return true;
+  return false;
+}
+
 }  // namespace
 
 Result<PassResult> fold_constants(Model& model, PassContext&) {
@@ -60,11 +70,12 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
   Graph probe = g;
   KILN_ASSIGN_OR_RETURN(std::vector<Tensor> known, infer_graph(probe));
   std::vector<char> folded(g.nodes.size(), 0);
+  const std::vector<std::vector<Use>> uses = g.uses();
   size_t by_kernel = 0, by_inference = 0, capped = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const bool any_output = std::any_of(n.outputs.begin(), n.outputs.end(), [](ValueId o) { return o >= 0; });
-    if (!n.domain.empty() || has_subgraph(n) || !any_output) continue;
+    if (!n.domain.empty() || has_subgraph(n) || !any_output || dequantized_weight(g, uses, n)) continue;
     bool inferred = true, constant_inputs = true;
     size_t in_bytes = 0;
     for (ValueId o : n.outputs)

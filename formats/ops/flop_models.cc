@@ -372,6 +372,15 @@ int64_t fused(const Node& n, const Graph& g) {
   return count(CheckedInt(Dense(n, g)) + numel_of(output_shape(n, g)) * per);
 }
 
+// QFusedConv: the dense count, plus per output element the bias add, activations and residual
+// add (on Z dequantized) of FusedConv's epilogue and the output's requantization.
+int64_t qfused_conv(const Node& n, const Graph& g) {
+  int64_t per = (n.has_input(8) ? 1 : 0) + (n.has_input(9) ? 1 + kDequantize : 0) + kQuantize;
+  for (std::string_view attr : {"activation", "post_activation"})
+    if (Result<ActivationSpec> a = read_activation(n, attr); a.ok()) per += activation_cost(a->kind);
+  return count(CheckedInt(conv<3>(n, g)) + numel_of(output_shape(n, g)) * per);
+}
+
 // ---- the table -----------------------------------------------------------------------------
 
 struct Model {
@@ -423,7 +432,7 @@ const Model kModels[] = {
     {"GlobalMaxPool", per_input<1>}, {"GlobalAveragePool", per_input<1>}, {"GlobalLpPool", per_input<2>},
     {"Col2Im", per_input<1>},  // sums overlapping blocks
     // fused, sampling and other network layers
-    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>},
+    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv},
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},

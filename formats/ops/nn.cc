@@ -167,7 +167,7 @@ std::vector<int64_t> channels_first_perm(size_t rank) {
 namespace {
 
 // A node with channels_last = 1: `infer` runs on its channels-first view (X, and Z for
-// FusedConv, [N, spatial..., C] -> [N, C, spatial...]) and output 0 is permuted back.
+// FusedConv and QFusedConv: layout_input) and output 0 is permuted back.
 Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
   const int64_t last = ctx.node().attr_int("channels_last", 0);
   if (last == 0) return infer(ctx);
@@ -177,7 +177,7 @@ Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
   std::vector<InferInput> inputs(ctx.num_inputs());
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
-    if ((i == 0 || (i == 3 && ctx.node().op == "FusedConv")) && ctx.rank(i) >= 0) {
+    if (layout_input(ctx.node().op, i) && ctx.rank(i) >= 0) {
       if (ctx.rank(i) < 3) return ctx.error("a channels_last input must have rank 3 or more, got " + ctx.shape(i).str());
       inputs[i].shape.dims = permute(ctx.shape(i).dims, channels_first_perm(static_cast<size_t>(ctx.rank(i))));
       inputs[i].value = nullptr;
@@ -369,6 +369,44 @@ Status infer_fused_conv(InferContext& ctx) {
   return infer_epilogue(ctx, 1);
 }
 
+// QFusedConv (channels-first view): its scales and zero points are scalars but for the
+// weight's, per tensor or one per output channel; the shape is FusedConv's of the dequantized
+// X, W, B and Z; Y takes y_zero_point's type.
+Status infer_qfused_conv(InferContext& ctx) {
+  auto scalar = [&](size_t i, const char* what) -> Status {
+    if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar");
+    return {};
+  };
+  KILN_RETURN_IF_ERROR(scalar(1, "x_scale"));
+  KILN_RETURN_IF_ERROR(scalar(2, "x_zero_point"));
+  KILN_RETURN_IF_ERROR(scalar(6, "y_scale"));
+  KILN_RETURN_IF_ERROR(scalar(7, "y_zero_point"));
+  if (ctx.has_input(9)) {
+    KILN_RETURN_IF_ERROR(scalar(10, "z_scale"));
+    KILN_RETURN_IF_ERROR(scalar(11, "z_zero_point"));
+  }
+  for (size_t i : {size_t{4}, size_t{5}}) {
+    const Shape& s = ctx.shape(i);
+    const Shape& w = ctx.shape(3);
+    if (s.rank() > 1) return ctx.error(std::string(i == 4 ? "w_scale" : "w_zero_point") + " has shape " + s.str() + "; it must be a scalar or 1-D");
+    if (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1 && w.rank() >= 1 && w.dims[0].is_known() &&
+        s.dims[0].value != w.dims[0].value)
+      return ctx.error(std::string(i == 4 ? "w_scale" : "w_zero_point") + " has " + std::to_string(s.dims[0].value) +
+                       " values but the weight " + w.str() + " has " + std::to_string(w.dims[0].value) + " output channels");
+  }
+  std::vector<InferInput> view(4);
+  const size_t from[4] = {0, 3, 8, 9};
+  for (size_t k = 0; k < 4; ++k)
+    if (ctx.has_input(from[k])) view[k] = {DType::f32, ctx.shape(from[k]), nullptr};
+  InferContext f(ctx.node(), std::move(view));
+  KILN_RETURN_IF_ERROR(infer_fused_conv(f));
+  ctx.set_output(0, ctx.dtype(7), std::move(f.outputs()[0].shape));
+  return {};
+}
+
 Status infer_fused_matmul(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(infer_matmul(ctx));
   return infer_epilogue(ctx, -1);
@@ -510,6 +548,7 @@ const AttrSpec kChannelsLast{"channels_last", AttrType::int64, false,
                              "1: X (and Z) and Y are [N, spatial..., C] (0: [N, C, spatial...]); set by kiln compile"};
 
 Status infer_fused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_fused_conv); }
+Status infer_qfused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_qfused_conv); }
 Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
 Status infer_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_pool); }
 Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_global_pool); }
@@ -552,6 +591,16 @@ void register_nn_ops(OpRegistry& r) {
                      fused_conv, infer_fused_conv_any_layout})
       .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
+  {
+    const TypeSet int8 = DType::u8 | DType::i8;
+    r.add("", OpSchema{"QFusedConv", "FusedConv on dequantized u8/s8 X, W and Z, its output quantized (int8 kernels)", 8, 12, 1, 1,
+                       fused_conv, infer_qfused_conv_any_layout})
+        .traits = {.types = {input(0, int8, "x"), input(1, DType::f32, "x_scale"), same_as(2, 0, "x_zero_point"),
+                             input(3, DType::i8, "w"), same_as(4, 1, "w_scale"), same_as(5, 3, "w_zero_point"),
+                             same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "B"),
+                             input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
+    // flops: the conv's plus its epilogue's (flop_models.cc)
+  }
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      epilogue, infer_fused_matmul})
       .traits = {.types = {input(0, DType::f32), same_as(1, 0, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},

@@ -12,6 +12,7 @@ void register_softmax(KernelRegistry& r);
 void register_gemm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
 void register_binary(KernelRegistry& r);
+void register_quant(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -23,6 +24,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_gemm(r);
   cpu::register_attention(r);
   cpu::register_binary(r);
+  cpu::register_quant(r);
 }
 
 }  // namespace kiln

@@ -76,6 +76,11 @@ struct RowKernels {
   void (*dwconv)(const float* x, int64_t planes, int64_t channels, int64_t h, int64_t w, const float* filters,
                  const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y, int64_t oh,
                  int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post, float* scratch);
+  /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
+  /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
+  void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);
+  /// DequantizeLinear per tensor: y = (x − zero) · scale from u8 (or s8), exactly.
+  void (*dequantize)(const void* x, float* y, int64_t n, float scale, int32_t zero, bool u8);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

@@ -33,12 +33,12 @@ memory::dims row_major_strides(const memory::dims& dims) {
 
 }  // namespace
 
-memory::desc plain(const std::vector<int64_t>& dims) {
+memory::desc plain(const std::vector<int64_t>& dims, memory::data_type type) {
   memory::dims d = to_dims(dims);
-  return memory::desc(d, memory::data_type::f32, row_major_strides(d));
+  return memory::desc(d, type, row_major_strides(d));
 }
 
-memory::desc channels_last(const std::vector<int64_t>& dims) {
+memory::desc channels_last(const std::vector<int64_t>& dims, memory::data_type type) {
   memory::dims d = to_dims(dims);
   memory::dims s(d.size(), 1);
   memory::dim stride = d.size() > 1 ? d[1] : 1;  // C innermost, then the spatial dims, then N
@@ -47,7 +47,7 @@ memory::desc channels_last(const std::vector<int64_t>& dims) {
     stride *= d[i];
   }
   s[0] = stride;
-  return memory::desc(d, memory::data_type::f32, s);
+  return memory::desc(d, type, s);
 }
 
 memory::desc transposed(const std::vector<int64_t>& dims) {
@@ -214,6 +214,7 @@ void execute(const dnnl::primitive& prim, std::unordered_map<int, memory>& args,
 
 void register_onednn_kernels(KernelRegistry& r) {
   onednn::register_conv(r);
+  onednn::register_qconv(r);
   onednn::register_matmul(r);
   onednn::register_pool(r);
   onednn::register_attention(r);

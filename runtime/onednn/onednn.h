@@ -22,11 +22,11 @@ namespace kiln::onednn {
 dnnl::engine& cpu_engine();
 dnnl::stream& cpu_stream();
 
-/// A plain (row-major) f32 descriptor of these dims.
-dnnl::memory::desc plain(const std::vector<int64_t>& dims);
-/// An f32 descriptor of logical dims [N, C, spatial...] stored channels-last, [N, spatial..., C]
+/// A plain (row-major) descriptor of these dims (f32 unless `type` says otherwise).
+dnnl::memory::desc plain(const std::vector<int64_t>& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+/// A descriptor of logical dims [N, C, spatial...] stored channels-last, [N, spatial..., C]
 /// (nhwc): the layout of a channels_last node's activations.
-dnnl::memory::desc channels_last(const std::vector<int64_t>& dims);
+dnnl::memory::desc channels_last(const std::vector<int64_t>& dims, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 /// A row-major descriptor of the last two dims swapped in memory (a transposed operand).
 dnnl::memory::desc transposed(const std::vector<int64_t>& dims);
 
@@ -70,6 +70,7 @@ Status guarded(const Node& node, F&& f) {
 
 // Registration, one per primitive family.
 void register_conv(KernelRegistry& r);
+void register_qconv(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_pool(KernelRegistry& r);
 void register_attention(KernelRegistry& r);

@@ -2,7 +2,8 @@
 // oneDNN pooling primitive on plain NC(D)HW tensors, or N(D)HWC ones with channels_last.
 // ceil_mode becomes extra end padding (the window geometry of formats/ops/nn_util.h gives the
 // output size); MaxPool's Indices output and average pooling that counts that extra padding
-// stay with the reference kernels.
+// stay with the reference kernels. Max pooling also runs on u8 / s8 tensors (a quantized
+// model's, where a max commutes with the quantization).
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
@@ -16,8 +17,15 @@ using dnnl::memory;
 
 bool global(const Node& n) { return n.op == "GlobalMaxPool" || n.op == "GlobalAveragePool"; }
 
+bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
+
 std::optional<std::string> pool_declines(const KernelQuery& q) {
-  if (auto why = f32_and_concrete(q)) return why;
+  const bool max = q.node.op == "MaxPool" || q.node.op == "GlobalMaxPool";
+  if (max && int8(q.inputs[0].dtype)) {
+    if (!q.inputs[0].shape.is_concrete() || shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty or not concrete";
+  } else if (auto why = f32_and_concrete(q)) {
+    return why;
+  }
   const int64_t rank = q.inputs[0].shape.rank();
   if (rank < 3 || rank > 5) return "only 1-D to 3-D pooling";
   if (q.outputs.size() > 1 && q.outputs[1].dtype != DType::undefined) return "the Indices output";
@@ -56,7 +64,10 @@ class PoolKernel final : public Kernel {
       const dnnl::algorithm alg = max ? dnnl::algorithm::pooling_max
                                   : q.node.attr_int("count_include_pad", 0) ? dnnl::algorithm::pooling_avg_include_padding
                                                                             : dnnl::algorithm::pooling_avg_exclude_padding;
-      const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
+      const memory::data_type t = q.inputs[0].dtype == DType::u8   ? memory::data_type::u8
+                                  : q.inputs[0].dtype == DType::i8 ? memory::data_type::s8
+                                                                   : memory::data_type::f32;
+      const memory::desc src = last ? channels_last(xs, t) : plain(xs, t), dst = last ? channels_last(ys, t) : plain(ys, t);
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src, dst, strides, kernel, dil, pad_l, pad_r);

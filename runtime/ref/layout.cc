@@ -15,7 +15,7 @@ Tensor permuted(const Tensor& x, const std::vector<int64_t>& perm) {
 
 namespace {
 
-// The node's channels-first view: inputs 0 (and Z, input 3 of FusedConv) transposed, output 0
+// The node's channels-first view: inputs 0 (and Z: nn::layout_input) transposed, output 0
 // written to a channels-first tensor the caller transposes back; everything else passes through.
 class ChannelsFirstContext final : public KernelContext {
  public:
@@ -26,7 +26,7 @@ class ChannelsFirstContext final : public KernelContext {
         continue;
       }
       const Tensor& x = outer.input(i);
-      const bool layout = i == 0 || (i == 3 && outer.node().op == "FusedConv");
+      const bool layout = nn::layout_input(outer.node().op, i);
       inputs_.push_back(layout ? permuted(x, nn::channels_first_perm(static_cast<size_t>(x.rank()))) : x);
     }
     const Tensor& y = outer.output(0);

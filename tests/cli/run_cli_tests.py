@@ -83,7 +83,7 @@ def external_model(work, location):
 
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
-          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "merge_transposes",
+          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "merge_transposes",
           "eliminate_dead",
           "select_kernels", "prepack_weights")
 
@@ -216,7 +216,14 @@ def quant_tests(r, work, samples):
         # 8-bit: within a few percent of the float logits, run as is and compiled.
         r.ok(f"quant_{q}_run", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--check-against", expected,
                                 "--atol", "0.05", "--rtol", "0.05"])
-        r.ok(f"quant_{q}_compiled", ["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln"])
+        # Compiled: the convolutions become int8 kernels (QFusedConv), whose outputs match the
+        # quantized model's reference run within a small fraction of the logits' scale.
+        rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"])
+        r.check(f"quant_{q}_compiled", rc == 0 and "lowered 4 convolutions to QFusedConv and 1 max pool to int8" in err
+                and "(QFusedConv): onednn.qconv" in err and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
+        r.ok(f"quant_{q}_reference", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_{q}"])
+        r.ok(f"quant_{q}_int8_matches", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_{q}",
+                                          "--atol", "0.02", "--rtol", "0"])
         r.ok(f"quant_{q}_compiled_run", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", expected,
                                          "--atol", "0.05", "--rtol", "0.05"])
     # -v names the annotated nodes of the model as given (before the Q/DQ go in).

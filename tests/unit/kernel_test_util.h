@@ -27,11 +27,17 @@ struct Case {
   std::vector<bool> outputs = {true};  // per output: requested (false: omitted)
 };
 
-/// Runs the one-node model on the default kernels (for this CPU, when given; or on `kernels`)
-/// and on the reference kernels, compares the outputs (relative L2 <= tol) and returns the
-/// kernel that ran it (and its label, Kernel::label, into `label` when given).
-inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr,
-                         const KernelRegistry* kernels = nullptr, std::string* label = nullptr) {
+/// The one-node model's outputs on the default kernels (for this CPU, when given; or on
+/// `kernels`) and on the reference kernels, with the kernel that ran it and its label
+/// (Kernel::label). Empty outputs when either failed (the test has failed then).
+struct BothRuns {
+  std::vector<Tensor> fast, ref;
+  std::string kernel, label;
+  std::string graph_text;
+};
+
+inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
+  BothRuns out;
   Model m;
   Graph& g = m.graph;
   Node n;
@@ -61,26 +67,39 @@ inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cp
   for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
   g.add_node(std::move(n));
   EXPECT_TRUE(infer_graph(g).ok());
+  out.graph_text = graph_to_text(g);
   SessionOptions options;
   if (cpu) options.target.cpu = *cpu;
   options.kernels = kernels;
   auto fast = Session::create(m, options);
   auto ref = Session::create(m, SessionOptions{.reference = true});
   EXPECT_TRUE(fast.ok() && ref.ok());
-  if (!fast.ok() || !ref.ok()) return "";
+  if (!fast.ok() || !ref.ok()) return out;
   auto got = (*fast)->run(feed);
   auto want = (*ref)->run(feed);
   EXPECT_TRUE(got.ok()) << got.error().message();
   EXPECT_TRUE(want.ok()) << want.error().message();
-  if (!got.ok() || !want.ok()) return "";
+  if (!got.ok() || !want.ok()) return out;
   EXPECT_EQ(got->size(), want->size());
-  for (size_t i = 0; i < got->size() && i < want->size(); ++i) {
-    EXPECT_EQ((*got)[i].dtype(), (*want)[i].dtype()) << "output " << i;
-    EXPECT_EQ((*got)[i].shape(), (*want)[i].shape()) << "output " << i;
-    EXPECT_LE(relative_l2((*got)[i], (*want)[i]), tol) << c.op << " output " << i << " " << graph_to_text(g);
+  out.fast = std::move(*got);
+  out.ref = std::move(*want);
+  out.kernel = (*fast)->kernels()[0].name;
+  out.label = (*fast)->kernels()[0].label;
+  return out;
+}
+
+/// Runs the one-node model both ways (run_both), compares the outputs (relative L2 <= tol) and
+/// returns the kernel that ran it (and its label into `label` when given).
+inline std::string check(const Case& c, double tol = 1e-5, const CpuFeatures* cpu = nullptr,
+                         const KernelRegistry* kernels = nullptr, std::string* label = nullptr) {
+  BothRuns r = run_both(c, cpu, kernels);
+  for (size_t i = 0; i < r.fast.size() && i < r.ref.size(); ++i) {
+    EXPECT_EQ(r.fast[i].dtype(), r.ref[i].dtype()) << "output " << i;
+    EXPECT_EQ(r.fast[i].shape(), r.ref[i].shape()) << "output " << i;
+    EXPECT_LE(relative_l2(r.fast[i], r.ref[i]), tol) << c.op << " output " << i << " " << r.graph_text;
   }
-  if (label) *label = (*fast)->kernels()[0].label;
-  return (*fast)->kernels()[0].name;
+  if (label) *label = r.label;
+  return r.kernel;
 }
 
 }  // namespace kiln::testing

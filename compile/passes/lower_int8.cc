@@ -1,0 +1,259 @@
+// lower_int8: a quantized model's DequantizeLinear -> op -> QuantizeLinear patterns (what
+// `kiln quant` writes) become int8 operations, so that the values between them stay u8 / s8:
+//
+//   DQ(x) -> FusedConv(W = DQ(constant s8), B = f32 constant, Z = DQ(z) or none) -> Q
+//        -> QFusedConv(x, W and z quantized; its output quantized as Q does)
+//   DQ(x) -> MaxPool -> Q with the same scale and zero point
+//        -> MaxPool on x itself (a max commutes with a monotonic quantization)
+//
+// It runs after fuse_epilogues (the conv has its activation and residual already) and
+// channels_last; a channels-last conv whose input or output crosses the layout boundary reads
+// Transpose(DQ(x)) or writes through a Transpose to Q: the Transpose then moves the int8 tensor
+// instead, a quarter of the bytes. Scales and zero points must be per-tensor constants, the
+// weight's per tensor or per output channel with zero points of 0.
+//
+// fold_constants leaves the DequantizeLinear of a constant weight that a Conv reads for this
+// pass; those that no pattern took are folded here, at the end, so what stays float runs on
+// f32 weights as before.
+#include <algorithm>
+#include <set>
+
+#include "compile/graph_util.h"
+#include "compile/pass.h"
+#include "formats/ops/nn_util.h"
+
+namespace kiln {
+
+namespace {
+
+bool scalar_constant(const Graph& g, const Node& n, size_t i) {
+  return n.has_input(i) && g.value(n.inputs[i]).is_constant() && g.value(n.inputs[i]).constant.numel() == 1;
+}
+
+// A per-tensor QuantizeLinear or DequantizeLinear: its scale and zero point are scalar constants.
+bool per_tensor(const Graph& g, const Node& n, std::string_view op) {
+  return n.op == op && n.domain.empty() && n.inputs.size() == 3 && scalar_constant(g, n, 1) && scalar_constant(g, n, 2) &&
+         g.value(n.inputs[1]).dtype == DType::f32 && !n.has_attr("block_size") && n.attr_string("precision", "").empty() &&
+         n.attr_string("output_dtype", "f32") == "f32";
+}
+
+bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
+
+double scalar_of(const Graph& g, ValueId v) { return g.value(v).constant.to_double_vector()[0]; }
+
+class Lowering {
+ public:
+  explicit Lowering(Graph& g) : g_(g), producers_(g.producers()), uses_(g.uses()), drop_(g.nodes.size(), 0), before_(g.nodes.size()) {
+    for (ValueId v : g.outputs) outputs_.insert(v);
+  }
+
+  size_t convs = 0, pools = 0;
+
+  void run() {
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      if (drop_[i]) continue;
+      const std::string& op = g_.nodes[i].op;
+      if (!g_.nodes[i].domain.empty()) continue;
+      if (op == "FusedConv") convs += conv(i);
+      else if (op == "MaxPool") pools += maxpool(i);
+    }
+  }
+
+  // The graph's nodes with the rewrites applied.
+  void finish() {
+    std::vector<Node> nodes;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      for (Node& n : before_[i]) nodes.push_back(std::move(n));
+      if (!drop_[i]) nodes.push_back(std::move(g_.nodes[i]));
+    }
+    g_.nodes = std::move(nodes);
+  }
+
+ private:
+  // The one node reading v through an input (not a graph output, no capture), or -1.
+  int64_t single_reader(ValueId v) const {
+    if (v == kNoValue || outputs_.count(v)) return -1;
+    const std::vector<Use>& u = uses_[static_cast<size_t>(v)];
+    if (u.size() != 1 || u[0].slot == Use::kCaptured || drop_[u[0].node]) return -1;
+    return static_cast<int64_t>(u[0].node);
+  }
+  const Node* producer(ValueId v) const {
+    if (v == kNoValue) return nullptr;
+    const int32_t p = producers_[static_cast<size_t>(v)];
+    return p < 0 || drop_[static_cast<size_t>(p)] ? nullptr : &g_.nodes[static_cast<size_t>(p)];
+  }
+
+  // An int8 operand: v = DQ(q), or Transpose(DQ(q)) (then `transpose` is that node). Returns
+  // the DQ node.
+  const Node* dequantized(ValueId v, const Node** transpose) const {
+    *transpose = nullptr;
+    const Node* p = producer(v);
+    if (p && p->op == "Transpose" && p->domain.empty()) {
+      *transpose = p;
+      p = producer(p->inputs[0]);
+    }
+    if (!p || !per_tensor(g_, *p, "DequantizeLinear") || !int8(g_.value(p->inputs[0]).dtype)) return nullptr;
+    return p;
+  }
+
+  // The int8 value standing for operand v: DQ's input, or a new Transpose of it placed before
+  // node `at` (the transpose of an f32 operand becomes one of its int8 source).
+  ValueId int8_operand(const Node& dq, const Node* transpose, size_t at) {
+    const ValueId q = dq.inputs[0];
+    if (!transpose) return q;
+    const Value& f = g_.value(transpose->outputs[0]);
+    const ValueId t = g_.add_value(g_.unique_value_name(f.name + "_int8"), g_.value(q).dtype, f.shape);
+    Node n = *transpose;
+    n.name = transpose->name + "_int8";
+    n.inputs = {q};
+    n.outputs = {t};
+    n.kernel = {};
+    before_[at].push_back(std::move(n));
+    return t;
+  }
+
+  // Where output v goes: Q(v), or Transpose(v) -> Q. Returns the Q node's index; `transpose`
+  // is the Transpose's index or -1.
+  int64_t quantized_by(ValueId v, int64_t* transpose) const {
+    *transpose = -1;
+    int64_t r = single_reader(v);
+    if (r >= 0 && g_.nodes[static_cast<size_t>(r)].op == "Transpose" && g_.nodes[static_cast<size_t>(r)].domain.empty()) {
+      *transpose = r;
+      r = single_reader(g_.nodes[static_cast<size_t>(r)].outputs[0]);
+    }
+    if (r < 0 || !per_tensor(g_, g_.nodes[static_cast<size_t>(r)], "QuantizeLinear")) return -1;
+    return r;
+  }
+
+  // The value the lowered node writes: Q's output, or a new int8 value the Transpose then moves
+  // to Q's output.
+  ValueId int8_result(ValueId f32_out, int64_t q, int64_t transpose) {
+    const ValueId out = g_.nodes[static_cast<size_t>(q)].outputs[0];
+    drop_[static_cast<size_t>(q)] = 1;
+    if (transpose < 0) return out;
+    const Value& f = g_.value(f32_out);
+    const ValueId t = g_.add_value(g_.unique_value_name(f.name + "_int8"), g_.value(out).dtype, f.shape);
+    Node& tr = g_.nodes[static_cast<size_t>(transpose)];
+    tr.inputs = {t};
+    tr.outputs = {out};
+    return t;
+  }
+
+  void absorb(Node& into, const Node& from) {
+    if (from.sources.empty()) into.sources.push_back(from.name);
+    for (const std::string& s : from.sources)
+      if (std::find(into.sources.begin(), into.sources.end(), s) == into.sources.end()) into.sources.push_back(s);
+  }
+
+  bool conv(size_t i) {
+    const Node& c = g_.nodes[i];
+    if (!c.has_input(0) || !c.has_input(1) || c.outputs.size() != 1) return false;
+    const Node *tx = nullptr, *tz = nullptr;
+    const Node* dx = dequantized(c.inputs[0], &tx);
+    if (!dx) return false;
+    // The weight: DQ of a constant s8 tensor, per tensor or per output channel, zero points 0.
+    const Node* dw = producer(c.inputs[1]);
+    if (!dw || dw->op != "DequantizeLinear" || dw->inputs.size() != 3 || dw->has_attr("block_size")) return false;
+    const Value& wq = g_.value(dw->inputs[0]);
+    const Value& ws = g_.value(dw->inputs[1]);
+    const Value& wz = g_.value(dw->inputs[2]);
+    if (!wq.is_constant() || wq.dtype != DType::i8 || !ws.is_constant() || ws.dtype != DType::f32 || !wz.is_constant()) return false;
+    if (ws.constant.numel() != 1 && (dw->attr_int("axis", 1) != 0 || ws.constant.numel() != wq.constant.dim(0))) return false;
+    for (double z : wz.constant.to_double_vector())
+      if (z != 0) return false;
+    if (c.has_input(2) && (!g_.value(c.inputs[2]).is_constant() || g_.value(c.inputs[2]).dtype != DType::f32)) return false;
+    const Node* dz = nullptr;
+    if (c.has_input(3) && !(dz = dequantized(c.inputs[3], &tz))) return false;
+    int64_t tq = -1;
+    const int64_t q = quantized_by(c.outputs[0], &tq);
+    if (q < 0 || (dz && g_.value(dz->inputs[0]).dtype != g_.value(g_.nodes[static_cast<size_t>(q)].outputs[0]).dtype)) return false;
+
+    Node n;
+    n.name = c.name;
+    n.op = "QFusedConv";
+    n.attrs = c.attrs;
+    n.sources = c.sources;
+    if (n.sources.empty()) n.sources.push_back(c.name);
+    const Node& qn = g_.nodes[static_cast<size_t>(q)];
+    const ValueId x = int8_operand(*dx, tx, i);
+    n.inputs = {x, dx->inputs[1], dx->inputs[2], dw->inputs[0], dw->inputs[1], dw->inputs[2], qn.inputs[1], qn.inputs[2],
+                c.has_input(2) ? c.inputs[2] : kNoValue};
+    if (dz) n.inputs.insert(n.inputs.end(), {int8_operand(*dz, tz, i), dz->inputs[1], dz->inputs[2]});
+    absorb(n, qn);
+    n.outputs = {int8_result(c.outputs[0], q, tq)};
+    before_[i].push_back(std::move(n));
+    drop_[i] = 1;
+    return true;
+  }
+
+  bool maxpool(size_t i) {
+    const Node& p = g_.nodes[i];
+    if (p.outputs.size() != 1 && (p.outputs.size() != 2 || p.outputs[1] != kNoValue)) return false;
+    const Node* tx = nullptr;
+    const Node* dx = dequantized(p.inputs[0], &tx);
+    if (!dx) return false;
+    int64_t tq = -1;
+    const int64_t q = quantized_by(p.outputs[0], &tq);
+    if (q < 0) return false;
+    const Node& qn = g_.nodes[static_cast<size_t>(q)];
+    if (scalar_of(g_, qn.inputs[1]) != scalar_of(g_, dx->inputs[1]) || scalar_of(g_, qn.inputs[2]) != scalar_of(g_, dx->inputs[2]) ||
+        g_.value(qn.inputs[2]).dtype != g_.value(dx->inputs[2]).dtype)
+      return false;
+    Node n = p;
+    n.inputs = {int8_operand(*dx, tx, i)};
+    absorb(n, qn);
+    n.outputs = {int8_result(p.outputs[0], q, tq)};
+    n.kernel = {};
+    before_[i].push_back(std::move(n));
+    drop_[i] = 1;
+    return true;
+  }
+
+  Graph& g_;
+  std::vector<int32_t> producers_;
+  std::vector<std::vector<Use>> uses_;
+  std::set<ValueId> outputs_;
+  std::vector<char> drop_;
+  std::vector<std::vector<Node>> before_;  ///< per node: what replaces it, in order, before it
+};
+
+// The DequantizeLinear nodes of constants left: folded into f32 constants.
+Result<size_t> fold_constant_dequantize(Graph& g) {
+  std::vector<char> drop(g.nodes.size(), 0);
+  size_t n = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& d = g.nodes[i];
+    if (d.op != "DequantizeLinear" || !d.domain.empty() || d.outputs.size() != 1) continue;
+    bool constant = true;
+    for (ValueId v : d.inputs) constant = constant && (v == kNoValue || g.value(v).is_constant());
+    if (!constant) continue;
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> r, evaluate_nodes(g, {i}, {d.outputs[0]}));
+    g.value(d.outputs[0]).constant = r[0];
+    drop[i] = 1;
+    ++n;
+  }
+  if (n) {
+    erase_nodes(g, drop);
+    drop_unused_values(g);
+  }
+  return n;
+}
+
+}  // namespace
+
+Result<PassResult> lower_int8(Model& model, PassContext&) {
+  Graph& g = model.graph;
+  g.remove_dead();  // the Transposes back that channels_last left unread would hide single readers
+  Lowering l(g);
+  l.run();
+  l.finish();
+  g.remove_dead();  // the DQs and Qs the int8 nodes replaced
+  KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
+  if (l.convs + l.pools == 0 && folded == 0) return PassResult{};
+  std::string s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv and " +
+                  count_of(l.pools, "max pool", "max pools") + " to int8";
+  if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
+  return PassResult{true, s};
+}
+
+}  // namespace kiln

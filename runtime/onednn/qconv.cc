@@ -1,0 +1,161 @@
+// onednn.qconv: QFusedConv (what `kiln compile` makes of a quantized model's DQ -> conv -> Q)
+// as a oneDNN int8 convolution: u8 or s8 activations, s8 weights, VNNI's `vpdpbusd` on this
+// CPU (AMX where present), the whole epilogue in the kernel and the output written as int8.
+//
+// oneDNN 2.6's int8 arithmetic: acc = Σ (x − x_zero) · w in s32, plus the bias (added to the
+// accumulator, so it is passed in accumulator units, B / (x_scale · w_scale)), times the output
+// scale. kiln sets the output scale to x_scale · w_scale per output channel, which makes the
+// value real: the activation post-op sees the same numbers as FusedConv's would; the residual Z
+// is a sum post-op with Z's scale and zero point (Z copied into the destination first), then
+// the post activation, then a linear post-op of 1 / y_scale, and oneDNN adds y's zero point,
+// rounds to nearest even and saturates. Every epilogue FusedConv has is thus exact up to the
+// final rounding: the output is within one quantization step of the reference.
+//
+// Weights must be constant with zero zero points (the quantizers' symmetric weights); the
+// scales and zero points must be constant. Channels-last tensors (what compile makes) are
+// oneDNN's fastest int8 layout; channels-first ones run too.
+#include <cstring>
+
+#include "formats/ops/nn_util.h"
+#include "runtime/onednn/onednn.h"
+
+namespace kiln::onednn {
+
+namespace {
+
+using dnnl::memory;
+
+memory::data_type int8_type(DType t) { return t == DType::u8 ? memory::data_type::u8 : memory::data_type::s8; }
+
+std::optional<std::string> qconv_declines(const KernelQuery& q) {
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype == DType::undefined) continue;
+    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
+    if (i != 0 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (weights, bias, scales and zero points must be constant)";
+  }
+  const int64_t rank = q.inputs[0].shape.rank();
+  if (rank < 3 || rank > 5) return "only 1-D to 3-D convolutions";
+  if (shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty";
+  for (double z : q.inputs[5].value->to_double_vector())
+    if (z != 0) return "the weights' zero points are not all zero";
+  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined && q.inputs[9].dtype != q.outputs[0].dtype)
+    return "Z and Y have different types";
+  return std::nullopt;
+}
+
+float scalar(const InferInput& in) { return static_cast<float>(in.value->to_double_vector()[0]); }
+int32_t zero_point(const InferInput& in) { return static_cast<int32_t>(in.value->to_double_vector()[0]); }
+
+class QConvKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    return guarded(q.node, [&]() -> Status {
+      const bool last = nn::channels_last(q.node);
+      std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+      const std::vector<int64_t> ws = q.inputs[3].shape.concrete();
+      if (last) {
+        xs = nn::permute(xs, nn::channels_first_perm(xs.size()));
+        ys = nn::permute(ys, nn::channels_first_perm(ys.size()));
+      }
+      const int64_t group = q.node.attr_int("group", 1), m = ws[0];
+      std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
+      KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, spatial, kernel, false));
+      const size_t n = spatial.size();
+      memory::dims strides(w.strides.begin(), w.strides.end()), dil(n), pad_l(n), pad_r(n);
+      for (size_t i = 0; i < n; ++i) {
+        dil[i] = w.dilations[i] - 1;
+        pad_l[i] = w.pads[i];
+        pad_r[i] = w.pads[n + i];
+      }
+      std::vector<int64_t> wdims = ws;
+      if (group > 1) {
+        wdims[0] = ws[0] / group;
+        wdims.insert(wdims.begin(), group);
+      }
+      const memory::data_type xt = int8_type(q.inputs[0].dtype), yt = int8_type(q.outputs[0].dtype);
+      const memory::desc src = last ? channels_last(xs, xt) : plain(xs, xt);
+      const memory::desc dst = last ? channels_last(ys, yt) : plain(ys, yt);
+      const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::s8, memory::format_tag::any);
+
+      // Output scales x_scale · w_scale[c]; the bias in accumulator units.
+      const float sx = scalar(q.inputs[1]);
+      const std::vector<double> sw = q.inputs[4].value->to_double_vector();
+      std::vector<float> scales(static_cast<size_t>(m));
+      for (int64_t c = 0; c < m; ++c) scales[static_cast<size_t>(c)] = sx * static_cast<float>(sw[sw.size() == 1 ? 0 : static_cast<size_t>(c)]);
+      has_bias_ = q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined;
+      memory::desc bias_desc;
+      if (has_bias_) {
+        bias_ = Tensor(DType::f32, {m});
+        const float* b = q.inputs[8].value->data<float>();
+        for (int64_t c = 0; c < m; ++c) bias_.data<float>()[c] = scales[static_cast<size_t>(c)] != 0 ? b[c] / scales[static_cast<size_t>(c)] : 0.f;
+        bias_desc = plain({m});
+      }
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      attr.set_output_scales(1 << 1, scales);
+      if (const int32_t zx = zero_point(q.inputs[2]); zx != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zx});
+      if (const int32_t zy = zero_point(q.inputs[7]); zy != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {zy});
+      KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(q.node, "activation"));
+      KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(q.node, "post_activation"));
+      dnnl::post_ops ops;
+      if (!append_activation(ops, act) ) return internal_error(q.node.where(), "no oneDNN post-op for the activation");
+      has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
+      if (has_z_) ops.append_sum(scalar(q.inputs[10]), zero_point(q.inputs[11]), yt);
+      if (!append_activation(ops, post)) return internal_error(q.node.where(), "no oneDNN post-op for the post-activation");
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / scalar(q.inputs[6]), 0.f);
+      attr.set_post_ops(ops);
+
+      dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, any_w,
+                                           bias_desc, dst, strides, dil, pad_l, pad_r);
+      dnnl::convolution_forward::primitive_desc pd(desc, attr, cpu_engine());
+      // The weights reordered once into oneDNN's layout (with the compensation for x's zero
+      // point that oneDNN keeps beside them).
+      const Tensor& wt = *q.inputs[3].value;
+      memory user_w(plain(wdims, memory::data_type::s8), cpu_engine(), const_cast<void*>(wt.raw()));
+      weights_ = memory(pd.weights_desc(), cpu_engine());
+      dnnl::reorder(user_w, weights_).execute(cpu_stream(), user_w, weights_);
+      cpu_stream().wait();
+      impl_ = pd.impl_info_str();
+      prim_ = dnnl::convolution_forward(pd);
+      src_ = memory(src, cpu_engine(), nullptr);
+      dst_ = memory(dst, cpu_engine(), nullptr);
+      if (has_bias_) bias_mem_ = memory(bias_desc, cpu_engine(), bias_.raw());
+      scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
+      needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      return {};
+    });
+  }
+
+  Status run(KernelContext& ctx) override {
+    return guarded(ctx.node(), [&]() -> Status {
+      src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
+      Tensor& y = ctx.output(0);
+      dst_.set_data_handle(y.raw());
+      if (has_z_) std::memcpy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
+      if (has_bias_) args.emplace(DNNL_ARG_BIAS, bias_mem_);
+      execute(prim_, args, scratch_, ctx.workspace());
+      return {};
+    });
+  }
+
+  std::string label() const override { return impl_; }
+
+ private:
+  dnnl::convolution_forward prim_;
+  memory weights_, src_, dst_, bias_mem_, scratch_;
+  Tensor bias_;
+  bool has_bias_ = false, has_z_ = false;
+  std::string impl_;  ///< oneDNN's implementation ("brg:avx512_core_vnni")
+};
+
+}  // namespace
+
+void register_qconv(KernelRegistry& r) {
+  r.add("QFusedConv", "cpu", KernelImpl{.name = "onednn.qconv",
+                                        .declines = qconv_declines,
+                                        .create = [](const KernelQuery&) { return std::make_unique<QConvKernel>(); }});
+}
+
+}  // namespace kiln::onednn

@@ -1,0 +1,188 @@
+// The int8 kernels against the reference kernels: QFusedConv on odd and SIMD-multiple sizes,
+// u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts; and
+// max pooling on int8 tensors. Int8 outputs must match within one quantization step (the
+// reference divides by the scale, the kernels multiply by its inverse).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iterator>
+#include <limits>
+
+#include "tests/unit/kernel_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::Case;
+using testing::noise;
+
+// Values spread over the whole of the type's range.
+Tensor int8_noise(std::vector<int64_t> shape, uint32_t seed, DType t) {
+  const Tensor f = noise(std::move(shape), seed);
+  Tensor q(t, f.shape());
+  for (int64_t i = 0; i < f.numel(); ++i) {
+    const float v = f.data<float>()[i];  // in [-0.5, 0.5)
+    if (t == DType::u8) q.data<uint8_t>()[i] = static_cast<uint8_t>(std::lround((v + 0.5f) * 255.f));
+    else q.data<int8_t>()[i] = static_cast<int8_t>(std::lround(v * 254.f));
+  }
+  return q;
+}
+
+Tensor scalar_f32(float v) {
+  Tensor t(DType::f32, {});
+  t.data<float>()[0] = v;
+  return t;
+}
+
+Tensor scalar_int(DType t, int v) {
+  Tensor s(t, {});
+  if (t == DType::u8) s.data<uint8_t>()[0] = static_cast<uint8_t>(v);
+  else s.data<int8_t>()[0] = static_cast<int8_t>(v);
+  return s;
+}
+
+// Largest element-wise distance between two int8 tensors of the same type and shape.
+int max_step(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.dtype(), b.dtype());
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<double> x = a.to_double_vector(), y = b.to_double_vector();
+  double worst = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return static_cast<int>(worst);
+}
+
+struct QConv {
+  int64_t n = 1, c = 8, h = 7, w = 7, m = 8, k = 3, stride = 1, group = 1;
+  DType act = DType::u8;
+  bool per_channel = true, bias = true, residual = false, last = true;
+  std::string activation, post;
+};
+
+// A QFusedConv case: x and z over their whole range, y's scale sized to the output's spread.
+Case qconv_case(const QConv& s) {
+  const int64_t p = s.k / 2, oh = (s.h + 2 * p - s.k) / s.stride + 1, ow = (s.w + 2 * p - s.k) / s.stride + 1;
+  const bool u8 = s.act == DType::u8;
+  Tensor x = int8_noise(s.last ? std::vector<int64_t>{s.n, s.h, s.w, s.c} : std::vector<int64_t>{s.n, s.c, s.h, s.w}, 1, s.act);
+  Tensor w = int8_noise({s.m, s.c / s.group, s.k, s.k}, 2, DType::i8);
+  Tensor ws(DType::f32, s.per_channel ? std::vector<int64_t>{s.m} : std::vector<int64_t>{});
+  for (int64_t i = 0; i < ws.numel(); ++i) ws.data<float>()[i] = 0.002f + 0.0005f * static_cast<float>(i % 7);
+  Tensor wz(DType::i8, ws.shape());
+  for (int64_t i = 0; i < wz.numel(); ++i) wz.data<int8_t>()[i] = 0;
+  const float sx = 1.f / 64, fan_in = static_cast<float>(s.c / s.group * s.k * s.k);
+  const float sy = 0.003f * std::sqrt(fan_in) * 4 / 64;
+  std::vector<Tensor> in = {x, scalar_f32(sx), scalar_int(s.act, u8 ? 131 : -3), w, ws, wz, scalar_f32(sy),
+                            scalar_int(s.act, u8 ? 17 : 5), s.bias ? noise({s.m}, 3, 0.5f) : Tensor()};
+  std::vector<bool> constant = {false, true, true, true, true, true, true, true, true};
+  if (s.residual) {
+    in.push_back(int8_noise(s.last ? std::vector<int64_t>{s.n, oh, ow, s.m} : std::vector<int64_t>{s.n, s.m, oh, ow}, 4, s.act));
+    in.push_back(scalar_f32(sy * 1.5f));
+    in.push_back(scalar_int(s.act, u8 ? 120 : -10));
+    constant.insert(constant.end(), {false, true, true});
+  }
+  std::vector<Attribute> a = {attr("pads", std::vector<int64_t>{p, p, p, p}), attr("strides", std::vector<int64_t>{s.stride, s.stride}),
+                              attr("group", s.group)};
+  if (s.last) a.push_back(attr("channels_last", int64_t{1}));
+  if (!s.activation.empty()) a.push_back(attr("activation", s.activation));
+  if (s.activation == "Clip") a.push_back(attr("activation_params", std::vector<double>{-0.5, 1.0}));
+  if (!s.post.empty()) a.push_back(attr("post_activation", s.post));
+  return Case{"QFusedConv", in, constant, a};
+}
+
+void expect_within_one_step(const Case& c, const std::string& kernel) {
+  testing::BothRuns r = testing::run_both(c);
+  EXPECT_EQ(r.kernel, kernel);
+  ASSERT_EQ(r.fast.size(), 1u);
+  ASSERT_EQ(r.ref.size(), 1u);
+  EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+  // Not trivially equal: the outputs spread over many quantization steps.
+  const std::vector<double> v = r.ref[0].to_double_vector();
+  EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 20) << r.graph_text;
+}
+
+TEST(Int8Kernels, QFusedConvShapesGroupsAndLayouts) {
+  for (QConv s : std::vector<QConv>{{1, 3, 11, 9, 5, 3, 2, 1}, {2, 16, 8, 8, 32, 1, 1, 1}, {1, 12, 9, 9, 18, 3, 1, 3},
+                                    {1, 17, 9, 7, 17, 3, 1, 17}, {1, 40, 10, 10, 40, 5, 2, 40}, {1, 64, 7, 7, 67, 3, 1, 1}}) {
+    for (bool last : {true, false}) {
+      s.last = last;
+      SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + " k" + std::to_string(s.k) + " group " +
+                   std::to_string(s.group) + (last ? " nhwc" : " nchw"));
+      expect_within_one_step(qconv_case(s), "onednn.qconv");
+    }
+  }
+}
+
+TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
+  for (DType act : {DType::u8, DType::i8}) {
+    for (bool per_channel : {true, false}) {
+      QConv s;
+      s.c = 24;
+      s.m = 19;
+      s.act = act;
+      s.per_channel = per_channel;
+      SCOPED_TRACE(std::string(dtype_name(act)) + (per_channel ? " per channel" : " per tensor"));
+      expect_within_one_step(qconv_case(s), "onednn.qconv");
+      s.activation = "Relu";
+      s.residual = true;
+      s.post = "Relu";
+      expect_within_one_step(qconv_case(s), "onednn.qconv");
+      s.bias = false;
+      s.activation = "Clip";
+      s.post = "Sigmoid";
+      expect_within_one_step(qconv_case(s), "onednn.qconv");
+      s.activation = "HardSwish";
+      s.residual = false;
+      s.post.clear();
+      expect_within_one_step(qconv_case(s), "onednn.qconv");
+    }
+  }
+}
+
+TEST(Int8Kernels, QFusedConvDeclinesNonZeroWeightZeroPoints) {
+  Case c = qconv_case(QConv{});
+  c.inputs[5].data<int8_t>()[0] = 1;
+  testing::BothRuns r = testing::run_both(c);
+  EXPECT_EQ(r.kernel, "ref");
+}
+
+TEST(Int8Kernels, MaxPoolOnInt8) {
+  for (DType t : {DType::u8, DType::i8}) {
+    for (bool last : {false, true}) {
+      std::vector<Attribute> a = {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
+                                  attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+      if (last) a.push_back(attr("channels_last", int64_t{1}));
+      testing::BothRuns r = testing::run_both(Case{"MaxPool", {int8_noise({2, 13, 11, 5}, 9, t)}, {false}, a});
+      EXPECT_EQ(r.kernel, "onednn.pool");
+      ASSERT_EQ(r.fast.size(), 1u);
+      EXPECT_EQ(max_step(r.fast[0], r.ref[0]), 0);
+    }
+  }
+}
+
+// Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
+// and values far out of range included.
+TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {
+  Tensor x = noise({3, 1001}, 11, 12.f);
+  const float special[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 1e30f, -1e30f, std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), std::nanf(""), 0.f, -0.f, 126.5f, 127.5f};
+  for (size_t i = 0; i < std::size(special); ++i) x.data<float>()[i * 7] = special[i];
+  for (DType t : {DType::u8, DType::i8}) {
+    for (float scale : {1.f, 0.037f, 3e-5f}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " scale " + std::to_string(scale));
+      const Case q{"QuantizeLinear", {x, scalar_f32(scale), scalar_int(t, t == DType::u8 ? 128 : -7)}, {false, true, true}};
+      testing::BothRuns r = testing::run_both(q);
+      EXPECT_EQ(r.kernel, "kiln.quantize_avx512");
+      ASSERT_EQ(r.fast.size(), 1u);
+      EXPECT_EQ(max_step(r.fast[0], r.ref[0]), 0);
+      const Case d{"DequantizeLinear", {int8_noise({5, 333}, 12, t), scalar_f32(scale), scalar_int(t, t == DType::u8 ? 3 : -100)},
+                   {false, true, true}};
+      r = testing::run_both(d);
+      EXPECT_EQ(r.kernel, "kiln.dequantize_avx512");
+      ASSERT_EQ(r.fast.size(), 1u);
+      EXPECT_EQ(r.fast[0].to_double_vector(), r.ref[0].to_double_vector());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
