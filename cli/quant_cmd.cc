@@ -2,9 +2,11 @@
 // post-training quantization as PT2E does it — annotate, prepare, calibrate on the user's files,
 // convert to explicit QuantizeLinear / DequantizeLinear.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -12,6 +14,7 @@
 
 #include "cli/app.h"
 #include "cli/inputs.h"
+#include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/verify.h"
 #include "formats/npy.h"
@@ -20,6 +23,7 @@
 #include "quant/convert.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
+#include "quant/report.h"
 #include "runtime/session.h"
 #include "runtime/threads.h"
 
@@ -38,6 +42,9 @@ struct QuantArgs {
   bool per_tensor = false;
   int threads = 0;
   bool verbose = false;
+  bool report = false;
+  std::vector<std::string> eval;
+  bool json = false;
 };
 
 // Whether a folder is one sample set: an ONNX test_data_set (input_K.pb) or .npy files.
@@ -137,6 +144,66 @@ Result<std::vector<std::vector<Tensor>>> file_samples(const Graph& g, const std:
   return samples;
 }
 
+// Calls fn on the samples of `files` in order, from sample `first` on, `count` of them at most
+// (-1: all); one file's arrays are in memory at a time.
+template <class F>
+Status for_each_sample(const Graph& g, const std::vector<std::string>& files, int64_t first, int64_t count, F&& fn) {
+  int64_t index = 0, done = 0;
+  for (const std::string& file : files) {
+    if (count >= 0 && done >= count) break;
+    KILN_ASSIGN_OR_RETURN(auto samples, file_samples(g, file));
+    for (const auto& sample : samples) {
+      if (count >= 0 && done >= count) break;
+      if (index++ < first) continue;
+      KILN_RETURN_IF_ERROR(with_file(fn(sample), file));
+      ++done;
+    }
+  }
+  return {};
+}
+
+Result<int64_t> count_samples(const Graph& g, const std::vector<std::string>& files) {
+  int64_t n = 0;
+  for (const std::string& file : files) {
+    KILN_ASSIGN_OR_RETURN(auto samples, file_samples(g, file));
+    n += static_cast<int64_t>(samples.size());
+  }
+  return n;
+}
+
+std::string db_text(double db) {
+  if (std::isinf(db)) return db > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", db);
+  return buf;
+}
+
+nlohmann::json db_json(double db) { return std::isinf(db) ? nlohmann::json(nullptr) : nlohmann::json(db); }
+
+// --report on stdout: each layer worst first, then the graph outputs; or the same as JSON.
+void print_report(const quant::AccuracyReport& r, const std::string& source, bool json) {
+  if (json) {
+    nlohmann::json doc = {{"format", "kiln.quant_report"}, {"version", 1}, {"samples", r.samples()}, {"eval", source}};
+    doc["outputs"] = nlohmann::json::array();
+    for (const auto& [name, s] : r.outputs()) doc["outputs"].push_back({{"name", name}, {"sqnr_db", db_json(s.db())}});
+    doc["layers"] = nlohmann::json::array();
+    for (const quant::LayerSqnr& l : r.layers())
+      doc["layers"].push_back({{"node", l.node}, {"value", l.value}, {"pattern", l.pattern}, {"sqnr_db", db_json(l.sqnr.db())}});
+    std::cout << doc.dump(2) << "\n";
+    return;
+  }
+  std::cout << "SQNR of the quantized model against the float one on " << r.samples() << (r.samples() == 1 ? " sample" : " samples")
+            << " (" << source << "), in dB\n";
+  for (const auto& [name, s] : r.outputs()) std::cout << "  output '" << name << "': " << db_text(s.db()) << "\n";
+  std::cout << "  per layer, as the next layer reads it, worst first:\n";
+  std::cout << "  SQNR dB  node (pattern)\n";
+  for (const quant::LayerSqnr& l : r.layers()) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%7s", db_text(l.sqnr.db()).c_str());
+    std::cout << "  " << buf << "  " << l.node << (l.pattern.empty() ? "" : " (" + l.pattern + ")") << "\n";
+  }
+}
+
 int run_quant(const QuantArgs& args, const std::string& cmdline) {
   const std::string verb = "quant";
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln)"));
@@ -147,6 +214,14 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
+  if ((!args.eval.empty() || args.json) && !args.report) return report(verb, user_error("", "--eval and --json go with --report"));
+  if (args.report && args.output == "-") return report(verb, user_error("", "--report prints on stdout: write the model to a file (-o)"));
+  std::vector<std::string> eval_files;
+  if (!args.eval.empty()) {
+    auto e = calibration_sets(args.eval);
+    if (!e.ok()) return report(verb, e.error());
+    eval_files = std::move(*e);
+  }
 
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
   // The file's bytes are read once: hashed for the provenance, then decoded (the constants view
@@ -183,27 +258,35 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (!session.ok()) return report(verb, with_file(session.status(), display));
   quant::Calibrator calibrator(g, *prepared);
   (*session)->set_observer(&calibrator);
+  // Without --eval, --report holds the last quarter of the calibration samples apart.
+  int64_t eval_from = -1;
+  if (args.report && eval_files.empty()) {
+    auto total = count_samples(g, *files);
+    if (!total.ok()) return report(verb, total.error());
+    if (*total < 2) return report(verb, user_error("", "--report needs --eval or at least 2 calibration samples (the last quarter evaluates)"));
+    eval_from = *total - *total / 4;
+  }
   int64_t seen = 0;
   const bool tty = isatty(STDERR_FILENO);
-  for (const std::string& file : *files) {
-    if (args.calib_limit > 0 && seen >= args.calib_limit) break;
-    auto samples = file_samples(g, file);  // one file's arrays at a time: memory stays bounded
-    if (!samples.ok()) return report(verb, samples.error());
-    for (const auto& sample : *samples) {
-      if (args.calib_limit > 0 && seen >= args.calib_limit) break;
-      if (Status s = calibrator.observe_inputs(sample); !s.ok()) return report(verb, with_file(s, file));
-      auto r = (*session)->run(sample);
-      if (!r.ok()) return report(verb, with_file(r.status(), file));
-      if (!calibrator.status().ok()) return report(verb, with_file(calibrator.status(), file));
-      ++seen;
-      if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(seen));
-    }
-  }
+  int64_t calib_count = args.calib_limit > 0 ? args.calib_limit : -1;
+  if (eval_from >= 0) calib_count = calib_count < 0 ? eval_from : std::min(calib_count, eval_from);
+  Status calibrated = for_each_sample(g, *files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
+    KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
+    KILN_RETURN_IF_ERROR((*session)->run(sample).status());
+    KILN_RETURN_IF_ERROR(calibrator.status());
+    ++seen;
+    if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(seen));
+    return {};
+  });
+  if (!calibrated.ok()) return report(verb, calibrated.error());
   if (tty) std::fprintf(stderr, "\r\033[K");
   (*session)->set_observer(nullptr);
   session->reset();
 
   const size_t float_nodes = g.nodes.size();  // before convert adds the Q/DQ
+  const Model float_model = *model;  // for --report (it shares the constants)
+  std::map<std::string, std::string> pattern_of;
+  for (const auto& [n, a] : annotations) pattern_of[g.nodes[n].name] = a.pattern;
   std::vector<std::string> annotated_names;
   for (const auto& [n, a] : annotations) annotated_names.push_back("node '" + g.nodes[n].name + "': " + a.pattern);
   auto stats = quant::convert(*model, *prepared);
@@ -231,6 +314,26 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (args.verbose)
     for (const std::string& line : annotated_names) std::cerr << "kiln quant: " << line << "\n";
 
+  if (args.report) {
+    SessionOptions eval_options;
+    eval_options.target = target;
+    auto float_session = Session::create(float_model, eval_options);
+    if (!float_session.ok()) return report(verb, with_file(float_session.status(), display));
+    // The quantized model with its weights dequantized once (as compile folds them), so that its
+    // convolutions and matrix products run on the fast float kernels: the same values.
+    Model simulated = *model;
+    if (auto folded = fold_constant_dequantize(simulated.graph); !folded.ok()) return report(verb, with_file(folded.status(), display));
+    auto quantized_session = Session::create(simulated, eval_options);
+    if (!quantized_session.ok()) return report(verb, with_file(quantized_session.status(), display));
+    quant::AccuracyReport accuracy(float_model.graph, simulated.graph, pattern_of);
+    auto add = [&](const std::vector<Tensor>& sample) { return accuracy.add_sample(**float_session, **quantized_session, sample); };
+    Status evaluated = eval_files.empty() ? for_each_sample(g, *files, eval_from, -1, add) : for_each_sample(g, eval_files, 0, -1, add);
+    if (!evaluated.ok()) return report(verb, evaluated.error());
+    std::string source = "--eval";
+    if (eval_files.empty()) source = "the last " + std::to_string(accuracy.samples()) + " of the --calib samples, held out of calibration";
+    print_report(accuracy, source, args.json);
+  }
+
   return report(verb, write_model_output(*model, args.output));
 }
 
@@ -251,6 +354,11 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
       ->check(CLI::PositiveNumber);
   add_max_memory_option(cmd);
+  cmd->add_flag("--report", args->report,
+                "print each quantized layer's SQNR against the float model (worst first) and each output's, on --eval "
+                "inputs or the last quarter of the --calib ones (then held out of calibration)");
+  cmd->add_option("--eval", args->eval, "evaluation inputs for --report, in --calib's forms (repeatable)");
+  cmd->add_flag("--json", args->json, "with --report: the report as JSON on stdout");
   cmd->add_flag("-v,--verbose", args->verbose, "print each annotated node's pattern");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_quant(*args, cmdline); });
 }

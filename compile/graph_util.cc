@@ -134,4 +134,26 @@ std::optional<std::vector<size_t>> constant_cone(const Graph& graph, ValueId val
   return nodes;
 }
 
+Result<size_t> fold_constant_dequantize(Graph& g) {
+  std::vector<char> drop(g.nodes.size(), 0);
+  size_t n = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& d = g.nodes[i];
+    if (d.op != "DequantizeLinear" || !d.domain.empty() || d.outputs.size() != 1) continue;
+    bool constant = true;
+    for (ValueId v : d.inputs) constant = constant && (v == kNoValue || g.value(v).is_constant());
+    if (!constant) continue;
+    KILN_ASSIGN_OR_RETURN(std::vector<Tensor> r, evaluate_nodes(g, {i}, {d.outputs[0]}));
+    g.value(d.outputs[0]).constant = r[0];
+    drop[i] = 1;
+    ++n;
+  }
+  if (n) {
+    erase_nodes(g, drop);
+    drop_unused_values(g);
+  }
+  return n;
+}
+
+
 }  // namespace kiln

@@ -37,6 +37,10 @@ Result<std::vector<Tensor>> evaluate_nodes(const Graph& graph, const std::vector
 /// graph input, no subgraph, only core ops); nullopt otherwise, and for a constant.
 std::optional<std::vector<size_t>> constant_cone(const Graph& graph, ValueId value);
 
+/// Folds every DequantizeLinear whose inputs are all constants (a quantized model's weights)
+/// into an f32 constant; returns how many. The weights run as float then, on the fast kernels.
+Result<size_t> fold_constant_dequantize(Graph& graph);
+
 /// A human plural: "1 node", "3 nodes".
 std::string count_of(size_t n, const char* singular, const char* plural);
 

@@ -240,6 +240,25 @@ def quant_tests(r, work, samples):
     r.check("quant_calib_folder", rc == 0 and "calibrated on 4 samples" in err, f"exit {rc}; {err[:300]!r}")
     rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.lim.kiln", "--quantizer", "x86", "--calib", "calib", "--calib-limit", "2"])
     r.check("quant_calib_limit", rc == 0 and "calibrated on 2 samples" in err, f"exit {rc}; {err[:300]!r}")
+    # --report: the last quarter of the samples held out (1 of 4), or --eval; as text and JSON.
+    rc, out, err = r.run(["quant", "cnn.kiln", "-o", "cnn.rep.kiln", "--quantizer", "x86", "--calib", "calib", "--report"])
+    r.check("quant_report", rc == 0 and "calibrated on 3 samples" in err and "on 1 sample (the last 1 of the --calib" in out
+            and "output 'logits': " in out and "/stem/relu/Relu (conv_Relu)" in out, f"exit {rc}; {out[:400]!r} {err[:300]!r}")
+    rc, out, err = r.run(["quant", "cnn.kiln", "-o", "cnn.rep.kiln", "--quantizer", "xnnpack", "--calib", "calib", "--eval", cnn_in,
+                          "--report", "--json"])
+    try:
+        doc = json.loads(out)
+        layers = [l["sqnr_db"] for l in doc["layers"]]
+        ok = (rc == 0 and doc["format"] == "kiln.quant_report" and doc["samples"] == 1 and "calibrated on 4 samples" in err
+              and len(layers) >= 5 and layers == sorted(layers) and doc["outputs"][0]["name"] == "logits"
+              and 20 < doc["outputs"][0]["sqnr_db"] < 80)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        ok, out = False, f"{e}: {out}"
+    r.check("quant_report_json", ok, f"exit {rc}; {out[:600]!r} {err[:300]!r}")
+    r.error("quant_report_one_sample", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--report"],
+            2, r"--report needs --eval or at least 2 calibration samples", no_file="q.kiln")
+    r.error("quant_eval_without_report", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--eval", cnn_in],
+            2, r"--eval and --json go with --report", no_file="q.kiln")
     # .npy files named after the inputs, and ONNX test_data_set folders (input_K.pb), alone or many.
     os.makedirs(os.path.join(work, "calib_npy"), exist_ok=True)
     np.save(os.path.join(work, "calib_npy", "input.npy"), np.concatenate([x, -x], axis=0))

@@ -7,6 +7,7 @@
 #include "quant/convert.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
+#include "quant/report.h"
 #include "tests/unit/compile_test_util.h"
 
 namespace kiln::quant {
@@ -289,6 +290,21 @@ TEST(Prepare, ASharedSpecNamingNoAnnotationIsAQuantizersBug) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.error().kind, ErrorKind::internal);
   EXPECT_NE(p.error().message().find("has no annotation"), std::string::npos) << p.error().message();
+}
+
+// --report's SQNR: 10·log10(signal / noise) summed over every sample added, +inf when exact.
+TEST(QuantReport, SqnrSumsOverSamples) {
+  quant::Sqnr s;
+  const float f1[] = {3, 4}, q1[] = {3, 4};
+  s.add(f1, q1, 2);
+  EXPECT_TRUE(std::isinf(s.db()) && s.db() > 0);
+  const float f2[] = {0, 0}, q2[] = {0.5f, 0.5f};  // Σf² = 25, Σ(q − f)² = 0.5
+  s.add(f2, q2, 2);
+  EXPECT_NEAR(s.db(), 10 * std::log10(25 / 0.5), 1e-9);
+  EXPECT_EQ(s.elements, 4);
+  quant::Sqnr silent;
+  silent.add(f2, q2, 2);
+  EXPECT_TRUE(std::isinf(silent.db()) && silent.db() < 0);
 }
 
 }  // namespace
