@@ -5,7 +5,7 @@
                           [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
-64 too, and the samples' MLP at batch 1 and 64) and thread count:
+64 too, ResNet-50 in int8, and the samples' MLP at batch 1 and 64) and thread count:
   - kiln: `kiln export`, then `kiln compile --input-shape ... --threads T`, then
     `kiln run --iters N --warmup W --threads T --json` (the run's own latency median: no
     process start or model loading);
@@ -13,6 +13,12 @@ For every model (the real-sized test models of tests/models/make_models.py, ResN
     session.run timed in this process;
   - OpenVINO, CPU plugin, PERFORMANCE_HINT=LATENCY, INFERENCE_PRECISION_HINT=f32,
     INFERENCE_NUM_THREADS=T, infer() timed in this process.
+resnet50_int8 is ResNet-50 quantized statically on 8 random samples: for kiln `kiln quant
+--quantizer x86` before the compile; for ONNX Runtime and OpenVINO the same model in QDQ form
+from ONNX Runtime's own quantize_static (QDQ format, u8 activations, s8 per-channel weights,
+min-max calibration on the same samples), which both run on their int8 kernels. Its outputs are
+checked against ONNX Runtime's fp32 ones (relative L2 <= 0.1: the two quantizations differ), and
+a line after the table gives kiln int8 over ONNX Runtime fp32 (the resnet50 row).
 Each runtime's outputs are first checked against ONNX Runtime's (relative L2 <= 1e-4). Then
 `--rounds` rounds each time every (model, threads, runtime) for `--iters` runs after `--warmup`,
 interleaved, so that a machine that slows down mid-run slows every column alike. A cell is the
@@ -46,6 +52,8 @@ from ort_reference import load_npz  # noqa: E402
 from run_models import Generated, last_line  # noqa: E402
 
 REL_L2_LIMIT = 1e-4
+INT8_REL_L2_LIMIT = 0.1  # an int8 model against fp32
+CALIB_SAMPLES = 8
 # The models of kiln's speed gate: the real-sized models at batch 1, ResNet-50 at batch 64, the
 # sample MLP at batch 1 and 64 (resnet_qdq is timed too, but is int8 work for ONNX Runtime).
 GATE = {"resnet50", "resnet50_b64", "mobilenetv2", "efficientnet_b0", "vit_s16", "bert_base", "gpt2", "llama", "yolo",
@@ -100,6 +108,9 @@ class Case:
         self.reference = None
         self.error = None  # kiln or ONNX Runtime failed: no row
         self.ov_error = None  # OpenVINO failed: the row without its column
+        self.kiln_onnx = onnx_path  # what kiln exports (the fp32 model, for an int8 case)
+        self.calib = None  # an int8 case: the calibration .npz kiln quant reads
+        self.limit = REL_L2_LIMIT
 
 
 def input_shapes(inputs):
@@ -109,7 +120,11 @@ def input_shapes(inputs):
 def prepare_kiln(case, kiln, threads, scratch, args, env):
     exported = os.path.join(scratch, f"{case.name}.kiln")
     if not os.path.exists(exported):
-        run([kiln, "export", case.onnx_path, "-o", exported], args.timeout)
+        run([kiln, "export", case.kiln_onnx, "-o", exported], args.timeout)
+        if case.calib:
+            quantized = os.path.join(scratch, f"{case.name}.q.kiln")
+            run([kiln, "quant", exported, "-o", quantized, "--quantizer", "x86", "--calib", case.calib], args.timeout)
+            os.replace(quantized, exported)
     if args.no_compile:
         case.kiln[threads] = exported
     else:
@@ -125,12 +140,19 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
     for name, ref in case.reference.items():
         got = np.load(os.path.join(out_dir, f"{name}.npy"))
         err = rel_l2(got, ref)
-        if not err <= REL_L2_LIMIT:
+        if not err <= case.limit:
             raise Failed(f"kiln output {name}: relative L2 {err:.3g} against ONNX Runtime")
 
 
 def prepare_ort(case, threads):
     import onnxruntime as ort
+
+    if case.reference is None and case.calib:  # an int8 case: checked against the fp32 model
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        fp32 = ort.InferenceSession(case.kiln_onnx, options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in fp32.get_outputs()]
+        case.reference = dict(zip(names, fp32.run(names, case.inputs)))
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -159,7 +181,7 @@ def prepare_ov(case, threads):
         name = output.get_any_name()
         if name in case.reference:
             err = rel_l2(result[output], case.reference[name])
-            if not err <= REL_L2_LIMIT:
+            if not err <= case.limit:
                 raise Failed(f"OpenVINO output {name}: relative L2 {err:.3g} against ONNX Runtime")
     case.ov[threads] = request
 
@@ -181,13 +203,39 @@ def time_calls(fn, args):
     return statistics.median(seconds)
 
 
+def int8_case(name, onnx_path, inputs, scratch, rng):
+    """The model quantized: calibration samples for kiln quant, and ONNX Runtime's QDQ model of
+    the same samples for the peers."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    samples = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in inputs.items()} for _ in range(CALIB_SAMPLES)]
+    calib = os.path.join(scratch, f"{name}.calib.npz")
+    np.savez(calib, **{k: np.concatenate([s[k] for s in samples]) for k in inputs})
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    qdq = os.path.join(scratch, f"{name}.qdq.onnx")
+    quantize_static(onnx_path, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+    case = Case(name, qdq, inputs, scratch)
+    case.kiln_onnx = onnx_path
+    case.calib = calib
+    case.limit = INT8_REL_L2_LIMIT
+    return case
+
+
 def make_cases(args, scratch):
     generated = Generated(args.work_dir)
     cases = []
     wanted = args.models
     rng = np.random.default_rng(0)
     for name in MODELS:
-        if wanted and name not in wanted and not (name == "resnet50" and "resnet50_b64" in wanted):
+        if wanted and name not in wanted and not (name == "resnet50" and {"resnet50_b64", "resnet50_int8"} & set(wanted)):
             continue
         gen_s, error = generated.ensure(name)
         if error:
@@ -199,6 +247,8 @@ def make_cases(args, scratch):
         if name == "resnet50" and (not wanted or "resnet50_b64" in wanted):
             big = {k: rng.standard_normal((64,) + v.shape[1:]).astype(v.dtype) for k, v in inputs.items()}
             cases.append(Case("resnet50_b64", onnx_path, big, scratch))
+        if name == "resnet50" and (not wanted or "resnet50_int8" in wanted):
+            cases.append(int8_case("resnet50_int8", onnx_path, inputs, scratch, rng))
     mlp = os.path.join(ROOT, "samples", "mlp.onnx")
     for batch in (1, 64):
         name = f"mlp_b{batch}"
@@ -211,7 +261,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kiln", required=True)
     parser.add_argument("--models", nargs="+", metavar="NAME",
-                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "mlp_b1", "mlp_b64"]))
+                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "mlp_b1", "mlp_b64"]))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -293,6 +343,10 @@ def main(argv=None):
                 ov = [r[2] for r in rows if r[2]]
                 g_ov = f"{math.exp(statistics.mean(math.log(x) for x in ov)):8.2f}" if ov else f"{'-':>8s}"
                 print(f"{label:14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov}")
+        for t in args.threads:
+            k, o = times.get(("resnet50_int8", t, "kiln")), times.get(("resnet50", t, "ort"))
+            if k and o:
+                print(f"# resnet50_int8 {t}T: kiln int8 / ONNX Runtime fp32 = {statistics.median(k) / statistics.median(o):.2f}")
         for case in cases:
             if case.ov_error and not case.error:
                 print(f"# {case.name}: OpenVINO failed: {case.ov_error}")

@@ -20,6 +20,7 @@
 #include "formats/npy.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
+#include "quant/config.h"
 #include "quant/convert.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
@@ -45,6 +46,7 @@ struct QuantArgs {
   bool report = false;
   std::vector<std::string> eval;
   bool json = false;
+  std::string config;
 };
 
 // Whether a folder is one sample set: an ONNX test_data_set (input_K.pb) or .npy files.
@@ -207,10 +209,22 @@ void print_report(const quant::AccuracyReport& r, const std::string& source, boo
 int run_quant(const QuantArgs& args, const std::string& cmdline) {
   const std::string verb = "quant";
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln)"));
-  auto quantizer = quant::make_quantizer(args.quantizer, !args.per_tensor);
-  if (!quantizer) return report(verb, user_error("", "--quantizer '" + args.quantizer + "' is not one of x86, xnnpack"));
+  if (!args.quantizer.empty() && args.quantizer != "x86" && args.quantizer != "xnnpack")
+    return report(verb, user_error("", "--quantizer '" + args.quantizer + "' is not one of x86, xnnpack"));
   if (args.per_tensor && args.quantizer != "xnnpack")
     return report(verb, user_error("", "--per-tensor is for the xnnpack quantizer (x86 weights are per channel)"));
+  quant::QuantizerConfig config;
+  if (!args.config.empty()) {
+    auto text = read_input(args.config);
+    if (!text.ok()) return report(verb, text.error());
+    auto parsed = quant::parse_quantizer_config(*text, args.config);
+    if (!parsed.ok()) return report(verb, parsed.error());
+    config = std::move(*parsed);
+  }
+  if (args.quantizer.empty() && !config.global)
+    return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, or \"global\" in --config)"));
+  quant::MaybeSetting command_line;
+  if (!args.quantizer.empty()) command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor};
   if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
@@ -247,6 +261,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (auto r = fold_batchnorm(*model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
   const Graph& g = model->graph;
 
+  size_t kept_float = 0;
+  const std::unique_ptr<quant::Quantizer> quantizer = quant::configured_quantizer(g, config, command_line, &kept_float);
   quant::Annotations annotations;
   if (Status s = quantizer->annotate(g, annotations); !s.ok()) return report(verb, with_file(s, display));
   auto prepared = quant::prepare(g, annotations);
@@ -288,7 +304,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   std::map<std::string, std::string> pattern_of;
   for (const auto& [n, a] : annotations) pattern_of[g.nodes[n].name] = a.pattern;
   std::vector<std::string> annotated_names;
-  for (const auto& [n, a] : annotations) annotated_names.push_back("node '" + g.nodes[n].name + "': " + a.pattern);
+  for (const auto& [n, a] : annotations)
+    annotated_names.push_back("node '" + g.nodes[n].name + "': " + a.pattern + (args.config.empty() ? "" : " (" + a.quantizer + ")"));
   auto stats = quant::convert(*model, *prepared);
   if (!stats.ok()) return report(verb, with_file(stats.status(), display));
   // The float weights now stored quantized, and what BatchNorm folding left, are read no more.
@@ -305,7 +322,9 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
 
   std::map<std::string, int> patterns;
   for (const auto& [n, a] : annotations) ++patterns[a.pattern];
-  std::cerr << "kiln quant: " << args.quantizer << ": " << annotations.size() << " of " << float_nodes << " nodes annotated";
+  const std::string quantizer_name = quantizer->name().empty() ? "no quantizer" : quantizer->name();
+  std::cerr << "kiln quant: " << quantizer_name << ": " << annotations.size() << " of " << float_nodes << " nodes annotated";
+  if (!args.config.empty()) std::cerr << " (" << kept_float << " kept float by --config)";
   // Nodes per pattern: a conv + relu pattern is two nodes.
   for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
   std::cerr << (patterns.empty() ? "" : ")") << "; " << prepared->groups.size() << " observers, calibrated on " << seen
@@ -344,8 +363,11 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   CLI::App* cmd = app.add_subcommand("quant", "Quantize an exported model (PT2E-style: annotate, calibrate, convert to Q/DQ)");
   cmd->add_option("input", args->input, "exported .kiln model (- for stdin)")->required();
   cmd->add_option("-o,--output", args->output, "quantized .kiln model (- for stdout)");
-  cmd->add_option("--quantizer", args->quantizer, "x86 (u8 activations, i8 per-channel weights) or xnnpack (i8 / i8 symmetric)")
-      ->required();
+  cmd->add_option("--quantizer", args->quantizer,
+                  "x86 (u8 activations, i8 per-channel weights) or xnnpack (i8 / i8 symmetric); required unless --config "
+                  "has a global setting");
+  cmd->add_option("--config", args->config,
+                  "JSON: quantizer settings per node name, op type and global (null: stays float); see the README");
   cmd->add_option("--calib", args->calib,
                   "calibration inputs: an .npz of arrays named after the inputs, a folder of <input>.npy files or an ONNX "
                   "test_data_set (input_K.pb), or a folder of any of these (repeatable); a leading batch dim is split into samples");

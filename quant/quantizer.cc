@@ -72,7 +72,7 @@ struct Style {
 
 class PatternQuantizer final : public Quantizer {
  public:
-  explicit PatternQuantizer(Style style) : s_(std::move(style)) {}
+  PatternQuantizer(Style style, NodeFilter filter) : s_(std::move(style)), allowed_(std::move(filter)) {}
   std::string name() const override { return s_.name; }
 
   Status annotate(const Graph& g, Annotations& out) const override {
@@ -86,6 +86,7 @@ class PatternQuantizer final : public Quantizer {
   }
 
  private:
+  bool allowed(size_t n) const { return !allowed_ || allowed_(n); }
   bool free(const Annotations& out, std::initializer_list<size_t> nodes) const {
     for (size_t n : nodes)
       if (out.count(n)) return false;
@@ -102,15 +103,16 @@ class PatternQuantizer final : public Quantizer {
   void layer(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     auto axis = weight_axis(g, node);
-    if (!axis || !is_float_value(g, node.inputs[0]) || out.count(n)) return;
+    if (!axis || !is_float_value(g, node.inputs[0]) || out.count(n) || !allowed(n)) return;
     const bool conv = node.op == "Conv";
     std::vector<size_t> chain = {n};
-    if (auto b = bias_add(g, u, n)) chain.push_back(*b);
+    if (auto b = bias_add(g, u, n); b && allowed(*b)) chain.push_back(*b);
     if (!free(out, {chain.back()})) return;
     std::string pattern = conv ? "conv" : "linear";
     std::optional<size_t> residual;
     int residual_slot = 0;  // the Add's input that is not the layer's output
     auto next = u.only_reader(g, chain.back());
+    if (next && !allowed(*next)) next.reset();
     if (next && s_.binary_after_layer && g.nodes[*next].op == "Add" && g.nodes[*next].num_inputs() == 2 && !out.count(*next)) {
       const Node& add = g.nodes[*next];
       const int other = add.inputs[0] == g.nodes[chain.back()].outputs[0] ? 1 : 0;
@@ -120,7 +122,7 @@ class PatternQuantizer final : public Quantizer {
         residual_slot = other;
         pattern += "_add";
         auto relu = u.only_reader(g, *next);
-        if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu)) chain.push_back(*relu), pattern += "_relu";
+        if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu) && allowed(*relu)) chain.push_back(*relu), pattern += "_relu";
       }
     } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
       chain.push_back(*next);
@@ -140,7 +142,7 @@ class PatternQuantizer final : public Quantizer {
   // xnnpack: Add and Mul (+ Relu) of two float tensors, quantized on both sides.
   void binary(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
-    if ((node.op != "Add" && node.op != "Mul") || node.num_inputs() != 2 || out.count(n)) return;
+    if ((node.op != "Add" && node.op != "Mul") || node.num_inputs() != 2 || out.count(n) || !allowed(n)) return;
     NodeAnnotation a = mark(node.op == "Add" ? "add" : "mul");
     for (int i = 0; i < 2; ++i) {
       const ValueId v = node.inputs[static_cast<size_t>(i)];
@@ -152,7 +154,7 @@ class PatternQuantizer final : public Quantizer {
     }
     if (a.inputs.empty()) return;
     auto relu = u.only_reader(g, n);
-    if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu)) {
+    if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu) && allowed(*relu)) {
       a.pattern += "_relu";
       NodeAnnotation r = mark(a.pattern);
       r.output = s_.config.activation;
@@ -167,7 +169,7 @@ class PatternQuantizer final : public Quantizer {
   // spec (Concat: every input shares input 0's too).
   void propagated(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
-    if (!s_.propagate.count(node.op) || out.count(n) || node.inputs.empty() || !is_float_value(g, node.inputs[0])) return;
+    if (!s_.propagate.count(node.op) || out.count(n) || node.inputs.empty() || !is_float_value(g, node.inputs[0]) || !allowed(n)) return;
     const bool concat = node.op == "Concat";
     const size_t data_inputs = concat ? node.inputs.size() : 1;
     auto quantized_output = [&](ValueId v) {
@@ -186,6 +188,7 @@ class PatternQuantizer final : public Quantizer {
   }
 
   Style s_;
+  NodeFilter allowed_;  ///< empty: every node
 };
 
 }  // namespace
@@ -205,16 +208,18 @@ QuantConfig xnnpack_config(bool per_channel) {
   return c;
 }
 
-std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel) {
+std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel, NodeFilter filter) {
   if (name == "x86")
     return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(), {"Relu", "Clip", "HardSwish"},
                                                     {"Relu", "LeakyRelu", "Tanh", "Gelu"}, true,
-                                                    {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true});
+                                                    {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true},
+                                              std::move(filter));
   if (name == "xnnpack")
     return std::make_unique<PatternQuantizer>(Style{"xnnpack", xnnpack_config(per_channel), {"Relu"}, {"Relu"}, false,
                                                     {"Relu", "Clip", "MaxPool", "ReduceMean", "Transpose", "Squeeze",
                                                      "Reshape", "Slice", "Flatten", "GlobalAveragePool", "Concat"},
-                                                    false});
+                                                    false},
+                                              std::move(filter));
   return nullptr;
 }
 

@@ -4,6 +4,7 @@
 // annotations; the graph is untouched until convert.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -82,8 +83,12 @@ QuantConfig x86_config();
 /// (histogram), weights i8 −127..127 symmetric, per channel or per tensor.
 QuantConfig xnnpack_config(bool per_channel);
 
-/// The built-in quantizers by name ("x86", "xnnpack"); null for another name.
-std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel = true);
+/// Which nodes (by index) a quantizer may annotate; an empty filter allows every node.
+using NodeFilter = std::function<bool(size_t)>;
+
+/// The built-in quantizers by name ("x86", "xnnpack"); null for another name. With a filter, a
+/// pattern takes only allowed nodes (a conv whose Relu is not allowed is a conv alone).
+std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel = true, NodeFilter filter = {});
 
 /// Runs quantizers in order on one set of annotations: the first to annotate a node wins
 /// (PT2E's ComposableQuantizer).

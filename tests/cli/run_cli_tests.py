@@ -259,6 +259,31 @@ def quant_tests(r, work, samples):
             2, r"--report needs --eval or at least 2 calibration samples", no_file="q.kiln")
     r.error("quant_eval_without_report", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--eval", cnn_in],
             2, r"--eval and --json go with --report", no_file="q.kiln")
+    # --config: precedence node name > op type > global; null keeps nodes float; its errors.
+    with open(os.path.join(work, "qconfig.json"), "w") as f:
+        json.dump({"op_types": {"Gemm": None}, "nodes": {"/conv2/Conv": {"quantizer": "xnnpack", "per_tensor": True},
+                                                         "/relu/Relu": {"quantizer": "xnnpack", "per_tensor": True}}}, f)
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.cfg.kiln", "--quantizer", "x86", "--calib", cnn_in, "--config", "qconfig.json", "-v"])
+    r.check("quant_config", rc == 0 and "kiln quant: x86+xnnpack: 10 of 13 nodes annotated (1 kept float by --config)" in err
+            and "node '/conv2/Conv': conv_Relu (xnnpack)" in err and "node '/stem/conv/Conv': conv_Relu (x86)" in err
+            and "node '/fc/Gemm'" not in err, f"exit {rc}; {err[:700]!r}")
+    with open(os.path.join(work, "qconfig_global.json"), "w") as f:
+        json.dump({"global": {"quantizer": "xnnpack"}, "op_types": {"Conv": None}}, f)
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.cfg2.kiln", "--calib", cnn_in, "--config", "qconfig_global.json"])
+    r.check("quant_config_global", rc == 0 and "kiln quant: xnnpack: " in err and "(4 kept float by --config)" in err,
+            f"exit {rc}; {err[:400]!r}")
+    for name, doc, message in (
+            ("unknown_key", {"global": {"quantizer": "x86"}, "node": {}}, r"qconfig_bad\.json: node: unknown key \(known: global, op_types, nodes\)"),
+            ("bad_quantizer", {"nodes": {"x": {"quantizer": "tflite"}}}, r"qconfig_bad\.json: nodes\.x\.quantizer: 'tflite' is not one of x86, xnnpack"),
+            ("per_tensor_x86", {"op_types": {"Conv": {"quantizer": "x86", "per_tensor": True}}},
+             r"qconfig_bad\.json: op_types\.Conv\.per_tensor: is for the xnnpack quantizer"),
+            ("not_json", None, r"qconfig_bad\.json: is not valid JSON")):
+        with open(os.path.join(work, "qconfig_bad.json"), "w") as f:
+            f.write("{nope" if doc is None else json.dumps(doc))
+        r.error(f"quant_config_{name}", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in,
+                                          "--config", "qconfig_bad.json"], 2, message, no_file="q.kiln")
+    r.error("quant_config_no_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--calib", cnn_in], 2,
+            r"no quantizer given \(--quantizer x86\|xnnpack, or \"global\" in --config\)", no_file="q.kiln")
     # .npy files named after the inputs, and ONNX test_data_set folders (input_K.pb), alone or many.
     os.makedirs(os.path.join(work, "calib_npy"), exist_ok=True)
     np.save(os.path.join(work, "calib_npy", "input.npy"), np.concatenate([x, -x], axis=0))

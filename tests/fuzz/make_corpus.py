@@ -11,6 +11,7 @@ bytes every time:
   fuzz_run          one seed per model of fuzz_run.cc with small shapes and plain values
   fuzz_profile_compare  kiln.profile documents (as `kiln profile --json` writes them, with
                     fixed numbers) and near misses, for the --compare baseline reader
+  fuzz_quant_config `kiln quant --config` files: every key, null settings, and near misses
 Run: .venv/bin/python tests/fuzz/make_corpus.py --kiln build/kiln
 """
 import argparse
@@ -149,6 +150,20 @@ def main():
 
     for name, data in profile_seeds().items():
         write("fuzz_profile_compare", name, data)
+
+    # fuzz_quant_config: `kiln quant --config` files, good and near misses.
+    import json
+    configs = {
+        "full.json": {"global": {"quantizer": "x86"}, "op_types": {"Gemm": None, "MaxPool": {"quantizer": "xnnpack"}},
+                      "nodes": {"conv": {"quantizer": "xnnpack", "per_tensor": True}, "relu": None}},
+        "global_null.json": {"global": None},
+        "nodes_only.json": {"nodes": {"fc": None, "conv": {"quantizer": "x86"}}},
+        "unknown_key.json": {"global": {"quantizer": "x86", "bits": 4}},
+        "per_tensor_x86.json": {"op_types": {"Conv": {"quantizer": "x86", "per_tensor": True}}},
+        "wrong_types.json": {"op_types": [1, 2], "nodes": {"x": "x86"}},
+    }
+    for name, doc in configs.items():
+        write("fuzz_quant_config", name, (json.dumps(doc) + "\n").encode())
 
 
 def profile_seeds():

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "formats/verify.h"
+#include "quant/config.h"
 #include "quant/convert.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
@@ -290,6 +291,37 @@ TEST(Prepare, ASharedSpecNamingNoAnnotationIsAQuantizersBug) {
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.error().kind, ErrorKind::internal);
   EXPECT_NE(p.error().message().find("has no annotation"), std::string::npos) << p.error().message();
+}
+
+// --config: a node's name wins over its op type, which wins over the global setting; null is
+// float; without "global" the command line's setting applies.
+TEST(QuantConfig, PrecedenceAndFloat) {
+  auto c = quant::parse_quantizer_config(
+      R"({"global": {"quantizer": "xnnpack"}, "op_types": {"Conv": {"quantizer": "x86"}, "Gemm": null},
+          "nodes": {"special": {"quantizer": "xnnpack", "per_tensor": true}, "skip": null}})",
+      "q.json");
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  Node conv, special, skip, gemm, other;
+  conv.name = "c", conv.op = "Conv";
+  special.name = "special", special.op = "Conv";
+  skip.name = "skip", skip.op = "Relu";
+  gemm.name = "g", gemm.op = "Gemm";
+  other.name = "o", other.op = "Relu";
+  const quant::MaybeSetting cli = quant::QuantizerSetting{"x86", false};
+  EXPECT_EQ(c->setting_for(conv, cli), (quant::QuantizerSetting{"x86", false}));
+  EXPECT_EQ(c->setting_for(special, cli), (quant::QuantizerSetting{"xnnpack", true}));
+  EXPECT_FALSE(c->setting_for(skip, cli));
+  EXPECT_FALSE(c->setting_for(gemm, cli));
+  EXPECT_EQ(c->setting_for(other, cli), (quant::QuantizerSetting{"xnnpack", false}));
+  auto no_global = quant::parse_quantizer_config(R"({"nodes": {"skip": null}})", "q.json");
+  ASSERT_TRUE(no_global.ok());
+  EXPECT_EQ(no_global->setting_for(other, cli), cli);
+  EXPECT_FALSE(no_global->setting_for(skip, cli));
+  for (const char* bad : {"[]", "{\"global\": 3}", "{\"nodes\": {\"x\": {}}}", "{\"op_types\": {\"Conv\": {\"quantizer\": \"x86\", \"bits\": 4}}}"}) {
+    auto r = quant::parse_quantizer_config(bad, "q.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().kind, ErrorKind::user);
+  }
 }
 
 // --report's SQNR: 10·log10(signal / noise) summed over every sample added, +inf when exact.

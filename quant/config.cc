@@ -1,0 +1,93 @@
+#include "quant/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+
+namespace kiln::quant {
+
+namespace {
+
+using nlohmann::json;
+
+Error bad(const std::string& file, const std::string& where, const std::string& what) {
+  return Error{ErrorKind::user, file, where, what};
+}
+
+Result<MaybeSetting> parse_setting(const json& j, const std::string& file, const std::string& where) {
+  if (j.is_null()) return MaybeSetting{};
+  if (!j.is_object()) return bad(file, where, "must be null (stay float) or an object like {\"quantizer\": \"x86\"}");
+  QuantizerSetting s;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "quantizer") {
+      if (!value.is_string()) return bad(file, where + ".quantizer", "must be a string");
+      s.quantizer = value.get<std::string>();
+      if (s.quantizer != "x86" && s.quantizer != "xnnpack")
+        return bad(file, where + ".quantizer", "'" + s.quantizer + "' is not one of x86, xnnpack");
+    } else if (key == "per_tensor") {
+      if (!value.is_boolean()) return bad(file, where + ".per_tensor", "must be true or false");
+      s.per_tensor = value.get<bool>();
+    } else {
+      return bad(file, where + "." + key, "unknown key (known: quantizer, per_tensor)");
+    }
+  }
+  if (s.quantizer.empty()) return bad(file, where, "names no quantizer");
+  if (s.per_tensor && s.quantizer != "xnnpack") return bad(file, where + ".per_tensor", "is for the xnnpack quantizer (x86 weights are per channel)");
+  return MaybeSetting{s};
+}
+
+Status parse_map(const json& j, const std::string& file, const std::string& key, std::map<std::string, MaybeSetting>& out) {
+  if (!j.is_object()) return bad(file, key, "must be an object of name: setting");
+  for (const auto& [name, value] : j.items()) {
+    KILN_ASSIGN_OR_RETURN(MaybeSetting s, parse_setting(value, file, key + "." + name));
+    out[name] = s;
+  }
+  return {};
+}
+
+}  // namespace
+
+MaybeSetting QuantizerConfig::setting_for(const Node& node, const MaybeSetting& fallback) const {
+  if (auto it = nodes.find(node.name); it != nodes.end()) return it->second;
+  if (auto it = op_types.find(node.op); it != op_types.end()) return it->second;
+  return global ? *global : fallback;
+}
+
+Result<QuantizerConfig> parse_quantizer_config(std::string_view text, const std::string& file) {
+  const json doc = json::parse(text.begin(), text.end(), nullptr, false);
+  if (doc.is_discarded()) return bad(file, "", "is not valid JSON");
+  if (!doc.is_object()) return bad(file, "", "must be a JSON object with \"global\", \"op_types\" or \"nodes\"");
+  QuantizerConfig c;
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "global") {
+      KILN_ASSIGN_OR_RETURN(MaybeSetting s, parse_setting(value, file, "global"));
+      c.global = s;
+    } else if (key == "op_types") {
+      KILN_RETURN_IF_ERROR(parse_map(value, file, "op_types", c.op_types));
+    } else if (key == "nodes") {
+      KILN_RETURN_IF_ERROR(parse_map(value, file, "nodes", c.nodes));
+    } else {
+      return bad(file, key, "unknown key (known: global, op_types, nodes)");
+    }
+  }
+  return c;
+}
+
+std::unique_ptr<Quantizer> configured_quantizer(const Graph& graph, const QuantizerConfig& config, const MaybeSetting& fallback,
+                                                size_t* float_nodes) {
+  std::vector<MaybeSetting> of(graph.nodes.size());
+  std::set<QuantizerSetting> distinct;
+  size_t kept_float = 0;
+  for (size_t n = 0; n < graph.nodes.size(); ++n) {
+    of[n] = config.setting_for(graph.nodes[n], fallback);
+    if (of[n]) distinct.insert(*of[n]);
+    else ++kept_float;
+  }
+  if (float_nodes) *float_nodes = kept_float;
+  std::vector<std::unique_ptr<Quantizer>> parts;
+  for (const QuantizerSetting& s : distinct)
+    parts.push_back(make_quantizer(s.quantizer, !s.per_tensor, [of, s](size_t n) { return n < of.size() && of[n] && *of[n] == s; }));
+  return std::make_unique<ComposableQuantizer>(std::move(parts));
+}
+
+}  // namespace kiln::quant

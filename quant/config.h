@@ -1,0 +1,58 @@
+// `kiln quant --config quant.json`: which quantizer settings apply to which nodes, as PT2E's
+// set_global / set_module_type_qconfig / set_module_name_qconfig do, with the same precedence:
+// a node's name, then its op type, then the global setting. A null setting keeps the nodes
+// float. A pattern (conv + relu) is quantized only when all of its nodes resolve to the same
+// setting (PT2E skips a pattern any of whose nodes is filtered out).
+//
+//   {
+//     "global": {"quantizer": "x86"},
+//     "op_types": {"Gemm": null, "MatMul": {"quantizer": "xnnpack", "per_tensor": true}},
+//     "nodes": {"/fc/Gemm": null, "/layer1/conv1/Conv": {"quantizer": "x86"}}
+//   }
+//
+// Every key is optional; without "global" the command line's --quantizer is the global
+// setting. Unknown keys are errors (a typo must not silently quantize what should stay float).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "formats/ir.h"
+#include "formats/status.h"
+#include "quant/quantizer.h"
+
+namespace kiln::quant {
+
+/// One quantizer setting: a built-in quantizer and its options.
+struct QuantizerSetting {
+  std::string quantizer;  ///< "x86" or "xnnpack"
+  bool per_tensor = false;
+  bool operator==(const QuantizerSetting&) const = default;
+  auto operator<=>(const QuantizerSetting&) const = default;
+};
+
+/// nullopt: the nodes stay float.
+using MaybeSetting = std::optional<QuantizerSetting>;
+
+struct QuantizerConfig {
+  std::optional<MaybeSetting> global;  ///< unset: the command line's
+  std::map<std::string, MaybeSetting> op_types;
+  std::map<std::string, MaybeSetting> nodes;
+
+  /// The setting of `node`: its name's, else its op type's, else the global one (or `fallback`).
+  MaybeSetting setting_for(const Node& node, const MaybeSetting& fallback) const;
+};
+
+/// Parses a config file's text; a user error names `file` and the key at fault.
+Result<QuantizerConfig> parse_quantizer_config(std::string_view text, const std::string& file);
+
+/// The quantizer that applies `config` to `graph` (fallback: the command line's setting): one
+/// built-in quantizer per distinct setting, each annotating only the nodes resolving to it.
+/// Also returns, through `float_nodes`, how many nodes the config keeps float.
+std::unique_ptr<Quantizer> configured_quantizer(const Graph& graph, const QuantizerConfig& config, const MaybeSetting& fallback,
+                                                size_t* float_nodes = nullptr);
+
+}  // namespace kiln::quant
