@@ -7,7 +7,8 @@
 // - ops outside the core set (no reference kernel, and nothing says they are pure);
 // - nodes holding subgraphs (If/Loop/Scan): running one is not a fold of its inputs alone;
 // - results past the size cap below;
-// - the DequantizeLinear of a constant weight that a convolution reads (a quantized model's):
+// - the DequantizeLinear of a constant weight that a convolution or matrix product reads (a
+//   quantized model's):
 //   lower_int8 gives it to an int8 kernel as it is, or folds it when none takes it.
 // kiln's core op set has no random or stateful ops (export refuses RandomNormal, Bernoulli, …),
 // so every core op is a pure function of its inputs; an op added later that is not must get an
@@ -52,11 +53,13 @@ std::optional<size_t> output_bytes(const Graph& g, const Node& n) {
   return total;
 }
 
-// A DequantizeLinear whose output a Conv or FusedConv reads as its weight.
+// A DequantizeLinear whose output a convolution or a matrix product reads as its weight.
 bool dequantized_weight(const Graph& g, const std::vector<std::vector<Use>>& uses, const Node& n) {
   if (n.op != "DequantizeLinear" || !n.domain.empty() || n.outputs.size() != 1 || n.outputs[0] < 0) return false;
-  for (const Use& u : uses[static_cast<size_t>(n.outputs[0])])
-    if (u.slot == 1 && (g.nodes[u.node].op == "Conv" || g.nodes[u.node].op == "FusedConv")) return true;
+  for (const Use& u : uses[static_cast<size_t>(n.outputs[0])]) {
+    const std::string& op = g.nodes[u.node].op;
+    if (u.slot == 1 && (op == "Conv" || op == "FusedConv" || op == "MatMul" || op == "Gemm" || op == "FusedMatMul")) return true;
+  }
   return false;
 }
 

@@ -3,6 +3,8 @@
 //
 //   DQ(x) -> FusedConv(W = DQ(constant s8), B = f32 constant, Z = DQ(z) or none) -> Q
 //        -> QFusedConv(x, W and z quantized; its output quantized as Q does)
+//   DQ(a) -> FusedMatMul | MatMul | Gemm (B = DQ(constant 2-D s8), bias, Z = DQ(z)) [-> Q]
+//        -> QFusedMatMul (its output quantized as Q does, or f32 when no Q reads it)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //
@@ -12,7 +14,7 @@
 // instead, a quarter of the bytes. Scales and zero points must be per-tensor constants, the
 // weight's per tensor or per output channel with zero points of 0.
 //
-// fold_constants leaves the DequantizeLinear of a constant weight that a Conv reads for this
+// fold_constants leaves the DequantizeLinear of a constant weight that a conv or matmul reads for this
 // pass; those that no pattern took are folded here, at the end, so what stays float runs on
 // f32 weights as before.
 #include <algorithm>
@@ -47,7 +49,7 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, pools = 0;
+  size_t convs = 0, matmuls = 0, pools = 0;
 
   void run() {
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
@@ -55,6 +57,7 @@ class Lowering {
       const std::string& op = g_.nodes[i].op;
       if (!g_.nodes[i].domain.empty()) continue;
       if (op == "FusedConv") convs += conv(i);
+      else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") matmuls += matmul(i);
       else if (op == "MaxPool") pools += maxpool(i);
     }
   }
@@ -139,6 +142,81 @@ class Lowering {
     return t;
   }
 
+  // A weight: DQ of a constant s8 tensor, per tensor or per slice of dim `axis` (its output
+  // channels), zero points 0. Returns the DQ node.
+  const Node* weight(ValueId v, int64_t axis) const {
+    const Node* dw = producer(v);
+    if (!dw || dw->op != "DequantizeLinear" || dw->inputs.size() != 3 || dw->has_attr("block_size")) return nullptr;
+    const Value& wq = g_.value(dw->inputs[0]);
+    const Value& ws = g_.value(dw->inputs[1]);
+    const Value& wz = g_.value(dw->inputs[2]);
+    if (!wq.is_constant() || wq.dtype != DType::i8 || !ws.is_constant() || ws.dtype != DType::f32 || !wz.is_constant()) return nullptr;
+    if (wq.constant.rank() <= axis) return nullptr;
+    if (ws.constant.numel() != 1) {
+      int64_t a = dw->attr_int("axis", 1);
+      if (a < 0) a += wq.constant.rank();
+      if (a != axis || ws.constant.numel() != wq.constant.dim(axis)) return nullptr;
+    }
+    for (double z : wz.constant.to_double_vector())
+      if (z != 0) return nullptr;
+    return dw;
+  }
+
+  // A linear layer: DQ(a) -> FusedMatMul / MatMul / Gemm by a DQ'd constant 2-D weight (bias,
+  // activations, residual DQ(z)), then Q, or float readers (then Y stays f32).
+  bool matmul(size_t i) {
+    const Node& m = g_.nodes[i];
+    if (!m.has_input(0) || !m.has_input(1) || m.outputs.size() != 1) return false;
+    bool trans = false;
+    if (m.op == "Gemm") {
+      if (m.attr_int("transA", 0) != 0 || m.attr_float("alpha", 1.0) != 1.0 || m.attr_float("beta", 1.0) != 1.0) return false;
+      trans = m.attr_int("transB", 0) != 0;
+    }
+    const Node* ta = nullptr;
+    const Node* da = dequantized(m.inputs[0], &ta);
+    if (!da || ta) return false;
+    if (g_.value(m.inputs[1]).shape.rank() != 2) return false;
+    const Node* dw = weight(m.inputs[1], trans ? 0 : 1);
+    if (!dw) return false;
+    ValueId bias = kNoValue;
+    if (m.has_input(2)) {
+      const Value& b = g_.value(m.inputs[2]);
+      const int64_t n = g_.value(dw->inputs[0]).constant.dim(trans ? 0 : 1);
+      if (!b.is_constant() || b.dtype != DType::f32 || b.constant.numel() != n || (m.op == "Gemm" && b.constant.rank() > 2)) return false;
+      bias = b.constant.rank() == 1 ? m.inputs[2] : g_.add_constant(g_.unique_value_name(b.name + "_row"), b.constant.reshaped({n}));
+    }
+    const Node* dz = nullptr;
+    const Node* tz = nullptr;
+    if (m.op == "FusedMatMul" && m.has_input(3) && (!(dz = dequantized(m.inputs[3], &tz)) || tz)) return false;
+    int64_t tq = -1;
+    const int64_t q = quantized_by(m.outputs[0], &tq);
+    if (tq >= 0 || (dz && q >= 0 && g_.value(dz->inputs[0]).dtype != g_.value(g_.nodes[static_cast<size_t>(q)].outputs[0]).dtype)) return false;
+    Node n;
+    n.name = m.name;
+    n.op = "QFusedMatMul";
+    if (m.op == "FusedMatMul")
+      for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
+    if (trans) n.set_attr("transB", int64_t{1});
+    n.sources = m.sources;
+    if (n.sources.empty()) n.sources.push_back(m.name);
+    n.inputs = {da->inputs[0], da->inputs[1], da->inputs[2], dw->inputs[0], dw->inputs[1], dw->inputs[2]};
+    if (q >= 0) {
+      const Node& qn = g_.nodes[static_cast<size_t>(q)];
+      n.inputs.insert(n.inputs.end(), {qn.inputs[1], qn.inputs[2]});
+      absorb(n, qn);
+      n.outputs = {int8_result(m.outputs[0], q, -1)};
+    } else {
+      n.inputs.insert(n.inputs.end(), {kNoValue, kNoValue});
+      n.outputs = {m.outputs[0]};
+    }
+    n.inputs.push_back(bias);
+    if (dz) n.inputs.insert(n.inputs.end(), {dz->inputs[0], dz->inputs[1], dz->inputs[2]});
+    while (!n.inputs.empty() && n.inputs.back() == kNoValue) n.inputs.pop_back();
+    before_[i].push_back(std::move(n));
+    drop_[i] = 1;
+    return true;
+  }
+
   void absorb(Node& into, const Node& from) {
     if (from.sources.empty()) into.sources.push_back(from.name);
     for (const std::string& s : from.sources)
@@ -151,16 +229,8 @@ class Lowering {
     const Node *tx = nullptr, *tz = nullptr;
     const Node* dx = dequantized(c.inputs[0], &tx);
     if (!dx) return false;
-    // The weight: DQ of a constant s8 tensor, per tensor or per output channel, zero points 0.
-    const Node* dw = producer(c.inputs[1]);
-    if (!dw || dw->op != "DequantizeLinear" || dw->inputs.size() != 3 || dw->has_attr("block_size")) return false;
-    const Value& wq = g_.value(dw->inputs[0]);
-    const Value& ws = g_.value(dw->inputs[1]);
-    const Value& wz = g_.value(dw->inputs[2]);
-    if (!wq.is_constant() || wq.dtype != DType::i8 || !ws.is_constant() || ws.dtype != DType::f32 || !wz.is_constant()) return false;
-    if (ws.constant.numel() != 1 && (dw->attr_int("axis", 1) != 0 || ws.constant.numel() != wq.constant.dim(0))) return false;
-    for (double z : wz.constant.to_double_vector())
-      if (z != 0) return false;
+    const Node* dw = weight(c.inputs[1], 0);
+    if (!dw) return false;
     if (c.has_input(2) && (!g_.value(c.inputs[2]).is_constant() || g_.value(c.inputs[2]).dtype != DType::f32)) return false;
     const Node* dz = nullptr;
     if (c.has_input(3) && !(dz = dequantized(c.inputs[3], &tz))) return false;
@@ -227,8 +297,9 @@ Result<PassResult> lower_int8(Model& model, PassContext&) {
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.pools == 0 && folded == 0) return PassResult{};
-  std::string s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv and " +
+  if (l.convs + l.matmuls + l.pools == 0 && folded == 0) return PassResult{};
+  std::string s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
+                  count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul and " +
                   count_of(l.pools, "max pool", "max pools") + " to int8";
   if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
   return PassResult{true, s};

@@ -372,13 +372,20 @@ int64_t fused(const Node& n, const Graph& g) {
   return count(CheckedInt(Dense(n, g)) + numel_of(output_shape(n, g)) * per);
 }
 
-// QFusedConv: the dense count, plus per output element the bias add, activations and residual
-// add (on Z dequantized) of FusedConv's epilogue and the output's requantization.
-int64_t qfused_conv(const Node& n, const Graph& g) {
-  int64_t per = (n.has_input(8) ? 1 : 0) + (n.has_input(9) ? 1 + kDequantize : 0) + kQuantize;
+// QFusedConv, QFusedMatMul: the dense count, plus per output element the bias add,
+// activations and residual add (on Z dequantized) of the fused epilogue and the output's
+// requantization (QFusedMatMul's dense count: M·N·K from A and B, B transposed or not).
+int64_t qfused_epilogue(const Node& n, const Graph& g) {
+  int64_t per = (n.has_input(8) ? 1 : 0) + (n.has_input(9) ? 1 + kDequantize : 0) + (n.has_input(6) ? kQuantize : 0);
   for (std::string_view attr : {"activation", "post_activation"})
     if (Result<ActivationSpec> a = read_activation(n, attr); a.ok()) per += activation_cost(a->kind);
-  return count(CheckedInt(conv<3>(n, g)) + numel_of(output_shape(n, g)) * per);
+  return count(numel_of(output_shape(n, g)) * per);
+}
+int64_t qfused_conv(const Node& n, const Graph& g) { return count(CheckedInt(conv<3>(n, g)) + qfused_epilogue(n, g)); }
+int64_t qfused_matmul(const Node& n, const Graph& g) {
+  const Shape* b = input_shape(n, g, 3);
+  const int64_t k = b ? dim_at(*b, n.attr_int("transB", 0) ? 1 : 0) : 1;
+  return count(numel_of(output_shape(n, g)) * 2 * k + qfused_epilogue(n, g));
 }
 
 // ---- the table -----------------------------------------------------------------------------
@@ -432,7 +439,7 @@ const Model kModels[] = {
     {"GlobalMaxPool", per_input<1>}, {"GlobalAveragePool", per_input<1>}, {"GlobalLpPool", per_input<2>},
     {"Col2Im", per_input<1>},  // sums overlapping blocks
     // fused, sampling and other network layers
-    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv},
+    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul},
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},

@@ -412,6 +412,52 @@ Status infer_fused_matmul(InferContext& ctx) {
   return infer_epilogue(ctx, -1);
 }
 
+// QFusedMatMul: A's, Y's and Z's scales and zero points are scalars, B's per tensor or one per
+// output column; B is a 2-D [K, N] ([N, K] with transB); the shape is FusedMatMul's of the
+// dequantized A, B, bias and Z; Y takes y_zero_point's type, or f32 without y's scale.
+Status infer_qfused_matmul(InferContext& ctx) {
+  auto scalar = [&](size_t i, const char* what) -> Status {
+    if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar");
+    return {};
+  };
+  KILN_RETURN_IF_ERROR(scalar(1, "a_scale"));
+  KILN_RETURN_IF_ERROR(scalar(2, "a_zero_point"));
+  if (ctx.has_input(6) || ctx.has_input(7)) {
+    KILN_RETURN_IF_ERROR(scalar(6, "y_scale"));
+    KILN_RETURN_IF_ERROR(scalar(7, "y_zero_point"));
+  }
+  if (ctx.has_input(9)) {
+    KILN_RETURN_IF_ERROR(scalar(10, "z_scale"));
+    KILN_RETURN_IF_ERROR(scalar(11, "z_zero_point"));
+  }
+  const int64_t trans = ctx.node().attr_int("transB", 0);
+  if (trans != 0 && trans != 1) return ctx.error("transB " + std::to_string(trans) + " must be 0 or 1");
+  Shape b = ctx.shape(3);
+  if (b.rank() >= 0 && b.rank() != 2) return ctx.error("B has shape " + b.str() + "; it must be 2-D");
+  if (b.rank() == 2 && trans) std::swap(b.dims[0], b.dims[1]);
+  for (size_t i : {size_t{4}, size_t{5}}) {
+    const Shape& s = ctx.shape(i);
+    const char* what = i == 4 ? "b_scale" : "b_zero_point";
+    if (s.rank() > 1) return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar or 1-D");
+    if (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1 && b.rank() == 2 && b.dims[1].is_known() &&
+        s.dims[0].value != b.dims[1].value)
+      return ctx.error(std::string(what) + " has " + std::to_string(s.dims[0].value) + " values but B has " +
+                       std::to_string(b.dims[1].value) + " output columns");
+  }
+  std::vector<InferInput> view(4);
+  view[0] = {DType::f32, ctx.shape(0), nullptr};
+  view[1] = {DType::f32, b, nullptr};
+  if (ctx.has_input(8)) view[2] = {DType::f32, ctx.shape(8), nullptr};
+  if (ctx.has_input(9)) view[3] = {DType::f32, ctx.shape(9), nullptr};
+  InferContext f(ctx.node(), std::move(view));
+  KILN_RETURN_IF_ERROR(infer_fused_matmul(f));
+  ctx.set_output(0, ctx.has_input(6) ? ctx.dtype(7) : DType::f32, std::move(f.outputs()[0].shape));
+  return {};
+}
+
 // Shared by MaxPool, AveragePool, LpPool.
 Status infer_pool(InferContext& ctx) {
   DType t = ctx.dtype(0);
@@ -599,7 +645,15 @@ void register_nn_ops(OpRegistry& r) {
                              input(3, DType::i8, "w"), same_as(4, 1, "w_scale"), same_as(5, 3, "w_zero_point"),
                              same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "B"),
                              input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
-    // flops: the conv's plus its epilogue's (flop_models.cc)
+    std::vector<AttrSpec> qmatmul = epilogue;
+    qmatmul.push_back({"transB", AttrType::int64, false, "1: B is [N, K] (0)"});
+    r.add("", OpSchema{"QFusedMatMul", "FusedMatMul on dequantized u8/s8 A, s8 B and Z, its output quantized or f32 (int8 kernels)", 6,
+                       12, 1, 1, qmatmul, infer_qfused_matmul})
+        .traits = {.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
+                             input(3, DType::i8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
+                             same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "bias"),
+                             input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
+    // flops: the conv's / matmul's plus the epilogue's (flop_models.cc)
   }
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      epilogue, infer_fused_matmul})

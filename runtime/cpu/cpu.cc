@@ -13,6 +13,7 @@ void register_gemm(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
 void register_binary(KernelRegistry& r);
 void register_quant(KernelRegistry& r);
+void register_qmatmul(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -25,6 +26,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_attention(r);
   cpu::register_binary(r);
   cpu::register_quant(r);
+  cpu::register_qmatmul(r);
 }
 
 }  // namespace kiln

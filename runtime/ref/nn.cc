@@ -100,7 +100,7 @@ Status ref_matmul(KernelContext& ctx) {
   });
 }
 
-Status ref_fused_matmul(KernelContext& ctx) {
+Status fused_matmul(KernelContext& ctx) {
   if (ctx.input(0).dtype() != DType::f32) return ctx.error("FusedMatMul is f32 only");
   KILN_RETURN_IF_ERROR(ref_matmul(ctx));
   Tensor& y = ctx.output(0);
@@ -172,6 +172,9 @@ Status ref_gemm(KernelContext& ctx) {
 }
 
 }  // namespace
+
+Status ref_fused_matmul(KernelContext& ctx) { return fused_matmul(ctx); }
+
 }  // namespace nn
 
 void register_ref_nn(KernelRegistry& r) {
@@ -182,6 +185,7 @@ void register_ref_nn(KernelRegistry& r) {
   nn::register_ref_nn_pool(r);
   nn::register_ref_nn_sample(r);
   nn::register_ref_nn_einsum(r);
+  nn::register_ref_nn_quant(r);
 }
 
 }  // namespace kiln

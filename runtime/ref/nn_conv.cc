@@ -2,14 +2,12 @@
 // col2im pair and the shared GEMM loop (nn_util.h): Conv is W_g @ im2col(X_g) per image and
 // group, ConvTranspose is col2im(W_g^T @ X_g), Col2Im is col2im alone. The spatial dims are
 // padded to three (D, H, W) so one loop nest serves 1-D, 2-D and 3-D.
-#include <array>
 #include <cstring>
 #include <string>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
-#include "runtime/ref/quant_util.h"
 
 namespace kiln::nn {
 
@@ -210,83 +208,14 @@ Status ref_col2im(KernelContext& ctx) {
   });
 }
 
-Status ref_fused_conv_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_fused_conv); }
-
-// QFusedConv: FusedConv's reference on X, W and Z dequantized (W per output channel or per
-// tensor), its f32 output quantized as QuantizeLinear does (divided in f32, rounded half to
-// even, saturated).
-Tensor dequantized(const Tensor& q, const Tensor& scale, const Tensor& zero) {
-  Tensor out(DType::f32, q.shape());
-  const std::vector<double> v = q.to_double_vector(), zp = zero.to_double_vector();
-  const float* s = scale.data<float>();
-  const int64_t per = scale.numel() > 1 ? q.numel() / scale.numel() : q.numel();
-  float* o = out.data<float>();
-  for (int64_t i = 0; i < q.numel(); ++i) {
-    const size_t c = per > 0 && scale.numel() > 1 ? static_cast<size_t>(i / per) : 0;
-    o[i] = static_cast<float>(v[static_cast<size_t>(i)] - zp[zp.size() > 1 ? c : 0]) * s[c];
-  }
-  return out;
-}
-
-class DequantizedConv final : public KernelContext {
- public:
-  explicit DequantizedConv(KernelContext& outer) : outer_(outer), node_(outer.node()) {
-    node_.op = "FusedConv";
-    const size_t from[4] = {0, 3, 8, 9};
-    node_.inputs.assign(4, kNoValue);
-    for (size_t k = 0; k < 4; ++k) {
-      const size_t i = from[k];
-      if (!outer.has_input(i)) continue;
-      node_.inputs[k] = outer.node().inputs[i];
-      inputs_[k] = i == 8 ? outer.input(i) : dequantized(outer.input(i), outer.input(i + 1), outer.input(i + 2));
-    }
-    y_ = Tensor(DType::f32, outer.output(0).shape());
-  }
-  const Node& node() const override { return node_; }
-  size_t num_inputs() const override { return 4; }
-  bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i].defined(); }
-  const Tensor& input(size_t i) const override { return inputs_.at(i); }
-  size_t num_outputs() const override { return 1; }
-  Tensor& output(size_t) override { return y_; }
-  bool output_allocated(size_t) const override { return true; }
-  Tensor& allocate_output(size_t, DType dtype, std::vector<int64_t> shape) override {
-    y_ = Tensor(dtype, std::move(shape));
-    return y_;
-  }
-  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
-    return outer_.run_subgraph(g, std::move(inputs));
-  }
-  std::span<std::byte> workspace() override { return outer_.workspace(); }
-
- private:
-  KernelContext& outer_;
-  Node node_;
-  std::array<Tensor, 4> inputs_;  ///< X, W, B, Z of the FusedConv view
-  Tensor y_;
-};
-
-Status ref_qfused_conv(KernelContext& ctx) {
-  if (ctx.input(1).numel() != 1 || ctx.input(6).numel() != 1) return ctx.error("x_scale and y_scale must be scalars");
-  DequantizedConv f(ctx);
-  KILN_RETURN_IF_ERROR(ref_fused_conv_any(f));
-  const float* y = f.output(0).data<float>();
-  const float scale = ctx.input(6).data<float>()[0];
-  const int64_t zero = static_cast<int64_t>(ctx.input(7).to_double_vector()[0]);
-  Tensor& out = ctx.output(0);
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    const double v = static_cast<double>(y[i] / scale);
-    if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
-    else out.data<int8_t>()[i] = quant_ref::saturate_round<int8_t>(v, zero);
-  }
-  return {};
-}
 
 }  // namespace
+
+Status ref_fused_conv_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_fused_conv); }
 
 void register_ref_nn_conv(KernelRegistry& r) {
   r.add_reference("Conv", ref_conv);
   r.add_reference("FusedConv", ref_fused_conv_any);
-  r.add_reference("QFusedConv", ref_qfused_conv);
   r.add_reference("ConvTranspose", ref_conv_transpose);
   r.add_reference("Col2Im", ref_col2im);
 }

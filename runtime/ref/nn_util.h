@@ -115,5 +115,10 @@ void register_ref_nn_conv(KernelRegistry& r);
 void register_ref_nn_pool(KernelRegistry& r);
 void register_ref_nn_sample(KernelRegistry& r);
 void register_ref_nn_einsum(KernelRegistry& r);
+void register_ref_nn_quant(KernelRegistry& r);
+
+/// The fused ops' reference kernels, which the quantized ones run on dequantized operands.
+Status ref_fused_conv_any(KernelContext& ctx);  ///< FusedConv, either layout
+Status ref_fused_matmul(KernelContext& ctx);
 
 }  // namespace kiln::nn

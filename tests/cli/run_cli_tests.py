@@ -219,8 +219,9 @@ def quant_tests(r, work, samples):
         # Compiled: the convolutions become int8 kernels (QFusedConv), whose outputs match the
         # quantized model's reference run within a small fraction of the logits' scale.
         rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"])
-        r.check(f"quant_{q}_compiled", rc == 0 and "lowered 4 convolutions to QFusedConv and 1 max pool to int8" in err
-                and "(QFusedConv): onednn.qconv" in err and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
+        r.check(f"quant_{q}_compiled", rc == 0 and "lowered 4 convolutions to QFusedConv, 1 linear layer to QFusedMatMul and 1 max pool to int8" in err
+                and "(QFusedConv): onednn.qconv" in err and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err
+                and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
         r.ok(f"quant_{q}_reference", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_{q}"])
         r.ok(f"quant_{q}_int8_matches", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_{q}",
                                           "--atol", "0.02", "--rtol", "0"])

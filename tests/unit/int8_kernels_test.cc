@@ -159,6 +159,79 @@ TEST(Int8Kernels, MaxPoolOnInt8) {
   }
 }
 
+struct QMatMul {
+  std::vector<int64_t> a_shape = {37, 45};
+  int64_t n = 29;
+  DType act = DType::u8;
+  DType out = DType::u8;  ///< f32: no y scale
+  bool trans = false, per_channel = true, bias = true, residual = false;
+  std::string activation, post;
+};
+
+Case qmatmul_case(const QMatMul& s) {
+  const int64_t k = s.a_shape.back();
+  const bool u8 = s.act == DType::u8;
+  Tensor a = int8_noise(s.a_shape, 21, s.act);
+  Tensor b = int8_noise(s.trans ? std::vector<int64_t>{s.n, k} : std::vector<int64_t>{k, s.n}, 22, DType::i8);
+  Tensor bs(DType::f32, s.per_channel ? std::vector<int64_t>{s.n} : std::vector<int64_t>{});
+  for (int64_t i = 0; i < bs.numel(); ++i) bs.data<float>()[i] = 0.002f + 0.0004f * static_cast<float>(i % 5);
+  Tensor bz(DType::i8, bs.shape());
+  for (int64_t i = 0; i < bz.numel(); ++i) bz.data<int8_t>()[i] = 0;
+  const float sa = 1.f / 64, sy = 0.003f * std::sqrt(static_cast<float>(k)) * 4 / 64;
+  const bool int8_out = s.out != DType::f32;
+  std::vector<Tensor> in = {a, scalar_f32(sa), scalar_int(s.act, u8 ? 129 : -2), b, bs, bz,
+                            int8_out ? scalar_f32(sy) : Tensor(), int8_out ? scalar_int(s.out, s.out == DType::u8 ? 20 : 3) : Tensor(),
+                            s.bias ? noise({s.n}, 23, 0.5f) : Tensor()};
+  std::vector<bool> constant(9, true);
+  constant[0] = false;
+  if (s.residual) {
+    std::vector<int64_t> ys = s.a_shape;
+    ys.back() = s.n;
+    in.push_back(int8_noise(ys, 24, s.act));
+    in.push_back(scalar_f32(sy));
+    in.push_back(scalar_int(s.act, u8 ? 100 : 7));
+    constant.insert(constant.end(), {false, true, true});
+  }
+  std::vector<Attribute> attrs;
+  if (s.trans) attrs.push_back(attr("transB", int64_t{1}));
+  if (!s.activation.empty()) attrs.push_back(attr("activation", s.activation));
+  if (!s.post.empty()) attrs.push_back(attr("post_activation", s.post));
+  return Case{"QFusedMatMul", in, constant, attrs};
+}
+
+// A quantized linear layer: every path of the VNNI kernel (u8 out in the micro-kernel's store,
+// f32 out, the epilogue pass for Z, a post activation, s8 out; s8 A shifted) against the
+// reference, within one quantization step (f32 outputs: within a few ulps of the scale).
+TEST(Int8Kernels, QFusedMatMulPaths) {
+  std::vector<QMatMul> cases;
+  for (DType act : {DType::u8, DType::i8})
+    for (DType out : {DType::u8, DType::i8, DType::f32})
+      for (bool trans : {false, true}) {
+        QMatMul s;
+        s.act = act;
+        s.out = out;
+        s.trans = trans;
+        s.per_channel = !trans;
+        cases.push_back(s);
+        s.activation = "Relu";
+        s.residual = out != DType::f32 && act == out;
+        s.post = "Gelu";
+        s.a_shape = {2, 7, 64};
+        s.n = 48;
+        cases.push_back(s);
+      }
+  for (const QMatMul& s : cases) {
+    SCOPED_TRACE(std::string(dtype_name(s.act)) + " -> " + std::string(dtype_name(s.out)) + (s.trans ? " transB" : "") +
+                 (s.residual ? " residual" : "") + " " + s.activation + "/" + s.post);
+    const Case c = qmatmul_case(s);
+    if (s.out == DType::f32) {
+      EXPECT_EQ(testing::check(c, 1e-5), "kiln.qmatmul_u8s8_avx512");
+    } else {
+      expect_within_one_step(c, "kiln.qmatmul_u8s8_avx512");
+    }
+  }
+}
+
 // Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
 // and values far out of range included.
 TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {

@@ -1,0 +1,163 @@
+// kiln.qmatmul_u8s8_avx512: QFusedMatMul (a quantized linear layer, what `kiln compile` makes of
+// DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h): B packed once at plan
+// time with its column sums, A's u8 rows read in place, s32 sums turned into real values by the
+// epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums, bias,
+// activation) and requantized to u8 in the micro-kernel's store, or written as f32.
+//
+// What the micro-kernel's store does not do runs as a second pass over the f32 result in the
+// workspace, on the row kernels: a residual Z (dequantized), a post activation, an s8 output.
+// s8 A (the xnnpack quantizer's activations) is shifted to u8 first (x + 128, its zero point
+// too), which leaves the products unchanged.
+#include <cstring>
+
+#include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/rows.h"
+#include "runtime/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+size_t up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
+
+std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype == DType::undefined) continue;
+    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
+    if (i != 0 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, scales and zero points must be constant)";
+  }
+  if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
+  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
+  for (double z : q.inputs[5].value->to_double_vector())
+    if (z != 0) return "B's zero points are not all zero";
+  return std::nullopt;
+}
+
+float scalar(const InferInput& in) { return static_cast<float>(in.value->to_double_vector()[0]); }
+int32_t zero_point(const InferInput& in) { return static_cast<int32_t>(in.value->to_double_vector()[0]); }
+
+class QMatMulKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    rows_ = &row_kernels(Isa::avx512);
+    const std::vector<int64_t> as = q.inputs[0].shape.concrete(), bs = q.inputs[3].shape.concrete();
+    const bool trans = q.node.attr_int("transB", 0) != 0;
+    k_ = trans ? bs[1] : bs[0];
+    n_ = trans ? bs[0] : bs[1];
+    if (as.back() != k_) return user_error(q.node.where(), "A's last dim " + std::to_string(as.back()) + " is not B's K " + std::to_string(k_));
+    m_ = k_ > 0 ? shape_numel(as) / k_ : 0;
+    threads_ = std::max(1, q.target.threads);
+    // B packed once, with its column sums.
+    packed_ = Tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
+    col_sums_.assign(static_cast<size_t>(n_), 0);
+    gemm::pack_b_s8(q.inputs[3].value->data<int8_t>(), trans ? k_ : n_, trans, k_, n_, packed_.data<int8_t>(), col_sums_.data());
+    const float sa = scalar(q.inputs[1]);
+    const std::vector<double> sb = q.inputs[4].value->to_double_vector();
+    scales_.resize(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) scales_[static_cast<size_t>(j)] = sa * static_cast<float>(sb[sb.size() == 1 ? 0 : static_cast<size_t>(j)]);
+    bias_.clear();
+    if (q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined) {
+      const float* b = q.inputs[8].value->data<float>();
+      bias_.assign(b, b + n_);
+    }
+    a_s8_ = q.inputs[0].dtype == DType::i8;
+    a_zero_ = zero_point(q.inputs[2]) + (a_s8_ ? 128 : 0);
+    KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
+    KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
+    has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
+    if (has_z_) {
+      z_scale_ = scalar(q.inputs[10]);
+      z_zero_ = zero_point(q.inputs[11]);
+      z_u8_ = q.inputs[9].dtype == DType::u8;
+    }
+    out_int8_ = int8(q.outputs[0].dtype);
+    out_u8_ = q.outputs[0].dtype == DType::u8;
+    if (out_int8_) {
+      y_scale_ = scalar(q.inputs[6]);
+      y_zero_ = zero_point(q.inputs[7]);
+    }
+    // The micro-kernel's store does it all: u8 or f32 out, no residual, no post activation.
+    direct_ = !has_z_ && post_.kind == Activation::none && (!out_int8_ || out_u8_);
+    a_bytes_ = a_s8_ ? up(static_cast<size_t>(m_ * k_)) : 0;
+    const size_t f32_bytes = up(static_cast<size_t>(m_ * n_) * sizeof(float));
+    needs.workspace_bytes = a_bytes_ + (direct_ || !out_int8_ ? 0 : f32_bytes) + (has_z_ ? f32_bytes : 0);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    std::byte* ws = ctx.workspace().data();
+    const uint8_t* a = static_cast<const uint8_t*>(ctx.input(0).raw());
+    if (a_s8_) {  // s8 + 128 as u8: flip the sign bit
+      auto* shifted = reinterpret_cast<uint8_t*>(ws);
+      for (int64_t i = 0; i < m_ * k_; ++i) shifted[i] = static_cast<uint8_t>(a[i] ^ 0x80u);
+      a = shifted;
+    }
+    Tensor& y = ctx.output(0);
+    gemm::QuantEpilogue ep;
+    ep.col_sums = col_sums_.data();
+    ep.a_zero = a_zero_;
+    ep.scale = scales_.data();
+    ep.bias = bias_.empty() ? nullptr : bias_.data();
+    if (direct_) {
+      ep.act = act_;
+      ep.out_u8 = out_int8_;
+      ep.out_scale = y_scale_;
+      ep.out_zero = y_zero_;
+      gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, y.raw(), n_, threads_);
+      return {};
+    }
+    // f32 into Y (an f32 output) or the workspace, then the rest of the epilogue on the rows.
+    const size_t count = static_cast<size_t>(m_ * n_);
+    std::byte* next = ws + a_bytes_;
+    float* f = out_int8_ ? reinterpret_cast<float*>(next) : y.data<float>();
+    if (out_int8_) next += up(count * sizeof(float));
+    gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_);
+    float* z = nullptr;
+    if (has_z_) {
+      z = reinterpret_cast<float*>(next);
+      rows_->dequantize(ctx.input(9).raw(), z, static_cast<int64_t>(count), z_scale_, z_zero_, z_u8_);
+    }
+    rows_->epilogue(f, z, static_cast<int64_t>(count), act_, post_);
+    if (out_int8_) rows_->quantize(f, y.raw(), static_cast<int64_t>(count), y_scale_, y_zero_, out_u8_);
+    return {};
+  }
+
+  std::string label() const override { return direct_ ? "" : "epilogue_pass"; }
+
+ private:
+  const RowKernels* rows_ = nullptr;
+  int64_t m_ = 0, n_ = 0, k_ = 0;
+  int threads_ = 1;
+  Tensor packed_;
+  std::vector<int32_t> col_sums_;
+  std::vector<float> scales_, bias_;
+  bool a_s8_ = false;
+  int32_t a_zero_ = 0;
+  ActivationSpec act_, post_;
+  bool has_z_ = false, z_u8_ = true;
+  float z_scale_ = 1;
+  int32_t z_zero_ = 0;
+  bool out_int8_ = false, out_u8_ = false, direct_ = true;
+  float y_scale_ = 1;
+  int32_t y_zero_ = 0;
+  size_t a_bytes_ = 0;
+};
+
+}  // namespace
+
+void register_qmatmul(KernelRegistry& r) {
+  CpuFeatures isa = isa_features(Isa::avx512);
+  isa.avx512_vnni = true;
+  r.add("QFusedMatMul", "cpu",
+        KernelImpl{.name = "kiln.qmatmul_u8s8_avx512",
+                   .declines = qmatmul_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(); },
+                   .needs_isa = isa});
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,131 @@
+// Reference kernels of the quantized fused ops `kiln compile` makes (lower_int8): QFusedConv and
+// QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
+// tensor or per output channel), the f32 result quantized as QuantizeLinear does (divided in
+// f32, rounded half to even, saturated) when the node has y's scale and zero point.
+#include <array>
+
+#include "runtime/ref/layout.h"
+#include "runtime/ref/nn_util.h"
+#include "runtime/ref/quant_util.h"
+
+namespace kiln::nn {
+
+namespace {
+
+// (q − zero) · scale; `scale` and `zero` are scalars or one value per slice of dim `axis`.
+Tensor dequantized(const Tensor& q, const Tensor& scale, const Tensor& zero, int64_t axis) {
+  Tensor out(DType::f32, q.shape());
+  const std::vector<double> v = q.to_double_vector(), zp = zero.to_double_vector();
+  const float* s = scale.data<float>();
+  int64_t inner = 1;
+  for (int64_t d = axis + 1; d < q.rank(); ++d) inner *= q.dim(d);
+  const int64_t channels = scale.numel() > 1 ? q.dim(axis) : 1;
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < q.numel(); ++i) {
+    const size_t c = channels > 1 ? static_cast<size_t>((i / inner) % channels) : 0;
+    o[i] = static_cast<float>(v[static_cast<size_t>(i)] - zp[zp.size() > 1 ? c : 0]) * s[scale.numel() > 1 ? c : 0];
+  }
+  return out;
+}
+
+Tensor transposed_2d(const Tensor& t) {
+  Tensor out(t.dtype(), {t.dim(1), t.dim(0)});
+  for (int64_t i = 0; i < t.dim(0); ++i)
+    for (int64_t j = 0; j < t.dim(1); ++j) out.data<float>()[j * t.dim(0) + i] = t.data<float>()[i * t.dim(1) + j];
+  return out;
+}
+
+// The node as its float op (FusedConv / FusedMatMul) on the dequantized X, W, B and Z.
+class Dequantized final : public KernelContext {
+ public:
+  Dequantized(KernelContext& outer, std::string op, std::array<Tensor, 4> inputs) : outer_(outer), node_(outer.node()), inputs_(std::move(inputs)) {
+    node_.op = std::move(op);
+    const size_t from[4] = {0, 3, 8, 9};
+    node_.inputs.assign(4, kNoValue);
+    for (size_t k = 0; k < 4; ++k)
+      if (inputs_[k].defined()) node_.inputs[k] = outer.node().inputs[from[k]];
+    y_ = Tensor(DType::f32, outer.output(0).shape());
+  }
+  const Node& node() const override { return node_; }
+  size_t num_inputs() const override { return 4; }
+  bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i].defined(); }
+  const Tensor& input(size_t i) const override { return inputs_.at(i); }
+  size_t num_outputs() const override { return 1; }
+  Tensor& output(size_t) override { return y_; }
+  bool output_allocated(size_t) const override { return true; }
+  Tensor& allocate_output(size_t, DType dtype, std::vector<int64_t> shape) override {
+    y_ = Tensor(dtype, std::move(shape));
+    return y_;
+  }
+  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
+    return outer_.run_subgraph(g, std::move(inputs));
+  }
+  std::span<std::byte> workspace() override { return outer_.workspace(); }
+
+ private:
+  KernelContext& outer_;
+  Node node_;
+  std::array<Tensor, 4> inputs_;  ///< X, W, B, Z of the float op
+  Tensor y_;
+};
+
+// Y from the float result: quantized with inputs 6 and 7 when the node has them, else as is.
+Status store(KernelContext& ctx, const Tensor& y) {
+  Tensor& out = ctx.output(0);
+  if (!ctx.has_input(6)) {
+    std::copy(y.data<float>(), y.data<float>() + y.numel(), out.data<float>());
+    return {};
+  }
+  if (ctx.input(6).numel() != 1 || !ctx.has_input(7) || ctx.input(7).numel() != 1) return ctx.error("y_scale and y_zero_point must be scalars");
+  const float scale = ctx.input(6).data<float>()[0];
+  const int64_t zero = static_cast<int64_t>(ctx.input(7).to_double_vector()[0]);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double v = static_cast<double>(y.data<float>()[i] / scale);
+    if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
+    else out.data<int8_t>()[i] = quant_ref::saturate_round<int8_t>(v, zero);
+  }
+  return {};
+}
+
+Status check_scalars(KernelContext& ctx, std::initializer_list<size_t> inputs) {
+  for (size_t i : inputs)
+    if (ctx.has_input(i) && ctx.input(i).numel() != 1) return ctx.error("input " + std::to_string(i) + " must be a scalar");
+  return {};
+}
+
+Status ref_qfused_conv(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 6, 7, 10, 11}));
+  std::array<Tensor, 4> in;
+  in[0] = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
+  in[1] = dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0);
+  if (ctx.has_input(8)) in[2] = ctx.input(8);
+  if (ctx.has_input(9)) in[3] = dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
+  Dequantized f(ctx, "FusedConv", std::move(in));
+  KILN_RETURN_IF_ERROR(ref_fused_conv_any(f));
+  return store(ctx, f.output(0));
+}
+
+Status ref_qfused_matmul(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 6, 7, 10, 11}));
+  const bool trans = ctx.node().attr_int("transB", 0) != 0;
+  const Tensor& b = ctx.input(3);
+  if (b.rank() != 2) return ctx.error("B must be 2-D, got " + shape_str(b.shape()));
+  std::array<Tensor, 4> in;
+  in[0] = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
+  Tensor w = dequantized(b, ctx.input(4), ctx.input(5), trans ? 0 : 1);  // the scales follow B's N dim
+  in[1] = trans ? transposed_2d(w) : w;
+  if (ctx.has_input(8)) in[2] = ctx.input(8);
+  if (ctx.has_input(9)) in[3] = dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
+  Dequantized f(ctx, "FusedMatMul", std::move(in));
+  KILN_RETURN_IF_ERROR(ref_fused_matmul(f));
+  return store(ctx, f.output(0));
+}
+
+}  // namespace
+
+void register_ref_nn_quant(KernelRegistry& r) {
+  r.add_reference("QFusedConv", ref_qfused_conv);
+  r.add_reference("QFusedMatMul", ref_qfused_matmul);
+}
+
+}  // namespace kiln::nn
