@@ -220,6 +220,8 @@ def int8_case(name, onnx_path, inputs, scratch, rng):
             return next(self.it, None)
 
     qdq = os.path.join(scratch, f"{name}.qdq.onnx")
+    import logging
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice on pre-processing, per weight
     quantize_static(onnx_path, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
     case = Case(name, qdq, inputs, scratch)

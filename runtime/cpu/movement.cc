@@ -248,11 +248,23 @@ class TransposeKernel final : public Kernel {
         const int64_t a0 = ta * kTile, a1 = std::min(a_len, a0 + kTile);
         for (int64_t b0 = 0; b0 < b_len; b0 += kTile) {
           const int64_t b1 = std::min(b_len, b0 + kTile);
-          if (es == 4) {
-            const float* s = reinterpret_cast<const float*>(src) + in_off;
-            float* t = reinterpret_cast<float*>(dst) + out_off;
+          // Whole elements of 1, 2, 4 or 8 bytes as integers (bit-exact, and the loop a compiler
+          // can keep in registers); other sizes byte by byte.
+          auto tile = [&](auto tag) {
+            using T = decltype(tag);
+            const T* s = reinterpret_cast<const T*>(src) + in_off;
+            T* t = reinterpret_cast<T*>(dst) + out_off;
             for (int64_t a = a0; a < a1; ++a)
               for (int64_t b = b0; b < b1; ++b) t[a * a_out + b] = s[b * b_in + a];
+          };
+          if (es == 4) {
+            tile(uint32_t{});
+          } else if (es == 1) {
+            tile(uint8_t{});
+          } else if (es == 2) {
+            tile(uint16_t{});
+          } else if (es == 8) {
+            tile(uint64_t{});
           } else {
             for (int64_t a = a0; a < a1; ++a)
               for (int64_t b = b0; b < b1; ++b)

@@ -165,6 +165,18 @@ TEST(CpuKernels, Transpose) {
     EXPECT_EQ(check({"Transpose", {noise({2, 3, 17, 5}, 9)}, {false}, {attr("perm", perm)}}, 0), "kiln.transpose");
     EXPECT_EQ(check({"Transpose", {make<int16_t>({2, 3, 1, 5}, std::vector<int16_t>(30, 7))}, {false}, {attr("perm", perm)}}, 0),
               "kiln.transpose");
+    // 1-, 2- and 8-byte elements, each one different (the tiles move them as integers).
+    std::vector<uint8_t> bytes(2 * 3 * 17 * 5);
+    std::vector<int16_t> shorts(bytes.size());
+    std::vector<int64_t> longs(bytes.size());
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(i * 7 % 251);
+      shorts[i] = static_cast<int16_t>(i * 31 - 700);
+      longs[i] = static_cast<int64_t>(i) * 1000003 - (int64_t{1} << 40);
+    }
+    EXPECT_EQ(check({"Transpose", {make<uint8_t>({2, 3, 17, 5}, bytes)}, {false}, {attr("perm", perm)}}, 0), "kiln.transpose");
+    EXPECT_EQ(check({"Transpose", {make<int16_t>({2, 3, 17, 5}, shorts)}, {false}, {attr("perm", perm)}}, 0), "kiln.transpose");
+    EXPECT_EQ(check({"Transpose", {make<int64_t>({2, 3, 17, 5}, longs)}, {false}, {attr("perm", perm)}}, 0), "kiln.transpose");
   } while (std::next_permutation(perm.begin(), perm.end()));
   // The image into channels-last and back, big enough for threads; the default (reversed) perm.
   EXPECT_EQ(check({"Transpose", {noise({1, 3, 160, 150}, 10)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
