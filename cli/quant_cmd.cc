@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
+#include <optional>
 
 #include "cli/app.h"
 #include "cli/inputs.h"
@@ -47,6 +49,8 @@ struct QuantArgs {
   std::vector<std::string> eval;
   bool json = false;
   std::string config;
+  std::optional<double> min_sqnr;
+  std::string exclude_out;
 };
 
 // Whether a folder is one sample set: an ONNX test_data_set (input_K.pb) or .npy files.
@@ -206,6 +210,133 @@ void print_report(const quant::AccuracyReport& r, const std::string& source, boo
   }
 }
 
+// One quantization of the float model under a config: annotate, calibrate, convert, and (for
+// --report / --min-sqnr) its accuracy on the evaluation samples.
+struct Attempt {
+  Model model;  ///< the quantized model
+  quant::Annotations annotations;
+  std::string quantizer_name;
+  size_t kept_float = 0, observers = 0;
+  int64_t calibrated = 0;
+  quant::ConvertStats stats;
+  std::unique_ptr<Model> simulated;  ///< the report's quantized model, weights dequantized once
+  std::unique_ptr<quant::AccuracyReport> accuracy;
+};
+
+// What every attempt shares: the float model (BatchNorm folded), its session, the data.
+struct QuantJob {
+  const QuantArgs& args;
+  Model float_model;
+  Target target;
+  std::unique_ptr<Session> session;  ///< on float_model: calibration and the report's float runs
+  std::vector<std::string> files, eval_files;
+  int64_t calib_count = -1, eval_from = -1;
+  quant::MaybeSetting command_line;
+  bool tty = false;
+
+  Result<Attempt> run(const quant::QuantizerConfig& config, bool evaluate) {
+    const Graph& g = float_model.graph;
+    Attempt a;
+    const std::unique_ptr<quant::Quantizer> quantizer = quant::configured_quantizer(g, config, command_line, &a.kept_float);
+    a.quantizer_name = quantizer->name().empty() ? "no quantizer" : quantizer->name();
+    KILN_RETURN_IF_ERROR(quantizer->annotate(g, a.annotations));
+    KILN_ASSIGN_OR_RETURN(quant::Prepared prepared, quant::prepare(g, a.annotations));
+    a.observers = prepared.groups.size();
+    quant::Calibrator calibrator(g, prepared);
+    session->set_observer(&calibrator);
+    Status calibrated = for_each_sample(g, files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
+      KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
+      KILN_RETURN_IF_ERROR(session->run(sample).status());
+      KILN_RETURN_IF_ERROR(calibrator.status());
+      ++a.calibrated;
+      if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(a.calibrated));
+      return {};
+    });
+    session->set_observer(nullptr);
+    if (tty) std::fprintf(stderr, "\r\033[K");
+    KILN_RETURN_IF_ERROR(calibrated);
+    a.model = float_model;  // shares the constants
+    KILN_ASSIGN_OR_RETURN(a.stats, quant::convert(a.model, prepared));
+    // The float weights now stored quantized, and what BatchNorm folding left, are read no more.
+    PassContext pass_context{target, {}};
+    KILN_RETURN_IF_ERROR(eliminate_dead(a.model, pass_context).status());
+    if (Status s = verify_model(a.model); !s.ok()) return internal_error("", "the quantized model does not verify: " + s.error().what);
+    if (!evaluate) return a;
+    // The quantized model with its weights dequantized once (as compile folds them), so that its
+    // convolutions and matrix products run on the fast float kernels: the same values.
+    a.simulated = std::make_unique<Model>(a.model);
+    KILN_RETURN_IF_ERROR(fold_constant_dequantize(a.simulated->graph).status());
+    SessionOptions options;
+    options.target = target;
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<Session> quantized, Session::create(*a.simulated, options));
+    std::map<std::string, std::vector<std::string>> instance;  // anchor name -> its nodes
+    for (const auto& [n, ann] : a.annotations) instance[g.nodes[ann.anchor].name].push_back(g.nodes[n].name);
+    std::map<std::string, quant::PatternOf> patterns;
+    for (const auto& [n, ann] : a.annotations) patterns[g.nodes[n].name] = {ann.pattern, instance[g.nodes[ann.anchor].name]};
+    a.accuracy = std::make_unique<quant::AccuracyReport>(g, a.simulated->graph, patterns);
+    auto add = [&](const std::vector<Tensor>& sample) { return a.accuracy->add_sample(*session, *quantized, sample); };
+    KILN_RETURN_IF_ERROR(eval_files.empty() ? for_each_sample(g, files, eval_from, -1, add) : for_each_sample(g, eval_files, 0, -1, add));
+    return a;
+  }
+};
+
+// --min-sqnr: the layers ranked by the noise each adds (one evaluation of the fully quantized
+// model), then the fewest of the top ones kept float that bring the end-to-end SQNR to the
+// target, found by bisection (a handful of quantizations, not one per layer).
+Result<Attempt> meet_min_sqnr(QuantJob& job, const quant::QuantizerConfig& config, Attempt all, double target,
+                              std::vector<std::string>& kept, std::vector<std::string>& excluded, int& attempts) {
+  attempts = 1;
+  if (all.accuracy->end_to_end_db() >= target) return all;
+  std::vector<quant::LayerSqnr> ranking = all.accuracy->ranking_by_own_error();
+  // Then the pattern instances whose output is not quantized (a linear layer writing a graph
+  // output): no SQNR of their own, but keeping every instance float is the float model.
+  const Graph& g = job.float_model.graph;
+  std::set<std::string> covered;
+  for (const quant::LayerSqnr& l : ranking) covered.insert(l.nodes.begin(), l.nodes.end());
+  std::map<size_t, std::vector<std::string>> instances;
+  for (const auto& [n, ann] : all.annotations) instances[ann.anchor].push_back(g.nodes[n].name);
+  for (const auto& [anchor, nodes] : instances)
+    if (!covered.count(g.nodes[anchor].name)) {
+      quant::LayerSqnr l;
+      l.node = g.nodes[anchor].name;
+      l.nodes = nodes;
+      ranking.push_back(std::move(l));
+    }
+  auto excluding = [&](size_t k) {
+    quant::QuantizerConfig c = config;
+    for (size_t i = 0; i < k && i < ranking.size(); ++i)
+      for (const std::string& n : ranking[i].nodes.empty() ? std::vector<std::string>{ranking[i].node} : ranking[i].nodes)
+        c.nodes[n] = quant::MaybeSetting{};
+    return c;
+  };
+  size_t lo = 1, hi = ranking.size();
+  std::optional<Attempt> best;
+  size_t best_k = ranking.size();
+  while (lo <= hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    KILN_ASSIGN_OR_RETURN(Attempt a, job.run(excluding(mid), true));
+    ++attempts;
+    if (a.accuracy->end_to_end_db() >= target) {
+      best = std::move(a);
+      best_k = mid;
+      if (mid == 1) break;
+      hi = mid - 1;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  if (!best) {  // every layer float: the float model itself
+    KILN_ASSIGN_OR_RETURN(Attempt a, job.run(excluding(ranking.size()), true));
+    ++attempts;
+    best = std::move(a);
+  }
+  for (size_t i = 0; i < best_k && i < ranking.size(); ++i) {
+    kept.push_back(ranking[i].node);
+    for (const std::string& n : ranking[i].nodes.empty() ? std::vector<std::string>{ranking[i].node} : ranking[i].nodes) excluded.push_back(n);
+  }
+  return std::move(*best);
+}
+
 int run_quant(const QuantArgs& args, const std::string& cmdline) {
   const std::string verb = "quant";
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln)"));
@@ -223,12 +354,13 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   }
   if (args.quantizer.empty() && !config.global)
     return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, or \"global\" in --config)"));
-  quant::MaybeSetting command_line;
-  if (!args.quantizer.empty()) command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor};
   if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
-  if ((!args.eval.empty() || args.json) && !args.report) return report(verb, user_error("", "--eval and --json go with --report"));
+  const bool evaluate = args.report || args.min_sqnr;
+  if (!args.eval.empty() && !evaluate) return report(verb, user_error("", "--eval goes with --report or --min-sqnr"));
+  if (args.json && !args.report) return report(verb, user_error("", "--json goes with --report"));
+  if (!args.exclude_out.empty() && !args.min_sqnr) return report(verb, user_error("", "--exclude-out goes with --min-sqnr"));
   if (args.report && args.output == "-") return report(verb, user_error("", "--report prints on stdout: write the model to a file (-o)"));
   std::vector<std::string> eval_files;
   if (!args.eval.empty()) {
@@ -253,107 +385,86 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (model->stage != Stage::exported)
     return report(verb, user_error(display, "is " + std::string(stage_name(model->stage)) +
                                                 "; quantize the exported model (before kiln compile)"));
+  QuantJob job{args, std::move(*model)};
+  job.files = std::move(*files);
+  job.eval_files = std::move(eval_files);
+  job.tty = isatty(STDERR_FILENO);
+  if (!args.quantizer.empty()) job.command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor};
   // As prepare_pt2e does first: BatchNorm folded into the convolution before it, so that the
   // quantized weights are the folded ones and Conv + Relu is one pattern.
-  Target target;
-  target.threads = args.threads > 0 ? args.threads : physical_cores();
-  PassContext pass_context{target, {}};
-  if (auto r = fold_batchnorm(*model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
-  const Graph& g = model->graph;
-
-  size_t kept_float = 0;
-  const std::unique_ptr<quant::Quantizer> quantizer = quant::configured_quantizer(g, config, command_line, &kept_float);
-  quant::Annotations annotations;
-  if (Status s = quantizer->annotate(g, annotations); !s.ok()) return report(verb, with_file(s, display));
-  auto prepared = quant::prepare(g, annotations);
-  if (!prepared.ok()) return report(verb, with_file(prepared.status(), display));
-
+  job.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  PassContext pass_context{job.target, {}};
+  if (auto r = fold_batchnorm(job.float_model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
+  const Graph& g = job.float_model.graph;
   SessionOptions options;
-  options.target = target;
-  auto session = Session::create(*model, options);
+  options.target = job.target;
+  auto session = Session::create(job.float_model, options);
   if (!session.ok()) return report(verb, with_file(session.status(), display));
-  quant::Calibrator calibrator(g, *prepared);
-  (*session)->set_observer(&calibrator);
-  // Without --eval, --report holds the last quarter of the calibration samples apart.
-  int64_t eval_from = -1;
-  if (args.report && eval_files.empty()) {
-    auto total = count_samples(g, *files);
+  job.session = std::move(*session);
+  // Without --eval, the evaluation takes the last quarter of the calibration samples.
+  if (evaluate && job.eval_files.empty()) {
+    auto total = count_samples(g, job.files);
     if (!total.ok()) return report(verb, total.error());
-    if (*total < 2) return report(verb, user_error("", "--report needs --eval or at least 2 calibration samples (the last quarter evaluates)"));
-    eval_from = *total - *total / 4;
+    if (*total < 2)
+      return report(verb, user_error("", std::string(args.report ? "--report" : "--min-sqnr") +
+                                             " needs --eval or at least 2 calibration samples (the last quarter evaluates)"));
+    job.eval_from = *total - *total / 4;
   }
-  int64_t seen = 0;
-  const bool tty = isatty(STDERR_FILENO);
-  int64_t calib_count = args.calib_limit > 0 ? args.calib_limit : -1;
-  if (eval_from >= 0) calib_count = calib_count < 0 ? eval_from : std::min(calib_count, eval_from);
-  Status calibrated = for_each_sample(g, *files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
-    KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
-    KILN_RETURN_IF_ERROR((*session)->run(sample).status());
-    KILN_RETURN_IF_ERROR(calibrator.status());
-    ++seen;
-    if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(seen));
-    return {};
-  });
-  if (!calibrated.ok()) return report(verb, calibrated.error());
-  if (tty) std::fprintf(stderr, "\r\033[K");
-  (*session)->set_observer(nullptr);
-  session->reset();
+  job.calib_count = args.calib_limit > 0 ? args.calib_limit : -1;
+  if (job.eval_from >= 0) job.calib_count = job.calib_count < 0 ? job.eval_from : std::min(job.calib_count, job.eval_from);
 
-  const size_t float_nodes = g.nodes.size();  // before convert adds the Q/DQ
-  const Model float_model = *model;  // for --report (it shares the constants)
-  std::map<std::string, std::string> pattern_of;
-  for (const auto& [n, a] : annotations) pattern_of[g.nodes[n].name] = a.pattern;
-  std::vector<std::string> annotated_names;
-  for (const auto& [n, a] : annotations)
-    annotated_names.push_back("node '" + g.nodes[n].name + "': " + a.pattern + (args.config.empty() ? "" : " (" + a.quantizer + ")"));
-  auto stats = quant::convert(*model, *prepared);
-  if (!stats.ok()) return report(verb, with_file(stats.status(), display));
-  // The float weights now stored quantized, and what BatchNorm folding left, are read no more.
-  if (auto r = eliminate_dead(*model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
-  if (Status s = verify_model(*model); !s.ok())
-    return report(verb, Error{ErrorKind::internal, display, "", "the quantized model does not verify: " + s.error().what});
+  auto first = job.run(config, evaluate);
+  if (!first.ok()) return report(verb, with_file(first.status(), display));
+  const double all_quantized_db = evaluate ? first->accuracy->end_to_end_db() : 0;
+  std::vector<std::string> kept, excluded;
+  int attempts = 1;
+  Result<Attempt> chosen = std::move(first);
+  if (args.min_sqnr) {
+    chosen = meet_min_sqnr(job, config, std::move(*chosen), *args.min_sqnr, kept, excluded, attempts);
+    if (!chosen.ok()) return report(verb, with_file(chosen.status(), display));
+  }
+  Attempt& a = *chosen;
   Provenance p;
   p.tool = "kiln quant";
   p.version = std::string(kiln_version());
   p.command = cmdline;
   p.input_file = args.input == "-" ? display : fs::path(args.input).filename().string();
   p.input_sha256 = input_sha256;
-  model->provenance.push_back(std::move(p));
+  a.model.provenance.push_back(std::move(p));
 
   std::map<std::string, int> patterns;
-  for (const auto& [n, a] : annotations) ++patterns[a.pattern];
-  const std::string quantizer_name = quantizer->name().empty() ? "no quantizer" : quantizer->name();
-  std::cerr << "kiln quant: " << quantizer_name << ": " << annotations.size() << " of " << float_nodes << " nodes annotated";
-  if (!args.config.empty()) std::cerr << " (" << kept_float << " kept float by --config)";
+  for (const auto& [n, ann] : a.annotations) ++patterns[ann.pattern];
+  std::cerr << "kiln quant: " << a.quantizer_name << ": " << a.annotations.size() << " of " << g.nodes.size() << " nodes annotated";
+  if (!args.config.empty() || !kept.empty())
+    std::cerr << " (" << a.kept_float << " kept float by "
+              << (kept.empty() ? "--config" : args.config.empty() ? "--min-sqnr" : "--config and --min-sqnr") << ")";
   // Nodes per pattern: a conv + relu pattern is two nodes.
   for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
-  std::cerr << (patterns.empty() ? "" : ")") << "; " << prepared->groups.size() << " observers, calibrated on " << seen
-            << (seen == 1 ? " sample" : " samples") << "; " << stats->quantize_nodes << " QuantizeLinear, " << stats->dequantize_nodes
-            << " DequantizeLinear, " << stats->quantized_weights << " weights stored quantized\n";
+  std::cerr << (patterns.empty() ? "" : ")") << "; " << a.observers << " observers, calibrated on " << a.calibrated
+            << (a.calibrated == 1 ? " sample" : " samples") << "; " << a.stats.quantize_nodes << " QuantizeLinear, " << a.stats.dequantize_nodes
+            << " DequantizeLinear, " << a.stats.quantized_weights << " weights stored quantized\n";
   if (args.verbose)
-    for (const std::string& line : annotated_names) std::cerr << "kiln quant: " << line << "\n";
-
-  if (args.report) {
-    SessionOptions eval_options;
-    eval_options.target = target;
-    auto float_session = Session::create(float_model, eval_options);
-    if (!float_session.ok()) return report(verb, with_file(float_session.status(), display));
-    // The quantized model with its weights dequantized once (as compile folds them), so that its
-    // convolutions and matrix products run on the fast float kernels: the same values.
-    Model simulated = *model;
-    if (auto folded = fold_constant_dequantize(simulated.graph); !folded.ok()) return report(verb, with_file(folded.status(), display));
-    auto quantized_session = Session::create(simulated, eval_options);
-    if (!quantized_session.ok()) return report(verb, with_file(quantized_session.status(), display));
-    quant::AccuracyReport accuracy(float_model.graph, simulated.graph, pattern_of);
-    auto add = [&](const std::vector<Tensor>& sample) { return accuracy.add_sample(**float_session, **quantized_session, sample); };
-    Status evaluated = eval_files.empty() ? for_each_sample(g, *files, eval_from, -1, add) : for_each_sample(g, eval_files, 0, -1, add);
-    if (!evaluated.ok()) return report(verb, evaluated.error());
-    std::string source = "--eval";
-    if (eval_files.empty()) source = "the last " + std::to_string(accuracy.samples()) + " of the --calib samples, held out of calibration";
-    print_report(accuracy, source, args.json);
+    for (const auto& [n, ann] : a.annotations)
+      std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << ann.pattern << (args.config.empty() ? "" : " (" + ann.quantizer + ")") << "\n";
+  if (args.min_sqnr) {
+    std::cerr << "kiln quant: --min-sqnr " << db_text(*args.min_sqnr) << ": end-to-end SQNR " << db_text(a.accuracy->end_to_end_db())
+              << " dB with " << kept.size() << (kept.size() == 1 ? " layer" : " layers") << " kept float (" << db_text(all_quantized_db)
+              << " dB with all quantized; " << attempts << (attempts == 1 ? " quantization" : " quantizations") << ")";
+    for (size_t i = 0; i < kept.size(); ++i) std::cerr << (i ? ", " : ": ") << kept[i];
+    std::cerr << "\n";
+    if (!args.exclude_out.empty()) {  // the choice as a --config file that reproduces it
+      quant::QuantizerConfig out = config;
+      for (const std::string& n : excluded) out.nodes[n] = quant::MaybeSetting{};
+      if (Status s = write_output(args.exclude_out, quant::quantizer_config_json(out, job.command_line)); !s.ok()) return report(verb, s);
+    }
   }
-
-  return report(verb, write_model_output(*model, args.output));
+  if (args.report) {
+    std::string source = "--eval";
+    if (job.eval_files.empty())
+      source = "the last " + std::to_string(a.accuracy->samples()) + " of the --calib samples, held out of calibration";
+    print_report(*a.accuracy, source, args.json);
+  }
+  return report(verb, write_model_output(a.model, args.output));
 }
 
 }  // namespace
@@ -381,6 +492,10 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
                 "inputs or the last quarter of the --calib ones (then held out of calibration)");
   cmd->add_option("--eval", args->eval, "evaluation inputs for --report, in --calib's forms (repeatable)");
   cmd->add_flag("--json", args->json, "with --report: the report as JSON on stdout");
+  cmd->add_option("--min-sqnr", args->min_sqnr,
+                  "keep the fewest layers float (the ones adding the most noise first) that bring the end-to-end SQNR on "
+                  "the evaluation inputs to this many dB");
+  cmd->add_option("--exclude-out", args->exclude_out, "with --min-sqnr: write the layers kept float as a --config file");
   cmd->add_flag("-v,--verbose", args->verbose, "print each annotated node's pattern");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_quant(*args, cmdline); });
 }

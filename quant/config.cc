@@ -90,4 +90,24 @@ std::unique_ptr<Quantizer> configured_quantizer(const Graph& graph, const Quanti
   return std::make_unique<ComposableQuantizer>(std::move(parts));
 }
 
+std::string quantizer_config_json(const QuantizerConfig& config, const MaybeSetting& fallback) {
+  auto setting = [](const MaybeSetting& s) -> json {
+    if (!s) return nullptr;
+    json j = {{"quantizer", s->quantizer}};
+    if (s->per_tensor) j["per_tensor"] = true;
+    return j;
+  };
+  json doc = json::object();
+  doc["global"] = setting(config.global ? *config.global : fallback);
+  if (!config.op_types.empty()) {
+    doc["op_types"] = json::object();
+    for (const auto& [op, s] : config.op_types) doc["op_types"][op] = setting(s);
+  }
+  if (!config.nodes.empty()) {
+    doc["nodes"] = json::object();
+    for (const auto& [name, s] : config.nodes) doc["nodes"][name] = setting(s);
+  }
+  return doc.dump(2) + "\n";
+}
+
 }  // namespace kiln::quant

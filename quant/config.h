@@ -49,6 +49,10 @@ struct QuantizerConfig {
 /// Parses a config file's text; a user error names `file` and the key at fault.
 Result<QuantizerConfig> parse_quantizer_config(std::string_view text, const std::string& file);
 
+/// The config as the JSON parse_quantizer_config reads, with `fallback` as its global setting
+/// when it has none (so that the file stands alone).
+std::string quantizer_config_json(const QuantizerConfig& config, const MaybeSetting& fallback);
+
 /// The quantizer that applies `config` to `graph` (fallback: the command line's setting): one
 /// built-in quantizer per distinct setting, each annotating only the nodes resolving to it.
 /// Also returns, through `float_nodes`, how many nodes the config keeps float.

@@ -92,8 +92,9 @@ class PatternQuantizer final : public Quantizer {
       if (out.count(n)) return false;
     return true;
   }
-  NodeAnnotation mark(const std::string& pattern) const {
+  NodeAnnotation mark(const std::string& pattern, size_t anchor) const {
     NodeAnnotation a;
+    a.anchor = anchor;
     a.quantizer = s_.name;
     a.pattern = pattern;
     return a;
@@ -130,10 +131,10 @@ class PatternQuantizer final : public Quantizer {
     }
     QuantSpec weight = s_.config.weight;
     weight.ch_axis = weight.per_channel() ? *axis : 0;
-    NodeAnnotation head = mark(pattern);
+    NodeAnnotation head = mark(pattern, n);
     head.inputs[0] = s_.config.activation;
     head.inputs[1] = weight;
-    for (size_t c : chain) out[c] = mark(pattern);
+    for (size_t c : chain) out[c] = mark(pattern, n);
     out[n] = head;
     if (residual) out[*residual].inputs[residual_slot] = s_.config.activation;
     out[chain.back()].output = s_.config.activation;
@@ -143,7 +144,7 @@ class PatternQuantizer final : public Quantizer {
   void binary(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     if ((node.op != "Add" && node.op != "Mul") || node.num_inputs() != 2 || out.count(n) || !allowed(n)) return;
-    NodeAnnotation a = mark(node.op == "Add" ? "add" : "mul");
+    NodeAnnotation a = mark(node.op == "Add" ? "add" : "mul", n);
     for (int i = 0; i < 2; ++i) {
       const ValueId v = node.inputs[static_cast<size_t>(i)];
       if (!is_float_value(g, v)) continue;
@@ -156,7 +157,7 @@ class PatternQuantizer final : public Quantizer {
     auto relu = u.only_reader(g, n);
     if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu) && allowed(*relu)) {
       a.pattern += "_relu";
-      NodeAnnotation r = mark(a.pattern);
+      NodeAnnotation r = mark(a.pattern, n);
       r.output = s_.config.activation;
       out[*relu] = r;
     } else {
@@ -180,7 +181,7 @@ class PatternQuantizer final : public Quantizer {
       for (size_t i = 0; i < data_inputs; ++i)
         if (node.inputs[i] == kNoValue || !quantized_output(node.inputs[i])) return;
     }
-    NodeAnnotation a = mark("shared: " + node.op);
+    NodeAnnotation a = mark("shared: " + node.op, n);
     a.inputs[0] = s_.config.activation;
     for (size_t i = 1; i < data_inputs; ++i) a.inputs[static_cast<int>(i)] = SharedSpec{Edge{n, 0}};
     a.output = SharedSpec{Edge{n, 0}};

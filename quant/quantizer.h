@@ -56,6 +56,7 @@ struct NodeAnnotation {
   bool allow_implicit_sharing = true;
   std::string quantizer;  ///< who annotated it ("x86", "xnnpack")
   std::string pattern;    ///< which of its patterns ("conv_relu", "linear", "shared: MaxPool")
+  size_t anchor = 0;      ///< the first node of the pattern's instance (its nodes share it)
 };
 
 /// By node index. A node is annotated at most once: the first quantizer to annotate it wins.

@@ -76,7 +76,7 @@ class AccuracyReport::QuantizedCompare final : public ExecutionObserver {
   std::vector<LayerSqnr>& layers_;
 };
 
-AccuracyReport::AccuracyReport(const Graph& float_graph, const Graph& quantized, const std::map<std::string, std::string>& patterns)
+AccuracyReport::AccuracyReport(const Graph& float_graph, const Graph& quantized, const std::map<std::string, PatternOf>& patterns)
     : float_graph_(float_graph), quantized_(quantized) {
   const std::vector<int32_t> producers = float_graph.producers();
   for (size_t n = 0; n < quantized.nodes.size(); ++n) {
@@ -92,12 +92,38 @@ AccuracyReport::AccuracyReport(const Graph& float_graph, const Graph& quantized,
     LayerSqnr l;
     l.node = producer.name;
     l.value = float_graph.value(fv).name;
-    if (auto it = patterns.find(producer.name); it != patterns.end()) l.pattern = it->second;
+    if (auto it = patterns.find(producer.name); it != patterns.end()) {
+      l.pattern = it->second.pattern;
+      l.nodes = it->second.nodes;
+    }
     float_value_layer_[fv] = layers_.size();
     q_node_layer_[n] = layers_.size();
     layers_.push_back(std::move(l));
   }
   for (ValueId o : float_graph.outputs) outputs_.emplace_back(float_graph.value(o).name, Sqnr{});
+  // Each layer's upstream layers: back through the float graph from its producer's inputs to the
+  // nearest layer outputs.
+  upstream_.resize(layers_.size());
+  for (const auto& [fv, layer] : float_value_layer_) {
+    std::vector<ValueId> stack;
+    std::vector<char> seen(float_graph.values.size(), 0);
+    for (ValueId in : float_graph.nodes[static_cast<size_t>(producers[static_cast<size_t>(fv)])].inputs)
+      if (in != kNoValue) stack.push_back(in);
+    while (!stack.empty()) {
+      const ValueId v = stack.back();
+      stack.pop_back();
+      if (seen[static_cast<size_t>(v)]) continue;
+      seen[static_cast<size_t>(v)] = 1;
+      if (auto it = float_value_layer_.find(v); it != float_value_layer_.end()) {
+        upstream_[layer].push_back(it->second);
+        continue;
+      }
+      const int32_t p = producers[static_cast<size_t>(v)];
+      if (p < 0) continue;
+      for (ValueId in : float_graph.nodes[static_cast<size_t>(p)].inputs)
+        if (in != kNoValue) stack.push_back(in);
+    }
+  }
 }
 
 Status AccuracyReport::add_sample(Session& float_session, Session& quantized_session, const std::vector<Tensor>& inputs) {
@@ -118,6 +144,24 @@ Status AccuracyReport::add_sample(Session& float_session, Session& quantized_ses
   }
   ++samples_;
   return {};
+}
+
+std::vector<LayerSqnr> AccuracyReport::ranking_by_own_error() const {
+  auto ratio = [](const Sqnr& s) { return s.signal > 0 ? s.noise / s.signal : (s.noise > 0 ? 1.0 : 0.0); };
+  std::vector<LayerSqnr> out = layers_;
+  for (size_t l = 0; l < out.size(); ++l) {
+    double before = 0;
+    for (size_t u : upstream_[l]) before = std::max(before, ratio(layers_[u].sqnr));
+    out[l].own_noise = ratio(layers_[l].sqnr) - before;
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LayerSqnr& a, const LayerSqnr& b) { return a.own_noise > b.own_noise; });
+  return out;
+}
+
+double AccuracyReport::end_to_end_db() const {
+  double worst = std::numeric_limits<double>::infinity();
+  for (const auto& [name, s] : outputs_) worst = std::min(worst, s.db());
+  return worst;
 }
 
 std::vector<LayerSqnr> AccuracyReport::layers() const {

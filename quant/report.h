@@ -28,12 +28,22 @@ struct Sqnr {
   void add(const float* f, const float* q, int64_t n);
 };
 
+/// What the quantizer made of a node: its pattern and the nodes of that pattern's instance.
+struct PatternOf {
+  std::string pattern;             ///< "conv_add_relu"
+  std::vector<std::string> nodes;  ///< every node of the instance (a conv, its add and relu)
+};
+
 /// One quantized layer: the float model's node whose output the quantized model quantizes.
 struct LayerSqnr {
   std::string node;     ///< its name (in the float model, as the user's model names it)
   std::string value;    ///< the output's name
   std::string pattern;  ///< the quantizer's pattern ("conv_add_relu")
+  std::vector<std::string> nodes;  ///< the pattern instance's nodes (what keeping it float takes)
   Sqnr sqnr;
+  /// The noise this layer adds itself: its noise-to-signal ratio less the largest of the layers
+  /// it reads from (ranking_by_own_error).
+  double own_noise = 0;
 };
 
 class AccuracyReport {
@@ -41,7 +51,7 @@ class AccuracyReport {
   /// The layers to follow: every QuantizeLinear of `quantized` that quantizes the output of a
   /// node of `float_graph` (matched by value name), per tensor. `patterns` names each float
   /// node's pattern (by node name). Both graphs must outlive the report.
-  AccuracyReport(const Graph& float_graph, const Graph& quantized, const std::map<std::string, std::string>& patterns);
+  AccuracyReport(const Graph& float_graph, const Graph& quantized, const std::map<std::string, PatternOf>& patterns);
 
   /// Runs one sample (in graph.inputs order) through both sessions (on the graphs given above)
   /// and adds its errors.
@@ -49,6 +59,12 @@ class AccuracyReport {
 
   /// The layers, worst SQNR first.
   std::vector<LayerSqnr> layers() const;
+  /// The layers by the noise each adds itself, most first (--min-sqnr's sensitivity order): a
+  /// layer's SQNR counts the noise of everything before it, so each one's noise-to-signal
+  /// ratio is taken less the largest among the quantized layers it reads from.
+  std::vector<LayerSqnr> ranking_by_own_error() const;
+  /// The lowest SQNR among the graph outputs (the end-to-end figure).
+  double end_to_end_db() const;
   /// Each graph output's SQNR, in graph order, with its name.
   const std::vector<std::pair<std::string, Sqnr>>& outputs() const { return outputs_; }
   int64_t samples() const { return samples_; }
@@ -59,6 +75,7 @@ class AccuracyReport {
   const Graph& float_graph_;
   const Graph& quantized_;
   std::vector<LayerSqnr> layers_;
+  std::vector<std::vector<size_t>> upstream_;  ///< per layer: the layers it reads from
   std::map<ValueId, size_t> float_value_layer_;  ///< float graph value -> layer
   std::map<size_t, size_t> q_node_layer_;        ///< quantized graph QuantizeLinear node index -> layer
   std::vector<std::pair<std::string, Sqnr>> outputs_;

@@ -256,10 +256,31 @@ def quant_tests(r, work, samples):
     except (ValueError, KeyError, TypeError, IndexError) as e:
         ok, out = False, f"{e}: {out}"
     r.check("quant_report_json", ok, f"exit {rc}; {out[:600]!r} {err[:300]!r}")
+    # --min-sqnr: the fewest layers kept float that reach the target on the held-out sample, the
+    # choice written as a --config that reproduces it.
+    os.makedirs(os.path.join(work, "calib2"), exist_ok=True)
+    np.savez(os.path.join(work, "calib2", "a.npz"), input=np.concatenate([1.1 * x, -x, 0.9 * x], axis=0))
+    np.savez(os.path.join(work, "calib2", "b.npz"), input=x)
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.min.kiln", "--quantizer", "x86", "--calib", "calib2", "--min-sqnr", "45",
+                        "--exclude-out", "exclude.json"])
+    m = re.search(r"--min-sqnr 45\.0: end-to-end SQNR ([0-9.]+|inf) dB with (\d+) layers? kept float \(([0-9.]+) dB with all quantized", err)
+    ok = rc == 0 and m is not None
+    if ok:
+        reached, kept, before = float(m.group(1)), int(m.group(2)), float(m.group(3))
+        with open(os.path.join(work, "exclude.json")) as f:
+            excluded = json.load(f)
+        ok = (before < 45 <= reached and 1 <= kept < 8 and excluded["global"] == {"quantizer": "x86"}
+              and len(excluded["nodes"]) >= kept and all(v is None for v in excluded["nodes"].values()))
+        rc2, out2, _ = r.run(["quant", "cnn.kiln", "-o", "cnn.min2.kiln", "--calib", "calib2", "--config", "exclude.json",
+                              "--report", "--json"])
+        ok = ok and rc2 == 0 and abs(json.loads(out2)["outputs"][0]["sqnr_db"] - reached) < 0.1
+    r.check("quant_min_sqnr", ok, f"exit {rc}; {err[-600:]!r}")
+    r.error("quant_exclude_out_alone", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in,
+                                        "--exclude-out", "e.json"], 2, r"--exclude-out goes with --min-sqnr", no_file="q.kiln")
     r.error("quant_report_one_sample", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--report"],
             2, r"--report needs --eval or at least 2 calibration samples", no_file="q.kiln")
     r.error("quant_eval_without_report", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--eval", cnn_in],
-            2, r"--eval and --json go with --report", no_file="q.kiln")
+            2, r"--eval goes with --report or --min-sqnr", no_file="q.kiln")
     # --config: precedence node name > op type > global; null keeps nodes float; its errors.
     with open(os.path.join(work, "qconfig.json"), "w") as f:
         json.dump({"op_types": {"Gemm": None}, "nodes": {"/conv2/Conv": {"quantizer": "xnnpack", "per_tensor": True},
