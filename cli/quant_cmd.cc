@@ -50,6 +50,7 @@ struct QuantArgs {
   bool json = false;
   std::string config;
   std::optional<double> min_sqnr;
+  bool dynamic = false;
   std::string exclude_out;
 };
 
@@ -354,7 +355,10 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   }
   if (args.quantizer.empty() && !config.global)
     return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, or \"global\" in --config)"));
-  if (args.calib.empty()) return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
+  if (args.dynamic && args.quantizer != "x86")
+    return report(verb, user_error("", "--dynamic is for --quantizer x86 (u8 activations quantized at run time)"));
+  if (args.calib.empty() && !args.dynamic)
+    return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
   const bool evaluate = args.report || args.min_sqnr;
@@ -389,7 +393,7 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   job.files = std::move(*files);
   job.eval_files = std::move(eval_files);
   job.tty = isatty(STDERR_FILENO);
-  if (!args.quantizer.empty()) job.command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor};
+  if (!args.quantizer.empty()) job.command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor, args.dynamic};
   // As prepare_pt2e does first: BatchNorm folded into the convolution before it, so that the
   // quantized weights are the folded ones and Conv + Relu is one pattern.
   job.target.threads = args.threads > 0 ? args.threads : physical_cores();
@@ -402,6 +406,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   if (!session.ok()) return report(verb, with_file(session.status(), display));
   job.session = std::move(*session);
   // Without --eval, the evaluation takes the last quarter of the calibration samples.
+  if (evaluate && job.eval_files.empty() && job.files.empty())
+    return report(verb, user_error("", std::string(args.report ? "--report" : "--min-sqnr") + " needs evaluation inputs (--eval, or --calib)"));
   if (evaluate && job.eval_files.empty()) {
     auto total = count_samples(g, job.files);
     if (!total.ok()) return report(verb, total.error());
@@ -442,7 +448,9 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
   std::cerr << (patterns.empty() ? "" : ")") << "; " << a.observers << " observers, calibrated on " << a.calibrated
             << (a.calibrated == 1 ? " sample" : " samples") << "; " << a.stats.quantize_nodes << " QuantizeLinear, " << a.stats.dequantize_nodes
-            << " DequantizeLinear, " << a.stats.quantized_weights << " weights stored quantized\n";
+            << " DequantizeLinear, " << a.stats.quantized_weights << " weights stored quantized";
+  if (a.stats.dynamic_quantize_nodes) std::cerr << ", " << a.stats.dynamic_quantize_nodes << " DynamicQuantizeLinear";
+  std::cerr << "\n";
   if (args.verbose)
     for (const auto& [n, ann] : a.annotations)
       std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << ann.pattern << (args.config.empty() ? "" : " (" + ann.quantizer + ")") << "\n";
@@ -483,6 +491,9 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
                   "calibration inputs: an .npz of arrays named after the inputs, a folder of <input>.npy files or an ONNX "
                   "test_data_set (input_K.pb), or a folder of any of these (repeatable); a leading batch dim is split into samples");
   cmd->add_option("--calib-limit", args->calib_limit, "use at most this many samples")->check(CLI::PositiveNumber);
+  cmd->add_flag("--dynamic", args->dynamic,
+                "x86: dynamic quantization of the linear layers (inputs quantized at run time from their range, weights "
+                "per channel; no calibration needed)");
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
       ->check(CLI::PositiveNumber);

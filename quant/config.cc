@@ -27,12 +27,16 @@ Result<MaybeSetting> parse_setting(const json& j, const std::string& file, const
     } else if (key == "per_tensor") {
       if (!value.is_boolean()) return bad(file, where + ".per_tensor", "must be true or false");
       s.per_tensor = value.get<bool>();
+    } else if (key == "dynamic") {
+      if (!value.is_boolean()) return bad(file, where + ".dynamic", "must be true or false");
+      s.dynamic = value.get<bool>();
     } else {
-      return bad(file, where + "." + key, "unknown key (known: quantizer, per_tensor)");
+      return bad(file, where + "." + key, "unknown key (known: quantizer, per_tensor, dynamic)");
     }
   }
   if (s.quantizer.empty()) return bad(file, where, "names no quantizer");
   if (s.per_tensor && s.quantizer != "xnnpack") return bad(file, where + ".per_tensor", "is for the xnnpack quantizer (x86 weights are per channel)");
+  if (s.dynamic && s.quantizer != "x86") return bad(file, where + ".dynamic", "is for the x86 quantizer (u8 activations quantized at run time)");
   return MaybeSetting{s};
 }
 
@@ -86,7 +90,8 @@ std::unique_ptr<Quantizer> configured_quantizer(const Graph& graph, const Quanti
   if (float_nodes) *float_nodes = kept_float;
   std::vector<std::unique_ptr<Quantizer>> parts;
   for (const QuantizerSetting& s : distinct)
-    parts.push_back(make_quantizer(s.quantizer, !s.per_tensor, [of, s](size_t n) { return n < of.size() && of[n] && *of[n] == s; }));
+    parts.push_back(make_quantizer(s.quantizer, !s.per_tensor, [of, s](size_t n) { return n < of.size() && of[n] && *of[n] == s; },
+                                   s.dynamic));
   return std::make_unique<ComposableQuantizer>(std::move(parts));
 }
 
@@ -95,6 +100,7 @@ std::string quantizer_config_json(const QuantizerConfig& config, const MaybeSett
     if (!s) return nullptr;
     json j = {{"quantizer", s->quantizer}};
     if (s->per_tensor) j["per_tensor"] = true;
+    if (s->dynamic) j["dynamic"] = true;
     return j;
   };
   json doc = json::object();

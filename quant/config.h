@@ -6,7 +6,7 @@
 //
 //   {
 //     "global": {"quantizer": "x86"},
-//     "op_types": {"Gemm": null, "MatMul": {"quantizer": "xnnpack", "per_tensor": true}},
+//     "op_types": {"Gemm": null, "MatMul": {"quantizer": "x86", "dynamic": true}},
 //     "nodes": {"/fc/Gemm": null, "/layer1/conv1/Conv": {"quantizer": "x86"}}
 //   }
 //
@@ -30,6 +30,7 @@ namespace kiln::quant {
 struct QuantizerSetting {
   std::string quantizer;  ///< "x86" or "xnnpack"
   bool per_tensor = false;
+  bool dynamic = false;  ///< x86: linear layers with their input quantized at run time
   bool operator==(const QuantizerSetting&) const = default;
   auto operator<=>(const QuantizerSetting&) const = default;
 };

@@ -143,8 +143,32 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
       dequantize_for(e.node, e.input, qv, scale, zero, q.axis, like);
     }
   }
+  // Dynamic input edges: DynamicQuantizeLinear, then a DQ of its three outputs.
+  for (size_t gi = 0; gi < prepared.groups.size(); ++gi) {
+    const ObserverGroup& group = prepared.groups[gi];
+    if (!group.spec.is_dynamic) continue;
+    for (const Edge& e : group.edges) {
+      if (e.input == Edge::kOutput) continue;
+      const ValueId v = g.nodes[e.node].inputs[static_cast<size_t>(e.input)];
+      const Value like = g.value(v);
+      const ValueId q = g.add_value(like.name + "_dq_u8", DType::u8, like.shape);
+      const ValueId scale = g.add_value(like.name + "_dq_scale", DType::f32, Shape(std::vector<Dim>{}));
+      const ValueId zero = g.add_value(like.name + "_dq_zero_point", DType::u8, Shape(std::vector<Dim>{}));
+      Node dyn;
+      dyn.name = g.nodes[e.node].name + "/dynamic_q" + std::to_string(e.input) + "_" + std::to_string(made++);
+      dyn.op = "DynamicQuantizeLinear";
+      dyn.inputs = {v};
+      dyn.outputs = {q, scale, zero};
+      before[e.node].push_back(std::move(dyn));
+      ++stats.dynamic_quantize_nodes;
+      const ValueId dq = g.add_value(like.name + "_dq", like.dtype, like.shape);
+      before[e.node].push_back(make_node("DequantizeLinear", g.nodes[e.node].name + "/dq" + std::to_string(e.input), {q, scale, zero}, dq, -1));
+      g.nodes[e.node].inputs[static_cast<size_t>(e.input)] = dq;
+      ++stats.dequantize_nodes;
+    }
+  }
   std::vector<Node> nodes;
-  nodes.reserve(nn + stats.quantize_nodes + stats.dequantize_nodes);
+  nodes.reserve(nn + stats.quantize_nodes + stats.dequantize_nodes + stats.dynamic_quantize_nodes);
   for (size_t n = 0; n < nn; ++n) {
     for (Node& x : before[n]) nodes.push_back(std::move(x));
     nodes.push_back(std::move(g.nodes[n]));

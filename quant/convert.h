@@ -19,11 +19,13 @@ struct ConvertStats {
   size_t quantize_nodes = 0;
   size_t dequantize_nodes = 0;
   size_t quantized_weights = 0;  ///< constants stored quantized
+  size_t dynamic_quantize_nodes = 0;  ///< DynamicQuantizeLinear (dynamic specs)
 };
 
 /// Rewrites `model` (the graph prepared and calibrated) and marks it quantized. The float
-/// weights it replaced are left unread (`kiln compile`'s eliminate_dead drops them). Dynamic
-/// specs are left float.
+/// weights it replaced are left unread (`kiln compile`'s eliminate_dead drops them). A dynamic
+/// input edge reads DequantizeLinear(DynamicQuantizeLinear(value)): u8, its scale and zero
+/// point computed from each run's data.
 Result<ConvertStats> convert(Model& model, const Prepared& prepared);
 
 }  // namespace kiln::quant

@@ -77,6 +77,10 @@ class PatternQuantizer final : public Quantizer {
 
   Status annotate(const Graph& g, Annotations& out) const override {
     Uses u(g);
+    if (s_.config.activation.is_dynamic) {  // linear layers alone: input quantized at run time, output float
+      for (size_t n = 0; n < g.nodes.size(); ++n) dynamic_linear(g, u, n, out);
+      return {};
+    }
     // Layers with their fusions first, then the lone layers, as PT2E orders its annotators.
     for (size_t n = 0; n < g.nodes.size(); ++n) layer(g, u, n, out);
     if (s_.name == "xnnpack")
@@ -140,6 +144,22 @@ class PatternQuantizer final : public Quantizer {
     out[chain.back()].output = s_.config.activation;
   }
 
+  // Dynamic: a linear layer (and its bias Add) with its input quantized at run time from the
+  // data's range, its weight as in the static config, its output float (PT2E's dynamic configs).
+  void dynamic_linear(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
+    const Node& node = g.nodes[n];
+    if (node.op == "Conv" || out.count(n) || !allowed(n)) return;
+    auto axis = weight_axis(g, node);
+    if (!axis || !is_float_value(g, node.inputs[0])) return;
+    NodeAnnotation head = mark("linear_dynamic", n);
+    head.inputs[0] = s_.config.activation;
+    QuantSpec weight = s_.config.weight;
+    weight.ch_axis = weight.per_channel() ? *axis : 0;
+    head.inputs[1] = weight;
+    out[n] = head;
+    if (auto b = bias_add(g, u, n); b && allowed(*b) && !out.count(*b)) out[*b] = mark("linear_dynamic", n);
+  }
+
   // xnnpack: Add and Mul (+ Relu) of two float tensors, quantized on both sides.
   void binary(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
@@ -194,9 +214,13 @@ class PatternQuantizer final : public Quantizer {
 
 }  // namespace
 
-QuantConfig x86_config() {
+QuantConfig x86_config(bool dynamic) {
   QuantConfig c;
   c.activation = QuantSpec{DType::u8, 0, 255, QScheme::per_tensor_affine, 0, ObserverKind::histogram};
+  if (dynamic) {
+    c.activation.observer = ObserverKind::placeholder;
+    c.activation.is_dynamic = true;
+  }
   c.weight = QuantSpec{DType::i8, -128, 127, QScheme::per_channel_symmetric, 0, ObserverKind::per_channel_min_max};
   return c;
 }
@@ -209,13 +233,13 @@ QuantConfig xnnpack_config(bool per_channel) {
   return c;
 }
 
-std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel, NodeFilter filter) {
+std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel, NodeFilter filter, bool dynamic) {
   if (name == "x86")
-    return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(), {"Relu", "Clip", "HardSwish"},
+    return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(dynamic), {"Relu", "Clip", "HardSwish"},
                                                     {"Relu", "LeakyRelu", "Tanh", "Gelu"}, true,
                                                     {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true},
                                               std::move(filter));
-  if (name == "xnnpack")
+  if (name == "xnnpack" && !dynamic)
     return std::make_unique<PatternQuantizer>(Style{"xnnpack", xnnpack_config(per_channel), {"Relu"}, {"Relu"}, false,
                                                     {"Relu", "Clip", "MaxPool", "ReduceMean", "Transpose", "Squeeze",
                                                      "Reshape", "Slice", "Flatten", "GlobalAveragePool", "Concat"},

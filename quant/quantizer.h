@@ -78,8 +78,9 @@ struct QuantConfig {
 };
 
 /// x86 (PT2E's X86InductorQuantizer default): activations u8 0..255 per-tensor affine with the
-/// histogram observer, weights i8 −128..127 per-channel symmetric (per-channel min-max).
-QuantConfig x86_config();
+/// histogram observer, weights i8 −128..127 per-channel symmetric (per-channel min-max). Dynamic:
+/// the activations' scale and zero point come from each run's data (the placeholder observer).
+QuantConfig x86_config(bool dynamic = false);
 /// xnnpack (ExecuTorch's XNNPACKQuantizer symmetric config): activations i8 −128..127 affine
 /// (histogram), weights i8 −127..127 symmetric, per channel or per tensor.
 QuantConfig xnnpack_config(bool per_channel);
@@ -89,7 +90,10 @@ using NodeFilter = std::function<bool(size_t)>;
 
 /// The built-in quantizers by name ("x86", "xnnpack"); null for another name. With a filter, a
 /// pattern takes only allowed nodes (a conv whose Relu is not allowed is a conv alone).
-std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel = true, NodeFilter filter = {});
+/// `dynamic` (x86 only, else null): linear layers alone, their input quantized at run time
+/// (u8, as DynamicQuantizeLinear does), their output float.
+std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel = true, NodeFilter filter = {},
+                                          bool dynamic = false);
 
 /// Runs quantizers in order on one set of annotations: the first to annotate a node wins
 /// (PT2E's ComposableQuantizer).

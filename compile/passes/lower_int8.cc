@@ -4,7 +4,8 @@
 //   DQ(x) -> FusedConv(W = DQ(constant s8), B = f32 constant, Z = DQ(z) or none) -> Q
 //        -> QFusedConv(x, W and z quantized; its output quantized as Q does)
 //   DQ(a) -> FusedMatMul | MatMul | Gemm (B = DQ(constant 2-D s8), bias, Z = DQ(z)) [-> Q]
-//        -> QFusedMatMul (its output quantized as Q does, or f32 when no Q reads it)
+//        -> QFusedMatMul (its output quantized as Q does, or f32 when no Q reads it); `a` may be
+//           DynamicQuantizeLinear's (a dynamically quantized layer: its scale each run's)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //
@@ -87,15 +88,23 @@ class Lowering {
   }
 
   // An int8 operand: v = DQ(q), or Transpose(DQ(q)) (then `transpose` is that node). Returns
-  // the DQ node.
-  const Node* dequantized(ValueId v, const Node** transpose) const {
+  // the DQ node. With `runtime`, also a DQ of DynamicQuantizeLinear's three outputs (a
+  // dynamically quantized input: its scale and zero point are each run's).
+  const Node* dequantized(ValueId v, const Node** transpose, bool runtime = false) const {
     *transpose = nullptr;
     const Node* p = producer(v);
     if (p && p->op == "Transpose" && p->domain.empty()) {
       *transpose = p;
       p = producer(p->inputs[0]);
     }
-    if (!p || !per_tensor(g_, *p, "DequantizeLinear") || !int8(g_.value(p->inputs[0]).dtype)) return nullptr;
+    if (!p) return nullptr;
+    if (runtime && !*transpose && p->op == "DequantizeLinear" && p->domain.empty() && p->inputs.size() == 3) {
+      const Node* d = producer(p->inputs[0]);
+      if (d && d->op == "DynamicQuantizeLinear" && d->domain.empty() && d->outputs.size() == 3 && d->outputs[0] == p->inputs[0] &&
+          d->outputs[1] == p->inputs[1] && d->outputs[2] == p->inputs[2])
+        return p;
+    }
+    if (!per_tensor(g_, *p, "DequantizeLinear") || !int8(g_.value(p->inputs[0]).dtype)) return nullptr;
     return p;
   }
 
@@ -173,7 +182,7 @@ class Lowering {
       trans = m.attr_int("transB", 0) != 0;
     }
     const Node* ta = nullptr;
-    const Node* da = dequantized(m.inputs[0], &ta);
+    const Node* da = dequantized(m.inputs[0], &ta, true);
     if (!da || ta) return false;
     if (g_.value(m.inputs[1]).shape.rank() != 2) return false;
     const Node* dw = weight(m.inputs[1], trans ? 0 : 1);
@@ -187,7 +196,15 @@ class Lowering {
     }
     const Node* dz = nullptr;
     const Node* tz = nullptr;
-    if (m.op == "FusedMatMul" && m.has_input(3) && (!(dz = dequantized(m.inputs[3], &tz)) || tz)) return false;
+    ValueId z_f32 = kNoValue;  // a float residual (a dynamically quantized layer's) is read as it is
+    if (m.op == "FusedMatMul" && m.has_input(3)) {
+      dz = dequantized(m.inputs[3], &tz);
+      if (tz) return false;
+      if (!dz) {
+        if (g_.value(m.inputs[3]).dtype != DType::f32) return false;
+        z_f32 = m.inputs[3];
+      }
+    }
     int64_t tq = -1;
     const int64_t q = quantized_by(m.outputs[0], &tq);
     if (tq >= 0 || (dz && q >= 0 && g_.value(dz->inputs[0]).dtype != g_.value(g_.nodes[static_cast<size_t>(q)].outputs[0]).dtype)) return false;
@@ -211,6 +228,10 @@ class Lowering {
     }
     n.inputs.push_back(bias);
     if (dz) n.inputs.insert(n.inputs.end(), {dz->inputs[0], dz->inputs[1], dz->inputs[2]});
+    if (z_f32 != kNoValue) {
+      while (n.inputs.size() < 9) n.inputs.push_back(kNoValue);
+      n.inputs.push_back(z_f32);
+    }
     while (!n.inputs.empty() && n.inputs.back() == kNoValue) n.inputs.pop_back();
     before_[i].push_back(std::move(n));
     drop_[i] = 1;

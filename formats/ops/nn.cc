@@ -414,7 +414,8 @@ Status infer_fused_matmul(InferContext& ctx) {
 
 // QFusedMatMul: A's, Y's and Z's scales and zero points are scalars, B's per tensor or one per
 // output column; B is a 2-D [K, N] ([N, K] with transB); the shape is FusedMatMul's of the
-// dequantized A, B, bias and Z; Y takes y_zero_point's type, or f32 without y's scale.
+// dequantized A, B, bias and Z (an f32 Z as it is); Y takes y_zero_point's type, or f32 without
+// y's scale.
 Status infer_qfused_matmul(InferContext& ctx) {
   auto scalar = [&](size_t i, const char* what) -> Status {
     if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
@@ -429,7 +430,7 @@ Status infer_qfused_matmul(InferContext& ctx) {
     KILN_RETURN_IF_ERROR(scalar(6, "y_scale"));
     KILN_RETURN_IF_ERROR(scalar(7, "y_zero_point"));
   }
-  if (ctx.has_input(9)) {
+  if (ctx.has_input(9) && ctx.dtype(9) != DType::f32) {  // an f32 Z is read as it is
     KILN_RETURN_IF_ERROR(scalar(10, "z_scale"));
     KILN_RETURN_IF_ERROR(scalar(11, "z_zero_point"));
   }
@@ -652,7 +653,7 @@ void register_nn_ops(OpRegistry& r) {
         .traits = {.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
                              input(3, DType::i8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
                              same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "bias"),
-                             input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
+                             input(9, int8 | DType::f32, "z"), same_as(10, 1, "z_scale"), input(11, int8, "z_zero_point")}};
     // flops: the conv's / matmul's plus the epilogue's (flop_models.cc)
   }
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,

@@ -5,9 +5,12 @@
 // activation) and requantized to u8 in the micro-kernel's store, or written as f32.
 //
 // What the micro-kernel's store does not do runs as a second pass over the f32 result in the
-// workspace, on the row kernels: a residual Z (dequantized), a post activation, an s8 output.
+// workspace, on the row kernels: a residual Z (dequantized, or f32 as it is), a post
+// activation, an s8 output.
 // s8 A (the xnnpack quantizer's activations) is shifted to u8 first (x + 128, its zero point
-// too), which leaves the products unchanged.
+// too), which leaves the products unchanged. A's scale and zero point may be computed at run
+// time (a dynamically quantized layer: DynamicQuantizeLinear's outputs): the N column scales
+// are then formed on each run.
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -29,7 +32,7 @@ std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
     const InferInput& in = q.inputs[i];
     if (in.dtype == DType::undefined) continue;
     if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
-    if (i != 0 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, scales and zero points must be constant)";
+    if (i != 0 && i != 9 && i > 2 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, Y's and Z's scales and zero points must be constant)";
   }
   if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
@@ -56,21 +59,26 @@ class QMatMulKernel final : public Kernel {
     packed_ = Tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
     col_sums_.assign(static_cast<size_t>(n_), 0);
     gemm::pack_b_s8(q.inputs[3].value->data<int8_t>(), trans ? k_ : n_, trans, k_, n_, packed_.data<int8_t>(), col_sums_.data());
-    const float sa = scalar(q.inputs[1]);
+    // A's scale and zero point: constants, or (a dynamically quantized input) each run's.
+    dynamic_ = !q.inputs[1].value || !q.inputs[2].value;
+    if (shape_numel(q.inputs[1].shape.concrete()) != 1 || shape_numel(q.inputs[2].shape.concrete()) != 1)
+      return user_error(q.node.where(), "a_scale and a_zero_point must be scalars");
     const std::vector<double> sb = q.inputs[4].value->to_double_vector();
-    scales_.resize(static_cast<size_t>(n_));
-    for (int64_t j = 0; j < n_; ++j) scales_[static_cast<size_t>(j)] = sa * static_cast<float>(sb[sb.size() == 1 ? 0 : static_cast<size_t>(j)]);
+    b_scales_.resize(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) b_scales_[static_cast<size_t>(j)] = static_cast<float>(sb[sb.size() == 1 ? 0 : static_cast<size_t>(j)]);
+    scales_.assign(static_cast<size_t>(n_), 0.f);
+    a_s8_ = q.inputs[0].dtype == DType::i8;
+    if (!dynamic_) set_a(scalar(q.inputs[1]), zero_point(q.inputs[2]));
     bias_.clear();
     if (q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined) {
       const float* b = q.inputs[8].value->data<float>();
       bias_.assign(b, b + n_);
     }
-    a_s8_ = q.inputs[0].dtype == DType::i8;
-    a_zero_ = zero_point(q.inputs[2]) + (a_s8_ ? 128 : 0);
     KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
     has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
-    if (has_z_) {
+    z_f32_ = has_z_ && q.inputs[9].dtype == DType::f32;
+    if (has_z_ && !z_f32_) {
       z_scale_ = scalar(q.inputs[10]);
       z_zero_ = zero_point(q.inputs[11]);
       z_u8_ = q.inputs[9].dtype == DType::u8;
@@ -85,11 +93,12 @@ class QMatMulKernel final : public Kernel {
     direct_ = !has_z_ && post_.kind == Activation::none && (!out_int8_ || out_u8_);
     a_bytes_ = a_s8_ ? up(static_cast<size_t>(m_ * k_)) : 0;
     const size_t f32_bytes = up(static_cast<size_t>(m_ * n_) * sizeof(float));
-    needs.workspace_bytes = a_bytes_ + (direct_ || !out_int8_ ? 0 : f32_bytes) + (has_z_ ? f32_bytes : 0);
+    needs.workspace_bytes = a_bytes_ + (direct_ || !out_int8_ ? 0 : f32_bytes) + (has_z_ && !z_f32_ ? f32_bytes : 0);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
+    if (dynamic_) set_a(ctx.input(1).data<float>()[0], static_cast<int32_t>(ctx.input(2).to_double_vector()[0]));
     std::byte* ws = ctx.workspace().data();
     const uint8_t* a = static_cast<const uint8_t*>(ctx.input(0).raw());
     if (a_s8_) {  // s8 + 128 as u8: flip the sign bit
@@ -117,10 +126,13 @@ class QMatMulKernel final : public Kernel {
     float* f = out_int8_ ? reinterpret_cast<float*>(next) : y.data<float>();
     if (out_int8_) next += up(count * sizeof(float));
     gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_);
-    float* z = nullptr;
-    if (has_z_) {
-      z = reinterpret_cast<float*>(next);
-      rows_->dequantize(ctx.input(9).raw(), z, static_cast<int64_t>(count), z_scale_, z_zero_, z_u8_);
+    const float* z = nullptr;
+    if (z_f32_) {
+      z = ctx.input(9).data<float>();
+    } else if (has_z_) {
+      float* dz = reinterpret_cast<float*>(next);
+      rows_->dequantize(ctx.input(9).raw(), dz, static_cast<int64_t>(count), z_scale_, z_zero_, z_u8_);
+      z = dz;
     }
     rows_->epilogue(f, z, static_cast<int64_t>(count), act_, post_);
     if (out_int8_) rows_->quantize(f, y.raw(), static_cast<int64_t>(count), y_scale_, y_zero_, out_u8_);
@@ -130,16 +142,22 @@ class QMatMulKernel final : public Kernel {
   std::string label() const override { return direct_ ? "" : "epilogue_pass"; }
 
  private:
+  // A's scale and zero point into the epilogue's per-column scales and A's (u8) zero point.
+  void set_a(float scale, int32_t zero) {
+    for (size_t j = 0; j < scales_.size(); ++j) scales_[j] = scale * b_scales_[j];
+    a_zero_ = zero + (a_s8_ ? 128 : 0);
+  }
+
   const RowKernels* rows_ = nullptr;
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
   Tensor packed_;
   std::vector<int32_t> col_sums_;
-  std::vector<float> scales_, bias_;
-  bool a_s8_ = false;
+  std::vector<float> scales_, b_scales_, bias_;
+  bool a_s8_ = false, dynamic_ = false;
   int32_t a_zero_ = 0;
   ActivationSpec act_, post_;
-  bool has_z_ = false, z_u8_ = true;
+  bool has_z_ = false, z_f32_ = false, z_u8_ = true;
   float z_scale_ = 1;
   int32_t z_zero_ = 0;
   bool out_int8_ = false, out_u8_ = false, direct_ = true;

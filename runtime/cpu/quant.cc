@@ -1,7 +1,12 @@
 // kiln.quantize_<isa> / kiln.dequantize_<isa>: per-tensor QuantizeLinear (f32 -> u8 / s8) and
 // DequantizeLinear (u8 / s8 -> f32) with constant scale and zero point, on the row kernels of
 // the target's ISA: where a quantized model's int8 region starts and ends (the reference kernels
-// work in double per element, 40 times slower). Bit-exact with the reference.
+// work in double per element, 40 times slower); kiln.dynamic_quantize_<isa>:
+// DynamicQuantizeLinear (a dynamically quantized linear layer's input). Bit-exact with the
+// reference.
+#include <algorithm>
+#include <cmath>
+
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 
@@ -49,9 +54,44 @@ class QdqKernel final : public Kernel {
   bool u8_ = true;
 };
 
+// DynamicQuantizeLinear: the range in one pass, then the quantization of the other kernels, with
+// the reference's scale and zero point arithmetic (f32) exactly.
+class DynamicQuantizeKernel final : public Kernel {
+ public:
+  explicit DynamicQuantizeKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  Status run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    float lo = 0, hi = 0;
+    if (rows_.range(x.data<float>(), x.numel(), &lo, &hi)) {
+      const float* v = x.data<float>();
+      int64_t i = 0;
+      while (i < x.numel() && !std::isnan(v[i])) ++i;
+      return ctx.error("input contains NaN at element " + std::to_string(i));
+    }
+    const float scale = (hi == lo ? 1.0f : hi - lo) / 255.0f;
+    const float zp = std::nearbyint(std::max(0.0f, std::min(255.0f, 0.0f - lo / scale)));
+    rows_.quantize(x.data<float>(), ctx.output(0).raw(), x.numel(), scale, static_cast<int32_t>(zp), true);
+    ctx.output(1).data<float>()[0] = scale;
+    ctx.output(2).data<uint8_t>()[0] = static_cast<uint8_t>(zp);
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+};
+
 }  // namespace
 
 void register_quant(KernelRegistry& r) {
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("DynamicQuantizeLinear", "cpu",
+          KernelImpl{std::string("kiln.dynamic_quantize_") + isa_name(isa),
+                     [isa](const KernelQuery& q) -> std::optional<std::string> {
+                       if (auto why = lacks(q.target.cpu, isa)) return why;
+                       if (q.inputs[0].dtype != DType::f32) return "not f32";
+                       return std::nullopt;
+                     },
+                     [isa](const KernelQuery&) { return std::make_unique<DynamicQuantizeKernel>(isa); }, isa_features(isa)});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (bool quantize : {true, false})
       r.add(quantize ? "QuantizeLinear" : "DequantizeLinear", "cpu",

@@ -81,6 +81,9 @@ struct RowKernels {
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);
   /// DequantizeLinear per tensor: y = (x − zero) · scale from u8 (or s8), exactly.
   void (*dequantize)(const void* x, float* y, int64_t n, float scale, int32_t zero, bool u8);
+  /// The smallest and largest of n values and 0 (DynamicQuantizeLinear's range) into lo and
+  /// hi; true when a value is NaN.
+  bool (*range)(const float* x, int64_t n, float* lo, float* hi);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

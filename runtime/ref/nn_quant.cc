@@ -115,7 +115,8 @@ Status ref_qfused_matmul(KernelContext& ctx) {
   Tensor w = dequantized(b, ctx.input(4), ctx.input(5), trans ? 0 : 1);  // the scales follow B's N dim
   in[1] = trans ? transposed_2d(w) : w;
   if (ctx.has_input(8)) in[2] = ctx.input(8);
-  if (ctx.has_input(9)) in[3] = dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
+  if (ctx.has_input(9))
+    in[3] = ctx.input(9).dtype() == DType::f32 ? ctx.input(9) : dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
   Dequantized f(ctx, "FusedMatMul", std::move(in));
   KILN_RETURN_IF_ERROR(ref_fused_matmul(f));
   return store(ctx, f.output(0));

@@ -275,6 +275,18 @@ def quant_tests(r, work, samples):
                               "--report", "--json"])
         ok = ok and rc2 == 0 and abs(json.loads(out2)["outputs"][0]["sqnr_db"] - reached) < 0.1
     r.check("quant_min_sqnr", ok, f"exit {rc}; {err[-600:]!r}")
+    # --dynamic: no calibration; the linear layer's input quantized at run time, compiled to the
+    # VNNI GEMM, its outputs the quantized model's reference ones.
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.dyn.kiln", "--quantizer", "x86", "--dynamic"])
+    r.check("quant_dynamic", rc == 0 and "linear_dynamic 1" in err and "1 DynamicQuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
+    rc, _, err = r.run(["compile", "cnn.dyn.kiln", "-o", "cnn.dyn.c.kiln", "-v"])
+    r.check("quant_dynamic_compiled", rc == 0 and "(DynamicQuantizeLinear): kiln.dynamic_quantize_" in err
+            and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err, f"exit {rc}; {err[:600]!r}")
+    r.ok("quant_dynamic_reference", ["run", "cnn.dyn.kiln", "--inputs", cnn_in, "--reference", "--output-dir", "qref_dyn"])
+    r.ok("quant_dynamic_matches", ["run", "cnn.dyn.c.kiln", "--inputs", cnn_in, "--check-against", "qref_dyn", "--atol", "1e-4",
+                                   "--rtol", "0"])
+    r.error("quant_dynamic_xnnpack", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "xnnpack", "--dynamic"], 2,
+            r"--dynamic is for --quantizer x86", no_file="q.kiln")
     r.error("quant_exclude_out_alone", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in,
                                         "--exclude-out", "e.json"], 2, r"--exclude-out goes with --min-sqnr", no_file="q.kiln")
     r.error("quant_report_one_sample", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--report"],

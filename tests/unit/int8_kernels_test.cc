@@ -232,6 +232,36 @@ TEST(Int8Kernels, QFusedMatMulPaths) {
   }
 }
 
+// A dynamically quantized linear layer: A's scale and zero point computed at run time (graph
+// inputs here), an f32 residual, f32 out; and DynamicQuantizeLinear itself, bit-exact.
+TEST(Int8Kernels, DynamicallyQuantizedLinear) {
+  for (bool trans : {false, true}) {
+    QMatMul s;
+    s.out = DType::f32;
+    s.trans = trans;
+    s.a_shape = {3, 5, 70};
+    s.n = 33;
+    s.activation = "Relu";
+    Case c = qmatmul_case(s);
+    c.constant[1] = c.constant[2] = false;  // run-time scale and zero point
+    std::vector<int64_t> ys = s.a_shape;
+    ys.back() = s.n;
+    c.inputs.push_back(noise(ys, 25));  // an f32 Z
+    c.constant.push_back(false);
+    SCOPED_TRACE(trans ? "transB" : "B");
+    EXPECT_EQ(testing::check(c, 1e-5), "kiln.qmatmul_u8s8_avx512");
+  }
+  const Tensor x = noise({7, 301}, 26, 6.f);
+  for (float shift : {0.f, 4.f, -4.f}) {  // ranges across zero, above it and below it
+    Tensor shifted(DType::f32, x.shape());
+    for (int64_t i = 0; i < x.numel(); ++i) shifted.data<float>()[i] = x.data<float>()[i] + shift;
+    testing::BothRuns r = testing::run_both(Case{"DynamicQuantizeLinear", {shifted}, {false}, {}, {true, true, true}});
+    EXPECT_EQ(r.kernel, "kiln.dynamic_quantize_avx512");
+    ASSERT_EQ(r.fast.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(r.fast[i].to_double_vector(), r.ref[i].to_double_vector()) << "output " << i;
+  }
+}
+
 // Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
 // and values far out of range included.
 TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {
