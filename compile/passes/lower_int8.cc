@@ -6,6 +6,7 @@
 //   DQ(a) -> FusedMatMul | MatMul | Gemm (B = DQ(constant 2-D s8), bias, Z = DQ(z)) [-> Q]
 //        -> QFusedMatMul (its output quantized as Q does, or f32 when no Q reads it); `a` may be
 //           DynamicQuantizeLinear's (a dynamically quantized layer: its scale each run's)
+//   DQ(a) + DQ(b) [-> Relu] -> Q, a and b of the output's shape -> QAdd (a residual add)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //
@@ -19,6 +20,7 @@
 // pass; those that no pattern took are folded here, at the end, so what stays float runs on
 // f32 weights as before.
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "compile/graph_util.h"
@@ -50,7 +52,7 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, pools = 0;
+  size_t convs = 0, matmuls = 0, adds = 0, pools = 0;
 
   void run() {
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
@@ -60,6 +62,7 @@ class Lowering {
       if (op == "FusedConv") convs += conv(i);
       else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") matmuls += matmul(i);
       else if (op == "MaxPool") pools += maxpool(i);
+      else if (op == "Add") adds += add(i);
     }
   }
 
@@ -277,6 +280,45 @@ class Lowering {
     return true;
   }
 
+  // DQ(a) + DQ(b) [-> Relu] -> Q, a and b of the output's shape: QAdd (the Relu its activation).
+  bool add(size_t i) {
+    const Node& n = g_.nodes[i];
+    if (n.inputs.size() != 2 || n.outputs.size() != 1) return false;
+    const Node *ta = nullptr, *tb = nullptr;
+    const Node* da = dequantized(n.inputs[0], &ta);
+    const Node* db = dequantized(n.inputs[1], &tb);
+    if (!da || !db) return false;
+    const Shape& ys = g_.value(n.outputs[0]).shape;
+    if (!ys.is_concrete() || g_.value(n.inputs[0]).shape != ys || g_.value(n.inputs[1]).shape != ys) return false;
+    ValueId out = n.outputs[0];
+    std::optional<size_t> relu;
+    if (int64_t r = single_reader(out); r >= 0 && g_.nodes[static_cast<size_t>(r)].op == "Relu" && g_.nodes[static_cast<size_t>(r)].domain.empty()) {
+      relu = static_cast<size_t>(r);
+      out = g_.nodes[*relu].outputs[0];
+    }
+    int64_t tq = -1;
+    const int64_t q = quantized_by(out, &tq);
+    if (q < 0) return false;
+    Node a;
+    a.name = n.name;
+    a.op = "QAdd";
+    a.sources = n.sources;
+    if (a.sources.empty()) a.sources.push_back(n.name);
+    if (relu) {
+      a.set_attr("activation", std::string("Relu"));
+      absorb(a, g_.nodes[*relu]);
+      drop_[*relu] = 1;
+    }
+    const Node& qn = g_.nodes[static_cast<size_t>(q)];
+    a.inputs = {int8_operand(*da, ta, i), da->inputs[1], da->inputs[2], int8_operand(*db, tb, i), db->inputs[1], db->inputs[2],
+                qn.inputs[1], qn.inputs[2]};
+    absorb(a, qn);
+    a.outputs = {int8_result(out, q, tq)};
+    before_[i].push_back(std::move(a));
+    drop_[i] = 1;
+    return true;
+  }
+
   bool maxpool(size_t i) {
     const Node& p = g_.nodes[i];
     if (p.outputs.size() != 1 && (p.outputs.size() != 2 || p.outputs[1] != kNoValue)) return false;
@@ -318,10 +360,10 @@ Result<PassResult> lower_int8(Model& model, PassContext&) {
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.pools == 0 && folded == 0) return PassResult{};
+  if (l.convs + l.matmuls + l.adds + l.pools == 0 && folded == 0) return PassResult{};
   std::string s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
-                  count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul and " +
-                  count_of(l.pools, "max pool", "max pools") + " to int8";
+                  count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul, " +
+                  count_of(l.adds, "add", "adds") + " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
   if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
   return PassResult{true, s};
 }

@@ -388,6 +388,13 @@ int64_t qfused_matmul(const Node& n, const Graph& g) {
   return count(numel_of(output_shape(n, g)) * 2 * k + qfused_epilogue(n, g));
 }
 
+// QAdd: per output element, both operands dequantized, the add, the activation, the quantization.
+int64_t qadd(const Node& n, const Graph& g) {
+  int64_t per = 2 * kDequantize + 1 + kQuantize;
+  if (Result<ActivationSpec> a = read_activation(n, "activation"); a.ok()) per += activation_cost(a->kind);
+  return count(numel_of(output_shape(n, g)) * per);
+}
+
 // ---- the table -----------------------------------------------------------------------------
 
 struct Model {
@@ -450,7 +457,7 @@ const Model kModels[] = {
     {"BlackmanWindow", per_output<kBlackman>}, {"MelWeightMatrix", per_output<kMel>}, {"NonMaxSuppression", nms},
     // quantization (the integer matrix products count theirs in quant.cc)
     {"QuantizeLinear", per_output<kQuantize>}, {"DequantizeLinear", per_output<kDequantize>},
-    {"DynamicQuantizeLinear", per_input<kDynamicQuantize>},
+    {"DynamicQuantizeLinear", per_input<kDynamicQuantize>}, {"QAdd", qadd},
     // scatters with a reduction: 1 per update element
     {"ScatterElements", scatter}, {"ScatterND", scatter},
     // no arithmetic: data movement, selection, generators, shape queries, conversion

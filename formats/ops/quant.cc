@@ -1,11 +1,12 @@
 // Core ops of the quant family: QuantizeLinear / DequantizeLinear (per tensor, per axis, blocked),
-// DynamicQuantizeLinear, and the integer compute ops of ONNX's QOperator format (QLinearMatMul,
-// QLinearConv, MatMulInteger, ConvInteger). Their semantics are the newest ONNX versions'; the
+// DynamicQuantizeLinear, the integer compute ops of ONNX's QOperator format (QLinearMatMul,
+// QLinearConv, MatMulInteger, ConvInteger), and QAdd, which `kiln compile` makes. Their semantics are the newest ONNX versions'; the
 // shape rules here are shared by export (symbolic shapes) and the runtime (concrete shapes).
 #include <algorithm>
 
 #include "formats/checked.h"
 #include "formats/op_schema.h"
+#include "formats/ops/epilogue.h"
 #include "formats/ops/flops.h"
 
 namespace kiln {
@@ -183,6 +184,20 @@ Status infer_qlinear_conv(InferContext& ctx) {
   return {};
 }
 
+// QAdd: y = Q(activation(DQ(a) + DQ(b))), every scale and zero point a scalar; numpy
+// broadcasting of a and b; y takes y_zero_point's type.
+Status infer_qadd(InferContext& ctx) {
+  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}, size_t{6}, size_t{7}}) {
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "activation").status());
+  KILN_ASSIGN_OR_RETURN(Shape y, broadcast_shapes(ctx.shape(0), ctx.shape(3), ctx));
+  ctx.set_output(0, ctx.dtype(7), std::move(y));
+  return {};
+}
+
 std::vector<AttrSpec> conv_attrs() {
   return {{"auto_pad", AttrType::string, false, "NOTSET, VALID, SAME_UPPER or SAME_LOWER"},
           {"dilations", AttrType::ints, false, "per spatial dim, default 1"},
@@ -236,6 +251,13 @@ void register_quant_ops(OpRegistry& r) {
                            input(6, kFloat, "y_scale"), input(7, int8, "y_zero_point"), input(8, DType::i32, "bias")},
                  .flops = flops::conv<3>,
                  .prepack_inputs = {3}};
+  r.add("", OpSchema{"QAdd", "elementwise add of dequantized u8/s8 a and b, activation, quantized (made by compile)", 8, 8, 1, 1,
+                     {{"activation", AttrType::string, false, "applied to the sum (none)"},
+                      {"activation_params", AttrType::floats, false, "its alpha / min and beta / max"}},
+                     infer_qadd})
+      .traits.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
+                       input(3, int8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
+                       same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point")};
 }
 
 }  // namespace kiln

@@ -3,7 +3,7 @@
 // the target's ISA: where a quantized model's int8 region starts and ends (the reference kernels
 // work in double per element, 40 times slower); kiln.dynamic_quantize_<isa>:
 // DynamicQuantizeLinear (a dynamically quantized linear layer's input). Bit-exact with the
-// reference.
+// reference. kiln.qadd_<isa>: QAdd (a quantized residual add).
 #include <algorithm>
 #include <cmath>
 
@@ -80,9 +80,56 @@ class DynamicQuantizeKernel final : public Kernel {
   const RowKernels& rows_;
 };
 
+// QAdd of two tensors of one shape in one pass (RowKernels::qadd): the scales folded into two
+// multipliers and a constant at plan time, so each element costs two multiply-adds, a rounding
+// and the saturation; within one step of the reference's divide-then-round.
+class QAddKernel final : public Kernel {
+ public:
+  explicit QAddKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    auto scalar = [&](size_t i) { return static_cast<float>(q.inputs[i].value->to_double_vector()[0]); };
+    const float sa = scalar(1), za = scalar(2), sb = scalar(4), zb = scalar(5), sy = scalar(6);
+    ka_ = sa / sy;
+    kb_ = sb / sy;
+    c_ = -(za * sa + zb * sb) / sy;
+    zy_ = scalar(7);
+    a_u8_ = q.inputs[0].dtype == DType::u8;
+    b_u8_ = q.inputs[3].dtype == DType::u8;
+    y_u8_ = q.outputs[0].dtype == DType::u8;
+    KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(q.node, "activation"));
+    relu_ = act.kind == Activation::relu;
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    rows_.qadd(ctx.input(0).raw(), a_u8_, ctx.input(3).raw(), b_u8_, ctx.output(0).raw(), y_u8_, ctx.output(0).numel(), ka_, kb_, c_,
+               zy_, relu_);
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+  float ka_ = 1, kb_ = 1, c_ = 0, zy_ = 0;
+  bool a_u8_ = true, b_u8_ = true, y_u8_ = true, relu_ = false;
+};
+
+std::optional<std::string> qadd_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}, size_t{6}, size_t{7}})
+    if (!q.inputs[i].value || q.inputs[i].value->numel() != 1) return "the scales and zero points are not constant scalars";
+  if (!q.inputs[0].shape.is_concrete() || q.inputs[0].shape != q.inputs[3].shape || q.inputs[0].shape != q.outputs[0].shape)
+    return "a and b differ in shape (broadcasting)";
+  auto act = read_activation(q.node, "activation");
+  if (!act.ok() || (act->kind != Activation::none && act->kind != Activation::relu)) return "an activation other than Relu";
+  return std::nullopt;
+}
+
 }  // namespace
 
 void register_quant(KernelRegistry& r) {
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("QAdd", "cpu",
+          KernelImpl{std::string("kiln.qadd_") + isa_name(isa), [isa](const KernelQuery& q) { return qadd_declines(q, isa); },
+                     [isa](const KernelQuery&) { return std::make_unique<QAddKernel>(isa); }, isa_features(isa)});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     r.add("DynamicQuantizeLinear", "cpu",
           KernelImpl{std::string("kiln.dynamic_quantize_") + isa_name(isa),

@@ -84,6 +84,11 @@ struct RowKernels {
   /// The smallest and largest of n values and 0 (DynamicQuantizeLinear's range) into lo and
   /// hi; true when a value is NaN.
   bool (*range)(const float* x, int64_t n, float* lo, float* hi);
+  /// QAdd in one pass: y = saturate(round_half_even(t) + zy) with t = a·ka + b·kb + c (the
+  /// operands' scales over y's folded in, their zero points into c), max(t, 0) with `relu`;
+  /// a, b, y u8 or s8 each.
+  void (*qadd)(const void* a, bool a_u8, const void* b, bool b_u8, void* y, bool y_u8, int64_t n, float ka, float kb, float c,
+               float zy, bool relu);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

@@ -1,9 +1,11 @@
-// Reference kernels of the quantized fused ops `kiln compile` makes (lower_int8): QFusedConv and
+// Reference kernels of the quantized ops `kiln compile` makes (lower_int8): QFusedConv and
 // QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
-// tensor or per output channel), the f32 result quantized as QuantizeLinear does (divided in
-// f32, rounded half to even, saturated) when the node has y's scale and zero point.
+// tensor or per output channel), QAdd an Add of them, the f32 result quantized as
+// QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
+// scale and zero point.
 #include <array>
 
+#include "runtime/ref/activation.h"
 #include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
 #include "runtime/ref/quant_util.h"
@@ -122,9 +124,38 @@ Status ref_qfused_matmul(KernelContext& ctx) {
   return store(ctx, f.output(0));
 }
 
+// QAdd: Add of the dequantized operands (numpy broadcasting, as Add's reference), the
+// activation, then y quantized.
+Status ref_qadd(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5, 6, 7}));
+  const Tensor a = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
+  const Tensor b = dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0);
+  KILN_ASSIGN_OR_RETURN(ActivationSpec spec, read_activation(ctx.node(), "activation"));
+  const Tensor& out = ctx.output(0);
+  Tensor y(DType::f32, out.shape());
+  const std::vector<int64_t> ys = out.shape();
+  const size_t r = ys.size();
+  auto index = [&](const Tensor& t, int64_t flat) {  // t's element broadcast to y's flat index
+    int64_t off = 0, stride = 1;
+    for (size_t d = r; d-- > 0;) {
+      const int64_t i = flat % ys[d];
+      flat /= ys[d];
+      const int64_t td = static_cast<int64_t>(d) - static_cast<int64_t>(r) + t.rank();
+      if (td < 0) continue;
+      if (t.dim(td) != 1) off += i * stride;
+      stride *= t.dim(td);
+    }
+    return off;
+  };
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = a.data<float>()[index(a, i)] + b.data<float>()[index(b, i)];
+  act::apply(spec, y.data<float>(), y.numel());
+  return store(ctx, y);
+}
+
 }  // namespace
 
 void register_ref_nn_quant(KernelRegistry& r) {
+  r.add_reference("QAdd", ref_qadd);
   r.add_reference("QFusedConv", ref_qfused_conv);
   r.add_reference("QFusedMatMul", ref_qfused_matmul);
 }

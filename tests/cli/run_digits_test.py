@@ -128,7 +128,7 @@ def main():
             kiln_run(kiln, ["quant", "digits.kiln", "-o", f"digits.{q}.kiln", "--quantizer", q, "--calib", "calib.npz"], work)
             err = kiln_run(kiln, ["compile", f"digits.{q}.kiln", "-o", f"digits.{q}.c.kiln", "--input-shape",
                                   f"input={len(y_test)}x1x8x8", "-v"], work)
-            lowered = "lowered 1 convolution to QFusedConv, 1 linear layer to QFusedMatMul and 1 max pool to int8" in err
+            lowered = "lowered 1 convolution to QFusedConv, 1 linear layer to QFusedMatMul, 0 adds to QAdd and 1 max pool to int8" in err
             simulated = accuracy(kiln, f"digits.{q}.kiln", work, y_test, q)
             int8 = accuracy(kiln, f"digits.{q}.c.kiln", work, y_test, q + "_int8")
             ok = lowered and fp32 - simulated <= MAX_DROP_POINTS and fp32 - int8 <= MAX_DROP_POINTS

@@ -262,6 +262,26 @@ TEST(Int8Kernels, DynamicallyQuantizedLinear) {
   }
 }
 
+// A quantized residual add, every mix of u8 and s8, with and without Relu.
+TEST(Int8Kernels, QAdd) {
+  for (DType ta : {DType::u8, DType::i8})
+    for (DType tb : {DType::u8, DType::i8})
+      for (DType ty : {DType::u8, DType::i8})
+        for (bool relu : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(ta)) + " + " + std::string(dtype_name(tb)) + " -> " + std::string(dtype_name(ty)) +
+                       (relu ? " relu" : ""));
+          std::vector<Attribute> attrs;
+          if (relu) attrs.push_back(attr("activation", std::string("Relu")));
+          const Case c{"QAdd",
+                       {int8_noise({2, 9, 7, 19}, 31, ta), scalar_f32(0.02f), scalar_int(ta, ta == DType::u8 ? 120 : -4),
+                        int8_noise({2, 9, 7, 19}, 32, tb), scalar_f32(0.035f), scalar_int(tb, tb == DType::u8 ? 130 : 6),
+                        scalar_f32(0.04f), scalar_int(ty, ty == DType::u8 ? (relu ? 0 : 128) : (relu ? -128 : 0))},
+                       {false, true, true, false, true, true, true, true},
+                       attrs};
+          expect_within_one_step(c, "kiln.qadd_avx512");
+        }
+}
+
 // Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
 // and values far out of range included.
 TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {
