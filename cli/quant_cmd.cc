@@ -18,6 +18,7 @@
 #include "cli/inputs.h"
 #include "compile/graph_util.h"
 #include "compile/pass.h"
+#include "export/onnx_writer.h"
 #include "formats/verify.h"
 #include "formats/npy.h"
 #include "formats/serialize.h"
@@ -472,6 +473,12 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
       source = "the last " + std::to_string(a.accuracy->samples()) + " of the --calib samples, held out of calibration";
     print_report(*a.accuracy, source, args.json);
   }
+  // The output's extension picks the format: .onnx is standard ONNX in QDQ form.
+  if (fs::path(args.output).extension() == ".onnx") {
+    auto bytes = write_onnx(a.model);
+    if (!bytes.ok()) return report(verb, with_file(bytes.status(), args.output));
+    return report(verb, write_output(args.output, *bytes));
+  }
   return report(verb, write_model_output(a.model, args.output));
 }
 
@@ -481,7 +488,7 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   auto args = std::make_shared<QuantArgs>();
   CLI::App* cmd = app.add_subcommand("quant", "Quantize an exported model (PT2E-style: annotate, calibrate, convert to Q/DQ)");
   cmd->add_option("input", args->input, "exported .kiln model (- for stdin)")->required();
-  cmd->add_option("-o,--output", args->output, "quantized .kiln model (- for stdout)");
+  cmd->add_option("-o,--output", args->output, "quantized .kiln model (- for stdout), or .onnx: standard ONNX in QDQ form");
   cmd->add_option("--quantizer", args->quantizer,
                   "x86 (u8 activations, i8 per-channel weights) or xnnpack (i8 / i8 symmetric); required unless --config "
                   "has a global setting");
