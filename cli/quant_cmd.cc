@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -122,13 +123,25 @@ Tensor row(const Tensor& t, int64_t i) {
 }
 
 // The samples of one calibration set, in graph.inputs order: a leading dim larger than the
-// model's (1 or symbolic) is a batch of samples, split one by one.
-Result<std::vector<std::vector<Tensor>>> file_samples(const Graph& g, const std::string& file) {
+// model's (1 or symbolic) is a batch of samples, each copied out only when it is asked for, so
+// that a file costs its own size and one sample.
+struct FileSamples {
+  std::vector<Tensor> inputs;  ///< the arrays as read
+  std::vector<bool> split;     ///< per input: a batch to split along dim 0
+  int64_t count = 1;
+  std::vector<Tensor> sample(int64_t i) const {
+    std::vector<Tensor> s;
+    for (size_t k = 0; k < inputs.size(); ++k) s.push_back(split[k] ? row(inputs[k], i) : inputs[k]);
+    return s;
+  }
+};
+
+Result<FileSamples> file_samples(const Graph& g, const std::string& file) {
   KILN_ASSIGN_OR_RETURN(NamedTensors arrays, read_set(g, file));
   std::map<std::string, Tensor> by_name(arrays.begin(), arrays.end());
-  std::vector<Tensor> inputs;
+  arrays.clear();
+  FileSamples out;
   int64_t count = -1;
-  std::vector<bool> split;
   for (ValueId id : g.inputs) {
     const Value& v = g.value(id);
     auto it = by_name.find(v.name);
@@ -140,16 +153,11 @@ Result<std::vector<std::vector<Tensor>>> file_samples(const Graph& g, const std:
     if (count >= 0 && n != count && (n > 1 || count > 1))
       return Error{ErrorKind::user, file, "input '" + v.name + "'", "has " + std::to_string(n) + " samples, the others " + std::to_string(count)};
     count = std::max(count, n);
-    split.push_back(splits);
-    inputs.push_back(t);
+    out.split.push_back(splits);
+    out.inputs.push_back(t);
   }
-  std::vector<std::vector<Tensor>> samples;
-  for (int64_t i = 0; i < std::max<int64_t>(count, 1); ++i) {
-    std::vector<Tensor> s;
-    for (size_t k = 0; k < inputs.size(); ++k) s.push_back(split[k] ? row(inputs[k], i) : inputs[k]);
-    samples.push_back(std::move(s));
-  }
-  return samples;
+  out.count = std::max<int64_t>(count, 1);
+  return out;
 }
 
 // Calls fn on the samples of `files` in order, from sample `first` on, `count` of them at most
@@ -159,11 +167,11 @@ Status for_each_sample(const Graph& g, const std::vector<std::string>& files, in
   int64_t index = 0, done = 0;
   for (const std::string& file : files) {
     if (count >= 0 && done >= count) break;
-    KILN_ASSIGN_OR_RETURN(auto samples, file_samples(g, file));
-    for (const auto& sample : samples) {
+    KILN_ASSIGN_OR_RETURN(FileSamples samples, file_samples(g, file));
+    for (int64_t i = 0; i < samples.count; ++i) {
       if (count >= 0 && done >= count) break;
       if (index++ < first) continue;
-      KILN_RETURN_IF_ERROR(with_file(fn(sample), file));
+      KILN_RETURN_IF_ERROR(with_file(fn(samples.sample(i)), file));
       ++done;
     }
   }
@@ -173,8 +181,8 @@ Status for_each_sample(const Graph& g, const std::vector<std::string>& files, in
 Result<int64_t> count_samples(const Graph& g, const std::vector<std::string>& files) {
   int64_t n = 0;
   for (const std::string& file : files) {
-    KILN_ASSIGN_OR_RETURN(auto samples, file_samples(g, file));
-    n += static_cast<int64_t>(samples.size());
+    KILN_ASSIGN_OR_RETURN(FileSamples samples, file_samples(g, file));
+    n += samples.count;
   }
   return n;
 }
@@ -212,6 +220,42 @@ void print_report(const quant::AccuracyReport& r, const std::string& source, boo
   }
 }
 
+// A progress line on stderr when it is a terminal: samples done (of how many, when known), the
+// rate, and the time left; nothing in a pipe.
+class Progress {
+ public:
+  Progress(bool tty, std::string what, int64_t total) : tty_(tty), what_(std::move(what)), total_(total) {}
+  ~Progress() {
+    if (tty_ && shown_) std::fprintf(stderr, "\r\033[K");
+  }
+  void tick(int64_t done) {
+    if (!tty_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (shown_ && done != total_ && now - last_ < std::chrono::milliseconds(100)) return;  // ten lines a second at most
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double rate = s > 0 ? static_cast<double>(done) / s : 0;
+    std::string line = "\rkiln quant: " + what_ + " " + std::to_string(done);
+    if (total_ > 0) line += "/" + std::to_string(total_);
+    char tail[64];
+    std::snprintf(tail, sizeof tail, " samples, %.1f/s", rate);
+    line += tail;
+    if (total_ > done && rate > 0) {
+      std::snprintf(tail, sizeof tail, ", %.0f s left", static_cast<double>(total_ - done) / rate);
+      line += tail;
+    }
+    std::fprintf(stderr, "%s\033[K", line.c_str());
+    shown_ = true;
+  }
+
+ private:
+  bool tty_;
+  std::string what_;
+  int64_t total_;
+  bool shown_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_;
+};
+
 // One quantization of the float model under a config: annotate, calibrate, convert, and (for
 // --report / --min-sqnr) its accuracy on the evaluation samples.
 struct Attempt {
@@ -232,7 +276,8 @@ struct QuantJob {
   Target target;
   std::unique_ptr<Session> session;  ///< on float_model: calibration and the report's float runs
   std::vector<std::string> files, eval_files;
-  int64_t calib_count = -1, eval_from = -1;
+  int64_t calib_count = -1, eval_from = -1, eval_count = -1;
+  std::string label;  ///< what the progress line says of the quantization (--min-sqnr's search)
   quant::MaybeSetting command_line;
   bool tty = false;
 
@@ -246,16 +291,18 @@ struct QuantJob {
     a.observers = prepared.groups.size();
     quant::Calibrator calibrator(g, prepared);
     session->set_observer(&calibrator);
-    Status calibrated = for_each_sample(g, files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
-      KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
-      KILN_RETURN_IF_ERROR(session->run(sample).status());
-      KILN_RETURN_IF_ERROR(calibrator.status());
-      ++a.calibrated;
-      if (tty) std::fprintf(stderr, "\rkiln quant: calibrating, %lld samples", static_cast<long long>(a.calibrated));
-      return {};
-    });
+    Status calibrated;
+    {
+      Progress progress(tty, "calibrating" + label, calib_count);
+      calibrated = for_each_sample(g, files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
+        KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
+        KILN_RETURN_IF_ERROR(session->run(sample).status());
+        KILN_RETURN_IF_ERROR(calibrator.status());
+        progress.tick(++a.calibrated);
+        return {};
+      });
+    }
     session->set_observer(nullptr);
-    if (tty) std::fprintf(stderr, "\r\033[K");
     KILN_RETURN_IF_ERROR(calibrated);
     a.model = float_model;  // shares the constants
     KILN_ASSIGN_OR_RETURN(a.stats, quant::convert(a.model, prepared));
@@ -276,7 +323,12 @@ struct QuantJob {
     std::map<std::string, quant::PatternOf> patterns;
     for (const auto& [n, ann] : a.annotations) patterns[g.nodes[n].name] = {ann.pattern, instance[g.nodes[ann.anchor].name]};
     a.accuracy = std::make_unique<quant::AccuracyReport>(g, a.simulated->graph, patterns);
-    auto add = [&](const std::vector<Tensor>& sample) { return a.accuracy->add_sample(*session, *quantized, sample); };
+    Progress progress(tty, "evaluating" + label, eval_files.empty() ? eval_count : -1);
+    auto add = [&](const std::vector<Tensor>& sample) -> Status {
+      KILN_RETURN_IF_ERROR(a.accuracy->add_sample(*session, *quantized, sample));
+      progress.tick(a.accuracy->samples());
+      return {};
+    };
     KILN_RETURN_IF_ERROR(eval_files.empty() ? for_each_sample(g, files, eval_from, -1, add) : for_each_sample(g, eval_files, 0, -1, add));
     return a;
   }
@@ -316,6 +368,7 @@ Result<Attempt> meet_min_sqnr(QuantJob& job, const quant::QuantizerConfig& confi
   size_t best_k = ranking.size();
   while (lo <= hi) {
     const size_t mid = lo + (hi - lo) / 2;
+    job.label = " (" + std::to_string(mid) + " layers float)";
     KILN_ASSIGN_OR_RETURN(Attempt a, job.run(excluding(mid), true));
     ++attempts;
     if (a.accuracy->end_to_end_db() >= target) {
@@ -416,6 +469,7 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
       return report(verb, user_error("", std::string(args.report ? "--report" : "--min-sqnr") +
                                              " needs --eval or at least 2 calibration samples (the last quarter evaluates)"));
     job.eval_from = *total - *total / 4;
+    job.eval_count = *total - job.eval_from;
   }
   job.calib_count = args.calib_limit > 0 ? args.calib_limit : -1;
   if (job.eval_from >= 0) job.calib_count = job.calib_count < 0 ? job.eval_from : std::min(job.calib_count, job.eval_from);

@@ -324,6 +324,36 @@ def quant_tests(r, work, samples):
         r.check(f"quant_{q}_onnx_roundtrip_int8", rc == 0 and "lowered 4 convolutions to QFusedConv" in err, f"exit {rc}; {err[:400]!r}")
     r.error("quant_onnx_compiled_input", ["quant", "cnn.c.kiln", "-o", "q.onnx", "--quantizer", "x86", "--calib", cnn_in], 2,
             r"is compiled; quantize the exported model", no_file="q.onnx")
+    # Streaming: a calibration set larger than the memory budget, read a file at a time (one file
+    # of it all is refused under the same budget); and the progress line, on a terminal only.
+    os.makedirs(os.path.join(work, "big_calib"), exist_ok=True)
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((320, 3, 32, 32)).astype(np.float32) for _ in range(3)]  # 3.75 MiB each
+    for k, part in enumerate(parts):
+        np.savez(os.path.join(work, "big_calib", f"part{k}.npz"), input=part)
+    np.savez(os.path.join(work, "big_calib_one.npz"), input=np.concatenate(parts))
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.big.kiln", "--quantizer", "x86", "--calib", "big_calib", "--max-memory", "6MiB"])
+    r.check("quant_streams_past_the_budget", rc == 0 and "calibrated on 960 samples" in err and "\r" not in err, f"exit {rc}; {err[:300]!r}")
+    r.error("quant_one_file_past_the_budget", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "big_calib_one.npz",
+                                              "--max-memory", "6MiB"], 2, r"does not fit.*--max-memory", no_file="q.kiln")
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([r.kiln, "quant", "cnn.kiln", "-o", "cnn.tty.kiln", "--quantizer", "x86", "--calib", "big_calib", "--report"],
+                            cwd=work, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    proc.wait()
+    r.check("quant_progress_on_a_terminal", proc.returncode == 0 and re.search(rb"calibrating \d+/720 samples, [0-9.]+/s", shown)
+            and re.search(rb"evaluating \d+/240 samples", shown), repr(shown[:300]))
     # --dynamic: no calibration; the linear layer's input quantized at run time, compiled to the
     # VNNI GEMM, its outputs the quantized model's reference ones.
     rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.dyn.kiln", "--quantizer", "x86", "--dynamic"])
