@@ -1,6 +1,8 @@
 // `kiln inspect M.kiln`: what a model is (summary, --json, or the full --text form).
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
+#include <set>
 #include <iostream>
 
 #include "cli/app.h"
@@ -25,6 +27,75 @@ std::string human(double v, const char* unit) {
   char buf[64];
   std::snprintf(buf, sizeof buf, p ? "%.2f %s%s" : "%.0f %s%s", v, prefixes[p], unit);
   return buf;
+}
+
+// How a quantized operand is stored: "u8 per tensor", "i8 per channel (64)".
+std::string quantized_as(const Graph& g, const Node& dq) {
+  const Value& scale = g.value(dq.inputs[1]);
+  std::string s = std::string(dtype_name(g.value(dq.inputs[0]).dtype));
+  if (dq.has_attr("block_size") && dq.attr_int("block_size", 0) > 0) return s + " in blocks of " + std::to_string(dq.attr_int("block_size", 0));
+  if (scale.shape.rank() == 1 && scale.shape.dims[0].is_known() && scale.shape.dims[0].value > 1)
+    return s + " per channel (" + std::to_string(scale.shape.dims[0].value) + ")";
+  return s + (scale.is_constant() ? " per tensor" : " per tensor, at run time");
+}
+
+// A quantized model's layers: each node that reads a dequantized operand (or is one of
+// compile's int8 ops), with how its inputs, weights and output are stored; and the quantizer
+// settings kiln quant recorded.
+void print_quantized_layers(const Model& model) {
+  const Graph& g = model.graph;
+  for (const auto& [key, value] : model.metadata)
+    if (key == "kiln.quant_config") {
+      const nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
+      std::cout << "quantizer config: " << (j.is_discarded() ? value : j.dump()) << "\n";
+    }
+  const std::vector<int32_t> producers = g.producers();
+  const std::vector<std::vector<Use>> uses = g.uses();
+  auto producer = [&](ValueId v) -> const Node* {
+    const int32_t p = v >= 0 ? producers[static_cast<size_t>(v)] : -1;
+    return p >= 0 ? &g.nodes[static_cast<size_t>(p)] : nullptr;
+  };
+  std::vector<std::string> lines;
+  for (const Node& n : g.nodes) {
+    if (n.op == "QuantizeLinear" || n.op == "DequantizeLinear" || n.op == "DynamicQuantizeLinear" || n.op == "Transpose") continue;
+    const bool int8_in = !n.inputs.empty() && n.inputs[0] >= 0 &&
+                         (g.value(n.inputs[0]).dtype == DType::u8 || g.value(n.inputs[0]).dtype == DType::i8);
+    const bool int8_op = n.op == "QFusedConv" || n.op == "QFusedMatMul" || n.op == "QAdd" || int8_in;
+    std::string line;
+    if (int8_op) {
+      line = "in " + std::string(dtype_name(g.value(n.inputs[0]).dtype));
+      if (n.op == "QFusedConv" || n.op == "QFusedMatMul") line += ", weight " + std::string(dtype_name(g.value(n.inputs[3]).dtype));
+    } else {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const Node* p = producer(n.inputs[i]);
+        if (!p || p->op != "DequantizeLinear") continue;
+        const bool weight = g.value(p->inputs[0]).is_constant();
+        line += std::string(line.empty() ? "" : ", ") + (weight ? "weight " : "in ") + quantized_as(g, *p);
+      }
+      if (line.empty()) continue;
+    }
+    // The output as the next layer reads it: quantized by a QuantizeLinear after it, or after
+    // the activation / residual add its pattern ends with.
+    std::string out = "f32";
+    if (!n.outputs.empty() && n.outputs[0] >= 0) {
+      ValueId y = n.outputs[0];
+      if (g.value(y).dtype != DType::f32) out = std::string(dtype_name(g.value(y).dtype));
+      for (int hop = 0; hop < 3 && out == "f32"; ++hop) {
+        const std::vector<Use>& us = uses[static_cast<size_t>(y)];
+        for (const Use& u : us)
+          if (u.slot != Use::kCaptured && g.nodes[u.node].op == "QuantizeLinear")
+            out = std::string(dtype_name(g.value(g.nodes[u.node].outputs[0]).dtype));
+        const bool passes = us.size() == 1 && us[0].slot != Use::kCaptured &&
+                            std::set<std::string, std::less<>>{"Relu", "Clip", "Add", "LeakyRelu", "HardSwish", "Tanh", "Gelu"}.count(g.nodes[us[0].node].op);
+        if (!passes || g.nodes[us[0].node].outputs.empty()) break;
+        y = g.nodes[us[0].node].outputs[0];
+      }
+    }
+    lines.push_back("  " + n.name + " (" + n.op + "): " + line + "; out " + out);
+  }
+  if (lines.empty()) return;
+  std::cout << "quantized layers: " << lines.size() << "\n";
+  for (const std::string& l : lines) std::cout << l << "\n";
 }
 
 int inspect(const InspectArgs& args) {
@@ -63,6 +134,7 @@ int inspect(const InspectArgs& args) {
             << "bytes: " << s.bytes << " (" << human(static_cast<double>(s.bytes), "B")
             << " read and written by the kernels, batch 1 where symbolic)\nops:\n";
   for (const auto& [op, n] : s.op_counts) std::cout << "  " << op << " " << n << "\n";
+  print_quantized_layers(*model);
   return 0;
 }
 

@@ -485,6 +485,13 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
     if (!chosen.ok()) return report(verb, with_file(chosen.status(), display));
   }
   Attempt& a = *chosen;
+  // The settings that made it, for `kiln inspect` (and to reuse as a --config).
+  quant::QuantizerConfig used = config;
+  for (const std::string& n : excluded) used.nodes[n] = quant::MaybeSetting{};
+  auto& md = a.model.metadata;
+  md.erase(std::remove_if(md.begin(), md.end(), [](const auto& kv) { return kv.first == "kiln.quant_config"; }), md.end());
+  md.emplace_back("kiln.quant_config", quant::quantizer_config_json(used, job.command_line));
+  std::sort(md.begin(), md.end());
   Provenance p;
   p.tool = "kiln quant";
   p.version = std::string(kiln_version());

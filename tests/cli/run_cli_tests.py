@@ -209,7 +209,10 @@ def quant_tests(r, work, samples):
         rc, out, err = r.run(["quant", "cnn.kiln", "-o", f"cnn.{q}.kiln", "--quantizer", q, "--calib", cnn_in])
         r.check(f"quant_{q}", rc == 0 and f"kiln quant: {q}: " in err and "weights stored quantized" in err,
                 f"exit {rc}; {err[:300]!r}")
-        r.ok(f"quant_{q}_inspect", ["inspect", f"cnn.{q}.kiln"], stdout_has="stage: quantized")
+        rc, out, err = r.run(["inspect", f"cnn.{q}.kiln"])
+        act = "u8" if q == "x86" else "i8"
+        r.check(f"quant_{q}_inspect", rc == 0 and "stage: quantized" in out and f'quantizer config: {{"global":{{"quantizer":"{q}"}}}}' in out
+                and f"/stem/conv/Conv (Conv): in {act} per tensor, weight i8 per channel (8); out {act}" in out, f"exit {rc}; {out[-700:]!r}")
         rc, out, err = r.run(["inspect", "--text", f"cnn.{q}.kiln"])
         r.check(f"quant_{q}_qdq", rc == 0 and "QuantizeLinear" in out and "DequantizeLinear" in out
                 and ": BatchNormalization(" not in out, f"exit {rc}; {err[:200]!r}")
