@@ -369,17 +369,20 @@ Status infer_fused_conv(InferContext& ctx) {
   return infer_epilogue(ctx, 1);
 }
 
+// Input i is present and a scalar (rank 0 or one element): a quantized op's scale or zero point.
+Status scalar_input(const InferContext& ctx, size_t i, const char* what) {
+  if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
+  const Shape& s = ctx.shape(i);
+  if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+    return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar");
+  return {};
+}
+
 // QFusedConv (channels-first view): its scales and zero points are scalars but for the
 // weight's, per tensor or one per output channel; the shape is FusedConv's of the dequantized
 // X, W, B and Z; Y takes y_zero_point's type.
 Status infer_qfused_conv(InferContext& ctx) {
-  auto scalar = [&](size_t i, const char* what) -> Status {
-    if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar");
-    return {};
-  };
+  auto scalar = [&](size_t i, const char* what) { return scalar_input(ctx, i, what); };
   KILN_RETURN_IF_ERROR(scalar(1, "x_scale"));
   KILN_RETURN_IF_ERROR(scalar(2, "x_zero_point"));
   KILN_RETURN_IF_ERROR(scalar(6, "y_scale"));
@@ -417,13 +420,7 @@ Status infer_fused_matmul(InferContext& ctx) {
 // dequantized A, B, bias and Z (an f32 Z as it is); Y takes y_zero_point's type, or f32 without
 // y's scale.
 Status infer_qfused_matmul(InferContext& ctx) {
-  auto scalar = [&](size_t i, const char* what) -> Status {
-    if (!ctx.has_input(i)) return ctx.error(std::string(what) + " is missing");
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar");
-    return {};
-  };
+  auto scalar = [&](size_t i, const char* what) { return scalar_input(ctx, i, what); };
   KILN_RETURN_IF_ERROR(scalar(1, "a_scale"));
   KILN_RETURN_IF_ERROR(scalar(2, "a_zero_point"));
   if (ctx.has_input(6) || ctx.has_input(7)) {

@@ -47,28 +47,11 @@ class ConvKernel final : public Kernel {
     return guarded(q.node, [&]() -> Status {
       // oneDNN's dims are logical [N, C, spatial...] whatever the layout.
       const bool last = nn::channels_last(q.node);
-      std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
-      const std::vector<int64_t> ws = q.inputs[1].shape.concrete();
-      if (last) {
-        xs = nn::permute(xs, nn::channels_first_perm(xs.size()));
-        ys = nn::permute(ys, nn::channels_first_perm(ys.size()));
-      }
-      const int64_t group = q.node.attr_int("group", 1);
-      std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
-      KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, spatial, kernel, false));
-      const size_t n = spatial.size();
-      memory::dims strides(w.strides.begin(), w.strides.end()), dil(n), pad_l(n), pad_r(n);
-      for (size_t i = 0; i < n; ++i) {
-        dil[i] = w.dilations[i] - 1;  // oneDNN counts the gaps
-        pad_l[i] = w.pads[i];
-        pad_r[i] = w.pads[n + i];
-      }
-      // Grouped weights: [G, O/G, I/G, k...].
-      std::vector<int64_t> wdims = ws;
-      if (group > 1) {
-        wdims[0] = ws[0] / group;
-        wdims.insert(wdims.begin(), group);
-      }
+      KILN_ASSIGN_OR_RETURN(const ConvGeometry geo, conv_geometry(q, 1));
+      const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims, &kernel = geo.kernel;
+      const int64_t group = geo.group;
+      const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
+      const size_t n = kernel.size();
       const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
       const memory::desc user_w = plain(wdims);
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::f32, memory::format_tag::any);
@@ -109,7 +92,7 @@ class ConvKernel final : public Kernel {
       };
       // Winograd where the shape suits it and oneDNN has it for this CPU, unless the model
       // recorded the direct algorithm; the direct one otherwise.
-      const bool wino_shape = n == 2 && group == 1 && kernel == std::vector<int64_t>{3, 3} && w.strides == std::vector<int64_t>{1, 1} &&
+      const bool wino_shape = n == 2 && group == 1 && kernel == std::vector<int64_t>{3, 3} && strides == memory::dims{1, 1} &&
                               dil == memory::dims{0, 0} && xs[1] >= kWinogradChannels && ys[1] >= kWinogradChannels;
       const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
       const bool recorded_direct = recorded && *recorded == "direct";

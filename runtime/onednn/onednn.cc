@@ -1,6 +1,8 @@
 // Shared pieces of the oneDNN provider (onednn.h).
 #include "runtime/onednn/onednn.h"
 
+#include "formats/ops/nn_util.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -57,6 +59,37 @@ memory::desc transposed(const std::vector<int64_t>& dims) {
   memory::dims s = row_major_strides(swapped);
   std::swap(s[s.size() - 1], s[s.size() - 2]);
   return memory::desc(d, memory::data_type::f32, s);
+}
+
+Result<ConvGeometry> conv_geometry(const KernelQuery& q, size_t weight) {
+  ConvGeometry c;
+  c.xs = q.inputs[0].shape.concrete();
+  c.ys = q.outputs[0].shape.concrete();
+  const std::vector<int64_t> ws = q.inputs[weight].shape.concrete();
+  if (nn::channels_last(q.node)) {
+    c.xs = nn::permute(c.xs, nn::channels_first_perm(c.xs.size()));
+    c.ys = nn::permute(c.ys, nn::channels_first_perm(c.ys.size()));
+  }
+  c.group = q.node.attr_int("group", 1);
+  const std::vector<int64_t> spatial(c.xs.begin() + 2, c.xs.end());
+  c.kernel.assign(ws.begin() + 2, ws.end());
+  KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, spatial, c.kernel, false));
+  const size_t n = spatial.size();
+  c.strides.assign(w.strides.begin(), w.strides.end());
+  c.dilations.resize(n);
+  c.pad_l.resize(n);
+  c.pad_r.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    c.dilations[i] = w.dilations[i] - 1;
+    c.pad_l[i] = w.pads[i];
+    c.pad_r[i] = w.pads[n + i];
+  }
+  c.wdims = ws;
+  if (c.group > 1) {
+    c.wdims[0] = ws[0] / c.group;
+    c.wdims.insert(c.wdims.begin(), c.group);
+  }
+  return c;
 }
 
 bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act) {

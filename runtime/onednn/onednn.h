@@ -30,6 +30,17 @@ dnnl::memory::desc channels_last(const std::vector<int64_t>& dims, dnnl::memory:
 /// A row-major descriptor of the last two dims swapped in memory (a transposed operand).
 dnnl::memory::desc transposed(const std::vector<int64_t>& dims);
 
+/// A convolution's geometry in oneDNN's terms: X's and Y's logical [N, C, spatial...] dims (a
+/// channels_last node's permuted back), the weight dims grouped as [G, O/G, I/G, k...] when
+/// group > 1, the spatial kernel, strides, dilations (oneDNN counts the gaps) and pads.
+struct ConvGeometry {
+  std::vector<int64_t> xs, ys, wdims, kernel;
+  int64_t group = 1;
+  dnnl::memory::dims strides, dilations, pad_l, pad_r;
+};
+/// The geometry of a Conv-like node whose weight is input `weight` (concrete shapes).
+Result<ConvGeometry> conv_geometry(const KernelQuery& q, size_t weight);
+
 /// Appends the oneDNN post-ops for an activation: false when oneDNN has none for it.
 bool append_activation(dnnl::post_ops& ops, const ActivationSpec& act);
 

@@ -52,27 +52,10 @@ class QConvKernel final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     return guarded(q.node, [&]() -> Status {
       const bool last = nn::channels_last(q.node);
-      std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
-      const std::vector<int64_t> ws = q.inputs[3].shape.concrete();
-      if (last) {
-        xs = nn::permute(xs, nn::channels_first_perm(xs.size()));
-        ys = nn::permute(ys, nn::channels_first_perm(ys.size()));
-      }
-      const int64_t group = q.node.attr_int("group", 1), m = ws[0];
-      std::vector<int64_t> spatial(xs.begin() + 2, xs.end()), kernel(ws.begin() + 2, ws.end());
-      KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, spatial, kernel, false));
-      const size_t n = spatial.size();
-      memory::dims strides(w.strides.begin(), w.strides.end()), dil(n), pad_l(n), pad_r(n);
-      for (size_t i = 0; i < n; ++i) {
-        dil[i] = w.dilations[i] - 1;
-        pad_l[i] = w.pads[i];
-        pad_r[i] = w.pads[n + i];
-      }
-      std::vector<int64_t> wdims = ws;
-      if (group > 1) {
-        wdims[0] = ws[0] / group;
-        wdims.insert(wdims.begin(), group);
-      }
+      KILN_ASSIGN_OR_RETURN(const ConvGeometry geo, conv_geometry(q, 3));
+      const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims;
+      const int64_t m = q.inputs[3].shape.concrete()[0];
+      const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
       const memory::data_type xt = int8_type(q.inputs[0].dtype), yt = int8_type(q.outputs[0].dtype);
       const memory::desc src = last ? channels_last(xs, xt) : plain(xs, xt);
       const memory::desc dst = last ? channels_last(ys, yt) : plain(ys, yt);

@@ -17,50 +17,27 @@ namespace {
 
 // The node's channels-first view: inputs 0 (and Z: nn::layout_input) transposed, output 0
 // written to a channels-first tensor the caller transposes back; everything else passes through.
-class ChannelsFirstContext final : public KernelContext {
- public:
-  explicit ChannelsFirstContext(KernelContext& outer) : outer_(outer) {
-    for (size_t i = 0; i < outer.num_inputs(); ++i) {
-      if (!outer.has_input(i)) {
-        inputs_.emplace_back();
-        continue;
-      }
-      const Tensor& x = outer.input(i);
-      const bool layout = nn::layout_input(outer.node().op, i);
-      inputs_.push_back(layout ? permuted(x, nn::channels_first_perm(static_cast<size_t>(x.rank()))) : x);
+ViewContext channels_first_view(KernelContext& outer) {
+  std::vector<Tensor> inputs;
+  for (size_t i = 0; i < outer.num_inputs(); ++i) {
+    if (!outer.has_input(i)) {
+      inputs.emplace_back();
+      continue;
     }
-    const Tensor& y = outer.output(0);
-    y_ = Tensor(y.dtype(), nn::permute(y.shape(), nn::channels_first_perm(static_cast<size_t>(y.rank()))));
+    const Tensor& x = outer.input(i);
+    inputs.push_back(nn::layout_input(outer.node().op, i) ? permuted(x, nn::channels_first_perm(static_cast<size_t>(x.rank()))) : x);
   }
-  const Node& node() const override { return outer_.node(); }
-  size_t num_inputs() const override { return inputs_.size(); }
-  bool has_input(size_t i) const override { return outer_.has_input(i); }
-  const Tensor& input(size_t i) const override { return inputs_[i]; }
-  size_t num_outputs() const override { return 1; }
-  Tensor& output(size_t) override { return y_; }
-  bool output_allocated(size_t) const override { return true; }
-  Tensor& allocate_output(size_t, DType dtype, std::vector<int64_t> shape) override {
-    y_ = Tensor(dtype, std::move(shape));
-    return y_;
-  }
-  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
-    return outer_.run_subgraph(g, std::move(inputs));
-  }
-  std::span<std::byte> workspace() override { return outer_.workspace(); }
-  const Tensor& y() const { return y_; }
-
- private:
-  KernelContext& outer_;
-  std::vector<Tensor> inputs_;
-  Tensor y_;
-};
+  const Tensor& y = outer.output(0);
+  return ViewContext(outer, outer.node(), std::move(inputs),
+                     Tensor(y.dtype(), nn::permute(y.shape(), nn::channels_first_perm(static_cast<size_t>(y.rank())))));
+}
 
 }  // namespace
 
 Status run_any_layout(KernelContext& ctx, KernelFn channels_first) {
   if (!nn::channels_last(ctx.node())) return channels_first(ctx);
   if (ctx.num_outputs() > 1 && ctx.output_allocated(1)) return ctx.error("a channels_last MaxPool has no Indices output");
-  ChannelsFirstContext first(ctx);
+  ViewContext first = channels_first_view(ctx);
   KILN_RETURN_IF_ERROR(channels_first(first));
   const Tensor& y = first.y();
   Tensor& out = ctx.output(0);

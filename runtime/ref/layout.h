@@ -10,6 +10,39 @@
 
 namespace kiln::ref {
 
+/// A view of a kernel context for a reference kernel to run on: the node (a copy, which the
+/// view may change), inputs and one output of its own; subgraphs and the workspace are the outer
+/// context's. The channels-first view of a channels-last node and the float view of a
+/// quantized one are such views.
+class ViewContext : public KernelContext {
+ public:
+  ViewContext(KernelContext& outer, Node node, std::vector<Tensor> inputs, Tensor y)
+      : outer_(outer), node_(std::move(node)), inputs_(std::move(inputs)), y_(std::move(y)) {}
+  const Node& node() const override { return node_; }
+  size_t num_inputs() const override { return inputs_.size(); }
+  bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i].defined(); }
+  const Tensor& input(size_t i) const override { return inputs_.at(i); }
+  size_t num_outputs() const override { return 1; }
+  Tensor& output(size_t) override { return y_; }
+  bool output_allocated(size_t) const override { return true; }
+  Tensor& allocate_output(size_t, DType dtype, std::vector<int64_t> shape) override {
+    y_ = Tensor(dtype, std::move(shape));
+    return y_;
+  }
+  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
+    return outer_.run_subgraph(g, std::move(inputs));
+  }
+  std::span<std::byte> workspace() override { return outer_.workspace(); }
+  /// The output the kernel wrote.
+  const Tensor& y() const { return y_; }
+
+ private:
+  KernelContext& outer_;
+  Node node_;
+  std::vector<Tensor> inputs_;
+  Tensor y_;
+};
+
 /// x with its dims permuted as Transpose(perm) does, in a new contiguous tensor.
 Tensor permuted(const Tensor& x, const std::vector<int64_t>& perm);
 

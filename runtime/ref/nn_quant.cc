@@ -14,6 +14,8 @@ namespace kiln::nn {
 
 namespace {
 
+using ref::ViewContext;
+
 // (q − zero) · scale; `scale` and `zero` are scalars or one value per slice of dim `axis`.
 Tensor dequantized(const Tensor& q, const Tensor& scale, const Tensor& zero, int64_t axis) {
   Tensor out(DType::f32, q.shape());
@@ -38,38 +40,15 @@ Tensor transposed_2d(const Tensor& t) {
 }
 
 // The node as its float op (FusedConv / FusedMatMul) on the dequantized X, W, B and Z.
-class Dequantized final : public KernelContext {
- public:
-  Dequantized(KernelContext& outer, std::string op, std::array<Tensor, 4> inputs) : outer_(outer), node_(outer.node()), inputs_(std::move(inputs)) {
-    node_.op = std::move(op);
-    const size_t from[4] = {0, 3, 8, 9};
-    node_.inputs.assign(4, kNoValue);
-    for (size_t k = 0; k < 4; ++k)
-      if (inputs_[k].defined()) node_.inputs[k] = outer.node().inputs[from[k]];
-    y_ = Tensor(DType::f32, outer.output(0).shape());
-  }
-  const Node& node() const override { return node_; }
-  size_t num_inputs() const override { return 4; }
-  bool has_input(size_t i) const override { return i < inputs_.size() && inputs_[i].defined(); }
-  const Tensor& input(size_t i) const override { return inputs_.at(i); }
-  size_t num_outputs() const override { return 1; }
-  Tensor& output(size_t) override { return y_; }
-  bool output_allocated(size_t) const override { return true; }
-  Tensor& allocate_output(size_t, DType dtype, std::vector<int64_t> shape) override {
-    y_ = Tensor(dtype, std::move(shape));
-    return y_;
-  }
-  Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs) override {
-    return outer_.run_subgraph(g, std::move(inputs));
-  }
-  std::span<std::byte> workspace() override { return outer_.workspace(); }
-
- private:
-  KernelContext& outer_;
-  Node node_;
-  std::array<Tensor, 4> inputs_;  ///< X, W, B, Z of the float op
-  Tensor y_;
-};
+ViewContext dequantized_view(KernelContext& outer, std::string op, std::array<Tensor, 4> inputs) {
+  Node node = outer.node();
+  node.op = std::move(op);
+  const size_t from[4] = {0, 3, 8, 9};
+  node.inputs.assign(4, kNoValue);
+  for (size_t k = 0; k < 4; ++k)
+    if (inputs[k].defined()) node.inputs[k] = outer.node().inputs[from[k]];
+  return ViewContext(outer, std::move(node), std::vector<Tensor>(inputs.begin(), inputs.end()), Tensor(DType::f32, outer.output(0).shape()));
+}
 
 // Y from the float result: quantized with inputs 6 and 7 when the node has them, else as is.
 Status store(KernelContext& ctx, const Tensor& y) {
@@ -102,9 +81,9 @@ Status ref_qfused_conv(KernelContext& ctx) {
   in[1] = dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0);
   if (ctx.has_input(8)) in[2] = ctx.input(8);
   if (ctx.has_input(9)) in[3] = dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
-  Dequantized f(ctx, "FusedConv", std::move(in));
+  ViewContext f = dequantized_view(ctx, "FusedConv", std::move(in));
   KILN_RETURN_IF_ERROR(ref_fused_conv_any(f));
-  return store(ctx, f.output(0));
+  return store(ctx, f.y());
 }
 
 Status ref_qfused_matmul(KernelContext& ctx) {
@@ -119,9 +98,9 @@ Status ref_qfused_matmul(KernelContext& ctx) {
   if (ctx.has_input(8)) in[2] = ctx.input(8);
   if (ctx.has_input(9))
     in[3] = ctx.input(9).dtype() == DType::f32 ? ctx.input(9) : dequantized(ctx.input(9), ctx.input(10), ctx.input(11), 0);
-  Dequantized f(ctx, "FusedMatMul", std::move(in));
+  ViewContext f = dequantized_view(ctx, "FusedMatMul", std::move(in));
   KILN_RETURN_IF_ERROR(ref_fused_matmul(f));
-  return store(ctx, f.output(0));
+  return store(ctx, f.y());
 }
 
 // QAdd: Add of the dequantized operands (numpy broadcasting, as Add's reference), the
