@@ -38,7 +38,7 @@ constexpr std::array kPasses = {
              fuse_epilogues_pass},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
              channels_last},
-    PassInfo{"lower_int8", "DequantizeLinear -> conv -> QuantizeLinear -> QFusedConv, and max pools between Q/DQ on int8; weight DQs left folded",
+    PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add -> Q -> QFusedConv / QFusedMatMul / QAdd, max pools on int8; weight DQs left folded",
              lower_int8},
     PassInfo{"merge_transposes", "Transpose -> Reshape splitting dims -> Transpose (or two Transposes) -> Reshape -> one Transpose",
              merge_transposes},

@@ -16,9 +16,9 @@
 // instead, a quarter of the bytes. Scales and zero points must be per-tensor constants, the
 // weight's per tensor or per output channel with zero points of 0.
 //
-// fold_constants leaves the DequantizeLinear of a constant weight that a conv or matmul reads for this
-// pass; those that no pattern took are folded here, at the end, so what stays float runs on
-// f32 weights as before.
+// fold_constants leaves the DequantizeLinear of a constant weight that a conv or matmul reads
+// for this pass; those that no pattern took are folded here, at the end, so what stays float
+// runs on f32 weights as before.
 #include <algorithm>
 #include <optional>
 #include <set>
