@@ -522,11 +522,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
               << " dB with all quantized; " << attempts << (attempts == 1 ? " quantization" : " quantizations") << ")";
     for (size_t i = 0; i < kept.size(); ++i) std::cerr << (i ? ", " : ": ") << kept[i];
     std::cerr << "\n";
-    if (!args.exclude_out.empty()) {  // the choice as a --config file that reproduces it
-      quant::QuantizerConfig out = config;
-      for (const std::string& n : excluded) out.nodes[n] = quant::MaybeSetting{};
-      if (Status s = write_output(args.exclude_out, quant::quantizer_config_json(out, job.command_line)); !s.ok()) return report(verb, s);
-    }
+    if (!args.exclude_out.empty())  // the choice as a --config file that reproduces it
+      if (Status s = write_output(args.exclude_out, quant::quantizer_config_json(used, job.command_line)); !s.ok()) return report(verb, s);
   }
   if (args.report) {
     std::string source = "--eval";
