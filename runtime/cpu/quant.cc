@@ -16,6 +16,20 @@ namespace {
 
 bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
 
+// Runs f(begin, end) over [0, n) in pieces of kPiece elements, shared among the pool's threads
+// when there are enough of them (an int8 activation of a few hundred KiB or more).
+constexpr int64_t kPiece = 16384, kParallelElements = 1 << 18;
+template <class F>
+void over_pieces(int64_t n, F&& f) {
+  if (n < kParallelElements) {
+    f(0, n);
+    return;
+  }
+  const int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p) f(p * kPiece, std::min(n, (p + 1) * kPiece));
+}
+
 std::optional<std::string> qdq_declines(const KernelQuery& q, Isa isa, bool quantize) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   if (q.inputs.size() != 3 || q.inputs[2].dtype == DType::undefined) return "no zero point";
@@ -41,8 +55,10 @@ class QdqKernel final : public Kernel {
   Status run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     Tensor& y = ctx.output(0);
-    if (quantize_) rows_.quantize(x.data<float>(), y.raw(), x.numel(), scale_, zero_, u8_);
-    else rows_.dequantize(x.raw(), y.data<float>(), x.numel(), scale_, zero_, u8_);
+    over_pieces(x.numel(), [&](int64_t b, int64_t e) {
+      if (quantize_) rows_.quantize(x.data<float>() + b, static_cast<std::byte*>(y.raw()) + b, e - b, scale_, zero_, u8_);
+      else rows_.dequantize(static_cast<const std::byte*>(x.raw()) + b, y.data<float>() + b, e - b, scale_, zero_, u8_);
+    });
     return {};
   }
 
@@ -101,8 +117,12 @@ class QAddKernel final : public Kernel {
     return {};
   }
   Status run(KernelContext& ctx) override {
-    rows_.qadd(ctx.input(0).raw(), a_u8_, ctx.input(3).raw(), b_u8_, ctx.output(0).raw(), y_u8_, ctx.output(0).numel(), ka_, kb_, c_,
-               zy_, relu_);
+    const auto* a = static_cast<const std::byte*>(ctx.input(0).raw());
+    const auto* b = static_cast<const std::byte*>(ctx.input(3).raw());
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
+    over_pieces(ctx.output(0).numel(), [&](int64_t from, int64_t to) {
+      rows_.qadd(a + from, a_u8_, b + from, b_u8_, y + from, y_u8_, to - from, ka_, kb_, c_, zy_, relu_);
+    });
     return {};
   }
 

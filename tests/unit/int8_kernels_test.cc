@@ -282,6 +282,26 @@ TEST(Int8Kernels, QAdd) {
         }
 }
 
+// Tensors large enough for the kernels to share them among threads, pieces and tails included.
+TEST(Int8Kernels, LargeTensorsInPieces) {
+  const std::vector<int64_t> shape = {3, 301, 301};  // 271,803 elements: 16 whole pieces and a tail
+  const Case q{"QuantizeLinear", {noise(shape, 41, 8.f), scalar_f32(0.03f), scalar_int(DType::u8, 128)}, {false, true, true}};
+  testing::BothRuns r = testing::run_both(q);
+  ASSERT_EQ(r.fast.size(), 1u);
+  EXPECT_EQ(r.kernel, "kiln.quantize_avx512");
+  EXPECT_EQ(max_step(r.fast[0], r.ref[0]), 0);
+  const Case d{"DequantizeLinear", {int8_noise(shape, 42, DType::i8), scalar_f32(0.05f), scalar_int(DType::i8, -3)}, {false, true, true}};
+  r = testing::run_both(d);
+  ASSERT_EQ(r.fast.size(), 1u);
+  EXPECT_EQ(r.fast[0].to_double_vector(), r.ref[0].to_double_vector());
+  const Case add{"QAdd",
+                 {int8_noise(shape, 43, DType::u8), scalar_f32(0.02f), scalar_int(DType::u8, 120), int8_noise(shape, 44, DType::u8),
+                  scalar_f32(0.03f), scalar_int(DType::u8, 110), scalar_f32(0.04f), scalar_int(DType::u8, 0)},
+                 {false, true, true, false, true, true, true, true},
+                 {attr("activation", std::string("Relu"))}};
+  expect_within_one_step(add, "kiln.qadd_avx512");
+}
+
 // Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
 // and values far out of range included.
 TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {
