@@ -32,7 +32,7 @@ std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
     const InferInput& in = q.inputs[i];
     if (in.dtype == DType::undefined) continue;
     if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
-    if (i != 0 && i != 9 && i > 2 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, Y's and Z's scales and zero points must be constant)";
+    if (i > 2 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, Y's and Z's scales and zero points must be constant)";
   }
   if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";

@@ -302,6 +302,33 @@ TEST(Int8Kernels, LargeTensorsInPieces) {
   expect_within_one_step(add, "kiln.qadd_avx512");
 }
 
+// A hostile model: a quantized op without a parameter it needs (the weight's scale here) is
+// refused before any kernel sees it (the op's required inputs), a user error naming it.
+TEST(Int8Kernels, MissingParametersAreUserErrors) {
+  for (const char* op : {"QFusedConv", "QFusedMatMul"}) {
+    const bool conv = std::string(op) == "QFusedConv";
+    Graph g;
+    const ValueId x = g.add_value("x", DType::u8, Shape::of(conv ? std::vector<int64_t>{1, 4, 5, 5} : std::vector<int64_t>{3, 4}));
+    g.inputs.push_back(x);
+    Node n;
+    n.name = "q";
+    n.op = op;
+    Tensor w(DType::i8, conv ? std::vector<int64_t>{2, 4, 1, 1} : std::vector<int64_t>{4, 2});
+    n.inputs = {x, g.add_constant("s", scalar_f32(0.1f)), g.add_constant("z", scalar_int(DType::u8, 0)), g.add_constant("w", w),
+                kNoValue, g.add_constant("wz", scalar_int(DType::i8, 0)), g.add_constant("ys", scalar_f32(0.2f)),
+                g.add_constant("yz", scalar_int(DType::u8, 0)), g.add_constant("b", noise({2}, 1))};
+    const ValueId y = g.add_value("y", DType::undefined);
+    n.outputs = {y};
+    g.outputs.push_back(y);
+    g.add_node(std::move(n));
+    auto r = infer_graph(g);
+    ASSERT_FALSE(r.ok()) << op;
+    EXPECT_EQ(r.error().kind, ErrorKind::user) << op;
+    EXPECT_NE(r.error().what.find("required input 4 of " + std::string(op) + " is missing"), std::string::npos)
+        << op << ": " << r.error().what;
+  }
+}
+
 // Where the int8 region starts and ends: bit-exact with the reference, ties, NaN, infinities
 // and values far out of range included.
 TEST(Int8Kernels, QuantizeAndDequantizePerTensor) {
