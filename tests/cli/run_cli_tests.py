@@ -306,8 +306,8 @@ def quant_tests(r, work, samples):
     got = np.load(os.path.join(work, "qdq_out", "logits.npy"))
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     r.check("quant_ort_qdq_matches_ort", rel < 0.02, f"relative L2 {rel:.4f} against ONNX Runtime on its QDQ model")
-    # -o OUT.onnx: standard ONNX in QDQ form, which the ONNX checker accepts, ONNX Runtime runs
-    # with kiln's outputs, and kiln exports and compiles back to the int8 kernels.
+    # -o OUT.onnx: standard ONNX in QDQ form, which the ONNX checker accepts, ONNX Runtime and
+    # OpenVINO run with kiln's outputs, and kiln exports and compiles back to the int8 kernels.
     for q in ("x86", "xnnpack"):
         r.ok(f"quant_{q}_onnx", ["quant", "cnn.kiln", "-o", f"cnn.{q}.q.onnx", "--quantizer", q, "--calib", cnn_in])
         path = os.path.join(work, f"cnn.{q}.q.onnx")
@@ -318,10 +318,14 @@ def quant_tests(r, work, samples):
             got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
             want = np.load(os.path.join(work, f"qref_{q}", "logits.npy"))
             rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-            ok, why = "QuantizeLinear" in ops and "DequantizeLinear" in ops and rel < 0.02, f"ops {sorted(ops)}; relative L2 {rel:.4f}"
+            import openvino
+            got_ov = openvino.Core().compile_model(path, "CPU")(x)[0]
+            rel_ov = float(np.linalg.norm(got_ov - want) / np.linalg.norm(want))
+            ok = "QuantizeLinear" in ops and "DequantizeLinear" in ops and rel < 0.02 and rel_ov < 0.02
+            why = f"ops {sorted(ops)}; relative L2 {rel:.4f} (ONNX Runtime), {rel_ov:.4f} (OpenVINO)"
         except Exception as e:  # the checker and ONNX Runtime raise their own types
             ok, why = False, str(e)[:300]
-        r.check(f"quant_{q}_onnx_runs_in_ort", ok, why)
+        r.check(f"quant_{q}_onnx_runs_in_peers", ok, why)
         r.ok(f"quant_{q}_onnx_reexport", ["export", f"cnn.{q}.q.onnx", "-o", f"cnn.{q}.rt.kiln"])
         rc, _, err = r.run(["compile", f"cnn.{q}.rt.kiln", "-o", f"cnn.{q}.rt.c.kiln", "-v"])
         r.check(f"quant_{q}_onnx_roundtrip_int8", rc == 0 and "lowered 4 convolutions to QFusedConv" in err, f"exit {rc}; {err[:400]!r}")
