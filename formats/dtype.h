@@ -66,6 +66,8 @@ inline bool is_unsigned_int(DType t) {
   return t == DType::u8 || t == DType::u16 || t == DType::u32 || t == DType::u64;
 }
 inline bool is_integer(DType t) { return is_signed_int(t) || is_unsigned_int(t); }
+/// u8 or i8: the types of quantized activations and weights.
+inline bool is_int8(DType t) { return t == DType::u8 || t == DType::i8; }
 
 template <class T> struct dtype_of;
 #define KILN_DTYPE_OF(e, v, n, T) \

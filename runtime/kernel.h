@@ -163,6 +163,10 @@ class KernelRegistry {
   std::map<std::pair<std::string, std::string>, std::vector<KernelImpl>, std::less<>> impls_;
 };
 
+/// A constant scalar input's value as prepare reads it (a scale, or a zero point as an integer).
+inline float constant_scalar(const InferInput& in) { return static_cast<float>(in.value->as_double(0)); }
+inline int32_t constant_zero_point(const InferInput& in) { return static_cast<int32_t>(in.value->as_int64(0)); }
+
 /// The reason a node's tensors cannot go to a library or vectorised kernel, if any: every input
 /// and output present must be f32 with a concrete shape, and no input empty.
 std::optional<std::string> f32_and_concrete(const KernelQuery& q);

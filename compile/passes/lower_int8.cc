@@ -42,8 +42,6 @@ bool per_tensor(const Graph& g, const Node& n, std::string_view op) {
          n.attr_string("output_dtype", "f32") == "f32";
 }
 
-bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
-
 double scalar_of(const Graph& g, ValueId v) { return g.value(v).constant.to_double_vector()[0]; }
 
 class Lowering {
@@ -107,7 +105,7 @@ class Lowering {
           d->outputs[1] == p->inputs[1] && d->outputs[2] == p->inputs[2])
         return p;
     }
-    if (!per_tensor(g_, *p, "DequantizeLinear") || !int8(g_.value(p->inputs[0]).dtype)) return nullptr;
+    if (!per_tensor(g_, *p, "DequantizeLinear") || !is_int8(g_.value(p->inputs[0]).dtype)) return nullptr;
     return p;
   }
 

@@ -24,8 +24,6 @@ namespace {
 constexpr size_t kAlign = 64;
 size_t up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
-bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
-
 std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
   for (size_t i = 0; i < q.inputs.size(); ++i) {
@@ -40,9 +38,6 @@ std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
     if (z != 0) return "B's zero points are not all zero";
   return std::nullopt;
 }
-
-float scalar(const InferInput& in) { return static_cast<float>(in.value->to_double_vector()[0]); }
-int32_t zero_point(const InferInput& in) { return static_cast<int32_t>(in.value->to_double_vector()[0]); }
 
 class QMatMulKernel final : public Kernel {
  public:
@@ -68,7 +63,7 @@ class QMatMulKernel final : public Kernel {
     for (int64_t j = 0; j < n_; ++j) b_scales_[static_cast<size_t>(j)] = static_cast<float>(sb[sb.size() == 1 ? 0 : static_cast<size_t>(j)]);
     scales_.assign(static_cast<size_t>(n_), 0.f);
     a_s8_ = q.inputs[0].dtype == DType::i8;
-    if (!dynamic_) set_a(scalar(q.inputs[1]), zero_point(q.inputs[2]));
+    if (!dynamic_) set_a(constant_scalar(q.inputs[1]), constant_zero_point(q.inputs[2]));
     bias_.clear();
     if (q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined) {
       const float* b = q.inputs[8].value->data<float>();
@@ -79,15 +74,15 @@ class QMatMulKernel final : public Kernel {
     has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
     z_f32_ = has_z_ && q.inputs[9].dtype == DType::f32;
     if (has_z_ && !z_f32_) {
-      z_scale_ = scalar(q.inputs[10]);
-      z_zero_ = zero_point(q.inputs[11]);
+      z_scale_ = constant_scalar(q.inputs[10]);
+      z_zero_ = constant_zero_point(q.inputs[11]);
       z_u8_ = q.inputs[9].dtype == DType::u8;
     }
-    out_int8_ = int8(q.outputs[0].dtype);
+    out_int8_ = is_int8(q.outputs[0].dtype);
     out_u8_ = q.outputs[0].dtype == DType::u8;
     if (out_int8_) {
-      y_scale_ = scalar(q.inputs[6]);
-      y_zero_ = zero_point(q.inputs[7]);
+      y_scale_ = constant_scalar(q.inputs[6]);
+      y_zero_ = constant_zero_point(q.inputs[7]);
     }
     // The micro-kernel's store does it all: u8 or f32 out, no residual, no post activation.
     direct_ = !has_z_ && post_.kind == Activation::none && (!out_int8_ || out_u8_);
@@ -98,7 +93,7 @@ class QMatMulKernel final : public Kernel {
   }
 
   Status run(KernelContext& ctx) override {
-    if (dynamic_) set_a(ctx.input(1).data<float>()[0], static_cast<int32_t>(ctx.input(2).to_double_vector()[0]));
+    if (dynamic_) set_a(ctx.input(1).data<float>()[0], static_cast<int32_t>(ctx.input(2).as_int64(0)));
     std::byte* ws = ctx.workspace().data();
     const uint8_t* a = static_cast<const uint8_t*>(ctx.input(0).raw());
     if (a_s8_) {  // s8 + 128 as u8: flip the sign bit

@@ -14,7 +14,6 @@ namespace kiln::cpu {
 
 namespace {
 
-bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
 
 // Runs f(begin, end) over [0, n) in pieces of kPiece elements, shared among the pool's threads
 // when there are enough of them (an int8 activation of a few hundred KiB or more).
@@ -34,7 +33,7 @@ std::optional<std::string> qdq_declines(const KernelQuery& q, Isa isa, bool quan
   if (auto why = lacks(q.target.cpu, isa)) return why;
   if (q.inputs.size() != 3 || q.inputs[2].dtype == DType::undefined) return "no zero point";
   const DType data = q.inputs[0].dtype, out = q.outputs[0].dtype;
-  if (quantize ? data != DType::f32 || !int8(out) : !int8(data) || out != DType::f32) return "not f32 <-> u8 / s8";
+  if (quantize ? data != DType::f32 || !is_int8(out) : !is_int8(data) || out != DType::f32) return "not f32 <-> u8 / s8";
   for (size_t i = 1; i < 3; ++i)
     if (!q.inputs[i].value || q.inputs[i].value->numel() != 1) return "the scale or zero point is not a constant scalar";
   if (q.inputs[1].dtype != DType::f32) return "the scale is not f32";
@@ -47,8 +46,8 @@ class QdqKernel final : public Kernel {
  public:
   QdqKernel(Isa isa, bool quantize) : rows_(row_kernels(isa)), quantize_(quantize) {}
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
-    scale_ = q.inputs[1].value->data<float>()[0];
-    zero_ = static_cast<int32_t>(q.inputs[2].value->to_double_vector()[0]);
+    scale_ = constant_scalar(q.inputs[1]);
+    zero_ = constant_zero_point(q.inputs[2]);
     u8_ = q.inputs[2].dtype == DType::u8;
     return {};
   }
@@ -103,7 +102,7 @@ class QAddKernel final : public Kernel {
  public:
   explicit QAddKernel(Isa isa) : rows_(row_kernels(isa)) {}
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
-    auto scalar = [&](size_t i) { return static_cast<float>(q.inputs[i].value->to_double_vector()[0]); };
+    auto scalar = [&](size_t i) { return constant_scalar(q.inputs[i]); };
     const float sa = scalar(1), za = scalar(2), sb = scalar(4), zb = scalar(5), sy = scalar(6);
     ka_ = sa / sy;
     kb_ = sb / sy;

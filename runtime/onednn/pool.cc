@@ -17,11 +17,9 @@ using dnnl::memory;
 
 bool global(const Node& n) { return n.op == "GlobalMaxPool" || n.op == "GlobalAveragePool"; }
 
-bool int8(DType t) { return t == DType::u8 || t == DType::i8; }
-
 std::optional<std::string> pool_declines(const KernelQuery& q) {
   const bool max = q.node.op == "MaxPool" || q.node.op == "GlobalMaxPool";
-  if (max && int8(q.inputs[0].dtype)) {
+  if (max && is_int8(q.inputs[0].dtype)) {
     if (!q.inputs[0].shape.is_concrete() || shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty or not concrete";
   } else if (auto why = f32_and_concrete(q)) {
     return why;

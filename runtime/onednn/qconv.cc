@@ -44,9 +44,6 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-float scalar(const InferInput& in) { return static_cast<float>(in.value->to_double_vector()[0]); }
-int32_t zero_point(const InferInput& in) { return static_cast<int32_t>(in.value->to_double_vector()[0]); }
-
 class QConvKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
@@ -62,7 +59,7 @@ class QConvKernel final : public Kernel {
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::s8, memory::format_tag::any);
 
       // Output scales x_scale · w_scale[c]; the bias in accumulator units.
-      const float sx = scalar(q.inputs[1]);
+      const float sx = constant_scalar(q.inputs[1]);
       const std::vector<double> sw = q.inputs[4].value->to_double_vector();
       std::vector<float> scales(static_cast<size_t>(m));
       for (int64_t c = 0; c < m; ++c) scales[static_cast<size_t>(c)] = sx * static_cast<float>(sw[sw.size() == 1 ? 0 : static_cast<size_t>(c)]);
@@ -77,16 +74,16 @@ class QConvKernel final : public Kernel {
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       attr.set_output_scales(1 << 1, scales);
-      if (const int32_t zx = zero_point(q.inputs[2]); zx != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zx});
-      if (const int32_t zy = zero_point(q.inputs[7]); zy != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {zy});
+      if (const int32_t zx = constant_zero_point(q.inputs[2]); zx != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {zx});
+      if (const int32_t zy = constant_zero_point(q.inputs[7]); zy != 0) attr.set_zero_points(DNNL_ARG_DST, 0, {zy});
       KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(q.node, "activation"));
       KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(q.node, "post_activation"));
       dnnl::post_ops ops;
       if (!append_activation(ops, act) ) return internal_error(q.node.where(), "no oneDNN post-op for the activation");
       has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
-      if (has_z_) ops.append_sum(scalar(q.inputs[10]), zero_point(q.inputs[11]), yt);
+      if (has_z_) ops.append_sum(constant_scalar(q.inputs[10]), constant_zero_point(q.inputs[11]), yt);
       if (!append_activation(ops, post)) return internal_error(q.node.where(), "no oneDNN post-op for the post-activation");
-      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / scalar(q.inputs[6]), 0.f);
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / constant_scalar(q.inputs[6]), 0.f);
       attr.set_post_ops(ops);
 
       dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, any_w,

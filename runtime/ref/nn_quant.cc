@@ -59,7 +59,7 @@ Status store(KernelContext& ctx, const Tensor& y) {
   }
   if (ctx.input(6).numel() != 1 || !ctx.has_input(7) || ctx.input(7).numel() != 1) return ctx.error("y_scale and y_zero_point must be scalars");
   const float scale = ctx.input(6).data<float>()[0];
-  const int64_t zero = static_cast<int64_t>(ctx.input(7).to_double_vector()[0]);
+  const int64_t zero = ctx.input(7).as_int64(0);
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double v = static_cast<double>(y.data<float>()[i] / scale);
     if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
