@@ -4,6 +4,7 @@
 // that the percentages and the ratio compare.
 //
 //   kiln_bench_gemm [--runs N] [--threads T] [--sweep]
+//   kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
 // independent FMAs on 16 vector accumulators (enough to hide the FMA latency on two ports),
@@ -11,6 +12,12 @@
 // the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
 // the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
 // --sweep the fastest of every tile, Kc and A packing, each printed as it is timed.
+//
+// --woq times the weight-only-quantized GEMM (runtime/cpu/gemm/woq.h) instead: kiln's f32 GEMM
+// (B packed f32) against the same product with B as int8 codes (a scale per column) and as
+// int4 codes (a scale per group of G, 128 unless --group says), on an LLM's 4096×4096 weight
+// and BERT-base's FFN up (768×3072) at M = 1 and 8 (decode, where reading B is the cost) and
+// 128 (prefill); B's GB/s is its packed bytes over the time.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -25,6 +32,7 @@
 #include "profile/ceilings.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/gemm/woq.h"
 #include "runtime/target.h"
 #include "runtime/threads.h"
 
@@ -146,21 +154,89 @@ std::string shape_name(const Shape& s) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.what;
 }
 
+// `bytes` rounded up to whole cache lines, from a 64-byte aligned start within `v`.
+std::byte* aligned(std::vector<std::byte>& v, size_t bytes) {
+  v.resize(bytes + 64);
+  return reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
+}
+
+// --woq: the f32 GEMM against the int8 and int4 weight-only GEMMs, one row per shape.
+int weight_only(int threads, int64_t group) {
+  if (auto why = gemm::woq_lacks(kiln::CpuFeatures::host())) {
+    std::fprintf(stderr, "kiln_bench_gemm: %s, which the weight-only GEMM needs\n", why->c_str());
+    return 1;
+  }
+  kiln::use_threads(threads);
+  std::printf("# kiln's f32 GEMM (B packed f32), int8 weight-only (s8, a scale per column), int4 weight-only (s4, a scale "
+              "per group of %lld), calls interleaved; median of %d calls each, spread = (max - min) / median, %d thread(s)\n",
+              static_cast<long long>(group), g_runs, threads);
+  std::printf("%-26s %8s %6s %6s | %8s %6s %6s %6s | %8s %6s %6s %6s\n", "shape (MxNxK)", "f32 ms", "spread", "B GB/s",
+              "int8 ms", "spread", "B GB/s", "x f32", "int4 ms", "spread", "B GB/s", "x f32");
+  const Shape shapes[] = {{1, 4096, 4096, "LLM decode"},  {8, 4096, 4096, "LLM decode"},  {128, 4096, 4096, "LLM prefill"},
+                          {1, 3072, 768, "BERT FFN up"}, {8, 3072, 768, "BERT FFN up"}, {128, 3072, 768, "BERT FFN up"}};
+  const kiln::cpu::Isa isa = kiln::cpu::Isa::avx512;
+  for (const Shape& s : shapes) {
+    const std::vector<float> a = filled(s.m * s.k, 0.01f, false), b = filled(s.k * s.n, 0.01f, true);
+    std::vector<float> c(static_cast<size_t>(s.m * s.n));
+    // f32: B packed for the default tile, the default parameters.
+    const gemm::GemmParams p =
+        gemm::default_params(isa, gemm::default_tile(isa, s.n), gemm::CacheSizes::host(), s.m, s.n, s.k, threads);
+    std::vector<float> bf(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)));
+    gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, bf.data());
+    const gemm::GemmProblem g{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = bf.data(), .b_packed = true,
+                              .c = c.data(), .ldc = s.n};
+    std::vector<std::byte> f32_ws_store;
+    std::byte* f32_ws = aligned(f32_ws_store, gemm::workspace_bytes(p, g));
+    // int8 and int4 codes of the same size (not B's values: the time does not depend on them).
+    std::vector<uint8_t> q8(static_cast<size_t>(s.k * s.n)), q4(static_cast<size_t>((s.k * s.n + 1) / 2));
+    for (size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<uint8_t>(i * 13 % 251);
+    for (size_t i = 0; i < q4.size(); ++i) q4[i] = static_cast<uint8_t>(i * 7 % 256);
+    const int64_t groups = (s.k + group - 1) / group;
+    std::vector<float> scale8(static_cast<size_t>(s.n), 1e-3f), scale4(static_cast<size_t>(groups * s.n), 1e-2f);
+    const gemm::WoqWeight w8{.codes = gemm::WoqCodes::s8, .data = q8.data(), .k = s.k, .n = s.n, .scale = scale8.data()};
+    const gemm::WoqWeight w4{.codes = gemm::WoqCodes::s4, .data = q4.data(), .k = s.k, .n = s.n, .group = group,
+                             .scale = scale4.data()};
+    std::vector<std::byte> b8_store, b4_store, ws8_store, ws4_store;
+    std::byte* b8 = aligned(b8_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w8)));
+    std::byte* b4 = aligned(b4_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w4)));
+    gemm::pack_b_woq(w8, b8);
+    gemm::pack_b_woq(w4, b4);
+    std::byte* ws8 = aligned(ws8_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, 0, threads));
+    std::byte* ws4 = aligned(ws4_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, group, threads));
+    std::vector<double> spread;
+    const std::vector<double> sec = interleaved(
+        spread, [&] { gemm::run(p, g, f32_ws); },
+        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b8, gemm::WoqCodes::s8, 0, {}, c.data(), s.n, threads, ws8); },
+        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b4, gemm::WoqCodes::s4, group, {}, c.data(), s.n, threads, ws4); });
+    const double bytes[] = {4.0 * static_cast<double>(bf.size()), static_cast<double>(gemm::packed_b_woq_bytes(w8)),
+                            static_cast<double>(gemm::packed_b_woq_bytes(w4))};
+    std::printf("%-26s %8.3f %5.0f%% %6.1f | %8.3f %5.0f%% %6.1f %6.2f | %8.3f %5.0f%% %6.1f %6.2f\n", shape_name(s).c_str(),
+                sec[0] * 1e3, 100 * spread[0], bytes[0] / sec[0] / 1e9, sec[1] * 1e3, 100 * spread[1], bytes[1] / sec[1] / 1e9,
+                sec[0] / sec[1], sec[2] * 1e3, 100 * spread[2], bytes[2] / sec[2] / 1e9, sec[0] / sec[2]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1;
-  bool sweep = false;
+  bool sweep = false, woq = false;
+  int64_t group = 128;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) g_runs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
     else if (a == "--sweep") sweep = true;
+    else if (a == "--woq") woq = true;
+    else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep]\n");
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep]\n"
+                           "       kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]\n");
       return 2;
     }
   }
+  if (woq) return weight_only(threads, group);
   const kiln::CpuFeatures& cpu = kiln::CpuFeatures::host();
   const std::optional<kiln::cpu::Isa> isa = kiln::cpu::best_isa(cpu);
   if (!isa) {

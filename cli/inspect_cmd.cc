@@ -62,7 +62,10 @@ void print_quantized_layers(const Model& model) {
                          (g.value(n.inputs[0]).dtype == DType::u8 || g.value(n.inputs[0]).dtype == DType::i8);
     const bool int8_op = n.op == "QFusedConv" || n.op == "QFusedMatMul" || n.op == "QAdd" || int8_in;
     std::string line;
-    if (int8_op) {
+    if (n.op == "WoqFusedMatMul") {  // compile's weight-only layer: f32 in, the weight's codes
+      line = "in f32, weight " + std::string(dtype_name(g.value(n.inputs[1]).dtype));
+      if (n.attr_int("block_size", 0) > 0) line += " in blocks of " + std::to_string(n.attr_int("block_size", 0));
+    } else if (int8_op) {
       line = "in " + std::string(dtype_name(g.value(n.inputs[0]).dtype));
       if (n.op == "QFusedConv" || n.op == "QFusedMatMul") line += ", weight " + std::string(dtype_name(g.value(n.inputs[3]).dtype));
     } else {

@@ -1,6 +1,7 @@
 // `kiln quant IN.kiln -o OUT.kiln --quantizer x86|xnnpack --calib FILE.npz|DIR`: static
 // post-training quantization as PT2E does it — annotate, prepare, calibrate on the user's files,
-// convert to explicit QuantizeLinear / DequantizeLinear.
+// convert to explicit QuantizeLinear / DequantizeLinear. Also dynamic (--dynamic) and
+// weight-only (--weight-only int8|int4 [--group-size G]) quantization of the linear layers.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -53,6 +54,8 @@ struct QuantArgs {
   std::string config;
   std::optional<double> min_sqnr;
   bool dynamic = false;
+  std::string weight_only;  ///< "", "int8" or "int4"
+  std::optional<int64_t> group_size;
   std::string exclude_out;
 };
 
@@ -292,7 +295,9 @@ struct QuantJob {
     quant::Calibrator calibrator(g, prepared);
     session->set_observer(&calibrator);
     Status calibrated;
-    {
+    if (!prepared.watch.empty() && files.empty())  // a config's static setting under --dynamic / --weight-only
+      return user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)");
+    if (!prepared.watch.empty()) {  // weights alone (weight-only, dynamic) were observed by prepare
       Progress progress(tty, "calibrating" + label, calib_count);
       calibrated = for_each_sample(g, files, 0, calib_count, [&](const std::vector<Tensor>& sample) -> Status {
         KILN_RETURN_IF_ERROR(calibrator.observe_inputs(sample));
@@ -407,11 +412,16 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
     if (!parsed.ok()) return report(verb, parsed.error());
     config = std::move(*parsed);
   }
-  if (args.quantizer.empty() && !config.global)
-    return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, or \"global\" in --config)"));
+  if (!args.weight_only.empty() && args.weight_only != "int8" && args.weight_only != "int4")
+    return report(verb, user_error("", "--weight-only '" + args.weight_only + "' is not one of int8, int4"));
+  if (!args.weight_only.empty() && (!args.quantizer.empty() || args.dynamic || args.per_tensor))
+    return report(verb, user_error("", "--weight-only quantizes the weights alone: it takes no --quantizer, --dynamic or --per-tensor"));
+  if (args.group_size && args.weight_only.empty()) return report(verb, user_error("", "--group-size goes with --weight-only"));
+  if (args.quantizer.empty() && args.weight_only.empty() && !config.global)
+    return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, --weight-only int8|int4, or \"global\" in --config)"));
   if (args.dynamic && args.quantizer != "x86")
     return report(verb, user_error("", "--dynamic is for --quantizer x86 (u8 activations quantized at run time)"));
-  if (args.calib.empty() && !args.dynamic)
+  if (args.calib.empty() && !args.dynamic && args.weight_only.empty())
     return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());
@@ -448,6 +458,12 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   job.eval_files = std::move(eval_files);
   job.tty = isatty(STDERR_FILENO);
   if (!args.quantizer.empty()) job.command_line = quant::QuantizerSetting{args.quantizer, args.per_tensor, args.dynamic};
+  if (!args.weight_only.empty()) {
+    quant::QuantizerSetting w;
+    w.weight_only_bits = args.weight_only == "int8" ? 8 : 4;
+    w.group_size = args.group_size.value_or(quant::default_group_size(w.weight_only_bits));
+    job.command_line = w;
+  }
   // As prepare_pt2e does first: BatchNorm folded into the convolution before it, so that the
   // quantized weights are the folded ones and Conv + Relu is one pattern.
   job.target.threads = args.threads > 0 ? args.threads : physical_cores();
@@ -559,6 +575,13 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   cmd->add_flag("--dynamic", args->dynamic,
                 "x86: dynamic quantization of the linear layers (inputs quantized at run time from their range, weights "
                 "per channel; no calibration needed)");
+  cmd->add_option("--weight-only", args->weight_only,
+                  "int8 | int4: store the linear layers' weights quantized (int8 symmetric, int4 u4 affine), activations "
+                  "float; no calibration needed");
+  cmd->add_option("--group-size", args->group_size,
+                  "with --weight-only: input features per weight scale (default 128 for int4; 0, and int8's default: one "
+                  "scale per output channel)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
       ->check(CLI::PositiveNumber);

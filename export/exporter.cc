@@ -61,7 +61,7 @@ Result<Shape> Exporter::shape_of(const onnx::TypeProto& type, const std::string&
     return user_error(what, "is " + kind + "; kiln supports tensors only");
   }
   const auto& tt = type.tensor_type();
-  auto dt = dtype_from_onnx(tt.elem_type());
+  auto dt = value_dtype_from_onnx(tt.elem_type());
   if (!dt) return user_error(what, "element type " + onnx_type_name(tt.elem_type()) + " is not supported");
   *dtype = *dt;
   if (!tt.has_shape()) return Shape::unknown_rank();

@@ -32,6 +32,12 @@ std::optional<DType> dtype_from_onnx(int t) {
   }
 }
 
+std::optional<DType> value_dtype_from_onnx(int t) {
+  if (t == kOnnxUint4) return DType::u4;
+  if (t == kOnnxInt4) return DType::i4;
+  return dtype_from_onnx(t);
+}
+
 std::string onnx_type_name(int t) {
   static const char* names[] = {"UNDEFINED", "FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64",
                                 "STRING", "BOOL", "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64",
@@ -104,16 +110,15 @@ void copy_typed(const Field& field, T* out, int64_t n) {
 }  // namespace
 
 Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& model_dir) {
-  auto dtype = dtype_from_onnx(t.data_type());
+  auto dtype = value_dtype_from_onnx(t.data_type());
   if (!dtype) return user_error(where_of(t), "data type " + onnx_type_name(t.data_type()) + " is not supported");
   std::vector<int64_t> shape(t.dims().begin(), t.dims().end());
   for (int64_t d : shape)
     if (d < 0) return user_error(where_of(t), "has negative dim " + std::to_string(d));
   int64_t numel = shape_numel(shape);
-  if (numel < 0 || static_cast<uint64_t>(numel) > std::numeric_limits<uint64_t>::max() / 16 ||
-      static_cast<uint64_t>(numel) * dtype_size(*dtype) > (uint64_t{1} << 40))
-    return user_error(where_of(t), "shape " + shape_str(shape) + " is too large");
-  const size_t nbytes = static_cast<size_t>(numel) * dtype_size(*dtype);
+  const std::optional<size_t> bytes = storage_bytes(*dtype, numel);
+  if (!bytes || *bytes > (uint64_t{1} << 40)) return user_error(where_of(t), "shape " + shape_str(shape) + " is too large");
+  const size_t nbytes = *bytes;
 
   const std::string* raw = nullptr;
   std::string external;
@@ -142,6 +147,13 @@ Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& m
                                          " needs " + std::to_string(numel));
     return {};
   };
+  if (is_int4(*dtype)) {  // int32_data holds the packed bytes, one per element
+    if (static_cast<size_t>(t.int32_data_size()) != nbytes)
+      return user_error(where_of(t), "has " + std::to_string(t.int32_data_size()) + " packed bytes but shape " +
+                                         shape_str(shape) + " needs " + std::to_string(nbytes));
+    for (size_t i = 0; i < nbytes; ++i) out.data<uint8_t>()[i] = static_cast<uint8_t>(t.int32_data(static_cast<int>(i)));
+    return out;
+  }
   Status st = visit_dtype(*dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
     T* p = out.data<T>();

@@ -14,9 +14,17 @@ class TensorProto;
 
 namespace kiln {
 
+/// TensorProto.DataType's UINT4 and INT4 (ONNX 1.16; the installed protobuf headers predate
+/// them).
+inline constexpr int kOnnxUint4 = 21;
+inline constexpr int kOnnxInt4 = 22;
+
 /// kiln dtype of an ONNX TensorProto.DataType, or nullopt for types kiln does not support
-/// (strings, complex, 4/8-bit floats).
+/// (strings, complex, 4/8-bit floats, 2-bit integers).
 std::optional<DType> dtype_from_onnx(int onnx_type);
+/// The same, plus the 4-bit integer types, which kiln stores (tensors, values, QuantizeLinear's
+/// output type) but computes on only through DequantizeLinear.
+std::optional<DType> value_dtype_from_onnx(int onnx_type);
 /// ONNX TensorProto.DataType name ("FLOAT8E4M3FN") for messages.
 std::string onnx_type_name(int onnx_type);
 

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <set>
 
+#include "export/onnx_tensor.h"
+
 namespace kiln {
 
 namespace {
@@ -37,6 +39,8 @@ int onnx_type(DType t) {
     case DType::u32: return TP::UINT32;
     case DType::u64: return TP::UINT64;
     case DType::bf16: return TP::BFLOAT16;
+    case DType::u4: return kOnnxUint4;
+    case DType::i4: return kOnnxInt4;
     default: return TP::UNDEFINED;
   }
 }

@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdint>
 
 namespace kiln {
 
@@ -73,11 +74,23 @@ size_t dtype_size(DType t) {
   }
 }
 
+int dtype_bits(DType t) { return is_int4(t) ? 4 : static_cast<int>(dtype_size(t)) * 8; }
+
+std::optional<size_t> storage_bytes(DType t, int64_t numel) {
+  if (numel < 0) return std::nullopt;
+  const auto n = static_cast<uint64_t>(numel);
+  if (is_int4(t)) return static_cast<size_t>((n + 1) / 2);
+  const size_t es = dtype_size(t);
+  if (es && n > SIZE_MAX / es) return std::nullopt;
+  return static_cast<size_t>(n) * es;
+}
+
 std::string_view dtype_name(DType t) {
   switch (t) {
 #define KILN_DTYPE_NAME(e, v, n, T) \
   case DType::e: return n;
     KILN_DTYPES(KILN_DTYPE_NAME)
+    KILN_INT4_DTYPES(KILN_DTYPE_NAME)
 #undef KILN_DTYPE_NAME
     default: return "undefined";
   }
@@ -87,10 +100,11 @@ std::optional<DType> dtype_from_name(std::string_view name) {
 #define KILN_DTYPE_FROM(e, v, n, T) \
   if (name == n) return DType::e;
   KILN_DTYPES(KILN_DTYPE_FROM)
+  KILN_INT4_DTYPES(KILN_DTYPE_FROM)
 #undef KILN_DTYPE_FROM
   return std::nullopt;
 }
 
-bool dtype_valid(uint16_t raw) { return raw >= 1 && raw <= 13; }
+bool dtype_valid(uint16_t raw) { return raw >= 1 && raw <= 15; }
 
 }  // namespace kiln

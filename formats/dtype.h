@@ -40,15 +40,44 @@ struct bfloat16 {
   operator float() const;  // NOLINT
 };
 
+// The 4-bit integer types (weight-only quantization's storage): X(enumerator, value, name,
+// signed). Two elements per byte, element 2i in the low nibble of byte i (ONNX's order); no
+// C++ type holds one, so visit_dtype does not take them: the few readers that do (the
+// quantize / dequantize ops, tensor I/O, the weight-only matmul) read them with int4_at.
+#define KILN_INT4_DTYPES(X) \
+  X(i4, 14, "i4", true)     \
+  X(u4, 15, "u4", false)
+
 enum class DType : uint16_t {
   undefined = 0,
 #define KILN_DTYPE_ENUM(e, v, n, T) e = v,
   KILN_DTYPES(KILN_DTYPE_ENUM)
+  KILN_INT4_DTYPES(KILN_DTYPE_ENUM)
 #undef KILN_DTYPE_ENUM
 };
 
-/// Bytes per element (bool is one byte); 0 for undefined.
+/// Bytes per element (bool is one byte); 0 for undefined and the 4-bit types, whose elements
+/// are not whole bytes (storage_bytes counts a tensor's bytes for every type).
 size_t dtype_size(DType t);
+/// Bits per element: 8 · dtype_size, or 4 for i4 / u4; 0 for undefined.
+int dtype_bits(DType t);
+/// i4 or u4.
+inline bool is_int4(DType t) { return t == DType::i4 || t == DType::u4; }
+/// Bytes `numel` elements of `t` occupy: numel · dtype_size, or ceil(numel / 2) for the 4-bit
+/// types; nullopt when numel is negative or the count overflows.
+std::optional<size_t> storage_bytes(DType t, int64_t numel);
+/// Element i of 4-bit data (i4 sign-extended from its nibble).
+inline int int4_at(DType t, const void* data, int64_t i) {
+  const uint8_t byte = static_cast<const uint8_t*>(data)[i >> 1];
+  const int nibble = (i & 1) ? byte >> 4 : byte & 0xf;
+  return t == DType::i4 ? (nibble ^ 8) - 8 : nibble;
+}
+/// Sets element i of 4-bit data to v (its low four bits), leaving the other nibble of the byte.
+inline void set_int4(void* data, int64_t i, int v) {
+  uint8_t& byte = static_cast<uint8_t*>(data)[i >> 1];
+  const uint8_t nibble = static_cast<uint8_t>(v & 0xf);
+  byte = (i & 1) ? static_cast<uint8_t>((byte & 0x0f) | (nibble << 4)) : static_cast<uint8_t>((byte & 0xf0) | nibble);
+}
 /// "f32", "i64", "bool", …
 std::string_view dtype_name(DType t);
 /// Inverse of dtype_name.
@@ -60,10 +89,10 @@ inline bool is_float(DType t) {
   return t == DType::f32 || t == DType::f16 || t == DType::bf16 || t == DType::f64;
 }
 inline bool is_signed_int(DType t) {
-  return t == DType::i8 || t == DType::i16 || t == DType::i32 || t == DType::i64;
+  return t == DType::i8 || t == DType::i16 || t == DType::i32 || t == DType::i64 || t == DType::i4;
 }
 inline bool is_unsigned_int(DType t) {
-  return t == DType::u8 || t == DType::u16 || t == DType::u32 || t == DType::u64;
+  return t == DType::u8 || t == DType::u16 || t == DType::u32 || t == DType::u64 || t == DType::u4;
 }
 inline bool is_integer(DType t) { return is_signed_int(t) || is_unsigned_int(t); }
 /// u8 or i8: the types of quantized activations and weights.
@@ -75,7 +104,8 @@ template <class T> struct dtype_of;
 KILN_DTYPES(KILN_DTYPE_OF)
 #undef KILN_DTYPE_OF
 
-/// Calls `f(T{})` with the C++ type of `t`; returns f's result. `t` must be defined.
+/// Calls `f(T{})` with the C++ type of `t`; returns f's result. `t` must be defined and not
+/// a 4-bit type.
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
@@ -85,7 +115,7 @@ decltype(auto) visit_dtype(DType t, F&& f) {
 #undef KILN_DTYPE_CASE
     default: break;
   }
-  return f(float{});  // unreachable for valid dtypes; callers check dtype_valid first
+  return f(float{});  // unreachable for the types above; callers check dtype_valid and is_int4 first
 }
 
 }  // namespace kiln

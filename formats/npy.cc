@@ -489,6 +489,11 @@ std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape) 
 }
 
 Tensor npy_storable(const Tensor& t) {
+  if (is_int4(t.dtype())) {  // numpy has no 4-bit type: one byte each, as onnx's reference gives them
+    Tensor b(t.dtype() == DType::i4 ? DType::i8 : DType::u8, t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) b.data<uint8_t>()[i] = static_cast<uint8_t>(int4_at(t.dtype(), t.raw(), i));
+    return b;
+  }
   if (t.dtype() != DType::bf16) return t;
   Tensor f(DType::f32, t.shape());
   for (int64_t i = 0; i < t.numel(); ++i) f.data<float>()[i] = static_cast<float>(t.data<bfloat16>()[i]);

@@ -37,7 +37,8 @@ Result<Tensor> read_npy_stream(ByteSource& source, uint64_t size, std::string_vi
 /// shape; the data follows it as is.
 std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape);
 
-/// The tensor numpy should see: bf16 widened to f32, everything else the tensor itself.
+/// The tensor numpy should see: bf16 widened to f32, i4 / u4 to i8 / u8, everything else the
+/// tensor itself.
 Tensor npy_storable(const Tensor& t);
 
 /// A user error about `file`.

@@ -150,6 +150,21 @@ Status check_input_types(const OpSchema& schema, const InferContext& ctx) {
     std::string_view n = input_name(schema, slot);
     return n.empty() ? "input " + std::to_string(slot) : std::string(n);
   };
+  // The 4-bit types only where a constraint names them (no kernel of an op that takes "any
+  // type" reads half bytes).
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    if (!ctx.has_input(i) || !is_int4(ctx.dtype(i))) continue;
+    bool named = false;
+    for (const TypeConstraint& c : schema.traits.types) {
+      if (!covers(c, i)) continue;
+      const TypeConstraint* own = &c;
+      if (c.same_as >= 0)
+        for (const TypeConstraint& o : schema.traits.types)
+          if (o.same_as < 0 && covers(o, static_cast<size_t>(c.same_as))) own = &o;
+      named = named || own->allowed.contains(ctx.dtype(i));
+    }
+    if (!named) return ctx.error(name_of(i) + " of type " + std::string(dtype_name(ctx.dtype(i))) + " is not supported by " + std::string(schema.name));
+  }
   for (const TypeConstraint& c : schema.traits.types)
     for (size_t i = static_cast<size_t>(c.first); i < ctx.num_inputs() && covers(c, i); ++i) {
       if (!ctx.has_input(i)) continue;
@@ -190,6 +205,12 @@ Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph
   InferContext ctx(node, std::move(inputs));
   KILN_RETURN_IF_ERROR(check_input_types(*schema, ctx));
   KILN_RETURN_IF_ERROR(schema->infer(ctx));
+  // The 4-bit types come out of QuantizeLinear alone (a Cast, ConstantOfShape or Constant to
+  // them has no kernel that writes half bytes).
+  if (schema->name != "QuantizeLinear")
+    for (const InferOutput& o : ctx.outputs())
+      if (is_int4(o.dtype))
+        return ctx.error(std::string(schema->name) + " to " + std::string(dtype_name(o.dtype)) + " is not supported (only QuantizeLinear writes 4-bit values)");
   if (needs_data) *needs_data = ctx.needs_data();
   return std::move(ctx.outputs());
 }

@@ -33,6 +33,7 @@ namespace {
 #define KILN_CHECK_DTYPE(e, v, n, T) \
   static_assert(static_cast<uint16_t>(fb::DType::e) == static_cast<uint16_t>(DType::e));
 KILN_DTYPES(KILN_CHECK_DTYPE)
+KILN_INT4_DTYPES(KILN_CHECK_DTYPE)
 #undef KILN_CHECK_DTYPE
 static_assert(static_cast<uint16_t>(fb::DType::undefined) == static_cast<uint16_t>(DType::undefined));
 static_assert(static_cast<uint16_t>(fb::AttrType::int64) == static_cast<uint16_t>(AttrType::int64));
@@ -622,10 +623,10 @@ class Reader {
     for (int64_t d : shape)
       if (d < 0) return user_error(where, "data shape has negative dim " + std::to_string(d));
     int64_t numel = shape_numel(shape);
-    auto esize = static_cast<int64_t>(dtype_size(dtype));
-    if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / esize)
+    const std::optional<size_t> bytes = storage_bytes(dtype, numel);
+    if (!bytes || *bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max()))
       return user_error(where, "data shape " + shape_str(shape) + " has more elements than fit in memory");
-    auto need = static_cast<uint64_t>(numel * esize);
+    auto need = static_cast<uint64_t>(*bytes);
     std::string desc = std::string(dtype_name(dtype)) + " " + shape_str(shape);
     std::optional<PackedLayout> layout;
     if (const fb::PackedLayout* fl = td->layout()) {
@@ -637,7 +638,7 @@ class Reader {
       KILN_ASSIGN_OR_RETURN(l.inner_blocks, read_vector(fl->inner_blocks(), where));
       KILN_ASSIGN_OR_RETURN(l.inner_dims, read_vector(fl->inner_dims(), where));
       l.packed_for = str(fl->packed_for());
-      if (dtype == DType::boolean) return user_error(where, "bool data cannot be packed");
+      if (dtype == DType::boolean || is_int4(dtype)) return user_error(where, std::string(dtype_name(dtype)) + " data cannot be packed");
       if (auto why = check_layout(l, numel, td->size(), dtype_size(dtype))) return user_error(where, *why);
       need = td->size();
     }

@@ -32,8 +32,9 @@ namespace kiln {
 /// value; bump the major only for an incompatible change.
 inline constexpr uint16_t kSchemaMajor = 1;
 /// 1.1: explicit subgraph captures. 1.2: typed kernel parameters, the target and the memory
-/// plan of compiled models. 1.3: packed weights (TensorData.layout).
-inline constexpr uint16_t kSchemaMinor = 3;
+/// plan of compiled models. 1.3: packed weights (TensorData.layout). 1.4: the 4-bit integer
+/// dtypes i4 and u4.
+inline constexpr uint16_t kSchemaMinor = 4;
 
 /// The FlatBuffers file identifier, at byte 8 of every .kiln file.
 inline constexpr char kKilnFileIdentifier[] = "KILN";

@@ -68,7 +68,7 @@ std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data) {
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
-  owner_ = allocate(checked_bytes(numel_, dtype_size(dtype_)), data_);
+  owner_ = allocate(storage_bytes(dtype_, numel_), data_);
 }
 
 Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, void* data,
@@ -110,6 +110,7 @@ Tensor Tensor::clone() const {
 }
 
 double Tensor::as_double(int64_t i) const {
+  if (is_int4(dtype_)) return int4_at(dtype_, data_, i);
   return visit_dtype(dtype_, [&](auto tag) -> double {
     using T = decltype(tag);
     return static_cast<double>(static_cast<const T*>(data_)[i]);
@@ -117,6 +118,7 @@ double Tensor::as_double(int64_t i) const {
 }
 
 int64_t Tensor::as_int64(int64_t i) const {
+  if (is_int4(dtype_)) return int4_at(dtype_, data_, i);
   return visit_dtype(dtype_, [&](auto tag) -> int64_t {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
@@ -134,6 +136,10 @@ std::vector<int64_t> Tensor::to_int64_vector() const {
 
 std::vector<double> Tensor::to_double_vector() const {
   std::vector<double> v(static_cast<size_t>(numel_));
+  if (is_int4(dtype_)) {
+    for (int64_t i = 0; i < numel_; ++i) v[static_cast<size_t>(i)] = int4_at(dtype_, data_, i);
+    return v;
+  }
   visit_dtype(dtype_, [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(data_);

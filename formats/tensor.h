@@ -55,8 +55,9 @@ class Tensor {
   int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
   int64_t dim(int64_t i) const { return shape_[static_cast<size_t>(i)]; }
   int64_t numel() const { return numel_; }
-  /// The bytes of its storage: numel × element size, or a packed layout's storage.
-  size_t nbytes() const { return layout_ ? packed_bytes_ : static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  /// The bytes of its storage: numel × element size (half a byte for i4 / u4), or a packed
+  /// layout's storage.
+  size_t nbytes() const { return layout_ ? packed_bytes_ : storage_bytes(dtype_, numel_).value_or(0); }
   /// The packed layout of the data, null for a plain row-major tensor.
   const PackedLayout* layout() const { return layout_.get(); }
   bool is_packed() const { return layout_ != nullptr; }

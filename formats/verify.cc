@@ -48,11 +48,10 @@ Status check_tensor(const Tensor& t, const std::string& where) {
     return user_error(where, "data has unknown dtype " + num(static_cast<uint16_t>(t.dtype())));
   for (int64_t d : t.shape())
     if (d < 0) return user_error(where, "data shape has negative dim " + num(d));
-  int64_t numel = shape_numel(t.shape());
-  auto esize = static_cast<int64_t>(dtype_size(t.dtype()));
-  if (numel < 0 || numel > std::numeric_limits<int64_t>::max() / esize)
+  const std::optional<size_t> bytes = storage_bytes(t.dtype(), shape_numel(t.shape()));
+  if (!bytes || *bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max()))
     return user_error(where, "data shape " + shape_str(t.shape()) + " has more elements than fit in memory");
-  if (numel > 0 && t.raw() == nullptr) return user_error(where, "data of " + shape_str(t.shape()) + " is missing");
+  if (*bytes > 0 && t.raw() == nullptr) return user_error(where, "data of " + shape_str(t.shape()) + " is missing");
   return {};
 }
 
@@ -62,7 +61,7 @@ Status check_shape_size(const Value& v, const std::string& where) {
   if (v.shape.rank() > kMaxRank)
     return user_error(where, "shape has rank " + num(v.shape.rank()) + "; kiln supports ranks up to " + num(kMaxRank));
   if (!v.shape.is_concrete() || !dtype_valid(static_cast<uint16_t>(v.dtype))) return {};
-  std::optional<size_t> bytes = checked_bytes(shape_numel(v.shape.concrete()), dtype_size(v.dtype));
+  std::optional<size_t> bytes = storage_bytes(v.dtype, shape_numel(v.shape.concrete()));
   if (!bytes) return user_error(where, "shape " + v.shape.str() + " has more elements than fit in memory");
   if (*bytes > memory_limit())
     return user_error(where, "shape " + v.shape.str() + " (" + std::string(dtype_name(v.dtype)) + ") needs " +

@@ -281,11 +281,7 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     const int64_t bytes = node_bytes(node, shaped);
     int64_t written = 0;
     for (const TensorInfo& o : m.node_outputs[n])
-      if (!o.name.empty()) written += static_cast<int64_t>(dtype_size(o.dtype)) * [&] {
-          int64_t e = 1;
-          for (int64_t d : o.shape) e *= d;
-          return e;
-        }();
+      if (!o.name.empty()) written += static_cast<int64_t>(storage_bytes(o.dtype, shape_numel(o.shape)).value_or(0));
     written = std::min(written, bytes);
     const double gflops = med_us > 0 ? static_cast<double>(flops) / (med_us * 1e3) : 0;
     const double gbps = med_us > 0 ? static_cast<double>(bytes) / (med_us * 1e3) : 0;

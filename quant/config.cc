@@ -30,10 +30,25 @@ Result<MaybeSetting> parse_setting(const json& j, const std::string& file, const
     } else if (key == "dynamic") {
       if (!value.is_boolean()) return bad(file, where + ".dynamic", "must be true or false");
       s.dynamic = value.get<bool>();
+    } else if (key == "weight_only") {
+      const std::string bits = value.is_string() ? value.get<std::string>() : "";
+      if (bits != "int8" && bits != "int4") return bad(file, where + ".weight_only", "must be \"int8\" or \"int4\"");
+      s.weight_only_bits = bits == "int8" ? 8 : 4;
+    } else if (key == "group_size") {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0)
+        return bad(file, where + ".group_size", "must be a whole number, 0 for one scale per output channel");
+      s.group_size = value.get<int64_t>();
     } else {
-      return bad(file, where + "." + key, "unknown key (known: quantizer, per_tensor, dynamic)");
+      return bad(file, where + "." + key, "unknown key (known: quantizer, per_tensor, dynamic, weight_only, group_size)");
     }
   }
+  if (s.weight_only_bits) {
+    if (!s.quantizer.empty() || s.per_tensor || s.dynamic)
+      return bad(file, where, "a weight_only setting takes only group_size (no quantizer, per_tensor or dynamic)");
+    if (!j.contains("group_size")) s.group_size = default_group_size(s.weight_only_bits);
+    return MaybeSetting{s};
+  }
+  if (j.contains("group_size")) return bad(file, where + ".group_size", "goes with weight_only");
   if (s.quantizer.empty()) return bad(file, where, "names no quantizer");
   if (s.per_tensor && s.quantizer != "xnnpack") return bad(file, where + ".per_tensor", "is for the xnnpack quantizer (x86 weights are per channel)");
   if (s.dynamic && s.quantizer != "x86") return bad(file, where + ".dynamic", "is for the x86 quantizer (u8 activations quantized at run time)");
@@ -50,6 +65,8 @@ Status parse_map(const json& j, const std::string& file, const std::string& key,
 }
 
 }  // namespace
+
+int64_t default_group_size(int bits) { return bits == 4 ? 128 : 0; }
 
 MaybeSetting QuantizerConfig::setting_for(const Node& node, const MaybeSetting& fallback) const {
   if (auto it = nodes.find(node.name); it != nodes.end()) return it->second;
@@ -89,15 +106,18 @@ std::unique_ptr<Quantizer> configured_quantizer(const Graph& graph, const Quanti
   }
   if (float_nodes) *float_nodes = kept_float;
   std::vector<std::unique_ptr<Quantizer>> parts;
-  for (const QuantizerSetting& s : distinct)
-    parts.push_back(make_quantizer(s.quantizer, !s.per_tensor, [of, s](size_t n) { return n < of.size() && of[n] && *of[n] == s; },
-                                   s.dynamic));
+  for (const QuantizerSetting& s : distinct) {
+    NodeFilter filter = [of, s](size_t n) { return n < of.size() && of[n] && *of[n] == s; };
+    parts.push_back(s.weight_only_bits ? make_weight_only_quantizer(s.weight_only_bits, s.group_size, std::move(filter))
+                                       : make_quantizer(s.quantizer, !s.per_tensor, std::move(filter), s.dynamic));
+  }
   return std::make_unique<ComposableQuantizer>(std::move(parts));
 }
 
 std::string quantizer_config_json(const QuantizerConfig& config, const MaybeSetting& fallback) {
   auto setting = [](const MaybeSetting& s) -> json {
     if (!s) return nullptr;
+    if (s->weight_only_bits) return json{{"weight_only", "int" + std::to_string(s->weight_only_bits)}, {"group_size", s->group_size}};
     json j = {{"quantizer", s->quantizer}};
     if (s->per_tensor) j["per_tensor"] = true;
     if (s->dynamic) j["dynamic"] = true;

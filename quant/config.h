@@ -10,6 +10,8 @@
 //     "nodes": {"/fc/Gemm": null, "/layer1/conv1/Conv": {"quantizer": "x86"}}
 //   }
 //
+// A weight-only setting names no quantizer: {"weight_only": "int4", "group_size": 128}.
+//
 // Every key is optional; without "global" the command line's --quantizer is the global
 // setting. Unknown keys are errors (a typo must not silently quantize what should stay float).
 #pragma once
@@ -26,14 +28,20 @@
 
 namespace kiln::quant {
 
-/// One quantizer setting: a built-in quantizer and its options.
+/// One quantizer setting: a built-in quantizer and its options, or weight-only quantization.
 struct QuantizerSetting {
-  std::string quantizer;  ///< "x86" or "xnnpack"
+  std::string quantizer;  ///< "x86" or "xnnpack"; empty for weight-only
   bool per_tensor = false;
   bool dynamic = false;  ///< x86: linear layers with their input quantized at run time
+  int weight_only_bits = 0;  ///< 8 or 4: weight-only quantization of the linear layers (no quantizer)
+  int64_t group_size = 0;    ///< weight-only: K values per scale, 0 per output channel
   bool operator==(const QuantizerSetting&) const = default;
   auto operator<=>(const QuantizerSetting&) const = default;
 };
+
+/// --group-size's default: 128 for int4 (ONNX Runtime's and torchao's), 0 (per output channel)
+/// for int8 (torchao's int8_weight_only).
+int64_t default_group_size(int bits);
 
 /// nullopt: the nodes stay float.
 using MaybeSetting = std::optional<QuantizerSetting>;

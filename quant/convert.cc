@@ -9,16 +9,24 @@ namespace kiln::quant {
 
 namespace {
 
-// The scale and zero point as constants: rank 0 per tensor, [C] per channel.
-std::pair<ValueId, ValueId> param_constants(Graph& g, const std::string& base, const QParams& q, DType dtype) {
-  const bool per_channel = q.axis >= 0;
-  const int64_t n = static_cast<int64_t>(q.scale.size());
-  Tensor scale(DType::f32, per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{});
-  Tensor zero(dtype, per_channel ? std::vector<int64_t>{n} : std::vector<int64_t>{});
-  for (int64_t i = 0; i < n; ++i) {
+// The scale and zero point as constants: rank 0 per tensor, [C] per channel; blocked, the
+// shape of the tensor `like` they quantize with its blocked dim counted in blocks.
+std::pair<ValueId, ValueId> param_constants(Graph& g, const std::string& base, const QParams& q, DType dtype, const Value& like) {
+  std::vector<int64_t> shape;
+  if (q.block_size > 0) {
+    shape = like.shape.concrete();
+    int64_t& d = shape[static_cast<size_t>(q.axis)];
+    d = (d + q.block_size - 1) / q.block_size;
+  } else if (q.axis >= 0) {
+    shape = {static_cast<int64_t>(q.scale.size())};
+  }
+  Tensor scale(DType::f32, shape);
+  Tensor zero(dtype, shape);
+  for (int64_t i = 0; i < scale.numel(); ++i) {
     scale.data<float>()[i] = q.scale[static_cast<size_t>(i)];
     const int64_t z = q.zero_point[static_cast<size_t>(i)];
-    if (dtype == DType::u8) zero.data<uint8_t>()[i] = static_cast<uint8_t>(z);
+    if (is_int4(dtype)) set_int4(zero.raw(), i, static_cast<int>(z));
+    else if (dtype == DType::u8) zero.data<uint8_t>()[i] = static_cast<uint8_t>(z);
     else if (dtype == DType::i8) zero.data<int8_t>()[i] = static_cast<int8_t>(z);
     else zero.data<int32_t>()[i] = static_cast<int32_t>(z);
   }
@@ -29,18 +37,15 @@ std::pair<ValueId, ValueId> param_constants(Graph& g, const std::string& base, c
 Tensor quantize_tensor(const Tensor& x, const QParams& q, const QuantSpec& spec) {
   Tensor out(spec.dtype, x.shape());
   const std::vector<double> v = x.to_double_vector();
-  int64_t channels = 1, inner = 1;
-  if (q.axis >= 0) {
-    channels = x.shape()[static_cast<size_t>(q.axis)];
-    for (size_t d = static_cast<size_t>(q.axis) + 1; d < x.shape().size(); ++d) inner *= x.shape()[d];
-  }
+  const ChannelIndex index(x.shape(), std::max<int64_t>(q.axis, 0), q.block_size);
   const int saved = std::fegetround();
   std::fesetround(FE_TONEAREST);
   for (size_t i = 0; i < v.size(); ++i) {
-    const size_t c = q.axis >= 0 ? static_cast<size_t>((static_cast<int64_t>(i) / inner) % channels) : 0;
+    const size_t c = q.axis >= 0 ? static_cast<size_t>(index(static_cast<int64_t>(i))) : 0;
     const float scaled = static_cast<float>(v[i]) / q.scale[c];  // divided in f32, as QuantizeLinear does
     const int64_t r = std::clamp<int64_t>(static_cast<int64_t>(std::nearbyint(scaled)) + q.zero_point[c], spec.qmin, spec.qmax);
-    if (spec.dtype == DType::u8) out.data<uint8_t>()[i] = static_cast<uint8_t>(r);
+    if (is_int4(spec.dtype)) set_int4(out.raw(), static_cast<int64_t>(i), static_cast<int>(r));
+    else if (spec.dtype == DType::u8) out.data<uint8_t>()[i] = static_cast<uint8_t>(r);
     else if (spec.dtype == DType::i8) out.data<int8_t>()[i] = static_cast<int8_t>(r);
     else out.data<int32_t>()[i] = static_cast<int32_t>(r);
   }
@@ -83,19 +88,20 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
       if (g.nodes[n].inputs[i] != kNoValue) readers[static_cast<size_t>(g.nodes[n].inputs[i])].emplace_back(n, static_cast<int>(i));
 
   size_t made = 0;  // numbers the new nodes' names, which must stay unique
-  auto make_node = [&](const std::string& op, const std::string& name, std::vector<ValueId> in, ValueId out, int64_t axis) {
+  auto make_node = [&](const std::string& op, const std::string& name, std::vector<ValueId> in, ValueId out, const QParams& q) {
     Node node;
     node.name = name + "_" + std::to_string(made++);
     node.op = op;
     node.inputs = std::move(in);
     node.outputs = {out};
-    if (axis >= 0) node.set_attr("axis", axis);
+    if (q.axis >= 0) node.set_attr("axis", q.axis);
+    if (q.block_size > 0) node.set_attr("block_size", q.block_size);
     return node;
   };
   // A DQ of `q` (quantized like `like`, as `dtype`) for reader (n, slot), placed before it.
-  auto dequantize_for = [&](size_t n, int slot, ValueId q, ValueId scale, ValueId zero, int64_t axis, const Value& like) {
+  auto dequantize_for = [&](size_t n, int slot, ValueId q, ValueId scale, ValueId zero, const QParams& params, const Value& like) {
     const ValueId dq = g.add_value(like.name + "_dq", like.dtype, like.shape);
-    before[n].push_back(make_node("DequantizeLinear", g.nodes[n].name + "/dq" + std::to_string(slot), {q, scale, zero}, dq, axis));
+    before[n].push_back(make_node("DequantizeLinear", g.nodes[n].name + "/dq" + std::to_string(slot), {q, scale, zero}, dq, params));
     g.nodes[n].inputs[static_cast<size_t>(slot)] = dq;
     ++stats.dequantize_nodes;
   };
@@ -110,12 +116,12 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
       const ValueId v = edge_value(g, e);
       if (readers[static_cast<size_t>(v)].empty()) continue;  // a graph output alone stays float
       const Value like = g.value(v);
-      auto [scale, zero] = param_constants(g, like.name, q, group.spec.dtype);
+      auto [scale, zero] = param_constants(g, like.name, q, group.spec.dtype, like);
       const ValueId qv = g.add_value(like.name + "_q", group.spec.dtype, like.shape);
-      after[e.node].push_back(make_node("QuantizeLinear", g.nodes[e.node].name + "/q", {v, scale, zero}, qv, q.axis));
+      after[e.node].push_back(make_node("QuantizeLinear", g.nodes[e.node].name + "/q", {v, scale, zero}, qv, q));
       ++stats.quantize_nodes;
       for (auto [n, slot] : readers[static_cast<size_t>(v)]) {
-        dequantize_for(n, slot, qv, scale, zero, q.axis, like);
+        dequantize_for(n, slot, qv, scale, zero, q, like);
         reads_group[{n, slot}] = gi;
       }
     }
@@ -130,17 +136,17 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
       if (auto it = reads_group.find({e.node, e.input}); it != reads_group.end() && it->second == gi) continue;
       const ValueId v = g.nodes[e.node].inputs[static_cast<size_t>(e.input)];
       const Value like = g.value(v);
-      auto [scale, zero] = param_constants(g, like.name, q, group.spec.dtype);
+      auto [scale, zero] = param_constants(g, like.name, q, group.spec.dtype, like);
       ValueId qv;
       if (like.is_constant()) {
         qv = g.add_constant(like.name + "_quantized", quantize_tensor(like.constant, q, group.spec));
         ++stats.quantized_weights;
       } else {
         qv = g.add_value(like.name + "_q", group.spec.dtype, like.shape);
-        before[e.node].push_back(make_node("QuantizeLinear", g.nodes[e.node].name + "/q" + std::to_string(e.input), {v, scale, zero}, qv, q.axis));
+        before[e.node].push_back(make_node("QuantizeLinear", g.nodes[e.node].name + "/q" + std::to_string(e.input), {v, scale, zero}, qv, q));
         ++stats.quantize_nodes;
       }
-      dequantize_for(e.node, e.input, qv, scale, zero, q.axis, like);
+      dequantize_for(e.node, e.input, qv, scale, zero, q, like);
     }
   }
   // Dynamic input edges: DynamicQuantizeLinear, then a DQ of its three outputs.
@@ -162,7 +168,7 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
       before[e.node].push_back(std::move(dyn));
       ++stats.dynamic_quantize_nodes;
       const ValueId dq = g.add_value(like.name + "_dq", like.dtype, like.shape);
-      before[e.node].push_back(make_node("DequantizeLinear", g.nodes[e.node].name + "/dq" + std::to_string(e.input), {q, scale, zero}, dq, -1));
+      before[e.node].push_back(make_node("DequantizeLinear", g.nodes[e.node].name + "/dq" + std::to_string(e.input), {q, scale, zero}, dq, QParams{}));
       g.nodes[e.node].inputs[static_cast<size_t>(e.input)] = dq;
       ++stats.dequantize_nodes;
     }

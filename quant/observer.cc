@@ -50,7 +50,7 @@ class MinMaxObserver final : public Observer {
   float min_ = kInf, max_ = -kInf;
 };
 
-// min/max per index of ch_axis, plain or as a moving average.
+// min/max per index of ch_axis (or per block along it), plain or as a moving average.
 class PerChannelObserver final : public Observer {
  public:
   PerChannelObserver(const QuantSpec& spec, bool moving) : spec_(spec), moving_(moving) {}
@@ -58,22 +58,18 @@ class PerChannelObserver final : public Observer {
     if (spec_.ch_axis >= x.rank())
       return user_error("", "ch_axis " + std::to_string(spec_.ch_axis) + " is past the rank " + std::to_string(x.rank()) + " of the values");
     KILN_ASSIGN_OR_RETURN(std::vector<float> v, float_values(x));
-    const size_t axis = static_cast<size_t>(spec_.ch_axis);
-    const int64_t channels = x.shape()[axis];
-    int64_t outer = 1, inner = 1;
-    for (size_t d = 0; d < axis; ++d) outer *= x.shape()[d];
-    for (size_t d = axis + 1; d < x.shape().size(); ++d) inner *= x.shape()[d];
+    const ChannelIndex index(x.shape(), spec_.ch_axis, spec_.block_size);
+    const int64_t channels = index.count(x.numel());
     if (!min_.empty() && static_cast<int64_t>(min_.size()) != channels)
       return user_error("", "values with " + std::to_string(channels) + " channels after " + std::to_string(min_.size()));
     std::vector<float> lo(static_cast<size_t>(channels), kInf), hi(static_cast<size_t>(channels), -kInf);
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t c = 0; c < channels; ++c) {
-        const float* p = v.data() + (o * channels + c) * inner;
-        float& l = lo[static_cast<size_t>(c)];
-        float& h = hi[static_cast<size_t>(c)];
-        for (int64_t i = 0; i < inner; ++i)
-          if (!std::isnan(p[i])) l = std::min(l, p[i]), h = std::max(h, p[i]);
-      }
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float f = v[static_cast<size_t>(i)];
+      if (std::isnan(f)) continue;
+      const auto c = static_cast<size_t>(index(i));
+      lo[c] = std::min(lo[c], f);
+      hi[c] = std::max(hi[c], f);
+    }
     if (min_.empty()) {
       min_ = lo;
       max_ = hi;

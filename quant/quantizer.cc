@@ -212,7 +212,53 @@ class PatternQuantizer final : public Quantizer {
   NodeFilter allowed_;  ///< empty: every node
 };
 
+// Weight-only: each linear layer's constant weight, nothing else.
+class WeightOnlyQuantizer final : public Quantizer {
+ public:
+  WeightOnlyQuantizer(int bits, int64_t group_size, NodeFilter filter)
+      : bits_(bits), group_size_(group_size), allowed_(std::move(filter)) {}
+  std::string name() const override {
+    return "weight-only int" + std::to_string(bits_) +
+           (group_size_ ? " (groups of " + std::to_string(group_size_) + ")" : " (per channel)");
+  }
+  Status annotate(const Graph& g, Annotations& out) const override {
+    for (size_t n = 0; n < g.nodes.size(); ++n) {
+      const Node& node = g.nodes[n];
+      if (node.op == "Conv" || out.count(n) || (allowed_ && !allowed_(n))) continue;
+      auto axis = weight_axis(g, node);
+      if (!axis || !is_float_value(g, node.inputs[0])) continue;
+      QuantSpec w = weight_only_spec(bits_, group_size_);
+      // Per channel: the scales follow the output channels; in groups: blocks along K.
+      w.ch_axis = group_size_ ? 1 - *axis : *axis;
+      NodeAnnotation a;
+      a.anchor = n;
+      a.quantizer = "weight_only";
+      a.pattern = "linear_weight_only";
+      a.inputs[1] = w;
+      out[n] = a;
+    }
+    return {};
+  }
+
+ private:
+  int bits_;
+  int64_t group_size_;
+  NodeFilter allowed_;
+};
+
 }  // namespace
+
+QuantSpec weight_only_spec(int bits, int64_t group_size) {
+  QuantSpec w = bits == 4 ? QuantSpec{DType::u4, 0, 15, QScheme::per_channel_affine, 0, ObserverKind::per_channel_min_max}
+                          : QuantSpec{DType::i8, -128, 127, QScheme::per_channel_symmetric, 0, ObserverKind::per_channel_min_max};
+  w.block_size = group_size;
+  return w;
+}
+
+std::unique_ptr<Quantizer> make_weight_only_quantizer(int bits, int64_t group_size, NodeFilter filter) {
+  if ((bits != 8 && bits != 4) || group_size < 0) return nullptr;
+  return std::make_unique<WeightOnlyQuantizer>(bits, group_size, std::move(filter));
+}
 
 QuantConfig x86_config(bool dynamic) {
   QuantConfig c;

@@ -95,6 +95,16 @@ using NodeFilter = std::function<bool(size_t)>;
 std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel = true, NodeFilter filter = {},
                                           bool dynamic = false);
 
+/// Weight-only quantization (`--weight-only`, the LLM-style path): the constant 2-D weights of
+/// linear layers (MatMul, Gemm) stored quantized, read through a DequantizeLinear; activations
+/// stay float and need no calibration. int8: i8 −128..127 symmetric (torchao's
+/// int8_weight_only); int4: u4 0..15 affine (ONNX Runtime's MatMulNBits default, GPTQ / AWQ
+/// style). Per output channel (group_size 0, min-max per channel) or per group of
+/// `group_size` consecutive input features of each output channel (blocked along K).
+QuantSpec weight_only_spec(int bits, int64_t group_size);
+/// The weight-only quantizer (bits 8 or 4); null for other bits or a negative group size.
+std::unique_ptr<Quantizer> make_weight_only_quantizer(int bits, int64_t group_size, NodeFilter filter = {});
+
 /// Runs quantizers in order on one set of annotations: the first to annotate a node wins
 /// (PT2E's ComposableQuantizer).
 class ComposableQuantizer final : public Quantizer {

@@ -14,6 +14,8 @@ bool dtype_range(DType t, int64_t& lo, int64_t& hi) {
     case DType::u8: lo = 0, hi = 255; return true;
     case DType::i8: lo = -128, hi = 127; return true;
     case DType::i32: lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max(); return true;
+    case DType::u4: lo = 0, hi = 15; return true;
+    case DType::i4: lo = -8, hi = 7; return true;
     default: return false;
   }
 }
@@ -27,12 +29,14 @@ bool per_channel_observer(ObserverKind k) {
 Status validate(const QuantSpec& s, const std::string& what) {
   int64_t lo = 0, hi = 0;
   if (!dtype_range(s.dtype, lo, hi))
-    return user_error(what, "quantized dtype " + std::string(dtype_name(s.dtype)) + " is not one of u8, i8, i32");
+    return user_error(what, "quantized dtype " + std::string(dtype_name(s.dtype)) + " is not one of u8, i8, i32, u4, i4");
   if (s.qmin > s.qmax) return user_error(what, "qmin " + std::to_string(s.qmin) + " is above qmax " + std::to_string(s.qmax));
   if (s.qmin < lo || s.qmax > hi)
     return user_error(what, "range " + std::to_string(s.qmin) + ".." + std::to_string(s.qmax) + " does not fit " +
                                 std::string(dtype_name(s.dtype)) + " (" + std::to_string(lo) + ".." + std::to_string(hi) + ")");
   if (s.ch_axis < 0) return user_error(what, "ch_axis " + std::to_string(s.ch_axis) + " is negative");
+  if (s.block_size < 0) return user_error(what, "block_size " + std::to_string(s.block_size) + " is negative");
+  if (s.block_size > 0 && !s.per_channel()) return user_error(what, "a block_size needs a per-channel scheme");
   if (!(s.eps > 0)) return user_error(what, "eps must be positive");
   if (!(s.averaging_constant > 0 && s.averaging_constant <= 1)) return user_error(what, "averaging_constant must be in (0, 1]");
   if (per_channel_observer(s.observer) != s.per_channel() && s.observer != ObserverKind::placeholder)
@@ -45,9 +49,23 @@ Status validate(const QuantSpec& s, const std::string& what) {
   return {};
 }
 
+ChannelIndex::ChannelIndex(const std::vector<int64_t>& shape, int64_t axis, int64_t block_size) {
+  channels = axis < static_cast<int64_t>(shape.size()) ? std::max<int64_t>(shape[static_cast<size_t>(axis)], 1) : 1;
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+  inner = std::max<int64_t>(inner, 1);
+  block = block_size;
+  blocks = block ? (channels + block - 1) / block : channels;
+}
+
+int64_t ChannelIndex::count(int64_t numel) const {
+  if (!block) return channels;
+  return numel / (channels * inner) * blocks * inner;
+}
+
 QParams calculate_qparams(const std::vector<float>& min_vals, const std::vector<float>& max_vals, const QuantSpec& s) {
   QParams q;
   q.axis = s.per_channel() ? s.ch_axis : -1;
+  q.block_size = s.per_channel() ? s.block_size : 0;
   const size_t n = std::min(min_vals.size(), max_vals.size());
   const float eps = static_cast<float>(s.eps);
   const float levels = static_cast<float>(s.qmax - s.qmin);
@@ -60,7 +78,7 @@ QParams calculate_qparams(const std::vector<float>& min_vals, const std::vector<
       const float lo = std::min(min_vals[i], 0.0f), hi = std::max(max_vals[i], 0.0f);
       if (s.symmetric()) {
         scale = std::max(std::max(-lo, hi) / (levels / 2), eps);
-        zp = s.dtype == DType::u8 ? (s.qmin + s.qmax) / 2 : 0;
+        zp = s.dtype == DType::u8 || s.dtype == DType::u4 ? (s.qmin + s.qmax) / 2 : 0;
       } else {
         scale = std::max((hi - lo) / levels, eps);
         zp = std::clamp<int64_t>(s.qmin - static_cast<int64_t>(std::nearbyint(lo / scale)), s.qmin, s.qmax);

@@ -29,7 +29,7 @@ enum class ObserverKind {
 inline constexpr double kDefaultEps = 1.0 / 4096;
 
 struct QuantSpec {
-  DType dtype = DType::u8;  ///< u8, i8 or i32 (derived biases)
+  DType dtype = DType::u8;  ///< u8, i8, i32 (derived biases), or u4 / i4 (weight-only int4)
   int64_t qmin = 0;
   int64_t qmax = 255;
   QScheme qscheme = QScheme::per_tensor_affine;
@@ -38,22 +38,44 @@ struct QuantSpec {
   double eps = kDefaultEps;               ///< the smallest scale
   double averaging_constant = 0.01;       ///< moving-average observers: x ← (1 − c)·x + c·new
   bool is_dynamic = false;
+  /// Per-channel schemes: 0, one scale per index of ch_axis; else blocked (grouped, as weight-
+  /// only quantization's --group-size): `block_size` consecutive elements along ch_axis share
+  /// one scale, and every index of the other axes has its own (ONNX's blocked quantization).
+  int64_t block_size = 0;
 
   bool per_channel() const { return qscheme == QScheme::per_channel_affine || qscheme == QScheme::per_channel_symmetric; }
   bool symmetric() const { return qscheme == QScheme::per_tensor_symmetric || qscheme == QScheme::per_channel_symmetric; }
 };
 
-/// PT2E's QuantizationSpec checks: dtype u8, i8 or i32; qmin ≤ qmax, both inside the dtype;
-/// ch_axis ≥ 0; per-channel observers with per-channel schemes only (and the other way round);
+/// PT2E's QuantizationSpec checks: dtype u8, i8, i32, u4 or i4; qmin ≤ qmax, both inside the
+/// dtype; ch_axis ≥ 0; block_size ≥ 0, and positive only per channel; per-channel observers
+/// with per-channel schemes only (and the other way round);
 /// the histogram observer per tensor and not dynamic; a dynamic spec with the placeholder.
 /// The error names `what` (the edge or config entry).
 Status validate(const QuantSpec& spec, const std::string& what);
 
 /// Per tensor: one scale and zero point, axis −1. Per channel: one per index of `axis`.
+/// Blocked: one per block of `block_size` along `axis` and index of the other axes, in the
+/// row-major order of the tensor's shape with dim `axis` replaced by its number of blocks.
 struct QParams {
   std::vector<float> scale;
   std::vector<int64_t> zero_point;
   int64_t axis = -1;
+  int64_t block_size = 0;
+};
+
+/// Where the parameters of a per-channel or blocked spec sit for a tensor of `shape`: the
+/// index of element i's scale (ONNX's blocked and per-axis DequantizeLinear indexing).
+struct ChannelIndex {
+  int64_t inner = 1, channels = 1, block = 0, blocks = 1;
+  ChannelIndex(const std::vector<int64_t>& shape, int64_t axis, int64_t block_size);
+  /// How many scales the tensor has.
+  int64_t count(int64_t numel) const;
+  int64_t operator()(int64_t i) const {
+    const int64_t c = (i / inner) % channels;
+    if (!block) return c;
+    return ((i / (inner * channels)) * blocks + c / block) * inner + i % inner;
+  }
 };
 
 /// Scale and zero point from observed ranges (one pair per tensor, or per channel), as PT2E

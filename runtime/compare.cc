@@ -157,6 +157,9 @@ CompareResult compare_tensors(const Tensor& actual, const Tensor& expected, cons
   Scan s;
   if (da == DType::bf16 && db == DType::f32) {
     scan_float(actual.data<bfloat16>(), expected.data<float>(), r.numel, options, s);
+  } else if (is_int4(da)) {
+    const std::vector<int64_t> a = actual.to_int64_vector(), b = expected.to_int64_vector();
+    scan_exact(a.data(), b.data(), r.numel, s);
   } else {
     visit_dtype(da, [&](auto tag) {
       using T = decltype(tag);

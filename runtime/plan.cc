@@ -181,7 +181,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
       continue;
     }
     if (root[v] != v) continue;  // a view: placed with its root
-    std::optional<size_t> nbytes = checked_bytes(shape_numel(val.shape.concrete()), dtype_size(val.dtype));
+    std::optional<size_t> nbytes = storage_bytes(val.dtype, shape_numel(val.shape.concrete()));
     if (!nbytes) {
       const Node& node = bound.nodes[static_cast<size_t>(first[v])];
       size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());

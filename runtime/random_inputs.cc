@@ -147,6 +147,10 @@ Tensor random_input(const Graph& g, ValueId input, std::vector<int64_t> shape, u
   SplitMix64 rng(seed);
   const int64_t n = t.numel();
   const size_t per = range.hi_per_last_axis.size();
+  if (is_int4(dtype)) {  // any of the 16 codes
+    for (int64_t i = 0; i < n; ++i) set_int4(t.raw(), i, static_cast<int>(rng.below(16)));
+    return t;
+  }
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = t.data<T>();

@@ -183,7 +183,7 @@ Status create_subgraph_kernels(const Graph& g, const SessionOptions& opt, const 
 // A new buffer for output i of node n; sizes past int64, the memory budget or the machine are
 // user errors about the node.
 Status allocate_output(const Graph& g, const Node& n, size_t i, DType dtype, std::vector<int64_t> shape, Tensor& out) {
-  if (!checked_bytes(shape_numel(shape), dtype_size(dtype)))
+  if (!storage_bytes(dtype, shape_numel(shape)))
     return user_error(n.where(), output_name(g, n, i) + " of shape " + shape_str(shape) + " is too large");
   try {
     out = Tensor(dtype, shape);

@@ -48,7 +48,7 @@ std::optional<size_t> output_bytes(const Graph& g, const Node& n) {
     if (!v.shape.is_concrete()) return std::nullopt;
     const int64_t numel = shape_numel(v.shape.concrete());
     if (numel < 0) return std::nullopt;
-    total += static_cast<size_t>(numel) * dtype_size(v.dtype);
+    total += *storage_bytes(v.dtype, numel);
   }
   return total;
 }

@@ -10,6 +10,13 @@
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //
+// and, for weight-only quantized models (`kiln quant --weight-only`) and any linear layer the
+// int8 rewrite did not take:
+//   f32 a -> FusedMatMul | MatMul | Gemm (B = DQ(constant 2-D i8 / u8 / i4 / u4: per tensor, per
+//        output channel or in blocks along K, any zero points), bias, Z)
+//        -> WoqFusedMatMul, which reads the codes and dequantizes them as it loads B (on CPUs
+//           with its kernel; elsewhere the DQ is folded as before)
+//
 // It runs after fuse_epilogues (the conv has its activation and residual already) and
 // channels_last; a channels-last conv whose input or output crosses the layout boundary reads
 // Transpose(DQ(x)) or writes through a Transpose to Q: the Transpose then moves the int8 tensor
@@ -26,6 +33,7 @@
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/woq.h"
 
 namespace kiln {
 
@@ -50,15 +58,19 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, adds = 0, pools = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0;
 
-  void run() {
+  /// `woq`: the target runs WoqFusedMatMul's kernel.
+  void run(bool woq) {
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       if (drop_[i]) continue;
       const std::string& op = g_.nodes[i].op;
       if (!g_.nodes[i].domain.empty()) continue;
       if (op == "FusedConv") convs += conv(i);
-      else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") matmuls += matmul(i);
+      else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") {
+        if (matmul(i)) ++matmuls;
+        else if (woq) weight_only += woq_matmul(i);
+      }
       else if (op == "MaxPool") pools += maxpool(i);
       else if (op == "Add") adds += add(i);
     }
@@ -239,6 +251,60 @@ class Lowering {
     return true;
   }
 
+  // A linear layer whose weight is DQ(constant 2-D int8 / int4 codes) and whose A is f32: the
+  // codes stay, read by WoqFusedMatMul with the DQ's scales, zero points, axis and blocks.
+  bool woq_matmul(size_t i) {
+    const Node& m = g_.nodes[i];
+    if (!m.has_input(0) || !m.has_input(1) || m.outputs.size() != 1 || g_.value(m.inputs[0]).dtype != DType::f32) return false;
+    bool trans = false;
+    if (m.op == "Gemm") {
+      if (m.attr_int("transA", 0) != 0 || m.attr_float("alpha", 1.0) != 1.0 || m.attr_float("beta", 1.0) != 1.0) return false;
+      trans = m.attr_int("transB", 0) != 0;
+    }
+    const Node* dw = producer(m.inputs[1]);
+    if (!dw || dw->op != "DequantizeLinear" || !dw->domain.empty() || dw->inputs.size() < 2 || dw->outputs.size() != 1) return false;
+    if (!dw->attr_string("precision", "").empty() || dw->attr_string("output_dtype", "f32") != "f32") return false;
+    const Value& wq = g_.value(dw->inputs[0]);
+    const Value& ws = g_.value(dw->inputs[1]);
+    if (!wq.is_constant() || wq.constant.rank() != 2 || !(is_int8(wq.dtype) || is_int4(wq.dtype))) return false;
+    if (!ws.is_constant() || ws.dtype != DType::f32) return false;
+    if (dw->has_input(2) && !g_.value(dw->inputs[2]).is_constant()) return false;
+    const int64_t n_dim = trans ? 0 : 1;
+    int64_t axis = dw->attr_int("axis", 1);
+    if (axis < 0) axis += 2;
+    const int64_t block = dw->attr_int("block_size", 0);
+    if (block == 0 && ws.constant.numel() != 1 && (ws.constant.rank() != 1 || axis != n_dim)) return false;  // per channel of N only
+    if (block > 0 && axis != 1 - n_dim) return false;  // blocks along K only
+    ValueId bias = kNoValue;
+    if (m.has_input(2)) {
+      const Value& b = g_.value(m.inputs[2]);
+      const int64_t n = wq.constant.dim(n_dim);
+      if (m.op == "FusedMatMul") {
+        bias = m.inputs[2];
+      } else {
+        if (!b.is_constant() || b.dtype != DType::f32 || b.constant.numel() != n || b.constant.rank() > 2) return false;
+        bias = b.constant.rank() == 1 ? m.inputs[2] : g_.add_constant(g_.unique_value_name(b.name + "_row"), b.constant.reshaped({n}));
+      }
+    }
+    Node n;
+    n.name = m.name;
+    n.op = "WoqFusedMatMul";
+    if (m.op == "FusedMatMul")
+      for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
+    if (trans) n.set_attr("transB", int64_t{1});
+    n.set_attr("axis", axis);
+    if (block > 0) n.set_attr("block_size", block);
+    n.sources = m.sources;
+    if (n.sources.empty()) n.sources.push_back(m.name);
+    n.inputs = {m.inputs[0], dw->inputs[0], dw->inputs[1], dw->has_input(2) ? dw->inputs[2] : kNoValue, bias,
+                m.op == "FusedMatMul" && m.has_input(3) ? m.inputs[3] : kNoValue};
+    while (!n.inputs.empty() && n.inputs.back() == kNoValue) n.inputs.pop_back();
+    n.outputs = m.outputs;
+    before_[i].push_back(std::move(n));
+    drop_[i] = 1;
+    return true;
+  }
+
   void absorb(Node& into, const Node& from) {
     if (from.sources.empty()) into.sources.push_back(from.name);
     for (const std::string& s : from.sources)
@@ -350,18 +416,24 @@ class Lowering {
 
 }  // namespace
 
-Result<PassResult> lower_int8(Model& model, PassContext&) {
+Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
   g.remove_dead();  // the Transposes back that channels_last left unread would hide single readers
   Lowering l(g);
-  l.run();
+  l.run(!cpu::gemm::woq_lacks(ctx.target.cpu));
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.adds + l.pools == 0 && folded == 0) return PassResult{};
-  std::string s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
-                  count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul, " +
-                  count_of(l.adds, "add", "adds") + " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools == 0 && folded == 0) return PassResult{};
+  std::string s;
+  if (l.convs + l.matmuls + l.adds + l.pools > 0)
+    s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
+        count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul, " + count_of(l.adds, "add", "adds") +
+        " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
+  if (l.weight_only)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +
+         " to WoqFusedMatMul";
+  if (s.empty()) s = "nothing lowered";
   if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
   return PassResult{true, s};
 }

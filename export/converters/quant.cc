@@ -15,7 +15,7 @@ namespace {
 Result<std::optional<DType>> dtype_enum_attr(const ConvertContext& ctx, std::string_view name) {
   int64_t v = ctx.attr_int(name, 0);
   if (v == 0) return std::optional<DType>();
-  auto t = dtype_from_onnx(static_cast<int>(v));
+  auto t = value_dtype_from_onnx(static_cast<int>(v));
   if (!t) return ctx.error("attribute '" + std::string(name) + "' is " + onnx_type_name(static_cast<int>(v)) +
                            ", which kiln does not support");
   return std::optional<DType>(*t);

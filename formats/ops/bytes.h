@@ -7,11 +7,13 @@
 
 namespace kiln::bytes {
 
-/// Elements x element size of a value; 0 for an absent one.
+/// Elements x element size of a value (half a byte each for the 4-bit types); 0 for an absent one.
 inline CheckedInt value(const Graph& g, ValueId id) {
   if (id == kNoValue) return 0;
   const Value& v = g.value(id);
-  return flops::numel_or_one(v.shape) * static_cast<int64_t>(dtype_size(v.dtype));
+  const CheckedInt numel = flops::numel_or_one(v.shape);
+  if (is_int4(v.dtype)) return (numel + 1) / 2;
+  return numel * static_cast<int64_t>(dtype_size(v.dtype));
 }
 
 /// The bytes of the node's inputs from `first` on.

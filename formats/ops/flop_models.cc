@@ -388,6 +388,17 @@ int64_t qfused_matmul(const Node& n, const Graph& g) {
   return count(numel_of(output_shape(n, g)) * 2 * k + qfused_epilogue(n, g));
 }
 
+// WoqFusedMatMul: M·N·K multiply-adds and the epilogue, as FusedMatMul (B's dequantization is
+// part of the loads).
+int64_t woq_fused_matmul(const Node& n, const Graph& g) {
+  const Shape* b = input_shape(n, g, 1);
+  const int64_t k = b ? dim_at(*b, n.attr_int("transB", 0) ? 1 : 0) : 1;
+  int64_t per = (n.has_input(4) ? 1 : 0) + (n.has_input(5) ? 1 : 0);
+  for (std::string_view attr : {"activation", "post_activation"})
+    if (Result<ActivationSpec> a = read_activation(n, attr); a.ok()) per += activation_cost(a->kind);
+  return count(numel_of(output_shape(n, g)) * (2 * k + per));
+}
+
 // QAdd: per output element, both operands dequantized, the add, the activation, the quantization.
 int64_t qadd(const Node& n, const Graph& g) {
   int64_t per = 2 * kDequantize + 1 + kQuantize;
@@ -446,7 +457,7 @@ const Model kModels[] = {
     {"GlobalMaxPool", per_input<1>}, {"GlobalAveragePool", per_input<1>}, {"GlobalLpPool", per_input<2>},
     {"Col2Im", per_input<1>},  // sums overlapping blocks
     // fused, sampling and other network layers
-    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul},
+    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul}, {"WoqFusedMatMul", woq_fused_matmul},
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},

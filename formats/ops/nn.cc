@@ -456,6 +456,60 @@ Status infer_qfused_matmul(InferContext& ctx) {
   return {};
 }
 
+// WoqFusedMatMul: B a 2-D [K, N] ([N, K] with transB) of int8 or int4 codes, its scale (and
+// zero point) per tensor, per output channel (`axis` B's N dim) or in blocks of `block_size`
+// along K (`axis` B's K dim; the scale B's shape with K counted in blocks), as DequantizeLinear
+// reads them; the output is FusedMatMul's on the dequantized B.
+Status infer_woq_fused_matmul(InferContext& ctx) {
+  const int64_t trans = ctx.node().attr_int("transB", 0);
+  if (trans != 0 && trans != 1) return ctx.error("transB " + std::to_string(trans) + " must be 0 or 1");
+  Shape b = ctx.shape(1);
+  if (b.rank() >= 0 && b.rank() != 2) return ctx.error("B has shape " + b.str() + "; it must be 2-D");
+  const int64_t block = ctx.node().attr_int("block_size", 0);
+  if (block < 0) return ctx.error("block_size " + std::to_string(block) + " is negative");
+  int64_t axis = ctx.node().attr_int("axis", 1);
+  if (axis < 0) axis += 2;
+  const int64_t k_axis = trans ? 1 : 0;
+  for (size_t i : {size_t{2}, size_t{3}}) {
+    if (!ctx.has_input(i)) continue;
+    const Shape& s = ctx.shape(i);
+    const char* what = i == 2 ? "b_scale" : "b_zero_point";
+    if (s.rank() < 0) continue;
+    if (block > 0) {
+      if (axis != k_axis) return ctx.error("blocked: axis " + std::to_string(axis) + " must be B's K dim " + std::to_string(k_axis));
+      if (s.rank() != 2) return ctx.error(std::string(what) + " has shape " + s.str() + "; blocked, it must be 2-D as B");
+      if (b.rank() == 2) {
+        const Dim& kd = b.dims[static_cast<size_t>(k_axis)];
+        const Dim& nd = b.dims[static_cast<size_t>(1 - k_axis)];
+        const Dim& sk = s.dims[static_cast<size_t>(k_axis)];
+        const Dim& sn = s.dims[static_cast<size_t>(1 - k_axis)];
+        if ((kd.is_known() && sk.is_known() && sk.value != (kd.value + block - 1) / block) ||
+            (nd.is_known() && sn.is_known() && sn.value != nd.value))
+          return ctx.error(std::string(what) + " has shape " + s.str() + " but B " + b.str() + " in blocks of " +
+                           std::to_string(block) + " along K needs one per block and output column");
+      }
+    } else if (s.rank() > 1) {
+      return ctx.error(std::string(what) + " has shape " + s.str() + "; it must be a scalar or 1-D (or blocked)");
+    } else if (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1) {
+      if (axis != 1 - k_axis) return ctx.error("per channel: axis " + std::to_string(axis) + " must be B's N dim " + std::to_string(1 - k_axis));
+      const Dim& nd = b.rank() == 2 ? b.dims[static_cast<size_t>(1 - k_axis)] : Dim{};
+      if (nd.is_known() && s.dims[0].value != nd.value)
+        return ctx.error(std::string(what) + " has " + std::to_string(s.dims[0].value) + " values but B has " +
+                         std::to_string(nd.value) + " output columns");
+    }
+  }
+  if (b.rank() == 2 && trans) std::swap(b.dims[0], b.dims[1]);
+  std::vector<InferInput> view(4);
+  view[0] = {DType::f32, ctx.shape(0), nullptr};
+  view[1] = {DType::f32, b, nullptr};
+  if (ctx.has_input(4)) view[2] = {DType::f32, ctx.shape(4), nullptr};
+  if (ctx.has_input(5)) view[3] = {DType::f32, ctx.shape(5), nullptr};
+  InferContext f(ctx.node(), std::move(view));
+  KILN_RETURN_IF_ERROR(infer_fused_matmul(f));
+  ctx.set_output(0, DType::f32, std::move(f.outputs()[0].shape));
+  return {};
+}
+
 // Shared by MaxPool, AveragePool, LpPool.
 Status infer_pool(InferContext& ctx) {
   DType t = ctx.dtype(0);
@@ -652,6 +706,14 @@ void register_nn_ops(OpRegistry& r) {
                              same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "bias"),
                              input(9, int8 | DType::f32, "z"), same_as(10, 1, "z_scale"), input(11, int8, "z_zero_point")}};
     // flops: the conv's / matmul's plus the epilogue's (flop_models.cc)
+    std::vector<AttrSpec> woq = epilogue;
+    woq.push_back({"transB", AttrType::int64, false, "1: B is [N, K] (0)"});
+    woq.push_back({"axis", AttrType::int64, false, "B's dim the scales follow, as DequantizeLinear's (1)"});
+    woq.push_back({"block_size", AttrType::int64, false, "K values per scale along axis; 0 = per channel or per tensor"});
+    r.add("", OpSchema{"WoqFusedMatMul", "FusedMatMul of f32 A by a weight stored as int8 / int4 codes (weight-only quantization)",
+                       3, 6, 1, 1, woq, infer_woq_fused_matmul})
+        .traits = {.types = {input(0, DType::f32, "a"), input(1, int8 | DType::i4 | DType::u4, "b"), same_as(2, 0, "b_scale"),
+                             same_as(3, 1, "b_zero_point"), same_as(4, 0, "bias"), same_as(5, 0, "z")}};
   }
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
                      epilogue, infer_fused_matmul})

@@ -211,7 +211,7 @@ std::vector<AttrSpec> conv_attrs() {
 
 void register_quant_ops(OpRegistry& r) {
   using namespace types;
-  const TypeSet storage = DType::u8 | DType::i8 | DType::u16 | DType::i16;
+  const TypeSet storage = DType::u8 | DType::i8 | DType::u16 | DType::i16 | DType::u4 | DType::i4;
   const TypeSet int8 = DType::u8 | DType::i8;
   r.add("", OpSchema{"QuantizeLinear", "y = saturate(round_half_even(x / scale) + zero_point)", 2, 3, 1, 1,
                      {{"axis", AttrType::int64, false, "channel axis of per-axis / blocked parameters, default 1"},

@@ -14,6 +14,7 @@ void register_attention(KernelRegistry& r);
 void register_binary(KernelRegistry& r);
 void register_quant(KernelRegistry& r);
 void register_qmatmul(KernelRegistry& r);
+void register_woq_matmul(KernelRegistry& r);
 }  // namespace cpu
 
 void register_cpu_kernels(KernelRegistry& r) {
@@ -27,6 +28,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_binary(r);
   cpu::register_quant(r);
   cpu::register_qmatmul(r);
+  cpu::register_woq_matmul(r);
 }
 
 }  // namespace kiln

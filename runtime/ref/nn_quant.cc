@@ -1,6 +1,7 @@
 // Reference kernels of the quantized ops `kiln compile` makes (lower_int8): QFusedConv and
 // QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
-// tensor or per output channel), QAdd an Add of them, the f32 result quantized as
+// tensor or per output channel), WoqFusedMatMul a FusedMatMul by its weight dequantized as
+// DequantizeLinear does, QAdd an Add of them, the f32 result quantized as
 // QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
 // scale and zero point.
 #include <array>
@@ -39,11 +40,12 @@ Tensor transposed_2d(const Tensor& t) {
   return out;
 }
 
-// The node as its float op (FusedConv / FusedMatMul) on the dequantized X, W, B and Z.
-ViewContext dequantized_view(KernelContext& outer, std::string op, std::array<Tensor, 4> inputs) {
+// The node as its float op (FusedConv / FusedMatMul) on the dequantized X, W, B and Z, which
+// are its inputs `from`.
+ViewContext dequantized_view(KernelContext& outer, std::string op, std::array<Tensor, 4> inputs,
+                             std::array<size_t, 4> from = {0, 3, 8, 9}) {
   Node node = outer.node();
   node.op = std::move(op);
-  const size_t from[4] = {0, 3, 8, 9};
   node.inputs.assign(4, kNoValue);
   for (size_t k = 0; k < 4; ++k)
     if (inputs[k].defined()) node.inputs[k] = outer.node().inputs[from[k]];
@@ -103,6 +105,36 @@ Status ref_qfused_matmul(KernelContext& ctx) {
   return store(ctx, f.y());
 }
 
+// WoqFusedMatMul: FusedMatMul by B dequantized as DequantizeLinear does (per tensor, per
+// channel or blocked, with or without zero points).
+Status ref_woq_fused_matmul(KernelContext& ctx) {
+  const bool trans = ctx.node().attr_int("transB", 0) != 0;
+  const Tensor& b = ctx.input(1);
+  if (b.rank() != 2) return ctx.error("B must be 2-D, got " + shape_str(b.shape()));
+  const Tensor& scale = ctx.input(2);
+  KILN_ASSIGN_OR_RETURN(quant_ref::ParamIndex si, quant_ref::ParamIndex::make(ctx, b, scale));
+  quant_ref::ParamIndex zi;
+  if (ctx.has_input(3)) {
+    KILN_ASSIGN_OR_RETURN(zi, quant_ref::ParamIndex::make(ctx, b, ctx.input(3)));
+  }
+  Tensor w(DType::f32, b.shape());
+  const std::vector<double> s = scale.to_double_vector();
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double z = ctx.has_input(3) ? static_cast<double>(ctx.input(3).as_int64(zi(i))) : 0.0;
+    w.data<float>()[i] = static_cast<float>(b.as_double(i) - z) * static_cast<float>(s[static_cast<size_t>(si(i))]);
+  }
+  std::array<Tensor, 4> in;
+  in[0] = ctx.input(0);
+  in[1] = trans ? transposed_2d(w) : w;
+  if (ctx.has_input(4)) in[2] = ctx.input(4);
+  if (ctx.has_input(5)) in[3] = ctx.input(5);
+  ViewContext f = dequantized_view(ctx, "FusedMatMul", std::move(in), {0, 1, 4, 5});
+  KILN_RETURN_IF_ERROR(ref_fused_matmul(f));
+  Tensor& y = ctx.output(0);
+  std::copy(f.y().data<float>(), f.y().data<float>() + y.numel(), y.data<float>());
+  return {};
+}
+
 // QAdd: Add of the dequantized operands (numpy broadcasting, as Add's reference), the
 // activation, then y quantized.
 Status ref_qadd(KernelContext& ctx) {
@@ -137,6 +169,7 @@ void register_ref_nn_quant(KernelRegistry& r) {
   r.add_reference("QAdd", ref_qadd);
   r.add_reference("QFusedConv", ref_qfused_conv);
   r.add_reference("QFusedMatMul", ref_qfused_matmul);
+  r.add_reference("WoqFusedMatMul", ref_woq_fused_matmul);
 }
 
 }  // namespace kiln::nn

@@ -2,6 +2,7 @@
 // They follow the ONNX reference implementation's arithmetic exactly (division by the scale in
 // the promoted float type, round half to even, saturation), because a QDQ model's accuracy is
 // judged against that reference and an off-by-one quantum is a real mismatch.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -78,18 +79,26 @@ Status ref_quantize(KernelContext& ctx) {
   DType prec = promote_float(x.dtype(), s.dtype());
   if (ctx.node().has_attr("precision"))
     if (auto p = dtype_from_name(ctx.node().attr_string("precision", ""))) prec = *p;
+  // Operands are rounded to the division's precision first, as numpy's astype does.
+  auto quotient = [&](int64_t i) {
+    double xv = round_to(prec, x.as_double(i));
+    double sv = round_to(prec, s.as_double(si(i)));
+    return round_to(prec, xv / sv);
+  };
+  if (is_int4(y.dtype())) {
+    const int lo = y.dtype() == DType::i4 ? -8 : 0;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double q = quotient(i);
+      const double r = (std::isnan(q) ? 0.0 : std::nearbyint(q)) + static_cast<double>(zp ? zp->as_int64(zi(i)) : 0);
+      set_int4(y.raw(), i, static_cast<int>(std::clamp(r, static_cast<double>(lo), static_cast<double>(lo + 15))));
+    }
+    return {};
+  }
   return visit_dtype(y.dtype(), [&](auto out_tag) -> Status {
     using Q = decltype(out_tag);
     if constexpr (std::is_integral_v<Q> && !std::is_same_v<Q, bool>) {
       Q* out = y.data<Q>();
-      for (int64_t i = 0; i < x.numel(); ++i) {
-        // Operands are rounded to the division's precision first, as numpy's astype does.
-        double xv = round_to(prec, x.as_double(i));
-        double sv = round_to(prec, s.as_double(si(i)));
-        double q = round_to(prec, xv / sv);
-        int64_t z = zp ? zp->as_int64(zi(i)) : 0;
-        out[i] = saturate_round<Q>(q, z);
-      }
+      for (int64_t i = 0; i < x.numel(); ++i) out[i] = saturate_round<Q>(quotient(i), zp ? zp->as_int64(zi(i)) : 0);
       return {};
     } else {
       return ctx.error("output type " + std::string(dtype_name(y.dtype())) + " is not an integer type");

@@ -373,6 +373,41 @@ def quant_tests(r, work, samples):
                                    "--rtol", "0"])
     r.error("quant_dynamic_xnnpack", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "xnnpack", "--dynamic"], 2,
             r"--dynamic is for --quantizer x86", no_file="q.kiln")
+    # --weight-only: the linear layer's weight stored as int8 / int4 codes (blocks of 8 along K),
+    # activations float, no calibration; compiled to WoqFusedMatMul with the quantized model's
+    # reference outputs; as ONNX (INT8 / UINT4 with blocked DequantizeLinear) ONNX Runtime runs it.
+    for bits, extra, stored in (("int8", [], r"weight i8 per channel \(\d+\)"), ("int4", ["--group-size", "8"], "weight u4 in blocks of 8")):
+        rc, _, err = r.run(["quant", "cnn.kiln", "-o", f"cnn.wo{bits}.kiln", "--weight-only", bits] + extra)
+        r.check(f"quant_weight_only_{bits}", rc == 0 and "linear_weight_only 1" in err and "calibrated on 0 samples" in err
+                and "1 weights stored quantized" in err and "0 QuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
+        rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.kiln"])
+        r.check(f"quant_weight_only_{bits}_inspect", rc == 0 and re.search(r"/fc/Gemm \(Gemm\): " + stored + "; out f32", out), out[-600:])
+        rc, _, err = r.run(["compile", f"cnn.wo{bits}.kiln", "-o", f"cnn.wo{bits}.c.kiln", "-v"])
+        r.check(f"quant_weight_only_{bits}_compiled", rc == 0 and "lowered 1 weight-only linear layer to WoqFusedMatMul" in err
+                and "(WoqFusedMatMul): kiln.matmul_woq_avx512" in err, f"exit {rc}; {err[:800]!r}")
+        r.ok(f"quant_weight_only_{bits}_reference", ["run", f"cnn.wo{bits}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_wo{bits}"])
+        r.ok(f"quant_weight_only_{bits}_matches", ["run", f"cnn.wo{bits}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_wo{bits}",
+                                                  "--atol", "1e-4", "--rtol", "1e-4"])
+        r.ok(f"quant_weight_only_{bits}_onnx", ["quant", "cnn.kiln", "-o", f"cnn.wo{bits}.onnx", "--weight-only", bits] + extra)
+        path = os.path.join(work, f"cnn.wo{bits}.onnx")
+        try:
+            m = onnx.load(path)
+            onnx.checker.check_model(m, full_check=True)
+            types = {t.data_type for t in m.graph.initializer}
+            got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+            want = np.load(os.path.join(work, f"qref_wo{bits}", "logits.npy"))
+            rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            code = onnx.TensorProto.INT8 if bits == "int8" else onnx.TensorProto.UINT4
+            ok, why = code in types and rel < 1e-4, f"initializer types {sorted(types)}; relative L2 {rel:.2e} against kiln"
+        except Exception as e:  # the checker and ONNX Runtime raise their own types
+            ok, why = False, str(e)[:300]
+        r.check(f"quant_weight_only_{bits}_onnx_runs_in_ort", ok, why)
+    r.error("quant_weight_only_bits", ["quant", "cnn.kiln", "-o", "q.kiln", "--weight-only", "int3"], 2,
+            r"--weight-only 'int3' is not one of int8, int4", no_file="q.kiln")
+    r.error("quant_weight_only_with_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--weight-only", "int8", "--quantizer", "x86"], 2,
+            r"--weight-only quantizes the weights alone", no_file="q.kiln")
+    r.error("quant_group_size_alone", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--group-size", "32"],
+            2, r"--group-size goes with --weight-only", no_file="q.kiln")
     r.error("quant_exclude_out_alone", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in,
                                         "--exclude-out", "e.json"], 2, r"--exclude-out goes with --min-sqnr", no_file="q.kiln")
     r.error("quant_report_one_sample", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--report"],
@@ -403,7 +438,7 @@ def quant_tests(r, work, samples):
         r.error(f"quant_config_{name}", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in,
                                           "--config", "qconfig_bad.json"], 2, message, no_file="q.kiln")
     r.error("quant_config_no_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--calib", cnn_in], 2,
-            r"no quantizer given \(--quantizer x86\|xnnpack, or \"global\" in --config\)", no_file="q.kiln")
+            r"no quantizer given \(--quantizer x86\|xnnpack, --weight-only int8\|int4, or \"global\" in --config\)", no_file="q.kiln")
     # .npy files named after the inputs, and ONNX test_data_set folders (input_K.pb), alone or many.
     os.makedirs(os.path.join(work, "calib_npy"), exist_ok=True)
     np.save(os.path.join(work, "calib_npy", "input.npy"), np.concatenate([x, -x], axis=0))

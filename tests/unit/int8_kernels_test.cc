@@ -232,6 +232,96 @@ TEST(Int8Kernels, QFusedMatMulPaths) {
   }
 }
 
+// A weight-only quantized linear layer: B's codes (s8, u8, s4, u4) per tensor, per output column
+// or in blocks along K (one that does not divide K), with and without zero points, B plain and
+// transposed, with the whole epilogue: the dequantizing kernel against the reference, f32 out.
+struct Woq {
+  std::vector<int64_t> a_shape = {3, 100};
+  int64_t n = 70;
+  DType codes = DType::u4;
+  int64_t block = 32;  ///< 0: per column (or per tensor when !per_column)
+  bool per_column = true, zero = true, trans = false, epilogue = false;
+};
+
+Case woq_case(const Woq& s) {
+  const int64_t k = s.a_shape.back();
+  const std::vector<int64_t> bshape = s.trans ? std::vector<int64_t>{s.n, k} : std::vector<int64_t>{k, s.n};
+  const int lo = s.codes == DType::i8 ? -128 : s.codes == DType::i4 ? -8 : 0;
+  const int levels = is_int4(s.codes) ? 16 : 256;
+  Tensor b(s.codes, bshape);
+  uint32_t r = 7;
+  auto next = [&] { return r = r * 1664525u + 1013904223u, static_cast<int>(r >> 8); };
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const int v = lo + next() % levels;
+    if (is_int4(s.codes)) set_int4(b.raw(), i, v);
+    else if (s.codes == DType::u8) b.data<uint8_t>()[i] = static_cast<uint8_t>(v);
+    else b.data<int8_t>()[i] = static_cast<int8_t>(v);
+  }
+  const int64_t k_axis = s.trans ? 1 : 0;
+  std::vector<int64_t> pshape;
+  if (s.block) {
+    pshape = bshape;
+    pshape[static_cast<size_t>(k_axis)] = (k + s.block - 1) / s.block;
+  } else if (s.per_column) {
+    pshape = {s.n};
+  }
+  Tensor scale(DType::f32, pshape), zero(s.codes, pshape);
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    scale.data<float>()[i] = (is_int4(s.codes) ? 0.02f : 0.002f) * (1 + static_cast<float>(next() % 5));
+    const int z = lo + next() % levels;
+    if (is_int4(s.codes)) set_int4(zero.raw(), i, z);
+    else if (s.codes == DType::u8) zero.data<uint8_t>()[i] = static_cast<uint8_t>(z);
+    else zero.data<int8_t>()[i] = static_cast<int8_t>(z);
+  }
+  std::vector<Tensor> in = {noise(s.a_shape, 31), b, scale, s.zero ? zero : Tensor()};
+  std::vector<bool> constant = {false, true, true, true};
+  std::vector<Attribute> attrs;
+  if (s.trans) attrs.push_back(attr("transB", int64_t{1}));
+  attrs.push_back(attr("axis", s.block ? k_axis : 1 - k_axis));
+  if (s.block) attrs.push_back(attr("block_size", s.block));
+  if (s.epilogue) {
+    std::vector<int64_t> ys = s.a_shape;
+    ys.back() = s.n;
+    in.push_back(noise({s.n}, 32, 0.5f));
+    in.push_back(noise(ys, 33));
+    constant.insert(constant.end(), {true, false});
+    attrs.push_back(attr("activation", std::string("Relu")));
+    attrs.push_back(attr("post_activation", std::string("Gelu")));
+  }
+  return Case{"WoqFusedMatMul", in, constant, attrs};
+}
+
+TEST(Int8Kernels, WeightOnlyQuantizedLinear) {
+  std::vector<Woq> cases;
+  for (DType codes : {DType::i8, DType::u8, DType::i4, DType::u4})
+    for (bool trans : {false, true}) {
+      Woq s;
+      s.codes = codes;
+      s.trans = trans;
+      cases.push_back(s);  // blocks of 32 along K = 100, zero points
+      s.block = 0;
+      s.zero = false;
+      cases.push_back(s);  // per output column, no zero points
+      s.per_column = false;
+      s.zero = true;
+      s.a_shape = {2, 9, 64};
+      s.n = 130;
+      s.epilogue = true;
+      cases.push_back(s);  // per tensor, batched A (M = 18), the whole epilogue
+      s.per_column = true;
+      s.block = 16;
+      s.a_shape = {1, 33};
+      s.n = 47;
+      cases.push_back(s);  // M = 1 (decode), a short last block
+    }
+  for (const Woq& s : cases) {
+    SCOPED_TRACE(std::string(dtype_name(s.codes)) + (s.trans ? " transB" : "") + " block " + std::to_string(s.block) +
+                 (s.per_column ? "" : " per tensor") + (s.zero ? " zero points" : "") + (s.epilogue ? " epilogue" : "") +
+                 " M " + std::to_string(shape_numel(s.a_shape) / s.a_shape.back()));
+    EXPECT_EQ(testing::check(woq_case(s), 1e-5), "kiln.matmul_woq_avx512");
+  }
+}
+
 // A dynamically quantized linear layer: A's scale and zero point computed at run time (graph
 // inputs here), an f32 residual, f32 out; and DynamicQuantizeLinear itself, bit-exact.
 TEST(Int8Kernels, DynamicallyQuantizedLinear) {

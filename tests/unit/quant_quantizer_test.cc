@@ -6,6 +6,7 @@
 #include "formats/verify.h"
 #include "quant/config.h"
 #include "quant/convert.h"
+#include "quant/observer.h"
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
 #include "quant/report.h"
@@ -279,6 +280,87 @@ TEST(Convert, QdqModelRunsCloseToFloat) {
   EXPECT_GT(db, 25.0) << db;
   RecordProperty("sqnr_db", std::to_string(db));
   EXPECT_LT(db, 80.0);  // it did quantize
+}
+
+// Weight-only: only the linear layers' weights, stored as u4 in blocks of 32 along K (the last
+// block short: K = 100) or as i8 per output channel; the DQ says how; without any calibration
+// the model's error is what the same quantization computed independently gives.
+TEST(WeightOnly, BlockedInt4AndPerChannelInt8Weights) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {2, 100});
+  std::vector<float> wv(100 * 24);
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::sin(0.7f * static_cast<float>(i)) * (1 + static_cast<float>(i % 100) / 50);
+  ValueId mm = b.op("fc1", "MatMul", {x, b.constant("w1", testing::make<float>({100, 24}, wv))});
+  ValueId g = b.op("fc2", "Gemm", {mm, b.constant("w2", weights({5, 24}))}, {{"transB", int64_t{1}}});
+  Model m = b.done({g});
+  std::vector<float> xv(200);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::cos(0.3f * static_cast<float>(i));
+  const std::vector<Tensor> in = {testing::make<float>({2, 100}, xv)};
+  const std::vector<Tensor> reference = testing::run_reference(m, in);
+  for (int bits : {4, 8}) {
+    SCOPED_TRACE("int" + std::to_string(bits));
+    Model q = m;
+    Annotations a;
+    ASSERT_TRUE(make_weight_only_quantizer(bits, bits == 4 ? 32 : 0)->annotate(q.graph, a).ok());
+    ASSERT_EQ(a.size(), 2u);
+    for (const auto& [n, ann] : a) {
+      EXPECT_FALSE(ann.output.has_value());
+      EXPECT_EQ(ann.inputs.count(0), 0u);  // activations stay float
+      const QuantSpec* w = input_spec(ann, 1);
+      ASSERT_NE(w, nullptr);
+      EXPECT_EQ(w->dtype, bits == 4 ? DType::u4 : DType::i8);
+      EXPECT_EQ(w->block_size, bits == 4 ? 32 : 0);
+    }
+    auto p = prepare(q.graph, a);
+    ASSERT_TRUE(p.ok()) << p.error().message();
+    EXPECT_TRUE(p->watch.empty());  // nothing to calibrate
+    auto stats = convert(q, *p);
+    ASSERT_TRUE(stats.ok()) << stats.error().message();
+    EXPECT_EQ(stats->quantized_weights, 2u);
+    EXPECT_EQ(stats->quantize_nodes, 0u);
+    Status v = verify_model(q);
+    ASSERT_TRUE(v.ok()) << v.error().message();
+    for (const Node& n : q.graph.nodes) {
+      if (n.op != "DequantizeLinear") continue;
+      const Tensor& codes = q.graph.value(n.inputs[0]).constant;
+      const Tensor& scale = q.graph.value(n.inputs[1]).constant;
+      EXPECT_EQ(codes.dtype(), bits == 4 ? DType::u4 : DType::i8);
+      const bool gemm = codes.shape() == std::vector<int64_t>{5, 24};
+      if (bits == 4) {  // blocks along K: axis 0 of [K, N], axis 1 of Gemm's [N, K]
+        EXPECT_EQ(n.attr_int("block_size", 0), 32);
+        EXPECT_EQ(n.attr_int("axis", -1), gemm ? 1 : 0);
+        EXPECT_EQ(scale.shape(), gemm ? std::vector<int64_t>({5, 1}) : std::vector<int64_t>({4, 24}));
+        EXPECT_EQ(codes.nbytes(), static_cast<size_t>(codes.numel() + 1) / 2);
+      } else {
+        EXPECT_FALSE(n.has_attr("block_size"));
+        EXPECT_EQ(n.attr_int("axis", -1), gemm ? 0 : 1);
+        EXPECT_EQ(scale.shape(), std::vector<int64_t>({gemm ? 5 : 24}));
+      }
+    }
+    // The same quantization in numpy (PT2E's formulas: u4 affine per block with the range
+    // widened to 0, i8 symmetric with scale max|w| / 127.5) gives these SQNRs on this data,
+    // whose sinusoidal weights are as hard on 4 bits as uniform noise.
+    const std::vector<Tensor> out = testing::run_reference(q, in);
+    const double db = sqnr_db(reference[0], out[0]);
+    EXPECT_NEAR(db, bits == 4 ? 7.996 : 33.687, 0.01) << db;
+  }
+}
+
+// The per-channel observer in blocks: one range per block along ch_axis and index of the others.
+TEST(WeightOnly, BlockedObserverRanges) {
+  QuantSpec s = weight_only_spec(4, 2);
+  s.ch_axis = 0;
+  auto obs = make_observer(s);
+  // [K = 5, N = 2]: blocks of rows {0, 1}, {2, 3}, {4}, per column.
+  ASSERT_TRUE(obs->observe(testing::make<float>({5, 2}, {1, -1, 3, -2, -4, 5, 2, 0, 7, -9})).ok());
+  EXPECT_EQ(obs->min_vals(), (std::vector<float>{1, -2, -4, 0, 7, -9}));
+  EXPECT_EQ(obs->max_vals(), (std::vector<float>{3, -1, 2, 5, 7, -9}));
+  const QParams q = obs->qparams();
+  EXPECT_EQ(q.block_size, 2);
+  ASSERT_EQ(q.scale.size(), 6u);
+  // u4 affine, the range widened to hold 0: block (rows 2-3, column 0) is [-4, 2] → scale 6/15.
+  EXPECT_FLOAT_EQ(q.scale[2], 6.0f / 15);
+  EXPECT_EQ(q.zero_point[2], 10);
 }
 
 TEST(Prepare, ASharedSpecNamingNoAnnotationIsAQuantizersBug) {
