@@ -184,16 +184,46 @@ class Lowering {
     return dw;
   }
 
+  // Whether node m is a linear layer these rewrites take (one output, A and B; a Gemm without
+  // transA, alpha or beta): whether its B is [N, K], or nullopt.
+  static std::optional<bool> linear_trans(const Node& m) {
+    if (!m.has_input(0) || !m.has_input(1) || m.outputs.size() != 1) return std::nullopt;
+    if (m.op != "Gemm") return false;
+    if (m.attr_int("transA", 0) != 0 || m.attr_float("alpha", 1.0) != 1.0 || m.attr_float("beta", 1.0) != 1.0) return std::nullopt;
+    return m.attr_int("transB", 0) != 0;
+  }
+
+  // m's bias (input 2, if any) as the [N] f32 constant the lowered node takes (a Gemm's [1, N]
+  // reshaped) into `bias`; false when it is not such a constant.
+  bool constant_bias(const Node& m, int64_t n, ValueId* bias) {
+    *bias = kNoValue;
+    if (!m.has_input(2)) return true;
+    const Value& b = g_.value(m.inputs[2]);
+    if (!b.is_constant() || b.dtype != DType::f32 || b.constant.numel() != n || (m.op == "Gemm" && b.constant.rank() > 2)) return false;
+    *bias = b.constant.rank() == 1 ? m.inputs[2] : g_.add_constant(g_.unique_value_name(b.name + "_row"), b.constant.reshaped({n}));
+    return true;
+  }
+
+  // The lowered node of linear layer m: its name and sources, a FusedMatMul's epilogue.
+  static Node linear_node(const Node& m, std::string op, bool trans) {
+    Node n;
+    n.name = m.name;
+    n.op = std::move(op);
+    if (m.op == "FusedMatMul")
+      for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
+    if (trans) n.set_attr("transB", int64_t{1});
+    n.sources = m.sources;
+    if (n.sources.empty()) n.sources.push_back(m.name);
+    return n;
+  }
+
   // A linear layer: DQ(a) -> FusedMatMul / MatMul / Gemm by a DQ'd constant 2-D weight (bias,
   // activations, residual DQ(z)), then Q, or float readers (then Y stays f32).
   bool matmul(size_t i) {
     const Node& m = g_.nodes[i];
-    if (!m.has_input(0) || !m.has_input(1) || m.outputs.size() != 1) return false;
-    bool trans = false;
-    if (m.op == "Gemm") {
-      if (m.attr_int("transA", 0) != 0 || m.attr_float("alpha", 1.0) != 1.0 || m.attr_float("beta", 1.0) != 1.0) return false;
-      trans = m.attr_int("transB", 0) != 0;
-    }
+    const std::optional<bool> linear = linear_trans(m);
+    if (!linear) return false;
+    const bool trans = *linear;
     const Node* ta = nullptr;
     const Node* da = dequantized(m.inputs[0], &ta, true);
     if (!da || ta) return false;
@@ -201,12 +231,7 @@ class Lowering {
     const Node* dw = weight(m.inputs[1], trans ? 0 : 1);
     if (!dw) return false;
     ValueId bias = kNoValue;
-    if (m.has_input(2)) {
-      const Value& b = g_.value(m.inputs[2]);
-      const int64_t n = g_.value(dw->inputs[0]).constant.dim(trans ? 0 : 1);
-      if (!b.is_constant() || b.dtype != DType::f32 || b.constant.numel() != n || (m.op == "Gemm" && b.constant.rank() > 2)) return false;
-      bias = b.constant.rank() == 1 ? m.inputs[2] : g_.add_constant(g_.unique_value_name(b.name + "_row"), b.constant.reshaped({n}));
-    }
+    if (!constant_bias(m, g_.value(dw->inputs[0]).constant.dim(trans ? 0 : 1), &bias)) return false;
     const Node* dz = nullptr;
     const Node* tz = nullptr;
     ValueId z_f32 = kNoValue;  // a float residual (a dynamically quantized layer's) is read as it is
@@ -221,14 +246,7 @@ class Lowering {
     int64_t tq = -1;
     const int64_t q = quantized_by(m.outputs[0], &tq);
     if (tq >= 0 || (dz && q >= 0 && g_.value(dz->inputs[0]).dtype != g_.value(g_.nodes[static_cast<size_t>(q)].outputs[0]).dtype)) return false;
-    Node n;
-    n.name = m.name;
-    n.op = "QFusedMatMul";
-    if (m.op == "FusedMatMul")
-      for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
-    if (trans) n.set_attr("transB", int64_t{1});
-    n.sources = m.sources;
-    if (n.sources.empty()) n.sources.push_back(m.name);
+    Node n = linear_node(m, "QFusedMatMul", trans);
     n.inputs = {da->inputs[0], da->inputs[1], da->inputs[2], dw->inputs[0], dw->inputs[1], dw->inputs[2]};
     if (q >= 0) {
       const Node& qn = g_.nodes[static_cast<size_t>(q)];
@@ -255,12 +273,9 @@ class Lowering {
   // codes stay, read by WoqFusedMatMul with the DQ's scales, zero points, axis and blocks.
   bool woq_matmul(size_t i) {
     const Node& m = g_.nodes[i];
-    if (!m.has_input(0) || !m.has_input(1) || m.outputs.size() != 1 || g_.value(m.inputs[0]).dtype != DType::f32) return false;
-    bool trans = false;
-    if (m.op == "Gemm") {
-      if (m.attr_int("transA", 0) != 0 || m.attr_float("alpha", 1.0) != 1.0 || m.attr_float("beta", 1.0) != 1.0) return false;
-      trans = m.attr_int("transB", 0) != 0;
-    }
+    const std::optional<bool> linear = linear_trans(m);
+    if (!linear || g_.value(m.inputs[0]).dtype != DType::f32) return false;
+    const bool trans = *linear;
     const Node* dw = producer(m.inputs[1]);
     if (!dw || dw->op != "DequantizeLinear" || !dw->domain.empty() || dw->inputs.size() < 2 || dw->outputs.size() != 1) return false;
     if (!dw->attr_string("precision", "").empty() || dw->attr_string("output_dtype", "f32") != "f32") return false;
@@ -275,27 +290,11 @@ class Lowering {
     const int64_t block = dw->attr_int("block_size", 0);
     if (block == 0 && ws.constant.numel() != 1 && (ws.constant.rank() != 1 || axis != n_dim)) return false;  // per channel of N only
     if (block > 0 && axis != 1 - n_dim) return false;  // blocks along K only
-    ValueId bias = kNoValue;
-    if (m.has_input(2)) {
-      const Value& b = g_.value(m.inputs[2]);
-      const int64_t n = wq.constant.dim(n_dim);
-      if (m.op == "FusedMatMul") {
-        bias = m.inputs[2];
-      } else {
-        if (!b.is_constant() || b.dtype != DType::f32 || b.constant.numel() != n || b.constant.rank() > 2) return false;
-        bias = b.constant.rank() == 1 ? m.inputs[2] : g_.add_constant(g_.unique_value_name(b.name + "_row"), b.constant.reshaped({n}));
-      }
-    }
-    Node n;
-    n.name = m.name;
-    n.op = "WoqFusedMatMul";
-    if (m.op == "FusedMatMul")
-      for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
-    if (trans) n.set_attr("transB", int64_t{1});
+    ValueId bias = m.op == "FusedMatMul" && m.has_input(2) ? m.inputs[2] : kNoValue;  // FusedMatMul's is [N] already
+    if (m.op != "FusedMatMul" && !constant_bias(m, wq.constant.dim(n_dim), &bias)) return false;
+    Node n = linear_node(m, "WoqFusedMatMul", trans);
     n.set_attr("axis", axis);
     if (block > 0) n.set_attr("block_size", block);
-    n.sources = m.sources;
-    if (n.sources.empty()) n.sources.push_back(m.name);
     n.inputs = {m.inputs[0], dw->inputs[0], dw->inputs[1], dw->has_input(2) ? dw->inputs[2] : kNoValue, bias,
                 m.op == "FusedMatMul" && m.has_input(3) ? m.inputs[3] : kNoValue};
     while (!n.inputs.empty() && n.inputs.back() == kNoValue) n.inputs.pop_back();

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/linear.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 
@@ -43,17 +44,13 @@ class QMatMulKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     rows_ = &row_kernels(Isa::avx512);
-    const std::vector<int64_t> as = q.inputs[0].shape.concrete(), bs = q.inputs[3].shape.concrete();
-    const bool trans = q.node.attr_int("transB", 0) != 0;
-    k_ = trans ? bs[1] : bs[0];
-    n_ = trans ? bs[0] : bs[1];
-    if (as.back() != k_) return user_error(q.node.where(), "A's last dim " + std::to_string(as.back()) + " is not B's K " + std::to_string(k_));
-    m_ = k_ > 0 ? shape_numel(as) / k_ : 0;
+    KILN_ASSIGN_OR_RETURN(const LinearDims d, linear_dims(q, 3));
+    m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     // B packed once, with its column sums.
     packed_ = Tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
     col_sums_.assign(static_cast<size_t>(n_), 0);
-    gemm::pack_b_s8(q.inputs[3].value->data<int8_t>(), trans ? k_ : n_, trans, k_, n_, packed_.data<int8_t>(), col_sums_.data());
+    gemm::pack_b_s8(q.inputs[3].value->data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed_.data<int8_t>(), col_sums_.data());
     // A's scale and zero point: constants, or (a dynamically quantized input) each run's.
     dynamic_ = !q.inputs[1].value || !q.inputs[2].value;
     if (shape_numel(q.inputs[1].shape.concrete()) != 1 || shape_numel(q.inputs[2].shape.concrete()) != 1)

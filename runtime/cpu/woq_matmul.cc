@@ -3,6 +3,7 @@
 // scales and zero points packed once at plan time, dequantized in the micro-kernel's loads; A
 // read in place; the bias, activations and residual in the GEMM's epilogue.
 #include "runtime/cpu/gemm/woq.h"
+#include "runtime/cpu/linear.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 
@@ -35,12 +36,8 @@ std::optional<std::string> woq_declines(const KernelQuery& q) {
 class WoqMatMulKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const std::vector<int64_t> as = q.inputs[0].shape.concrete(), bs = q.inputs[1].shape.concrete();
-    const bool trans = q.node.attr_int("transB", 0) != 0;
-    k_ = trans ? bs[1] : bs[0];
-    n_ = trans ? bs[0] : bs[1];
-    if (as.back() != k_) return user_error(q.node.where(), "A's last dim " + std::to_string(as.back()) + " is not B's K " + std::to_string(k_));
-    m_ = k_ > 0 ? shape_numel(as) / k_ : 0;
+    KILN_ASSIGN_OR_RETURN(const LinearDims d, linear_dims(q, 1));
+    m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     // The scales (and zero points) as the packer reads them: one per column, per group and
     // column, or (per tensor) the one value repeated per column.
@@ -64,7 +61,7 @@ class WoqMatMulKernel final : public Kernel {
     gemm::WoqWeight w;
     w.codes = codes_;
     w.data = q.inputs[1].value->raw();
-    w.trans = trans;
+    w.trans = d.trans;
     w.k = k_;
     w.n = n_;
     w.group = group_;
