@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   add_run_command(app, exit_code);
   add_profile_command(app, exit_code, cmdline);
   add_inspect_command(app, exit_code);
+  add_tune_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

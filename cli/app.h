@@ -47,5 +47,6 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
 void add_run_command(CLI::App& app, int& exit_code);
 void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdline);
 void add_inspect_command(CLI::App& app, int& exit_code);
+void add_tune_command(CLI::App& app, int& exit_code);
 
 }  // namespace kiln::cli

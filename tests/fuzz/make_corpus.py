@@ -12,6 +12,9 @@ bytes every time:
   fuzz_profile_compare  kiln.profile documents (as `kiln profile --json` writes them, with
                     fixed numbers) and near misses, for the --compare baseline reader
   fuzz_quant_config `kiln quant --config` files: every key, null settings, and near misses
+  fuzz_tuning_db    tuning databases (JSON lines): two machines, a key twice, blank and CRLF
+                    lines, and near misses (a future format, a truncated line, not an object,
+                    a mistyped field)
 Run: .venv/bin/python tests/fuzz/make_corpus.py --kiln build/kiln
 """
 import argparse
@@ -161,9 +164,48 @@ def main():
         "unknown_key.json": {"global": {"quantizer": "x86", "bits": 4}},
         "per_tensor_x86.json": {"op_types": {"Conv": {"quantizer": "x86", "per_tensor": True}}},
         "wrong_types.json": {"op_types": [1, 2], "nodes": {"x": "x86"}},
+        "weight_only.json": {"global": {"weight_only": "int4", "group_size": 64}, "op_types": {"Gemm": {"weight_only": "int8"}},
+                             "nodes": {"lm_head": None}},
+        "weight_only_bad.json": {"nodes": {"fc": {"weight_only": "int3", "group_size": -1}, "x": {"quantizer": "x86", "group_size": 8}}},
     }
     for name, doc in configs.items():
         write("fuzz_quant_config", name, (json.dumps(doc) + "\n").encode())
+    for name, data in tuning_seeds().items():
+        write("fuzz_tuning_db", name, data)
+
+
+def tuning_seeds():
+    """Tuning databases as compile/tuning_db.cc writes them (keys in its order), and near misses."""
+    import json
+
+    def record(machine, m=64, time_us=41.8, version=1):
+        return {"format_version": version,
+                "problem": {"op": "MatMul", "inputs": [{"shape": [m, 256], "dtype": "f32"}, {"shape": [256, 512], "dtype": "f32"}],
+                            "layout": "b_packed", "epilogue": "bias+relu", "threads": 2},
+                "machine": {"model_name": machine, "vendor": "GenuineIntel" if "Intel" in machine else "AuthenticAMD",
+                            "family": 6 if "Intel" in machine else 25, "model": 143 if "Intel" in machine else 17, "stepping": 8 if "Intel" in machine else 1,
+                            "features": ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512-vnni"], "physical_cores": 2,
+                            "l1d_bytes": 49152, "l2_bytes": 2097152, "l3_bytes": 110100480},
+                "versions": {"kernel_templates": 1, "onednn": "2.6.3"},
+                "winner": {"kernel": "kiln.gemm_f32_avx512", "params": {"kc": 256, "mc": 192, "mr": 6, "nc": 3072, "nr": 64, "pack_a": 0,
+                                                                      "tm": 1, "tn": 2}, "time_us": time_us},
+                "candidates": [{"kernel": "onednn.matmul", "params": {}, "time_us": time_us * 1.13}]}
+
+    def line(doc):
+        return json.dumps(doc, separators=(",", ":"))
+
+    intel, amd = "Intel(R) Xeon(R) Platinum 8480+", "AMD EPYC 9654 96-Core Processor"
+    mistyped = record(amd, 1)
+    mistyped["problem"]["threads"] = "two"
+    return {
+        "two_machines.jsonl": (line(record(intel)) + "\n" + line(record(amd)) + "\n").encode(),
+        "same_key_twice.jsonl": (line(record(intel)) + "\n" + line(record(intel, time_us=39.5)) + "\n").encode(),
+        "blank_and_crlf.jsonl": ("\r\n" + line(record(amd, 1)) + "\r\n\n   \n").encode(),
+        "future_version.jsonl": (line(record(amd, 1, version=2)) + "\n").encode(),
+        "truncated.jsonl": (line(record(amd, 1)) + "\n" + line(record(intel))[:90] + "\n").encode(),
+        "not_object.jsonl": (line(record(amd, 1)) + "\n[1,2]\n").encode(),
+        "mistyped_field.jsonl": (line(mistyped) + "\n").encode(),
+    }
 
 
 def profile_seeds():

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""`kiln tune` end to end: show (table and --json), merge (deterministic, idempotent, the fastest
+winner per problem and machine, the output may be an input, - for stdout), prune (drops the
+records of other versions, rewrites atomically, leaves the file alone when nothing goes), and the
+user-error paths: a corrupt or future-version line is one line on stderr naming the file and the
+line number, exit 2, and no output is left behind."""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+from checks import Checks, run_in_temp_dir
+
+ONE_LINE = re.compile(r"^kiln tune: error: .+$")
+
+MACHINE_A = {"model_name": "Intel(R) Xeon(R) Platinum 8480+", "vendor": "GenuineIntel", "family": 6, "model": 143,
+             "stepping": 8, "features": ["avx2", "fma", "avx512f", "avx512bw", "avx512vl"], "physical_cores": 56,
+             "l1d_bytes": 49152, "l2_bytes": 2097152, "l3_bytes": 110100480}
+MACHINE_B = {"model_name": "AMD EPYC 9654 96-Core Processor", "vendor": "AuthenticAMD", "family": 25, "model": 17,
+             "stepping": 1, "features": ["avx2", "fma"], "physical_cores": 96, "l1d_bytes": 32768,
+             "l2_bytes": 1048576, "l3_bytes": 33554432}
+
+
+def record(m, machine, time_us, versions, runner_up=None):
+    """One database line (a dict) for a MatMul of M rows."""
+    cands = []
+    if runner_up is not None:
+        cands.append({"kernel": "onednn.matmul", "params": {}, "time_us": runner_up})
+    return {"format_version": 1,
+            "problem": {"op": "MatMul", "inputs": [{"shape": [m, 256], "dtype": "f32"}, {"shape": [256, 512], "dtype": "f32"}],
+                        "layout": "b_packed", "epilogue": "bias+relu", "threads": 2},
+            "machine": machine, "versions": versions,
+            "winner": {"kernel": "kiln.gemm_f32_avx512", "params": {"mr": 6, "nr": 64, "kc": 256, "isa": "avx512"},
+                       "time_us": time_us},
+            "candidates": cands}
+
+
+class Runner(Checks):
+    def __init__(self, kiln, work):
+        super().__init__()
+        self.kiln, self.work = kiln, work
+        self.env = dict(os.environ, XDG_CACHE_HOME=os.path.join(work, "cache"))
+
+    def run(self, args):
+        p = subprocess.run([self.kiln] + args, capture_output=True, cwd=self.work, env=self.env)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+    def error(self, name, args, code, pattern):
+        rc, out, err = self.run(args)
+        lines = [l for l in err.splitlines() if l.strip()]
+        good = rc == code and len(lines) == 1 and ONE_LINE.match(lines[0]) and re.search(pattern, lines[0])
+        self.check(name, good, f"exit {rc} (want {code}); stderr: {err.strip()[:400]!r}; want /{pattern}/")
+        return out
+
+    def path(self, name):
+        return os.path.join(self.work, name)
+
+    def write(self, name, lines):
+        with open(self.path(name), "w") as f:
+            for l in lines:
+                f.write((l if isinstance(l, str) else json.dumps(l)) + "\n")
+
+    def read(self, name):
+        with open(self.path(name), "rb") as f:
+            return f.read()
+
+    def leftovers(self):
+        """Temporary files an interrupted or failed write left in the work folder."""
+        return [n for n in os.listdir(self.work) if ".tmp." in n]
+
+
+def body(r, work):
+    rc, out, err = r.run(["tune", "--help"])
+    r.check("help", rc == 0 and all(w in out for w in ("show", "merge", "prune")) and "tuning.jsonl" in out,
+            f"exit {rc}: {out[:300]!r}")
+    # The current versions, from show --json of an empty database.
+    r.write("empty.jsonl", [])
+    rc, out, err = r.run(["tune", "show", "empty.jsonl", "--json"])
+    try:
+        now = json.loads(out)["versions"]
+        good = rc == 0 and now["kernel_templates"] == 1 and re.fullmatch(r"\d+\.\d+\.\d+", now["onednn"])
+    except (ValueError, KeyError) as e:
+        now, good, err = {"kernel_templates": 1, "onednn": "0.0.0"}, False, str(e)
+    r.check("show_empty_json", good, f"exit {rc}; {out[:300]!r} {err[:300]!r}")
+    old = {"kernel_templates": now["kernel_templates"], "onednn": "0.1.0"}
+
+    # Two machines' databases with one problem in common, written out of canonical order.
+    a = [record(64, MACHINE_A, 30.0, now, 33.0), record(1, MACHINE_A, 5.0, now, 5.5), record(64, MACHINE_A, 40.0, old)]
+    b = [record(64, MACHINE_A, 25.0, now, 26.0), record(64, MACHINE_B, 50.0, now), record(8, MACHINE_B, 7.25, now, 9.0)]
+    r.write("a.jsonl", a)
+    r.write("b.jsonl", b)
+
+    # show: the table.
+    rc, out, err = r.run(["tune", "show", "a.jsonl"])
+    lines = out.splitlines()
+    r.check("show_table", rc == 0 and len(lines) == 5 and lines[0].split() ==
+            ["problem", "machine", "winner", "time", "us", "runner-up", "versions"]
+            and lines[-1].startswith("3 records in a.jsonl"), f"exit {rc}: {out!r} {err!r}")
+    rows = lines[1:4]
+    r.check("show_table_order", rc == 0 and "MatMul(1x256 f32" in rows[0] and "MatMul(64x256" in rows[1], repr(rows))
+    r.check("show_table_cells", rc == 0 and any("30.00" in l and "+10.0%" in l and "current" in l for l in rows)
+            and any("5.00" in l and "+10.0%" in l for l in rows)
+            and any("40.00" in l and "stale (kernels 1, oneDNN 0.1.0)" in l and " - " in l for l in rows)
+            and all("Intel(R) Xeon(R) Platinum 8480+ [" in l and "kiln.gemm_f32_avx512 isa=avx512 kc=256 mr=6 nr=64" in l
+                    for l in rows), repr(rows))
+
+    # show --json: the lines as stored, plus what show adds.
+    rc, out, err = r.run(["tune", "show", "a.jsonl", "--json"])
+    try:
+        doc = json.loads(out)
+        recs = doc["records"]
+        good = (rc == 0 and doc["file"] == "a.jsonl" and len(recs) == 3
+                # Canonical order: by problem, then machine, then versions (0.1.0 before this one's).
+                and [x["winner"]["time_us"] for x in recs] == [5.0, 40.0, 30.0]
+                and [x["current_versions"] for x in recs] == [True, False, True]
+                and abs(recs[2]["runner_up_margin"] - 0.1) < 1e-9 and recs[1]["runner_up_margin"] is None
+                and all(re.fullmatch(r"[0-9a-f]{12}", x["machine_id"]) and x["this_machine"] is False for x in recs)
+                and recs[0]["format_version"] == 1 and recs[0]["machine"] == MACHINE_A)
+    except (ValueError, KeyError, TypeError) as e:
+        good, err = False, str(e)
+    r.check("show_json", good, f"exit {rc}; {out[:400]!r} {err[:300]!r}")
+
+    # merge: the same bytes in either order, idempotent, the fastest per problem and machine.
+    rc1, _, err1 = r.run(["tune", "merge", "a.jsonl", "b.jsonl", "-o", "ab.jsonl"])
+    rc2, _, err2 = r.run(["tune", "merge", "b.jsonl", "a.jsonl", "-o", "ba.jsonl"])
+    r.check("merge_runs", rc1 == 0 and rc2 == 0 and "merged 6 records from 2 files into 5 in ab.jsonl" in err1,
+            f"exits {rc1} {rc2}: {err1!r} {err2!r}")
+    ab = r.read("ab.jsonl") if rc1 == 0 else b""
+    r.check("merge_deterministic", rc1 == 0 and ab == r.read("ba.jsonl"), "merge(A, B) != merge(B, A)")
+    merged = [json.loads(l) for l in ab.decode().splitlines()]
+    times = sorted((x["problem"]["inputs"][0]["shape"][0], x["machine"]["vendor"], x["versions"]["onednn"], x["winner"]["time_us"])
+                   for x in merged)
+    r.check("merge_fastest_wins", times == sorted([(1, "GenuineIntel", now["onednn"], 5.0), (64, "GenuineIntel", now["onednn"], 25.0),
+                                                   (64, "GenuineIntel", "0.1.0", 40.0), (64, "AuthenticAMD", now["onednn"], 50.0),
+                                                   (8, "AuthenticAMD", now["onednn"], 7.25)]), repr(times))
+    rc, _, err = r.run(["tune", "merge", "ab.jsonl", "b.jsonl", "-o", "abb.jsonl"])
+    r.check("merge_idempotent_b", rc == 0 and r.read("abb.jsonl") == ab, f"exit {rc}: {err!r}")
+    rc, _, err = r.run(["tune", "merge", "ab.jsonl", "ab.jsonl", "-o", "abab.jsonl"])
+    r.check("merge_idempotent_self", rc == 0 and r.read("abab.jsonl") == ab, f"exit {rc}: {err!r}")
+    rc, out, err = r.run(["tune", "merge", "b.jsonl", "a.jsonl", "-o", "-"])
+    r.check("merge_stdout", rc == 0 and out.encode() == ab, f"exit {rc}: {err!r}")
+    r.write("c.jsonl", b)
+    rc, _, err = r.run(["tune", "merge", "c.jsonl", "a.jsonl", "-o", "c.jsonl"])
+    r.check("merge_into_an_input", rc == 0 and r.read("c.jsonl") == ab, f"exit {rc}: {err!r}")
+    # Lines are canonical: a hand-written line comes out with sorted params.
+    r.check("merge_canonical_params", b'"params":{"isa":"avx512","kc":256,"mr":6,"nr":64}' in ab, ab[:300])
+
+    # prune: drops the stale record, says how many, then leaves the file alone.
+    r.write("p.jsonl", a)
+    rc, out, err = r.run(["tune", "prune", "p.jsonl"])
+    kept = [json.loads(l) for l in r.read("p.jsonl").decode().splitlines()]
+    r.check("prune", rc == 0 and "dropped 1 record" in out and "kept 2 in p.jsonl" in out and len(kept) == 2
+            and all(x["versions"] == now for x in kept) and not r.leftovers(), f"exit {rc}: {out!r} {err!r} {kept}")
+    before = (r.read("p.jsonl"), os.stat(r.path("p.jsonl")).st_mtime_ns)
+    rc, out, err = r.run(["tune", "prune", "p.jsonl"])
+    r.check("prune_nothing", rc == 0 and "dropped 0 records" in out
+            and (r.read("p.jsonl"), os.stat(r.path("p.jsonl")).st_mtime_ns) == before, f"exit {rc}: {out!r} {err!r}")
+
+    # User errors: one line naming the file and line, exit 2, nothing written.
+    good = json.dumps(a[0])
+    r.write("corrupt.jsonl", [good, json.dumps(b[1]), '{"format_version": 1, "problem": ', good])
+    r.error("show_corrupt", ["tune", "show", "corrupt.jsonl"], 2, r"^kiln tune: error: corrupt\.jsonl: line 3: is not valid JSON")
+    r.write("future.jsonl", [good, dict(a[1], format_version=2)])
+    r.error("show_future", ["tune", "show", "future.jsonl", "--json"], 2,
+            r"^kiln tune: error: future\.jsonl: line 2: format version 2 is newer than this kiln reads \(1\)")
+    r.write("array.jsonl", ["", "[1, 2]"])
+    r.error("show_not_object", ["tune", "show", "array.jsonl"], 2, r"array\.jsonl: line 2: is not a JSON object$")
+    bad_field = json.loads(good)
+    bad_field["winner"]["time_us"] = "fast"
+    r.write("field.jsonl", [good, good, good, bad_field])
+    r.error("show_bad_field", ["tune", "show", "field.jsonl"], 2, r"field\.jsonl: line 4: field 'winner\.time_us' is not a number$")
+    out = r.error("merge_corrupt", ["tune", "merge", "a.jsonl", "corrupt.jsonl", "-o", "out.jsonl"], 2, r"corrupt\.jsonl: line 3: ")
+    r.check("merge_corrupt_no_output", not os.path.exists(r.path("out.jsonl")) and not r.leftovers() and out == "",
+            f"{os.listdir(work)}")
+    ab_before = r.read("ab.jsonl")
+    r.error("merge_corrupt_keeps_old", ["tune", "merge", "corrupt.jsonl", "-o", "ab.jsonl"], 2, r"corrupt\.jsonl: line 3")
+    r.check("merge_corrupt_old_intact", r.read("ab.jsonl") == ab_before and not r.leftovers(), "ab.jsonl changed")
+    corrupt_before = r.read("corrupt.jsonl")
+    r.error("prune_corrupt", ["tune", "prune", "corrupt.jsonl"], 2, r"corrupt\.jsonl: line 3: is not valid JSON")
+    r.check("prune_corrupt_intact", r.read("corrupt.jsonl") == corrupt_before and not r.leftovers(), "corrupt.jsonl changed")
+    r.error("show_missing", ["tune", "show", "nosuch.jsonl"], 2, r"nosuch\.jsonl: no such file$")
+    r.error("prune_missing", ["tune", "prune", "nosuch.jsonl"], 2, r"nosuch\.jsonl: no such file$")
+    r.error("show_folder", ["tune", "show", "."], 2, r"is a directory")
+    r.error("merge_unwritable", ["tune", "merge", "a.jsonl", "-o", "a.jsonl/x/out.jsonl"], 2, r"a\.jsonl")
+    r.error("merge_no_output", ["tune", "merge", "a.jsonl"], 2, r"--output")
+    r.error("no_subcommand", ["tune"], 2, r"subcommand")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--kiln", required=True)
+    args = ap.parse_args()
+    kiln = os.path.abspath(args.kiln)
+    return run_in_temp_dir("kiln-tune-", lambda work: Runner(kiln, work), body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
