@@ -5,7 +5,8 @@
                           [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
-64 too, ResNet-50 in int8, and the samples' MLP at batch 1 and 64) and thread count:
+64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
+samples' MLP at batch 1 and 64) and thread count:
   - kiln: `kiln export`, then `kiln compile --input-shape ... --threads T`, then
     `kiln run --iters N --warmup W --threads T --json` (the run's own latency median: no
     process start or model loading);
@@ -20,6 +21,14 @@ u8 activations, s8 per-channel weights, min-max calibration on the same samples)
 on their int8 kernels. Its outputs are
 checked against ONNX Runtime's fp32 ones (relative L2 <= 0.1: the two quantizations differ), and
 a line after the table gives kiln int8 over ONNX Runtime fp32 (the resnet50 row).
+bert_int4_s1 is BERT-base at sequence length 1 (the shape of an LLM's decode step: every linear
+layer one row by its weight, so reading the weights is the cost) with its MatMul weights
+quantized to 4 bits in groups of 128 (u4 with zero points): for kiln `kiln quant --weight-only
+int4` (Gemm kept float, as ONNX Runtime's quantizer leaves it); for ONNX Runtime and OpenVINO
+the model from ONNX Runtime's MatMulNBitsQuantizer (MatMulNBits, the same scheme), whose
+outputs kiln's are checked against (relative L2 <= 0.05: kiln's are within 0.002, OpenVINO's
+within 0.03, as its CPU plugin quantizes the activations of such layers to 8 bits by default). A line after the table gives kiln
+int4 over kiln's own fp32 at the same shape (bert_s1).
 Each runtime's outputs are first checked against ONNX Runtime's (relative L2 <= 1e-4). Then
 `--rounds` rounds each time every (model, threads, runtime) for `--iters` runs after `--warmup`,
 interleaved, so that a machine that slows down mid-run slows every column alike. A cell is the
@@ -54,6 +63,9 @@ from run_models import Generated, last_line  # noqa: E402
 
 REL_L2_LIMIT = 1e-4
 INT8_REL_L2_LIMIT = 0.1  # an int8 model against fp32
+# kiln's int4 weights against ONNX Runtime's of the same scheme (kiln is within 0.002; OpenVINO's
+# CPU plugin also quantizes the activations of compressed-weight layers by default: 0.03)
+INT4_REL_L2_LIMIT = 0.05
 CALIB_SAMPLES = 8
 # The models of kiln's speed gate: the real-sized models at batch 1, ResNet-50 at batch 64, the
 # sample MLP at batch 1 and 64 (resnet_qdq is timed too, but is int8 work for ONNX Runtime).
@@ -111,6 +123,7 @@ class Case:
         self.ov_error = None  # OpenVINO failed: the row without its column
         self.kiln_onnx = onnx_path  # what kiln exports (the fp32 model, for an int8 case)
         self.calib = None  # an int8 case: the calibration .npz kiln quant reads
+        self.quant_config = None  # a weight-only case: the --config kiln quant --weight-only reads
         self.limit = REL_L2_LIMIT
 
 
@@ -122,9 +135,14 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
     exported = os.path.join(scratch, f"{case.name}.kiln")
     if not os.path.exists(exported):
         run([kiln, "export", case.kiln_onnx, "-o", exported], args.timeout)
+        quantize = None
         if case.calib:
+            quantize = ["--quantizer", "x86", "--calib", case.calib]
+        elif case.quant_config:
+            quantize = ["--config", case.quant_config]
+        if quantize:
             quantized = os.path.join(scratch, f"{case.name}.q.kiln")
-            run([kiln, "quant", exported, "-o", quantized, "--quantizer", "x86", "--calib", case.calib], args.timeout)
+            run([kiln, "quant", exported, "-o", quantized] + quantize, args.timeout)
             os.replace(quantized, exported)
     if args.no_compile:
         case.kiln[threads] = exported
@@ -235,13 +253,36 @@ def int8_case(name, onnx_path, inputs, scratch, rng):
     return case
 
 
+def int4_case(name, onnx_path, inputs, scratch):
+    """The model's MatMul weights in 4 bits, groups of 128: ONNX Runtime's MatMulNBits model for
+    the peers, and the --config that makes kiln quantize the same layers alike."""
+    import logging
+    logging.disable(logging.WARNING)  # the quantizer logs every weight
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    quantizer = MatMulNBitsQuantizer(onnx_path, bits=4, block_size=128, is_symmetric=False, quant_format=QuantFormat.QOperator)
+    quantizer.process()
+    nbits = os.path.join(scratch, f"{name}.nbits.onnx")
+    quantizer.model.save_model_to_file(nbits, use_external_data_format=False)
+    logging.disable(logging.NOTSET)
+    config = os.path.join(scratch, f"{name}.quant.json")
+    with open(config, "w") as f:
+        json.dump({"global": {"weight_only": "int4", "group_size": 128}, "op_types": {"Gemm": None}}, f)
+    case = Case(name, nbits, inputs, scratch)
+    case.kiln_onnx = onnx_path
+    case.quant_config = config
+    case.limit = INT4_REL_L2_LIMIT
+    return case
+
+
 def make_cases(args, scratch):
     generated = Generated(args.work_dir)
     cases = []
     wanted = args.models
     rng = np.random.default_rng(0)
     for name in MODELS:
-        if wanted and name not in wanted and not (name == "resnet50" and {"resnet50_b64", "resnet50_int8"} & set(wanted)):
+        if wanted and name not in wanted and not (name == "resnet50" and {"resnet50_b64", "resnet50_int8"} & set(wanted)) \
+                and not (name == "bert_base" and {"bert_s1", "bert_int4_s1"} & set(wanted)):
             continue
         gen_s, error = generated.ensure(name)
         if error:
@@ -255,6 +296,12 @@ def make_cases(args, scratch):
             cases.append(Case("resnet50_b64", onnx_path, big, scratch))
         if name == "resnet50" and (not wanted or "resnet50_int8" in wanted):
             cases.append(int8_case("resnet50_int8", onnx_path, inputs, scratch, rng))
+        if name == "bert_base":
+            s1 = {k: v[:, :1] for k, v in inputs.items()}
+            if not wanted or "bert_s1" in wanted:
+                cases.append(Case("bert_s1", onnx_path, s1, scratch))
+            if not wanted or "bert_int4_s1" in wanted:
+                cases.append(int4_case("bert_int4_s1", onnx_path, s1, scratch))
     mlp = os.path.join(ROOT, "samples", "mlp.onnx")
     for batch in (1, 64):
         name = f"mlp_b{batch}"
@@ -267,7 +314,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kiln", required=True)
     parser.add_argument("--models", nargs="+", metavar="NAME",
-                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "mlp_b1", "mlp_b64"]))
+                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "bert_s1", "bert_int4_s1",
+                                                                               "mlp_b1", "mlp_b64"]))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -353,6 +401,10 @@ def main(argv=None):
             k, o = times.get(("resnet50_int8", t, "kiln")), times.get(("resnet50", t, "ort"))
             if k and o:
                 print(f"# resnet50_int8 {t}T: kiln int8 / ONNX Runtime fp32 = {statistics.median(k) / statistics.median(o):.2f}")
+        for t in args.threads:
+            k, f = times.get(("bert_int4_s1", t, "kiln")), times.get(("bert_s1", t, "kiln"))
+            if k and f:
+                print(f"# bert_int4_s1 {t}T: kiln int4 weights / kiln fp32 = {statistics.median(k) / statistics.median(f):.2f}")
         for case in cases:
             if case.ov_error and not case.error:
                 print(f"# {case.name}: OpenVINO failed: {case.ov_error}")

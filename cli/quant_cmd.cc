@@ -421,7 +421,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
     return report(verb, user_error("", "no quantizer given (--quantizer x86|xnnpack, --weight-only int8|int4, or \"global\" in --config)"));
   if (args.dynamic && args.quantizer != "x86")
     return report(verb, user_error("", "--dynamic is for --quantizer x86 (u8 activations quantized at run time)"));
-  if (args.calib.empty() && !args.dynamic && args.weight_only.empty())
+  // (With --config, whether any setting needs calibration is known once it has annotated.)
+  if (args.calib.empty() && !args.dynamic && args.weight_only.empty() && args.config.empty())
     return report(verb, user_error("", "static quantization needs calibration inputs (--calib FILE.npz or DIR)"));
   auto files = calibration_sets(args.calib);
   if (!files.ok()) return report(verb, files.error());

@@ -74,8 +74,6 @@ size_t dtype_size(DType t) {
   }
 }
 
-int dtype_bits(DType t) { return is_int4(t) ? 4 : static_cast<int>(dtype_size(t)) * 8; }
-
 std::optional<size_t> storage_bytes(DType t, int64_t numel) {
   if (numel < 0) return std::nullopt;
   const auto n = static_cast<uint64_t>(numel);

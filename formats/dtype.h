@@ -59,8 +59,6 @@ enum class DType : uint16_t {
 /// Bytes per element (bool is one byte); 0 for undefined and the 4-bit types, whose elements
 /// are not whole bytes (storage_bytes counts a tensor's bytes for every type).
 size_t dtype_size(DType t);
-/// Bits per element: 8 · dtype_size, or 4 for i4 / u4; 0 for undefined.
-int dtype_bits(DType t);
 /// i4 or u4.
 inline bool is_int4(DType t) { return t == DType::i4 || t == DType::u4; }
 /// Bytes `numel` elements of `t` occupy: numel · dtype_size, or ceil(numel / 2) for the 4-bit

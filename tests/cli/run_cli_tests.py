@@ -402,6 +402,16 @@ def quant_tests(r, work, samples):
         except Exception as e:  # the checker and ONNX Runtime raise their own types
             ok, why = False, str(e)[:300]
         r.check(f"quant_weight_only_{bits}_onnx_runs_in_ort", ok, why)
+    # A --config of weight-only settings needs no calibration either; one with a static setting does.
+    with open(os.path.join(work, "qconfig_wo.json"), "w") as f:
+        json.dump({"global": {"weight_only": "int4", "group_size": 16}}, f)
+    rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.wocfg.kiln", "--config", "qconfig_wo.json"])
+    r.check("quant_weight_only_config", rc == 0 and "weight-only int4 (groups of 16)" in err and "calibrated on 0 samples" in err,
+            f"exit {rc}; {err[:400]!r}")
+    with open(os.path.join(work, "qconfig_mixed.json"), "w") as f:
+        json.dump({"global": {"quantizer": "x86"}, "op_types": {"Gemm": {"weight_only": "int8"}}}, f)
+    r.error("quant_config_static_needs_calib", ["quant", "cnn.kiln", "-o", "q.kiln", "--config", "qconfig_mixed.json"], 2,
+            r"static quantization needs calibration inputs", no_file="q.kiln")
     r.error("quant_weight_only_bits", ["quant", "cnn.kiln", "-o", "q.kiln", "--weight-only", "int3"], 2,
             r"--weight-only 'int3' is not one of int8, int4", no_file="q.kiln")
     r.error("quant_weight_only_with_quantizer", ["quant", "cnn.kiln", "-o", "q.kiln", "--weight-only", "int8", "--quantizer", "x86"], 2,
