@@ -39,23 +39,33 @@ std::string quantized_as(const Graph& g, const Node& dq) {
   return s + (scale.is_constant() ? " per tensor" : " per tensor, at run time");
 }
 
-// A quantized model's layers: each node that reads a dequantized operand (or is one of
-// compile's int8 ops), with how its inputs, weights and output are stored; and the quantizer
-// settings kiln quant recorded.
-void print_quantized_layers(const Model& model) {
-  const Graph& g = model.graph;
+// One quantized layer: a node that reads a dequantized operand (or is one of compile's int8 or
+// weight-only ops), with how its inputs and weights are stored and how its output leaves it.
+struct QuantizedLayer {
+  std::string name, op;
+  std::string stored;  ///< "in u8 per tensor, weight i8 per channel (64)"
+  std::string out;     ///< "u8", or "f32"
+};
+
+// The quantizer settings kiln quant recorded (its --config form), or null.
+nlohmann::json quant_config(const Model& model) {
   for (const auto& [key, value] : model.metadata)
     if (key == "kiln.quant_config") {
-      const nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
-      std::cout << "quantizer config: " << (j.is_discarded() ? value : j.dump()) << "\n";
+      nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
+      return j.is_discarded() ? nlohmann::json(value) : j;
     }
+  return nullptr;
+}
+
+std::vector<QuantizedLayer> quantized_layers(const Model& model) {
+  const Graph& g = model.graph;
   const std::vector<int32_t> producers = g.producers();
   const std::vector<std::vector<Use>> uses = g.uses();
   auto producer = [&](ValueId v) -> const Node* {
     const int32_t p = v >= 0 ? producers[static_cast<size_t>(v)] : -1;
     return p >= 0 ? &g.nodes[static_cast<size_t>(p)] : nullptr;
   };
-  std::vector<std::string> lines;
+  std::vector<QuantizedLayer> layers;
   for (const Node& n : g.nodes) {
     if (n.op == "QuantizeLinear" || n.op == "DequantizeLinear" || n.op == "DynamicQuantizeLinear" || n.op == "Transpose") continue;
     const bool int8_in = !n.inputs.empty() && n.inputs[0] >= 0 &&
@@ -94,11 +104,19 @@ void print_quantized_layers(const Model& model) {
         y = g.nodes[us[0].node].outputs[0];
       }
     }
-    lines.push_back("  " + n.name + " (" + n.op + "): " + line + "; out " + out);
+    layers.push_back({n.name, n.op, line, out});
   }
-  if (lines.empty()) return;
-  std::cout << "quantized layers: " << lines.size() << "\n";
-  for (const std::string& l : lines) std::cout << l << "\n";
+  return layers;
+}
+
+// The quantizer settings and the quantized layers, as text.
+void print_quantized_layers(const Model& model) {
+  const nlohmann::json config = quant_config(model);
+  if (!config.is_null()) std::cout << "quantizer config: " << (config.is_string() ? config.get<std::string>() : config.dump()) << "\n";
+  const std::vector<QuantizedLayer> layers = quantized_layers(model);
+  if (layers.empty()) return;
+  std::cout << "quantized layers: " << layers.size() << "\n";
+  for (const QuantizedLayer& l : layers) std::cout << "  " << l.name << " (" << l.op << "): " << l.stored << "; out " << l.out << "\n";
 }
 
 int inspect(const InspectArgs& args) {
@@ -110,8 +128,15 @@ int inspect(const InspectArgs& args) {
     return 0;
   }
   ModelSummary s = summarize(*model);
-  if (args.json) {
-    std::cout << summary_json(*model, s);
+  if (args.json) {  // the summary, and (quantized models) the quantizer settings and layers
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(summary_json(*model, s));
+    if (const nlohmann::json config = quant_config(*model); !config.is_null()) j["quant_config"] = nlohmann::ordered_json::parse(config.dump());
+    if (const std::vector<QuantizedLayer> layers = quantized_layers(*model); !layers.empty()) {
+      j["quantized_layers"] = nlohmann::ordered_json::array();
+      for (const QuantizedLayer& l : layers)
+        j["quantized_layers"].push_back({{"name", l.name}, {"op", l.op}, {"stored", l.stored}, {"out", l.out}});
+    }
+    std::cout << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;
   }
   const Graph& g = model->graph;

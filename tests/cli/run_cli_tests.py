@@ -382,9 +382,21 @@ def quant_tests(r, work, samples):
                 and "1 weights stored quantized" in err and "0 QuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
         rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.kiln"])
         r.check(f"quant_weight_only_{bits}_inspect", rc == 0 and re.search(r"/fc/Gemm \(Gemm\): " + stored + "; out f32", out), out[-600:])
+        rc, out, _ = r.run(["inspect", "--json", f"cnn.wo{bits}.kiln"])
+        try:
+            doc = json.loads(out)
+            layers = {l["name"]: l for l in doc.get("quantized_layers", [])}
+            ok = rc == 0 and re.fullmatch(stored, layers["/fc/Gemm"]["stored"]) and layers["/fc/Gemm"]["out"] == "f32" \
+                and doc["quant_config"]["global"]["weight_only"] == bits
+        except (ValueError, KeyError, TypeError) as e:
+            ok, out = False, f"{e}: {out[-400:]}"
+        r.check(f"quant_weight_only_{bits}_inspect_json", ok, out[-400:])
         rc, _, err = r.run(["compile", f"cnn.wo{bits}.kiln", "-o", f"cnn.wo{bits}.c.kiln", "-v"])
         r.check(f"quant_weight_only_{bits}_compiled", rc == 0 and "lowered 1 weight-only linear layer to WoqFusedMatMul" in err
                 and "(WoqFusedMatMul): kiln.matmul_woq_avx512" in err, f"exit {rc}; {err[:800]!r}")
+        rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.c.kiln"])
+        r.check(f"quant_weight_only_{bits}_compiled_inspect", rc == 0 and re.search(r"/fc/Gemm \(WoqFusedMatMul\): in f32, " + stored.replace(r" per channel \(\d+\)", "") + "; out f32", out),
+                out[-600:])
         r.ok(f"quant_weight_only_{bits}_reference", ["run", f"cnn.wo{bits}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_wo{bits}"])
         r.ok(f"quant_weight_only_{bits}_matches", ["run", f"cnn.wo{bits}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_wo{bits}",
                                                   "--atol", "1e-4", "--rtol", "1e-4"])
