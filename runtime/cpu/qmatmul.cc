@@ -34,6 +34,7 @@ std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
     if (i > 2 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, Y's and Z's scales and zero points must be constant)";
   }
   if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
+  if (shape_numel(q.inputs[3].shape.concrete()) == 0) return "B is empty (the reference writes the bias alone)";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   for (double z : q.inputs[5].value->to_double_vector())
     if (z != 0) return "B's zero points are not all zero";

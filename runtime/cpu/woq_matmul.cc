@@ -29,6 +29,7 @@ std::optional<std::string> woq_declines(const KernelQuery& q) {
     if (i >= 1 && i <= 3 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, its scales and zero points must be constant)";
   }
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
+  if (shape_numel(q.inputs[1].shape.concrete()) == 0) return "B is empty (the reference writes the bias alone)";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   return std::nullopt;
 }

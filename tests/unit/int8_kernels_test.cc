@@ -322,6 +322,15 @@ TEST(Int8Kernels, WeightOnlyQuantizedLinear) {
   }
 }
 
+// An empty weight (K = 0): the fast kernel leaves it to the reference, which writes the bias.
+TEST(Int8Kernels, WeightOnlyEmptyK) {
+  Woq s;
+  s.a_shape = {3, 0};
+  s.block = 0;
+  s.epilogue = true;
+  EXPECT_NE(testing::check(woq_case(s), 1e-5), "kiln.matmul_woq_avx512");
+}
+
 // A dynamically quantized linear layer: A's scale and zero point computed at run time (graph
 // inputs here), an f32 residual, f32 out; and DynamicQuantizeLinear itself, bit-exact.
 TEST(Int8Kernels, DynamicallyQuantizedLinear) {
