@@ -8,7 +8,9 @@
 // Two paths, chosen by the rows a thread has:
 //  - up to 12 (LLM decode): the micro-kernel dequantizes B as it loads it, step by step along K,
 //    into a 12×32 tile of f32 sums (half a panel); reading 1 or ½ byte of B per element instead
-//    of 4 is the speed-up where the product is memory-bound;
+//    of 4 is the speed-up where the product is memory-bound. Up to 4 rows it sums a·code
+//    within each group and applies the group's scale and offset to the sums at its end
+//    (s·Σ a·code + o·Σ a), one FMA per code fewer;
 //  - more: each panel is dequantized a Kc×64 slice at a time into the thread's workspace
 //    (Inductor's "small dequant buffer", in L2), and kiln's f32 GEMM micro-kernel runs all the
 //    thread's rows against it, so a code is dequantized once, not once per row tile.

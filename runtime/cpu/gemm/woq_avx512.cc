@@ -3,7 +3,8 @@
 //
 // The micro-kernel keeps an MRT×32 tile of f32 sums (up to 12 rows: 24 registers) for half a
 // panel; per step along K it dequantizes that half's K row into two vectors, then broadcasts
-// each row's value of A into two FMAs. A code becomes a float in three instructions: a widening
+// each row's value of A into two FMAs. Up to 4 rows, where the vector float operations bound
+// it, it sums a·code within each group instead and scales the group's sums at its end. A code becomes a float in three instructions: a widening
 // load (vpmovzxbd / vpmovsxbd: 16 bytes to 16 lanes), a conversion, and one FMA with its
 // group's scale and offset. Half a K row of nibbles is one 16-byte load that splits into its
 // two vectors of columns (the low nibbles with an and, the high ones with a shift); s4 needs no
@@ -33,10 +34,10 @@ Width width_of(WoqCodes codes) {
   return codes == WoqCodes::s8 ? Width::s8 : codes == WoqCodes::u8 ? Width::u8 : Width::u4;
 }
 
-// Half a K row of a panel's codes (HALF columns: 32 bytes, or one 16-byte chunk of nibbles),
-// dequantized with its group's scales and offsets (`scale` at the panel's first column).
+// Half a K row of a panel's codes (HALF columns: 32 bytes, or one 16-byte chunk of nibbles) as
+// floats, not yet scaled.
 template <Width W>
-void load_half(const uint8_t* row, int half, const float* scale, __m512 (&out)[HV]) {
+void load_codes(const uint8_t* row, int half, __m512 (&out)[HV]) {
   if constexpr (W == Width::u4) {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + half * 16)));
     out[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
@@ -47,8 +48,23 @@ void load_half(const uint8_t* row, int half, const float* scale, __m512 (&out)[H
       out[j] = _mm512_cvtepi32_ps(W == Width::s8 ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
     }
   }
+}
+
+// The same, dequantized with its group's scales and offsets (`scale` at the panel's first column).
+template <Width W>
+void load_half(const uint8_t* row, int half, const float* scale, __m512 (&out)[HV]) {
+  load_codes<W>(row, half, out);
   const float* s = scale + half * HALF;
   for (int j = 0; j < HV; ++j) out[j] = _mm512_fmadd_ps(out[j], _mm512_loadu_ps(s + j * 16), _mm512_loadu_ps(s + NR + j * 16));
+}
+
+// Σ of n floats.
+float sum(const float* x, int64_t n) {
+  __m512 v = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) v = _mm512_add_ps(v, _mm512_loadu_ps(x + i));
+  if (i < n) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask(static_cast<int>(n - i)), x + i));
+  return _mm512_reduce_add_ps(v);
 }
 
 // c[MRT×w] = bias + A's MRT rows (in place, `lda` apart) · one half of the panel, dequantized K
@@ -96,6 +112,56 @@ void tile(int64_t k, int64_t group, const float* a, int64_t lda, const uint8_t* 
     for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask(w - j * 16), acc[0][i][j]);
 }
 
+// The same product for up to kGroupRows rows, which is bound by its vector float operations (a
+// decode step: 1 row, 4 or 8 bits a weight): within a group the sums stay in the codes' domain,
+// Σ a·code, and the group's end scales them, scale·Σ a·code + offset·Σ a (= Σ a·(code·scale +
+// offset)), so a code costs its conversion and one FMA per row instead of a dequantizing FMA
+// more. Σ a over the group is summed once per row.
+template <Width W, int MRT>
+void tile_grouped(int64_t k, int64_t group, const float* a, int64_t lda, const uint8_t* codes, const float* params, int half,
+                  const uint8_t* next, const float* bias, float* c, int64_t ldc, int w) {
+  constexpr int64_t RB = W == Width::u4 ? NR / 2 : NR;
+  constexpr int U = MRT <= 2 ? 2 : 1;
+  __m512 acc[MRT][HV];
+  for (int j = 0; j < HV; ++j) {
+    const __m512 init = bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), bias + j * 16) : _mm512_setzero_ps();
+    for (int i = 0; i < MRT; ++i) acc[i][j] = init;
+  }
+  const int64_t length = group > 0 ? group : k;
+  for (int64_t k0 = 0; k0 < k; k0 += length) {
+    const int64_t end = std::min(k, k0 + length);
+    __m512 sums[U][MRT][HV];
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < MRT; ++i)
+        for (int j = 0; j < HV; ++j) sums[u][i][j] = _mm512_setzero_ps();
+    auto step = [&](int64_t p, __m512 (&s)[MRT][HV]) {
+      __m512 bv[HV];
+      load_codes<W>(codes + p * RB, half, bv);
+      if (next) _mm_prefetch(reinterpret_cast<const char*>(next + p * RB), _MM_HINT_T1);
+      for (int i = 0; i < MRT; ++i) {
+        const __m512 av = _mm512_set1_ps(a[i * lda + p]);
+        for (int j = 0; j < HV; ++j) s[i][j] = _mm512_fmadd_ps(av, bv[j], s[i][j]);
+      }
+    };
+    int64_t p = k0;
+    for (; p + U <= end; p += U)
+      for (int u = 0; u < U; ++u) step(p + u, sums[u]);
+    for (; p < end; ++p) step(p, sums[0]);
+    const float* scale = params + (k0 / length) * 2 * NR + half * HALF;
+    for (int i = 0; i < MRT; ++i) {
+      const __m512 a_sum = _mm512_set1_ps(sum(a + i * lda + k0, end - k0));
+      for (int j = 0; j < HV; ++j) {
+        __m512 s = sums[0][i][j];
+        for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, sums[u][i][j]);
+        acc[i][j] = _mm512_fmadd_ps(s, _mm512_loadu_ps(scale + j * 16), acc[i][j]);
+        acc[i][j] = _mm512_fmadd_ps(a_sum, _mm512_loadu_ps(scale + NR + j * 16), acc[i][j]);
+      }
+    }
+  }
+  for (int j = 0; j < HV; ++j)
+    for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask(w - j * 16), acc[i][j]);
+}
+
 template <Width W>
 void dequantize_rows(const uint8_t* codes, const float* params, int64_t group, int64_t k0, int64_t kc, float* out) {
   constexpr int64_t RB = W == Width::u4 ? NR / 2 : NR;
@@ -115,10 +181,17 @@ void dequantize_rows(const uint8_t* codes, const float* params, int64_t group, i
 using TileFn = void (*)(int64_t, int64_t, const float*, int64_t, const uint8_t*, const float*, int, const uint8_t*,
                         const float*, float*, int64_t, int);
 
-// Each width's kernels, indexed by rows - 1.
+// Each width's kernels, indexed by rows - 1: the grouped sums up to kGroupRows rows (where the
+// extra accumulators still fit the registers), the dequantizing loads above.
+constexpr int kGroupRows = 4;
+template <Width W, int MRT>
+constexpr TileFn tile_fn() {
+  if constexpr (MRT <= kGroupRows) return &tile_grouped<W, MRT>;
+  else return &tile<W, MRT>;
+}
 template <Width W, size_t... R>
 constexpr std::array<TileFn, MR> tile_table(std::index_sequence<R...>) {
-  return {&tile<W, static_cast<int>(R) + 1>...};
+  return {tile_fn<W, static_cast<int>(R) + 1>()...};
 }
 constexpr std::array<std::array<TileFn, MR>, 3> kTiles = {tile_table<Width::s8>(std::make_index_sequence<MR>()),
                                                           tile_table<Width::u8>(std::make_index_sequence<MR>()),
