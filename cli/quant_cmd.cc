@@ -580,8 +580,8 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
                   "int8 | int4: store the linear layers' weights quantized (int8 symmetric, int4 u4 affine), activations "
                   "float; no calibration needed");
   cmd->add_option("--group-size", args->group_size,
-                  "with --weight-only: input features per weight scale (default 128 for int4; 0, and int8's default: one "
-                  "scale per output channel)")
+                  "with --weight-only: input features per weight scale; 0: one scale per output channel (int8's "
+                  "default; int4's is 128)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")

@@ -44,20 +44,20 @@ class WoqMatMulKernel final : public Kernel {
     // column, or (per tensor) the one value repeated per column.
     group_ = q.node.attr_int("block_size", 0);
     const Tensor& scale = *q.inputs[2].value;
-    const int64_t per = group_ ? scale.numel() : n_;
-    std::vector<float> scales(static_cast<size_t>(per));
-    std::vector<int32_t> zeros;
-    const bool has_zero = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
-    for (int64_t i = 0; i < per; ++i) scales[static_cast<size_t>(i)] = static_cast<float>(scale.as_double(scale.numel() == 1 ? 0 : i));
-    if (has_zero) {
-      const Tensor& zero = *q.inputs[3].value;
-      if (zero.numel() != scale.numel()) return user_error(q.node.where(), "b_zero_point's shape differs from b_scale's");
-      zeros.resize(static_cast<size_t>(per));
-      for (int64_t i = 0; i < per; ++i) zeros[static_cast<size_t>(i)] = static_cast<int32_t>(zero.as_int64(zero.numel() == 1 ? 0 : i));
-    }
     const int64_t want = group_ ? (k_ + group_ - 1) / group_ * n_ : scale.numel() == 1 ? 1 : n_;
     if (scale.numel() != want)
       return user_error(q.node.where(), "b_scale has " + std::to_string(scale.numel()) + " values; B needs " + std::to_string(want));
+    const bool has_zero = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+    if (has_zero && q.inputs[3].value->numel() != scale.numel())
+      return user_error(q.node.where(), "b_zero_point's shape differs from b_scale's");
+    const int64_t per = group_ ? scale.numel() : n_;
+    std::vector<float> scales(static_cast<size_t>(per));
+    std::vector<int32_t> zeros(has_zero ? static_cast<size_t>(per) : 0);
+    for (int64_t i = 0; i < per; ++i) {
+      const int64_t at = scale.numel() == 1 ? 0 : i;
+      scales[static_cast<size_t>(i)] = static_cast<float>(scale.as_double(at));
+      if (has_zero) zeros[static_cast<size_t>(i)] = static_cast<int32_t>(q.inputs[3].value->as_int64(at));
+    }
     codes_ = codes_of(q.inputs[1].dtype);
     gemm::WoqWeight w;
     w.codes = codes_;
@@ -70,11 +70,11 @@ class WoqMatMulKernel final : public Kernel {
     w.zero = has_zero ? zeros.data() : nullptr;
     packed_ = Tensor(DType::u8, {gemm::packed_b_woq_bytes(w)});
     gemm::pack_b_woq(w, static_cast<std::byte*>(packed_.raw()));
-    if (q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined && q.inputs[4].value) {
+    has_bias_ = q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined;
+    if (has_bias_ && q.inputs[4].value) {  // a constant bias is copied once; a computed one is read each run
       const float* b = q.inputs[4].value->data<float>();
       bias_.assign(b, b + n_);
     }
-    has_bias_ = q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined;
     has_z_ = q.inputs.size() > 5 && q.inputs[5].dtype != DType::undefined;
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));

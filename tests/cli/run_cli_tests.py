@@ -56,6 +56,11 @@ class Runner(Checks):
         self.check(name, good, f"exit {rc} (want {code}); stderr: {err.strip()[:400]!r}; want /{pattern}/")
 
 
+def rel_l2(got, want):
+    """Relative L2 distance of `got` from `want`."""
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
 def save(model, path, **kw):
     onnx.save(model, path, **kw)
     return path
@@ -304,7 +309,7 @@ def quant_tests(r, work, samples):
     r.ok("quant_ort_qdq_run", ["run", "cnn.qdq.c.kiln", "--inputs", cnn_in, "--output-dir", "qdq_out"])
     want = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = np.load(os.path.join(work, "qdq_out", "logits.npy"))
-    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    rel = rel_l2(got, want)
     r.check("quant_ort_qdq_matches_ort", rel < 0.02, f"relative L2 {rel:.4f} against ONNX Runtime on its QDQ model")
     # -o OUT.onnx: standard ONNX in QDQ form, which the ONNX checker accepts, ONNX Runtime and
     # OpenVINO run with kiln's outputs, and kiln exports and compiles back to the int8 kernels.
@@ -317,10 +322,10 @@ def quant_tests(r, work, samples):
             ops = {n.op_type for n in m.graph.node}
             got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
             want = np.load(os.path.join(work, f"qref_{q}", "logits.npy"))
-            rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            rel = rel_l2(got, want)
             import openvino
             got_ov = openvino.Core().compile_model(path, "CPU")(x)[0]
-            rel_ov = float(np.linalg.norm(got_ov - want) / np.linalg.norm(want))
+            rel_ov = rel_l2(got_ov, want)
             ok = "QuantizeLinear" in ops and "DequantizeLinear" in ops and rel < 0.02 and rel_ov < 0.02
             why = f"ops {sorted(ops)}; relative L2 {rel:.4f} (ONNX Runtime), {rel_ov:.4f} (OpenVINO)"
         except Exception as e:  # the checker and ONNX Runtime raise their own types
@@ -395,8 +400,9 @@ def quant_tests(r, work, samples):
         r.check(f"quant_weight_only_{bits}_compiled", rc == 0 and "lowered 1 weight-only linear layer to WoqFusedMatMul" in err
                 and "(WoqFusedMatMul): kiln.matmul_woq_avx512" in err, f"exit {rc}; {err[:800]!r}")
         rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.c.kiln"])
-        r.check(f"quant_weight_only_{bits}_compiled_inspect", rc == 0 and re.search(r"/fc/Gemm \(WoqFusedMatMul\): in f32, " + stored.replace(r" per channel \(\d+\)", "") + "; out f32", out),
-                out[-600:])
+        compiled_stored = stored.replace(r" per channel \(\d+\)", "")  # the compiled op names the codes' type only
+        r.check(f"quant_weight_only_{bits}_compiled_inspect",
+                rc == 0 and re.search(r"/fc/Gemm \(WoqFusedMatMul\): in f32, " + compiled_stored + "; out f32", out), out[-600:])
         r.ok(f"quant_weight_only_{bits}_reference", ["run", f"cnn.wo{bits}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_wo{bits}"])
         r.ok(f"quant_weight_only_{bits}_matches", ["run", f"cnn.wo{bits}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_wo{bits}",
                                                   "--atol", "1e-4", "--rtol", "1e-4"])
@@ -408,7 +414,7 @@ def quant_tests(r, work, samples):
             types = {t.data_type for t in m.graph.initializer}
             got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
             want = np.load(os.path.join(work, f"qref_wo{bits}", "logits.npy"))
-            rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+            rel = rel_l2(got, want)
             code = onnx.TensorProto.INT8 if bits == "int8" else onnx.TensorProto.UINT4
             ok, why = code in types and rel < 1e-4, f"initializer types {sorted(types)}; relative L2 {rel:.2e} against kiln"
         except Exception as e:  # the checker and ONNX Runtime raise their own types
