@@ -2,7 +2,7 @@
 """Times compiled kiln against ONNX Runtime and OpenVINO on the same models, in one run.
 
     python bench/peers.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 3]
-                          [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile]
+                          [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile] [--autotune]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
 64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
@@ -36,6 +36,13 @@ median over rounds of each round's median, with the min-max of the round medians
 kiln's median over the peer's; the last rows are geometric means, over every row and over the
 speed gate's models (GATE). A peer that fails a model leaves its cell "failed"; the reason
 follows the table.
+
+With --autotune, kiln's model is also compiled with `--mode max-autotune` (a fresh tuning
+database per benchmark run: the first compile of each (model, threads) is cold, a second one
+warm, reading what the first recorded; both are timed, wall clock) and the tuned model is a
+fifth column, checked and timed in the same interleaved rounds; `tuned/kiln` is its median over
+the default compile's, and a line per model gives the compile times and the problems the search
+changed.
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
@@ -116,6 +123,8 @@ class Case:
         self.inputs_path = os.path.join(scratch, f"{name}.inputs.npz")
         np.savez(self.inputs_path, **inputs)
         self.kiln = {}  # threads -> compiled model path
+        self.tuned = {}  # threads -> the max-autotune compile's path (--autotune)
+        self.tune_info = {}  # threads -> (cold compile s, warm compile s, problems changed, problems)
         self.ort = {}
         self.ov = {}
         self.reference = None
@@ -153,14 +162,37 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
             cmd += ["--input-shape", s]
         run(cmd, args.timeout, env)
         case.kiln[threads] = compiled
-    out_dir = os.path.join(scratch, f"{case.name}.t{threads}.out")
-    run([kiln, "run", case.kiln[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--output-dir", out_dir],
+    check_kiln(case, kiln, case.kiln[threads], threads, scratch, args, env, "kiln")
+    if args.autotune and not args.no_compile:
+        tuned = os.path.join(scratch, f"{case.name}.t{threads}.tuned.kiln")
+        report = os.path.join(scratch, f"{case.name}.t{threads}.tune.json")
+        cmd = [kiln, "compile", exported, "-o", tuned, "--threads", str(threads), "--mode", "max-autotune",
+               "--tuning-db", os.path.join(scratch, "tuning.jsonl"), "--tune-report", report]
+        for s in input_shapes(case.inputs):
+            cmd += ["--input-shape", s]
+        t0 = time.perf_counter()
+        run(cmd, args.timeout, env)
+        cold = time.perf_counter() - t0
+        with open(report) as f:
+            problems = json.load(f)["problems"]
+        t0 = time.perf_counter()
+        run(cmd, args.timeout, env)  # warm: every problem from the database
+        warm = time.perf_counter() - t0
+        changed = sum(1 for p in problems if p["source"] == "tuned")
+        case.tune_info[threads] = (cold, warm, changed, len(problems))
+        case.tuned[threads] = tuned
+        check_kiln(case, kiln, tuned, threads, scratch, args, env, "kiln tuned")
+
+
+def check_kiln(case, kiln, model, threads, scratch, args, env, what):
+    out_dir = model + ".out"
+    run([kiln, "run", model, "--inputs", case.inputs_path, "--threads", str(threads), "--output-dir", out_dir],
         args.timeout, env)
     for name, ref in case.reference.items():
         got = np.load(os.path.join(out_dir, f"{name}.npy"))
         err = rel_l2(got, ref)
         if not err <= case.limit:
-            raise Failed(f"kiln output {name}: relative L2 {err:.3g} against ONNX Runtime")
+            raise Failed(f"{what} output {name}: relative L2 {err:.3g} against ONNX Runtime")
 
 
 def prepare_ort(case, threads):
@@ -205,8 +237,8 @@ def prepare_ov(case, threads):
     case.ov[threads] = request
 
 
-def time_kiln(case, kiln, threads, args, env):
-    out = run([kiln, "run", case.kiln[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
+def time_kiln(case, kiln, threads, args, env, tuned=False):
+    out = run([kiln, "run", (case.tuned if tuned else case.kiln)[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
                str(args.iters), "--warmup", str(args.warmup), "--json"], args.timeout, env)
     return json.loads(out)["latency_ms"]["median"] / 1e3
 
@@ -324,6 +356,7 @@ def main(argv=None):
     parser.add_argument("--work-dir", default=DEFAULT_OUT_DIR)
     parser.add_argument("--no-compile", action="store_true", help="time the exported model, not a compiled one")
     parser.add_argument("--omp-wait-policy", choices=["active", "passive"], help="OMP_WAIT_POLICY for kiln's runs")
+    parser.add_argument("--autotune", action="store_true", help="also time kiln compiled with --mode max-autotune")
     args = parser.parse_args(argv)
     kiln = os.path.abspath(args.kiln)
     env = dict(os.environ)
@@ -363,6 +396,9 @@ def main(argv=None):
                     try:
                         times.setdefault((case.name, t, "kiln"), []).append(time_kiln(case, kiln, t, args, env))
                         time.sleep(PAUSE_S)
+                        if t in case.tuned:
+                            times.setdefault((case.name, t, "tuned"), []).append(time_kiln(case, kiln, t, args, env, tuned=True))
+                            time.sleep(PAUSE_S)
                         session, names, _ = case.ort[t]
                         times.setdefault((case.name, t, "ort"), []).append(
                             time_calls(lambda: session.run(names, case.inputs), args))
@@ -374,9 +410,11 @@ def main(argv=None):
                     except Failed as e:
                         case.error = str(e)
                         failed = True
-        header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}"
+        tuned_cols = f"  {'tuned ms':>20s}  {'tuned/kiln':>10s}" if args.autotune else ""
+        header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}" + tuned_cols
         print(header)
         ratios = {}
+        tuned_ratios = {}
         for t in args.threads:
             for case in cases:
                 if case.error:
@@ -388,7 +426,13 @@ def main(argv=None):
                 ratios.setdefault(t, []).append((case.name, r_ort, r_ov))
                 ov_cell = cell(v) if v else "failed"
                 ov_ratio = f"{r_ov:8.2f}" if r_ov else f"{'-':>8s}"
-                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {ov_cell:>20s}  {r_ort:8.2f}  {ov_ratio}")
+                tuned = ""
+                kt = times.get((case.name, t, "tuned"), [])
+                if kt:
+                    r_tuned = statistics.median(kt) / statistics.median(k)
+                    tuned_ratios.setdefault(t, []).append(r_tuned)
+                    tuned = f"  {cell(kt):>20s}  {r_tuned:10.3f}"
+                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {ov_cell:>20s}  {r_ort:8.2f}  {ov_ratio}{tuned}")
         for t, rs in ratios.items():
             for label, rows in (("geomean", rs), ("geomean gate", [r for r in rs if r[0] in GATE])):
                 if not rows:
@@ -397,6 +441,12 @@ def main(argv=None):
                 ov = [r[2] for r in rows if r[2]]
                 g_ov = f"{math.exp(statistics.mean(math.log(x) for x in ov)):8.2f}" if ov else f"{'-':>8s}"
                 print(f"{label:14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov}")
+        for t, rs in tuned_ratios.items():
+            print(f"# max-autotune {t}T: tuned/kiln geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} over {len(rs)} models")
+        for case in cases:
+            for t, (cold, warm, changed, problems) in sorted(case.tune_info.items()):
+                print(f"# max-autotune {case.name} {t}T: compile {cold:.1f} s cold, {warm:.1f} s warm; "
+                      f"{changed} of {problems} problems changed kernel")
         for t in args.threads:
             k, o = times.get(("resnet50_int8", t, "kiln")), times.get(("resnet50", t, "ort"))
             if k and o:

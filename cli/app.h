@@ -1,7 +1,9 @@
 // Command-line entry point and the pieces the subcommands share.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/ir.h"
@@ -36,6 +38,12 @@ Status write_model_output(const Model& model, const std::string& path, const Sav
 /// Adds `--max-memory SIZE` to a subcommand that loads or runs a model: parsing it sets kiln's
 /// memory budget (formats/memory.h); a malformed size is a usage error.
 void add_max_memory_option(CLI::App* cmd);
+
+/// The number a flag's text starts with and the unit after it ("500ms" → 500, "ms"); nullopt
+/// when it does not start with a number.
+std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text);
+/// "5s", "500ms", "2m" or plain seconds (more than 0, at most a day); nullopt for anything else.
+std::optional<double> parse_seconds(const std::string& text);
 
 /// Parses a --input-shape NAME=SHAPE flag (`example` shows the form in the error message).
 Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& spec, std::string_view example);

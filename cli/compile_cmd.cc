@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <unistd.h>
 
 #include "cli/app.h"
 #include "compile/pipeline.h"
+#include "compile/tuning_db.h"
 #include "export/exporter.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
@@ -30,6 +32,38 @@ struct CompileArgs {
   bool time_passes = false;
   bool list_passes = false;
   bool verbose = false;
+  std::string mode = "default";
+  std::string tuning_db;
+  std::string tune_budget = "5m";
+  std::string tune_report;
+};
+
+// max-autotune's progress on stderr when it is a terminal: problems done, the speed-up so far
+// and the time left, redrawn after each round.
+class TuneProgress {
+ public:
+  explicit TuneProgress(bool tty) : tty_(tty) {}
+  ~TuneProgress() { clear(); }
+  void operator()(const TuningProgress& p) {
+    if (!tty_) return;
+    constexpr int kWidth = 24;
+    const int filled = p.problems ? static_cast<int>(kWidth * p.done / p.problems) : kWidth;
+    char line[160];
+    std::snprintf(line, sizeof line, "\rkiln compile: autotune [%s%s] %zu/%zu problems, best speed-up %.2fx, %.0f s, about %.0f s left\033[K",
+                  std::string(static_cast<size_t>(filled), '#').c_str(), std::string(static_cast<size_t>(kWidth - filled), ' ').c_str(),
+                  p.done, p.problems, p.speedup, p.elapsed_s, p.eta_s);
+    std::fputs(line, stderr);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void clear() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool shown_ = false;
 };
 
 void print_pass_table() {
@@ -76,6 +110,21 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   if (!cpu)
     return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni"));
   options.target.cpu = *cpu;
+  // The search: max-autotune times what the database lacks; a default compile reads a database
+  // only when one is named.
+  if (args.mode != "default" && args.mode != "max-autotune")
+    return report(verb, user_error("", "--mode '" + args.mode + "' is not one of default, max-autotune"));
+  options.tuning.search = args.mode == "max-autotune";
+  const std::optional<double> budget = parse_seconds(args.tune_budget);
+  if (!budget) return report(verb, user_error("", "--tune-budget '" + args.tune_budget + "' is not a time such as 90s or 5m"));
+  options.tuning.budget_s = *budget;
+  options.tuning.db_path = !args.tuning_db.empty() ? args.tuning_db : options.tuning.search ? tuning::default_tuning_db_path() : "";
+  if (!args.tune_report.empty() && !options.tuning.search && args.tuning_db.empty())
+    return report(verb, user_error("", "--tune-report needs --mode max-autotune or --tuning-db"));
+  TuningReport tuning_report;
+  options.tuning.report = &tuning_report;
+  TuneProgress progress(options.tuning.search && isatty(STDERR_FILENO));
+  if (options.tuning.search) options.tuning.progress = [&](const TuningProgress& p) { progress(p); };
   // Unknown pass names are reported before the model is read.
   if (Status s = check_pass_names(options); !s.ok()) return report(verb, s);
   for (const std::string& spec : args.input_shapes) {
@@ -117,13 +166,18 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
               << (t.threads == 1 ? " thread" : " threads") << "\n";
   }
   auto compiled = compile_model(*model, options);
+  progress.clear();
   if (!compiled.ok()) return report(verb, with_file(compiled.status(), display));
+  if (options.tuning.search || (args.verbose && !tuning_report.problems.empty()))
+    std::cerr << tuning_report_text(tuning_report);
   if (args.time_passes) print_times(*compiled);
   if (args.verbose)  // each node's kernel, with its parameters
     for (const Node& n : model->graph.nodes)
       if (!n.kernel.empty())
         std::cerr << "kiln compile: node '" << n.name << "' (" << n.qualified_op() << "): " << kernel_choice_text(n.kernel) << "\n";
 
+  if (!args.tune_report.empty())
+    if (Status s = write_output(args.tune_report, tuning_report_json(tuning_report)); !s.ok()) return report(verb, s);
   return report(verb, write_model_output(*model, args.output));
 }
 
@@ -149,6 +203,19 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
       ->delimiter(',');
   cmd->add_flag("--time-passes", args->time_passes, "print each pass's time and what it changed on stderr");
   cmd->add_flag("--list-passes", args->list_passes, "print the passes in pipeline order with a line on each, then exit");
+  cmd->add_option("--mode", args->mode,
+                  "default (kernels by rule) or max-autotune (time each GEMM/conv problem's candidate kernels in the graph and keep the fastest)")
+      ->type_name("MODE")
+      ->default_str("default");
+  cmd->add_option("--tuning-db", args->tuning_db,
+                  "the tuning database max-autotune reads and adds to (default: $XDG_CACHE_HOME/kiln/tuning.jsonl); a default compile reads it only when named")
+      ->type_name("FILE");
+  cmd->add_option("--tune-budget", args->tune_budget,
+                  "max-autotune's time limit, e.g. 90s or 5m; problems still searching then keep the best found so far")
+      ->type_name("TIME")
+      ->default_str("5m");
+  cmd->add_option("--tune-report", args->tune_report, "write the tuning report (each problem's kernels and times, end-to-end latency) as JSON")
+      ->type_name("FILE");
   add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the target, what each pass changed and each node's kernel");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_compile(*args, cmdline); });

@@ -48,34 +48,11 @@ struct ProfileArgs {
   bool bitwise = false;
 };
 
-// The number a flag's text starts with and the unit after it ("500ms" → 500, "ms"); nullopt
-// when it does not start with a number.
-std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  return std::make_pair(v, text.substr(used));
-}
-
 // "5%" or "5" (percent) as a fraction; nullopt for anything else.
 std::optional<double> parse_percent(const std::string& text) {
   auto n = number_and_unit(text);
   if (!n || (n->second != "" && n->second != "%") || !(n->first >= 0) || n->first > 1000) return std::nullopt;
   return n->first / 100;
-}
-
-// "5s", "500ms", "2m" or plain seconds; nullopt for anything else.
-std::optional<double> parse_seconds(const std::string& text) {
-  auto n = number_and_unit(text);
-  if (!n) return std::nullopt;
-  const std::string& unit = n->second;
-  const double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" || unit == "min" ? 60 : -1;
-  if (scale < 0 || !(n->first > 0) || n->first * scale > 86400) return std::nullopt;
-  return n->first * scale;
 }
 
 // Columns of the terminal stdout writes to; 0 (no fitting) when it is not one.

@@ -14,8 +14,8 @@ namespace {
 // layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
 // channels-last conv whole), and the transposes it leaves at a
 // region's edge merged with those the model makes after it; dead code before kernel selection (every
-// pass before it may leave unread values behind), which plans the final graph; packing last,
-// for the kernels selection chose.
+// pass before it may leave unread values behind), which plans the final graph; autotuning after
+// it (it starts from the rule's choices); packing last, for the kernels chosen.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
@@ -46,6 +46,8 @@ constexpr std::array kPasses = {
              eliminate_dead},
     PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",
              select_kernels},
+    PassInfo{"autotune_kernels", "time each GEMM/conv problem's candidate kernels in the graph and keep the fastest (--mode max-autotune), or take them from --tuning-db",
+             autotune_kernels},
     PassInfo{"prepack_weights", "store constant weights packed in the layout their chosen kernel reads, dropping the plain copies",
              prepack_weights},
 };

@@ -15,11 +15,15 @@
 
 namespace kiln {
 
+struct TuningOptions;
+
 /// What every pass sees besides the model: the machine compiled for and the user's choices.
 struct PassContext {
   const Target& target;
   /// --input-shape NAME=1x3x224x224: concrete shapes for graph inputs (specialize_shapes).
   std::map<std::string, Shape> input_shapes;
+  /// --mode max-autotune and --tuning-db (autotune_kernels, compile/autotune.h); null: neither.
+  const TuningOptions* tuning = nullptr;
 };
 
 /// What a pass did: `changed` is false when it left the model exactly as it was; the summary
@@ -62,6 +66,7 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx);
 Result<PassResult> merge_transposes(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);
+Result<PassResult> autotune_kernels(Model& model, PassContext& ctx);
 Result<PassResult> prepack_weights(Model& model, PassContext& ctx);
 
 }  // namespace kiln

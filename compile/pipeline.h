@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "compile/autotune.h"
 #include "compile/pass.h"
 #include "formats/ir.h"
 #include "runtime/target.h"
@@ -28,9 +29,11 @@ struct CompileOptions {
   std::vector<std::string> passes;
   /// --input-shape NAME=1x3x224x224 (specialize_shapes).
   std::map<std::string, Shape> input_shapes;
-  /// The machine compiled for (--threads sets its thread count, which kernel choice will size
-  /// its candidates by; no pass reads it yet).
+  /// The machine compiled for (--threads sets its thread count, which kernel choice sizes
+  /// its kernels by).
   Target target;
+  /// --mode max-autotune, --tuning-db, --tune-budget (the autotune_kernels pass).
+  TuningOptions tuning;
   /// Passes after which to capture the model's text form (PassRecord::text_after); "all" for every pass.
   std::set<std::string> print_after;
   /// Called after each pass with its record (the CLI prints --print-after dumps as they come,

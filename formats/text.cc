@@ -237,6 +237,8 @@ std::string model_to_text(const Model& model) {
   return std::move(p.out);
 }
 
+std::string attribute_text(const AttrValue& value) { return attr_value_text(value); }
+
 std::string kernel_choice_text(const KernelChoice& k) {
   std::string s;
   s += name(k.name) + "{";

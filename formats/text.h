@@ -38,6 +38,9 @@ namespace kiln {
 /// The function never fails: out-of-range indices print as `%<index>?`.
 std::string model_to_text(const Model& model);
 
+/// An attribute's value as the text form writes it: `3`, `0.5`, `"relu"`, `ints[1, 1]`.
+std::string attribute_text(const AttrValue& value);
+
 /// A node's kernel choice as the text form writes it: `kiln.gemm_f32_avx512{mr=8, nr=48, ...}`.
 std::string kernel_choice_text(const KernelChoice& kernel);
 

@@ -43,7 +43,9 @@ Result<KernelSelection> KernelRegistry::select(const KernelQuery& query, bool re
   }
   std::string reasons;
   for (const KernelImpl& impl : impls) {
-    if (auto why = impl.declines(query)) {
+    std::optional<std::string> why = impl.declines(query);
+    if (!why && pinned.empty() && impl.defers) why = impl.defers(query);
+    if (why) {
       if (!pinned.empty()) return user_error(node.where(), "the model chose kernel '" + pinned + "', which declines here: " + *why);
       reasons += (reasons.empty() ? "" : "; ") + impl.name + ": " + *why;
       sel.declined.emplace_back(impl.name, *why);

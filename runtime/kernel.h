@@ -116,6 +116,17 @@ class FunctionKernel final : public Kernel {
 /// tested against.
 inline constexpr std::string_view kReferenceKernel = "ref";
 
+/// A kernel's parameters as a compiled model records them (KernelChoice::params).
+using KernelParams = std::vector<std::pair<std::string, KernelParam>>;
+
+/// One family of an implementation's parameters that `kiln compile --mode max-autotune` times:
+/// each value is the parameters it sets (the others keep theirs), e.g. the axis "tile" with the
+/// values {mr=8, nr=48}, {mr=6, nr=64}.
+struct TuningAxis {
+  std::string name;
+  std::vector<KernelParams> values;
+};
+
 /// One implementation of an op on a device.
 struct KernelImpl {
   std::string name;  ///< "ref", "onednn.conv", "kiln.gemm_f32_avx512_8x48"
@@ -129,6 +140,17 @@ struct KernelImpl {
   /// (Tensor::layout), in whatever layout: it uses the mapped bytes when the layout is the one
   /// it wants and repacks them otherwise. The plan unpacks packed inputs for other kernels.
   bool reads_packed = false;
+  /// The default rule's preference, separate from what the implementation can run: nullopt,
+  /// or why it leaves a node it could run to a later implementation that measured faster on
+  /// such nodes (XNNPACK above its size limit). Only choosing by rule asks it: a node that
+  /// pinned the implementation (a compiled model, max-autotune's candidates) runs on it. May
+  /// be empty.
+  std::function<std::optional<std::string>(const KernelQuery&)> defers;
+  /// The parameter axes max-autotune searches one after the other, from the parameters the
+  /// kernel would choose itself, for a node the implementation runs. Values need not be exact:
+  /// prepare fits recorded parameters to the product (blocks to whole tiles). Empty: its
+  /// defaults are its only candidate.
+  std::function<std::vector<TuningAxis>(const KernelQuery&)> tuning_space;
 };
 
 /// The outcome of choosing a kernel for a node: the kernel, its implementation's name, and the

@@ -100,6 +100,21 @@ void unpack_for_readers(Graph& g, const PlanOptions& options) {
 
 }  // namespace
 
+void node_query_operands(const ExecutionPlan& plan, size_t n, std::vector<InferInput>& inputs, std::vector<InferOutput>& outputs) {
+  const Node& node = plan.bound.nodes[n];
+  inputs.assign(node.inputs.size(), InferInput{});
+  for (size_t i = 0; i < node.inputs.size(); ++i) {
+    if (node.inputs[i] == kNoValue) continue;
+    const size_t v = static_cast<size_t>(node.inputs[i]);
+    const Value& val = plan.bound.values[v];
+    const Tensor* data = val.is_constant() ? &val.constant : plan.known[v].defined() ? &plan.known[v] : nullptr;
+    inputs[i] = InferInput{val.dtype, val.shape, data};
+  }
+  outputs.assign(node.outputs.size(), InferOutput{});
+  for (size_t i = 0; i < node.outputs.size(); ++i)
+    if (node.outputs[i] != kNoValue) outputs[i] = InferOutput{plan.bound.value(node.outputs[i]).dtype, plan.bound.value(node.outputs[i]).shape, Tensor()};
+}
+
 Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector<int64_t>> input_shapes,
                                  const PlanOptions& options) {
   if (input_shapes.size() != graph.inputs.size())
@@ -228,17 +243,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   plan.kernels.reserve(nn);
   for (size_t n = 0; n < nn; ++n) {
     const Node& node = bound.nodes[n];
-    q_in.assign(node.inputs.size(), InferInput{});
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      if (node.inputs[i] == kNoValue) continue;
-      const size_t v = static_cast<size_t>(node.inputs[i]);
-      const Value& val = bound.values[v];
-      const Tensor* data = val.is_constant() ? &val.constant : plan.known[v].defined() ? &plan.known[v] : nullptr;
-      q_in[i] = InferInput{val.dtype, val.shape, data};
-    }
-    q_out.assign(node.outputs.size(), InferOutput{});
-    for (size_t i = 0; i < node.outputs.size(); ++i)
-      if (node.outputs[i] != kNoValue) q_out[i] = InferOutput{bound.value(node.outputs[i]).dtype, bound.value(node.outputs[i]).shape, Tensor()};
+    node_query_operands(plan, n, q_in, q_out);
     // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
     KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out};
     KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));

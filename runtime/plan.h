@@ -72,6 +72,10 @@ struct PlanOptions {
 /// "output 0 'y'" for messages about a node's outputs.
 std::string output_name(const Graph& g, const Node& n, size_t i);
 
+/// What a KernelQuery for node `n` sees of its operands in `plan`: each input's type, shape and
+/// data (constants, and shape arithmetic the plan folded), each output's type and shape.
+void node_query_operands(const ExecutionPlan& plan, size_t n, std::vector<InferInput>& inputs, std::vector<InferOutput>& outputs);
+
 /// Plans `graph` for inputs of these concrete shapes (in graph.inputs order; the caller has
 /// checked them against the declared shapes). Kernels are created with references to `graph`'s
 /// nodes, so the graph must outlive the plan's kernels.

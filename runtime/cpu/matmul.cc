@@ -37,10 +37,16 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q) {
     for (int64_t v : q.node.attr_ints(attr)) if (v != 1) return std::string(attr) + " other than 1";
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
   if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
-  // oneDNN's convolution is the faster one unless a call's fixed cost is the time (one pixel:
-  // an SE block's squeeze and excite, 2-5x faster here) or the epilogue is a transcendental
-  // activation, which kiln's row kernels compute faster than oneDNN's post-ops (SiLU layers:
-  // 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7). docs/architecture.md has the table.
+  return std::nullopt;
+}
+
+// The default rule on pointwise convolutions: oneDNN's convolution is the faster one unless a
+// call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster here)
+// or the epilogue is a transcendental activation, which kiln's row kernels compute faster than
+// oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
+// docs/architecture.md has the table.
+std::optional<std::string> gemm_defers(const KernelQuery& q) {
+  if (!is_conv(q.node)) return std::nullopt;
   const std::vector<int64_t> x = q.inputs[0].shape.concrete();
   if (x[1] * x[2] == 1) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
@@ -59,24 +65,102 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
-// A recorded integer parameter of the node, 0 when it has none.
-int64_t recorded_int(const Node& node, std::string_view key) {
-  const int64_t* i = node.kernel.param<int64_t>(key);
-  return i ? *i : 0;
+// The product a node is: A, B and Y as matrices (a convolution's [N, H, W, C] input as rows of
+// C, its [K, C, 1, 1] weight as Bᵀ), the transposes, and M×N×K over `batches` GEMMs. A B
+// without a batch (a linear layer's weight) folds A's batch into M: one GEMM.
+struct Product {
+  std::vector<int64_t> a, b, y;
+  bool trans_a = false, trans_b = false, b_flat = false;
+  int64_t m = 0, n = 0, k = 0, batches = 1;
+};
+
+Product product_of(const KernelQuery& q) {
+  Product p;
+  const bool conv = is_conv(q.node), gemm_op = q.node.op == "Gemm";
+  p.a = q.inputs[0].shape.concrete();
+  p.b = q.inputs[1].shape.concrete();
+  p.y = q.outputs[0].shape.concrete();
+  if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
+    p.a = {p.a[0] * p.a[1] * p.a[2], p.a[3]};
+    p.b = {p.b[0], p.b[1]};
+    p.y = {p.y[0] * p.y[1] * p.y[2], p.y[3]};
+  }
+  p.trans_a = gemm_op && q.node.attr_int("transA", 0) != 0;
+  p.trans_b = conv || (gemm_op && q.node.attr_int("transB", 0) != 0);
+  p.k = p.trans_a ? p.a[p.a.size() - 2] : p.a.back();
+  p.n = p.y.back();
+  p.b_flat = shape_numel(std::span(p.b).first(p.b.size() - 2)) == 1;
+  if (p.b_flat && !p.trans_a) {
+    p.m = shape_numel(std::span(p.a).first(p.a.size() - 1));
+  } else {
+    p.m = p.y[p.y.size() - 2];
+    p.batches = shape_numel(std::span(p.y).first(p.y.size() - 2));
+  }
+  return p;
 }
 
-// The recorded parameters of a node that pinned this kernel, if it has them.
-std::optional<gemm::GemmParams> recorded_params(const Node& node, Isa isa) {
+// max-autotune's axes, searched in this order from the default parameters: the register tile
+// (each of the ISA's), Kc, packing A, Mc, Nc, and the thread grid (every split of the threads
+// over M and N, and whole products per thread when there are enough). Blocks are candidates
+// up to the product's size; prepare rounds them to whole tiles.
+std::vector<TuningAxis> gemm_space(const KernelQuery& q, Isa isa) {
+  const Product p = product_of(q);
+  std::vector<TuningAxis> axes;
+  TuningAxis tile{"tile", {}};
+  for (const gemm::Tile& t : gemm::tiles(isa)) tile.values.push_back({{"mr", int64_t{t.mr}}, {"nr", int64_t{t.nr}}});
+  axes.push_back(std::move(tile));
+  auto sizes = [](std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
+    TuningAxis axis{std::move(name), {}};
+    for (int64_t v : candidates)
+      if (v < whole) axis.values.push_back({{axis.name, v}});
+    axis.values.push_back({{axis.name, whole}});
+    return axis;
+  };
+  axes.push_back(sizes("kc", {64, 128, 256, 512}, p.k));
+  axes.push_back(TuningAxis{"pack_a", {{{"pack_a", int64_t{0}}}, {{"pack_a", int64_t{1}}}}});
+  axes.push_back(sizes("mc", {48, 96, 192, 384, 768}, p.m));
+  axes.push_back(sizes("nc", {256, 512, 1024, 2048, 4096}, p.n));
+  const int threads = std::max(1, q.target.threads);
+  if (threads > 1) {
+    TuningAxis grid{"threads", {}};
+    for (int tm = 1; tm <= threads; ++tm)
+      if (threads % tm == 0)
+        grid.values.push_back({{"tm", int64_t{tm}}, {"tn", int64_t{threads / tm}}, {"tb", int64_t{1}}});
+    if (p.batches >= threads) grid.values.push_back({{"tm", int64_t{1}}, {"tn", int64_t{1}}, {"tb", int64_t{threads}}});
+    axes.push_back(std::move(grid));
+  }
+  return axes;
+}
+
+// A recorded integer parameter of the node, if it has it.
+std::optional<int64_t> recorded_int(const Node& node, std::string_view key) {
+  const int64_t* i = node.kernel.param<int64_t>(key);
+  return i ? std::optional<int64_t>(*i) : std::nullopt;
+}
+
+// The parameters of a node that pinned this kernel with some: those it recorded, the rest the
+// defaults for its tile (the recorded one, else the default) on this product. Blocks are
+// rounded to whole tiles: max-autotune's candidates name sizes, not tile multiples.
+std::optional<gemm::GemmParams> recorded_params(const Node& node, Isa isa, int64_t m, int64_t n, int64_t k, int threads) {
   if (node.kernel.params.empty()) return std::nullopt;
-  gemm::GemmParams p;
-  p.isa = isa;
-  p.tile = {static_cast<int>(recorded_int(node, "mr")), static_cast<int>(recorded_int(node, "nr"))};
-  p.mc = recorded_int(node, "mc");
-  p.nc = recorded_int(node, "nc");
-  p.kc = recorded_int(node, "kc");
-  p.tm = static_cast<int>(recorded_int(node, "tm"));
-  p.tn = static_cast<int>(recorded_int(node, "tn"));
-  p.pack_a = recorded_int(node, "pack_a") != 0;
+  const std::optional<int64_t> mr = recorded_int(node, "mr"), nr = recorded_int(node, "nr");
+  const gemm::Tile tile = mr && nr ? gemm::Tile{static_cast<int>(std::clamp<int64_t>(*mr, 0, 1024)), static_cast<int>(std::clamp<int64_t>(*nr, 0, 1024))}
+                                   : gemm::default_tile(isa, n);
+  const std::span<const gemm::Tile> tiles = gemm::tiles(isa);
+  const bool known = std::find(tiles.begin(), tiles.end(), tile) != tiles.end();
+  gemm::GemmParams p = gemm::default_params(isa, known ? tile : gemm::default_tile(isa, n), gemm::CacheSizes::host(), m, n, k, threads);
+  p.tile = tile;  // invalid() names a tile the ISA lacks
+  auto whole_tiles = [](int64_t block, int64_t size) {
+    if (size <= 0 || block <= 0) return block;  // invalid() says why
+    block = std::min<int64_t>(block, int64_t{1} << 40);
+    return (block + size - 1) / size * size;
+  };
+  if (auto v = recorded_int(node, "mc")) p.mc = whole_tiles(*v, tile.mr);
+  if (auto v = recorded_int(node, "nc")) p.nc = whole_tiles(*v, tile.nr);
+  if (auto v = recorded_int(node, "kc")) p.kc = *v;
+  if (auto v = recorded_int(node, "tm")) p.tm = static_cast<int>(std::clamp<int64_t>(*v, 0, 1 << 20));
+  if (auto v = recorded_int(node, "tn")) p.tn = static_cast<int>(std::clamp<int64_t>(*v, 0, 1 << 20));
+  if (auto v = recorded_int(node, "pack_a")) p.pack_a = *v != 0;
   return p;
 }
 
@@ -85,36 +169,25 @@ class GemmKernel final : public Kernel {
   explicit GemmKernel(Isa isa) : isa_(isa) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const bool conv = is_conv(q.node), gemm_op = q.node.op == "Gemm";
     const bool fused = q.node.op == "FusedMatMul" || q.node.op == "FusedConv";
-    std::vector<int64_t> a = q.inputs[0].shape.concrete(), b = q.inputs[1].shape.concrete();
-    std::vector<int64_t> y = q.outputs[0].shape.concrete();
-    if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
-      a = {a[0] * a[1] * a[2], a[3]};
-      b = {b[0], b[1]};
-      y = {y[0] * y[1] * y[2], y[3]};
-    }
-    trans_a_ = gemm_op && q.node.attr_int("transA", 0) != 0;
-    trans_b_ = conv || (gemm_op && q.node.attr_int("transB", 0) != 0);
-    const size_t rank = y.size();
-    k_ = trans_a_ ? a[a.size() - 2] : a.back();
-    n_ = y.back();
-    // B without a batch: A's batch folds into M, one GEMM.
-    const bool b_flat = shape_numel(std::span(b).first(b.size() - 2)) == 1;
+    const Product p = product_of(q);
+    const std::vector<int64_t>&a = p.a, &b = p.b, &y = p.y;
+    trans_a_ = p.trans_a;
+    trans_b_ = p.trans_b;
+    k_ = p.k;
+    n_ = p.n;
+    m_ = p.m;
     batch_a_.clear();
     batch_b_.clear();
-    if (b_flat && !trans_a_) {
-      m_ = shape_numel(std::span(a).first(a.size() - 1));
+    if (p.b_flat && !trans_a_) {
       batch_a_ = {0};
       batch_b_ = {0};
     } else {
-      m_ = y[rank - 2];
       // Offsets of each output batch index's A and B matrices, broadcasting as numpy does.
       std::vector<int64_t> ad(a.begin(), a.end() - 2), bd(b.begin(), b.end() - 2), yd(y.begin(), y.end() - 2);
       ad.insert(ad.begin(), yd.size() - ad.size(), 1);
       bd.insert(bd.begin(), yd.size() - bd.size(), 1);
-      const int64_t batches = shape_numel(yd);
-      for (int64_t index = 0; index < batches; ++index) {
+      for (int64_t index = 0; index < p.batches; ++index) {
         int64_t rest = index, ao = 0, bo = 0, as = 1, bs = 1;
         for (size_t d = yd.size(); d-- > 0;) {
           const int64_t i = rest % yd[d];
@@ -147,15 +220,19 @@ class GemmKernel final : public Kernel {
     // product then on one thread, and otherwise to each product's grid.
     const int threads = std::max(1, q.target.threads);
     const bool pinned = q.node.kernel.name == impl_name(isa_);
-    std::optional<gemm::GemmParams> rec = pinned ? recorded_params(q.node, isa_) : std::nullopt;
+    std::optional<gemm::GemmParams> rec = pinned ? recorded_params(q.node, isa_, m_, n_, k_, threads) : std::nullopt;
+    bool grid_recorded = false;
+    batch_threads_ = 1;
     if (rec) {
       if (auto why = rec->invalid()) return user_error(q.node.where(), "the recorded GEMM parameters are invalid: " + *why);
       params_ = gemm::fit(*rec, m_, n_, k_);
-      batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb"), 1, 1024));
+      for (const char* key : {"tm", "tn", "tb"}) grid_recorded |= recorded_int(q.node, key).has_value();
+      batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb").value_or(1), 1, 1024));
     } else {
       params_ = gemm::default_params(isa_, gemm::default_tile(isa_, n_), gemm::CacheSizes::host(), m_, n_, k_, threads);
     }
-    if (!rec || params_.threads() * batch_threads_ != threads) {  // no record, or one made for another thread count
+    // No thread grid recorded, or one made for another thread count: the rule's.
+    if (!grid_recorded || params_.threads() * batch_threads_ != threads) {
       const int64_t batches = static_cast<int64_t>(batch_a_.size());
       const gemm::GemmParams grid = gemm::default_params(isa_, params_.tile, gemm::CacheSizes::host(), m_, n_, k_, threads);
       const bool whole = batches > 1 && threads > 1 && batches >= threads;
@@ -236,7 +313,9 @@ void register_gemm(KernelRegistry& r) {
                        .declines = [isa](const KernelQuery& q) { return gemm_declines(q, isa); },
                        .create = [isa](const KernelQuery&) { return std::make_unique<GemmKernel>(isa); },
                        .needs_isa = isa_features(isa),
-                       .reads_packed = true});
+                       .reads_packed = true,
+                       .defers = gemm_defers,
+                       .tuning_space = [isa](const KernelQuery& q) { return gemm_space(q, isa); }});
 }
 
 }  // namespace kiln::cpu

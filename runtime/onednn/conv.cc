@@ -41,6 +41,20 @@ std::optional<std::string> conv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// Whether oneDNN's Winograd convolution suits the shape: 2-D, 3x3, stride 1, undilated,
+// ungrouped, at least kWinogradChannels in and out.
+bool winograd_shape(const ConvGeometry& geo) {
+  return geo.kernel == std::vector<int64_t>{3, 3} && geo.group == 1 && geo.strides == memory::dims{1, 1} &&
+         geo.dilations == memory::dims{0, 0} && geo.xs[1] >= kWinogradChannels && geo.ys[1] >= kWinogradChannels;
+}
+
+// max-autotune's axis: the direct and the Winograd algorithm where both can run.
+std::vector<TuningAxis> conv_space(const KernelQuery& q) {
+  Result<ConvGeometry> geo = conv_geometry(q, 1);
+  if (!geo.ok() || !winograd_shape(*geo) || !q.target.cpu.avx512f) return {};
+  return {TuningAxis{"algorithm", {{{"algorithm", std::string("direct")}}, {{"algorithm", std::string("winograd")}}}}};
+}
+
 class ConvKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
@@ -48,10 +62,9 @@ class ConvKernel final : public Kernel {
       // oneDNN's dims are logical [N, C, spatial...] whatever the layout.
       const bool last = nn::channels_last(q.node);
       KILN_ASSIGN_OR_RETURN(const ConvGeometry geo, conv_geometry(q, 1));
-      const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims, &kernel = geo.kernel;
+      const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims;
       const int64_t group = geo.group;
       const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
-      const size_t n = kernel.size();
       const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
       const memory::desc user_w = plain(wdims);
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::f32, memory::format_tag::any);
@@ -92,8 +105,7 @@ class ConvKernel final : public Kernel {
       };
       // Winograd where the shape suits it and oneDNN has it for this CPU, unless the model
       // recorded the direct algorithm; the direct one otherwise.
-      const bool wino_shape = n == 2 && group == 1 && kernel == std::vector<int64_t>{3, 3} && strides == memory::dims{1, 1} &&
-                              dil == memory::dims{0, 0} && xs[1] >= kWinogradChannels && ys[1] >= kWinogradChannels;
+      const bool wino_shape = winograd_shape(geo);
       const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
       const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;
@@ -215,7 +227,8 @@ void register_conv(KernelRegistry& r) {
     r.add(op, "cpu", KernelImpl{.name = "onednn.conv",
                                 .declines = conv_declines,
                                 .create = [](const KernelQuery&) { return std::make_unique<ConvKernel>(); },
-                                .reads_packed = true});
+                                .reads_packed = true,
+                                .tuning_space = conv_space});
 }
 
 }  // namespace kiln::onednn

@@ -2,9 +2,10 @@
 // Debian's XNNPACK. kiln_bench_xnnpack_vs_onednn measured XNNPACK against oneDNN on the models'
 // shapes, one thread: oneDNN wins or ties every convolution (depthwise included) and every
 // linear layer from 64x64x64 up (by up to 2x), XNNPACK wins only the tiny layers where a call's
-// fixed cost is the time (1x16 @ 16x64: 0.1 us against oneDNN's 0.4 us). So this kernel takes
-// only those (M·K·N up to kMaxWork) and runs them on the calling thread: XNNPACK's own thread
-// pool would be a second pool next to GNU OpenMP's, and work this small is not worth sharing.
+// fixed cost is the time (1x16 @ 16x64: 0.1 us against oneDNN's 0.4 us). So the default rule
+// gives it only those (M·K·N up to kMaxWork, `defers`); max-autotune times it up to kMaxTuned.
+// It runs on the calling thread: XNNPACK's own thread pool would be a second pool next to GNU
+// OpenMP's, and work this small is not worth sharing.
 //
 // The weight is packed once in prepare (xnn_create_fully_connected_nc_f32); the bias and a
 // Relu / Clip run in XNNPACK as its bias and output clamp; any other epilogue (activation,
@@ -20,7 +21,10 @@ namespace kiln::xnnpack {
 
 namespace {
 
-constexpr int64_t kMaxWork = 1 << 15;  // M·K·N
+constexpr int64_t kMaxWork = 1 << 15;  // M·K·N the default rule gives it
+// M·K·N max-autotune times it up to: on one thread, a product of a million multiply-adds takes
+// ~0.1 ms, where the fixed cost of a call that XNNPACK saves is a fraction of a microsecond.
+constexpr int64_t kMaxTuned = 1 << 20;
 
 bool initialized() {
   static const bool ok = xnn_initialize(nullptr) == xnn_status_success;
@@ -62,10 +66,16 @@ std::optional<std::string> declines(const KernelQuery& q) {
   const bool bias = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;
   if (bias && !q.inputs[2].value) return "the bias is computed at run time";
   const Shape2 s = *shape_of(q);
-  if (s.m * s.k * s.n > kMaxWork) return "larger than 32768 multiply-adds (oneDNN is faster there)";
+  if (s.m * s.k * s.n > kMaxTuned) return "larger than a million multiply-adds (it runs on one thread)";
   if (s.m * s.k * s.n == 0) return "empty";
   if (q.node.op == "FusedMatMul" && !cpu::best_isa(q.target.cpu)) return "the epilogue needs AVX2 or AVX-512";
   if (!initialized()) return "XNNPACK does not support this CPU";
+  return std::nullopt;
+}
+
+std::optional<std::string> defers(const KernelQuery& q) {
+  const Shape2 s = *shape_of(q);
+  if (s.m * s.k * s.n > kMaxWork) return "larger than 32768 multiply-adds (oneDNN is faster there)";
   return std::nullopt;
 }
 
@@ -135,8 +145,10 @@ namespace kiln {
 
 void register_xnnpack_kernels(KernelRegistry& r) {
   for (const char* op : {"MatMul", "FusedMatMul", "Gemm"})
-    r.add(op, "cpu", KernelImpl{"xnnpack.fully_connected", xnnpack::declines,
-                                [](const KernelQuery&) { return std::make_unique<xnnpack::FullyConnected>(); }});
+    r.add(op, "cpu", KernelImpl{.name = "xnnpack.fully_connected",
+                                .declines = xnnpack::declines,
+                                .create = [](const KernelQuery&) { return std::make_unique<xnnpack::FullyConnected>(); },
+                                .defers = xnnpack::defers});
 }
 
 }  // namespace kiln

@@ -90,7 +90,7 @@ def external_model(work, location):
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
           "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "merge_transposes",
           "eliminate_dead",
-          "select_kernels", "prepack_weights")
+          "select_kernels", "autotune_kernels", "prepack_weights")
 
 
 def compile_tests(r, work, samples):

@@ -3,7 +3,10 @@
 winner per problem and machine, the output may be an input, - for stdout), prune (drops the
 records of other versions, rewrites atomically, leaves the file alone when nothing goes), and the
 user-error paths: a corrupt or future-version line is one line on stderr naming the file and the
-line number, exit 2, and no output is left behind."""
+line number, exit 2, and no output is left behind. Then `kiln compile --mode max-autotune` on the
+transformer sample: the report (stderr and --tune-report JSON), the records it adds, a warm
+compile that times nothing and chooses the same kernels, a default compile reading the database
+only when named, and its flags' user errors."""
 import argparse
 import json
 import os
@@ -13,7 +16,8 @@ import sys
 
 from checks import Checks, run_in_temp_dir
 
-ONE_LINE = re.compile(r"^kiln tune: error: .+$")
+ONE_LINE = re.compile(r"^kiln (tune|compile): error: .+$")
+SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples")
 
 MACHINE_A = {"model_name": "Intel(R) Xeon(R) Platinum 8480+", "vendor": "GenuineIntel", "family": 6, "model": 143,
              "stepping": 8, "features": ["avx2", "fma", "avx512f", "avx512bw", "avx512vl"], "physical_cores": 56,
@@ -186,6 +190,81 @@ def body(r, work):
     r.error("merge_unwritable", ["tune", "merge", "a.jsonl", "-o", "a.jsonl/x/out.jsonl"], 2, r"a\.jsonl")
     r.error("merge_no_output", ["tune", "merge", "a.jsonl"], 2, r"--output")
     r.error("no_subcommand", ["tune"], 2, r"subcommand")
+    autotune(r)
+
+
+def kernels(r, model):
+    """Each node's kernel choice, from kiln inspect --text."""
+    rc, out, err = r.run(["inspect", model, "--text"])
+    return [l.split(" kernel=", 1)[1] for l in out.splitlines() if l.strip().startswith("node ") and " kernel=" in l]
+
+
+def autotune(r):
+    rc, _, err = r.run(["export", os.path.join(SAMPLES, "transformer.onnx"), "-o", "t.kiln"])
+    r.check("autotune_export", rc == 0, err)
+    shapes = ["--input-shape", "input=1x16x32"]
+    rc, out, err = r.run(["inspect", "t.kiln", "--json"])
+    try:
+        name = json.loads(out)["inputs"][0]["name"]
+        shapes = ["--input-shape", f"{name}=" + "x".join(str(d if isinstance(d, int) else 1) for d in json.loads(out)["inputs"][0]["shape"])]
+    except (ValueError, KeyError, IndexError) as e:
+        r.check("autotune_inspect", False, f"{e}: {out[:300]!r}")
+    cold = ["compile", "t.kiln", "-o", "t.tuned.kiln", "--mode", "max-autotune", "--tuning-db", "at.jsonl",
+            "--tune-budget", "60s", "--tune-report", "report.json", "--threads", "1"] + shapes
+    rc, out, err = r.run(cold)
+    r.check("autotune_cold", rc == 0 and "search:" in err and "database at.jsonl: 0 used" in err, f"exit {rc}: {err[-800:]!r}")
+    try:
+        rep = json.load(open(r.path("report.json")))
+        probs = rep["problems"]
+        good = (rep["searched"] and rep["rounds"] > 0 and not rep["budget_exhausted"] and len(probs) > 0
+                and all(p["source"] in ("tuned", "default") and p["default_us"] > 0 and p["best_us"] > 0 for p in probs)
+                and any(p["op"] in ("MatMul", "FusedMatMul", "Gemm") for p in probs)
+                and all(p["chosen_us"] < p["default_us"] for p in probs if p["source"] == "tuned")
+                and rep["database"]["added"] == len(probs))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        good, probs = False, str(e)
+    r.check("autotune_report_json", good, repr(probs)[:800])
+    db = r.read("at.jsonl") if os.path.exists(r.path("at.jsonl")) else b""
+    lines = [json.loads(l) for l in db.decode().splitlines()]
+    r.check("autotune_records", len(lines) > 0 and all(x["winner"]["time_us"] > 0 for x in lines), db[:400])
+    rc, out, _ = r.run(["tune", "show", "at.jsonl", "--json"])
+    r.check("autotune_records_this_machine", rc == 0 and all(x["this_machine"] and x["current_versions"] for x in json.loads(out)["records"]),
+            out[:400])
+    tuned = kernels(r, "t.tuned.kiln")
+    rc, out, err = r.run(["run", "t.tuned.kiln"] + shapes)
+    r.check("autotune_runs", rc == 0, f"exit {rc}: {err[-400:]!r}")
+
+    # Warm: every problem from the database, nothing timed, the same kernels, the file untouched.
+    warm = ["compile", "t.kiln", "-o", "t.warm.kiln", "--mode", "max-autotune", "--tuning-db", "at.jsonl",
+            "--tune-report", "warm.json", "--threads", "1"] + shapes
+    rc, out, err = r.run(warm)
+    try:
+        rep = json.load(open(r.path("warm.json")))
+        good = rc == 0 and not rep["searched"] and rep["graph_runs"] == 0 and rep["database"]["used"] == len(lines) \
+            and all(p["source"] == "database" for p in rep["problems"])
+    except (OSError, ValueError, KeyError) as e:
+        good, err = False, f"{e} {err}"
+    r.check("autotune_warm", good and f"database at.jsonl: {len(lines)} used, 0 added" in err, f"exit {rc}: {err[-600:]!r}")
+    r.check("autotune_warm_same_kernels", kernels(r, "t.warm.kiln") == tuned and len(tuned) > 0, "kernels differ")
+    r.check("autotune_warm_db_untouched", r.read("at.jsonl") == db, "the database changed")
+    # A default compile takes the database only when it is named.
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.db.kiln", "--tuning-db", "at.jsonl", "--threads", "1"] + shapes)
+    r.check("autotune_default_reads_named_db", rc == 0 and kernels(r, "t.db.kiln") == tuned, f"exit {rc}: {err!r}")
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.plain.kiln", "--threads", "1"] + shapes)
+    r.check("autotune_default_ignores_db", rc == 0 and not os.path.exists(r.path("cache/kiln/tuning.jsonl")), f"exit {rc}: {err!r}")
+    # Without --tuning-db, max-autotune keeps its records in the user's cache folder.
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.cache.kiln", "--mode", "max-autotune", "--threads", "1"] + shapes)
+    r.check("autotune_default_db_path", rc == 0 and os.path.exists(r.path("cache/kiln/tuning.jsonl")), f"exit {rc}: {err[-300:]!r}")
+
+    # User errors: one line, exit 2, no output written.
+    for name, args, pattern in [
+            ("autotune_bad_mode", ["--mode", "fastest"], r"--mode 'fastest' is not one of default, max-autotune"),
+            ("autotune_bad_budget", ["--mode", "max-autotune", "--tune-budget", "soon"], r"--tune-budget 'soon' is not a time"),
+            ("autotune_report_alone", ["--tune-report", "x.json"], r"--tune-report needs --mode max-autotune or --tuning-db"),
+            ("autotune_missing_db", ["--tuning-db", "nosuch.jsonl"], r"nosuch\.jsonl: no such file"),
+            ("autotune_corrupt_db", ["--mode", "max-autotune", "--tuning-db", "corrupt.jsonl"], r"corrupt\.jsonl: line 3: is not valid JSON")]:
+        r.error(name, ["compile", "t.kiln", "-o", "t.err.kiln"] + args + shapes, 2, pattern)
+        r.check(name + "_no_output", not os.path.exists(r.path("t.err.kiln")), "an output was written")
 
 
 def main():

@@ -1,0 +1,275 @@
+// max-autotune (compile/autotune.h): the search over a small MLP whose three hidden layers are
+// one problem, the database it writes and a later compile's reuse of it without timing, the
+// budget, the rule's preferences (`defers`) that a pinned kernel skips, and the GEMM kernel's
+// partial parameters.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "compile/autotune.h"
+#include "compile/pipeline.h"
+#include "runtime/plan.h"
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::GraphBuilder;
+
+Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t(DType::f32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-0.5f, 0.5f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
+  return t;
+}
+
+// x[32, 64] -> three 64x64 linear layers with bias and ReLU (one problem) -> a 64x128 one.
+Model mlp() {
+  GraphBuilder b;
+  ValueId h = b.input("x", {32, 64});
+  for (int i = 0; i < 3; ++i) {
+    const std::string n = std::to_string(i);
+    ValueId w = b.constant("w" + n, random_tensor({64, 64}, 10 + i));
+    ValueId bias = b.constant("b" + n, random_tensor({64}, 20 + i));
+    ValueId y = b.op("mm" + n, "MatMul", {h, w});
+    ValueId z = b.op("add" + n, "Add", {y, bias});
+    h = b.op("relu" + n, "Relu", {z});
+  }
+  ValueId w = b.constant("w_out", random_tensor({64, 128}, 30));
+  return b.done({b.op("out", "MatMul", {h, w})});
+}
+
+std::string temp_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("kiln-autotune-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+struct Compiled {
+  Model model;
+  TuningReport report;
+  Result<CompileReport> result = Error{};
+};
+
+Compiled compile(const Model& m, bool search, const std::string& db, double budget_s = 120) {
+  Compiled c{m, {}, Error{}};
+  CompileOptions options;
+  options.target.threads = 1;
+  options.tuning.search = search;
+  options.tuning.db_path = db;
+  options.tuning.budget_s = budget_s;
+  options.tuning.report = &c.report;
+  c.result = compile_model(c.model, options);
+  return c;
+}
+
+const TunedProblem* find_problem(const TuningReport& r, size_t nodes) {
+  for (const TunedProblem& p : r.problems)
+    if (p.nodes.size() == nodes) return &p;
+  return nullptr;
+}
+
+void expect_matches_reference(const Model& compiled, const Model& original) {
+  const std::vector<Tensor> inputs = {random_tensor({32, 64}, 99)};
+  auto session = Session::create(compiled, SessionOptions{.target = Target{.threads = 1}});
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  auto got = (*session)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  const std::vector<Tensor> want = testing::run_reference(original, inputs);
+  ASSERT_EQ(got->size(), want.size());
+  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-5);
+}
+
+TEST(Autotune, SearchesEachProblemOnceRecordsItAndReusesTheRecordWithoutTiming) {
+  const std::string dir = temp_dir("search"), db = dir + "/tuning.jsonl";
+  const Model original = mlp();
+  Compiled cold = compile(original, true, db);
+  ASSERT_TRUE(cold.result.ok()) << cold.result.error().message();
+  const TuningReport& r = cold.report;
+  EXPECT_TRUE(r.searched);
+  EXPECT_GT(r.rounds, 0u);
+  EXPECT_FALSE(r.budget_exhausted);
+  // The three hidden layers are one problem; the output layer another.
+  ASSERT_EQ(r.problems.size(), 2u) << tuning_report_text(r);
+  const TunedProblem* hidden = find_problem(r, 3);
+  ASSERT_NE(hidden, nullptr) << tuning_report_text(r);
+  EXPECT_EQ(hidden->problem.op, "FusedMatMul");
+  EXPECT_EQ(hidden->problem.threads, 1);
+  EXPECT_GT(hidden->timed, 2u) << "the implementations and the GEMM template's axes";
+  EXPECT_GT(hidden->default_us, 0);
+  EXPECT_GT(hidden->chosen_us, 0);
+  for (const TunedProblem& p : r.problems) {
+    EXPECT_NE(p.source, TuningSource::cut_short);
+    if (p.source == TuningSource::measured) EXPECT_LT(p.chosen_us, p.default_us) << "a replacement measured faster";
+    else EXPECT_EQ(p.chosen, p.default_kernel);
+    EXPECT_TRUE(p.rejected.empty()) << p.rejected.front();
+  }
+  // Every node of a problem runs the chosen kernel; the model computes what it did.
+  for (const Node& n : cold.model.graph.nodes) {
+    if (n.name.rfind("mm", 0) == 0) {
+      EXPECT_EQ(n.kernel.name, hidden->chosen.name) << n.name;
+    }
+  }
+  expect_matches_reference(cold.model, original);
+  const bool changed = !(r.problems[0].chosen == r.problems[0].default_kernel) || !(r.problems[1].chosen == r.problems[1].default_kernel);
+  EXPECT_EQ(r.final_runs > 0, changed) << "the end-to-end comparison runs when a kernel changed";
+
+  // The database holds one record per problem, for this machine.
+  auto loaded = tuning::load_tuning_db(db);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  EXPECT_EQ(loaded->size(), 2u);
+  EXPECT_EQ(r.db_written, 2u);
+  for (const tuning::TuningRecord* rec : loaded->records()) EXPECT_EQ(rec->machine, tuning::MachineFingerprint::host());
+
+  // Warm: nothing timed, the same choices.
+  Compiled warm = compile(original, true, db);
+  ASSERT_TRUE(warm.result.ok()) << warm.result.error().message();
+  EXPECT_FALSE(warm.report.searched);
+  EXPECT_EQ(warm.report.graph_runs, 0u);
+  EXPECT_EQ(warm.report.db_used, 2u);
+  EXPECT_EQ(warm.report.db_written, 0u);
+  for (size_t i = 0; i < cold.model.graph.nodes.size(); ++i)
+    EXPECT_EQ(warm.model.graph.nodes[i].kernel, cold.model.graph.nodes[i].kernel) << cold.model.graph.nodes[i].name;
+
+  // A default compile reads the database it is given, and only then.
+  Compiled reuse = compile(original, false, db);
+  ASSERT_TRUE(reuse.result.ok()) << reuse.result.error().message();
+  EXPECT_EQ(reuse.report.db_used, 2u);
+  for (size_t i = 0; i < cold.model.graph.nodes.size(); ++i)
+    EXPECT_EQ(reuse.model.graph.nodes[i].kernel, cold.model.graph.nodes[i].kernel);
+  Compiled plain = compile(original, false, "");
+  ASSERT_TRUE(plain.result.ok());
+  EXPECT_TRUE(plain.report.problems.empty());
+  fs::remove_all(dir);
+}
+
+TEST(Autotune, AnExhaustedBudgetKeepsTheDefaultsAndRecordsNothing) {
+  const std::string dir = temp_dir("budget"), db = dir + "/tuning.jsonl";
+  Compiled c = compile(mlp(), true, db, 1e-6);
+  ASSERT_TRUE(c.result.ok()) << c.result.error().message();
+  EXPECT_TRUE(c.report.budget_exhausted);
+  ASSERT_FALSE(c.report.problems.empty());
+  for (const TunedProblem& p : c.report.problems) {
+    EXPECT_EQ(p.source, TuningSource::cut_short);
+    EXPECT_EQ(p.chosen, p.default_kernel) << "only the defaults were timed";
+  }
+  EXPECT_EQ(c.report.db_written, 0u);
+  EXPECT_NE(tuning_report_text(c.report).find("cut short"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Autotune, ACorruptDatabaseIsAUserErrorNamingTheLine) {
+  const std::string dir = temp_dir("corrupt"), db = dir + "/tuning.jsonl";
+  std::ofstream(db) << "{\"format_version\": 1}\n";
+  Compiled c = compile(mlp(), true, db);
+  ASSERT_FALSE(c.result.ok());
+  EXPECT_EQ(c.result.error().kind, ErrorKind::user);
+  EXPECT_NE(c.result.error().message().find("line 1"), std::string::npos) << c.result.error().message();
+  // A default compile given a database that does not exist is refused too.
+  Compiled missing = compile(mlp(), false, dir + "/none.jsonl");
+  ASSERT_FALSE(missing.result.ok());
+  EXPECT_EQ(missing.result.error().kind, ErrorKind::user);
+  fs::remove_all(dir);
+}
+
+TEST(Autotune, TheReportIsJsonWithEveryProblem) {
+  const std::string dir = temp_dir("json"), db = dir + "/tuning.jsonl";
+  Compiled c = compile(mlp(), true, db);
+  ASSERT_TRUE(c.result.ok()) << c.result.error().message();
+  const nlohmann::json j = nlohmann::json::parse(tuning_report_json(c.report));
+  EXPECT_TRUE(j["searched"].get<bool>());
+  ASSERT_EQ(j["problems"].size(), 2u);
+  for (const auto& p : j["problems"]) {
+    EXPECT_TRUE(p.contains("default_us"));
+    EXPECT_TRUE(p.contains("chosen_us"));
+    EXPECT_TRUE(p["chosen"].contains("name"));
+  }
+  EXPECT_EQ(j["database"]["added"].get<int>(), 2);
+  fs::remove_all(dir);
+}
+
+TEST(Autotune, ProblemsKeyOnShapesAttributesConstantsAndThreads) {
+  Model m = mlp();
+  CompileOptions options;
+  options.target.threads = 1;
+  ASSERT_TRUE(compile_model(m, options).ok());
+  std::vector<std::vector<int64_t>> shapes = {{32, 64}};
+  Target t1{.threads = 1}, t2{.threads = 2};
+  auto plan = build_plan(m.graph, shapes, PlanOptions{t1, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  std::vector<tuning::TuningProblem> mm;
+  for (size_t n = 0; n < m.graph.nodes.size(); ++n)
+    if (m.graph.nodes[n].op == "FusedMatMul" || m.graph.nodes[n].op == "MatMul") mm.push_back(tuning_problem(*plan, n, t1));
+  ASSERT_EQ(mm.size(), 4u);
+  EXPECT_EQ(mm[0], mm[1]);
+  EXPECT_EQ(mm[1], mm[2]);
+  EXPECT_NE(mm[2], mm[3]);
+  EXPECT_EQ(mm[0].inputs[1].shape, (std::vector<int64_t>{64, 64}));
+  EXPECT_NE(mm[0].layout.find("const=1,2"), std::string::npos) << mm[0].layout;
+  EXPECT_NE(mm[0].epilogue.find("activation=\"Relu\""), std::string::npos) << mm[0].epilogue;
+  size_t first = 0;
+  while (m.graph.nodes[first].op != "FusedMatMul") ++first;
+  EXPECT_EQ(tuning_problem(*plan, first, t2).threads, 2);
+}
+
+// XNNPACK declines products above a million multiply-adds; up to that it runs them when pinned
+// (max-autotune's candidates), while the default rule leaves those above 32,768 to kiln's GEMM.
+TEST(Autotune, APinnedKernelSkipsTheRulesPreferences) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {64, 64});
+  ValueId w = b.constant("w", random_tensor({64, 64}, 5));
+  Model m = b.done({b.op("y", "MatMul", {x, w})});
+  const KernelRegistry& reg = default_kernels();
+  Target target{.threads = 1};
+  std::vector<std::vector<int64_t>> shapes = {{64, 64}};
+  auto plan = build_plan(m.graph, shapes, PlanOptions{target, reg});
+  ASSERT_TRUE(plan.ok());
+  EXPECT_NE(plan->kernels[0].name, "xnnpack.fully_connected");
+  bool deferred = false;
+  for (const auto& [name, why] : plan->kernels[0].declined) deferred |= name == "xnnpack.fully_connected";
+  EXPECT_TRUE(deferred) << "the rule leaves 262,144 multiply-adds to others";
+  m.graph.nodes[0].kernel = KernelChoice{"xnnpack.fully_connected", {}};
+  auto pinned = build_plan(m.graph, shapes, PlanOptions{target, reg});
+  ASSERT_TRUE(pinned.ok()) << pinned.error().message();
+  EXPECT_EQ(pinned->kernels[0].name, "xnnpack.fully_connected");
+}
+
+// A GEMM record with some parameters takes the rest from the defaults for its tile, and rounds
+// its blocks to whole tiles.
+TEST(Autotune, GemmKernelTakesPartialParameters) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {100, 200});
+  ValueId w = b.constant("w", random_tensor({200, 300}, 6));
+  Model m = b.done({b.op("y", "MatMul", {x, w})});
+  Target target{.threads = 1};
+  std::vector<std::vector<int64_t>> shapes = {{100, 200}};
+  const std::string gemm = CpuFeatures::host().avx512f ? "kiln.gemm_f32_avx512" : "kiln.gemm_f32_avx2";
+  if (!CpuFeatures::host().avx2) GTEST_SKIP() << "no AVX2";
+  const int64_t mr = CpuFeatures::host().avx512f ? 14 : 3, nr = CpuFeatures::host().avx512f ? 32 : 32;
+  m.graph.nodes[0].kernel = KernelChoice{gemm, {{"mr", mr}, {"nr", nr}, {"mc", int64_t{50}}}};
+  auto plan = build_plan(m.graph, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  ASSERT_EQ(plan->kernels[0].name, gemm);
+  KernelChoice full{gemm, plan->kernels[0].kernel->params()};
+  EXPECT_EQ(*full.param<int64_t>("mr"), mr);
+  EXPECT_EQ(*full.param<int64_t>("nr"), nr);
+  EXPECT_EQ(*full.param<int64_t>("mc") % mr, 0) << "rounded to whole tiles";
+  EXPECT_GE(*full.param<int64_t>("mc"), 50);
+  EXPECT_GT(*full.param<int64_t>("kc"), 0);
+  const std::vector<Tensor> inputs = {random_tensor({100, 200}, 7)};
+  auto session = Session::create(m, SessionOptions{.target = target});
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  auto got = (*session)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(m, inputs)[0]), 1e-5);
+}
+
+}  // namespace
+}  // namespace kiln
