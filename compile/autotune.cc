@@ -33,8 +33,11 @@ constexpr double kCloseCall = 0.05, kClearlySlower = 1.15;
 constexpr double kExploreWithin = 1.25;
 // A candidate replaces the default only when its median is this fraction faster.
 constexpr double kMinGain = 0.02;
-// Runs of each configuration in the final interleaved comparison.
-constexpr size_t kFinalRuns = 10;
+// Runs of each configuration in the final interleaved comparison, and how much faster a
+// problem's choice (the median of its nodes' paired ratios) and the whole tuned graph (the
+// median of the runs' paired ratios) must be there to stay.
+constexpr size_t kFinalRuns = 20;
+constexpr double kConfirmGain = 0.01;
 // The most runners-up a database record keeps.
 constexpr size_t kRecordCandidates = 5;
 // A candidate's output against the default kernel's (relative L2): float outputs, and integer
@@ -48,6 +51,14 @@ double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The median of a[i] / b[i].
+double median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (b[i] > 0) r.push_back(a[i] / b[i]);
+  return r.empty() ? 1 : median_of(r);
 }
 
 LatencyStats stats_of(const std::vector<double>& v) {
@@ -475,8 +486,12 @@ Status Search::finish() {
     b->set_observer(&tb);
     std::vector<double> ams, bms;
     std::map<const Group*, std::pair<std::vector<double>, std::vector<double>>> by_group;
-    for (size_t r = 0; r <= kFinalRuns; ++r) {  // the first pair warms up
-      for (int which = 0; which < 2; ++which) {
+    // Pairs of runs, in alternating order (so that neither configuration always runs second):
+    // a pair's ratio cancels what the machine did in between, which run-to-run noise on a
+    // shared machine would otherwise swamp. The first pair warms up.
+    for (size_t r = 0; r <= kFinalRuns; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        const int which = (r % 2) ^ k;  // 0: default, 1: tuned
         Session& s = which ? *b : *a;
         const auto t0 = Clock::now();
         KILN_RETURN_IF_ERROR(s.run(inputs_).status());
@@ -497,11 +512,12 @@ Status Search::finish() {
     report_.final_runs = kFinalRuns;
     report_.default_ms = stats_of(ams);
     report_.tuned_ms = stats_of(bms);
+    report_.paired_ratio = median_ratio(bms, ams);
     if (!per_node) return {};
     for (Group& g : groups_) {
       if (!g.search || g.final_choice == g.default_choice) continue;
       const auto& [def, tun] = by_group[&g];
-      if (median_of(tun) < median_of(def)) continue;
+      if (median_ratio(tun, def) <= 1 - kConfirmGain) continue;
       g.final_choice = g.default_choice;
       g.note = "not faster than the default in the final comparison";
       install(tuned, g, g.default_choice);
@@ -519,12 +535,12 @@ Status Search::finish() {
     bool reverted = false;
     for (size_t i = 0; i < groups_.size(); ++i) reverted |= groups_[i].final_choice != before[i];
     if (reverted) KILN_RETURN_IF_ERROR(compare(false));
-    if (report_.tuned_ms.min > report_.default_ms.median) {  // clearly slower, beyond the runs' spread
+    if (report_.paired_ratio > 1 - kConfirmGain) {  // not faster end to end: every default kept
       report_.reverted = true;
       for (Group& g : groups_)
         if (g.search && g.final_choice != g.default_choice) {
           g.final_choice = g.default_choice;
-          g.note = "the tuned graph was clearly slower end to end";
+          g.note = "the tuned graph was not faster end to end";
         }
     }
   }
@@ -713,8 +729,8 @@ std::string tuning_report_text(const TuningReport& r) {
     if (r.final_runs)
       s += "end to end, median (min-max) of " + std::to_string(r.final_runs) + " interleaved runs: default " + fixed(r.default_ms.median, 3) +
            " ms (" + fixed(r.default_ms.min, 3) + "-" + fixed(r.default_ms.max, 3) + "), tuned " + fixed(r.tuned_ms.median, 3) + " ms (" +
-           fixed(r.tuned_ms.min, 3) + "-" + fixed(r.tuned_ms.max, 3) + "), " + fixed(r.default_ms.median / r.tuned_ms.median, 3) + "x" +
-           (r.reverted ? "; clearly slower, so every default is kept" : "") + "\n";
+           fixed(r.tuned_ms.min, 3) + "-" + fixed(r.tuned_ms.max, 3) + "); tuned/default of each pair, median " + fixed(r.paired_ratio, 3) +
+           (r.reverted ? ": not 1% faster, so every default is kept" : "") + "\n";
     else
       s += "end to end: no kernel changed, nothing to compare\n";
   }
@@ -759,7 +775,11 @@ std::string tuning_report_json(const TuningReport& r) {
            {"budget_exhausted", r.budget_exhausted},
            {"database", {{"path", r.db_path}, {"used", r.db_used}, {"added", r.db_written}}}};
   if (r.final_runs)
-    out["end_to_end"] = {{"runs", r.final_runs}, {"default_ms", lat(r.default_ms)}, {"tuned_ms", lat(r.tuned_ms)}, {"reverted", r.reverted}};
+    out["end_to_end"] = {{"runs", r.final_runs},
+                         {"default_ms", lat(r.default_ms)},
+                         {"tuned_ms", lat(r.tuned_ms)},
+                         {"paired_ratio", r.paired_ratio},
+                         {"reverted", r.reverted}};
   return out.dump(2) + "\n";
 }
 

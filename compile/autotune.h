@@ -15,9 +15,12 @@
 // whose output differs from the default kernel's is dropped.
 //
 // Never slower than the default: a candidate replaces the default only when its median beats
-// the default's by kMinGain, and then again in a final interleaved comparison of the default
-// and the tuned graph, node by node; if the tuned graph is clearly slower end to end (its fastest
-// run slower than the default's median), every default is kept. Problems found in the database are not timed; those the search timed to the end are
+// the default's by kMinGain, and then again in a final comparison of the default and the tuned
+// graph in pairs of runs, node by node (the median of its paired ratios at most 1 −
+// kConfirmGain); unless the tuned graph is then kConfirmGain faster end to end too (the median
+// of the pairs' ratios), every default is kept: per-node times of small kernels do not always
+// add up (a kernel can leave the next one a worse cache state), and the end-to-end pairs are
+// the judge. Problems found in the database are not timed; those the search timed to the end are
 // added to it.
 #pragma once
 
@@ -74,7 +77,8 @@ struct TuningReport {
   bool budget_exhausted = false;
   size_t final_runs = 0;  ///< runs per configuration in the final comparison (0: none)
   LatencyStats default_ms, tuned_ms;
-  bool reverted = false;  ///< the tuned graph was clearly slower end to end: every default kept
+  double paired_ratio = 1;  ///< the median of tuned/default over the comparison's pairs of runs
+  bool reverted = false;    ///< the tuned graph was not 1% faster end to end: every default kept
   std::string db_path;
   size_t db_used = 0, db_written = 0;
 };

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kiln's libFuzzer targets (CMake preset `fuzz`: clang, ASan + UBSan) and runs them.
-#   scripts/fuzz.sh --smoke              every target for 60 s from its committed corpus and
+#   scripts/fuzz.sh --smoke              every target for 60 s (as many at once as CPUs) from its committed corpus and
 #                                        the inputs of past findings (tests/fuzz/findings) (CI)
 #   scripts/fuzz.sh TARGET [SECONDS] [-jobs N]
 #                                        a long campaign: a work corpus in build-fuzz/corpus/TARGET
@@ -47,11 +47,20 @@ run_target() {
 }
 
 if [ "${1:-}" = "--smoke" ]; then
+  # As many targets at once as there are CPUs (each is one process), each 60 s from its corpus.
   failed=0
-  for t in "${targets[@]}"; do
-    work=$(mktemp -d)
-    run_target "$t" 60 "$work" || failed=$((failed + 1))
-    rm -rf "$work"
+  parallel=$(nproc)
+  for ((i = 0; i < ${#targets[@]}; i += parallel)); do
+    batch=("${targets[@]:i:parallel}")
+    pids=()
+    for t in "${batch[@]}"; do
+      (work=$(mktemp -d); rc=0; run_target "$t" 60 "$work" >"build-fuzz/$t.smoke" 2>&1 || rc=$?; rm -rf "$work"; exit $rc) &
+      pids+=($!)
+    done
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}" || failed=$((failed + 1))
+      cat "build-fuzz/${batch[$k]}.smoke"
+    done
   done
   echo "fuzz: $(( ${#targets[@]} - failed )) passed, $failed failed"
   exit $(( failed > 0 ))

@@ -119,7 +119,13 @@ TEST(Autotune, SearchesEachProblemOnceRecordsItAndReusesTheRecordWithoutTiming) 
   }
   expect_matches_reference(cold.model, original);
   const bool changed = !(r.problems[0].chosen == r.problems[0].default_kernel) || !(r.problems[1].chosen == r.problems[1].default_kernel);
-  EXPECT_EQ(r.final_runs > 0, changed) << "the end-to-end comparison runs when a kernel changed";
+  if (changed) {
+    EXPECT_EQ(r.final_runs, 20u) << "a changed kernel was confirmed end to end";
+    EXPECT_LT(r.paired_ratio, 0.99) << "and the tuned graph was faster there";
+  }
+  if (r.reverted) {
+    EXPECT_FALSE(changed) << "a tuned graph not faster end to end keeps every default";
+  }
 
   // The database holds one record per problem, for this machine.
   auto loaded = tuning::load_tuning_db(db);
