@@ -105,10 +105,10 @@ struct Group {
 };
 
 KernelParams with(KernelParams base, const KernelParams& overrides) {
-  for (const auto& [k, v] : overrides) {
-    auto it = std::find_if(base.begin(), base.end(), [&](const auto& p) { return p.first == k; });
-    if (it != base.end()) it->second = v;
-    else base.emplace_back(k, v);
+  for (const auto& kv : overrides) {
+    auto it = std::find_if(base.begin(), base.end(), [&](const auto& p) { return p.first == kv.first; });
+    if (it != base.end()) it->second = kv.second;
+    else base.push_back(kv);
   }
   return base;
 }
@@ -554,8 +554,8 @@ Result<PassResult> Search::run() {
   if (std::none_of(graph.nodes.begin(), graph.nodes.end(), [](const Node& n) { return !n.kernel.empty(); }))
     return PassResult{false, "no kernels chosen yet (select_kernels runs first)"};
   {
-    KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(graph, shapes_, PlanOptions{ctx_.target, registry_}));
-    plan.kernels.clear();  // the queries need the shapes and constants, not the prepared kernels
+    // The queries need the shapes and constants, not the prepared kernels.
+    KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(graph, shapes_, PlanOptions{ctx_.target, registry_, false, false}));
     plan_ = std::move(plan);
   }
   KILN_RETURN_IF_ERROR(form_groups());

@@ -241,7 +241,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   std::vector<InferInput> q_in;
   std::vector<InferOutput> q_out;
   plan.kernels.reserve(nn);
-  for (size_t n = 0; n < nn; ++n) {
+  for (size_t n = 0; n < nn && options.choose_kernels; ++n) {
     const Node& node = bound.nodes[n];
     node_query_operands(plan, n, q_in, q_out);
     // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.

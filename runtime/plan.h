@@ -67,6 +67,9 @@ struct PlanOptions {
   const Target& target;
   const KernelRegistry& kernels;
   bool reference = false;  ///< every node on its reference kernel (the oracle)
+  /// false: shapes, constants and memory only, no kernel chosen or prepared (`kernels` stays
+  /// empty), for callers that only build kernel queries (max-autotune's probes).
+  bool choose_kernels = true;
 };
 
 /// "output 0 'y'" for messages about a node's outputs.
