@@ -462,7 +462,7 @@ Status Search::search() {
 }
 
 // The winners, confirmed node by node in an interleaved comparison of the default and the tuned
-// graph; the end-to-end latency of both; every default kept when the tuned graph is slower.
+// graph; the end-to-end latency of both; every default kept unless the tuned graph is faster.
 Status Search::finish() {
   for (Group& g : groups_) {
     if (!g.search) continue;
