@@ -8,11 +8,11 @@
 #include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/text.h"
+#include "profile/stats.h"
 #include "runtime/compare.h"
 #include "runtime/random_inputs.h"
 #include "runtime/session.h"
@@ -46,24 +46,17 @@ constexpr double kFloatTolerance = 1e-3, kIntegerTolerance = 5e-2;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // The median of a[i] / b[i].
 double median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> r;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i)
     if (b[i] > 0) r.push_back(a[i] / b[i]);
-  return r.empty() ? 1 : median_of(r);
+  return r.empty() ? 1 : profile::median(r);
 }
 
 LatencyStats stats_of(const std::vector<double>& v) {
   if (v.empty()) return {};
-  return {median_of(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+  return {profile::median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
 }
 
 // One timed configuration of a problem.
@@ -362,7 +355,7 @@ Status Search::round(bool reference) {
     if (rep + 1 < kMinReps || reference) continue;  // the defaults, every comparison's base, run kMaxReps times
     const bool decided = std::all_of(active.begin(), active.end(), [](const Group* g) {
       const double best = g->measured[static_cast<size_t>(g->best)].us;
-      const double med = median_of(g->runs), fastest = *std::min_element(g->runs.begin(), g->runs.end());
+      const double med = profile::median(g->runs), fastest = *std::min_element(g->runs.begin(), g->runs.end());
       return fastest > kClearlySlower * best || std::abs(med - best) > kCloseCall * best;
     });
     if (decided) break;
@@ -410,7 +403,7 @@ Status Search::search() {
   KILN_RETURN_IF_ERROR(round(true));
   for (Group& g : groups_) {
     if (!g.search) continue;
-    Candidate def{g.default_choice, 0, {}, median_of(g.runs)};
+    Candidate def{g.default_choice, 0, {}, profile::median(g.runs)};
     for (size_t i = 0; i < g.impls.size(); ++i)
       if (g.impls[i].impl->name == g.default_choice.name) def.impl = i;
     g.measured.push_back(def);
@@ -452,7 +445,7 @@ Status Search::search() {
     for (Group& g : groups_)
       if (g.trying) {
         Candidate c = *g.trying;
-        c.us = median_of(g.runs);
+        c.us = profile::median(g.runs);
         record(g, c);
         g.trying.reset();
       }
@@ -476,6 +469,7 @@ Status Search::finish() {
     install(base, g, g.default_choice);
     install(tuned, g, g.from_db ? *g.from_db : g.search ? g.final_choice : g.default_choice);
   }
+  bool reverted = false;  // a choice went back to the default node by node
   auto compare = [&](bool per_node) -> Status {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Session> a, session_for(base));
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<Session> b, session_for(tuned));
@@ -521,20 +515,14 @@ Status Search::finish() {
       g.final_choice = g.default_choice;
       g.note = "not faster than the default in the final comparison";
       install(tuned, g, g.default_choice);
+      reverted = true;
     }
     return {};
   };
   bool changed = std::any_of(groups_.begin(), groups_.end(), [](const Group& g) { return g.search && g.final_choice != g.default_choice; });
   if (changed) {
-    const std::vector<KernelChoice> before = [&] {
-      std::vector<KernelChoice> v;
-      for (const Group& g : groups_) v.push_back(g.final_choice);
-      return v;
-    }();
     KILN_RETURN_IF_ERROR(compare(true));
-    bool reverted = false;
-    for (size_t i = 0; i < groups_.size(); ++i) reverted |= groups_[i].final_choice != before[i];
-    if (reverted) KILN_RETURN_IF_ERROR(compare(false));
+    if (reverted) KILN_RETURN_IF_ERROR(compare(false));  // the end-to-end latency without them
     if (report_.paired_ratio > 1 - kConfirmGain) {  // not faster end to end: every default kept
       report_.reverted = true;
       for (Group& g : groups_)
