@@ -3,6 +3,7 @@
 
     python bench/peers.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 3]
                           [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile] [--autotune]
+                          [--precision bf16 fp16]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
 64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
@@ -44,6 +45,12 @@ fifth column, checked and timed in the same interleaved rounds; `tuned/kiln` is 
 the default compile's, and a line per model gives the compile times and the problems the search
 changed.
 
+With --precision bf16 (or fp16, or both), kiln's model is also compiled with `--precision P`
+(for fp16 with `--target avx512-fp16` where this CPU lacks AVX512-FP16: the compile refuses it
+otherwise) and timed as a further column; `P/kiln` is its median over the fp32 compile's. Its
+outputs are checked against ONNX Runtime's fp32 ones at relative L2 <= 1e-2 (PRECISION_REL_L2_LIMIT),
+and a line per model gives the relative L2 of each output.
+
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
 onnxruntime and openvino from the test venv (scripts/requirements.txt).
@@ -73,6 +80,7 @@ INT8_REL_L2_LIMIT = 0.1  # an int8 model against fp32
 # kiln's int4 weights against ONNX Runtime's of the same scheme (kiln is within 0.002; OpenVINO's
 # CPU plugin also quantizes the activations of compressed-weight layers by default: 0.03)
 INT4_REL_L2_LIMIT = 0.05
+PRECISION_REL_L2_LIMIT = 1e-2  # --precision bf16 / fp16 against ONNX Runtime's fp32
 CALIB_SAMPLES = 8
 # The models of kiln's speed gate: the real-sized models at batch 1, ResNet-50 at batch 64, the
 # sample MLP at batch 1 and 64 (resnet_qdq is timed too, but is int8 work for ONNX Runtime).
@@ -123,7 +131,8 @@ class Case:
         self.inputs_path = os.path.join(scratch, f"{name}.inputs.npz")
         np.savez(self.inputs_path, **inputs)
         self.kiln = {}  # threads -> compiled model path
-        self.tuned = {}  # threads -> the max-autotune compile's path (--autotune)
+        self.variants = {}  # "tuned" (--autotune), "bf16", "fp16" (--precision) -> threads -> compiled model path
+        self.variant_errors = {}  # (variant, threads) -> {output: relative L2 against ONNX Runtime}
         self.tune_info = {}  # threads -> (cold compile s, warm compile s, problems changed, problems)
         self.ort = {}
         self.ov = {}
@@ -180,19 +189,37 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
         warm = time.perf_counter() - t0
         changed = sum(1 for p in problems if p["source"] == "tuned")
         case.tune_info[threads] = (cold, warm, changed, len(problems))
-        case.tuned[threads] = tuned
+        case.variants.setdefault("tuned", {})[threads] = tuned
         check_kiln(case, kiln, tuned, threads, scratch, args, env, "kiln tuned")
+    for precision in args.precision if not args.no_compile else []:
+        lowered = os.path.join(scratch, f"{case.name}.t{threads}.{precision}.kiln")
+        cmd = [kiln, "compile", exported, "-o", lowered, "--threads", str(threads), "--precision", precision]
+        for s in input_shapes(case.inputs):
+            cmd += ["--input-shape", s]
+        try:
+            run(cmd, args.timeout, env)
+        except Failed as e:
+            if f"lacks avx512-{precision}" not in str(e):
+                raise
+            run(cmd + ["--target", f"avx512-{precision}"], args.timeout, env)  # compiled for a CPU that has it
+        case.variants.setdefault(precision, {})[threads] = lowered
+        case.variant_errors[(precision, threads)] = check_kiln(case, kiln, lowered, threads, scratch, args, env, f"kiln {precision}",
+                                                               max(case.limit, PRECISION_REL_L2_LIMIT))
 
 
-def check_kiln(case, kiln, model, threads, scratch, args, env, what):
+def check_kiln(case, kiln, model, threads, scratch, args, env, what, limit=None):
+    """Runs the model on the case's inputs and checks its outputs against ONNX Runtime's; returns
+    each output's relative L2."""
     out_dir = model + ".out"
     run([kiln, "run", model, "--inputs", case.inputs_path, "--threads", str(threads), "--output-dir", out_dir],
         args.timeout, env)
+    errors = {}
     for name, ref in case.reference.items():
         got = np.load(os.path.join(out_dir, f"{name}.npy"))
-        err = rel_l2(got, ref)
-        if not err <= case.limit:
+        errors[name] = err = rel_l2(got, ref)
+        if not err <= (limit or case.limit):
             raise Failed(f"{what} output {name}: relative L2 {err:.3g} against ONNX Runtime")
+    return errors
 
 
 def prepare_ort(case, threads):
@@ -237,8 +264,8 @@ def prepare_ov(case, threads):
     case.ov[threads] = request
 
 
-def time_kiln(case, kiln, threads, args, env, tuned=False):
-    out = run([kiln, "run", (case.tuned if tuned else case.kiln)[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
+def time_kiln(case, kiln, threads, args, env, variant=None):
+    out = run([kiln, "run", (case.variants[variant] if variant else case.kiln)[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
                str(args.iters), "--warmup", str(args.warmup), "--json"], args.timeout, env)
     return json.loads(out)["latency_ms"]["median"] / 1e3
 
@@ -357,6 +384,8 @@ def main(argv=None):
     parser.add_argument("--no-compile", action="store_true", help="time the exported model, not a compiled one")
     parser.add_argument("--omp-wait-policy", choices=["active", "passive"], help="OMP_WAIT_POLICY for kiln's runs")
     parser.add_argument("--autotune", action="store_true", help="also time kiln compiled with --mode max-autotune")
+    parser.add_argument("--precision", nargs="+", choices=["bf16", "fp16"], default=[],
+                        help="also time kiln compiled with --precision P")
     args = parser.parse_args(argv)
     kiln = os.path.abspath(args.kiln)
     env = dict(os.environ)
@@ -396,9 +425,10 @@ def main(argv=None):
                     try:
                         times.setdefault((case.name, t, "kiln"), []).append(time_kiln(case, kiln, t, args, env))
                         time.sleep(PAUSE_S)
-                        if t in case.tuned:
-                            times.setdefault((case.name, t, "tuned"), []).append(time_kiln(case, kiln, t, args, env, tuned=True))
-                            time.sleep(PAUSE_S)
+                        for variant, paths in case.variants.items():
+                            if t in paths:
+                                times.setdefault((case.name, t, variant), []).append(time_kiln(case, kiln, t, args, env, variant))
+                                time.sleep(PAUSE_S)
                         session, names, _ = case.ort[t]
                         times.setdefault((case.name, t, "ort"), []).append(
                             time_calls(lambda: session.run(names, case.inputs), args))
@@ -410,11 +440,12 @@ def main(argv=None):
                     except Failed as e:
                         case.error = str(e)
                         failed = True
-        tuned_cols = f"  {'tuned ms':>20s}  {'tuned/kiln':>10s}" if args.autotune else ""
-        header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}" + tuned_cols
+        variants = (["tuned"] if args.autotune and not args.no_compile else []) + ([] if args.no_compile else args.precision)
+        variant_cols = "".join(f"  {v + ' ms':>20s}  {v + '/kiln':>10s}" for v in variants)
+        header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}" + variant_cols
         print(header)
         ratios = {}
-        tuned_ratios = {}
+        variant_ratios = {}  # (variant, threads) -> [its median / kiln's]
         for t in args.threads:
             for case in cases:
                 if case.error:
@@ -426,13 +457,16 @@ def main(argv=None):
                 ratios.setdefault(t, []).append((case.name, r_ort, r_ov))
                 ov_cell = cell(v) if v else "failed"
                 ov_ratio = f"{r_ov:8.2f}" if r_ov else f"{'-':>8s}"
-                tuned = ""
-                kt = times.get((case.name, t, "tuned"), [])
-                if kt:
-                    r_tuned = statistics.median(kt) / statistics.median(k)
-                    tuned_ratios.setdefault(t, []).append(r_tuned)
-                    tuned = f"  {cell(kt):>20s}  {r_tuned:10.3f}"
-                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {ov_cell:>20s}  {r_ort:8.2f}  {ov_ratio}{tuned}")
+                extra = ""
+                for variant in variants:
+                    kv = times.get((case.name, t, variant), [])
+                    if not kv:
+                        extra += f"  {'-':>20s}  {'-':>10s}"
+                        continue
+                    r_variant = statistics.median(kv) / statistics.median(k)
+                    variant_ratios.setdefault((variant, t), []).append(r_variant)
+                    extra += f"  {cell(kv):>20s}  {r_variant:10.3f}"
+                print(f"{case.name:14s} {t:2d}  {cell(k):>20s}  {cell(o):>20s}  {ov_cell:>20s}  {r_ort:8.2f}  {ov_ratio}{extra}")
         for t, rs in ratios.items():
             for label, rows in (("geomean", rs), ("geomean gate", [r for r in rs if r[0] in GATE])):
                 if not rows:
@@ -441,8 +475,13 @@ def main(argv=None):
                 ov = [r[2] for r in rows if r[2]]
                 g_ov = f"{math.exp(statistics.mean(math.log(x) for x in ov)):8.2f}" if ov else f"{'-':>8s}"
                 print(f"{label:14s} {t:2d}  {'':20s}  {'':20s}  {'':20s}  {g_ort:8.2f}  {g_ov}")
-        for t, rs in tuned_ratios.items():
-            print(f"# max-autotune {t}T: tuned/kiln geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} over {len(rs)} models")
+        for (variant, t), rs in variant_ratios.items():
+            what = "max-autotune" if variant == "tuned" else f"--precision {variant}"
+            print(f"# {what} {t}T: {variant}/kiln geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} over {len(rs)} models")
+        for case in cases:
+            for (variant, t), errors in sorted(case.variant_errors.items()):
+                listed = ", ".join(f"{name} {err:.2e}" for name, err in errors.items())
+                print(f"# --precision {variant} {case.name} {t}T: relative L2 against ONNX Runtime fp32: {listed}")
         for case in cases:
             for t, (cold, warm, changed, problems) in sorted(case.tune_info.items()):
                 print(f"# max-autotune {case.name} {t}T: compile {cold:.1f} s cold, {warm:.1f} s warm; "

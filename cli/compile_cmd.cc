@@ -13,6 +13,7 @@
 #include "formats/serialize.h"
 #include "formats/sha256.h"
 #include "formats/text.h"
+#include "profile/ceilings.h"
 #include "runtime/threads.h"
 
 namespace kiln::cli {
@@ -36,6 +37,7 @@ struct CompileArgs {
   std::string tuning_db;
   std::string tune_budget = "5m";
   std::string tune_report;
+  std::string precision = "fp32";
 };
 
 // max-autotune's progress on stderr when it is a terminal: problems done, the speed-up so far
@@ -108,8 +110,11 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   options.target.threads = args.threads > 0 ? args.threads : physical_cores();
   std::optional<CpuFeatures> cpu = CpuFeatures::named(args.target);
   if (!cpu)
-    return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni"));
+    return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16"));
   options.target.cpu = *cpu;
+  if (args.precision != "fp32" && args.precision != "bf16" && args.precision != "fp16")
+    return report(verb, user_error("", "--precision '" + args.precision + "' is not one of fp32, bf16, fp16"));
+  options.precision = args.precision == "bf16" ? DType::bf16 : args.precision == "fp16" ? DType::f16 : DType::f32;
   // The search: max-autotune times what the database lacks; a default compile reads a database
   // only when one is named.
   if (args.mode != "default" && args.mode != "max-autotune")
@@ -171,6 +176,13 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   if (options.tuning.search || (args.verbose && !tuning_report.problems.empty()))
     std::cerr << tuning_report_text(tuning_report);
   if (args.time_passes) print_times(*compiled);
+  if (options.precision != DType::f32) {
+    // Whether the precision will be faster here: the ceilings probe's peaks (this machine only).
+    std::map<std::string, double> peaks;
+    if (args.target == "host") peaks = profile::machine_ceilings(options.target.cpu, options.target.threads).compute_gflops;
+    if (std::optional<std::string> w = precision_speed_warning(options.precision, options.target.cpu, peaks))
+      std::cerr << "kiln compile: warning: " << *w << "\n";
+  }
   if (args.verbose)  // each node's kernel, with its parameters
     for (const Node& n : model->graph.nodes)
       if (!n.kernel.empty())
@@ -193,7 +205,7 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the machine's physical cores)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--target", args->target,
-                  "the CPU to compile for: host (this one), avx2, avx512 or avx512-vnni; the model then refuses CPUs without the features its kernels use")
+                  "the CPU to compile for: host (this one), avx2, avx512, avx512-vnni, avx512-bf16 or avx512-fp16; the model then refuses CPUs without the features its kernels use")
       ->type_name("CPU")
       ->default_str("host");
   cmd->add_option("--passes", args->passes, "run only these passes, in this order (comma-separated; see --list-passes)")
@@ -216,6 +228,10 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
       ->default_str("5m");
   cmd->add_option("--tune-report", args->tune_report, "write the tuning report (each problem's kernels and times, end-to-end latency) as JSON")
       ->type_name("FILE");
+  cmd->add_option("--precision", args->precision,
+                  "fp32, bf16 or fp16: convolutions and matrix products by constant weights in that precision with f32 sums, weights stored converted (needs avx512-bf16 / avx512-fp16 on the target)")
+      ->type_name("PRECISION")
+      ->default_str("fp32");
   add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the target, what each pass changed and each node's kernel");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_compile(*args, cmdline); });

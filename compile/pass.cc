@@ -12,10 +12,11 @@ namespace {
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
 // layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
-// channels-last conv whole), and the transposes it leaves at a
-// region's edge merged with those the model makes after it; dead code before kernel selection (every
-// pass before it may leave unread values behind), which plans the final graph; autotuning after
-// it (it starts from the rule's choices); packing last, for the kernels chosen.
+// channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
+// node's weight), and the transposes it leaves at a region's edge merged with those the model
+// makes after it; dead code before kernel selection (every pass before it may leave unread values
+// behind), which plans the final graph; autotuning after it (it starts from the rule's choices);
+// packing last, for the kernels chosen.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
@@ -40,6 +41,8 @@ constexpr std::array kPasses = {
              channels_last},
     PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add -> Q -> QFusedConv / QFusedMatMul / QAdd, max pools on int8; weight DQs left folded",
              lower_int8},
+    PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted; the rest and the final layers f32",
+             lower_precision},
     PassInfo{"merge_transposes", "Transpose -> Reshape splitting dims -> Transpose (or two Transposes) -> Reshape -> one Transpose",
              merge_transposes},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",

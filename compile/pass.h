@@ -24,6 +24,8 @@ struct PassContext {
   std::map<std::string, Shape> input_shapes;
   /// --mode max-autotune and --tuning-db (autotune_kernels, compile/autotune.h); null: neither.
   const TuningOptions* tuning = nullptr;
+  /// --precision: f32, or bf16 / f16 for lower_precision to lower to.
+  DType precision = DType::f32;
 };
 
 /// What a pass did: `changed` is false when it left the model exactly as it was; the summary
@@ -63,6 +65,7 @@ Result<PassResult> fuse_attention_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
 Result<PassResult> channels_last(Model& model, PassContext& ctx);
 Result<PassResult> lower_int8(Model& model, PassContext& ctx);
+Result<PassResult> lower_precision(Model& model, PassContext& ctx);
 Result<PassResult> merge_transposes(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);

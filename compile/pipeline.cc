@@ -2,6 +2,7 @@
 #include "compile/pipeline.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "formats/text.h"
 #include "formats/verify.h"
@@ -30,6 +31,21 @@ Status check_pass_names(const CompileOptions& options) {
   return {};
 }
 
+std::optional<std::string> precision_speed_warning(DType precision, const CpuFeatures& cpu, const std::map<std::string, double>& peaks) {
+  if (precision == DType::f16)
+    return "kiln's kernels widen f16 weights to f32 as they load them: the model is half the size, not faster (they have no f16 "
+           "arithmetic yet)";
+  if (precision != DType::bf16 || cpu.amx || peaks.empty()) return std::nullopt;
+  const auto f32 = peaks.find("f32"), bf16 = peaks.find("bf16");
+  if (f32 == peaks.end()) return std::nullopt;
+  const double b = bf16 == peaks.end() ? 0 : bf16->second;
+  if (b > f32->second) return std::nullopt;
+  char text[200];
+  std::snprintf(text, sizeof text, "bf16 will not be faster than f32 on this CPU: its probed bf16 peak is %.0f GFLOP/s against f32's %.0f "
+                "(no AMX); the weights take half the bytes", b, f32->second);
+  return std::string(text);
+}
+
 Result<CompileReport> compile_model(Model& model, const CompileOptions& options) {
   KILN_RETURN_IF_ERROR(check_pass_names(options));
   std::vector<const PassInfo*> order;
@@ -42,7 +58,7 @@ Result<CompileReport> compile_model(Model& model, const CompileOptions& options)
   // (prepack_weights packs them again for the kernels chosen this time).
   for (Value& v : model.graph.values)
     if (v.constant.is_packed()) v.constant = unpack(v.constant);
-  PassContext ctx{options.target, options.input_shapes, &options.tuning};
+  PassContext ctx{options.target, options.input_shapes, &options.tuning, options.precision};
   const bool print_all = options.print_after.count("all") > 0;
   CompileReport report;
   for (const PassInfo* pass : order) {

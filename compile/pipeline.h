@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,6 +35,8 @@ struct CompileOptions {
   Target target;
   /// --mode max-autotune, --tuning-db, --tune-budget (the autotune_kernels pass).
   TuningOptions tuning;
+  /// --precision: f32 (fp32), bf16 or f16 (fp16) (the lower_precision pass).
+  DType precision = DType::f32;
   /// Passes after which to capture the model's text form (PassRecord::text_after); "all" for every pass.
   std::set<std::string> print_after;
   /// Called after each pass with its record (the CLI prints --print-after dumps as they come,
@@ -53,6 +56,12 @@ struct CompileReport {
 /// Checks the pass names (an unknown one is a user error listing the known passes) and whether
 /// every name in print_after is a known pass or "all".
 Status check_pass_names(const CompileOptions& options);
+
+/// Why `--precision` (bf16 or f16) will not make the model faster on this CPU, if it will not,
+/// for compile to warn: bf16 without AMX where the probed bf16 peak (`peaks`, the ceilings'
+/// compute_gflops; empty when not probed: then nothing is said) is at most f32's; f16, whose
+/// weights kiln's kernels widen to f32 as they load them.
+std::optional<std::string> precision_speed_warning(DType precision, const CpuFeatures& cpu, const std::map<std::string, double>& peaks);
 
 /// Runs the passes on `model` and marks it compiled. After each pass the graph is verified
 /// (formats/verify.h); a pass that leaves an invalid graph is an internal error naming the

@@ -132,8 +132,10 @@ std::string utc_now() {
 std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes) {
   if (kernel.find("bf16") != std::string::npos) return "bf16";
   if (kernel.find("u8s8") != std::string::npos || kernel.find("int8") != std::string::npos) return "int8";
-  for (DType t : input_dtypes)
+  for (DType t : input_dtypes) {
     if (t == DType::i8 || t == DType::u8) return "int8";
+    if (t == DType::bf16) return "bf16";  // a bf16 weight (`compile --precision bf16`): bf16 products
+  }
   return "f32";
 }
 

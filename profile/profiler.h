@@ -69,7 +69,8 @@ struct Measurements {
 };
 
 /// The compute ceiling a kernel works against: "bf16" or "int8" when its name (and parameters)
-/// say it computes so ("bf16", "u8s8", "int8") or an input is i8 / u8; else "f32".
+/// say it computes so ("bf16", "u8s8", "int8") or an input is i8 / u8 (int8) or bf16 (a bf16
+/// weight); else "f32".
 std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes);
 
 /// How many timed runs keep their timeline (trace events, the HTML timeline).

@@ -74,10 +74,15 @@ KernelRegistry KernelRegistry::without(const std::vector<std::string>& names) co
   return r;
 }
 
-std::optional<std::string> f32_and_concrete(const KernelQuery& q) {
+std::optional<std::string> f32_and_concrete(const KernelQuery& q) { return f32_and_concrete(q, TypeSet()); }
+
+std::optional<std::string> f32_and_concrete(const KernelQuery& q, TypeSet weights) {
   for (size_t i = 0; i < q.inputs.size(); ++i) {
     if (q.inputs[i].dtype == DType::undefined) continue;
-    if (q.inputs[i].dtype != DType::f32) return "input " + std::to_string(i) + " is " + std::string(dtype_name(q.inputs[i].dtype)) + ", not f32";
+    const bool weight = i == 1 && weights.contains(q.inputs[i].dtype);
+    if (weight && !q.inputs[i].value) return "the " + std::string(dtype_name(q.inputs[i].dtype)) + " weight is computed at run time";
+    if (q.inputs[i].dtype != DType::f32 && !weight)
+      return "input " + std::to_string(i) + " is " + std::string(dtype_name(q.inputs[i].dtype)) + ", not f32";
     if (!q.inputs[i].shape.is_concrete()) return "input " + std::to_string(i) + "'s shape is not known ahead";
     if (shape_numel(q.inputs[i].shape.concrete()) == 0) return "input " + std::to_string(i) + " is empty";
   }

@@ -192,6 +192,9 @@ inline int32_t constant_zero_point(const InferInput& in) { return static_cast<in
 /// The reason a node's tensors cannot go to a library or vectorised kernel, if any: every input
 /// and output present must be f32 with a concrete shape, and no input empty.
 std::optional<std::string> f32_and_concrete(const KernelQuery& q);
+/// The same, except that input 1 (FusedConv's or FusedMatMul's weight) may also be a constant of
+/// a type in `weights` (the bf16 / f16 weights of `kiln compile --precision`).
+std::optional<std::string> f32_and_concrete(const KernelQuery& q, TypeSet weights);
 
 /// The reason a Gemm node is not in the form the library and kiln GEMMs run (its inputs concrete):
 /// alpha must be 1, and C (with beta 1) a row of N values or the whole [M, N].

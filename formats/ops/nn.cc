@@ -685,9 +685,12 @@ void register_nn_ops(OpRegistry& r) {
                                       kKernelShape, kPads, kStrides};
   fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
   fused_conv.push_back(kChannelsLast);
-  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
+  // A bf16 or f16 weight (`kiln compile --precision`): the products of X rounded to its type,
+  // summed in f32; everything else stays f32.
+  const TypeSet lowp_weight = DType::f32 | DType::bf16 | DType::f16;
+  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16)", 2, 4, 1, 1,
                      fused_conv, infer_fused_conv_any_layout})
-      .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
+      .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
   {
     const TypeSet int8 = DType::u8 | DType::i8;
@@ -715,9 +718,9 @@ void register_nn_ops(OpRegistry& r) {
         .traits = {.types = {input(0, DType::f32, "a"), input(1, int8 | DType::i4 | DType::u4, "b"), same_as(2, 0, "b_scale"),
                              same_as(3, 1, "b_zero_point"), same_as(4, 0, "bias"), same_as(5, 0, "z")}};
   }
-  r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32)", 2, 4, 1, 1,
-                     epilogue, infer_fused_matmul})
-      .traits = {.types = {input(0, DType::f32), same_as(1, 0, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},
+  r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32; B may be bf16 or f16)", 2, 4,
+                     1, 1, epilogue, infer_fused_matmul})
+      .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},
                  .prepack_inputs = {1}};  // flops: the matmul's plus its epilogue's (flop_models.cc)
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,
                      {kAutoPad, kCeilMode, kDilations, kKernelShape, kPads,

@@ -14,7 +14,9 @@
 #include <cstring>
 
 #include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/kernel.h"
+#include "runtime/ref/nn_util.h"
 
 namespace kiln::cpu {
 
@@ -58,7 +60,10 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
 
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (auto why = f32_and_concrete(q)) return why;
+  // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
+  // kiln.gemm_bf16_avx512, which rounds A to bf16 as their reference does.
+  if (auto why = f32_and_concrete(q, DType::f16)) return why;
+  if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
   if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
@@ -245,16 +250,18 @@ class GemmKernel final : public Kernel {
     packed_ = Tensor();
     if (const Tensor* w = q.inputs[1].value; w && batch_b_.size() == 1 && batch_b_[0] == 0) {
       const PackedLayout want = gemm::packed_b_layout(k_, n_, params_.tile.nr, trans_b_);
-      if (w->layout() && w->layout()->same_placement(want)) {
+      if (w->dtype() == DType::f32 && w->layout() && w->layout()->same_placement(want)) {
         packed_ = *w;  // stored packed this way: used where it is mapped
       } else {
-        const Tensor plain = w->is_packed() ? unpack(*w) : *w;
+        Tensor plain = w->is_packed() ? unpack(*w) : *w;
+        if (plain.dtype() != DType::f32) plain = nn::to_f32(plain);  // an f16 weight
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
                                  std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
       }
       b_packed_ = true;
+      store_packed_ = w->dtype() == DType::f32;  // an f16 weight is stored as it is: half the bytes
     } else if (w && w->is_packed()) {
       plain_b_ = unpack(*w);  // a batched weight stored packed: read plain
     }
@@ -263,7 +270,7 @@ class GemmKernel final : public Kernel {
     return {};
   }
 
-  Tensor packed_input(size_t input) const override { return input == 1 && b_packed_ ? packed_ : Tensor(); }
+  Tensor packed_input(size_t input) const override { return input == 1 && b_packed_ && store_packed_ ? packed_ : Tensor(); }
 
   std::vector<std::pair<std::string, KernelParam>> params() const override {
     return {{"mr", int64_t{params_.tile.mr}}, {"nr", int64_t{params_.tile.nr}}, {"mc", params_.mc}, {"nc", params_.nc},
@@ -295,7 +302,7 @@ class GemmKernel final : public Kernel {
   Isa isa_;
   gemm::GemmParams params_;
   int64_t m_ = 0, n_ = 0, k_ = 0, lda_ = 0, ldb_ = 0;
-  bool trans_a_ = false, trans_b_ = false, b_packed_ = false;
+  bool trans_a_ = false, trans_b_ = false, b_packed_ = false, store_packed_ = false;
   std::vector<int64_t> batch_a_, batch_b_;  // per GEMM: the offsets of its A and B
   int bias_input_ = -1, z_input_ = -1;
   int batch_threads_ = 1;
@@ -303,9 +310,80 @@ class GemmKernel final : public Kernel {
   Tensor packed_, plain_b_;
 };
 
+// kiln.gemm_bf16_avx512: FusedMatMul by a constant 2-D bf16 B, and the pointwise FusedConv with
+// bf16 weights (`kiln compile --precision bf16`), on AVX512-BF16 (gemm::gemm_bf16): B packed
+// once in prepare into panels of K pairs (which a compiled model stores), A rounded to bf16 as
+// its row panels are packed, the products summed in f32 and the f32 epilogue on each tile.
+std::optional<std::string> bf16_declines(const KernelQuery& q) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::bf16)) return why;
+  if (q.inputs[1].dtype != DType::bf16) return "the weight is not bf16";
+  if (auto why = f32_and_concrete(q, DType::bf16)) return why;
+  if (is_conv(q.node)) return pointwise_declines(q);
+  if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
+  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
+  return std::nullopt;
+}
+
+class Bf16GemmKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const Product p = product_of(q);
+    m_ = p.m, n_ = p.n, k_ = p.k;
+    // B packed once, or used where a compiled model mapped it when it was stored packed so.
+    const Tensor& w = *q.inputs[1].value;
+    const PackedLayout want = gemm::packed_b_bf16_layout(k_, n_, p.trans_b);
+    if (w.layout() && w.layout()->same_placement(want)) {
+      packed_ = w;
+    } else {
+      const Tensor wide = nn::to_f32(w.is_packed() ? unpack(w) : w);  // exact: bf16 widens without rounding
+      Tensor packed(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
+      gemm::pack_b_bf16(wide.data<float>(), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
+      packed_ = Tensor::packed(DType::bf16, w.shape(), want, packed.nbytes(), packed.raw(),
+                               std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+    }
+    has_bias_ = present(q, 2);
+    has_z_ = present(q, 3);
+    KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
+    KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
+    ep_.ldz = n_;
+    threads_ = std::max(1, q.target.threads);
+    needs.workspace_bytes = gemm::bf16_workspace_bytes(m_, k_);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    gemm::Epilogue ep = ep_;
+    if (has_bias_) ep.bias = ctx.input(2).data<float>();
+    if (has_z_) ep.z = ctx.input(3).data<float>();
+    gemm::gemm_bf16(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const uint16_t*>(packed_.raw()), ep,
+                    ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data());
+    return {};
+  }
+
+  Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
+  std::string label() const override { return "bf16_8x48"; }
+
+ private:
+  int64_t m_ = 0, n_ = 0, k_ = 0;
+  int threads_ = 1;
+  Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
+  bool has_bias_ = false, has_z_ = false;
+  gemm::Epilogue ep_;
+};
+
 }  // namespace
 
 void register_gemm(KernelRegistry& r) {
+  CpuFeatures bf16 = isa_features(Isa::avx512);
+  bf16.avx512_bf16 = true;
+  for (const char* op : {"FusedMatMul", "FusedConv"})
+    r.add(op, "cpu",
+          KernelImpl{.name = "kiln.gemm_bf16_avx512",
+                     .declines = bf16_declines,
+                     .create = [](const KernelQuery&) { return std::make_unique<Bf16GemmKernel>(); },
+                     .needs_isa = bf16,
+                     .reads_packed = true,
+                     .defers = gemm_defers});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (const char* op : {"MatMul", "FusedMatMul", "Gemm", "Conv", "FusedConv"})
       r.add(op, "cpu",

@@ -17,12 +17,18 @@
 // workspace (microseconds next to the convolution). `kiln_bench_conv` measured it against the
 // direct convolution on the models' shapes. The choice is the kernel's parameter `algorithm`
 // ("winograd" or "direct"), which a compiled model records.
+//
+// A FusedConv whose weights `kiln compile --precision bf16` stored as bf16 runs as oneDNN's bf16
+// convolution (direct: oneDNN 2.6 has no bf16 Winograd): X reordered to bf16 in the workspace,
+// products summed in f32, Y and the epilogue f32; the weights stored packed in bf16. f16 weights
+// (`--precision fp16`) are widened to f32 as they are packed and convolved in f32.
 #include <cstring>
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/onednn/onednn.h"
+#include "runtime/ref/nn_util.h"
 
 namespace kiln::onednn {
 
@@ -34,7 +40,7 @@ using dnnl::memory;
 constexpr int64_t kWinogradChannels = 16;
 
 std::optional<std::string> conv_declines(const KernelQuery& q) {
-  if (auto why = f32_and_concrete(q)) return why;
+  if (auto why = f32_and_concrete(q, q.node.op == "FusedConv" ? DType::bf16 | DType::f16 : TypeSet())) return why;
   const int64_t rank = q.inputs[0].shape.rank();
   if (rank < 3 || rank > 5) return "only 1-D to 3-D convolutions";
   if (!q.inputs[1].value) return "the weights are computed at run time";
@@ -51,7 +57,7 @@ bool winograd_shape(const ConvGeometry& geo) {
 // max-autotune's axis: the direct and the Winograd algorithm where both can run.
 std::vector<TuningAxis> conv_space(const KernelQuery& q) {
   Result<ConvGeometry> geo = conv_geometry(q, 1);
-  if (!geo.ok() || !winograd_shape(*geo) || !q.target.cpu.avx512f) return {};
+  if (!geo.ok() || !winograd_shape(*geo) || !q.target.cpu.avx512f || q.inputs[1].dtype == DType::bf16) return {};
   return {TuningAxis{"algorithm", {{{"algorithm", std::string("direct")}}, {{"algorithm", std::string("winograd")}}}}};
 }
 
@@ -66,8 +72,14 @@ class ConvKernel final : public Kernel {
       const int64_t group = geo.group;
       const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
       const memory::desc src = last ? channels_last(xs) : plain(xs), dst = last ? channels_last(ys) : plain(ys);
-      const memory::desc user_w = plain(wdims);
-      const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::f32, memory::format_tag::any);
+      // A bf16 weight (`--precision bf16`): bf16 products summed in f32 (X reordered to bf16
+      // in the workspace, Y f32). An f16 one: widened to f32 once, the convolution f32.
+      const Tensor& given = *q.inputs[1].value;
+      const bool bf16 = given.dtype() == DType::bf16;
+      const Tensor wt = given.dtype() == DType::f16 ? nn::to_f32(given.is_packed() ? unpack(given) : given) : given;
+      const memory::data_type wtype = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+      const memory::desc user_w = plain(wdims, wtype);
+      const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), wtype, memory::format_tag::any);
       has_bias_ = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;
       const memory::desc bias = has_bias_ ? plain({ys[1]}) : memory::desc();
       const bool fused = q.node.op == "FusedConv";
@@ -95,17 +107,18 @@ class ConvKernel final : public Kernel {
       // Activations in the layout oneDNN's direct convolutions want (blocked channels on
       // AVX-512: their post-ops are vectorised, the GEMM-based path on plain NCHW runs them
       // element by element), reordered from and to kiln's plain tensors in the workspace.
-      auto any = [](const std::vector<int64_t>& d) {
-        return memory::desc(memory::dims(d.begin(), d.end()), memory::data_type::f32, memory::format_tag::any);
+      auto any = [](const std::vector<int64_t>& d, memory::data_type type = memory::data_type::f32) {
+        return memory::desc(memory::dims(d.begin(), d.end()), type, memory::format_tag::any);
       };
       auto primitive = [&](dnnl::algorithm alg, bool any_activations, const dnnl::primitive_attr& a) {
-        dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, alg, any_activations ? any(xs) : src, any_w, bias,
+        const memory::desc x = bf16 ? any(xs, wtype) : any_activations ? any(xs) : src;
+        dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, alg, x, any_w, bias,
                                              any_activations ? any(ys) : dst, strides, dil, pad_l, pad_r);
         return dnnl::convolution_forward::primitive_desc(desc, a, cpu_engine());
       };
       // Winograd where the shape suits it and oneDNN has it for this CPU, unless the model
       // recorded the direct algorithm; the direct one otherwise.
-      const bool wino_shape = winograd_shape(geo);
+      const bool wino_shape = winograd_shape(geo) && !bf16;
       const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
       const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;
@@ -127,9 +140,9 @@ class ConvKernel final : public Kernel {
       }
       if (!winograd_) pd = primitive(dnnl::algorithm::convolution_direct, blocked_, attr);
       // Winograd's weight layout is its own: it starts from the plain weights.
-      const Tensor& wt = *q.inputs[1].value;
       KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
-      packed_ = packed_weights(*q.inputs[1].value, weights_, false, "convolution");
+      // An f16 weight is stored as it is (half the bytes); the others as oneDNN packed them.
+      packed_ = given.dtype() == DType::f16 ? Tensor() : packed_weights(given, weights_, false, "convolution");
       prim_ = dnnl::convolution_forward(pd);
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);

@@ -145,11 +145,11 @@ void swap_last_two(PackedLayout& l) {
     else if (d == static_cast<int32_t>(r - 2)) d = static_cast<int32_t>(r - 1);
 }
 
-memory::desc desc_of(PackedLayout l, bool swap_last2) {
+memory::desc desc_of(PackedLayout l, bool swap_last2, dnnl_data_type_t type) {
   if (swap_last2) swap_last_two(l);
   dnnl_memory_desc_t md{};
   md.ndims = static_cast<int>(l.dims.size());
-  md.data_type = dnnl_f32;
+  md.data_type = type;
   md.format_kind = dnnl_blocked;
   for (size_t d = 0; d < l.dims.size(); ++d) {
     md.dims[d] = l.dims[d];
@@ -168,7 +168,8 @@ memory::desc desc_of(PackedLayout l, bool swap_last2) {
 
 std::optional<PackedLayout> layout_of(const memory::desc& desc, bool swap_last2) {
   const dnnl_memory_desc_t& md = desc.data;
-  if (md.format_kind != dnnl_blocked || md.data_type != dnnl_f32 || md.extra.flags != 0 || md.offset0 != 0) return std::nullopt;
+  if (md.format_kind != dnnl_blocked || (md.data_type != dnnl_f32 && md.data_type != dnnl_bf16) || md.extra.flags != 0 || md.offset0 != 0)
+    return std::nullopt;
   PackedLayout l;
   const dnnl_blocking_desc_t& b = md.format_desc.blocking;
   for (int d = 0; d < md.ndims; ++d) {
@@ -197,7 +198,7 @@ Result<memory> prepack(const Tensor& w, const memory::desc& user, const memory::
     const std::optional<PackedLayout> want = layout_of(wanted, swap_last2);
     if (want && want->same_placement(*l) && w.nbytes() >= wanted.get_size())
       return memory(wanted, cpu_engine(), const_cast<void*>(w.raw()));
-    from = desc_of(*l, swap_last2);
+    from = desc_of(*l, swap_last2, w.dtype() == DType::bf16 ? dnnl_bf16 : dnnl_f32);
     if (from.dims() != wanted.dims()) {
       plain = unpack(w);
       src = &plain;

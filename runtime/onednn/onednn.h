@@ -56,8 +56,8 @@ Result<dnnl::post_ops> epilogue_post_ops(const Node& node, const dnnl::memory::d
 Result<dnnl::memory> prepack(const Tensor& w, const dnnl::memory::desc& user, const dnnl::memory::desc& wanted,
                              bool swap_last2 = false);
 
-/// A oneDNN blocked layout as kiln's PackedLayout (nullopt for layouts it cannot describe:
-/// non-blocked formats, compensation, offsets).
+/// A oneDNN blocked layout of f32 or bf16 elements as kiln's PackedLayout (nullopt for layouts
+/// it cannot describe: other element types, non-blocked formats, compensation, offsets).
 std::optional<PackedLayout> layout_of(const dnnl::memory::desc& desc, bool swap_last2 = false);
 
 /// The weights a primitive prepared, as a packed tensor of `original`'s shape that a compiled

@@ -2,6 +2,7 @@
 #include "runtime/ref/layout.h"
 
 #include "formats/ops/nn_util.h"
+#include "runtime/ref/nn_util.h"
 #include "runtime/ref/shape_util.h"
 
 namespace kiln::ref {
@@ -47,6 +48,26 @@ Status run_any_layout(KernelContext& ctx, KernelFn channels_first) {
   ref_shape::copy_strided(out.raw(), y.raw(), dtype_size(y.dtype()), out.shape(),
                           nn::permute(strides, nn::channels_last_perm(static_cast<size_t>(y.rank()))), 0);
   return {};
+}
+
+Status run_widened(KernelContext& ctx, KernelFn f32) {
+  const DType t = ctx.input(1).dtype();
+  if (t == DType::f32) return f32(ctx);
+  if (t != DType::bf16 && t != DType::f16) return ctx.error("the weight is " + std::string(dtype_name(t)) + ", not f32, bf16 or f16");
+  if (ctx.input(0).dtype() != DType::f32)
+    return ctx.error("a " + std::string(dtype_name(t)) + " weight needs an f32 input, not " + std::string(dtype_name(ctx.input(0).dtype())));
+  std::vector<Tensor> in(ctx.num_inputs());
+  for (size_t i = 0; i < in.size(); ++i)
+    if (ctx.has_input(i)) in[i] = ctx.input(i);
+  if (t == DType::bf16) {
+    Tensor a(DType::f32, in[0].shape());
+    const float* x = in[0].data<float>();
+    for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = static_cast<float>(bfloat16(x[i]));
+    in[0] = a;
+  }
+  in[1] = nn::to_f32(in[1]);
+  ViewContext view(ctx, ctx.node(), std::move(in), ctx.output(0));  // writes the output in place
+  return f32(view);
 }
 
 }  // namespace kiln::ref

@@ -50,4 +50,11 @@ Tensor permuted(const Tensor& x, const std::vector<int64_t>& perm);
 /// has channels_last = 1.
 Status run_any_layout(KernelContext& ctx, KernelFn channels_first);
 
+/// Runs `f32` (FusedConv's or FusedMatMul's f32 reference) on the node's f32 view when its
+/// weight, input 1, is bf16 or f16 (`kiln compile --precision`): the weight widened to f32, and
+/// for a bf16 weight input 0 rounded to bf16 (to nearest even), which is what AVX512-BF16's
+/// products of bf16 pairs summed in f32 compute; an f16 weight multiplies the f32 input as it
+/// is. A node with an f32 weight runs as it is.
+Status run_widened(KernelContext& ctx, KernelFn f32);
+
 }  // namespace kiln::ref

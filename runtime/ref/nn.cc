@@ -2,6 +2,7 @@
 // (nn_conv.cc, nn_pool.cc, nn_sample.cc, nn_einsum.cc).
 #include <cstring>
 
+#include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
 
 namespace kiln {
@@ -173,7 +174,7 @@ Status ref_gemm(KernelContext& ctx) {
 
 }  // namespace
 
-Status ref_fused_matmul(KernelContext& ctx) { return fused_matmul(ctx); }
+Status ref_fused_matmul(KernelContext& ctx) { return ref::run_widened(ctx, fused_matmul); }
 
 }  // namespace nn
 

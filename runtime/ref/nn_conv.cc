@@ -211,7 +211,9 @@ Status ref_col2im(KernelContext& ctx) {
 
 }  // namespace
 
-Status ref_fused_conv_any(KernelContext& ctx) { return ref::run_any_layout(ctx, ref_fused_conv); }
+Status ref_fused_conv_any(KernelContext& ctx) {
+  return ref::run_any_layout(ctx, [](KernelContext& view) { return ref::run_widened(view, ref_fused_conv); });
+}
 
 void register_ref_nn_conv(KernelRegistry& r) {
   r.add_reference("Conv", ref_conv);

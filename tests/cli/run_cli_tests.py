@@ -88,7 +88,7 @@ def external_model(work, location):
 
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
-          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "merge_transposes",
+          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "lower_precision", "merge_transposes",
           "eliminate_dead",
           "select_kernels", "autotune_kernels", "prepack_weights")
 
@@ -143,11 +143,14 @@ def compile_tests(r, work, samples):
                                           os.path.join(samples, "cnn.inputs.npz"), "--check-against",
                                           os.path.join(samples, "cnn.expected")])
     r.error("compile_bad_target", ["compile", "cnn.kiln", "-o", "bad.kiln", "--target", "sse2"], 2,
-            r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni$", no_file="bad.kiln")
+            r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16$",
+            no_file="bad.kiln")
     # A compiled model compiled again: its packed weights are unpacked, and packed again.
     r.ok("compile_compiled_again", ["compile", "cnn.avx2.kiln", "-o", "cnn.again.kiln"])
     r.ok("compile_compiled_again_runs", ["run", "cnn.again.kiln", "--inputs", os.path.join(samples, "cnn.inputs.npz"),
                                          "--check-against", os.path.join(samples, "cnn.expected")])
+
+    precision_tests(r, work, samples)
 
     # --list-passes: the table, no model needed.
     rc, out, err = r.run(["compile", "--list-passes"])
@@ -203,6 +206,45 @@ def compile_tests(r, work, samples):
             r"compile needs a number for every dim", no_file="bad.kiln")
     r.error("compile_threads_zero", ["compile", "mlp.kiln", "-o", "bad.kiln", "--threads", "0"], 2, r"--threads",
             no_file="bad.kiln")
+
+
+def precision_tests(r, work, samples):
+    """--precision bf16 / fp16: compiled where the target has the ISA (elsewhere a user error, and
+    --target compiles for a CPU that has it); the lowered models run where this CPU can, within
+    1e-2 relative L2 of the fp32 outputs but not equal to them, and their files are smaller."""
+    rc, out, err = r.run(["run", "mlp.kiln", "--seed", "1", "-v"])
+    host = (out + err).split("target: cpu (", 1)[-1].split(")", 1)[0].split()
+    r.check("precision_host_features", rc == 0 and "avx2" in host, f"exit {rc}; {(out + err)[:300]!r}")
+    # (precision, the ISA the compile asks of the target, what the lowered model's kernels need here)
+    for precision, isa, runs_on in (("bf16", "avx512-bf16", "avx512-bf16"), ("fp16", "avx512-fp16", "avx512f")):
+        target = []
+        if isa not in host:
+            r.error(f"compile_{precision}_needs_isa", ["compile", "cnn.kiln", "-o", "bad.kiln", "--precision", precision], 2,
+                    rf"^kiln compile: error: cnn\.kiln: --precision {precision}: the target CPU lacks {isa} "
+                    r"\(--target names a CPU to compile for\)$", no_file="bad.kiln")
+            target = ["--target", isa]
+        for name in ("cnn", "transformer"):
+            lowered = f"{name}.{precision}.kiln"
+            rc, out, err = r.run(["compile", name + ".kiln", "-o", lowered, "--precision", precision, "-v"] + target)
+            dtype = "bf16" if precision == "bf16" else "f16"
+            m = re.search(rf"lower_precision: lowered \d+ convolutions? (and|or) matrix products? to {dtype} \(their weights ", err)
+            good, saved = rc == 0 and m is not None, None
+            if good:  # smaller (by less than half the lowered weights' bytes where the kernels pad packed weights)
+                saved = os.path.getsize(os.path.join(work, name + ".c.kiln")) - os.path.getsize(os.path.join(work, lowered))
+                good = saved > 0
+            # fp16 is smaller, not faster, and compile says so.
+            good = good and (precision != "fp16" or "kiln compile: warning: kiln's kernels widen f16 weights to f32" in err)
+            r.check(f"compile_{name}_{precision}", good, f"exit {rc}; {saved} bytes saved; stderr {err[:500]!r}")
+            if runs_on not in host:
+                continue
+            r.ok(f"compile_{name}_{precision}_runs", ["run", lowered, "--inputs", os.path.join(samples, name + ".inputs.npz"),
+                                                      "--output-dir", lowered + ".out"])
+            want_dir, got_dir = os.path.join(work, name + ".out"), os.path.join(work, lowered + ".out")
+            errors = {f: rel_l2(np.load(os.path.join(got_dir, f)), np.load(os.path.join(want_dir, f)))
+                      for f in sorted(os.listdir(want_dir))}
+            r.check(f"compile_{name}_{precision}_close", errors and all(0 < e <= 1e-2 for e in errors.values()), str(errors))
+    r.error("compile_bad_precision", ["compile", "cnn.kiln", "-o", "bad.kiln", "--precision", "int8"], 2,
+            r"^kiln compile: error: --precision 'int8' is not one of fp32, bf16, fp16$", no_file="bad.kiln")
 
 
 def quant_tests(r, work, samples):

@@ -140,7 +140,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 18u);
+  EXPECT_EQ(names.size(), 19u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1055,7 +1055,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
-            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, merge_transposes, eliminate_dead, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_transposes, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

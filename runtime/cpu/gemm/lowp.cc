@@ -94,6 +94,24 @@ void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, u
   }
 }
 
+PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
+  // Element (p, j) of B lies in panel j / NR, pair p / 2, at (j % NR) · 2 + p % 2: N blocked by
+  // NR outside K blocked by 2.
+  PackedLayout l;
+  const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
+  l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+  l.padded_dims.assign(2, 0);
+  l.padded_dims[static_cast<size_t>(kd)] = round_up(k, 2);
+  l.padded_dims[static_cast<size_t>(nd)] = panels(n) * NR;
+  l.strides.assign(2, 0);
+  l.strides[static_cast<size_t>(kd)] = NR * 2;
+  l.strides[static_cast<size_t>(nd)] = round_up(k, 2) * NR;
+  l.inner_blocks = {NR, 2};
+  l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
+  l.packed_for = "kiln gemm_bf16 nr" + std::to_string(NR);
+  return l;
+}
+
 size_t bf16_workspace_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(round_up(m, MR) * round_up(k, 2)) * 2;  // A in MR-row panels of bf16 pairs
 }

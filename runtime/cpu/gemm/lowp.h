@@ -64,6 +64,10 @@ int64_t packed_b_bf16_elements(int64_t k, int64_t n);
 /// Packs f32 B (K×N, or N×K when `trans`) as bf16 (round to nearest even) for kLowpTile.
 void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
 
+/// pack_b_bf16's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
+/// store the packed weight.
+PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans);
+
 /// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
 /// pack_b_bf16, then bias and the epilogue as in the f32 GEMM.
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,

@@ -1,0 +1,251 @@
+// `kiln compile --precision bf16|fp16`: the lower_precision pass (which nodes it lowers, what
+// it keeps f32, the ISA it asks of the target), the bf16 / f16 weights' reference semantics, and
+// the fast kernels that run them (kiln.gemm_bf16_avx512, oneDNN's bf16 convolution, the f32
+// kernels on widened f16 weights) against those references, compiled, saved and loaded.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "compile/pass.h"
+#include "compile/pipeline.h"
+#include "formats/serialize.h"
+#include "profile/profiler.h"
+#include "runtime/session.h"
+#include "tests/unit/compile_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::attr;
+using testing::relative_l2;
+using testing::run_reference;
+
+Tensor random_f32(std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t(DType::f32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+// A 3x3 conv and a channels-last pointwise FusedConv with a SiLU epilogue (kiln's GEMM's, not
+// deferred to oneDNN), each read by a Relu that is a graph output, and two linear layers, the
+// last of which writes a graph output. Odd sizes: every kernel's tails.
+Model mixed_model() {
+  testing::GraphBuilder b;
+  ValueId x = b.input("x", {1, 5, 9, 9});
+  ValueId c = b.op("conv", "Conv", {x, b.constant("w", random_f32({16, 5, 3, 3}, 1)), b.constant("wb", random_f32({16}, 2))},
+                   {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  ValueId r = b.op("relu", "Relu", {c});
+  ValueId xl = b.input("xl", {1, 7, 5, 24});
+  ValueId p = b.op("pw", "FusedConv", {xl, b.constant("pw_w", random_f32({40, 24, 1, 1}, 3)), b.constant("pw_b", random_f32({40}, 4))},
+                   {attr("channels_last", int64_t{1}), attr("activation", std::string("Silu"))});
+  ValueId pr = b.op("pw_relu", "Relu", {p});
+  ValueId a = b.input("a", {37, 64});
+  ValueId h = b.op("mm1", "MatMul", {a, b.constant("b1", random_f32({64, 100}, 5))});
+  ValueId h2 = b.op("act", "Relu", {h});
+  ValueId out = b.op("mm2", "MatMul", {h2, b.constant("b2", random_f32({100, 8}, 6))});
+  return b.done({r, pr, out});
+}
+
+std::vector<Tensor> mixed_inputs() { return {random_f32({1, 5, 9, 9}, 7), random_f32({1, 7, 5, 24}, 8), random_f32({37, 64}, 9)}; }
+
+Result<PassResult> lower(Model& m, DType precision, const CpuFeatures& cpu) {
+  Target target;
+  target.cpu = cpu;
+  PassContext ctx{target, {}, nullptr, precision};
+  return find_pass("lower_precision")->run(m, ctx);
+}
+
+// The host's features with the ISA `precision` asks for: the pass's checks pass on any CPU.
+CpuFeatures with_isa(DType precision) {
+  CpuFeatures cpu = CpuFeatures::host();
+  (precision == DType::bf16 ? cpu.avx512_bf16 : cpu.avx512_fp16) = true;
+  return cpu;
+}
+
+const Node& node_named(const Graph& g, const std::string& name) {
+  for (const Node& n : g.nodes)
+    if (n.name == name) return n;
+  throw std::runtime_error("no node " + name);
+}
+
+TEST(LowerPrecision, LowersConstantWeightProductsAndKeepsTheFinalLayer) {
+  for (DType precision : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    Model m = mixed_model();
+    Result<PassResult> r = lower(m, precision, with_isa(precision));
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_TRUE(r->changed);
+    const std::string name(dtype_name(precision));
+    EXPECT_EQ(r->summary, "lowered 3 convolutions and matrix products to " + name +
+                              " (their weights 32 KiB -> 16 KiB); kept f32 as it writes a graph output: 'mm2'")
+        << r->summary;
+    ASSERT_TRUE(verify_model(m).ok());
+    const Graph& g = m.graph;
+    for (const char* lowered : {"conv", "pw", "mm1"}) {
+      const Node& n = node_named(g, lowered);
+      EXPECT_EQ(n.op, std::string(lowered) == "mm1" ? "FusedMatMul" : "FusedConv") << lowered;
+      EXPECT_EQ(g.value(n.inputs[1]).dtype, precision) << lowered;
+      EXPECT_EQ(g.value(n.inputs[1]).name, g.value(n.inputs[1]).name.substr(0, g.value(n.inputs[1]).name.find('.')) + "." + name);
+    }
+    const Node& last = node_named(g, "mm2");
+    EXPECT_EQ(last.op, "MatMul");
+    EXPECT_EQ(g.value(last.inputs[1]).dtype, DType::f32);
+    // The plain f32 copies nobody reads any more are gone; the stored ones are the rounded values.
+    EXPECT_EQ(g.find_value("b1"), kNoValue);
+    const Tensor& b1 = g.value(g.find_value("b1." + name)).constant;
+    const Tensor want = random_f32({64, 100}, 5);
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const float v = want.data<float>()[i];
+      const float got = precision == DType::bf16 ? static_cast<float>(b1.data<bfloat16>()[i]) : static_cast<float>(b1.data<half>()[i]);
+      ASSERT_EQ(got, precision == DType::bf16 ? static_cast<float>(bfloat16(v)) : static_cast<float>(half(v))) << i;
+    }
+    Result<PassResult> again = lower(m, precision, with_isa(precision));
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->changed) << "a second run finds nothing f32 to lower";
+  }
+}
+
+TEST(LowerPrecision, Fp32IsNoChange) {
+  Model m = mixed_model();
+  Result<PassResult> r = lower(m, DType::f32, CpuFeatures{});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->changed);
+  EXPECT_EQ(node_named(m.graph, "mm1").op, "MatMul");
+}
+
+TEST(LowerPrecision, TheTargetMustHaveTheIsa) {
+  Model m = mixed_model();
+  Result<PassResult> bf16 = lower(m, DType::bf16, *CpuFeatures::named("avx512-vnni"));
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_EQ(bf16.error().kind, ErrorKind::user);
+  EXPECT_EQ(bf16.error().what, "--precision bf16: the target CPU lacks avx512-bf16 (--target names a CPU to compile for)");
+  Result<PassResult> fp16 = lower(m, DType::f16, *CpuFeatures::named("avx512-bf16"));
+  ASSERT_FALSE(fp16.ok());
+  EXPECT_EQ(fp16.error().what, "--precision fp16: the target CPU lacks avx512-fp16 (--target names a CPU to compile for)");
+  EXPECT_EQ(node_named(m.graph, "mm1").op, "MatMul") << "refused before any change";
+  EXPECT_TRUE(lower(m, DType::f16, *CpuFeatures::named("avx512-fp16")).ok());
+  EXPECT_EQ(CpuFeatures::named("avx512-fp16")->str(), "avx2 fma avx512f avx512bw avx512vl avx512-vnni avx512-bf16 avx512-fp16");
+}
+
+// The reference semantics: a bf16 weight multiplies the activations rounded to bf16, an f16
+// weight the activations as they are, both summed in f32: the f32 graph on those values.
+TEST(LowerPrecision, ReferenceIsTheF32GraphOnTheRoundedValues) {
+  for (DType precision : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    Model f32 = mixed_model(), lowered = f32;
+    ASSERT_TRUE(lower(lowered, precision, with_isa(precision)).ok());
+    const std::vector<Tensor> in = mixed_inputs();
+    const std::vector<Tensor> got = run_reference(lowered, in), exact = run_reference(f32, in);
+    // The f32 model with the lowered weights' values and, for bf16, the inputs rounded.
+    Model rounded = f32;
+    for (const char* w : {"w", "pw_w", "b1"}) {
+      Tensor& t = rounded.graph.value(rounded.graph.find_value(w)).constant;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        float& v = t.data<float>()[i];
+        v = precision == DType::bf16 ? static_cast<float>(bfloat16(v)) : static_cast<float>(half(v));
+      }
+    }
+    std::vector<Tensor> rin;
+    for (const Tensor& t : in) {
+      Tensor& r = rin.emplace_back(t.dtype(), t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const float v = t.data<float>()[i];
+        r.data<float>()[i] = precision == DType::bf16 ? static_cast<float>(bfloat16(v)) : v;
+      }
+    }
+    const std::vector<Tensor> want = run_reference(rounded, rin);
+    ASSERT_EQ(got.size(), 3u);
+    ASSERT_EQ(want.size(), 3u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_LE(relative_l2(got[i], want[i]), 1e-6) << "output " << i;
+      const double err = relative_l2(got[i], exact[i]);
+      EXPECT_LE(err, 1e-2) << "output " << i;
+      EXPECT_GT(err, 1e-6) << "output " << i << ": the lowering changed nothing";
+    }
+    // The final layer is f32, but reads the lowered layer's output.
+    EXPECT_LE(relative_l2(got[2], exact[2]), 1e-2);
+  }
+}
+
+// The fast kernels compute what the references do, through a compile (kernel choice, packing),
+// a save and a load.
+TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
+  for (DType precision : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    if (precision == DType::bf16 && !CpuFeatures::host().avx512_bf16) {
+      std::cout << "[  SKIPPED ] bf16: this CPU lacks avx512-bf16\n";
+      continue;
+    }
+    Model m = mixed_model();
+    CompileOptions options;
+    options.precision = precision;
+    options.target.cpu = with_isa(precision);  // what --target avx512-fp16 does where the host lacks it
+    options.target.threads = 2;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    const Graph& g = m.graph;
+    if (precision == DType::bf16) {
+      EXPECT_EQ(node_named(g, "mm1").kernel.name, "kiln.gemm_bf16_avx512");
+      EXPECT_EQ(node_named(g, "pw").kernel.name, "kiln.gemm_bf16_avx512");
+      EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      // The packed bf16 weights are stored as such: half the f32 bytes.
+      const Tensor& w = g.value(node_named(g, "conv").inputs[1]).constant;
+      EXPECT_TRUE(w.is_packed());
+      EXPECT_EQ(w.dtype(), DType::bf16);
+      const Tensor& b1 = g.value(node_named(g, "mm1").inputs[1]).constant;
+      ASSERT_TRUE(b1.is_packed());
+      EXPECT_EQ(b1.dtype(), DType::bf16);
+      EXPECT_EQ(b1.layout()->packed_for, "kiln gemm_bf16 nr48");
+      const Tensor plain = unpack(b1), want = random_f32({64, 100}, 5);
+      for (int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_EQ(static_cast<float>(plain.data<bfloat16>()[i]), static_cast<float>(bfloat16(want.data<float>()[i]))) << i;
+    } else {
+      EXPECT_EQ(node_named(g, "mm1").kernel.name.rfind("kiln.gemm_f32_", 0), 0u) << node_named(g, "mm1").kernel.name;
+      EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      EXPECT_FALSE(g.value(node_named(g, "conv").inputs[1]).constant.is_packed()) << "f16 weights stay f16";
+    }
+    auto bytes = serialize_model(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+    auto loaded = load_model_from_bytes(*bytes, "lowered.kiln");
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    const std::vector<Tensor> in = mixed_inputs();
+    const std::vector<Tensor> want = run_reference(*loaded, in);
+    for (const Model* model : {&m, &*loaded}) {
+      auto s = Session::create(*model);
+      ASSERT_TRUE(s.ok()) << s.error().message();
+      auto got = (*s)->run(in);
+      ASSERT_TRUE(got.ok()) << got.error().message();
+      ASSERT_EQ(got->size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-5) << "output " << i;
+    }
+  }
+}
+
+TEST(LowerPrecision, SpeedWarning) {
+  CpuFeatures cpu = *CpuFeatures::named("avx512-bf16");
+  const std::map<std::string, double> slow = {{"f32", 230}, {"bf16", 230}}, fast = {{"f32", 230}, {"bf16", 464}};
+  std::optional<std::string> w = precision_speed_warning(DType::bf16, cpu, slow);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(*w, "bf16 will not be faster than f32 on this CPU: its probed bf16 peak is 230 GFLOP/s against f32's 230 (no AMX); "
+                "the weights take half the bytes");
+  EXPECT_FALSE(precision_speed_warning(DType::bf16, cpu, fast));
+  EXPECT_FALSE(precision_speed_warning(DType::bf16, cpu, {})) << "not probed (another target): nothing said";
+  cpu.amx = true;
+  EXPECT_FALSE(precision_speed_warning(DType::bf16, cpu, slow)) << "AMX multiplies bf16 tiles";
+  EXPECT_TRUE(precision_speed_warning(DType::f16, cpu, fast));
+  EXPECT_FALSE(precision_speed_warning(DType::f32, cpu, slow));
+}
+
+// kiln profile holds a node with bf16 weights to the bf16 peak, whichever kernel runs it.
+TEST(LowerPrecision, ProfileUsesTheBf16Ceiling) {
+  EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::bf16, DType::f32}), "bf16");
+  EXPECT_EQ(profile::kernel_precision("kiln.gemm_bf16_avx512", {DType::f32, DType::bf16}), "bf16");
+  EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f16}), "f32") << "f16 weights are widened";
+  EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f32}), "f32");
+}
+
+}  // namespace
+}  // namespace kiln
