@@ -49,7 +49,9 @@ With --precision bf16 (or fp16, or both), kiln's model is also compiled with `--
 (for fp16 with `--target avx512-fp16` where this CPU lacks AVX512-FP16: the compile refuses it
 otherwise) and timed as a further column; `P/kiln` is its median over the fp32 compile's. Its
 outputs are checked against ONNX Runtime's fp32 ones at relative L2 <= 1e-2 (PRECISION_REL_L2_LIMIT),
-and a line per model gives the relative L2 of each output.
+and a line per model gives the relative L2 of each output. With bf16, OpenVINO also runs at
+INFERENCE_PRECISION_HINT=bf16 (checked at the same limit, timed in the same rounds), and a line
+per model gives kiln bf16 over OpenVINO bf16.
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
@@ -136,6 +138,8 @@ class Case:
         self.tune_info = {}  # threads -> (cold compile s, warm compile s, problems changed, problems)
         self.ort = {}
         self.ov = {}
+        self.ov_bf16 = {}  # threads -> OpenVINO's request at INFERENCE_PRECISION_HINT=bf16 (--precision bf16)
+        self.ov_bf16_error = None
         self.reference = None
         self.error = None  # kiln or ONNX Runtime failed: no row
         self.ov_error = None  # OpenVINO failed: the row without its column
@@ -247,21 +251,24 @@ def prepare_ort(case, threads):
     case.ort[threads] = (session, names, created)
 
 
-def prepare_ov(case, threads):
+def prepare_ov(case, threads, precision="f32"):
+    """OpenVINO's request for the case, checked against ONNX Runtime's outputs; at bf16
+    (INFERENCE_PRECISION_HINT=bf16, its own lower-precision mode) within PRECISION_REL_L2_LIMIT."""
     import openvino as ov
 
     core = ov.Core()
-    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads}
     compiled = core.compile_model(case.onnx_path, "CPU", config)
     request = compiled.create_infer_request()
     result = request.infer(case.inputs)
+    limit = case.limit if precision == "f32" else max(case.limit, PRECISION_REL_L2_LIMIT)
     for output in compiled.outputs:
         name = output.get_any_name()
         if name in case.reference:
             err = rel_l2(result[output], case.reference[name])
-            if not err <= case.limit:
-                raise Failed(f"OpenVINO output {name}: relative L2 {err:.3g} against ONNX Runtime")
-    case.ov[threads] = request
+            if not err <= limit:
+                raise Failed(f"OpenVINO {precision} output {name}: relative L2 {err:.3g} against ONNX Runtime")
+    return request
 
 
 def time_kiln(case, kiln, threads, args, env, variant=None):
@@ -408,10 +415,15 @@ def main(argv=None):
                 for t in args.threads:
                     prepare_ort(case, t)
                     try:
-                        prepare_ov(case, t)
+                        case.ov[t] = prepare_ov(case, t)
                     except (Failed, Exception) as e:  # OpenVINO raises its own exception types
                         case.ov_error = str(e).splitlines()[0]
                         case.ov[t] = None
+                    if "bf16" in args.precision and not args.no_compile and case.ov[t] is not None:
+                        try:  # OpenVINO's own bf16, to race kiln's
+                            case.ov_bf16[t] = prepare_ov(case, t, "bf16")
+                        except (Failed, Exception) as e:
+                            case.ov_bf16_error = str(e).splitlines()[0]
                     prepare_kiln(case, kiln, t, scratch, args, env)
             except (Failed, Exception) as e:  # ONNX Runtime raises its own exception types
                 case.error = str(e).splitlines()[0]
@@ -436,6 +448,10 @@ def main(argv=None):
                         request = case.ov[t]
                         if request is not None:
                             times.setdefault((case.name, t, "ov"), []).append(time_calls(lambda: request.infer(case.inputs), args))
+                            time.sleep(PAUSE_S)
+                        request = case.ov_bf16.get(t)
+                        if request is not None:
+                            times.setdefault((case.name, t, "ov_bf16"), []).append(time_calls(lambda: request.infer(case.inputs), args))
                             time.sleep(PAUSE_S)
                     except Failed as e:
                         case.error = str(e)
@@ -478,6 +494,14 @@ def main(argv=None):
         for (variant, t), rs in variant_ratios.items():
             what = "max-autotune" if variant == "tuned" else f"--precision {variant}"
             print(f"# {what} {t}T: {variant}/kiln geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} over {len(rs)} models")
+        for t in args.threads:
+            rows = [(case.name, times.get((case.name, t, "bf16")), times.get((case.name, t, "ov_bf16"))) for case in cases if not case.error]
+            rows = [(name, statistics.median(k), v) for name, k, v in rows if k and v]
+            for name, k, v in rows:
+                print(f"# --precision bf16 {name} {t}T: kiln bf16 {fmt_ms(k)} ms, OpenVINO bf16 {cell(v)} ms: kiln/OV {k / statistics.median(v):.2f}")
+            if rows:
+                g = math.exp(statistics.mean(math.log(k / statistics.median(v)) for _, k, v in rows))
+                print(f"# --precision bf16 {t}T: kiln bf16 / OpenVINO bf16 geomean {g:.2f} over {len(rows)} models")
         for case in cases:
             for (variant, t), errors in sorted(case.variant_errors.items()):
                 listed = ", ".join(f"{name} {err:.2e}" for name, err in errors.items())
@@ -497,6 +521,8 @@ def main(argv=None):
         for case in cases:
             if case.ov_error and not case.error:
                 print(f"# {case.name}: OpenVINO failed: {case.ov_error}")
+            if case.ov_bf16_error and not case.error:
+                print(f"# {case.name}: OpenVINO bf16 failed: {case.ov_bf16_error}")
     return 1 if failed else 0
 
 

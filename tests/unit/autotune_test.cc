@@ -8,12 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "compile/autotune.h"
 #include "compile/pipeline.h"
 #include "runtime/plan.h"
-#include "tests/unit/compile_test_util.h"
+#include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
 namespace {
@@ -21,13 +20,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::GraphBuilder;
 
-Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
-  Tensor t(DType::f32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-0.5f, 0.5f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(rng);
-  return t;
-}
+// Values in [-0.5, 0.5).
+Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) { return testing::noise(std::move(shape), seed); }
 
 // x[32, 64] -> three 64x64 linear layers with bias and ReLU (one problem) -> a 64x128 one.
 Model mlp() {

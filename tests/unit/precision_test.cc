@@ -5,14 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 
 #include "compile/pass.h"
 #include "compile/pipeline.h"
 #include "formats/serialize.h"
 #include "profile/profiler.h"
 #include "runtime/session.h"
-#include "tests/unit/compile_test_util.h"
+#include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
 namespace {
@@ -21,13 +20,8 @@ using testing::attr;
 using testing::relative_l2;
 using testing::run_reference;
 
-Tensor random_f32(std::vector<int64_t> shape, uint32_t seed) {
-  Tensor t(DType::f32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
+// Values in [-1, 1).
+Tensor random_f32(std::vector<int64_t> shape, uint32_t seed) { return testing::noise(std::move(shape), seed, 2.f); }
 
 // A 3x3 conv and a channels-last pointwise FusedConv with a SiLU epilogue (kiln's GEMM's, not
 // deferred to oneDNN), each read by a Relu that is a graph output, and two linear layers, the
