@@ -16,7 +16,6 @@
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/kernel.h"
-#include "runtime/ref/nn_util.h"
 
 namespace kiln::cpu {
 
@@ -253,8 +252,7 @@ class GemmKernel final : public Kernel {
       if (w->dtype() == DType::f32 && w->layout() && w->layout()->same_placement(want)) {
         packed_ = *w;  // stored packed this way: used where it is mapped
       } else {
-        Tensor plain = w->is_packed() ? unpack(*w) : *w;
-        if (plain.dtype() != DType::f32) plain = nn::to_f32(plain);  // an f16 weight
+        const Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
@@ -335,7 +333,7 @@ class Bf16GemmKernel final : public Kernel {
     if (w.layout() && w.layout()->same_placement(want)) {
       packed_ = w;
     } else {
-      const Tensor wide = nn::to_f32(w.is_packed() ? unpack(w) : w);  // exact: bf16 widens without rounding
+      const Tensor wide = gemm::widened_to_f32(w);  // exact: bf16 widens without rounding
       Tensor packed(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
       gemm::pack_b_bf16(wide.data<float>(), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
       packed_ = Tensor::packed(DType::bf16, w.shape(), want, packed.nbytes(), packed.raw(),

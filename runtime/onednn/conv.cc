@@ -28,7 +28,7 @@
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/onednn/onednn.h"
-#include "runtime/ref/nn_util.h"
+#include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln::onednn {
 
@@ -76,7 +76,7 @@ class ConvKernel final : public Kernel {
       // in the workspace, Y f32). An f16 one: widened to f32 once, the convolution f32.
       const Tensor& given = *q.inputs[1].value;
       const bool bf16 = given.dtype() == DType::bf16;
-      const Tensor wt = given.dtype() == DType::f16 ? nn::to_f32(given.is_packed() ? unpack(given) : given) : given;
+      const Tensor wt = given.dtype() == DType::f16 ? cpu::gemm::widened_to_f32(given) : given;
       const memory::data_type wtype = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
       const memory::desc user_w = plain(wdims, wtype);
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), wtype, memory::format_tag::any);

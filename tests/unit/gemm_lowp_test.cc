@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -107,6 +108,28 @@ TEST(GemmLowp, Bf16Rounding) {
   EXPECT_EQ(gemm::from_bf16(gemm::to_bf16(1.00390625f)), 1.0f);      // halfway: ties to even (down)
   EXPECT_EQ(gemm::from_bf16(gemm::to_bf16(1.01171875f)), 1.015625f);  // halfway: ties to even (up)
   EXPECT_TRUE(std::isnan(gemm::from_bf16(gemm::to_bf16(std::nanf("")))));
+}
+
+// Widening a weight: every f16 bit pattern (normals, subnormals, zeros, infinities, NaNs) in
+// one tensor whose size leaves a tail, exactly as half's conversion; bf16 too; a packed one.
+TEST(GemmLowp, WidenedToF32) {
+  Tensor h(DType::f16, {65536 + 7});
+  for (int64_t i = 0; i < h.numel(); ++i) h.data<half>()[i].bits = static_cast<uint16_t>(i * 40503u);
+  const Tensor w = gemm::widened_to_f32(h);
+  ASSERT_EQ(w.dtype(), DType::f32);
+  ASSERT_EQ(w.shape(), h.shape());
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    const float want = static_cast<float>(h.data<half>()[i]), got = w.data<float>()[i];
+    ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : std::memcmp(&got, &want, 4) == 0) << i << ": bits " << h.data<half>()[i].bits;
+  }
+  Tensor b(DType::bf16, {3, 5});
+  for (int64_t i = 0; i < b.numel(); ++i) b.data<bfloat16>()[i] = bfloat16(0.3f * static_cast<float>(i) - 2.f);
+  const Tensor wb = gemm::widened_to_f32(b);
+  for (int64_t i = 0; i < b.numel(); ++i) EXPECT_EQ(wb.data<float>()[i], static_cast<float>(b.data<bfloat16>()[i])) << i;
+  const Tensor packed = pack(b, gemm::packed_b_bf16_layout(3, 5, false));
+  ASSERT_TRUE(packed.is_packed());
+  const Tensor wp = gemm::widened_to_f32(packed);
+  EXPECT_EQ(std::memcmp(wp.raw(), wb.raw(), wb.nbytes()), 0);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/ref/nn_util.h"
 #include "runtime/threads.h"
 
 namespace kiln::cpu::gemm {
@@ -110,6 +111,14 @@ PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
   l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
   l.packed_for = "kiln gemm_bf16 nr" + std::to_string(NR);
   return l;
+}
+
+Tensor widened_to_f32(const Tensor& w) {
+  const Tensor plain = w.is_packed() ? unpack(w) : w;
+  if (plain.dtype() != DType::f16 || !CpuFeatures::host().avx512f) return nn::to_f32(plain);
+  Tensor out(DType::f32, plain.shape());
+  lowp_avx512::widen_f16(static_cast<const uint16_t*>(plain.raw()), plain.numel(), out.data<float>());
+  return out;
 }
 
 size_t bf16_workspace_bytes(int64_t m, int64_t k) {

@@ -201,4 +201,13 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
   }
 }
 
+void widen_f16(const uint16_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
+  if (i < n) {
+    const __mmask16 m = mask(static_cast<int>(n - i));
+    _mm512_mask_storeu_ps(out + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + i)));
+  }
+}
+
 }  // namespace kiln::cpu::gemm::lowp_avx512

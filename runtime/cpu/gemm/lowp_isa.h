@@ -20,4 +20,7 @@ void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t 
 void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b, const Epilogue& ep,
                  float* c, int64_t ldc, int64_t n);
 
+/// f16 to f32, 16 values at a time (vcvtph2ps), exactly.
+void widen_f16(const uint16_t* in, int64_t n, float* out);
+
 }  // namespace kiln::cpu::gemm::lowp_avx512
