@@ -115,7 +115,8 @@ PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
 
 Tensor widened_to_f32(const Tensor& w) {
   const Tensor plain = w.is_packed() ? unpack(w) : w;
-  if (plain.dtype() != DType::f16 || !CpuFeatures::host().avx512f) return nn::to_f32(plain);
+  // vcvtph2ps from the AVX-512 build of the lower-precision kernels, which needs what they need.
+  if (plain.dtype() != DType::f16 || lowp_lacks(CpuFeatures::host(), Lowp::bf16)) return nn::to_f32(plain);
   Tensor out(DType::f32, plain.shape());
   lowp_avx512::widen_f16(static_cast<const uint16_t*>(plain.raw()), plain.numel(), out.data<float>());
   return out;

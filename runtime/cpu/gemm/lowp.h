@@ -77,8 +77,9 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 size_t bf16_workspace_bytes(int64_t m, int64_t k);
 
 /// A bf16 or f16 weight (`kiln compile --precision`) as plain f32 (exact; a packed one
-/// unpacked first), f16 by vcvtph2ps on CPUs with AVX-512 (BERT-base's f16 session: 0.45 s,
-/// against 0.7 s converting one value at a time; packing the f32 copies takes most of the rest).
+/// unpacked first), f16 by vcvtph2ps where the CPU runs gemm_bf16 (BERT-base's f16 session:
+/// 0.45 s, against 0.7 s converting one value at a time; packing the f32 copies takes most of
+/// the rest).
 Tensor widened_to_f32(const Tensor& w);
 
 /// f32 to bf16, rounding to nearest even (NaN stays NaN), and back: what the kernels compute
