@@ -19,6 +19,7 @@
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/memory.h"
+#include "runtime/ref/nn_util.h"
 
 namespace kiln {
 
@@ -27,11 +28,7 @@ namespace {
 Tensor converted(const Tensor& w, DType to) {
   const Tensor plain = w.is_packed() ? unpack(w) : w;
   Tensor out(to, plain.shape());
-  const float* x = plain.data<float>();
-  for (int64_t i = 0; i < plain.numel(); ++i) {
-    if (to == DType::bf16) out.data<bfloat16>()[i] = bfloat16(x[i]);
-    else out.data<half>()[i] = half(x[i]);
-  }
+  nn::store_from_f32(plain, out);
   return out;
 }
 
