@@ -55,7 +55,7 @@ per model gives kiln bf16 over OpenVINO bf16.
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
-onnxruntime and openvino from the test venv (scripts/requirements.txt).
+onnxruntime and openvino from the test venv (scripts/requirements.txt); without openvino its cells say failed.
 """
 
 import argparse
@@ -400,10 +400,14 @@ def main(argv=None):
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
 
     import onnxruntime
-    import openvino
+    try:
+        import openvino
+        ov_version = openvino.__version__
+    except ImportError:  # its cells say failed, with the reason after the table
+        ov_version = "not installed"
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; onnxruntime "
-          f"{onnxruntime.__version__}, openvino {openvino.__version__}; kiln {'exported' if args.no_compile else 'compiled'}; "
+          f"{onnxruntime.__version__}, openvino {ov_version}; kiln {'exported' if args.no_compile else 'compiled'}; "
           f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')} GOMP_SPINCOUNT={env.get('GOMP_SPINCOUNT', 'unset')}")
     print(f"# {args.rounds} rounds x {args.iters} runs after {args.warmup} warm-up; ms: median of round medians (min-max)",
           flush=True)

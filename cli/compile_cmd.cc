@@ -110,7 +110,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   options.target.threads = args.threads > 0 ? args.threads : physical_cores();
   std::optional<CpuFeatures> cpu = CpuFeatures::named(args.target);
   if (!cpu)
-    return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16"));
+    return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16, amx"));
   options.target.cpu = *cpu;
   if (args.precision != "fp32" && args.precision != "bf16" && args.precision != "fp16")
     return report(verb, user_error("", "--precision '" + args.precision + "' is not one of fp32, bf16, fp16"));
@@ -205,7 +205,7 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the machine's physical cores)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--target", args->target,
-                  "the CPU to compile for: host (this one), avx2, avx512, avx512-vnni, avx512-bf16 or avx512-fp16; the model then refuses CPUs without the features its kernels use")
+                  "the CPU to compile for: host (this one), avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16 or amx; the model then refuses CPUs without the features its kernels use")
       ->type_name("CPU")
       ->default_str("host");
   cmd->add_option("--passes", args->passes, "run only these passes, in this order (comma-separated; see --list-passes)")

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
 // Bumped when a probe changes what it measures: cached entries of another version are probed again.
-constexpr int kProbeVersion = 4;
+constexpr int kProbeVersion = 5;  // 5: bf16 and int8 on AMX tiles where the CPU has them
 
 // The lanes added with stores (GCC 12's _mm512_reduce_add_* warn of uninitialized use).
 __attribute__((target("avx512f"))) float lane_sum(__m512 v) {
@@ -100,6 +100,59 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_loop(long iters) {
   __m512 s = acc[0];
   for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
   return lane_sum(s);
+}
+
+// AMX: eight 16-row x 64-byte tiles, four accumulators C0-C3 fed by two A tiles (4, 5) and two B
+// tiles (6, 7), four tile products an iteration (each 16x16 f32 or s32 sums of 32 bf16 or 64
+// int8 products). The tiles are loaded once from small constants: the probe is the multiplier.
+constexpr int kAmxTileBytes = 16 * 64;
+alignas(64) const uint8_t kAmxOnes[kAmxTileBytes] = {};
+
+__attribute__((target("amx-tile"))) void amx_configure() {
+  alignas(64) uint8_t config[64] = {};
+  config[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    config[16 + 2 * t] = 64;  // bytes per row (little-endian u16)
+    config[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, kAmxOnes, 64);
+  _tile_loadd(5, kAmxOnes, 64);
+  _tile_loadd(6, kAmxOnes, 64);
+  _tile_loadd(7, kAmxOnes, 64);
+}
+
+__attribute__((target("amx-tile"))) float amx_finish() {
+  alignas(64) float c[16 * 16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0];
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) float amx_bf16_loop(long iters) {
+  amx_configure();
+  for (long n = 0; n < iters; ++n) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  return amx_finish();
+}
+
+__attribute__((target("amx-tile,amx-int8"))) float amx_int8_loop(long iters) {
+  amx_configure();
+  for (long n = 0; n < iters; ++n) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  return amx_finish();
 }
 
 // G (multiply-adds x 2) per second of `loop` on every thread at once, the best of `repeats`;
@@ -308,8 +361,13 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
     c.f32_isa = "scalar";
     c.compute_gflops["f32"] = peak_rate(fma_scalar, 8'000'000, 8.0, threads);
   }
-  if (cpu.avx512_bf16) c.compute_gflops["bf16"] = peak_rate(bf16_loop, 1'000'000, 16.0 * 32, threads);
-  if (cpu.avx512_vnni) c.compute_gflops["int8"] = peak_rate(vnni_loop, 1'000'000, 16.0 * 64, threads);
+  if (cpu.amx) {  // the tiles, which oneDNN's bf16 and int8 primitives use there
+    c.compute_gflops["bf16"] = peak_rate(amx_bf16_loop, 250'000, 4.0 * 16 * 16 * 32, threads);
+    c.compute_gflops["int8"] = peak_rate(amx_int8_loop, 250'000, 4.0 * 16 * 16 * 64, threads);
+  } else {
+    if (cpu.avx512_bf16) c.compute_gflops["bf16"] = peak_rate(bf16_loop, 1'000'000, 16.0 * 32, threads);
+    if (cpu.avx512_vnni) c.compute_gflops["int8"] = peak_rate(vnni_loop, 1'000'000, 16.0 * 64, threads);
+  }
   // Each cache: every thread reads half of its share of it, over and over (~512 MiB a thread:
   // a millisecond or more, so that waking the pool's threads is no part of the rate).
   const ReadLoop read = read_loop(cpu);

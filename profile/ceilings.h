@@ -23,7 +23,8 @@ struct MemoryLevel {
 
 struct Ceilings {
   /// Peak rate of `threads` threads together, multiply-adds x 2 per second, in G: "f32" (FMA, on
-  /// f32_isa), and "bf16" (vdpbf16ps) and "int8" (vpdpbusd, GOP/s) where the CPU has them.
+  /// f32_isa), and "bf16" (vdpbf16ps) and "int8" (vpdpbusd, GOP/s) where the CPU has them: on AMX
+  /// tiles (tdpbf16ps, tdpbssd) where it has AMX.
   std::map<std::string, double> compute_gflops;
   std::string f32_isa;  ///< "avx512", "avx2" or "scalar"
   /// The caches the OS reports, smallest first, then DRAM.

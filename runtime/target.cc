@@ -97,7 +97,8 @@ std::vector<std::string> CpuFeatures::missing(const std::vector<std::string>& re
 std::optional<CpuFeatures> CpuFeatures::named(std::string_view name) {
   if (name == "host") return host();
   CpuFeatures f;
-  if (name != "avx2" && name != "avx512" && name != "avx512-vnni" && name != "avx512-bf16" && name != "avx512-fp16") return std::nullopt;
+  if (name != "avx2" && name != "avx512" && name != "avx512-vnni" && name != "avx512-bf16" && name != "avx512-fp16" && name != "amx")
+    return std::nullopt;
   f.avx2 = f.fma = true;
   if (name == "avx2") return f;
   f.avx512f = f.avx512bw = f.avx512vl = true;
@@ -107,6 +108,8 @@ std::optional<CpuFeatures> CpuFeatures::named(std::string_view name) {
   f.avx512_bf16 = true;
   if (name == "avx512-bf16") return f;
   f.avx512_fp16 = true;
+  if (name == "avx512-fp16") return f;
+  f.amx = true;
   return f;
 }
 

@@ -26,7 +26,8 @@ struct CpuFeatures {
   static const CpuFeatures& host();
   /// A CPU to compile for (`kiln compile --target`): "host" (this one), "avx2" (AVX2 + FMA),
   /// "avx512" (that + AVX-512 F/BW/VL), "avx512-vnni" (that + VNNI), "avx512-bf16" (that +
-  /// AVX512-BF16), "avx512-fp16" (that + AVX512-FP16); nullopt for other names.
+  /// AVX512-BF16), "avx512-fp16" (that + AVX512-FP16), "amx" (that + AMX: a Xeon since Sapphire
+  /// Rapids); nullopt for other names.
   static std::optional<CpuFeatures> named(std::string_view name);
   /// The names of the features it has, in a fixed order: "avx2", "fma", "avx512f",
   /// "avx512bw", "avx512vl", "avx512-vnni", "avx512-bf16", "avx512-fp16", "amx".

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 #if __has_include(<omp.h>)
 #include <omp.h>
@@ -70,6 +71,24 @@ void use_threads(int threads) {
 }
 
 int pool_threads() { return omp_get_max_threads(); }
+
+void parallel_copy(void* dst, const void* src, size_t bytes) {
+  constexpr size_t kParallelBytes = size_t{1} << 18, kAlign = 64;
+  const int64_t threads = omp_get_max_threads();
+  if (bytes < kParallelBytes || threads < 2) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // One stretch per thread, whole cache lines of the destination.
+  const size_t chunk = (bytes / static_cast<size_t>(threads) + kAlign - 1) / kAlign * kAlign;
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < threads; ++t) {
+    const size_t begin = static_cast<size_t>(t) * chunk;
+    if (begin < bytes) std::memcpy(d + begin, s + begin, std::min(chunk, bytes - begin));
+  }
+}
 
 bool pool_flushes_denormals() {
   std::atomic<bool> all{true};

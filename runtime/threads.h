@@ -4,6 +4,7 @@
 // results that small are noise next to the tolerances kiln checks.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,10 @@ void use_threads(int threads);
 int pool_threads();
 /// The calling thread's index in the current parallel region (0 outside one).
 int thread_index();
+
+/// Copies `bytes` between non-overlapping buffers, split among the pool's threads when it is
+/// large enough to gain from it (256 KiB): one core cannot fill the memory bandwidth of many.
+void parallel_copy(void* dst, const void* src, size_t bytes);
 
 /// Whether every thread of the pool (the caller included) flushes denormals now.
 bool pool_flushes_denormals();

@@ -22,13 +22,13 @@
 // convolution (direct: oneDNN 2.6 has no bf16 Winograd): X reordered to bf16 in the workspace,
 // products summed in f32, Y and the epilogue f32; the weights stored packed in bf16. f16 weights
 // (`--precision fp16`) are widened to f32 as they are packed and convolved in f32.
-#include <cstring>
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/onednn/onednn.h"
-#include "runtime/cpu/gemm/lowp.h"
+#include "runtime/threads.h"
 
 namespace kiln::onednn {
 
@@ -196,7 +196,7 @@ class ConvKernel final : public Kernel {
           z_plain_.set_data_handle(const_cast<void*>(z.raw()));
           dst_in_.execute(cpu_stream(), z_plain_, blocked_dst_);
         } else {
-          std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
+          parallel_copy(ctx.output(0).raw(), z.raw(), z.nbytes());
         }
       }
       execute(prim_, args, scratch_, ws);

@@ -4,10 +4,13 @@
 // oneDNN picks (or used in place when a compiled model stored it packed that way); Gemm's transposed operands are read in place through strides; the fused
 // epilogue (bias, activation, residual Z) runs as bias and post-ops (the residual as a sum
 // post-op over a copy of Z in the destination).
-#include <cstring>
+// A FusedMatMul whose constant B `kiln compile --precision bf16` stored as bf16 runs as oneDNN's
+// bf16 matmul (AMX tiles where the CPU has them): A reordered to bf16 in the workspace, the
+// products summed in f32, Y and the epilogue f32; B stored packed in bf16.
 #include <unordered_map>
 
 #include "runtime/onednn/onednn.h"
+#include "runtime/threads.h"
 
 namespace kiln::onednn {
 
@@ -22,7 +25,7 @@ int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
 }
 
 std::optional<std::string> matmul_declines(const KernelQuery& q) {
-  if (auto why = f32_and_concrete(q)) return why;
+  if (auto why = f32_and_concrete(q, q.node.op == "FusedMatMul" ? TypeSet(DType::bf16) : TypeSet())) return why;
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return std::nullopt;
@@ -59,10 +62,13 @@ class MatMulKernel final : public Kernel {
       };
       const memory::desc src = ta ? transposed(logical(ad, true)) : plain(ad);
       const std::vector<int64_t> bl = logical(bd, tb);
-      const memory::desc user_w = tb ? transposed(bl) : plain(bl), dst = plain(yd);
+      // A bf16 B (always constant, FusedMatMul's): the product reads A as bf16 too.
+      const bool bf16 = q.inputs[1].dtype == DType::bf16;
+      const memory::data_type wtype = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+      const memory::desc user_w = tb ? transposed(bl) : plain(bl, wtype), dst = plain(yd);
+      const memory::desc src_bf16 = bf16 ? plain(ad, wtype) : memory::desc();
       const bool const_b = q.inputs[1].value != nullptr;
-      const memory::desc w = const_b ? memory::desc(memory::dims(bl.begin(), bl.end()), memory::data_type::f32, memory::format_tag::any)
-                                     : user_w;
+      const memory::desc w = const_b ? memory::desc(memory::dims(bl.begin(), bl.end()), wtype, memory::format_tag::any) : user_w;
       // The bias: FusedMatMul's [N], or Gemm's C when it is one row.
       memory::desc bias;
       std::optional<memory::desc> z_md;
@@ -94,7 +100,7 @@ class MatMulKernel final : public Kernel {
         ops.append_sum(1.f);  // C, copied into the destination before executing
         attr.set_post_ops(ops);
       }
-      dnnl::matmul::desc desc(src, w, bias, dst);
+      dnnl::matmul::desc desc(bf16 ? src_bf16 : src, w, bias, dst);
       dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
       if (const_b) {
         KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc(), tb));
@@ -109,6 +115,13 @@ class MatMulKernel final : public Kernel {
       if (has_bias_) bias_ = memory(bias, cpu_engine(), nullptr);
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
       needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      src_offset_ = 0;
+      if (bf16) {  // A in bf16 after the scratchpad
+        src_offset_ = (needs.workspace_bytes + 63) / 64 * 64;
+        src_in_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src, cpu_engine(), src_bf16));
+        lowp_src_ = memory(src_bf16, cpu_engine(), nullptr);
+        needs.workspace_bytes = src_offset_ + src_bf16.get_size();
+      }
       return {};
     });
   }
@@ -120,7 +133,13 @@ class MatMulKernel final : public Kernel {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       if (!const_b_) weights_.set_data_handle(const_cast<void*>(ctx.input(1).raw()));
       dst_.set_data_handle(ctx.output(0).raw());
-      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
+      memory src = src_;
+      if (src_offset_) {
+        lowp_src_.set_data_handle(ctx.workspace().data() + src_offset_);
+        src_in_.execute(cpu_stream(), src_, lowp_src_);
+        src = lowp_src_;
+      }
+      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
       if (has_bias_) {
         bias_.set_data_handle(const_cast<void*>(ctx.input(2).raw()));
         args.emplace(DNNL_ARG_BIAS, bias_);
@@ -128,7 +147,7 @@ class MatMulKernel final : public Kernel {
       if (z_index_ >= 0) {
         // The residual, added by the sum post-op.
         const Tensor& z = ctx.input(z_input_);
-        std::memcpy(ctx.output(0).raw(), z.raw(), z.nbytes());
+        parallel_copy(ctx.output(0).raw(), z.raw(), z.nbytes());
       }
       execute(prim_, args, scratch_, ctx.workspace());
       return {};
@@ -138,7 +157,9 @@ class MatMulKernel final : public Kernel {
  private:
   dnnl::matmul prim_;
   Tensor packed_;  // the constant B as weights_ holds it, for a compiled model
-  memory weights_, src_, dst_, bias_, scratch_;
+  dnnl::reorder src_in_;  // A to bf16, for a bf16 B
+  memory weights_, src_, dst_, bias_, scratch_, lowp_src_;
+  size_t src_offset_ = 0;  ///< A's bf16 copy in the workspace; 0: A is read as it is
   bool has_bias_ = false, const_b_ = false;
   int z_index_ = -1;
   size_t z_input_ = 0;

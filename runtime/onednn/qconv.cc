@@ -14,10 +14,9 @@
 // Weights must be constant with zero zero points (the quantizers' symmetric weights); the
 // scales and zero points must be constant. Channels-last tensors (what compile makes) are
 // oneDNN's fastest int8 layout; channels-first ones run too.
-#include <cstring>
-
 #include "formats/ops/nn_util.h"
 #include "runtime/onednn/onednn.h"
+#include "runtime/threads.h"
 
 namespace kiln::onednn {
 
@@ -112,7 +111,7 @@ class QConvKernel final : public Kernel {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       Tensor& y = ctx.output(0);
       dst_.set_data_handle(y.raw());
-      if (has_z_) std::memcpy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand
+      if (has_z_) parallel_copy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
       if (has_bias_) args.emplace(DNNL_ARG_BIAS, bias_mem_);
       execute(prim_, args, scratch_, ctx.workspace());

@@ -143,7 +143,7 @@ def compile_tests(r, work, samples):
                                           os.path.join(samples, "cnn.inputs.npz"), "--check-against",
                                           os.path.join(samples, "cnn.expected")])
     r.error("compile_bad_target", ["compile", "cnn.kiln", "-o", "bad.kiln", "--target", "sse2"], 2,
-            r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16$",
+            r"^kiln compile: error: --target 'sse2' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16, amx$",
             no_file="bad.kiln")
     # A compiled model compiled again: its packed weights are unpacked, and packed again.
     r.ok("compile_compiled_again", ["compile", "cnn.avx2.kiln", "-o", "cnn.again.kiln"])
@@ -243,6 +243,15 @@ def precision_tests(r, work, samples):
             errors = {f: rel_l2(np.load(os.path.join(got_dir, f)), np.load(os.path.join(want_dir, f)))
                       for f in sorted(os.listdir(want_dir))}
             r.check(f"compile_{name}_{precision}_close", errors and all(0 < e <= 1e-2 for e in errors.values()), str(errors))
+    # --target amx: oneDNN's bf16 matmul (on AMX tiles there) takes the lowered linear layers that
+    # kiln's bf16 GEMM runs elsewhere; the model so compiled runs on any CPU with AVX512-BF16.
+    rc, out, err = r.run(["compile", "transformer.kiln", "-o", "transformer.amx.kiln", "--precision", "bf16", "--target", "amx", "-v"])
+    kernels = re.findall(r"\(FusedMatMul\): ([\w.]+)", err)
+    r.check("compile_transformer_bf16_amx", rc == 0 and "onednn.matmul" in kernels and "kiln.gemm_bf16_avx512" not in kernels
+            and "target cpu (" in err and " amx)" in err, f"exit {rc}; kernels {kernels}; {err[:300]!r}")
+    if "avx512-bf16" in host:
+        r.ok("compile_transformer_bf16_amx_runs", ["run", "transformer.amx.kiln", "--inputs", os.path.join(samples, "transformer.inputs.npz"),
+                                                   "--check-against", "transformer.bf16.kiln.out", "--rtol", "1e-4", "--atol", "1e-5"])
     r.error("compile_bad_precision", ["compile", "cnn.kiln", "-o", "bad.kiln", "--precision", "int8"], 2,
             r"^kiln compile: error: --precision 'int8' is not one of fp32, bf16, fp16$", no_file="bad.kiln")
 

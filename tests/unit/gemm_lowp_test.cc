@@ -71,7 +71,7 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
         const float got = y[static_cast<size_t>(i * d.n + j)];
         ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
         const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
-        ASSERT_LE(std::abs(double{q[static_cast<size_t>(i * d.n + j)]} - wq), 1.0) << i << "," << j;
+        ASSERT_LE(std::abs(static_cast<double>(q[static_cast<size_t>(i * d.n + j)]) - wq), 1.0) << i << "," << j;
       }
   });
 }

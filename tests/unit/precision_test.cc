@@ -122,6 +122,7 @@ TEST(LowerPrecision, TheTargetMustHaveTheIsa) {
   EXPECT_EQ(node_named(m.graph, "mm1").op, "MatMul") << "refused before any change";
   EXPECT_TRUE(lower(m, DType::f16, *CpuFeatures::named("avx512-fp16")).ok());
   EXPECT_EQ(CpuFeatures::named("avx512-fp16")->str(), "avx2 fma avx512f avx512bw avx512vl avx512-vnni avx512-bf16 avx512-fp16");
+  EXPECT_EQ(CpuFeatures::named("amx")->str(), "avx2 fma avx512f avx512bw avx512vl avx512-vnni avx512-bf16 avx512-fp16 amx");
 }
 
 // The reference semantics: a bf16 weight multiplies the activations rounded to bf16, an f16
@@ -166,9 +167,13 @@ TEST(LowerPrecision, ReferenceIsTheF32GraphOnTheRoundedValues) {
 
 // The fast kernels compute what the references do, through a compile (kernel choice, packing),
 // a save and a load.
+// On an AMX target, oneDNN's bf16 matmul and convolution (AMX tiles there) run the bf16 nodes
+// kiln.gemm_bf16_avx512 takes elsewhere; the model so compiled runs on this CPU too.
 TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
+  for (const bool amx : {false, true})
   for (DType precision : {DType::bf16, DType::f16}) {
-    SCOPED_TRACE(dtype_name(precision));
+    if (amx && precision != DType::bf16) continue;
+    SCOPED_TRACE(std::string(dtype_name(precision)) + (amx ? " on an AMX target" : ""));
     if (precision == DType::bf16 && !CpuFeatures::host().avx512_bf16) {
       std::cout << "[  SKIPPED ] bf16: this CPU lacks avx512-bf16\n";
       continue;
@@ -177,11 +182,24 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
     CompileOptions options;
     options.precision = precision;
     options.target.cpu = with_isa(precision);  // what --target avx512-fp16 does where the host lacks it
+    options.target.cpu.amx = amx;
     options.target.threads = 2;
     auto report = compile_model(m, options);
     ASSERT_TRUE(report.ok()) << report.error().message();
     const Graph& g = m.graph;
-    if (precision == DType::bf16) {
+    if (amx) {
+      EXPECT_EQ(node_named(g, "mm1").kernel.name, "onednn.matmul");
+      EXPECT_EQ(node_named(g, "pw").kernel.name, "onednn.conv");
+      EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      const Tensor& b1 = g.value(node_named(g, "mm1").inputs[1]).constant;
+      EXPECT_EQ(b1.dtype(), DType::bf16);
+      if (b1.is_packed()) {
+        EXPECT_EQ(b1.layout()->packed_for.rfind("onednn ", 0), 0u) << b1.layout()->packed_for;
+      }
+      const Tensor plain = b1.is_packed() ? unpack(b1) : b1, want = random_f32({64, 100}, 5);
+      for (int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_EQ(static_cast<float>(plain.data<bfloat16>()[i]), static_cast<float>(bfloat16(want.data<float>()[i]))) << i;
+    } else if (precision == DType::bf16) {
       EXPECT_EQ(node_named(g, "mm1").kernel.name, "kiln.gemm_bf16_avx512");
       EXPECT_EQ(node_named(g, "pw").kernel.name, "kiln.gemm_bf16_avx512");
       EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");

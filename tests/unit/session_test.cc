@@ -511,6 +511,23 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
 
 TEST(Threads, PhysicalCoresAreCounted) { EXPECT_GE(physical_cores(), 1); }
 
+// Sizes below, at and above the parallel threshold, stretches that do not divide evenly among
+// the threads, and unaligned ends: every byte arrives and nothing past the end is written.
+TEST(Threads, ParallelCopyMovesEveryByte) {
+  for (int threads : {1, 3}) {
+    use_threads(threads);
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{4097}, size_t{1} << 18, (size_t{1} << 20) + 13, size_t{3} << 20}) {
+      std::vector<unsigned char> src(bytes + 3), dst(bytes + 67, 0xAB);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+      parallel_copy(dst.data() + 1, src.data() + 3, bytes);
+      EXPECT_EQ(dst[0], 0xAB) << bytes;
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data() + 3, bytes), 0) << bytes << " bytes on " << threads << " threads";
+      for (size_t i = bytes + 1; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xAB) << "byte " << i << " of a " << bytes << "-byte copy";
+    }
+  }
+  use_threads(physical_cores());
+}
+
 
 // A compiled model records the ISA its kernels may use: a CPU without one of those features is
 // refused, naming it, unless the oracle runs it.
