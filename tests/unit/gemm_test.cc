@@ -119,6 +119,29 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
         }
 }
 
+// The default thread grid splits N first, then M, never into more M parts than M has rows of
+// tiles: a single row's product runs on every thread that has a panel of N.
+TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
+  const gemm::Tile t{8, 48};
+  const gemm::CacheSizes& c = gemm::CacheSizes::host();
+  gemm::GemmParams p = gemm::default_params(Isa::avx512, t, c, 1, 1000, 2048, 16);  // 21 panels
+  EXPECT_EQ(p.tm, 1);
+  EXPECT_EQ(p.tn, 16);
+  p = gemm::default_params(Isa::avx512, t, c, 1, 100, 64, 2);  // 3 panels
+  EXPECT_EQ(p.tm, 1);
+  EXPECT_EQ(p.tn, 2);
+  p = gemm::default_params(Isa::avx512, t, c, 1, 40, 64, 4);  // 1 panel: one thread
+  EXPECT_EQ(p.tm * p.tn, 1);
+  p = gemm::default_params(Isa::avx512, t, c, 10, 100, 64, 4);  // 2 row tiles, 3 panels
+  EXPECT_EQ(p.tm, 2);
+  EXPECT_EQ(p.tn, 2);
+  p = gemm::default_params(Isa::avx512, t, c, 128, 768, 768, 16);  // BERT's: N first, then M
+  EXPECT_EQ(p.tm, 2);
+  EXPECT_EQ(p.tn, 8);
+  use_threads(2);
+  for (Isa isa : isas()) check_gemm(gemm::default_params(isa, gemm::tiles(isa)[0], c, 1, 300, 70, 2), {1, 300, 70, false, false, true}, true);
+}
+
 TEST(Gemm, TransposedOperandsAndEpilogues) {
   use_threads(2);
   for (Isa isa : isas()) {

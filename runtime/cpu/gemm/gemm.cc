@@ -95,12 +95,19 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   // Kc: the whole of K while A's MR rows and B's NR-column micro-panel over it fill at most
   // three quarters of L2 (each tile then reads and writes C once).
   p.kc = std::min(k, round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16));
-  // Threads: along N while each thread keeps at least two NR panels, then along M.
+  // Threads: along N while each thread keeps at least two NR panels, then along M; but never
+  // into more M parts than M has MR-row tiles: a product of a row or two (a GEMV, a classifier
+  // at batch 1) spreads over N instead of leaving threads without rows (on 16 threads, one row
+  // by a 2048x1000 weight ran on 8 of them).
   threads = std::max(1, threads);
   const int64_t panels = (n + tile.nr - 1) / tile.nr;
   p.tn = static_cast<int>(std::clamp<int64_t>(panels / 2, 1, threads));
   while (threads % p.tn != 0) --p.tn;
   p.tm = threads / p.tn;
+  if (const int64_t m_tiles = (m + tile.mr - 1) / tile.mr; p.tm > m_tiles) {
+    p.tm = static_cast<int>(m_tiles);
+    p.tn = static_cast<int>(std::min<int64_t>(panels, threads / p.tm));
+  }
   const int64_t m_share = (m + p.tm - 1) / p.tm, n_share = (n + p.tn - 1) / p.tn;
   // Mc: A's Mc×Kc block in about half of L2 (when packed); Nc: B's Kc×Nc block in a thread's
   // share of L3.
