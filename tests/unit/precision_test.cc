@@ -166,13 +166,11 @@ TEST(LowerPrecision, ReferenceIsTheF32GraphOnTheRoundedValues) {
 }
 
 // The fast kernels compute what the references do, through a compile (kernel choice, packing),
-// a save and a load.
-// On an AMX target, oneDNN's bf16 matmul and convolution (AMX tiles there) run the bf16 nodes
-// kiln.gemm_bf16_avx512 takes elsewhere; the model so compiled runs on this CPU too.
+// a save and a load. On an AMX target, oneDNN's bf16 matmul and convolution (AMX tiles there)
+// run the bf16 nodes kiln.gemm_bf16_avx512 takes elsewhere; the model so compiled runs here too.
 TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
-  for (const bool amx : {false, true})
-  for (DType precision : {DType::bf16, DType::f16}) {
-    if (amx && precision != DType::bf16) continue;
+  using Case = std::pair<DType, bool>;  // the precision, and whether the target has AMX
+  for (const auto& [precision, amx] : {Case{DType::bf16, false}, Case{DType::f16, false}, Case{DType::bf16, true}}) {
     SCOPED_TRACE(std::string(dtype_name(precision)) + (amx ? " on an AMX target" : ""));
     if (precision == DType::bf16 && !CpuFeatures::host().avx512_bf16) {
       std::cout << "[  SKIPPED ] bf16: this CPU lacks avx512-bf16\n";
