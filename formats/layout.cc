@@ -81,7 +81,10 @@ std::string PackedLayout::str() const {
   if (padded_dims != dims) s += " padded to " + shape_str(padded_dims);
   if (!inner_blocks.empty()) {
     s += " in " + shape_str(inner_blocks) + " blocks on dim" + (inner_blocks.size() > 1 ? "s " : " ");
-    for (size_t k = 0; k < inner_dims.size(); ++k) s += (k ? "," : "") + std::to_string(inner_dims[k]);
+    for (size_t k = 0; k < inner_dims.size(); ++k) {
+      if (k) s += ',';
+      s += std::to_string(inner_dims[k]);
+    }
   }
   s += ", strides " + shape_str(strides);
   return s;

@@ -52,7 +52,7 @@ size_t memory_peak() { return g_peak.load(std::memory_order_relaxed); }
 void reset_memory_peak() { g_peak.store(memory_in_use()); }
 
 MemoryLimitExceeded::MemoryLimitExceeded(size_t requested, size_t in_use, size_t limit)
-    : requested_(requested), in_use_(in_use), limit_(limit) {
+    : requested_(requested) {
   message_ = "needs " + format_bytes(requested) + " with " + format_bytes(in_use) +
              " already in use, past the memory limit of " + format_bytes(limit) + " (--max-memory)";
 }

@@ -37,7 +37,7 @@ class MemoryLimitExceeded : public std::bad_alloc {
   size_t requested() const { return requested_; }
 
  private:
-  size_t requested_, in_use_, limit_;
+  size_t requested_;
   std::string message_;
 };
 

@@ -77,7 +77,7 @@ class AccuracyReport::QuantizedCompare final : public ExecutionObserver {
 };
 
 AccuracyReport::AccuracyReport(const Graph& float_graph, const Graph& quantized, const std::map<std::string, PatternOf>& patterns)
-    : float_graph_(float_graph), quantized_(quantized) {
+    : quantized_(quantized) {
   const std::vector<int32_t> producers = float_graph.producers();
   for (size_t n = 0; n < quantized.nodes.size(); ++n) {
     const Node& q = quantized.nodes[n];

@@ -72,7 +72,6 @@ class AccuracyReport {
  private:
   class FloatCapture;
   class QuantizedCompare;
-  const Graph& float_graph_;
   const Graph& quantized_;
   std::vector<LayerSqnr> layers_;
   std::vector<std::vector<size_t>> upstream_;  ///< per layer: the layers it reads from

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds kiln's libFuzzer targets (CMake preset `fuzz`: clang, ASan + UBSan) and runs them.
+# Builds kiln's libFuzzer targets (in the CMake preset `asan`'s build-asan/: clang, ASan + UBSan,
+# the build the sanitizer tests use too) and runs them.
 #   scripts/fuzz.sh --smoke              every target for 60 s (as many at once as CPUs) from its committed corpus and
 #                                        the inputs of past findings (tests/fuzz/findings) (CI)
 #   scripts/fuzz.sh TARGET [SECONDS] [-jobs N]
-#                                        a long campaign: a work corpus in build-fuzz/corpus/TARGET
+#                                        a long campaign: a work corpus in build-asan/fuzz/corpus/TARGET
 #                                        seeded from tests/fuzz/corpus/TARGET, findings in
-#                                        build-fuzz/findings/TARGET/, executions, exec/s and
+#                                        build-asan/fuzz/findings/TARGET/, executions, exec/s and
 #                                        coverage printed at the end
 #   scripts/fuzz.sh --list               the targets
 # Every run uses a 10 s per-input time-out and libFuzzer's RSS and malloc limits; the targets
@@ -21,19 +22,21 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 if [ "${1:-}" = "--list" ]; then printf '%s\n' "${targets[@]}"; exit 0; fi
 
-cmake --preset fuzz >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]}"
+cmake --preset asan >/dev/null
+cmake --build build-asan -j "$(nproc)" --target "${targets[@]}"
+out=build-asan/fuzz
+mkdir -p "$out"
 
 # Runs one target; $1 target, $2 seconds, $3 work corpus, the rest extra libFuzzer flags.
 run_target() {
   local target=$1 seconds=$2 work=$3
   shift 3
-  local findings=build-fuzz/findings/$target
+  local findings=$out/findings/$target
   mkdir -p "$work" "$findings"
   cp -n tests/fuzz/corpus/"$target"/* tests/fuzz/findings/"$target"/* "$work"/ 2>/dev/null || true
-  local log=build-fuzz/$target.log
+  local log=$out/$target.log
   local rc=0
-  build-fuzz/tests/fuzz/"$target" "$work" "${limits[@]}" -max_total_time="$seconds" \
+  build-asan/tests/fuzz/"$target" "$work" "${limits[@]}" -max_total_time="$seconds" \
       -artifact_prefix="$findings/" "$@" >"$log" 2>&1 || rc=$?
   local execs cov
   execs=$(grep -ho 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
@@ -54,12 +57,12 @@ if [ "${1:-}" = "--smoke" ]; then
     batch=("${targets[@]:i:parallel}")
     pids=()
     for t in "${batch[@]}"; do
-      (work=$(mktemp -d); rc=0; run_target "$t" 60 "$work" >"build-fuzz/$t.smoke" 2>&1 || rc=$?; rm -rf "$work"; exit $rc) &
+      (work=$(mktemp -d); rc=0; run_target "$t" 60 "$work" >"$out/$t.smoke" 2>&1 || rc=$?; rm -rf "$work"; exit $rc) &
       pids+=($!)
     done
     for k in "${!pids[@]}"; do
       wait "${pids[$k]}" || failed=$((failed + 1))
-      cat "build-fuzz/${batch[$k]}.smoke"
+      cat "$out/${batch[$k]}.smoke"
     done
   done
   echo "fuzz: $(( ${#targets[@]} - failed )) passed, $failed failed"
@@ -70,4 +73,4 @@ target=${1:?usage: scripts/fuzz.sh --smoke | TARGET [SECONDS] [-jobs N]}
 seconds=${2:-600}
 shift $(( $# >= 2 ? 2 : 1 ))
 if [[ ! " ${targets[*]} " == *" $target "* ]]; then echo "fuzz: unknown target '$target' (scripts/fuzz.sh --list)"; exit 2; fi
-run_target "$target" "$seconds" build-fuzz/corpus/"$target" "$@"
+run_target "$target" "$seconds" "$out"/corpus/"$target" "$@"

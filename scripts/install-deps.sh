@@ -10,7 +10,7 @@ packages=(
   flatbuffers-compiler libflatbuffers-dev zlib1g-dev libzip-dev
   libdnnl-dev ocl-icd-opencl-dev libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libgtest-dev python3 python3-venv python3-pip
-  clang libclang-rt-14-dev strace nlohmann-json3-dev
+  clang libclang-rt-14-dev libomp-dev strace nlohmann-json3-dev  # clang: the sanitizer and fuzz build
   chromium  # tests/cli/run_html_test.py: the HTML report in a headless browser
 )
 missing=()

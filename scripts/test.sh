@@ -3,7 +3,8 @@
 # ONNX node conformance, real-sized models against ONNX Runtime).
 #   scripts/test.sh           the suite on build/ (configures and builds it if needed)
 #   scripts/test.sh --asan    the unit, CLI, corrupt-input and conformance tests under
-#                             AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
+#                             AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/: clang,
+#                             the build that also holds the libFuzzer targets of scripts/fuzz.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)

@@ -248,7 +248,7 @@ TEST(CpuKernels, Attention) {
     for (const KernelRegistry* kernels : {&default_kernels(), &without_flash}) {
       const std::string name = kernels == &without_flash ? "onednn.attention" : "kiln.attention_f32_" + isa;
       SCOPED_TRACE(name);
-      auto run = [&](const testing::Case& c) { return check(c, 1e-5, &cpu, kernels); };
+      auto run = [&, target = &cpu](const testing::Case& c) { return check(c, 1e-5, target, kernels); };
       // BERT-like: a padding mask over the keys, broadcast over heads and rows.
       Tensor pad = noise({2, 1, 1, 9}, 1);
       for (int64_t i = 0; i < pad.numel(); ++i) pad.data<float>()[i] = i % 9 >= 7 ? neg : 0.f;

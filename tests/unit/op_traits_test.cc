@@ -169,7 +169,8 @@ TEST(OpTypes, NamedInputs) {
 
 TEST(OpTraits, EveryOpsTraitsFitItsArity) {
   for (const auto& [domain, schema] : core_ops().all()) {
-    auto fits = [&](int slot) { return slot >= 0 && (schema->max_inputs == kVariadic || slot < schema->max_inputs); };
+    const int max_inputs = schema->max_inputs;
+    auto fits = [max_inputs](int slot) { return slot >= 0 && (max_inputs == kVariadic || slot < max_inputs); };
     for (int slot : schema->traits.prepack_inputs) EXPECT_TRUE(fits(slot)) << schema->name << " prepacks input " << slot;
     for (const TypeConstraint& c : schema->traits.types) {
       EXPECT_TRUE(fits(c.first)) << schema->name << " constrains input " << c.first;

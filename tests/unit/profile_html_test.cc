@@ -47,9 +47,9 @@ json tiny_doc(const std::string& node_name, const std::string& file) {
   d["throughput_per_s"] = 500000.0;
   d["memory"] = {{"peak_rss_bytes", 1 << 20}, {"arena_bytes", 0}, {"workspace_bytes", 0}};
   d["kernel_time"] = {{"sum_ms_p50", 0.001}, {"wall_ms_p50", 0.002}, {"overhead_ms_p50", 0.001}, {"overhead_share", 0.5}};
-  d["nodes"] = {node};
-  d["by_op"] = {group};
-  d["by_kernel"] = {group};
+  d["nodes"] = json::array({node});
+  d["by_op"] = json::array({group});
+  d["by_kernel"] = json::array({group});
   d["timeline"] = {{"iteration", 0}, {"wall_us", 2.0}, {"events", {{{"node", 0}, {"start_us", 0.5}, {"dur_us", 1.0}}}}};
   return d;
 }
