@@ -3,7 +3,7 @@
 // BERT-base's 128x768x768, 128x768x3072, 128x3072x768), in the same run, calls interleaved, so
 // that the percentages and the ratio compare.
 //
-//   kiln_bench_gemm [--runs N] [--threads T] [--sweep]
+//   kiln_bench_gemm [--runs N] [--threads T] [--sweep] [--shape MxNxK]...
 //   kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
@@ -11,7 +11,8 @@
 // AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
 // the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
 // the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
-// --sweep the fastest of every tile, Kc and A packing, each printed as it is timed.
+// --sweep the fastest of every tile, Kc and A packing, each printed as it is timed. --shape
+// replaces the held shapes with others (e.g. GPT-2's LM head, --shape 32x50257x768).
 //
 // --woq times the weight-only-quantized GEMM (runtime/cpu/gemm/woq.h) instead: kiln's f32 GEMM
 // (B packed f32) against the same product with B as int8 codes (a scale per column) and as
@@ -19,9 +20,11 @@
 // and BERT-base's FFN up (768×3072) at M = 1 and 8 (decode, where reading B is the cost) and
 // 128 (prefill); B's GB/s is its packed bytes over the time.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +47,32 @@ namespace gemm = kiln::cpu::gemm;
 
 int g_runs = 21;
 
+// 64-byte aligned storage, as kiln's tensors and packed weights have: glibc hands out large
+// blocks 16 bytes past a page boundary, where every vector load of a packed B would straddle two
+// cache lines (GPT-2's LM head ran 1.5x slower here than in the compiled model).
+template <class T>
+struct Aligned {
+  using value_type = T;
+  Aligned() = default;
+  template <class U>
+  Aligned(const Aligned<U>&) {}
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes < kHuge) return static_cast<T*>(::operator new(bytes, std::align_val_t{64}));
+    void* p = ::operator new(bytes, std::align_val_t{kHuge});
+    ::madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t n) {
+    ::operator delete(p, std::align_val_t{n * sizeof(T) < kHuge ? 64 : kHuge});
+  }
+  static constexpr size_t kHuge = size_t{2} << 20;
+  template <class U>
+  bool operator==(const Aligned<U>&) const { return true; }
+};
+template <class T>
+using avec = std::vector<T, Aligned<T>>;
+
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 struct Shape {
@@ -51,8 +80,8 @@ struct Shape {
   const char* what;
 };
 
-std::vector<float> filled(int64_t count, float step, bool cosine) {
-  std::vector<float> v(static_cast<size_t>(count));
+avec<float> filled(int64_t count, float step, bool cosine) {
+  avec<float> v(static_cast<size_t>(count));
   for (size_t i = 0; i < v.size(); ++i) v[i] = cosine ? std::cos(static_cast<float>(i) * step) : std::sin(static_cast<float>(i) * step);
   return v;
 }
@@ -62,7 +91,7 @@ std::vector<float> filled(int64_t count, float step, bool cosine) {
 // stores a weight).
 struct Problem {
   Shape s;
-  std::vector<float> a, b, c_onednn, c_kiln, b_packed;
+  avec<float> a, b, c_onednn, c_kiln, b_packed;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
   dnnl::matmul prim;
@@ -94,7 +123,7 @@ struct Problem {
   struct Kiln {
     gemm::GemmParams p;
     gemm::GemmProblem g;
-    std::vector<std::byte> ws;
+    avec<std::byte> ws;
   };
   Kiln kiln(const gemm::GemmParams& p) {
     b_packed.assign(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)), 0.f);
@@ -102,12 +131,11 @@ struct Problem {
     Kiln k{p, {}, {}};
     k.g = gemm::GemmProblem{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = b_packed.data(), .b_packed = true,
                             .c = c_kiln.data(), .ldc = s.n};
-    k.ws.resize(gemm::workspace_bytes(p, k.g) + 64);
+    k.ws.resize(gemm::workspace_bytes(p, k.g));
     return k;
   }
   static void run(Kiln& k) {
-    auto* ws = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(k.ws.data()) + 63) / 64 * 64);
-    gemm::run(k.p, k.g, ws);
+    gemm::run(k.p, k.g, k.ws.data());
   }
   // The largest difference between the two libraries' C, relative to C's largest magnitude.
   double disagreement() const {
@@ -154,10 +182,10 @@ std::string shape_name(const Shape& s) {
   return std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) + " " + s.what;
 }
 
-// `bytes` rounded up to whole cache lines, from a 64-byte aligned start within `v`.
-std::byte* aligned(std::vector<std::byte>& v, size_t bytes) {
-  v.resize(bytes + 64);
-  return reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(v.data()) + 63) / 64 * 64);
+// `bytes` rounded up to whole cache lines.
+std::byte* aligned(avec<std::byte>& v, size_t bytes) {
+  v.resize((bytes + 63) / 64 * 64);
+  return v.data();
 }
 
 // --woq: the f32 GEMM against the int8 and int4 weight-only GEMMs, one row per shape.
@@ -176,27 +204,28 @@ int weight_only(int threads, int64_t group) {
                           {1, 3072, 768, "BERT FFN up"}, {8, 3072, 768, "BERT FFN up"}, {128, 3072, 768, "BERT FFN up"}};
   const kiln::cpu::Isa isa = kiln::cpu::Isa::avx512;
   for (const Shape& s : shapes) {
-    const std::vector<float> a = filled(s.m * s.k, 0.01f, false), b = filled(s.k * s.n, 0.01f, true);
-    std::vector<float> c(static_cast<size_t>(s.m * s.n));
+    const avec<float> a = filled(s.m * s.k, 0.01f, false), b = filled(s.k * s.n, 0.01f, true);
+    avec<float> c(static_cast<size_t>(s.m * s.n));
     // f32: B packed for the default tile, the default parameters.
     const gemm::GemmParams p =
-        gemm::default_params(isa, gemm::default_tile(isa, s.n), gemm::CacheSizes::host(), s.m, s.n, s.k, threads);
-    std::vector<float> bf(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)));
+        gemm::default_params(isa, gemm::default_tile(isa, s.n, s.k, gemm::CacheSizes::host()), gemm::CacheSizes::host(), s.m, s.n,
+                             s.k, threads);
+    avec<float> bf(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)));
     gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, bf.data());
     const gemm::GemmProblem g{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = bf.data(), .b_packed = true,
                               .c = c.data(), .ldc = s.n};
-    std::vector<std::byte> f32_ws_store;
+    avec<std::byte> f32_ws_store;
     std::byte* f32_ws = aligned(f32_ws_store, gemm::workspace_bytes(p, g));
     // int8 and int4 codes of the same size (not B's values: the time does not depend on them).
-    std::vector<uint8_t> q8(static_cast<size_t>(s.k * s.n)), q4(static_cast<size_t>((s.k * s.n + 1) / 2));
+    avec<uint8_t> q8(static_cast<size_t>(s.k * s.n)), q4(static_cast<size_t>((s.k * s.n + 1) / 2));
     for (size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<uint8_t>(i * 13 % 251);
     for (size_t i = 0; i < q4.size(); ++i) q4[i] = static_cast<uint8_t>(i * 7 % 256);
     const int64_t groups = (s.k + group - 1) / group;
-    std::vector<float> scale8(static_cast<size_t>(s.n), 1e-3f), scale4(static_cast<size_t>(groups * s.n), 1e-2f);
+    avec<float> scale8(static_cast<size_t>(s.n), 1e-3f), scale4(static_cast<size_t>(groups * s.n), 1e-2f);
     const gemm::WoqWeight w8{.codes = gemm::WoqCodes::s8, .data = q8.data(), .k = s.k, .n = s.n, .scale = scale8.data()};
     const gemm::WoqWeight w4{.codes = gemm::WoqCodes::s4, .data = q4.data(), .k = s.k, .n = s.n, .group = group,
                              .scale = scale4.data()};
-    std::vector<std::byte> b8_store, b4_store, ws8_store, ws4_store;
+    avec<std::byte> b8_store, b4_store, ws8_store, ws4_store;
     std::byte* b8 = aligned(b8_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w8)));
     std::byte* b4 = aligned(b4_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w4)));
     gemm::pack_b_woq(w8, b8);
@@ -223,6 +252,9 @@ int main(int argc, char** argv) {
   int threads = 1;
   bool sweep = false, woq = false;
   int64_t group = 128;
+  std::vector<Shape> shapes = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"},
+                               {128, 3072, 768, "BERT FFN up"}, {128, 768, 3072, "BERT FFN down"}};
+  bool shapes_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--runs" && i + 1 < argc) g_runs = std::max(1, std::atoi(argv[++i]));
@@ -230,8 +262,13 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--woq") woq = true;
     else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
-    else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep]\n"
+    else if (Shape s{0, 0, 0, "given"}; a == "--shape" && i + 1 < argc &&
+             std::sscanf(argv[++i], "%" SCNd64 "x%" SCNd64 "x%" SCNd64, &s.m, &s.n, &s.k) == 3 && s.m > 0 && s.n > 0 && s.k > 0) {
+      if (!shapes_given) shapes.clear();
+      shapes_given = true;
+      shapes.push_back(s);
+    } else {
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep] [--shape MxNxK]...\n"
                            "       kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]\n");
       return 2;
     }
@@ -259,11 +296,9 @@ int main(int argc, char** argv) {
               dnnl_version()->major, dnnl_version()->minor, g_runs);
   std::printf("%-28s %9s %7s %6s %6s | %9s %7s %6s %6s | %6s  %s\n", "shape (MxNxK)", "onednn ms", "GFLOP/s", "peak",
               "spread", "kiln ms", "GFLOP/s", "peak", "spread", "ratio", "kiln template");
-  const Shape shapes[] = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"}, {128, 3072, 768, "BERT FFN up"},
-                          {128, 768, 3072, "BERT FFN down"}};
   for (const Shape& s : shapes) {
     Problem pr(s);
-    const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.n), caches, s.m, s.n, s.k, threads);
+    const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads);
     gemm::GemmParams chosen = def;
     if (sweep) {  // every tile, Kc and packing of A; the fastest replaces the default
       double best_sec = 1e30;
@@ -305,17 +340,17 @@ int main(int argc, char** argv) {
               "bf16 ms", "GFLOP/s", "peak");
   for (const Shape& s : shapes) {
     Problem pr(s);
-    Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n), caches, s.m, s.n, s.k, threads));
-    std::vector<uint8_t> a8(static_cast<size_t>(s.m * s.k));
-    std::vector<int8_t> b8(static_cast<size_t>(s.k * s.n)), b8p(static_cast<size_t>(gemm::packed_b_s8_bytes(s.k, s.n)));
+    Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
+    avec<uint8_t> a8(static_cast<size_t>(s.m * s.k));
+    avec<int8_t> b8(static_cast<size_t>(s.k * s.n)), b8p(static_cast<size_t>(gemm::packed_b_s8_bytes(s.k, s.n)));
     for (size_t i = 0; i < a8.size(); ++i) a8[i] = static_cast<uint8_t>(i * 7 % 251);
     for (size_t i = 0; i < b8.size(); ++i) b8[i] = static_cast<int8_t>(i * 13 % 255 - 127);
-    std::vector<int32_t> sums(static_cast<size_t>(s.n));
+    avec<int32_t> sums(static_cast<size_t>(s.n));
     gemm::pack_b_s8(b8.data(), s.n, false, s.k, s.n, b8p.data(), sums.data());
-    std::vector<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n));
-    std::vector<uint16_t> bbf(static_cast<size_t>(gemm::packed_b_bf16_elements(s.k, s.n)));
+    avec<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n));
+    avec<uint16_t> bbf(static_cast<size_t>(gemm::packed_b_bf16_elements(s.k, s.n)));
     gemm::pack_b_bf16(pr.b.data(), s.n, false, s.k, s.n, bbf.data());
-    std::vector<std::byte> ws(gemm::bf16_workspace_bytes(s.m, s.k) + 64);
+    avec<std::byte> ws(gemm::bf16_workspace_bytes(s.m, s.k));
     const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
     std::vector<double> spread;
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};

@@ -346,6 +346,10 @@ std::string cpu_model_name() {
 
 Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
   threads = std::max(threads, 1);
+  struct RestorePool {
+    int threads = pool_threads();
+    ~RestorePool() { use_threads(threads); }
+  } restore;
   use_threads(threads);
   Ceilings c;
   c.threads = threads;

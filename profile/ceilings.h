@@ -44,7 +44,8 @@ const MemoryLevel& memory_roof(const Ceilings& c, int64_t bytes);
 /// The CPU's model name ("AMD EPYC 9R14 96-Core Processor"), "unknown" when unreadable.
 std::string cpu_model_name();
 
-/// Runs the probes on `threads` threads (kiln's pool, resized to that).
+/// Runs the probes on `threads` threads of kiln's pool, and leaves the pool the size it found it
+/// (a one-thread probe once left a caller's later two-thread work on one thread).
 Ceilings probe_ceilings(const CpuFeatures& cpu, int threads);
 
 struct CeilingsOptions {

@@ -11,6 +11,7 @@
 #include "profile/ceilings.h"
 #include "profile/compare.h"
 #include "profile/profiler.h"
+#include "runtime/threads.h"
 #include "tests/unit/compile_test_util.h"
 
 namespace kiln::profile {
@@ -179,8 +180,11 @@ TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
   CeilingsOptions o;
   o.cache_dir = dir.string();
   const CpuFeatures& cpu = CpuFeatures::host();
+  use_threads(3);
   const Ceilings first = machine_ceilings(cpu, 1, o);
   EXPECT_EQ(first.source, "probed");
+  EXPECT_EQ(pool_threads(), 3) << "a one-thread probe left the caller's pool at one thread";
+  use_threads(1);
   EXPECT_GT(first.compute_gflops.at("f32"), 0);
   ASSERT_FALSE(first.memory.empty());
   EXPECT_EQ(first.memory.back().name, "DRAM");
