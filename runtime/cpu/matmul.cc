@@ -149,10 +149,11 @@ std::optional<gemm::GemmParams> recorded_params(const Node& node, Isa isa, int64
   if (node.kernel.params.empty()) return std::nullopt;
   const std::optional<int64_t> mr = recorded_int(node, "mr"), nr = recorded_int(node, "nr");
   const gemm::Tile tile = mr && nr ? gemm::Tile{static_cast<int>(std::clamp<int64_t>(*mr, 0, 1024)), static_cast<int>(std::clamp<int64_t>(*nr, 0, 1024))}
-                                   : gemm::default_tile(isa, n);
+                                   : gemm::default_tile(isa, n, k, gemm::CacheSizes::host());
   const std::span<const gemm::Tile> tiles = gemm::tiles(isa);
   const bool known = std::find(tiles.begin(), tiles.end(), tile) != tiles.end();
-  gemm::GemmParams p = gemm::default_params(isa, known ? tile : gemm::default_tile(isa, n), gemm::CacheSizes::host(), m, n, k, threads);
+  gemm::GemmParams p = gemm::default_params(isa, known ? tile : gemm::default_tile(isa, n, k, gemm::CacheSizes::host()),
+                                            gemm::CacheSizes::host(), m, n, k, threads);
   p.tile = tile;  // invalid() names a tile the ISA lacks
   auto whole_tiles = [](int64_t block, int64_t size) {
     if (size <= 0 || block <= 0) return block;  // invalid() says why
@@ -233,7 +234,8 @@ class GemmKernel final : public Kernel {
       for (const char* key : {"tm", "tn", "tb"}) grid_recorded |= recorded_int(q.node, key).has_value();
       batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb").value_or(1), 1, 1024));
     } else {
-      params_ = gemm::default_params(isa_, gemm::default_tile(isa_, n_), gemm::CacheSizes::host(), m_, n_, k_, threads);
+      const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+      params_ = gemm::default_params(isa_, gemm::default_tile(isa_, n_, k_, caches), caches, m_, n_, k_, threads);
     }
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {
