@@ -11,7 +11,7 @@
 // AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
 // the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
 // the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
-// --sweep the fastest of every tile, Kc and A packing, each printed as it is timed. --shape
+// --sweep the fastest of every tile, Kc, A packing and thread grid, each printed as it is timed. --shape
 // replaces the held shapes with others (e.g. GPT-2's LM head, --shape 32x50257x768).
 //
 // --woq times the weight-only-quantized GEMM (runtime/cpu/gemm/woq.h) instead: kiln's f32 GEMM
@@ -300,21 +300,29 @@ int main(int argc, char** argv) {
     Problem pr(s);
     const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads);
     gemm::GemmParams chosen = def;
-    if (sweep) {  // every tile, Kc and packing of A; the fastest replaces the default
+    if (sweep) {  // every tile, Kc, packing of A and thread grid; the fastest replaces the default
+      std::vector<int64_t> kcs;  // the slices shorter than K, and K whole
+      for (int64_t kc : {128, 256, 512, 768, 1024, 1536, 3072})
+        if (kc < s.k) kcs.push_back(kc);
+      kcs.push_back(s.k);
       double best_sec = 1e30;
       for (const gemm::Tile& t : gemm::tiles(*isa))
-        for (int64_t kc : {128, 256, 512, 768, 1024, 1536, 3072})
-          for (bool pack_a : {false, true}) {
-            gemm::GemmParams p = gemm::default_params(*isa, t, caches, s.m, s.n, s.k, threads);
-            p.kc = std::min<int64_t>(kc, s.k);
-            p.pack_a = pack_a;
-            Problem::Kiln k = pr.kiln(p);
-            std::vector<double> spread;
-            const double sec = interleaved(spread, [&] { Problem::run(k); })[0];
-            std::printf("#   %-26s %-50s %8.3f ms %6.0f%%\n", shape_name(s).c_str(), p.name().c_str(), sec * 1e3,
-                        100.0 * gflops(s, sec) / peak);
-            if (sec < best_sec) best_sec = sec, chosen = p;
-          }
+        for (int64_t kc : kcs)
+          for (bool pack_a : {false, true})
+            for (int tm = 1; tm <= threads; ++tm) {
+              if (threads % tm != 0) continue;
+              gemm::GemmParams p = gemm::default_params(*isa, t, caches, s.m, s.n, s.k, threads);
+              p.kc = kc;
+              p.pack_a = pack_a;
+              p.tm = tm;
+              p.tn = threads / tm;
+              Problem::Kiln k = pr.kiln(p);
+              std::vector<double> spread;
+              const double sec = interleaved(spread, [&] { Problem::run(k); })[0];
+              std::printf("#   %-26s %-50s %8.3f ms %6.0f%%\n", shape_name(s).c_str(), p.name().c_str(), sec * 1e3,
+                          100.0 * gflops(s, sec) / peak);
+              if (sec < best_sec) best_sec = sec, chosen = p;
+            }
     }
     Problem::Kiln best = pr.kiln(chosen);  // packs B for the chosen tile
     std::vector<double> spread;
