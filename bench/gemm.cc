@@ -47,9 +47,10 @@ namespace gemm = kiln::cpu::gemm;
 
 int g_runs = 21;
 
-// 64-byte aligned storage, as kiln's tensors and packed weights have: glibc hands out large
+// 64-byte aligned storage, as kiln's tensors and packed weights have (glibc hands out large
 // blocks 16 bytes past a page boundary, where every vector load of a packed B would straddle two
-// cache lines (GPT-2's LM head ran 1.5x slower here than in the compiled model).
+// cache lines); blocks of 2 MB or more are 2 MB aligned and offered to transparent huge pages,
+// as the page cache behind a mapped model file may hold them.
 template <class T>
 struct Aligned {
   using value_type = T;
