@@ -14,6 +14,7 @@
 #include "export/converter.h"
 #include "export/onnx_tensor.h"
 #include "formats/infer.h"
+#include "formats/memory.h"
 #include "formats/sha256.h"
 #include "formats/verify.h"
 
@@ -278,7 +279,15 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
   if (bytes.empty() || !proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
     return fail(user_error("", "not a valid ONNX model (the protobuf does not parse)"));
   Exporter exporter(options, model_dir);
-  auto model = exporter.run(proto);
+  // An allocation past the memory budget that no converter named (an initializer names itself)
+  // is still a user error about this file, never an exception out of the exporter.
+  Result<Model> model = [&]() -> Result<Model> {
+    try {
+      return exporter.run(proto);
+    } catch (const MemoryLimitExceeded& e) {
+      return user_error("", e.what());
+    }
+  }();
   if (!model.ok()) return fail(model.error());
   Status v = verify_model(*model);
   if (!v.ok()) return fail(v.error());
@@ -295,7 +304,12 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const MemoryLimitExceeded& e) {
+    return Error{ErrorKind::user, path, "", std::string("reading it ") + e.what()};
+  }
   if (bytes.size() >= INT32_MAX)
     return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
   std::string dir = fs::path(path).parent_path().string();

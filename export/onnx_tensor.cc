@@ -8,6 +8,8 @@
 #include <fstream>
 #include <limits>
 
+#include "formats/memory.h"
+
 namespace kiln {
 
 namespace fs = std::filesystem;
@@ -128,14 +130,23 @@ Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& m
   } else if (t.has_raw_data()) {
     raw = &t.raw_data();
   }
+  // The tensor is allocated only once its data is known to fill it (a few bytes can declare a
+  // shape of hundreds of GiB), and an allocation past the memory budget names the tensor.
+  Tensor out;
+  auto allocate = [&]() -> Status {
+    try {
+      out = Tensor(*dtype, shape);
+    } catch (const MemoryLimitExceeded& e) {
+      return user_error(where_of(t), e.what());
+    }
+    return {};
+  };
   if (raw) {
     if (raw->size() != nbytes)
       return user_error(where_of(t), "has " + std::to_string(raw->size()) + " bytes of data but " +
                                          std::string(dtype_name(*dtype)) + " " + shape_str(shape) + " needs " +
                                          std::to_string(nbytes));
-  }
-  Tensor out(*dtype, shape);
-  if (raw) {
+    KILN_RETURN_IF_ERROR(allocate());
     if (nbytes) std::memcpy(out.raw(), raw->data(), nbytes);
     if (*dtype == DType::boolean)
       for (int64_t i = 0; i < numel; ++i) out.data<uint8_t>()[i] = out.data<uint8_t>()[i] ? 1 : 0;
@@ -145,36 +156,36 @@ Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& m
     if (have != numel)
       return user_error(where_of(t), "has " + std::to_string(have) + " values but shape " + shape_str(shape) +
                                          " needs " + std::to_string(numel));
-    return {};
+    return allocate();
   };
   if (is_int4(*dtype)) {  // int32_data holds the packed bytes, one per element
     if (static_cast<size_t>(t.int32_data_size()) != nbytes)
       return user_error(where_of(t), "has " + std::to_string(t.int32_data_size()) + " packed bytes but shape " +
                                          shape_str(shape) + " needs " + std::to_string(nbytes));
+    KILN_RETURN_IF_ERROR(allocate());
     for (size_t i = 0; i < nbytes; ++i) out.data<uint8_t>()[i] = static_cast<uint8_t>(t.int32_data(static_cast<int>(i)));
     return out;
   }
   Status st = visit_dtype(*dtype, [&](auto tag) -> Status {
     using T = decltype(tag);
-    T* p = out.data<T>();
     if constexpr (std::is_same_v<T, float>) {
       KILN_RETURN_IF_ERROR(check(t.float_data_size()));
-      copy_typed(t.float_data(), p, numel);
+      copy_typed(t.float_data(), out.data<T>(), numel);
     } else if constexpr (std::is_same_v<T, double>) {
       KILN_RETURN_IF_ERROR(check(t.double_data_size()));
-      copy_typed(t.double_data(), p, numel);
+      copy_typed(t.double_data(), out.data<T>(), numel);
     } else if constexpr (std::is_same_v<T, int64_t>) {
       KILN_RETURN_IF_ERROR(check(t.int64_data_size()));
-      copy_typed(t.int64_data(), p, numel);
+      copy_typed(t.int64_data(), out.data<T>(), numel);
     } else if constexpr (std::is_same_v<T, uint32_t> || std::is_same_v<T, uint64_t>) {
       KILN_RETURN_IF_ERROR(check(t.uint64_data_size()));
-      copy_typed(t.uint64_data(), p, numel);
+      copy_typed(t.uint64_data(), out.data<T>(), numel);
     } else if constexpr (std::is_same_v<T, bool>) {
       KILN_RETURN_IF_ERROR(check(t.int32_data_size()));
-      for (int64_t i = 0; i < numel; ++i) p[i] = t.int32_data(static_cast<int>(i)) != 0;
+      for (int64_t i = 0; i < numel; ++i) out.data<T>()[i] = t.int32_data(static_cast<int>(i)) != 0;
     } else {
       KILN_RETURN_IF_ERROR(check(t.int32_data_size()));
-      copy_typed(t.int32_data(), p, numel);
+      copy_typed(t.int32_data(), out.data<T>(), numel);
     }
     return {};
   });

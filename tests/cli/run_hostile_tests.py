@@ -112,6 +112,18 @@ def findings(c):
          [nh.from_array(np.array([4, 4], np.int64), "img"), nh.from_array(np.array([1 << 32, 1 << 32], np.int64), "blk")])
     c.error("overflow_col2im", ["export", "col2im.onnx", "-o", "o.kiln"], r"block_shape .* multiplies past the int64 range")
 
+    # An initializer whose few values declare 272 GiB (fuzz_onnx_export): its values are counted
+    # before anything is allocated; one whose raw data is real but past --max-memory names itself.
+    short = onnx.TensorProto(name="w", data_type=F, dims=[118, 97, 108, 117, 101, 5], float_data=[1, 2, 3, 4, 5])
+    save(p("init_short.onnx"), [h.make_node("Identity", ["w"], ["y"])], [], [vi("y", F, None)], [short])
+    c.error("initializer_values_short_of_its_shape", ["export", "init_short.onnx", "-o", "o.kiln"],
+            r"init_short.onnx: tensor 'w': has 5 values but shape 118x97x108x117x101x5 needs 73038986280")
+    save(p("init_big.onnx"), [h.make_node("Identity", ["w"], ["y"])], [], [vi("y", F, None)],
+         [nh.from_array(np.ones((1024, 1024), np.float32), "w")])
+    # (Reading the file is charged too, except under the sanitizers, whose allocator kiln keeps.)
+    c.error("initializer_past_max_memory", ["export", "init_big.onnx", "-o", "o.kiln", "--max-memory", "3MiB"],
+            r"init_big.onnx: (reading it|tensor 'w':) needs .* past the memory limit of 3\.0 MiB")
+
     # A shape input declared with 10^8 entries: refused without allocating 40 bytes per entry.
     for op in ("Reshape", "Expand"):
         save(p(op + "_long.onnx"), [h.make_node(op, ["x", "s"], ["y"])], [vi("x", F, [2]), vi("s", I64, [100_000_000])],

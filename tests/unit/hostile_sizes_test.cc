@@ -3,10 +3,12 @@
 // finding of coverage-guided fuzzing kept as a regression test: a user error naming the node
 // or value, never undefined behaviour or an allocation sized by the file.
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "export/onnx_tensor.h"
 #include "formats/checked.h"
 #include "formats/memory.h"
 #include "formats/serialize.h"
@@ -209,6 +211,36 @@ TEST(HostileSizes, InspectJsonOfHostileNames) {
   EXPECT_EQ(j["inputs"][0]["name"], "a\"b\\c\n\x01\xef\xbf\xbd\xef\xbf\xbd");
   EXPECT_EQ(j["inputs"][0]["shape"], nlohmann::json::parse(R"(["n\t", 2, null])"));
   EXPECT_EQ(j["metadata"]["k\x02"], "v\xef\xbf\xbd");
+}
+
+// An ONNX initializer is allocated only once its data is known to fill its shape (fuzz_onnx_export
+// found five float values declaring 272 GiB, whose allocation threw out of the exporter), and one
+// whose data is real but past the memory budget is a user error naming it.
+TEST(HostileSizes, InitializerShapeItsDataCannotFill) {
+  onnx::TensorProto few;
+  few.set_name("w");
+  few.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : {118, 97, 108, 117, 101, 5}) few.add_dims(d);
+  for (float v : {1.f, 2.f, 3.f, 4.f, 5.f}) few.add_float_data(v);
+  onnx::TensorProto big;
+  big.set_name("big");
+  big.set_data_type(onnx::TensorProto::FLOAT);
+  big.add_dims(1024);
+  big.add_dims(1024);
+  big.set_raw_data(std::string(size_t{4} << 20, '\0'));
+  set_memory_limit(size_t{2} << 20);
+  Result<Tensor> r = tensor_from_onnx(few, "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user);
+  EXPECT_EQ(r.error().where, "tensor 'w'");
+  EXPECT_EQ(r.error().what, "has 5 values but shape 118x97x108x117x101x5 needs 73038986280");
+  r = tensor_from_onnx(big, "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().kind, ErrorKind::user);
+  EXPECT_EQ(r.error().where, "tensor 'big'");
+  EXPECT_NE(r.error().what.find("needs 4.0 MiB"), std::string::npos) << r.error().what;
+  EXPECT_NE(r.error().what.find("past the memory limit of 2.0 MiB"), std::string::npos) << r.error().what;
+  set_memory_limit(0);
 }
 
 TEST(MemoryBudget, ChargesTensorsAndRefusesPastTheLimit) {
