@@ -182,7 +182,8 @@ Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& m
       copy_typed(t.uint64_data(), out.data<T>(), numel);
     } else if constexpr (std::is_same_v<T, bool>) {
       KILN_RETURN_IF_ERROR(check(t.int32_data_size()));
-      for (int64_t i = 0; i < numel; ++i) out.data<T>()[i] = t.int32_data(static_cast<int>(i)) != 0;
+      T* p = out.data<T>();
+      for (int64_t i = 0; i < numel; ++i) p[i] = t.int32_data(static_cast<int>(i)) != 0;
     } else {
       KILN_RETURN_IF_ERROR(check(t.int32_data_size()));
       copy_typed(t.int32_data(), out.data<T>(), numel);

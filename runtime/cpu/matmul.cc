@@ -148,12 +148,13 @@ std::optional<int64_t> recorded_int(const Node& node, std::string_view key) {
 std::optional<gemm::GemmParams> recorded_params(const Node& node, Isa isa, int64_t m, int64_t n, int64_t k, int threads) {
   if (node.kernel.params.empty()) return std::nullopt;
   const std::optional<int64_t> mr = recorded_int(node, "mr"), nr = recorded_int(node, "nr");
+  const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+  const gemm::Tile fallback = gemm::default_tile(isa, n, k, caches);
   const gemm::Tile tile = mr && nr ? gemm::Tile{static_cast<int>(std::clamp<int64_t>(*mr, 0, 1024)), static_cast<int>(std::clamp<int64_t>(*nr, 0, 1024))}
-                                   : gemm::default_tile(isa, n, k, gemm::CacheSizes::host());
+                                   : fallback;
   const std::span<const gemm::Tile> tiles = gemm::tiles(isa);
   const bool known = std::find(tiles.begin(), tiles.end(), tile) != tiles.end();
-  gemm::GemmParams p = gemm::default_params(isa, known ? tile : gemm::default_tile(isa, n, k, gemm::CacheSizes::host()),
-                                            gemm::CacheSizes::host(), m, n, k, threads);
+  gemm::GemmParams p = gemm::default_params(isa, known ? tile : fallback, caches, m, n, k, threads);
   p.tile = tile;  // invalid() names a tile the ISA lacks
   auto whole_tiles = [](int64_t block, int64_t size) {
     if (size <= 0 || block <= 0) return block;  // invalid() says why
