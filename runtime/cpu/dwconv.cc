@@ -1,7 +1,10 @@
 // kiln.dwconv_f32_<isa>: depthwise 2-D convolution (Conv / FusedConv with one input and one
-// output channel per group) on plain NCHW f32 tensors, with the fused epilogue applied per
-// output row while it is in cache. oneDNN 2.6 runs these through im2col + GEMM, one channel at
-// a time; a direct loop over zero-padded planes, vectorised along the output row, does far less.
+// output channel per group) on f32 tensors, with the fused epilogue applied per output row
+// while it is in cache. Channels-first, oneDNN 2.6 runs these through im2col + GEMM, one
+// channel at a time; a direct loop over zero-padded planes, vectorised along the output row,
+// does far less. Channels-last, the channels are the vector lanes and the filters are packed
+// [KH, KW, C] once at plan time; oneDNN's kernel there leaves a SiLU epilogue (EfficientNet's)
+// to a second pass over the output, which this one applies while the row is in cache.
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
@@ -12,15 +15,16 @@ namespace {
 
 std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (nn::channels_last(q.node)) return "channels-last (oneDNN's depthwise kernels run those)";
   for (const InferInput& in : q.inputs)
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
   const Shape& xs = q.inputs[0].shape;
   const Shape& ws = q.inputs[1].shape;
   if (xs.rank() != 4) return "not a 2-D convolution";
-  const int64_t c = xs.dims[1].value, group = q.node.attr_int("group", 1);
+  const int64_t c = xs.dims[nn::channels_last(q.node) ? 3 : 1].value, group = q.node.attr_int("group", 1);
   if (group != c || ws.dims[0].value != c || ws.dims[1].value != 1) return "not depthwise (one channel per group in and out)";
   if (!q.inputs[1].value) return "the weights are computed at run time";
+  if (nn::channels_last(q.node) && ws.dims[2].value > kDwconvNhwcMaxRows)
+    return "channels-last with a filter taller than " + std::to_string(kDwconvNhwcMaxRows) + " rows";
   for (int64_t d : q.node.attr_ints("dilations"))
     if (d != 1) return "dilated";
   const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
@@ -29,42 +33,80 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
+// The default rule's share of the channels-last ones (`kiln_bench_conv --depthwise`: one and
+// two threads, EfficientNet-B0's and MobileNetV2's layers, docs/architecture.md has the table):
+// kiln takes the 3x3 and 5x5 stride-1 ones with rows of 14 columns or more whose epilogue is
+// transcendental (SiLU: oneDNN 1.0-1.3x kiln's time, the activation applied while the row is in
+// cache, where oneDNN's post-ops lack it and a second pass over the output applies it); oneDNN
+// keeps the rest (Clip or no activation: 0.77-0.95x at one thread; stride 2: 0.79-0.92x; seven
+// columns: 0.57-0.84x). max-autotune times both.
+std::optional<std::string> dwconv_defers(const KernelQuery& q) {
+  if (!nn::channels_last(q.node)) return std::nullopt;
+  const Shape& ws = q.inputs[1].shape;
+  const int64_t k = ws.dims[2].value;
+  if ((k != 3 && k != 5) || ws.dims[3].value != k || q.node.attr_ints("strides", {1, 1}) != std::vector<int64_t>{1, 1} ||
+      q.outputs[0].shape.dims[2].value < 14)
+    return "oneDNN's channels-last depthwise kernel is as fast but on 3x3 and 5x5 stride-1 rows of 14 columns or more";
+  const Result<ActivationSpec> act = read_activation(q.node, "activation");
+  const Activation kind = act.ok() ? act->kind : Activation::none;
+  if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
+    return "oneDNN's channels-last depthwise kernel applies a piecewise-linear epilogue faster";
+  return std::nullopt;
+}
+
 class DwConvKernel final : public Kernel {
  public:
   explicit DwConvKernel(Isa isa) : rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete(),
-                               ys = q.outputs[0].shape.concrete();
+    last_ = nn::channels_last(q.node);
+    std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+    const std::vector<int64_t> ws = q.inputs[1].shape.concrete();
+    if (last_) {  // the logical [N, C, H, W] of the stored [N, H, W, C]
+      xs = {xs[0], xs[3], xs[1], xs[2]};
+      ys = {ys[0], ys[3], ys[1], ys[2]};
+    }
     KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, {xs[2], xs[3]}, {ws[2], ws[3]}, false));
     n_ = xs[0], c_ = xs[1], h_ = xs[2], w_ = xs[3], kh_ = ws[2], kw_ = ws[3];
     s_ = w.strides[0], pt_ = w.pads[0], pl_ = w.pads[1], oh_ = ys[2], ow_ = ys[3];
     weights_ = *q.inputs[1].value;
-    if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined && q.inputs[2].value) bias_ = *q.inputs[2].value;
+    if (last_) {  // [C, 1, KH, KW] -> [KH, KW, C]
+      Tensor packed(DType::f32, {kh_, kw_, c_});
+      const float* from = weights_.data<float>();
+      float* to = packed.data<float>();
+      for (int64_t ch = 0; ch < c_; ++ch)
+        for (int64_t t = 0; t < kh_ * kw_; ++t) to[t * c_ + ch] = from[ch * kh_ * kw_ + t];
+      weights_ = std::move(packed);
+    }
     has_bias_input_ = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;
     if (q.node.op == "FusedConv") {
       KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
       KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
       has_z_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
     }
-    needs.workspace_bytes = static_cast<size_t>(std::max(1, q.target.threads)) *
-                            static_cast<size_t>(dwconv_scratch_floats(kh_, kw_, s_, oh_, ow_)) * sizeof(float);
+    if (!last_)
+      needs.workspace_bytes = static_cast<size_t>(std::max(1, q.target.threads)) *
+                              static_cast<size_t>(dwconv_scratch_floats(kh_, kw_, s_, oh_, ow_)) * sizeof(float);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
     const float* bias = has_bias_input_ ? ctx.input(2).data<float>() : nullptr;
-    rows_.dwconv(ctx.input(0).data<float>(), n_ * c_, c_, h_, w_, weights_.data<float>(), bias, kh_, kw_, s_, pt_, pl_,
-                 ctx.output(0).data<float>(), oh_, ow_, has_z_ ? ctx.input(3).data<float>() : nullptr, act_, post_,
-                 reinterpret_cast<float*>(ctx.workspace().data()));
+    const float* z = has_z_ ? ctx.input(3).data<float>() : nullptr;
+    if (last_)
+      rows_.dwconv_nhwc(ctx.input(0).data<float>(), n_, h_, w_, c_, weights_.data<float>(), bias, kh_, kw_, s_, pt_, pl_,
+                        ctx.output(0).data<float>(), oh_, ow_, z, act_, post_);
+    else
+      rows_.dwconv(ctx.input(0).data<float>(), n_ * c_, c_, h_, w_, weights_.data<float>(), bias, kh_, kw_, s_, pt_, pl_,
+                   ctx.output(0).data<float>(), oh_, ow_, z, act_, post_, reinterpret_cast<float*>(ctx.workspace().data()));
     return {};
   }
 
  private:
   const RowKernels& rows_;
-  Tensor weights_, bias_;
+  Tensor weights_;  // [C, 1, KH, KW] as given, or [KH, KW, C] channels-last
   int64_t n_ = 0, c_ = 0, h_ = 0, w_ = 0, kh_ = 0, kw_ = 0, s_ = 1, pt_ = 0, pl_ = 0, oh_ = 0, ow_ = 0;
-  bool has_bias_input_ = false, has_z_ = false;
+  bool last_ = false, has_bias_input_ = false, has_z_ = false;
   ActivationSpec act_, post_;
 };
 
@@ -74,8 +116,11 @@ void register_dwconv(KernelRegistry& r) {
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (const char* op : {"Conv", "FusedConv"})
       r.add(op, "cpu",
-            KernelImpl{std::string("kiln.dwconv_f32_") + isa_name(isa), [isa](const KernelQuery& q) { return dwconv_declines(q, isa); },
-                       [isa](const KernelQuery&) { return std::make_unique<DwConvKernel>(isa); }, isa_features(isa)});
+            KernelImpl{.name = std::string("kiln.dwconv_f32_") + isa_name(isa),
+                       .declines = [isa](const KernelQuery& q) { return dwconv_declines(q, isa); },
+                       .create = [isa](const KernelQuery&) { return std::make_unique<DwConvKernel>(isa); },
+                       .needs_isa = isa_features(isa),
+                       .defers = dwconv_defers});
 }
 
 }  // namespace kiln::cpu

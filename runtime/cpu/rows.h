@@ -76,6 +76,14 @@ struct RowKernels {
   void (*dwconv)(const float* x, int64_t planes, int64_t channels, int64_t h, int64_t w, const float* filters,
                  const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y, int64_t oh,
                  int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post, float* scratch);
+  /// Depthwise 2-D convolution channels-last: x [n, H, W, C] with filters packed [KH, KW, C]
+  /// and bias [C] (may be null), stride s, top/left padding pt/pl, into y [n, OH, OW, C], then
+  /// the epilogue per output row while it is in cache (z: the residual [n, OH, OW, C], may be
+  /// null); kh at most kDwconvNhwcMaxRows. Channels are the vector lanes (contiguous in X, the
+  /// filters and Y alike).
+  void (*dwconv_nhwc)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, const float* filters,
+                      const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y,
+                      int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
   /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
   /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);
@@ -95,6 +103,9 @@ struct RowKernels {
 inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t oh, int64_t ow) {
   return ((oh - 1) * s + kh) * ((ow - 1) * s + kw + 1);  // + 1: stride 2 splits odd widths in two
 }
+
+/// The tallest filter RowKernels::dwconv_nhwc takes.
+inline constexpr int64_t kDwconvNhwcMaxRows = 16;
 
 const RowKernels& row_kernels(Isa isa);
 

@@ -232,6 +232,54 @@ TEST(CpuKernels, DepthwiseConv) {
           fused.push_back(attr("post_activation", std::string("HardSwish")));
           EXPECT_EQ(check({"FusedConv", {x, w, b, noise({2, c, oh, ow}, 4)}, {false, true, true, false}, fused}, 1e-5, &cpu), name);
         }
+  // Channels-last: x [N, H, W, C], the kernel pinned (the default rule leaves most shapes to
+  // oneDNN); channel counts below, at and past the vector widths (the scalar tail, whole vectors
+  // and both); widths with edge columns only, and inside columns in blocks of eight, four and
+  // fewer; output rows in pairs (3x3 stride 1) and one by one, those at the top and bottom with
+  // filter rows in the padding; pads asymmetric and wider than the filter's reach; 7x7 filters
+  // through the general form.
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int64_t k : {3, 5, 7})
+      for (int64_t stride : {1, 2})
+        for (int64_t c : {5, 16, 40}) {
+          for (int64_t width : {3, 14}) {
+            SCOPED_TRACE(isa + " channels-last k=" + std::to_string(k) + " stride=" + std::to_string(stride) +
+                         " c=" + std::to_string(c) + " w=" + std::to_string(width));
+            const int64_t p = k / 2;
+            Tensor x = noise({2, 9, width, c}, 21), w = noise({c, 1, k, k}, 22, 0.5f), b = noise({c}, 23);
+            const std::string name = "kiln.dwconv_f32_" + isa;
+            std::vector<Attribute> a = {attr("group", c), attr("channels_last", int64_t{1}),
+                                        attr("pads", std::vector<int64_t>{p, p + 1, 0, p}),
+                                        attr("strides", std::vector<int64_t>{stride, stride})};
+            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name}, 1e-5, &cpu), name);
+            const int64_t oh = (9 + p - k) / stride + 1, ow = (width + 2 * p + 1 - k) / stride + 1;
+            std::vector<Attribute> fused = a;
+            fused.push_back(attr("activation", std::string("Silu")));
+            fused.push_back(attr("post_activation", std::string("Relu")));
+            EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), noise({2, oh, ow, c}, 24)}, {false, true, false, false}, fused, {true}, name},
+                            1e-5, &cpu),
+                      name);
+          }
+        }
+  // The default rule: kiln's kernel for 3x3 and 5x5 stride-1 rows of 14 or more with a SiLU,
+  // oneDNN's for a piecewise-linear epilogue, stride 2, 7x7 and shorter rows.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act) {
+      std::vector<Attribute> a = {attr("group", int64_t{32}), attr("channels_last", int64_t{1}),
+                                  attr("pads", std::vector<int64_t>(4, k / 2)), attr("strides", std::vector<int64_t>{stride, stride})};
+      if (*act) a.push_back(attr("activation", std::string(act)));
+      if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 6}));
+      SCOPED_TRACE(isa + " rule k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " w=" + std::to_string(width) + " " + act);
+      return check({"FusedConv", {noise({1, 10, width, 32}, 25), noise({32, 1, k, k}, 26), noise({32}, 27)}, {false, true, true}, a}, 1e-5, &cpu);
+    };
+    EXPECT_EQ(layer(3, 1, 14, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(5, 1, 20, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(3, 1, 14, "Clip"), "onednn.conv");
+    EXPECT_EQ(layer(3, 1, 14, ""), "onednn.conv");
+    EXPECT_EQ(layer(3, 2, 28, "Silu"), "onednn.conv");
+    EXPECT_EQ(layer(7, 1, 20, "Silu"), "onednn.conv");
+    EXPECT_EQ(layer(5, 1, 13, "Silu"), "onednn.conv");
+  }
   // Dilated and grouped-but-not-depthwise convolutions go elsewhere.
   Tensor x = noise({1, 8, 9, 9}, 5);
   EXPECT_NE(check({"Conv", {x, noise({8, 1, 3, 3}, 6)}, {false, true}, {attr("group", int64_t{8}), attr("dilations", std::vector<int64_t>{2, 2})}})

@@ -25,6 +25,7 @@ struct Case {
   std::vector<bool> constant;          // per input: a constant rather than a graph input
   std::vector<Attribute> attrs;
   std::vector<bool> outputs = {true};  // per output: requested (false: omitted)
+  std::string kernel;                  // an implementation the node pins (as a compiled model does), or ""
 };
 
 /// The one-node model's outputs on the default kernels (for this CPU, when given; or on
@@ -65,6 +66,7 @@ inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const 
     if (y != kNoValue) g.outputs.push_back(y);
   }
   for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
+  if (!c.kernel.empty()) n.kernel = KernelChoice{c.kernel, {}};
   g.add_node(std::move(n));
   EXPECT_TRUE(infer_graph(g).ok());
   out.graph_text = graph_to_text(g);
