@@ -160,8 +160,8 @@ int depthwise(int runs, int threads) {
     const std::string name = std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
                              std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " +
                              (*s.activation ? s.activation : "none") + " " + s.what;
-    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t.ma, 100 * t.sa, t.mb, 100 * t.sb, t.ma / t.mb,
-                t.rel_l2);
+    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t.ma, 100 * t.sa, t.mb, 100 * t.sb,
+                t.ma / t.mb, t.rel_l2);
   }
   return 0;
 }

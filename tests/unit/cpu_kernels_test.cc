@@ -256,9 +256,8 @@ TEST(CpuKernels, DepthwiseConv) {
             std::vector<Attribute> fused = a;
             fused.push_back(attr("activation", std::string("Silu")));
             fused.push_back(attr("post_activation", std::string("Relu")));
-            EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), noise({2, oh, ow, c}, 24)}, {false, true, false, false}, fused, {true}, name},
-                            1e-5, &cpu),
-                      name);
+            const Tensor z = noise({2, oh, ow, c}, 24);
+            EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, name}, 1e-5, &cpu), name);
           }
         }
   // The default rule: kiln's kernel for 3x3 and 5x5 stride-1 rows of 14 or more with a SiLU,
@@ -266,11 +265,14 @@ TEST(CpuKernels, DepthwiseConv) {
   for (const auto& [isa, cpu] : isa_paths()) {
     auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act) {
       std::vector<Attribute> a = {attr("group", int64_t{32}), attr("channels_last", int64_t{1}),
-                                  attr("pads", std::vector<int64_t>(4, k / 2)), attr("strides", std::vector<int64_t>{stride, stride})};
+                                  attr("pads", std::vector<int64_t>(4, k / 2)),
+                                  attr("strides", std::vector<int64_t>{stride, stride})};
       if (*act) a.push_back(attr("activation", std::string(act)));
       if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 6}));
-      SCOPED_TRACE(isa + " rule k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " w=" + std::to_string(width) + " " + act);
-      return check({"FusedConv", {noise({1, 10, width, 32}, 25), noise({32, 1, k, k}, 26), noise({32}, 27)}, {false, true, true}, a}, 1e-5, &cpu);
+      SCOPED_TRACE(isa + " rule k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " w=" + std::to_string(width) +
+                   " " + act);
+      const Tensor x = noise({1, 10, width, 32}, 25);
+      return check({"FusedConv", {x, noise({32, 1, k, k}, 26), noise({32}, 27)}, {false, true, true}, a}, 1e-5, &cpu);
     };
     EXPECT_EQ(layer(3, 1, 14, "Silu"), "kiln.dwconv_f32_" + isa);
     EXPECT_EQ(layer(5, 1, 20, "Silu"), "kiln.dwconv_f32_" + isa);
