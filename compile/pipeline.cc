@@ -32,9 +32,6 @@ Status check_pass_names(const CompileOptions& options) {
 }
 
 std::optional<std::string> precision_speed_warning(DType precision, const CpuFeatures& cpu, const std::map<std::string, double>& peaks) {
-  if (precision == DType::f16)
-    return "kiln's kernels widen f16 weights to f32 as they load them: the model is half the size, not faster (they have no f16 "
-           "arithmetic yet)";
   if (precision != DType::bf16 || cpu.amx || peaks.empty()) return std::nullopt;
   const auto f32 = peaks.find("f32"), bf16 = peaks.find("bf16");
   if (f32 == peaks.end()) return std::nullopt;

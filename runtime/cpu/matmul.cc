@@ -381,9 +381,66 @@ class Bf16GemmKernel final : public Kernel {
   gemm::Epilogue ep_;
 };
 
+// kiln.gemm_f16_avx512: an f16 weight (`--precision fp16`) on a CPU with AVX512-FP16, A rounded
+// to f16 as it is packed, the products summed in f16 over blocks of K and in f32 across them.
+std::optional<std::string> f16_declines(const KernelQuery& q) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::f16)) return why;
+  if (q.inputs[1].dtype != DType::f16) return "the weight is not f16";
+  if (auto why = f32_and_concrete(q, DType::f16)) return why;
+  if (is_conv(q.node)) return pointwise_declines(q);
+  if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
+  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
+  return std::nullopt;
+}
+
+class F16GemmKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const Product p = product_of(q);
+    m_ = p.m, n_ = p.n, k_ = p.k;
+    const Tensor& w = *q.inputs[1].value;  // plain f16 (the plan unpacks a packed one)
+    packed_ = Tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
+    gemm::pack_b_f16(static_cast<const uint16_t*>(w.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed_.data<uint16_t>());
+    has_bias_ = present(q, 2);
+    has_z_ = present(q, 3);
+    KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
+    KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
+    ep_.ldz = n_;
+    threads_ = std::max(1, q.target.threads);
+    needs.workspace_bytes = gemm::f16_workspace_bytes(m_, k_);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    gemm::Epilogue ep = ep_;
+    if (has_bias_) ep.bias = ctx.input(2).data<float>();
+    if (has_z_) ep.z = ctx.input(3).data<float>();
+    gemm::gemm_f16(m_, n_, k_, ctx.input(0).data<float>(), k_, packed_.data<uint16_t>(), ep, ctx.output(0).data<float>(), n_,
+                   threads_, ctx.workspace().data());
+    return {};
+  }
+
+  std::string label() const override { return "f16_8x64"; }
+
+ private:
+  int64_t m_ = 0, n_ = 0, k_ = 0;
+  int threads_ = 1;
+  Tensor packed_;  // B in pack_b_f16's panels
+  bool has_bias_ = false, has_z_ = false;
+  gemm::Epilogue ep_;
+};
+
 }  // namespace
 
 void register_gemm(KernelRegistry& r) {
+  CpuFeatures f16 = isa_features(Isa::avx512);
+  f16.avx512_fp16 = true;
+  for (const char* op : {"FusedMatMul", "FusedConv"})
+    r.add(op, "cpu",
+          KernelImpl{.name = "kiln.gemm_f16_avx512",
+                     .declines = f16_declines,
+                     .create = [](const KernelQuery&) { return std::make_unique<F16GemmKernel>(); },
+                     .needs_isa = f16});
   CpuFeatures bf16 = isa_features(Isa::avx512);
   bf16.avx512_bf16 = true;
   for (const char* op : {"FusedMatMul", "FusedConv"})

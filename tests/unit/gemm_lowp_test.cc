@@ -103,6 +103,59 @@ TEST(GemmLowp, Bf16) {
   });
 }
 
+// f16 · f16 on AVX512-FP16: against the products of the f16-rounded inputs summed in double.
+// The kernel sums in f16 for kF16Block steps of K, so each value may be off by what f16 sums
+// of that length lose (a few 2^-11 of their size), never by what a sum over all of K in f16
+// would (the last size: K = 1000, a 16x longer run than a block).
+TEST(GemmLowp, F16) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<Dims> dims = kDims;
+  dims.push_back({6, 70, 1000});
+  for (int threads : {1, 2}) {
+    use_threads(threads);
+    for (const Dims& d : dims)
+      for (bool trans : {false, true}) {
+        SCOPED_TRACE("m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) + (trans ? " transB" : "") +
+                     " threads=" + std::to_string(threads));
+        std::vector<float> a(static_cast<size_t>(d.m * d.k)), bias(static_cast<size_t>(d.n));
+        std::vector<uint16_t> b(static_cast<size_t>(d.k * d.n));
+        for (auto& v : a) v = dist(rng);
+        for (auto& v : b) v = half(dist(rng)).bits;
+        for (auto& v : bias) v = dist(rng);
+        std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(d.k, d.n)));
+        gemm::pack_b_f16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
+        auto bv = [&](int64_t p, int64_t j) {
+          half h;
+          h.bits = trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)];
+          return static_cast<double>(static_cast<float>(h));
+        };
+        gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::relu}};
+        std::vector<std::byte> ws(gemm::f16_workspace_bytes(d.m, d.k));
+        std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
+        gemm::gemm_f16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < d.m; ++i)
+          for (int64_t j = 0; j < d.n; ++j) {
+            double s = bias[static_cast<size_t>(j)], mag = 0;
+            for (int64_t p = 0; p < d.k; ++p) {
+              const double t = static_cast<float>(half(a[static_cast<size_t>(i * d.k + p)])) * bv(p, j);
+              s += t;
+              mag += std::abs(t);
+            }
+            const double want = std::max(0.0, s), got = y[static_cast<size_t>(i * d.n + j)];
+            // Each f16 sum rounds at most 2^-11 of the block's magnitude per step.
+            ASSERT_NEAR(got, want, 1e-6 + mag * std::ldexp(1.0, -11) * static_cast<double>(gemm::kF16Block) / 4) << i << "," << j;
+            err += (got - want) * (got - want);
+            norm += want * want;
+          }
+        EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 3e-3);
+      }
+  }
+  use_threads(physical_cores());
+}
+
 TEST(GemmLowp, Bf16Rounding) {
   EXPECT_EQ(gemm::to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(gemm::from_bf16(gemm::to_bf16(1.00390625f)), 1.0f);      // halfway: ties to even (down)

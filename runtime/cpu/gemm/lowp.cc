@@ -18,7 +18,7 @@ namespace {
 
 constexpr int64_t NR = kLowpTile.nr, MR = kLowpTile.mr;
 
-int64_t panels(int64_t n) { return (n + NR - 1) / NR; }
+int64_t panels(int64_t n, int64_t nr = NR) { return (n + nr - 1) / nr; }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Rows of A (of `row_bytes`) whose block fills about half of L2, whole tiles of MR.
@@ -26,10 +26,9 @@ int64_t rows_per_block(int64_t row_bytes) {
   return std::max<int64_t>(MR, CacheSizes::host().l2 / 2 / std::max<int64_t>(row_bytes, 1) / MR * MR);
 }
 
-// Runs f(p0, p1) over the panels, shared among min(threads, pool, panels) threads.
+// Runs f(p0, p1) over `count` panels, shared among min(threads, pool, count) threads.
 template <class F>
-void over_panels(int64_t n, int threads, F&& f) {
-  const int64_t count = panels(n);
+void over_panels(int64_t count, int threads, F&& f) {
   const int t = static_cast<int>(std::min<int64_t>({threads, pool_threads(), count}));
   if (t <= 1) {
     f(0, count);
@@ -50,6 +49,7 @@ std::optional<std::string> lowp_lacks(const CpuFeatures& cpu, Lowp kind) {
   if (!cpu.avx512f || !cpu.avx512bw || !cpu.avx512vl) return "the CPU lacks avx512";
   if (kind == Lowp::u8s8 && !cpu.avx512_vnni) return "the CPU lacks avx512-vnni";
   if (kind == Lowp::bf16 && !cpu.avx512_bf16) return "the CPU lacks avx512-bf16";
+  if (kind == Lowp::f16 && !cpu.avx512_fp16) return "the CPU lacks avx512-fp16";
   return std::nullopt;
 }
 
@@ -132,7 +132,7 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
   // others start, cost 5-10 % of the product).
   if (mc <= 0) mc = rows_per_block(round_up(k, 4));
-  over_panels(n, threads, [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
+  over_panels(panels(n), threads, [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
 }
 
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
@@ -142,7 +142,43 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
   const int64_t panel = round_up(k, 2) * MR;
   for (int64_t i0 = 0; i0 < m; i0 += MR) lowp_avx512::bf16_pack_a(a, lda, i0, std::min(MR, m - i0), k, packed + (i0 / MR) * panel);
   if (mc <= 0) mc = rows_per_block(round_up(k, 2) * 2);
-  over_panels(n, threads, [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+  over_panels(panels(n), threads, [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+}
+
+int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * k * kF16Tile.nr; }
+
+void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
+  const int64_t nr = kF16Tile.nr;
+  std::memset(out, 0, static_cast<size_t>(packed_b_f16_elements(k, n)) * 2);
+  for (int64_t j = 0; j < n; ++j) {
+    uint16_t* panel = out + (j / nr) * k * nr + j % nr;
+    for (int64_t p = 0; p < k; ++p) panel[p * nr] = trans ? b[j * ld + p] : b[p * ld + j];
+  }
+}
+
+size_t f16_workspace_bytes(int64_t m, int64_t k) {
+  return static_cast<size_t>(round_up(m, kF16Tile.mr) * k) * 4;  // A in 8-row panels of doubled f16
+}
+
+void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
+              int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+  if (m <= 0 || n <= 0) return;
+  const int64_t mr = kF16Tile.mr;
+  auto* packed = reinterpret_cast<uint32_t*>(workspace);
+  const int64_t count = panels(n, kF16Tile.nr), tiles = (m + mr - 1) / mr;
+  over_panels(tiles, threads, [&](int64_t t0, int64_t t1) {  // A's panels packed by all the threads
+    for (int64_t t = t0; t < t1; ++t) f16_avx512::pack_a(a, lda, t * mr, std::min(mr, m - t * mr), k, packed + t * k * mr);
+  });
+  mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / std::max<int64_t>(k * 4, 1) / mr * mr) : round_up(mc, mr);
+  if (count >= 2 * std::min<int64_t>(threads, pool_threads()) || tiles < 2) {
+    over_panels(count, threads, [&](int64_t p0, int64_t p1) { f16_avx512::panels(0, m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+    return;
+  }
+  // Too few panels to go round (a pointwise convolution of 64 or 128 channels): the threads
+  // split A's rows instead, each over every panel.
+  over_panels(tiles, threads, [&](int64_t t0, int64_t t1) {
+    f16_avx512::panels(t0 * mr, std::min(m, t1 * mr), mc, 0, count, k, packed, b_packed, ep, c, ldc, n);
+  });
 }
 
 }  // namespace kiln::cpu::gemm

@@ -20,7 +20,7 @@
 namespace kiln::cpu::gemm {
 
 /// The lower-precision element types.
-enum class Lowp { u8s8, bf16 };
+enum class Lowp { u8s8, bf16, f16 };
 
 /// Why this CPU cannot run `kind` ("the CPU lacks avx512-vnni"), or nullopt.
 std::optional<std::string> lowp_lacks(const CpuFeatures& cpu, Lowp kind);
@@ -75,6 +75,32 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 
 /// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16 pairs).
 size_t bf16_workspace_bytes(int64_t m, int64_t k);
+
+// ---- f16 · f16 (AVX512-FP16) -----------------------------------------------------------------
+
+/// The f16 kernel's register tile: 8 rows × 64 columns, each row two vectors of 32 f16 sums
+/// (added into the tile's f32 sums every kF16Block steps of K).
+inline constexpr Tile kF16Tile{8, 64};
+/// The steps of K summed in f16 before they are added to the f32 sums: AVX512-FP16's FMAs round
+/// each sum to f16 (11 bits), so a block's error grows with its length; 32 keeps BERT-base
+/// within 1e-3 relative L2 of f32.
+inline constexpr int64_t kF16Block = 32;
+
+/// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of K rows of 64 f16.
+int64_t packed_b_f16_elements(int64_t k, int64_t n);
+/// Packs f16 B (bits; K×N, or N×K when `trans`; `ld` between stored rows) for kF16Tile,
+/// zero-padded in N.
+void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
+
+/// C[M×N] f32 = A[M×K] f32 (rounded to f16 as each 8-row panel is packed) · B packed by
+/// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then
+/// bias and the epilogue as in the f32 GEMM.
+/// `mc` rows of A at a time (rounded up to whole tiles; 0: as many as fill half of L2).
+void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
+              int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+
+/// Workspace gemm_f16 takes for M rows of K (A's copy in f16, each value doubled).
+size_t f16_workspace_bytes(int64_t m, int64_t k);
 
 /// A bf16 or f16 weight (`kiln compile --precision`) as plain f32 (exact; a packed one
 /// unpacked first), f16 by vcvtph2ps where the CPU runs gemm_bf16 (BERT-base's f16 session:

@@ -24,3 +24,16 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 void widen_f16(const uint16_t* in, int64_t n, float* out);
 
 }  // namespace kiln::cpu::gemm::lowp_avx512
+
+// The AVX512-FP16 build (f16_avx512.cc).
+namespace kiln::cpu::gemm::f16_avx512 {
+
+/// A's rows [m0, m0 + rows) as one 8-row panel of f16, K steps of 8, each value twice in a
+/// 32-bit word (rows past `rows` zero).
+void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint32_t* out);
+/// C's panels [p0, p1) (of 64 columns, N in all) for rows [m0, m) (m0 a whole number of tiles),
+/// `mc` at a time, A packed by pack_a panel after panel.
+void panels(int64_t m0, int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint32_t* a_packed, const uint16_t* b,
+            const Epilogue& ep, float* c, int64_t ldc, int64_t n);
+
+}  // namespace kiln::cpu::gemm::f16_avx512
