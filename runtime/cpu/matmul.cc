@@ -315,15 +315,41 @@ class GemmKernel final : public Kernel {
 // bf16 weights (`kiln compile --precision bf16`), on AVX512-BF16 (gemm::gemm_bf16): B packed
 // once in prepare into panels of K pairs (which a compiled model stores), A rounded to bf16 as
 // its row panels are packed, the products summed in f32 and the f32 epilogue on each tile.
-std::optional<std::string> bf16_declines(const KernelQuery& q) {
-  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::bf16)) return why;
-  if (q.inputs[1].dtype != DType::bf16) return "the weight is not bf16";
-  if (auto why = f32_and_concrete(q, DType::bf16)) return why;
+// The lower-precision GEMMs (kiln.gemm_bf16_avx512, kiln.gemm_f16_avx512) take a FusedMatMul or
+// pointwise FusedConv whose constant weight is `weight` (what `--precision` stores) on a CPU
+// that has `kind`'s instructions.
+std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
+  if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
+  if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   return std::nullopt;
 }
+
+// Their epilogue: the bias and residual inputs, when present, and the activations.
+class LowpEpilogue {
+ public:
+  Status read(const KernelQuery& q, int64_t n) {
+    has_bias_ = present(q, 2);
+    has_z_ = present(q, 3);
+    KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
+    KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
+    ep_.ldz = n;
+    return {};
+  }
+  gemm::Epilogue at(KernelContext& ctx) const {
+    gemm::Epilogue ep = ep_;
+    if (has_bias_) ep.bias = ctx.input(2).data<float>();
+    if (has_z_) ep.z = ctx.input(3).data<float>();
+    return ep;
+  }
+
+ private:
+  bool has_bias_ = false, has_z_ = false;
+  gemm::Epilogue ep_;
+};
 
 // Where the target has AMX, oneDNN's bf16 matmul and convolution multiply on its tiles. This
 // kernel's VDPBF16PS is no match there: on a 16-core AMX Xeon it issues at half the rate of f32
@@ -351,21 +377,14 @@ class Bf16GemmKernel final : public Kernel {
       packed_ = Tensor::packed(DType::bf16, w.shape(), want, packed.nbytes(), packed.raw(),
                                std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
     }
-    has_bias_ = present(q, 2);
-    has_z_ = present(q, 3);
-    KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
-    KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
-    ep_.ldz = n_;
+    KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = gemm::bf16_workspace_bytes(m_, k_);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
-    gemm::Epilogue ep = ep_;
-    if (has_bias_) ep.bias = ctx.input(2).data<float>();
-    if (has_z_) ep.z = ctx.input(3).data<float>();
-    gemm::gemm_bf16(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const uint16_t*>(packed_.raw()), ep,
+    gemm::gemm_bf16(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx),
                     ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data());
     return {};
   }
@@ -377,22 +396,11 @@ class Bf16GemmKernel final : public Kernel {
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
-  bool has_bias_ = false, has_z_ = false;
-  gemm::Epilogue ep_;
+  LowpEpilogue ep_;
 };
 
 // kiln.gemm_f16_avx512: an f16 weight (`--precision fp16`) on a CPU with AVX512-FP16, A rounded
 // to f16 as it is packed, the products summed in f16 over blocks of K and in f32 across them.
-std::optional<std::string> f16_declines(const KernelQuery& q) {
-  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::f16)) return why;
-  if (q.inputs[1].dtype != DType::f16) return "the weight is not f16";
-  if (auto why = f32_and_concrete(q, DType::f16)) return why;
-  if (is_conv(q.node)) return pointwise_declines(q);
-  if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
-  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
-  return std::nullopt;
-}
-
 class F16GemmKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
@@ -401,22 +409,15 @@ class F16GemmKernel final : public Kernel {
     const Tensor& w = *q.inputs[1].value;  // plain f16 (the plan unpacks a packed one)
     packed_ = Tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
     gemm::pack_b_f16(static_cast<const uint16_t*>(w.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed_.data<uint16_t>());
-    has_bias_ = present(q, 2);
-    has_z_ = present(q, 3);
-    KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
-    KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
-    ep_.ldz = n_;
+    KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = gemm::f16_workspace_bytes(m_, k_);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
-    gemm::Epilogue ep = ep_;
-    if (has_bias_) ep.bias = ctx.input(2).data<float>();
-    if (has_z_) ep.z = ctx.input(3).data<float>();
-    gemm::gemm_f16(m_, n_, k_, ctx.input(0).data<float>(), k_, packed_.data<uint16_t>(), ep, ctx.output(0).data<float>(), n_,
-                   threads_, ctx.workspace().data());
+    gemm::gemm_f16(m_, n_, k_, ctx.input(0).data<float>(), k_, packed_.data<uint16_t>(), ep_.at(ctx), ctx.output(0).data<float>(),
+                   n_, threads_, ctx.workspace().data());
     return {};
   }
 
@@ -426,8 +427,7 @@ class F16GemmKernel final : public Kernel {
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
   Tensor packed_;  // B in pack_b_f16's panels
-  bool has_bias_ = false, has_z_ = false;
-  gemm::Epilogue ep_;
+  LowpEpilogue ep_;
 };
 
 }  // namespace
@@ -438,7 +438,7 @@ void register_gemm(KernelRegistry& r) {
   for (const char* op : {"FusedMatMul", "FusedConv"})
     r.add(op, "cpu",
           KernelImpl{.name = "kiln.gemm_f16_avx512",
-                     .declines = f16_declines,
+                     .declines = [](const KernelQuery& q) { return lowp_declines(q, gemm::Lowp::f16, DType::f16); },
                      .create = [](const KernelQuery&) { return std::make_unique<F16GemmKernel>(); },
                      .needs_isa = f16});
   CpuFeatures bf16 = isa_features(Isa::avx512);
@@ -446,7 +446,7 @@ void register_gemm(KernelRegistry& r) {
   for (const char* op : {"FusedMatMul", "FusedConv"})
     r.add(op, "cpu",
           KernelImpl{.name = "kiln.gemm_bf16_avx512",
-                     .declines = bf16_declines,
+                     .declines = [](const KernelQuery& q) { return lowp_declines(q, gemm::Lowp::bf16, DType::bf16); },
                      .create = [](const KernelQuery&) { return std::make_unique<Bf16GemmKernel>(); },
                      .needs_isa = bf16,
                      .reads_packed = true,
