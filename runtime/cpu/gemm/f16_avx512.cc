@@ -47,10 +47,11 @@ void tile(int64_t k, const uint32_t* a, const uint16_t* b, const __m512 (&init)[
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NH; ++j) {
         const __m512i bits = _mm512_castph_si512(h[i][j]);
+        const __m512 lo = _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_castsi512_si256(bits)));
+        const __m512 hi = _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(bits, 1)));
         float* s = &sums[i][j * 32];
-        _mm512_store_ps(s, _mm512_add_ps(_mm512_load_ps(s), _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_castsi512_si256(bits)))));
-        _mm512_store_ps(s + 16,
-                        _mm512_add_ps(_mm512_load_ps(s + 16), _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(bits, 1)))));
+        _mm512_store_ps(s, _mm512_add_ps(_mm512_load_ps(s), lo));
+        _mm512_store_ps(s + 16, _mm512_add_ps(_mm512_load_ps(s + 16), hi));
       }
   }
 }
@@ -83,7 +84,8 @@ void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, ui
     const float* row = a + (m0 + i) * lda;
     for (int64_t p0 = 0; p0 < k; p0 += 16) {
       const int left = static_cast<int>(std::min<int64_t>(16, k - p0));
-      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_castph_si256(_mm512_cvtxps_ph(_mm512_maskz_loadu_ps(mask(left), row + p0))));
+      const __m256h h = _mm512_cvtxps_ph(_mm512_maskz_loadu_ps(mask(left), row + p0));
+      const __m512i bits = _mm512_cvtepu16_epi32(_mm256_castph_si256(h));
       alignas(64) uint32_t words[16];
       _mm512_store_si512(words, _mm512_or_si512(bits, _mm512_slli_epi32(bits, 16)));
       for (int q = 0; q < left; ++q) out[(p0 + q) * MR + i] = words[q];
@@ -100,13 +102,15 @@ void panels(int64_t m0, int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k
     const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
     const uint16_t* bp = b + panel * k * NR;
     __m512 init[NV];
-    for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j)
+      init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float sums[MR][NR];
       kTiles[static_cast<size_t>(rows_here - 1)](k, a + (i0 / MR) * k * MR, bp, init, sums);
       for (int i = 0; i < rows_here; ++i)
-        for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), _mm512_load_ps(&sums[i][j * 16]));
+        for (int j = 0; j < NV; ++j)
+          _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), _mm512_load_ps(&sums[i][j * 16]));
       if (ep.has_tail())
         rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
                            ep.post);

@@ -132,7 +132,8 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
   // others start, cost 5-10 % of the product).
   if (mc <= 0) mc = rows_per_block(round_up(k, 4));
-  over_panels(panels(n), threads, [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
+  over_panels(panels(n), threads,
+              [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
 }
 
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
@@ -142,7 +143,8 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
   const int64_t panel = round_up(k, 2) * MR;
   for (int64_t i0 = 0; i0 < m; i0 += MR) lowp_avx512::bf16_pack_a(a, lda, i0, std::min(MR, m - i0), k, packed + (i0 / MR) * panel);
   if (mc <= 0) mc = rows_per_block(round_up(k, 2) * 2);
-  over_panels(panels(n), threads, [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+  over_panels(panels(n), threads,
+              [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
 }
 
 int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * k * kF16Tile.nr; }
@@ -171,7 +173,8 @@ void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   });
   mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / std::max<int64_t>(k * 4, 1) / mr * mr) : round_up(mc, mr);
   if (count >= 2 * std::min<int64_t>(threads, pool_threads()) || tiles < 2) {
-    over_panels(count, threads, [&](int64_t p0, int64_t p1) { f16_avx512::panels(0, m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+    over_panels(count, threads,
+                [&](int64_t p0, int64_t p1) { f16_avx512::panels(0, m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
     return;
   }
   // Too few panels to go round (a pointwise convolution of 64 or 128 channels): the threads

@@ -94,8 +94,8 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
 
 /// C[M×N] f32 = A[M×K] f32 (rounded to f16 as each 8-row panel is packed) · B packed by
 /// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then
-/// bias and the epilogue as in the f32 GEMM.
-/// `mc` rows of A at a time (rounded up to whole tiles; 0: as many as fill half of L2).
+/// bias and the epilogue as in the f32 GEMM; `mc` rows of A at a time (rounded up to whole
+/// tiles; 0: as many as fill half of L2).
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
               int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
 
