@@ -3,8 +3,11 @@
 //
 // An 8×64 tile: per step of K, two vectors of B's packed panel (32 f16 columns each) and each
 // row's value of A broadcast feed two `vfmadd231ph` (32 f16 products and sums per lane set).
-// A is packed with each f16 value twice in a 32-bit word, so that its broadcast is a plain
-// `vpbroadcastd` load (a 16-bit broadcast costs a shuffle on a port the FMAs need).
+// A is copied as f16 with each value twice in a 32-bit word, so that its broadcast is a plain
+// `vpbroadcastd` load (a 16-bit broadcast costs a shuffle on a port the FMAs need); its rows
+// stay rows (K words each), which the kernel reads side by side, so the copy is a conversion
+// 16 values at a time (an interleaved panel took one store per value: as long as the products
+// on ResNet-50's pointwise layers).
 // Those sums round to f16 at every step, so they run for kF16Block steps only, then are widened
 // (`vcvtph2psx`) and added into the tile's f32 sums, kept in L1 (eight rows of them would take
 // the 32 registers the f16 sums need; four rows of f16 sums read B from L2 twice as often, and
@@ -26,8 +29,8 @@ constexpr int MR = kF16Tile.mr, NR = kF16Tile.nr, NH = NR / 32, NV = NR / 16;
 
 __mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
-// sums[MRT×64] (f32, starting from `init`) += Σ over K of A's packed rows · B's panel. The f16
-// sums (16 registers) are added into `sums` (in L1) at the end of each block.
+// sums[MRT×64] (f32, starting from `init`) += Σ over K of A's copied rows (K words apart) · B's
+// panel. The f16 sums (16 registers) are added into `sums` (in L1) at the end of each block.
 template <int MRT>
 void tile(int64_t k, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV], float (&sums)[MR][NR]) {
   for (int i = 0; i < MRT; ++i)
@@ -40,7 +43,7 @@ void tile(int64_t k, const uint32_t* a, const uint16_t* b, const __m512 (&init)[
       __m512h bv[NH];
       for (int j = 0; j < NH; ++j) bv[j] = _mm512_loadu_ph(b + p * NR + j * 32);
       for (int i = 0; i < MRT; ++i) {
-        const __m512h av = _mm512_castsi512_ph(_mm512_set1_epi32(static_cast<int>(a[p * MR + i])));
+        const __m512h av = _mm512_castsi512_ph(_mm512_set1_epi32(static_cast<int>(a[i * k + p])));
         for (int j = 0; j < NH; ++j) h[i][j] = _mm512_fmadd_ph(av, bv[j], h[i][j]);
       }
     }
@@ -74,21 +77,15 @@ constexpr auto kTiles = table<TileFn, Tile>(std::make_index_sequence<MR>());
 }  // namespace
 
 void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint32_t* out) {
-  // Each row rounded to f16 16 values at a time (vcvtps2phx: to nearest even), each value then
-  // doubled into a 32-bit word and dealt out to the panel's steps.
-  for (int i = 0; i < MR; ++i) {
-    if (i >= rows) {
-      for (int64_t p = 0; p < k; ++p) out[p * MR + i] = 0;
-      continue;
-    }
+  // Rounded to f16 16 values at a time (vcvtps2phx: to nearest even), each doubled into a word.
+  for (int64_t i = 0; i < rows; ++i) {
     const float* row = a + (m0 + i) * lda;
+    uint32_t* to = out + i * k;
     for (int64_t p0 = 0; p0 < k; p0 += 16) {
-      const int left = static_cast<int>(std::min<int64_t>(16, k - p0));
-      const __m256h h = _mm512_cvtxps_ph(_mm512_maskz_loadu_ps(mask(left), row + p0));
+      const __mmask16 m = mask(static_cast<int>(std::min<int64_t>(16, k - p0)));
+      const __m256h h = _mm512_cvtxps_ph(_mm512_maskz_loadu_ps(m, row + p0));
       const __m512i bits = _mm512_cvtepu16_epi32(_mm256_castph_si256(h));
-      alignas(64) uint32_t words[16];
-      _mm512_store_si512(words, _mm512_or_si512(bits, _mm512_slli_epi32(bits, 16)));
-      for (int q = 0; q < left; ++q) out[(p0 + q) * MR + i] = words[q];
+      _mm512_mask_storeu_epi32(to + p0, m, _mm512_or_si512(bits, _mm512_slli_epi32(bits, 16)));
     }
   }
 }
@@ -107,7 +104,7 @@ void panels(int64_t m0, int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float sums[MR][NR];
-      kTiles[static_cast<size_t>(rows_here - 1)](k, a + (i0 / MR) * k * MR, bp, init, sums);
+      kTiles[static_cast<size_t>(rows_here - 1)](k, a + i0 * k, bp, init, sums);
       for (int i = 0; i < rows_here; ++i)
         for (int j = 0; j < NV; ++j)
           _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), _mm512_load_ps(&sums[i][j * 16]));

@@ -159,7 +159,7 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
 }
 
 size_t f16_workspace_bytes(int64_t m, int64_t k) {
-  return static_cast<size_t>(round_up(m, kF16Tile.mr) * k) * 4;  // A in 8-row panels of doubled f16
+  return static_cast<size_t>(m * k) * 4;  // A's rows in doubled f16
 }
 
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
@@ -168,8 +168,8 @@ void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   const int64_t mr = kF16Tile.mr;
   auto* packed = reinterpret_cast<uint32_t*>(workspace);
   const int64_t count = panels(n, kF16Tile.nr), tiles = (m + mr - 1) / mr;
-  over_panels(tiles, threads, [&](int64_t t0, int64_t t1) {  // A's panels packed by all the threads
-    for (int64_t t = t0; t < t1; ++t) f16_avx512::pack_a(a, lda, t * mr, std::min(mr, m - t * mr), k, packed + t * k * mr);
+  over_panels(tiles, threads, [&](int64_t t0, int64_t t1) {  // A copied by all the threads
+    f16_avx512::pack_a(a, lda, t0 * mr, std::min(m, t1 * mr) - t0 * mr, k, packed + t0 * mr * k);
   });
   mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / std::max<int64_t>(k * 4, 1) / mr * mr) : round_up(mc, mr);
   if (count >= 2 * std::min<int64_t>(threads, pool_threads()) || tiles < 2) {

@@ -92,7 +92,7 @@ int64_t packed_b_f16_elements(int64_t k, int64_t n);
 /// zero-padded in N.
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
 
-/// C[M×N] f32 = A[M×K] f32 (rounded to f16 as each 8-row panel is packed) · B packed by
+/// C[M×N] f32 = A[M×K] f32 (rounded to f16 as it is copied to the workspace) · B packed by
 /// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then
 /// bias and the epilogue as in the f32 GEMM; `mc` rows of A at a time (rounded up to whole
 /// tiles; 0: as many as fill half of L2).

@@ -28,11 +28,11 @@ void widen_f16(const uint16_t* in, int64_t n, float* out);
 // The AVX512-FP16 build (f16_avx512.cc).
 namespace kiln::cpu::gemm::f16_avx512 {
 
-/// A's rows [m0, m0 + rows) as one 8-row panel of f16, K steps of 8, each value twice in a
-/// 32-bit word (rows past `rows` zero).
+/// A's rows [m0, m0 + rows) as f16, each value twice in a 32-bit word, rows of K words from
+/// `out`.
 void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint32_t* out);
 /// C's panels [p0, p1) (of 64 columns, N in all) for rows [m0, m) (m0 a whole number of tiles),
-/// `mc` at a time, A packed by pack_a panel after panel.
+/// `mc` at a time, A's rows copied by pack_a (all M of them, K words apart).
 void panels(int64_t m0, int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint32_t* a_packed, const uint16_t* b,
             const Epilogue& ep, float* c, int64_t ldc, int64_t n);
 
