@@ -36,8 +36,8 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
 // The default rule's share of the channels-last ones (`kiln_bench_conv --depthwise`: one and
 // two threads, EfficientNet-B0's and MobileNetV2's layers, docs/architecture.md has the table):
 // kiln takes the 3x3 and 5x5 stride-1 ones with rows of 14 columns or more whose epilogue is
-// transcendental (SiLU: oneDNN 1.0-1.3x kiln's time, the activation applied while the row is in
-// cache, where oneDNN's post-ops lack it and a second pass over the output applies it); oneDNN
+// transcendental (SiLU: oneDNN 0.93-1.30x kiln's time, above 1 in 9 of 10, the activation applied
+// while the row is in cache, where oneDNN's post-ops lack it and a second pass applies it); oneDNN
 // keeps the rest (Clip or no activation: 0.77-0.95x at one thread; stride 2: 0.79-0.92x; seven
 // columns: 0.57-0.84x). max-autotune times both.
 std::optional<std::string> dwconv_defers(const KernelQuery& q) {
