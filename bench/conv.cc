@@ -94,12 +94,23 @@ kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel) 
   return m;
 }
 
-// Times two sessions' runs on `in`, interleaved: their medians and spreads, and the relative L2
-// between their outputs; false (with the error printed) when one fails.
+// Times two models' runs on `in` on `threads` threads, interleaved: their medians and spreads,
+// the relative L2 between their outputs, and the label of b's first kernel; false (with the
+// error printed) when a session cannot be made or a run fails.
 struct Timed {
   double ma, sa, mb, sb, rel_l2;
+  std::string b_label;
 };
-bool time_pair(kiln::Session& a, kiln::Session& b, const std::vector<kiln::Tensor>& in, int runs, Timed& t) {
+bool time_models(const kiln::Model& ma, const kiln::Model& mb, int threads, const std::vector<kiln::Tensor>& in, int runs,
+                 Timed& t) {
+  kiln::SessionOptions options;
+  options.target.threads = threads;
+  auto sa = kiln::Session::create(ma, options), sb = kiln::Session::create(mb, options);
+  if (!sa.ok() || !sb.ok()) {
+    std::fprintf(stderr, "kiln_bench_conv: %s\n", (sa.ok() ? sb.error() : sa.error()).message().c_str());
+    return false;
+  }
+  kiln::Session &a = **sa, &b = **sb;
   std::vector<double> ta, tb;
   std::vector<kiln::Tensor> ya, yb;
   for (int r = -3; r < runs; ++r) {
@@ -129,6 +140,7 @@ bool time_pair(kiln::Session& a, kiln::Session& b, const std::vector<kiln::Tenso
   std::tie(t.ma, t.sa) = stats(ta);
   std::tie(t.mb, t.sb) = stats(tb);
   t.rel_l2 = std::sqrt(num / std::max(den, 1e-300));
+  t.b_label = b.kernels()[0].label;
   return true;
 }
 
@@ -147,16 +159,10 @@ int depthwise(int runs, int threads) {
               threads, runs);
   std::printf("%-46s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
   for (const DepthwiseShape& s : shapes) {
-    kiln::Model ours = depthwise_model(s, kiln_kernel), theirs = depthwise_model(s, "onednn.conv");
-    kiln::SessionOptions options;
-    options.target.threads = threads;
-    auto a = kiln::Session::create(theirs, options), b = kiln::Session::create(ours, options);
-    if (!a.ok() || !b.ok()) {
-      std::fprintf(stderr, "kiln_bench_conv: %s\n", (a.ok() ? b.error() : a.error()).message().c_str());
-      return 1;
-    }
     Timed t;
-    if (!time_pair(**a, **b, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t)) return 1;
+    if (!time_models(depthwise_model(s, "onednn.conv"), depthwise_model(s, kiln_kernel), threads,
+                     {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
+      return 1;
     const std::string name = std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
                              std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " +
                              (*s.activation ? s.activation : "none") + " " + s.what;
@@ -192,20 +198,14 @@ int main(int argc, char** argv) {
   std::printf("%-34s %10s %7s %10s %7s %7s %10s  %s\n", "shape", "direct ms", "spread", "wino ms", "spread", "speedup", "rel L2",
               "winograd used");
   for (const ConvShape& s : shapes) {
-    kiln::Model direct = conv_model(s, "direct"), wino = conv_model(s, "winograd");
-    kiln::SessionOptions options;
-    options.target.threads = threads;
-    auto a = kiln::Session::create(direct, options), b = kiln::Session::create(wino, options);
-    if (!a.ok() || !b.ok()) {
-      std::fprintf(stderr, "kiln_bench_conv: %s\n", (a.ok() ? b.error() : a.error()).message().c_str());
-      return 1;
-    }
     Timed t;
-    if (!time_pair(**a, **b, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t)) return 1;
+    if (!time_models(conv_model(s, "direct"), conv_model(s, "winograd"), threads, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)},
+                     runs, t))
+      return 1;
     const std::string name = std::to_string(s.c) + "->" + std::to_string(s.m) + " " + std::to_string(s.hw) + "x" +
                              std::to_string(s.hw) + " " + s.what;
     std::printf("%-34s %10.3f %6.0f%% %10.3f %6.0f%% %7.2f %10.1e  %s\n", name.c_str(), t.ma, 100 * t.sa, t.mb, 100 * t.sb,
-                t.ma / t.mb, t.rel_l2, (*b)->kernels()[0].label == "winograd" ? "yes" : "no (not on this CPU)");
+                t.ma / t.mb, t.rel_l2, t.b_label == "winograd" ? "yes" : "no (not on this CPU)");
   }
   return 0;
 }
