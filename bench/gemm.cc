@@ -334,16 +334,37 @@ int main(int argc, char** argv) {
                 best.p.name().c_str(), pr.disagreement());
   }
   // The lower-precision templates against kiln's f32 one on the same shapes: u8·s8 (the
-  // speed-up over f32 is the number to hold), bf16 (the share of its own probed peak).
+  // speed-up over f32 is the number to hold), bf16 and f16 (the share of their own probed peaks).
   const bool vnni = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::u8s8);
   const bool bf16 = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::bf16);
+  if (!kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::f16)) {
+    const double f16_peak = probed.compute_gflops.at("f16") * threads;
+    std::printf("# f16 vfmadd231ph peak %.1f GFLOP/s for %d thread(s)\n", f16_peak, threads);
+    std::printf("%-28s %9s | %9s %8s %7s %8s\n", "shape (MxNxK)", "f32 ms", "f16 ms", "GFLOP/s", "peak", "x f32");
+    for (const Shape& s : shapes) {
+      Problem pr(s);
+      Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
+      avec<uint16_t> bh(static_cast<size_t>(s.k * s.n)), bhp(static_cast<size_t>(gemm::packed_b_f16_elements(s.k, s.n)));
+      for (size_t i = 0; i < bh.size(); ++i) bh[i] = kiln::half(pr.b[i]).bits;
+      gemm::pack_b_f16(bh.data(), s.n, false, s.k, s.n, bhp.data());
+      avec<std::byte> ws(gemm::f16_workspace_bytes(s.m, s.k));
+      avec<float> c(static_cast<size_t>(s.m * s.n));
+      std::vector<double> spread;
+      const std::vector<double> sec = interleaved(spread, [&] { Problem::run(f32); }, [&] {
+        gemm::gemm_f16(s.m, s.n, s.k, pr.a.data(), s.k, bhp.data(), {}, c.data(), s.n, threads, ws.data());
+      });
+      std::printf("%-28s %9.3f | %9.3f %8.1f %6.0f%% %8.2f\n", shape_name(s).c_str(), sec[0] * 1e3, sec[1] * 1e3, gflops(s, sec[1]),
+                  100 * gflops(s, sec[1]) / f16_peak, sec[0] / sec[1]);
+    }
+  }
   if (!vnni && !bf16) {
-    std::printf("# this CPU has neither AVX512-VNNI nor AVX512-BF16: no lower-precision rows\n");
+    std::printf("# this CPU has neither AVX512-VNNI nor AVX512-BF16: no u8s8 or bf16 rows\n");
     return 0;
   }
   const double vnni_peak = vnni ? probed.compute_gflops.at("int8") * threads : 0;
   const double bf16_peak = bf16 ? probed.compute_gflops.at("bf16") * threads : 0;
-  std::printf("# u8s8 vpdpbusd peak %.1f GOP/s, bf16 vdpbf16ps peak %.1f GFLOP/s, for %d thread(s) (0: the CPU lacks it)\n",
+  std::printf("# u8s8 peak %.1f GOP/s, bf16 peak %.1f GFLOP/s (vpdpbusd and vdpbf16ps, or AMX tiles where the CPU has them), for "
+              "%d thread(s) (0: the CPU lacks it)\n",
               vnni_peak, bf16_peak, threads);
   std::printf("%-28s %9s | %9s %8s %7s %8s | %9s %8s %7s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",
               "bf16 ms", "GFLOP/s", "peak");

@@ -131,6 +131,7 @@ std::string utc_now() {
 
 std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes) {
   if (kernel.find("bf16") != std::string::npos) return "bf16";
+  if (kernel.find("f16") != std::string::npos) return "f16";  // kiln.gemm_f16_avx512: f16 products
   if (kernel.find("u8s8") != std::string::npos || kernel.find("int8") != std::string::npos) return "int8";
   for (DType t : input_dtypes) {
     if (t == DType::i8 || t == DType::u8) return "int8";

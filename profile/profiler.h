@@ -68,9 +68,9 @@ struct Measurements {
   int64_t peak_rss_bytes = 0;   ///< the process's peak resident set after the runs
 };
 
-/// The compute ceiling a kernel works against: "bf16" or "int8" when its name (and parameters)
-/// say it computes so ("bf16", "u8s8", "int8") or an input is i8 / u8 (int8) or bf16 (a bf16
-/// weight); else "f32".
+/// The compute ceiling a kernel works against: "bf16", "f16" or "int8" when its name (and
+/// parameters) say it computes so ("bf16", "f16", "u8s8", "int8") or an input is i8 / u8 (int8)
+/// or bf16 (a bf16 weight); else "f32" (an f16 weight that a kernel widens included).
 std::string kernel_precision(const std::string& kernel, const std::vector<DType>& input_dtypes);
 
 /// How many timed runs keep their timeline (trace events, the HTML timeline).

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/kernel.h"
@@ -38,6 +39,24 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q) {
     for (int64_t v : q.node.attr_ints(attr)) if (v != 1) return std::string(attr) + " other than 1";
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
   if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
+  return std::nullopt;
+}
+
+// The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps those
+// of fewer than 16 input channels (ResNet-50's stem, 3: its windows are short runs to gather,
+// and the f16 kernel took 1.74-1.77 against oneDNN's 1.50-1.63 ms at one thread).
+std::optional<std::string> f16_defers(const KernelQuery& q) {
+  if (is_conv(q.node) && q.inputs[0].shape.dims[3].value < 16) return "oneDNN is as fast on fewer than 16 input channels";
+  return std::nullopt;
+}
+
+// A channels-last 2-D convolution that the f16 GEMM runs over its windows (gemm_f16_windows):
+// any filter size, stride, dilation and padding, no groups.
+std::optional<std::string> windows_declines(const KernelQuery& q) {
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4 || q.inputs[1].shape.rank() != 4) return "not 2-D";
+  if (!q.inputs[1].value) return "the weights are computed at run time";
+  if (q.node.attr_int("group", 1) != 1) return "grouped";
   return std::nullopt;
 }
 
@@ -322,7 +341,7 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
   if (auto why = f32_and_concrete(q, weight)) return why;
-  if (is_conv(q.node)) return pointwise_declines(q);
+  if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   return std::nullopt;
@@ -400,15 +419,39 @@ class Bf16GemmKernel final : public Kernel {
 };
 
 // kiln.gemm_f16_avx512: an f16 weight (`--precision fp16`) on a CPU with AVX512-FP16, A rounded
-// to f16 as it is packed, the products summed in f16 over blocks of K and in f32 across them.
+// to f16 as it is copied, the products summed in f16 over blocks of K and in f32 across them.
+// A convolution other than pointwise is the product of its windows (gathered as A is copied)
+// and its weight laid out [K, KH, KW, C].
 class F16GemmKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const Product p = product_of(q);
-    m_ = p.m, n_ = p.n, k_ = p.k;
     const Tensor& w = *q.inputs[1].value;  // plain f16 (the plan unpacks a packed one)
+    const auto* bits = static_cast<const uint16_t*>(w.raw());
+    Tensor reordered;  // a convolution's weight in the windows' order
+    bool trans_b = true;
+    if (is_conv(q.node)) {
+      const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = w.shape(), ys = q.outputs[0].shape.concrete();
+      KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {xs[1], xs[2]}, {ws[2], ws[3]}, false));
+      g_ = {.h = xs[1], .w = xs[2], .c = xs[3], .oh = ys[1], .ow = ys[2], .kh = ws[2], .kw = ws[3], .sh = win.strides[0],
+            .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
+      m_ = ys[0] * ys[1] * ys[2], n_ = ys[3], k_ = g_.k();
+      windows_ = !(g_.kh == 1 && g_.kw == 1 && g_.sh == 1 && g_.sw == 1 && g_.pt == 0 && g_.pl == 0 && g_.oh == g_.h && g_.ow == g_.w);
+      if (windows_) {  // [K, C, KH, KW] -> [K, KH, KW, C]: B transposed, in the windows' order
+        Tensor order(DType::u16, {n_, k_});
+        uint16_t* to = order.data<uint16_t>();
+        const int64_t taps = g_.kh * g_.kw;
+        for (int64_t o = 0; o < n_; ++o)
+          for (int64_t ch = 0; ch < g_.c; ++ch)
+            for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * g_.c + ch] = bits[(o * g_.c + ch) * taps + t];
+        reordered = std::move(order);
+        bits = reordered.data<uint16_t>();
+      }
+    } else {
+      const Product p = product_of(q);
+      m_ = p.m, n_ = p.n, k_ = p.k, trans_b = p.trans_b;
+    }
     packed_ = Tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
-    gemm::pack_b_f16(static_cast<const uint16_t*>(w.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed_.data<uint16_t>());
+    gemm::pack_b_f16(bits, trans_b ? k_ : n_, trans_b, k_, n_, packed_.data<uint16_t>());
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = gemm::f16_workspace_bytes(m_, k_);
@@ -416,8 +459,12 @@ class F16GemmKernel final : public Kernel {
   }
 
   Status run(KernelContext& ctx) override {
-    gemm::gemm_f16(m_, n_, k_, ctx.input(0).data<float>(), k_, packed_.data<uint16_t>(), ep_.at(ctx), ctx.output(0).data<float>(),
-                   n_, threads_, ctx.workspace().data());
+    const float* x = ctx.input(0).data<float>();
+    float* y = ctx.output(0).data<float>();
+    if (windows_)
+      gemm::gemm_f16_windows(m_, n_, g_, x, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data());
+    else
+      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data());
     return {};
   }
 
@@ -426,6 +473,8 @@ class F16GemmKernel final : public Kernel {
  private:
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
+  bool windows_ = false;  // a convolution other than pointwise: A is its windows
+  gemm::ImageWindows g_;
   Tensor packed_;  // B in pack_b_f16's panels
   LowpEpilogue ep_;
 };
@@ -440,7 +489,8 @@ void register_gemm(KernelRegistry& r) {
           KernelImpl{.name = "kiln.gemm_f16_avx512",
                      .declines = [](const KernelQuery& q) { return lowp_declines(q, gemm::Lowp::f16, DType::f16); },
                      .create = [](const KernelQuery&) { return std::make_unique<F16GemmKernel>(); },
-                     .needs_isa = f16});
+                     .needs_isa = f16,
+                     .defers = f16_defers});
   CpuFeatures bf16 = isa_features(Isa::avx512);
   bf16.avx512_bf16 = true;
   for (const char* op : {"FusedMatMul", "FusedConv"})

@@ -290,6 +290,44 @@ TEST(CpuKernels, DepthwiseConv) {
   EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
 }
 
+// kiln.gemm_f16_avx512 on channels-last convolutions with f16 weights (`--precision fp16`),
+// pinned: pointwise (A read in place) and through its windows (3x3 "same" with a residual and
+// activations, stride 2 with asymmetric pads, a pointwise one whose end padding makes it a
+// windowed one, dilated 5x5), C below, at and past a vector. It rounds the activations to f16
+// and sums in f16 over blocks of K, which the reference (f32 on the widened weight) does not.
+TEST(CpuKernels, F16Convolution) {
+  if (!CpuFeatures::host().avx512_fp16) GTEST_SKIP() << "this CPU lacks avx512-fp16";
+  const std::string name = "kiln.gemm_f16_avx512";
+  auto f16 = [](const Tensor& w) {
+    Tensor h(DType::f16, w.shape());
+    for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
+    return h;
+  };
+  auto conv = [](std::vector<int64_t> pads, int64_t stride, int64_t dilation) {
+    return std::vector<Attribute>{attr("channels_last", int64_t{1}), attr("pads", std::move(pads)),
+                                  attr("strides", std::vector<int64_t>{stride, stride}),
+                                  attr("dilations", std::vector<int64_t>{dilation, dilation})};
+  };
+  struct Layer {
+    int64_t c, n, k, stride, dilation;
+    std::vector<int64_t> pads;
+  };
+  for (const Layer& l : {Layer{24, 40, 1, 1, 1, {0, 0, 0, 0}}, Layer{19, 70, 3, 1, 1, {1, 1, 1, 1}},
+                         Layer{32, 24, 3, 2, 1, {0, 1, 1, 0}}, Layer{16, 20, 1, 1, 1, {0, 0, 1, 1}},
+                         Layer{17, 9, 5, 1, 2, {3, 3, 3, 3}}}) {
+    SCOPED_TRACE("c=" + std::to_string(l.c) + " k=" + std::to_string(l.k) + " stride=" + std::to_string(l.stride));
+    const Tensor x = noise({2, 9, 11, l.c}, 31), w = f16(noise({l.n, l.c, l.k, l.k}, 32, 0.5f)), b = noise({l.n}, 33);
+    EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, conv(l.pads, l.stride, l.dilation), {true}, name}, 3e-3), name);
+    const int64_t span = l.dilation * (l.k - 1) + 1;
+    const int64_t oh = (9 + l.pads[0] + l.pads[2] - span) / l.stride + 1, ow = (11 + l.pads[1] + l.pads[3] - span) / l.stride + 1;
+    std::vector<Attribute> fused = conv(l.pads, l.stride, l.dilation);
+    fused.push_back(attr("activation", std::string("Silu")));
+    fused.push_back(attr("post_activation", std::string("Relu")));
+    EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), noise({2, oh, ow, l.n}, 34)}, {false, true, false, false}, fused, {true}, name}, 3e-3),
+              name);
+  }
+}
+
 TEST(CpuKernels, Attention) {
   // kiln's flash attention on each ISA path, and oneDNN's attention where kiln's is left out.
   const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});

@@ -113,6 +113,9 @@ TEST(GemmLowp, F16) {
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   std::vector<Dims> dims = kDims;
   dims.push_back({6, 70, 1000});
+  dims.push_back({11, 65, 3300});  // K in three chunks of kF16Kc or less, the sums kept in C between them
+  dims.push_back({40, 70, 37});    // N ≤ 2M: the threads split A's rows, each copying its own
+  dims.push_back({9, 20, 0});      // no K: C is the bias
   for (int threads : {1, 2}) {
     use_threads(threads);
     for (const Dims& d : dims)
@@ -153,6 +156,80 @@ TEST(GemmLowp, F16) {
         EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 3e-3);
       }
   }
+  use_threads(physical_cores());
+}
+
+// A convolution as gemm_f16_windows runs it (channels-last images, weight [K, KH, KW, C]):
+// against the f16-rounded inputs convolved in double with zero padding, on filter sizes,
+// strides, dilations and paddings that leave windows partly outside the image, C a vector
+// multiple or not, K above kF16Kc, a residual, one and two threads, A's rows in blocks of 8 and
+// in the default blocks.
+TEST(GemmLowp, F16Windows) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  struct Geometry {
+    int64_t images, h, w, c, n, kh, kw, stride, dilation, pad;
+  };
+  const std::vector<Geometry> geometries = {
+      {2, 7, 9, 19, 70, 3, 3, 1, 1, 1},   // 3x3 "same", C not a multiple of 16, two images
+      {1, 8, 8, 16, 33, 3, 3, 2, 1, 1},   // stride 2
+      {1, 9, 7, 33, 130, 1, 1, 2, 1, 0},  // a strided pointwise convolution (ResNet's downsample)
+      {1, 11, 6, 5, 24, 5, 5, 1, 2, 3},   // dilated: the taps of a window row apart in the image
+      {1, 12, 12, 3, 8, 7, 7, 2, 1, 3},   // ResNet's stem
+      {1, 5, 6, 200, 40, 3, 3, 1, 1, 1},  // K = 1800: two chunks
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (const Geometry& g : geometries)
+    for (int threads : {1, 2})
+      for (int64_t mc : {int64_t{8}, int64_t{0}}) {
+        SCOPED_TRACE("c=" + std::to_string(g.c) + " k=" + std::to_string(g.kh) + " stride=" + std::to_string(g.stride) +
+                     " threads=" + std::to_string(threads) + " mc=" + std::to_string(mc));
+        use_threads(threads);
+        const int64_t span_h = g.dilation * (g.kh - 1) + 1, span_w = g.dilation * (g.kw - 1) + 1;
+        gemm::ImageWindows win{.h = g.h, .w = g.w, .c = g.c, .oh = (g.h + 2 * g.pad - span_h) / g.stride + 1,
+                               .ow = (g.w + 2 * g.pad - span_w) / g.stride + 1, .kh = g.kh, .kw = g.kw, .sh = g.stride,
+                               .sw = g.stride, .dh = g.dilation, .dw = g.dilation, .pt = g.pad, .pl = g.pad};
+        const int64_t m = g.images * win.oh * win.ow, k = win.k();
+        std::vector<float> x(static_cast<size_t>(g.images * g.h * g.w * g.c)), bias(static_cast<size_t>(g.n)),
+            z(static_cast<size_t>(m * g.n));
+        std::vector<uint16_t> wt(static_cast<size_t>(g.n * k));  // [N, KH, KW, C]
+        for (auto& v : x) v = dist(rng);
+        for (auto& v : wt) v = half(dist(rng)).bits;
+        for (auto& v : bias) v = dist(rng);
+        for (auto& v : z) v = dist(rng);
+        std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, g.n)));
+        gemm::pack_b_f16(wt.data(), k, true, k, g.n, packed.data());
+        gemm::Epilogue ep{.bias = bias.data(), .z = z.data(), .ldz = g.n, .act = {Activation::relu}};
+        std::vector<std::byte> ws(gemm::f16_workspace_bytes(m, k));
+        std::vector<float> y(static_cast<size_t>(m * g.n), std::nanf(""));
+        gemm::gemm_f16_windows(m, g.n, win, x.data(), packed.data(), ep, y.data(), g.n, threads, ws.data(), mc);
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t image = i / (win.oh * win.ow), oy = i / win.ow % win.oh, ox = i % win.ow;
+          for (int64_t j = 0; j < g.n; ++j) {
+            double s = bias[static_cast<size_t>(j)], mag = 0;
+            for (int64_t ky = 0; ky < g.kh; ++ky)
+              for (int64_t kx = 0; kx < g.kw; ++kx) {
+                const int64_t iy = oy * g.stride - g.pad + ky * g.dilation, ix = ox * g.stride - g.pad + kx * g.dilation;
+                if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) continue;
+                for (int64_t ch = 0; ch < g.c; ++ch) {
+                  half wv;
+                  wv.bits = wt[static_cast<size_t>(((j * g.kh + ky) * g.kw + kx) * g.c + ch)];
+                  const double t = static_cast<float>(half(x[static_cast<size_t>(((image * g.h + iy) * g.w + ix) * g.c + ch)])) *
+                                   static_cast<double>(static_cast<float>(wv));
+                  s += t;
+                  mag += std::abs(t);
+                }
+              }
+            // The epilogue: the activation, then the residual.
+            const double want = std::max(0.0, s) + z[static_cast<size_t>(i * g.n + j)], got = y[static_cast<size_t>(i * g.n + j)];
+            ASSERT_NEAR(got, want, 1e-5 + mag * std::ldexp(1.0, -11) * static_cast<double>(gemm::kF16Block) / 4) << i << "," << j;
+            err += (got - want) * (got - want);
+            norm += want * want;
+          }
+        }
+        EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 3e-3);
+      }
   use_threads(physical_cores());
 }
 

@@ -23,15 +23,20 @@ using testing::run_reference;
 // Values in [-1, 1).
 Tensor random_f32(std::vector<int64_t> shape, uint32_t seed) { return testing::noise(std::move(shape), seed, 2.f); }
 
-// A 3x3 conv and a channels-last pointwise FusedConv with a SiLU epilogue (kiln's GEMM's, not
-// deferred to oneDNN), each read by a Relu that is a graph output, and two linear layers, the
-// last of which writes a graph output. Odd sizes: every kernel's tails.
+// A 3x3 conv of 5 channels, a 3x3 stride-2 conv of 16 and a channels-last pointwise
+// FusedConv with a SiLU epilogue (kiln's GEMM's, not deferred to oneDNN), each read by a Relu
+// that is a graph output, and two linear layers, the last of which writes a graph output. Odd
+// sizes: every kernel's tails.
 Model mixed_model() {
   testing::GraphBuilder b;
   ValueId x = b.input("x", {1, 5, 9, 9});
   ValueId c = b.op("conv", "Conv", {x, b.constant("w", random_f32({16, 5, 3, 3}, 1)), b.constant("wb", random_f32({16}, 2))},
                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
   ValueId r = b.op("relu", "Relu", {c});
+  ValueId x2 = b.input("x2", {1, 16, 6, 7});
+  ValueId c2 = b.op("conv2", "Conv", {x2, b.constant("w2", random_f32({24, 16, 3, 3}, 10)), b.constant("w2b", random_f32({24}, 11))},
+                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("strides", std::vector<int64_t>{2, 2})});
+  ValueId r2 = b.op("relu2", "Relu", {c2});
   ValueId xl = b.input("xl", {1, 7, 5, 24});
   ValueId p = b.op("pw", "FusedConv", {xl, b.constant("pw_w", random_f32({40, 24, 1, 1}, 3)), b.constant("pw_b", random_f32({40}, 4))},
                    {attr("channels_last", int64_t{1}), attr("activation", std::string("Silu"))});
@@ -40,10 +45,12 @@ Model mixed_model() {
   ValueId h = b.op("mm1", "MatMul", {a, b.constant("b1", random_f32({64, 100}, 5))});
   ValueId h2 = b.op("act", "Relu", {h});
   ValueId out = b.op("mm2", "MatMul", {h2, b.constant("b2", random_f32({100, 8}, 6))});
-  return b.done({r, pr, out});
+  return b.done({r, r2, pr, out});
 }
 
-std::vector<Tensor> mixed_inputs() { return {random_f32({1, 5, 9, 9}, 7), random_f32({1, 7, 5, 24}, 8), random_f32({37, 64}, 9)}; }
+std::vector<Tensor> mixed_inputs() {
+  return {random_f32({1, 5, 9, 9}, 7), random_f32({1, 16, 6, 7}, 12), random_f32({1, 7, 5, 24}, 8), random_f32({37, 64}, 9)};
+}
 
 Result<PassResult> lower(Model& m, DType precision, const CpuFeatures& cpu) {
   Target target;
@@ -73,12 +80,12 @@ TEST(LowerPrecision, LowersConstantWeightProductsAndKeepsTheFinalLayer) {
     ASSERT_TRUE(r.ok()) << r.error().message();
     EXPECT_TRUE(r->changed);
     const std::string name(dtype_name(precision));
-    EXPECT_EQ(r->summary, "lowered 3 convolutions and matrix products to " + name +
-                              " (their weights 32 KiB -> 16 KiB); kept f32 as it writes a graph output: 'mm2'")
+    EXPECT_EQ(r->summary, "lowered 4 convolutions and matrix products to " + name +
+                              " (their weights 45 KiB -> 23 KiB); kept f32 as it writes a graph output: 'mm2'")
         << r->summary;
     ASSERT_TRUE(verify_model(m).ok());
     const Graph& g = m.graph;
-    for (const char* lowered : {"conv", "pw", "mm1"}) {
+    for (const char* lowered : {"conv", "conv2", "pw", "mm1"}) {
       const Node& n = node_named(g, lowered);
       EXPECT_EQ(n.op, std::string(lowered) == "mm1" ? "FusedMatMul" : "FusedConv") << lowered;
       EXPECT_EQ(g.value(n.inputs[1]).dtype, precision) << lowered;
@@ -136,7 +143,7 @@ TEST(LowerPrecision, ReferenceIsTheF32GraphOnTheRoundedValues) {
     const std::vector<Tensor> got = run_reference(lowered, in), exact = run_reference(f32, in);
     // The f32 model with the lowered weights' values and, for bf16, the inputs rounded.
     Model rounded = f32;
-    for (const char* w : {"w", "pw_w", "b1"}) {
+    for (const char* w : {"w", "w2", "pw_w", "b1"}) {
       Tensor& t = rounded.graph.value(rounded.graph.find_value(w)).constant;
       for (int64_t i = 0; i < t.numel(); ++i) {
         float& v = t.data<float>()[i];
@@ -152,16 +159,16 @@ TEST(LowerPrecision, ReferenceIsTheF32GraphOnTheRoundedValues) {
       }
     }
     const std::vector<Tensor> want = run_reference(rounded, rin);
-    ASSERT_EQ(got.size(), 3u);
-    ASSERT_EQ(want.size(), 3u);
-    for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(got.size(), 4u);
+    ASSERT_EQ(want.size(), 4u);
+    for (size_t i = 0; i < 3; ++i) {
       EXPECT_LE(relative_l2(got[i], want[i]), 1e-6) << "output " << i;
       const double err = relative_l2(got[i], exact[i]);
       EXPECT_LE(err, 1e-2) << "output " << i;
       EXPECT_GT(err, 1e-6) << "output " << i << ": the lowering changed nothing";
     }
     // The final layer is f32, but reads the lowered layer's output.
-    EXPECT_LE(relative_l2(got[2], exact[2]), 1e-2);
+    EXPECT_LE(relative_l2(got[3], exact[3]), 1e-2);
   }
 }
 
@@ -189,6 +196,7 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
       EXPECT_EQ(node_named(g, "mm1").kernel.name, "onednn.matmul");
       EXPECT_EQ(node_named(g, "pw").kernel.name, "onednn.conv");
       EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      EXPECT_EQ(node_named(g, "conv2").kernel.name, "onednn.conv");
       const Tensor& b1 = g.value(node_named(g, "mm1").inputs[1]).constant;
       EXPECT_EQ(b1.dtype(), DType::bf16);
       if (b1.is_packed()) {
@@ -201,6 +209,7 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
       EXPECT_EQ(node_named(g, "mm1").kernel.name, "kiln.gemm_bf16_avx512");
       EXPECT_EQ(node_named(g, "pw").kernel.name, "kiln.gemm_bf16_avx512");
       EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      EXPECT_EQ(node_named(g, "conv2").kernel.name, "onednn.conv");
       // The packed bf16 weights are stored as such: half the f32 bytes.
       const Tensor& w = g.value(node_named(g, "conv").inputs[1]).constant;
       EXPECT_TRUE(w.is_packed());
@@ -215,8 +224,10 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
     } else {
       EXPECT_EQ(node_named(g, "mm1").kernel.name, "kiln.gemm_f16_avx512");
       EXPECT_EQ(node_named(g, "pw").kernel.name, "kiln.gemm_f16_avx512");
-      EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv");
+      EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv") << "5 channels in: oneDNN's";
+      EXPECT_EQ(node_named(g, "conv2").kernel.name, "kiln.gemm_f16_avx512");
       EXPECT_FALSE(g.value(node_named(g, "conv").inputs[1]).constant.is_packed()) << "f16 weights stay f16";
+      EXPECT_FALSE(g.value(node_named(g, "conv2").inputs[1]).constant.is_packed());
       if (!CpuFeatures::host().avx512_fp16) {  // compiled for a CPU with AVX512-FP16: refused here
         auto s = Session::create(m);
         ASSERT_FALSE(s.ok());
@@ -259,11 +270,13 @@ TEST(LowerPrecision, SpeedWarning) {
   EXPECT_FALSE(precision_speed_warning(DType::f32, cpu, slow));
 }
 
-// kiln profile holds a node with bf16 weights to the bf16 peak, whichever kernel runs it.
+// kiln profile holds a node with bf16 weights to the bf16 peak, whichever kernel runs it, and
+// the f16 GEMM's nodes to the f16 peak.
 TEST(LowerPrecision, ProfileUsesTheBf16Ceiling) {
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::bf16, DType::f32}), "bf16");
   EXPECT_EQ(profile::kernel_precision("kiln.gemm_bf16_avx512", {DType::f32, DType::bf16}), "bf16");
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f16}), "f32") << "f16 weights are widened";
+  EXPECT_EQ(profile::kernel_precision("kiln.gemm_f16_avx512 f16_8x64", {DType::f32, DType::f16}), "f16");
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f32}), "f32");
 }
 

@@ -191,6 +191,7 @@ TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
   EXPECT_GT(first.memory_gbps, 0);
   for (size_t i = 0; i + 1 < first.memory.size(); ++i) EXPECT_LT(first.memory[i].capacity, first.memory[i + 1].capacity == 0 ? INT64_MAX : first.memory[i + 1].capacity);
   EXPECT_EQ(cpu.avx512_vnni || cpu.amx, first.compute_gflops.count("int8") == 1);
+  EXPECT_EQ(cpu.avx512_fp16, first.compute_gflops.count("f16") == 1);
   const Ceilings again = machine_ceilings(cpu, 1, o);
   EXPECT_EQ(again.source, "cache");
   EXPECT_EQ(again.compute_gflops, first.compute_gflops);
@@ -208,17 +209,22 @@ TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
   EXPECT_EQ(uncached.source, "probed");
   EXPECT_TRUE(uncached.cache_file.empty());
   fs::remove_all(dir);
-  if (cpu.amx) {  // the tiles: a tile product is 16x16x32 bf16 multiply-adds, many times an FMA's 16
-    // Each peak is the best of a few timings; a busy moment on a shared machine can still slow
-    // one probe, so the ratios get up to three probes.
-    auto holds = [](const Ceilings& c) {
-      return c.compute_gflops.at("bf16") > 2 * c.compute_gflops.at("f32") &&
-             c.compute_gflops.at("int8") > 1.5 * c.compute_gflops.at("bf16");  // 64 int8 for 32 bf16
-    };
-    Ceilings c = first;
-    for (int tries = 1; tries < 3 && !holds(c); ++tries) c = machine_ceilings(cpu, 1, o);
+  // Each peak is the best of a few timings; a busy moment on a shared machine can still slow one
+  // probe, so the ratios get up to three probes. AMX: a tile product is 16x16x32 bf16
+  // multiply-adds, many times an FMA's 16. AVX512-FP16: 32 f16 multiply-adds an FMA, twice f32's.
+  auto holds = [&](const Ceilings& c) {
+    const auto& g = c.compute_gflops;
+    return (!cpu.amx || (g.at("bf16") > 2 * g.at("f32") && g.at("int8") > 1.5 * g.at("bf16"))) &&  // 64 int8 for 32 bf16
+           (!cpu.avx512_fp16 || g.at("f16") > 1.5 * g.at("f32"));
+  };
+  Ceilings c = first;
+  for (int tries = 1; tries < 3 && !holds(c); ++tries) c = machine_ceilings(cpu, 1, o);
+  if (cpu.amx) {
     EXPECT_GT(c.compute_gflops.at("bf16"), 2 * c.compute_gflops.at("f32"));
     EXPECT_GT(c.compute_gflops.at("int8"), 1.5 * c.compute_gflops.at("bf16"));
+  }
+  if (cpu.avx512_fp16) {
+    EXPECT_GT(c.compute_gflops.at("f16"), 1.5 * c.compute_gflops.at("f32"));
   }
 }
 
