@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/cpu/gemm/prefetch.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::f16_avx512 {
@@ -33,10 +34,10 @@ __mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 
 // C[MRT×w] (`ldc` apart) = (k0 = 0 ? init : C) + Σ over [k0, k1) of A's copied rows (`lda`
 // words apart) · B's panel. The f16 sums (16 registers) are widened and added to the f32 sums
 // at the end of each block: kept in `sums` (L1) between blocks, written to C after the last.
-// Before each block it prefetches the next `pf_lines` lines of [pf, pf_end) into L2.
+// Before each block it fetches its lines of the next panel (`pf`).
 template <int MRT>
 void tile(int64_t k0, int64_t k1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV], float (&sums)[MR][NR],
-          float* c, int64_t ldc, int w, const char* pf, const char* pf_end, int64_t pf_lines) {
+          float* c, int64_t ldc, int w, PanelPrefetch pf) {
   __mmask16 store[NV];
   for (int j = 0; j < NV; ++j) store[j] = mask(w - j * 16);
   if (k1 <= k0) {
@@ -49,7 +50,7 @@ void tile(int64_t k0, int64_t k1, int64_t lda, const uint32_t* a, const uint16_t
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NH; ++j) h[i][j] = _mm512_setzero_ph();
     const int64_t p1 = std::min(k1, p0 + kF16Block);
-    for (int64_t l = 0; l < pf_lines && pf < pf_end; ++l, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    pf.fetch();
     for (int64_t p = p0; p < p1; ++p) {
       __m512h bv[NH];
       for (int j = 0; j < NH; ++j) bv[j] = _mm512_loadu_ph(b + p * NR + j * 32);
@@ -87,13 +88,13 @@ constexpr auto table(std::index_sequence<R...>) {
 template <int MRT>
 struct Tile {
   static void run(int64_t k0, int64_t k1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
-                  float (&sums)[MR][NR], float* c, int64_t ldc, int w, const char* pf, const char* pf_end, int64_t pf_lines) {
-    tile<MRT>(k0, k1, lda, a, b, init, sums, c, ldc, w, pf, pf_end, pf_lines);
+                  float (&sums)[MR][NR], float* c, int64_t ldc, int w, PanelPrefetch pf) {
+    tile<MRT>(k0, k1, lda, a, b, init, sums, c, ldc, w, pf);
   }
 };
 
 using TileFn = void (*)(int64_t, int64_t, int64_t, const uint32_t*, const uint16_t*, const __m512 (&)[NV], float (&)[MR][NR],
-                        float*, int64_t, int, const char*, const char*, int64_t);
+                        float*, int64_t, int, PanelPrefetch);
 constexpr auto kTiles = table<TileFn, Tile>(std::make_index_sequence<MR>());
 
 // `count` values from `from` rounded to f16 (vcvtps2phx: to nearest even), 16 at a time, each
@@ -149,13 +150,12 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
   for (int64_t ib = 0; ib < m; ib += mc) {
     const int64_t ie = std::min(m, ib + mc), tiles = (ie - ib + MR - 1) / MR;
     for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += kc) {  // once when K = 0: C = the bias
-      const int64_t k1 = std::min(k, k0 + kc), blocks = std::max<int64_t>(1, (k1 - k0 + kF16Block - 1) / kF16Block);
-      const int64_t chunk_lines = (k1 - k0) * NR * 2 / 64, share = (chunk_lines + tiles - 1) / tiles;
+      const int64_t k1 = std::min(k, k0 + kc), blocks = (k1 - k0 + kF16Block - 1) / kF16Block;
       for (int64_t panel = p0; panel < p1; ++panel) {
         const int64_t n0 = panel * NR;
         const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
         const uint16_t* bp = b + panel * k * NR;
-        // The chunk of B the next panel reads: its tiles fetch it into L2 as they go, a share each.
+        // The chunk of B the next panel reads, which the tiles fetch as they go.
         const uint16_t* next = panel + 1 < p1 ? bp + k * NR + k0 * NR : k1 < k ? b + p0 * k * NR + k1 * NR : nullptr;
         __m512 init[NV];
         for (int j = 0; j < NV; ++j)
@@ -163,11 +163,8 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
         for (int64_t i0 = ib; i0 < ie; i0 += MR) {
           const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
           alignas(64) float sums[MR][NR];
-          const int64_t t = (i0 - ib) / MR, first = std::min(t * share, chunk_lines);
-          const int64_t lines = next ? std::min(share, chunk_lines - first) : 0;
-          const char* pf = next ? reinterpret_cast<const char*>(next) + first * 64 : nullptr;
-          kTiles[static_cast<size_t>(rows_here - 1)](k0, k1, k, a + i0 * k, bp, init, sums, c + i0 * ldc + n0, ldc, w, pf,
-                                                     pf + lines * 64, (lines + blocks - 1) / blocks);
+          kTiles[static_cast<size_t>(rows_here - 1)](k0, k1, k, a + i0 * k, bp, init, sums, c + i0 * ldc + n0, ldc, w,
+                                                     PanelPrefetch::share(next, (k1 - k0) * NR * 2, (i0 - ib) / MR, tiles, blocks));
           if (k1 == k && ep.has_tail())
             rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
                                ep.post);

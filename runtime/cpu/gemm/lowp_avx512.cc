@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/cpu/gemm/prefetch.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::lowp_avx512 {
@@ -36,20 +37,23 @@ struct U8s8Columns {
 };
 
 template <int MRT>
-void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile) {
+void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, PanelPrefetch pf) {
   __m512i acc[MRT][NV];
   for (int i = 0; i < MRT; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_si512();
   const int64_t whole = k / 4;
   // The steps in blocks of 64: with the loop nested, GCC keeps the sums in registers (one flat
   // loop gets them copied and spilled around every vpdpbusd).
-  for (int64_t p0 = 0; p0 < whole; p0 += 64)
-  for (int64_t p = p0; p < std::min(whole, p0 + 64); ++p) {
-    __m512i bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + p * NR * 4 + j * 64);
-    for (int i = 0; i < MRT; ++i) {
-      const __m512i av = broadcast_group(a + i * lda + p * 4);
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
+  // Each block begins by fetching its lines of the next panel (`pf`).
+  for (int64_t p0 = 0; p0 < whole; p0 += 64) {
+    pf.fetch();
+    for (int64_t p = p0; p < std::min(whole, p0 + 64); ++p) {
+      __m512i bv[NV];
+      for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + p * NR * 4 + j * 64);
+      for (int i = 0; i < MRT; ++i) {
+        const __m512i av = broadcast_group(a + i * lda + p * 4);
+        for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
+      }
     }
   }
   if (k % 4) {
@@ -69,17 +73,19 @@ void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const 
 
 // acc[MRT×48] (f32, starting from `init`) += Σ over k2 pairs of A's packed rows · B's panel.
 template <int MRT>
-void tile_bf16(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&out)[MR][NV]) {
+void tile_bf16(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&out)[MR][NV], PanelPrefetch pf) {
   __m512 acc[MRT][NV];
   for (int i = 0; i < MRT; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = init[j];
-  for (int64_t p0 = 0; p0 < k2; p0 += 64)  // nested, as in tile_u8s8
-  for (int64_t p = p0; p < std::min(k2, p0 + 64); ++p) {
-    __m512bh bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * NR * 2 + j * 32);
-    for (int i = 0; i < MRT; ++i) {
-      const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(a + (p * MR + i) * 2));
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+  for (int64_t p0 = 0; p0 < k2; p0 += 64) {  // nested, as in tile_u8s8
+    pf.fetch();
+    for (int64_t p = p0; p < std::min(k2, p0 + 64); ++p) {
+      __m512bh bv[NV];
+      for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * NR * 2 + j * 32);
+      for (int i = 0; i < MRT; ++i) {
+        const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(a + (p * MR + i) * 2));
+        for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+      }
     }
   }
   for (int i = 0; i < MRT; ++i)
@@ -93,19 +99,19 @@ constexpr auto table(std::index_sequence<R...>) {
 
 template <int MRT>
 struct U8s8 {
-  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile) {
-    tile_u8s8<MRT>(k, a, lda, b, cols, tile);
+  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, PanelPrefetch pf) {
+    tile_u8s8<MRT>(k, a, lda, b, cols, tile, pf);
   }
 };
 template <int MRT>
 struct Bf16 {
-  static void run(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&acc)[MR][NV]) {
-    tile_bf16<MRT>(k2, a, b, init, acc);
+  static void run(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&acc)[MR][NV], PanelPrefetch pf) {
+    tile_bf16<MRT>(k2, a, b, init, acc, pf);
   }
 };
 
-using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*);
-using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV]);
+using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*, PanelPrefetch);
+using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV], PanelPrefetch);
 constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
 constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
 
@@ -116,11 +122,13 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
   const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t k4 = (k + 3) / 4;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
+  const int64_t panel_bytes = k4 * NR * 4, blocks = (k / 4 + 63) / 64;
   for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's panels pass
   for (int64_t panel = p0; panel < p1; ++panel) {
-    const int64_t n0 = panel * NR;
+    const int64_t n0 = panel * NR, tiles = (std::min(m, ib + mc) - ib + MR - 1) / MR;
     const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
-    const int8_t* bp = b + panel * k4 * NR * 4;
+    const int8_t* bp = b + panel * panel_bytes;
+    const int8_t* next = panel + 1 < p1 ? bp + panel_bytes : nullptr;  // which the tiles fetch as they go
     // Per column: what A's zero point adds to the sum (a_zero · Σb, taken away in integers,
     // exactly, before the scale), the scale and the bias.
     U8s8Columns cols;
@@ -133,7 +141,8 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float tile[MR][NR];
-      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, &tile[0][0]);
+      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, &tile[0][0],
+                                                PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
       if (ep.act.kind != Activation::none) rows.tile_epilogue(&tile[0][0], NR, nullptr, 0, rows_here, w, ep.act, ActivationSpec{});
       for (int i = 0; i < rows_here; ++i) {
         if (!ep.out_u8) {
@@ -180,18 +189,20 @@ void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t 
 void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b,
                  const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
   const RowKernels& rows = row_kernels(Isa::avx512);
-  const int64_t k2 = (k + 1) / 2;
+  const int64_t k2 = (k + 1) / 2, panel_elements = k2 * NR * 2, blocks = (k2 + 63) / 64;
   for (int64_t ib = 0; ib < m; ib += mc)
   for (int64_t panel = p0; panel < p1; ++panel) {
-    const int64_t n0 = panel * NR;
+    const int64_t n0 = panel * NR, tiles = (std::min(m, ib + mc) - ib + MR - 1) / MR;
     const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
-    const uint16_t* bp = b + panel * k2 * NR * 2;
+    const uint16_t* bp = b + panel * panel_elements;
+    const uint16_t* next = panel + 1 < p1 ? bp + panel_elements : nullptr;  // which the tiles fetch as they go
     __m512 init[NV];
     for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       __m512 acc[MR][NV];
-      kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc);
+      kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc,
+                                                PanelPrefetch::share(next, panel_elements * 2, (i0 - ib) / MR, tiles, blocks));
       for (int i = 0; i < rows_here; ++i)
         for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[i][j]);
       if (ep.has_tail())

@@ -1,0 +1,36 @@
+// A weight's next panel fetched into L2 while the tiles of the current one run. A constant B is
+// read once a call and outgrows L2, so each panel streams from L3 or memory; without this the
+// first tile of every panel waits on it. Each tile of a panel takes an equal share of the next
+// panel's lines and fetches a few of them before each block of its K loop (kiln's f32, f16,
+// bf16 and u8s8 GEMMs).
+#pragma once
+
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kiln::cpu::gemm {
+
+struct PanelPrefetch {
+  const char* next = nullptr;  ///< the next line to fetch
+  const char* end = nullptr;   ///< past this tile's share
+  int64_t lines = 0;           ///< lines per block
+
+  /// Tile `tile` of `tiles` over a panel, whose next panel (`bytes` long from `panel`; null:
+  /// none) it fetches its share of over `blocks` blocks of its K loop.
+  static PanelPrefetch share(const void* panel, int64_t bytes, int64_t tile, int64_t tiles, int64_t blocks) {
+    if (!panel || tiles <= 0) return {};
+    const int64_t all = bytes / 64, each = (all + tiles - 1) / tiles, first = std::min(tile * each, all);
+    const int64_t mine = std::min(each, all - first);
+    const char* from = static_cast<const char*>(panel) + first * 64;
+    return {from, from + mine * 64, (mine + std::max<int64_t>(blocks, 1) - 1) / std::max<int64_t>(blocks, 1)};
+  }
+
+  /// Before a block: its lines into L2.
+  void fetch() {
+    for (int64_t l = 0; l < lines && next < end; ++l, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
+};
+
+}  // namespace kiln::cpu::gemm
