@@ -18,6 +18,7 @@
 
 #include "formats/atomic_file.h"
 #include "formats/ir.h"
+#include "profile/ceilings_f16.h"
 #include "runtime/threads.h"
 
 namespace kiln::profile {
@@ -100,22 +101,6 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_loop(long iters) {
   __m512 s = acc[0];
   for (int i = 1; i < 16; ++i) s = _mm512_add_ps(s, acc[i]);
   return lane_sum(s);
-}
-
-// AVX512-FP16's vfmadd231ph: 32 f16 multiply-adds a lane set (what kiln.gemm_f16_avx512 issues).
-__attribute__((target("avx512f,avx512fp16"))) float f16_loop(long iters) {
-  __m512h acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ph(static_cast<_Float16>(i * 1e-3f));
-  const __m512h a = _mm512_set1_ph(static_cast<_Float16>(0.999f)), b = _mm512_set1_ph(static_cast<_Float16>(1e-4f));
-  for (long n = 0; n < iters; ++n)
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ph(acc[i], a, b);
-  __m512h s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm512_add_ph(s, acc[i]);
-  _Float16 lanes[32];
-  _mm512_storeu_ph(lanes, s);
-  float sum = 0;
-  for (_Float16 l : lanes) sum += static_cast<float>(l);
-  return sum;
 }
 
 // AMX: eight 16-row x 64-byte tiles, four accumulators C0-C3 fed by two A tiles (4, 5) and two B
@@ -381,7 +366,7 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
     c.f32_isa = "scalar";
     c.compute_gflops["f32"] = peak_rate(fma_scalar, 8'000'000, 8.0, threads);
   }
-  if (cpu.avx512_fp16) c.compute_gflops["f16"] = peak_rate(f16_loop, 1'000'000, 16.0 * 32, threads);
+  if (cpu.avx512_fp16) c.compute_gflops["f16"] = peak_rate(f16_fma_loop, 1'000'000, 16.0 * 32, threads);
   if (cpu.amx) {  // the tiles, which oneDNN's bf16 and int8 primitives use there
     c.compute_gflops["bf16"] = peak_rate(amx_bf16_loop, 250'000, 4.0 * 16 * 16 * 32, threads);
     c.compute_gflops["int8"] = peak_rate(amx_int8_loop, 250'000, 4.0 * 16 * 16 * 64, threads);

@@ -151,6 +151,7 @@ int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.
 
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
   const int64_t nr = kF16Tile.nr;
+  if (k <= 0 || n <= 0) return;  // nothing to pack (`out` may be null)
   std::memset(out, 0, static_cast<size_t>(packed_b_f16_elements(k, n)) * 2);
   for (int64_t j = 0; j < n; ++j) {
     uint16_t* panel = out + (j / nr) * k * nr + j % nr;
