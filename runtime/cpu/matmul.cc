@@ -42,11 +42,21 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps those
-// of fewer than 16 input channels (ResNet-50's stem, 3: its windows are short runs to gather,
-// and the f16 kernel took 1.74-1.77 against oneDNN's 1.50-1.63 ms at one thread).
+// The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps
+// - those of fewer than 16 input channels (ResNet-50's stem, 3: its windows are short runs to
+//   gather; the f16 kernel took 1.74-1.77 against oneDNN's 1.50-1.63 ms at one thread);
+// - those of 32 or fewer output channels over more than one pixel, which leave half or more of
+//   the 64-column tile empty (YOLO's and EfficientNet-B0's: 1.25-2.1x oneDNN's time);
+// - the 3x3 stride-1 ones of 64 or fewer output channels, where oneDNN's Winograd does a
+//   quarter of the multiplies (YOLO's: 1.21x; ResNet-50's 56x56 ones tie).
 std::optional<std::string> f16_defers(const KernelQuery& q) {
-  if (is_conv(q.node) && q.inputs[0].shape.dims[3].value < 16) return "oneDNN is as fast on fewer than 16 input channels";
+  if (!is_conv(q.node)) return std::nullopt;
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  if (x[3] < 16) return "oneDNN is as fast on fewer than 16 input channels";
+  if (w[0] <= 32 && x[1] * x[2] > 1) return "32 or fewer output channels fill half the f16 tile or less";
+  if (w[0] <= 64 && w[2] == 3 && w[3] == 3 && q.node.attr_ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
+      q.node.attr_int("group", 1) == 1)
+    return "oneDNN's Winograd is as fast on 3x3 stride-1 convolutions of 64 or fewer output channels";
   return std::nullopt;
 }
 
