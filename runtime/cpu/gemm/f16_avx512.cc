@@ -9,10 +9,9 @@
 // 16 values at a time (an interleaved panel took one store per value: as long as the products
 // on ResNet-50's pointwise layers).
 // Those sums round to f16 at every step, so they run for kF16Block steps only, then are widened
-// (`vcvtph2psx`) and added into the tile's f32 sums, kept in L1 between blocks and written to C
-// from the registers after the last (eight rows of them would take
-// the 32 registers the f16 sums need; four rows of f16 sums read B from L2 twice as often, and
-// ran at 51 % of the f16 peak).
+// (`vcvtph2psx`) and added into the tile's f32 sums. Those wait in L1 between blocks (eight rows
+// of them would take the 32 registers the f16 sums need; four rows of f16 sums read B from L2
+// twice as often, and ran at 51 % of the f16 peak) and go to C from the registers after the last.
 #include <immintrin.h>
 
 #include <algorithm>

@@ -175,8 +175,8 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
   const int64_t count = panels(n, kF16Tile.nr), tiles = (m + mr - 1) / mr;
   const int64_t t = std::min<int64_t>(threads, pool_threads());
   // K in chunks of at most kF16Kc steps, as even as whole blocks make them.
-  const int64_t chunks = (k + kF16Kc - 1) / kF16Kc;
-  const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / std::max<int64_t>(chunks, 1), kF16Block)));
+  const int64_t chunks = std::max<int64_t>(1, (k + kF16Kc - 1) / kF16Kc);
+  const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, kF16Block)));
   mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / (kc * 4) / mr * mr) : round_up(mc, mr);
   // Split B's panels among the threads when B is the larger to read twice: splitting A's rows,
   // each thread reads all of B (K·N f16); splitting B's panels, each reads the rows of A the

@@ -87,8 +87,9 @@ inline constexpr Tile kF16Tile{8, 64};
 /// ResNet-50 ran 6 % faster than with 32 (half as many widenings of the 16 sum registers).
 inline constexpr int64_t kF16Block = 64;
 /// The most steps of K one pass over B's panels takes (more are split into even chunks, the
-/// partial sums kept in C): 1,536 f16 of A's rows and of each panel stay in L2 (ResNet-50's
-/// 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms in chunks of 1,536).
+/// partial sums kept in C), so that a block of A's rows and a panel over a chunk stay in L2
+/// together (ResNet-50's 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms in chunks of
+/// 1,536; chunks of 256 or 512 were no faster on the GEMM bench's shapes).
 inline constexpr int64_t kF16Kc = 1536;
 
 /// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of K rows of 64 f16.
