@@ -5,6 +5,7 @@
 // a short row per pixel, so the copies here are inline loops, not library calls.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "runtime/kernel.h"
 
@@ -234,6 +235,10 @@ class TransposeKernel final : public Kernel {
     constexpr int64_t kTile = 16;
     const int64_t tiles_a = (a_len + kTile - 1) / kTile;
     const size_t es = es_;
+    if (es == 4 && a_out == b_len && b_len <= 4) {  // planes into pixels: an image to channels-last
+      interleave(src, dst);
+      return;
+    }
 #pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * static_cast<int64_t>(es) >= kParallelBytes)
     for (int64_t bt = 0; bt < batches; ++bt)
       for (int64_t ta = 0; ta < tiles_a; ++ta) {
@@ -270,6 +275,44 @@ class TransposeKernel final : public Kernel {
               for (int64_t b = b0; b < b1; ++b)
                 std::memcpy(dst + static_cast<size_t>(out_off + a * a_out + b) * es, src + static_cast<size_t>(in_off + b * b_in + a) * es, es);
           }
+        }
+      }
+  }
+
+  // A few planes of 4-byte elements interleaved element by element (an NCHW image of three
+  // channels to NHWC): every output row of b_len elements is whole, so the 16-by-16 tiles
+  // would move rows of three; a loop over A with B fixed writes the output in order.
+  void interleave(const std::byte* src, std::byte* dst) const {
+    const size_t r = dims_.size(), k = tile_dim_;
+    const int64_t a_len = dims_[k], b_len = dims_[r - 1], b_in = in_stride_[r - 1];
+    constexpr int64_t kChunk = 4096;
+    const int64_t chunks = (a_len + kChunk - 1) / kChunk;
+    const std::vector<size_t>& rest = batch_dims_;
+    const int64_t batches = batches_;
+#pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * 4 >= kParallelBytes)
+    for (int64_t bt = 0; bt < batches; ++bt)
+      for (int64_t c = 0; c < chunks; ++c) {
+        int64_t in_off = 0, out_off = 0, o = bt;
+        for (size_t j = rest.size(); j-- > 0;) {
+          const size_t d = rest[j];
+          const int64_t i = o % dims_[d];
+          o /= dims_[d];
+          in_off += i * in_stride_[d];
+          out_off += i * out_stride_[d];
+        }
+        const uint32_t* s = reinterpret_cast<const uint32_t*>(src) + in_off;
+        uint32_t* t = reinterpret_cast<uint32_t*>(dst) + out_off;
+        const int64_t a0 = c * kChunk, a1 = std::min(a_len, a0 + kChunk);
+        auto planes = [&](auto width) {
+          constexpr int64_t B = decltype(width)::value;
+          for (int64_t a = a0; a < a1; ++a)
+            for (int64_t b = 0; b < B; ++b) t[a * B + b] = s[b * b_in + a];
+        };
+        switch (b_len) {
+          case 1: planes(std::integral_constant<int64_t, 1>{}); break;
+          case 2: planes(std::integral_constant<int64_t, 2>{}); break;
+          case 3: planes(std::integral_constant<int64_t, 3>{}); break;
+          default: planes(std::integral_constant<int64_t, 4>{}); break;
         }
       }
   }

@@ -181,6 +181,11 @@ TEST(CpuKernels, Transpose) {
   // The image into channels-last and back, big enough for threads; the default (reversed) perm.
   EXPECT_EQ(check({"Transpose", {noise({1, 3, 160, 150}, 10)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
             "kiln.transpose");
+  // Two and four planes into pixels, a batch of two (the loop over pixels with the planes fixed).
+  EXPECT_EQ(check({"Transpose", {noise({2, 4, 9, 7}, 16)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
+            "kiln.transpose");
+  EXPECT_EQ(check({"Transpose", {noise({2, 2, 90, 70}, 17)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
+            "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({1, 40, 40, 85}, 11)}, {false}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2})}}, 0),
             "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({7, 33}, 12)}, {false}}, 0), "kiln.transpose");
