@@ -70,14 +70,19 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule on pointwise convolutions: oneDNN's convolution is the faster one unless a
-// call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster here)
-// or the epilogue is a transcendental activation, which kiln's row kernels compute faster than
-// oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
-// docs/architecture.md has the table.
+// The default rule on pointwise convolutions: oneDNN's convolution is the faster one unless
+// - the weight outgrows L2 and outweighs the input (fewer pixels than output channels):
+//   ResNet-50's last stage, whose weights stream in on every call while kiln's GEMM fetches
+//   each next panel ahead (0.83-0.93 of oneDNN's time on one and two threads);
+// - a call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster
+//   here);
+// - or the epilogue is a transcendental activation, which kiln's row kernels compute faster
+//   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
+// docs/architecture.md has the tables.
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
-  const std::vector<int64_t> x = q.inputs[0].shape.concrete();
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  if (w[0] * w[1] * 4 >= gemm::CacheSizes::host().l2 && x[0] * x[1] * x[2] < w[0]) return std::nullopt;
   if (x[1] * x[2] == 1) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;

@@ -142,6 +142,23 @@ TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   for (Isa isa : isas()) check_gemm(gemm::default_params(isa, gemm::tiles(isa)[0], c, 1, 300, 70, 2), {1, 300, 70, false, false, true}, true);
 }
 
+// The default Kc: K whole up to the L1 bound (eight rows of A over Kc in two thirds of L1d),
+// a longer K in equal chunks of whole 16s under it, never past the L2 bound.
+TEST(Gemm, DefaultKcChunksLongK) {
+  const gemm::Tile t{8, 48};
+  gemm::CacheSizes c;
+  c.l1d = 48 << 10, c.l2 = 2 << 20, c.l3 = 64 << 20;
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1024, 1).kc, 1024);
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1000, 1).kc, 1000);
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 1024);  // 3 chunks
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 49, 512, 4608, 1).kc, 928);    // 5 chunks, the last 896
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1100, 1).kc, 560);   // 2 chunks
+  c.l1d = 32 << 10;  // 672 at most
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 624);
+  c.l2 = 128 << 10;  // the L2 bound below the L1 one: 128 KiB * 3/4 / (4 * 56) = 438
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 432);
+}
+
 TEST(Gemm, TransposedOperandsAndEpilogues) {
   use_threads(2);
   for (Isa isa : isas()) {
@@ -282,6 +299,18 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     // Over many pixels with a piecewise-linear epilogue oneDNN is faster.
     EXPECT_EQ(check({"FusedConv", {noise({1, 5, 7, 16}, 41), noise({8, 16, 1, 1}, 42)}, {false, true},
                      {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
+                    1e-5, &cpu),
+              "onednn.conv");
+    // A weight larger than L2 and than the input streams in each call: kiln's GEMM, whatever the
+    // epilogue; as large a weight over more pixels than output channels stays on oneDNN.
+    const int64_t l2_floats = static_cast<int64_t>(gemm::CacheSizes::host().l2 / 4);
+    const int64_t wide = (l2_floats / 1024 + 15) / 16 * 16, deep = (l2_floats / 64 + 15) / 16 * 16;
+    EXPECT_EQ(check({"FusedConv", {noise({1, 3, 3, wide}, 43), noise({1024, wide, 1, 1}, 44), noise({1024}, 45)}, {false, true, true},
+                     {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {noise({1, 9, 9, deep}, 46), noise({64, deep, 1, 1}, 47)}, {false, true},
+                     {attr("channels_last", int64_t{1})}},
                     1e-5, &cpu),
               "onednn.conv");
     // Padding, strides, 3x3 kernels and channels-first layouts are convolutions proper.

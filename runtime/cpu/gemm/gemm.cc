@@ -101,8 +101,13 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   n = std::max<int64_t>(n, 1);
   k = std::max<int64_t>(k, 1);
   // Kc: the whole of K while A's MR rows and B's NR-column micro-panel over it fill at most
-  // three quarters of L2 (each tile then reads and writes C once).
-  p.kc = std::min(k, round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16));
+  // three quarters of L2 (each tile then reads and writes C once), and while eight rows of A
+  // over it fill at most two thirds of L1d; a longer K in equal chunks under that. The L1 bound
+  // (1,024 with 48 KiB) made the products of K = 3,072 and 4,608 5-25 % faster than one chunk
+  // (BERT's 128x768x3072, GPT-2's 32x768x3072, ResNet-50's 49x512x4608; kiln_bench_gemm's
+  // ratio to oneDNN on one and two threads), where A's rows no longer stayed in L1.
+  const int64_t l1_kc = round_down(caches.l1d * 2 / 3 / (4 * 8), 16), chunks = (k + l1_kc - 1) / l1_kc;
+  p.kc = std::min({k, round_up((k + chunks - 1) / chunks, 16), round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16)});
   // Threads: along N while each thread keeps at least two NR panels, then along M; but never
   // into more M parts than M has MR-row tiles: a product of a row or two (a GEMV, a classifier
   // at batch 1) spreads over N instead of leaving threads without rows (on 16 threads, one row
