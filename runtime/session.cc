@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <unordered_map>
 
 #include "formats/infer.h"
@@ -455,8 +454,7 @@ Status Session::run_step(const Step& st, Frame& frame, Plan& plan) {
     for (const Step::Fresh& f : st.fresh) {
       Tensor& out = *st.outputs[f.output];
       auto free = std::find_if(f.kept.begin(), f.kept.end(), [](const Tensor& t) { return t.sole_owner(); });
-      if (free != f.kept.end()) {  // zeroed, as a new tensor is
-        std::memset(free->raw(), 0, free->nbytes());
+      if (free != f.kept.end()) {  // as it is: a kernel writes all of its outputs, arena or not
         out = *free;
       } else {
         KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, out));

@@ -116,7 +116,7 @@ TEST(Session, OutputBuffersTheCallerLetGoOfAreUsedAgain) {
     ASSERT_TRUE(r.ok());
     first = (*r)[0].raw();
   }
-  // Released: the next run writes into the same buffer (all of it, zeroed first).
+  // Released: the next run writes into the same buffer (all of it, as kernels write arena values).
   auto again = (*s)->run(in);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)[0].raw(), first);
