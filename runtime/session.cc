@@ -5,6 +5,7 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <unordered_map>
 
@@ -15,6 +16,17 @@
 #include "runtime/threads.h"
 
 namespace kiln {
+
+namespace {
+// Sanitizer builds (KILN_POISON_BUFFERS) fill the arena and each graph output's buffer used again
+// with 0xff bytes (NaN as floats, -1 as integers) before kernels write them: a kernel that
+// leaves part of an output unwritten then fails the tests instead of passing on zeroed pages.
+#ifdef KILN_POISON_BUFFERS
+constexpr bool kPoisonBuffers = true;
+#else
+constexpr bool kPoisonBuffers = false;
+#endif
+}  // namespace
 
 /// Scratch memory shared by kernels that run one after another: the largest size any of them
 /// asked for in prepare.
@@ -325,6 +337,7 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
     plan->charge = MemoryCharge::adopt(arena);
     void* p = std::aligned_alloc(kTensorAlignment, arena);
     if (!p) return user_error("", "cannot allocate the " + format_bytes(arena) + " memory arena");
+    if (kPoisonBuffers) std::memset(p, 0xff, arena);
     plan->arena = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
   for (size_t v = 0; v < nv; ++v) {
@@ -455,6 +468,7 @@ Status Session::run_step(const Step& st, Frame& frame, Plan& plan) {
       Tensor& out = *st.outputs[f.output];
       auto free = std::find_if(f.kept.begin(), f.kept.end(), [](const Tensor& t) { return t.sole_owner(); });
       if (free != f.kept.end()) {  // as it is: a kernel writes all of its outputs, arena or not
+        if (kPoisonBuffers) std::memset(free->raw(), 0xff, free->nbytes());
         out = *free;
       } else {
         KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, out));
