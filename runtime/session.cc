@@ -5,8 +5,8 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <unordered_map>
 
 #include "formats/infer.h"

@@ -279,9 +279,9 @@ class TransposeKernel final : public Kernel {
       }
   }
 
-  // A few planes of 4-byte elements interleaved element by element (an NCHW image of three
-  // channels to NHWC): every output row of b_len elements is whole, so the 16-by-16 tiles
-  // would move rows of three; a loop over A with B fixed writes the output in order.
+  // One to four planes of 4-byte elements interleaved (an NCHW image of three channels to
+  // NHWC): the 16x16 tiles would move rows of b_len elements, so instead a loop over A with
+  // the planes fixed writes the output in order, chunks of A shared among the threads.
   void interleave(const std::byte* src, std::byte* dst) const {
     const size_t r = dims_.size(), k = tile_dim_;
     const int64_t a_len = dims_[k], b_len = dims_[r - 1], b_in = in_stride_[r - 1];
