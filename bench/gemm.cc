@@ -209,7 +209,7 @@ int weight_only(int threads, int64_t group) {
     avec<float> c(static_cast<size_t>(s.m * s.n));
     // f32: B packed for the default tile, the default parameters.
     const gemm::GemmParams p =
-        gemm::default_params(isa, gemm::default_tile(isa, s.n, s.k, gemm::CacheSizes::host()), gemm::CacheSizes::host(), s.m, s.n,
+        gemm::default_params(isa, gemm::default_tile(isa, s.m, s.n, s.k, gemm::CacheSizes::host()), gemm::CacheSizes::host(), s.m, s.n,
                              s.k, threads);
     avec<float> bf(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)));
     gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, bf.data());
@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
               "spread", "kiln ms", "GFLOP/s", "peak", "spread", "ratio", "kiln template");
   for (const Shape& s : shapes) {
     Problem pr(s);
-    const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads);
+    const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads);
     gemm::GemmParams chosen = def;
     if (sweep) {  // every tile, Kc, packing of A and thread grid; the fastest replaces the default
       std::vector<int64_t> kcs;  // the slices shorter than K, and K whole
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
     std::printf("%-28s %9s | %9s %8s %7s %8s\n", "shape (MxNxK)", "f32 ms", "f16 ms", "GFLOP/s", "peak", "x f32");
     for (const Shape& s : shapes) {
       Problem pr(s);
-      Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
+      Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
       avec<uint16_t> bh(static_cast<size_t>(s.k * s.n)), bhp(static_cast<size_t>(gemm::packed_b_f16_elements(s.k, s.n)));
       for (size_t i = 0; i < bh.size(); ++i) bh[i] = kiln::half(pr.b[i]).bits;
       gemm::pack_b_f16(bh.data(), s.n, false, s.k, s.n, bhp.data());
@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
               "bf16 ms", "GFLOP/s", "peak");
   for (const Shape& s : shapes) {
     Problem pr(s);
-    Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
+    Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
     avec<uint8_t> a8(static_cast<size_t>(s.m * s.k));
     avec<int8_t> b8(static_cast<size_t>(s.k * s.n)), b8p(static_cast<size_t>(gemm::packed_b_s8_bytes(s.k, s.n)));
     for (size_t i = 0; i < a8.size(); ++i) a8[i] = static_cast<uint8_t>(i * 7 % 251);

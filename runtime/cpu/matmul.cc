@@ -183,7 +183,7 @@ std::optional<gemm::GemmParams> recorded_params(const Node& node, Isa isa, int64
   if (node.kernel.params.empty()) return std::nullopt;
   const std::optional<int64_t> mr = recorded_int(node, "mr"), nr = recorded_int(node, "nr");
   const gemm::CacheSizes& caches = gemm::CacheSizes::host();
-  const gemm::Tile fallback = gemm::default_tile(isa, n, k, caches);
+  const gemm::Tile fallback = gemm::default_tile(isa, m, n, k, caches);
   const gemm::Tile tile = mr && nr ? gemm::Tile{static_cast<int>(std::clamp<int64_t>(*mr, 0, 1024)), static_cast<int>(std::clamp<int64_t>(*nr, 0, 1024))}
                                    : fallback;
   const std::span<const gemm::Tile> tiles = gemm::tiles(isa);
@@ -270,7 +270,7 @@ class GemmKernel final : public Kernel {
       batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb").value_or(1), 1, 1024));
     } else {
       const gemm::CacheSizes& caches = gemm::CacheSizes::host();
-      params_ = gemm::default_params(isa_, gemm::default_tile(isa_, n_, k_, caches), caches, m_, n_, k_, threads);
+      params_ = gemm::default_params(isa_, gemm::default_tile(isa_, m_, n_, k_, caches), caches, m_, n_, k_, threads);
     }
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {

@@ -213,14 +213,17 @@ TEST(Gemm, NamesAndValidation) {
   // The tile that pads N least.
   EXPECT_EQ(gemm::default_tile(Isa::avx512, 768), (gemm::Tile{8, 48}));
   EXPECT_EQ(gemm::default_tile(Isa::avx512, 1024), (gemm::Tile{6, 64}));
-  // A weight past L3 (an LM head) keeps the preferred tile unless it pads N by more than 1 %.
+  // A weight past L3 (an LM head) keeps the preferred tile unless it pads N by more than 1 %;
+  // so does one in L3 where the tile that pads N least pads M more.
   gemm::CacheSizes caches;
   caches.l3 = 16 << 20;
-  EXPECT_EQ(gemm::default_tile(Isa::avx512, 50257, 768, caches), (gemm::Tile{8, 48}));
-  EXPECT_EQ(gemm::default_tile(Isa::avx512, 32000, 512, caches), (gemm::Tile{8, 48}));
-  EXPECT_EQ(gemm::default_tile(Isa::avx512, 50257, 64, caches), (gemm::Tile{14, 32}));  // 12.9 MB: in L3
-  EXPECT_EQ(gemm::default_tile(Isa::avx512, 1024, 8192, caches), (gemm::Tile{6, 64}));  // 8x48 pads 3 %
-  EXPECT_EQ(gemm::default_tile(Isa::avx2, 50257, 768, caches), (gemm::Tile{6, 16}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 28, 50257, 768, caches), (gemm::Tile{8, 48}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 28, 32000, 512, caches), (gemm::Tile{8, 48}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 28, 50257, 64, caches), (gemm::Tile{14, 32}));  // 12.9 MB: in L3
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 32, 50257, 64, caches), (gemm::Tile{8, 48}));   // 14x32: 42 rows for 32
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 32, 1024, 8192, caches), (gemm::Tile{6, 64}));  // 8x48 pads 3 %
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 49, 2048, 512, caches), (gemm::Tile{6, 64}));   // 54 rows, 8x48's 56
+  EXPECT_EQ(gemm::default_tile(Isa::avx2, 28, 50257, 768, caches), (gemm::Tile{6, 16}));
 }
 
 TEST(Gemm, PackedLayoutDescribesPackB) {

@@ -83,12 +83,14 @@ Tile default_tile(Isa isa, int64_t n) {
   return *std::min_element(ts.begin(), ts.end(), [&](const Tile& a, const Tile& b) { return padding(a) < padding(b); });
 }
 
-Tile default_tile(Isa isa, int64_t n, int64_t k, const CacheSizes& caches) {
+Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& caches) {
+  m = std::max<int64_t>(m, 1);
   n = std::max<int64_t>(n, 1);
   const Tile& first = tiles(isa).front();
+  const Tile by_n = default_tile(isa, n);
+  if (round_up(n, first.nr) - n > n / 100) return by_n;
   const bool streams = std::max<int64_t>(k, 1) * n * static_cast<int64_t>(sizeof(float)) > caches.l3;
-  if (streams && round_up(n, first.nr) - n <= n / 100) return first;
-  return default_tile(isa, n);
+  return streams || round_up(m, by_n.mr) > round_up(m, first.mr) ? first : by_n;
 }
 
 GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, int64_t m, int64_t n, int64_t k,
