@@ -224,13 +224,24 @@ class TransposeKernel final : public Kernel {
     }
   }
 
+  // The offsets of tile batch `bt` (an index over batch_dims_) in the input and output.
+  void batch_offsets(int64_t bt, int64_t& in_off, int64_t& out_off) const {
+    in_off = out_off = 0;
+    for (size_t j = batch_dims_.size(); j-- > 0;) {
+      const size_t d = batch_dims_[j];
+      const int64_t i = bt % dims_[d];
+      bt /= dims_[d];
+      in_off += i * in_stride_[d];
+      out_off += i * out_stride_[d];
+    }
+  }
+
   // The output's last dim (stride 1 out, in_stride_[r-1] in) against the output dim that is the
   // input's last (stride 1 in): 2-D tiles of those two, for every index of the others.
   void tiles(const std::byte* src, std::byte* dst) const {
     const size_t r = dims_.size(), k = tile_dim_;
     const int64_t a_len = dims_[k], b_len = dims_[r - 1];
     const int64_t a_out = out_stride_[k], b_in = in_stride_[r - 1];
-    const std::vector<size_t>& rest = batch_dims_;
     const int64_t batches = batches_;
     constexpr int64_t kTile = 16;
     const int64_t tiles_a = (a_len + kTile - 1) / kTile;
@@ -242,14 +253,8 @@ class TransposeKernel final : public Kernel {
 #pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * static_cast<int64_t>(es) >= kParallelBytes)
     for (int64_t bt = 0; bt < batches; ++bt)
       for (int64_t ta = 0; ta < tiles_a; ++ta) {
-        int64_t in_off = 0, out_off = 0, o = bt;
-        for (size_t j = rest.size(); j-- > 0;) {
-          const size_t d = rest[j];
-          const int64_t i = o % dims_[d];
-          o /= dims_[d];
-          in_off += i * in_stride_[d];
-          out_off += i * out_stride_[d];
-        }
+        int64_t in_off, out_off;
+        batch_offsets(bt, in_off, out_off);
         const int64_t a0 = ta * kTile, a1 = std::min(a_len, a0 + kTile);
         for (int64_t b0 = 0; b0 < b_len; b0 += kTile) {
           const int64_t b1 = std::min(b_len, b0 + kTile);
@@ -287,19 +292,12 @@ class TransposeKernel final : public Kernel {
     const int64_t a_len = dims_[k], b_len = dims_[r - 1], b_in = in_stride_[r - 1];
     constexpr int64_t kChunk = 4096;
     const int64_t chunks = (a_len + kChunk - 1) / kChunk;
-    const std::vector<size_t>& rest = batch_dims_;
     const int64_t batches = batches_;
 #pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * 4 >= kParallelBytes)
     for (int64_t bt = 0; bt < batches; ++bt)
       for (int64_t c = 0; c < chunks; ++c) {
-        int64_t in_off = 0, out_off = 0, o = bt;
-        for (size_t j = rest.size(); j-- > 0;) {
-          const size_t d = rest[j];
-          const int64_t i = o % dims_[d];
-          o /= dims_[d];
-          in_off += i * in_stride_[d];
-          out_off += i * out_stride_[d];
-        }
+        int64_t in_off, out_off;
+        batch_offsets(bt, in_off, out_off);
         const uint32_t* s = reinterpret_cast<const uint32_t*>(src) + in_off;
         uint32_t* t = reinterpret_cast<uint32_t*>(dst) + out_off;
         const int64_t a0 = c * kChunk, a1 = std::min(a_len, a0 + kChunk);
