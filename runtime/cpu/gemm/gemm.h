@@ -77,11 +77,13 @@ Tile default_tile(Isa isa, int64_t n);
 Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& caches);
 
 /// Parameters for an M×N×K product on `threads` threads, derived from the cache sizes: Kc the
-/// whole of K while A's MR rows and B's Kc×NR micro-panel fit in three quarters of L2; A read
+/// whole of K while A's MR rows and B's Kc×NR micro-panel fit in three quarters of L2 and
+/// eight rows of A over Kc in two thirds of L1d, a longer K in equal chunks under both; A read
 /// in place; Mc×Kc in half of L2, B's Kc×Nc block in half a thread's share of L3; threads
 /// split N while each gets at least two NR panels, then M. (`kiln_bench_gemm --sweep` measured
-/// this on the GEMM targets' shapes: Kc = K beat every smaller slice and reading A in place
-/// beat packing it, at one and two threads.)
+/// this on the GEMM targets' shapes: Kc = K up to the L1 bound beat every smaller slice, chunks
+/// under it beat a longer K whole by 5-25 %, and reading A in place beat packing it, at one and
+/// two threads.)
 GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, int64_t m, int64_t n, int64_t k,
                           int threads);
 
