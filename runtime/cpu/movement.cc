@@ -182,6 +182,8 @@ class TransposeKernel final : public Kernel {
           batch_dims_.push_back(d);
           batches_ *= dims_[d];
         }
+      // One to four planes of 4-byte elements into pixels (an image to channels-last).
+      planes_ = es_ == 4 && out_stride_[tile_dim_] == dims_[r - 1] && dims_[r - 1] <= 4;
     }
     return {};
   }
@@ -193,9 +195,11 @@ class TransposeKernel final : public Kernel {
     const size_t r = dims_.size();
     if (r == 1 || in_stride_[r - 1] == 1) {  // whole rows of the last dim move
       rows(src, dst);
-      return {};
+    } else if (planes_) {
+      interleave(src, dst);
+    } else {
+      tiles(src, dst);
     }
-    tiles(src, dst);
     return {};
   }
 
@@ -246,10 +250,6 @@ class TransposeKernel final : public Kernel {
     constexpr int64_t kTile = 16;
     const int64_t tiles_a = (a_len + kTile - 1) / kTile;
     const size_t es = es_;
-    if (es == 4 && a_out == b_len && b_len <= 4) {  // planes into pixels: an image to channels-last
-      interleave(src, dst);
-      return;
-    }
 #pragma omp parallel for collapse(2) schedule(static) if (batches * a_len * b_len * static_cast<int64_t>(es) >= kParallelBytes)
     for (int64_t bt = 0; bt < batches; ++bt)
       for (int64_t ta = 0; ta < tiles_a; ++ta) {
@@ -319,6 +319,7 @@ class TransposeKernel final : public Kernel {
   bool empty_ = false;
   std::vector<int64_t> dims_, in_stride_, out_stride_;
   size_t tile_dim_ = 0;            ///< tiles: the output dim read with input stride 1
+  bool planes_ = false;            ///< the last dim moves and is 1-4 elements of 4 bytes: interleave
   std::vector<size_t> batch_dims_;  ///< tiles: the other dims but the last
   int64_t batches_ = 1;
 };
