@@ -276,7 +276,7 @@ TEST(LowerPrecision, ProfileUsesTheBf16Ceiling) {
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::bf16, DType::f32}), "bf16");
   EXPECT_EQ(profile::kernel_precision("kiln.gemm_bf16_avx512", {DType::f32, DType::bf16}), "bf16");
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f16}), "f32") << "f16 weights are widened";
-  EXPECT_EQ(profile::kernel_precision("kiln.gemm_f16_avx512 f16_8x64", {DType::f32, DType::f16}), "f16");
+  EXPECT_EQ(profile::kernel_precision("kiln.gemm_f16_avx512 f16_6x64", {DType::f32, DType::f16}), "f16");
   EXPECT_EQ(profile::kernel_precision("onednn.conv", {DType::f32, DType::f32}), "f32");
 }
 

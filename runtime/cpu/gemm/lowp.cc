@@ -147,20 +147,20 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
               [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
 }
 
-int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * k * kF16Tile.nr; }
+int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * round_up(k, 2) * kF16Tile.nr; }
 
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
-  const int64_t nr = kF16Tile.nr;
+  const int64_t nr = kF16Tile.nr, k2 = round_up(k, 2);
   if (k <= 0 || n <= 0) return;  // nothing to pack (`out` may be null)
   std::memset(out, 0, static_cast<size_t>(packed_b_f16_elements(k, n)) * 2);
   for (int64_t j = 0; j < n; ++j) {
-    uint16_t* panel = out + (j / nr) * k * nr + j % nr;
-    for (int64_t p = 0; p < k; ++p) panel[p * nr] = trans ? b[j * ld + p] : b[p * ld + j];
+    uint16_t* panel = out + (j / nr) * k2 * nr + (j % nr) * 2;
+    for (int64_t p = 0; p < k; ++p) panel[(p / 2) * 2 * nr + p % 2] = trans ? b[j * ld + p] : b[p * ld + j];
   }
 }
 
 size_t f16_workspace_bytes(int64_t m, int64_t k) {
-  return static_cast<size_t>(m * k) * 4;  // A's rows in doubled f16
+  return static_cast<size_t>(m * round_up(k, 2)) * 2;  // A's rows in f16, K rounded up to pairs
 }
 
 namespace {
@@ -176,17 +176,18 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
   const int64_t t = std::min<int64_t>(threads, pool_threads());
   // K in chunks of at most kF16Kc steps, as even as whole blocks make them.
   const int64_t chunks = std::max<int64_t>(1, (k + kF16Kc - 1) / kF16Kc);
-  const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, kF16Block)));
-  mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / (kc * 4) / mr * mr) : round_up(mc, mr);
+  const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, 2 * kF16Block)));
+  const int64_t words = (k + 1) / 2;  // per row of A's copy
+  mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / (kc * 2) / mr * mr) : round_up(mc, mr);
   // Split B's panels among the threads when B is the larger to read twice: splitting A's rows,
   // each thread reads all of B (K·N f16); splitting B's panels, each reads the rows of A the
-  // others copied (M·K words). On ResNet-50's 7x7 layers (M = 49) panels were 1.3-1.4x faster
+  // others copied (M·K f16). On ResNet-50's 7x7 layers (M = 49) panels were 1.3-1.4x faster
   // at two threads; on its 56x56 ones rows were 1.5x faster; the whole model ran 2.4 % faster
   // splitting panels where N > 2M than where N > M.
   const bool panel_split = (n > 2 * m && count >= t) || tiles < t;
   if (t > 1 && panel_split) {
     // Each thread takes some of B's panels over all of A, which the threads copy first.
-    over_panels(tiles, threads, [&](int64_t t0, int64_t t1) { pack(t0 * mr, std::min(m, t1 * mr) - t0 * mr, packed + t0 * mr * k); });
+    over_panels(tiles, threads, [&](int64_t t0, int64_t t1) { pack(t0 * mr, std::min(m, t1 * mr) - t0 * mr, packed + t0 * mr * words); });
     over_panels(count, threads,
                 [&](int64_t p0, int64_t p1) { f16_avx512::panels(m, mc, kc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
     return;
@@ -196,7 +197,7 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
   // copied whole would be KH · KW times the image, written to memory and read back).
   over_panels(tiles, threads, [&](int64_t t0, int64_t t1) {
     const int64_t r0 = t0 * mr, r1 = std::min(m, t1 * mr);
-    uint32_t* block = packed + r0 * k;
+    uint32_t* block = packed + r0 * words;
     for (int64_t i0 = r0; i0 < r1; i0 += mc) {
       const int64_t rows = std::min(mc, r1 - i0);
       pack(i0, rows, block);

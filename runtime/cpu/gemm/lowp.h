@@ -78,21 +78,24 @@ size_t bf16_workspace_bytes(int64_t m, int64_t k);
 
 // ---- f16 · f16 (AVX512-FP16) -----------------------------------------------------------------
 
-/// The f16 kernel's register tile: 8 rows × 64 columns, each row two vectors of 32 f16 sums
-/// (added into the tile's f32 sums every kF16Block steps of K).
-inline constexpr Tile kF16Tile{8, 64};
-/// The steps of K summed in f16 before they are added to the f32 sums: AVX512-FP16's FMAs round
-/// each sum to f16 (11 bits), so a block's error grows with its length. 64 keeps BERT-base
-/// within 2.6e-3 relative L2 of f32 (32: 2.0e-3) and ResNet-50 within 4.1e-4 (3.9e-4), and
-/// ResNet-50 ran 6 % faster than with 32 (half as many widenings of the 16 sum registers).
+/// The f16 kernel's register tile: 6 rows × 64 columns over pairs of K steps, each row four
+/// vectors of 16 columns × 2 steps of f16 sums (added into the tile's f32 sums every kF16Block
+/// products, the two steps of each column added at the end).
+inline constexpr Tile kF16Tile{6, 64};
+/// The products each f16 sum adds before it is added to the f32 sums (a block of 2·kF16Block
+/// steps of K, a lane taking every other one): AVX512-FP16's FMAs round each sum to f16
+/// (11 bits), so a block's error grows with its length. 64 keeps BERT-base within 2.6e-3
+/// relative L2 of f32 (32: 2.0e-3) and ResNet-50 within 4.1e-4 (3.9e-4), and ResNet-50 ran 6 %
+/// faster than with 32 (half as many widenings of the sum registers).
 inline constexpr int64_t kF16Block = 64;
-/// The most steps of K one pass over B's panels takes (more are split into even chunks, the
-/// partial sums kept in C), so that a block of A's rows and a panel over a chunk stay in L2
-/// together (ResNet-50's 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms in chunks of
-/// 1,536; chunks of 256 or 512 were no faster on the GEMM bench's shapes).
+/// The most steps of K one pass over B's panels takes (more are split into even chunks of whole
+/// blocks, the partial sums kept in C), so that a block of A's rows and a panel over a chunk
+/// stay in L2 together (ResNet-50's 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms
+/// in chunks of 1,536; chunks of 256 or 512 were no faster on the GEMM bench's shapes).
 inline constexpr int64_t kF16Kc = 1536;
 
-/// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of K rows of 64 f16.
+/// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of ceil(K / 2) pairs of K rows, each
+/// 64 columns of two f16 side by side (row 2q, then 2q + 1; zero past K and N).
 int64_t packed_b_f16_elements(int64_t k, int64_t n);
 /// Packs f16 B (bits; K×N, or N×K when `trans`; `ld` between stored rows) for kF16Tile,
 /// zero-padded in N.
@@ -121,8 +124,8 @@ struct ImageWindows {
 void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* x, const uint16_t* b_packed, const Epilogue& ep,
                       float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
 
-/// Workspace gemm_f16 and gemm_f16_windows take for M rows of K (A's copy in f16, each value
-/// doubled).
+/// Workspace gemm_f16 and gemm_f16_windows take for M rows of K (A's copy in f16, K rounded
+/// up to pairs).
 size_t f16_workspace_bytes(int64_t m, int64_t k);
 
 /// A bf16 or f16 weight (`kiln compile --precision`) as plain f32 (exact; a packed one

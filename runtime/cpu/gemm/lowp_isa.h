@@ -28,15 +28,15 @@ void widen_f16(const uint16_t* in, int64_t n, float* out);
 // The AVX512-FP16 build (f16_avx512.cc).
 namespace kiln::cpu::gemm::f16_avx512 {
 
-/// A's rows [m0, m0 + rows) as f16, each value twice in a 32-bit word, rows of K words from
-/// `out`.
+/// A's rows [m0, m0 + rows) as f16, rows of ceil(K / 2) 32-bit words (pairs of steps; a zero
+/// past an odd K) from `out`.
 void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint32_t* out);
 /// The same for A gathered from the image `x` (an implicit im2col): rows [m0, m0 + rows) of
-/// `g`'s windows, K = g.k() words each.
+/// `g`'s windows, K = g.k().
 void pack_windows(const ImageWindows& g, const float* x, int64_t m0, int64_t rows, uint32_t* out);
 /// C's panels [p0, p1) (of 64 columns, N in all) for all M rows, `mc` at a time, `kc` steps of K
-/// at a time (a multiple of kF16Block; the partial sums kept in C), A's rows copied by pack_a or
-/// pack_windows (K words apart).
+/// at a time (a multiple of 2·kF16Block; the partial sums kept in C), A's rows copied by pack_a
+/// or pack_windows.
 void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k, const uint32_t* a_packed, const uint16_t* b,
             const Epilogue& ep, float* c, int64_t ldc, int64_t n);
 
