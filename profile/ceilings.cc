@@ -429,7 +429,7 @@ Ceilings machine_ceilings(const CpuFeatures& cpu, int threads, const CeilingsOpt
       }
     }
   }
-  Ceilings c = probe_ceilings(cpu, threads);
+  Ceilings c = options.probe(cpu, threads);
   if (file.empty()) return c;
   if (!cache.is_object()) cache = {{"schema", "kiln.ceilings"}, {"schema_version", 1}, {"machines", nlohmann::json::object()}};
   nlohmann::json entry = to_json(c);

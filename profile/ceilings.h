@@ -3,6 +3,7 @@
 // thread count the profile runs with, and cached per machine in the user's cache folder.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,6 +53,9 @@ struct CeilingsOptions {
   /// The cache folder: $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when neither is set.
   std::string cache_dir = default_cache_dir();
   bool reprobe = false;  ///< probe even when the cache has this machine, and replace its entry
+  /// How the machine is measured when the cache does not answer (tests of the cache give a
+  /// cheaper one: the probe reads gigabytes on a machine with a large L3).
+  std::function<Ceilings(const CpuFeatures&, int)> probe = probe_ceilings;
   static std::string default_cache_dir();
 };
 
