@@ -199,7 +199,11 @@ TEST(GemmLowp, F16Windows) {
         for (auto& v : z) v = dist(rng);
         std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, g.n)));
         gemm::pack_b_f16(wt.data(), k, true, k, g.n, packed.data());
+        // ReLU before the residual, and after it on every other geometry (a ResNet block's
+        // epilogue, which the tiles finish in registers).
+        const bool post = (&g - geometries.data()) % 2 == 1;
         gemm::Epilogue ep{.bias = bias.data(), .z = z.data(), .ldz = g.n, .act = {Activation::relu}};
+        if (post) ep.post = {Activation::relu};
         std::vector<std::byte> ws(gemm::f16_workspace_bytes(m, k));
         std::vector<float> y(static_cast<size_t>(m * g.n), std::nanf(""));
         gemm::gemm_f16_windows(m, g.n, win, x.data(), packed.data(), ep, y.data(), g.n, threads, ws.data(), mc);
@@ -221,8 +225,9 @@ TEST(GemmLowp, F16Windows) {
                   mag += std::abs(t);
                 }
               }
-            // The epilogue: the activation, then the residual.
-            const double want = std::max(0.0, s) + z[static_cast<size_t>(i * g.n + j)], got = y[static_cast<size_t>(i * g.n + j)];
+            // The epilogue: the activation, then the residual, then the post-activation.
+            const double summed = std::max(0.0, s) + z[static_cast<size_t>(i * g.n + j)];
+            const double want = post ? std::max(0.0, summed) : summed, got = y[static_cast<size_t>(i * g.n + j)];
             ASSERT_NEAR(got, want, 1e-5 + mag * std::ldexp(1.0, -11) * static_cast<double>(gemm::kF16Block) / 4) << i << "," << j;
             err += (got - want) * (got - want);
             norm += want * want;

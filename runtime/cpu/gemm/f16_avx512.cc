@@ -42,19 +42,39 @@ __m512 add_pairs(__m512 lo, __m512 hi) {
   return _mm512_add_ps(_mm512_permutex2var_ps(lo, even, hi), _mm512_permutex2var_ps(lo, odd, hi));
 }
 
+// What the tile does to its sums after the last chunk of K, in registers, before they go to C:
+// the epilogues made of ReLU and a residual (a ResNet block's), each value
+// max(0)?( max(0)?(sum) + z ). Other activations run after it (RowKernels::tile_epilogue).
+struct Finish {
+  bool on = false;  ///< this is the last chunk of K and the epilogue is one of those
+  bool act_relu = false, post_relu = false;
+  const float* z = nullptr;  ///< the residual at the tile's first value, or null
+  int64_t ldz = 0;
+};
+
 // C[MRT×w] (`ldc` apart) = (q0 = 0 ? init : C) + Σ over pairs [q0, q1) of A's copied rows
-// (`lda` words apart) · B's panel. The f16 sums (24 registers) are widened and added to the f32
-// sums at the end of each block: kept in `sums` (L1) between blocks, each pair of lanes added
-// after the last and written to C. Before each block it fetches its lines of the next panel (`pf`).
+// (`lda` words apart) · B's panel, then `fin`. The f16 sums (24 registers) are widened and added
+// to the f32 sums at the end of each block: kept in `sums` (L1) between blocks, each pair of
+// lanes added after the last and written to C. Before each block it fetches its lines of the
+// next panel (`pf`).
 template <int MRT>
 void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
-          float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf) {
+          float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf, const Finish& fin) {
   __mmask16 store[NV];
   for (int j = 0; j < NV; ++j) store[j] = mask(w - j * 16);
   auto base = [&](int i, int j) { return q0 == 0 ? init[j] : _mm512_maskz_loadu_ps(store[j], c + i * ldc + j * 16); };
+  auto put = [&](int i, int j, __m512 v) {
+    if (fin.on) {
+      const __m512 zero = _mm512_setzero_ps();
+      if (fin.act_relu) v = _mm512_max_ps(v, zero);
+      if (fin.z) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(store[j], fin.z + i * fin.ldz + j * 16));
+      if (fin.post_relu) v = _mm512_max_ps(v, zero);
+    }
+    _mm512_mask_storeu_ps(c + i * ldc + j * 16, store[j], v);
+  };
   if (q1 <= q0) {
     for (int i = 0; i < MRT; ++i)
-      for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + i * ldc + j * 16, store[j], base(i, j));
+      for (int j = 0; j < NV; ++j) put(i, j, base(i, j));
     return;
   }
   for (int64_t r0 = q0; r0 < q1; r0 += kPairs) {
@@ -84,7 +104,7 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
         if (!first)
           for (int half = 0; half < 2; ++half) wide[half] = _mm512_add_ps(wide[half], _mm512_load_ps(s + half * 16));
         if (last) {
-          _mm512_mask_storeu_ps(c + i * ldc + j * 16, store[j], _mm512_add_ps(base(i, j), add_pairs(wide[0], wide[1])));
+          put(i, j, _mm512_add_ps(base(i, j), add_pairs(wide[0], wide[1])));
         } else {
           for (int half = 0; half < 2; ++half) _mm512_store_ps(s + half * 16, wide[half]);
         }
@@ -100,13 +120,13 @@ constexpr auto table(std::index_sequence<R...>) {
 template <int MRT>
 struct Tile {
   static void run(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
-                  float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf) {
-    tile<MRT>(q0, q1, lda, a, b, init, sums, c, ldc, w, pf);
+                  float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf, const Finish& fin) {
+    tile<MRT>(q0, q1, lda, a, b, init, sums, c, ldc, w, pf, fin);
   }
 };
 
 using TileFn = void (*)(int64_t, int64_t, int64_t, const uint32_t*, const uint16_t*, const __m512 (&)[NV], float (&)[MR][2 * NR],
-                        float*, int64_t, int, PanelPrefetch);
+                        float*, int64_t, int, PanelPrefetch, const Finish&);
 constexpr auto kTiles = table<TileFn, Tile>(std::make_index_sequence<MR>());
 
 // `count` values from `from` rounded to f16 (vcvtps2phx: to nearest even), 16 at a time.
@@ -163,6 +183,8 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
             const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
   const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t pairs = (k + 1) / 2;  // words per row of A, pairs of rows of B per panel
+  auto relu_or_none = [](const ActivationSpec& a) { return a.kind == Activation::none || a.kind == Activation::relu; };
+  const bool fused = relu_or_none(ep.act) && relu_or_none(ep.post);  // the tiles finish the epilogue
   // A block of A's rows and a chunk of K: that part of A stays in L2 while B's panels pass.
   for (int64_t ib = 0; ib < m; ib += mc) {
     const int64_t ie = std::min(m, ib + mc), tiles = (ie - ib + MR - 1) / MR;
@@ -181,12 +203,14 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
           init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
         for (int64_t i0 = ib; i0 < ie; i0 += MR) {
           const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
+          const float* z = ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr;
+          Finish fin;
+          if (k1 == k && fused) fin = {true, ep.act.kind == Activation::relu, ep.post.kind == Activation::relu, z, ep.ldz};
           alignas(64) float sums[MR][2 * NR];
           kTiles[static_cast<size_t>(rows_here - 1)](q0, q1, pairs, a + i0 * pairs, bp, init, sums, c + i0 * ldc + n0, ldc, w,
-                                                     PanelPrefetch::share(next, (q1 - q0) * 2 * NR * 2, (i0 - ib) / MR, tiles, blocks));
-          if (k1 == k && ep.has_tail())
-            rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
-                               ep.post);
+                                                     PanelPrefetch::share(next, (q1 - q0) * 2 * NR * 2, (i0 - ib) / MR, tiles, blocks),
+                                                     fin);
+          if (k1 == k && !fused && ep.has_tail()) rows.tile_epilogue(c + i0 * ldc + n0, ldc, z, ep.ldz, rows_here, w, ep.act, ep.post);
         }
       }
     }
