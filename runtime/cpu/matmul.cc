@@ -45,19 +45,23 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q) {
 // The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps,
 // over more than one pixel,
 // - those of fewer than 16 input channels (ResNet-50's stem, 3: its windows are short runs to
-//   gather; the f16 kernel took 0.78 of oneDNN's time at one thread but 1.27 at two);
+//   gather; run alone, 1.65-1.72 against oneDNN's 1.49-1.87 ms at one thread and 0.82-1.19
+//   against 0.74-0.98 at two);
 // - those of 32 or fewer output channels, which leave half or more of the 64-column tile empty
-//   (YOLO's and EfficientNet-B0's: 1.3-2.1x oneDNN's time at one thread, 1.4-2.9x at two).
-// 3x3 stride-1 convolutions of 64 output channels, where oneDNN runs Winograd (a quarter of the
-// multiplies), take the f16 kernel: ResNet-50's 56x56 ones in 0.73-0.75 of oneDNN's time at one
-// thread and 0.89-0.95 at two, YOLO's 20x20 ones in 0.94-1.06 and 0.88-0.98. One pixel (an SE
-// block's squeeze and excite) is a call's fixed cost, less in kiln's kernel.
+//   (YOLO's and EfficientNet-B0's: 1.3-2.1x oneDNN's time at one thread, 1.4-2.9x at two);
+// - the 3x3 stride-1 ones of 64 or fewer output channels, where oneDNN's Winograd does a
+//   quarter of the multiplies (ResNet-50's 56x56 ones in the model: a tie at one thread, 1.09-1.14x
+//   oneDNN's time at two; YOLO's 20x20 ones a tie).
+// One pixel (an SE block's squeeze and excite) is a call's fixed cost, less in kiln's kernel.
 std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
   const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (x[1] * x[2] == 1) return std::nullopt;
   if (x[3] < 16) return "oneDNN is as fast on fewer than 16 input channels";
   if (w[0] <= 32) return "32 or fewer output channels fill half the f16 tile or less";
+  if (w[0] <= 64 && w[2] == 3 && w[3] == 3 && q.node.attr_ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
+      q.node.attr_int("group", 1) == 1)
+    return "oneDNN's Winograd is as fast on 3x3 stride-1 convolutions of 64 or fewer output channels";
   return std::nullopt;
 }
 

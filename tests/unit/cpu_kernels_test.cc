@@ -331,15 +331,16 @@ TEST(CpuKernels, F16Convolution) {
     EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), noise({2, oh, ow, l.n}, 34)}, {false, true, false, false}, fused, {true}, name}, 3e-3),
               name);
   }
-  // The default rule (f16_defers): oneDNN keeps few input channels and few output channels
-  // over more than one pixel; the f16 GEMM takes the rest, Winograd's 3x3 stride-1 ones too.
+  // The default rule (f16_defers): oneDNN keeps few input channels, few output channels and the
+  // small 3x3 stride-1 ones that its Winograd runs, over more than one pixel; the f16 GEMM takes
+  // the rest.
   auto chosen = [&](int64_t c, int64_t n, int64_t k, int64_t stride, int64_t hw = 14) {
     const Tensor x = noise({1, hw, hw, c}, 35), w = f16(noise({n, c, k, k}, 36, 0.5f));
     return check({"FusedConv", {x, w}, {false, true}, conv({k / 2, k / 2, k / 2, k / 2}, stride, 1)}, 3e-3);
   };
   EXPECT_EQ(chosen(3, 64, 7, 2), "onednn.conv");
   EXPECT_EQ(chosen(64, 32, 1, 1), "onednn.conv");
-  EXPECT_EQ(chosen(64, 64, 3, 1), name);
+  EXPECT_EQ(chosen(64, 64, 3, 1), "onednn.conv");
   EXPECT_EQ(chosen(8, 144, 1, 1, 1), name);
   EXPECT_EQ(chosen(144, 8, 1, 1, 1), name);
   EXPECT_EQ(chosen(64, 64, 3, 2), name);
