@@ -162,8 +162,9 @@ TEST(GemmLowp, F16) {
 // A convolution as gemm_f16_windows runs it (channels-last images, weight [K, KH, KW, C]):
 // against the f16-rounded inputs convolved in double with zero padding, on filter sizes,
 // strides, dilations and paddings that leave windows partly outside the image, C a vector
-// multiple or not, K above kF16Kc, a residual, one and two threads, A's rows in blocks of 8 and
-// in the default blocks.
+// multiple or not, K above kF16Kc, a residual (and a ReLU after it on every other geometry), one
+// and two threads, A's rows in blocks of 8 (two 6-row tiles once rounded up) and in the default
+// blocks.
 TEST(GemmLowp, F16Windows) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
   struct Geometry {
