@@ -365,6 +365,8 @@ Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
 }
 
 Status infer_fused_conv(InferContext& ctx) {
+  if (ctx.dtype(0) == DType::bf16 && ctx.dtype(1) != DType::bf16)
+    return ctx.error("bf16 activations need a bf16 weight, not " + std::string(dtype_name(ctx.dtype(1))));
   KILN_RETURN_IF_ERROR(infer_conv(ctx));
   return infer_epilogue(ctx, 1);
 }
@@ -686,11 +688,12 @@ void register_nn_ops(OpRegistry& r) {
   fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
   fused_conv.push_back(kChannelsLast);
   // A bf16 or f16 weight (`kiln compile --precision`): the products of X rounded to its type,
-  // summed in f32; everything else stays f32.
+  // summed in f32. With a bf16 weight, X, Z and Y may be bf16 too (activations kept bf16 from
+  // one convolution to the next: Y rounded as it is stored); the bias and the epilogue are f32.
   const TypeSet lowp_weight = DType::f32 | DType::bf16 | DType::f16;
-  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16)", 2, 4, 1, 1,
+  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, 4, 1, 1,
                      fused_conv, infer_fused_conv_any_layout})
-      .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "W"), same_as(2, 0, "B"), same_as(3, 0, "Z")},
+      .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), same_as(3, 0, "Z")},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
   {
     const TypeSet int8 = DType::u8 | DType::i8;

@@ -252,6 +252,7 @@ void register_onednn_kernels(KernelRegistry& r) {
   onednn::register_matmul(r);
   onednn::register_pool(r);
   onednn::register_attention(r);
+  onednn::register_cast(r);
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
-// The oneDNN provider (Debian's oneDNN 2.6): convolutions, matrix products and pooling as
-// oneDNN primitives, created once per plan in prepare (on concrete shapes, with constant
+// The oneDNN provider (Debian's oneDNN 2.6): convolutions, matrix products, pooling and the
+// f32 <-> bf16 Cast as oneDNN primitives, created once per plan in prepare (on concrete shapes, with constant
 // weights reordered into the layout the primitive wants) and executed on the tensors' memory
 // at run time. oneDNN shares kiln's GNU OpenMP pool; its scratchpad is the kernel workspace.
 #pragma once
@@ -85,5 +85,6 @@ void register_qconv(KernelRegistry& r);
 void register_matmul(KernelRegistry& r);
 void register_pool(KernelRegistry& r);
 void register_attention(KernelRegistry& r);
+void register_cast(KernelRegistry& r);
 
 }  // namespace kiln::onednn

@@ -3,7 +3,8 @@
 // ceil_mode becomes extra end padding (the window geometry of formats/ops/nn_util.h gives the
 // output size); MaxPool's Indices output and average pooling that counts that extra padding
 // stay with the reference kernels. Max pooling also runs on u8 / s8 tensors (a quantized
-// model's, where a max commutes with the quantization).
+// model's, where a max commutes with the quantization) and on bf16 ones (a bf16 chain's, where
+// it commutes with the rounding).
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
@@ -19,7 +20,7 @@ bool global(const Node& n) { return n.op == "GlobalMaxPool" || n.op == "GlobalAv
 
 std::optional<std::string> pool_declines(const KernelQuery& q) {
   const bool max = q.node.op == "MaxPool" || q.node.op == "GlobalMaxPool";
-  if (max && is_int8(q.inputs[0].dtype)) {
+  if (max && (is_int8(q.inputs[0].dtype) || q.inputs[0].dtype == DType::bf16)) {
     if (!q.inputs[0].shape.is_concrete() || shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty or not concrete";
   } else if (auto why = f32_and_concrete(q)) {
     return why;
@@ -62,9 +63,10 @@ class PoolKernel final : public Kernel {
       const dnnl::algorithm alg = max ? dnnl::algorithm::pooling_max
                                   : q.node.attr_int("count_include_pad", 0) ? dnnl::algorithm::pooling_avg_include_padding
                                                                             : dnnl::algorithm::pooling_avg_exclude_padding;
-      const memory::data_type t = q.inputs[0].dtype == DType::u8   ? memory::data_type::u8
-                                  : q.inputs[0].dtype == DType::i8 ? memory::data_type::s8
-                                                                   : memory::data_type::f32;
+      const memory::data_type t = q.inputs[0].dtype == DType::u8     ? memory::data_type::u8
+                                  : q.inputs[0].dtype == DType::i8   ? memory::data_type::s8
+                                  : q.inputs[0].dtype == DType::bf16 ? memory::data_type::bf16
+                                                                     : memory::data_type::f32;
       const memory::desc src = last ? channels_last(xs, t) : plain(xs, t), dst = last ? channels_last(ys, t) : plain(ys, t);
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

@@ -54,20 +54,31 @@ Status run_widened(KernelContext& ctx, KernelFn f32) {
   const DType t = ctx.input(1).dtype();
   if (t == DType::f32) return f32(ctx);
   if (t != DType::bf16 && t != DType::f16) return ctx.error("the weight is " + std::string(dtype_name(t)) + ", not f32, bf16 or f16");
-  if (ctx.input(0).dtype() != DType::f32)
-    return ctx.error("a " + std::string(dtype_name(t)) + " weight needs an f32 input, not " + std::string(dtype_name(ctx.input(0).dtype())));
+  const DType x = ctx.input(0).dtype();
+  if (x != DType::f32 && !(x == DType::bf16 && t == DType::bf16))
+    return ctx.error("a " + std::string(dtype_name(t)) + " weight needs an f32 input, not " + std::string(dtype_name(x)));
   std::vector<Tensor> in(ctx.num_inputs());
   for (size_t i = 0; i < in.size(); ++i)
     if (ctx.has_input(i)) in[i] = ctx.input(i);
-  if (t == DType::bf16) {
+  if (x == DType::bf16) {  // bf16 activations (a FusedConv's): X and Z widened, Y rounded below
+    in[0] = nn::to_f32(in[0]);
+    if (in.size() > 3 && in[3].defined()) in[3] = nn::to_f32(in[3]);
+  } else if (t == DType::bf16) {
     Tensor a(DType::f32, in[0].shape());
-    const float* x = in[0].data<float>();
-    for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = static_cast<float>(bfloat16(x[i]));
+    const float* xs = in[0].data<float>();
+    for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = static_cast<float>(bfloat16(xs[i]));
     in[0] = a;
   }
   in[1] = nn::to_f32(in[1]);
-  ViewContext view(ctx, ctx.node(), std::move(in), ctx.output(0));  // writes the output in place
-  return f32(view);
+  Tensor& y = ctx.output(0);
+  if (y.dtype() == DType::f32) {
+    ViewContext view(ctx, ctx.node(), std::move(in), y);  // writes the output in place
+    return f32(view);
+  }
+  ViewContext view(ctx, ctx.node(), std::move(in), Tensor(DType::f32, y.shape()));
+  KILN_RETURN_IF_ERROR(f32(view));
+  nn::store_from_f32(view.y(), y);
+  return {};
 }
 
 }  // namespace kiln::ref

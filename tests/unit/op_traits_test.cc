@@ -164,7 +164,7 @@ TEST(OpTypes, NamedInputs) {
   EXPECT_EQ(type_error("Gather", {DType::boolean, DType::i32}, {}), "");
   EXPECT_EQ(type_error("Gather", {DType::f32, DType::f32}), "indices must be i32 or i64, got f32");
   EXPECT_EQ(type_error("Conv", {DType::f32, DType::f16}), "W type f16 differs from X type f32");
-  EXPECT_EQ(type_error("FusedConv", {DType::f64, DType::f64}), "FusedConv is f32 only, got f64");
+  EXPECT_EQ(type_error("FusedConv", {DType::f64, DType::f64}), "FusedConv does not support f64 (it takes f32 and bf16)");
 }
 
 TEST(OpTraits, EveryOpsTraitsFitItsArity) {

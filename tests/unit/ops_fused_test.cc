@@ -101,7 +101,7 @@ TEST(FusedOps, SchemaChecks) {
   bad(run_op("FusedMatMul", {a, b, ramp({3})}), "bias has 3 elements but the output 3x4 has 4 channels");
   bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({4, 3})}), "the residual input Z 4x3 does not have the output's shape 3x4");
   bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
-      "FusedConv is f32 only, got f64");
+      "FusedConv does not support f64 (it takes f32 and bf16)");
 }
 
 TEST(FusedOps, ActivationAttributesRoundTrip) {

@@ -255,6 +255,135 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
   }
 }
 
+// A chain of convolutions, as a ResNet block has them: 3x3, a 3x3 max pool, 1x1 (also read by
+// an average pool, an f32 reader), 3x3 with the first's output as its residual, and a 1x1
+// whose ReLU is the graph output.
+Model conv_chain_model() {
+  testing::GraphBuilder b;
+  const std::vector<Attribute> pad1 = {attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+  ValueId x = b.input("x", {1, 16, 9, 11});
+  ValueId a = b.op("relu_a", "Relu", {b.op("a", "Conv", {x, b.constant("wa", random_f32({24, 16, 3, 3}, 21)), b.constant("ba", random_f32({24}, 22))}, pad1)});
+  ValueId pa = b.op("pool_a", "MaxPool", {a}, {attr("kernel_shape", std::vector<int64_t>{3, 3}), pad1[0]});
+  ValueId rb = b.op("relu_b", "Relu", {b.op("b", "Conv", {pa, b.constant("wb", random_f32({24, 24, 1, 1}, 23)), b.constant("bb", random_f32({24}, 24))})});
+  ValueId pool = b.op("pool", "GlobalAveragePool", {rb});
+  ValueId c = b.op("c", "Conv", {rb, b.constant("wc", random_f32({24, 24, 3, 3}, 25)), b.constant("bc", random_f32({24}, 26))}, pad1);
+  ValueId rc = b.op("relu_c", "Relu", {b.op("add_c", "Add", {c, a})});
+  ValueId d = b.op("relu_d", "Relu", {b.op("d", "Conv", {rc, b.constant("wd", random_f32({20, 24, 1, 1}, 27)), b.constant("bd", random_f32({20}, 28))})});
+  return b.done({d, pool});
+}
+
+// On an AMX target the chain's activations stay bf16: every convolution and the max pool read
+// and write bf16, a Cast converts where the chain meets f32 nodes (the input, the pool, the output), and the
+// result is the reference's (X and Z widened, Y rounded as stored) within bf16's rounding of
+// Y, and within 1e-2 of f32. Elsewhere (no AMX) the activations stay f32.
+TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
+  if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
+  const std::vector<Tensor> in = {random_f32({1, 16, 9, 11}, 29)};
+  const std::vector<Tensor> exact = run_reference(conv_chain_model(), in);
+  for (bool amx : {true, false}) {
+    SCOPED_TRACE(amx ? "AMX target" : "no AMX");
+    Model m = conv_chain_model();
+    CompileOptions options;
+    options.precision = DType::bf16;
+    options.target.cpu = with_isa(DType::bf16);
+    options.target.cpu.amx = amx;
+    options.target.threads = 2;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    const Graph& g = m.graph;
+    size_t casts = 0, convs = 0;
+    for (const Node& n : g.nodes) {
+      if (n.op == "Cast") {
+        ++casts;
+        EXPECT_EQ(n.kernel.name, "onednn.cast") << n.name;
+      }
+      if (n.op == "MaxPool") {
+        EXPECT_EQ(n.kernel.name, "onednn.pool");
+        EXPECT_EQ(g.value(n.inputs[0]).dtype, amx ? DType::bf16 : DType::f32) << "the max pool between bf16 convolutions";
+      }
+      if (n.op != "FusedConv") continue;
+      ++convs;
+      EXPECT_EQ(n.kernel.name, "onednn.conv") << n.name;
+      const DType want = amx ? DType::bf16 : DType::f32;
+      EXPECT_EQ(g.value(n.inputs[0]).dtype, want) << n.name << " X";
+      EXPECT_EQ(g.value(n.outputs[0]).dtype, want) << n.name << " Y";
+      if (n.has_input(3)) {
+        EXPECT_EQ(g.value(n.inputs[3]).dtype, want) << n.name << " Z";
+      }
+      EXPECT_EQ(g.value(n.inputs[2]).dtype, DType::f32) << n.name << " the bias";
+    }
+    EXPECT_EQ(convs, 4u);
+    EXPECT_EQ(casts, amx ? 3u : 0u) << "into the chain, and out of it to the pool and the output";
+    for (ValueId v : g.outputs) EXPECT_EQ(g.value(v).dtype, DType::f32);
+    auto bytes = serialize_model(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+    auto loaded = load_model_from_bytes(*bytes, "chain.kiln");
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    const std::vector<Tensor> want = run_reference(*loaded, in);
+    auto s = Session::create(*loaded);
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    auto got = (*s)->run(in);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    ASSERT_EQ(got->size(), 2u);
+    ASSERT_EQ(want.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      // A sum in another order can round Y to the neighbouring bf16 (2^-8 apart) here and there.
+      EXPECT_LE(relative_l2((*got)[i], want[i]), amx ? 2e-3 : 1e-5) << "output " << i;
+      const double err = relative_l2((*got)[i], exact[i]);
+      EXPECT_LE(err, 1e-2) << "output " << i;
+      EXPECT_GT(err, 1e-6) << "output " << i << ": nothing was lowered";
+    }
+  }
+}
+
+// oneDNN's convolution and max pool on bf16 activations against the reference on odd sizes,
+// and the schema's rule that bf16 activations come with a bf16 weight.
+TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
+  if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
+  auto bf16_of = [](const Tensor& t) {
+    Tensor r(DType::bf16, t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) r.data<bfloat16>()[i] = bfloat16(t.data<float>()[i]);
+    return r;
+  };
+  for (int64_t k : {1, 3}) {
+    SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(k));
+    testing::Case c{"FusedConv",
+                    {bf16_of(random_f32({1, 7, 9, 24}, 31)), bf16_of(random_f32({40, 24, k, k}, 32)), random_f32({40}, 33),
+                     bf16_of(random_f32({1, 7, 9, 40}, 34))},
+                    {false, true, true, false},
+                    {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>(4, k / 2)),
+                     attr("activation", std::string("Relu")), attr("post_activation", std::string("Relu"))}};
+    EXPECT_EQ(testing::check(c, 2e-3), "onednn.conv");
+  }
+  // A max pool on bf16 (between two bf16 convolutions): the reference's, bitwise.
+  testing::Case pool{"MaxPool", {bf16_of(random_f32({1, 7, 9, 24}, 37))}, {false},
+                     {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{3, 3}),
+                      attr("strides", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}};
+  EXPECT_EQ(testing::check(pool, 0.0), "onednn.pool");
+  // bf16 activations come with a bf16 weight only.
+  testing::GraphBuilder b;
+  ValueId y = b.op("y", "FusedConv", {b.input("x", {1, 3, 3, 8}, DType::bf16), b.constant("w", random_f32({8, 8, 1, 1}, 36))},
+                   {attr("channels_last", int64_t{1})});
+  b.g.outputs = {y};
+  auto inferred = infer_graph(b.g);
+  ASSERT_FALSE(inferred.ok());
+  EXPECT_NE(inferred.error().what.find("bf16 activations need a bf16 weight, not f32"), std::string::npos) << inferred.error().message();
+}
+
+// The Cast between f32 and bf16 that meets a bf16 chain, bitwise the reference's.
+TEST(LowerPrecision, CastBetweenF32AndBf16) {
+  Tensor x = random_f32({3, 37}, 35);
+  x.data<float>()[0] = 1.00390625f;   // halfway between two bf16: ties to even (down)
+  x.data<float>()[1] = 1.01171875f;   // and up
+  x.data<float>()[2] = -0.f;
+  testing::Case to_bf16{"Cast", {x}, {false}, {attr("to", std::string("bf16"))}};
+  EXPECT_EQ(testing::check(to_bf16, 0.0), "onednn.cast");
+  Tensor xb(DType::bf16, x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) xb.data<bfloat16>()[i] = bfloat16(x.data<float>()[i]);
+  testing::Case to_f32{"Cast", {xb}, {false}, {attr("to", std::string("f32"))}};
+  EXPECT_EQ(testing::check(to_f32, 0.0), "onednn.cast");
+}
+
 TEST(LowerPrecision, SpeedWarning) {
   CpuFeatures cpu = *CpuFeatures::named("avx512-bf16");
   const std::map<std::string, double> slow = {{"f32", 230}, {"bf16", 230}}, fast = {{"f32", 230}, {"bf16", 464}};
