@@ -364,10 +364,21 @@ Status infer_epilogue(InferContext& ctx, int64_t channel_axis) {
   return {};
 }
 
+// FusedConv: Conv's shape; Y (and Z) of `output_type`, f32 unless it says bf16, which like a
+// bf16 X needs a bf16 weight.
 Status infer_fused_conv(InferContext& ctx) {
-  if (ctx.dtype(0) == DType::bf16 && ctx.dtype(1) != DType::bf16)
+  const std::string out = ctx.node().attr_string("output_type", "f32");
+  if (out != "f32" && out != "bf16") return ctx.error("output_type '" + out + "' is neither f32 nor bf16");
+  const DType y = out == "bf16" ? DType::bf16 : DType::f32;
+  if ((ctx.dtype(0) == DType::bf16 || y == DType::bf16) && ctx.dtype(1) != DType::bf16)
     return ctx.error("bf16 activations need a bf16 weight, not " + std::string(dtype_name(ctx.dtype(1))));
+  if (ctx.has_input(3) && ctx.dtype(3) != DType::undefined && ctx.dtype(3) != y)
+    return ctx.error("the residual input Z is " + std::string(dtype_name(ctx.dtype(3))) + " but output_type is " + out);
   KILN_RETURN_IF_ERROR(infer_conv(ctx));
+  if (ctx.outputs()[0].dtype != DType::undefined) {
+    Shape shape = ctx.outputs()[0].shape;
+    ctx.set_output(0, y, std::move(shape));
+  }
   return infer_epilogue(ctx, 1);
 }
 
@@ -688,12 +699,15 @@ void register_nn_ops(OpRegistry& r) {
   fused_conv.insert(fused_conv.end(), epilogue.begin(), epilogue.end());
   fused_conv.push_back(kChannelsLast);
   // A bf16 or f16 weight (`kiln compile --precision`): the products of X rounded to its type,
-  // summed in f32. With a bf16 weight, X, Z and Y may be bf16 too (activations kept bf16 from
-  // one convolution to the next: Y rounded as it is stored); the bias and the epilogue are f32.
+  // summed in f32. With a bf16 weight, X may be bf16 too, and Y and Z are bf16 with
+  // `output_type` bf16 (activations kept bf16 from one convolution to the next: Y rounded as it
+  // is stored); the bias and the epilogue are f32.
   const TypeSet lowp_weight = DType::f32 | DType::bf16 | DType::f16;
+  std::vector<AttrSpec> fused_conv_only = fused_conv;
+  fused_conv_only.push_back({"output_type", AttrType::string, false, "Y's and Z's type: f32 (default), or bf16 with a bf16 W"});
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, 4, 1, 1,
-                     fused_conv, infer_fused_conv_any_layout})
-      .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), same_as(3, 0, "Z")},
+                     fused_conv_only, infer_fused_conv_any_layout})
+      .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z")},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
   {
     const TypeSet int8 = DType::u8 | DType::i8;

@@ -1,7 +1,7 @@
 // onednn.cast: Cast between f32 and bf16 as a oneDNN reorder of the flat tensor (vectorised,
-// on kiln's OpenMP pool; f32 to bf16 rounds to nearest even, as the reference does). It is what
-// `kiln compile --precision bf16` puts where activations pass between f32 nodes and the bf16
-// ones of a chain of convolutions.
+// on kiln's OpenMP pool; f32 to bf16 rounds to nearest even, as the reference does): a model's
+// own Casts, and those `kiln compile --precision bf16` gives a convolution's residual whose
+// type is not its output's.
 #include <unordered_map>
 
 #include "runtime/onednn/onednn.h"

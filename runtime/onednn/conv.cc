@@ -21,8 +21,9 @@
 // A FusedConv whose weights `kiln compile --precision bf16` stored as bf16 runs as oneDNN's bf16
 // convolution (direct: oneDNN 2.6 has no bf16 Winograd): X reordered to bf16 in the workspace,
 // products summed in f32, Y and the epilogue f32; the weights stored packed in bf16. Where the
-// compile kept the activations bf16 (an AMX target), X, Z and Y are bf16 NHWC tensors that the
-// convolution reads and writes as they are, the epilogue computed in f32 before Y is rounded. f16 weights
+// compile kept the activations bf16 (an AMX target), X, or Y and Z (`output_type` bf16), are
+// bf16 NHWC tensors that the convolution reads and writes as they are, the epilogue computed in
+// f32 before Y is rounded. f16 weights
 // (`--precision fp16`) are widened to f32 as they are packed and convolved in f32.
 #include <unordered_map>
 
@@ -41,21 +42,22 @@ using dnnl::memory;
 // Channels from which a 3x3 convolution goes to Winograd (kiln_bench_conv: it wins from 16).
 constexpr int64_t kWinogradChannels = 16;
 
-// bf16 activations (X, Z and Y; `kiln compile --precision bf16` on an AMX target): a
-// channels-last FusedConv by a constant bf16 weight, the bias f32.
+// bf16 activations (X, or Y and Z; `kiln compile --precision bf16` on an AMX target): a
+// channels-last FusedConv by a constant bf16 weight, the bias f32, Z of Y's type.
 std::optional<std::string> bf16_activations_decline(const KernelQuery& q) {
   if (q.node.op != "FusedConv" || !nn::channels_last(q.node)) return "bf16 activations: only a channels-last FusedConv";
   if (q.inputs[1].dtype != DType::bf16 || !q.inputs[1].value) return "bf16 activations need a constant bf16 weight";
   if (q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined && q.inputs[2].dtype != DType::f32) return "the bias is not f32";
-  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined && q.inputs[3].dtype != DType::bf16) return "Z is not bf16";
-  if (q.outputs[0].dtype != DType::bf16) return "Y is not bf16";
+  const DType y = q.outputs[0].dtype;
+  if (y != DType::f32 && y != DType::bf16) return "Y is neither f32 nor bf16";
+  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined && q.inputs[3].dtype != y) return "Z's type is not Y's";
   for (const Shape* s : {&q.inputs[0].shape, &q.outputs[0].shape})
     if (!s->is_concrete() || shape_numel(s->concrete()) == 0) return "a shape is not known ahead or is empty";
   return std::nullopt;
 }
 
 std::optional<std::string> conv_declines(const KernelQuery& q) {
-  if (q.inputs[0].dtype == DType::bf16) {
+  if (q.inputs[0].dtype == DType::bf16 || q.outputs[0].dtype == DType::bf16) {
     if (auto why = bf16_activations_decline(q)) return why;
   } else if (auto why = f32_and_concrete(q, q.node.op == "FusedConv" ? DType::bf16 | DType::f16 : TypeSet())) {
     return why;
@@ -90,10 +92,11 @@ class ConvKernel final : public Kernel {
       const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims;
       const int64_t group = geo.group;
       const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
-      // Activations in bf16 (X, Z, Y) or f32.
-      const bool bf16_act = q.inputs[0].dtype == DType::bf16;
-      const memory::data_type act = bf16_act ? memory::data_type::bf16 : memory::data_type::f32;
-      const memory::desc src = last ? channels_last(xs, act) : plain(xs, act), dst = last ? channels_last(ys, act) : plain(ys, act);
+      // Activations in bf16 (X; Y and Z) or f32.
+      const bool bf16_x = q.inputs[0].dtype == DType::bf16;
+      const memory::data_type xt = bf16_x ? memory::data_type::bf16 : memory::data_type::f32;
+      const memory::data_type yt = q.outputs[0].dtype == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+      const memory::desc src = last ? channels_last(xs, xt) : plain(xs, xt), dst = last ? channels_last(ys, yt) : plain(ys, yt);
       // A bf16 weight (`--precision bf16`): bf16 products summed in f32 (X reordered to bf16
       // in the workspace, Y f32). An f16 one: widened to f32 once, the convolution f32.
       const Tensor& given = *q.inputs[1].value;
@@ -133,7 +136,7 @@ class ConvKernel final : public Kernel {
         return memory::desc(memory::dims(d.begin(), d.end()), type, memory::format_tag::any);
       };
       auto primitive = [&](dnnl::algorithm alg, bool any_activations, const dnnl::primitive_attr& a) {
-        const memory::desc x = bf16_act ? src : bf16 ? any(xs, wtype) : any_activations ? any(xs) : src;
+        const memory::desc x = bf16_x ? src : bf16 ? any(xs, wtype) : any_activations ? any(xs) : src;
         dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, alg, x, any_w, bias,
                                              any_activations ? any(ys) : dst, strides, dil, pad_l, pad_r);
         return dnnl::convolution_forward::primitive_desc(desc, a, cpu_engine());

@@ -54,15 +54,18 @@ Status run_widened(KernelContext& ctx, KernelFn f32) {
   const DType t = ctx.input(1).dtype();
   if (t == DType::f32) return f32(ctx);
   if (t != DType::bf16 && t != DType::f16) return ctx.error("the weight is " + std::string(dtype_name(t)) + ", not f32, bf16 or f16");
-  const DType x = ctx.input(0).dtype();
+  const DType x = ctx.input(0).dtype(), yt = ctx.output(0).dtype();
   if (x != DType::f32 && !(x == DType::bf16 && t == DType::bf16))
     return ctx.error("a " + std::string(dtype_name(t)) + " weight needs an f32 input, not " + std::string(dtype_name(x)));
+  if (yt != DType::f32 && !(yt == DType::bf16 && t == DType::bf16))
+    return ctx.error("a " + std::string(dtype_name(t)) + " weight gives an f32 output, not " + std::string(dtype_name(yt)));
   std::vector<Tensor> in(ctx.num_inputs());
   for (size_t i = 0; i < in.size(); ++i)
     if (ctx.has_input(i)) in[i] = ctx.input(i);
-  if (x == DType::bf16) {  // bf16 activations (a FusedConv's): X and Z widened, Y rounded below
+  // bf16 activations (a FusedConv's): X and Z widened, Y rounded below.
+  if (in.size() > 3 && in[3].defined() && in[3].dtype() == DType::bf16) in[3] = nn::to_f32(in[3]);
+  if (x == DType::bf16) {
     in[0] = nn::to_f32(in[0]);
-    if (in.size() > 3 && in[3].defined()) in[3] = nn::to_f32(in[3]);
   } else if (t == DType::bf16) {
     Tensor a(DType::f32, in[0].shape());
     const float* xs = in[0].data<float>();

@@ -54,9 +54,9 @@ Status run_any_layout(KernelContext& ctx, KernelFn channels_first);
 /// weight, input 1, is bf16 or f16 (`kiln compile --precision`): the weight widened to f32, and
 /// for a bf16 weight input 0 rounded to bf16 (to nearest even), which is what AVX512-BF16's
 /// products of bf16 pairs summed in f32 compute; an f16 weight multiplies the f32 input as it
-/// is. With a bf16 weight, a FusedConv's X, Z and Y may be bf16 too (activations kept bf16
-/// between convolutions): X and Z widened, the f32 result rounded to bf16 as it is stored. A
-/// node with an f32 weight runs as it is.
+/// is. With a bf16 weight, a FusedConv's X, and its Y and Z, may be bf16 too (activations
+/// kept bf16 between convolutions): X and Z widened, the f32 result rounded to bf16 as it is
+/// stored. A node with an f32 weight runs as it is.
 Status run_widened(KernelContext& ctx, KernelFn f32);
 
 }  // namespace kiln::ref

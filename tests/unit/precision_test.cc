@@ -4,7 +4,9 @@
 // kernels on widened f16 weights) against those references, compiled, saved and loaded.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
+#include <map>
 
 #include "compile/pass.h"
 #include "compile/pipeline.h"
@@ -255,9 +257,10 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
   }
 }
 
-// A chain of convolutions, as a ResNet block has them: 3x3, a 3x3 max pool, 1x1 (also read by
-// an average pool, an f32 reader), 3x3 with the first's output as its residual, and a 1x1
-// whose ReLU is the graph output.
+// A chain of convolutions, as a ResNet block has them: a 3x3 conv, a 3x3 max pool, a 1x1
+// conv (also read by an average pool, an f32 reader), a 3x3 conv with the first's output as
+// its residual, and a 1x1 conv with that one's output as its residual, whose ReLU is the graph
+// output.
 Model conv_chain_model() {
   testing::GraphBuilder b;
   const std::vector<Attribute> pad1 = {attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
@@ -268,18 +271,27 @@ Model conv_chain_model() {
   ValueId pool = b.op("pool", "GlobalAveragePool", {rb});
   ValueId c = b.op("c", "Conv", {rb, b.constant("wc", random_f32({24, 24, 3, 3}, 25)), b.constant("bc", random_f32({24}, 26))}, pad1);
   ValueId rc = b.op("relu_c", "Relu", {b.op("add_c", "Add", {c, a})});
-  ValueId d = b.op("relu_d", "Relu", {b.op("d", "Conv", {rc, b.constant("wd", random_f32({20, 24, 1, 1}, 27)), b.constant("bd", random_f32({20}, 28))})});
-  return b.done({d, pool});
+  ValueId d = b.op("d", "Conv", {rc, b.constant("wd", random_f32({24, 24, 1, 1}, 27)), b.constant("bd", random_f32({24}, 28))});
+  ValueId rd = b.op("relu_d", "Relu", {b.op("add_d", "Add", {d, rc})});
+  return b.done({rd, pool});
 }
 
-// On an AMX target the chain's activations stay bf16: every convolution and the max pool read
-// and write bf16, a Cast converts where the chain meets f32 nodes (the input, the pool, the output), and the
-// result is the reference's (X and Z widened, Y rounded as stored) within bf16's rounding of
-// Y, and within 1e-2 of f32. Elsewhere (no AMX) the activations stay f32.
+// On an AMX target the chain's activations stay bf16 where only convolutions and max pools read
+// them: 'a' and 'c' write bf16 (read by the pool and as X and Z by the convolutions after them),
+// the pool reads and writes bf16, 'b' and 'd' read bf16 and write f32 for the average pool and
+// the output, and a Cast gives 'd' its residual (c's output) in f32. The result is the
+// reference's (X and Z widened, Y rounded as stored) within bf16's rounding of Y, and within
+// 1e-2 of f32. Elsewhere (no AMX) the activations stay f32.
 TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
   if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
   const std::vector<Tensor> in = {random_f32({1, 16, 9, 11}, 29)};
   const std::vector<Tensor> exact = run_reference(conv_chain_model(), in);
+  // Per convolution, with AMX: X, Y and Z (undefined: none).
+  const std::map<std::string, std::array<DType, 3>> amx_types = {
+      {"a", {DType::f32, DType::bf16, DType::undefined}},
+      {"b", {DType::bf16, DType::f32, DType::undefined}},
+      {"c", {DType::f32, DType::bf16, DType::bf16}},
+      {"d", {DType::bf16, DType::f32, DType::f32}}};
   for (bool amx : {true, false}) {
     SCOPED_TRACE(amx ? "AMX target" : "no AMX");
     Model m = conv_chain_model();
@@ -296,24 +308,27 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
       if (n.op == "Cast") {
         ++casts;
         EXPECT_EQ(n.kernel.name, "onednn.cast") << n.name;
+        EXPECT_EQ(g.value(n.inputs[0]).dtype, DType::bf16);
+        EXPECT_EQ(g.value(n.outputs[0]).dtype, DType::f32);
       }
       if (n.op == "MaxPool") {
         EXPECT_EQ(n.kernel.name, "onednn.pool");
         EXPECT_EQ(g.value(n.inputs[0]).dtype, amx ? DType::bf16 : DType::f32) << "the max pool between bf16 convolutions";
+        EXPECT_EQ(g.value(n.outputs[0]).dtype, amx ? DType::bf16 : DType::f32);
       }
       if (n.op != "FusedConv") continue;
       ++convs;
       EXPECT_EQ(n.kernel.name, "onednn.conv") << n.name;
-      const DType want = amx ? DType::bf16 : DType::f32;
-      EXPECT_EQ(g.value(n.inputs[0]).dtype, want) << n.name << " X";
-      EXPECT_EQ(g.value(n.outputs[0]).dtype, want) << n.name << " Y";
-      if (n.has_input(3)) {
-        EXPECT_EQ(g.value(n.inputs[3]).dtype, want) << n.name << " Z";
-      }
+      std::array<DType, 3> want = {DType::f32, DType::f32, n.has_input(3) ? DType::f32 : DType::undefined};
+      if (amx) want = amx_types.at(n.name);
+      EXPECT_EQ(g.value(n.inputs[0]).dtype, want[0]) << n.name << " X";
+      EXPECT_EQ(g.value(n.outputs[0]).dtype, want[1]) << n.name << " Y";
+      EXPECT_EQ(n.has_input(3) ? g.value(n.inputs[3]).dtype : DType::undefined, want[2]) << n.name << " Z";
+      EXPECT_EQ(n.attr_string("output_type", "f32"), dtype_name(want[1])) << n.name;
       EXPECT_EQ(g.value(n.inputs[2]).dtype, DType::f32) << n.name << " the bias";
     }
     EXPECT_EQ(convs, 4u);
-    EXPECT_EQ(casts, amx ? 3u : 0u) << "into the chain, and out of it to the pool and the output";
+    EXPECT_EQ(casts, amx ? 1u : 0u) << "d's residual";
     for (ValueId v : g.outputs) EXPECT_EQ(g.value(v).dtype, DType::f32);
     auto bytes = serialize_model(m);
     ASSERT_TRUE(bytes.ok()) << bytes.error().message();
@@ -336,8 +351,8 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
   }
 }
 
-// oneDNN's convolution and max pool on bf16 activations against the reference on odd sizes,
-// and the schema's rule that bf16 activations come with a bf16 weight.
+// oneDNN's convolution (bf16 X, Y and Z in each combination) and max pool on bf16 activations
+// against the reference on odd sizes, and the schema's rules for bf16 activations.
 TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
   if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
   auto bf16_of = [](const Tensor& t) {
@@ -345,29 +360,43 @@ TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
     for (int64_t i = 0; i < t.numel(); ++i) r.data<bfloat16>()[i] = bfloat16(t.data<float>()[i]);
     return r;
   };
-  for (int64_t k : {1, 3}) {
-    SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(k));
-    testing::Case c{"FusedConv",
-                    {bf16_of(random_f32({1, 7, 9, 24}, 31)), bf16_of(random_f32({40, 24, k, k}, 32)), random_f32({40}, 33),
-                     bf16_of(random_f32({1, 7, 9, 40}, 34))},
-                    {false, true, true, false},
-                    {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>(4, k / 2)),
-                     attr("activation", std::string("Relu")), attr("post_activation", std::string("Relu"))}};
-    EXPECT_EQ(testing::check(c, 2e-3), "onednn.conv");
+  // X and Y (with Z) in each type but f32 / f32, 1x1 and 3x3.
+  using Types = std::pair<bool, bool>;  // X bf16, Y bf16
+  for (const auto& [x_bf16, y_bf16] : {Types{true, true}, Types{true, false}, Types{false, true}}) {
+    for (int64_t k : {1, 3}) {
+      SCOPED_TRACE(std::string(x_bf16 ? "bf16" : "f32") + " X, " + (y_bf16 ? "bf16" : "f32") + " Y, " + std::to_string(k) + "x" + std::to_string(k));
+      const Tensor x = random_f32({1, 7, 9, 24}, 31), z = random_f32({1, 7, 9, 40}, 34);
+      std::vector<Attribute> attrs = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>(4, k / 2)),
+                                      attr("activation", std::string("Relu")), attr("post_activation", std::string("Relu"))};
+      if (y_bf16) attrs.push_back(attr("output_type", std::string("bf16")));
+      testing::Case c{"FusedConv",
+                      {x_bf16 ? bf16_of(x) : x, bf16_of(random_f32({40, 24, k, k}, 32)), random_f32({40}, 33), y_bf16 ? bf16_of(z) : z},
+                      {false, true, true, false},
+                      attrs};
+      // A bf16 Y: an element may round to the neighbouring bf16 (2^-8 apart).
+      EXPECT_EQ(testing::check(c, y_bf16 ? 2e-3 : 1e-5), "onednn.conv");
+    }
   }
   // A max pool on bf16 (between two bf16 convolutions): the reference's, bitwise.
   testing::Case pool{"MaxPool", {bf16_of(random_f32({1, 7, 9, 24}, 37))}, {false},
                      {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{3, 3}),
                       attr("strides", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}};
   EXPECT_EQ(testing::check(pool, 0.0), "onednn.pool");
-  // bf16 activations come with a bf16 weight only.
-  testing::GraphBuilder b;
-  ValueId y = b.op("y", "FusedConv", {b.input("x", {1, 3, 3, 8}, DType::bf16), b.constant("w", random_f32({8, 8, 1, 1}, 36))},
-                   {attr("channels_last", int64_t{1})});
-  b.g.outputs = {y};
-  auto inferred = infer_graph(b.g);
-  ASSERT_FALSE(inferred.ok());
-  EXPECT_NE(inferred.error().what.find("bf16 activations need a bf16 weight, not f32"), std::string::npos) << inferred.error().message();
+  // bf16 activations come with a bf16 weight only, and Z has Y's type.
+  auto infer_error = [&](DType x, const Tensor& w, const char* output_type, DType z) {
+    testing::GraphBuilder b;
+    std::vector<ValueId> in = {b.input("x", {1, 3, 3, 8}, x), b.constant("w", w)};
+    if (z != DType::undefined) in.insert(in.end(), {kNoValue, b.input("z", {1, 3, 3, 8}, z)});
+    b.g.outputs = {b.op("y", "FusedConv", in, {attr("channels_last", int64_t{1}), attr("output_type", std::string(output_type))})};
+    auto inferred = infer_graph(b.g);
+    return inferred.ok() ? std::string() : inferred.error().what;
+  };
+  const Tensor w32 = random_f32({8, 8, 1, 1}, 36), w16 = bf16_of(w32);
+  EXPECT_EQ(infer_error(DType::bf16, w32, "f32", DType::undefined), "bf16 activations need a bf16 weight, not f32");
+  EXPECT_EQ(infer_error(DType::f32, w32, "bf16", DType::undefined), "bf16 activations need a bf16 weight, not f32");
+  EXPECT_EQ(infer_error(DType::f32, w16, "bf16", DType::f32), "the residual input Z is f32 but output_type is bf16");
+  EXPECT_EQ(infer_error(DType::f32, w16, "f16", DType::undefined), "output_type 'f16' is neither f32 nor bf16");
+  EXPECT_EQ(infer_error(DType::bf16, w16, "bf16", DType::bf16), "");
 }
 
 // The Cast between f32 and bf16 that meets a bf16 chain, bitwise the reference's.
