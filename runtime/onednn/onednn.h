@@ -1,7 +1,8 @@
 // The oneDNN provider (Debian's oneDNN 2.6): convolutions, matrix products, pooling and the
-// f32 <-> bf16 Cast as oneDNN primitives, created once per plan in prepare (on concrete shapes, with constant
-// weights reordered into the layout the primitive wants) and executed on the tensors' memory
-// at run time. oneDNN shares kiln's GNU OpenMP pool; its scratchpad is the kernel workspace.
+// f32 <-> bf16 Cast as oneDNN primitives, created once per plan in prepare (on concrete
+// shapes, with constant weights reordered into the layout the primitive wants) and executed on
+// the tensors' memory at run time. oneDNN shares kiln's GNU OpenMP pool; its scratchpad is the
+// kernel workspace.
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
