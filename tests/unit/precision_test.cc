@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "compile/pass.h"
@@ -399,18 +400,28 @@ TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
   EXPECT_EQ(infer_error(DType::bf16, w16, "bf16", DType::bf16), "");
 }
 
-// The Cast between f32 and bf16 that meets a bf16 chain, bitwise the reference's.
+// The Cast between f32 and bf16 (a residual's, in a bf16 chain), bitwise the reference's.
 TEST(LowerPrecision, CastBetweenF32AndBf16) {
+  // Runs the Cast both ways and compares the bits (infinities and signed zeros included).
+  auto same_bits = [](const Tensor& x, const char* to) {
+    SCOPED_TRACE(std::string(dtype_name(x.dtype())) + " to " + to);
+    testing::BothRuns r = testing::run_both(testing::Case{"Cast", {x}, {false}, {attr("to", std::string(to))}});
+    EXPECT_EQ(r.kernel, "onednn.cast");
+    ASSERT_EQ(r.fast.size(), 1u);
+    ASSERT_EQ(r.ref.size(), 1u);
+    ASSERT_EQ(r.fast[0].nbytes(), r.ref[0].nbytes());
+    EXPECT_EQ(std::memcmp(r.fast[0].raw(), r.ref[0].raw(), r.ref[0].nbytes()), 0);
+  };
   Tensor x = random_f32({3, 37}, 35);
-  x.data<float>()[0] = 1.00390625f;   // halfway between two bf16: ties to even (down)
-  x.data<float>()[1] = 1.01171875f;   // and up
+  x.data<float>()[0] = 1.00390625f;  // halfway between two bf16: ties to even (down)
+  x.data<float>()[1] = 1.01171875f;  // and up
   x.data<float>()[2] = -0.f;
-  testing::Case to_bf16{"Cast", {x}, {false}, {attr("to", std::string("bf16"))}};
-  EXPECT_EQ(testing::check(to_bf16, 0.0), "onednn.cast");
+  x.data<float>()[3] = -std::numeric_limits<float>::infinity();
+  x.data<float>()[4] = 3.4e38f;  // rounds past bf16's largest: infinity
+  same_bits(x, "bf16");
   Tensor xb(DType::bf16, x.shape());
   for (int64_t i = 0; i < x.numel(); ++i) xb.data<bfloat16>()[i] = bfloat16(x.data<float>()[i]);
-  testing::Case to_f32{"Cast", {xb}, {false}, {attr("to", std::string("f32"))}};
-  EXPECT_EQ(testing::check(to_f32, 0.0), "onednn.cast");
+  same_bits(xb, "f32");
 }
 
 TEST(LowerPrecision, SpeedWarning) {
