@@ -75,8 +75,9 @@ struct Bf16Chains {
   size_t convs = 0, pools = 0, casts = 0;  ///< the nodes that write bf16, the Casts added
 };
 
-// Keeps activations bf16 between the bf16 convolutions (the file's comment).
-Bf16Chains keep_bf16_activations(Graph& g) {
+// Keeps activations bf16 between the bf16 convolutions (the file's comment); `is_output` flags
+// the graph's outputs.
+Bf16Chains keep_bf16_activations(Graph& g, const std::vector<char>& is_output) {
   Bf16Chains made;
   const size_t count = g.nodes.size();
   std::vector<char> chain(count, 0), pool(count, 0);
@@ -86,8 +87,6 @@ Bf16Chains keep_bf16_activations(Graph& g) {
   }
   const std::vector<std::vector<Use>> uses = g.uses();
   const std::vector<int32_t> producer = g.producers();
-  std::vector<char> is_output(g.values.size(), 0);
-  for (ValueId v : g.outputs) is_output[static_cast<size_t>(v)] = 1;
   // Which chain nodes write bf16: starting from all, those whose every reader takes bf16, until
   // nothing changes. A convolution takes bf16 X whatever it writes, and a Z of the other type
   // through a Cast; a max pool takes bf16 when it writes bf16, and writes bf16 only after a
@@ -122,10 +121,10 @@ Bf16Chains keep_bf16_activations(Graph& g) {
   nodes.reserve(count + 4);
   for (size_t i = 0; i < count; ++i) {
     Node& n = g.nodes[i];
+    if (chain[i]) n.kernel = {};  // its activations' types may change: chosen again
     if (out[i]) {
       g.value(n.outputs[0]).dtype = DType::bf16;
       if (!pool[i]) n.set_attr("output_type", std::string("bf16"));
-      n.kernel = {};
     }
     if (chain[i] && !pool[i] && n.has_input(3)) {
       const ValueId z = n.inputs[3];
@@ -145,10 +144,8 @@ Bf16Chains keep_bf16_activations(Graph& g) {
           ++made.casts;
         }
         n.inputs[3] = it->second;
-        n.kernel = {};
       }
     }
-    if (chain[i] && !pool[i] && g.value(n.inputs[0]).dtype == DType::bf16) n.kernel = {};
     nodes.push_back(std::move(n));
   }
   g.nodes = std::move(nodes);
@@ -195,7 +192,7 @@ Result<PassResult> lower_precision(Model& model, PassContext& ctx) {
     ++lowered;
   }
   if (lowered == 0) return PassResult{};
-  const Bf16Chains chains = to == DType::bf16 && cpu.amx ? keep_bf16_activations(g) : Bf16Chains{};
+  const Bf16Chains chains = to == DType::bf16 && cpu.amx ? keep_bf16_activations(g, is_output) : Bf16Chains{};
   drop_unused_values(g);
   std::string summary = "lowered " + count_of(lowered, "convolution or matrix product", "convolutions and matrix products") + " to " +
                         std::string(dtype_name(to)) + " (their weights " + format_bytes(bytes_before) + " -> " + format_bytes(bytes_after) + ")";

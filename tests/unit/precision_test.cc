@@ -26,6 +26,13 @@ using testing::run_reference;
 // Values in [-1, 1).
 Tensor random_f32(std::vector<int64_t> shape, uint32_t seed) { return testing::noise(std::move(shape), seed, 2.f); }
 
+// An f32 tensor's values rounded to bf16 (to nearest even).
+Tensor bf16_of(const Tensor& t) {
+  Tensor r(DType::bf16, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) r.data<bfloat16>()[i] = bfloat16(t.data<float>()[i]);
+  return r;
+}
+
 // A 3x3 conv of 5 channels, a 3x3 stride-2 conv of 16 and a channels-last pointwise
 // FusedConv with a SiLU epilogue (kiln's GEMM's, not deferred to oneDNN), each read by a Relu
 // that is a graph output, and two linear layers, the last of which writes a graph output. Odd
@@ -356,11 +363,6 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
 // against the reference on odd sizes, and the schema's rules for bf16 activations.
 TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
   if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
-  auto bf16_of = [](const Tensor& t) {
-    Tensor r(DType::bf16, t.shape());
-    for (int64_t i = 0; i < t.numel(); ++i) r.data<bfloat16>()[i] = bfloat16(t.data<float>()[i]);
-    return r;
-  };
   // X and Y (with Z) in each type but f32 / f32, 1x1 and 3x3.
   using Types = std::pair<bool, bool>;  // X bf16, Y bf16
   for (const auto& [x_bf16, y_bf16] : {Types{true, true}, Types{true, false}, Types{false, true}}) {
@@ -419,9 +421,7 @@ TEST(LowerPrecision, CastBetweenF32AndBf16) {
   x.data<float>()[3] = -std::numeric_limits<float>::infinity();
   x.data<float>()[4] = 3.4e38f;  // rounds past bf16's largest: infinity
   same_bits(x, "bf16");
-  Tensor xb(DType::bf16, x.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) xb.data<bfloat16>()[i] = bfloat16(x.data<float>()[i]);
-  same_bits(xb, "f32");
+  same_bits(bf16_of(x), "f32");
 }
 
 TEST(LowerPrecision, SpeedWarning) {
