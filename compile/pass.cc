@@ -13,8 +13,9 @@ namespace {
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
 // layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
 // channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
-// node's weight), and the transposes it leaves at a region's edge merged with those the model
-// makes after it; dead code before kernel selection (every pass before it may leave unread values
+// node's weight), the f32 products that share an input merged after it (so that what it
+// lowered stays apart), and the transposes it leaves at a region's edge merged with those the
+// model makes after it; dead code before kernel selection (every pass before it may leave unread values
 // behind), which plans the final graph; autotuning after it (it starts from the rule's choices);
 // packing last, for the kernels chosen.
 constexpr std::array kPasses = {
@@ -43,6 +44,8 @@ constexpr std::array kPasses = {
              lower_int8},
     PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted; the rest and the final layers f32",
              lower_precision},
+    PassInfo{"merge_projections", "f32 matrix products of one input by constant weights (Q, K, V) -> one FusedMatMul whose columns split into their outputs; a Split of a product's columns folded into it",
+             merge_projections},
     PassInfo{"merge_transposes", "Transpose -> Reshape splitting dims -> Transpose (or two Transposes) -> Reshape -> one Transpose",
              merge_transposes},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",

@@ -66,6 +66,7 @@ Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
 Result<PassResult> channels_last(Model& model, PassContext& ctx);
 Result<PassResult> lower_int8(Model& model, PassContext& ctx);
 Result<PassResult> lower_precision(Model& model, PassContext& ctx);
+Result<PassResult> merge_projections(Model& model, PassContext& ctx);
 Result<PassResult> merge_transposes(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);

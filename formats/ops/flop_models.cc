@@ -364,12 +364,25 @@ int64_t softmax_cross_entropy(const Node& n, const Graph& g) {
 
 // FusedConv, FusedMatMul: the dense count, plus per output element the epilogue's bias add,
 // activation, residual add and post-activation (epilogue.h).
-template <FlopsFn Dense>
-int64_t fused(const Node& n, const Graph& g) {
+int64_t fused_epilogue(const Node& n) {
   int64_t per = (n.has_input(2) ? 1 : 0) + (n.has_input(3) ? 1 : 0);
   for (std::string_view attr : {"activation", "post_activation"})
     if (Result<ActivationSpec> a = read_activation(n, attr); a.ok()) per += activation_cost(a->kind);
-  return count(CheckedInt(Dense(n, g)) + numel_of(output_shape(n, g)) * per);
+  return per;
+}
+int64_t fused_conv(const Node& n, const Graph& g) {
+  return count(CheckedInt(conv<1>(n, g)) + numel_of(output_shape(n, g)) * fused_epilogue(n));
+}
+// FusedMatMul's outputs, several when `splits` cuts its columns: K (A's last dim) multiply-adds
+// and the epilogue per element of each.
+int64_t fused_matmul(const Node& n, const Graph& g) {
+  const Shape* a = input_shape(n, g, 0);
+  if (!a) return 0;
+  const CheckedInt per = CheckedInt(2) * dim_or_one(*a, a->dims.empty() ? 0 : a->dims.size() - 1) + fused_epilogue(n);
+  CheckedInt total = 0;
+  for (ValueId y : n.outputs)
+    if (y != kNoValue && g.value(y).shape.rank_known) total = total + numel_of(&g.value(y).shape) * per;
+  return count(total);
 }
 
 // QFusedConv, QFusedMatMul: the dense count, plus per output element the bias add,
@@ -457,7 +470,7 @@ const Model kModels[] = {
     {"GlobalMaxPool", per_input<1>}, {"GlobalAveragePool", per_input<1>}, {"GlobalLpPool", per_input<2>},
     {"Col2Im", per_input<1>},  // sums overlapping blocks
     // fused, sampling and other network layers
-    {"FusedConv", fused<conv<1>>}, {"FusedMatMul", fused<matmul<0>>}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul}, {"WoqFusedMatMul", woq_fused_matmul},
+    {"FusedConv", fused_conv}, {"FusedMatMul", fused_matmul}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul}, {"WoqFusedMatMul", woq_fused_matmul},
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},

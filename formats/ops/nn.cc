@@ -423,9 +423,44 @@ Status infer_qfused_conv(InferContext& ctx) {
   return {};
 }
 
+// FusedMatMul: MatMul's shape and the epilogue; with `splits`, Y's columns go to that many
+// outputs in order (a merged projection: Q, K and V from one product), each Y's shape with the
+// last dim its part, and no Z.
 Status infer_fused_matmul(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(infer_matmul(ctx));
-  return infer_epilogue(ctx, -1);
+  const std::vector<int64_t> splits = ctx.node().attr_ints("splits");
+  if (splits.empty()) {
+    if (ctx.num_outputs() != 1) return ctx.error(std::to_string(ctx.num_outputs()) + " outputs without splits; FusedMatMul has one");
+    return infer_epilogue(ctx, -1);
+  }
+  if (splits.size() != ctx.num_outputs())
+    return ctx.error(std::to_string(splits.size()) + " splits for " + std::to_string(ctx.num_outputs()) + " outputs");
+  if (ctx.has_input(3)) return ctx.error("a residual input Z with split outputs");
+  int64_t total = 0;
+  for (int64_t s : splits) {
+    if (s <= 0) return ctx.error("split " + std::to_string(s) + " is not positive");
+    std::optional<int64_t> sum = checked_add(total, s);
+    if (!sum) return ctx.error("the splits overflow int64");
+    total = *sum;
+  }
+  KILN_RETURN_IF_ERROR(infer_epilogue(ctx, -1));  // the bias against the whole of Y
+  if (ctx.outputs()[0].dtype == DType::undefined) return {};
+  const DType t = ctx.outputs()[0].dtype;
+  const Shape y = ctx.outputs()[0].shape;
+  if (y.rank() < 0) {
+    for (size_t i = 0; i < splits.size(); ++i) ctx.set_output(i, t, Shape::unknown_rank());
+    return {};
+  }
+  if (y.rank() == 0) return ctx.error("split outputs of a scalar product");
+  const Dim& n = y.dims.back();
+  if (n.is_known() && n.value != total)
+    return ctx.error("the splits sum to " + std::to_string(total) + " but the product has " + std::to_string(n.value) + " columns");
+  for (size_t i = 0; i < splits.size(); ++i) {
+    Shape part = y;
+    part.dims.back() = Dim::known(splits[i]);
+    ctx.set_output(i, t, std::move(part));
+  }
+  return {};
 }
 
 // QFusedMatMul: A's, Y's and Z's scales and zero points are scalars, B's per tensor or one per
@@ -735,8 +770,10 @@ void register_nn_ops(OpRegistry& r) {
         .traits = {.types = {input(0, DType::f32, "a"), input(1, int8 | DType::i4 | DType::u4, "b"), same_as(2, 0, "b_scale"),
                              same_as(3, 1, "b_zero_point"), same_as(4, 0, "bias"), same_as(5, 0, "z")}};
   }
-  r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32; B may be bf16 or f16)", 2, 4,
-                     1, 1, epilogue, infer_fused_matmul})
+  std::vector<AttrSpec> fused_matmul = epilogue;
+  fused_matmul.push_back({"splits", AttrType::ints, false, "Y's columns in parts, one output each (one output)"});
+  r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32; B may be bf16 or f16); its columns optionally split into several outputs", 2, 4,
+                     1, kVariadic, fused_matmul, infer_fused_matmul})
       .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},
                  .prepack_inputs = {1}};  // flops: the matmul's plus its epilogue's (flop_models.cc)
   r.add("", OpSchema{"MaxPool", "max over sliding windows, optional argmax indices", 1, 1, 1, 2,

@@ -12,6 +12,7 @@
 // a recorded thread grid made for another thread count is derived again for the target's.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
@@ -96,6 +97,20 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// Where a FusedMatMul's split outputs begin, after the first (at column 0); none without splits.
+std::vector<int64_t> split_points(const Node& node) {
+  std::vector<int64_t> points;
+  int64_t at = 0;
+  const std::vector<int64_t> splits = node.attr_ints("splits");
+  for (size_t i = 0; i + 1 < splits.size(); ++i) points.push_back(at += splits[i]);
+  return points;
+}
+
+// No tile straddles two outputs: every split point is a multiple of the tile's NR.
+bool tile_splits(const gemm::Tile& t, const std::vector<int64_t>& points) {
+  return std::all_of(points.begin(), points.end(), [&](int64_t p) { return p % t.nr == 0; });
+}
+
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
@@ -105,6 +120,14 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
+  if (const std::vector<int64_t> points = split_points(q.node); !points.empty()) {
+    if (q.inputs[1].shape.rank() != 2) return "split outputs of a batched product";
+    for (const InferOutput& y : q.outputs)
+      if (y.dtype == DType::undefined) return "an omitted split output";
+    const std::span<const gemm::Tile> ts = gemm::tiles(isa);
+    if (std::none_of(ts.begin(), ts.end(), [&](const gemm::Tile& t) { return tile_splits(t, points); }))
+      return "split points that no tile's width divides";
+  }
   return std::nullopt;
 }
 
@@ -123,6 +146,8 @@ Product product_of(const KernelQuery& q) {
   p.a = q.inputs[0].shape.concrete();
   p.b = q.inputs[1].shape.concrete();
   p.y = q.outputs[0].shape.concrete();
+  if (const std::vector<int64_t> splits = q.node.attr_ints("splits"); !splits.empty() && !p.y.empty())
+    p.y.back() = std::accumulate(splits.begin(), splits.end(), int64_t{0});  // the whole of Y, before its split
   if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
     p.a = {p.a[0] * p.a[1] * p.a[2], p.a[3]};
     p.b = {p.b[0], p.b[1]};
@@ -150,7 +175,9 @@ std::vector<TuningAxis> gemm_space(const KernelQuery& q, Isa isa) {
   const Product p = product_of(q);
   std::vector<TuningAxis> axes;
   TuningAxis tile{"tile", {}};
-  for (const gemm::Tile& t : gemm::tiles(isa)) tile.values.push_back({{"mr", int64_t{t.mr}}, {"nr", int64_t{t.nr}}});
+  const std::vector<int64_t> points = split_points(q.node);
+  for (const gemm::Tile& t : gemm::tiles(isa))
+    if (tile_splits(t, points)) tile.values.push_back({{"mr", int64_t{t.mr}}, {"nr", int64_t{t.nr}}});
   axes.push_back(std::move(tile));
   auto sizes = [](std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
     TuningAxis axis{std::move(name), {}};
@@ -273,9 +300,23 @@ class GemmKernel final : public Kernel {
       params_ = gemm::fit(*rec, m_, n_, k_);
       for (const char* key : {"tm", "tn", "tb"}) grid_recorded |= recorded_int(q.node, key).has_value();
       batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb").value_or(1), 1, 1024));
+      if (!tile_splits(params_.tile, split_points(q.node)))
+        return user_error(q.node.where(), "the recorded GEMM tile " + params_.name() + " straddles the split outputs");
     } else {
+      // With split outputs, the preferred tile whose width divides every split point.
       const gemm::CacheSizes& caches = gemm::CacheSizes::host();
-      params_ = gemm::default_params(isa_, gemm::default_tile(isa_, m_, n_, k_, caches), caches, m_, n_, k_, threads);
+      gemm::Tile tile = gemm::default_tile(isa_, m_, n_, k_, caches);
+      const std::vector<int64_t> points = split_points(q.node);
+      for (const gemm::Tile& t : gemm::tiles(isa_))
+        if (!tile_splits(tile, points) && tile_splits(t, points)) tile = t;
+      params_ = gemm::default_params(isa_, tile, caches, m_, n_, k_, threads);
+    }
+    // Split outputs: one part of C per output, each as wide as its part.
+    parts_.clear();
+    int64_t begin = 0;
+    for (int64_t width : q.node.attr_ints("splits")) {
+      parts_.push_back({.begin = begin, .ldc = width});
+      begin += width;
     }
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {
@@ -331,6 +372,10 @@ class GemmKernel final : public Kernel {
     g.a = ctx.input(0).data<float>();
     g.b = b;
     g.c = ctx.output(0).data<float>();
+    if (!parts_.empty()) {
+      for (size_t i = 0; i < parts_.size(); ++i) parts_[i].c = ctx.output(i).data<float>();
+      g.parts = parts_;
+    }
     if (batch_a_.size() == 1) gemm::run(params_, g, ctx.workspace().data());
     else gemm::run_batch(params_, g, batch_a_, batch_b_, m_ * n_, batch_threads_, ctx.workspace().data());
     return {};
@@ -348,6 +393,7 @@ class GemmKernel final : public Kernel {
   int batch_threads_ = 1;
   ActivationSpec act_, post_;
   Tensor packed_, plain_b_;
+  std::vector<gemm::ColumnPart> parts_;  // split outputs: where each begins (its data at run)
 };
 
 // kiln.gemm_bf16_avx512: FusedMatMul by a constant 2-D bf16 B, and the pointwise FusedConv with
@@ -360,6 +406,7 @@ class GemmKernel final : public Kernel {
 std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
+  if (q.outputs.size() > 1) return "split outputs";
   if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";

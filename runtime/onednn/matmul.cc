@@ -27,6 +27,7 @@ int64_t product(const std::vector<int64_t>& v, size_t from, size_t to) {
 std::optional<std::string> matmul_declines(const KernelQuery& q) {
   if (auto why = f32_and_concrete(q, q.node.op == "FusedMatMul" ? TypeSet(DType::bf16) : TypeSet())) return why;
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
+  if (q.outputs.size() > 1) return "split outputs";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return std::nullopt;
 }

@@ -174,7 +174,36 @@ Status ref_gemm(KernelContext& ctx) {
 
 }  // namespace
 
-Status ref_fused_matmul(KernelContext& ctx) { return ref::run_widened(ctx, fused_matmul); }
+Status ref_fused_matmul(KernelContext& ctx) {
+  const std::vector<int64_t> splits = ctx.node().attr_ints("splits");
+  if (splits.empty()) return ref::run_widened(ctx, fused_matmul);
+  // Split outputs: the whole product into one tensor, then each output's columns from it.
+  if (splits.size() != ctx.num_outputs()) return ctx.error("the splits do not match the outputs");
+  std::vector<int64_t> shape = ctx.output(0).shape();
+  if (shape.empty()) return ctx.error("split outputs of a scalar product");
+  int64_t n = 0;
+  for (int64_t w : splits) n += w;
+  shape.back() = n;
+  std::vector<Tensor> in(ctx.num_inputs());
+  for (size_t i = 0; i < in.size(); ++i)
+    if (ctx.has_input(i)) in[i] = ctx.input(i);
+  ref::ViewContext whole(ctx, ctx.node(), std::move(in), Tensor(DType::f32, shape));
+  KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
+  const float* y = whole.y().data<float>();
+  const int64_t rows = n ? whole.y().numel() / n : 0;
+  int64_t begin = 0;
+  for (size_t o = 0; o < splits.size(); ++o) {
+    if (!ctx.output(o).defined()) {  // an omitted output
+      begin += splits[o];
+      continue;
+    }
+    float* part = ctx.output(o).data<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(part + r * splits[o], y + r * n + begin, static_cast<size_t>(splits[o]) * sizeof(float));
+    begin += splits[o];
+  }
+  return {};
+}
 
 }  // namespace nn
 

@@ -88,7 +88,8 @@ def external_model(work, location):
 
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
-          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "lower_precision", "merge_transposes",
+          "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "fuse_epilogues", "channels_last", "lower_int8", "lower_precision", "merge_projections",
+          "merge_transposes",
           "eliminate_dead",
           "select_kernels", "autotune_kernels", "prepack_weights")
 
@@ -104,16 +105,21 @@ def compile_tests(r, work, samples):
         text = r.ok(f"compile_{name}_inspect", ["inspect", name + ".c.kiln"], stdout_has="stage: compiled")
         r.check(f"compile_{name}_provenance", f"kiln compile 0.1.0 from {name}.kiln" in text, text[:400])
     # What the passes did to the samples: the CNN's BatchNormalizations are folded into its
-    # convolutions and their Relus fused; the MLP's MatMul + Add (+ Relu) are fused linear layers.
+    # convolutions and their Relus fused; the MLP's MatMul + Add (+ Relu) are fused linear layers;
+    # the transformer's Q, K and V projections are one product with split outputs (4 of its 6).
     cnn_ops = r.ok("compile_cnn_ops", ["inspect", "--json", "cnn.c.kiln"])
     mlp_ops = r.ok("compile_mlp_ops", ["inspect", "--json", "mlp.c.kiln"])
+    transformer_ops = r.ok("compile_transformer_ops", ["inspect", "--json", "transformer.c.kiln"])
     try:
         cnn_hist, mlp_hist = json.loads(cnn_ops)["ops"], json.loads(mlp_ops)["ops"]
         good = "BatchNormalization" not in cnn_hist and "Relu" not in cnn_hist and cnn_hist.get("FusedConv", 0) > 0
         good = good and "MatMul" not in mlp_hist and "Gemm" not in mlp_hist and mlp_hist.get("FusedMatMul") == 3
+        good = good and json.loads(transformer_ops)["ops"].get("FusedMatMul") == 4
     except (ValueError, KeyError, AttributeError) as e:
         good, cnn_hist = False, f"{cnn_ops[:200]} ({e})"
-    r.check("compile_rewrites_samples", good, f"cnn ops {cnn_hist}, mlp ops {mlp_ops[:300]}")
+    r.check("compile_rewrites_samples", good, f"cnn ops {cnn_hist}, mlp ops {mlp_ops[:300]}, transformer ops {transformer_ops[:300]}")
+    text = r.ok("compile_transformer_text", ["inspect", "--text", "transformer.c.kiln"])
+    r.check("compile_transformer_merges_qkv", "splits=ints[64, 64, 64]" in text, text[:600])
 
     # --input-shape binds the batch; the compiled model takes that shape.
     r.ok("compile_input_shape", ["compile", "mlp.kiln", "-o", "mlp4.kiln", "--input-shape", "input=4x16"])

@@ -140,7 +140,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 19u);
+  EXPECT_EQ(names.size(), 20u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -606,6 +606,118 @@ TEST(CompileFuseLinearBias, LeavesOtherShapes) {
   }
 }
 
+// ---- merge_projections -------------------------------------------------------------------
+
+// Q, K and V of one input as BERT writes them (products with biases) and the LLaMA block
+// (plain MatMuls, K narrower), beside products that must stay apart: another epilogue, a width
+// that is not a multiple of 32, a weight computed at run time.
+Model projections_model() {
+  Builder b;
+  ValueId x = b.input("x", {2, 5, 16});
+  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", random_f32({16, 64}, 80)), b.constant("bq", random_f32({64}, 81))}, "q_out"));
+  b.output(b.op("k", "MatMul", {x, b.constant("wk", random_f32({16, 32}, 82))}, "k_out"));
+  b.output(b.op("v", "FusedMatMul", {x, b.constant("wv", random_f32({16, 32}, 83)), b.constant("bv", random_f32({32}, 84))}, "v_out"));
+  b.output(b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, 32}, 85))}, "gate_out", {attr("activation", std::string("Silu"))}));
+  b.output(b.op("odd", "MatMul", {x, b.constant("wo", random_f32({16, 40}, 86))}, "odd_out"));
+  b.output(b.op("dyn", "MatMul", {x, b.input("w", {16, 32})}, "dyn_out"));
+  return b.done();
+}
+
+TEST(CompileMergeProjections, MergesProductsOfOneInput) {
+  Model m = projections_model();
+  EXPECT_EQ(run_pass("merge_projections", m).summary, "merged 3 products of a shared input into 1 product with split outputs");
+  EXPECT_EQ(count_ops(m.graph, "FusedMatMul"), 2u);
+  const std::string text = compact(m.graph);
+  EXPECT_NE(text.find("  const wq_merged: f32[16,128]\n  const wq_merged_bias: f32[128]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged, wq_merged_bias) -> (q_out, k_out, v_out) splits=ints[64, 32, 32] "
+                      "sources=[\"q\", \"k\", \"v\"]\n"),
+            std::string::npos)
+      << text;
+  for (const char* apart : {"node gate: FusedMatMul(x, wg)", "node odd: MatMul(x, wo)", "node dyn: MatMul(x, w)"})
+    EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
+  EXPECT_EQ(text.find("const wk:"), std::string::npos) << "the merged weights are dropped";
+}
+
+TEST(CompileMergeProjections, SameOutputs) {
+  Model before = projections_model(), after = before;
+  EXPECT_TRUE(run_pass("merge_projections", after).changed);
+  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 87), random_f32({16, 32}, 88)}, 0);
+}
+
+// GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with
+// sizes) and ViT's (a Split into equal parts along axis -1).
+Model packed_projections_model() {
+  Builder b;
+  Graph& g = b.g();
+  ValueId x = b.input("x", {10, 16});
+  ValueId qkv = b.op("c_attn", "FusedMatMul", {x, b.constant("w", random_f32({16, 96}, 90)), b.constant("bias", random_f32({96}, 91))}, "qkv");
+  ValueId r = b.op("reshape", "Reshape", {qkv, b.constant("shape", testing::ints({2, 5, 96}))}, "qkv3");
+  std::vector<ValueId> parts;
+  for (const char* name : {"q", "k", "v"}) parts.push_back(g.add_value(name, DType::undefined));
+  Node split = testing::node("split", "Split", {r, b.constant("sizes", testing::ints({32, 32, 32}))}, parts);
+  split.set_attr("axis", int64_t{2});
+  split.sources = {"split"};
+  g.add_node(std::move(split));
+  for (ValueId p : parts) b.output(p);
+  ValueId y = b.op("proj", "MatMul", {b.input("y", {2, 3, 8}), b.constant("w2", random_f32({8, 64}, 92))}, "y2");
+  std::vector<ValueId> halves = {g.add_value("h0", DType::undefined), g.add_value("h1", DType::undefined)};
+  Node even = testing::node("halves", "Split", {y}, halves);
+  even.set_attr("axis", int64_t{-1});
+  even.sources = {"halves"};
+  g.add_node(std::move(even));
+  b.output(b.op("relu", "Relu", {halves[0]}, "h0_relu"));
+  b.output(halves[1]);
+  return b.done();
+}
+
+TEST(CompileMergeProjections, FoldsSplitsOfAProductsColumns) {
+  Model before = packed_projections_model(), after = before;
+  EXPECT_EQ(run_pass("merge_projections", after).summary, "folded 2 Splits of a product's columns into it");
+  EXPECT_EQ(count_ops(after.graph, "Split"), 0u);
+  const std::string text = compact(after.graph);
+  EXPECT_NE(text.find("  node c_attn: FusedMatMul(x, w, bias) -> (q_part, k_part, v_part) splits=ints[32, 32, 32] "
+                      "sources=[\"c_attn\", \"reshape\", \"split\"]\n"
+                      "  node q_reshape: Reshape(q_part, q_shape) -> (q) sources=[\"reshape\"]\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("  node proj: FusedMatMul(y, w2) -> (h0, h1) splits=ints[32, 32] sources=[\"proj\", \"halves\"]\n"),
+            std::string::npos)
+      << text;
+  expect_same_outputs(before, after, {random_f32({10, 16}, 93), random_f32({2, 3, 8}, 94)}, 0);
+}
+
+TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
+  auto unchanged = [](Model m, const char* why) {
+    const std::string text = compact(m.graph);
+    EXPECT_FALSE(run_pass("merge_projections", m).changed) << why;
+    EXPECT_EQ(compact(m.graph), text) << why;
+  };
+  auto split_of = [](std::vector<int64_t> sizes, int64_t axis, bool second_reader) {
+    Builder b;
+    Graph& g = b.g();
+    ValueId y = b.op("mm", "MatMul", {b.input("x", {4, 16}), b.constant("w", random_f32({16, 64}, 95))}, "y");
+    std::vector<ValueId> parts = {g.add_value("p0", DType::undefined), g.add_value("p1", DType::undefined)};
+    Node split = testing::node("split", "Split", {y, b.constant("sizes", testing::ints(std::move(sizes)))}, parts);
+    split.set_attr("axis", axis);
+    g.add_node(std::move(split));
+    for (ValueId p : parts) b.output(p);
+    if (second_reader) b.output(b.op("relu", "Relu", {y}, "r"));
+    return b.done();
+  };
+  unchanged(split_of({40, 24}, 1, false), "a split point that is not a multiple of 32");
+  unchanged(split_of({2, 2}, 0, false), "a split along rows");
+  unchanged(split_of({32, 32}, 1, true), "a product read by another node too");
+  {
+    Builder b;
+    ValueId x = b.input("x", {3, 16});
+    b.output(b.op("a", "MatMul", {x, b.constant("wa", random_f32({16, 32}, 96))}, "ya"));
+    b.output(b.op("b", "FusedMatMul", {x, b.constant("wb", random_f32({16, 32}, 97)), kNoValue,
+                                         b.input("z", {3, 32})},
+                  "yb"));
+    unchanged(b.done(), "a product with a residual");
+  }
+}
+
 // ---- eliminate_dead ----------------------------------------------------------------------
 
 Model dead_code_model() {
@@ -1055,7 +1167,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
-            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_transposes, eliminate_dead, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

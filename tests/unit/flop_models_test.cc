@@ -140,6 +140,10 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
   EXPECT_EQ(flops_of("FusedMatMul", {f32({2, 3, 5}), f32({5, 7}), f32({7}), f32({2, 3, 7})},
                      {attr("activation", std::string("Relu")), attr("post_activation", std::string("Sigmoid"))}),
             matmul + 42 * (1 + 1 + 1 + 7));
+  // Split outputs (Q, K and V from one product) count the whole product once.
+  EXPECT_EQ(flops_of("FusedMatMul", {f32({2, 3, 5}), f32({5, 7}), f32({7})},
+                     {attr("activation", std::string("Relu")), attr("splits", std::vector<int64_t>{4, 2, 1})}, 3),
+            matmul + 42 * 2);
   const int64_t conv = flops_of("Conv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3})});
   EXPECT_EQ(flops_of("FusedConv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3}), f32({4})},
                      {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})}),

@@ -119,6 +119,54 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
         }
 }
 
+// C in parts that lie apart (split outputs): every tile lands in its part, rows `ldc` apart,
+// bit for bit what the whole C gets; with no K (the bias alone) too.
+TEST(Gemm, ColumnPartsTakeTheirColumns) {
+  use_threads(2);
+  for (Isa isa : isas())
+    for (const gemm::Tile& t : gemm::tiles(isa))
+      for (int64_t k : {int64_t{37}, int64_t{0}}) {
+        const int64_t m = 2 * t.mr + 1;
+        const std::vector<int64_t> widths = {t.nr, 2 * t.nr, 5};
+        const int64_t n = widths[0] + widths[1] + widths[2];
+        const Tensor a = noise({m, std::max<int64_t>(k, 1)}, 1), b = noise({std::max<int64_t>(k, 1), n}, 2), bias = noise({n}, 3);
+        gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
+        p.kc = 5;
+        p.mc = t.mr;
+        p.nc = t.nr;
+        for (auto [tm, tn] : {std::pair{1, 1}, {2, 1}, {1, 2}}) {
+          p.tm = tm;
+          p.tn = tn;
+          SCOPED_TRACE(p.name() + " k=" + std::to_string(k));
+          gemm::GemmProblem g{.m = m, .n = n, .k = k, .a = a.data<float>(), .lda = std::max<int64_t>(k, 1), .b = b.data<float>(), .ldb = n};
+          g.epilogue = gemm::Epilogue{.bias = bias.data<float>(), .act = {Activation::gelu}};
+          Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+          std::vector<float> whole(static_cast<size_t>(m * n), std::nanf(""));
+          g.c = whole.data();
+          g.ldc = n;
+          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+          std::vector<std::vector<float>> out;
+          std::vector<gemm::ColumnPart> parts;
+          int64_t begin = 0;
+          for (int64_t w : widths) {
+            out.emplace_back(static_cast<size_t>(m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
+            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3});
+            begin += w;
+          }
+          g.c = nullptr;
+          g.parts = parts;
+          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+          for (size_t q = 0; q < parts.size(); ++q)
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < widths[q] + 3; ++j) {
+                const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
+                if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
+                else EXPECT_EQ(got, whole[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
+              }
+        }
+      }
+}
+
 // The default thread grid splits N first, then M, never into more M parts than M has rows of
 // tiles: a single row's product runs on every thread that has a panel of N.
 TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
@@ -285,6 +333,29 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {attr("activation", std::string("Silu"))}},
                     1e-5, &cpu),
               name);
+  }
+  // Split outputs (a merged Q, K, V projection): each tile written into its output, the last
+  // part ragged. On AVX-512 both products would take the 8x48 tile: split points at 96 and 144
+  // keep it, at 96 and 160 the 14x32 tile that divides them takes its place (AVX2's 6x16
+  // divides both).
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const std::string name = "kiln.gemm_f32_" + isa;
+    for (const std::vector<int64_t>& widths : {std::vector<int64_t>{96, 48, 37}, std::vector<int64_t>{96, 64, 31}}) {
+      const int64_t n = widths[0] + widths[1] + widths[2];
+      std::string label;
+      EXPECT_EQ(check({"FusedMatMul", {noise({3, 13, 40}, 50), noise({40, n}, 51), noise({n}, 52)}, {false, true, true},
+                       {attr("splits", widths), attr("activation", std::string("Gelu"))}, {true, true, true}},
+                      1e-5, &cpu, nullptr, &label),
+                name);
+      const std::string tile = isa == "avx2" ? "_6x16_" : widths[1] == 48 ? "_8x48_" : "_14x32_";
+      EXPECT_NE(label.find(tile), std::string::npos) << label;
+    }
+    // An omitted output: the reference kernel, which writes the others.
+    EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 53), noise({40, 96}, 54)}, {false, true}, {attr("splits", std::vector<int64_t>{32, 32, 32})},
+                     {true, false, true}},
+                    1e-5, &cpu),
+              "ref");
   }
   // Channels-last 1x1 convolutions are products too: with a transcendental activation (bias,
   // residual, post-activation), and on one pixel whatever the epilogue (an SE block).

@@ -88,6 +88,22 @@ TEST(FusedOps, FusedMatMulMatchesMatMulBiasActivationResidual) {
   expect_close(run1("FusedMatMul", {a, bm}), run1("MatMul", {a, bm}), "no bias");
 }
 
+TEST(FusedOps, FusedMatMulSplitsItsColumnsIntoOutputs) {
+  const Tensor a = ramp({2, 3, 5}), bm = ramp({5, 7}, 0.21f), bias = ramp({7}, 0.5f);
+  const Tensor whole = run1("FusedMatMul", {a, bm, bias}, {attr("activation", std::string("Gelu"))});
+  const std::vector<int64_t> widths = {2, 4, 1};
+  auto parts = run_op("FusedMatMul", {a, bm, bias}, {attr("activation", std::string("Gelu")), attr("splits", widths)}, 3);
+  ASSERT_TRUE(parts.ok()) << parts.error().message();
+  int64_t begin = 0;
+  for (size_t o = 0; o < widths.size(); ++o) {
+    Tensor want(DType::f32, {2, 3, widths[o]});
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t c = 0; c < widths[o]; ++c) want.data<float>()[r * widths[o] + c] = whole.data<float>()[r * 7 + begin + c];
+    expect_close((*parts)[o], want, "output " + std::to_string(o));
+    begin += widths[o];
+  }
+}
+
 TEST(FusedOps, SchemaChecks) {
   const Tensor a = ramp({3, 5}), b = ramp({5, 4});
   auto bad = [](const Result<std::vector<Tensor>>& r, const std::string& fragment) {
@@ -100,6 +116,12 @@ TEST(FusedOps, SchemaChecks) {
       "activation_params has 1 values but Clip takes 2");
   bad(run_op("FusedMatMul", {a, b, ramp({3})}), "bias has 3 elements but the output 3x4 has 4 channels");
   bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({4, 3})}), "the residual input Z 4x3 does not have the output's shape 3x4");
+  const auto splits = [](std::vector<int64_t> w) { return attr("splits", std::move(w)); };
+  bad(run_op("FusedMatMul", {a, b}, {splits({1, 3})}), "2 splits for 1 outputs");
+  bad(run_op("FusedMatMul", {a, b}, {}, 2), "2 outputs without splits; FusedMatMul has one");
+  bad(run_op("FusedMatMul", {a, b}, {splits({2, 3})}, 2), "the splits sum to 5 but the product has 4 columns");
+  bad(run_op("FusedMatMul", {a, b}, {splits({4, 0})}, 2), "split 0 is not positive");
+  bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({3, 4})}, {splits({2, 2})}, 2), "a residual input Z with split outputs");
   bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
       "FusedConv does not support f64 (it takes f32 and bf16)");
 }

@@ -201,11 +201,16 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
   if (g.m <= 0 || g.n <= 0) return;
   if (g.k == 0) {  // no products: C is the bias (or zeros), then the epilogue
     const RowKernels& rows = row_kernels(p.isa);
-    for (int64_t i = 0; i < g.m; ++i) {
-      float* c = g.c + i * g.ldc;
-      if (g.epilogue.bias) std::memcpy(c, g.epilogue.bias, static_cast<size_t>(g.n) * sizeof(float));
-      else std::fill(c, c + g.n, 0.f);
-      rows.epilogue(c, g.epilogue.z ? g.epilogue.z + i * g.epilogue.ldz : nullptr, g.n, g.epilogue.act, g.epilogue.post);
+    const ColumnPart whole{.c = g.c, .ldc = g.ldc};
+    const std::span<const ColumnPart> parts = g.parts.empty() ? std::span<const ColumnPart>(&whole, 1) : g.parts;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int64_t begin = parts[p].begin, end = p + 1 < parts.size() ? parts[p + 1].begin : g.n, n = end - begin;
+      for (int64_t i = 0; i < g.m; ++i) {
+        float* c = parts[p].c + i * parts[p].ldc;
+        if (g.epilogue.bias) std::memcpy(c, g.epilogue.bias + begin, static_cast<size_t>(n) * sizeof(float));
+        else std::fill(c, c + n, 0.f);
+        rows.epilogue(c, g.epilogue.z ? g.epilogue.z + i * g.epilogue.ldz + begin : nullptr, n, g.epilogue.act, g.epilogue.post);
+      }
     }
     return;
   }

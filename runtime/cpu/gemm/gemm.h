@@ -106,6 +106,13 @@ struct Epilogue {
   bool has_tail() const { return z || act.kind != Activation::none || post.kind != Activation::none; }
 };
 
+/// Columns [begin, next part's begin) of C, stored apart: at `c`, `ldc` floats between rows.
+struct ColumnPart {
+  int64_t begin = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+
 /// One product C[M×N] = A[M×K] · B[K×N], then the epilogue.
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
@@ -121,6 +128,10 @@ struct GemmProblem {
   int64_t b_panel_stride = 0;
   float* c = nullptr;
   int64_t ldc = 0;
+  /// When not empty, C lies in these parts (c and ldc unused): a merged projection writing Q,
+  /// K and V where each is read. The first begins at 0; every begin is a multiple of the
+  /// tile's NR, so that no tile straddles two parts. run only, not run_batch.
+  std::span<const ColumnPart> parts;
   bool accumulate = false;  ///< C += A·B (then the epilogue) instead of C = A·B
   Epilogue epilogue;
 };

@@ -1,0 +1,239 @@
+// merge_projections: matrix products that make several outputs from one input become one
+// FusedMatMul whose columns are split into those outputs (`splits`):
+//
+//   MatMul | FusedMatMul (A, constant 2-D f32 B_i [, constant bias_i]) for i = 1..n, one A,
+//   the same epilogue                               -> FusedMatMul(A, [B_1 .. B_n], [bias_1 .. bias_n])
+//   Split(product [-> Reshape keeping the last dim], last axis)
+//                                                   -> the product's columns split (the Reshape
+//                                                      done on each part instead)
+//
+// The first is a transformer's Q, K and V projections of one normalized input (BERT's, the
+// LLaMA block's with its narrower grouped-query K and V); the second is a projection exporters
+// already packed and then cut into Q, K and V (GPT-2's c_attn, ViT's qkv). One product reads A
+// once and spreads over the threads as one wider N, and no Split copies its output again: the
+// GEMM writes each tile where its output lies. A product has no residual Z here and writes f32
+// (what lower_precision left f32; a bf16 or f16 weight stays a product of its own). Every split
+// point is a multiple of 32 columns: some register tile of kiln's GEMM divides it on each ISA
+// (AVX-512's 14x32, AVX2's 3x32), so no tile straddles two outputs; a product whose width is
+// not stays apart.
+#include <algorithm>
+#include <map>
+
+#include "compile/graph_util.h"
+#include "compile/pass.h"
+#include "formats/text.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr int64_t kAlign = 32;
+
+const char* const kEpilogueAttrs[] = {"activation", "activation_params", "post_activation", "post_activation_params"};
+
+// A product of f32 A (rank 2 or more) by a constant 2-D f32 weight, with a constant bias or
+// none and no residual, writing one f32 output: what may merge or take splits.
+bool mergeable(const Graph& g, const Node& n) {
+  if (!n.domain.empty() || !n.captures.empty() || n.outputs.size() != 1 || n.has_attr("splits")) return false;
+  if (n.op == "MatMul") {
+    if (n.num_inputs() != 2) return false;
+  } else if (n.op != "FusedMatMul" || n.has_input(3)) {
+    return false;
+  }
+  if (!n.has_input(0) || !n.has_input(1)) return false;
+  const Value& a = g.value(n.inputs[0]);
+  const Value& b = g.value(n.inputs[1]);
+  const Value& y = g.value(n.outputs[0]);
+  if (a.dtype != DType::f32 || a.shape.rank() < 2 || y.dtype != DType::f32 || !y.shape.rank_known) return false;
+  if (!b.is_constant() || b.dtype != DType::f32 || b.constant.rank() != 2) return false;
+  if (n.has_input(2)) {
+    const Value& bias = g.value(n.inputs[2]);
+    if (!bias.is_constant() || bias.dtype != DType::f32 || bias.constant.rank() != 1) return false;
+  }
+  return true;
+}
+
+// The epilogue's attributes as text: products merge only when theirs are the same.
+std::string epilogue_key(const Node& n) {
+  std::string key;
+  for (const char* name : kEpilogueAttrs)
+    if (const Attribute* a = n.find_attr(name)) key += std::string(name) + "=" + attribute_text(a->value) + ";";
+  return key;
+}
+
+bool aligned(const std::vector<int64_t>& widths) {
+  int64_t at = 0;
+  for (size_t i = 0; i + 1 < widths.size(); ++i)
+    if ((at += widths[i]) % kAlign != 0) return false;
+  return true;
+}
+
+Tensor plain(const Tensor& t) { return t.is_packed() ? unpack(t) : t; }
+
+// Node `n` as the product with split outputs: `outputs`, `widths` columns each.
+void make_split(Node& n, std::vector<ValueId> outputs, const std::vector<int64_t>& widths) {
+  n.op = "FusedMatMul";
+  n.outputs = std::move(outputs);
+  n.set_attr("splits", widths);
+  n.kernel = {};
+}
+
+struct Merges {
+  size_t products = 0, merged = 0, splits = 0;
+};
+
+// Split(P) or Split(Reshape(P)) along the last axis -> P with split outputs.
+void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector<Node>>& after, Merges& made) {
+  const std::vector<int32_t> producer = g.producers();
+  const std::vector<size_t> readers = reader_counts(g);
+  auto only_reader = [&](ValueId v) { return readers[static_cast<size_t>(v)] == 1; };
+  for (size_t si = 0; si < g.nodes.size(); ++si) {
+    const Node& split = g.nodes[si];
+    if (split.op != "Split" || !split.domain.empty() || !split.has_input(0) || split.outputs.size() < 2) continue;
+    const ValueId x = split.inputs[0];
+    const Shape& xs = g.value(x).shape;
+    if (!xs.is_concrete() || xs.rank() < 2) continue;
+    const int64_t axis = split.attr_int("axis", 0);
+    if (axis != -1 && axis != xs.rank() - 1) continue;
+    const int64_t n = xs.dims.back().value;
+    std::vector<int64_t> widths;
+    if (split.has_input(1)) {
+      const Value& s = g.value(split.inputs[1]);
+      if (!s.is_constant() || s.constant.rank() != 1 || s.constant.numel() != static_cast<int64_t>(split.outputs.size())) continue;
+      for (int64_t i = 0; i < s.constant.numel(); ++i) widths.push_back(static_cast<int64_t>(s.constant.as_double(i)));
+    } else {
+      const int64_t parts = static_cast<int64_t>(split.outputs.size());
+      if (n % parts != 0) continue;
+      widths.assign(static_cast<size_t>(parts), n / parts);
+    }
+    int64_t total = 0;
+    bool ok = true;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      ok = ok && widths[i] > 0 && split.outputs[i] != kNoValue && g.value(split.outputs[i]).shape.is_concrete();
+      total += widths[i];
+    }
+    if (!ok || total != n || !aligned(widths) || !only_reader(x)) continue;
+    // The product, directly or through a Reshape that keeps the last dim.
+    int32_t p = producer[static_cast<size_t>(x)];
+    int32_t reshape = -1;
+    if (p >= 0 && g.nodes[static_cast<size_t>(p)].op == "Reshape" && g.nodes[static_cast<size_t>(p)].domain.empty()) {
+      const ValueId y = g.nodes[static_cast<size_t>(p)].inputs[0];
+      const Shape& ys = g.value(y).shape;
+      if (!ys.is_concrete() || ys.rank() < 2 || ys.dims.back().value != n || !only_reader(y)) continue;
+      reshape = p;
+      p = producer[static_cast<size_t>(y)];
+    }
+    if (p < 0 || drop[static_cast<size_t>(p)] || !mergeable(g, g.nodes[static_cast<size_t>(p)])) continue;
+    Node& prod = g.nodes[static_cast<size_t>(p)];
+    std::vector<ValueId> outputs = split.outputs;
+    std::vector<std::string> sources = split.sources;
+    if (reshape >= 0) {
+      // Each part of the product's own shape, then a Reshape (a view) to the Split's output.
+      const Node& r = g.nodes[static_cast<size_t>(reshape)];
+      sources.insert(sources.begin(), r.sources.begin(), r.sources.end());
+      const Shape ys = g.value(prod.outputs[0]).shape;  // a copy: add_value below may move the values
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        Shape part = ys;
+        part.dims.back() = Dim::known(widths[i]);
+        const ValueId out = split.outputs[i];
+        const ValueId rows = g.add_value(g.value(out).name + "_part", DType::f32, std::move(part));
+        const std::vector<int64_t> to = g.value(out).shape.concrete();
+        Tensor shape(DType::i64, {static_cast<int64_t>(to.size())});
+        for (size_t d = 0; d < to.size(); ++d) shape.data<int64_t>()[d] = to[d];
+        Node view;
+        view.name = g.value(out).name + "_reshape";
+        view.op = "Reshape";
+        view.inputs = {rows, g.add_constant(g.unique_value_name(g.value(out).name + "_shape"), std::move(shape))};
+        view.outputs = {out};
+        view.sources = r.sources;
+        after[si].push_back(std::move(view));
+        outputs[i] = rows;
+      }
+      drop[static_cast<size_t>(reshape)] = 1;
+    }
+    prod.sources.insert(prod.sources.end(), sources.begin(), sources.end());
+    make_split(prod, std::move(outputs), widths);
+    drop[si] = 1;
+    ++made.splits;
+  }
+}
+
+// Products of one input with the same epilogue -> one product with split outputs.
+void merge_siblings(Graph& g, std::vector<char>& drop, Merges& made) {
+  std::map<std::pair<ValueId, std::string>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (drop[i] || !mergeable(g, n)) continue;
+    if (g.value(n.inputs[1]).constant.dim(1) % kAlign != 0) continue;
+    groups[{n.inputs[0], epilogue_key(n)}].push_back(i);
+  }
+  for (const auto& [key, members] : groups) {
+    if (members.size() < 2) continue;
+    const int64_t k = g.value(g.nodes[members[0]].inputs[1]).constant.dim(0);
+    std::vector<int64_t> widths;
+    bool bias = false;
+    for (size_t i : members) {
+      widths.push_back(g.value(g.nodes[i].inputs[1]).constant.dim(1));
+      bias = bias || g.nodes[i].has_input(2);
+    }
+    int64_t n = 0;
+    for (int64_t w : widths) n += w;
+    Tensor weight(DType::f32, {k, n}), sum(DType::f32, {n});
+    std::fill(sum.data<float>(), sum.data<float>() + n, 0.f);
+    int64_t at = 0;
+    std::vector<ValueId> outputs;
+    std::vector<std::string> sources;
+    for (size_t m = 0; m < members.size(); ++m) {
+      const Node& node = g.nodes[members[m]];
+      const Tensor b = plain(g.value(node.inputs[1]).constant);
+      for (int64_t r = 0; r < k; ++r)
+        std::copy_n(b.data<float>() + r * widths[m], widths[m], weight.data<float>() + r * n + at);
+      if (node.has_input(2)) {
+        const Tensor c = plain(g.value(node.inputs[2]).constant);
+        std::copy_n(c.data<float>(), widths[m], sum.data<float>() + at);
+      }
+      at += widths[m];
+      outputs.push_back(node.outputs[0]);
+      sources.insert(sources.end(), node.sources.begin(), node.sources.end());
+    }
+    const std::string base = g.value(g.nodes[members[0]].inputs[1]).name;
+    std::vector<ValueId> inputs = {key.first, g.add_constant(g.unique_value_name(base + "_merged"), std::move(weight))};
+    if (bias) inputs.push_back(g.add_constant(g.unique_value_name(base + "_merged_bias"), std::move(sum)));
+    Node& merged = g.nodes[members[0]];
+    merged.inputs = std::move(inputs);
+    merged.sources = std::move(sources);
+    make_split(merged, std::move(outputs), widths);
+    for (size_t m = 1; m < members.size(); ++m) drop[members[m]] = 1;
+    made.products += members.size();
+    ++made.merged;
+  }
+}
+
+}  // namespace
+
+Result<PassResult> merge_projections(Model& model, PassContext&) {
+  Graph& g = model.graph;
+  std::vector<char> drop(g.nodes.size(), 0);
+  std::map<size_t, std::vector<Node>> after;  // Reshapes to insert after a folded Split's place
+  Merges made;
+  fold_splits(g, drop, after, made);
+  merge_siblings(g, drop, made);
+  if (made.splits == 0 && made.merged == 0) return PassResult{};
+  std::vector<Node> nodes;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
+    if (auto it = after.find(i); it != after.end())
+      for (Node& n : it->second) nodes.push_back(std::move(n));
+  }
+  g.nodes = std::move(nodes);
+  drop_unused_values(g);
+  std::string what;
+  if (made.merged)
+    what = "merged " + count_of(made.products, "product", "products") + " of a shared input into " +
+           count_of(made.merged, "product", "products") + " with split outputs";
+  if (made.splits)
+    what += (what.empty() ? "folded " : "; folded ") + count_of(made.splits, "Split", "Splits") + " of a product's columns into it";
+  return PassResult{true, what};
+}
+
+}  // namespace kiln
