@@ -95,6 +95,17 @@ void check_gemm(const gemm::GemmParams& p, const Operands& o, bool packed) {
   EXPECT_LE(std::sqrt(err / std::max(ref, 1e-30)), 2e-6);
 }
 
+// `p` with blocks of one tile and 5 steps of K: several K slices, M and N blocks per product.
+gemm::GemmParams small_blocks(gemm::GemmParams p) {
+  p.kc = 5;
+  p.mc = p.tile.mr;
+  p.nc = p.tile.nr;
+  return p;
+}
+
+// The thread grids (tm, tn) of two threads, and one.
+constexpr std::pair<int, int> kGrids[] = {{1, 1}, {2, 1}, {1, 2}};
+
 TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
   ASSERT_FALSE(isas().empty()) << "this machine has neither AVX2 nor AVX-512";
   use_threads(2);
@@ -107,10 +118,8 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
           p.pack_a = pack_a;
           check_gemm(p, {m, n, k}, true);
           // Small blocks: several K slices, M and N blocks, and both thread grids.
-          p.kc = 5;
-          p.mc = t.mr;
-          p.nc = t.nr;
-          for (auto [tm, tn] : {std::pair{1, 1}, {2, 1}, {1, 2}}) {
+          p = small_blocks(p);
+          for (auto [tm, tn] : kGrids) {
             p.tm = tm;
             p.tn = tn;
             check_gemm(p, {m, n, k}, true);
@@ -130,11 +139,8 @@ TEST(Gemm, ColumnPartsTakeTheirColumns) {
         const std::vector<int64_t> widths = {t.nr, 2 * t.nr, 5};
         const int64_t n = widths[0] + widths[1] + widths[2];
         const Tensor a = noise({m, std::max<int64_t>(k, 1)}, 1), b = noise({std::max<int64_t>(k, 1), n}, 2), bias = noise({n}, 3);
-        gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
-        p.kc = 5;
-        p.mc = t.mr;
-        p.nc = t.nr;
-        for (auto [tm, tn] : {std::pair{1, 1}, {2, 1}, {1, 2}}) {
+        gemm::GemmParams p = small_blocks(gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1));
+        for (auto [tm, tn] : kGrids) {
           p.tm = tm;
           p.tn = tn;
           SCOPED_TRACE(p.name() + " k=" + std::to_string(k));
