@@ -2,13 +2,16 @@
 // FusedMatMul whose columns are split into those outputs (`splits`):
 //
 //   MatMul | FusedMatMul (A, constant 2-D f32 B_i [, constant bias_i]) for i = 1..n, one A,
-//   the same epilogue                               -> FusedMatMul(A, [B_1 .. B_n], [bias_1 .. bias_n])
+//   the same epilogue, or none and one other        -> FusedMatMul(A, [B_1 .. B_n], [bias_1 .. bias_n])
+//                                                      (`activated`: the outputs the activation
+//                                                      is for, when some have none)
 //   Split(product [-> Reshape keeping the last dim], last axis)
 //                                                   -> the product's columns split (the Reshape
 //                                                      done on each part instead)
 //
 // The first is a transformer's Q, K and V projections of one normalized input (BERT's, the
-// LLaMA block's with its narrower grouped-query K and V); the second is a projection exporters
+// LLaMA block's with its narrower grouped-query K and V), and the LLaMA block's gate (with its
+// SiLU) and up projections; the second is a projection exporters
 // already packed and then cut into Q, K and V (GPT-2's c_attn, ViT's qkv). One product reads A
 // once and spreads over the threads as one wider N, and no Split copies its output again: the
 // GEMM writes each tile where its output lies. A product has no residual Z here and writes f32
@@ -158,54 +161,82 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
   }
 }
 
-// Products of one input with the same epilogue -> one product with split outputs.
+// `members` (node indices in graph order, products of A) -> one product with split outputs,
+// in the first one's place: its activations those of the members that have any, on the
+// outputs of those (`activated`, when some have none).
+void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<char>& drop, Merges& made) {
+  const int64_t k = g.value(g.nodes[members[0]].inputs[1]).constant.dim(0);
+  std::vector<int64_t> widths, activated;
+  bool bias = false;
+  const Node* with_epilogue = nullptr;
+  for (size_t i : members) {
+    const Node& node = g.nodes[i];
+    widths.push_back(g.value(node.inputs[1]).constant.dim(1));
+    bias = bias || node.has_input(2);
+    activated.push_back(epilogue_key(node).empty() ? 0 : 1);
+    if (activated.back()) with_epilogue = &node;
+  }
+  int64_t n = 0;
+  for (int64_t w : widths) n += w;
+  Tensor weight(DType::f32, {k, n}), sum(DType::f32, {n});
+  std::fill(sum.data<float>(), sum.data<float>() + n, 0.f);
+  int64_t at = 0;
+  std::vector<ValueId> outputs;
+  std::vector<std::string> sources;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const Node& node = g.nodes[members[m]];
+    const Tensor b = plain(g.value(node.inputs[1]).constant);
+    for (int64_t r = 0; r < k; ++r) std::copy_n(b.data<float>() + r * widths[m], widths[m], weight.data<float>() + r * n + at);
+    if (node.has_input(2)) {
+      const Tensor c = plain(g.value(node.inputs[2]).constant);
+      std::copy_n(c.data<float>(), widths[m], sum.data<float>() + at);
+    }
+    at += widths[m];
+    outputs.push_back(node.outputs[0]);
+    sources.insert(sources.end(), node.sources.begin(), node.sources.end());
+  }
+  std::vector<Attribute> epilogue;
+  if (with_epilogue)
+    for (const char* name : kEpilogueAttrs)
+      if (const Attribute* attr = with_epilogue->find_attr(name)) epilogue.push_back(*attr);
+  const std::string base = g.value(g.nodes[members[0]].inputs[1]).name;
+  std::vector<ValueId> inputs = {a, g.add_constant(g.unique_value_name(base + "_merged"), std::move(weight))};
+  if (bias) inputs.push_back(g.add_constant(g.unique_value_name(base + "_merged_bias"), std::move(sum)));
+  Node& merged = g.nodes[members[0]];
+  merged.inputs = std::move(inputs);
+  merged.sources = std::move(sources);
+  for (const char* name : kEpilogueAttrs) merged.erase_attr(name);
+  for (Attribute& attr : epilogue) merged.set_attr(attr.name, std::move(attr.value));
+  if (std::find(activated.begin(), activated.end(), 0) != activated.end() && with_epilogue) merged.set_attr("activated", activated);
+  make_split(merged, std::move(outputs), widths);
+  for (size_t m = 1; m < members.size(); ++m) drop[members[m]] = 1;
+  made.products += members.size();
+  ++made.merged;
+}
+
+// Products of one input -> one product with split outputs: those with the same epilogue, and
+// the plain ones (no activation) with those of the one other epilogue there is (the LLaMA
+// block's gate, SiLU, and up projections, before their product).
 void merge_siblings(Graph& g, std::vector<char>& drop, Merges& made) {
-  std::map<std::pair<ValueId, std::string>, std::vector<size_t>> groups;
+  std::map<ValueId, std::map<std::string, std::vector<size_t>>> by_input;  // A -> epilogue -> members
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     if (drop[i] || !mergeable(g, n)) continue;
     if (g.value(n.inputs[1]).constant.dim(1) % kAlign != 0) continue;
-    groups[{n.inputs[0], epilogue_key(n)}].push_back(i);
+    by_input[n.inputs[0]][epilogue_key(n)].push_back(i);
   }
-  for (const auto& [key, members] : groups) {
-    if (members.size() < 2) continue;
-    const int64_t k = g.value(g.nodes[members[0]].inputs[1]).constant.dim(0);
-    std::vector<int64_t> widths;
-    bool bias = false;
-    for (size_t i : members) {
-      widths.push_back(g.value(g.nodes[i].inputs[1]).constant.dim(1));
-      bias = bias || g.nodes[i].has_input(2);
+  for (const auto& [a, groups] : by_input) {
+    std::vector<std::vector<size_t>> merges;
+    if (groups.size() == 2 && groups.count("")) {
+      std::vector<size_t> all;
+      for (const auto& [key, members] : groups) all.insert(all.end(), members.begin(), members.end());
+      std::sort(all.begin(), all.end());
+      merges.push_back(std::move(all));
+    } else {
+      for (const auto& [key, members] : groups) merges.push_back(members);
     }
-    int64_t n = 0;
-    for (int64_t w : widths) n += w;
-    Tensor weight(DType::f32, {k, n}), sum(DType::f32, {n});
-    std::fill(sum.data<float>(), sum.data<float>() + n, 0.f);
-    int64_t at = 0;
-    std::vector<ValueId> outputs;
-    std::vector<std::string> sources;
-    for (size_t m = 0; m < members.size(); ++m) {
-      const Node& node = g.nodes[members[m]];
-      const Tensor b = plain(g.value(node.inputs[1]).constant);
-      for (int64_t r = 0; r < k; ++r)
-        std::copy_n(b.data<float>() + r * widths[m], widths[m], weight.data<float>() + r * n + at);
-      if (node.has_input(2)) {
-        const Tensor c = plain(g.value(node.inputs[2]).constant);
-        std::copy_n(c.data<float>(), widths[m], sum.data<float>() + at);
-      }
-      at += widths[m];
-      outputs.push_back(node.outputs[0]);
-      sources.insert(sources.end(), node.sources.begin(), node.sources.end());
-    }
-    const std::string base = g.value(g.nodes[members[0]].inputs[1]).name;
-    std::vector<ValueId> inputs = {key.first, g.add_constant(g.unique_value_name(base + "_merged"), std::move(weight))};
-    if (bias) inputs.push_back(g.add_constant(g.unique_value_name(base + "_merged_bias"), std::move(sum)));
-    Node& merged = g.nodes[members[0]];
-    merged.inputs = std::move(inputs);
-    merged.sources = std::move(sources);
-    make_split(merged, std::move(outputs), widths);
-    for (size_t m = 1; m < members.size(); ++m) drop[members[m]] = 1;
-    made.products += members.size();
-    ++made.merged;
+    for (const std::vector<size_t>& members : merges)
+      if (members.size() >= 2) merge(g, a, members, drop, made);
   }
 }
 

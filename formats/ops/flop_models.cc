@@ -364,24 +364,30 @@ int64_t softmax_cross_entropy(const Node& n, const Graph& g) {
 
 // FusedConv, FusedMatMul: the dense count, plus per output element the epilogue's bias add,
 // activation, residual add and post-activation (epilogue.h).
-int64_t fused_epilogue(const Node& n) {
-  int64_t per = (n.has_input(2) ? 1 : 0) + (n.has_input(3) ? 1 : 0);
+int64_t activations_cost(const Node& n) {
+  int64_t per = 0;
   for (std::string_view attr : {"activation", "post_activation"})
     if (Result<ActivationSpec> a = read_activation(n, attr); a.ok()) per += activation_cost(a->kind);
   return per;
 }
+int64_t fused_epilogue(const Node& n) { return (n.has_input(2) ? 1 : 0) + (n.has_input(3) ? 1 : 0) + activations_cost(n); }
 int64_t fused_conv(const Node& n, const Graph& g) {
   return count(CheckedInt(conv<1>(n, g)) + numel_of(output_shape(n, g)) * fused_epilogue(n));
 }
 // FusedMatMul's outputs, several when `splits` cuts its columns: K (A's last dim) multiply-adds
-// and the epilogue per element of each.
+// and the epilogue per element of each (its activations on the outputs `activated` names).
 int64_t fused_matmul(const Node& n, const Graph& g) {
   const Shape* a = input_shape(n, g, 0);
   if (!a) return 0;
   const CheckedInt per = CheckedInt(2) * dim_or_one(*a, a->dims.empty() ? 0 : a->dims.size() - 1) + fused_epilogue(n);
+  const std::vector<int64_t> on = n.attr_ints("activated");
   CheckedInt total = 0;
-  for (ValueId y : n.outputs)
-    if (y != kNoValue && g.value(y).shape.rank_known) total = total + numel_of(&g.value(y).shape) * per;
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    const ValueId y = n.outputs[i];
+    if (y == kNoValue || !g.value(y).shape.rank_known) continue;
+    const bool plain = i < on.size() && on[i] == 0;
+    total = total + numel_of(&g.value(y).shape) * (plain ? per - activations_cost(n) : per);
+  }
   return count(total);
 }
 

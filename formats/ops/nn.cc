@@ -425,16 +425,25 @@ Status infer_qfused_conv(InferContext& ctx) {
 
 // FusedMatMul: MatMul's shape and the epilogue; with `splits`, Y's columns go to that many
 // outputs in order (a merged projection: Q, K and V from one product), each Y's shape with the
-// last dim its part, and no Z.
+// last dim its part, and no Z; `activated` (one 0 or 1 per output) says which outputs the
+// activations apply to (all of them without it).
 Status infer_fused_matmul(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(infer_matmul(ctx));
   const std::vector<int64_t> splits = ctx.node().attr_ints("splits");
   if (splits.empty()) {
     if (ctx.num_outputs() != 1) return ctx.error(std::to_string(ctx.num_outputs()) + " outputs without splits; FusedMatMul has one");
+    if (ctx.node().has_attr("activated")) return ctx.error("activated without splits");
     return infer_epilogue(ctx, -1);
   }
   if (splits.size() != ctx.num_outputs())
     return ctx.error(std::to_string(splits.size()) + " splits for " + std::to_string(ctx.num_outputs()) + " outputs");
+  if (ctx.node().has_attr("activated")) {
+    const std::vector<int64_t> on = ctx.node().attr_ints("activated");
+    if (on.size() != splits.size())
+      return ctx.error(std::to_string(on.size()) + " activated flags for " + std::to_string(splits.size()) + " outputs");
+    for (int64_t f : on)
+      if (f != 0 && f != 1) return ctx.error("activated flag " + std::to_string(f) + " is neither 0 nor 1");
+  }
   if (ctx.has_input(3)) return ctx.error("a residual input Z with split outputs");
   int64_t total = 0;
   for (int64_t s : splits) {
@@ -772,6 +781,7 @@ void register_nn_ops(OpRegistry& r) {
   }
   std::vector<AttrSpec> fused_matmul = epilogue;
   fused_matmul.push_back({"splits", AttrType::ints, false, "Y's columns in parts, one output each (one output)"});
+  fused_matmul.push_back({"activated", AttrType::ints, false, "with splits: 1 for each output the activations apply to (all)"});
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32; B may be bf16 or f16); its columns optionally split into several outputs", 2, 4,
                      1, kVariadic, fused_matmul, infer_fused_matmul})
       .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},

@@ -311,12 +311,14 @@ class GemmKernel final : public Kernel {
         if (!tile_splits(tile, points) && tile_splits(t, points)) tile = t;
       params_ = gemm::default_params(isa_, tile, caches, m_, n_, k_, threads);
     }
-    // Split outputs: one part of C per output, each as wide as its part.
+    // Split outputs: one part of C per output, each as wide as its part, the activations on
+    // those `activated` says (all without it).
     parts_.clear();
     int64_t begin = 0;
-    for (int64_t width : q.node.attr_ints("splits")) {
-      parts_.push_back({.begin = begin, .ldc = width});
-      begin += width;
+    const std::vector<int64_t> splits = q.node.attr_ints("splits"), on = q.node.attr_ints("activated");
+    for (size_t i = 0; i < splits.size(); ++i) {
+      parts_.push_back({.begin = begin, .ldc = splits[i], .plain = i < on.size() && on[i] == 0});
+      begin += splits[i];
     }
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {

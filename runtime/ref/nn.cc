@@ -1,5 +1,6 @@
 // Reference kernels of the nn family: MatMul and Gemm here, and the registration of the rest
 // (nn_conv.cc, nn_pool.cc, nn_sample.cc, nn_einsum.cc).
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/ref/layout.h"
@@ -187,7 +188,13 @@ Status ref_fused_matmul(KernelContext& ctx) {
   std::vector<Tensor> in(ctx.num_inputs());
   for (size_t i = 0; i < in.size(); ++i)
     if (ctx.has_input(i)) in[i] = ctx.input(i);
-  ref::ViewContext whole(ctx, ctx.node(), std::move(in), Tensor(DType::f32, shape));
+  // The product and bias whole, without the activations when some outputs skip them.
+  const std::vector<int64_t> on = ctx.node().attr_ints("activated", std::vector<int64_t>(splits.size(), 1));
+  const bool per_output = std::find(on.begin(), on.end(), 0) != on.end();
+  Node node = ctx.node();
+  if (per_output)
+    for (const char* a : {"activation", "activation_params", "post_activation", "post_activation_params"}) node.erase_attr(a);
+  ref::ViewContext whole(ctx, node, std::move(in), Tensor(DType::f32, shape));
   KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
   const float* y = whole.y().data<float>();
   const int64_t rows = n ? whole.y().numel() / n : 0;
@@ -197,9 +204,10 @@ Status ref_fused_matmul(KernelContext& ctx) {
       begin += splits[o];
       continue;
     }
-    float* part = ctx.output(o).data<float>();
+    Tensor& part = ctx.output(o);
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(part + r * splits[o], y + r * n + begin, static_cast<size_t>(splits[o]) * sizeof(float));
+      std::memcpy(part.data<float>() + r * splits[o], y + r * n + begin, static_cast<size_t>(splits[o]) * sizeof(float));
+    if (per_output && on[o] != 0) KILN_RETURN_IF_ERROR(fused_epilogue(ctx, part));
     begin += splits[o];
   }
   return {};

@@ -609,8 +609,9 @@ TEST(CompileFuseLinearBias, LeavesOtherShapes) {
 // ---- merge_projections -------------------------------------------------------------------
 
 // Q, K and V of one input as BERT writes them (products with biases) and the LLaMA block
-// (plain MatMuls, K narrower), beside products that must stay apart: another epilogue, a width
-// that is not a multiple of 32, a weight computed at run time.
+// (plain MatMuls, K narrower), beside products that must stay apart: two other epilogues (the
+// plain products can join one, not two), a width that is not a multiple of 32, a weight
+// computed at run time.
 Model projections_model() {
   Builder b;
   ValueId x = b.input("x", {2, 5, 16});
@@ -618,6 +619,7 @@ Model projections_model() {
   b.output(b.op("k", "MatMul", {x, b.constant("wk", random_f32({16, 32}, 82))}, "k_out"));
   b.output(b.op("v", "FusedMatMul", {x, b.constant("wv", random_f32({16, 32}, 83)), b.constant("bv", random_f32({32}, 84))}, "v_out"));
   b.output(b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, 32}, 85))}, "gate_out", {attr("activation", std::string("Silu"))}));
+  b.output(b.op("relu", "FusedMatMul", {x, b.constant("wr", random_f32({16, 32}, 89))}, "relu_out", {attr("activation", std::string("Relu"))}));
   b.output(b.op("odd", "MatMul", {x, b.constant("wo", random_f32({16, 40}, 86))}, "odd_out"));
   b.output(b.op("dyn", "MatMul", {x, b.input("w", {16, 32})}, "dyn_out"));
   return b.done();
@@ -626,14 +628,14 @@ Model projections_model() {
 TEST(CompileMergeProjections, MergesProductsOfOneInput) {
   Model m = projections_model();
   EXPECT_EQ(run_pass("merge_projections", m).summary, "merged 3 products of a shared input into 1 product with split outputs");
-  EXPECT_EQ(count_ops(m.graph, "FusedMatMul"), 2u);
+  EXPECT_EQ(count_ops(m.graph, "FusedMatMul"), 3u);
   const std::string text = compact(m.graph);
   EXPECT_NE(text.find("  const wq_merged: f32[16,128]\n  const wq_merged_bias: f32[128]\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged, wq_merged_bias) -> (q_out, k_out, v_out) splits=ints[64, 32, 32] "
                       "sources=[\"q\", \"k\", \"v\"]\n"),
             std::string::npos)
       << text;
-  for (const char* apart : {"node gate: FusedMatMul(x, wg)", "node odd: MatMul(x, wo)", "node dyn: MatMul(x, w)"})
+  for (const char* apart : {"node gate: FusedMatMul(x, wg)", "node relu: FusedMatMul(x, wr)", "node odd: MatMul(x, wo)", "node dyn: MatMul(x, w)"})
     EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
   EXPECT_EQ(text.find("const wk:"), std::string::npos) << "the merged weights are dropped";
 }
@@ -642,6 +644,24 @@ TEST(CompileMergeProjections, SameOutputs) {
   Model before = projections_model(), after = before;
   EXPECT_TRUE(run_pass("merge_projections", after).changed);
   expect_same_outputs(before, after, {random_f32({2, 5, 16}, 87), random_f32({16, 32}, 88)}, 0);
+}
+
+// The LLaMA block's MLP: up (plain) and gate (SiLU) projections of one input, then their
+// product: one product, the SiLU on the gate's output alone.
+TEST(CompileMergeProjections, MergesGateAndUpProjections) {
+  Builder b;
+  ValueId x = b.input("x", {2, 5, 16});
+  ValueId up = b.op("up", "MatMul", {x, b.constant("wu", random_f32({16, 64}, 100))}, "up_out");
+  ValueId gate = b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, 64}, 101))}, "gate_out", {attr("activation", std::string("Silu"))});
+  b.output(b.op("mul", "Mul", {gate, up}, "y"));
+  Model before = b.done(), after = before;
+  EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
+  const std::string text = compact(after.graph);
+  EXPECT_NE(text.find("  node up: FusedMatMul(x, wu_merged) -> (up_out, gate_out) activated=ints[0, 1] activation=\"Silu\" "
+                      "splits=ints[64, 64] sources=[\"up\", \"gate\"]\n"),
+            std::string::npos)
+      << text;
+  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 102)}, 1e-6);
 }
 
 // GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with

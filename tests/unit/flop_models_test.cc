@@ -144,6 +144,12 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
   EXPECT_EQ(flops_of("FusedMatMul", {f32({2, 3, 5}), f32({5, 7}), f32({7})},
                      {attr("activation", std::string("Relu")), attr("splits", std::vector<int64_t>{4, 2, 1})}, 3),
             matmul + 42 * 2);
+  // ... with the Relu on the first and last outputs only (24 and 6 of the 42 elements).
+  EXPECT_EQ(flops_of("FusedMatMul", {f32({2, 3, 5}), f32({5, 7}), f32({7})},
+                     {attr("activation", std::string("Relu")), attr("splits", std::vector<int64_t>{4, 2, 1}),
+                      attr("activated", std::vector<int64_t>{1, 0, 1})},
+                     3),
+            matmul + 42 + 30);
   const int64_t conv = flops_of("Conv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3})});
   EXPECT_EQ(flops_of("FusedConv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3}), f32({4})},
                      {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})}),

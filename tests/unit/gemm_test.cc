@@ -129,7 +129,8 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
 }
 
 // C in parts that lie apart (split outputs): every tile lands in its part, rows `ldc` apart,
-// bit for bit what the whole C gets; with no K (the bias alone) too.
+// bit for bit what the whole C gets, the middle part without the activation (`plain`); with no
+// K (the bias alone) too.
 TEST(Gemm, ColumnPartsTakeTheirColumns) {
   use_threads(2);
   for (Isa isa : isas())
@@ -145,18 +146,21 @@ TEST(Gemm, ColumnPartsTakeTheirColumns) {
           p.tn = tn;
           SCOPED_TRACE(p.name() + " k=" + std::to_string(k));
           gemm::GemmProblem g{.m = m, .n = n, .k = k, .a = a.data<float>(), .lda = std::max<int64_t>(k, 1), .b = b.data<float>(), .ldb = n};
-          g.epilogue = gemm::Epilogue{.bias = bias.data<float>(), .act = {Activation::gelu}};
+          g.epilogue = gemm::Epilogue{.bias = bias.data<float>()};
           Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
-          std::vector<float> whole(static_cast<size_t>(m * n), std::nanf(""));
-          g.c = whole.data();
+          std::vector<float> whole(static_cast<size_t>(m * n), std::nanf("")), bare = whole;
+          g.c = bare.data();
           g.ldc = n;
+          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+          g.epilogue.act = {Activation::gelu};
+          g.c = whole.data();
           gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
           std::vector<std::vector<float>> out;
           std::vector<gemm::ColumnPart> parts;
           int64_t begin = 0;
           for (int64_t w : widths) {
             out.emplace_back(static_cast<size_t>(m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
-            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3});
+            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
             begin += w;
           }
           g.c = nullptr;
@@ -167,7 +171,7 @@ TEST(Gemm, ColumnPartsTakeTheirColumns) {
               for (int64_t j = 0; j < widths[q] + 3; ++j) {
                 const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
                 if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
-                else EXPECT_EQ(got, whole[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
+                else EXPECT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
               }
         }
       }
@@ -357,6 +361,13 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
       const std::string tile = isa == "avx2" ? "_6x16_" : widths[1] == 48 ? "_8x48_" : "_14x32_";
       EXPECT_NE(label.find(tile), std::string::npos) << label;
     }
+    // The activation on some outputs only (`activated`: a gate projection beside plain ones).
+    EXPECT_EQ(check({"FusedMatMul", {noise({3, 13, 40}, 55), noise({40, 133}, 56), noise({133}, 57)}, {false, true, true},
+                     {attr("splits", std::vector<int64_t>{64, 32, 37}), attr("activation", std::string("Silu")),
+                      attr("activated", std::vector<int64_t>{1, 0, 1})},
+                     {true, true, true}},
+                    1e-5, &cpu),
+              name);
     // An omitted output: the reference kernel, which writes the others.
     EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 53), noise({40, 96}, 54)}, {false, true}, {attr("splits", std::vector<int64_t>{32, 32, 32})},
                      {true, false, true}},

@@ -102,6 +102,20 @@ TEST(FusedOps, FusedMatMulSplitsItsColumnsIntoOutputs) {
     expect_close((*parts)[o], want, "output " + std::to_string(o));
     begin += widths[o];
   }
+  // `activated`: the activation on the second output alone, the bias on all three.
+  const Tensor plain = run1("FusedMatMul", {a, bm, bias});
+  auto some = run_op("FusedMatMul", {a, bm, bias},
+                     {attr("activation", std::string("Gelu")), attr("splits", widths), attr("activated", std::vector<int64_t>{0, 1, 0})}, 3);
+  ASSERT_TRUE(some.ok()) << some.error().message();
+  begin = 0;
+  for (size_t o = 0; o < widths.size(); ++o) {
+    const Tensor& from = o == 1 ? whole : plain;
+    Tensor want(DType::f32, {2, 3, widths[o]});
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t c = 0; c < widths[o]; ++c) want.data<float>()[r * widths[o] + c] = from.data<float>()[r * 7 + begin + c];
+    expect_close((*some)[o], want, "activated output " + std::to_string(o));
+    begin += widths[o];
+  }
 }
 
 TEST(FusedOps, SchemaChecks) {
@@ -122,6 +136,10 @@ TEST(FusedOps, SchemaChecks) {
   bad(run_op("FusedMatMul", {a, b}, {splits({2, 3})}, 2), "the splits sum to 5 but the product has 4 columns");
   bad(run_op("FusedMatMul", {a, b}, {splits({4, 0})}, 2), "split 0 is not positive");
   bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({3, 4})}, {splits({2, 2})}, 2), "a residual input Z with split outputs");
+  const auto activated = [](std::vector<int64_t> on) { return attr("activated", std::move(on)); };
+  bad(run_op("FusedMatMul", {a, b}, {activated({1})}), "activated without splits");
+  bad(run_op("FusedMatMul", {a, b}, {splits({2, 2}), activated({1})}, 2), "1 activated flags for 2 outputs");
+  bad(run_op("FusedMatMul", {a, b}, {splits({2, 2}), activated({1, 2})}, 2), "activated flag 2 is neither 0 nor 1");
   bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
       "FusedConv does not support f64 (it takes f32 and bf16)");
 }

@@ -209,7 +209,8 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
         float* c = parts[p].c + i * parts[p].ldc;
         if (g.epilogue.bias) std::memcpy(c, g.epilogue.bias + begin, static_cast<size_t>(n) * sizeof(float));
         else std::fill(c, c + n, 0.f);
-        rows.epilogue(c, g.epilogue.z ? g.epilogue.z + i * g.epilogue.ldz + begin : nullptr, n, g.epilogue.act, g.epilogue.post);
+        if (!parts[p].plain)
+          rows.epilogue(c, g.epilogue.z ? g.epilogue.z + i * g.epilogue.ldz + begin : nullptr, n, g.epilogue.act, g.epilogue.post);
       }
     }
     return;

@@ -106,11 +106,13 @@ struct Epilogue {
   bool has_tail() const { return z || act.kind != Activation::none || post.kind != Activation::none; }
 };
 
-/// Columns [begin, next part's begin) of C, stored apart: at `c`, `ldc` floats between rows.
+/// Columns [begin, next part's begin) of C, stored apart: at `c`, `ldc` floats between rows;
+/// `plain`: the epilogue's activations skip them (the bias still applies).
 struct ColumnPart {
   int64_t begin = 0;
   float* c = nullptr;
   int64_t ldc = 0;
+  bool plain = false;
 };
 
 /// One product C[M×N] = A[M×K] · B[K×N], then the epilogue.
