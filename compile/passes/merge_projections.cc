@@ -14,11 +14,12 @@
 // SiLU) and up projections; the second is a projection exporters
 // already packed and then cut into Q, K and V (GPT-2's c_attn, ViT's qkv). One product reads A
 // once and spreads over the threads as one wider N, and no Split copies its output again: the
-// GEMM writes each tile where its output lies. A product has no residual Z here and writes f32
-// (what lower_precision left f32; a bf16 or f16 weight stays a product of its own). Every split
-// point is a multiple of 32 columns: some register tile of kiln's GEMM divides it on each ISA
-// (AVX-512's 14x32, AVX2's 3x32), so no tile straddles two outputs; a product whose width is
-// not stays apart.
+// GEMM writes each tile where its output lies. A product has no residual Z here and writes f32;
+// its weight is f32 or f16 (what lower_precision made of it with fp16: kiln's f16 GEMM), the
+// same for all it merges; a bf16 one stays a product of its own (oneDNN's matmul runs it on
+// AMX and writes one output). Every split point is a multiple of 32 columns (f16: 64): some
+// register tile of kiln's GEMM divides it on each ISA (AVX-512's 14x32, AVX2's 3x32, the f16
+// GEMM's 6x64), so no tile straddles two outputs; a product whose width is not stays apart.
 #include <algorithm>
 #include <map>
 
@@ -34,8 +35,8 @@ constexpr int64_t kAlign = 32;
 
 const char* const kEpilogueAttrs[] = {"activation", "activation_params", "post_activation", "post_activation_params"};
 
-// A product of f32 A (rank 2 or more) by a constant 2-D f32 weight, with a constant bias or
-// none and no residual, writing one f32 output: what may merge or take splits.
+// A product of f32 A (rank 2 or more) by a constant 2-D f32 or f16 weight, with a constant
+// bias or none and no residual, writing one f32 output: what may merge or take splits.
 bool mergeable(const Graph& g, const Node& n) {
   if (!n.domain.empty() || !n.captures.empty() || n.outputs.size() != 1 || n.has_attr("splits")) return false;
   if (n.op == "MatMul") {
@@ -48,7 +49,7 @@ bool mergeable(const Graph& g, const Node& n) {
   const Value& b = g.value(n.inputs[1]);
   const Value& y = g.value(n.outputs[0]);
   if (a.dtype != DType::f32 || a.shape.rank() < 2 || y.dtype != DType::f32 || !y.shape.rank_known) return false;
-  if (!b.is_constant() || b.dtype != DType::f32 || b.constant.rank() != 2) return false;
+  if (!b.is_constant() || (b.dtype != DType::f32 && b.dtype != DType::f16) || b.constant.rank() != 2) return false;
   if (n.has_input(2)) {
     const Value& bias = g.value(n.inputs[2]);
     if (!bias.is_constant() || bias.dtype != DType::f32 || bias.constant.rank() != 1) return false;
@@ -64,10 +65,14 @@ std::string epilogue_key(const Node& n) {
   return key;
 }
 
-bool aligned(const std::vector<int64_t>& widths) {
+// Split points a product by `weight` may have: multiples of 32 columns for kiln's f32 GEMM,
+// of 64 (its tile's width) for the f16 one.
+int64_t alignment(DType weight) { return weight == DType::f16 ? 64 : kAlign; }
+
+bool aligned(const std::vector<int64_t>& widths, DType weight) {
   int64_t at = 0;
   for (size_t i = 0; i + 1 < widths.size(); ++i)
-    if ((at += widths[i]) % kAlign != 0) return false;
+    if ((at += widths[i]) % alignment(weight) != 0) return false;
   return true;
 }
 
@@ -115,7 +120,7 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
       ok = ok && widths[i] > 0 && split.outputs[i] != kNoValue && g.value(split.outputs[i]).shape.is_concrete();
       total += widths[i];
     }
-    if (!ok || total != n || !aligned(widths) || !only_reader(x)) continue;
+    if (!ok || total != n || !only_reader(x)) continue;
     // The product, directly or through a Reshape that keeps the last dim.
     int32_t p = producer[static_cast<size_t>(x)];
     int32_t reshape = -1;
@@ -127,6 +132,7 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
       p = producer[static_cast<size_t>(y)];
     }
     if (p < 0 || drop[static_cast<size_t>(p)] || !mergeable(g, g.nodes[static_cast<size_t>(p)])) continue;
+    if (!aligned(widths, g.value(g.nodes[static_cast<size_t>(p)].inputs[1]).dtype)) continue;
     Node& prod = g.nodes[static_cast<size_t>(p)];
     std::vector<ValueId> outputs = split.outputs;
     std::vector<std::string> sources = split.sources;
@@ -178,7 +184,9 @@ void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<
   }
   int64_t n = 0;
   for (int64_t w : widths) n += w;
-  Tensor weight(DType::f32, {k, n}), sum(DType::f32, {n});
+  const DType wt = g.value(g.nodes[members[0]].inputs[1]).dtype;
+  const size_t bytes = dtype_size(wt);
+  Tensor weight(wt, {k, n}), sum(DType::f32, {n});
   std::fill(sum.data<float>(), sum.data<float>() + n, 0.f);
   int64_t at = 0;
   std::vector<ValueId> outputs;
@@ -186,7 +194,11 @@ void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<
   for (size_t m = 0; m < members.size(); ++m) {
     const Node& node = g.nodes[members[m]];
     const Tensor b = plain(g.value(node.inputs[1]).constant);
-    for (int64_t r = 0; r < k; ++r) std::copy_n(b.data<float>() + r * widths[m], widths[m], weight.data<float>() + r * n + at);
+    const auto* from = static_cast<const std::byte*>(b.raw());
+    auto* to = static_cast<std::byte*>(weight.raw());
+    for (int64_t r = 0; r < k; ++r)
+      std::copy_n(from + static_cast<size_t>(r * widths[m]) * bytes, static_cast<size_t>(widths[m]) * bytes,
+                  to + static_cast<size_t>(r * n + at) * bytes);
     if (node.has_input(2)) {
       const Tensor c = plain(g.value(node.inputs[2]).constant);
       std::copy_n(c.data<float>(), widths[m], sum.data<float>() + at);
@@ -218,14 +230,16 @@ void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<
 // the plain ones (no activation) with those of the one other epilogue there is (the LLaMA
 // block's gate, SiLU, and up projections, before their product).
 void merge_siblings(Graph& g, std::vector<char>& drop, Merges& made) {
-  std::map<ValueId, std::map<std::string, std::vector<size_t>>> by_input;  // A -> epilogue -> members
+  std::map<std::pair<ValueId, DType>, std::map<std::string, std::vector<size_t>>> by_input;  // (A, weight type) -> epilogue -> members
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     if (drop[i] || !mergeable(g, n)) continue;
-    if (g.value(n.inputs[1]).constant.dim(1) % kAlign != 0) continue;
-    by_input[n.inputs[0]][epilogue_key(n)].push_back(i);
+    const Value& w = g.value(n.inputs[1]);
+    if (w.constant.dim(1) % alignment(w.dtype) != 0) continue;
+    by_input[{n.inputs[0], w.dtype}][epilogue_key(n)].push_back(i);
   }
-  for (const auto& [a, groups] : by_input) {
+  for (const auto& [input, groups] : by_input) {
+    const ValueId a = input.first;
     std::vector<std::vector<size_t>> merges;
     if (groups.size() == 2 && groups.count("")) {
       std::vector<size_t> all;

@@ -111,6 +111,25 @@ bool tile_splits(const gemm::Tile& t, const std::vector<int64_t>& points) {
   return std::all_of(points.begin(), points.end(), [&](int64_t p) { return p % t.nr == 0; });
 }
 
+// A FusedMatMul's split outputs as parts of C: where each begins, its width as `ldc`, and
+// whether `activated` leaves it plain; none without splits. Their data are filled in at run.
+std::vector<gemm::ColumnPart> column_parts(const Node& node) {
+  std::vector<gemm::ColumnPart> parts;
+  int64_t begin = 0;
+  const std::vector<int64_t> splits = node.attr_ints("splits"), on = node.attr_ints("activated");
+  for (size_t i = 0; i < splits.size(); ++i) {
+    parts.push_back({.begin = begin, .ldc = splits[i], .plain = i < on.size() && on[i] == 0});
+    begin += splits[i];
+  }
+  return parts;
+}
+
+// `parts` pointing at this run's outputs.
+std::span<const gemm::ColumnPart> parts_at(std::vector<gemm::ColumnPart>& parts, KernelContext& ctx) {
+  for (size_t i = 0; i < parts.size(); ++i) parts[i].c = ctx.output(i).data<float>();
+  return parts;
+}
+
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
@@ -311,15 +330,7 @@ class GemmKernel final : public Kernel {
         if (!tile_splits(tile, points) && tile_splits(t, points)) tile = t;
       params_ = gemm::default_params(isa_, tile, caches, m_, n_, k_, threads);
     }
-    // Split outputs: one part of C per output, each as wide as its part, the activations on
-    // those `activated` says (all without it).
-    parts_.clear();
-    int64_t begin = 0;
-    const std::vector<int64_t> splits = q.node.attr_ints("splits"), on = q.node.attr_ints("activated");
-    for (size_t i = 0; i < splits.size(); ++i) {
-      parts_.push_back({.begin = begin, .ldc = splits[i], .plain = i < on.size() && on[i] == 0});
-      begin += splits[i];
-    }
+    parts_ = column_parts(q.node);
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {
       const int64_t batches = static_cast<int64_t>(batch_a_.size());
@@ -374,10 +385,7 @@ class GemmKernel final : public Kernel {
     g.a = ctx.input(0).data<float>();
     g.b = b;
     g.c = ctx.output(0).data<float>();
-    if (!parts_.empty()) {
-      for (size_t i = 0; i < parts_.size(); ++i) parts_[i].c = ctx.output(i).data<float>();
-      g.parts = parts_;
-    }
+    g.parts = parts_at(parts_, ctx);
     if (batch_a_.size() == 1) gemm::run(params_, g, ctx.workspace().data());
     else gemm::run_batch(params_, g, batch_a_, batch_b_, m_ * n_, batch_threads_, ctx.workspace().data());
     return {};
@@ -408,7 +416,13 @@ class GemmKernel final : public Kernel {
 std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
-  if (q.outputs.size() > 1) return "split outputs";
+  if (const std::vector<int64_t> points = split_points(q.node); !points.empty() || q.outputs.size() > 1) {
+    // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
+    if (kind != gemm::Lowp::f16 || is_conv(q.node)) return "split outputs";
+    if (!tile_splits(gemm::kF16Tile, points)) return "split points that are not multiples of 64";
+    for (const InferOutput& y : q.outputs)
+      if (y.dtype == DType::undefined) return "an omitted split output";
+  }
   if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
@@ -522,6 +536,7 @@ class F16GemmKernel final : public Kernel {
     packed_ = Tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
     gemm::pack_b_f16(bits, trans_b ? k_ : n_, trans_b, k_, n_, packed_.data<uint16_t>());
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
+    parts_ = column_parts(q.node);
     threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = gemm::f16_workspace_bytes(m_, k_);
     return {};
@@ -533,7 +548,8 @@ class F16GemmKernel final : public Kernel {
     if (windows_)
       gemm::gemm_f16_windows(m_, n_, g_, x, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data());
     else
-      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data());
+      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), 0,
+                     parts_at(parts_, ctx));
     return {};
   }
 
@@ -546,6 +562,7 @@ class F16GemmKernel final : public Kernel {
   gemm::ImageWindows g_;
   Tensor packed_;  // B in pack_b_f16's panels
   LowpEpilogue ep_;
+  std::vector<gemm::ColumnPart> parts_;  // split outputs
 };
 
 }  // namespace

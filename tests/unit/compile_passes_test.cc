@@ -664,6 +664,32 @@ TEST(CompileMergeProjections, MergesGateAndUpProjections) {
   expect_same_outputs(before, after, {random_f32({2, 5, 16}, 102)}, 1e-6);
 }
 
+// With `--precision fp16`, products by f16 weights merge among themselves (kiln's f16 GEMM),
+// at multiples of 64 columns, never with f32 ones.
+TEST(CompileMergeProjections, MergesF16WeightsApart) {
+  auto f16 = [](Tensor w) {
+    Tensor h(DType::f16, w.shape());
+    for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
+    return h;
+  };
+  Builder b;
+  ValueId x = b.input("x", {2, 5, 16});
+  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", f16(random_f32({16, 64}, 110)))}, "q_out"));
+  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", f16(random_f32({16, 128}, 111)))}, "k_out"));
+  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", f16(random_f32({16, 32}, 112)))}, "narrow_out"));
+  b.output(b.op("f32", "MatMul", {x, b.constant("wf", random_f32({16, 64}, 113))}, "f32_out"));
+  Model before = b.done(), after = before;
+  EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
+  const std::string text = compact(after.graph);
+  EXPECT_NE(text.find("  const wq_merged: f16[16,192]\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged) -> (q_out, k_out) splits=ints[64, 128] sources=[\"q\", \"k\"]\n"),
+            std::string::npos)
+      << text;
+  for (const char* apart : {"node narrow: FusedMatMul(x, wn)", "node f32: MatMul(x, wf)"})
+    EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
+  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 114)}, 0);
+}
+
 // GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with
 // sizes) and ViT's (a Split into equal parts along axis -1).
 Model packed_projections_model() {

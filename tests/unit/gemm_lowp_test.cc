@@ -159,6 +159,54 @@ TEST(GemmLowp, F16) {
   use_threads(physical_cores());
 }
 
+// gemm_f16 with C in parts (split outputs, each beginning at a multiple of 64 columns): each
+// part bit for bit what the whole C gets, the plain one without the activation, nothing past a
+// part's rows; the threads splitting B's panels (few rows) and A's rows (130, in one block or in
+// blocks of 8), K in one chunk and in three, and no K.
+TEST(GemmLowp, F16ColumnParts) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const std::vector<int64_t> widths = {128, 64, 37};
+  const int64_t n = 229;
+  for (int threads : {1, 2})
+    for (const Dims& d : {Dims{13, n, 37}, Dims{130, n, 37}, Dims{3, n, 3300}, Dims{9, n, 0}})
+      for (int64_t mc : {int64_t{0}, int64_t{8}}) {
+        use_threads(threads);
+        SCOPED_TRACE("m=" + std::to_string(d.m) + " k=" + std::to_string(d.k) + " mc=" + std::to_string(mc) + " threads=" + std::to_string(threads));
+        std::vector<float> a(static_cast<size_t>(d.m * std::max<int64_t>(d.k, 1))), bias(static_cast<size_t>(n));
+        std::vector<uint16_t> b(static_cast<size_t>(d.k * n));
+        for (auto& v : a) v = dist(rng);
+        for (auto& v : b) v = half(dist(rng)).bits;
+        for (auto& v : bias) v = dist(rng);
+        std::vector<uint16_t> packed(static_cast<size_t>(std::max<int64_t>(gemm::packed_b_f16_elements(d.k, n), 1)));
+        gemm::pack_b_f16(b.data(), n, false, d.k, n, packed.data());
+        std::vector<std::byte> ws(gemm::f16_workspace_bytes(d.m, d.k) + 64);
+        std::vector<float> whole(static_cast<size_t>(d.m * n), std::nanf("")), bare = whole;
+        gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data()}, bare.data(), n, threads, ws.data(), mc);
+        gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data(), .act = {Activation::gelu}}, whole.data(),
+                       n, threads, ws.data(), mc);
+        std::vector<std::vector<float>> out;
+        std::vector<gemm::ColumnPart> parts;
+        int64_t begin = 0;
+        for (int64_t w : widths) {
+          out.emplace_back(static_cast<size_t>(d.m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
+          parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
+          begin += w;
+        }
+        gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data(), .act = {Activation::gelu}}, nullptr, 0,
+                       threads, ws.data(), mc, parts);
+        for (size_t q = 0; q < parts.size(); ++q)
+          for (int64_t i = 0; i < d.m; ++i)
+            for (int64_t j = 0; j < widths[q] + 3; ++j) {
+              const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
+              if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
+              else ASSERT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
+            }
+      }
+  use_threads(physical_cores());
+}
+
 // A convolution as gemm_f16_windows runs it (channels-last images, weight [K, KH, KW, C]):
 // against the f16-rounded inputs convolved in double with zero padding, on filter sizes,
 // strides, dilations and paddings that leave windows partly outside the image, C a vector

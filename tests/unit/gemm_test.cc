@@ -8,6 +8,7 @@
 
 #include "compile/pipeline.h"
 #include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/threads.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -368,6 +369,24 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {true, true, true}},
                     1e-5, &cpu),
               name);
+    // An f16 weight (`--precision fp16`, then merged): the f16 GEMM where the CPU has it, its
+    // split points multiples of 64; the f32 GEMM widens the weight where it has not.
+    if (isa == "avx512") {
+      const Tensor w16 = [] {
+        const Tensor w = noise({40, 160}, 58);
+        Tensor h(DType::f16, {40, 160});
+        for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
+        return h;
+      }();
+      std::string label;
+      const std::string want = gemm::lowp_lacks(cpu, gemm::Lowp::f16) ? name : "kiln.gemm_f16_avx512";
+      EXPECT_EQ(check({"FusedMatMul", {noise({3, 13, 40}, 59), w16, noise({160}, 60)}, {false, true, true},
+                       {attr("splits", std::vector<int64_t>{64, 64, 32}), attr("activation", std::string("Relu")),
+                        attr("activated", std::vector<int64_t>{0, 1, 1})},
+                       {true, true, true}},
+                      2e-3, &cpu),
+                want);
+    }
     // An omitted output: the reference kernel, which writes the others.
     EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 53), noise({40, 96}, 54)}, {false, true}, {attr("splits", std::vector<int64_t>{32, 32, 32})},
                      {true, false, true}},

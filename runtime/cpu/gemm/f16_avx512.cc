@@ -180,7 +180,7 @@ void pack_windows(const ImageWindows& g, const float* x, int64_t m0, int64_t row
 }
 
 void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k, const uint32_t* a, const uint16_t* b,
-            const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
+            const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n) {
   const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t pairs = (k + 1) / 2;  // words per row of A, pairs of rows of B per panel
   auto relu_or_none = [](const ActivationSpec& a) { return a.kind == Activation::none || a.kind == Activation::relu; };
@@ -204,13 +204,14 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
         for (int64_t i0 = ib; i0 < ie; i0 += MR) {
           const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
           const float* z = ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr;
+          const auto [ct, ldct, plain] = c_at(c, ldc, parts, (parts.empty() ? 0 : row0) + i0, n0);
           Finish fin;
-          if (k1 == k && fused) fin = {true, ep.act.kind == Activation::relu, ep.post.kind == Activation::relu, z, ep.ldz};
+          if (k1 == k && fused && !plain) fin = {true, ep.act.kind == Activation::relu, ep.post.kind == Activation::relu, z, ep.ldz};
           alignas(64) float sums[MR][2 * NR];
-          kTiles[static_cast<size_t>(rows_here - 1)](q0, q1, pairs, a + i0 * pairs, bp, init, sums, c + i0 * ldc + n0, ldc, w,
+          kTiles[static_cast<size_t>(rows_here - 1)](q0, q1, pairs, a + i0 * pairs, bp, init, sums, ct, ldct, w,
                                                      PanelPrefetch::share(next, (q1 - q0) * 2 * NR * 2, (i0 - ib) / MR, tiles, blocks),
                                                      fin);
-          if (k1 == k && !fused && ep.has_tail()) rows.tile_epilogue(c + i0 * ldc + n0, ldc, z, ep.ldz, rows_here, w, ep.act, ep.post);
+          if (k1 == k && !fused && !plain && ep.has_tail()) rows.tile_epilogue(ct, ldct, z, ep.ldz, rows_here, w, ep.act, ep.post);
         }
       }
     }

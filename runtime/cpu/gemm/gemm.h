@@ -115,6 +115,22 @@ struct ColumnPart {
   bool plain = false;
 };
 
+/// Where element (row, col) of C lies, the floats between C's rows there and whether the
+/// activations skip it: in `c` (rows `ldc` apart), or in the part of `parts` that holds column
+/// `col` when there are parts.
+struct CAt {
+  float* c;
+  int64_t ldc;
+  bool plain;
+};
+inline CAt c_at(float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row, int64_t col) {
+  if (parts.empty()) return {c + row * ldc + col, ldc, false};
+  size_t i = parts.size() - 1;
+  while (i > 0 && parts[i].begin > col) --i;
+  const ColumnPart& part = parts[i];
+  return {part.c + row * part.ldc + (col - part.begin), part.ldc, part.plain};
+}
+
 /// One product C[M×N] = A[M×K] · B[K×N], then the epilogue.
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;

@@ -17,21 +17,6 @@ void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t k
 void pack_a_panels(const float* a, int64_t ld, bool trans, int64_t m0, int64_t mc, int64_t k0, int64_t kc, int mr,
                    float* out);
 
-/// Where C's element (row, col) lies, the floats between C's rows there and whether the
-/// activations skip it: in g.c, or in the part of g.parts that holds column `col`.
-struct CAt {
-  float* c;
-  int64_t ldc;
-  bool plain;
-};
-inline CAt c_at(const GemmProblem& g, int64_t row, int64_t col) {
-  if (g.parts.empty()) return {g.c + row * g.ldc + col, g.ldc, false};
-  size_t i = g.parts.size() - 1;
-  while (i > 0 && g.parts[i].begin > col) --i;
-  const ColumnPart& part = g.parts[i];
-  return {part.c + row * part.ldc + (col - part.begin), part.ldc, part.plain};
-}
-
 /// One thread's part of a product: C's rows [m0, m1) and columns [n0, n1) (n0 a multiple of
 /// NR), through `abuf` (Mc·Kc floats, rounded up to whole MR panels) and `bbuf` (Kc·Nc
 /// floats, rounded up to whole NR panels; unused when B is packed).

@@ -168,7 +168,7 @@ namespace {
 // gemm_f16's loops, A's rows copied by pack(m0, rows, out).
 template <class Pack>
 void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16_t* b_packed, const Epilogue& ep, float* c,
-                 int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+                 int64_t ldc, int threads, std::byte* workspace, int64_t mc, std::span<const ColumnPart> parts = {}) {
   if (m <= 0 || n <= 0) return;
   const int64_t mr = kF16Tile.mr;
   auto* packed = reinterpret_cast<uint32_t*>(workspace);
@@ -189,7 +189,7 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
     // Each thread takes some of B's panels over all of A, which the threads copy first.
     over_panels(tiles, threads, [&](int64_t t0, int64_t t1) { pack(t0 * mr, std::min(m, t1 * mr) - t0 * mr, packed + t0 * mr * words); });
     over_panels(count, threads,
-                [&](int64_t p0, int64_t p1) { f16_avx512::panels(m, mc, kc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+                [&](int64_t p0, int64_t p1) { f16_avx512::panels(m, mc, kc, p0, p1, k, packed, b_packed, ep, c, ldc, parts, 0, n); });
     return;
   }
   // Each thread takes a range of A's rows and copies them `mc` at a time into its part of the
@@ -203,7 +203,7 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
       pack(i0, rows, block);
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + i0 * ep.ldz;
-      f16_avx512::panels(rows, rows, kc, 0, count, k, block, b_packed, at, c + i0 * ldc, ldc, n);
+      f16_avx512::panels(rows, rows, kc, 0, count, k, block, b_packed, at, parts.empty() ? c + i0 * ldc : c, ldc, parts, i0, n);
     }
   });
 }
@@ -211,10 +211,10 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
 }  // namespace
 
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
-              int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+              int64_t ldc, int threads, std::byte* workspace, int64_t mc, std::span<const ColumnPart> parts) {
   f16_product(
       m, n, k, [&](int64_t m0, int64_t rows, uint32_t* out) { f16_avx512::pack_a(a, lda, m0, rows, k, out); }, b_packed, ep, c,
-      ldc, threads, workspace, mc);
+      ldc, threads, workspace, mc, parts);
 }
 
 void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* x, const uint16_t* b_packed, const Epilogue& ep,

@@ -104,9 +104,10 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
 /// C[M×N] f32 = A[M×K] f32 (rounded to f16 as it is copied to the workspace) · B packed by
 /// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then
 /// bias and the epilogue as in the f32 GEMM; `mc` rows of A at a time (rounded up to whole
-/// tiles; 0: as many as fill half of L2).
+/// tiles; 0: as many as fill half of L2). With `parts`, C lies in them as in the f32 GEMM
+/// (GemmProblem::parts; every part begins at a multiple of 64 columns, kF16Tile's width).
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
-              int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+              int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, std::span<const ColumnPart> parts = {});
 
 /// A channels-last 2-D convolution's input as the rows of a product (an implicit im2col): row
 /// (n, y, x) of A is output pixel (y, x)'s window of image n, KH · KW taps of C channels in that
