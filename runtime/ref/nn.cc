@@ -180,7 +180,9 @@ Status ref_fused_matmul(KernelContext& ctx) {
   if (splits.empty()) return ref::run_widened(ctx, fused_matmul);
   // Split outputs: the whole product into one tensor, then each output's columns from it.
   if (splits.size() != ctx.num_outputs()) return ctx.error("the splits do not match the outputs");
-  std::vector<int64_t> shape = ctx.output(0).shape();
+  size_t given = 0;  // an output that is not omitted: Y's shape but for the last dim
+  while (given + 1 < splits.size() && !ctx.output(given).defined()) ++given;
+  std::vector<int64_t> shape = ctx.output(given).shape();
   if (shape.empty()) return ctx.error("split outputs of a scalar product");
   int64_t n = 0;
   for (int64_t w : splits) n += w;

@@ -388,10 +388,11 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                 want);
     }
     // An omitted output: the reference kernel, which writes the others.
-    EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 53), noise({40, 96}, 54)}, {false, true}, {attr("splits", std::vector<int64_t>{32, 32, 32})},
-                     {true, false, true}},
-                    1e-5, &cpu),
-              "ref");
+    for (const std::vector<bool>& given : {std::vector<bool>{true, false, true}, std::vector<bool>{false, true, true}})
+      EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 53), noise({40, 96}, 54)}, {false, true}, {attr("splits", std::vector<int64_t>{32, 32, 32})},
+                       given},
+                      1e-5, &cpu),
+                "ref");
   }
   // Channels-last 1x1 convolutions are products too: with a transcendental activation (bias,
   // residual, post-activation), and on one pixel whatever the epilogue (an SE block).
