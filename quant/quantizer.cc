@@ -296,7 +296,10 @@ std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_chan
 
 std::string ComposableQuantizer::name() const {
   std::string s;
-  for (const auto& p : parts_) s += (s.empty() ? "" : "+") + p->name();
+  for (const auto& p : parts_) {
+    if (!s.empty()) s += '+';
+    s += p->name();
+  }
   return s;
 }
 
