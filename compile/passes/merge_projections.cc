@@ -25,6 +25,7 @@
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
+#include "formats/ops/epilogue.h"
 #include "formats/text.h"
 
 namespace kiln {
@@ -32,8 +33,6 @@ namespace kiln {
 namespace {
 
 constexpr int64_t kAlign = 32;
-
-const char* const kEpilogueAttrs[] = {"activation", "activation_params", "post_activation", "post_activation_params"};
 
 // A product of f32 A (rank 2 or more) by a constant 2-D f32 or f16 weight, with a constant
 // bias or none and no residual, writing one f32 output: what may merge or take splits.
@@ -60,7 +59,7 @@ bool mergeable(const Graph& g, const Node& n) {
 // The epilogue's attributes as text: products merge only when theirs are the same.
 std::string epilogue_key(const Node& n) {
   std::string key;
-  for (const char* name : kEpilogueAttrs)
+  for (const char* name : kActivationAttrs)
     if (const Attribute* a = n.find_attr(name)) key += std::string(name) + "=" + attribute_text(a->value) + ";";
   return key;
 }
@@ -209,7 +208,7 @@ void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<
   }
   std::vector<Attribute> epilogue;
   if (with_epilogue)
-    for (const char* name : kEpilogueAttrs)
+    for (const char* name : kActivationAttrs)
       if (const Attribute* attr = with_epilogue->find_attr(name)) epilogue.push_back(*attr);
   const std::string base = g.value(g.nodes[members[0]].inputs[1]).name;
   std::vector<ValueId> inputs = {a, g.add_constant(g.unique_value_name(base + "_merged"), std::move(weight))};
@@ -217,7 +216,7 @@ void merge(Graph& g, ValueId a, const std::vector<size_t>& members, std::vector<
   Node& merged = g.nodes[members[0]];
   merged.inputs = std::move(inputs);
   merged.sources = std::move(sources);
-  for (const char* name : kEpilogueAttrs) merged.erase_attr(name);
+  for (const char* name : kActivationAttrs) merged.erase_attr(name);
   for (Attribute& attr : epilogue) merged.set_attr(attr.name, std::move(attr.value));
   if (std::find(activated.begin(), activated.end(), 0) != activated.end() && with_epilogue) merged.set_attr("activated", activated);
   make_split(merged, std::move(outputs), widths);

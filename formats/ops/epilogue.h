@@ -57,4 +57,7 @@ Result<ActivationSpec> read_activation(const Node& node, std::string_view attr);
 /// Writes `spec` into the node's attributes `attr` and `attr`_params (removes them for none).
 void write_activation(Node& node, std::string_view attr, const ActivationSpec& spec);
 
+/// The attributes that hold a fused node's activations and their parameters.
+inline constexpr const char* kActivationAttrs[] = {"activation", "activation_params", "post_activation", "post_activation_params"};
+
 }  // namespace kiln

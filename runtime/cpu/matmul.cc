@@ -111,6 +111,19 @@ bool tile_splits(const gemm::Tile& t, const std::vector<int64_t>& points) {
   return std::all_of(points.begin(), points.end(), [&](int64_t p) { return p % t.nr == 0; });
 }
 
+// Why a product with split outputs cannot run on a GEMM whose register tiles are `tiles` (some
+// tile's width must divide every split point), or nullopt; nullopt without splits.
+std::optional<std::string> split_declines(const KernelQuery& q, std::span<const gemm::Tile> tiles) {
+  const std::vector<int64_t> points = split_points(q.node);
+  if (points.empty()) return std::nullopt;
+  if (q.inputs[1].shape.rank() != 2) return "split outputs of a batched product";
+  for (const InferOutput& y : q.outputs)
+    if (y.dtype == DType::undefined) return "an omitted split output";
+  if (std::none_of(tiles.begin(), tiles.end(), [&](const gemm::Tile& t) { return tile_splits(t, points); }))
+    return "split points that no tile's width divides";
+  return std::nullopt;
+}
+
 // A FusedMatMul's split outputs as parts of C: where each begins, its width as `ldc`, and
 // whether `activated` leaves it plain; none without splits. Their data are filled in at run.
 std::vector<gemm::ColumnPart> column_parts(const Node& node) {
@@ -139,15 +152,7 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (is_conv(q.node)) return pointwise_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
-  if (const std::vector<int64_t> points = split_points(q.node); !points.empty()) {
-    if (q.inputs[1].shape.rank() != 2) return "split outputs of a batched product";
-    for (const InferOutput& y : q.outputs)
-      if (y.dtype == DType::undefined) return "an omitted split output";
-    const std::span<const gemm::Tile> ts = gemm::tiles(isa);
-    if (std::none_of(ts.begin(), ts.end(), [&](const gemm::Tile& t) { return tile_splits(t, points); }))
-      return "split points that no tile's width divides";
-  }
-  return std::nullopt;
+  return split_declines(q, gemm::tiles(isa));
 }
 
 // The product a node is: A, B and Y as matrices (a convolution's [N, H, W, C] input as rows of
@@ -416,13 +421,9 @@ class GemmKernel final : public Kernel {
 std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
-  if (const std::vector<int64_t> points = split_points(q.node); !points.empty() || q.outputs.size() > 1) {
-    // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
-    if (kind != gemm::Lowp::f16 || is_conv(q.node)) return "split outputs";
-    if (!tile_splits(gemm::kF16Tile, points)) return "split points that are not multiples of 64";
-    for (const InferOutput& y : q.outputs)
-      if (y.dtype == DType::undefined) return "an omitted split output";
-  }
+  // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
+  if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";
+  if (auto why = split_declines(q, std::span<const gemm::Tile>(&gemm::kF16Tile, 1))) return why;
   if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "formats/ops/epilogue.h"
 #include "runtime/ref/layout.h"
 #include "runtime/ref/nn_util.h"
 
@@ -195,7 +196,7 @@ Status ref_fused_matmul(KernelContext& ctx) {
   const bool per_output = std::find(on.begin(), on.end(), 0) != on.end();
   Node node = ctx.node();
   if (per_output)
-    for (const char* a : {"activation", "activation_params", "post_activation", "post_activation_params"}) node.erase_attr(a);
+    for (const char* a : kActivationAttrs) node.erase_attr(a);
   ref::ViewContext whole(ctx, node, std::move(in), Tensor(DType::f32, shape));
   KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
   const float* y = whole.y().data<float>();

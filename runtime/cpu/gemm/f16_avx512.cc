@@ -204,7 +204,7 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
         for (int64_t i0 = ib; i0 < ie; i0 += MR) {
           const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
           const float* z = ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr;
-          const auto [ct, ldct, plain] = c_at(c, ldc, parts, (parts.empty() ? 0 : row0) + i0, n0);
+          const auto [ct, ldct, plain] = c_at(c, ldc, parts, row0 + i0, n0);
           Finish fin;
           if (k1 == k && fused && !plain) fin = {true, ep.act.kind == Activation::relu, ep.post.kind == Activation::relu, z, ep.ldz};
           alignas(64) float sums[MR][2 * NR];

@@ -203,7 +203,7 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
       pack(i0, rows, block);
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + i0 * ep.ldz;
-      f16_avx512::panels(rows, rows, kc, 0, count, k, block, b_packed, at, parts.empty() ? c + i0 * ldc : c, ldc, parts, i0, n);
+      f16_avx512::panels(rows, rows, kc, 0, count, k, block, b_packed, at, c, ldc, parts, i0, n);
     }
   });
 }

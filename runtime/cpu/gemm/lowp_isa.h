@@ -36,7 +36,7 @@ void pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, ui
 void pack_windows(const ImageWindows& g, const float* x, int64_t m0, int64_t rows, uint32_t* out);
 /// C's panels [p0, p1) (of 64 columns, N in all) for all M rows, `mc` at a time, `kc` steps of K
 /// at a time (a multiple of 2·kF16Block; the partial sums kept in C), A's rows copied by pack_a
-/// or pack_windows. C is `c` (rows `ldc` apart), or `parts` (their rows from `row0` on).
+/// or pack_windows, into C's rows from `row0` on: `c` (rows `ldc` apart) or `parts`.
 void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k, const uint32_t* a_packed, const uint16_t* b,
             const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n);
 
