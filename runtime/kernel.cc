@@ -126,8 +126,11 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
   return a;
 }
 
+bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
+
 std::optional<std::string> attention_declines(const KernelQuery& q) {
-  if (q.inputs.size() > 4) return "past key/value or sequence lengths";
+  for (size_t i = 4; i < 7 && i < q.inputs.size(); ++i)
+    if (q.inputs[i].dtype != DType::undefined) return "past key/value or sequence lengths";
   for (size_t i = 1; i < q.outputs.size(); ++i)
     if (q.outputs[i].dtype != DType::undefined) return "present key/value or the scores output";
   for (size_t i = 0; i < 3; ++i) {
@@ -141,6 +144,12 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
   if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
   const std::optional<AttentionGeometry> a = attention_geometry(q);
   if (!a || a->hkv == 0 || a->hq % a->hkv != 0) return "shapes that do not line up";
+  if (attention_rotary(q)) {
+    for (size_t i : {7, 8})
+      if (q.inputs[i].dtype != DType::f32 || q.inputs[i].shape.concrete() != std::vector<int64_t>{a->b, a->s, a->d / 2})
+        return "rotary caches that are not f32 [batch, q_seq, head_size / 2]";
+    if (a->t != a->s || a->d % 2 != 0) return "rotary embedding with keys other than the queries' or an odd head size";
+  }
   if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
     const InferInput& m = q.inputs[3];
     if (m.dtype != DType::f32 && m.dtype != DType::boolean) return "a mask that is neither f32 nor bool";

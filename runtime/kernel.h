@@ -204,8 +204,13 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 /// attention, oneDNN's two matmuls), if any: past keys and values or sequence lengths, outputs
 /// besides Y, inputs that are not f32, 3-D or 4-D, known ahead and non-empty, softcap, a softmax
 /// precision other than f32/f16/bf16 (computed in f32), shapes that do not line up, a mask that
-/// is neither f32 nor bool, shorter than the keys or not broadcasting.
+/// is neither f32 nor bool, shorter than the keys or not broadcasting, rotary caches that are
+/// not f32 [B, S, D/2] (keys as many as queries). Rotary inputs themselves are for the kernel
+/// to take or decline (attention_rotary).
 std::optional<std::string> attention_declines(const KernelQuery& q);
+
+/// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
+bool attention_rotary(const KernelQuery& q);
 
 /// The strides, in elements, of one of Attention's tensors over its batch, head and row
 /// (token) dims: element [b, h, r, 0] lies at b · batch + h · head + r · row.

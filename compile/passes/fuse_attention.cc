@@ -19,7 +19,11 @@
 // Attention reads and writes the 3-D tensors (q_num_heads, kv_num_heads) and those transposes
 // are gone: the kernels read each head where the projection wrote it. A packed projection
 // [B, S, 3·H·D] reshaped to [B, S, 3, H, D], permuted (2,0,3,1,4), split on axis 0 and squeezed
-// (ViT's qkv) is cut into Q, K and V by one Split along its features instead.
+// (ViT's qkv) is cut into Q, K and V by one Split along its features instead. When Q and K are
+// RotaryEmbeddings (what fuse_rotary made of LLaMA's rotate_half) of the same caches [B, S,
+// D/2], over the whole head, with as many keys as queries, the Attention reads Q and K before
+// them and takes the caches as its rotary_cos / rotary_sin inputs: the kernel rotates each block
+// as it loads it, and the heads' transposes can go as above.
 #include <algorithm>
 #include <array>
 #include <map>
@@ -139,6 +143,22 @@ bool is_causal_mask(const Tensor& t, const Shape& scores) {
   return true;
 }
 
+// Whether `rot` is a RotaryEmbedding Attention can take over for 4-D x [B, H, S, D]: rotate-half
+// over the whole head, caches [B, S, D/2] without position ids.
+bool foldable_rotary(const Graph& g, const Node& rot) {
+  if (rot.inputs.size() != 3 || rot.attr_int("interleaved", 0) != 0) return false;
+  const Shape& x = g.value(rot.inputs[0]).shape;
+  if (x.rank() != 4 || !x.is_concrete() || x.dims[3].value % 2 != 0) return false;
+  const int64_t dim = rot.attr_int("rotary_embedding_dim", 0);
+  if (dim != 0 && dim != x.dims[3].value) return false;
+  const std::vector<int64_t> cache = {x.dims[0].value, x.dims[2].value, x.dims[3].value / 2};
+  for (size_t i : {1, 2})
+    if (g.value(rot.inputs[i]).dtype != g.value(rot.inputs[0]).dtype || !g.value(rot.inputs[i]).shape.is_concrete() ||
+        g.value(rot.inputs[i]).shape.concrete() != cache)
+      return false;
+  return true;
+}
+
 // Masks up to this many elements that depend on constants alone are computed at compile time
 // to see whether they are causal (a 4096-token mask has 16M).
 constexpr int64_t kMaxComputedMask = int64_t{1} << 26;
@@ -250,6 +270,8 @@ Result<size_t> fuse_attention(Graph& g) {
       t.set_attr("perm", back);
       made.push_back(std::move(t));
     }
+    // The nodes reading Q, K and V (K's only when it is read directly) as the pattern goes down.
+    const Node *q_reader = qk, *k_reader = made.empty() ? tr : nullptr, *v_reader = pv;
     // Grouped-query heads: read K and V before their repetition (both or neither).
     if (made.empty()) {
       std::vector<const Node*> repeat;
@@ -257,7 +279,22 @@ Result<size_t> fuse_attention(Graph& g) {
       if (k0 != kNoValue && v0 != kNoValue && g.value(k0).shape.dims[1] == g.value(v0).shape.dims[1]) {
         k = k0;
         v = v0;
+        k_reader = repeat[2], v_reader = repeat[5];  // the Unsqueezes
         chain.insert(chain.end(), repeat.begin(), repeat.end());
+      }
+    }
+    // RoPE: Q and K rotated by the same caches, read before their rotation.
+    ValueId rotary_cos = kNoValue, rotary_sin = kNoValue;
+    if (made.empty()) {
+      const Node* rq = m.def(q, "RotaryEmbedding");
+      const Node* rk = m.def(k, "RotaryEmbedding");
+      if (rq && rk && rq != rk && foldable_rotary(g, *rq) && foldable_rotary(g, *rk) && rq->inputs[1] == rk->inputs[1] &&
+          rq->inputs[2] == rk->inputs[2] && g.value(q).shape.dims[2] == g.value(k).shape.dims[2] && m.only_read_by(q, {qk}) &&
+          m.only_read_by(k, {k_reader})) {
+        chain.insert(chain.end(), {rq, rk});
+        q = rq->inputs[0], k = rk->inputs[0];
+        q_reader = rq, k_reader = rk;
+        rotary_cos = rq->inputs[1], rotary_sin = rq->inputs[2];
       }
     }
     // A causal mask becomes is_causal.
@@ -279,17 +316,17 @@ Result<size_t> fuse_attention(Graph& g) {
     ValueId y = pv->outputs[0];
     int64_t q_heads = 0, kv_heads = 0;  // set when the Attention is sequence-major
     std::vector<const Node*> seq_chain;
-    ValueId q3 = unsplit_heads(m, q, qk, seq_chain), v3 = unsplit_heads(m, v, pv, seq_chain);
+    ValueId q3 = unsplit_heads(m, q, q_reader, seq_chain), v3 = unsplit_heads(m, v, v_reader, seq_chain);
     ValueId k3 = kNoValue;
     const bool k_made = !made.empty() && made[0].outputs[0] == k;  // the Transpose from Kᵀ back to K
     if (k_made && tr && made[0].inputs[0] == tr->inputs[0] && made[0].attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3})
       k3 = unsplit(m, made[0].inputs[0], tr, seq_chain);  // Kᵀ was Transpose 0,2,3,1 of the split projection
-    else if (!k_made && tr && tr->inputs[0] == k)
-      k3 = unsplit_heads(m, k, tr, seq_chain);
+    else if (!k_made)
+      k3 = unsplit_heads(m, k, k_reader, seq_chain);
     ValueId packed = kNoValue;  // one [B, S, 3·H·D] projection that Q, K and V are cut from
-    if (q3 == kNoValue && k3 == kNoValue && v3 == kNoValue && !k_made && tr && tr->inputs[0] == k) {
+    if (q3 == kNoValue && k3 == kNoValue && v3 == kNoValue && !k_made) {
       seq_chain.clear();
-      packed = packed_qkv(m, {q, k, v}, {qk, tr, pv}, seq_chain);
+      packed = packed_qkv(m, {q, k, v}, {q_reader, k_reader, v_reader}, seq_chain);
     }
     const Node* yt = m.single_reader(y);
     const Node* yr = yt && yt->op == "Transpose" && yt->attr_ints("perm") == std::vector<int64_t>{0, 2, 1, 3} ? m.single_reader(yt->outputs[0]) : nullptr;
@@ -329,6 +366,10 @@ Result<size_t> fuse_attention(Graph& g) {
     att.op = "Attention";
     att.inputs = {q, k, v};
     if (mask != kNoValue) att.inputs.push_back(mask);
+    if (rotary_cos != kNoValue) {
+      att.inputs.resize(7, kNoValue);
+      att.inputs.insert(att.inputs.end(), {rotary_cos, rotary_sin});
+    }
     att.outputs = {y};
     if (q_heads > 0) {
       att.set_attr("q_num_heads", q_heads);

@@ -1,8 +1,9 @@
 // Core ops of the attention family: Attention (scaled dot-product attention with grouped-query
 // heads, masks, KV cache and softcap, kept whole so fast kernels can fuse it) and
 // RotaryEmbedding (schemas and type/shape inference). The loss ops of the same family live in
-// formats/ops/loss.cc. Semantics are those of ONNX Attention-24 and RotaryEmbedding-23; see
-// docs/ops/attention.md.
+// formats/ops/loss.cc. Semantics are those of ONNX Attention-24 and RotaryEmbedding-23, plus
+// Attention's rotary_cos / rotary_sin inputs (kiln's: RoPE applied to Q and K as they load);
+// see docs/ops/attention.md.
 #include <string>
 
 #include "formats/checked.h"
@@ -40,13 +41,20 @@ Result<Dim> mul_dim(const Dim& d, int64_t k, const InferContext& ctx) {
   return Dim::known(*p);
 }
 
-// Inputs: Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen.
-// Outputs: Y, present_key, present_value, qk_matmul_output.
+// Inputs: Q, K, V, attn_mask, past_key, past_value, nonpad_kv_seqlen, and kiln's rotary_cos,
+// rotary_sin. Outputs: Y, present_key, present_value, qk_matmul_output.
 Status infer_attention(InferContext& ctx) {
   const Node& node = ctx.node();
   const DType qt = ctx.dtype(0), vt = ctx.dtype(2);
   const bool has_past_k = ctx.has_input(4), has_past_v = ctx.has_input(5);
   if (has_past_k != has_past_v) return ctx.error("past_key and past_value must be given together");
+  const bool rotary = ctx.has_input(7);
+  if (rotary != ctx.has_input(8)) return ctx.error("rotary_cos and rotary_sin must be given together");
+  if (rotary)
+    for (size_t i : {7, 8})
+      if (ctx.rank(i) >= 0 && ctx.rank(i) != 3)
+        return ctx.error(std::string(i == 7 ? "rotary_cos" : "rotary_sin") + " must be 3-D [batch, q_seq, head_size / 2], got rank " +
+                         std::to_string(ctx.rank(i)));
 
   const int64_t mode = node.attr_int("qk_matmul_output_mode", 0);
   if (mode < 0 || mode > 3) return ctx.error("qk_matmul_output_mode " + std::to_string(mode) + " is not one of 0, 1, 2, 3");
@@ -115,6 +123,21 @@ Status infer_attention(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(l, unify(l, lv, ctx, "K and V sequence lengths differ"));
   if (hq.is_known() && hkv.is_known() && (hkv.value == 0 || hq.value % hkv.value != 0))
     return ctx.error("q heads (" + std::to_string(hq.value) + ") are not a multiple of kv heads (" + std::to_string(hkv.value) + ")");
+  if (rotary) {
+    // Q and the new keys are rotated at the queries' positions: one cache row per (batch, token).
+    if (d.is_known() && d.value % 2 != 0) return ctx.error("rotary embedding needs an even head size, got " + std::to_string(d.value));
+    KILN_RETURN_IF_ERROR(unify(s, l, ctx, "rotary embedding needs as many new keys as queries").status());
+    for (size_t i : {7, 8}) {
+      if (ctx.rank(i) != 3) continue;
+      const Shape& cs = ctx.shape(i);
+      const std::string name = i == 7 ? "rotary_cos" : "rotary_sin";
+      KILN_ASSIGN_OR_RETURN(b, unify(b, cs.dims[0], ctx, name + "'s batch size differs from Q's"));
+      KILN_ASSIGN_OR_RETURN(s, unify(s, cs.dims[1], ctx, name + "'s sequence length differs from Q's"));
+      if (d.is_known()) {
+        KILN_RETURN_IF_ERROR(unify(cs.dims[2], Dim::known(d.value / 2), ctx, name + "'s last dim is not head_size / 2").status());
+      }
+    }
+  }
 
   // The KV cache: total = past + new.
   Dim total = l;
@@ -230,7 +253,7 @@ Status infer_rotary(InferContext& ctx) {
 void register_attention_ops(OpRegistry& r) {
   using namespace attention;
   using namespace types;
-  r.add("", OpSchema{"Attention", "scaled dot-product attention: grouped-query heads, mask, causal, KV cache, softcap", 3, 7, 1, 4,
+  r.add("", OpSchema{"Attention", "scaled dot-product attention: grouped-query heads, mask, causal, KV cache, softcap, rotary", 3, 9, 1, 4,
                      {{"is_causal", AttrType::int64, false, "mask keys after the query position (0)"},
                       {"kv_num_heads", AttrType::int64, false, "K/V heads of 3-D inputs"},
                       {"q_num_heads", AttrType::int64, false, "Q heads of 3-D inputs"},
@@ -240,7 +263,8 @@ void register_attention_ops(OpRegistry& r) {
                       {"softmax_precision", AttrType::string, false, "kiln type name the softmax must at least use"}},
                      infer_attention})
       .traits.types = {input(0, kFloat, "Q"), same_as(1, 0, "K"), input(2, kFloat, "V"), input(3, kAny, "attn_mask"),
-                       same_as(4, 0, "past_key"), same_as(5, 2, "past_value"), input(6, DType::i64, "nonpad_kv_seqlen")};
+                       same_as(4, 0, "past_key"), same_as(5, 2, "past_value"), input(6, DType::i64, "nonpad_kv_seqlen"),
+                       same_as(7, 0, "rotary_cos"), same_as(8, 0, "rotary_sin")};
   r.add("", OpSchema{"RotaryEmbedding", "rotary position embedding of the first rotary_embedding_dim features of each head", 3, 4, 1, 1,
                      {{"interleaved", AttrType::int64, false, "rotate (even, odd) pairs instead of halves (0)"},
                       {"num_heads", AttrType::int64, false, "heads of a 3-D input"},

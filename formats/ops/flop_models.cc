@@ -325,7 +325,8 @@ int64_t recurrent(const Node& n, const Graph& g) {
 
 // Attention: Q [B, Hq, S, D] or [B, S, Hq·D]; K [B, Hkv, L, D] or [B, L, Hkv·D]; past_key
 // [B, Hkv, P, D]; Y [B, Hq, S, Dv] or [B, S, Hq·Dv]. numel(Q) = B·Hq·S·D and numel(Y) =
-// B·Hq·S·Dv in either layout, so Q·Kᵀ is 2·numel(Q)·T and P·V 2·numel(Y)·T.
+// B·Hq·S·Dv in either layout, so Q·Kᵀ is 2·numel(Q)·T and P·V 2·numel(Y)·T; rotary caches
+// add RotaryEmbedding's count over Q and K.
 int64_t attention(const Node& n, const Graph& g) {
   const Shape* q = input_shape(n, g, 0);
   const Shape* k = input_shape(n, g, 1);
@@ -339,7 +340,9 @@ int64_t attention(const Node& n, const Graph& g) {
   int64_t per_score = kAttentionScore;
   if (n.has_input(3)) per_score += 1;
   if (n.attr_float("softcap", 0) > 0) per_score += kT + 2;
-  return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score);
+  CheckedInt rotated = 0;  // kiln's rotary inputs: Q and the new keys rotated once each
+  if (n.has_input(7)) rotated = (numel_or_one(*q) + numel_or_one(*k)) * kRotary;
+  return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score + rotated);
 }
 
 // RotaryEmbedding: kRotary per rotated element, the first rotary_embedding_dim of each head's

@@ -9,6 +9,9 @@
 // grouped-query heads read their KV head's packed K and V, never copies of them. Q, K, V and Y
 // are read and written where they lie, head-major ([B, H, S, D]) or sequence-major ([B, S,
 // H·D], the projections' own layout, which fuse_attention hands over without transposes).
+// With rotary caches (RoPE folded in by fuse_attention), each block of Q rows is rotated into
+// the thread's scratch before its products, and K a chunk of keys at a time before packing:
+// neither rotated tensor is ever written out.
 //
 // kiln.rotary_f32_<isa>: RotaryEmbedding's rotate-half form (what fuse_rotary makes of the
 // exporters' x·cos + rotate_half(x)·sin) in one pass over x on the row kernels.
@@ -31,6 +34,8 @@ namespace {
 // tiles of 64 columns), so a block's scores (at most 64 × 512 floats, 128 KiB) stay in L2
 // between the two products. Query rows are split into blocks of at most kBlockQ, evenly.
 constexpr int64_t kBlockQ = 64, kBlockK = 256, kWholeKeys = 512;
+// Keys rotated at a time before packing (rounded to the tile's width).
+constexpr int64_t kRotateKeys = 256;
 
 size_t floats_bytes(int64_t n) { return static_cast<size_t>((n * 4 + 63) / 64 * 64); }
 
@@ -50,6 +55,7 @@ class FlashAttention final : public Kernel {
     qst_ = a->q(), kst_ = a->k(), vst_ = a->v(), yst_ = a->y();
     scale_ = static_cast<float>(q.node.attr_float("scale", 1.0 / std::sqrt(static_cast<double>(d_))));
     causal_ = q.node.attr_int("is_causal", 0) != 0;
+    rotary_ = attention_rotary(q);
     // The mask's strides over [batch, head, query row], 0 where it broadcasts.
     has_mask_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
     bool_mask_ = has_mask_ && q.inputs[3].dtype == DType::boolean;
@@ -70,7 +76,10 @@ class FlashAttention final : public Kernel {
     k_floats_ = gemm::packed_b_floats(d_, t_, qk_.tile.nr);
     v_floats_ = gemm::packed_b_floats(t_, dv_, pv_.tile.nr);
     const gemm::GemmProblem qk{.m = bq_, .n = bk_, .k = d_, .b_packed = true}, pv{.m = bq_, .n = dv_, .k = bk_, .b_packed = true};
-    thread_bytes_ = floats_bytes(bq_ * bk_) + 2 * floats_bytes(bq_) +
+    // Rotated rows: a Q block while the products run, or a chunk of keys while packing.
+    rotate_keys_ = std::max<int64_t>(qk_.tile.nr, kRotateKeys / qk_.tile.nr * qk_.tile.nr);
+    rotated_floats_ = rotary_ ? floats_bytes(std::max(bq_, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
+    thread_bytes_ = floats_bytes(bq_ * bk_) + 2 * floats_bytes(bq_) + static_cast<size_t>(rotated_floats_) * 4 +
                     floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
     threads_ = std::max(1, q.target.threads);
     packed_bytes_ = floats_bytes(b_ * hkv_ * (k_floats_ + v_floats_));
@@ -84,6 +93,9 @@ class FlashAttention final : public Kernel {
     const float* vd = ctx.input(2).data<float>();
     const float* mask = has_mask_ && !bool_mask_ ? ctx.input(3).data<float>() : nullptr;
     const bool* keep = bool_mask_ ? ctx.input(3).data<bool>() : nullptr;
+    const float* cos = rotary_ ? ctx.input(7).data<float>() : nullptr;
+    const float* sin = rotary_ ? ctx.input(8).data<float>() : nullptr;
+    const int64_t half = d_ / 2;
     float* y = ctx.output(0).data<float>();
     std::byte* ws = ctx.workspace().data();
     float* packed = reinterpret_cast<float*>(ws);
@@ -91,18 +103,29 @@ class FlashAttention final : public Kernel {
     const int64_t items = b_ * hq_ * q_blocks;
     const int threads = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), std::max(heads, items)}));
     auto body = [&](int thread) {
-      // K (as Kᵀ) and V of each KV head, packed once.
-#pragma omp for schedule(static)
-      for (int64_t h = 0; h < heads; ++h) {
-        float* pk = packed + h * (k_floats_ + v_floats_);
-        gemm::pack_b(kd + kst_.at(h / hkv_, h % hkv_), kst_.row, true, d_, t_, qk_.tile.nr, pk);
-        gemm::pack_b(vd + vst_.at(h / hkv_, h % hkv_), vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
-      }
       std::byte* mine = ws + packed_bytes_ + thread_bytes_ * static_cast<size_t>(thread);
       float* scores = reinterpret_cast<float*>(mine);
       float* m = scores + floats_bytes(bq_ * bk_) / 4;
       float* l = m + floats_bytes(bq_) / 4;
-      std::byte* gemm_ws = reinterpret_cast<std::byte*>(l + floats_bytes(bq_) / 4);
+      float* rotated = l + floats_bytes(bq_) / 4;
+      std::byte* gemm_ws = reinterpret_cast<std::byte*>(rotated + rotated_floats_);
+      // K (as Kᵀ) and V of each KV head, packed once; K rotated first, a chunk of keys at a time.
+#pragma omp for schedule(static)
+      for (int64_t h = 0; h < heads; ++h) {
+        float* pk = packed + h * (k_floats_ + v_floats_);
+        const float* k = kd + kst_.at(h / hkv_, h % hkv_);
+        if (!rotary_) {
+          gemm::pack_b(k, kst_.row, true, d_, t_, qk_.tile.nr, pk);
+        } else {
+          const int64_t rows = (h / hkv_) * s_;  // the batch's first cache row (keys are the queries' tokens)
+          for (int64_t j0 = 0; j0 < t_; j0 += rotate_keys_) {
+            const int64_t n = std::min(rotate_keys_, t_ - j0);
+            rows_.rotate_rows(k + j0 * kst_.row, kst_.row, rotated, d_, cos + (rows + j0) * half, sin + (rows + j0) * half, n, d_, half);
+            gemm::pack_b(rotated, d_, true, d_, n, qk_.tile.nr, pk + j0 / qk_.tile.nr * d_ * qk_.tile.nr);
+          }
+        }
+        gemm::pack_b(vd + vst_.at(h / hkv_, h % hkv_), vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
+      }
 #pragma omp for schedule(dynamic)
       for (int64_t item = 0; item < items; ++item) {
         const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
@@ -114,9 +137,16 @@ class FlashAttention final : public Kernel {
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
         const int64_t keys = causal_ ? std::min(t_, q0 + rows) : t_;  // keys after the block's last row are out
+        const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
+        int64_t lda = qst_.row;
+        if (rotary_) {
+          const int64_t row0 = b * s_ + q0;
+          rows_.rotate_rows(qa, lda, rotated, d_, cos + row0 * half, sin + row0 * half, rows, d_, half);
+          qa = rotated, lda = d_;
+        }
         for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
           const int64_t n = std::min(bk_, keys - k0);
-          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qd + qst_.at(b, h) + q0 * qst_.row, .lda = qst_.row,
+          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qa, .lda = lda,
                                .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = bk_};
           gemm::run(qk_, qk, gemm_ws);
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
@@ -150,7 +180,8 @@ class FlashAttention final : public Kernel {
   int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
   HeadStrides qst_, kst_, vst_, yst_;
   float scale_ = 1;
-  bool causal_ = false, has_mask_ = false, bool_mask_ = false;
+  bool causal_ = false, has_mask_ = false, bool_mask_ = false, rotary_ = false;
+  int64_t rotate_keys_ = 0, rotated_floats_ = 0;
   int64_t mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;
   gemm::GemmParams qk_, pv_;
   int64_t k_floats_ = 0, v_floats_ = 0;

@@ -69,6 +69,11 @@ struct RowKernels {
   /// 2·half on are copied.
   void (*rotary)(const float* x, float* y, const float* cos, const float* sin, const int64_t* cache_rows, int64_t batch,
                  int64_t seq, int64_t heads, int64_t d, int64_t half, bool seq_major);
+  /// The same rotation over `rows` rows of d features, x's `ldx` and y's `ldy` floats apart
+  /// (y may be x), row r taking cache row r (cos and sin [rows, half]) on the calling thread:
+  /// what flash attention applies to a block of Q rows or K rows as it loads them.
+  void (*rotate_rows)(const float* x, int64_t ldx, float* y, int64_t ldy, const float* cos, const float* sin, int64_t rows,
+                      int64_t d, int64_t half);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
   /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
   /// planes, then the epilogue (z: the residual planes, may be null). `scratch` holds

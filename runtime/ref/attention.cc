@@ -47,6 +47,25 @@ std::vector<double> heads_first(const Tensor& t, int64_t heads) {
   return out;
 }
 
+// Rotates x [B, H, S, D] in place, rotate-half form: token t of batch b by cache row b·S + t
+// (cos and sin [B, S, D/2]), as RotaryEmbedding without position ids.
+void rotate_halves(std::vector<double>& x, int64_t b, int64_t h, int64_t s, int64_t d, const std::vector<double>& cos,
+                   const std::vector<double>& sin) {
+  const int64_t half = d / 2;
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t t = 0; t < s; ++t) {
+        double* row = x.data() + ((bi * h + hi) * s + t) * d;
+        const double* c = cos.data() + (bi * s + t) * half;
+        const double* sn = sin.data() + (bi * s + t) * half;
+        for (int64_t e = 0; e < half; ++e) {
+          const double x1 = row[e], x2 = row[e + half];
+          row[e] = c[e] * x1 - sn[e] * x2;
+          row[e + half] = sn[e] * x1 + c[e] * x2;
+        }
+      }
+}
+
 // past [B, H, P, D] ++ cur [B, H, L, D] along the sequence.
 std::vector<double> concat_seq(const std::vector<double>& past, int64_t p, const std::vector<double>& cur, int64_t l,
                                int64_t b, int64_t h, int64_t d) {
@@ -76,6 +95,11 @@ Status ref_attention(KernelContext& ctx) {
   const int64_t p = has_past ? ctx.input(4).dim(2) : 0, total = p + l;
 
   std::vector<double> qd = heads_first(q, hq), kd = heads_first(k, hkv), vd = heads_first(v, hkv);
+  if (ctx.has_input(7)) {  // RoPE on Q and the new keys, token t of batch b at cache row b·S + t (L = S)
+    const std::vector<double> cosv = ctx.input(7).to_double_vector(), sinv = ctx.input(8).to_double_vector();
+    rotate_halves(qd, batch, hq, s, d, cosv, sinv);
+    rotate_halves(kd, batch, hkv, l, d, cosv, sinv);
+  }
   if (has_past) {
     kd = concat_seq(ctx.input(4).to_double_vector(), p, kd, l, batch, hkv, d);
     vd = concat_seq(ctx.input(5).to_double_vector(), p, vd, l, batch, hkv, dv);

@@ -270,6 +270,60 @@ TEST(CompilePatterns, AttentionGroupedQuery) {
             "\"v_unsq\", \"v_exp\", \"v_rep\", \"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"ctx\"]\n");
 }
 
+// LLaMA: Q and K split into heads and rotated (the RotaryEmbeddings fuse_rotary makes) by the
+// same caches, K and V repeated for grouped-query heads, a causal mask, the context merged
+// back. The Attention reads the 3-D projections before their rotation and takes the caches as
+// rotary_cos / rotary_sin. `near_miss` 1: K rotated by caches of its own; 2: Q's pairs
+// interleaved; either way both rotations stay, and so do the heads' transposes.
+Model rotary_attention(int near_miss) {
+  GraphBuilder b;
+  const int64_t s = 5, d = 8;
+  auto split = [&](const std::string& name, int64_t heads) {
+    ValueId x = b.input(name, {1, s, heads * d});
+    ValueId r = b.op(name + "_4d", "Reshape", {x, b.constant(name + "_shape", ints({1, s, heads, d}))});
+    return b.op(name + "_heads", "Transpose", {r}, {attr("perm", std::vector<int64_t>{0, 2, 1, 3})});
+  };
+  auto repeat = [&](ValueId t, const std::string& name) {
+    ValueId u = b.op(name + "_unsq", "Unsqueeze", {t, b.constant(name + "_axes", ints({2}))});
+    ValueId e = b.op(name + "_exp", "Expand", {u, b.constant(name + "_shape5", ints({1, 2, 2, s, d}))});
+    return b.op(name + "_rep", "Reshape", {e, b.constant(name + "_shape4", ints({1, 4, s, d}))});
+  };
+  ValueId cos = b.constant("cos", ramp({1, s, d / 2}, 0.1f)), sin = b.constant("sin", ramp({1, s, d / 2}, 0.2f));
+  ValueId sin_k = near_miss == 1 ? b.constant("sin_k", ramp({1, s, d / 2}, 0.3f)) : sin;
+  std::vector<Attribute> q_attrs;
+  if (near_miss == 2) q_attrs.push_back(attr("interleaved", int64_t{1}));
+  ValueId q = b.op("q_rot", "RotaryEmbedding", {split("q", 4), cos, sin}, q_attrs);
+  ValueId k = b.op("k_rot", "RotaryEmbedding", {split("k", 2), cos, sin_k});
+  ValueId v = split("v", 2);
+  ValueId kt = b.op("kt", "Transpose", {repeat(k, "k")}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+  ValueId scores = b.op("scores", "Div", {b.op("qk", "MatMul", {q, kt}), b.scalar("sqrt_d", 2.828427f)});
+  Tensor causal(DType::f32, {1, 1, s, s});
+  for (int64_t i = 0; i < s * s; ++i) causal.data<float>()[i] = i % s > i / s ? kF32Min : 0.f;
+  ValueId p = b.op("probs", "Softmax", {b.op("masked", "Add", {scores, b.constant("causal", causal)})});
+  ValueId ctx = b.op("ctx", "MatMul", {p, repeat(v, "v")});
+  ValueId merged = b.op("ctx_t", "Transpose", {ctx}, {attr("perm", std::vector<int64_t>{0, 2, 1, 3})});
+  return b.done({b.op("out", "Reshape", {merged, b.constant("out_shape", ints({1, s, 4 * d}))})});
+}
+
+TEST(CompilePatterns, AttentionTakesRotaryEmbeddings) {
+  const std::vector<Tensor> inputs = {ramp({1, 5, 32}), ramp({1, 5, 16}, 0.3f), ramp({1, 5, 16}, 0.2f)};
+  Model m = rotary_attention(0);
+  EXPECT_EQ(apply(m, fuse_attention, inputs, 1e-5), 1u);
+  EXPECT_EQ(nodes_text(m.graph),
+            "node ctx: Attention(q, k, v, _, _, _, _, cos, sin) -> (out) is_causal=1 kv_num_heads=2 q_num_heads=4 scale=0.3535533966440824 "
+            "sources=[\"q_4d\", \"q_heads\", \"q_rot\", \"k_4d\", \"k_heads\", \"k_rot\", \"v_4d\", \"v_heads\", \"k_unsq\", \"k_exp\", "
+            "\"k_rep\", \"kt\", \"qk\", \"scores\", \"masked\", \"probs\", \"v_unsq\", \"v_exp\", \"v_rep\", \"ctx\", \"ctx_t\", \"out\"]\n");
+  for (int near_miss : {1, 2}) {
+    SCOPED_TRACE(near_miss);
+    Model other = rotary_attention(near_miss);
+    EXPECT_EQ(apply(other, fuse_attention, inputs, 1e-5), 1u);
+    const std::string text = nodes_text(other.graph);
+    EXPECT_NE(text.find("RotaryEmbedding(q_heads"), std::string::npos) << text;
+    EXPECT_NE(text.find("RotaryEmbedding(k_heads"), std::string::npos) << text;
+    EXPECT_EQ(text.find("q_num_heads"), std::string::npos) << text;
+  }
+}
+
 // LLaMA and GPT-2 as exported for a fixed length: the causal mask is a constant (additive, or a
 // Where's condition); the Attention gets is_causal instead of reading it.
 TEST(CompilePatterns, AttentionConstantCausalMaskBecomesIsCausal) {

@@ -400,6 +400,38 @@ TEST(CpuKernels, Attention) {
             kReferenceKernel);
 }
 
+TEST(CpuKernels, FlashAttentionRotary) {
+  // RoPE folded into attention (rotary_cos / rotary_sin): Q rotated per query block, K a chunk
+  // of keys at a time before packing, in both layouts, with grouped-query heads, across query
+  // blocks, key blocks and rotation chunks (600 keys: three chunks of 256, the last short),
+  // causal and with a mask. oneDNN's attention declines it.
+  const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});
+  auto rope = [&](std::vector<Tensor> qkv, int64_t b, int64_t s, int64_t d, int salt) {
+    qkv.resize(7);
+    qkv.push_back(noise({b, s, d / 2}, salt));
+    qkv.push_back(noise({b, s, d / 2}, salt + 1));
+    return qkv;
+  };
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.attention_f32_" + isa;
+    SCOPED_TRACE(name);
+    EXPECT_EQ(check({"Attention", rope({noise({2, 4, 9, 16}, 1), noise({2, 2, 9, 16}, 2), noise({2, 2, 9, 16}, 3)}, 2, 9, 16, 4), {}, {}},
+                    1e-5, &cpu),
+              name);
+    std::vector<Attribute> attrs = {attr("q_num_heads", int64_t{4}), attr("kv_num_heads", int64_t{2}), attr("is_causal", int64_t{1})};
+    EXPECT_EQ(check({"Attention", rope({noise({1, 600, 4 * 64}, 5, 4.f), noise({1, 600, 2 * 64}, 6, 4.f), noise({1, 600, 2 * 48}, 7)}, 1, 600, 64, 8),
+                     {}, attrs},
+                    1e-5, &cpu),
+              name);
+    std::vector<Tensor> masked = rope({noise({2, 70, 3 * 10}, 9), noise({2, 70, 3 * 10}, 10), noise({2, 70, 3 * 10}, 11)}, 2, 70, 10, 12);
+    masked[3] = noise({2, 1, 1, 70}, 13, 4.f);
+    EXPECT_EQ(check({"Attention", masked, {}, {attr("q_num_heads", int64_t{3}), attr("kv_num_heads", int64_t{3})}}, 1e-5, &cpu), name);
+  }
+  EXPECT_EQ(check({"Attention", rope({noise({1, 2, 5, 8}, 14), noise({1, 2, 5, 8}, 15), noise({1, 2, 5, 8}, 16)}, 1, 5, 8, 17), {}, {}}, 1e-5,
+                  nullptr, &without_flash),
+            kReferenceKernel);
+}
+
 TEST(CpuKernels, RotaryEmbedding) {
   // The rotate-half form on each ISA path: 4-D and 3-D inputs, caches per token or indexed by
   // position ids, a partial rotary dim (the rest copied), head sizes off the vector width.

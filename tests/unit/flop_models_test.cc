@@ -127,6 +127,10 @@ TEST(FlopModels, AttentionCountsBothProductsAndTheSoftmax) {
             2 * 24 * 7 + 2 * 36 * 7 + 42 * 10);
   // Grouped-query: 4 query heads read 2 KV heads; the work follows the query heads.
   EXPECT_EQ(flops_of("Attention", {f32({1, 4, 3, 4}), f32({1, 2, 5, 4}), f32({1, 2, 5, 6})}), 2 * expected);
+  // Rotary caches (T = S = 3): RotaryEmbedding's 3 per element over Q (24) and K (24) on top.
+  EXPECT_EQ(flops_of("Attention", {f32({1, 2, 3, 4}), f32({1, 2, 3, 4}), f32({1, 2, 3, 6}), std::nullopt, std::nullopt, std::nullopt,
+                                   std::nullopt, f32({1, 3, 2}), f32({1, 3, 2})}),
+            2 * 24 * 3 + 2 * 36 * 3 + 18 * 9 + 3 * (24 + 24));
 }
 
 TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {

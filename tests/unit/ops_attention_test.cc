@@ -195,6 +195,53 @@ TEST(AttentionOps, UserErrors) {
   expect_user_error(run_op("Attention", {q2, k, v}, {attr("qk_matmul_output_mode", int64_t{4})}), "qk_matmul_output_mode");
 }
 
+// kiln's rotary_cos / rotary_sin inputs: the same as RotaryEmbedding on Q and on the new keys
+// (cache rows per batch and token) before the Attention; the past keys are not rotated again
+// and present_key holds the rotated new keys. 4-D with grouped-query heads and a KV cache, and
+// 3-D (sequence-major).
+TEST(AttentionRotary, AttentionRotatesQAndTheNewKeys) {
+  const int64_t B = 2, S = 3, Hq = 4, Hkv = 2, D = 6;
+  Tensor q = data({B, Hq, S, D}, 1), k = data({B, Hkv, S, D}, 2), v = data({B, Hkv, S, 5}, 3);
+  Tensor pk = data({B, Hkv, 2, D}, 4), pv = data({B, Hkv, 2, 5}, 5);
+  Tensor cs = data({B, S, D / 2}, 6, 0.15f), sn = data({B, S, D / 2}, 7, 0.15f);
+  auto rq = run_op("RotaryEmbedding", {q, cs, sn});
+  auto rk = run_op("RotaryEmbedding", {k, cs, sn});
+  ASSERT_TRUE(rq.ok() && rk.ok());
+  auto unfused = run_op("Attention", {(*rq)[0], (*rk)[0], v, Tensor(), pk, pv}, {attr("is_causal", int64_t{1})}, 2);
+  auto fused = run_op("Attention", {q, k, v, Tensor(), pk, pv, Tensor(), cs, sn}, {attr("is_causal", int64_t{1})}, 2);
+  ASSERT_TRUE(unfused.ok()) << unfused.error().what;
+  ASSERT_TRUE(fused.ok()) << fused.error().what;
+  expect_all((*fused)[0], (*unfused)[0].to_double_vector(), 1e-6);
+  expect_all((*fused)[1], (*unfused)[1].to_double_vector(), 1e-6);
+  EXPECT_EQ((*fused)[1].as_double(0), pk.as_double(0));  // past keys as they were
+
+  // 3-D: [B, S, H·D] with the heads' attributes.
+  Tensor q3 = data({B, S, Hq * D}, 1), k3 = data({B, S, Hkv * D}, 2), v3 = data({B, S, Hkv * 4}, 3);
+  auto rq3 = run_op("RotaryEmbedding", {q3, cs, sn}, {attr("num_heads", Hq)});
+  auto rk3 = run_op("RotaryEmbedding", {k3, cs, sn}, {attr("num_heads", Hkv)});
+  ASSERT_TRUE(rq3.ok() && rk3.ok());
+  const std::vector<Attribute> heads = {attr("q_num_heads", Hq), attr("kv_num_heads", Hkv)};
+  auto unfused3 = run_op("Attention", {(*rq3)[0], (*rk3)[0], v3}, heads);
+  auto fused3 = run_op("Attention", {q3, k3, v3, Tensor(), Tensor(), Tensor(), Tensor(), cs, sn}, heads);
+  ASSERT_TRUE(unfused3.ok() && fused3.ok());
+  expect_all((*fused3)[0], (*unfused3)[0].to_double_vector(), 1e-6);
+
+  // Errors: one cache alone, a cache of the wrong shape, keys other than the queries', an odd head.
+  expect_user_error(run_op("Attention", {q, k, v, Tensor(), Tensor(), Tensor(), Tensor(), cs}), "given together");
+  expect_user_error(run_op("Attention", {q, k, v, Tensor(), Tensor(), Tensor(), Tensor(), data({B, S, D}, 6), sn}),
+                    "rotary_cos's last dim is not head_size / 2");
+  expect_user_error(run_op("Attention", {q, k, v, Tensor(), Tensor(), Tensor(), Tensor(), data({B, S + 1, D / 2}, 6), sn}),
+                    "rotary_cos's sequence length differs from Q's");
+  expect_user_error(run_op("Attention", {q, data({B, Hkv, S + 1, D}, 2), data({B, Hkv, S + 1, 5}, 3), Tensor(), Tensor(), Tensor(),
+                                         Tensor(), cs, sn}),
+                    "as many new keys as queries");
+  expect_user_error(run_op("Attention", {data({B, Hq, S, 5}, 1), data({B, Hkv, S, 5}, 2), v, Tensor(), Tensor(), Tensor(), Tensor(),
+                                         data({B, S, 2}, 6), data({B, S, 2}, 7)}),
+                    "even head size");
+  expect_user_error(run_op("Attention", {q, k, v, Tensor(), Tensor(), Tensor(), Tensor(), data({B, S}, 6), data({B, S}, 7)}),
+                    "must be 3-D");
+}
+
 TEST(AttentionRotary, HandComputedHalvesAndInterleaved) {
   // One head of 4 features, no position ids: caches [B, S, 2].
   const double c0 = 0.6, s0 = 0.8, c1 = 0.0, s1 = 1.0;
