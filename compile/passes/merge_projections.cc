@@ -20,6 +20,12 @@
 // AMX and writes one output). Every split point is a multiple of 32 columns (f16: 64): some
 // register tile of kiln's GEMM divides it on each ISA (AVX-512's 14x32, AVX2's 3x32, the f16
 // GEMM's 6x64), so no tile straddles two outputs; a product whose width is not stays apart.
+//
+// Then SwiGLU: a merged product of two equal f32 halves, one plain (up) and one activated (the
+// gate's SiLU), whose outputs only one Mul reads, becomes a gated product (`gate_block` 64):
+// its weight's columns reordered into blocks of 64 up columns then the 64 gate columns they
+// pair with, so each register tile of the gates finds its values' tile just written, and the
+// GEMM writes up · SiLU(gate) itself; the Mul goes. Each half's width must be a multiple of 64.
 #include <algorithm>
 #include <map>
 
@@ -86,8 +92,12 @@ void make_split(Node& n, std::vector<ValueId> outputs, const std::vector<int64_t
 }
 
 struct Merges {
-  size_t products = 0, merged = 0, splits = 0;
+  size_t products = 0, merged = 0, splits = 0, gated = 0;
 };
+
+// The gated products' block: a multiple of the tiles' widths it runs on (AVX-512's 6x64 and
+// 14x32, AVX2's 6x16 and 3x32).
+constexpr int64_t kGateBlock = 64;
 
 // Split(P) or Split(Reshape(P)) along the last axis -> P with split outputs.
 void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector<Node>>& after, Merges& made) {
@@ -253,6 +263,60 @@ void merge_siblings(Graph& g, std::vector<char>& drop, Merges& made) {
   }
 }
 
+// A merged product (up, act(gate)) whose two outputs one Mul alone reads -> the gated product
+// writing that Mul's output.
+void gate_products(Graph& g, std::vector<char>& drop, Merges& made) {
+  std::vector<std::vector<size_t>> readers(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!drop[i])
+      for (ValueId v : g.nodes[i].inputs)
+        if (v != kNoValue) readers[static_cast<size_t>(v)].push_back(i);
+  auto graph_output = [&](ValueId v) { return std::find(g.outputs.begin(), g.outputs.end(), v) != g.outputs.end(); };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    const std::vector<int64_t> splits = n.attr_ints("splits"), on = n.attr_ints("activated");
+    if (drop[i] || n.op != "FusedMatMul" || splits.size() != 2 || on.size() != 2 || on[0] == on[1] || splits[0] != splits[1] ||
+        splits[0] % kGateBlock != 0 || n.has_attr("post_activation") || n.has_input(3) || g.value(n.inputs[1]).dtype != DType::f32)
+      continue;
+    const size_t gate = on[0] ? 0 : 1, up = 1 - gate;
+    const ValueId yu = n.outputs[up], yg = n.outputs[gate];
+    const std::vector<size_t>& ru = readers[static_cast<size_t>(yu)];
+    if (ru.size() != 1 || readers[static_cast<size_t>(yg)] != ru || graph_output(yu) || graph_output(yg)) continue;
+    const Node& mul = g.nodes[ru[0]];
+    if (mul.op != "Mul" || !mul.domain.empty() || mul.inputs.size() != 2 || mul.inputs[0] == mul.inputs[1] ||
+        g.value(mul.outputs[0]).shape != g.value(yu).shape || g.value(mul.outputs[0]).dtype != DType::f32)
+      continue;
+    // The weight's (and bias's) columns: each block of 64 up columns, then the 64 gate ones.
+    const int64_t half = splits[0], k = g.value(n.inputs[1]).constant.dim(0);
+    auto interleave = [&](const Tensor& t, int64_t rows) {
+      Tensor out(DType::f32, t.shape());
+      const float* from = t.data<float>();
+      float* to = out.data<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < half; ++c) {
+          const int64_t at = c / kGateBlock * 2 * kGateBlock + c % kGateBlock;
+          to[r * 2 * half + at] = from[r * 2 * half + static_cast<int64_t>(up) * half + c];
+          to[r * 2 * half + at + kGateBlock] = from[r * 2 * half + static_cast<int64_t>(gate) * half + c];
+        }
+      return out;
+    };
+    const std::string base = g.value(n.inputs[1]).name;
+    Tensor weight = interleave(plain(g.value(n.inputs[1]).constant), k);
+    n.inputs[1] = g.add_constant(g.unique_value_name(base + "_gated"), std::move(weight));
+    if (n.has_input(2)) {
+      Tensor bias = interleave(plain(g.value(n.inputs[2]).constant), 1);
+      n.inputs[2] = g.add_constant(g.unique_value_name(base + "_gated_bias"), std::move(bias));
+    }
+    n.erase_attr("splits");
+    n.erase_attr("activated");
+    n.set_attr("gate_block", kGateBlock);
+    n.outputs = {mul.outputs[0]};
+    n.sources.insert(n.sources.end(), mul.sources.begin(), mul.sources.end());
+    drop[ru[0]] = 1;
+    ++made.gated;
+  }
+}
+
 }  // namespace
 
 Result<PassResult> merge_projections(Model& model, PassContext&) {
@@ -262,7 +326,8 @@ Result<PassResult> merge_projections(Model& model, PassContext&) {
   Merges made;
   fold_splits(g, drop, after, made);
   merge_siblings(g, drop, made);
-  if (made.splits == 0 && made.merged == 0) return PassResult{};
+  gate_products(g, drop, made);
+  if (made.splits == 0 && made.merged == 0 && made.gated == 0) return PassResult{};
   std::vector<Node> nodes;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
@@ -277,6 +342,8 @@ Result<PassResult> merge_projections(Model& model, PassContext&) {
            count_of(made.merged, "product", "products") + " with split outputs";
   if (made.splits)
     what += (what.empty() ? "folded " : "; folded ") + count_of(made.splits, "Split", "Splits") + " of a product's columns into it";
+  if (made.gated)
+    what += (what.empty() ? "gated " : "; gated ") + count_of(made.gated, "product", "products") + " (up · act(gate), the Mul in the GEMM)";
   return PassResult{true, what};
 }
 

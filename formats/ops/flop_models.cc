@@ -378,11 +378,16 @@ int64_t fused_conv(const Node& n, const Graph& g) {
   return count(CheckedInt(conv<1>(n, g)) + numel_of(output_shape(n, g)) * fused_epilogue(n));
 }
 // FusedMatMul's outputs, several when `splits` cuts its columns: K (A's last dim) multiply-adds
-// and the epilogue per element of each (its activations on the outputs `activated` names).
+// and the epilogue per element of each (its activations on the outputs `activated` names). A
+// gated product (gate_block) computes two columns, a value and its gate, for each output
+// element: twice the multiply-adds and bias adds, the activation on the gate and a multiply.
 int64_t fused_matmul(const Node& n, const Graph& g) {
   const Shape* a = input_shape(n, g, 0);
   if (!a) return 0;
-  const CheckedInt per = CheckedInt(2) * dim_or_one(*a, a->dims.empty() ? 0 : a->dims.size() - 1) + fused_epilogue(n);
+  const CheckedInt k2 = CheckedInt(2) * dim_or_one(*a, a->dims.empty() ? 0 : a->dims.size() - 1);
+  if (n.attr_int("gate_block", 0) > 0)
+    return count(numel_of(output_shape(n, g)) * (k2 * 2 + (n.has_input(2) ? 2 : 0) + activations_cost(n) + 1));
+  const CheckedInt per = k2 + fused_epilogue(n);
   const std::vector<int64_t> on = n.attr_ints("activated");
   CheckedInt total = 0;
   for (size_t i = 0; i < n.outputs.size(); ++i) {

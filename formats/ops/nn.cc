@@ -426,9 +426,38 @@ Status infer_qfused_conv(InferContext& ctx) {
 // FusedMatMul: MatMul's shape and the epilogue; with `splits`, Y's columns go to that many
 // outputs in order (a merged projection: Q, K and V from one product), each Y's shape with the
 // last dim its part, and no Z; `activated` (one 0 or 1 per output) says which outputs the
-// activations apply to (all of them without it).
+// activations apply to (all of them without it). With `gate_block` G, the product's columns
+// alternate G values and the G gates of those values (SwiGLU's up and gate projections): Y is
+// half as wide, value · activation(gate), with no Z and no post-activation.
+Status infer_gated_matmul(InferContext& ctx) {
+  const Node& node = ctx.node();
+  const int64_t g = node.attr_int("gate_block", 0);
+  if (g <= 0) return ctx.error("gate_block " + std::to_string(g) + " is not positive");
+  if (node.has_attr("splits") || node.has_attr("activated")) return ctx.error("gate_block with split outputs");
+  if (ctx.num_outputs() != 1) return ctx.error(std::to_string(ctx.num_outputs()) + " outputs of a gated product; it has one");
+  if (ctx.has_input(3)) return ctx.error("a residual input Z with gate_block");
+  KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(node, "post_activation"));
+  if (post.kind != Activation::none) return ctx.error("a post_activation with gate_block");
+  KILN_RETURN_IF_ERROR(infer_epilogue(ctx, -1));  // the bias against the whole product
+  if (ctx.outputs()[0].dtype == DType::undefined || ctx.outputs()[0].shape.rank() < 0) return {};
+  Shape y = ctx.outputs()[0].shape;
+  if (y.rank() == 0) return ctx.error("a gated scalar product");
+  Dim& n = y.dims.back();
+  if (n.is_known()) {
+    if (n.value % (2 * g) != 0)
+      return ctx.error("the product's " + std::to_string(n.value) + " columns are not whole blocks of " + std::to_string(g) +
+                       " values and " + std::to_string(g) + " gates");
+    n = Dim::known(n.value / 2);
+  } else {
+    n = Dim::unknown();
+  }
+  ctx.set_output(0, ctx.outputs()[0].dtype, std::move(y));
+  return {};
+}
+
 Status infer_fused_matmul(InferContext& ctx) {
   KILN_RETURN_IF_ERROR(infer_matmul(ctx));
+  if (ctx.node().has_attr("gate_block")) return infer_gated_matmul(ctx);
   const std::vector<int64_t> splits = ctx.node().attr_ints("splits");
   if (splits.empty()) {
     if (ctx.num_outputs() != 1) return ctx.error(std::to_string(ctx.num_outputs()) + " outputs without splits; FusedMatMul has one");
@@ -782,6 +811,8 @@ void register_nn_ops(OpRegistry& r) {
   std::vector<AttrSpec> fused_matmul = epilogue;
   fused_matmul.push_back({"splits", AttrType::ints, false, "Y's columns in parts, one output each (one output)"});
   fused_matmul.push_back({"activated", AttrType::ints, false, "with splits: 1 for each output the activations apply to (all)"});
+  fused_matmul.push_back({"gate_block", AttrType::int64, false,
+                          "columns alternate this many values and their gates: Y = value * activation(gate), half as wide (none)"});
   r.add("", OpSchema{"FusedMatMul", "MatMul + bias [N] + activation + residual Z + activation, in one (f32; B may be bf16 or f16); its columns optionally split into several outputs", 2, 4,
                      1, kVariadic, fused_matmul, infer_fused_matmul})
       .traits = {.types = {input(0, DType::f32), input(1, lowp_weight, "B"), same_as(2, 0, "bias"), same_as(3, 0, "Z")},

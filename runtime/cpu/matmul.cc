@@ -97,8 +97,11 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// Where a FusedMatMul's split outputs begin, after the first (at column 0); none without splits.
+// The columns no register tile may straddle: where a FusedMatMul's split outputs begin, after
+// the first (at column 0), or a gated product's block of values or gates (gate_block); none
+// for a plain product.
 std::vector<int64_t> split_points(const Node& node) {
+  if (const int64_t g = node.attr_int("gate_block", 0); g > 0) return {g};
   std::vector<int64_t> points;
   int64_t at = 0;
   const std::vector<int64_t> splits = node.attr_ints("splits");
@@ -116,7 +119,7 @@ bool tile_splits(const gemm::Tile& t, const std::vector<int64_t>& points) {
 std::optional<std::string> split_declines(const KernelQuery& q, std::span<const gemm::Tile> tiles) {
   const std::vector<int64_t> points = split_points(q.node);
   if (points.empty()) return std::nullopt;
-  if (q.inputs[1].shape.rank() != 2) return "split outputs of a batched product";
+  if (q.inputs[1].shape.rank() != 2) return "split outputs or gates of a batched product";
   for (const InferOutput& y : q.outputs)
     if (y.dtype == DType::undefined) return "an omitted split output";
   if (std::none_of(tiles.begin(), tiles.end(), [&](const gemm::Tile& t) { return tile_splits(t, points); }))
@@ -172,6 +175,7 @@ Product product_of(const KernelQuery& q) {
   p.y = q.outputs[0].shape.concrete();
   if (const std::vector<int64_t> splits = q.node.attr_ints("splits"); !splits.empty() && !p.y.empty())
     p.y.back() = std::accumulate(splits.begin(), splits.end(), int64_t{0});  // the whole of Y, before its split
+  if (q.node.attr_int("gate_block", 0) > 0 && !p.y.empty()) p.y.back() *= 2;  // values and gates
   if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
     p.a = {p.a[0] * p.a[1] * p.a[2], p.a[3]};
     p.b = {p.b[0], p.b[1]};
@@ -325,9 +329,9 @@ class GemmKernel final : public Kernel {
       for (const char* key : {"tm", "tn", "tb"}) grid_recorded |= recorded_int(q.node, key).has_value();
       batch_threads_ = static_cast<int>(std::clamp<int64_t>(recorded_int(q.node, "tb").value_or(1), 1, 1024));
       if (!tile_splits(params_.tile, split_points(q.node)))
-        return user_error(q.node.where(), "the recorded GEMM tile " + params_.name() + " straddles the split outputs");
+        return user_error(q.node.where(), "the recorded GEMM tile " + params_.name() + " straddles the split outputs or gate blocks");
     } else {
-      // With split outputs, the preferred tile whose width divides every split point.
+      // With split outputs (or gates), the preferred tile whose width divides every split point.
       const gemm::CacheSizes& caches = gemm::CacheSizes::host();
       gemm::Tile tile = gemm::default_tile(isa_, m_, n_, k_, caches);
       const std::vector<int64_t> points = split_points(q.node);
@@ -365,7 +369,10 @@ class GemmKernel final : public Kernel {
       plain_b_ = unpack(*w);  // a batched weight stored packed: read plain
     }
     gemm::GemmProblem shape{.m = m_, .n = n_, .k = k_, .b_packed = b_packed_};
-    needs.workspace_bytes = gemm::workspace_bytes(params_, shape) * static_cast<size_t>(batch_threads_);
+    gemm_bytes_ = gemm::workspace_bytes(params_, shape) * static_cast<size_t>(batch_threads_);
+    gate_block_ = q.node.attr_int("gate_block", 0);
+    const size_t gate_bytes = gate_block_ ? static_cast<size_t>(m_ * n_ / 2) * sizeof(float) : 0;  // the gates being summed
+    needs.workspace_bytes = (gemm_bytes_ + 63) / 64 * 64 + gate_bytes;
     return {};
   }
 
@@ -391,6 +398,12 @@ class GemmKernel final : public Kernel {
     g.b = b;
     g.c = ctx.output(0).data<float>();
     g.parts = parts_at(parts_, ctx);
+    if (gate_block_) {
+      g.ldc = n_ / 2;
+      g.gate_block = gate_block_;
+      g.gates = reinterpret_cast<float*>(ctx.workspace().data() + (gemm_bytes_ + 63) / 64 * 64);
+      g.ldgates = n_ / 2;
+    }
     if (batch_a_.size() == 1) gemm::run(params_, g, ctx.workspace().data());
     else gemm::run_batch(params_, g, batch_a_, batch_b_, m_ * n_, batch_threads_, ctx.workspace().data());
     return {};
@@ -406,6 +419,8 @@ class GemmKernel final : public Kernel {
   std::vector<int64_t> batch_a_, batch_b_;  // per GEMM: the offsets of its A and B
   int bias_input_ = -1, z_input_ = -1;
   int batch_threads_ = 1;
+  size_t gemm_bytes_ = 0;
+  int64_t gate_block_ = 0;  // a gated product's (SwiGLU's) block of values or gates
   ActivationSpec act_, post_;
   Tensor packed_, plain_b_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs: where each begins (its data at run)
@@ -423,6 +438,7 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
   // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
   if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";
+  if (q.node.has_attr("gate_block")) return "a gated product";
   if (auto why = split_declines(q, std::span<const gemm::Tile>(&gemm::kF16Tile, 1))) return why;
   if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);

@@ -28,6 +28,7 @@ std::optional<std::string> matmul_declines(const KernelQuery& q) {
   if (auto why = f32_and_concrete(q, q.node.op == "FusedMatMul" ? TypeSet(DType::bf16) : TypeSet())) return why;
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.outputs.size() > 1) return "split outputs";
+  if (q.node.has_attr("gate_block")) return "a gated product";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return std::nullopt;
 }

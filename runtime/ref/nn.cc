@@ -176,7 +176,34 @@ Status ref_gemm(KernelContext& ctx) {
 
 }  // namespace
 
+// A gated product: the whole product and bias without the activation, then Y's column
+// b·G + j = value · activation(gate) from its block of G values and G gates.
+Status ref_gated_matmul(KernelContext& ctx) {
+  const int64_t g = ctx.node().attr_int("gate_block", 0);
+  std::vector<int64_t> shape = ctx.output(0).shape();
+  const int64_t half = shape.back(), n = 2 * half;
+  shape.back() = n;
+  std::vector<Tensor> in(ctx.num_inputs());
+  for (size_t i = 0; i < in.size(); ++i)
+    if (ctx.has_input(i)) in[i] = ctx.input(i);
+  Node node = ctx.node();
+  for (const char* a : kActivationAttrs) node.erase_attr(a);
+  ref::ViewContext whole(ctx, node, std::move(in), Tensor(DType::f32, shape));
+  KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
+  const float* v = whole.y().data<float>();
+  const int64_t rows = half ? whole.y().numel() / n : 0;
+  Tensor gates(DType::f32, {rows, half});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) gates.data<float>()[r * half + c] = v[r * n + c / g * 2 * g + g + c % g];
+  KILN_RETURN_IF_ERROR(fused_epilogue(ctx, gates));
+  float* y = ctx.output(0).data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) y[r * half + c] = v[r * n + c / g * 2 * g + c % g] * gates.data<float>()[r * half + c];
+  return {};
+}
+
 Status ref_fused_matmul(KernelContext& ctx) {
+  if (ctx.node().has_attr("gate_block")) return ref_gated_matmul(ctx);
   const std::vector<int64_t> splits = ctx.node().attr_ints("splits");
   if (splits.empty()) return ref::run_widened(ctx, fused_matmul);
   // Split outputs: the whole product into one tensor, then each output's columns from it.

@@ -53,6 +53,7 @@ std::optional<std::string> declines(const KernelQuery& q) {
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
   if (q.outputs[0].dtype != DType::f32 || !q.outputs[0].shape.is_concrete()) return "not f32 of known shape";
   if (q.outputs.size() > 1) return "split outputs";
+  if (q.node.has_attr("gate_block")) return "a gated product";
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() != 2) return "not [.., M, K] by a 2-D weight";
   if (!q.inputs[1].value) return "the weight is computed at run time";
   if (q.node.op == "Gemm") {

@@ -647,21 +647,41 @@ TEST(CompileMergeProjections, SameOutputs) {
 }
 
 // The LLaMA block's MLP: up (plain) and gate (SiLU) projections of one input, then their
-// product: one product, the SiLU on the gate's output alone.
+// product: one gated product (gate_block 64), its weight's columns in blocks of 64 up then 64
+// gate ones, writing up · SiLU(gate) itself. Left as a product with split outputs: halves of
+// 32 columns (not whole blocks of 64), and an up projection read elsewhere too.
 TEST(CompileMergeProjections, MergesGateAndUpProjections) {
-  Builder b;
-  ValueId x = b.input("x", {2, 5, 16});
-  ValueId up = b.op("up", "MatMul", {x, b.constant("wu", random_f32({16, 64}, 100))}, "up_out");
-  ValueId gate = b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, 64}, 101))}, "gate_out", {attr("activation", std::string("Silu"))});
-  b.output(b.op("mul", "Mul", {gate, up}, "y"));
-  Model before = b.done(), after = before;
-  EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
-  const std::string text = compact(after.graph);
-  EXPECT_NE(text.find("  node up: FusedMatMul(x, wu_merged) -> (up_out, gate_out) activated=ints[0, 1] activation=\"Silu\" "
-                      "splits=ints[64, 64] sources=[\"up\", \"gate\"]\n"),
-            std::string::npos)
-      << text;
-  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 102)}, 1e-6);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant);
+    const int64_t width = variant == 1 ? 32 : 128;
+    Builder b;
+    ValueId x = b.input("x", {2, 5, 16});
+    ValueId up = b.op("up", "MatMul", {x, b.constant("wu", random_f32({16, width}, 100))}, "up_out");
+    ValueId gate = b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, width}, 101))}, "gate_out",
+                        {attr("activation", std::string("Silu"))});
+    b.output(b.op("mul", "Mul", {gate, up}, "y"));
+    if (variant == 2) b.output(up);
+    Model before = b.done(), after = before;
+    const std::string merged = "merged 2 products of a shared input into 1 product with split outputs";
+    if (variant == 0) {
+      EXPECT_EQ(run_pass("merge_projections", after).summary, merged + "; gated 1 product (up · act(gate), the Mul in the GEMM)");
+      const std::string gated = compact(after.graph);
+      EXPECT_NE(gated.find("  node up: FusedMatMul(x, wu_merged_gated) -> (y) activation=\"Silu\" gate_block=64 "
+                           "sources=[\"up\", \"gate\", \"mul\"]\n"),
+                std::string::npos)
+          << gated;
+      EXPECT_EQ(count_ops(after.graph, "Mul"), 0u);
+    } else {
+      EXPECT_EQ(run_pass("merge_projections", after).summary, merged);
+      const std::string split = compact(after.graph);
+      EXPECT_NE(split.find("  node up: FusedMatMul(x, wu_merged) -> (up_out, gate_out) activated=ints[0, 1] activation=\"Silu\" splits=ints[" +
+                           std::to_string(width) + ", " + std::to_string(width) + "] sources=[\"up\", \"gate\"]\n"),
+                std::string::npos)
+          << split;
+      EXPECT_EQ(count_ops(after.graph, "Mul"), 1u);
+    }
+    expect_same_outputs(before, after, {random_f32({2, 5, 16}, 102)}, 1e-6);
+  }
 }
 
 // With `--precision fp16`, products by f16 weights merge among themselves (kiln's f16 GEMM),

@@ -154,6 +154,11 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
                       attr("activated", std::vector<int64_t>{1, 0, 1})},
                      3),
             matmul + 42 + 30);
+  // A gated product (SwiGLU, gate_block): 24 outputs of [2, 3, 4], each a value and a gate
+  // column (twice the products and bias adds), the gate's Sigmoid (7) and a multiply.
+  EXPECT_EQ(flops_of("FusedMatMul", {f32({2, 3, 5}), f32({5, 8}), f32({8})},
+                     {attr("activation", std::string("Sigmoid")), attr("gate_block", int64_t{2})}),
+            24 * (2 * 2 * 5 + 2 + 7 + 1));
   const int64_t conv = flops_of("Conv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3})});
   EXPECT_EQ(flops_of("FusedConv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3}), f32({4})},
                      {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})}),

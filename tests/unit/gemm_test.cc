@@ -178,6 +178,63 @@ TEST(Gemm, ColumnPartsTakeTheirColumns) {
       }
 }
 
+// A gated product (SwiGLU): B's columns alternate 64 values and their 64 gates; Y, half as
+// wide, is value · SiLU(gate). Every tile whose width divides 64, K over several slices and
+// none, one-tile blocks (the gates' tiles in other Nc blocks than their values'), all three
+// thread grids (two threads split N in whole pairs of blocks); bit-equal to the whole product
+// combined by the row kernels, and nothing written past Y's rows.
+TEST(Gemm, GatedProductsMultiplyValuesByTheirGates) {
+  use_threads(2);
+  constexpr int64_t kBlock = 64, n = 3 * 2 * kBlock, half = n / 2, ldy = half + 3;
+  for (Isa isa : isas())
+    for (const gemm::Tile& t : gemm::tiles(isa)) {
+      if (kBlock % t.nr != 0) continue;
+      for (int64_t k : {int64_t{37}, int64_t{0}})
+        for (bool small : {true, false}) {
+          const int64_t m = 2 * t.mr + 1;
+          const Tensor a = noise({m, std::max<int64_t>(k, 1)}, 1), b = noise({std::max<int64_t>(k, 1), n}, 2), bias = noise({n}, 3);
+          gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
+          if (small) p = small_blocks(p);
+          gemm::GemmProblem g{.m = m, .n = n, .k = k, .a = a.data<float>(), .lda = std::max<int64_t>(k, 1), .b = b.data<float>(), .ldb = n};
+          g.epilogue = gemm::Epilogue{.bias = bias.data<float>()};
+          std::vector<float> whole(static_cast<size_t>(m * n));
+          g.c = whole.data();
+          g.ldc = n;
+          Tensor whole_ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+          gemm::run(p, g, static_cast<std::byte*>(whole_ws.raw()));
+          // The expected Y: each value times its gate's SiLU, as the row kernels compute it.
+          std::vector<float> want(static_cast<size_t>(m * half));
+          for (int64_t i = 0; i < m; ++i) {
+            std::vector<float> gate(static_cast<size_t>(half));
+            for (int64_t j = 0; j < half; ++j) gate[static_cast<size_t>(j)] = whole[static_cast<size_t>(i * n + j / kBlock * 2 * kBlock + kBlock + j % kBlock)];
+            cpu::row_kernels(isa).activation(gate.data(), gate.data(), half, {Activation::silu});
+            for (int64_t j = 0; j < half; ++j)
+              want[static_cast<size_t>(i * half + j)] = whole[static_cast<size_t>(i * n + j / kBlock * 2 * kBlock + j % kBlock)] * gate[static_cast<size_t>(j)];
+          }
+          g.epilogue.act = {Activation::silu};
+          for (auto [tm, tn] : kGrids) {
+            p.tm = tm;
+            p.tn = tn;
+            SCOPED_TRACE(p.name() + " k=" + std::to_string(k));
+            std::vector<float> y(static_cast<size_t>(m * ldy), std::nanf("")), gates(static_cast<size_t>(m * half), std::nanf(""));
+            g.c = y.data();
+            g.ldc = ldy;
+            g.gate_block = kBlock;
+            g.gates = gates.data();
+            g.ldgates = half;
+            Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+            gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < ldy; ++j) {
+                const float got = y[static_cast<size_t>(i * ldy + j)];
+                if (j >= half) EXPECT_TRUE(std::isnan(got)) << "wrote past row " << i;
+                else EXPECT_EQ(got, want[static_cast<size_t>(i * half + j)]) << "at " << i << ", " << j;
+              }
+          }
+        }
+    }
+}
+
 // The default thread grid splits N first, then M, never into more M parts than M has rows of
 // tiles: a single row's product runs on every thread that has a panel of N.
 TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
@@ -386,6 +443,22 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                        {true, true, true}},
                       2e-3, &cpu),
                 want);
+    }
+    // A gated product (SwiGLU): the tile whose width divides the blocks of 64, batched A rows;
+    // an f16 weight widened by this GEMM (the f16 GEMM has no gated form; merge_projections
+    // gates f32 weights only).
+    std::string gated_label;
+    EXPECT_EQ(check({"FusedMatMul", {noise({3, 13, 40}, 61), noise({40, 256}, 62), noise({256}, 63)}, {false, true, true},
+                     {attr("gate_block", int64_t{64}), attr("activation", std::string("Silu"))}},
+                    1e-5, &cpu, nullptr, &gated_label),
+              name);
+    EXPECT_EQ(gated_label.find("_8x48_"), std::string::npos) << gated_label;
+    if (isa == "avx512") {
+      Tensor w16(DType::f16, {40, 128});
+      for (int64_t i = 0; i < w16.numel(); ++i) w16.data<half>()[i] = half(0.01f * static_cast<float>(i % 17) - 0.08f);
+      EXPECT_EQ(check({"FusedMatMul", {noise({5, 40}, 64), w16}, {false, true}, {attr("gate_block", int64_t{64}), attr("activation", std::string("Silu"))}},
+                      2e-3, &cpu),
+                name);
     }
     // An omitted output: the reference kernel, which writes the others.
     for (const std::vector<bool>& given : {std::vector<bool>{true, false, true}, std::vector<bool>{false, true, true}})

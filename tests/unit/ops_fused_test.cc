@@ -2,6 +2,8 @@
 // core ops they replace, for every activation, and their schema checks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "formats/ops/epilogue.h"
 #include "runtime/session.h"
 #include "tests/unit/op_test_util.h"
@@ -118,6 +120,23 @@ TEST(FusedOps, FusedMatMulSplitsItsColumnsIntoOutputs) {
   }
 }
 
+// gate_block: the product's columns alternate G values and their G gates; Y, half as wide, is
+// value · activation(gate), the bias on both.
+TEST(FusedOps, GatedProductMultipliesValuesByTheirGates) {
+  const Tensor a = ramp({2, 3, 5}), bm = ramp({5, 8}, 0.21f), bias = ramp({8}, 0.5f);
+  const Tensor whole = run1("FusedMatMul", {a, bm, bias});
+  auto gated = run_op("FusedMatMul", {a, bm, bias}, {attr("activation", std::string("Silu")), attr("gate_block", int64_t{2})});
+  ASSERT_TRUE(gated.ok()) << gated.error().message();
+  ASSERT_EQ((*gated)[0].shape(), (std::vector<int64_t>{2, 3, 4}));
+  Tensor want(DType::f32, {2, 3, 4});
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 4; ++c) {
+      const float v = whole.data<float>()[r * 8 + c / 2 * 4 + c % 2], g = whole.data<float>()[r * 8 + c / 2 * 4 + 2 + c % 2];
+      want.data<float>()[r * 4 + c] = v * g / (1 + std::exp(-g));
+    }
+  expect_close((*gated)[0], want, "gated");
+}
+
 TEST(FusedOps, SchemaChecks) {
   const Tensor a = ramp({3, 5}), b = ramp({5, 4});
   auto bad = [](const Result<std::vector<Tensor>>& r, const std::string& fragment) {
@@ -140,6 +159,13 @@ TEST(FusedOps, SchemaChecks) {
   bad(run_op("FusedMatMul", {a, b}, {activated({1})}), "activated without splits");
   bad(run_op("FusedMatMul", {a, b}, {splits({2, 2}), activated({1})}, 2), "1 activated flags for 2 outputs");
   bad(run_op("FusedMatMul", {a, b}, {splits({2, 2}), activated({1, 2})}, 2), "activated flag 2 is neither 0 nor 1");
+  const auto gate = [](int64_t g) { return attr("gate_block", g); };
+  bad(run_op("FusedMatMul", {a, b}, {gate(0)}), "gate_block 0 is not positive");
+  bad(run_op("FusedMatMul", {a, b}, {gate(2), splits({2, 2})}, 2), "gate_block with split outputs");
+  bad(run_op("FusedMatMul", {a, b}, {gate(1)}, 2), "2 outputs of a gated product; it has one");
+  bad(run_op("FusedMatMul", {a, b, Tensor(), ramp({3, 2})}, {gate(1)}), "a residual input Z with gate_block");
+  bad(run_op("FusedMatMul", {a, b}, {gate(1), attr("post_activation", std::string("Relu"))}), "a post_activation with gate_block");
+  bad(run_op("FusedMatMul", {a, b}, {gate(4)}), "the product's 4 columns are not whole blocks of 4 values and 4 gates");
   bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
       "FusedConv does not support f64 (it takes f32 and bf16)");
 }

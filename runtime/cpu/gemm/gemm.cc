@@ -203,6 +203,21 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
     const RowKernels& rows = row_kernels(p.isa);
     const ColumnPart whole{.c = g.c, .ldc = g.ldc};
     const std::span<const ColumnPart> parts = g.parts.empty() ? std::span<const ColumnPart>(&whole, 1) : g.parts;
+    if (g.gate_block) {  // value · act(gate) of the biases (or zeros)
+      const int64_t blk = g.gate_block;
+      for (int64_t i = 0; i < g.m; ++i) {
+        float* y = g.c + i * g.ldc;
+        float* gate = g.gates + i * g.ldgates;
+        for (int64_t j = 0; j < g.n / 2; ++j) {
+          const int64_t at = j / blk * 2 * blk + j % blk;
+          y[j] = g.epilogue.bias ? g.epilogue.bias[at] : 0.f;
+          gate[j] = g.epilogue.bias ? g.epilogue.bias[at + blk] : 0.f;
+        }
+        if (g.epilogue.act.kind != Activation::none) rows.activation(gate, gate, g.n / 2, g.epilogue.act);
+        rows.binary(BinaryOp::mul, y, 1, gate, 1, y, g.n / 2);
+      }
+      return;
+    }
     for (size_t p = 0; p < parts.size(); ++p) {
       const int64_t begin = parts[p].begin, end = p + 1 < parts.size() ? parts[p + 1].begin : g.n, n = end - begin;
       for (int64_t i = 0; i < g.m; ++i) {
@@ -219,7 +234,7 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
   const size_t per_thread = thread_bytes(p, g);
   auto part = [&](int tm, int tn, int t) {
     const auto [m0, m1] = share(g.m, p.tile.mr, tm, t / tn);
-    const auto [n0, n1] = share(g.n, p.tile.nr, tn, t % tn);
+    const auto [n0, n1] = share(g.n, g.gate_block ? 2 * g.gate_block : p.tile.nr, tn, t % tn);  // a gate after its values
     if (m0 >= m1 || n0 >= n1) return;
     float* abuf = reinterpret_cast<float*>(workspace + per_thread * static_cast<size_t>(t));
     block(p, g, m0, m1, n0, n1, abuf, abuf + a_block_floats(p));

@@ -150,6 +150,14 @@ struct GemmProblem {
   /// K and V where each is read. The first begins at 0; every begin is a multiple of the
   /// tile's NR, so that no tile straddles two parts. run only, not run_batch.
   std::span<const ColumnPart> parts;
+  /// A gated product (SwiGLU's up and gate projections in one): when positive, B's N columns
+  /// alternate `gate_block` values and the `gate_block` gates of those values, and C (ldc) is
+  /// the product's output, N / 2 wide, value · act(gate) (the epilogue's act; no Z, no post).
+  /// gate_block is a multiple of the tile's NR and N of 2 · gate_block. `gates` (M × N / 2,
+  /// rows `ldgates` apart) holds the gates while their K slices are summed. run only.
+  int64_t gate_block = 0;
+  float* gates = nullptr;
+  int64_t ldgates = 0;
   bool accumulate = false;  ///< C += A·B (then the epilogue) instead of C = A·B
   Epilogue epilogue;
 };
