@@ -57,6 +57,9 @@ struct RowKernels {
   /// calling thread: what a GEMM applies to each register tile it finishes.
   void (*tile_epilogue)(float* y, int64_t ldy, const float* z, int64_t ldz, int64_t rows, int64_t n,
                         const ActivationSpec& act, const ActivationSpec& post);
+  /// A gated product's tile (SwiGLU): values[i, j] ·= act(gates[i, j]) over `rows` rows of n,
+  /// each `ldv` / `ldg` floats apart; the gates are overwritten. On the calling thread.
+  void (*gated_tile)(float* values, int64_t ldv, float* gates, int64_t ldg, int64_t rows, int64_t n, const ActivationSpec& act);
   /// y[i] = a[i·as] op b[i·bs] over n values, each step 0 (one value for the row) or 1; `square`
   /// is a·a (Pow by a constant 2, b unused). y may be a or b.
   void (*binary)(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float* y, int64_t n);

@@ -213,8 +213,7 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
           y[j] = g.epilogue.bias ? g.epilogue.bias[at] : 0.f;
           gate[j] = g.epilogue.bias ? g.epilogue.bias[at + blk] : 0.f;
         }
-        if (g.epilogue.act.kind != Activation::none) rows.activation(gate, gate, g.n / 2, g.epilogue.act);
-        rows.binary(BinaryOp::mul, y, 1, gate, 1, y, g.n / 2);
+        rows.gated_tile(y, g.ldc, gate, g.ldgates, 1, g.n / 2, g.epilogue.act);
       }
       return;
     }
