@@ -27,17 +27,18 @@ bool present(const KernelQuery& q, size_t i) { return q.inputs.size() > i && q.i
 
 bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
 
-// A channels-last convolution that is a plain matrix product: 1x1 kernel, stride 1, no
-// padding, no dilation, no groups. Its [N, H, W, C] input is [N·H·W, C] rows, its weight
-// [K, C, 1, 1] is Bᵀ.
-std::optional<std::string> pointwise_declines(const KernelQuery& q) {
+// A channels-last convolution that is a plain matrix product: 1x1 kernel, stride 1 (any
+// stride when `strided`: its pixels gathered first), no padding, no dilation, no groups. Its
+// [N, H, W, C] input is [N·H·W, C] rows, its weight [K, C, 1, 1] is Bᵀ.
+std::optional<std::string> pointwise_declines(const KernelQuery& q, bool strided = false) {
   if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
   if (q.inputs[0].shape.rank() != 4) return "not 2-D";
   if (!q.inputs[1].value) return "the weights are computed at run time";
   const std::vector<int64_t> w = q.inputs[1].shape.concrete();
   if (w.size() != 4 || w[2] != 1 || w[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
   for (const char* attr : {"strides", "dilations"})
-    for (int64_t v : q.node.attr_ints(attr)) if (v != 1) return std::string(attr) + " other than 1";
+    for (int64_t v : q.node.attr_ints(attr))
+      if (v != 1 && !(strided && attr[0] == 's' && v > 1)) return std::string(attr) + " other than 1";
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
   if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
   return std::nullopt;
@@ -87,9 +88,9 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 // docs/architecture.md has the tables.
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
-  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
-  if (w[0] * w[1] * 4 >= gemm::CacheSizes::host().l2 && x[0] * x[1] * x[2] < w[0]) return std::nullopt;
-  if (x[1] * x[2] == 1) return std::nullopt;
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
+  if (w[0] * w[1] * 4 >= gemm::CacheSizes::host().l2 && y[0] * y[1] * y[2] < w[0]) return std::nullopt;
+  if (y[1] * y[2] == 1) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
@@ -152,7 +153,7 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   // kiln.gemm_bf16_avx512, which rounds A to bf16 as their reference does.
   if (auto why = f32_and_concrete(q, DType::f16)) return why;
   if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
-  if (is_conv(q.node)) return pointwise_declines(q);
+  if (is_conv(q.node)) return pointwise_declines(q, true);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return split_declines(q, gemm::tiles(isa));
@@ -176,8 +177,8 @@ Product product_of(const KernelQuery& q) {
   if (const std::vector<int64_t> splits = q.node.attr_ints("splits"); !splits.empty() && !p.y.empty())
     p.y.back() = std::accumulate(splits.begin(), splits.end(), int64_t{0});  // the whole of Y, before its split
   if (q.node.attr_int("gate_block", 0) > 0 && !p.y.empty()) p.y.back() *= 2;  // values and gates
-  if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C by the weight transposed
-    p.a = {p.a[0] * p.a[1] * p.a[2], p.a[3]};
+  if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C (the output's pixels) by the weight transposed
+    p.a = {p.y[0] * p.y[1] * p.y[2], p.a[3]};
     p.b = {p.b[0], p.b[1]};
     p.y = {p.y[0] * p.y[1] * p.y[2], p.y[3]};
   }
@@ -372,7 +373,16 @@ class GemmKernel final : public Kernel {
     gemm_bytes_ = gemm::workspace_bytes(params_, shape) * static_cast<size_t>(batch_threads_);
     gate_block_ = q.node.attr_int("gate_block", 0);
     const size_t gate_bytes = gate_block_ ? static_cast<size_t>(m_ * n_ / 2) * sizeof(float) : 0;  // the gates being summed
-    needs.workspace_bytes = (gemm_bytes_ + 63) / 64 * 64 + gate_bytes;
+    // A strided 1x1 convolution reads its pixels gathered into rows of C.
+    gather_ = {};
+    if (is_conv(q.node)) {
+      const std::vector<int64_t> x = q.inputs[0].shape.concrete(), o = q.outputs[0].shape.concrete();
+      const std::vector<int64_t> st = q.node.attr_ints("strides", {1, 1});
+      if (st != std::vector<int64_t>{1, 1}) gather_ = {.n = x[0], .h = x[1], .w = x[2], .c = x[3], .oh = o[1], .ow = o[2], .sh = st[0], .sw = st[1]};
+    }
+    gates_at_ = (gemm_bytes_ + 63) / 64 * 64;
+    gather_at_ = (gates_at_ + gate_bytes + 63) / 64 * 64;
+    needs.workspace_bytes = gather_at_ + (gather_.c ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
     return {};
   }
 
@@ -395,13 +405,22 @@ class GemmKernel final : public Kernel {
     g.epilogue.act = act_;
     g.epilogue.post = post_;
     g.a = ctx.input(0).data<float>();
+    if (gather_.c) {  // the strided pixels as rows
+      float* rows = reinterpret_cast<float*>(ctx.workspace().data() + gather_at_);
+      const Gather& s = gather_;
+      for (int64_t i = 0; i < s.n * s.oh; ++i)
+        for (int64_t j = 0; j < s.ow; ++j)
+          std::memcpy(rows + (i * s.ow + j) * s.c, g.a + (((i / s.oh) * s.h + (i % s.oh) * s.sh) * s.w + j * s.sw) * s.c,
+                      static_cast<size_t>(s.c) * sizeof(float));
+      g.a = rows;
+    }
     g.b = b;
     g.c = ctx.output(0).data<float>();
     g.parts = parts_at(parts_, ctx);
     if (gate_block_) {
       g.ldc = n_ / 2;
       g.gate_block = gate_block_;
-      g.gates = reinterpret_cast<float*>(ctx.workspace().data() + (gemm_bytes_ + 63) / 64 * 64);
+      g.gates = reinterpret_cast<float*>(ctx.workspace().data() + gates_at_);
       g.ldgates = n_ / 2;
     }
     if (batch_a_.size() == 1) gemm::run(params_, g, ctx.workspace().data());
@@ -419,8 +438,11 @@ class GemmKernel final : public Kernel {
   std::vector<int64_t> batch_a_, batch_b_;  // per GEMM: the offsets of its A and B
   int bias_input_ = -1, z_input_ = -1;
   int batch_threads_ = 1;
-  size_t gemm_bytes_ = 0;
+  size_t gemm_bytes_ = 0, gates_at_ = 0, gather_at_ = 0;  // the workspace: the GEMM's, the gates, the gathered pixels
   int64_t gate_block_ = 0;  // a gated product's (SwiGLU's) block of values or gates
+  struct Gather {
+    int64_t n = 0, h = 0, w = 0, c = 0, oh = 0, ow = 0, sh = 1, sw = 1;
+  } gather_;  // a strided 1x1 convolution's input and output pixels (c 0: none)
   ActivationSpec act_, post_;
   Tensor packed_, plain_b_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs: where each begins (its data at run)
