@@ -128,11 +128,20 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
 
 bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
 
+int64_t attention_past(const KernelQuery& q) {
+  if (q.inputs.size() <= 4 || q.inputs[4].dtype == DType::undefined || !q.inputs[4].shape.is_concrete() || q.inputs[4].shape.rank() != 4)
+    return 0;
+  return q.inputs[4].shape.concrete()[2];
+}
+
+bool attention_kv_cache(const KernelQuery& q) {
+  const auto output = [&](size_t i) { return q.outputs.size() > i && q.outputs[i].dtype != DType::undefined; };
+  return (q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined) || output(1) || output(2);
+}
+
 std::optional<std::string> attention_declines(const KernelQuery& q) {
-  for (size_t i = 4; i < 7 && i < q.inputs.size(); ++i)
-    if (q.inputs[i].dtype != DType::undefined) return "past key/value or sequence lengths";
-  for (size_t i = 1; i < q.outputs.size(); ++i)
-    if (q.outputs[i].dtype != DType::undefined) return "present key/value or the scores output";
+  if (q.inputs.size() > 6 && q.inputs[6].dtype != DType::undefined) return "sequence lengths (nonpad_kv_seqlen)";
+  if (q.outputs.size() > 3 && q.outputs[3].dtype != DType::undefined) return "the scores output";
   for (size_t i = 0; i < 3; ++i) {
     const InferInput& in = q.inputs[i];
     if (in.dtype != DType::f32) return "not f32";
@@ -144,6 +153,14 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
   if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
   const std::optional<AttentionGeometry> a = attention_geometry(q);
   if (!a || a->hkv == 0 || a->hq % a->hkv != 0) return "shapes that do not line up";
+  // A KV cache: past keys and values [B, Hkv, P, D] / [B, Hkv, P, Dv] before the new ones.
+  const int64_t past = attention_past(q), keys = a->t + past;
+  if (q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined) {
+    const std::vector<int64_t> want_k = {a->b, a->hkv, past, a->d}, want_v = {a->b, a->hkv, past, a->dv};
+    if (q.inputs[4].dtype != DType::f32 || q.inputs[5].dtype != DType::f32 || !q.inputs[5].shape.is_concrete() ||
+        q.inputs[4].shape.concrete() != want_k || q.inputs[5].shape.concrete() != want_v)
+      return "past keys and values that are not f32 [batch, kv_heads, past, head_size]";
+  }
   if (attention_rotary(q)) {
     for (size_t i : {7, 8})
       if (q.inputs[i].dtype != DType::f32 || q.inputs[i].shape.concrete() != std::vector<int64_t>{a->b, a->s, a->d / 2})
@@ -156,7 +173,7 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
     if (!m.shape.is_concrete() || m.shape.rank() < 1 || m.shape.rank() > 4) return "a mask of unknown shape";
     std::vector<int64_t> md = m.shape.concrete();
     md.insert(md.begin(), 4 - md.size(), 1);
-    const int64_t full[4] = {a->b, a->hq, a->s, a->t};
+    const int64_t full[4] = {a->b, a->hq, a->s, keys};
     if (md[3] != full[3]) return "a mask shorter than the keys";
     for (int i = 0; i < 3; ++i)
       if (md[static_cast<size_t>(i)] != 1 && md[static_cast<size_t>(i)] != full[i]) return "a mask that does not broadcast";

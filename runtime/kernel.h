@@ -201,8 +201,8 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q, TypeSet weight
 std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 
 /// The reason an Attention node is not the f32 attention the fast kernels run (kiln's flash
-/// attention, oneDNN's two matmuls), if any: past keys and values or sequence lengths, outputs
-/// besides Y, inputs that are not f32, 3-D or 4-D, known ahead and non-empty, softcap, a softmax
+/// attention, oneDNN's two matmuls), if any: sequence lengths, the scores output, past keys and
+/// values that are not f32 and shaped as K and V are, inputs that are not f32, 3-D or 4-D, known ahead and non-empty, softcap, a softmax
 /// precision other than f32/f16/bf16 (computed in f32), shapes that do not line up, a mask that
 /// is neither f32 nor bool, shorter than the keys or not broadcasting, rotary caches that are
 /// not f32 [B, S, D/2] (keys as many as queries). Rotary inputs themselves are for the kernel
@@ -211,6 +211,10 @@ std::optional<std::string> attention_declines(const KernelQuery& q);
 
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
+/// An Attention node's past keys (past_key's length), 0 without a KV cache.
+int64_t attention_past(const KernelQuery& q);
+/// Whether an Attention node reads past keys and values or writes the present ones.
+bool attention_kv_cache(const KernelQuery& q);
 
 /// The strides, in elements, of one of Attention's tensors over its batch, head and row
 /// (token) dims: element [b, h, r, 0] lies at b · batch + h · head + r · row.

@@ -11,17 +11,22 @@
 // H·D], the projections' own layout, which fuse_attention hands over without transposes).
 // With rotary caches (RoPE folded in by fuse_attention), each block of Q rows is rotated into
 // the thread's scratch before its products, and K a chunk of keys at a time before packing:
-// neither rotated tensor is ever written out.
+// neither rotated tensor is ever written out. A KV cache (a decoder's step): the past keys and
+// values come before the new ones in the packed K and V (the chunks of keys assembled from
+// both), the causal limit moves by the past length, and present_key / present_value, when
+// asked for, are written as the keys are assembled.
 //
 // kiln.rotary_f32_<isa>: RotaryEmbedding's rotate-half form (what fuse_rotary makes of the
 // exporters' x·cos + rotate_half(x)·sin) in one pass over x on the row kernels.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <omp.h>
 
 #include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/gemm_isa.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
 
@@ -51,11 +56,15 @@ class FlashAttention final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     const std::optional<AttentionGeometry> a = attention_geometry(q);
     if (!a) return internal_error(q.node.where(), "attention shapes that do not line up");
-    b_ = a->b, hq_ = a->hq, s_ = a->s, d_ = a->d, hkv_ = a->hkv, t_ = a->t, dv_ = a->dv;
+    p_ = attention_past(q);
+    b_ = a->b, hq_ = a->hq, s_ = a->s, d_ = a->d, hkv_ = a->hkv, l_ = a->t, t_ = p_ + a->t, dv_ = a->dv;
+    present_k_ = q.outputs.size() > 1 && q.outputs[1].dtype != DType::undefined;
+    present_v_ = q.outputs.size() > 2 && q.outputs[2].dtype != DType::undefined;
     qst_ = a->q(), kst_ = a->k(), vst_ = a->v(), yst_ = a->y();
     scale_ = static_cast<float>(q.node.attr_float("scale", 1.0 / std::sqrt(static_cast<double>(d_))));
     causal_ = q.node.attr_int("is_causal", 0) != 0;
     rotary_ = attention_rotary(q);
+    assemble_ = rotary_ || p_ > 0 || present_k_;  // K's chunks assembled in the scratch before packing
     // The mask's strides over [batch, head, query row], 0 where it broadcasts.
     has_mask_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
     bool_mask_ = has_mask_ && q.inputs[3].dtype == DType::boolean;
@@ -78,7 +87,7 @@ class FlashAttention final : public Kernel {
     const gemm::GemmProblem qk{.m = bq_, .n = bk_, .k = d_, .b_packed = true}, pv{.m = bq_, .n = dv_, .k = bk_, .b_packed = true};
     // Rotated rows: a Q block while the products run, or a chunk of keys while packing.
     rotate_keys_ = std::max<int64_t>(qk_.tile.nr, kRotateKeys / qk_.tile.nr * qk_.tile.nr);
-    rotated_floats_ = rotary_ ? floats_bytes(std::max(bq_, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
+    rotated_floats_ = assemble_ ? floats_bytes(std::max(rotary_ ? bq_ : 0, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
     thread_bytes_ = floats_bytes(bq_ * bk_) + 2 * floats_bytes(bq_) + static_cast<size_t>(rotated_floats_) * 4 +
                     floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
     threads_ = std::max(1, q.target.threads);
@@ -93,6 +102,10 @@ class FlashAttention final : public Kernel {
     const float* vd = ctx.input(2).data<float>();
     const float* mask = has_mask_ && !bool_mask_ ? ctx.input(3).data<float>() : nullptr;
     const bool* keep = bool_mask_ ? ctx.input(3).data<bool>() : nullptr;
+    const float* past_k = p_ ? ctx.input(4).data<float>() : nullptr;
+    const float* past_v = p_ ? ctx.input(5).data<float>() : nullptr;
+    float* present_k = present_k_ ? ctx.output(1).data<float>() : nullptr;
+    float* present_v = present_v_ ? ctx.output(2).data<float>() : nullptr;
     const float* cos = rotary_ ? ctx.input(7).data<float>() : nullptr;
     const float* sin = rotary_ ? ctx.input(8).data<float>() : nullptr;
     const int64_t half = d_ / 2;
@@ -109,22 +122,46 @@ class FlashAttention final : public Kernel {
       float* l = m + floats_bytes(bq_) / 4;
       float* rotated = l + floats_bytes(bq_) / 4;
       std::byte* gemm_ws = reinterpret_cast<std::byte*>(rotated + rotated_floats_);
-      // K (as Kᵀ) and V of each KV head, packed once; K rotated first, a chunk of keys at a time.
+      // K (as Kᵀ) and V of each KV head, packed once. K's chunks of keys are assembled first
+      // where there is more to do than packing: the past keys, then the new ones (rotated), each
+      // chunk copied to present_key when it is asked for.
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < heads; ++h) {
         float* pk = packed + h * (k_floats_ + v_floats_);
         const float* k = kd + kst_.at(h / hkv_, h % hkv_);
-        if (!rotary_) {
+        if (!assemble_) {
           gemm::pack_b(k, kst_.row, true, d_, t_, qk_.tile.nr, pk);
         } else {
-          const int64_t rows = (h / hkv_) * s_;  // the batch's first cache row (keys are the queries' tokens)
+          const int64_t rows = (h / hkv_) * s_;  // the batch's first cache row (the new keys are the queries' tokens)
           for (int64_t j0 = 0; j0 < t_; j0 += rotate_keys_) {
-            const int64_t n = std::min(rotate_keys_, t_ - j0);
-            rows_.rotate_rows(k + j0 * kst_.row, kst_.row, rotated, d_, cos + (rows + j0) * half, sin + (rows + j0) * half, n, d_, half);
+            const int64_t n = std::min(rotate_keys_, t_ - j0), past = std::clamp<int64_t>(p_ - j0, 0, n), fresh = n - past;
+            if (past) std::memcpy(rotated, past_k + (h * p_ + j0) * d_, static_cast<size_t>(past * d_) * sizeof(float));
+            if (fresh) {
+              const int64_t j = j0 + past - p_;  // the first new key of the chunk
+              float* to = rotated + past * d_;
+              if (rotary_) {
+                rows_.rotate_rows(k + j * kst_.row, kst_.row, to, d_, cos + (rows + j) * half, sin + (rows + j) * half, fresh, d_, half);
+              } else {
+                for (int64_t r = 0; r < fresh; ++r)
+                  std::memcpy(to + r * d_, k + (j + r) * kst_.row, static_cast<size_t>(d_) * sizeof(float));
+              }
+            }
             gemm::pack_b(rotated, d_, true, d_, n, qk_.tile.nr, pk + j0 / qk_.tile.nr * d_ * qk_.tile.nr);
+            if (present_k) std::memcpy(present_k + (h * t_ + j0) * d_, rotated, static_cast<size_t>(n * d_) * sizeof(float));
           }
         }
-        gemm::pack_b(vd + vst_.at(h / hkv_, h % hkv_), vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
+        const float* v = vd + vst_.at(h / hkv_, h % hkv_);
+        if (!p_) {
+          gemm::pack_b(v, vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
+        } else {  // past rows, then the new ones, into the same panels
+          gemm::pack_b_panels(past_v + h * p_ * dv_, dv_, false, 0, p_, 0, dv_, pv_.tile.nr, pk + k_floats_, t_ * pv_.tile.nr);
+          gemm::pack_b_panels(v, vst_.row, false, 0, l_, 0, dv_, pv_.tile.nr, pk + k_floats_ + p_ * pv_.tile.nr, t_ * pv_.tile.nr);
+        }
+        if (present_v) {
+          float* to = present_v + h * t_ * dv_;
+          if (p_) std::memcpy(to, past_v + h * p_ * dv_, static_cast<size_t>(p_ * dv_) * sizeof(float));
+          for (int64_t r = 0; r < l_; ++r) std::memcpy(to + (p_ + r) * dv_, v + r * vst_.row, static_cast<size_t>(dv_) * sizeof(float));
+        }
       }
 #pragma omp for schedule(dynamic)
       for (int64_t item = 0; item < items; ++item) {
@@ -136,7 +173,7 @@ class FlashAttention final : public Kernel {
         for (int64_t i = 0; i < rows; ++i) std::fill(out + i * ldy, out + i * ldy + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
-        const int64_t keys = causal_ ? std::min(t_, q0 + rows) : t_;  // keys after the block's last row are out
+        const int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
         const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
         int64_t lda = qst_.row;
         if (rotary_) {
@@ -151,7 +188,7 @@ class FlashAttention final : public Kernel {
           gemm::run(qk_, qk, gemm_ws);
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
           rows_.softmax_block(scores, bk_, rows, n, scale_, mask ? mask + mo : nullptr, keep ? keep + mo : nullptr, mask_si_,
-                              causal_ ? q0 - k0 : kNoCausal, m, l, out, ldy, dv_);
+                              causal_ ? q0 + p_ - k0 : kNoCausal, m, l, out, ldy, dv_);
           gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = bk_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
                                .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
           gemm::run(pv_, pv, gemm_ws);
@@ -178,6 +215,8 @@ class FlashAttention final : public Kernel {
   Isa isa_;
   const RowKernels& rows_;
   int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
+  int64_t p_ = 0, l_ = 0;  // past and new keys (t_ = p_ + l_)
+  bool present_k_ = false, present_v_ = false, assemble_ = false;
   HeadStrides qst_, kst_, vst_, yst_;
   float scale_ = 1;
   bool causal_ = false, has_mask_ = false, bool_mask_ = false, rotary_ = false;

@@ -432,6 +432,36 @@ TEST(CpuKernels, FlashAttentionRotary) {
             kReferenceKernel);
 }
 
+TEST(CpuKernels, FlashAttentionKvCache) {
+  // A decoder's step: past keys and values before the new ones (causal from the past length on),
+  // present_key / present_value written, in both layouts, grouped-query heads, a mask over all
+  // the keys, RoPE on the new keys only, and 300 past keys, so that a chunk of 256 assembled keys
+  // ends mid-past and the next one mixes past and new. oneDNN's attention declines a KV cache.
+  const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});
+  const std::vector<bool> all = {true, true, true};
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.attention_f32_" + isa;
+    SCOPED_TRACE(name);
+    const Tensor q = noise({2, 4, 3, 16}, 1), k = noise({2, 2, 3, 16}, 2), v = noise({2, 2, 3, 8}, 3);
+    const Tensor pk = noise({2, 2, 5, 16}, 4), pv = noise({2, 2, 5, 8}, 5);
+    EXPECT_EQ(check({"Attention", {q, k, v, Tensor(), pk, pv}, {}, {attr("is_causal", int64_t{1})}, all}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"Attention", {q, k, v, noise({1, 1, 3, 8}, 6, 4.f), pk, pv}, {}, {}, std::vector<bool>{true, false, true}}, 1e-5, &cpu),
+              name);
+    EXPECT_EQ(check({"Attention", {q, k, v}, {}, {}, all}, 1e-5, &cpu), name);  // present = the new keys alone
+    std::vector<Tensor> in = {noise({1, 3, 4 * 64}, 7), noise({1, 3, 2 * 64}, 8), noise({1, 3, 2 * 48}, 9), Tensor(),
+                              noise({1, 2, 300, 64}, 10), noise({1, 2, 300, 48}, 11), Tensor(), noise({1, 3, 32}, 12), noise({1, 3, 32}, 13)};
+    EXPECT_EQ(check({"Attention", in, {}, {attr("q_num_heads", int64_t{4}), attr("kv_num_heads", int64_t{2}), attr("is_causal", int64_t{1})}, all},
+                    1e-5, &cpu),
+              name);
+  }
+  EXPECT_EQ(check({"Attention", {noise({1, 2, 3, 8}, 14), noise({1, 2, 3, 8}, 15), noise({1, 2, 3, 8}, 16), Tensor(), noise({1, 2, 4, 8}, 17),
+                                 noise({1, 2, 4, 8}, 18)},
+                   {},
+                   {}},
+                  1e-5, nullptr, &without_flash),
+            kReferenceKernel);
+}
+
 TEST(CpuKernels, RotaryEmbedding) {
   // The rotate-half form on each ISA path: 4-D and 3-D inputs, caches per token or indexed by
   // position ids, a partial rotary dim (the rest copied), head sizes off the vector width.
