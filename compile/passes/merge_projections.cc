@@ -294,7 +294,7 @@ void gate_products(Graph& g, std::vector<char>& drop, Merges& made) {
       float* to = out.data<float>();
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < half; ++c) {
-          const int64_t at = c / kGateBlock * 2 * kGateBlock + c % kGateBlock;
+          const int64_t at = gated_value_column(c, kGateBlock);
           to[r * 2 * half + at] = from[r * 2 * half + static_cast<int64_t>(up) * half + c];
           to[r * 2 * half + at + kGateBlock] = from[r * 2 * half + static_cast<int64_t>(gate) * half + c];
         }

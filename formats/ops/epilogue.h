@@ -60,4 +60,8 @@ void write_activation(Node& node, std::string_view attr, const ActivationSpec& s
 /// The attributes that hold a fused node's activations and their parameters.
 inline constexpr const char* kActivationAttrs[] = {"activation", "activation_params", "post_activation", "post_activation_params"};
 
+/// A gated FusedMatMul's (`gate_block` g) product column that holds output column j's value;
+/// its gate is g columns on.
+inline int64_t gated_value_column(int64_t j, int64_t g) { return j / g * 2 * g + j % g; }
+
 }  // namespace kiln

@@ -36,9 +36,8 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q, bool strided
   if (!q.inputs[1].value) return "the weights are computed at run time";
   const std::vector<int64_t> w = q.inputs[1].shape.concrete();
   if (w.size() != 4 || w[2] != 1 || w[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
-  for (const char* attr : {"strides", "dilations"})
-    for (int64_t v : q.node.attr_ints(attr))
-      if (v != 1 && !(strided && attr[0] == 's' && v > 1)) return std::string(attr) + " other than 1";
+  for (int64_t v : q.node.attr_ints("dilations")) if (v != 1) return "dilations other than 1";
+  for (int64_t v : q.node.attr_ints("strides")) if (v != 1 && !(strided && v > 1)) return "strides other than 1";
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
   if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
   return std::nullopt;

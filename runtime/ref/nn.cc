@@ -176,29 +176,36 @@ Status ref_gemm(KernelContext& ctx) {
 
 }  // namespace
 
-// A gated product: the whole product and bias without the activation, then Y's column
-// b·G + j = value · activation(gate) from its block of G values and G gates.
-Status ref_gated_matmul(KernelContext& ctx) {
-  const int64_t g = ctx.node().attr_int("gate_block", 0);
-  std::vector<int64_t> shape = ctx.output(0).shape();
-  const int64_t half = shape.back(), n = 2 * half;
+// The node's whole product and bias as one [.., n] tensor of Y's shape but for the last dim,
+// without the activations when `bare`: what split outputs and gated products are cut from.
+Result<Tensor> whole_product(KernelContext& ctx, std::vector<int64_t> shape, int64_t n, bool bare) {
   shape.back() = n;
   std::vector<Tensor> in(ctx.num_inputs());
   for (size_t i = 0; i < in.size(); ++i)
     if (ctx.has_input(i)) in[i] = ctx.input(i);
   Node node = ctx.node();
-  for (const char* a : kActivationAttrs) node.erase_attr(a);
+  if (bare)
+    for (const char* a : kActivationAttrs) node.erase_attr(a);
   ref::ViewContext whole(ctx, node, std::move(in), Tensor(DType::f32, shape));
   KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
-  const float* v = whole.y().data<float>();
-  const int64_t rows = half ? whole.y().numel() / n : 0;
+  return whole.y();
+}
+
+// A gated product: the whole product and bias without the activation, then Y's column
+// b·G + j = value · activation(gate) from its block of G values and G gates.
+Status ref_gated_matmul(KernelContext& ctx) {
+  const int64_t g = ctx.node().attr_int("gate_block", 0);
+  const int64_t half = ctx.output(0).shape().back(), n = 2 * half;
+  KILN_ASSIGN_OR_RETURN(const Tensor whole, whole_product(ctx, ctx.output(0).shape(), n, true));
+  const float* v = whole.data<float>();
+  const int64_t rows = half ? whole.numel() / n : 0;
   Tensor gates(DType::f32, {rows, half});
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < half; ++c) gates.data<float>()[r * half + c] = v[r * n + c / g * 2 * g + g + c % g];
+    for (int64_t c = 0; c < half; ++c) gates.data<float>()[r * half + c] = v[r * n + gated_value_column(c, g) + g];
   KILN_RETURN_IF_ERROR(fused_epilogue(ctx, gates));
   float* y = ctx.output(0).data<float>();
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < half; ++c) y[r * half + c] = v[r * n + c / g * 2 * g + c % g] * gates.data<float>()[r * half + c];
+    for (int64_t c = 0; c < half; ++c) y[r * half + c] = v[r * n + gated_value_column(c, g)] * gates.data<float>()[r * half + c];
   return {};
 }
 
@@ -210,24 +217,15 @@ Status ref_fused_matmul(KernelContext& ctx) {
   if (splits.size() != ctx.num_outputs()) return ctx.error("the splits do not match the outputs");
   size_t given = 0;  // an output that is not omitted: Y's shape but for the last dim
   while (given + 1 < splits.size() && !ctx.output(given).defined()) ++given;
-  std::vector<int64_t> shape = ctx.output(given).shape();
-  if (shape.empty()) return ctx.error("split outputs of a scalar product");
+  if (ctx.output(given).shape().empty()) return ctx.error("split outputs of a scalar product");
   int64_t n = 0;
   for (int64_t w : splits) n += w;
-  shape.back() = n;
-  std::vector<Tensor> in(ctx.num_inputs());
-  for (size_t i = 0; i < in.size(); ++i)
-    if (ctx.has_input(i)) in[i] = ctx.input(i);
   // The product and bias whole, without the activations when some outputs skip them.
   const std::vector<int64_t> on = ctx.node().attr_ints("activated", std::vector<int64_t>(splits.size(), 1));
   const bool per_output = std::find(on.begin(), on.end(), 0) != on.end();
-  Node node = ctx.node();
-  if (per_output)
-    for (const char* a : kActivationAttrs) node.erase_attr(a);
-  ref::ViewContext whole(ctx, node, std::move(in), Tensor(DType::f32, shape));
-  KILN_RETURN_IF_ERROR(ref::run_widened(whole, fused_matmul));
-  const float* y = whole.y().data<float>();
-  const int64_t rows = n ? whole.y().numel() / n : 0;
+  KILN_ASSIGN_OR_RETURN(const Tensor whole, whole_product(ctx, ctx.output(given).shape(), n, per_output));
+  const float* y = whole.data<float>();
+  const int64_t rows = n ? whole.numel() / n : 0;
   int64_t begin = 0;
   for (size_t o = 0; o < splits.size(); ++o) {
     if (!ctx.output(o).defined()) {  // an omitted output

@@ -209,7 +209,7 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
         float* y = g.c + i * g.ldc;
         float* gate = g.gates + i * g.ldgates;
         for (int64_t j = 0; j < g.n / 2; ++j) {
-          const int64_t at = j / blk * 2 * blk + j % blk;
+          const int64_t at = gated_value_column(j, blk);
           y[j] = g.epilogue.bias ? g.epilogue.bias[at] : 0.f;
           gate[j] = g.epilogue.bias ? g.epilogue.bias[at + blk] : 0.f;
         }
