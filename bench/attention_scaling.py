@@ -3,7 +3,7 @@
 
     python bench/attention_scaling.py [--kiln build/kiln] [--node-times build/bench/kiln_bench_node_times]
                                       [--seqs 128 256 512 1024 2048 4096] [--threads 1] [--runs 5]
-                                      [--compare] [--work-dir DIR]
+                                      [--compare] [--bf16] [--work-dir DIR]
 
 Generates the test suite's LLaMA-style decoder (tests/models/make_models.py: 2 layers, 8 query
 heads and 2 KV heads of 64, an additive causal mask built from Range/Less/Where) with rotary
@@ -18,6 +18,8 @@ two matmuls around a softmax, whose scores take S×S floats per head of workspac
 attention neither rotates Q and K nor reads the [B, S, H·D] projections, so that variant is
 compiled with fuse_rotary after fuse_attention: the rotations stay RotaryEmbedding nodes and
 the heads [B, H, S, D] (kiln's flash attention takes the rotary caches and the projections).
+With --bf16, the block compiled with --precision bf16 too: on a CPU with AMX its attention
+runs kiln.attention_bf16_amx (bf16 products on AMX tiles, the softmax in f32).
 """
 
 import argparse
@@ -66,6 +68,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--compare", action="store_true", help="also without kiln's flash attention")
+    parser.add_argument("--bf16", action="store_true", help="also compiled with --precision bf16")
     parser.add_argument("--work-dir", help="where the models go (default: a temporary folder)")
     args = parser.parse_args(argv)
     work = args.work_dir or tempfile.mkdtemp(prefix="kiln-attention-")
@@ -77,17 +80,19 @@ def main(argv=None):
     exported = os.path.join(work, "llama_block.kiln")
     subprocess.run([args.kiln, "export", onnx_path, "-o", exported], check=True)
     rng = np.random.default_rng(0)
-    variants = [("kiln flash", [], [])]
+    variants = [("kiln flash", [], [], "")]
     if args.compare:
-        variants.append(("without flash", FLASH, unfolded_rotary_passes(args.kiln)))
+        variants.append(("without flash", FLASH, unfolded_rotary_passes(args.kiln), ".unfolded"))
+    if args.bf16:
+        variants.append(("kiln bf16", [], ["--precision", "bf16"], ".bf16"))
     print(f"# LLaMA-style block (2 layers, 8 q / 2 kv heads of 64), {args.threads} thread(s), "
           f"median of {args.runs} runs; growth = this row / the row before")
     print(f"{'variant':14s} {'seq':>5s} {'kernel':26s} {'attention ms':>12s} {'growth':>7s} "
           f"{'arena MiB':>10s} {'growth':>7s} {'workspace MiB':>13s} {'growth':>7s}")
-    for name, without, compile_args in variants:
+    for name, without, compile_args, tag in variants:
         prev = None
         for seq in args.seqs:
-            compiled = os.path.join(work, f"llama_block.s{seq}{'.unfolded' if compile_args else ''}.kiln")
+            compiled = os.path.join(work, f"llama_block.s{seq}{tag}.kiln")
             inputs = os.path.join(work, f"llama_block.s{seq}.npz")
             if not os.path.exists(compiled):
                 subprocess.run([args.kiln, "compile", exported, "-o", compiled, "--input-shape", f"input_ids=1x{seq}",

@@ -42,7 +42,7 @@ constexpr std::array kPasses = {
              channels_last},
     PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add -> Q -> QFusedConv / QFusedMatMul / QAdd, max pools on int8; weight DQs left folded",
              lower_int8},
-    PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted; the rest and the final layers f32",
+    PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted (and on AMX, attention's products bf16); the rest and the final layers f32",
              lower_precision},
     PassInfo{"merge_projections", "f32 matrix products of one input by constant weights (Q, K, V) -> one FusedMatMul whose columns split into their outputs; a Split of a product's columns folded into it",
              merge_projections},

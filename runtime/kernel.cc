@@ -128,6 +128,8 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
 
 bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
 
+bool attention_bf16_products(const KernelQuery& q) { return q.node.attr_string("product_type", "f32") == "bf16"; }
+
 int64_t attention_past(const KernelQuery& q) {
   if (q.inputs.size() <= 4 || q.inputs[4].dtype == DType::undefined || !q.inputs[4].shape.is_concrete() || q.inputs[4].shape.rank() != 4)
     return 0;

@@ -211,6 +211,9 @@ std::optional<std::string> attention_declines(const KernelQuery& q);
 
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
+/// Whether an Attention node's products are bf16 (kiln's `product_type`, which `compile
+/// --precision bf16` sets on a CPU with AMX): only kiln.attention_bf16_amx takes those.
+bool attention_bf16_products(const KernelQuery& q);
 /// An Attention node's past keys (past_key's length), 0 without a KV cache.
 int64_t attention_past(const KernelQuery& q);
 /// Whether an Attention node reads past keys and values or writes the present ones.

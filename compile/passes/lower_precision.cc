@@ -9,7 +9,7 @@
 // (AVX512-BF16's vdpbf16ps; the op schemas say so); an f16 one is widened to f32 as it is packed.
 // Everything else stays f32: the activations between nodes (but between convolutions on an
 // AMX target, below), the bias and the epilogue, Softmax, the normalizations and reductions,
-// attention (its products are of activations, not weights), and the final layers: a node that
+// attention (but on an AMX target, below), and the final layers: a node that
 // writes a graph output keeps its f32 weight, so that the model's outputs (a classifier's
 // logits, an LM head's) are computed in f32. torch.autocast
 // would lower those linear layers too; GPT-2's LM head, 70 % of its run and bound by reading
@@ -25,6 +25,13 @@
 // (ResNet-50's last block, which writes f32 for the average pool, casts its bf16 residual). The
 // reference computes the same: X and Z widened, Y rounded to bf16 as it is stored (a max
 // commutes with the rounding).
+//
+// On a target with AMX, bf16 also lowers attention's two products: an f32 Attention (no
+// scores output, not writing a graph output) gets `product_type` bf16, so Q, K, V and the
+// softmax's probabilities are rounded to bf16 and multiplied on AMX tiles with f32 sums
+// (kiln.attention_bf16_amx); the softmax stays f32. Without AMX, bf16 products run no faster
+// than f32 ones (VDPBF16PS issues at half the rate of f32 FMAs), and fp16's FMAs sum in fp16, so
+// attention stays f32 for those.
 //
 // The target must have the ISA the precision is for (avx512-bf16, avx512-fp16); `--target` names
 // another machine to compile for.
@@ -55,6 +62,16 @@ bool lowers(const Graph& g, const Node& n) {
   const Value& w = g.value(n.inputs[1]);
   if (x.dtype != DType::f32 || !w.is_constant() || w.dtype != DType::f32) return false;
   return conv || w.constant.rank() == 2;
+}
+
+// Whether the node is an f32 Attention whose products may go bf16 (the file's comment).
+bool lowers_attention(const Graph& g, const Node& n, const std::vector<char>& is_output) {
+  if (n.op != "Attention" || !n.domain.empty() || n.has_attr("product_type") || !n.has_input(0) || !n.has_input(1) || !n.has_input(2))
+    return false;
+  for (size_t i = 0; i < 3; ++i)
+    if (g.value(n.inputs[i]).dtype != DType::f32) return false;
+  if (n.outputs.size() > 3 && n.outputs[3] != kNoValue) return false;  // the scores output
+  return !is_output[static_cast<size_t>(n.outputs[0])];
 }
 
 bool is_max_pool(const Node& n) { return n.op == "MaxPool" && n.domain.empty(); }
@@ -191,11 +208,20 @@ Result<PassResult> lower_precision(Model& model, PassContext& ctx) {
     n.kernel = {};
     ++lowered;
   }
-  if (lowered == 0) return PassResult{};
+  size_t attentions = 0;
+  if (to == DType::bf16 && cpu.amx)
+    for (Node& n : g.nodes)
+      if (lowers_attention(g, n, is_output)) {
+        n.set_attr("product_type", std::string("bf16"));
+        n.kernel = {};
+        ++attentions;
+      }
+  if (lowered == 0 && attentions == 0) return PassResult{};
   const Bf16Chains chains = to == DType::bf16 && cpu.amx ? keep_bf16_activations(g, is_output) : Bf16Chains{};
   drop_unused_values(g);
   std::string summary = "lowered " + count_of(lowered, "convolution or matrix product", "convolutions and matrix products") + " to " +
                         std::string(dtype_name(to)) + " (their weights " + format_bytes(bytes_before) + " -> " + format_bytes(bytes_after) + ")";
+  if (attentions > 0) summary += "; " + count_of(attentions, "attention's products", "attentions' products") + " to bf16";
   if (chains.convs > 0)
     summary += "; " + count_of(chains.convs, "convolution", "convolutions") +
                (chains.pools > 0 ? " and " + count_of(chains.pools, "max pool", "max pools") : std::string()) +

@@ -65,6 +65,11 @@ Status infer_attention(InferContext& ctx) {
     auto t = dtype_from_name(p);
     if (!t || !is_float(*t)) return ctx.error("softmax_precision '" + p + "' is not one of f16, bf16, f32, f64");
   }
+  const std::string products = node.attr_string("product_type", "f32");
+  if (products != "f32" && products != "bf16") return ctx.error("product_type '" + products + "' is neither f32 nor bf16");
+  for (DType t : {qt, vt})
+    if (products == "bf16" && t != DType::undefined && t != DType::f32)
+      return ctx.error("product_type bf16 needs f32 Q, K and V, got " + std::string(dtype_name(t)));
   const int64_t qh_attr = node.attr_int("q_num_heads", 0), kvh_attr = node.attr_int("kv_num_heads", 0);
   if (qh_attr < 0 || kvh_attr < 0) return ctx.error("q_num_heads and kv_num_heads must not be negative");
 
@@ -258,6 +263,8 @@ void register_attention_ops(OpRegistry& r) {
                       {"kv_num_heads", AttrType::int64, false, "K/V heads of 3-D inputs"},
                       {"q_num_heads", AttrType::int64, false, "Q heads of 3-D inputs"},
                       {"qk_matmul_output_mode", AttrType::int64, false, "0 raw, 1 softcapped, 2 plus mask, 3 softmax (0)"},
+                      {"product_type", AttrType::string, false,
+                       "kiln's: the two products' operands, f32 (default) or bf16 (Q, K, V and the softmax's probabilities rounded to bf16, sums in f32)"},
                       {"scale", AttrType::float64, false, "factor on Q K^T (1/sqrt(head_size))"},
                       {"softcap", AttrType::float64, false, "c * tanh(x / c) when > 0 (0)"},
                       {"softmax_precision", AttrType::string, false, "kiln type name the softmax must at least use"}},

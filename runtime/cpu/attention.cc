@@ -16,6 +16,13 @@
 // both), the causal limit moves by the past length, and present_key / present_value, when
 // asked for, are written as the keys are assembled.
 //
+// kiln.attention_bf16_amx: the same, for an Attention whose products are bf16 (`product_type`,
+// set by `kiln compile --precision bf16` on a CPU with AMX): K and V are packed once into AMX's
+// bf16 tiles, each query block is rounded to bf16, the two products run on the tiles
+// (attention_amx.cc) with f32 sums, the online softmax stays f32 and its probabilities are
+// rounded to bf16 for P·V. The output block is summed in the thread's scratch (tiles are whole
+// 16-row blocks) and written divided by the softmax's sums.
+//
 // kiln.rotary_f32_<isa>: RotaryEmbedding's rotate-half form (what fuse_rotary makes of the
 // exporters' x·cos + rotate_half(x)·sin) in one pass over x on the row kernels.
 #include <algorithm>
@@ -25,6 +32,7 @@
 
 #include <omp.h>
 
+#include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/gemm_isa.h"
 #include "runtime/kernel.h"
@@ -43,15 +51,27 @@ constexpr int64_t kBlockQ = 64, kBlockK = 256, kWholeKeys = 512;
 constexpr int64_t kRotateKeys = 256;
 
 size_t floats_bytes(int64_t n) { return static_cast<size_t>((n * 4 + 63) / 64 * 64); }
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 std::optional<std::string> flash_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
+  if (attention_bf16_products(q)) return "bf16 products (kiln.attention_bf16_amx's)";
   return attention_declines(q);
+}
+
+std::optional<std::string> amx_declines(const KernelQuery& q) {
+  if (!q.target.cpu.amx) return "the CPU lacks amx";
+  if (auto why = lacks(q.target.cpu, Isa::avx512)) return why;
+  if (!attention_bf16_products(q)) return "f32 products";
+  if (auto why = attention_declines(q)) return why;
+  if (attention_geometry(q)->dv % 16 != 0) return "a value head size that is not a multiple of 16";
+  return std::nullopt;
 }
 
 class FlashAttention final : public Kernel {
  public:
-  explicit FlashAttention(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
+  /// `amx`: bf16 products on AMX tiles (the AVX-512 row kernels around them).
+  FlashAttention(Isa isa, bool amx) : isa_(isa), amx_(amx), rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     const std::optional<AttentionGeometry> a = attention_geometry(q);
@@ -79,17 +99,29 @@ class FlashAttention final : public Kernel {
     const int64_t q_blocks = (s_ + kBlockQ - 1) / kBlockQ;
     bq_ = (s_ + q_blocks - 1) / q_blocks;
     bk_ = t_ <= kWholeKeys ? t_ : kBlockK;
-    const gemm::CacheSizes& caches = gemm::CacheSizes::host();
-    qk_ = gemm::default_params(isa_, gemm::default_tile(isa_, bk_), caches, bq_, bk_, d_, 1);
-    pv_ = gemm::default_params(isa_, gemm::default_tile(isa_, dv_), caches, bq_, dv_, bk_, 1);
-    k_floats_ = gemm::packed_b_floats(d_, t_, qk_.tile.nr);
-    v_floats_ = gemm::packed_b_floats(t_, dv_, pv_.tile.nr);
-    const gemm::GemmProblem qk{.m = bq_, .n = bk_, .k = d_, .b_packed = true}, pv{.m = bq_, .n = dv_, .k = bk_, .b_packed = true};
+    size_t scratch_bytes = 0;  // the products' own, per thread
+    if (amx_) {
+      // Whole tiles: query blocks of 16 rows, head steps and key blocks of 32 (zeros past them).
+      bq_pad_ = round_up(bq_, 16), dp_ = round_up(d_, 32), ld_ = round_up(bk_, 32);
+      const int64_t key_tiles = round_up(t_, 32) / 16;
+      k_floats_ = key_tiles * (dp_ / 32) * amx::kTile / 2;  // bf16 pairs counted as floats
+      v_floats_ = key_tiles / 2 * (dv_ / 16) * amx::kTile / 2;
+      rotate_keys_ = kRotateKeys;
+      scratch_bytes = floats_bytes(bq_pad_ * dp_ / 2) + floats_bytes(bq_pad_ * ld_ / 2) + floats_bytes(bq_pad_ * dv_);
+    } else {
+      bq_pad_ = bq_, ld_ = bk_;
+      const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+      qk_ = gemm::default_params(isa_, gemm::default_tile(isa_, bk_), caches, bq_, bk_, d_, 1);
+      pv_ = gemm::default_params(isa_, gemm::default_tile(isa_, dv_), caches, bq_, dv_, bk_, 1);
+      k_floats_ = gemm::packed_b_floats(d_, t_, qk_.tile.nr);
+      v_floats_ = gemm::packed_b_floats(t_, dv_, pv_.tile.nr);
+      const gemm::GemmProblem qk{.m = bq_, .n = bk_, .k = d_, .b_packed = true}, pv{.m = bq_, .n = dv_, .k = bk_, .b_packed = true};
+      rotate_keys_ = std::max<int64_t>(qk_.tile.nr, kRotateKeys / qk_.tile.nr * qk_.tile.nr);
+      scratch_bytes = floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
+    }
     // Rotated rows: a Q block while the products run, or a chunk of keys while packing.
-    rotate_keys_ = std::max<int64_t>(qk_.tile.nr, kRotateKeys / qk_.tile.nr * qk_.tile.nr);
     rotated_floats_ = assemble_ ? floats_bytes(std::max(rotary_ ? bq_ : 0, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
-    thread_bytes_ = floats_bytes(bq_ * bk_) + 2 * floats_bytes(bq_) + static_cast<size_t>(rotated_floats_) * 4 +
-                    floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
+    thread_bytes_ = floats_bytes(bq_pad_ * ld_) + 2 * floats_bytes(bq_pad_) + static_cast<size_t>(rotated_floats_) * 4 + scratch_bytes;
     threads_ = std::max(1, q.target.threads);
     packed_bytes_ = floats_bytes(b_ * hkv_ * (k_floats_ + v_floats_));
     needs.workspace_bytes = packed_bytes_ + thread_bytes_ * static_cast<size_t>(threads_);
@@ -116,12 +148,17 @@ class FlashAttention final : public Kernel {
     const int64_t items = b_ * hq_ * q_blocks;
     const int threads = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), std::max(heads, items)}));
     auto body = [&](int thread) {
+      if (amx_) amx::configure();
       std::byte* mine = ws + packed_bytes_ + thread_bytes_ * static_cast<size_t>(thread);
       float* scores = reinterpret_cast<float*>(mine);
-      float* m = scores + floats_bytes(bq_ * bk_) / 4;
-      float* l = m + floats_bytes(bq_) / 4;
-      float* rotated = l + floats_bytes(bq_) / 4;
+      float* m = scores + floats_bytes(bq_pad_ * ld_) / 4;
+      float* l = m + floats_bytes(bq_pad_) / 4;
+      float* rotated = l + floats_bytes(bq_pad_) / 4;
       std::byte* gemm_ws = reinterpret_cast<std::byte*>(rotated + rotated_floats_);
+      // AMX: the query block and the probabilities in bf16, the output block summed in f32.
+      uint16_t* q_bf16 = amx_ ? reinterpret_cast<uint16_t*>(gemm_ws) : nullptr;
+      uint16_t* p_bf16 = amx_ ? q_bf16 + floats_bytes(bq_pad_ * dp_ / 2) / 2 : nullptr;
+      float* o_block = amx_ ? reinterpret_cast<float*>(p_bf16 + floats_bytes(bq_pad_ * ld_ / 2) / 2) : nullptr;
       // K (as Kᵀ) and V of each KV head, packed once. K's chunks of keys are assembled first
       // where there is more to do than packing: the past keys, then the new ones (rotated), each
       // chunk copied to present_key when it is asked for.
@@ -130,7 +167,7 @@ class FlashAttention final : public Kernel {
         float* pk = packed + h * (k_floats_ + v_floats_);
         const float* k = kd + kst_.at(h / hkv_, h % hkv_);
         if (!assemble_) {
-          gemm::pack_b(k, kst_.row, true, d_, t_, qk_.tile.nr, pk);
+          pack_keys(k, kst_.row, 0, t_, pk);
         } else {
           const int64_t rows = (h / hkv_) * s_;  // the batch's first cache row (the new keys are the queries' tokens)
           for (int64_t j0 = 0; j0 < t_; j0 += rotate_keys_) {
@@ -146,12 +183,26 @@ class FlashAttention final : public Kernel {
                   std::memcpy(to + r * d_, k + (j + r) * kst_.row, static_cast<size_t>(d_) * sizeof(float));
               }
             }
-            gemm::pack_b(rotated, d_, true, d_, n, qk_.tile.nr, pk + j0 / qk_.tile.nr * d_ * qk_.tile.nr);
+            pack_keys(rotated, d_, j0, n, pk);
             if (present_k) std::memcpy(present_k + (h * t_ + j0) * d_, rotated, static_cast<size_t>(n * d_) * sizeof(float));
           }
         }
+        if (amx_) {
+          for (int64_t j = round_up(t_, 16); j < round_up(t_, 32); j += 16)  // zeros up to whole chunks of 32 keys
+            amx::pack_key_group(nullptr, 0, 0, d_, key_tiles(pk, j));
+        }
         const float* v = vd + vst_.at(h / hkv_, h % hkv_);
-        if (!p_) {
+        if (amx_) {
+          const float* rows[32];
+          for (int64_t j0 = 0; j0 < t_; j0 += 32) {
+            const int64_t n = std::min<int64_t>(32, t_ - j0);
+            for (int64_t r = 0; r < n; ++r) {
+              const int64_t key = j0 + r;
+              rows[r] = key < p_ ? past_v + (h * p_ + key) * dv_ : v + (key - p_) * vst_.row;
+            }
+            amx::pack_value_rows(rows, n, dv_, value_tiles(pk, j0));
+          }
+        } else if (!p_) {
           gemm::pack_b(v, vst_.row, false, t_, dv_, pv_.tile.nr, pk + k_floats_);
         } else {  // past rows, then the new ones, into the same panels
           gemm::pack_b_panels(past_v + h * p_ * dv_, dv_, false, 0, p_, 0, dv_, pv_.tile.nr, pk + k_floats_, t_ * pv_.tile.nr);
@@ -166,11 +217,14 @@ class FlashAttention final : public Kernel {
 #pragma omp for schedule(dynamic)
       for (int64_t item = 0; item < items; ++item) {
         const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
-        const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0);
-        const float* pk = packed + (b * hkv_ + h / rep) * (k_floats_ + v_floats_);
+        const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0), rows_pad = amx_ ? round_up(rows, 16) : rows;
+        float* pk = packed + (b * hkv_ + h / rep) * (k_floats_ + v_floats_);
         const int64_t ldy = yst_.row;
         float* out = y + yst_.at(b, h) + q0 * ldy;
-        for (int64_t i = 0; i < rows; ++i) std::fill(out + i * ldy, out + i * ldy + dv_, 0.f);
+        // The output block: Y's rows in place, or the AMX tiles' f32 block, dv_ apart.
+        float* acc = amx_ ? o_block : out;
+        const int64_t ldo = amx_ ? dv_ : ldy;
+        for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
         const int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
@@ -181,23 +235,42 @@ class FlashAttention final : public Kernel {
           rows_.rotate_rows(qa, lda, rotated, d_, cos + row0 * half, sin + row0 * half, rows, d_, half);
           qa = rotated, lda = d_;
         }
+        if (amx_) {
+          amx::to_bf16_rows(qa, lda, rows, d_, q_bf16, dp_, dp_, rows_pad);
+          std::fill(p_bf16 + rows * ld_, p_bf16 + rows_pad * ld_, uint16_t{0});  // the probabilities' padding rows
+        }
         for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
           const int64_t n = std::min(bk_, keys - k0);
-          gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qa, .lda = lda,
-                               .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = bk_};
-          gemm::run(qk_, qk, gemm_ws);
+          if (amx_) {
+            amx::product(q_bf16, dp_, rows_pad, dp_ / 32, key_tiles(pk, k0), key_tiles(pk, 16) - key_tiles(pk, 0), amx::kTile,
+                         round_up(n, 32) / 16, scores, ld_, false);
+          } else {
+            gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qa, .lda = lda,
+                                 .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = ld_};
+            gemm::run(qk_, qk, gemm_ws);
+          }
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
-          rows_.softmax_block(scores, bk_, rows, n, scale_, mask ? mask + mo : nullptr, keep ? keep + mo : nullptr, mask_si_,
-                              causal_ ? q0 + p_ - k0 : kNoCausal, m, l, out, ldy, dv_);
-          gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = bk_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
-                               .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
-          gemm::run(pv_, pv, gemm_ws);
+          const float* mask_at = mask ? mask + mo : nullptr;
+          const bool* keep_at = keep ? keep + mo : nullptr;
+          const int64_t causal_at = causal_ ? q0 + p_ - k0 : kNoCausal;
+          if (amx_) {
+            rows_.softmax_block_bf16(scores, ld_, rows, n, scale_, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
+            const int64_t chunks = round_up(n, 32) / 32;
+            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_tiles(pk, 32) - value_tiles(pk, 0),
+                         dv_ / 16, acc, ldo, true);
+          } else {
+            rows_.softmax_block(scores, ld_, rows, n, scale_, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_);
+            gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = ld_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
+                                 .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
+            gemm::run(pv_, pv, gemm_ws);
+          }
         }
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
           const float inv = 1.f / l[i];
-          for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] *= inv;
+          for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] = acc[i * ldo + j] * inv;
         }
       }
+      if (amx_) amx::release();
     };
     if (threads <= 1) {
       body(0);
@@ -212,9 +285,27 @@ class FlashAttention final : public Kernel {
   }
 
  private:
+  // n keys from `k` (rows `ldk` apart), keys [j0, j0 + n) of the head, into its packed Kᵀ
+  // (`pk`): the GEMM's panels, or AMX's tiles a group of 16 keys at a time.
+  void pack_keys(const float* k, int64_t ldk, int64_t j0, int64_t n, float* pk) const {
+    if (!amx_) {
+      gemm::pack_b(k, ldk, true, d_, n, qk_.tile.nr, pk + j0 / qk_.tile.nr * d_ * qk_.tile.nr);
+      return;
+    }
+    for (int64_t j = 0; j < n; j += 16) amx::pack_key_group(k + j * ldk, ldk, std::min<int64_t>(16, n - j), d_, key_tiles(pk, j0 + j));
+  }
+  // AMX: the tiles of the group of 16 keys from `key` on (a multiple of 16), and of V's chunk of
+  // 32 keys from `key` on (a multiple of 32), in a head's packed K and V.
+  uint16_t* key_tiles(float* pk, int64_t key) const { return reinterpret_cast<uint16_t*>(pk) + key / 16 * (dp_ / 32) * amx::kTile; }
+  uint16_t* value_tiles(float* pk, int64_t key) const {
+    return reinterpret_cast<uint16_t*>(pk + k_floats_) + key / 32 * (dv_ / 16) * amx::kTile;
+  }
+
   Isa isa_;
+  bool amx_ = false;
   const RowKernels& rows_;
   int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
+  int64_t bq_pad_ = 0, ld_ = 0, dp_ = 0;  // query rows, scores' row length, head steps (AMX: whole tiles)
   int64_t p_ = 0, l_ = 0;  // past and new keys (t_ = p_ + l_)
   bool present_k_ = false, present_v_ = false, assemble_ = false;
   HeadStrides qst_, kst_, vst_, yst_;
@@ -299,11 +390,16 @@ class RotaryKernel final : public Kernel {
 }  // namespace
 
 void register_attention(KernelRegistry& r) {
+  r.add("Attention", "cpu",
+        KernelImpl{.name = "kiln.attention_bf16_amx",
+                   .declines = amx_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<FlashAttention>(Isa::avx512, true); },
+                   .needs_isa = *CpuFeatures::named("amx")});
   for (Isa isa : {Isa::avx512, Isa::avx2}) {
     r.add("Attention", "cpu",
           KernelImpl{.name = std::string("kiln.attention_f32_") + isa_name(isa),
                      .declines = [isa](const KernelQuery& q) { return flash_declines(q, isa); },
-                     .create = [isa](const KernelQuery&) { return std::make_unique<FlashAttention>(isa); },
+                     .create = [isa](const KernelQuery&) { return std::make_unique<FlashAttention>(isa, false); },
                      .needs_isa = isa_features(isa)});
     r.add("RotaryEmbedding", "cpu",
           KernelImpl{.name = std::string("kiln.rotary_f32_") + isa_name(isa),

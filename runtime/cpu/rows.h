@@ -49,6 +49,12 @@ struct RowKernels {
   /// scaled by e^(m − m'). A row with nothing to attend to yet adds zeros.
   void (*softmax_block)(float* s, int64_t lds, int64_t rows, int64_t n, float scale, const float* mask, const bool* keep,
                         int64_t mask_stride, int64_t causal, float* m, float* l, float* o, int64_t ldo, int64_t dv);
+  /// The same, with the probabilities p written as bf16 (nearest even) into `p16`, rows `ldp`
+  /// apart, with zeros from the last valid key up to n rounded up to 32 (AMX's whole tiles); the
+  /// scores' block is left as scratch.
+  void (*softmax_block_bf16)(float* s, int64_t lds, int64_t rows, int64_t n, float scale, const float* mask, const bool* keep,
+                             int64_t mask_stride, int64_t causal, float* m, float* l, float* o, int64_t ldo, int64_t dv, uint16_t* p16,
+                             int64_t ldp);
   /// The fused ops' epilogue in place over n values: y = post(act(y) + z) (z may be null).
   /// Sigmoid, Silu and the tanh GELU use the polynomial e^x, Tanh and the exact GELU rational
   /// polynomials (tanh, erf), each within a few ulp.

@@ -66,6 +66,11 @@ void rotate_halves(std::vector<double>& x, int64_t b, int64_t h, int64_t s, int6
       }
 }
 
+// Each value rounded to bf16 (nearest even), as the products of product_type bf16 read it.
+void round_bf16(std::vector<double>& x) {
+  for (double& v : x) v = static_cast<float>(bfloat16(static_cast<float>(v)));
+}
+
 // past [B, H, P, D] ++ cur [B, H, L, D] along the sequence.
 std::vector<double> concat_seq(const std::vector<double>& past, int64_t p, const std::vector<double>& cur, int64_t l,
                                int64_t b, int64_t h, int64_t d) {
@@ -106,6 +111,14 @@ Status ref_attention(KernelContext& ctx) {
   }
   if (ctx.num_outputs() > 1 && ctx.output(1).defined()) store_f64(kd, ctx.output(1));
   if (ctx.num_outputs() > 2 && ctx.output(2).defined()) store_f64(vd, ctx.output(2));
+  // product_type bf16: Q, K (rotated) and V rounded to bf16, and each probability rounded to
+  // bf16 before it weighs V (e^(x − max), the sum taken unrounded); the products in double.
+  const bool bf16_products = node.attr_string("product_type", "f32") == "bf16";
+  if (bf16_products) {
+    round_bf16(qd);
+    round_bf16(kd);
+    round_bf16(vd);
+  }
 
   // The additive mask, broadcast from the right against [B, Hq, S, total]; its last dim may be
   // shorter than total and is then padded with -inf (false for bool masks).
@@ -174,7 +187,7 @@ Status ref_attention(KernelContext& ctx) {
         for (double x : row) mx = std::isnan(x) || x > mx ? x : mx;
         double sum = 0;
         for (double& x : row) sum += (x = std::exp(x - mx));
-        for (double& x : row) x /= sum;
+        for (double& x : row) x = (bf16_products ? static_cast<float>(bfloat16(static_cast<float>(x))) : x) / sum;
         if (qk_row && mode == 3)
           for (int64_t j = 0; j < total; ++j) qk_row[j] = row[static_cast<size_t>(j)];
         double* yi = y.data() + ((b * hq + h) * s + i) * dv;

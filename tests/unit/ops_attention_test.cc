@@ -242,6 +242,25 @@ TEST(AttentionRotary, AttentionRotatesQAndTheNewKeys) {
                     "must be 3-D");
 }
 
+TEST(Attention, Bf16ProductsRoundOperandsAndProbabilities) {
+  // product_type bf16: Q, K and V rounded to bf16, each probability e^(x − max) rounded to bf16
+  // before it weighs V, the sum taken unrounded. One query, two keys, values that bf16 moves.
+  const float q0 = 1.001f, q1 = 0.5f, k00 = 1.003f, k11 = 0.2f, v0 = 0.3333f, v1 = 0.7777f;
+  auto r16 = [](double x) { return static_cast<double>(static_cast<float>(bfloat16(static_cast<float>(x)))); };
+  const Tensor q = make<float>({1, 1, 1, 2}, {q0, q1}), k = make<float>({1, 1, 2, 2}, {k00, 0.f, 0.f, k11});
+  const Tensor v = make<float>({1, 1, 2, 1}, {v0, v1});
+  auto r = run_op("Attention", {q, k, v}, {attr("product_type", std::string("bf16"))});
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  const double scale = 1 / std::sqrt(2.0);
+  const double x0 = r16(q0) * r16(k00) * scale, x1 = r16(q1) * r16(k11) * scale;
+  const double e0 = 1.0, e1 = std::exp(x1 - x0);  // x0 is the larger
+  expect_all((*r)[0], {(r16(e0) * r16(v0) + r16(e1) * r16(v1)) / (e0 + e1)}, 1e-7);
+  auto exact = run_op("Attention", {q, k, v});
+  ASSERT_TRUE(exact.ok());
+  EXPECT_GT(std::abs((*r)[0].as_double(0) - (*exact)[0].as_double(0)), 1e-5);  // bf16 moved it
+  expect_user_error(run_op("Attention", {q, k, v}, {attr("product_type", std::string("f16"))}), "product_type 'f16' is neither f32 nor bf16");
+}
+
 TEST(AttentionRotary, HandComputedHalvesAndInterleaved) {
   // One head of 4 features, no position ids: caches [B, S, 2].
   const double c0 = 0.6, s0 = 0.8, c1 = 0.0, s1 = 1.0;

@@ -359,6 +359,55 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
   }
 }
 
+// Two attentions over the same heads: the first's context goes through a linear layer, the
+// second's is a graph output.
+Model attention_model() {
+  testing::GraphBuilder b;
+  ValueId q = b.input("q", {1, 2, 40, 64}), k = b.input("k", {1, 2, 70, 64}), v = b.input("v", {1, 2, 70, 32});
+  ValueId a = b.op("att", "Attention", {q, k, v}, {attr("is_causal", int64_t{1})});
+  ValueId y = b.op("proj", "MatMul", {a, b.constant("w", random_f32({32, 16}, 30))});
+  ValueId a2 = b.op("att_out", "Attention", {q, k, v});
+  return b.done({y, a2});
+}
+
+TEST(LowerPrecision, AmxLowersAttentionProductsToBf16) {
+  // On an AMX target bf16 also lowers attention's products (kiln.attention_bf16_amx); without
+  // AMX, or where the attention writes a graph output, it stays f32.
+  const std::vector<Tensor> in = {random_f32({1, 2, 40, 64}, 31), random_f32({1, 2, 70, 64}, 32), random_f32({1, 2, 70, 32}, 33)};
+  const std::vector<Tensor> exact = run_reference(attention_model(), in);
+  for (bool amx : {true, false}) {
+    SCOPED_TRACE(amx ? "AMX target" : "no AMX");
+    Model m = attention_model();
+    CompileOptions options;
+    options.precision = DType::bf16;
+    options.target.cpu = with_isa(DType::bf16);
+    options.target.cpu.amx = amx;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    const Node& att = node_named(m.graph, "att");
+    EXPECT_EQ(att.attr_string("product_type", "f32"), amx ? "bf16" : "f32");
+    if (amx) EXPECT_EQ(att.kernel.name, "kiln.attention_bf16_amx");
+    else EXPECT_EQ(att.kernel.name.find("bf16"), std::string::npos) << att.kernel.name;
+    EXPECT_FALSE(node_named(m.graph, "att_out").has_attr("product_type")) << "it writes a graph output";
+    if (amx != CpuFeatures::host().amx) continue;  // the compiled model runs here
+    auto bytes = serialize_model(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.error().message();
+    auto loaded = load_model_from_bytes(*bytes, "attention.kiln");
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    const std::vector<Tensor> want = run_reference(*loaded, in);
+    auto s = Session::create(*loaded);
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    auto got = (*s)->run(in);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    ASSERT_EQ(got->size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-4) << "output " << i;
+      EXPECT_LE(relative_l2((*got)[i], exact[i]), 1e-2) << "output " << i;
+    }
+    EXPECT_GT(relative_l2((*got)[0], exact[0]), 1e-5) << "the attention and the linear layer were lowered";
+  }
+}
+
 // oneDNN's convolution (bf16 X, Y and Z in each combination) and max pool on bf16 activations
 // against the reference on odd sizes, and the schema's rules for bf16 activations.
 TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
