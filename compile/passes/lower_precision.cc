@@ -64,14 +64,14 @@ bool lowers(const Graph& g, const Node& n) {
   return conv || w.constant.rank() == 2;
 }
 
-// Whether the node is an f32 Attention whose products may go bf16 (the file's comment).
-bool lowers_attention(const Graph& g, const Node& n, const std::vector<char>& is_output) {
+// Whether the node is an f32 Attention whose products may go bf16 (the file's comment), unless
+// it writes a graph output.
+bool lowers_attention(const Graph& g, const Node& n) {
   if (n.op != "Attention" || !n.domain.empty() || n.has_attr("product_type") || !n.has_input(0) || !n.has_input(1) || !n.has_input(2))
     return false;
   for (size_t i = 0; i < 3; ++i)
     if (g.value(n.inputs[i]).dtype != DType::f32) return false;
-  if (n.outputs.size() > 3 && n.outputs[3] != kNoValue) return false;  // the scores output
-  return !is_output[static_cast<size_t>(n.outputs[0])];
+  return n.outputs.size() <= 3 || n.outputs[3] == kNoValue;  // no scores output
 }
 
 bool is_max_pool(const Node& n) { return n.op == "MaxPool" && n.domain.empty(); }
@@ -209,19 +209,25 @@ Result<PassResult> lower_precision(Model& model, PassContext& ctx) {
     ++lowered;
   }
   size_t attentions = 0;
-  if (to == DType::bf16 && cpu.amx)
-    for (Node& n : g.nodes)
-      if (lowers_attention(g, n, is_output)) {
-        n.set_attr("product_type", std::string("bf16"));
-        n.kernel = {};
-        ++attentions;
-      }
+  for (Node& n : g.nodes) {
+    if (to != DType::bf16 || !cpu.amx || !lowers_attention(g, n)) continue;
+    if (is_output[static_cast<size_t>(n.outputs[0])]) {
+      kept.push_back("'" + n.name + "'");
+      continue;
+    }
+    n.set_attr("product_type", std::string("bf16"));
+    n.kernel = {};
+    ++attentions;
+  }
   if (lowered == 0 && attentions == 0) return PassResult{};
   const Bf16Chains chains = to == DType::bf16 && cpu.amx ? keep_bf16_activations(g, is_output) : Bf16Chains{};
   drop_unused_values(g);
-  std::string summary = "lowered " + count_of(lowered, "convolution or matrix product", "convolutions and matrix products") + " to " +
-                        std::string(dtype_name(to)) + " (their weights " + format_bytes(bytes_before) + " -> " + format_bytes(bytes_after) + ")";
-  if (attentions > 0) summary += "; " + count_of(attentions, "attention's products", "attentions' products") + " to bf16";
+  std::string summary;
+  if (lowered > 0)
+    summary = "lowered " + count_of(lowered, "convolution or matrix product", "convolutions and matrix products") + " to " +
+              std::string(dtype_name(to)) + " (their weights " + format_bytes(bytes_before) + " -> " + format_bytes(bytes_after) + ")";
+  if (attentions > 0)
+    summary += (summary.empty() ? "lowered " : "; ") + count_of(attentions, "attention's products", "attentions' products") + " to bf16";
   if (chains.convs > 0)
     summary += "; " + count_of(chains.convs, "convolution", "convolutions") +
                (chains.pools > 0 ? " and " + count_of(chains.pools, "max pool", "max pools") : std::string()) +

@@ -66,9 +66,11 @@ void rotate_halves(std::vector<double>& x, int64_t b, int64_t h, int64_t s, int6
       }
 }
 
-// Each value rounded to bf16 (nearest even), as the products of product_type bf16 read it.
+// v rounded to bf16 (nearest even), as the products of product_type bf16 read it.
+double bf16_value(double v) { return static_cast<float>(bfloat16(static_cast<float>(v))); }
+
 void round_bf16(std::vector<double>& x) {
-  for (double& v : x) v = static_cast<float>(bfloat16(static_cast<float>(v)));
+  for (double& v : x) v = bf16_value(v);
 }
 
 // past [B, H, P, D] ++ cur [B, H, L, D] along the sequence.
@@ -187,7 +189,7 @@ Status ref_attention(KernelContext& ctx) {
         for (double x : row) mx = std::isnan(x) || x > mx ? x : mx;
         double sum = 0;
         for (double& x : row) sum += (x = std::exp(x - mx));
-        for (double& x : row) x = (bf16_products ? static_cast<float>(bfloat16(static_cast<float>(x))) : x) / sum;
+        for (double& x : row) x = (bf16_products ? bf16_value(x) : x) / sum;
         if (qk_row && mode == 3)
           for (int64_t j = 0; j < total; ++j) qk_row[j] = row[static_cast<size_t>(j)];
         double* yi = y.data() + ((b * hq + h) * s + i) * dv;

@@ -76,6 +76,41 @@ CpuFeatures with_isa(DType precision) {
   return cpu;
 }
 
+// m compiled with --precision bf16 for the host's features, with or without AMX.
+auto compile_bf16(Model& m, bool amx, int threads) {
+  CompileOptions options;
+  options.precision = DType::bf16;
+  options.target.cpu = with_isa(DType::bf16);
+  options.target.cpu.amx = amx;
+  options.target.threads = threads;
+  return compile_model(m, options);
+}
+
+// A compiled model saved and loaded, run on its kernels (`got`) and on the reference kernels
+// (`want`); empty where a step failed (the test has failed then).
+struct SavedRuns {
+  std::vector<Tensor> got, want;
+};
+
+SavedRuns run_saved(const Model& m, const std::vector<Tensor>& in) {
+  SavedRuns r;
+  auto bytes = serialize_model(m);
+  EXPECT_TRUE(bytes.ok()) << bytes.error().message();
+  if (!bytes.ok()) return r;
+  auto loaded = load_model_from_bytes(*bytes, "compiled.kiln");
+  EXPECT_TRUE(loaded.ok()) << loaded.error().message();
+  if (!loaded.ok()) return r;
+  auto s = Session::create(*loaded);
+  EXPECT_TRUE(s.ok()) << s.error().message();
+  if (!s.ok()) return r;
+  auto got = (*s)->run(in);
+  EXPECT_TRUE(got.ok()) << got.error().message();
+  if (!got.ok()) return r;
+  r.got = std::move(*got);
+  r.want = run_reference(*loaded, in);
+  return r;
+}
+
 const Node& node_named(const Graph& g, const std::string& name) {
   for (const Node& n : g.nodes)
     if (n.name == name) return n;
@@ -303,12 +338,7 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
   for (bool amx : {true, false}) {
     SCOPED_TRACE(amx ? "AMX target" : "no AMX");
     Model m = conv_chain_model();
-    CompileOptions options;
-    options.precision = DType::bf16;
-    options.target.cpu = with_isa(DType::bf16);
-    options.target.cpu.amx = amx;
-    options.target.threads = 2;
-    auto report = compile_model(m, options);
+    auto report = compile_bf16(m, amx, 2);
     ASSERT_TRUE(report.ok()) << report.error().message();
     const Graph& g = m.graph;
     size_t casts = 0, convs = 0;
@@ -338,21 +368,13 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
     EXPECT_EQ(convs, 4u);
     EXPECT_EQ(casts, amx ? 1u : 0u) << "d's residual";
     for (ValueId v : g.outputs) EXPECT_EQ(g.value(v).dtype, DType::f32);
-    auto bytes = serialize_model(m);
-    ASSERT_TRUE(bytes.ok()) << bytes.error().message();
-    auto loaded = load_model_from_bytes(*bytes, "chain.kiln");
-    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
-    const std::vector<Tensor> want = run_reference(*loaded, in);
-    auto s = Session::create(*loaded);
-    ASSERT_TRUE(s.ok()) << s.error().message();
-    auto got = (*s)->run(in);
-    ASSERT_TRUE(got.ok()) << got.error().message();
-    ASSERT_EQ(got->size(), 2u);
-    ASSERT_EQ(want.size(), 2u);
+    const SavedRuns r = run_saved(m, in);
+    ASSERT_EQ(r.got.size(), 2u);
+    ASSERT_EQ(r.want.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
       // A sum in another order can round Y to the neighbouring bf16 (2^-8 apart) here and there.
-      EXPECT_LE(relative_l2((*got)[i], want[i]), amx ? 2e-3 : 1e-5) << "output " << i;
-      const double err = relative_l2((*got)[i], exact[i]);
+      EXPECT_LE(relative_l2(r.got[i], r.want[i]), amx ? 2e-3 : 1e-5) << "output " << i;
+      const double err = relative_l2(r.got[i], exact[i]);
       EXPECT_LE(err, 1e-2) << "output " << i;
       EXPECT_GT(err, 1e-6) << "output " << i << ": nothing was lowered";
     }
@@ -375,14 +397,19 @@ TEST(LowerPrecision, AmxLowersAttentionProductsToBf16) {
   // AMX, or where the attention writes a graph output, it stays f32.
   const std::vector<Tensor> in = {random_f32({1, 2, 40, 64}, 31), random_f32({1, 2, 70, 64}, 32), random_f32({1, 2, 70, 32}, 33)};
   const std::vector<Tensor> exact = run_reference(attention_model(), in);
+  {
+    Model m = attention_model();
+    CpuFeatures cpu = with_isa(DType::bf16);
+    cpu.amx = true;
+    auto r = lower(m, DType::bf16, cpu);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    // proj and att_out write the graph's outputs.
+    EXPECT_EQ(r->summary, "lowered 1 attention's products to bf16; kept f32 as it writes a graph output: 'proj' 'att_out'");
+  }
   for (bool amx : {true, false}) {
     SCOPED_TRACE(amx ? "AMX target" : "no AMX");
     Model m = attention_model();
-    CompileOptions options;
-    options.precision = DType::bf16;
-    options.target.cpu = with_isa(DType::bf16);
-    options.target.cpu.amx = amx;
-    auto report = compile_model(m, options);
+    auto report = compile_bf16(m, amx, 2);  // two threads: each configures its own tiles
     ASSERT_TRUE(report.ok()) << report.error().message();
     const Node& att = node_named(m.graph, "att");
     EXPECT_EQ(att.attr_string("product_type", "f32"), amx ? "bf16" : "f32");
@@ -390,21 +417,14 @@ TEST(LowerPrecision, AmxLowersAttentionProductsToBf16) {
     else EXPECT_EQ(att.kernel.name.find("bf16"), std::string::npos) << att.kernel.name;
     EXPECT_FALSE(node_named(m.graph, "att_out").has_attr("product_type")) << "it writes a graph output";
     if (amx != CpuFeatures::host().amx) continue;  // the compiled model runs here
-    auto bytes = serialize_model(m);
-    ASSERT_TRUE(bytes.ok()) << bytes.error().message();
-    auto loaded = load_model_from_bytes(*bytes, "attention.kiln");
-    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
-    const std::vector<Tensor> want = run_reference(*loaded, in);
-    auto s = Session::create(*loaded);
-    ASSERT_TRUE(s.ok()) << s.error().message();
-    auto got = (*s)->run(in);
-    ASSERT_TRUE(got.ok()) << got.error().message();
-    ASSERT_EQ(got->size(), 2u);
+    const SavedRuns r = run_saved(m, in);
+    ASSERT_EQ(r.got.size(), 2u);
+    ASSERT_EQ(r.want.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
-      EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-4) << "output " << i;
-      EXPECT_LE(relative_l2((*got)[i], exact[i]), 1e-2) << "output " << i;
+      EXPECT_LE(relative_l2(r.got[i], r.want[i]), 1e-4) << "output " << i;
+      EXPECT_LE(relative_l2(r.got[i], exact[i]), 1e-2) << "output " << i;
     }
-    EXPECT_GT(relative_l2((*got)[0], exact[0]), 1e-5) << "the attention and the linear layer were lowered";
+    EXPECT_GT(relative_l2(r.got[0], exact[0]), 1e-5) << "the attention was lowered";
   }
 }
 
