@@ -518,27 +518,28 @@ TEST(CpuKernels, FlashAttentionBf16ProductsOnAmx) {
   // values: an odd count of 16-column tiles), 37 query rows (padded to 48: a pair of row tiles,
   // then one), 45 keys (padded to 64), grouped-query heads, causal, an additive mask per head, a
   // bool mask with whole rows out; 600 keys, in blocks of 256 where a later block raises the
-  // maximum (the one place the kernel's rounding, against the running maximum, differs from the
-  // reference's, against the row's: hence 2e-3 there); 3-D heads with RoPE, a KV cache and the
+  // maximum (the kernel rounds a probability against the running maximum, the reference against
+  // the row's: 3e-3 there; elsewhere an e^x a few ulp off can round a probability, or a sum in
+  // another order a score, to the neighbouring bf16: 2e-4); 3-D heads with RoPE, a KV cache and the
   // presents. A CPU without AMX runs such a node on the reference kernel: the f32 kernels, kiln's
   // and oneDNN's, decline bf16 products.
   const bool amx = CpuFeatures::host().amx;
   const std::string name = amx ? "kiln.attention_bf16_amx" : std::string(kReferenceKernel);
   const Attribute bf16 = attr("product_type", std::string("bf16"));
   const Tensor q = noise({2, 4, 37, 80}, 1, 4.f), k = noise({2, 2, 45, 80}, 2, 4.f), v = noise({2, 2, 45, 48}, 3);
-  EXPECT_EQ(check({"Attention", {q, k, v}, {}, {bf16}}, 1e-5), name);
-  EXPECT_EQ(check({"Attention", {q, k, v, noise({4, 1, 45}, 4, 8.f)}, {}, {bf16, attr("is_causal", int64_t{1})}}, 1e-5), name);
+  EXPECT_EQ(check({"Attention", {q, k, v}, {}, {bf16}}, 2e-4), name);
+  EXPECT_EQ(check({"Attention", {q, k, v, noise({4, 1, 45}, 4, 8.f)}, {}, {bf16, attr("is_causal", int64_t{1})}}, 2e-4), name);
   Tensor keep(DType::boolean, {1, 1, 37, 45});
   for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i / 45) % 7 != 3 && (i * 13) % 11 != 0;
-  EXPECT_EQ(check({"Attention", {q, k, v, keep}, {}, {bf16}}, 1e-5), name);
+  EXPECT_EQ(check({"Attention", {q, k, v, keep}, {}, {bf16}}, 2e-4), name);
   const Tensor lq = noise({1, 2, 200, 64}, 5, 6.f), lk = noise({1, 1, 600, 64}, 6, 6.f), lv = noise({1, 1, 600, 64}, 7);
-  EXPECT_EQ(check({"Attention", {lq, lk, lv}, {}, {bf16}}, 2e-3), name);
-  EXPECT_EQ(check({"Attention", {lq, lk, lv}, {}, {bf16, attr("is_causal", int64_t{1})}}, 2e-3), name);
+  EXPECT_EQ(check({"Attention", {lq, lk, lv}, {}, {bf16}}, 3e-3), name);
+  EXPECT_EQ(check({"Attention", {lq, lk, lv}, {}, {bf16, attr("is_causal", int64_t{1})}}, 3e-3), name);
   std::vector<Tensor> in = {noise({1, 3, 4 * 64}, 8), noise({1, 3, 2 * 64}, 9), noise({1, 3, 2 * 48}, 10), Tensor(),
                             noise({1, 2, 300, 64}, 11), noise({1, 2, 300, 48}, 12), Tensor(), noise({1, 3, 32}, 13), noise({1, 3, 32}, 14)};
   EXPECT_EQ(check({"Attention", in, {}, {bf16, attr("q_num_heads", int64_t{4}), attr("kv_num_heads", int64_t{2}), attr("is_causal", int64_t{1})},
                    {true, true, true}},
-                  1e-5),
+                  2e-4),
             name);
   // Values of 8 (not whole tiles) and a CPU without AMX: the reference kernel.
   EXPECT_EQ(check({"Attention", {noise({1, 2, 5, 32}, 15), noise({1, 2, 5, 32}, 16), noise({1, 2, 5, 8}, 17)}, {}, {bf16}}), kReferenceKernel);

@@ -421,7 +421,7 @@ TEST(LowerPrecision, AmxLowersAttentionProductsToBf16) {
     ASSERT_EQ(r.got.size(), 2u);
     ASSERT_EQ(r.want.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
-      EXPECT_LE(relative_l2(r.got[i], r.want[i]), 1e-4) << "output " << i;
+      EXPECT_LE(relative_l2(r.got[i], r.want[i]), 2e-4) << "output " << i;
       EXPECT_LE(relative_l2(r.got[i], exact[i]), 1e-2) << "output " << i;
     }
     EXPECT_GT(relative_l2(r.got[0], exact[0]), 1e-5) << "the attention was lowered";
