@@ -138,15 +138,15 @@ TEST(OneDnn, ChannelsLastConvAndPools) {
   EXPECT_EQ(check({"GlobalMaxPool", {x}, {}, last}), "onednn.pool");
 }
 
-// 3x3 stride-1 ungrouped convolutions of 16 channels and more: oneDNN's Winograd where the CPU
+// 3x3 stride-1 ungrouped convolutions of 32 channels and more: oneDNN's Winograd where the CPU
 // has it (AVX-512), NHWC and NCHW, with bias, activations (as post-ops, or after it on kiln's
 // row kernels when Winograd has no such post-op) and a residual, odd channel counts
-// and sizes; within 1e-5 of the direct reference. A stride of 2, too few channels or a 5x5
-// kernel stay direct.
+// and sizes; within 1e-5 of the direct reference. A stride of 2, too few channels (16 in and
+// out, YOLO's 80x80 ones) or a 5x5 kernel stay direct.
 TEST(OneDnn, WinogradConvolutions) {
   const bool wino = CpuFeatures::host().avx512f;
   struct Shape2 { int64_t c, h, w, m; };
-  for (const Shape2& s : std::vector<Shape2>{{16, 9, 9, 32}, {64, 14, 14, 64}, {33, 7, 11, 20}})
+  for (const Shape2& s : std::vector<Shape2>{{32, 9, 9, 48}, {64, 14, 14, 64}, {33, 7, 11, 40}})
     for (bool last : {true, false}) {
       SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + (last ? " nhwc" : " nchw"));
       Tensor x = noise(last ? std::vector<int64_t>{2, s.h, s.w, s.c} : std::vector<int64_t>{2, s.c, s.h, s.w}, 1);
@@ -172,10 +172,12 @@ TEST(OneDnn, WinogradConvolutions) {
                   nullptr, &label),
             "onednn.conv");
   EXPECT_EQ(label, "");
-  EXPECT_EQ(check({"Conv", {noise({1, 8, 12, 12}, 7), noise({16, 8, 3, 3}, 8)}, {false, true}, conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1)},
-                  1e-5, nullptr, nullptr, &label),
-            "onednn.conv");
-  EXPECT_EQ(label, "");
+  for (int64_t c : {8, 16}) {
+    EXPECT_EQ(check({"Conv", {noise({1, c, 12, 12}, 7), noise({16, c, 3, 3}, 8)}, {false, true}, conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1)},
+                    1e-5, nullptr, nullptr, &label),
+              "onednn.conv");
+    EXPECT_EQ(label, "") << c << " channels";
+  }
   EXPECT_EQ(check({"Conv", {x, noise({16, 16, 5, 5}, 9)}, {false, true}, conv_attrs({2, 2, 2, 2}, {1, 1}, {1, 1}, 1)}, 1e-5, nullptr,
                   nullptr, &label),
             "onednn.conv");
