@@ -128,6 +128,8 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
 
 bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
 
+bool attention_lengths(const KernelQuery& q) { return q.inputs.size() > 6 && q.inputs[6].dtype != DType::undefined; }
+
 bool attention_bf16_products(const KernelQuery& q) { return q.node.attr_string("product_type", "f32") == "bf16"; }
 
 int64_t attention_past(const KernelQuery& q) {
@@ -142,7 +144,6 @@ bool attention_kv_cache(const KernelQuery& q) {
 }
 
 std::optional<std::string> attention_declines(const KernelQuery& q) {
-  if (q.inputs.size() > 6 && q.inputs[6].dtype != DType::undefined) return "sequence lengths (nonpad_kv_seqlen)";
   if (q.outputs.size() > 3 && q.outputs[3].dtype != DType::undefined) return "the scores output";
   for (size_t i = 0; i < 3; ++i) {
     const InferInput& in = q.inputs[i];
@@ -150,11 +151,13 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
     if (!in.shape.is_concrete() || (in.shape.rank() != 4 && in.shape.rank() != 3)) return "not 3-D or 4-D with shapes known ahead";
     if (shape_numel(in.shape.concrete()) == 0) return "an empty input";
   }
-  if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
   const std::string precision = q.node.attr_string("softmax_precision", "");
   if (!precision.empty() && precision != "f32" && precision != "f16" && precision != "bf16") return "softmax precision " + precision;
   const std::optional<AttentionGeometry> a = attention_geometry(q);
   if (!a || a->hkv == 0 || a->hq % a->hkv != 0) return "shapes that do not line up";
+  if (attention_lengths(q) && (q.inputs[6].dtype != DType::i64 || !q.inputs[6].shape.is_concrete() ||
+                               q.inputs[6].shape.concrete() != std::vector<int64_t>{a->b}))
+    return "sequence lengths that are not i64 [batch]";
   // A KV cache: past keys and values [B, Hkv, P, D] / [B, Hkv, P, Dv] before the new ones.
   const int64_t past = attention_past(q), keys = a->t + past;
   if (q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined) {

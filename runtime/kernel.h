@@ -201,16 +201,19 @@ std::optional<std::string> f32_and_concrete(const KernelQuery& q, TypeSet weight
 std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 
 /// The reason an Attention node is not the f32 attention the fast kernels run (kiln's flash
-/// attention, oneDNN's two matmuls), if any: sequence lengths, the scores output, past keys and
-/// values that are not f32 and shaped as K and V are, inputs that are not f32, 3-D or 4-D, known ahead and non-empty, softcap, a softmax
-/// precision other than f32/f16/bf16 (computed in f32), shapes that do not line up, a mask that
-/// is neither f32 nor bool, shorter than the keys or not broadcasting, rotary caches that are
-/// not f32 [B, S, D/2] (keys as many as queries). Rotary inputs themselves are for the kernel
-/// to take or decline (attention_rotary).
+/// attention, oneDNN's two matmuls), if any: the scores output, past keys and values that are
+/// not f32 and shaped as K and V are, sequence lengths that are not i64 [B], inputs that are not
+/// f32, 3-D or 4-D, known ahead and non-empty, a softmax precision other than f32/f16/bf16
+/// (computed in f32), shapes that do not line up, a mask that is neither f32 nor bool, shorter
+/// than the keys or not broadcasting, rotary caches that are not f32 [B, S, D/2] (keys as many as
+/// queries). Rotary inputs, sequence lengths and softcap are for the kernel to take or decline
+/// (attention_rotary, attention_lengths).
 std::optional<std::string> attention_declines(const KernelQuery& q);
 
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
+/// Whether an Attention node reads each batch's count of keys (nonpad_kv_seqlen).
+bool attention_lengths(const KernelQuery& q);
 /// Whether an Attention node's products are bf16 (kiln's `product_type`, which `compile
 /// --precision bf16` sets on a CPU with AMX): only kiln.attention_bf16_amx takes those.
 bool attention_bf16_products(const KernelQuery& q);

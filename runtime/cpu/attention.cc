@@ -14,7 +14,9 @@
 // neither rotated tensor is ever written out. A KV cache (a decoder's step): the past keys and
 // values come before the new ones in the packed K and V (the chunks of keys assembled from
 // both), the causal limit moves by the past length, and present_key / present_value, when
-// asked for, are written as the keys are assembled.
+// asked for, are written as the keys are assembled. Softcap turns each block of scores into
+// c·tanh(s·scale / c) on the row kernels before the softmax (which then scales by c), and each
+// batch's sequence length (nonpad_kv_seqlen) cuts its keys as the causal limit does.
 //
 // kiln.attention_bf16_amx: the same, for an Attention whose products are bf16 (`product_type`,
 // set by `kiln compile --precision bf16` on a CPU with AMX): K and V are packed once into AMX's
@@ -83,6 +85,8 @@ class FlashAttention final : public Kernel {
     qst_ = a->q(), kst_ = a->k(), vst_ = a->v(), yst_ = a->y();
     scale_ = static_cast<float>(q.node.attr_float("scale", 1.0 / std::sqrt(static_cast<double>(d_))));
     causal_ = q.node.attr_int("is_causal", 0) != 0;
+    softcap_ = static_cast<float>(q.node.attr_float("softcap", 0.0));
+    lengths_ = attention_lengths(q);
     rotary_ = attention_rotary(q);
     assemble_ = rotary_ || p_ > 0 || present_k_;  // K's chunks assembled in the scratch before packing
     // The mask's strides over [batch, head, query row], 0 where it broadcasts.
@@ -140,7 +144,11 @@ class FlashAttention final : public Kernel {
     float* present_v = present_v_ ? ctx.output(2).data<float>() : nullptr;
     const float* cos = rotary_ ? ctx.input(7).data<float>() : nullptr;
     const float* sin = rotary_ ? ctx.input(8).data<float>() : nullptr;
+    const int64_t* lengths = lengths_ ? ctx.input(6).data<int64_t>() : nullptr;
     const int64_t half = d_ / 2;
+    // Softcap: scores become c·tanh(s·scale / c) before the mask; the softmax then scales by c.
+    const float softmax_scale = softcap_ > 0 ? softcap_ : scale_, capped = softcap_ > 0 ? scale_ / softcap_ : 0.f;
+    const ActivationSpec tanh{Activation::tanh};
     float* y = ctx.output(0).data<float>();
     std::byte* ws = ctx.workspace().data();
     float* packed = reinterpret_cast<float*>(ws);
@@ -227,7 +235,8 @@ class FlashAttention final : public Kernel {
         for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
-        const int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
+        int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
+        if (lengths) keys = std::clamp<int64_t>(lengths[b], 0, keys);  // the batch's keys past its length are out
         const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
         int64_t lda = qst_.row;
         if (rotary_) {
@@ -249,17 +258,23 @@ class FlashAttention final : public Kernel {
                                  .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = ld_};
             gemm::run(qk_, qk, gemm_ws);
           }
+          if (softcap_ > 0)
+            for (int64_t i = 0; i < rows; ++i) {
+              float* row = scores + i * ld_;
+              rows_.binary(BinaryOp::mul, row, 1, &capped, 0, row, n);
+              rows_.activation(row, row, n, tanh);
+            }
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
           const float* mask_at = mask ? mask + mo : nullptr;
           const bool* keep_at = keep ? keep + mo : nullptr;
           const int64_t causal_at = causal_ ? q0 + p_ - k0 : kNoCausal;
           if (amx_) {
-            rows_.softmax_block_bf16(scores, ld_, rows, n, scale_, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
+            rows_.softmax_block_bf16(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
             const int64_t chunks = round_up(n, 32) / 32;
             amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_tiles(pk, 32) - value_tiles(pk, 0),
                          dv_ / 16, acc, ldo, true);
           } else {
-            rows_.softmax_block(scores, ld_, rows, n, scale_, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_);
+            rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_);
             gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = ld_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
                                  .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
             gemm::run(pv_, pv, gemm_ws);
@@ -309,7 +324,8 @@ class FlashAttention final : public Kernel {
   int64_t p_ = 0, l_ = 0;  // past and new keys (t_ = p_ + l_)
   bool present_k_ = false, present_v_ = false, assemble_ = false;
   HeadStrides qst_, kst_, vst_, yst_;
-  float scale_ = 1;
+  float scale_ = 1, softcap_ = 0;
+  bool lengths_ = false;  // nonpad_kv_seqlen: each batch's keys
   bool causal_ = false, has_mask_ = false, bool_mask_ = false, rotary_ = false;
   int64_t rotate_keys_ = 0, rotated_floats_ = 0;
   int64_t mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;

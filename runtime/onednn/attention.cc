@@ -25,6 +25,8 @@ std::optional<std::string> onednn_attention_declines(const KernelQuery& q) {
   if (auto why = attention_declines(q)) return why;
   if (attention_rotary(q)) return "rotary embedding";
   if (attention_bf16_products(q)) return "bf16 products";
+  if (attention_lengths(q)) return "sequence lengths (nonpad_kv_seqlen)";
+  if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
   if (attention_kv_cache(q)) return "a KV cache";
   if (q.inputs[0].shape.rank() != 4) return "3-D (sequence-major) inputs: grouped query heads are not contiguous there";
   if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined && q.node.attr_int("is_causal", 0))

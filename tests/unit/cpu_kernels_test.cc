@@ -511,6 +511,39 @@ TEST(CpuKernels, FlashAttentionAcrossBlocks) {
   }
 }
 
+TEST(CpuKernels, FlashAttentionSoftcapAndSequenceLengths) {
+  // Softcap (c·tanh(s·scale / c) before the mask) and each batch's count of keys
+  // (nonpad_kv_seqlen), across key blocks of 256 (600 keys), with causal and a mask; a length of 0
+  // leaves the batch nothing to attend to (NaN, as the reference), one past the keys is all of
+  // them. On each ISA path and, where the CPU has AMX, with bf16 products. oneDNN's attention
+  // declines both.
+  const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});
+  const Tensor q = noise({2, 4, 70, 64}, 1, 6.f), k = noise({2, 2, 600, 64}, 2, 6.f), v = noise({2, 2, 600, 48}, 3);
+  const Tensor mask = noise({4, 1, 600}, 4, 8.f);
+  const Attribute cap = attr("softcap", 5.0), causal = attr("is_causal", int64_t{1});
+  std::vector<std::tuple<std::string, CpuFeatures, std::vector<Attribute>, double>> paths;
+  for (const auto& [isa, cpu] : isa_paths()) paths.emplace_back("kiln.attention_f32_" + isa, cpu, std::vector<Attribute>{}, 1e-5);
+  if (CpuFeatures::host().amx)
+    paths.emplace_back("kiln.attention_bf16_amx", CpuFeatures::host(), std::vector<Attribute>{attr("product_type", std::string("bf16"))}, 3e-3);
+  for (const auto& [name, cpu, extra, tol] : paths) {
+    SCOPED_TRACE(name);
+    auto with = [&](std::vector<Attribute> a) {
+      a.insert(a.end(), extra.begin(), extra.end());
+      return a;
+    };
+    for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{300, 601}, std::vector<int64_t>{0, 37}}) {
+      const Tensor len = make<int64_t>({2}, lengths);
+      EXPECT_EQ(check({"Attention", {q, k, v, Tensor(), Tensor(), Tensor(), len}, {}, with({})}, tol, &cpu), name);
+      EXPECT_EQ(check({"Attention", {q, k, v, mask, Tensor(), Tensor(), len}, {}, with({cap, causal})}, tol, &cpu), name);
+    }
+    EXPECT_EQ(check({"Attention", {q, k, v}, {}, with({cap})}, tol, &cpu), name);
+    EXPECT_EQ(check({"Attention", {q, k, v, mask}, {}, with({cap})}, tol, &cpu), name);
+  }
+  EXPECT_EQ(check({"Attention", {q, k, v}, {}, {cap}}, 1e-5, nullptr, &without_flash), kReferenceKernel);
+  EXPECT_EQ(check({"Attention", {q, k, v, Tensor(), Tensor(), Tensor(), make<int64_t>({2}, {3, 4})}, {}, {}}, 1e-5, nullptr, &without_flash),
+            kReferenceKernel);
+}
+
 TEST(CpuKernels, FlashAttentionBf16ProductsOnAmx) {
   // product_type bf16 (`compile --precision bf16` on a CPU with AMX): Q, K, V and the softmax's
   // probabilities rounded to bf16, the two products on AMX tiles with f32 sums. Against the
