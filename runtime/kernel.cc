@@ -179,7 +179,7 @@ std::optional<std::string> attention_declines(const KernelQuery& q) {
     std::vector<int64_t> md = m.shape.concrete();
     md.insert(md.begin(), 4 - md.size(), 1);
     const int64_t full[4] = {a->b, a->hq, a->s, keys};
-    if (md[3] != full[3]) return "a mask shorter than the keys";
+    if (md[3] > full[3]) return "a mask longer than the keys";
     for (int i = 0; i < 3; ++i)
       if (md[static_cast<size_t>(i)] != 1 && md[static_cast<size_t>(i)] != full[i]) return "a mask that does not broadcast";
   }

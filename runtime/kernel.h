@@ -204,8 +204,9 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 /// attention, oneDNN's two matmuls), if any: the scores output, past keys and values that are
 /// not f32 and shaped as K and V are, sequence lengths that are not i64 [B], inputs that are not
 /// f32, 3-D or 4-D, known ahead and non-empty, a softmax precision other than f32/f16/bf16
-/// (computed in f32), shapes that do not line up, a mask that is neither f32 nor bool, shorter
-/// than the keys or not broadcasting, rotary caches that are not f32 [B, S, D/2] (keys as many as
+/// (computed in f32), shapes that do not line up, a mask that is neither f32 nor bool, longer
+/// than the keys (a shorter one leaves the keys past it out, as ONNX pads it with −∞) or not
+/// broadcasting, rotary caches that are not f32 [B, S, D/2] (keys as many as
 /// queries). Rotary inputs, sequence lengths and softcap are for the kernel to take or decline
 /// (attention_rotary, attention_lengths).
 std::optional<std::string> attention_declines(const KernelQuery& q);

@@ -16,7 +16,8 @@
 // both), the causal limit moves by the past length, and present_key / present_value, when
 // asked for, are written as the keys are assembled. Softcap turns each block of scores into
 // c·tanh(s·scale / c) on the row kernels before the softmax (which then scales by c), and each
-// batch's sequence length (nonpad_kv_seqlen) cuts its keys as the causal limit does.
+// batch's sequence length (nonpad_kv_seqlen) cuts its keys as the causal limit does, and so does
+// a mask shorter than the keys (ONNX pads it with −∞).
 //
 // kiln.attention_bf16_amx: the same, for an Attention whose products are bf16 (`product_type`,
 // set by `kiln compile --precision bf16` on a CPU with AMX): K and V are packed once into AMX's
@@ -95,9 +96,10 @@ class FlashAttention final : public Kernel {
     if (has_mask_) {
       std::vector<int64_t> md = q.inputs[3].shape.concrete();
       md.insert(md.begin(), 4 - md.size(), 1);
-      mask_sb_ = md[0] > 1 ? md[1] * md[2] * t_ : 0;
-      mask_sh_ = md[1] > 1 ? md[2] * t_ : 0;
-      mask_si_ = md[2] > 1 ? t_ : 0;
+      mask_keys_ = md[3];  // shorter than the keys: those past it are out
+      mask_sb_ = md[0] > 1 ? md[1] * md[2] * mask_keys_ : 0;
+      mask_sh_ = md[1] > 1 ? md[2] * mask_keys_ : 0;
+      mask_si_ = md[2] > 1 ? mask_keys_ : 0;
     }
     // The two products' templates, each on one thread: the threads take whole query blocks.
     const int64_t q_blocks = (s_ + kBlockQ - 1) / kBlockQ;
@@ -237,6 +239,7 @@ class FlashAttention final : public Kernel {
         std::fill(l, l + rows, 0.f);
         int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
         if (lengths) keys = std::clamp<int64_t>(lengths[b], 0, keys);  // the batch's keys past its length are out
+        if (has_mask_) keys = std::min(keys, mask_keys_);
         const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
         int64_t lda = qst_.row;
         if (rotary_) {
@@ -328,7 +331,7 @@ class FlashAttention final : public Kernel {
   bool lengths_ = false;  // nonpad_kv_seqlen: each batch's keys
   bool causal_ = false, has_mask_ = false, bool_mask_ = false, rotary_ = false;
   int64_t rotate_keys_ = 0, rotated_floats_ = 0;
-  int64_t mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;
+  int64_t mask_keys_ = 0, mask_sb_ = 0, mask_sh_ = 0, mask_si_ = 0;
   gemm::GemmParams qk_, pv_;
   int64_t k_floats_ = 0, v_floats_ = 0;
   size_t packed_bytes_ = 0, thread_bytes_ = 0;

@@ -29,8 +29,10 @@ std::optional<std::string> onednn_attention_declines(const KernelQuery& q) {
   if (q.node.attr_float("softcap", 0.0) != 0.0) return "softcap";
   if (attention_kv_cache(q)) return "a KV cache";
   if (q.inputs[0].shape.rank() != 4) return "3-D (sequence-major) inputs: grouped query heads are not contiguous there";
-  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined && q.node.attr_int("is_causal", 0))
-    return "a mask and is_causal together";
+  if (q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined) {
+    if (q.node.attr_int("is_causal", 0)) return "a mask and is_causal together";
+    if (q.inputs[3].shape.concrete().back() != attention_geometry(q)->t + attention_past(q)) return "a mask shorter than the keys";
+  }
   return std::nullopt;
 }
 

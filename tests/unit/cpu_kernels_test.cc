@@ -515,11 +515,11 @@ TEST(CpuKernels, FlashAttentionSoftcapAndSequenceLengths) {
   // Softcap (c·tanh(s·scale / c) before the mask) and each batch's count of keys
   // (nonpad_kv_seqlen), across key blocks of 256 (600 keys), with causal and a mask; a length of 0
   // leaves the batch nothing to attend to (NaN, as the reference), one past the keys is all of
-  // them. On each ISA path and, where the CPU has AMX, with bf16 products. oneDNN's attention
-  // declines both.
+  // them; a mask shorter than the keys (450 of 600: ONNX pads it with −∞) cuts them too. On each
+  // ISA path and, where the CPU has AMX, with bf16 products. oneDNN's attention declines all three.
   const KernelRegistry without_flash = default_kernels().without({"kiln.attention_f32_avx512", "kiln.attention_f32_avx2"});
   const Tensor q = noise({2, 4, 70, 64}, 1, 6.f), k = noise({2, 2, 600, 64}, 2, 6.f), v = noise({2, 2, 600, 48}, 3);
-  const Tensor mask = noise({4, 1, 600}, 4, 8.f);
+  const Tensor mask = noise({4, 1, 600}, 4, 8.f), short_mask = noise({1, 70, 450}, 5, 8.f);
   const Attribute cap = attr("softcap", 5.0), causal = attr("is_causal", int64_t{1});
   std::vector<std::tuple<std::string, CpuFeatures, std::vector<Attribute>, double>> paths;
   for (const auto& [isa, cpu] : isa_paths()) paths.emplace_back("kiln.attention_f32_" + isa, cpu, std::vector<Attribute>{}, 1e-5);
@@ -538,8 +538,12 @@ TEST(CpuKernels, FlashAttentionSoftcapAndSequenceLengths) {
     }
     EXPECT_EQ(check({"Attention", {q, k, v}, {}, with({cap})}, tol, &cpu), name);
     EXPECT_EQ(check({"Attention", {q, k, v, mask}, {}, with({cap})}, tol, &cpu), name);
+    EXPECT_EQ(check({"Attention", {q, k, v, short_mask}, {}, with({})}, tol, &cpu), name);
+    EXPECT_EQ(check({"Attention", {q, k, v, short_mask, Tensor(), Tensor(), make<int64_t>({2}, {500, 200})}, {}, with({causal})}, tol, &cpu),
+              name);
   }
   EXPECT_EQ(check({"Attention", {q, k, v}, {}, {cap}}, 1e-5, nullptr, &without_flash), kReferenceKernel);
+  EXPECT_EQ(check({"Attention", {q, k, v, short_mask}, {}, {}}, 1e-5, nullptr, &without_flash), kReferenceKernel);
   EXPECT_EQ(check({"Attention", {q, k, v, Tensor(), Tensor(), Tensor(), make<int64_t>({2}, {3, 4})}, {}, {}}, 1e-5, nullptr, &without_flash),
             kReferenceKernel);
 }
