@@ -521,14 +521,23 @@ TEST(CpuKernels, FlashAttentionSoftcapAndSequenceLengths) {
   const Tensor q = noise({2, 4, 70, 64}, 1, 6.f), k = noise({2, 2, 600, 64}, 2, 6.f), v = noise({2, 2, 600, 48}, 3);
   const Tensor mask = noise({4, 1, 600}, 4, 8.f), short_mask = noise({1, 70, 450}, 5, 8.f);
   const Attribute cap = attr("softcap", 5.0), causal = attr("is_causal", int64_t{1});
-  std::vector<std::tuple<std::string, CpuFeatures, std::vector<Attribute>, double>> paths;
-  for (const auto& [isa, cpu] : isa_paths()) paths.emplace_back("kiln.attention_f32_" + isa, cpu, std::vector<Attribute>{}, 1e-5);
+  struct Path {
+    std::string name;
+    CpuFeatures cpu;
+    std::vector<Attribute> extra;  // the node's other attributes on this path
+    double tol;
+  };
+  std::vector<Path> paths;
+  for (const auto& [isa, cpu] : isa_paths()) paths.push_back({"kiln.attention_f32_" + isa, cpu, {}, 1e-5});
   if (CpuFeatures::host().amx)
-    paths.emplace_back("kiln.attention_bf16_amx", CpuFeatures::host(), std::vector<Attribute>{attr("product_type", std::string("bf16"))}, 3e-3);
-  for (const auto& [name, cpu, extra, tol] : paths) {
+    paths.push_back({"kiln.attention_bf16_amx", CpuFeatures::host(), {attr("product_type", std::string("bf16"))}, 3e-3});
+  for (const Path& path : paths) {
+    const std::string& name = path.name;
+    const CpuFeatures& cpu = path.cpu;
+    const double tol = path.tol;
     SCOPED_TRACE(name);
-    auto with = [&](std::vector<Attribute> a) {
-      a.insert(a.end(), extra.begin(), extra.end());
+    auto with = [&path](std::vector<Attribute> a) {
+      a.insert(a.end(), path.extra.begin(), path.extra.end());
       return a;
     };
     for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{300, 601}, std::vector<int64_t>{0, 37}}) {
