@@ -150,7 +150,9 @@ class FlashAttention final : public Kernel {
     const int64_t half = d_ / 2;
     // Softcap: scores become c·tanh(s·scale / c) before the mask; the softmax then scales by c.
     const float softmax_scale = softcap_ > 0 ? softcap_ : scale_, capped = softcap_ > 0 ? scale_ / softcap_ : 0.f;
-    const ActivationSpec tanh{Activation::tanh};
+    const ActivationSpec tanh_spec{Activation::tanh};
+    // AMX: elements between B's tiles of successive key groups (Kᵀ) and successive key chunks (V).
+    const int64_t key_group_tiles = (dp_ / 32) * amx::kTile, value_chunk_tiles = (dv_ / 16) * amx::kTile;
     float* y = ctx.output(0).data<float>();
     std::byte* ws = ctx.workspace().data();
     float* packed = reinterpret_cast<float*>(ws);
@@ -254,8 +256,8 @@ class FlashAttention final : public Kernel {
         for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
           const int64_t n = std::min(bk_, keys - k0);
           if (amx_) {
-            amx::product(q_bf16, dp_, rows_pad, dp_ / 32, key_tiles(pk, k0), key_tiles(pk, 16) - key_tiles(pk, 0), amx::kTile,
-                         round_up(n, 32) / 16, scores, ld_, false);
+            amx::product(q_bf16, dp_, rows_pad, dp_ / 32, key_tiles(pk, k0), key_group_tiles, amx::kTile, round_up(n, 32) / 16, scores,
+                         ld_, false);
           } else {
             gemm::GemmProblem qk{.m = rows, .n = n, .k = d_, .a = qa, .lda = lda,
                                  .b = pk + (k0 / qk_.tile.nr) * d_ * qk_.tile.nr, .b_packed = true, .c = scores, .ldc = ld_};
@@ -265,7 +267,7 @@ class FlashAttention final : public Kernel {
             for (int64_t i = 0; i < rows; ++i) {
               float* row = scores + i * ld_;
               rows_.binary(BinaryOp::mul, row, 1, &capped, 0, row, n);
-              rows_.activation(row, row, n, tanh);
+              rows_.activation(row, row, n, tanh_spec);
             }
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;
           const float* mask_at = mask ? mask + mo : nullptr;
@@ -274,8 +276,7 @@ class FlashAttention final : public Kernel {
           if (amx_) {
             rows_.softmax_block_bf16(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
             const int64_t chunks = round_up(n, 32) / 32;
-            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_tiles(pk, 32) - value_tiles(pk, 0),
-                         dv_ / 16, acc, ldo, true);
+            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, true);
           } else {
             rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_);
             gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = ld_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
