@@ -55,8 +55,8 @@ struct Finish {
 // C[MRT×w] (`ldc` apart) = (q0 = 0 ? init : C) + Σ over pairs [q0, q1) of A's copied rows
 // (`lda` words apart) · B's panel, then `fin`. The f16 sums (24 registers) are widened and added
 // to the f32 sums at the end of each block: kept in `sums` (L1) between blocks, each pair of
-// lanes added after the last and written to C. Before each block it fetches its lines of the
-// next panel (`pf`).
+// lanes added after the last and written to C. Every kFetchSteps pairs it fetches its lines of
+// the next panel (`pf`).
 template <int MRT>
 void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
           float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf, const Finish& fin) {
@@ -82,7 +82,6 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NV; ++j) h[i][j] = _mm512_setzero_ph();
     const int64_t r1 = std::min(q1, r0 + kPairs);
-    pf.fetch();
     auto step = [&](int64_t q) {
       __m512h bv[NV];
       for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_ph(b + q * 2 * NR + j * 32);
@@ -92,8 +91,12 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
       }
     };
     // One pair a turn: unrolled by two, GCC 12 hoisted the second pair's loads and spilled
-    // accumulators to the stack inside the loop.
-    for (int64_t q = r0; q < r1; ++q) step(q);
+    // accumulators to the stack inside the loop (and a third loop for the fetches made the
+    // 128-row products 5-10 % slower).
+    for (int64_t q = r0; q < r1; ++q) {
+      if ((q - r0) % kFetchSteps == 0) pf.fetch();
+      step(q);
+    }
     const bool first = r0 == q0, last = r1 == q1;
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NV; ++j) {
@@ -189,7 +192,7 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
   for (int64_t ib = 0; ib < m; ib += mc) {
     const int64_t ie = std::min(m, ib + mc), tiles = (ie - ib + MR - 1) / MR;
     for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += kc) {  // once when K = 0: C = the bias
-      const int64_t k1 = std::min(k, k0 + kc), q0 = k0 / 2, q1 = (k1 + 1) / 2, blocks = (q1 - q0 + kPairs - 1) / kPairs;
+      const int64_t k1 = std::min(k, k0 + kc), q0 = k0 / 2, q1 = (k1 + 1) / 2, blocks = (q1 - q0 + kFetchSteps - 1) / kFetchSteps;
       for (int64_t panel = p0; panel < p1; ++panel) {
         const int64_t n0 = panel * NR;
         const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));

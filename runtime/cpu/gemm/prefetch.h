@@ -1,8 +1,8 @@
 // A weight's next panel fetched into L2 while the tiles of the current one run. A constant B is
 // read once a call and outgrows L2, so each panel streams from L3 or memory; without this the
 // first tile of every panel waits on it. Each tile of a panel takes an equal share of the next
-// panel's lines and fetches a few of them before each block of its K loop (kiln's f32, f16,
-// bf16 and u8s8 GEMMs).
+// panel's lines and fetches a few of them every kFetchSteps steps of its K loop (kiln's f32,
+// f16, bf16 and u8s8 GEMMs).
 #pragma once
 
 #include <xmmintrin.h>
@@ -11,6 +11,14 @@
 #include <cstdint>
 
 namespace kiln::cpu::gemm {
+
+/// The steps of a tile's K loop (of K, or of its pairs or quads of K in the f16, bf16 and u8s8
+/// tiles: 3-4 lines of B each) between two fetches. Every 64 steps, a burst of 48 lines for a
+/// tile of a 32-row product filled the line fill buffers and stalled the loads of the tile's
+/// own panel: fetching every 8 made the 32x32000x512 product (a language model's head) 0.70-0.74
+/// of oneDNN's time instead of 0.95-0.97 (kiln_bench_gemm, one thread; 0.73-0.80 instead of
+/// 0.94-0.96 on two); every 4 or 16 was between.
+inline constexpr int64_t kFetchSteps = 8;
 
 struct PanelPrefetch {
   const char* next = nullptr;  ///< the next line to fetch
