@@ -1,6 +1,7 @@
 #include "profile/node_check.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -24,13 +25,26 @@ bool has_subgraph(const Node& n) {
   return false;
 }
 
-
-
 // Runs the node's reference kernel right after its own, on the same inputs, and compares.
 class Checker final : public ExecutionObserver {
  public:
   Checker(const Model& model, std::span<const NodeKernel> kernels, const CheckOptions& options)
       : model_(model), kernels_(kernels), options_(options) {}
+
+  // An input whose memory the node's output takes (Kernel::overwrites_input) is gone by the
+  // node's end: a copy of it first, for the reference kernel.
+  void on_node_begin(const NodeEvent& e) override {
+    overwritten_.clear();
+    for (size_t i = 0; i < e.inputs.size(); ++i) {
+      const Tensor* t = e.inputs[i];
+      if (!t || !t->defined() || t->nbytes() == 0) continue;
+      const bool shared = std::any_of(e.outputs.begin(), e.outputs.end(), [&](const Tensor* o) { return o && o->defined() && o->raw() == t->raw(); });
+      if (!shared) continue;
+      Tensor copy(t->dtype(), t->shape());
+      std::memcpy(copy.raw(), t->raw(), t->nbytes());
+      overwritten_.emplace(i, std::move(copy));
+    }
+  }
 
   void on_node_end(const NodeEvent& e) override {
     if (!failure_.ok()) return;
@@ -57,6 +71,7 @@ class Checker final : public ExecutionObserver {
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       const ValueId id = node.inputs[i];
       const Tensor* t = i < e.inputs.size() ? e.inputs[i] : nullptr;
+      if (auto it = overwritten_.find(i); it != overwritten_.end()) t = &it->second;
       shapes.push_back(t && t->defined() ? t->shape() : std::vector<int64_t>{});
       dtypes.push_back(t && t->defined() ? t->dtype() : DType::undefined);
       if (id == kNoValue || model_.graph.value(id).is_constant()) continue;
@@ -129,6 +144,7 @@ class Checker final : public ExecutionObserver {
   std::span<const NodeKernel> kernels_;
   const CheckOptions& options_;
   std::vector<NodeCheck> checks_;
+  std::map<size_t, Tensor> overwritten_;  ///< input index → its copy, this node's
   Status failure_;
 };
 

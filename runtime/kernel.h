@@ -98,6 +98,11 @@ class Kernel {
   /// After prepare: what the kernel is, beyond its implementation's name, for `run -v` and
   /// profiles (`gemm_f32_avx512_6x64_mc192_nc768_kc96_t1x1`); empty when the name says it all.
   virtual std::string label() const { return {}; }
+  /// After prepare: an input whose memory output 0 may take, -1 for none. The plan gives output
+  /// 0 that input's place when nothing reads the input after this node and both are arena
+  /// intermediates of one type and size (a residual that oneDNN's sum post-op adds to the
+  /// destination in place, instead of copying it there first). The kernel must work either way.
+  virtual int overwrites_input() const { return -1; }
 };
 
 /// A kernel that is a plain function (the reference kernels).

@@ -161,6 +161,32 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     plan.reinfer[n] = !known;
   }
 
+  // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
+  std::vector<InferInput> q_in;
+  std::vector<InferOutput> q_out;
+  plan.kernels.reserve(nn);
+  for (size_t n = 0; n < nn && options.choose_kernels; ++n) {
+    const Node& node = bound.nodes[n];
+    node_query_operands(plan, n, q_in, q_out);
+    // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
+    KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out};
+    KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
+    KernelNeeds needs;
+    KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
+    // Plain weights the kernel packed into memory of its own: their file pages go back to the
+    // page cache now, so that a process holds each weight once (a later read faults them back
+    // in). Packed weights are read where they are mapped.
+    if (const OpSchema* schema = core_ops().find(node.domain, node.op); schema && sel.name != kReferenceKernel)
+      for (int slot : schema->traits.prepack_inputs) {
+        const auto i = static_cast<size_t>(slot);
+        const Tensor* w = i < q_in.size() ? q_in[i].value : nullptr;
+        if (w && bound.value(node.inputs[i]).is_constant() && !w->is_packed() && w->nbytes() >= (1u << 20)) release_file_pages(*w);
+      }
+    plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
+    plan.kernels.push_back(
+        PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});
+  }
+
   // The arena: every intermediate of known shape that is not a graph output.
   MemoryLayout& mem = plan.memory;
   mem.offset.assign(nv, -1);
@@ -168,24 +194,46 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   auto placed_in_arena = [&](size_t v) {
     return !bound.values[v].is_constant() && first[v] >= 0 && !is_output[v] && !plan.reinfer[static_cast<size_t>(first[v])];
   };
-  // Views share their input's place: `root` is the value whose memory a value is, and a root
-  // lives until the last read of any value that is its memory.
+  // Views share their input's place, and so does an output its kernel may write over an input
+  // that dies there (Kernel::overwrites_input): `root` is the value whose memory a value is, and
+  // a root lives until the last read of any value that is its memory (`end`, grown node by node:
+  // a value read after node n is alive after n whichever value's memory it shares).
   std::vector<size_t> root(nv);
-  for (size_t v = 0; v < nv; ++v) root[v] = v;
+  std::vector<int32_t> end(nv, -1);
+  for (size_t v = 0; v < nv; ++v) {
+    root[v] = v;
+    if (first[v] >= 0) end[v] = std::max(last[v], first[v]);
+  }
+  auto share = [&](size_t out, size_t in) {
+    root[out] = root[in];
+    end[root[in]] = std::max(end[root[in]], end[out]);
+  };
   plan.views.assign(nn, 0);
+  plan.overwrites.assign(nn, 0);
   for (size_t n = 0; n < nn; ++n) {
     const Node& node = bound.nodes[n];
     static const std::set<std::string, std::less<>> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+    const int over = n < plan.kernels.size() && plan.kernels[n].kernel ? plan.kernels[n].kernel->overwrites_input() : -1;
+    if (over >= 0 && static_cast<size_t>(over) < node.inputs.size() && !node.outputs.empty()) {
+      const ValueId in = node.inputs[static_cast<size_t>(over)], out = node.outputs[0];
+      if (in >= 0 && out >= 0 && placed_in_arena(static_cast<size_t>(in)) && placed_in_arena(static_cast<size_t>(out)) &&
+          end[root[static_cast<size_t>(in)]] == static_cast<int32_t>(n) && bound.value(in).dtype == bound.value(out).dtype &&
+          bound.value(in).shape == bound.value(out).shape &&
+          std::count_if(node.inputs.begin(), node.inputs.end(), [&](ValueId v) {  // no other input is its memory
+            return v >= 0 && root[static_cast<size_t>(v)] == root[static_cast<size_t>(in)];
+          }) == 1) {
+        plan.overwrites[n] = 1;
+        share(static_cast<size_t>(out), static_cast<size_t>(in));
+      }
+      continue;
+    }
     if (!node.domain.empty() || !kViews.count(node.op) || node.inputs.empty() || node.outputs.size() != 1) continue;
     const ValueId in = node.inputs[0], out = node.outputs[0];
     if (in < 0 || out < 0 || !placed_in_arena(static_cast<size_t>(in)) || !placed_in_arena(static_cast<size_t>(out))) continue;
     if (bound.value(in).dtype != bound.value(out).dtype) continue;
     plan.views[n] = 1;
-    root[static_cast<size_t>(out)] = root[static_cast<size_t>(in)];
+    share(static_cast<size_t>(out), static_cast<size_t>(in));
   }
-  std::vector<int32_t> end(nv, -1);
-  for (size_t v = 0; v < nv; ++v)
-    if (first[v] >= 0) end[root[v]] = std::max({end[root[v]], last[v], first[v]});
   struct Item { size_t v; size_t bytes; int32_t begin, end; };
   std::vector<Item> items;
   for (size_t v = 0; v < nv; ++v) {
@@ -195,7 +243,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
       ++mem.dynamic_values;
       continue;
     }
-    if (root[v] != v) continue;  // a view: placed with its root
+    if (root[v] != v) continue;  // a view, or an output over its input: placed with its root
     std::optional<size_t> nbytes = storage_bytes(val.dtype, shape_numel(val.shape.concrete()));
     if (!nbytes) {
       const Node& node = bound.nodes[static_cast<size_t>(first[v])];
@@ -237,31 +285,6 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
       mem.bytes[v] = mem.bytes[root[v]];
     }
 
-  // Each node's kernel, chosen and prepared on the shapes and constant data the plan knows.
-  std::vector<InferInput> q_in;
-  std::vector<InferOutput> q_out;
-  plan.kernels.reserve(nn);
-  for (size_t n = 0; n < nn && options.choose_kernels; ++n) {
-    const Node& node = bound.nodes[n];
-    node_query_operands(plan, n, q_in, q_out);
-    // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
-    KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out};
-    KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
-    KernelNeeds needs;
-    KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
-    // Plain weights the kernel packed into memory of its own: their file pages go back to the
-    // page cache now, so that a process holds each weight once (a later read faults them back
-    // in). Packed weights are read where they are mapped.
-    if (const OpSchema* schema = core_ops().find(node.domain, node.op); schema && sel.name != kReferenceKernel)
-      for (int slot : schema->traits.prepack_inputs) {
-        const auto i = static_cast<size_t>(slot);
-        const Tensor* w = i < q_in.size() ? q_in[i].value : nullptr;
-        if (w && bound.value(node.inputs[i]).is_constant() && !w->is_packed() && w->nbytes() >= (1u << 20)) release_file_pages(*w);
-      }
-    plan.workspace_bytes = std::max(plan.workspace_bytes, needs.workspace_bytes);
-    plan.kernels.push_back(
-        PlannedKernel{std::move(sel.kernel), std::move(sel.name), std::move(sel.declined), needs.workspace_bytes, sel.needs_isa});
-  }
   int64_t flops = 0;
   for (const Node& node : plan.bound.nodes) flops = flops::saturate(CheckedInt(flops) + node_flops(node, plan.bound));
   const bool tiny = flops < kSerialFlops && plan.memory.unshared_bytes < kSerialBytes;

@@ -52,6 +52,9 @@ struct ExecutionPlan {
   /// memory (both arena intermediates, the elements in the same order), so that running it is
   /// nothing at all; its input lives as long as the output is read.
   std::vector<char> views;
+  /// Per node: its kernel writes output 0 over the input it named (Kernel::overwrites_input),
+  /// which dies there: the two values are one place in the arena.
+  std::vector<char> overwrites;
   std::vector<PlannedKernel> kernels;  ///< per node
   size_t workspace_bytes = 0;          ///< the largest any kernel asked for
   /// The threads a run uses: the target's, or 1 when the whole graph is too little work to

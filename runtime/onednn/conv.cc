@@ -222,7 +222,7 @@ class ConvKernel final : public Kernel {
         if (dst_offset_) {
           z_plain_.set_data_handle(const_cast<void*>(z.raw()));
           dst_in_.execute(cpu_stream(), z_plain_, blocked_dst_);
-        } else {
+        } else if (ctx.output(0).raw() != z.raw()) {  // the plan may have put Y over Z (overwrites_input)
           parallel_copy(ctx.output(0).raw(), z.raw(), z.nbytes());
         }
       }
@@ -244,6 +244,8 @@ class ConvKernel final : public Kernel {
     return {{"algorithm", std::string(winograd_ ? "winograd" : "direct")}};
   }
   std::string label() const override { return winograd_ ? "winograd" : ""; }
+  // The sum post-op adds to the destination: Y may be Z's memory (kiln's epilogue reads Z after).
+  int overwrites_input() const override { return z_index_ >= 0 ? 3 : -1; }
 
  private:
   dnnl::convolution_forward prim_;

@@ -149,12 +149,15 @@ class MatMulKernel final : public Kernel {
       if (z_index_ >= 0) {
         // The residual, added by the sum post-op.
         const Tensor& z = ctx.input(z_input_);
-        parallel_copy(ctx.output(0).raw(), z.raw(), z.nbytes());
+        if (ctx.output(0).raw() != z.raw()) parallel_copy(ctx.output(0).raw(), z.raw(), z.nbytes());  // unless Y is Z
       }
       execute(prim_, args, scratch_, ctx.workspace());
       return {};
     });
   }
+
+  // The sum post-op adds to the destination: Y may be the residual's (or Gemm's C's) memory.
+  int overwrites_input() const override { return z_index_ >= 0 ? static_cast<int>(z_input_) : -1; }
 
  private:
   dnnl::matmul prim_;

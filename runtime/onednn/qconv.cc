@@ -111,7 +111,7 @@ class QConvKernel final : public Kernel {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       Tensor& y = ctx.output(0);
       dst_.set_data_handle(y.raw());
-      if (has_z_) parallel_copy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand
+      if (has_z_ && y.raw() != ctx.input(9).raw()) parallel_copy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand, unless Y is Z
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
       if (has_bias_) args.emplace(DNNL_ARG_BIAS, bias_mem_);
       execute(prim_, args, scratch_, ctx.workspace());
@@ -120,6 +120,8 @@ class QConvKernel final : public Kernel {
   }
 
   std::string label() const override { return impl_; }
+  // The sum post-op adds to the destination: Y may be Z's memory.
+  int overwrites_input() const override { return has_z_ ? 9 : -1; }
 
  private:
   dnnl::convolution_forward prim_;

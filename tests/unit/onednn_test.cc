@@ -2,7 +2,11 @@
 // SIMD-multiple sizes, with the fused epilogues; and what it declines.
 #include <gtest/gtest.h>
 
+#include "formats/infer.h"
+#include "runtime/compare.h"
 #include "runtime/onednn/onednn.h"
+#include "runtime/plan.h"
+#include "runtime/session.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
@@ -276,6 +280,59 @@ TEST(OneDnnPacking, PrepackUsesMatchingLayoutsInPlace) {
   auto t_in_place = onednn::prepack(tp, onednn::transposed({37, 70}), wanted, true);
   ASSERT_TRUE(t_in_place.ok());
   EXPECT_EQ(t_in_place->get_data_handle(), tp.raw());
+}
+
+// A convolution's residual, added by oneDNN's sum post-op, is its destination's memory when
+// nothing reads it after the convolution (Kernel::overwrites_input): the plan gives Y Z's place
+// and the kernel skips the copy. Not when Z is read later, nor when Z is also the convolution's
+// input; NCHW (through oneDNN's blocked destination) and channels-last alike.
+TEST(OneDnn, ResidualsDestinationTakesItsPlaceWhenItDies) {
+  for (const bool last : {false, true}) {
+    for (const char* form : {"dies", "read after", "also X"}) {
+      SCOPED_TRACE(std::string(form) + (last ? ", channels-last" : ", NCHW"));
+      const std::vector<int64_t> dims = last ? std::vector<int64_t>{1, 9, 9, 16} : std::vector<int64_t>{1, 16, 9, 9};
+      Graph g;
+      const ValueId x = g.add_value("x", DType::f32, Shape::of(dims));
+      g.inputs = {x};
+      const ValueId w = g.add_constant("w", noise({16, 16, 3, 3}, 2, 0.3f)), b = g.add_constant("b", noise({16}, 3));
+      const ValueId z = g.add_value("z", DType::undefined), xn = g.add_value("xn", DType::undefined);
+      const ValueId y = g.add_value("y", DType::undefined), out = g.add_value("out", DType::undefined);
+      g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {x}, .outputs = {z}});
+      g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {x}, .outputs = {xn}});
+      std::vector<Attribute> a = conv_attrs({1, 1, 1, 1}, {1, 1}, {1, 1}, 1);
+      a.push_back(attr("activation", std::string("Relu")));
+      if (last) a.push_back(attr("channels_last", int64_t{1}));
+      const bool also_x = std::string(form) == "also X", read_after = std::string(form) == "read after";
+      Node conv{.name = "conv", .op = "FusedConv", .inputs = {also_x ? z : xn, w, b, z}, .outputs = {y}};
+      for (const Attribute& at : a) conv.set_attr(at.name, at.value);
+      g.add_node(std::move(conv));
+      if (read_after) g.add_node(Node{.name = "add", .op = "Add", .inputs = {y, z}, .outputs = {out}});
+      else g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {y}, .outputs = {out}});
+      g.outputs = {out};
+      Model m;
+      m.graph = g;
+      auto inferred = infer_graph(m.graph);
+      ASSERT_TRUE(inferred.ok()) << inferred.error().message();
+      Target target;
+      std::vector<std::vector<int64_t>> shapes = {dims};
+      auto plan = build_plan(m.graph, shapes, PlanOptions{target, default_kernels()});
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      ASSERT_EQ(plan->kernels[2].name, "onednn.conv");
+      const bool shared = std::string(form) == "dies";
+      EXPECT_EQ(plan->overwrites[2], shared ? 1 : 0);
+      const std::vector<int64_t>& off = plan->memory.offset;
+      EXPECT_EQ(off[static_cast<size_t>(y)] == off[static_cast<size_t>(z)], shared);
+      // And the run is right either way, against the reference kernels.
+      auto fast = Session::create(m);
+      auto ref = Session::create(m, SessionOptions{.reference = true});
+      ASSERT_TRUE(fast.ok() && ref.ok());
+      const Tensor in = noise(dims, 1, 2.f);
+      auto got = (*fast)->run(std::vector<Tensor>{in});
+      auto want = (*ref)->run(std::vector<Tensor>{in});
+      ASSERT_TRUE(got.ok() && want.ok()) << (got.ok() ? want.error().message() : got.error().message());
+      EXPECT_LE(compare_tensors((*got)[0], (*want)[0]).rel_l2_error, 1e-5);
+    }
+  }
 }
 
 }  // namespace
