@@ -30,7 +30,9 @@ const std::set<std::string, std::less<>> kUnary = {"Relu", "LeakyRelu", "Sigmoid
                                                   "Identity", "Clip"};
 const std::set<std::string, std::less<>> kBroadcasting = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Pow"};
 
-bool rank4_f32(const Value& v) { return v.dtype == DType::f32 && v.shape.is_concrete() && v.shape.rank() == 4; }
+// Rank 4 is all the pass needs to know: symbolic dims (a batch left open without --input-shape)
+// permute like the others, and the kernels are chosen on concrete shapes when a run plans.
+bool rank4_f32(const Value& v) { return v.dtype == DType::f32 && v.shape.rank() == 4; }
 
 // QuantizeLinear / DequantizeLinear with one scale and zero point (constants): elementwise, so
 // layout-agnostic, between f32 and u8 / s8 tensors (a quantized model's, which lower_int8 then
@@ -41,7 +43,7 @@ bool per_tensor_qdq(const Graph& g, const Node& n) {
     if (n.has_input(i) && (!g.value(n.inputs[i]).is_constant() || g.value(n.inputs[i]).constant.numel() != 1)) return false;
   const Value& x = g.value(n.inputs[0]);
   const Value& y = g.value(n.outputs[0]);
-  return x.shape.is_concrete() && x.shape.rank() == 4 && y.shape.is_concrete() && y.shape.rank() == 4;
+  return x.shape.rank() == 4 && y.shape.rank() == 4;
 }
 
 class Converter {
