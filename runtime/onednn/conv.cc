@@ -244,7 +244,8 @@ class ConvKernel final : public Kernel {
     return {{"algorithm", std::string(winograd_ ? "winograd" : "direct")}};
   }
   std::string label() const override { return winograd_ ? "winograd" : ""; }
-  // The sum post-op adds to the destination: Y may be Z's memory (kiln's epilogue reads Z after).
+  // The sum post-op adds to the destination: Y may be Z's memory. Not where kiln's epilogue
+  // adds Z after the convolution wrote Y (Winograd without the post-ops: z_index_ is -1).
   int overwrites_input() const override { return z_index_ >= 0 ? 3 : -1; }
 
  private:

@@ -15,8 +15,8 @@ namespace kiln::cpu::gemm {
 /// The steps of a tile's K loop (of K, or of its pairs or quads of K in the f16, bf16 and u8s8
 /// tiles: 3-4 lines of B each) between two fetches. Every 64 steps, a burst of 48 lines for a
 /// tile of a 32-row product filled the line fill buffers and stalled the loads of the tile's
-/// own panel: fetching every 8 made the 32x32000x512 product (a language model's head) 0.70-0.74
-/// of oneDNN's time instead of 0.95-0.97 (kiln_bench_gemm, one thread; 0.73-0.80 instead of
+/// own panel: fetching every 8 made the 32x32000x512 product (a language model's head) 0.70-0.72
+/// of oneDNN's time instead of 0.94-0.97 (kiln_bench_gemm, one thread; 0.78-0.81 instead of
 /// 0.94-0.96 on two); every 4 or 16 was between.
 inline constexpr int64_t kFetchSteps = 8;
 
