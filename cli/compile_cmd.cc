@@ -38,6 +38,7 @@ struct CompileArgs {
   std::string tune_budget = "5m";
   std::string tune_report;
   std::string precision = "fp32";
+  bool lower_output_layers = false;
 };
 
 // max-autotune's progress on stderr when it is a terminal: problems done, the speed-up so far
@@ -115,6 +116,9 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   if (args.precision != "fp32" && args.precision != "bf16" && args.precision != "fp16")
     return report(verb, user_error("", "--precision '" + args.precision + "' is not one of fp32, bf16, fp16"));
   options.precision = args.precision == "bf16" ? DType::bf16 : args.precision == "fp16" ? DType::f16 : DType::f32;
+  if (args.lower_output_layers && options.precision == DType::f32)
+    return report(verb, user_error("", "--lower-output-layers needs --precision bf16 or fp16"));
+  options.lower_output_layers = args.lower_output_layers;
   // The search: max-autotune times what the database lacks; a default compile reads a database
   // only when one is named.
   if (args.mode != "default" && args.mode != "max-autotune")
@@ -232,6 +236,8 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
                   "fp32, bf16 or fp16: convolutions and matrix products by constant weights in that precision with f32 sums, weights stored converted (needs avx512-bf16 / avx512-fp16 on the target)")
       ->type_name("PRECISION")
       ->default_str("fp32");
+  cmd->add_flag("--lower-output-layers", args->lower_output_layers,
+                "with --precision: lower the layers that write graph outputs too (a classifier's logits, an LM head), their outputs still f32");
   add_max_memory_option(cmd);
   cmd->add_flag("-v,--verbose", args->verbose, "print the target, what each pass changed and each node's kernel");
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_compile(*args, cmdline); });

@@ -26,6 +26,8 @@ struct PassContext {
   const TuningOptions* tuning = nullptr;
   /// --precision: f32, or bf16 / f16 for lower_precision to lower to.
   DType precision = DType::f32;
+  /// --lower-output-layers: lower_precision lowers the layers that write graph outputs too.
+  bool lower_output_layers = false;
 };
 
 /// What a pass did: `changed` is false when it left the model exactly as it was; the summary

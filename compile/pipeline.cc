@@ -55,7 +55,7 @@ Result<CompileReport> compile_model(Model& model, const CompileOptions& options)
   // (prepack_weights packs them again for the kernels chosen this time).
   for (Value& v : model.graph.values)
     if (v.constant.is_packed()) v.constant = unpack(v.constant);
-  PassContext ctx{options.target, options.input_shapes, &options.tuning, options.precision};
+  PassContext ctx{options.target, options.input_shapes, &options.tuning, options.precision, options.lower_output_layers};
   const bool print_all = options.print_after.count("all") > 0;
   CompileReport report;
   for (const PassInfo* pass : order) {

@@ -37,6 +37,8 @@ struct CompileOptions {
   TuningOptions tuning;
   /// --precision: f32 (fp32), bf16 or f16 (fp16) (the lower_precision pass).
   DType precision = DType::f32;
+  /// --lower-output-layers: the layers that write graph outputs lowered too (their outputs f32).
+  bool lower_output_layers = false;
   /// Passes after which to capture the model's text form (PassRecord::text_after); "all" for every pass.
   std::set<std::string> print_after;
   /// Called after each pass with its record (the CLI prints --print-after dumps as they come,

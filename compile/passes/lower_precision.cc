@@ -13,7 +13,9 @@
 // writes a graph output keeps its f32 weight, so that the model's outputs (a classifier's
 // logits, an LM head's) are computed in f32. torch.autocast
 // would lower those linear layers too; GPT-2's LM head, 70 % of its run and bound by reading
-// its 154 MB weight, is why its fp16 compile is no faster than fp32.
+// its 154 MB weight, is why its fp16 compile is no faster than fp32. `--lower-output-layers`
+// (PassContext::lower_output_layers) lowers them as well: their weights converted, their
+// outputs f32 all the same (f32 sums written as they are).
 //
 // On a target with AMX, activations also stay bf16 from one convolution to the next: a
 // bf16-weight channels-last FusedConv whose output only such convolutions read (as X or as the
@@ -190,7 +192,7 @@ Result<PassResult> lower_precision(Model& model, PassContext& ctx) {
   std::vector<std::string> kept;
   for (Node& n : g.nodes) {
     if (!lowers(g, n)) continue;
-    if (is_output[static_cast<size_t>(n.outputs[0])]) {
+    if (is_output[static_cast<size_t>(n.outputs[0])] && !ctx.lower_output_layers) {
       kept.push_back("'" + n.name + "'");
       continue;
     }
@@ -211,7 +213,7 @@ Result<PassResult> lower_precision(Model& model, PassContext& ctx) {
   size_t attentions = 0;
   for (Node& n : g.nodes) {
     if (to != DType::bf16 || !cpu.amx || !lowers_attention(g, n)) continue;
-    if (is_output[static_cast<size_t>(n.outputs[0])]) {
+    if (is_output[static_cast<size_t>(n.outputs[0])] && !ctx.lower_output_layers) {
       kept.push_back("'" + n.name + "'");
       continue;
     }

@@ -269,6 +269,12 @@ def precision_tests(r, work, samples):
         r.check("compile_cnn_bf16_amx_close", errors and all(0 < e <= 1e-2 for e in errors.values()), str(errors))
     r.error("compile_bad_precision", ["compile", "cnn.kiln", "-o", "bad.kiln", "--precision", "int8"], 2,
             r"^kiln compile: error: --precision 'int8' is not one of fp32, bf16, fp16$", no_file="bad.kiln")
+    rc, out, err = r.run(["compile", "cnn.kiln", "-o", "cnn.out_layers.kiln", "--precision", "bf16", "--target", "avx512-bf16",
+                          "--lower-output-layers", "-v"])
+    r.check("compile_cnn_bf16_output_layers", rc == 0 and "lowered 5 convolutions and matrix products to bf16" in err and "kept f32" not in err,
+            f"exit {rc}; {err[:600]!r}")
+    r.error("compile_output_layers_without_precision", ["compile", "cnn.kiln", "-o", "bad.kiln", "--lower-output-layers"], 2,
+            r"^kiln compile: error: --lower-output-layers needs --precision bf16 or fp16$", no_file="bad.kiln")
 
 
 def quant_tests(r, work, samples):

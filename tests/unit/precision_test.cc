@@ -154,6 +154,49 @@ TEST(LowerPrecision, LowersConstantWeightProductsAndKeepsTheFinalLayer) {
   }
 }
 
+// --lower-output-layers: the final layer is lowered too, its output still f32, and the model's
+// fast kernels (a compile for the host's ISA, where it has it) stay near the exact f32 result.
+TEST(LowerPrecision, LowerOutputLayersLowersTheFinalLayerToo) {
+  for (DType precision : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(precision));
+    Model m = mixed_model();
+    const Model f32 = m;
+    Target target;
+    target.cpu = with_isa(precision);
+    PassContext ctx{target, {}, nullptr, precision, true};
+    Result<PassResult> r = find_pass("lower_precision")->run(m, ctx);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    const std::string name(dtype_name(precision));
+    EXPECT_EQ(r->summary, "lowered 5 convolutions and matrix products to " + name + " (their weights 62 KiB -> 31 KiB)") << r->summary;
+    const Node& last = node_named(m.graph, "mm2");
+    EXPECT_EQ(last.op, "FusedMatMul");
+    EXPECT_EQ(m.graph.value(last.inputs[1]).dtype, precision);
+    EXPECT_EQ(m.graph.value(last.outputs[0]).dtype, DType::f32);
+    const std::vector<Tensor> in = mixed_inputs();
+    const std::vector<Tensor> exact = run_reference(f32, in), lowered = run_reference(m, in);
+    ASSERT_EQ(lowered.size(), 4u);
+    const double err = relative_l2(lowered[3], exact[3]);
+    EXPECT_LE(err, 1e-2);
+    EXPECT_GT(err, 1e-6) << "the final layer's rounding changed nothing";
+    const bool runs_here = precision == DType::bf16 ? CpuFeatures::host().avx512_bf16 : CpuFeatures::host().avx512_fp16;
+    if (!runs_here) continue;
+    CompileOptions options;
+    options.precision = precision;
+    options.lower_output_layers = true;
+    options.target.cpu = CpuFeatures::host();
+    Model compiled = f32;
+    auto report = compile_model(compiled, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    const SavedRuns runs = run_saved(compiled, in);
+    ASSERT_EQ(runs.got.size(), 4u);
+    EXPECT_LE(relative_l2(runs.got[3], exact[3]), 1e-2);
+    // As in FastKernelsMatchTheReferenceCompiledSavedAndLoaded: kiln.gemm_f16_avx512 rounds A to
+    // f16 and sums in f16 over blocks of K; oneDNN's AMX matmul sums in its own order.
+    const double tolerance = precision == DType::f16 ? 5e-3 : options.target.cpu.amx ? 2e-3 : 1e-5;
+    EXPECT_LE(relative_l2(runs.got[3], runs.want[3]), tolerance) << "the fast kernels against the lowered reference";
+  }
+}
+
 TEST(LowerPrecision, Fp32IsNoChange) {
   Model m = mixed_model();
   Result<PassResult> r = lower(m, DType::f32, CpuFeatures{});
