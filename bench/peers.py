@@ -3,7 +3,7 @@
 
     python bench/peers.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 3]
                           [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile] [--autotune]
-                          [--precision bf16 fp16]
+                          [--precision bf16 fp16] [--lower-output-layers]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
 64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
@@ -51,7 +51,8 @@ otherwise) and timed as a further column; `P/kiln` is its median over the fp32 c
 outputs are checked against ONNX Runtime's fp32 ones at relative L2 <= 1e-2 (PRECISION_REL_L2_LIMIT),
 and a line per model gives the relative L2 of each output. With bf16, OpenVINO also runs at
 INFERENCE_PRECISION_HINT=bf16 (checked at the same limit, timed in the same rounds), and a line
-per model gives kiln bf16 over OpenVINO bf16.
+per model gives kiln bf16 over OpenVINO bf16. --lower-output-layers passes that flag to those
+compiles (the layers that write graph outputs lowered too, as OpenVINO's bf16 lowers them).
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
@@ -198,6 +199,8 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
     for precision in args.precision if not args.no_compile else []:
         lowered = os.path.join(scratch, f"{case.name}.t{threads}.{precision}.kiln")
         cmd = [kiln, "compile", exported, "-o", lowered, "--threads", str(threads), "--precision", precision]
+        if args.lower_output_layers:
+            cmd.append("--lower-output-layers")
         for s in input_shapes(case.inputs):
             cmd += ["--input-shape", s]
         try:
@@ -393,6 +396,8 @@ def main(argv=None):
     parser.add_argument("--autotune", action="store_true", help="also time kiln compiled with --mode max-autotune")
     parser.add_argument("--precision", nargs="+", choices=["bf16", "fp16"], default=[],
                         help="also time kiln compiled with --precision P")
+    parser.add_argument("--lower-output-layers", action="store_true",
+                        help="with --precision: compile with --lower-output-layers (the final layers lowered too)")
     args = parser.parse_args(argv)
     kiln = os.path.abspath(args.kiln)
     env = dict(os.environ)
