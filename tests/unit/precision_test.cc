@@ -62,10 +62,10 @@ std::vector<Tensor> mixed_inputs() {
   return {random_f32({1, 5, 9, 9}, 7), random_f32({1, 16, 6, 7}, 12), random_f32({1, 7, 5, 24}, 8), random_f32({37, 64}, 9)};
 }
 
-Result<PassResult> lower(Model& m, DType precision, const CpuFeatures& cpu) {
+Result<PassResult> lower(Model& m, DType precision, const CpuFeatures& cpu, bool lower_output_layers = false) {
   Target target;
   target.cpu = cpu;
-  PassContext ctx{target, {}, nullptr, precision};
+  PassContext ctx{target, {}, nullptr, precision, lower_output_layers};
   return find_pass("lower_precision")->run(m, ctx);
 }
 
@@ -161,10 +161,7 @@ TEST(LowerPrecision, LowerOutputLayersLowersTheFinalLayerToo) {
     SCOPED_TRACE(dtype_name(precision));
     Model m = mixed_model();
     const Model f32 = m;
-    Target target;
-    target.cpu = with_isa(precision);
-    PassContext ctx{target, {}, nullptr, precision, true};
-    Result<PassResult> r = find_pass("lower_precision")->run(m, ctx);
+    Result<PassResult> r = lower(m, precision, with_isa(precision), true);
     ASSERT_TRUE(r.ok()) << r.error().message();
     const std::string name(dtype_name(precision));
     EXPECT_EQ(r->summary, "lowered 5 convolutions and matrix products to " + name + " (their weights 62 KiB -> 31 KiB)") << r->summary;
