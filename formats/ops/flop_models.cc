@@ -500,7 +500,7 @@ const Model kModels[] = {
     {"ScatterElements", scatter}, {"ScatterND", scatter},
     // no arithmetic: data movement, selection, generators, shape queries, conversion
     {"Identity", none}, {"Cast", none}, {"Reshape", none}, {"Flatten", none}, {"Squeeze", none},
-    {"Unsqueeze", none}, {"Transpose", none}, {"Concat", none}, {"Split", none}, {"Slice", none},
+    {"Unsqueeze", none}, {"Transpose", none}, {"Concat", none}, {"Split", none}, {"ReplaceSlices", none}, {"Slice", none},
     {"Pad", none}, {"Tile", none}, {"Expand", none}, {"DepthToSpace", none}, {"SpaceToDepth", none},
     {"CenterCropPad", none}, {"Gather", none}, {"GatherElements", none}, {"GatherND", none},
     {"Shape", none}, {"Size", none}, {"ConstantOfShape", none}, {"Range", none}, {"OneHot", none},

@@ -301,6 +301,41 @@ Status infer_concat(InferContext& ctx) {
   return {};
 }
 
+// ReplaceSlices (made by compile's fold_split_concat): Y is X with slices along `axis` replaced
+// by the inputs after X, update i at starts[i]; each update has X's rank and dims off the axis.
+Status infer_replace_slices(InferContext& ctx) {
+  const std::vector<int64_t> starts = ctx.node().attr_ints("starts");
+  const size_t updates = ctx.num_inputs() - 1;
+  if (starts.size() != updates)
+    return ctx.error("starts has " + num(static_cast<int64_t>(starts.size())) + " entries but the node has " +
+                     num(static_cast<int64_t>(updates)) + " updates");
+  const Shape& x = ctx.shape(0);
+  if (x.rank_known) {
+    if (x.rank() == 0) return ctx.error("cannot replace slices of a scalar");
+    KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), x.rank(), ctx));
+    for (size_t i = 0; i < updates; ++i) {
+      const std::string which = "update " + num(static_cast<int64_t>(i));
+      if (!ctx.has_input(i + 1)) return ctx.error(which + " is missing");
+      if (starts[i] < 0) return ctx.error(which + " starts at " + num(starts[i]));
+      const Shape& u = ctx.shape(i + 1);
+      if (!u.rank_known) continue;
+      if (u.rank() != x.rank()) return ctx.error(which + " has rank " + num(u.rank()) + " but X has rank " + num(x.rank()));
+      for (size_t d = 0; d < x.dims.size(); ++d) {
+        const Dim &ud = u.dims[d], &xd = x.dims[d];
+        if (static_cast<int64_t>(d) == axis) {
+          if (ud.is_known() && xd.is_known() && (starts[i] > xd.value || ud.value > xd.value - starts[i]))
+            return ctx.error(which + " of " + num(ud.value) + " at " + num(starts[i]) + " runs past axis " + num(axis) + "'s " +
+                             num(xd.value));
+        } else if (ud.is_known() && xd.is_known() && ud.value != xd.value) {
+          return ctx.error(which + " has shape " + u.str() + ", which differs from X's " + x.str() + " outside axis " + num(axis));
+        }
+      }
+    }
+  }
+  ctx.set_output(0, ctx.dtype(0), x);
+  return {};
+}
+
 Status infer_split(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   size_t n = ctx.num_outputs();
@@ -631,6 +666,12 @@ void register_shape_ops(OpRegistry& r) {
                      {{"axis", AttrType::int64, false, "default 0"},
                       {"num_outputs", AttrType::int64, false, "the number of outputs when split is absent"}},
                      infer_split}).traits.types = {input(1, kIndex, "split")};
+  r.add("", OpSchema{"ReplaceSlices", "X with slices along an axis replaced by the updates (a Concat of a Split's pieces, some unchanged)",
+                     2, kVariadic, 1, 1,
+                     {{"axis", AttrType::int64, true, "the axis, negative counts from the end"},
+                      {"starts", AttrType::ints, true, "where each update begins along the axis"}},
+                     infer_replace_slices})
+      .traits = {.types = {rest_same_as(1, 0)}, .pass_through = OpTraits::PassThrough::all};
   r.add("", OpSchema{"Slice", "strided slice along some axes, with ONNX clamping", 3, 5, 1, 1, {}, infer_slice})
       .traits = {.types = {input(1, kIndex, "starts"), input(2, kIndex, "ends"), input(3, kIndex, "axes"),
                            input(4, kIndex, "steps")},

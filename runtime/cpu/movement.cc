@@ -1,10 +1,11 @@
-// kiln's data-movement kernels: Concat, Split, Transpose and nearest Resize by integer factors,
-// for any dtype (they move elements by size), planned once on the concrete shapes and split
-// across threads when there is enough to move. The reference kernels walk indices element by
+// kiln's data-movement kernels: Concat, Split, ReplaceSlices, Transpose and nearest Resize by
+// integer factors, for any dtype (they move elements by size), planned once on the concrete
+// shapes and split across threads when there is enough to move. The reference kernels walk indices element by
 // element or call memcpy per row; after the channels_last pass, concatenating channels copies
 // a short row per pixel, so the copies here are inline loops, not library calls.
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 
 #include "runtime/kernel.h"
@@ -130,6 +131,51 @@ std::optional<std::string> join_declines(const KernelQuery& q) {
     return "split sizes computed at run time";
   return std::nullopt;
 }
+
+// ReplaceSlices: Y is X with each update's chunk of a row copied over its place. The plan may
+// put Y over X (overwrites_input) when X dies here: then only the updates move, the pieces of a
+// Concat of a Split that passed through unchanged never copied at all.
+class ReplaceKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    const std::vector<int64_t> x = q.inputs[0].shape.concrete();
+    const size_t axis = axis_of(q.node, x.size()), es = dtype_size(q.inputs[0].dtype);
+    const std::vector<int64_t> starts = q.node.attr_ints("starts");
+    rows_ = product(x, 0, axis);
+    const int64_t inner = product(x, axis + 1, x.size());
+    row_ = static_cast<size_t>(x[axis] * inner) * es;
+    for (size_t i = 1; i < q.inputs.size(); ++i) {
+      bytes_.push_back(static_cast<size_t>(q.inputs[i].shape.concrete()[axis] * inner) * es);
+      at_.push_back(static_cast<size_t>(starts[i - 1] * inner) * es);
+    }
+    pieces_.assign(bytes_.size(), nullptr);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
+    for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i] = static_cast<const std::byte*>(ctx.input(i + 1).raw());
+    const int64_t rows = rows_;
+    const bool copy = x != y;
+    const size_t moved = copy ? row_ : std::accumulate(bytes_.begin(), bytes_.end(), size_t{0});
+#pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(moved) >= kParallelBytes)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::byte* to = y + static_cast<size_t>(r) * row_;
+      if (copy) move_bytes(to, x + static_cast<size_t>(r) * row_, row_);
+      for (size_t i = 0; i < pieces_.size(); ++i) move_bytes(to + at_[i], pieces_[i] + static_cast<size_t>(r) * bytes_[i], bytes_[i]);
+    }
+    return {};
+  }
+
+  int overwrites_input() const override { return 0; }
+
+ private:
+  int64_t rows_ = 0;
+  size_t row_ = 0;
+  std::vector<size_t> bytes_, at_;  ///< per update: its chunk of a row, and where it goes in Y's
+  std::vector<const std::byte*> pieces_;
+};
 
 // Transpose: dims that stay neighbours merge, then either whole rows move (the last dim stays
 // last) or a batch of 2-D tiles transposes (the last dim moves).
@@ -404,6 +450,7 @@ std::optional<std::string> upsample_declines(const KernelQuery& q) {
 void register_movement(KernelRegistry& r) {
   r.add("Concat", "cpu", KernelImpl{"kiln.concat", join_declines, [](const KernelQuery&) { return std::make_unique<JoinKernel>(false); }});
   r.add("Split", "cpu", KernelImpl{"kiln.split", join_declines, [](const KernelQuery&) { return std::make_unique<JoinKernel>(true); }});
+  r.add("ReplaceSlices", "cpu", KernelImpl{"kiln.replace_slices", concrete_io, [](const KernelQuery&) { return std::make_unique<ReplaceKernel>(); }});
   r.add("Transpose", "cpu", KernelImpl{"kiln.transpose", concrete_io, [](const KernelQuery&) { return std::make_unique<TransposeKernel>(); }});
   r.add("Resize", "cpu", KernelImpl{"kiln.upsample_nearest", upsample_declines, [](const KernelQuery&) { return std::make_unique<UpsampleKernel>(); }});
 }

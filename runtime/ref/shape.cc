@@ -98,6 +98,28 @@ Status ref_split(KernelContext& ctx) {
   return {};
 }
 
+// Y = X, then each update's rows copied over its slice of the axis, in order.
+Status ref_replace_slices(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0);
+  int64_t axis = ctx.node().attr_int("axis", 0);
+  if (axis < 0) axis += x.rank();
+  const std::vector<int64_t> starts = ctx.node().attr_ints("starts");
+  const size_t es = dtype_size(x.dtype());
+  const int64_t outer = prod(x.shape(), 0, static_cast<size_t>(axis));
+  const int64_t inner = prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size());
+  const size_t row = static_cast<size_t>(x.dim(axis) * inner) * es;
+  if (y.raw() != x.raw()) copy_bytes(y.raw(), x.raw(), row * static_cast<size_t>(outer));
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    const Tensor& u = ctx.input(i);
+    const size_t piece = static_cast<size_t>(u.dim(axis) * inner) * es, at = static_cast<size_t>(starts[i - 1] * inner) * es;
+    for (int64_t o = 0; o < outer; ++o)
+      copy_bytes(static_cast<char*>(y.raw()) + static_cast<size_t>(o) * row + at,
+                 static_cast<const char*>(u.raw()) + static_cast<size_t>(o) * piece, piece);
+  }
+  return {};
+}
+
 Status ref_slice(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0);
@@ -294,6 +316,7 @@ void register_ref_shape(KernelRegistry& r) {
   r.add_reference("Concat", ref_concat);
   r.add_reference("Split", ref_split);
   r.add_reference("Slice", ref_slice);
+  r.add_reference("ReplaceSlices", ref_replace_slices);
   r.add_reference("Pad", ref_pad);
   r.add_reference("CenterCropPad", ref_center_crop_pad);
   r.add_reference("Tile", ref_tile);

@@ -19,6 +19,7 @@
 #include "formats/serialize.h"
 #include "formats/text.h"
 #include "formats/verify.h"
+#include "runtime/plan.h"
 #include "runtime/session.h"
 #include "tests/unit/compile_test_util.h"
 
@@ -140,7 +141,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 20u);
+  EXPECT_EQ(names.size(), 21u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1107,6 +1108,125 @@ TEST(CompileMergeTransposes, LeavesWhatItCannotMerge) {
   EXPECT_EQ(r2.summary, "");
 }
 
+// ---- fold_split_concat ---------------------------------------------------------------------
+
+// YOLO's detection head after the Sigmoid: the box pieces decoded, the class scores passed on
+// (`scores` read by the Concat only); and a C2f block: the split halves joined with what the
+// bottleneck made of the second one.
+Model split_concat_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 3, 4, 5, 9});
+  ValueId p = b.op("sig", "Sigmoid", {x}, "p");
+  Node split = testing::node("split", "Split", {p, b.constant("sizes", Tensor::from<int64_t>({3}, {2, 2, 5}))}, {});
+  ValueId xy = b.g().add_value("xy", DType::undefined), wh = b.g().add_value("wh", DType::undefined);
+  ValueId scores = b.g().add_value("scores", DType::undefined);
+  split.outputs = {xy, wh, scores};
+  split.set_attr("axis", int64_t{4});
+  b.g().add_node(std::move(split));
+  ValueId two = b.constant("two", Tensor::from<float>({}, {2.f}));
+  ValueId xy2 = b.op("xy2", "Mul", {xy, two}, "xy2"), wh2 = b.op("wh2", "Mul", {wh, wh}, "wh2");
+  ValueId boxes = b.op("boxes", "Concat", {xy2, wh2, scores}, "boxes", {attr("axis", int64_t{-1})});
+  b.output(b.op("out", "Neg", {boxes}, "out"));
+  ValueId u = b.input("u", {1, 4, 4, 6});
+  ValueId h = b.op("h", "Relu", {u}, "h");
+  Node halves = testing::node("halves", "Split", {h}, {});
+  ValueId h0 = b.g().add_value("h0", DType::undefined), h1 = b.g().add_value("h1", DType::undefined);
+  halves.outputs = {h0, h1};
+  halves.set_attr("axis", int64_t{3});
+  halves.set_attr("num_outputs", int64_t{2});
+  b.g().add_node(std::move(halves));
+  ValueId m = b.op("m", "Tanh", {h1}, "m");
+  b.output(b.op("c2f", "Concat", {h0, h1, m}, "c2f", {attr("axis", int64_t{3})}));
+  return b.done();
+}
+
+TEST(CompileFoldSplitConcat, Golden) {
+  Model m = split_concat_model();
+  PassResult r = run_pass("fold_split_concat", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "made 1 ReplaceSlices (1 piece passed through uncopied); read 1 Split's input in place of all their pieces");
+  // The head: the Split writes the box pieces only, ReplaceSlices puts them over its input. The
+  // C2f block: the Concat reads h whole; the first half leaves the Split (the second is still
+  // the bottleneck's).
+  EXPECT_EQ(testing::nodes_text(m.graph),
+            "node sig: Sigmoid(x) -> (p) sources=[\"sig\"]\n"
+            "node split: Split(p, sizes) -> (xy, wh, _) axis=4\n"
+            "node xy2: Mul(xy, two) -> (xy2) sources=[\"xy2\"]\n"
+            "node wh2: Mul(wh, wh) -> (wh2) sources=[\"wh2\"]\n"
+            "node boxes: ReplaceSlices(p, xy2, wh2) -> (boxes) axis=4 starts=ints[0, 2] sources=[\"boxes\"]\n"
+            "node out: Neg(boxes) -> (out) sources=[\"out\"]\n"
+            "node h: Relu(u) -> (h) sources=[\"h\"]\n"
+            "node halves: Split(h) -> (_, h1) axis=3 num_outputs=2\n"
+            "node m: Tanh(h1) -> (m) sources=[\"m\"]\n"
+            "node c2f: Concat(h, m) -> (c2f) axis=3 sources=[\"c2f\"]\n");
+}
+
+TEST(CompileFoldSplitConcat, SameOutputsAndTheUpdatesGoOverTheInput) {
+  Model before = split_concat_model(), after = before;
+  run_pass("fold_split_concat", after);
+  const std::vector<Tensor> inputs = {random_f32({1, 3, 4, 5, 9}, 93), random_f32({1, 4, 4, 6}, 94)};
+  expect_same_outputs(before, after, inputs, 0);
+  // The plan puts ReplaceSlices' output over the Sigmoid's, which dies there: only the updates
+  // move. And the fast kernels compute what the reference does (their Sigmoid and Tanh within
+  // float rounding of libm's).
+  Target target;
+  const std::vector<std::vector<int64_t>> shapes = {{1, 3, 4, 5, 9}, {1, 4, 4, 6}};
+  auto plan = build_plan(after.graph, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [](const Node& n) { return n.op == "ReplaceSlices"; });
+  ASSERT_NE(at, after.graph.nodes.end());
+  const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
+  EXPECT_EQ(plan->kernels[n].name, "kiln.replace_slices");
+  EXPECT_EQ(plan->overwrites[n], 1);
+  EXPECT_EQ(plan->memory.offset[static_cast<size_t>(at->inputs[0])], plan->memory.offset[static_cast<size_t>(at->outputs[0])]);
+  auto fast = Session::create(after);
+  ASSERT_TRUE(fast.ok()) << fast.error().message();
+  auto got = (*fast)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  const std::vector<Tensor> want = run_reference(before, inputs);
+  ASSERT_EQ(got->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+}
+
+TEST(CompileFoldSplitConcat, LeavesWhatItCannotFold) {
+  // A piece read elsewhere too; a Split along another axis; pieces out of order.
+  Builder b;
+  ValueId x = b.input("x", {2, 6});
+  Node split = testing::node("split", "Split", {x}, {});
+  ValueId a = b.g().add_value("a", DType::undefined), c = b.g().add_value("c", DType::undefined);
+  split.outputs = {a, c};
+  split.set_attr("axis", int64_t{1});
+  split.set_attr("num_outputs", int64_t{2});
+  b.g().add_node(std::move(split));
+  ValueId a2 = b.op("a2", "Neg", {a}, "a2");
+  b.output(b.op("shared", "Concat", {a2, c}, "shared", {attr("axis", int64_t{1})}));
+  b.output(b.op("reads_c", "Abs", {c}, "reads_c"));
+  b.output(b.op("other_axis", "Concat", {a, c}, "other_axis", {attr("axis", int64_t{0})}));
+  b.output(b.op("swapped", "Concat", {c, a}, "swapped", {attr("axis", int64_t{1})}));
+  Model m = b.done();
+  PassResult r = run_pass("fold_split_concat", m);
+  EXPECT_FALSE(r.changed);
+  EXPECT_EQ(r.summary, "");
+}
+
+TEST(CompileFoldSplitConcat, AConcatOfEveryPieceIsTheInput) {
+  Builder b;
+  ValueId x = b.input("x", {3, 8});
+  ValueId y = b.op("neg", "Neg", {x}, "y");
+  Node split = testing::node("split", "Split", {y, b.constant("sizes", Tensor::from<int64_t>({2}, {5, 3}))}, {});
+  ValueId a = b.g().add_value("a", DType::undefined), c = b.g().add_value("c", DType::undefined);
+  split.outputs = {a, c};
+  split.set_attr("axis", int64_t{-1});
+  b.g().add_node(std::move(split));
+  b.output(b.op("join", "Concat", {a, c}, "join", {attr("axis", int64_t{1})}));
+  Model before = b.done(), after = before;
+  EXPECT_TRUE(run_pass("fold_split_concat", after).changed);
+  EXPECT_EQ(testing::nodes_text(after.graph),
+            "node neg: Neg(x) -> (y) sources=[\"neg\"]\n"
+            "node join: Identity(y) -> (join) sources=[\"join\"]\n");
+  expect_same_outputs(before, after, {random_f32({3, 8}, 95)}, 0);
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too
@@ -1256,7 +1376,8 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
-            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, eliminate_dead, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
+            "eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

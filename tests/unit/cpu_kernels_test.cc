@@ -158,6 +158,23 @@ TEST(CpuKernels, ConcatAndSplit) {
             "kiln.split");
 }
 
+// ReplaceSlices (fold_split_concat's): bit-exact against the reference, f32 and other element
+// sizes, updates at the start, in the middle and at the end of the axis, through threads.
+TEST(CpuKernels, ReplaceSlices) {
+  auto replace = [](Tensor x, std::vector<Tensor> updates, int64_t axis, std::vector<int64_t> starts) {
+    std::vector<Tensor> in = {std::move(x)};
+    for (Tensor& u : updates) in.push_back(std::move(u));
+    return check({"ReplaceSlices", in, std::vector<bool>(in.size(), false), {attr("axis", axis), attr("starts", starts)}}, 0);
+  };
+  // YOLO's detection head: the box pieces of [1, 3, 40, 40, 85] decoded, the scores kept.
+  EXPECT_EQ(replace(noise({1, 3, 40, 40, 85}, 1), {noise({1, 3, 40, 40, 2}, 2), noise({1, 3, 40, 40, 2}, 3)}, 4, {0, 2}),
+            "kiln.replace_slices");
+  EXPECT_EQ(replace(noise({2, 9, 5}, 4), {noise({2, 3, 5}, 5), noise({2, 1, 5}, 6)}, -2, {2, 8}), "kiln.replace_slices");
+  EXPECT_EQ(replace(noise({4, 3}, 7), {noise({1, 3}, 8)}, 0, {3}), "kiln.replace_slices");
+  EXPECT_EQ(replace(make<int8_t>({2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}), {make<int8_t>({2, 2}, {-1, -2, -3, -4})}, 1, {1}),
+            "kiln.replace_slices");
+}
+
 TEST(CpuKernels, Transpose) {
   std::vector<int64_t> perm = {0, 1, 2, 3};
   do {

@@ -109,6 +109,23 @@ TEST(ShapeOps, ConcatAndSplitOddSizes) {
   expect_user_error(run_op("Split", {iota<float>({5}), make<int64_t>({2}, {1, 1})}, {}, 2), "add up to 2");
 }
 
+TEST(ShapeOps, ReplaceSlices) {
+  // [2, 4]: columns 0 and 2-3 replaced, in order (the second update overwrites column 3 again).
+  const std::vector<Attribute> at = {attr("axis", int64_t{1}), attr("starts", I64{0, 2})};
+  auto r = ok(run_op("ReplaceSlices", {iota<float>({2, 4}), make<float>({2, 1}, {-1, -2}), make<float>({2, 2}, {10, 11, 12, 13})}, at));
+  EXPECT_EQ(r[0].shape(), (I64{2, 4}));
+  EXPECT_EQ(stored_values<float>(r[0]), (std::vector<float>{-1, 1, 10, 11, -2, 5, 12, 13}));
+  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, at), "starts has 2 entries but the node has 1 updates");
+  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 3})}, {attr("axis", int64_t{1}), attr("starts", I64{2})}),
+                    "update 0 of 3 at 2 runs past axis 1's 4");
+  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({3, 1})}, {attr("axis", int64_t{-1}), attr("starts", I64{0})}),
+                    "update 0 has shape 3x1, which differs from X's 2x4 outside axis 1");
+  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2})}, {attr("axis", int64_t{1}), attr("starts", I64{0})}),
+                    "update 0 has rank 1 but X has rank 2");
+  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, {attr("axis", int64_t{1}), attr("starts", I64{-1})}),
+                    "update 0 starts at -1");
+}
+
 TEST(ShapeOps, SliceClampsAndStepsBackwards) {
   Tensor x = iota<float>({4, 5});
   auto s = ok(run_op("Slice", {x, make<int64_t>({2}, {-1, 100}), make<int64_t>({2}, {-100, 0}), make<int64_t>({2}, {0, 1}),
