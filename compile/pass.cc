@@ -16,9 +16,11 @@ namespace {
 // node's weight), the f32 products that share an input merged after it (so that what it
 // lowered stays apart), and the transposes it leaves at a region's edge merged with those the
 // model makes after it; Concats of Splits folded once the layout has its final axes (and after
-// merge_projections, which folds a Split into the product before it); dead code before kernel
-// selection (every pass before it may leave unread values behind), which plans the final graph;
-// autotuning after it (it starts from the rule's choices); packing last, for the kernels chosen.
+// merge_projections, which folds a Split into the product before it), then the Concats left
+// before pointwise convolutions fused into them (after the lowering: f32 ones only); dead code
+// before kernel selection (every pass before it may leave unread values behind), which plans the
+// final graph; autotuning after it (it starts from the rule's choices); packing last, for the
+// kernels chosen.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",
@@ -51,6 +53,8 @@ constexpr std::array kPasses = {
              merge_transposes},
     PassInfo{"fold_split_concat", "Concat of a Split's pieces along its axis: all of them in order -> the Split's input; some unchanged -> ReplaceSlices of the input (those never copied)",
              fold_split_concat},
+    PassInfo{"fuse_concat", "a channel Concat read only by pointwise convolutions with a transcendental activation: they read its inputs where they lie (FusedConv's x_parts, on kiln's f32 GEMM)",
+             fuse_concat},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
     PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",

@@ -126,6 +126,11 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
   return a;
 }
 
+std::optional<std::string> x_parts_decline(const KernelQuery& q) {
+  if (q.node.has_attr("x_parts")) return "X in parts (kiln's f32 GEMM reads them where they lie)";
+  return std::nullopt;
+}
+
 bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
 
 bool attention_lengths(const KernelQuery& q) { return q.inputs.size() > 6 && q.inputs[6].dtype != DType::undefined; }

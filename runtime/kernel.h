@@ -216,6 +216,9 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 /// (attention_rotary, attention_lengths).
 std::optional<std::string> attention_declines(const KernelQuery& q);
 
+/// Why a kernel other than kiln's f32 GEMM declines a FusedConv whose X comes in parts
+/// (`x_parts`, compile's fuse_concat: the inputs of a Concat read where they lie), or nullopt.
+std::optional<std::string> x_parts_decline(const KernelQuery& q);
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
 /// Whether an Attention node reads each batch's count of keys (nonpad_kv_seqlen).

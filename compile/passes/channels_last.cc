@@ -99,7 +99,7 @@ class Converter {
       if (v == kNoValue) continue;
       if (has_twin(v)) {
         n.inputs[i] = twin_[static_cast<size_t>(v)];
-      } else if (anchor ? (i == 0 || (i == 3 && n.op == "FusedConv")) : kBroadcasting.count(n.op) > 0) {
+      } else if (anchor ? nn::layout_input(n.op, i) : kBroadcasting.count(n.op) > 0) {
         n.inputs[i] = g_.value(v).is_constant() ? permuted_constant(v) : transposed_in(v, out);
       } else if (n.op == "Resize") {
         n.inputs[i] = permuted_vector(v, i == 1);

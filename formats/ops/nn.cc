@@ -10,6 +10,7 @@
 #include "formats/ops/epilogue.h"
 #include "formats/ops/flops.h"
 #include "formats/ops/nn_util.h"
+#include "formats/ops/shape_util.h"
 
 namespace kiln {
 
@@ -732,6 +733,53 @@ const AttrSpec kChannelsLast{"channels_last", AttrType::int64, false,
                              "1: X (and Z) and Y are [N, spatial..., C] (0: [N, C, spatial...]); set by kiln compile"};
 
 Status infer_fused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_fused_conv); }
+
+// FusedConv with `x_parts` P: X is the concatenation along the channels of input 0 and the P - 1
+// inputs after Z (compile's fuse_concat: a pointwise convolution reading a Concat's inputs where
+// they lie). Each part has X's rank and its dims off the channel axis; the shape is FusedConv's
+// of the joined X.
+Status infer_fused_conv_parts(InferContext& ctx) {
+  const size_t extra = ctx.num_inputs() > 4 ? ctx.num_inputs() - 4 : 0;
+  if (!ctx.node().has_attr("x_parts")) {
+    if (extra) return ctx.error("inputs after Z need x_parts");
+    return infer_fused_conv_any_layout(ctx);
+  }
+  const int64_t parts = ctx.node().attr_int("x_parts", 0);
+  if (parts < 2 || static_cast<size_t>(parts - 1) != extra)
+    return ctx.error("x_parts is " + std::to_string(parts) + " but the node has " + std::to_string(extra + 1) + " parts of X");
+  std::vector<size_t> at = {0};
+  for (size_t i = 4; i < ctx.num_inputs(); ++i) at.push_back(i);
+  std::vector<InferInput> view(4);
+  for (size_t i = 1; i < 4; ++i)
+    if (ctx.has_input(i)) view[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
+  view[0] = {ctx.dtype(0), Shape(), nullptr};
+  if (std::all_of(at.begin(), at.end(), [&](size_t i) { return ctx.has_input(i) && ctx.rank(i) >= 0; })) {
+    const int64_t rank = ctx.rank(0);
+    if (rank < 3) return ctx.error("X has rank " + std::to_string(rank) + "; a convolution's is 3 or more");
+    const size_t axis = ctx.node().attr_int("channels_last", 0) == 1 ? static_cast<size_t>(rank - 1) : 1;
+    std::vector<Dim> dims = ctx.shape(0).dims;
+    for (size_t k = 1; k < at.size(); ++k) {
+      const Shape& s = ctx.shape(at[k]);
+      if (s.rank() != rank)
+        return ctx.error("part " + std::to_string(k) + " of X has rank " + std::to_string(s.rank()) + " but part 0 has " + std::to_string(rank));
+      for (size_t d = 0; d < dims.size(); ++d) {
+        if (d == axis) {
+          KILN_ASSIGN_OR_RETURN(dims[d], shape_ops::dim_add(dims[d], s.dims[d], ctx));
+        } else if (s.dims[d].is_known() && dims[d].is_known() && s.dims[d].value != dims[d].value) {
+          return ctx.error("part " + std::to_string(k) + " of X has shape " + s.str() + ", which differs from part 0's " +
+                           ctx.shape(0).str() + " off the channel axis");
+        } else if (!dims[d].is_known()) {
+          dims[d] = s.dims[d];
+        }
+      }
+    }
+    view[0].shape = Shape(std::move(dims));
+  }
+  InferContext joined(ctx.node(), std::move(view));
+  KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(joined));
+  ctx.set_output(0, joined.outputs()[0].dtype, std::move(joined.outputs()[0].shape));
+  return {};
+}
 Status infer_qfused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_qfused_conv); }
 Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
 Status infer_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_pool); }
@@ -778,9 +826,11 @@ void register_nn_ops(OpRegistry& r) {
   const TypeSet lowp_weight = DType::f32 | DType::bf16 | DType::f16;
   std::vector<AttrSpec> fused_conv_only = fused_conv;
   fused_conv_only.push_back({"output_type", AttrType::string, false, "Y's and Z's type: f32 (default), or bf16 with a bf16 W"});
-  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, 4, 1, 1,
-                     fused_conv_only, infer_fused_conv_any_layout})
-      .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z")},
+  fused_conv_only.push_back({"x_parts", AttrType::int64, false, "X in this many parts along the channels: input 0, then the inputs after Z"});
+  r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, kVariadic, 1, 1,
+                     fused_conv_only, infer_fused_conv_parts})
+      .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z"),
+                           rest_same_as(4, 0)},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
   {
     const TypeSet int8 = DType::u8 | DType::i8;

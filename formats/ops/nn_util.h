@@ -62,9 +62,10 @@ Result<EinsumSpec> parse_einsum(const Node& node, const std::string& equation, c
 /// their layout. `kiln compile` introduces it where the library kernels run faster on it.
 inline bool channels_last(const Node& node) { return node.attr_int("channels_last", 0) != 0; }
 /// Whether input i of `op` is an activation whose layout channels_last sets: X (input 0), and
-/// the residual Z of FusedConv (input 3) and QFusedConv (input 9).
+/// the residual Z of FusedConv (input 3, and with x_parts X's other parts after it) and
+/// QFusedConv (input 9).
 inline bool layout_input(std::string_view op, size_t i) {
-  return i == 0 || (i == 3 && op == "FusedConv") || (i == 9 && op == "QFusedConv");
+  return i == 0 || (i >= 3 && op == "FusedConv") || (i == 9 && op == "QFusedConv");
 }
 /// The permutation (Transpose's perm) [N, C, spatial...] -> [N, spatial..., C] of rank r.
 std::vector<int64_t> channels_last_perm(size_t rank);

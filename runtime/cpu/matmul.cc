@@ -86,7 +86,7 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
-  if (!is_conv(q.node)) return std::nullopt;
+  if (!is_conv(q.node) || q.node.has_attr("x_parts")) return std::nullopt;  // X in parts: no other kernel reads them
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
   if (w[0] * w[1] * 4 >= gemm::CacheSizes::host().l2 && y[0] * y[1] * y[2] < w[0]) return std::nullopt;
   if (y[1] * y[2] == 1) return std::nullopt;
@@ -152,7 +152,8 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   // kiln.gemm_bf16_avx512, which rounds A to bf16 as their reference does.
   if (auto why = f32_and_concrete(q, DType::f16)) return why;
   if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
-  if (is_conv(q.node)) return pointwise_declines(q, true);
+  if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
+  if (is_conv(q.node)) return pointwise_declines(q, !q.node.has_attr("x_parts"));  // strided: its pixels gathered, not in parts
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return split_declines(q, gemm::tiles(isa));
@@ -177,7 +178,7 @@ Product product_of(const KernelQuery& q) {
     p.y.back() = std::accumulate(splits.begin(), splits.end(), int64_t{0});  // the whole of Y, before its split
   if (q.node.attr_int("gate_block", 0) > 0 && !p.y.empty()) p.y.back() *= 2;  // values and gates
   if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C (the output's pixels) by the weight transposed
-    p.a = {p.y[0] * p.y[1] * p.y[2], p.a[3]};
+    p.a = {p.y[0] * p.y[1] * p.y[2], p.b[1]};  // C whole, also when X comes in parts (x_parts)
     p.b = {p.b[0], p.b[1]};
     p.y = {p.y[0] * p.y[1] * p.y[2], p.y[3]};
   }
@@ -340,6 +341,20 @@ class GemmKernel final : public Kernel {
       params_ = gemm::default_params(isa_, tile, caches, m_, n_, k_, threads);
     }
     parts_ = column_parts(q.node);
+    // X in parts (a Concat's inputs, fuse_concat): input 0, then those after Z, each its columns.
+    a_parts_.clear();
+    a_inputs_.clear();
+    if (q.node.has_attr("x_parts")) {
+      int64_t begin = 0;
+      for (size_t i = 0; i < q.inputs.size(); ++i) {
+        if (i != 0 && i < 4) continue;
+        const int64_t c = q.inputs[i].shape.concrete().back();
+        a_parts_.push_back({.begin = begin, .lda = c});
+        a_inputs_.push_back(i);
+        begin += c;
+      }
+      if (begin != k_) return internal_error(q.node.where(), "the parts of X do not add up to the weight's channels");
+    }
     // No thread grid recorded, or one made for another thread count: the rule's.
     if (!grid_recorded || params_.threads() * batch_threads_ != threads) {
       const int64_t batches = static_cast<int64_t>(batch_a_.size());
@@ -413,6 +428,11 @@ class GemmKernel final : public Kernel {
                       static_cast<size_t>(s.c) * sizeof(float));
       g.a = rows;
     }
+    if (!a_parts_.empty()) {
+      for (size_t i = 0; i < a_parts_.size(); ++i) a_parts_[i].a = ctx.input(a_inputs_[i]).data<float>();
+      g.a = nullptr;
+      g.a_parts = a_parts_;
+    }
     g.b = b;
     g.c = ctx.output(0).data<float>();
     g.parts = parts_at(parts_, ctx);
@@ -445,6 +465,8 @@ class GemmKernel final : public Kernel {
   ActivationSpec act_, post_;
   Tensor packed_, plain_b_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs: where each begins (its data at run)
+  std::vector<gemm::APart> a_parts_;      // X in parts: where each begins and its row length (its data at run)
+  std::vector<size_t> a_inputs_;          // the inputs those are
 };
 
 // kiln.gemm_bf16_avx512: FusedMatMul by a constant 2-D bf16 B, and the pointwise FusedConv with
@@ -456,6 +478,7 @@ class GemmKernel final : public Kernel {
 // that has `kind`'s instructions.
 std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
+  if (auto why = x_parts_decline(q)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
   // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
   if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";

@@ -1,6 +1,9 @@
 // Reference kernels of channels-last nodes (layout.h).
 #include "runtime/ref/layout.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "formats/ops/nn_util.h"
 #include "runtime/ref/nn_util.h"
 #include "runtime/ref/shape_util.h"
@@ -48,6 +51,38 @@ Status run_any_layout(KernelContext& ctx, KernelFn channels_first) {
   ref_shape::copy_strided(out.raw(), y.raw(), dtype_size(y.dtype()), out.shape(),
                           nn::permute(strides, nn::channels_last_perm(static_cast<size_t>(y.rank()))), 0);
   return {};
+}
+
+Status run_joined(KernelContext& ctx, KernelFn f) {
+  if (!ctx.node().has_attr("x_parts")) return f(ctx);
+  std::vector<const Tensor*> parts = {&ctx.input(0)};
+  for (size_t i = 4; i < ctx.num_inputs(); ++i) parts.push_back(&ctx.input(i));
+  const Tensor& x0 = *parts[0];
+  const size_t axis = nn::channels_last(ctx.node()) ? static_cast<size_t>(x0.rank() - 1) : 1;
+  std::vector<int64_t> shape = x0.shape();
+  shape[axis] = 0;
+  for (const Tensor* p : parts) shape[axis] += p->dim(static_cast<int64_t>(axis));
+  Tensor x(x0.dtype(), shape);
+  const size_t es = dtype_size(x0.dtype());
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const size_t row = static_cast<size_t>(shape[axis] * inner) * es;
+  size_t col = 0;
+  for (const Tensor* p : parts) {
+    const size_t piece = static_cast<size_t>(p->dim(static_cast<int64_t>(axis)) * inner) * es;
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(static_cast<char*>(x.raw()) + static_cast<size_t>(o) * row + col,
+                  static_cast<const char*>(p->raw()) + static_cast<size_t>(o) * piece, piece);
+    col += piece;
+  }
+  Node node = ctx.node();
+  node.erase_attr("x_parts");
+  node.inputs.resize(std::min<size_t>(node.inputs.size(), 4));
+  std::vector<Tensor> in = {x};
+  for (size_t i = 1; i < std::min<size_t>(ctx.num_inputs(), 4); ++i) in.push_back(ctx.has_input(i) ? ctx.input(i) : Tensor());
+  ViewContext view(ctx, std::move(node), std::move(in), ctx.output(0));  // writes the output in place
+  return f(view);
 }
 
 Status run_widened(KernelContext& ctx, KernelFn f32) {

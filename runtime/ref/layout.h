@@ -50,6 +50,10 @@ Tensor permuted(const Tensor& x, const std::vector<int64_t>& perm);
 /// has channels_last = 1.
 Status run_any_layout(KernelContext& ctx, KernelFn channels_first);
 
+/// Runs `f` on the node as it is, or, for a FusedConv whose X comes in parts (`x_parts`: input 0
+/// and the inputs after Z), on a view whose X is the parts joined along the channels.
+Status run_joined(KernelContext& ctx, KernelFn f);
+
 /// Runs `f32` (FusedConv's or FusedMatMul's f32 reference) on the node's f32 view when its
 /// weight, input 1, is bf16 or f16 (`kiln compile --precision`): the weight widened to f32, and
 /// for a bf16 weight input 0 rounded to bf16 (to nearest even), which is what AVX512-BF16's

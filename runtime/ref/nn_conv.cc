@@ -212,7 +212,9 @@ Status ref_col2im(KernelContext& ctx) {
 }  // namespace
 
 Status ref_fused_conv_any(KernelContext& ctx) {
-  return ref::run_any_layout(ctx, [](KernelContext& view) { return ref::run_widened(view, ref_fused_conv); });
+  return ref::run_joined(ctx, [](KernelContext& joined) {
+    return ref::run_any_layout(joined, [](KernelContext& view) { return ref::run_widened(view, ref_fused_conv); });
+  });
 }
 
 void register_ref_nn_conv(KernelRegistry& r) {

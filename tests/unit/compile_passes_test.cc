@@ -141,7 +141,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 21u);
+  EXPECT_EQ(names.size(), 22u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1227,6 +1227,72 @@ TEST(CompileFoldSplitConcat, AConcatOfEveryPieceIsTheInput) {
   expect_same_outputs(before, after, {random_f32({3, 8}, 95)}, 0);
 }
 
+// ---- fuse_concat ---------------------------------------------------------------------------
+
+// Channel Concats before channels-last 1x1 convolutions: one with SiLU (a C2f block's end),
+// one with ReLU (oneDNN's, which cannot read parts), one also read by a Neg.
+Model concat_conv_model() {
+  Builder b;
+  ValueId a = b.input("a", {1, 4, 4, 3}), c = b.input("c", {1, 4, 4, 5});
+  ValueId h = b.op("h", "Relu", {a}, "h");
+  ValueId w = b.constant("w", random_f32({6, 8, 1, 1}, 96)), bias = b.constant("bias", random_f32({6}, 97));
+  auto conv = [&](const std::string& name, ValueId x, const char* act) {
+    return b.op(name, "FusedConv", {x, w, bias}, name,
+                {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1}), attr("activation", std::string(act))});
+  };
+  ValueId j1 = b.op("j1", "Concat", {h, c}, "j1", {attr("axis", int64_t{3})});
+  b.output(conv("silu", j1, "Silu"));
+  ValueId j2 = b.op("j2", "Concat", {c, h}, "j2", {attr("axis", int64_t{-1})});
+  b.output(conv("relu", j2, "Relu"));
+  ValueId j3 = b.op("j3", "Concat", {h, c}, "j3", {attr("axis", int64_t{3})});
+  b.output(conv("shared", j3, "Sigmoid"));
+  b.output(b.op("neg", "Neg", {j3}, "neg"));
+  return b.done();
+}
+
+TEST(CompileFuseConcat, Golden) {
+  Model m = concat_conv_model();
+  PassResult r = run_pass("fuse_concat", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "read 1 Concat's inputs where they lie in 1 pointwise convolution");
+  const std::string text = testing::nodes_text(m.graph);
+  EXPECT_NE(text.find("node silu: FusedConv(h, w, bias, _, c) -> (silu) activation=\"Silu\" channels_last=1 kernel_shape=ints[1, 1] "
+                      "x_parts=2 sources=[\"silu\", \"j1\"]\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("node j1:"), std::string::npos) << text;
+  EXPECT_NE(text.find("node j2: Concat"), std::string::npos) << text;
+  EXPECT_NE(text.find("node j3: Concat"), std::string::npos) << text;
+}
+
+TEST(CompileFuseConcat, SameOutputsOnTheReferenceAndOnKilnsGemm) {
+  Model before = concat_conv_model(), after = before;
+  run_pass("fuse_concat", after);
+  const std::vector<Tensor> inputs = {random_f32({1, 4, 4, 3}, 98), random_f32({1, 4, 4, 5}, 99)};
+  expect_same_outputs(before, after, inputs, 0);
+  auto fast = Session::create(after);
+  ASSERT_TRUE(fast.ok()) << fast.error().message();
+  auto got = (*fast)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [](const Node& n) { return n.name == "silu"; });
+  ASSERT_NE(at, after.graph.nodes.end());
+  const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
+  ASSERT_LT(n, (*fast)->kernels().size());
+  EXPECT_EQ((*fast)->kernels()[n].name.rfind("kiln.gemm_f32_", 0), 0u) << (*fast)->kernels()[n].name;
+  const std::vector<Tensor> want = run_reference(before, inputs);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+}
+
+TEST(CompileFuseConcat, NotForATargetWithoutAvx2) {
+  Model m = concat_conv_model();
+  Target baseline;
+  baseline.cpu = CpuFeatures{};
+  PassContext ctx{baseline, {}};
+  auto r = fuse_concat(m, ctx);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->changed);
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too
@@ -1377,7 +1443,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
             "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
-            "eliminate_dead, "
+            "fuse_concat, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

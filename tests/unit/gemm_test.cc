@@ -467,6 +467,29 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                       1e-5, &cpu),
                 "ref");
   }
+  // X in parts (FusedConv's x_parts, fuse_concat: a Concat's inputs read where they lie): odd
+  // widths with a bias, a residual and a post-activation; and, without them, a K past one Kc
+  // slice (1,500: two slices of 750, each across two parts). oneDNN cannot read parts: kiln's
+  // GEMM takes them even with a piecewise-linear epilogue over many pixels.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    auto parts = [](const char* act) {
+      return std::vector<Attribute>{attr("channels_last", int64_t{1}), attr("activation", std::string(act)),
+                                    attr("post_activation", std::string("Relu")), attr("x_parts", int64_t{3})};
+    };
+    EXPECT_EQ(check({"FusedConv",
+                     {noise({2, 5, 7, 3}, 60), noise({70, 37, 1, 1}, 61), noise({70}, 62), noise({2, 5, 7, 70}, 63), noise({2, 5, 7, 16}, 64),
+                      noise({2, 5, 7, 18}, 65)},
+                     {false, true, true, false, false, false}, parts("Silu")},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv",
+                     {noise({1, 3, 5, 700}, 66), noise({24, 1500, 1, 1}, 67, 0.1f), Tensor(), Tensor(), noise({1, 3, 5, 333}, 68),
+                      noise({1, 3, 5, 467}, 69)},
+                     {false, true, false, false, false, false}, parts("Relu")},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+  }
   // Channels-last 1x1 convolutions are products too: with a transcendental activation (bias,
   // residual, post-activation), and on one pixel whatever the epilogue (an SE block).
   for (const auto& [isa, cpu] : isa_paths()) {

@@ -122,6 +122,22 @@ TEST(FusedOps, FusedMatMulSplitsItsColumnsIntoOutputs) {
 
 // gate_block: the product's columns alternate G values and their G gates; Y, half as wide, is
 // value · activation(gate), the bias on both.
+// x_parts (compile's fuse_concat): X is input 0 and the inputs after Z joined along the
+// channels, channels-first or channels-last.
+TEST(FusedOps, FusedConvReadsXInParts) {
+  const Tensor w = ramp({4, 5, 3, 3}, 0.21f), b = ramp({4}, 0.5f), z = ramp({1, 4, 6, 5}, 0.3f);
+  const Tensor x0 = ramp({1, 2, 6, 5}), x1 = ramp({1, 3, 6, 5}, 0.7f);
+  std::vector<Attribute> attrs = {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("activation", std::string("Silu"))};
+  const Tensor whole = run1("FusedConv", {run1("Concat", {x0, x1}, {attr("axis", int64_t{1})}), w, b, z}, attrs);
+  attrs.push_back(attr("x_parts", int64_t{2}));
+  expect_close(run1("FusedConv", {x0, w, b, z, x1}, attrs), whole, "channels-first");
+  // Channels-last, no bias or Z: the NHWC parts.
+  auto nhwc = [](const Tensor& t) { return run1("Transpose", {t}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}); };
+  std::vector<Attribute> last = {attr("channels_last", int64_t{1}), attr("x_parts", int64_t{2}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+  const Tensor plain = run1("FusedConv", {run1("Concat", {x0, x1}, {attr("axis", int64_t{1})}), w}, {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  expect_close(run1("FusedConv", {nhwc(x0), w, Tensor(), Tensor(), nhwc(x1)}, last), nhwc(plain), "channels-last");
+}
+
 TEST(FusedOps, GatedProductMultipliesValuesByTheirGates) {
   const Tensor a = ramp({2, 3, 5}), bm = ramp({5, 8}, 0.21f), bias = ramp({8}, 0.5f);
   const Tensor whole = run1("FusedMatMul", {a, bm, bias});
@@ -168,6 +184,13 @@ TEST(FusedOps, SchemaChecks) {
   bad(run_op("FusedMatMul", {a, b}, {gate(4)}), "the product's 4 columns are not whole blocks of 4 values and 4 gates");
   bad(run_op("FusedConv", {make<double>({1, 1, 3, 3}, std::vector<double>(9, 1.0)), make<double>({1, 1, 1, 1}, {1.0})}),
       "FusedConv does not support f64 (it takes f32 and bf16)");
+  const Tensor x = ramp({1, 2, 3, 3}), w = ramp({4, 5, 1, 1});
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 3})}), "inputs after Z need x_parts");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 3})}, {attr("x_parts", int64_t{3})}), "x_parts is 3 but the node has 2 parts of X");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3})}, {attr("x_parts", int64_t{2})}), "part 1 of X has rank 3 but part 0 has 4");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 2})}, {attr("x_parts", int64_t{2})}),
+      "part 1 of X has shape 1x3x3x2, which differs from part 0's 1x2x3x3 off the channel axis");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 2, 3, 3})}, {attr("x_parts", int64_t{2})}), "X has 4 channels but W expects 5");
 }
 
 TEST(FusedOps, ActivationAttributesRoundTrip) {

@@ -131,12 +131,27 @@ inline CAt c_at(float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_
   return {part.c + row * part.ldc + (col - part.begin), part.ldc, part.plain};
 }
 
+/// Columns [begin, next part's begin) of A, stored apart: at `a`, `lda` floats between rows
+/// (a pointwise convolution reading the inputs of a channel Concat where they lie). A product
+/// takes at most kMaxAParts.
+inline constexpr size_t kMaxAParts = 16;
+struct APart {
+  int64_t begin = 0;
+  const float* a = nullptr;
+  int64_t lda = 0;
+};
+
 /// One product C[M×N] = A[M×K] · B[K×N], then the epilogue.
 struct GemmProblem {
   int64_t m = 0, n = 0, k = 0;
   const float* a = nullptr;
   int64_t lda = 0;      ///< floats between A's rows as stored ([M, K], or [K, M] when trans_a)
   bool trans_a = false;
+  /// When not empty, A lies in these parts (at most kMaxAParts; a and lda unused; not trans_a),
+  /// the first at column 0: A is read where it lies, whatever GemmParams::pack_a says, and a
+  /// tile whose K slice spans parts sums them one after the other in its registers. run only,
+  /// not run_batch.
+  std::span<const APart> a_parts;
   const float* b = nullptr;
   int64_t ldb = 0;      ///< as for A; unused when b_packed
   bool trans_b = false;
