@@ -36,6 +36,7 @@ class ActivationKernel final : public Kernel {
   explicit ActivationKernel(Isa isa) : rows_(row_kernels(isa)) {}
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
     spec_ = *activation_spec(q);
+    in_place_ = q.target.threads <= 1;
     return {};
   }
   Status run(KernelContext& ctx) override {
@@ -43,10 +44,14 @@ class ActivationKernel final : public Kernel {
     rows_.activation(x.data<float>(), ctx.output(0).data<float>(), x.numel(), spec_);
     return {};
   }
+  // Elementwise: Y may take X's memory where X dies here (each value read before it is written),
+  // on one thread (as the binary kernels, binary.cc).
+  int overwrites_input() const override { return in_place_ ? 0 : -1; }
 
  private:
   const RowKernels& rows_;
   ActivationSpec spec_;
+  bool in_place_ = false;
 };
 
 }  // namespace

@@ -216,7 +216,8 @@ std::vector<TuningAxis> gemm_space(const KernelQuery& q, Isa isa) {
     return axis;
   };
   axes.push_back(sizes("kc", {64, 128, 256, 512}, p.k));
-  axes.push_back(TuningAxis{"pack_a", {{{"pack_a", int64_t{0}}}, {{"pack_a", int64_t{1}}}}});
+  if (!q.node.has_attr("x_parts"))  // X in parts is read where it lies, never packed
+    axes.push_back(TuningAxis{"pack_a", {{{"pack_a", int64_t{0}}}, {{"pack_a", int64_t{1}}}}});
   axes.push_back(sizes("mc", {48, 96, 192, 384, 768}, p.m));
   axes.push_back(sizes("nc", {256, 512, 1024, 2048, 4096}, p.n));
   const int threads = std::max(1, q.target.threads);

@@ -85,7 +85,8 @@ TEST(Plan, SmallGraphsRunOnOneThread) {
 }
 
 TEST(Plan, ChainsReuseMemory) {
-  // A chain of 64 Relus over 1 KiB tensors needs two buffers, not 63.
+  // A chain of 64 Relus over 1 KiB tensors needs two buffers, not 63; one where kiln's
+  // activation kernel writes each output over its input (the first reads the graph's input).
   Graph g;
   const Shape s = Shape::of(std::vector<int64_t>{256});
   ValueId prev = g.add_value("x", DType::f32, s);
@@ -100,9 +101,55 @@ TEST(Plan, ChainsReuseMemory) {
   std::vector<std::vector<int64_t>> shapes = {{256}};
   auto plan = build_plan(g, shapes, PlanOptions{target, default_kernels()});
   ASSERT_TRUE(plan.ok()) << plan.error().message();
-  EXPECT_EQ(plan->memory.planned_values, 63u);
-  EXPECT_EQ(plan->memory.unshared_bytes, 63u * 1024);
-  EXPECT_EQ(plan->memory.arena_bytes, 2u * 1024);
+  const bool in_place = plan->kernels[1].name.rfind("kiln.activation_f32_", 0) == 0;
+  EXPECT_EQ(plan->memory.planned_values, in_place ? 1u : 63u);
+  EXPECT_EQ(plan->memory.unshared_bytes, (in_place ? 1u : 63u) * 1024);
+  EXPECT_EQ(plan->memory.arena_bytes, (in_place ? 1u : 2u) * 1024);
+  EXPECT_EQ(std::count(plan->overwrites.begin(), plan->overwrites.end(), 1), in_place ? 62 : 0);
+}
+
+TEST(Plan, ElementwiseOutputsTakeTheirDyingInputsPlace) {
+  // x -> Sigmoid s -> Mul(s, scale [4]) m -> Add(bias [1, 4], m) a -> Relu r -> Add(r, s2) out,
+  // with s2 = Tanh(x) read again after: the Sigmoid's output dies at the Mul, which writes over
+  // it; the Add over m (its second operand, the first broadcasts); the Relu over a; the last
+  // Add cannot write over s2, which Abs reads after it, nor over r, which is a graph output.
+  Graph g;
+  const std::vector<int64_t> dims = {3, 4};
+  ValueId x = g.add_value("x", DType::f32, Shape::of(dims));
+  g.inputs = {x};
+  auto v = [&](const char* name) { return g.add_value(name, DType::undefined); };
+  ValueId s = v("s"), m = v("m"), a = v("a"), r = v("r"), t = v("t"), out = v("out"), u = v("u");
+  ValueId scale = g.add_constant("scale", Tensor::from<float>({4}, {1, -2, 3, 0.5f}));
+  ValueId bias = g.add_constant("bias", Tensor::from<float>({1, 4}, {0.25f, 0, -1, 2}));
+  g.add_node(Node{.name = "sig", .op = "Sigmoid", .inputs = {x}, .outputs = {s}});
+  g.add_node(Node{.name = "tanh", .op = "Tanh", .inputs = {x}, .outputs = {t}});
+  g.add_node(Node{.name = "mul", .op = "Mul", .inputs = {s, scale}, .outputs = {m}});
+  g.add_node(Node{.name = "add", .op = "Add", .inputs = {bias, m}, .outputs = {a}});
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {a}, .outputs = {r}});
+  g.add_node(Node{.name = "add2", .op = "Add", .inputs = {r, t}, .outputs = {out}});
+  g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {t}, .outputs = {u}});
+  g.outputs = {out, u, r};
+  Model model;
+  model.graph = g;
+  ASSERT_TRUE(infer_graph(model.graph).ok());
+  Target target;
+  const std::vector<std::vector<int64_t>> shapes = {dims};
+  auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  if (plan->kernels[2].name.rfind("kiln.binary_f32_", 0) != 0) GTEST_SKIP() << "no kiln kernels for this CPU";
+  EXPECT_EQ(plan->overwrites, (std::vector<char>{0, 0, 1, 1, 0, 0, 0})) << "r is a graph output, out too";
+  const std::vector<int64_t>& off = plan->memory.offset;
+  EXPECT_EQ(off[static_cast<size_t>(m)], off[static_cast<size_t>(s)]);
+  EXPECT_EQ(off[static_cast<size_t>(a)], off[static_cast<size_t>(m)]);
+  auto fast = Session::create(model);
+  auto ref = Session::create(model, SessionOptions{.reference = true});
+  ASSERT_TRUE(fast.ok() && ref.ok());
+  Tensor in = Tensor::from<float>({3, 4}, {-3, -1, 0, 1, 2, 5, -0.5f, 0.25f, 7, -7, 0.1f, 3});
+  auto got = (*fast)->run({in});
+  auto want = (*ref)->run({in});
+  ASSERT_TRUE(got.ok() && want.ok());
+  for (size_t o = 0; o < want->size(); ++o)
+    for (int64_t i = 0; i < 12; ++i) EXPECT_NEAR((*got)[o].data<float>()[i], (*want)[o].data<float>()[i], 1e-6) << o << " " << i;
 }
 
 TEST(Plan, ViewsShareTheirInputsMemory) {

@@ -46,8 +46,11 @@ TEST(Session, RunsAChainAndReusesMemory) {
   for (int64_t i = 0; i < 12; ++i)
     EXPECT_FLOAT_EQ((*out)[0].data<float>()[i], std::max(a.data<float>()[i] + b.data<float>()[i], 0.f));
   const MemoryPlanStats& st = (*s)->memory_stats();
-  EXPECT_EQ(st.planned_values, 3u);                // sum, r0, r1 (r2 is the output)
-  EXPECT_LT(st.arena_bytes, st.unshared_bytes);    // liveness lets them share
+  // sum, r0, r1 (r2 is the output): liveness lets them share, or kiln's activation kernel writes
+  // each Relu over its input, which dies there, and all three are one place.
+  const bool in_place = (*s)->kernels()[1].name.rfind("kiln.activation_f32_", 0) == 0;
+  EXPECT_EQ(st.planned_values, in_place ? 1u : 3u);
+  if (!in_place) EXPECT_LT(st.arena_bytes, st.unshared_bytes);
   EXPECT_EQ(st.signatures, 1u);
   // A second shape signature gets its own plan; the first result is not overwritten.
   auto out2 = (*s)->run(std::vector<Tensor>{filled({5, 4}, 1.f), filled({5, 4}, 2.f)});
@@ -399,10 +402,12 @@ TEST(Session, ValuesCapturedBySubgraphsLiveUntilTheirNode) {
   auto e = (*session)->run(std::vector<Tensor>{Tensor::from<bool>({}, {false}), xs});
   ASSERT_TRUE(e.ok()) << e.error().message();
   for (int64_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ((*e)[0].data<float>()[i], std::max(xs.data<float>()[i], 0.f));
-  // The Relus not read by name share memory: t and r2 are kept, r0 and r1 reuse one slot.
+  // The Relus not read by name share memory: t and r2 are kept, r0 and r1 reuse one slot (or,
+  // where kiln's activation kernel writes r1 over r0 and r2 over r1, those three are one place).
   const MemoryPlanStats& st = (*session)->memory_stats();
-  EXPECT_EQ(st.planned_values, 4u);
-  EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+  const bool in_place = (*session)->kernels()[2].name.rfind("kiln.activation_f32_", 0) == 0;
+  EXPECT_EQ(st.planned_values, in_place ? 2u : 4u);
+  if (!in_place) EXPECT_LT(st.arena_bytes, st.unshared_bytes);
 }
 
 TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
