@@ -16,6 +16,8 @@ namespace {
 
 // Below this, one thread moves it faster. (Only the OpenMP pragmas read it: unused without them.)
 [[maybe_unused]] constexpr int64_t kParallelBytes = 1 << 18;
+// What a thread copies at a time of a long row.
+constexpr size_t kChunkBytes = 1 << 16;
 
 // Copies n bytes between non-overlapping buffers; short copies stay inline.
 inline void move_bytes(std::byte* dst, const std::byte* src, size_t n) {
@@ -83,6 +85,16 @@ class JoinKernel final : public Kernel {
       }
     }
     pieces_.assign(bytes_.size(), nullptr);
+    // Few long rows (a Concat along axis 1 of a batch of one: YOLO's three scales of boxes into
+    // its output, 2.1 MB in one row): the threads share each row's pieces in chunks instead.
+    chunks_.clear();
+    if (rows_ < 4 && rows_ * static_cast<int64_t>(row_) >= kParallelBytes) {
+      size_t col = 0;
+      for (size_t i = 0; i < bytes_.size(); ++i) {
+        for (size_t at = 0; at < bytes_[i]; at += kChunkBytes) chunks_.push_back({i, col + at, at, std::min(kChunkBytes, bytes_[i] - at)});
+        col += bytes_[i];
+      }
+    }
     return {};
   }
 
@@ -99,6 +111,20 @@ class JoinKernel final : public Kernel {
     }
     const int64_t rows = rows_;
     const bool split = split_;
+    if (!chunks_.empty()) {
+      const auto items = static_cast<int64_t>(chunks_.size()) * rows;
+#pragma omp parallel for schedule(static)
+      for (int64_t it = 0; it < items; ++it) {
+        const Chunk& c = chunks_[static_cast<size_t>(it) % chunks_.size()];
+        const auto r = static_cast<size_t>(it) / chunks_.size();
+        if (!pieces[c.piece]) continue;
+        std::byte* piece = pieces[c.piece] + r * bytes_[c.piece] + c.in_piece;
+        std::byte* whole = joined + r * row_ + c.in_row;
+        if (split) std::memcpy(piece, whole, c.bytes);
+        else std::memcpy(whole, piece, c.bytes);
+      }
+      return {};
+    }
 #pragma omp parallel for schedule(static) if (rows * static_cast<int64_t>(row_) >= kParallelBytes)
     for (int64_t r = 0; r < rows; ++r) {
       size_t col = 0;
@@ -123,6 +149,10 @@ class JoinKernel final : public Kernel {
   std::vector<size_t> bytes_;  ///< per piece: its chunk of a row
   std::vector<bool> wanted_;
   std::vector<std::byte*> pieces_;  ///< per piece: its data in this run (null: omitted or empty)
+  struct Chunk {
+    size_t piece, in_row, in_piece, bytes;
+  };
+  std::vector<Chunk> chunks_;  ///< few long rows: a row's pieces in chunks the threads share
 };
 
 std::optional<std::string> join_declines(const KernelQuery& q) {

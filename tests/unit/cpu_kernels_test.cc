@@ -144,6 +144,16 @@ TEST(CpuKernels, ConcatAndSplit) {
   // Big enough to split across threads: YOLO's channel concatenations after channels_last.
   EXPECT_EQ(check({"Concat", {noise({1, 80, 80, 32}, 6), noise({1, 80, 80, 32}, 7)}, {false, false}, {attr("axis", int64_t{3})}}, 0),
             "kiln.concat");
+  // Few long rows, shared among threads in chunks: YOLO's boxes of three scales into its output,
+  // and a Split of two rows, one piece omitted.
+  EXPECT_EQ(check({"Concat", {noise({1, 4800, 85}, 10), noise({1, 1200, 85}, 11), noise({1, 300, 85}, 12)}, {false, false, false},
+                   {attr("axis", int64_t{1})}},
+                  0),
+            "kiln.concat");
+  EXPECT_EQ(check({"Split", {noise({2, 100003}, 13), make<int64_t>({3}, {70001, 30000, 2})}, {false, true}, {attr("axis", int64_t{1})},
+                   {true, false, true}},
+                  0),
+            "kiln.split");
   Tensor x = noise({2, 40, 40, 24}, 8);
   EXPECT_EQ(check({"Split", {x, make<int64_t>({3}, {5, 16, 3})}, {false, true}, {attr("axis", int64_t{3})}, {true, true, true}}, 0),
             "kiln.split");
