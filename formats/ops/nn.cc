@@ -749,11 +749,13 @@ Status infer_fused_conv_parts(InferContext& ctx) {
     return ctx.error("x_parts is " + std::to_string(parts) + " but the node has " + std::to_string(extra + 1) + " parts of X");
   std::vector<size_t> at = {0};
   for (size_t i = 4; i < ctx.num_inputs(); ++i) at.push_back(i);
+  for (size_t k = 0; k < at.size(); ++k)
+    if (!ctx.has_input(at[k])) return ctx.error("part " + std::to_string(k) + " of X is missing");
   std::vector<InferInput> view(4);
   for (size_t i = 1; i < 4; ++i)
     if (ctx.has_input(i)) view[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
   view[0] = {ctx.dtype(0), Shape(), nullptr};
-  if (std::all_of(at.begin(), at.end(), [&](size_t i) { return ctx.has_input(i) && ctx.rank(i) >= 0; })) {
+  if (std::all_of(at.begin(), at.end(), [&](size_t i) { return ctx.rank(i) >= 0; })) {
     const int64_t rank = ctx.rank(0);
     if (rank < 3) return ctx.error("X has rank " + std::to_string(rank) + "; a convolution's is 3 or more");
     const size_t axis = ctx.node().attr_int("channels_last", 0) == 1 ? static_cast<size_t>(rank - 1) : 1;

@@ -51,7 +51,8 @@ size_t axis_of(const Node& n, size_t rank) {
 }
 
 // Concat and Split: `rows` rows, each the pieces' chunks side by side in the joined tensor.
-// Concat copies every piece's chunk into the joined row; Split the other way.
+// Concat copies every piece's chunk into the joined row; Split the other way. The threads share
+// the rows, or, when there are few long ones, each row's pieces in chunks of kChunkBytes.
 class JoinKernel final : public Kernel {
  public:
   explicit JoinKernel(bool split) : split_(split) {}

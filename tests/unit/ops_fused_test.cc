@@ -186,6 +186,7 @@ TEST(FusedOps, SchemaChecks) {
       "FusedConv does not support f64 (it takes f32 and bf16)");
   const Tensor x = ramp({1, 2, 3, 3}), w = ramp({4, 5, 1, 1});
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 3})}), "inputs after Z need x_parts");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), Tensor()}, {attr("x_parts", int64_t{2})}), "part 1 of X is missing");
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 3})}, {attr("x_parts", int64_t{3})}), "x_parts is 3 but the node has 2 parts of X");
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3})}, {attr("x_parts", int64_t{2})}), "part 1 of X has rank 3 but part 0 has 4");
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 2})}, {attr("x_parts", int64_t{2})}),
