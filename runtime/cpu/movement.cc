@@ -1,8 +1,9 @@
 // kiln's data-movement kernels: Concat, Split, ReplaceSlices, Transpose and nearest Resize by
 // integer factors, for any dtype (they move elements by size), planned once on the concrete
-// shapes and split across threads when there is enough to move. The reference kernels walk indices element by
-// element or call memcpy per row; after the channels_last pass, concatenating channels copies
-// a short row per pixel, so the copies here are inline loops, not library calls.
+// shapes and split across threads when there is enough to move. The reference kernels walk
+// indices element by element or call memcpy per row; after the channels_last pass,
+// concatenating channels copies a short row per pixel, so the copies here are inline loops,
+// not library calls.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -14,8 +15,8 @@ namespace kiln::cpu {
 
 namespace {
 
-// Below this, one thread moves it faster. (Only the OpenMP pragmas read it: unused without them.)
-[[maybe_unused]] constexpr int64_t kParallelBytes = 1 << 18;
+// Below this, one thread moves it faster.
+constexpr int64_t kParallelBytes = 1 << 18;
 // What a thread copies at a time of a long row.
 constexpr size_t kChunkBytes = 1 << 16;
 
@@ -172,6 +173,8 @@ class ReplaceKernel final : public Kernel {
     const std::vector<int64_t> x = q.inputs[0].shape.concrete();
     const size_t axis = axis_of(q.node, x.size()), es = dtype_size(q.inputs[0].dtype);
     const std::vector<int64_t> starts = q.node.attr_ints("starts");
+    bytes_.clear();
+    at_.clear();
     rows_ = product(x, 0, axis);
     const int64_t inner = product(x, axis + 1, x.size());
     row_ = static_cast<size_t>(x[axis] * inner) * es;

@@ -53,6 +53,17 @@ class Builder {
     g().add_node(std::move(n));
     return o;
   }
+  /// Adds a Split with one output per name; returns the outputs.
+  std::vector<ValueId> split(const std::string& name, std::vector<ValueId> in, const std::vector<std::string>& outs,
+                             std::vector<Attribute> attrs) {
+    std::vector<ValueId> o;
+    for (const std::string& out : outs) o.push_back(g().add_value(out, DType::undefined));
+    Node n = testing::node(name, "Split", std::move(in), o);
+    for (Attribute& a : attrs) n.set_attr(a.name, std::move(a.value));
+    n.sources = {name};
+    g().add_node(std::move(n));
+    return o;
+  }
   void output(ValueId v) { g().outputs.push_back(v); }
   /// The model with every type and shape inferred; the test fails if it does not verify.
   Model done() {
@@ -715,23 +726,13 @@ TEST(CompileMergeProjections, MergesF16WeightsApart) {
 // sizes) and ViT's (a Split into equal parts along axis -1).
 Model packed_projections_model() {
   Builder b;
-  Graph& g = b.g();
   ValueId x = b.input("x", {10, 16});
   ValueId qkv = b.op("c_attn", "FusedMatMul", {x, b.constant("w", random_f32({16, 96}, 90)), b.constant("bias", random_f32({96}, 91))}, "qkv");
   ValueId r = b.op("reshape", "Reshape", {qkv, b.constant("shape", testing::ints({2, 5, 96}))}, "qkv3");
-  std::vector<ValueId> parts;
-  for (const char* name : {"q", "k", "v"}) parts.push_back(g.add_value(name, DType::undefined));
-  Node split = testing::node("split", "Split", {r, b.constant("sizes", testing::ints({32, 32, 32}))}, parts);
-  split.set_attr("axis", int64_t{2});
-  split.sources = {"split"};
-  g.add_node(std::move(split));
-  for (ValueId p : parts) b.output(p);
+  for (ValueId p : b.split("split", {r, b.constant("sizes", testing::ints({32, 32, 32}))}, {"q", "k", "v"}, {attr("axis", int64_t{2})}))
+    b.output(p);
   ValueId y = b.op("proj", "MatMul", {b.input("y", {2, 3, 8}), b.constant("w2", random_f32({8, 64}, 92))}, "y2");
-  std::vector<ValueId> halves = {g.add_value("h0", DType::undefined), g.add_value("h1", DType::undefined)};
-  Node even = testing::node("halves", "Split", {y}, halves);
-  even.set_attr("axis", int64_t{-1});
-  even.sources = {"halves"};
-  g.add_node(std::move(even));
+  const std::vector<ValueId> halves = b.split("halves", {y}, {"h0", "h1"}, {attr("axis", int64_t{-1})});
   b.output(b.op("relu", "Relu", {halves[0]}, "h0_relu"));
   b.output(halves[1]);
   return b.done();
@@ -761,13 +762,9 @@ TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
   };
   auto split_of = [](std::vector<int64_t> sizes, int64_t axis, bool second_reader) {
     Builder b;
-    Graph& g = b.g();
     ValueId y = b.op("mm", "MatMul", {b.input("x", {4, 16}), b.constant("w", random_f32({16, 64}, 95))}, "y");
-    std::vector<ValueId> parts = {g.add_value("p0", DType::undefined), g.add_value("p1", DType::undefined)};
-    Node split = testing::node("split", "Split", {y, b.constant("sizes", testing::ints(std::move(sizes)))}, parts);
-    split.set_attr("axis", axis);
-    g.add_node(std::move(split));
-    for (ValueId p : parts) b.output(p);
+    for (ValueId p : b.split("split", {y, b.constant("sizes", testing::ints(std::move(sizes)))}, {"p0", "p1"}, {attr("axis", axis)}))
+      b.output(p);
     if (second_reader) b.output(b.op("relu", "Relu", {y}, "r"));
     return b.done();
   };
@@ -1117,24 +1114,17 @@ Model split_concat_model() {
   Builder b;
   ValueId x = b.input("x", {1, 3, 4, 5, 9});
   ValueId p = b.op("sig", "Sigmoid", {x}, "p");
-  Node split = testing::node("split", "Split", {p, b.constant("sizes", Tensor::from<int64_t>({3}, {2, 2, 5}))}, {});
-  ValueId xy = b.g().add_value("xy", DType::undefined), wh = b.g().add_value("wh", DType::undefined);
-  ValueId scores = b.g().add_value("scores", DType::undefined);
-  split.outputs = {xy, wh, scores};
-  split.set_attr("axis", int64_t{4});
-  b.g().add_node(std::move(split));
+  const std::vector<ValueId> pieces =
+      b.split("split", {p, b.constant("sizes", Tensor::from<int64_t>({3}, {2, 2, 5}))}, {"xy", "wh", "scores"}, {attr("axis", int64_t{4})});
+  const ValueId xy = pieces[0], wh = pieces[1], scores = pieces[2];
   ValueId two = b.constant("two", Tensor::from<float>({}, {2.f}));
   ValueId xy2 = b.op("xy2", "Mul", {xy, two}, "xy2"), wh2 = b.op("wh2", "Mul", {wh, wh}, "wh2");
   ValueId boxes = b.op("boxes", "Concat", {xy2, wh2, scores}, "boxes", {attr("axis", int64_t{-1})});
   b.output(b.op("out", "Neg", {boxes}, "out"));
   ValueId u = b.input("u", {1, 4, 4, 6});
   ValueId h = b.op("h", "Relu", {u}, "h");
-  Node halves = testing::node("halves", "Split", {h}, {});
-  ValueId h0 = b.g().add_value("h0", DType::undefined), h1 = b.g().add_value("h1", DType::undefined);
-  halves.outputs = {h0, h1};
-  halves.set_attr("axis", int64_t{3});
-  halves.set_attr("num_outputs", int64_t{2});
-  b.g().add_node(std::move(halves));
+  const std::vector<ValueId> halves = b.split("halves", {h}, {"h0", "h1"}, {attr("axis", int64_t{3}), attr("num_outputs", int64_t{2})});
+  const ValueId h0 = halves[0], h1 = halves[1];
   ValueId m = b.op("m", "Tanh", {h1}, "m");
   b.output(b.op("c2f", "Concat", {h0, h1, m}, "c2f", {attr("axis", int64_t{3})}));
   return b.done();
@@ -1150,13 +1140,13 @@ TEST(CompileFoldSplitConcat, Golden) {
   // the bottleneck's).
   EXPECT_EQ(testing::nodes_text(m.graph),
             "node sig: Sigmoid(x) -> (p) sources=[\"sig\"]\n"
-            "node split: Split(p, sizes) -> (xy, wh, _) axis=4\n"
+            "node split: Split(p, sizes) -> (xy, wh, _) axis=4 sources=[\"split\"]\n"
             "node xy2: Mul(xy, two) -> (xy2) sources=[\"xy2\"]\n"
             "node wh2: Mul(wh, wh) -> (wh2) sources=[\"wh2\"]\n"
             "node boxes: ReplaceSlices(p, xy2, wh2) -> (boxes) axis=4 starts=ints[0, 2] sources=[\"boxes\"]\n"
             "node out: Neg(boxes) -> (out) sources=[\"out\"]\n"
             "node h: Relu(u) -> (h) sources=[\"h\"]\n"
-            "node halves: Split(h) -> (_, h1) axis=3 num_outputs=2\n"
+            "node halves: Split(h) -> (_, h1) axis=3 num_outputs=2 sources=[\"halves\"]\n"
             "node m: Tanh(h1) -> (m) sources=[\"m\"]\n"
             "node c2f: Concat(h, m) -> (c2f) axis=3 sources=[\"c2f\"]\n");
 }
@@ -1192,12 +1182,8 @@ TEST(CompileFoldSplitConcat, LeavesWhatItCannotFold) {
   // A piece read elsewhere too; a Split along another axis; pieces out of order.
   Builder b;
   ValueId x = b.input("x", {2, 6});
-  Node split = testing::node("split", "Split", {x}, {});
-  ValueId a = b.g().add_value("a", DType::undefined), c = b.g().add_value("c", DType::undefined);
-  split.outputs = {a, c};
-  split.set_attr("axis", int64_t{1});
-  split.set_attr("num_outputs", int64_t{2});
-  b.g().add_node(std::move(split));
+  const std::vector<ValueId> pieces = b.split("split", {x}, {"a", "c"}, {attr("axis", int64_t{1}), attr("num_outputs", int64_t{2})});
+  const ValueId a = pieces[0], c = pieces[1];
   ValueId a2 = b.op("a2", "Neg", {a}, "a2");
   b.output(b.op("shared", "Concat", {a2, c}, "shared", {attr("axis", int64_t{1})}));
   b.output(b.op("reads_c", "Abs", {c}, "reads_c"));
@@ -1213,12 +1199,8 @@ TEST(CompileFoldSplitConcat, AConcatOfEveryPieceIsTheInput) {
   Builder b;
   ValueId x = b.input("x", {3, 8});
   ValueId y = b.op("neg", "Neg", {x}, "y");
-  Node split = testing::node("split", "Split", {y, b.constant("sizes", Tensor::from<int64_t>({2}, {5, 3}))}, {});
-  ValueId a = b.g().add_value("a", DType::undefined), c = b.g().add_value("c", DType::undefined);
-  split.outputs = {a, c};
-  split.set_attr("axis", int64_t{-1});
-  b.g().add_node(std::move(split));
-  b.output(b.op("join", "Concat", {a, c}, "join", {attr("axis", int64_t{1})}));
+  const std::vector<ValueId> pieces = b.split("split", {y, b.constant("sizes", Tensor::from<int64_t>({2}, {5, 3}))}, {"a", "c"}, {attr("axis", int64_t{-1})});
+  b.output(b.op("join", "Concat", pieces, "join", {attr("axis", int64_t{1})}));
   Model before = b.done(), after = before;
   EXPECT_TRUE(run_pass("fold_split_concat", after).changed);
   EXPECT_EQ(testing::nodes_text(after.graph),
