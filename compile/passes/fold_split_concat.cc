@@ -13,6 +13,7 @@
 // only the updates. A piece the Concat reads is dropped from the Split (an omitted output) when
 // nothing else reads it; a Split left with no outputs goes. Sizes along the axis must be known.
 #include <numeric>
+#include <optional>
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
@@ -37,8 +38,8 @@ int64_t size_along(const Graph& g, ValueId v, int64_t axis) {
   return d.is_known() ? d.value : -1;
 }
 
-// The Split (every output present) whose pieces `c` joins along `axis`, when input `j` of the
-// Concat is its output `k`; else null.
+// The Split (every output present, each of known size along `axis`) that produces input `j` of
+// the Concat `c` and splits along the same axis; else null.
 const Node* split_of(const Matcher& m, const Node& c, size_t j, int64_t axis) {
   const Node* s = m.def(c.inputs[j], "Split");
   if (!s || !s->domain.empty() || s->inputs.empty()) return nullptr;
@@ -108,9 +109,12 @@ Result<PassResult> fold_split_concat(Model& model, PassContext&) {
         }
       }
     }
-    // Runs of a Split's every piece, in order: its input.
+    // Runs of a Split's every piece, in order: its input. (The dataflow is read again after each
+    // run folded, which changes who reads the pieces.)
+    std::optional<Matcher> dataflow;
     for (size_t j = 0; j < g.nodes[i].inputs.size(); ++j) {
-      const Matcher m(g);
+      if (!dataflow) dataflow.emplace(g);
+      const Matcher& m = *dataflow;
       const Node& c = g.nodes[i];
       const Node* s = split_of(m, c, j, axis);
       if (!s || s->outputs[0] != c.inputs[j] || j + s->outputs.size() > c.inputs.size() ||
@@ -127,6 +131,7 @@ Result<PassResult> fold_split_concat(Model& model, PassContext&) {
       Node& cc = g.nodes[i];
       cc.inputs.erase(cc.inputs.begin() + static_cast<std::ptrdiff_t>(j), cc.inputs.begin() + static_cast<std::ptrdiff_t>(j + n));
       cc.inputs.insert(cc.inputs.begin() + static_cast<std::ptrdiff_t>(j), x);
+      dataflow.reset();
       ++joined;
     }
     if (g.nodes[i].op == "Concat" && g.nodes[i].inputs.size() == 1) {  // all that is left is X
