@@ -1,9 +1,10 @@
-// Winograd against direct convolution, through kiln's onednn.conv kernel (so with the reorders
-// between kiln's NHWC tensors and Winograd's blocked ones), on the 3x3 stride-1 convolutions of
-// the test suite's models: ResNet-50's four stages and YOLO-style C2f bottlenecks, batch 1, as
-// `kiln compile` makes them (channels-last FusedConv with bias and Relu). Each shape is a
-// one-node model run twice, its kernel pinned with the parameter algorithm=direct and =winograd;
-// calls interleaved, median of --runs, and the relative L2 between the two outputs.
+// Winograd against direct convolution on the 3x3 stride-1 convolutions of the test suite's
+// models: ResNet-50's four stages and YOLO-style C2f bottlenecks, batch 1, as `kiln compile`
+// makes them (channels-last FusedConv with bias and Relu). Each shape is a one-node model run
+// four times, its kernel pinned: oneDNN's (kiln's onednn.conv, so with the reorders between
+// kiln's NHWC tensors and its blocked ones) with the parameter algorithm=direct and =winograd,
+// and kiln.winograd with tile=4 and =2; calls interleaved, median of --runs, and the relative L2 between the
+// Winograd outputs and the direct one's.
 // `--depthwise` times kiln's channels-last depthwise kernel (kiln.dwconv) against oneDNN's on
 // EfficientNet-B0's and MobileNetV2's depthwise layers instead, each with its model's epilogue
 // (SiLU, Clip 0..6) and without one.
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -36,9 +38,8 @@ kiln::Tensor filled(std::vector<int64_t> shape, float step, float scale) {
   return t;
 }
 
-// A channels-last FusedConv 3x3 / 1 / pad 1 with bias and Relu, its kernel pinned to oneDNN with
-// the given algorithm.
-kiln::Model conv_model(const ConvShape& s, const std::string& algorithm) {
+// A channels-last FusedConv 3x3 / 1 / pad 1 with bias and Relu, its kernel pinned.
+kiln::Model conv_model(const ConvShape& s, kiln::KernelChoice kernel) {
   kiln::Model m;
   kiln::Graph& g = m.graph;
   const kiln::ValueId x = g.add_value("x", kiln::DType::f32, kiln::Shape::of(std::vector<int64_t>{1, s.hw, s.hw, s.c}));
@@ -55,7 +56,7 @@ kiln::Model conv_model(const ConvShape& s, const std::string& algorithm) {
   n.set_attr("pads", std::vector<int64_t>{1, 1, 1, 1});
   n.set_attr("channels_last", int64_t{1});
   n.set_attr("activation", std::string("Relu"));
-  n.kernel = kiln::KernelChoice{"onednn.conv", {{"algorithm", algorithm}}};
+  n.kernel = std::move(kernel);
   g.add_node(std::move(n));
   return m;
 }
@@ -94,53 +95,55 @@ kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel) 
   return m;
 }
 
-// Times two models' runs on `in` on `threads` threads, interleaved: their medians and spreads,
-// the relative L2 between their outputs, and the label of b's first kernel; false (with the
-// error printed) when a session cannot be made or a run fails.
+// Times models' runs on `in` on `threads` threads, interleaved: each one's median and spread,
+// the relative L2 between its output and the first model's, and its first kernel's label;
+// false (with the error printed) when a session cannot be made or a run fails.
 struct Timed {
-  double ma, sa, mb, sb, rel_l2;
-  std::string b_label;
+  double median, spread, rel_l2;
+  std::string label;
 };
-bool time_models(const kiln::Model& ma, const kiln::Model& mb, int threads, const std::vector<kiln::Tensor>& in, int runs,
-                 Timed& t) {
+bool time_models(const std::vector<kiln::Model>& models, int threads, const std::vector<kiln::Tensor>& in, int runs,
+                 std::vector<Timed>& out) {
   kiln::SessionOptions options;
   options.target.threads = threads;
-  auto sa = kiln::Session::create(ma, options), sb = kiln::Session::create(mb, options);
-  if (!sa.ok() || !sb.ok()) {
-    std::fprintf(stderr, "kiln_bench_conv: %s\n", (sa.ok() ? sb.error() : sa.error()).message().c_str());
-    return false;
+  std::vector<std::unique_ptr<kiln::Session>> sessions;
+  for (const kiln::Model& m : models) {
+    auto s = kiln::Session::create(m, options);
+    if (!s.ok()) {
+      std::fprintf(stderr, "kiln_bench_conv: %s\n", s.error().message().c_str());
+      return false;
+    }
+    sessions.push_back(std::move(*s));
   }
-  kiln::Session &a = **sa, &b = **sb;
-  std::vector<double> ta, tb;
-  std::vector<kiln::Tensor> ya, yb;
+  std::vector<std::vector<double>> times(models.size());
+  std::vector<std::vector<kiln::Tensor>> ys(models.size());
   for (int r = -3; r < runs; ++r) {
-    for (int which = 0; which < 2; ++which) {
+    for (size_t which = 0; which < sessions.size(); ++which) {
       const auto t0 = clock_type::now();
-      auto y = (which ? b : a).run(in);
+      auto y = sessions[which]->run(in);
       const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
       if (!y.ok()) {
         std::fprintf(stderr, "kiln_bench_conv: %s\n", y.error().message().c_str());
         return false;
       }
-      if (r >= 0) (which ? tb : ta).push_back(ms);
-      (which ? yb : ya) = std::move(*y);
+      if (r >= 0) times[which].push_back(ms);
+      ys[which] = std::move(*y);
     }
   }
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < ya[0].numel(); ++i) {
-    const double d = ya[0].data<float>()[i] - yb[0].data<float>()[i];
-    num += d * d;
-    den += static_cast<double>(ya[0].data<float>()[i]) * ya[0].data<float>()[i];
-  }
-  auto stats = [](std::vector<double> v) {
+  out.clear();
+  for (size_t which = 0; which < sessions.size(); ++which) {
+    double num = 0, den = 0;
+    const float *a = ys[0][0].data<float>(), *b = ys[which][0].data<float>();
+    for (int64_t i = 0; i < ys[0][0].numel(); ++i) {
+      const double d = a[i] - b[i];
+      num += d * d;
+      den += static_cast<double>(a[i]) * a[i];
+    }
+    std::vector<double> v = times[which];
     std::sort(v.begin(), v.end());
     const double med = v[v.size() / 2];
-    return std::pair{med, (v.back() - v.front()) / med};
-  };
-  std::tie(t.ma, t.sa) = stats(ta);
-  std::tie(t.mb, t.sb) = stats(tb);
-  t.rel_l2 = std::sqrt(num / std::max(den, 1e-300));
-  t.b_label = b.kernels()[0].label;
+    out.push_back({med, (v.back() - v.front()) / med, std::sqrt(num / std::max(den, 1e-300)), sessions[which]->kernels()[0].label});
+  }
   return true;
 }
 
@@ -159,15 +162,15 @@ int depthwise(int runs, int threads) {
               threads, runs);
   std::printf("%-46s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
   for (const DepthwiseShape& s : shapes) {
-    Timed t;
-    if (!time_models(depthwise_model(s, "onednn.conv"), depthwise_model(s, kiln_kernel), threads,
+    std::vector<Timed> t;
+    if (!time_models({depthwise_model(s, "onednn.conv"), depthwise_model(s, kiln_kernel)}, threads,
                      {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
       return 1;
     const std::string name = std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
                              std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " +
                              (*s.activation ? s.activation : "none") + " " + s.what;
-    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t.ma, 100 * t.sa, t.mb, 100 * t.sb,
-                t.ma / t.mb, t.rel_l2);
+    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread,
+                t[1].median, 100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
   }
   return 0;
 }
@@ -192,20 +195,30 @@ int main(int argc, char** argv) {
                               {256, 14, 256, "ResNet-50 stage 3"}, {512, 7, 512, "ResNet-50 stage 4"},
                               {16, 80, 16, "YOLO C2f 80x80"},     {32, 40, 32, "YOLO C2f 40x40"},
                               {64, 20, 64, "YOLO C2f 20x20"},     {128, 10, 128, "YOLO C2f 10x10"}};
-  std::printf("# onednn.conv, channels-last FusedConv 3x3/1 + bias + Relu, batch 1, %d thread(s); median of %d calls each, "
-              "interleaved; spread = (max - min) / median\n",
+  const std::string kiln_kernel = std::string("kiln.winograd_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
+  std::printf("# channels-last FusedConv 3x3/1 + bias + Relu, batch 1, %d thread(s): oneDNN's direct and Winograd algorithms "
+              "and kiln's Winograd F(4x4, 3x3) and F(2x2, 3x3); median of %d calls each, interleaved; spread = (max - min) / "
+              "median; rel L2 against the direct one's output\n",
               threads, runs);
-  std::printf("%-34s %10s %7s %10s %7s %7s %10s  %s\n", "shape", "direct ms", "spread", "wino ms", "spread", "speedup", "rel L2",
-              "winograd used");
+  std::printf("%-32s %13s %13s %13s %13s %8s %8s %8s %8s  %s\n", "shape", "direct ms", "dnn-wino ms", "kiln-4x4 ms",
+              "kiln-2x2 ms", "dir/k4", "dnn/k4", "dnn/k2", "L2 k4", "oneDNN's Winograd used");
   for (const ConvShape& s : shapes) {
-    Timed t;
-    if (!time_models(conv_model(s, "direct"), conv_model(s, "winograd"), threads, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)},
-                     runs, t))
+    std::vector<Timed> t;
+    if (!time_models({conv_model(s, {"onednn.conv", {{"algorithm", std::string("direct")}}}),
+                      conv_model(s, {"onednn.conv", {{"algorithm", std::string("winograd")}}}),
+                      conv_model(s, {kiln_kernel, {{"tile", int64_t{4}}}}), conv_model(s, {kiln_kernel, {{"tile", int64_t{2}}}})},
+                     threads, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
       return 1;
     const std::string name = std::to_string(s.c) + "->" + std::to_string(s.m) + " " + std::to_string(s.hw) + "x" +
                              std::to_string(s.hw) + " " + s.what;
-    std::printf("%-34s %10.3f %6.0f%% %10.3f %6.0f%% %7.2f %10.1e  %s\n", name.c_str(), t.ma, 100 * t.sa, t.mb, 100 * t.sb,
-                t.ma / t.mb, t.rel_l2, t.b_label == "winograd" ? "yes" : "no (not on this CPU)");
+    auto cell = [](const Timed& x) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.3f (%2.0f%%)", x.median, 100 * x.spread);
+      return std::string(b);
+    };
+    std::printf("%-32s %13s %13s %13s %13s %8.2f %8.2f %8.2f %8.1e  %s\n", name.c_str(), cell(t[0]).c_str(), cell(t[1]).c_str(),
+                cell(t[2]).c_str(), cell(t[3]).c_str(), t[0].median / t[2].median, t[1].median / t[2].median,
+                t[1].median / t[3].median, t[2].rel_l2, t[1].label == "winograd" ? "yes" : "no (not on this CPU)");
   }
   return 0;
 }

@@ -50,7 +50,8 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q, bool strided
 //   against 0.74-0.98 at two);
 // - those of 32 or fewer output channels, which leave half or more of the 64-column tile empty
 //   (YOLO's and EfficientNet-B0's: 1.3-2.1x oneDNN's time at one thread, 1.4-2.9x at two);
-// - the 3x3 stride-1 ones of 64 or fewer output channels, where oneDNN's Winograd does a
+// - the 3x3 stride-1 ones of 64 or fewer output channels that kiln's Winograd (tried first)
+//   leaves, where oneDNN's Winograd does a
 //   quarter of the multiplies (ResNet-50's 56x56 ones in the model: a tie at one thread, 1.09-1.14x
 //   oneDNN's time at two; YOLO's 20x20 ones a tie).
 // One pixel (an SE block's squeeze and excite) is a call's fixed cost, less in kiln's kernel.

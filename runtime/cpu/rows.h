@@ -98,6 +98,18 @@ struct RowKernels {
   void (*dwconv_nhwc)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, const float* filters,
                       const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y,
                       int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
+  /// Winograd F(m x m, 3x3)'s input transform (m = 4 or 2), channels-last, on the calling
+  /// thread: for tiles [t0, t1) of one image x [h, w, c] (tile t at tile row t / tiles_w and
+  /// column t % tiles_w, its (m + 2)² window from pixel (m·row − pt, m·column − pl), zeros
+  /// outside the image), v[ξ·ldv + (t − t0)·c + ch] = (Bᵀ d B)[ξ] of the window d of channel ch
+  /// for the (m + 2)² points ξ; `zeros` holds c zeros, read for the pixels outside.
+  void (*winograd_input)(int m, const float* x, int64_t h, int64_t w, int64_t c, int64_t tiles_w, int64_t pt, int64_t pl,
+                         int64_t t0, int64_t t1, float* v, int64_t ldv, const float* zeros);
+  /// Its output transform: for tiles [t0, t1), the m x m outputs Aᵀ p A of the products
+  /// p[ξ·ldp + (t − t0)·k + ch] (k output channels) plus bias[ch] (may be null), max(., 0) with
+  /// `relu`, written into y [oh, ow, k] where they lie inside it.
+  void (*winograd_output)(int m, const float* p, int64_t ldp, int64_t k, int64_t tiles_w, int64_t t0, int64_t t1,
+                          const float* bias, bool relu, float* y, int64_t oh, int64_t ow);
   /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
   /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);

@@ -84,9 +84,9 @@ def body(r, work):
     rc, out, err = r.run(["tune", "show", "empty.jsonl", "--json"])
     try:
         now = json.loads(out)["versions"]
-        good = rc == 0 and now["kernel_templates"] == 1 and re.fullmatch(r"\d+\.\d+\.\d+", now["onednn"])
+        good = rc == 0 and now["kernel_templates"] == 2 and re.fullmatch(r"\d+\.\d+\.\d+", now["onednn"])
     except (ValueError, KeyError) as e:
-        now, good, err = {"kernel_templates": 1, "onednn": "0.0.0"}, False, str(e)
+        now, good, err = {"kernel_templates": 2, "onednn": "0.0.0"}, False, str(e)
     r.check("show_empty_json", good, f"exit {rc}; {out[:300]!r} {err[:300]!r}")
     old = {"kernel_templates": now["kernel_templates"], "onednn": "0.1.0"}
 
@@ -106,7 +106,7 @@ def body(r, work):
     r.check("show_table_order", rc == 0 and "MatMul(1x256 f32" in rows[0] and "MatMul(64x256" in rows[1], repr(rows))
     r.check("show_table_cells", rc == 0 and any("30.00" in l and "+10.0%" in l and "current" in l for l in rows)
             and any("5.00" in l and "+10.0%" in l for l in rows)
-            and any("40.00" in l and "stale (kernels 1, oneDNN 0.1.0)" in l and " - " in l for l in rows)
+            and any("40.00" in l and "stale (kernels " + str(now["kernel_templates"]) + ", oneDNN 0.1.0)" in l and " - " in l for l in rows)
             and all("Intel(R) Xeon(R) Platinum 8480+ [" in l and "kiln.gemm_f32_avx512 isa=avx512 kc=256 mr=6 nr=64" in l
                     for l in rows), repr(rows))
 

@@ -322,6 +322,89 @@ TEST(CpuKernels, DepthwiseConv) {
   EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
 }
 
+// kiln.winograd on channels-last 3x3 stride-1 convolutions, pinned with each tile (4x4 and
+// 2x2 outputs): channels below, at and past a vector (the scalar tail, whole vectors, both) in
+// and out; images of whole and partial tiles (the last row and column of tiles outside Y),
+// 'same', asymmetric and no padding; with and without a bias; ReLU alone (applied in the output
+// transform) and SiLU, a residual and a post-activation (on the output rows); one and two
+// threads (the transforms' tiles and the products shared); blocks of tile rows (a tall image
+// whose V and M outgrow L2). Winograd reorders the sums: within 1e-5 relative L2.
+TEST(CpuKernels, WinogradConv) {
+  auto conv = [](std::vector<int64_t> pads) {
+    return std::vector<Attribute>{attr("channels_last", int64_t{1}), attr("pads", std::move(pads))};
+  };
+  struct Layer {
+    int64_t c, k, h, w;
+    std::vector<int64_t> pads;
+  };
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int64_t tile : {4, 2})
+      for (int threads : {1, 2})
+        for (const Layer& l : {Layer{5, 7, 9, 11, {1, 1, 1, 1}}, Layer{16, 16, 8, 8, {1, 1, 1, 1}}, Layer{40, 33, 7, 13, {0, 1, 2, 0}},
+                               Layer{19, 48, 6, 5, {0, 0, 0, 0}}, Layer{200, 24, 150, 6, {1, 1, 1, 1}}}) {
+          SCOPED_TRACE(isa + " tile=" + std::to_string(tile) + " threads=" + std::to_string(threads) + " c=" + std::to_string(l.c) +
+                       " k=" + std::to_string(l.k) + " " + std::to_string(l.h) + "x" + std::to_string(l.w));
+          const std::string name = "kiln.winograd_f32_" + isa;
+          const KernelParams pin = {{"tile", tile}};
+          const int64_t oh = l.h + l.pads[0] + l.pads[2] - 2, ow = l.w + l.pads[1] + l.pads[3] - 2;
+          const Tensor x = noise({2, l.h, l.w, l.c}, 41), w = noise({l.k, l.c, 3, 3}, 42, 0.5f), b = noise({l.k}, 43);
+          EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
+          EXPECT_EQ(check({"FusedConv", {x, w}, {false, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
+          std::vector<Attribute> relu = conv(l.pads);
+          relu.push_back(attr("activation", std::string("Relu")));
+          EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, relu, {true}, name, pin, threads}, 1e-5, &cpu), name);
+          std::vector<Attribute> fused = conv(l.pads);
+          fused.push_back(attr("activation", std::string("Silu")));
+          fused.push_back(attr("post_activation", std::string("Relu")));
+          const Tensor z = noise({2, oh, ow, l.k}, 44);
+          EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, fused, {true}, name, pin, threads}, 1e-5, &cpu), name);
+        }
+  // An f16 weight (`--precision fp16`): with 2x2 tiles the products on kiln's f16 GEMM where
+  // the CPU has AVX512-FP16 (V rounded to f16, sums in f16 over blocks of K); with 4x4 ones, or
+  // without it, in f32 on the weight widened.
+  for (int64_t tile : {4, 2})
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("f16 tile=" + std::to_string(tile) + " threads=" + std::to_string(threads));
+      const Tensor w = noise({48, 40, 3, 3}, 47, 0.5f);
+      Tensor h(DType::f16, w.shape());
+      for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
+      const std::string name = std::string("kiln.winograd_f32_") + (CpuFeatures::host().avx512f ? "avx512" : "avx2");
+      std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
+                                  attr("activation", std::string("Relu"))};
+      std::string label;
+      EXPECT_EQ(check({"FusedConv", {noise({1, 21, 17, 40}, 48), h, noise({48}, 49)}, {false, true, true}, a, {true}, name,
+                       {{"tile", tile}}, threads},
+                      tile == 2 && CpuFeatures::host().avx512_fp16 ? 3e-3 : 1e-5, nullptr, nullptr, &label),
+                name);
+      EXPECT_EQ(label.find("gemm_f16") != std::string::npos, tile == 2 && CpuFeatures::host().avx512_fp16) << label;
+    }
+  // The default rule (winograd_defers): 32 channels or more in and out, 4x4 tiles from 25 of
+  // them, 2x2 ones down to 16; oneDNN's convolution for fewer channels and smaller images, and
+  // for strides, dilations and groups kiln's declines.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    auto chosen = [cpu = cpu](int64_t c, int64_t hw, std::vector<Attribute> extra = {}, std::string* label = nullptr) {
+      std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+      a.insert(a.end(), extra.begin(), extra.end());
+      const int64_t group = extra.empty() || extra[0].name != "group" ? 1 : 2;
+      return check({"FusedConv", {noise({1, hw, hw, c}, 45), noise({c, c / group, 3, 3}, 46, 0.5f)}, {false, true}, a}, 1e-5, &cpu,
+                   nullptr, label);
+    };
+    const std::string name = "kiln.winograd_f32_" + isa;
+    std::string label;
+    EXPECT_EQ(chosen(64, 56, {}, &label), name);
+    EXPECT_EQ(label.rfind("winograd_f4x4_3x3", 0), 0u) << label;
+    EXPECT_EQ(chosen(256, 14, {}, &label), name);
+    EXPECT_EQ(label.rfind("winograd_f2x2_3x3", 0), 0u) << label;
+    EXPECT_EQ(chosen(64, 7), name);
+    EXPECT_EQ(chosen(64, 6), "onednn.conv");
+    EXPECT_EQ(chosen(16, 56), "onednn.conv");
+    EXPECT_EQ(chosen(64, 56, {attr("strides", std::vector<int64_t>{2, 2})}), "onednn.conv");
+    EXPECT_EQ(chosen(64, 56, {attr("dilations", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{2, 2, 2, 2})}),
+              "onednn.conv");
+    EXPECT_EQ(chosen(64, 56, {attr("group", int64_t{2})}), "onednn.conv");
+  }
+}
+
 // kiln.gemm_f16_avx512 on channels-last convolutions with f16 weights (`--precision fp16`),
 // pinned: pointwise (A read in place) and through its windows (3x3 "same" with a residual and
 // activations, stride 2 with asymmetric pads, a pointwise one whose end padding makes it a
@@ -359,19 +442,21 @@ TEST(CpuKernels, F16Convolution) {
               name);
   }
   // The default rule (f16_defers): oneDNN keeps few input channels, few output channels and the
-  // small 3x3 stride-1 ones that its Winograd runs, over more than one pixel; the f16 GEMM takes
-  // the rest.
+  // small 3x3 stride-1 ones that its Winograd runs (those kiln's Winograd leaves: 6x6 images),
+  // over more than one pixel; the f16 GEMM takes the rest.
   auto chosen = [&](int64_t c, int64_t n, int64_t k, int64_t stride, int64_t hw = 14) {
     const Tensor x = noise({1, hw, hw, c}, 35), w = f16(noise({n, c, k, k}, 36, 0.5f));
     return check({"FusedConv", {x, w}, {false, true}, conv({k / 2, k / 2, k / 2, k / 2}, stride, 1)}, 3e-3);
   };
   EXPECT_EQ(chosen(3, 64, 7, 2), "onednn.conv");
   EXPECT_EQ(chosen(64, 32, 1, 1), "onednn.conv");
-  EXPECT_EQ(chosen(64, 64, 3, 1), "onednn.conv");
+  EXPECT_EQ(chosen(64, 64, 3, 1, 6), "onednn.conv");
   EXPECT_EQ(chosen(8, 144, 1, 1, 1), name);
   EXPECT_EQ(chosen(144, 8, 1, 1, 1), name);
   EXPECT_EQ(chosen(64, 64, 3, 2), name);
-  EXPECT_EQ(chosen(64, 128, 3, 1), name);
+  EXPECT_EQ(chosen(64, 128, 3, 1, 6), name);
+  // kiln's Winograd, tried first, takes the 3x3 stride-1 ones over 16 tiles or more.
+  EXPECT_EQ(chosen(64, 128, 3, 1), std::string("kiln.winograd_f32_avx512"));
   EXPECT_EQ(chosen(64, 48, 1, 1), name);
 }
 

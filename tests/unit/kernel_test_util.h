@@ -26,6 +26,8 @@ struct Case {
   std::vector<Attribute> attrs;
   std::vector<bool> outputs = {true};  // per output: requested (false: omitted)
   std::string kernel;                  // an implementation the node pins (as a compiled model does), or ""
+  KernelParams kernel_params = {};     // the parameters it pins with it
+  int threads = 1;                     // the target's threads
 };
 
 /// The one-node model's outputs on the default kernels (for this CPU, when given; or on
@@ -66,12 +68,13 @@ inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const 
     if (y != kNoValue) g.outputs.push_back(y);
   }
   for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
-  if (!c.kernel.empty()) n.kernel = KernelChoice{c.kernel, {}};
+  if (!c.kernel.empty()) n.kernel = KernelChoice{c.kernel, c.kernel_params};
   g.add_node(std::move(n));
   EXPECT_TRUE(infer_graph(g).ok());
   out.graph_text = graph_to_text(g);
   SessionOptions options;
   if (cpu) options.target.cpu = *cpu;
+  options.target.threads = c.threads;
   options.kernels = kernels;
   auto fast = Session::create(m, options);
   auto ref = Session::create(m, SessionOptions{.reference = true});

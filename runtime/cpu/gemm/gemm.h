@@ -173,6 +173,10 @@ struct GemmProblem {
   int64_t gate_block = 0;
   float* gates = nullptr;
   int64_t ldgates = 0;
+  /// A packed B the caller multiplies next (Winograd's 36 products one after the other): the
+  /// tiles of this product's last panel fetch its first panel, as they fetch each next one of
+  /// their own. Null: none.
+  const float* b_next = nullptr;
   bool accumulate = false;  ///< C += A·B (then the epilogue) instead of C = A·B
   Epilogue epilogue;
 };

@@ -1,0 +1,289 @@
+// kiln.winograd_f32_<isa>: 3x3 stride-1 convolutions (channels-last FusedConv, f32) by
+// Winograd's minimal filtering (Lavin and Gray), F(4x4, 3x3) or F(2x2, 3x3): each m x m output
+// tile is Aᵀ[(G g Gᵀ) ⊙ (Bᵀ d B)]A of its (m + 2)² input window d, so a pair of channels costs
+// 36 products per 16 outputs (or 16 per 4) instead of 9 per output. The filters are transformed
+// (U = G g Gᵀ: one C×K matrix per point ξ) and packed for kiln's f32 GEMM at plan time; a run
+// takes the image's tiles in blocks of whole tile rows whose transformed input V and products M
+// fit L2 together: the input transform writes V [points][tiles][C], one GEMM per point
+// M_ξ = V_ξ·U_ξ (each fetching the next one's first panel of U as it ends), and the output
+// transform writes Y's tiles with the bias (and ReLU) added, the rest of the epilogue then
+// applied to the block's output rows while they are in cache. On several threads the tiles of
+// each transform and the products are shared among them.
+//
+// oneDNN 2.6 has Winograd too (onednn.conv's algorithm=winograd), behind reorders between
+// kiln's channels-last tensors and its blocked ones.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/rows.h"
+#include "runtime/kernel.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// G of F(4x4, 3x3) and of F(2x2, 3x3): U = G g Gᵀ for a 3x3 filter g.
+constexpr double kG4[6][3] = {{1.0 / 4, 0, 0},          {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                              {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0, 0, 1}};
+constexpr double kG2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+
+std::optional<std::string> winograd_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  if (auto why = x_parts_decline(q)) return why;
+  if (auto why = f32_and_concrete(q, DType::f16)) return why;  // an f16 weight (`--precision fp16`) widened
+  if (!nn::channels_last(q.node)) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4) return "not a 2-D convolution";
+  if (!q.inputs[1].value) return "the weights are computed at run time";
+  const std::vector<int64_t> w = q.inputs[1].shape.concrete();
+  if (w[2] != 3 || w[3] != 3) return "not a 3x3 filter";
+  if (q.node.attr_int("group", 1) != 1) return "grouped";
+  for (int64_t v : q.node.attr_ints("strides", {1, 1}))
+    if (v != 1) return "strides other than 1";
+  for (int64_t v : q.node.attr_ints("dilations", {1, 1}))
+    if (v != 1) return "dilated";
+  if (const int64_t* tile = q.node.kernel.param<int64_t>("tile"); tile && *tile != 2 && *tile != 4)
+    return "a recorded tile other than 2 or 4";
+  return std::nullopt;
+}
+
+// Output tiles of m x m an image of oh x ow takes.
+int64_t tiles_of(int64_t oh, int64_t ow, int64_t m) { return ((oh + m - 1) / m) * ((ow + m - 1) / m); }
+
+// The default tile (`kiln_bench_conv`: kiln's Winograd with each tile against oneDNN's direct
+// and Winograd convolutions on ResNet-50's and YOLO's 3x3 layers; docs/architecture.md has the
+// table). F(4x4, 3x3) does 36 products per tile of 16 outputs, F(2x2, 3x3) 16 per 4, but its
+// transformed filters are 36/16 times as many: where F(4x4)'s tiles are few, streaming those
+// filters in is the time, and F(2x2) halves it.
+constexpr int64_t kMinChannels = 32, kFourTiles = 25, kTwoTiles = 16;
+
+int64_t default_tile(int64_t oh, int64_t ow) { return tiles_of(oh, ow, 4) >= kFourTiles ? 4 : 2; }
+
+// The default rule: kiln's takes those of at least kMinChannels in and out over at least
+// kTwoTiles tiles of its default size, where its products are long enough to run at the
+// GEMM's rate and the transformed filters are read by enough tiles to pay for streaming them.
+std::optional<std::string> winograd_defers(const KernelQuery& q) {
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), y = q.outputs[0].shape.concrete();
+  const std::vector<int64_t> w = q.inputs[1].shape.concrete();
+  if (x[3] < kMinChannels || w[0] < kMinChannels)
+    return "oneDNN's direct convolution is as fast on fewer than " + std::to_string(kMinChannels) + " channels";
+  if (tiles_of(y[1], y[2], default_tile(y[1], y[2])) < kTwoTiles)
+    return "fewer than " + std::to_string(kTwoTiles) + " output tiles read the transformed filters";
+  return std::nullopt;
+}
+
+// max-autotune's axis: both tiles.
+std::vector<TuningAxis> winograd_space(const KernelQuery&) {
+  return {TuningAxis{"tile", {{{"tile", int64_t{4}}}, {{"tile", int64_t{2}}}}}};
+}
+
+class WinogradKernel final : public Kernel {
+ public:
+  explicit WinogradKernel(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
+
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
+    const std::vector<int64_t> ws = q.inputs[1].shape.concrete();
+    n_ = xs[0], h_ = xs[1], w_ = xs[2], c_ = xs[3], oh_ = ys[1], ow_ = ys[2], k_ = ys[3];
+    KILN_ASSIGN_OR_RETURN(nn::Window win, nn::resolve_window(q.node, {h_, w_}, {3, 3}, false));
+    pt_ = win.pads[0], pl_ = win.pads[1];
+    const int64_t* recorded = q.node.kernel.param<int64_t>("tile");
+    m_ = recorded ? *recorded : default_tile(oh_, ow_);
+    points_ = (m_ + 2) * (m_ + 2);
+    tiles_h_ = (oh_ + m_ - 1) / m_, tiles_w_ = (ow_ + m_ - 1) / m_;
+    has_bias_ = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;
+    KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
+    KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
+    has_z_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
+    // ReLU alone is applied in the output transform; anything else after it, on the rows.
+    relu_ = act_.kind == Activation::relu && !has_z_ && post_.kind == Activation::none;
+    tail_ = !relu_ && (act_.kind != Activation::none || has_z_ || post_.kind != Activation::none);
+
+    // Blocks of whole tile rows whose V and M fit L2 together.
+    const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+    const int64_t row_bytes = tiles_w_ * points_ * (c_ + k_) * static_cast<int64_t>(sizeof(float));
+    const int64_t rows_fit = std::clamp<int64_t>(caches.l2 / row_bytes, 1, tiles_h_);
+    const int64_t blocks = (tiles_h_ + rows_fit - 1) / rows_fit;
+    block_rows_ = (tiles_h_ + blocks - 1) / blocks;
+    block_tiles_ = block_rows_ * tiles_w_;
+
+    const gemm::Tile tile = gemm::default_tile(isa_, block_tiles_, k_, c_, caches);
+    params_ = gemm::fit(gemm::default_params(isa_, tile, caches, block_tiles_, k_, c_, 1), block_tiles_, k_, c_);
+    params_.tm = params_.tn = 1;
+    params_.pack_a = false;
+    panel_floats_ = gemm::packed_b_floats(c_, k_, tile.nr);
+
+    // U_ξ = (G g Gᵀ)[ξ] as a C×K matrix, packed for the GEMM's tile.
+    const int a = static_cast<int>(m_ + 2);
+    auto gm = [&](int i, int j) { return m_ == 4 ? kG4[i][j] : kG2[i][j]; };
+    const Tensor given = q.inputs[1].value->dtype() == DType::f16 ? gemm::widened_to_f32(*q.inputs[1].value) : *q.inputs[1].value;
+    const float* g = given.data<float>();
+    std::vector<float> u(static_cast<size_t>(points_ * c_ * k_));
+    for (int64_t ch = 0; ch < c_; ++ch)
+      for (int64_t o = 0; o < k_; ++o) {
+        const float* f = g + (o * c_ + ch) * 9;
+        double t[6][3];  // G g
+        for (int i = 0; i < a; ++i)
+          for (int j = 0; j < 3; ++j) t[i][j] = gm(i, 0) * f[j] + gm(i, 1) * f[3 + j] + gm(i, 2) * f[6 + j];
+        for (int i = 0; i < a; ++i)
+          for (int j = 0; j < a; ++j)
+            u[static_cast<size_t>(((i * a + j) * c_ + ch) * k_ + o)] =
+                static_cast<float>(t[i][0] * gm(j, 0) + t[i][1] * gm(j, 1) + t[i][2] * gm(j, 2));
+      }
+    // An f16 weight (`--precision fp16`) with 2x2 tiles, on a CPU with AVX512-FP16: U in f16 and
+    // the products on kiln's f16 GEMM (V rounded to f16 as it is copied, sums in f16 over
+    // blocks of K). F(4x4)'s output transform multiplies the products' rounding errors by up to
+    // 8 · 8 (7e-3 relative L2 against the reference on noise, where F(2x2) stays within 1e-3):
+    // its products stay f32, on the weight widened.
+    f16_ = q.inputs[1].value->dtype() == DType::f16 && m_ == 2 && !gemm::lowp_lacks(q.target.cpu, gemm::Lowp::f16);
+    if (f16_) {
+      panel_floats_ = gemm::packed_b_f16_elements(c_, k_);
+      packed_ = Tensor(DType::u16, {points_ * panel_floats_});
+      std::vector<uint16_t> bits(static_cast<size_t>(c_ * k_));
+      for (int64_t xi = 0; xi < points_; ++xi) {
+        for (size_t i = 0; i < bits.size(); ++i) bits[i] = half(u[static_cast<size_t>(xi * c_ * k_) + i]).bits;
+        gemm::pack_b_f16(bits.data(), k_, false, c_, k_, packed_.data<uint16_t>() + xi * panel_floats_);
+      }
+    } else {
+      packed_ = Tensor(DType::f32, {points_ * panel_floats_});
+      for (int64_t xi = 0; xi < points_; ++xi)
+        gemm::pack_b(u.data() + xi * c_ * k_, k_, false, c_, k_, tile.nr, packed_.data<float>() + xi * panel_floats_);
+    }
+    zeros_.assign(static_cast<size_t>(c_), 0.f);
+
+    threads_ = std::max(1, q.target.threads);
+    gemm_bytes_ = round64(f16_ ? gemm::f16_workspace_bytes(block_tiles_, c_) : gemm::workspace_bytes(params_, problem(0)));
+    needs.workspace_bytes = static_cast<size_t>(points_ * block_tiles_ * (c_ + k_)) * sizeof(float) +
+                            gemm_bytes_ * static_cast<size_t>(threads_);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const float* x = ctx.input(0).data<float>();
+    const float* bias = has_bias_ ? ctx.input(2).data<float>() : nullptr;
+    const float* z = has_z_ ? ctx.input(3).data<float>() : nullptr;
+    float* y = ctx.output(0).data<float>();
+    std::byte* ws = ctx.workspace().data();
+    float* v = reinterpret_cast<float*>(ws);
+    float* m = v + points_ * block_tiles_ * c_;
+    std::byte* gemm_ws = reinterpret_cast<std::byte*>(m + points_ * block_tiles_ * k_);
+    const int64_t ldv = block_tiles_ * c_, ldm = block_tiles_ * k_, tiles = tiles_h_ * tiles_w_;
+    const int threads = std::min(threads_, pool_threads());
+    auto body = [&](int t, int nt) {
+      for (int64_t b = 0; b < n_; ++b) {
+        const float* xb = x + b * h_ * w_ * c_;
+        float* yb = y + b * oh_ * ow_ * k_;
+        for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles_) {
+          const int64_t t1 = std::min(tiles, t0 + block_tiles_), count = t1 - t0;
+          const auto [i0, i1] = share(count, t, nt);
+          if (i0 < i1)
+            rows_.winograd_input(static_cast<int>(m_), xb, h_, w_, c_, tiles_w_, pt_, pl_, t0 + i0, t0 + i1, v + i0 * c_, ldv,
+                                 zeros_.data());
+          barrier(nt);
+          gemm::GemmProblem p = problem(count);
+          for (int64_t xi = t; xi < points_; xi += nt) {
+            if (f16_) {
+              gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_, 1,
+                             gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
+              continue;
+            }
+            p.a = v + xi * ldv;
+            p.b = packed_.data<float>() + xi * panel_floats_;
+            p.c = m + xi * ldm;
+            p.b_next = xi + nt < points_ ? p.b + nt * panel_floats_ : nullptr;
+            gemm::run(params_, p, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
+          }
+          barrier(nt);
+          // The output transform by whole tile rows, so that each thread's output rows are
+          // one span for the epilogue.
+          const int64_t rows = (count + tiles_w_ - 1) / tiles_w_;
+          const auto [r0, r1] = share(rows, t, nt);
+          if (r0 < r1) {
+            const int64_t a = r0 * tiles_w_, e = std::min(count, r1 * tiles_w_);
+            rows_.winograd_output(static_cast<int>(m_), m + a * k_, ldm, k_, tiles_w_, t0 + a, t0 + e, bias, relu_, yb, oh_,
+                                  ow_);
+            if (tail_) {
+              const int64_t y0 = (t0 + a) / tiles_w_ * m_, y1 = std::min(oh_, (t0 + e + tiles_w_ - 1) / tiles_w_ * m_);
+              const int64_t at = y0 * ow_ * k_, len = (y1 - y0) * ow_ * k_;
+              rows_.tile_epilogue(yb + at, 0, z ? z + b * oh_ * ow_ * k_ + at : nullptr, 0, 1, len, act_, post_);
+            }
+          }
+          // No barrier here: the next block's products, which overwrite M, wait for the one
+          // after its input transform.
+        }
+      }
+    };
+    if (threads <= 1) {
+      body(0, 1);
+    } else {
+#pragma omp parallel num_threads(threads)
+      {
+        WorkerSpan span;
+        body(omp_get_thread_num(), omp_get_num_threads());
+      }
+    }
+    return {};
+  }
+
+  std::vector<std::pair<std::string, KernelParam>> params() const override { return {{"tile", m_}}; }
+  std::string label() const override {
+    return "winograd_f" + std::to_string(m_) + "x" + std::to_string(m_) + "_3x3 " + (f16_ ? "gemm_f16_avx512" : params_.name());
+  }
+
+ private:
+  static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+  static void barrier(int nt) {
+    if (nt > 1) {
+#pragma omp barrier
+    }
+  }
+  // Thread t's share of [0, count).
+  static std::pair<int64_t, int64_t> share(int64_t count, int t, int nt) {
+    const int64_t each = count / nt, extra = count % nt;
+    const int64_t begin = t * each + std::min<int64_t>(t, extra);
+    return {begin, begin + each + (t < extra ? 1 : 0)};
+  }
+  gemm::GemmProblem problem(int64_t count) const {
+    gemm::GemmProblem p;
+    p.m = count, p.n = k_, p.k = c_;
+    p.lda = c_;
+    p.b_packed = true;
+    p.ldc = k_;
+    return p;
+  }
+
+  Isa isa_;
+  const RowKernels& rows_;
+  int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, oh_ = 0, ow_ = 0, k_ = 0, pt_ = 0, pl_ = 0;
+  int64_t m_ = 4, points_ = 36;  // the output tile's side, and (m + 2)² products per tile
+  int64_t tiles_h_ = 0, tiles_w_ = 0, block_rows_ = 0, block_tiles_ = 0;
+  int64_t panel_floats_ = 0;  // elements of one packed U_ξ
+  int threads_ = 1;
+  size_t gemm_bytes_ = 0;
+  bool has_bias_ = false, has_z_ = false, relu_ = false, tail_ = false, f16_ = false;
+  ActivationSpec act_, post_;
+  gemm::GemmParams params_;
+  Tensor packed_;              // the U_ξ, each packed for the GEMM's tile (f32, or f16 bits)
+  std::vector<float> zeros_;   // C zeros: the pixels outside the image
+};
+
+}  // namespace
+
+void register_winograd(KernelRegistry& r) {
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("FusedConv", "cpu",  // channels-last: a FusedConv (compile's channels_last makes them)
+            KernelImpl{.name = std::string("kiln.winograd_f32_") + isa_name(isa),
+                       .declines = [isa](const KernelQuery& q) { return winograd_declines(q, isa); },
+                       .create = [isa](const KernelQuery&) { return std::make_unique<WinogradKernel>(isa); },
+                       .needs_isa = isa_features(isa),
+                       .defers = winograd_defers,
+                       .tuning_space = winograd_space});
+}
+
+}  // namespace kiln::cpu
