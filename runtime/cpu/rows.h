@@ -110,6 +110,10 @@ struct RowKernels {
   /// `relu`, written into y [oh, ow, k] where they lie inside it.
   void (*winograd_output)(int m, const float* p, int64_t ldp, int64_t k, int64_t tiles_w, int64_t t0, int64_t t1,
                           const float* bias, bool relu, float* y, int64_t oh, int64_t ow);
+  /// Column sums (or maxima, with `max`) of `rows` rows of c values, `ld` floats apart, into
+  /// acc[0..c), whose values they start from; on the calling thread (a channels-last global
+  /// pool's share of the pixels).
+  void (*column_reduce)(const float* x, int64_t rows, int64_t c, int64_t ld, float* acc, bool max);
   /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
   /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);

@@ -322,6 +322,25 @@ TEST(CpuKernels, DepthwiseConv) {
   EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
 }
 
+// kiln.global_pool on channels-last GlobalAveragePool and GlobalMaxPool: 1-D to 3-D spatial
+// dims, channels below, at and past a vector, one image and three; small (one thread) and large
+// enough for the threads to share an image's pixels (at two threads: each its rows, then its
+// share of the channels). Channels-first ones stay with oneDNN.
+TEST(CpuKernels, GlobalPool) {
+  for (const auto& [isa, cpu] : isa_paths())
+    for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
+      for (int threads : {1, 2})
+        for (const std::vector<int64_t>& shape :
+             std::vector<std::vector<int64_t>>{{1, 7, 5}, {3, 4, 5, 16}, {1, 112, 112, 32}, {2, 9, 60, 70, 33}, {1, 3, 2, 2, 2}}) {
+          SCOPED_TRACE(isa + " " + op + " threads=" + std::to_string(threads) + " rank " + std::to_string(shape.size()));
+          const std::string name = "kiln.global_pool_f32_" + isa;
+          const double tol = std::string(op) == "GlobalMaxPool" ? 0 : 1e-5;  // the sums in another order; maxima exact
+          EXPECT_EQ(check({op, {noise(shape, 51)}, {false}, {attr("channels_last", int64_t{1})}, {true}, "", {}, threads}, tol, &cpu),
+                    name);
+        }
+  EXPECT_EQ(check({"GlobalAveragePool", {noise({1, 32, 14, 14}, 52)}, {false}, {}}), "onednn.pool");
+}
+
 // kiln.winograd on channels-last 3x3 stride-1 convolutions, pinned with each tile (4x4 and
 // 2x2 outputs): channels below, at and past a vector (the scalar tail, whole vectors, both) in
 // and out; images of whole and partial tiles (the last row and column of tiles outside Y),
