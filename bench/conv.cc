@@ -151,6 +151,8 @@ int depthwise(int runs, int threads) {
   const std::string kiln_kernel = std::string("kiln.dwconv_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
   const DepthwiseShape shapes[] = {
       {32, 112, 3, 1, "Silu", "EfficientNet-B0 stage 1"}, {96, 112, 3, 2, "Silu", "EfficientNet-B0 stage 2 (down)"},
+      {144, 56, 5, 2, "Silu", "EfficientNet-B0 stage 3 (down)"}, {240, 28, 3, 2, "Silu", "EfficientNet-B0 stage 4 (down)"},
+      {672, 14, 5, 2, "Silu", "EfficientNet-B0 stage 6 (down)"},
       {144, 56, 3, 1, "Silu", "EfficientNet-B0 stage 2"},  {240, 28, 5, 1, "Silu", "EfficientNet-B0 stage 3"},
       {480, 14, 3, 1, "Silu", "EfficientNet-B0 stage 4"},  {672, 14, 5, 1, "Silu", "EfficientNet-B0 stage 5"},
       {1152, 7, 5, 1, "Silu", "EfficientNet-B0 stage 6"},  {144, 56, 3, 1, "", "EfficientNet-B0 stage 2"},
