@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -21,6 +22,14 @@ void use_threads(int threads);
 int pool_threads();
 /// The calling thread's index in the current parallel region (0 outside one).
 int thread_index();
+
+/// The [begin, end) of `count` units that `part` of `parts` gets: even shares, the first
+/// count % parts one unit longer.
+inline std::pair<int64_t, int64_t> even_share(int64_t count, int parts, int part) {
+  const int64_t base = count / parts, extra = count % parts;
+  const int64_t begin = part * base + (part < extra ? part : extra);
+  return {begin, begin + base + (part < extra ? 1 : 0)};
+}
 
 /// Copies `bytes` between non-overlapping buffers, split among the pool's threads when it is
 /// large enough to gain from it (256 KiB): one core cannot fill the memory bandwidth of many.

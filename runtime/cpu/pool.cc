@@ -71,11 +71,11 @@ class GlobalPoolKernel final : public Kernel {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       float* mine = partial + t * c_;
       for (int64_t b = 0; b < n_; ++b) {
-        const int64_t r0 = pixels_ * t / nt, r1 = pixels_ * (t + 1) / nt;
+        const auto [r0, r1] = even_share(pixels_, nt, t);
         std::fill(mine, mine + c_, start);
         rows_.column_reduce(x + (b * pixels_ + r0) * c_, r1 - r0, c_, c_, mine, max_);
 #pragma omp barrier
-        const int64_t c0 = c_ * t / nt, c1 = c_ * (t + 1) / nt;
+        const auto [c0, c1] = even_share(c_, nt, t);
         float* out = y + b * c_;
         std::copy(partial + c0, partial + c1, out + c0);
         for (int u = 1; u < nt; ++u) rows_.column_reduce(partial + u * c_ + c0, 1, c1 - c0, c_, out + c0, max_);

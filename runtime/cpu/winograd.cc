@@ -181,7 +181,7 @@ class WinogradKernel final : public Kernel {
         float* yb = y + b * oh_ * ow_ * k_;
         for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles_) {
           const int64_t t1 = std::min(tiles, t0 + block_tiles_), count = t1 - t0;
-          const auto [i0, i1] = share(count, t, nt);
+          const auto [i0, i1] = even_share(count, nt, t);
           if (i0 < i1)
             rows_.winograd_input(static_cast<int>(m_), xb, h_, w_, c_, tiles_w_, pt_, pl_, t0 + i0, t0 + i1, v + i0 * c_, ldv,
                                  zeros_.data());
@@ -203,7 +203,7 @@ class WinogradKernel final : public Kernel {
           // The output transform by whole tile rows, so that each thread's output rows are
           // one span for the epilogue.
           const int64_t rows = (count + tiles_w_ - 1) / tiles_w_;
-          const auto [r0, r1] = share(rows, t, nt);
+          const auto [r0, r1] = even_share(rows, nt, t);
           if (r0 < r1) {
             const int64_t a = r0 * tiles_w_, e = std::min(count, r1 * tiles_w_);
             rows_.winograd_output(static_cast<int>(m_), m + a * k_, ldm, k_, tiles_w_, t0 + a, t0 + e, bias, relu_, yb, oh_,
@@ -242,12 +242,6 @@ class WinogradKernel final : public Kernel {
     if (nt > 1) {
 #pragma omp barrier
     }
-  }
-  // Thread t's share of [0, count).
-  static std::pair<int64_t, int64_t> share(int64_t count, int t, int nt) {
-    const int64_t each = count / nt, extra = count % nt;
-    const int64_t begin = t * each + std::min<int64_t>(t, extra);
-    return {begin, begin + each + (t < extra ? 1 : 0)};
   }
   gemm::GemmProblem problem(int64_t count) const {
     gemm::GemmProblem p;

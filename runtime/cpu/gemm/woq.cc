@@ -24,13 +24,6 @@ using woq_avx512::NR;
 int64_t panels(int64_t n) { return (n + NR - 1) / NR; }
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// The [begin, end) of `count` units that `part` of `parts` gets.
-std::pair<int64_t, int64_t> share(int64_t count, int parts, int part) {
-  const int64_t base = count / parts, extra = count % parts;
-  const int64_t begin = part * base + std::min<int64_t>(part, extra);
-  return {begin, begin + base + (part < extra ? 1 : 0)};
-}
-
 // Kc of the dequantized slices: as the f32 GEMM takes it, B's Kc×NR slice and a tile's rows of A
 // over it in three quarters of L2, so each row tile reads the slice from L2; K is cut into
 // equal slices of a multiple of 16 rather than full ones and a short rest.
@@ -130,8 +123,8 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   const int tn = static_cast<int>(std::min<int64_t>(t, count));
   const int tm = static_cast<int>(std::min<int64_t>(t / tn, tiles));
   auto part = [&](int i) {
-    const auto [p0, p1] = share(count, tn, i % tn);
-    const auto [r0, r1] = share(tiles, tm, i / tn);
+    const auto [p0, p1] = even_share(count, tn, i % tn);
+    const auto [r0, r1] = even_share(tiles, tm, i / tn);
     const int64_t m0 = r0 * MR, rows = std::min(m, r1 * MR) - m0;
     if (p0 >= p1 || rows <= 0) return;
     Epilogue e = ep;
