@@ -1,9 +1,9 @@
 // kiln.global_pool_f32_<isa>: GlobalAveragePool and GlobalMaxPool on channels-last f32 tensors
 // ([N, spatial.., C], compile's channels_last layout): each image's pixels are rows of C, summed
-// (or maxed) down the columns. oneDNN's pooling runs an image on one thread; here, with fewer
-// images than threads, the threads share its pixels, each reducing its rows into its own row
-// of C, and then share the channels to combine those rows (EfficientNet-B0's squeezes, a
-// 112x112x32 image the largest, at two threads).
+// (or maxed) down the columns. oneDNN's pooling runs a batch-1 image on one thread; here the
+// threads share each image's pixels (from kParallelValues values), each reducing its rows into
+// its own row of C, and then share the channels to combine those rows (EfficientNet-B0's
+// squeezes, a 112x112x32 image the largest, at two threads).
 #include <omp.h>
 
 #include <algorithm>
