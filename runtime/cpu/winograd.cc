@@ -15,8 +15,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
-#include <cstring>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
@@ -110,8 +108,7 @@ class WinogradKernel final : public Kernel {
     const int64_t row_bytes = tiles_w_ * points_ * (c_ + k_) * static_cast<int64_t>(sizeof(float));
     const int64_t rows_fit = std::clamp<int64_t>(caches.l2 / row_bytes, 1, tiles_h_);
     const int64_t blocks = (tiles_h_ + rows_fit - 1) / rows_fit;
-    block_rows_ = (tiles_h_ + blocks - 1) / blocks;
-    block_tiles_ = block_rows_ * tiles_w_;
+    block_tiles_ = (tiles_h_ + blocks - 1) / blocks * tiles_w_;
 
     const gemm::Tile tile = gemm::default_tile(isa_, block_tiles_, k_, c_, caches);
     params_ = gemm::fit(gemm::default_params(isa_, tile, caches, block_tiles_, k_, c_, 1), block_tiles_, k_, c_);
@@ -256,7 +253,7 @@ class WinogradKernel final : public Kernel {
   const RowKernels& rows_;
   int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, oh_ = 0, ow_ = 0, k_ = 0, pt_ = 0, pl_ = 0;
   int64_t m_ = 4, points_ = 36;  // the output tile's side, and (m + 2)² products per tile
-  int64_t tiles_h_ = 0, tiles_w_ = 0, block_rows_ = 0, block_tiles_ = 0;
+  int64_t tiles_h_ = 0, tiles_w_ = 0, block_tiles_ = 0;  // block_tiles_: whole tile rows
   int64_t panel_floats_ = 0;  // elements of one packed U_ξ
   int threads_ = 1;
   size_t gemm_bytes_ = 0;
