@@ -45,7 +45,7 @@ class ActivationKernel final : public Kernel {
     return {};
   }
   // Elementwise: Y may take X's memory where X dies here (each value read before it is written),
-  // on one thread (as the binary kernels, binary.cc).
+  // on one thread (binary.cc, which shares rows in the producer's order, writes in place on two).
   int overwrites_input() const override { return in_place_ ? 0 : -1; }
 
  private:

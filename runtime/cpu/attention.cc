@@ -266,7 +266,7 @@ class FlashAttention final : public Kernel {
           if (softcap_ > 0)
             for (int64_t i = 0; i < rows; ++i) {
               float* row = scores + i * ld_;
-              rows_.binary(BinaryOp::mul, row, 1, &capped, 0, row, n);
+              rows_.binary(BinaryOp::mul, row, 1, 0, &capped, 0, 0, row, 1, n);
               rows_.activation(row, row, n, tanh_spec);
             }
           const int64_t mo = b * mask_sb_ + h * mask_sh_ + q0 * mask_si_ + k0;

@@ -1,10 +1,13 @@
 // kiln.binary_f32_<isa>: Add, Sub, Mul, Div, Max and Min of two f32 tensors, and Pow by a
 // constant 2, broadcasting as numpy does, on the row kernels of the target's ISA. The
 // broadcast is worked out in prepare: dims next to each other that broadcast alike merge, so
-// the run is rows of one inner length in which each operand is a vector or one value (an SE
-// block's [N, H, W, C] · [N, 1, 1, C] is N·H·W rows of C against C), each row's offsets
-// worked out from its index over the few outer dims; rows (and long rows in pieces) are shared
-// among threads when there is enough work.
+// the run is planes of rows of one inner length in which each operand is a vector or one value
+// (an SE block's [N, H, W, C] · [N, 1, 1, C] is N planes of H·W rows of C against C). The
+// threads share runs of rows (or pieces of a long row) from 16K values, in the order the
+// producer's threads wrote them, so each core reads what it wrote; Y takes an operand's memory
+// when it can. EfficientNet-B0's sixteen SE scales (Mul by a per-channel factor) at two threads:
+// 522 -> 242 us against one call per row of C, on one thread below 64K values and out of place
+// (the least of 4 alternated profiles).
 #include <algorithm>
 
 #include "runtime/cpu/rows.h"
@@ -14,7 +17,7 @@ namespace kiln::cpu {
 
 namespace {
 
-constexpr int64_t kParallelElements = 1 << 16, kPiece = 1 << 14;
+constexpr int64_t kParallelElements = 1 << 14, kPiece = 1 << 14;
 
 std::optional<BinaryOp> op_of(const KernelQuery& q) {
   const std::string& op = q.node.op;
@@ -82,16 +85,33 @@ class BinaryKernel final : public Kernel {
     std::reverse(dims_.begin(), dims_.end());
     std::reverse(a_stride_.begin(), a_stride_.end());
     std::reverse(b_stride_.begin(), b_stride_.end());
-    // Y may take the memory of an operand of its shape that dies here (each row piece reads its
-    // elements of it before writing the same ones), on one thread. On two, writing over what
-    // the other core wrote costs each line's ownership on top of the read: EfficientNet-B0's SE
-    // scales (Mul of the activations by a per-channel factor) ran 1.21x their time in place at
-    // two threads, 0.585x at one (node times, the least of 5-7 alternated profiles).
+    // Y may take the memory of an operand of its shape that dies here (each item reads its
+    // elements of it before writing the same ones).
     const std::vector<int64_t> a0 = q.inputs[0].shape.concrete();
-    over_ = q.target.threads > 1 ? -1 : a0 == y ? 0 : op_ != BinaryOp::square && q.inputs[1].shape.concrete() == y ? 1 : -1;
+    over_ = a0 == y ? 0 : op_ != BinaryOp::square && q.inputs[1].shape.concrete() == y ? 1 : -1;
+    // The run's items: a plane's rows in runs of about kPiece values (a long row in pieces).
+    if (dims_.size() == 1) {
+      dims_.insert(dims_.begin(), 1);
+      a_stride_.insert(a_stride_.begin(), 0);
+      b_stride_.insert(b_stride_.begin(), 0);
+    }
+    const size_t rd = dims_.size() - 2;
     inner_ = dims_.back();
-    rows_count_ = 1;
-    for (size_t d = 0; d + 1 < dims_.size(); ++d) rows_count_ *= dims_[d];
+    plane_rows_ = dims_[rd];
+    a_row_ = a_stride_[rd];
+    b_row_ = b_stride_[rd];
+    int64_t planes = 1;
+    for (size_t d = 0; d < rd; ++d) planes *= dims_[d];
+    if (planes * plane_rows_ * inner_ == 0) {  // an empty output
+      items_ = 0;
+      parallel_ = false;
+      return {};
+    }
+    row_pieces_ = (inner_ + kPiece - 1) / kPiece;
+    rows_per_item_ = row_pieces_ > 1 ? 1 : std::max<int64_t>(1, kPiece / inner_);
+    per_plane_ = row_pieces_ > 1 ? plane_rows_ * row_pieces_ : (plane_rows_ + rows_per_item_ - 1) / rows_per_item_;
+    items_ = planes * per_plane_;
+    parallel_ = planes * plane_rows_ * inner_ >= kParallelElements && items_ > 1;
     return {};
   }
 
@@ -101,28 +121,30 @@ class BinaryKernel final : public Kernel {
     const float* a = ctx.input(0).data<float>();
     const float* b = op_ == BinaryOp::square ? a : ctx.input(1).data<float>();
     float* y = ctx.output(0).data<float>();
-    const int64_t as = a_stride_.back() != 0, bs = b_stride_.back() != 0, outer = static_cast<int64_t>(dims_.size()) - 1;
-    // Piece p of row r: its operands from the row's index over the outer dims.
-    auto piece = [&](int64_t r, int64_t from, int64_t n) {
+    const int64_t as = a_stride_.back() != 0, bs = b_stride_.back() != 0;
+    // Item i: rows [r0, r1) of one plane (one index over the dims before the rows'), or a piece
+    // of a row longer than kPiece; its operands from the plane's index over those dims.
+    auto item = [&](int64_t i) {
+      const int64_t plane = i / per_plane_, k = i % per_plane_;
       int64_t ao = 0, bo = 0;
-      for (int64_t d = outer - 1, rest = r; d >= 0; --d) {
-        const int64_t i = rest % dims_[static_cast<size_t>(d)];
-        rest /= dims_[static_cast<size_t>(d)];
-        ao += i * a_stride_[static_cast<size_t>(d)];
-        bo += i * b_stride_[static_cast<size_t>(d)];
+      for (int64_t d = static_cast<int64_t>(dims_.size()) - 3, rest = plane; d >= 0; --d) {
+        const auto u = static_cast<size_t>(d);
+        ao += rest % dims_[u] * a_stride_[u];
+        bo += rest % dims_[u] * b_stride_[u];
+        rest /= dims_[u];
       }
-      rows_.binary(op_, a + ao + from * as, as, b + bo + from * bs, bs, y + r * inner_ + from, n);
+      if (row_pieces_ > 1) {  // k: piece k % row_pieces_ of row k / row_pieces_
+        const int64_t r = k / row_pieces_, from = k % row_pieces_ * kPiece;
+        rows_.binary(op_, a + ao + r * a_row_ + from * as, as, 0, b + bo + r * b_row_ + from * bs, bs, 0,
+                     y + (plane * plane_rows_ + r) * inner_ + from, 1, std::min(kPiece, inner_ - from));
+        return;
+      }
+      const int64_t r0 = k * rows_per_item_, rows = std::min(rows_per_item_, plane_rows_ - r0);
+      rows_.binary(op_, a + ao + r0 * a_row_, as, a_row_, b + bo + r0 * b_row_, bs, b_row_, y + (plane * plane_rows_ + r0) * inner_,
+                   rows, inner_);
     };
-    if (rows_count_ * inner_ < kParallelElements) {
-      for (int64_t r = 0; r < rows_count_; ++r) piece(r, 0, inner_);
-      return {};
-    }
-    const int64_t per_row = (inner_ + kPiece - 1) / kPiece, items = rows_count_ * per_row;
-#pragma omp parallel for schedule(static)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t from = it % per_row * kPiece;
-      piece(it / per_row, from, std::min(kPiece, inner_ - from));
-    }
+#pragma omp parallel for schedule(static) if (parallel_)
+    for (int64_t i = 0; i < items_; ++i) item(i);
     return {};
   }
 
@@ -130,7 +152,9 @@ class BinaryKernel final : public Kernel {
   const RowKernels& rows_;
   BinaryOp op_ = BinaryOp::add;
   std::vector<int64_t> dims_, a_stride_, b_stride_;  // merged output dims, the operands' strides (0: repeats)
-  int64_t inner_ = 1, rows_count_ = 1;
+  int64_t inner_ = 1, plane_rows_ = 1, a_row_ = 0, b_row_ = 0;  // the last two merged dims: rows of inner_
+  int64_t row_pieces_ = 1, rows_per_item_ = 1, per_plane_ = 1, items_ = 1;
+  bool parallel_ = false;
   int over_ = -1;
 };
 

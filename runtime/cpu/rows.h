@@ -66,9 +66,11 @@ struct RowKernels {
   /// A gated product's tile (SwiGLU): values[i, j] ·= act(gates[i, j]) over `rows` rows of n,
   /// each `ldv` / `ldg` floats apart; the gates are overwritten. On the calling thread.
   void (*gated_tile)(float* values, int64_t ldv, float* gates, int64_t ldg, int64_t rows, int64_t n, const ActivationSpec& act);
-  /// y[i] = a[i·as] op b[i·bs] over n values, each step 0 (one value for the row) or 1; `square`
-  /// is a·a (Pow by a constant 2, b unused). y may be a or b.
-  void (*binary)(BinaryOp op, const float* a, int64_t as, const float* b, int64_t bs, float* y, int64_t n);
+  /// y[r·n + i] = a[r·lda + i·as] op b[r·ldb + i·bs] over `rows` rows of n values, each step 0
+  /// (one value for the row) or 1, each row step 0 (the same row for every row) or more; `square`
+  /// is a·a (Pow by a constant 2, b unused). y may be a or b. On the calling thread.
+  void (*binary)(BinaryOp op, const float* a, int64_t as, int64_t lda, const float* b, int64_t bs, int64_t ldb, float* y,
+                 int64_t rows, int64_t n);
   /// y = act(x) over n values (y may be x), as the epilogue computes it.
   void (*activation)(const float* x, float* y, int64_t n, const ActivationSpec& act);
   /// RotaryEmbedding's rotate-half form over x [batch, heads, seq, d] (or [batch, seq, heads·d]

@@ -75,20 +75,23 @@ TEST(CpuKernels, Activations) {
 
 TEST(CpuKernels, BinaryElementwise) {
   // Every op; the same shape, scalars either side, broadcasts inner and outer (an SE block's
-  // per-channel scale on NHWC), dims of 1 on both sides, and a long row split among threads.
+  // per-channel scale on NHWC), dims of 1 on both sides, and on one and two threads: images of
+  // rows shared in runs, a long row in pieces, long rows against one value each, an empty one.
   const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> shapes = {
       {{7, 33}, {7, 33}}, {{7, 33}, {}}, {{}, {5, 17}}, {{2, 5, 5, 40}, {2, 1, 1, 40}}, {{2, 40, 5, 5}, {1, 40, 1, 1}},
-      {{3, 1, 9}, {1, 4, 1}}, {{1, 6, 1, 9}, {5, 1, 7, 1}}, {{70001}, {70001}}, {{300, 257}, {300, 1}}};
+      {{3, 1, 9}, {1, 4, 1}}, {{1, 6, 1, 9}, {5, 1, 7, 1}}, {{70001}, {70001}}, {{300, 257}, {300, 1}},
+      {{2, 30, 41, 40}, {2, 1, 1, 40}}, {{3, 20001}, {3, 1}}, {{1, 1, 1}, {1}}, {{2, 0, 3}, {3}}};
   for (const auto& [isa, cpu] : isa_paths())
-    for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"})
-      for (const auto& [sa, sb] : shapes) {
-        SCOPED_TRACE(isa + " " + op + " " + shape_str(sa) + " " + shape_str(sb));
-        Tensor b = noise(sb, 2);
-        if (std::string(op) == "Div")  // away from 0
-          for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] += b.data<float>()[i] < 0 ? -0.5f : 0.5f;
-        EXPECT_EQ(check({op, {noise(sa, 1, 4.f), b}, {false, false}}, 0, &cpu), "kiln.binary_f32_" + isa);
-        EXPECT_EQ(check({op, {noise(sa, 3), b}, {false, true}}, 0, &cpu), "kiln.binary_f32_" + isa);
-      }
+    for (int threads : {1, 2})
+      for (const char* op : {"Add", "Sub", "Mul", "Div", "Max", "Min"})
+        for (const auto& [sa, sb] : shapes) {
+          SCOPED_TRACE(isa + " " + op + " " + shape_str(sa) + " " + shape_str(sb) + " threads=" + std::to_string(threads));
+          Tensor b = noise(sb, 2);
+          if (std::string(op) == "Div")  // away from 0
+            for (int64_t i = 0; i < b.numel(); ++i) b.data<float>()[i] += b.data<float>()[i] < 0 ? -0.5f : 0.5f;
+          EXPECT_EQ(check({op, {noise(sa, 1, 4.f), b}, {false, false}, {}, {true}, "", {}, threads}, 0, &cpu), "kiln.binary_f32_" + isa);
+          EXPECT_EQ(check({op, {noise(sa, 3), b}, {false, true}, {}, {true}, "", {}, threads}, 0, &cpu), "kiln.binary_f32_" + isa);
+        }
   for (const auto& [isa, cpu] : isa_paths())
     EXPECT_EQ(check({"Pow", {noise({3, 50}, 4, 3.f), Tensor::from<float>({}, {2.f})}, {false, true}}, 0, &cpu), "kiln.binary_f32_" + isa);
   // Other exponents, integer tensors and three-input Max stay with the reference kernels.
