@@ -34,20 +34,25 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
-// The default rule's share of the channels-last ones (`kiln_bench_conv --depthwise`: one and
-// two threads, EfficientNet-B0's and MobileNetV2's layers, docs/architecture.md has the table):
-// kiln takes the 3x3 and 5x5 stride-1 ones with rows of 14 columns or more whose epilogue is
-// transcendental (SiLU: oneDNN 0.93-1.30x kiln's time, above 1 in 9 of 10, the activation applied
-// while the row is in cache, where oneDNN's post-ops lack it and a second pass applies it); oneDNN
-// keeps the rest (Clip or no activation: 0.77-0.95x at one thread; stride 2: 0.79-0.92x; seven
-// columns: 0.57-0.84x). max-autotune times both.
+// The default rule's share of the channels-last ones: kiln takes the 3x3 and 5x5 ones (stride 1
+// or 2) whose epilogue is transcendental (SiLU: the activation applied while each row is in
+// cache, where oneDNN's post-ops lack it and a second pass over the output applies it) and
+// whose output rows have at least as many columns with every tap inside the image as with taps
+// in the padding. oneDNN keeps the rest: a piecewise-linear epilogue or none (MobileNetV2's Clip
+// layers: 1.03-1.08x their time on kiln's), 7x7 filters, and rows mostly edge (5x5 stride 1 on
+// 7 columns: 0.96-1.10x). In the compiled models, the least of 4-6 alternated profiles per
+// node at one and two threads; docs/architecture.md has the table. max-autotune times both.
 std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   if (!nn::channels_last(q.node)) return std::nullopt;
-  const Shape& ws = q.inputs[1].shape;
-  const int64_t k = ws.dims[2].value;
-  if ((k != 3 && k != 5) || ws.dims[3].value != k || q.node.attr_ints("strides", {1, 1}) != std::vector<int64_t>{1, 1} ||
-      q.outputs[0].shape.dims[2].value < 14)
-    return "oneDNN's channels-last depthwise kernel is as fast but on 3x3 and 5x5 stride-1 rows of 14 columns or more";
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete();
+  const int64_t k = ws[2];
+  if ((k != 3 && k != 5) || ws[3] != k) return "oneDNN's channels-last depthwise kernel is as fast but on 3x3 and 5x5 filters";
+  const Result<nn::Window> w = nn::resolve_window(q.node, {xs[1], xs[2]}, {k, k}, false);
+  if (!w.ok()) return "an invalid window";
+  const int64_t s = w->strides[1], pl = w->pads[1], ow = w->out[1];
+  const int64_t j0 = std::min(ow, (pl + s - 1) / s);  // as the kernel's dwconv_inside_columns
+  const int64_t j1 = xs[2] - k + pl >= 0 ? std::max(j0, std::min(ow, (xs[2] - k + pl) / s + 1)) : j0;
+  if (2 * (j1 - j0) < ow) return "oneDNN's channels-last depthwise kernel is as fast on rows mostly of edge columns";
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)

@@ -279,31 +279,37 @@ TEST(CpuKernels, DepthwiseConv) {
   // and both); widths with edge columns only, and inside columns in blocks of eight, four and
   // fewer; output rows in pairs (3x3 stride 1) and one by one, those at the top and bottom with
   // filter rows in the padding; pads asymmetric and wider than the filter's reach; 7x7 filters
-  // through the general form.
+  // through the general form. On two threads too, for 1x8x128 images of 1,000 channels (work
+  // enough for a plan of both threads; they share the output rows, or row pairs).
   for (const auto& [isa, cpu] : isa_paths())
-    for (int64_t k : {3, 5, 7})
-      for (int64_t stride : {1, 2})
-        for (int64_t c : {5, 16, 40}) {
-          for (int64_t width : {3, 14}) {
-            SCOPED_TRACE(isa + " channels-last k=" + std::to_string(k) + " stride=" + std::to_string(stride) +
-                         " c=" + std::to_string(c) + " w=" + std::to_string(width));
-            const int64_t p = k / 2;
-            Tensor x = noise({2, 9, width, c}, 21), w = noise({c, 1, k, k}, 22, 0.5f), b = noise({c}, 23);
-            const std::string name = "kiln.dwconv_f32_" + isa;
-            std::vector<Attribute> a = {attr("group", c), attr("channels_last", int64_t{1}),
-                                        attr("pads", std::vector<int64_t>{p, p + 1, 0, p}),
-                                        attr("strides", std::vector<int64_t>{stride, stride})};
-            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name}, 1e-5, &cpu), name);
-            const int64_t oh = (9 + p - k) / stride + 1, ow = (width + 2 * p + 1 - k) / stride + 1;
-            std::vector<Attribute> fused = a;
-            fused.push_back(attr("activation", std::string("Silu")));
-            fused.push_back(attr("post_activation", std::string("Relu")));
-            const Tensor z = noise({2, oh, ow, c}, 24);
-            EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, name}, 1e-5, &cpu), name);
-          }
-        }
-  // The default rule: kiln's kernel for 3x3 and 5x5 stride-1 rows of 14 or more with a SiLU,
-  // oneDNN's for a piecewise-linear epilogue, stride 2, 7x7 and shorter rows.
+    for (int threads : {1, 2})
+      for (int64_t k : {3, 5, 7})
+        for (int64_t stride : {1, 2})
+          for (int64_t c : {5, 16, 40, 1000})
+            for (int64_t width : {3, 14, 128}) {
+              if ((c == 1000) != (width == 128) || (c == 1000 && (k == 7 || threads == 1))) continue;
+              const int64_t images = c == 1000 ? 1 : 2, height = c == 1000 ? 8 : 9;
+              SCOPED_TRACE(isa + " channels-last k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " c=" +
+                           std::to_string(c) + " w=" + std::to_string(width) + " threads=" + std::to_string(threads));
+              const int64_t p = k / 2;
+              Tensor x = noise({images, height, width, c}, 21), w = noise({c, 1, k, k}, 22, 0.5f), b = noise({c}, 23);
+              const std::string name = "kiln.dwconv_f32_" + isa;
+              std::vector<Attribute> a = {attr("group", c), attr("channels_last", int64_t{1}),
+                                          attr("pads", std::vector<int64_t>{p, p + 1, 0, p}),
+                                          attr("strides", std::vector<int64_t>{stride, stride})};
+              EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name, {}, threads}, 1e-5, &cpu), name);
+              const int64_t oh = (height + p - k) / stride + 1, ow = (width + 2 * p + 1 - k) / stride + 1;
+              std::vector<Attribute> fused = a;
+              fused.push_back(attr("activation", std::string("Silu")));
+              fused.push_back(attr("post_activation", std::string("Relu")));
+              const Tensor z = noise({images, oh, ow, c}, 24);
+              EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, name, {}, threads}, 1e-5,
+                              &cpu),
+                        name);
+            }
+  // The default rule: kiln's kernel for 3x3 and 5x5 filters, stride 1 or 2, on rows with as
+  // many columns whose taps all lie inside as edge ones, with a SiLU; oneDNN's for a
+  // piecewise-linear epilogue, 7x7 and shorter rows.
   for (const auto& [isa, cpu] : isa_paths()) {
     auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act) {
       std::vector<Attribute> a = {attr("group", int64_t{32}), attr("channels_last", int64_t{1}),
@@ -320,9 +326,14 @@ TEST(CpuKernels, DepthwiseConv) {
     EXPECT_EQ(layer(5, 1, 20, "Silu"), "kiln.dwconv_f32_" + isa);
     EXPECT_EQ(layer(3, 1, 14, "Clip"), "onednn.conv");
     EXPECT_EQ(layer(3, 1, 14, ""), "onednn.conv");
-    EXPECT_EQ(layer(3, 2, 28, "Silu"), "onednn.conv");
+    EXPECT_EQ(layer(3, 2, 28, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(5, 2, 28, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(3, 1, 7, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(3, 1, 3, "Silu"), "onednn.conv");
+    EXPECT_EQ(layer(5, 1, 7, "Silu"), "onednn.conv");
+    EXPECT_EQ(layer(5, 1, 8, "Silu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(5, 2, 14, "Silu"), "kiln.dwconv_f32_" + isa);
     EXPECT_EQ(layer(7, 1, 20, "Silu"), "onednn.conv");
-    EXPECT_EQ(layer(5, 1, 13, "Silu"), "onednn.conv");
   }
   // Dilated and grouped-but-not-depthwise convolutions go elsewhere.
   Tensor x = noise({1, 8, 9, 9}, 5);
