@@ -236,7 +236,8 @@ TEST(Gemm, GatedProductsMultiplyValuesByTheirGates) {
 }
 
 // The default thread grid splits N first, then M, never into more M parts than M has rows of
-// tiles: a single row's product runs on every thread that has a panel of N.
+// tiles: a single row's product runs on every thread that has a panel of N; M alone for a small
+// B and rows enough.
 TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   const gemm::Tile t{8, 48};
   const gemm::CacheSizes& c = gemm::CacheSizes::host();
@@ -254,6 +255,18 @@ TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   p = gemm::default_params(Isa::avx512, t, c, 128, 768, 768, 16);  // BERT's: N first, then M
   EXPECT_EQ(p.tm, 2);
   EXPECT_EQ(p.tn, 8);
+  // M alone where B fits half of L2 and M has four rows of tiles a thread: EfficientNet-B0's
+  // 28x28 expansion (40 -> 240 channels); not over 7x7 pixels, nor by a B past half of L2.
+  const gemm::CacheSizes two_mib{.l1d = 48 << 10, .l2 = 2 << 20, .l3 = 32 << 20};
+  p = gemm::default_params(Isa::avx512, t, two_mib, 784, 240, 40, 2);
+  EXPECT_EQ(p.tm, 2);
+  EXPECT_EQ(p.tn, 1);
+  p = gemm::default_params(Isa::avx512, t, two_mib, 49, 1152, 192, 2);
+  EXPECT_EQ(p.tm, 1);
+  EXPECT_EQ(p.tn, 2);
+  p = gemm::default_params(Isa::avx512, t, two_mib, 784, 768, 768, 2);
+  EXPECT_EQ(p.tm, 1);
+  EXPECT_EQ(p.tn, 2);
   use_threads(2);
   for (Isa isa : isas()) check_gemm(gemm::default_params(isa, gemm::tiles(isa)[0], c, 1, 300, 70, 2), {1, 300, 70, false, false, true}, true);
 }
