@@ -303,10 +303,21 @@ TEST(Gemm, TransposedOperandsAndEpilogues) {
           o.post = {};
           o.residual = false;
           check_gemm(p, o, packed);
+          // A ReLU or a Clip alone: applied in the registers as the last K slice's tiles are
+          // stored (the earlier slices' sums unclamped), the last panel's partial columns too.
+          for (ActivationSpec act : {ActivationSpec{Activation::relu}, ActivationSpec{Activation::clip, -0.25f, 0.5f}}) {
+            o.act = act;
+            check_gemm(p, o, packed);
+            o.bias = false;
+            check_gemm(p, o, packed);
+            o.bias = true;
+          }
         }
     // No K at all: C is the bias, then the epilogue.
     check_gemm(gemm::default_params(isa, t, gemm::CacheSizes::host(), 3, 5, 0, 1),
                {3, 5, 0, false, false, true, true, {Activation::relu}, {}}, false);
+    check_gemm(gemm::default_params(isa, t, gemm::CacheSizes::host(), 3, 5, 0, 1),
+               {3, 5, 0, false, false, true, false, {Activation::clip, -0.25f, 0.5f}, {}}, false);
   }
 }
 
