@@ -143,7 +143,11 @@ class BinaryKernel final : public Kernel {
       rows_.binary(op_, a + ao + r0 * a_row_, as, a_row_, b + bo + r0 * b_row_, bs, b_row_, y + (plane * plane_rows_ + r0) * inner_,
                    rows, inner_);
     };
-#pragma omp parallel for schedule(static) if (parallel_)
+    if (!parallel_) {  // no parallel region: one that an `if` keeps serial still calls the OpenMP runtime
+      for (int64_t i = 0; i < items_; ++i) item(i);
+      return {};
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < items_; ++i) item(i);
     return {};
   }
