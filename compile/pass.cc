@@ -10,7 +10,8 @@ namespace {
 // Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
 // folding before CSE (folded constants that come out equal are merged), CSE before the weight
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
-// ops before the epilogues fuse (GELU must be one node to become a matmul's activation); the
+// ops before the epilogues fuse (GELU must be one node to become a matmul's activation), and
+// activations move ahead of reshapes and transposes before them (to meet their conv); the
 // layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
 // channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
 // node's weight), the f32 products that share an input merged after it (so that what it
@@ -39,6 +40,8 @@ constexpr std::array kPasses = {
     PassInfo{"fuse_rotary", "x * cos + rotate_half(x) * sin with constant tables on 4-D heads -> RotaryEmbedding", fuse_rotary_pass},
     PassInfo{"fuse_attention", "MatMul(Q, K^T), scale, mask, Softmax, MatMul(., V) on 4-D heads -> Attention (grouped-query K/V unrepeated, split heads read in place)",
              fuse_attention_pass},
+    PassInfo{"hoist_activations", "an activation after a Reshape, Transpose, Flatten, Squeeze or Unsqueeze runs before it (to fuse into the conv or matmul behind)",
+             hoist_activations},
     PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",
              fuse_epilogues_pass},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",

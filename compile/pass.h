@@ -64,6 +64,7 @@ Result<PassResult> fuse_rms_norm_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_gelu_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_rotary_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_attention_pass(Model& model, PassContext& ctx);
+Result<PassResult> hoist_activations(Model& model, PassContext& ctx);
 Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
 Result<PassResult> channels_last(Model& model, PassContext& ctx);
 Result<PassResult> lower_int8(Model& model, PassContext& ctx);

@@ -152,7 +152,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 22u);
+  EXPECT_EQ(names.size(), 23u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1052,6 +1052,54 @@ TEST(CompileSelectKernels, NeedsConcreteInputShapes) {
   EXPECT_TRUE(m.graph.nodes[0].kernel.empty());
 }
 
+// ---- hoist_activations ---------------------------------------------------------------------
+
+// A detection head: a 1x1 convolution's output reshaped to [N, anchors, outputs, H, W],
+// transposed to [N, anchors, H, W, outputs], then a Sigmoid; a Relu after a Flatten whose input
+// another node reads too (stays); a Tanh after a Transpose of a graph input (moves: the input is
+// read by the Transpose alone).
+Model hoist_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 8, 4, 5});
+  ValueId c = b.op("conv", "Conv", {x, b.constant("w", random_f32({12, 8, 1, 1}, 93))}, "c");
+  ValueId r = b.op("split", "Reshape", {c, b.constant("s5", Tensor::from<int64_t>({5}, {1, 3, 4, 4, 5}))}, "r");
+  ValueId t = b.op("head", "Transpose", {r}, "t", {attr("perm", std::vector<int64_t>{0, 1, 3, 4, 2})});
+  b.output(b.op("sig", "Sigmoid", {t}, "p"));
+  ValueId u = b.input("u", {2, 3, 4});
+  ValueId f = b.op("flat", "Flatten", {u}, "f");
+  b.output(b.op("relu", "Relu", {f}, "rf"));
+  b.output(b.op("neg", "Neg", {u}, "nu"));
+  ValueId v = b.input("v", {2, 3});
+  ValueId tv = b.op("tv", "Transpose", {v}, "tvv", {});
+  b.output(b.op("tanh", "Tanh", {tv}, "th"));
+  return b.done();
+}
+
+TEST(CompileHoistActivations, Golden) {
+  Model m = hoist_model();
+  PassResult r = run_pass("hoist_activations", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "moved 3 activations ahead of a Reshape, Transpose or squeeze");
+  EXPECT_EQ(testing::nodes_text(m.graph),
+            "node conv: Conv(x, w) -> (c) sources=[\"conv\"]\n"
+            "node sig: Sigmoid(c) -> (r) sources=[\"sig\"]\n"
+            "node split: Reshape(r, s5) -> (t) sources=[\"split\"]\n"
+            "node head: Transpose(t) -> (p) perm=ints[0, 1, 3, 4, 2] sources=[\"head\"]\n"
+            "node flat: Flatten(u) -> (f) sources=[\"flat\"]\n"
+            "node relu: Relu(f) -> (rf) sources=[\"relu\"]\n"
+            "node neg: Neg(u) -> (nu) sources=[\"neg\"]\n"
+            "node tanh: Tanh(v) -> (tvv) sources=[\"tanh\"]\n"
+            "node tv: Transpose(tvv) -> (th) sources=[\"tv\"]\n");
+  // Then the convolution takes the Sigmoid as its epilogue.
+  EXPECT_EQ(run_pass("fuse_epilogues", m).summary, "made 1 fused conv/matmul absorbing 1 node");
+}
+
+TEST(CompileHoistActivations, SameOutputs) {
+  Model before = hoist_model(), after = before;
+  run_pass("hoist_activations", after);
+  expect_same_outputs(before, after, {random_f32({1, 8, 4, 5}, 94), random_f32({2, 3, 4}, 95), random_f32({2, 3}, 96)}, 0);
+}
+
 // ---- merge_transposes ----------------------------------------------------------------------
 
 // A detection head as the layout pass leaves it: a channels-last output brought back to NCHW,
@@ -1424,7 +1472,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
-            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
+            "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, hoist_activations, fuse_epilogues, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
             "fuse_concat, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
