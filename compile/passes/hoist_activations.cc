@@ -71,7 +71,8 @@ Result<PassResult> hoist_activations(Model& model, PassContext&) {
     }
   }
   if (hoisted == 0) return PassResult{};
-  return PassResult{true, "moved " + count_of(hoisted, "activation", "activations") + " ahead of a Reshape, Transpose or squeeze"};
+  return PassResult{true, "moved " + count_of(hoisted, "activation", "activations") +
+                              " ahead of a Reshape, Transpose, Flatten, Squeeze or Unsqueeze"};
 }
 
 }  // namespace kiln

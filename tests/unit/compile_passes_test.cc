@@ -1079,7 +1079,7 @@ TEST(CompileHoistActivations, Golden) {
   Model m = hoist_model();
   PassResult r = run_pass("hoist_activations", m);
   EXPECT_TRUE(r.changed);
-  EXPECT_EQ(r.summary, "moved 3 activations ahead of a Reshape, Transpose or squeeze");
+  EXPECT_EQ(r.summary, "moved 3 activations ahead of a Reshape, Transpose, Flatten, Squeeze or Unsqueeze");
   EXPECT_EQ(testing::nodes_text(m.graph),
             "node conv: Conv(x, w) -> (c) sources=[\"conv\"]\n"
             "node sig: Sigmoid(c) -> (r) sources=[\"sig\"]\n"
