@@ -40,7 +40,7 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
 // whose output rows have at least as many columns with every tap inside the image as with taps
 // in the padding. oneDNN keeps the rest: a piecewise-linear epilogue or none (MobileNetV2's Clip
 // layers: 1.03-1.08x their time on kiln's), 7x7 filters, and rows mostly edge (5x5 stride 1 on
-// 7 columns: 0.96-1.10x). In the compiled models, the least of 4-6 alternated profiles per
+// 7 columns: 0.91-1.10x). In the compiled models, the least of 4-6 alternated profiles per
 // node at one and two threads; docs/architecture.md has the table. max-autotune times both.
 std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   if (!nn::channels_last(q.node)) return std::nullopt;
