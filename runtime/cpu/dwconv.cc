@@ -49,9 +49,8 @@ std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   if ((k != 3 && k != 5) || ws[3] != k) return "oneDNN's channels-last depthwise kernel is as fast but on 3x3 and 5x5 filters";
   const Result<nn::Window> w = nn::resolve_window(q.node, {xs[1], xs[2]}, {k, k}, false);
   if (!w.ok()) return "an invalid window";
-  const int64_t s = w->strides[1], pl = w->pads[1], ow = w->out[1];
-  const int64_t j0 = std::min(ow, (pl + s - 1) / s);  // as the kernel's dwconv_inside_columns
-  const int64_t j1 = xs[2] - k + pl >= 0 ? std::max(j0, std::min(ow, (xs[2] - k + pl) / s + 1)) : j0;
+  const int64_t ow = w->out[1];
+  const auto [j0, j1] = dwconv_inside_columns(xs[2], k, w->strides[1], w->pads[1], ow);
   if (2 * (j1 - j0) < ow) return "oneDNN's channels-last depthwise kernel is as fast on rows mostly of edge columns";
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;

@@ -3,9 +3,11 @@
 // and chosen at run time from the target's CPU features, never the build machine's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "formats/ops/epilogue.h"
 #include "runtime/target.h"
@@ -138,6 +140,15 @@ inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t 
 
 /// The tallest filter RowKernels::dwconv_nhwc takes.
 inline constexpr int64_t kDwconvNhwcMaxRows = 16;
+
+/// The output columns [j0, j1) of a depthwise convolution's row whose taps all lie inside an
+/// input row of w columns (filter width kw, stride s, left padding pl, ow output columns): the
+/// columns dwconv_nhwc computes in blocks, the others being edge columns.
+inline std::pair<int64_t, int64_t> dwconv_inside_columns(int64_t w, int64_t kw, int64_t s, int64_t pl, int64_t ow) {
+  const int64_t j0 = std::min(ow, (pl + s - 1) / s);  // the first with no tap left of the image
+  const int64_t j1 = w - kw + pl >= 0 ? std::max(j0, std::min(ow, (w - kw + pl) / s + 1)) : j0;  // past the last with none right
+  return {j0, j1};
+}
 
 const RowKernels& row_kernels(Isa isa);
 
