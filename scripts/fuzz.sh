@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds kiln's libFuzzer targets (in the CMake preset `asan`'s build-asan/: clang, ASan + UBSan,
 # the build the sanitizer tests use too) and runs them.
-#   scripts/fuzz.sh --smoke              every target for 45 s (as many at once as CPUs) from its committed corpus and
+#   scripts/fuzz.sh --smoke              every target for 30 s (as many at once as CPUs) from its committed corpus and
 #                                        the inputs of past findings (tests/fuzz/findings) (CI)
 #   scripts/fuzz.sh TARGET [SECONDS] [-jobs N]
 #                                        a long campaign: a work corpus in build-asan/fuzz/corpus/TARGET
@@ -50,14 +50,14 @@ run_target() {
 }
 
 if [ "${1:-}" = "--smoke" ]; then
-  # As many targets at once as there are CPUs (each is one process), each 45 s from its corpus.
+  # As many targets at once as there are CPUs (each is one process), each 30 s from its corpus.
   failed=0
   parallel=$(nproc)
   for ((i = 0; i < ${#targets[@]}; i += parallel)); do
     batch=("${targets[@]:i:parallel}")
     pids=()
     for t in "${batch[@]}"; do
-      (work=$(mktemp -d); rc=0; run_target "$t" 45 "$work" >"$out/$t.smoke" 2>&1 || rc=$?; rm -rf "$work"; exit $rc) &
+      (work=$(mktemp -d); rc=0; run_target "$t" 30 "$work" >"$out/$t.smoke" 2>&1 || rc=$?; rm -rf "$work"; exit $rc) &
       pids+=($!)
     done
     for k in "${!pids[@]}"; do

@@ -388,11 +388,13 @@ TEST(CpuKernels, WinogradConv) {
           const KernelParams pin = {{"tile", tile}};
           const int64_t oh = l.h + l.pads[0] + l.pads[2] - 2, ow = l.w + l.pads[1] + l.pads[3] - 2;
           const Tensor x = noise({2, l.h, l.w, l.c}, 41), w = noise({l.k, l.c, 3, 3}, 42, 0.5f), b = noise({l.k}, 43);
-          EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
-          EXPECT_EQ(check({"FusedConv", {x, w}, {false, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
-          std::vector<Attribute> relu = conv(l.pads);
-          relu.push_back(attr("activation", std::string("Relu")));
-          EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, relu, {true}, name, pin, threads}, 1e-5, &cpu), name);
+          if (l.h < 100) {  // the tall image (its blocks of tile rows) with the fused epilogue alone
+            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
+            EXPECT_EQ(check({"FusedConv", {x, w}, {false, true}, conv(l.pads), {true}, name, pin, threads}, 1e-5, &cpu), name);
+            std::vector<Attribute> relu = conv(l.pads);
+            relu.push_back(attr("activation", std::string("Relu")));
+            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, relu, {true}, name, pin, threads}, 1e-5, &cpu), name);
+          }
           std::vector<Attribute> fused = conv(l.pads);
           fused.push_back(attr("activation", std::string("Silu")));
           fused.push_back(attr("post_activation", std::string("Relu")));
@@ -647,7 +649,7 @@ TEST(CpuKernels, FlashAttentionAcrossBlocks) {
   for (const auto& [isa, cpu] : isa_paths()) {
     const std::string name = "kiln.attention_f32_" + isa;
     SCOPED_TRACE(name);
-    for (int64_t s : {65, 200, 300})
+    for (int64_t s : {65, 300})
       for (int64_t t : {s, int64_t{400}}) {
         SCOPED_TRACE("s=" + std::to_string(s) + " t=" + std::to_string(t));
         // Scores of both signs and large spread, so that a later key block raises the maximum.

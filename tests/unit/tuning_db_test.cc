@@ -481,7 +481,7 @@ TEST(TuningDb, KilledWriterLeavesTheOldFileOrTheNew) {
   const std::string dir = temp_dir("kill"), path = dir + "/db.jsonl";
   const std::vector<TuningRecord> old_records = {record(1, machine_a(), 10), record(2, machine_b(), 11)};
   std::vector<TuningRecord> added;
-  for (int i = 0; i < 3000; ++i) added.push_back(record(100 + i, i % 2 ? machine_a() : machine_b(), 5 + i % 13));
+  for (int i = 0; i < 1000; ++i) added.push_back(record(100 + i, i % 2 ? machine_a() : machine_b(), 5 + i % 13));
   const std::string old_text = db_of(old_records).serialize();
   TuningDb all = db_of(old_records);
   for (const TuningRecord& r : added) all.add(r);
