@@ -236,12 +236,17 @@ class FlashAttention final : public Kernel {
         // The output block: Y's rows in place, or the AMX tiles' f32 block, dv_ apart.
         float* acc = amx_ ? o_block : out;
         const int64_t ldo = amx_ ? dv_ : ldy;
-        for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
-        std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
-        std::fill(l, l + rows, 0.f);
         int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
         if (lengths) keys = std::clamp<int64_t>(lengths[b], 0, keys);  // the batch's keys past its length are out
         if (has_mask_) keys = std::min(keys, mask_keys_);
+        // f32: the first block's P·V writes the output rather than adding to it (the softmax
+        // leaves rows with nothing before them alone), and a single block's probabilities come
+        // divided by their sums, so that P·V is the output itself. AMX sums into zeros.
+        const bool only = !amx_ && keys > 0 && keys <= bk_;
+        if (amx_ || keys <= 0)
+          for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
+        std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+        std::fill(l, l + rows, 0.f);
         const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
         int64_t lda = qst_.row;
         if (rotary_) {
@@ -278,12 +283,13 @@ class FlashAttention final : public Kernel {
             const int64_t chunks = round_up(n, 32) / 32;
             amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, true);
           } else {
-            rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_);
+            rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, only);
             gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = ld_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
-                                 .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = true};
+                                 .b_packed = true, .b_panel_stride = t_ * pv_.tile.nr, .c = out, .ldc = ldy, .accumulate = k0 > 0};
             gemm::run(pv_, pv, gemm_ws);
           }
         }
+        if (only) continue;
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
           const float inv = 1.f / l[i];
           for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] = acc[i * ldo + j] * inv;
@@ -307,8 +313,16 @@ class FlashAttention final : public Kernel {
   // n keys from `k` (rows `ldk` apart), keys [j0, j0 + n) of the head, into its packed Kᵀ
   // (`pk`): the GEMM's panels, or AMX's tiles a group of 16 keys at a time.
   void pack_keys(const float* k, int64_t ldk, int64_t j0, int64_t n, float* pk) const {
-    if (!amx_) {
-      gemm::pack_b(k, ldk, true, d_, n, qk_.tile.nr, pk + j0 / qk_.tile.nr * d_ * qk_.tile.nr);
+    if (!amx_) {  // Kᵀ's panels of nr keys, d_ rows each (zeros past the last key)
+      const int64_t nr = qk_.tile.nr;
+      float* panels = pk + j0 / nr * d_ * nr;
+      for (int64_t j = 0; j < n; j += nr) {
+        const int64_t w = std::min(nr, n - j);
+        float* panel = panels + j / nr * d_ * nr;
+        rows_.transpose(k + j * ldk, ldk, w, d_, panel, nr);
+        if (w < nr)
+          for (int64_t p = 0; p < d_; ++p) std::fill(panel + p * nr + w, panel + (p + 1) * nr, 0.f);
+      }
       return;
     }
     for (int64_t j = 0; j < n; j += 16) amx::pack_key_group(k + j * ldk, ldk, std::min<int64_t>(16, n - j), d_, key_tiles(pk, j0 + j));

@@ -48,9 +48,12 @@ struct RowKernels {
   /// keys j > causal + i out when causal is not kNoCausal, then p = e^(x − m'), where m' is the
   /// row's running maximum m[i] taken over the block; the running sum becomes l·e^(m − m') +
   /// Σp, and the row of the output accumulated so far (dv values of `o`, `ldo` apart) is
-  /// scaled by e^(m − m'). A row with nothing to attend to yet adds zeros.
+  /// scaled by e^(m − m') unless the row had nothing to attend to before (o is then left as it
+  /// is, for the block's P·V to write). A row with nothing to attend to yet adds zeros. `only`:
+  /// the row's only block of keys: p is divided by its sum instead (P·V is then the output; a
+  /// row with nothing to attend to is NaN), and m, l and o are left alone.
   void (*softmax_block)(float* s, int64_t lds, int64_t rows, int64_t n, float scale, const float* mask, const bool* keep,
-                        int64_t mask_stride, int64_t causal, float* m, float* l, float* o, int64_t ldo, int64_t dv);
+                        int64_t mask_stride, int64_t causal, float* m, float* l, float* o, int64_t ldo, int64_t dv, bool only);
   /// The same, with the probabilities p written as bf16 (nearest even) into `p16`, rows `ldp`
   /// apart, with zeros from the last valid key up to n rounded up to 32 (AMX's whole tiles); the
   /// scores' block is left as scratch.
@@ -87,6 +90,9 @@ struct RowKernels {
   /// what flash attention applies to a block of Q rows or K rows as it loads them.
   void (*rotate_rows)(const float* x, int64_t ldx, float* y, int64_t ldy, const float* cos, const float* sin, int64_t rows,
                       int64_t d, int64_t half);
+  /// y[c·ldy + r] = x[r·ldx + c] for r < rows, c < cols: a block of rows transposed, as flash
+  /// attention packs Kᵀ's panels (16 rows a column at a time on AVX-512). On the calling thread.
+  void (*transpose)(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y, int64_t ldy);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
   /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
   /// planes, then the epilogue (z: the residual planes, may be null). `scratch` holds

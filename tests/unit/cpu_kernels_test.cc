@@ -142,6 +142,25 @@ TEST(CpuKernels, SoftmaxBehindALargeNegativeMaskMakesNoDenormals) {
   }
 }
 
+// The row kernels' transpose (flash attention's Kᵀ panels): rows below, at and past a vector
+// (the AVX-512 build's masked gathers), strided rows and columns, exact.
+TEST(CpuKernels, TransposeRows) {
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
+    if (cpu::lacks(CpuFeatures::host(), isa)) continue;
+    for (int64_t rows : {1, 5, 16, 17, 40})
+      for (int64_t cols : {1, 7, 64}) {
+        SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
+        const int64_t ldx = cols + 3, ldy = rows + 5;
+        std::vector<float> x(static_cast<size_t>(rows * ldx)), y(static_cast<size_t>(cols * ldy), -1.f);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i) * 0.5f;
+        cpu::row_kernels(isa).transpose(x.data(), ldx, rows, cols, y.data(), ldy);
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < ldy; ++r)
+            ASSERT_EQ(y[static_cast<size_t>(c * ldy + r)], r < rows ? x[static_cast<size_t>(r * ldx + c)] : -1.f) << c << "," << r;
+      }
+  }
+}
+
 // Data movement, bit-exact against the reference kernels, f32 and other element sizes.
 TEST(CpuKernels, ConcatAndSplit) {
   Tensor a = noise({2, 5, 7, 3}, 1), b = noise({2, 5, 7, 16}, 2), c = noise({2, 5, 7, 1}, 3);
