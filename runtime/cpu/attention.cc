@@ -3,7 +3,9 @@
 // head), then the online softmax (a running maximum and sum per row, the output accumulated so
 // far rescaled when the maximum grows), then Y += P·V (the GEMM again, on V packed once). No
 // S×T score matrix exists: the workspace is K and V packed plus one block of scores per
-// thread, linear in the sequence. The scale is folded into the softmax step; a causal mask
+// thread, linear in the sequence (with KV heads enough for the threads, each thread packs one
+// KV head at a time into its own buffer and runs that head's query blocks while K and V are in
+// its cache). The scale is folded into the softmax step; a causal mask
 // skips the key blocks wholly after a query block and cuts the one on the diagonal; an
 // additive f32 or boolean mask is read where it lies, broadcast over batch, heads and rows;
 // grouped-query heads read their KV head's packed K and V, never copies of them. Q, K, V and Y
@@ -129,7 +131,12 @@ class FlashAttention final : public Kernel {
     rotated_floats_ = assemble_ ? floats_bytes(std::max(rotary_ ? bq_ : 0, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
     thread_bytes_ = floats_bytes(bq_pad_ * ld_) + 2 * floats_bytes(bq_pad_) + static_cast<size_t>(rotated_floats_) * 4 + scratch_bytes;
     threads_ = std::max(1, q.target.threads);
-    packed_bytes_ = floats_bytes(b_ * hkv_ * (k_floats_ + v_floats_));
+    // With KV heads enough to share evenly among the threads, each thread packs a head at a time
+    // into its own buffer and runs that head's query blocks while K and V are in its cache (packed
+    // all at once, they are written to memory between the model's larger products and read back).
+    const int64_t kv_heads = b_ * hkv_;
+    per_head_ = kv_heads % threads_ == 0 || kv_heads >= 4 * threads_;
+    packed_bytes_ = floats_bytes((per_head_ ? threads_ : kv_heads) * (k_floats_ + v_floats_));
     needs.workspace_bytes = packed_bytes_ + thread_bytes_ * static_cast<size_t>(threads_);
     return {};
   }
@@ -174,9 +181,7 @@ class FlashAttention final : public Kernel {
       // K (as Kᵀ) and V of each KV head, packed once. K's chunks of keys are assembled first
       // where there is more to do than packing: the past keys, then the new ones (rotated), each
       // chunk copied to present_key when it is asked for.
-#pragma omp for schedule(static)
-      for (int64_t h = 0; h < heads; ++h) {
-        float* pk = packed + h * (k_floats_ + v_floats_);
+      auto pack = [&](int64_t h, float* pk) {
         const float* k = kd + kst_.at(h / hkv_, h % hkv_);
         if (!assemble_) {
           pack_keys(k, kst_.row, 0, t_, pk);
@@ -225,12 +230,12 @@ class FlashAttention final : public Kernel {
           if (p_) std::memcpy(to, past_v + h * p_ * dv_, static_cast<size_t>(p_ * dv_) * sizeof(float));
           for (int64_t r = 0; r < l_; ++r) std::memcpy(to + (p_ + r) * dv_, v + r * vst_.row, static_cast<size_t>(dv_) * sizeof(float));
         }
-      }
-#pragma omp for schedule(dynamic)
-      for (int64_t item = 0; item < items; ++item) {
+      };
+      // One block of query rows of one head (item = (batch · heads + head) · blocks + block),
+      // against its KV head's packed K and V at pk.
+      auto attend = [&](int64_t item, float* pk) {
         const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
         const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0), rows_pad = amx_ ? round_up(rows, 16) : rows;
-        float* pk = packed + (b * hkv_ + h / rep) * (k_floats_ + v_floats_);
         const int64_t ldy = yst_.row;
         float* out = y + yst_.at(b, h) + q0 * ldy;
         // The output block: Y's rows in place, or the AMX tiles' f32 block, dv_ apart.
@@ -289,10 +294,27 @@ class FlashAttention final : public Kernel {
             gemm::run(pv_, pv, gemm_ws);
           }
         }
-        if (only) continue;
+        if (only) return;
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
           const float inv = 1.f / l[i];
           for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] = acc[i * ldo + j] * inv;
+        }
+      };
+      if (per_head_) {  // each KV head packed into the thread's own buffer, then its query blocks
+        float* pk = packed + thread * (k_floats_ + v_floats_);
+#pragma omp for schedule(dynamic)
+        for (int64_t kv = 0; kv < heads; ++kv) {
+          pack(kv, pk);
+          const int64_t b = kv / hkv_, first = (b * hq_ + kv % hkv_ * rep) * q_blocks;
+          for (int64_t item = first; item < first + rep * q_blocks; ++item) attend(item, pk);
+        }
+      } else {  // every KV head packed once, then the query blocks shared
+#pragma omp for schedule(static)
+        for (int64_t h = 0; h < heads; ++h) pack(h, packed + h * (k_floats_ + v_floats_));
+#pragma omp for schedule(dynamic)
+        for (int64_t item = 0; item < items; ++item) {
+          const int64_t bh = item / q_blocks;
+          attend(item, packed + (bh / hq_ * hkv_ + bh % hq_ / rep) * (k_floats_ + v_floats_));
         }
       }
       if (amx_) amx::release();
@@ -351,6 +373,7 @@ class FlashAttention final : public Kernel {
   int64_t k_floats_ = 0, v_floats_ = 0;
   size_t packed_bytes_ = 0, thread_bytes_ = 0;
   int threads_ = 1;
+  bool per_head_ = false;  // K and V packed a head at a time per thread (else all at once, shared)
 };
 
 // The rotary embedding's sizes, for 3-D or 4-D x with concrete shapes.

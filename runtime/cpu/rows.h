@@ -91,7 +91,7 @@ struct RowKernels {
   void (*rotate_rows)(const float* x, int64_t ldx, float* y, int64_t ldy, const float* cos, const float* sin, int64_t rows,
                       int64_t d, int64_t half);
   /// y[c·ldy + r] = x[r·ldx + c] for r < rows, c < cols: a block of rows transposed, as flash
-  /// attention packs Kᵀ's panels (16 rows a column at a time on AVX-512). On the calling thread.
+  /// attention packs Kᵀ's panels (blocks of 16 x 16 in registers on AVX-512). On the calling thread.
   void (*transpose)(const float* x, int64_t ldx, int64_t rows, int64_t cols, float* y, int64_t ldy);
   /// Depthwise 2-D convolution of `planes` [H, W] planes (one filter [KH, KW] and bias per
   /// plane, plane p using filter p % channels), stride s, top/left padding pt/pl, into [OH, OW]
