@@ -682,6 +682,19 @@ TEST(CpuKernels, FlashAttentionAcrossBlocks) {
         EXPECT_EQ(check({"Attention", {q, k, v, keep}, {}, {attr("is_causal", int64_t{1})}}, 1e-5, &cpu), name);
       }
   }
+  // On two threads: KV heads that do not share evenly (1, 3: packed once, the query blocks
+  // shared) and that do (6: each thread packs a head at a time into its own buffer), one block
+  // of keys and several, grouped-query heads.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    const std::string name = "kiln.attention_f32_" + isa;
+    for (int64_t kv : {1, 3, 6})
+      for (int64_t t : {70, 600}) {
+        SCOPED_TRACE(name + " two threads, kv heads " + std::to_string(kv) + " t=" + std::to_string(t));
+        Tensor q = noise({1, 6, 70, 32}, 5, 6.f), k = noise({1, kv, t, 32}, 6, 6.f), v = noise({1, kv, t, 24}, 7);
+        EXPECT_EQ(check({"Attention", {q, k, v}, {}, {}, {true}, "", {}, 2}, 1e-5, &cpu), name);
+        EXPECT_EQ(check({"Attention", {q, k, v}, {}, {attr("is_causal", int64_t{1})}, {true}, "", {}, 2}, 1e-5, &cpu), name);
+      }
+  }
 }
 
 TEST(CpuKernels, FlashAttentionSoftcapAndSequenceLengths) {
