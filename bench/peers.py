@@ -3,7 +3,7 @@
 
     python bench/peers.py --kiln PATH [--models NAME ...] [--threads 1 2] [--rounds 3]
                           [--iters 10] [--warmup 3] [--work-dir DIR] [--no-compile] [--autotune]
-                          [--precision bf16 fp16] [--lower-output-layers]
+                          [--precision bf16 fp16] [--lower-output-layers] [--no-pin]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
 64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
@@ -53,6 +53,13 @@ and a line per model gives the relative L2 of each output. With bf16, OpenVINO a
 INFERENCE_PRECISION_HINT=bf16 (checked at the same limit, timed in the same rounds), and a line
 per model gives kiln bf16 over OpenVINO bf16. --lower-output-layers passes that flag to those
 compiles (the layers that write graph outputs lowered too, as OpenVINO's bf16 lowers them).
+
+At one thread every runtime runs on the same CPU: while a one-thread case is timed, the script
+pins each of its own threads (ONNX Runtime's and OpenVINO's included) and so the kiln process it
+starts to the first CPU it may use (--no-pin leaves the scheduler to place them). The vCPUs of a
+shared host can run at different speeds for minutes at a time (on the 2-core machine of the
+tables below, one ran ~30 % slower than the other while both were busy), and a fresh kiln
+process landing on the other CPU than the benchmark's own would decide a ratio by itself.
 
 kiln's threads are GNU OpenMP's; the header prints OMP_WAIT_POLICY and GOMP_SPINCOUNT as set
 (pass --omp-wait-policy to set it for kiln's runs). Test and benchmark tool only: needs numpy,
@@ -274,6 +281,15 @@ def prepare_ov(case, threads, precision="f32"):
     return request
 
 
+def pin(cpus):
+    """Every thread of this process (the peers' pools too) to `cpus`; children inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that has just exited
+            pass
+
+
 def time_kiln(case, kiln, threads, args, env, variant=None):
     out = run([kiln, "run", (case.variants[variant] if variant else case.kiln)[threads], "--inputs", case.inputs_path, "--threads", str(threads), "--iters",
                str(args.iters), "--warmup", str(args.warmup), "--json"], args.timeout, env)
@@ -398,6 +414,7 @@ def main(argv=None):
                         help="also time kiln compiled with --precision P")
     parser.add_argument("--lower-output-layers", action="store_true",
                         help="with --precision: compile with --lower-output-layers (the final layers lowered too)")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin one-thread cases to one CPU")
     args = parser.parse_args(argv)
     kiln = os.path.abspath(args.kiln)
     env = dict(os.environ)
@@ -414,8 +431,9 @@ def main(argv=None):
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; onnxruntime "
           f"{onnxruntime.__version__}, openvino {ov_version}; kiln {'exported' if args.no_compile else 'compiled'}; "
           f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')} GOMP_SPINCOUNT={env.get('GOMP_SPINCOUNT', 'unset')}")
-    print(f"# {args.rounds} rounds x {args.iters} runs after {args.warmup} warm-up; ms: median of round medians (min-max)",
-          flush=True)
+    pinned = "not pinned" if args.no_pin else f"one-thread cases pinned to CPU {min(os.sched_getaffinity(0))}"
+    print(f"# {args.rounds} rounds x {args.iters} runs after {args.warmup} warm-up; ms: median of round medians (min-max); "
+          f"{pinned}", flush=True)
     failed = False
     with tempfile.TemporaryDirectory(dir=args.work_dir if os.path.isdir(args.work_dir) else None) as scratch:
         cases = make_cases(args, scratch)
@@ -437,12 +455,15 @@ def main(argv=None):
             except (Failed, Exception) as e:  # ONNX Runtime raises its own exception types
                 case.error = str(e).splitlines()[0]
                 failed = True
+        allowed = os.sched_getaffinity(0)
         times = {}  # (case, threads, runtime) -> [round medians]
         for _ in range(args.rounds):
             for case in cases:
                 if case.error:
                     continue
                 for t in args.threads:
+                    if not args.no_pin:
+                        pin({min(allowed)} if t == 1 else allowed)
                     try:
                         times.setdefault((case.name, t, "kiln"), []).append(time_kiln(case, kiln, t, args, env))
                         time.sleep(PAUSE_S)
@@ -465,6 +486,7 @@ def main(argv=None):
                     except Failed as e:
                         case.error = str(e)
                         failed = True
+        pin(allowed)
         variants = (["tuned"] if args.autotune and not args.no_compile else []) + ([] if args.no_compile else args.precision)
         variant_cols = "".join(f"  {v + ' ms':>20s}  {v + '/kiln':>10s}" for v in variants)
         header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}" + variant_cols
