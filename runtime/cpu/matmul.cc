@@ -53,7 +53,12 @@ std::optional<std::string> pointwise_declines(const KernelQuery& q, bool strided
 // - the 3x3 stride-1 ones of 64 or fewer output channels that kiln's Winograd (tried first)
 //   leaves, where oneDNN's Winograd does a
 //   quarter of the multiplies (ResNet-50's 56x56 ones in the model: a tie at one thread, 1.09-1.14x
-//   oneDNN's time at two; YOLO's 20x20 ones a tie).
+//   oneDNN's time at two; YOLO's 20x20 ones a tie);
+// - the 1x1 ones of 64 or fewer input channels over 784 pixels or more (28x28), whose few
+//   multiplies per output leave the f16 kernel slower than f32 (in the models at one thread:
+//   MobileNetV2's expansions of 16-32 channels at 112x112-28x28 1.11-1.73x their f32 time,
+//   ResNet-50's 64 to 256 at 56x56 1.05-1.44x; 64 channels over 14x14 gain, 0.77, and 256 over
+//   56x56, 0.72).
 // One pixel (an SE block's squeeze and excite) is a call's fixed cost, less in kiln's kernel.
 std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
@@ -61,6 +66,8 @@ std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (x[1] * x[2] == 1) return std::nullopt;
   if (x[3] < 16) return "oneDNN is as fast on fewer than 16 input channels";
   if (w[0] <= 32) return "32 or fewer output channels fill half the f16 tile or less";
+  if (w[2] == 1 && w[3] == 1 && x[3] <= 64 && x[1] * x[2] >= 784)
+    return "f32 is as fast on 1x1 convolutions of 64 or fewer input channels over 784 pixels or more";
   if (w[0] <= 64 && w[2] == 3 && w[3] == 3 && q.node.attr_ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
       q.node.attr_int("group", 1) == 1)
     return "oneDNN's Winograd is as fast on 3x3 stride-1 convolutions of 64 or fewer output channels";

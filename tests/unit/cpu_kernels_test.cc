@@ -519,6 +519,12 @@ TEST(CpuKernels, F16Convolution) {
   // kiln's Winograd, tried first, takes the 3x3 stride-1 ones over 16 tiles or more.
   EXPECT_EQ(chosen(64, 128, 3, 1), std::string("kiln.winograd_f32_avx512"));
   EXPECT_EQ(chosen(64, 48, 1, 1), name);
+  // 1x1 ones of 64 or fewer input channels over 28x28 pixels or more stay f32 (oneDNN's or
+  // kiln's f32 GEMM, gemm_defers' rule), over fewer pixels or with more channels f16.
+  EXPECT_NE(chosen(64, 256, 1, 1, 28), name);
+  EXPECT_NE(chosen(16, 96, 1, 1, 56), name);
+  EXPECT_EQ(chosen(64, 256, 1, 1, 27), name);
+  EXPECT_EQ(chosen(96, 256, 1, 1, 28), name);
 }
 
 TEST(CpuKernels, Attention) {
