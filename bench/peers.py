@@ -54,9 +54,10 @@ INFERENCE_PRECISION_HINT=bf16 (checked at the same limit, timed in the same roun
 per model gives kiln bf16 over OpenVINO bf16. --lower-output-layers passes that flag to those
 compiles (the layers that write graph outputs lowered too, as OpenVINO's bf16 lowers them).
 
-At one thread every runtime runs on the same CPU: while a one-thread case is timed, the script
-pins each of its own threads (ONNX Runtime's and OpenVINO's included) and so the kiln process it
-starts to the first CPU it may use (--no-pin leaves the scheduler to place them). The vCPUs of a
+At one thread every runtime of a round runs on the same CPU: while a one-thread case is timed,
+the script pins each of its own threads (ONNX Runtime's and OpenVINO's included) and so the kiln
+process it starts to one CPU, round r to the r-th CPU it may use (modulo their number), so that
+the rounds sample every CPU alike (--no-pin leaves the scheduler to place them). The vCPUs of a
 shared host can run at different speeds for minutes at a time (on the 2-core machine of the
 tables below, one ran ~30 % slower than the other while both were busy), and a fresh kiln
 process landing on the other CPU than the benchmark's own would decide a ratio by itself.
@@ -431,7 +432,7 @@ def main(argv=None):
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; onnxruntime "
           f"{onnxruntime.__version__}, openvino {ov_version}; kiln {'exported' if args.no_compile else 'compiled'}; "
           f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')} GOMP_SPINCOUNT={env.get('GOMP_SPINCOUNT', 'unset')}")
-    pinned = "not pinned" if args.no_pin else f"one-thread cases pinned to CPU {min(os.sched_getaffinity(0))}"
+    pinned = "not pinned" if args.no_pin else "one-thread rounds pinned to one CPU each, the CPUs in turn"
     print(f"# {args.rounds} rounds x {args.iters} runs after {args.warmup} warm-up; ms: median of round medians (min-max); "
           f"{pinned}", flush=True)
     failed = False
@@ -456,14 +457,15 @@ def main(argv=None):
                 case.error = str(e).splitlines()[0]
                 failed = True
         allowed = os.sched_getaffinity(0)
+        cpus = sorted(allowed)
         times = {}  # (case, threads, runtime) -> [round medians]
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for case in cases:
                 if case.error:
                     continue
                 for t in args.threads:
                     if not args.no_pin:
-                        pin({min(allowed)} if t == 1 else allowed)
+                        pin({cpus[r % len(cpus)]} if t == 1 else allowed)
                     try:
                         times.setdefault((case.name, t, "kiln"), []).append(time_kiln(case, kiln, t, args, env))
                         time.sleep(PAUSE_S)
