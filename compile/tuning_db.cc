@@ -259,8 +259,6 @@ MachineFingerprint detect() {
 
 // ---- files ----
 
-std::string errno_text(int e) { return std::strerror(e); }
-
 // An exclusive flock on `<db>.lock`, released when destroyed (or when the process dies, so a
 // killed writer never blocks the next one). The lock file itself is never removed: removing it
 // would let two writers lock two different files.

@@ -246,4 +246,9 @@ Status convert_passthrough(ConvertContext& ctx) {
   return n.ok() ? Status() : Status(n.error());
 }
 
+Status convert_plain(ConvertContext& ctx) {
+  auto n = ctx.emit_passthrough(ctx.op_type(), {"consumed_inputs"});
+  return n.ok() ? Status() : Status(n.error());
+}
+
 }  // namespace kiln

@@ -135,6 +135,9 @@ int resolve_op_version(std::string_view domain, std::string_view op, int opset);
 
 /// A converter that emits the core op of the same name with all attributes copied.
 Status convert_passthrough(ConvertContext& ctx);
+/// convert_passthrough without `consumed_inputs`: the newest semantics, with the attribute that
+/// only ever was a memory hint (opsets 1-6) dropped.
+Status convert_plain(ConvertContext& ctx);
 
 // Per-family registration (export/converters/*.cc).
 void register_elementwise_converters(ConverterRegistry& r);

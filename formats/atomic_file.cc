@@ -18,8 +18,6 @@ namespace {
 
 constexpr size_t kBufferSize = size_t{1} << 20;
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 // The writer pid of a temporary named `<...>.tmp.<pid>.<n>`, or 0 when the name is not one.
 pid_t temp_writer(const std::string& name) {
   size_t at = name.rfind(".tmp.");
@@ -54,6 +52,8 @@ void remove_unlocked(const std::string& path) {
 }
 
 }  // namespace
+
+std::string errno_text(int err) { return std::strerror(err); }
 
 void remove_stale_temporaries(const std::string& final_path) {
   std::string prefix = ".";

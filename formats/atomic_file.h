@@ -12,6 +12,9 @@
 
 namespace kiln {
 
+/// strerror(err) as a string, for the messages of failed file operations.
+std::string errno_text(int err);
+
 /// A temporary file next to `final_path` that becomes `final_path` on commit() and is removed
 /// otherwise (also when destroyed without commit).
 class AtomicFile {

@@ -26,7 +26,7 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
-constexpr size_t kAlign = 64;
+constexpr size_t kHeaderAlign = 64;
 constexpr size_t kGrowthAxisMaxDigits = 21;  // numpy's spare room for the first dim to grow
 
 using npy_detail::file_error;
@@ -279,10 +279,6 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-bool has_suffix(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 // The bytes a container declared, read in order; notices a source that ends early or runs on.
 class DeclaredReader {
  public:
@@ -471,11 +467,11 @@ std::vector<uint8_t> npy_header(DType dtype, const std::vector<int64_t>& shape) 
   size_t hlen = dict.size() + 1;  // with the final '\n'
   uint8_t major = 1;
   size_t len_bytes = 2;
-  size_t pad = kAlign - (kMagicLen + 2 + len_bytes + hlen) % kAlign;
+  size_t pad = kHeaderAlign - (kMagicLen + 2 + len_bytes + hlen) % kHeaderAlign;
   if (hlen + pad > 0xFFFF) {
     major = 2;
     len_bytes = 4;
-    pad = kAlign - (kMagicLen + 2 + len_bytes + hlen) % kAlign;
+    pad = kHeaderAlign - (kMagicLen + 2 + len_bytes + hlen) % kHeaderAlign;
   }
   uint64_t total = hlen + pad;
   std::vector<uint8_t> out(kMagic, kMagic + kMagicLen);
@@ -562,7 +558,7 @@ Result<NamedTensors> read_tensors(std::span<const uint8_t> bytes, std::string_vi
 
 Result<NamedTensors> read_tensors_file(const std::string& path) {
   std::string name = base_name(path);
-  if (has_suffix(name, ".npy")) name.resize(name.size() - 4);
+  if (name.ends_with(".npy")) name.resize(name.size() - 4);
   if (auto decoded = percent_decode_file_name(name)) name = *decoded;
   KILN_ASSIGN_OR_RETURN(npy_detail::FilePtr f, npy_detail::open_file(path));
   if (!npy_detail::regular_file_size(f.get())) {  // a pipe: only its bytes can tell

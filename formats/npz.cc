@@ -127,10 +127,6 @@ struct Member {
   zip_stat_t st{};
 };
 
-bool has_suffix(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string member_where(const std::string& name) { return "member '" + name + "'"; }
 
 // The file members in directory order; directory entries are skipped and duplicate tensor
@@ -147,7 +143,7 @@ Result<std::vector<Member>> list_members(zip_t* za) {
       return user_error("central directory entry " + std::to_string(i), describe(zip_get_error(za)));
     m.name = (m.st.valid & ZIP_STAT_NAME) && m.st.name ? m.st.name : "";
     if (!m.name.empty() && m.name.back() == '/') continue;  // a directory entry
-    m.tensor = has_suffix(m.name, ".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
+    m.tensor = m.name.ends_with(".npy") ? m.name.substr(0, m.name.size() - 4) : m.name;
     if (!seen.insert(m.tensor).second)
       return user_error(member_where(m.name), "duplicate array name '" + m.tensor + "'");
     out.push_back(std::move(m));

@@ -30,6 +30,10 @@ struct InferOutput {
   Tensor value;  ///< optional: the data when the inference can compute it (small shape math)
 };
 
+/// Outputs with at most this many elements get their data computed during inference (the
+/// Shape → Gather → Concat → Reshape chains of exported models: small shape math).
+inline constexpr int64_t kFoldLimit = 64;
+
 /// Passed to an op's infer function.
 class InferContext {
  public:

@@ -56,8 +56,6 @@ constexpr uint32_t kMaxDepth = 128;
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 // ---- writing -------------------------------------------------------------------------------
 
 /// Builds the FlatBuffer and lays out the weight blob; tensors that share storage are placed

@@ -99,7 +99,7 @@ class Checker final : public ExecutionObserver {
     }
     c.checked = true;
     c.tolerance = kernel_precision(c.kernel, dtypes) != "f32" ? options_.low_precision_tolerance : options_.tolerance;
-    CompareOptions exact;
+    kiln::CompareOptions exact;  // runtime/compare.h's, not profile::CompareOptions (the --compare gate's)
     exact.atol = 0;
     exact.rtol = 0;
     for (size_t o = 0, r = 0; o < node.outputs.size(); ++o) {

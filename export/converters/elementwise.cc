@@ -16,12 +16,6 @@ namespace kiln {
 
 namespace {
 
-// The newest semantics with attributes that only ever were memory hints dropped.
-Status convert_plain(ConvertContext& ctx) {
-  auto n = ctx.emit_passthrough(ctx.op_type(), {"consumed_inputs"});
-  return n.ok() ? Status() : Status(n.error());
-}
-
 // Opset 1/6 binary ops: "broadcast" = 0 requires equal shapes (numpy gives the same result);
 // broadcast = 1 with the second input aligned at the end ("axis" absent or pointing there) is
 // numpy broadcasting. Other alignments are refused rather than computed differently.

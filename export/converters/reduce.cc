@@ -15,8 +15,6 @@ namespace kiln {
 
 namespace {
 
-Status status_of(const Result<Node*>& n) { return n.ok() ? Status() : Status(n.error()); }
-
 Tensor i64_vector(const std::vector<int64_t>& v) {
   return Tensor::from<int64_t>({static_cast<int64_t>(v.size())}, v);
 }
@@ -40,8 +38,6 @@ Status convert_reduce_attr_axes(ConvertContext& ctx) {
   n.set_attr("keepdims", ctx.attr_int("keepdims", 1));
   return {};
 }
-
-Status convert_plain(ConvertContext& ctx) { return status_of(ctx.emit_passthrough(ctx.op_type(), {"consumed_inputs"})); }
 
 // Softmax-like ops of opset 1 and 11: the input is seen as 2-D [prod(dims < axis),
 // prod(dims >= axis)] and the op runs along the second dim.

@@ -9,8 +9,6 @@ namespace kiln {
 
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 // What is certain about a value that may take shape `a` or shape `b`.
 Shape merge_shapes(const Shape& a, const Shape& b) {
   if (!a.rank_known || !b.rank_known || a.rank() != b.rank()) return Shape::unknown_rank();
@@ -41,7 +39,8 @@ Status infer_if(InferContext& ctx) {
     const Value& t = then_g->value(then_g->outputs[i]);
     const Value& e = else_g->value(else_g->outputs[i]);
     if (t.dtype != DType::undefined && e.dtype != DType::undefined && t.dtype != e.dtype)
-      return ctx.error("output " + std::to_string(i) + " is " + dt(t.dtype) + " in then_branch but " + dt(e.dtype) +
+      return ctx.error("output " + std::to_string(i) + " is " + std::string(dtype_name(t.dtype)) +
+                       " in then_branch but " + std::string(dtype_name(e.dtype)) +
                        " in else_branch");
     DType d = t.dtype != DType::undefined ? t.dtype : e.dtype;
     if (cond && cond->numel() == 1) {
@@ -73,7 +72,8 @@ Status infer_loop(InferContext& ctx) {
     const Value& out = body->value(body->outputs[1 + i]);
     DType d = ctx.dtype(2 + i);
     if (out.dtype != DType::undefined && out.dtype != d)
-      return ctx.error("loop-carried value " + std::to_string(i) + " is " + dt(d) + " but the body returns " + dt(out.dtype));
+      return ctx.error("loop-carried value " + std::to_string(i) + " is " + std::string(dtype_name(d)) +
+                       " but the body returns " + std::string(dtype_name(out.dtype)));
     ctx.set_output(i, d, merge_shapes(ctx.shape(2 + i), out.shape));
   }
   // The trip count is known when M is known and the body's condition is the constant true.
@@ -135,7 +135,8 @@ Status infer_scan(InferContext& ctx) {
   for (size_t i = 0; i < nstate; ++i) {
     const Value& out = body->value(body->outputs[i]);
     if (out.dtype != DType::undefined && out.dtype != ctx.dtype(i))
-      return ctx.error("state value " + std::to_string(i) + " is " + dt(ctx.dtype(i)) + " but the body returns " + dt(out.dtype));
+      return ctx.error("state value " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) +
+                       " but the body returns " + std::string(dtype_name(out.dtype)));
     ctx.set_output(i, ctx.dtype(i), merge_shapes(ctx.shape(i), out.shape));
   }
   for (size_t k = 0; k < nout; ++k) {

@@ -15,8 +15,6 @@ namespace {
 
 // ---- folding of small known inputs ------------------------------------------------------
 
-constexpr int64_t kMaxFoldElements = 64;
-
 bool is_compare(std::string_view op) {
   return op == "Equal" || op == "Less" || op == "Greater" || op == "LessOrEqual" || op == "GreaterOrEqual";
 }
@@ -100,7 +98,7 @@ Status maybe_fold(InferContext& ctx, size_t domain_input) {
   if (o.dtype == DType::undefined || !o.shape.is_concrete() || !ctx.all_inputs_known()) return {};
   std::vector<int64_t> out_shape = o.shape.concrete();
   int64_t numel = shape_numel(out_shape);
-  if (numel < 0 || numel > kMaxFoldElements) return {};
+  if (numel < 0 || numel > kFoldLimit) return {};
   const std::string& op = ctx.node().op;
   // u64 values above INT64_MAX would compare wrongly in the int64 arithmetic below.
   for (size_t k = 0; k < ctx.num_inputs(); ++k)
@@ -216,8 +214,6 @@ Status infer_cast(InferContext& ctx) {
   return maybe_fold(ctx, 0);
 }
 
-constexpr AttrType kInt64 = AttrType::int64;
-constexpr AttrType kF64 = AttrType::float64;
 constexpr AttrType kStr = AttrType::string;
 
 }  // namespace
@@ -253,20 +249,20 @@ void register_elementwise_ops(OpRegistry& r) {
   unary("Erf", "error function", kFloat);
   unary("IsNaN", "x is NaN, as bool", kFloat);
   unary("IsInf", "x is an infinity of a detected sign, as bool", kFloat,
-        {{"detect_negative", kInt64, false, "report -inf (default 1)"},
-         {"detect_positive", kInt64, false, "report +inf (default 1)"}});
+        {{"detect_negative", AttrType::int64, false, "report -inf (default 1)"},
+         {"detect_positive", AttrType::int64, false, "report +inf (default 1)"}});
   unary("Not", "logical not of bool", kBool);
   unary("BitwiseNot", "bitwise complement of integers", kInt);
   unary("Identity", "y = x", kAny).traits.pass_through = OpTraits::PassThrough::all;
   unary("Relu", "max(x, 0)", kFloat | kSigned);
-  unary("LeakyRelu", "x < 0 ? alpha * x : x", kFloat, {{"alpha", kF64, false, "slope for x < 0 (default 0.01)"}});
-  unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", kFloat, {{"alpha", kF64, false, "default 1"}});
+  unary("LeakyRelu", "x < 0 ? alpha * x : x", kFloat, {{"alpha", AttrType::float64, false, "slope for x < 0 (default 0.01)"}});
+  unary("Elu", "x < 0 ? alpha * (e^x - 1) : x", kFloat, {{"alpha", AttrType::float64, false, "default 1"}});
   unary("Selu", "gamma * (x <= 0 ? alpha * (e^x - 1) : x)", kFloat,
-        {{"alpha", kF64, false, "default 1.67326319"}, {"gamma", kF64, false, "default 1.05070102"}});
-  unary("Celu", "max(0, x) + min(0, alpha * (e^(x / alpha) - 1))", kFloat, {{"alpha", kF64, false, "default 1"}});
+        {{"alpha", AttrType::float64, false, "default 1.67326319"}, {"gamma", AttrType::float64, false, "default 1.05070102"}});
+  unary("Celu", "max(0, x) + min(0, alpha * (e^(x / alpha) - 1))", kFloat, {{"alpha", AttrType::float64, false, "default 1"}});
   unary("Sigmoid", "1 / (1 + e^-x)", kFloat);
   unary("HardSigmoid", "max(0, min(1, alpha * x + beta))", kFloat,
-        {{"alpha", kF64, false, "default 0.2"}, {"beta", kF64, false, "default 0.5"}});
+        {{"alpha", AttrType::float64, false, "default 0.2"}, {"beta", AttrType::float64, false, "default 0.5"}});
   unary("HardSwish", "x * max(0, min(1, x / 6 + 0.5))", kFloat);
   unary("Tanh", "hyperbolic tangent", kFloat);
   unary("Softplus", "log(1 + e^x)", kFloat);
@@ -274,10 +270,10 @@ void register_elementwise_ops(OpRegistry& r) {
   unary("Mish", "x * tanh(softplus(x))", kFloat);
   unary("Gelu", "x * Phi(x), exact or tanh approximation", kFloat,
         {{"approximate", kStr, false, "'none' (erf, default) or 'tanh'"}});
-  unary("ThresholdedRelu", "x > alpha ? x : 0", kFloat, {{"alpha", kF64, false, "default 1"}});
+  unary("ThresholdedRelu", "x > alpha ? x : 0", kFloat, {{"alpha", AttrType::float64, false, "default 1"}});
   unary("Shrink", "x < -lambd ? x + bias : x > lambd ? x - bias : 0", kNumeric,
-        {{"bias", kF64, false, "default 0"}, {"lambd", kF64, false, "default 0.5"}});
-  unary("Swish", "x * sigmoid(alpha * x)", kFloat, {{"alpha", kF64, false, "default 1"}});
+        {{"bias", AttrType::float64, false, "default 0"}, {"lambd", AttrType::float64, false, "default 0.5"}});
+  unary("Swish", "x * sigmoid(alpha * x)", kFloat, {{"alpha", AttrType::float64, false, "default 1"}});
 
   auto binary = [&](std::string_view name, std::string_view summary, TypeSet t, std::vector<AttrSpec> attrs = {}) -> OpSchema& {
     OpSchema& s = r.add("", OpSchema{name, summary, 2, 2, 1, 1, std::move(attrs), infer_binary});
@@ -289,7 +285,7 @@ void register_elementwise_ops(OpRegistry& r) {
   binary("Mul", "a * b (integers wrap)", kNumeric);
   binary("Div", "a / b; integers truncate toward zero, division by zero is an error", kNumeric);
   binary("Mod", "remainder; fmod=0 takes the divisor's sign, fmod=1 the dividend's", kNumeric,
-         {{"fmod", kInt64, false, "0 (integers only, default) or 1"}});
+         {{"fmod", AttrType::int64, false, "0 (integers only, default) or 1"}});
   // The exponent may have another numeric type than the base.
   binary("Pow", "a ^ b; b may have another numeric type, the result has a's", kFloat | DType::i32 | DType::i64)
       .traits.types[1] = input(1, kNumeric, "the exponent");

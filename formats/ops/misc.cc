@@ -11,8 +11,6 @@ namespace kiln {
 
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 Dim dim_of(const Shape& s, size_t i) { return s.rank_known && i < s.dims.size() ? s.dims[i] : Dim::unknown(); }
 
 // A scalar / one-element integer input's value when known.
@@ -104,7 +102,7 @@ Status infer_window(InferContext& ctx) {
   if (ctx.shape(0).is_concrete() && shape_numel(ctx.shape(0).concrete()) != 1)
     return ctx.error("size must be a scalar, got shape " + ctx.shape(0).str());
   KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_datatype", DType::f32));
-  if (!is_float(out) && !is_integer(out)) return ctx.error("output_datatype " + dt(out) + " is not numeric");
+  if (!is_float(out) && !is_integer(out)) return ctx.error("output_datatype " + std::string(dtype_name(out)) + " is not numeric");
   auto size = known_int(ctx, 0);
   if (size && *size < 0) return ctx.error("window size " + std::to_string(*size) + " is negative");
   ctx.set_output(0, out, Shape({size ? Dim::known(*size) : Dim::unknown()}));

@@ -13,8 +13,6 @@ namespace kiln {
 
 namespace {
 
-std::string dt(DType t) { return std::string(dtype_name(t)); }
-
 // Checks a scale or zero-point operand against x for per-tensor, per-axis or blocked
 // quantization (ONNX's rules: rank 0 or one element = per tensor; 1-D = per axis; same rank as x
 // with block_size > 0 = blocked).
@@ -55,7 +53,7 @@ Status check_quant_operand(const InferContext& ctx, size_t i, const Shape& x, st
 Status infer_quantize(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(DType precision, dtype_attr(ctx, "precision", DType::undefined));
   if (precision != DType::undefined && !is_float(precision))
-    return ctx.error("precision must be a float type, got " + dt(precision));
+    return ctx.error("precision must be a float type, got " + std::string(dtype_name(precision)));
   DType out = DType::u8;
   if (ctx.has_input(2)) {
     out = ctx.dtype(2);
@@ -72,7 +70,7 @@ Status infer_dequantize(InferContext& ctx) {
   }
   KILN_RETURN_IF_ERROR(check_quant_operand(ctx, 1, ctx.shape(0), "scale"));
   KILN_ASSIGN_OR_RETURN(DType out, dtype_attr(ctx, "output_dtype", ctx.dtype(1)));
-  if (!is_float(out)) return ctx.error("output_dtype must be a float type, got " + dt(out));
+  if (!is_float(out)) return ctx.error("output_dtype must be a float type, got " + std::string(dtype_name(out)));
   ctx.set_output(0, out, ctx.shape(0));
   return {};
 }

@@ -13,16 +13,11 @@ namespace kiln {
 
 namespace {
 
-constexpr AttrType kInt64 = AttrType::int64;
-constexpr AttrType kF64 = AttrType::float64;
-
 // Known dims of a shape, or nullopt when one is not known.
 std::optional<int64_t> known_dim(const Shape& s, int64_t axis) {
   if (!s.rank_known || axis < 0 || axis >= s.rank() || !s.dims[static_cast<size_t>(axis)].is_known()) return std::nullopt;
   return s.dims[static_cast<size_t>(axis)].value;
 }
-
-constexpr int64_t kMaxFoldElements = 64;
 
 // Shape arithmetic such as ReduceProd(Shape(x)): computes small i64/i32 sums, products,
 // maxima and minima when the data is known, so export can resolve shapes built from them.
@@ -33,7 +28,7 @@ Status fold_reduce(InferContext& ctx, const std::vector<bool>& reduced) {
   if (op != "ReduceSum" && op != "ReduceProd" && op != "ReduceMax" && op != "ReduceMin") return {};
   const Tensor& x = *ctx.value(0);
   const Shape& os = ctx.outputs()[0].shape;
-  if (x.numel() > kMaxFoldElements || !os.is_concrete()) return {};
+  if (x.numel() > kFoldLimit || !os.is_concrete()) return {};
   Tensor out(t, os.concrete());
   std::vector<int64_t> acc(static_cast<size_t>(out.numel()), op == "ReduceProd" ? 1 : 0);
   std::vector<bool> seen(acc.size(), false);
@@ -255,22 +250,22 @@ Status infer_topk(InferContext& ctx) {
 void register_reduce_ops(OpRegistry& r) {
   using namespace types;
   const std::vector<AttrSpec> reduce_attrs = {
-      {"keepdims", kInt64, false, "keep reduced dims as size 1 (default 1)"},
-      {"noop_with_empty_axes", kInt64, false, "with empty axes: 1 = identity, 0 = reduce all (default 0)"}};
+      {"keepdims", AttrType::int64, false, "keep reduced dims as size 1 (default 1)"},
+      {"noop_with_empty_axes", AttrType::int64, false, "with empty axes: 1 = identity, 0 = reduce all (default 0)"}};
   for (std::string_view name : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
                                 "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
     r.add("", OpSchema{name, "reduces data over the i64 axes input (all axes when omitted)", 1, 2, 1, 1,
                        reduce_attrs, infer_reduce})
         .traits.types = {input(0, name == "ReduceMax" || name == "ReduceMin" ? kNumeric | kBool : kNumeric),
                          input(1, DType::i64, "axes")};
-  const std::vector<AttrSpec> arg_attrs = {{"axis", kInt64, false, "default 0"},
-                                           {"keepdims", kInt64, false, "default 1"},
-                                           {"select_last_index", kInt64, false, "ties: 1 = last index (default 0)"}};
+  const std::vector<AttrSpec> arg_attrs = {{"axis", AttrType::int64, false, "default 0"},
+                                           {"keepdims", AttrType::int64, false, "default 1"},
+                                           {"select_last_index", AttrType::int64, false, "ties: 1 = last index (default 0)"}};
   r.add("", OpSchema{"ArgMax", "index of the largest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg})
       .traits.types = {input(0, kNumeric)};
   r.add("", OpSchema{"ArgMin", "index of the smallest element along axis, as i64", 1, 1, 1, 1, arg_attrs, infer_arg})
       .traits.types = {input(0, kNumeric)};
-  const std::vector<AttrSpec> axis_attr = {{"axis", kInt64, false, "default -1"}};
+  const std::vector<AttrSpec> axis_attr = {{"axis", AttrType::int64, false, "default -1"}};
   r.add("", OpSchema{"Softmax", "e^x / sum(e^x) along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float})
       .traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"LogSoftmax", "log of Softmax along one axis", 1, 1, 1, 1, axis_attr, infer_axis_float})
@@ -278,31 +273,31 @@ void register_reduce_ops(OpRegistry& r) {
   r.add("", OpSchema{"Hardmax", "1 at the first maximum along one axis, 0 elsewhere", 1, 1, 1, 1, axis_attr,
                      infer_axis_float}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"LpNormalization", "x / ||x||_p along one axis", 1, 1, 1, 1,
-                     {{"axis", kInt64, false, "default -1"}, {"p", kInt64, false, "1 or 2 (default 2)"}},
+                     {{"axis", AttrType::int64, false, "default -1"}, {"p", AttrType::int64, false, "1 or 2 (default 2)"}},
                      infer_axis_float}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"CumSum", "running sum along the axis input", 2, 2, 1, 1,
-                     {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
-                      {"reverse", kInt64, false, "1 = sum from the end (default 0)"}},
+                     {{"exclusive", AttrType::int64, false, "1 = exclude the current element (default 0)"},
+                      {"reverse", AttrType::int64, false, "1 = sum from the end (default 0)"}},
                      infer_cumsum}).traits.types = {input(0, kNumeric), input(1, kIndex, "axis")};
   r.add("", OpSchema{"CumProd", "running product along the axis input", 2, 2, 1, 1,
-                     {{"exclusive", kInt64, false, "1 = exclude the current element (default 0)"},
-                      {"reverse", kInt64, false, "1 = multiply from the end (default 0)"}},
+                     {{"exclusive", AttrType::int64, false, "1 = exclude the current element (default 0)"},
+                      {"reverse", AttrType::int64, false, "1 = multiply from the end (default 0)"}},
                      infer_cumsum}).traits.types = {input(0, kNumeric), input(1, kIndex, "axis")};
   r.add("", OpSchema{"TopK", "the K largest (or smallest) elements along axis and their i64 indices", 2, 2, 2, 2,
-                     {{"axis", kInt64, false, "default -1"},
-                      {"largest", kInt64, false, "default 1"},
-                      {"sorted", kInt64, false, "default 1 (results are always sorted)"}},
+                     {{"axis", AttrType::int64, false, "default -1"},
+                      {"largest", AttrType::int64, false, "default 1"},
+                      {"sorted", AttrType::int64, false, "default 1 (results are always sorted)"}},
                      infer_topk}).traits.types = {input(0, kNumeric), input(1, DType::i64, "K")};
   r.add("", OpSchema{"LayerNormalization", "(x - mean) / sqrt(var + epsilon) * scale + B over dims axis…", 2, 3, 1, 3,
-                     {{"axis", kInt64, false, "first normalized dim (default -1)"},
-                      {"epsilon", kF64, false, "default 1e-5"},
-                      {"stash_type", kInt64, false, "ONNX type code of Mean/InvStdDev (default 1 = f32)"}},
+                     {{"axis", AttrType::int64, false, "first normalized dim (default -1)"},
+                      {"epsilon", AttrType::float64, false, "default 1e-5"},
+                      {"stash_type", AttrType::int64, false, "ONNX type code of Mean/InvStdDev (default 1 = f32)"}},
                      infer_layer_norm})
       .traits.types = {input(0, kFloat, "X"), same_as(1, 0, "scale"), same_as(2, 0, "bias")};
   r.add("", OpSchema{"RMSNormalization", "x / sqrt(mean(x^2) + epsilon) * scale over dims axis…", 2, 2, 1, 1,
-                     {{"axis", kInt64, false, "first normalized dim (default -1)"},
-                      {"epsilon", kF64, false, "default 1e-5"},
-                      {"stash_type", kInt64, false, "ONNX type code of the computation (default 1 = f32)"}},
+                     {{"axis", AttrType::int64, false, "first normalized dim (default -1)"},
+                      {"epsilon", AttrType::float64, false, "default 1e-5"},
+                      {"stash_type", AttrType::int64, false, "ONNX type code of the computation (default 1 = f32)"}},
                      infer_layer_norm}).traits.types = {input(0, kFloat, "X"), same_as(1, 0, "scale")};
   // The per-channel parameters are float, not necessarily of X's float type.
   const std::vector<TypeConstraint> channel_norm_types = {input(0, kFloat, "X"), input(1, kFloat, "scale"),
@@ -311,15 +306,15 @@ void register_reduce_ops(OpRegistry& r) {
   batch_norm_types.push_back(input(3, kFloat, "mean"));
   batch_norm_types.push_back(input(4, kFloat, "var"));
   r.add("", OpSchema{"BatchNormalization", "inference: (x - mean) / sqrt(var + epsilon) * scale + B per channel", 5,
-                     5, 1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm})
+                     5, 1, 1, {{"epsilon", AttrType::float64, false, "default 1e-5"}}, infer_channel_norm})
       .traits.types = batch_norm_types;
   r.add("", OpSchema{"InstanceNormalization", "normalizes each (n, c) over the spatial dims, then scale and B", 3, 3,
-                     1, 1, {{"epsilon", kF64, false, "default 1e-5"}}, infer_channel_norm})
+                     1, 1, {{"epsilon", AttrType::float64, false, "default 1e-5"}}, infer_channel_norm})
       .traits.types = channel_norm_types;
   r.add("", OpSchema{"GroupNormalization", "normalizes each (n, group) then per-channel scale and bias", 3, 3, 1, 1,
-                     {{"num_groups", kInt64, true, "number of channel groups"},
-                      {"epsilon", kF64, false, "default 1e-5"},
-                      {"stash_type", kInt64, false, "ONNX type code of the computation (default 1 = f32)"}},
+                     {{"num_groups", AttrType::int64, true, "number of channel groups"},
+                      {"epsilon", AttrType::float64, false, "default 1e-5"},
+                      {"stash_type", AttrType::int64, false, "ONNX type code of the computation (default 1 = f32)"}},
                      infer_channel_norm})
       .traits.types = channel_norm_types;
 }

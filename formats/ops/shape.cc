@@ -19,7 +19,6 @@ using namespace shape_ops;
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
 
 // DepthToSpace/SpaceToDepth block sizes above this are refused, so blocksize² never overflows.
 constexpr int64_t kMaxBlockSize = int64_t{1} << 20;
@@ -54,8 +53,8 @@ Result<Dim> infer_minus_one(const Shape& in, const std::vector<Dim>& out, size_t
       return ctx.error("cannot reshape " + in.str() + " into a shape with a 0 dim and -1");
     }
     if (known_in % known_out != 0)
-      return ctx.error("cannot reshape " + in.str() + " (" + num(known_in) + " elements): the dims other than -1 multiply to " +
-                       num(known_out) + ", which does not divide " + num(known_in));
+      return ctx.error("cannot reshape " + in.str() + " (" + std::to_string(known_in) + " elements): the dims other than -1 multiply to " +
+                       std::to_string(known_out) + ", which does not divide " + std::to_string(known_in));
     return Dim::known(known_in / known_out);
   }
   if (syms.size() == 1 && known_in == known_out) return Dim::sym(*syms.begin());
@@ -69,7 +68,8 @@ Status infer_reshape(InferContext& ctx) {
   if (!target) {
     const Shape& ts = ctx.shape(1);
     int64_t r = ts.rank() == 1 && ts.dims[0].is_known() ? ts.dims[0].value : -1;
-    if (r > kMaxRank) return ctx.error("the shape input has " + num(r) + " entries; kiln supports ranks up to " + num(kMaxRank));
+    if (r > kMaxRank) return ctx.error("the shape input has " + std::to_string(r) +
+                                       " entries; kiln supports ranks up to " + std::to_string(kMaxRank));
     ctx.set_output(0, ctx.dtype(0), unknown_dims(r));
     return {};
   }
@@ -85,11 +85,11 @@ Status infer_reshape(InferContext& ctx) {
       out.push_back(Dim::unknown());
     } else if (v == 0 && !allowzero) {
       if (in.rank_known && static_cast<int64_t>(i) >= in.rank())
-        return ctx.error("shape[" + num(static_cast<int64_t>(i)) + "] is 0 (copy the input dim) but the input has rank " +
-                         num(in.rank()));
+        return ctx.error("shape[" + std::to_string(static_cast<int64_t>(i)) + "] is 0 (copy the input dim) but the input has rank " +
+                         std::to_string(in.rank()));
       out.push_back(in.rank_known ? in.dims[i] : Dim::unknown());
     } else if (v < 0) {
-      return ctx.error("shape[" + num(static_cast<int64_t>(i)) + "] is " + num(v));
+      return ctx.error("shape[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string(v));
     } else {
       if (v == 0) has_zero = true;
       out.push_back(Dim::known(v));
@@ -102,8 +102,8 @@ Status infer_reshape(InferContext& ctx) {
     } else if (in.is_concrete() && Shape(out).is_concrete()) {
       int64_t a = shape_numel(in.concrete()), b = shape_numel(Shape(out).concrete());
       if (a != b)
-        return ctx.error("cannot reshape " + in.str() + " (" + num(a) + " elements) to " + Shape(out).str() + " (" +
-                         num(b) + " elements)");
+        return ctx.error("cannot reshape " + in.str() + " (" + std::to_string(a) + " elements) to " + Shape(out).str() + " (" +
+                         std::to_string(b) + " elements)");
     }
   }
   Shape os(std::move(out));
@@ -125,7 +125,7 @@ Status infer_flatten(InferContext& ctx) {
     return {};
   }
   int64_t r = in.rank(), axis = ctx.node().attr_int("axis", 1);
-  if (axis < -r || axis > r) return ctx.error("axis " + num(axis) + " is out of range for rank " + num(r));
+  if (axis < -r || axis > r) return ctx.error("axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(r));
   if (axis < 0) axis += r;
   KILN_ASSIGN_OR_RETURN(Dim outer, dim_product(in, 0, static_cast<size_t>(axis), ctx));
   KILN_ASSIGN_OR_RETURN(Dim inner, dim_product(in, static_cast<size_t>(axis), in.dims.size(), ctx));
@@ -138,7 +138,7 @@ Result<std::vector<int64_t>> normalize_axes(const std::vector<int64_t>& axes, in
   std::vector<int64_t> out;
   for (int64_t a : axes) {
     KILN_ASSIGN_OR_RETURN(int64_t n, normalize_axis(a, rank, ctx));
-    if (std::find(out.begin(), out.end(), n) != out.end()) return ctx.error("axis " + num(a) + " is given twice");
+    if (std::find(out.begin(), out.end(), n) != out.end()) return ctx.error("axis " + std::to_string(a) + " is given twice");
     out.push_back(n);
   }
   return out;
@@ -170,7 +170,7 @@ Status infer_squeeze(InferContext& ctx) {
       const Dim& d = in.dims[static_cast<size_t>(i)];
       if (std::find(norm.begin(), norm.end(), i) == norm.end()) { out.push_back(d); continue; }
       if (d.is_known() && d.value != 1)
-        return ctx.error("cannot squeeze axis " + num(i) + " of size " + num(d.value) + " (shape " + in.str() + ")");
+        return ctx.error("cannot squeeze axis " + std::to_string(i) + " of size " + std::to_string(d.value) + " (shape " + in.str() + ")");
     }
     set_reshaped(ctx, Shape(std::move(out)));
     return {};
@@ -227,11 +227,11 @@ Status infer_transpose(InferContext& ctx) {
   if (!has_perm)
     for (int64_t i = r - 1; i >= 0; --i) perm.push_back(i);
   if (static_cast<int64_t>(perm.size()) != r)
-    return ctx.error("perm has " + num(static_cast<int64_t>(perm.size())) + " entries but the input has rank " + num(r));
+    return ctx.error("perm has " + std::to_string(static_cast<int64_t>(perm.size())) + " entries but the input has rank " + std::to_string(r));
   std::vector<bool> seen(static_cast<size_t>(r), false);
   std::vector<Dim> out;
   for (int64_t p : perm) {
-    if (p < 0 || p >= r || seen[static_cast<size_t>(p)]) return ctx.error("perm is not a permutation of 0.." + num(r - 1));
+    if (p < 0 || p >= r || seen[static_cast<size_t>(p)]) return ctx.error("perm is not a permutation of 0.." + std::to_string(r - 1));
     seen[static_cast<size_t>(p)] = true;
     out.push_back(in.dims[static_cast<size_t>(p)]);
   }
@@ -245,10 +245,11 @@ Status infer_concat(InferContext& ctx) {
   DType dt = ctx.dtype(0);
   int64_t r = -1;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    if (!ctx.has_input(i)) return ctx.error("input " + num(static_cast<int64_t>(i)) + " is missing");
+    if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " is missing");
     if (ctx.rank(i) < 0) continue;
     if (r >= 0 && ctx.rank(i) != r)
-      return ctx.error("input " + num(static_cast<int64_t>(i)) + " has rank " + num(ctx.rank(i)) + " but another has rank " + num(r));
+      return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " has rank " +
+                       std::to_string(ctx.rank(i)) + " but another has rank " + std::to_string(r));
     r = ctx.rank(i);
   }
   if (r < 0) {
@@ -270,8 +271,8 @@ Status infer_concat(InferContext& ctx) {
         }
       } else if (x.is_known()) {
         if (acc.is_known() && acc.value != x.value)
-          return ctx.error("input " + num(static_cast<int64_t>(i)) + " has shape " + ctx.shape(i).str() +
-                           ", which differs from the others outside axis " + num(axis));
+          return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " has shape " + ctx.shape(i).str() +
+                           ", which differs from the others outside axis " + std::to_string(axis));
         acc = x;
       } else if (!acc.is_known() && !acc.is_symbolic()) {
         acc = x;
@@ -307,27 +308,28 @@ Status infer_replace_slices(InferContext& ctx) {
   const std::vector<int64_t> starts = ctx.node().attr_ints("starts");
   const size_t updates = ctx.num_inputs() - 1;
   if (starts.size() != updates)
-    return ctx.error("starts has " + num(static_cast<int64_t>(starts.size())) + " entries but the node has " +
-                     num(static_cast<int64_t>(updates)) + " updates");
+    return ctx.error("starts has " + std::to_string(static_cast<int64_t>(starts.size())) + " entries but the node has " +
+                     std::to_string(static_cast<int64_t>(updates)) + " updates");
   const Shape& x = ctx.shape(0);
   if (x.rank_known) {
     if (x.rank() == 0) return ctx.error("cannot replace slices of a scalar");
     KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), x.rank(), ctx));
     for (size_t i = 0; i < updates; ++i) {
-      const std::string which = "update " + num(static_cast<int64_t>(i));
+      const std::string which = "update " + std::to_string(static_cast<int64_t>(i));
       if (!ctx.has_input(i + 1)) return ctx.error(which + " is missing");
-      if (starts[i] < 0) return ctx.error(which + " starts at " + num(starts[i]));
+      if (starts[i] < 0) return ctx.error(which + " starts at " + std::to_string(starts[i]));
       const Shape& u = ctx.shape(i + 1);
       if (!u.rank_known) continue;
-      if (u.rank() != x.rank()) return ctx.error(which + " has rank " + num(u.rank()) + " but X has rank " + num(x.rank()));
+      if (u.rank() != x.rank()) return ctx.error(which + " has rank " + std::to_string(u.rank()) + " but X has rank " + std::to_string(x.rank()));
       for (size_t d = 0; d < x.dims.size(); ++d) {
         const Dim &ud = u.dims[d], &xd = x.dims[d];
         if (static_cast<int64_t>(d) == axis) {
           if (ud.is_known() && xd.is_known() && (starts[i] > xd.value || ud.value > xd.value - starts[i]))
-            return ctx.error(which + " of " + num(ud.value) + " at " + num(starts[i]) + " runs past axis " + num(axis) + "'s " +
-                             num(xd.value));
+            return ctx.error(which + " of " + std::to_string(ud.value) + " at " + std::to_string(starts[i]) +
+                             " runs past axis " + std::to_string(axis) + "'s " +
+                             std::to_string(xd.value));
         } else if (ud.is_known() && xd.is_known() && ud.value != xd.value) {
-          return ctx.error(which + " has shape " + u.str() + ", which differs from X's " + x.str() + " outside axis " + num(axis));
+          return ctx.error(which + " has shape " + u.str() + ", which differs from X's " + x.str() + " outside axis " + std::to_string(axis));
         }
       }
     }
@@ -340,8 +342,8 @@ Status infer_split(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   size_t n = ctx.num_outputs();
   if (ctx.node().has_attr("num_outputs") && ctx.node().attr_int("num_outputs", 0) != static_cast<int64_t>(n))
-    return ctx.error("num_outputs is " + num(ctx.node().attr_int("num_outputs", 0)) + " but the node has " +
-                     num(static_cast<int64_t>(n)) + " outputs");
+    return ctx.error("num_outputs is " + std::to_string(ctx.node().attr_int("num_outputs", 0)) + " but the node has " +
+                     std::to_string(static_cast<int64_t>(n)) + " outputs");
   if (!in.rank_known) {
     for (size_t i = 0; i < n; ++i) ctx.set_output(i, ctx.dtype(0), Shape());
     return {};
@@ -352,22 +354,24 @@ Status infer_split(InferContext& ctx) {
   auto split = known_ints(ctx, 1);
   if (split) {
     if (split->size() != n)
-      return ctx.error("split has " + num(static_cast<int64_t>(split->size())) + " entries but the node has " +
-                       num(static_cast<int64_t>(n)) + " outputs");
+      return ctx.error("split has " + std::to_string(static_cast<int64_t>(split->size())) + " entries but the node has " +
+                       std::to_string(static_cast<int64_t>(n)) + " outputs");
     CheckedInt sum = 0;
     for (size_t i = 0; i < n; ++i) {
-      if ((*split)[i] < 0) return ctx.error("split[" + num(static_cast<int64_t>(i)) + "] is " + num((*split)[i]));
+      if ((*split)[i] < 0) return ctx.error("split[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string((*split)[i]));
       sum += (*split)[i];
       sizes[i] = Dim::known((*split)[i]);
     }
     if (!sum.ok()) return ctx.error("split sizes add up past the int64 range");
     if (d.is_known() && sum.value() != d.value)
-      return ctx.error("split sizes add up to " + num(sum.value()) + " but axis " + num(axis) + " has size " + num(d.value));
+      return ctx.error("split sizes add up to " + std::to_string(sum.value()) + " but axis " + std::to_string(axis) +
+                       " has size " + std::to_string(d.value));
   } else if (!ctx.has_input(1) && d.is_known()) {
     int64_t chunk = d.value / static_cast<int64_t>(n) + (d.value % static_cast<int64_t>(n) != 0);
     int64_t last = d.value - chunk * static_cast<int64_t>(n - 1);
     if (last < 0)
-      return ctx.error("cannot split axis " + num(axis) + " of size " + num(d.value) + " into " + num(static_cast<int64_t>(n)) +
+      return ctx.error("cannot split axis " + std::to_string(axis) + " of size " + std::to_string(d.value) +
+                       " into " + std::to_string(static_cast<int64_t>(n)) +
                        " parts");
     for (size_t i = 0; i < n; ++i) sizes[i] = Dim::known(i + 1 == n ? last : chunk);
   } else if (!ctx.has_input(1) && n == 1) {
@@ -407,7 +411,8 @@ Status infer_slice(InferContext& ctx) {
     return {};
   }
   size_t k = starts->size();
-  if (ends->size() != k) return ctx.error("starts has " + num(static_cast<int64_t>(k)) + " entries but ends has " + num(static_cast<int64_t>(ends->size())));
+  if (ends->size() != k) return ctx.error("starts has " + std::to_string(static_cast<int64_t>(k)) +
+                                          " entries but ends has " + std::to_string(static_cast<int64_t>(ends->size())));
   if (!axes) {
     axes.emplace();
     for (size_t i = 0; i < k; ++i) axes->push_back(static_cast<int64_t>(i));
@@ -420,7 +425,7 @@ Status infer_slice(InferContext& ctx) {
   std::vector<SliceDim> sl(static_cast<size_t>(r));
   for (size_t i = 0; i < k; ++i) {
     int64_t step = (*steps)[i];
-    if (step == 0) return ctx.error("steps[" + num(static_cast<int64_t>(i)) + "] is 0");
+    if (step == 0) return ctx.error("steps[" + std::to_string(static_cast<int64_t>(i)) + "] is 0");
     size_t a = static_cast<size_t>(norm[i]);
     const Dim& d = in.dims[a];
     if (d.is_known()) {
@@ -483,12 +488,13 @@ Status infer_pad(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, r, ctx));
   size_t k = norm.size();
   if (pads->size() != 2 * k)
-    return ctx.error("pads has " + num(static_cast<int64_t>(pads->size())) + " entries, expected " + num(static_cast<int64_t>(2 * k)));
+    return ctx.error("pads has " + std::to_string(static_cast<int64_t>(pads->size())) + " entries, expected " +
+                     std::to_string(static_cast<int64_t>(2 * k)));
   std::vector<Dim> out = in.dims;
   for (size_t i = 0; i < k; ++i) {
     size_t a = static_cast<size_t>(norm[i]);
     std::optional<int64_t> add = checked_add((*pads)[i], (*pads)[i + k]);
-    if (!add) return ctx.error("pads " + num((*pads)[i]) + " + " + num((*pads)[i + k]) + " overflow int64");
+    if (!add) return ctx.error("pads " + std::to_string((*pads)[i]) + " + " + std::to_string((*pads)[i + k]) + " overflow int64");
     // Pads may be negative (they crop), so the sum is not a Dim (Dim::known(-1) reads as unknown).
     if (*add == 0) continue;
     if (!in.dims[a].is_known()) {
@@ -496,8 +502,8 @@ Status infer_pad(InferContext& ctx) {
       continue;
     }
     std::optional<int64_t> size = checked_add(in.dims[a].value, *add);
-    if (!size) return ctx.error("pads " + num(*add) + " overflow int64 on axis " + num(norm[i]));
-    if (*size < 0) return ctx.error("pads remove more than the " + num(in.dims[a].value) + " elements of axis " + num(norm[i]));
+    if (!size) return ctx.error("pads " + std::to_string(*add) + " overflow int64 on axis " + std::to_string(norm[i]));
+    if (*size < 0) return ctx.error("pads remove more than the " + std::to_string(in.dims[a].value) + " elements of axis " + std::to_string(norm[i]));
     out[a] = Dim::known(*size);
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
@@ -516,10 +522,11 @@ Status infer_tile(InferContext& ctx) {
     return {};
   }
   if (static_cast<int64_t>(reps->size()) != in.rank())
-    return ctx.error("repeats has " + num(static_cast<int64_t>(reps->size())) + " entries but the input has rank " + num(in.rank()));
+    return ctx.error("repeats has " + std::to_string(static_cast<int64_t>(reps->size())) +
+                     " entries but the input has rank " + std::to_string(in.rank()));
   std::vector<Dim> out;
   for (size_t i = 0; i < reps->size(); ++i) {
-    if ((*reps)[i] < 0) return ctx.error("repeats[" + num(static_cast<int64_t>(i)) + "] is " + num((*reps)[i]));
+    if ((*reps)[i] < 0) return ctx.error("repeats[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string((*reps)[i]));
     KILN_ASSIGN_OR_RETURN(Dim d, dim_mul(in.dims[i], Dim::known((*reps)[i]), ctx));
     out.push_back(d);
   }
@@ -537,7 +544,8 @@ Status infer_expand(InferContext& ctx) {
       return {};
     }
     int64_t r = std::max(in.rank(), ts.dims[0].value);
-    if (r > kMaxRank) return ctx.error("the shape input has " + num(r) + " entries; kiln supports ranks up to " + num(kMaxRank));
+    if (r > kMaxRank) return ctx.error("the shape input has " + std::to_string(r) +
+                                       " entries; kiln supports ranks up to " + std::to_string(kMaxRank));
     std::vector<Dim> out(static_cast<size_t>(r), Dim::unknown());
     for (size_t i = 0; i < in.dims.size(); ++i) {
       const Dim& d = in.dims[i];
@@ -547,7 +555,7 @@ Status infer_expand(InferContext& ctx) {
     return {};
   }
   for (int64_t v : *target)
-    if (v < 0) return ctx.error("the shape has a negative dim " + num(v));
+    if (v < 0) return ctx.error("the shape has a negative dim " + std::to_string(v));
   KILN_ASSIGN_OR_RETURN(Shape os, broadcast_shapes(in, Shape::of(*target), ctx));
   const Tensor* data = ctx.fold_value(0);
   if (data && os.is_concrete() && foldable(os.concrete())) {
@@ -578,7 +586,7 @@ Status infer_expand(InferContext& ctx) {
 Status infer_depth_to_space(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   int64_t b = ctx.node().attr_int("blocksize", 0);
-  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + num(kMaxBlockSize) + "], got " + num(b));
+  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + std::to_string(kMaxBlockSize) + "], got " + std::to_string(b));
   std::string mode = ctx.node().attr_string("mode", "DCR");
   if (mode != "DCR" && mode != "CRD") return ctx.error("mode must be DCR or CRD, got '" + mode + "'");
   if (!in.rank_known) {
@@ -588,7 +596,7 @@ Status infer_depth_to_space(InferContext& ctx) {
   if (in.rank() != 4) return ctx.error("the input must be 4-D (NCHW), got shape " + in.str());
   const Dim& c = in.dims[1];
   if (c.is_known() && c.value % (b * b) != 0)
-    return ctx.error(num(c.value) + " channels are not divisible by blocksize² = " + num(b * b));
+    return ctx.error(std::to_string(c.value) + " channels are not divisible by blocksize² = " + std::to_string(b * b));
   KILN_ASSIGN_OR_RETURN(Dim h, dim_mul(in.dims[2], Dim::known(b), ctx));
   KILN_ASSIGN_OR_RETURN(Dim w, dim_mul(in.dims[3], Dim::known(b), ctx));
   ctx.set_output(0, ctx.dtype(0), Shape({in.dims[0], c.is_known() ? Dim::known(c.value / (b * b)) : Dim::unknown(), h, w}));
@@ -598,7 +606,7 @@ Status infer_depth_to_space(InferContext& ctx) {
 Status infer_space_to_depth(InferContext& ctx) {
   const Shape& in = ctx.shape(0);
   int64_t b = ctx.node().attr_int("blocksize", 0);
-  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + num(kMaxBlockSize) + "], got " + num(b));
+  if (b <= 0 || b > kMaxBlockSize) return ctx.error("blocksize must be in [1, " + std::to_string(kMaxBlockSize) + "], got " + std::to_string(b));
   if (!in.rank_known) {
     ctx.set_output(0, ctx.dtype(0), unknown_dims(4));
     return {};
@@ -609,7 +617,8 @@ Status infer_space_to_depth(InferContext& ctx) {
   for (size_t i = 2; i < 4; ++i) {
     const Dim& d = in.dims[i];
     if (!d.is_known()) continue;
-    if (d.value % b != 0) return ctx.error("dim " + num(static_cast<int64_t>(i)) + " of size " + num(d.value) + " is not divisible by blocksize " + num(b));
+    if (d.value % b != 0) return ctx.error("dim " + std::to_string(static_cast<int64_t>(i)) + " of size " +
+                                           std::to_string(d.value) + " is not divisible by blocksize " + std::to_string(b));
     out[i] = Dim::known(d.value / b);
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));
@@ -629,10 +638,10 @@ Status infer_center_crop_pad(InferContext& ctx) {
   auto target = known_ints(ctx, 1);
   std::vector<Dim> out = in.dims;
   if (target && target->size() != norm.size())
-    return ctx.error("the shape input has " + num(static_cast<int64_t>(target->size())) + " entries but there are " +
-                     num(static_cast<int64_t>(norm.size())) + " axes");
+    return ctx.error("the shape input has " + std::to_string(static_cast<int64_t>(target->size())) + " entries but there are " +
+                     std::to_string(static_cast<int64_t>(norm.size())) + " axes");
   for (size_t i = 0; i < norm.size(); ++i) {
-    if (target && (*target)[i] < 0) return ctx.error("the shape has a negative dim " + num((*target)[i]));
+    if (target && (*target)[i] < 0) return ctx.error("the shape has a negative dim " + std::to_string((*target)[i]));
     out[static_cast<size_t>(norm[i])] = target ? Dim::known((*target)[i]) : Dim::unknown();
   }
   ctx.set_output(0, ctx.dtype(0), Shape(std::move(out)));

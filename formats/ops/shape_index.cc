@@ -16,7 +16,6 @@ using namespace shape_ops;
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
 
 // ---- Gather family ------------------------------------------------------------------------------
 
@@ -58,7 +57,7 @@ Status infer_gather_elements(InferContext& ctx) {
   const Shape& ind = ctx.shape(1);
   if (data.rank_known && ind.rank_known) {
     if (data.rank() != ind.rank())
-      return ctx.error("data has rank " + num(data.rank()) + " but indices have rank " + num(ind.rank()));
+      return ctx.error("data has rank " + std::to_string(data.rank()) + " but indices have rank " + std::to_string(ind.rank()));
     if (data.rank() == 0) return ctx.error("cannot gather from a scalar");
     KILN_RETURN_IF_ERROR(normalize_axis(ctx.node().attr_int("axis", 0), data.rank(), ctx).status());
   }
@@ -76,14 +75,15 @@ Status infer_gather_nd(InferContext& ctx) {
   }
   int64_t r = data.rank(), q = ind.rank(), k = ind.dims.back().value;
   if (r < 1 || q < 1) return ctx.error("data and indices must have rank >= 1");
-  if (b < 0 || b >= std::min(r, q)) return ctx.error("batch_dims " + num(b) + " must be in [0, " + num(std::min(r, q)) + ")");
+  if (b < 0 || b >= std::min(r, q)) return ctx.error("batch_dims " + std::to_string(b) + " must be in [0, " + std::to_string(std::min(r, q)) + ")");
   if (k < 1 || k > r - b)
-    return ctx.error("the last dim of indices is " + num(k) + " but must be in [1, " + num(r - b) + "]");
+    return ctx.error("the last dim of indices is " + std::to_string(k) + " but must be in [1, " + std::to_string(r - b) + "]");
   for (int64_t i = 0; i < b; ++i) {
     const Dim& x = data.dims[static_cast<size_t>(i)];
     const Dim& y = ind.dims[static_cast<size_t>(i)];
     if (x.is_known() && y.is_known() && x.value != y.value)
-      return ctx.error("batch dim " + num(i) + " is " + num(x.value) + " in data but " + num(y.value) + " in indices");
+      return ctx.error("batch dim " + std::to_string(i) + " is " + std::to_string(x.value) + " in data but " +
+                       std::to_string(y.value) + " in indices");
   }
   std::vector<Dim> out(ind.dims.begin(), ind.dims.end() - 1);
   out.insert(out.end(), data.dims.begin() + b + k, data.dims.end());
@@ -104,7 +104,7 @@ Status infer_scatter_elements(InferContext& ctx) {
   const Shape& ind = ctx.shape(1);
   const Shape& upd = ctx.shape(2);
   if (data.rank_known && ind.rank_known && data.rank() != ind.rank())
-    return ctx.error("data has rank " + num(data.rank()) + " but indices have rank " + num(ind.rank()));
+    return ctx.error("data has rank " + std::to_string(data.rank()) + " but indices have rank " + std::to_string(ind.rank()));
   if (ind.rank_known && upd.rank_known) {
     if (ind.rank() != upd.rank()) return ctx.error("indices have shape " + ind.str() + " but updates have " + upd.str());
     for (size_t i = 0; i < ind.dims.size(); ++i)
@@ -126,10 +126,10 @@ Status infer_scatter_nd(InferContext& ctx) {
   const Shape& upd = ctx.shape(2);
   if (data.rank_known && ind.rank_known && ind.rank() >= 1 && ind.dims.back().is_known() && upd.rank_known) {
     int64_t r = data.rank(), q = ind.rank(), k = ind.dims.back().value;
-    if (k > r) return ctx.error("the last dim of indices is " + num(k) + " but the data has rank " + num(r));
+    if (k > r) return ctx.error("the last dim of indices is " + std::to_string(k) + " but the data has rank " + std::to_string(r));
     if (upd.rank() != q - 1 + r - k)
       return ctx.error("updates have shape " + upd.str() + " but indices " + ind.str() + " and data " + data.str() +
-                       " need rank " + num(q - 1 + r - k));
+                       " need rank " + std::to_string(q - 1 + r - k));
   }
   ctx.set_output(0, ctx.dtype(0), data);
   return {};
@@ -170,7 +170,7 @@ Status infer_size(InferContext& ctx) {
 
 Status infer_constant_of_shape(InferContext& ctx) {
   const Tensor* value = ctx.node().attr_tensor("value");
-  if (value && value->numel() != 1) return ctx.error("value must have one element, got " + num(value->numel()));
+  if (value && value->numel() != 1) return ctx.error("value must have one element, got " + std::to_string(value->numel()));
   DType out_dt = value ? value->dtype() : DType::f32;
   auto shape = known_ints(ctx, 0);
   if (!shape) {
@@ -180,7 +180,7 @@ Status infer_constant_of_shape(InferContext& ctx) {
   }
   if (ctx.rank(0) > 1) return ctx.error("the shape input must be 1-D, got shape " + ctx.shape(0).str());
   for (int64_t v : *shape)
-    if (v < 0) return ctx.error("the shape has a negative dim " + num(v));
+    if (v < 0) return ctx.error("the shape has a negative dim " + std::to_string(v));
   if (foldable(*shape)) {
     Tensor t(out_dt, *shape);
     if (value)
@@ -259,7 +259,7 @@ Status infer_one_hot(InferContext& ctx) {
   Dim depth = Dim::unknown();
   if (const Tensor* d = ctx.value(1)) {
     int64_t v = static_cast<int64_t>(d->as_double(0));
-    if (v < 1) return ctx.error("depth must be at least 1, got " + num(v));
+    if (v < 1) return ctx.error("depth must be at least 1, got " + std::to_string(v));
     depth = Dim::known(v);
   }
   std::vector<Dim> out = ind.dims;
@@ -336,7 +336,7 @@ Status infer_unique(InferContext& ctx) {
 Status infer_reverse_sequence(InferContext& ctx) {
   int64_t b = ctx.node().attr_int("batch_axis", 1), t = ctx.node().attr_int("time_axis", 0);
   if ((b != 0 && b != 1) || (t != 0 && t != 1) || b == t)
-    return ctx.error("batch_axis and time_axis must be 0 and 1 in some order, got " + num(b) + " and " + num(t));
+    return ctx.error("batch_axis and time_axis must be 0 and 1 in some order, got " + std::to_string(b) + " and " + std::to_string(t));
   if (ctx.rank(0) >= 0 && ctx.rank(0) < 2) return ctx.error("the input must have rank >= 2, got shape " + ctx.shape(0).str());
   ctx.set_output(0, ctx.dtype(0), ctx.shape(0));
   return {};

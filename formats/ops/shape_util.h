@@ -15,9 +15,6 @@
 
 namespace kiln::shape_ops {
 
-/// Outputs with at most this many elements get their data computed during inference.
-inline constexpr int64_t kFoldLimit = 64;
-
 /// The data of input i as int64 values, or nullopt when the input is absent or not known.
 inline std::optional<std::vector<int64_t>> known_ints(const InferContext& ctx, size_t i) {
   const Tensor* t = ctx.value(i);

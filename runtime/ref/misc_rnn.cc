@@ -16,7 +16,7 @@ namespace {
 enum class Cell { rnn, gru, lstm };
 
 // One activation function with its alpha / beta.
-struct Activation {
+struct RnnActivation {
   std::string name;
   double alpha = 0, beta = 0;
   double operator()(double x) const {
@@ -37,7 +37,7 @@ struct Activation {
 
 // Activations per direction: the node's list (alpha / beta consumed in order by the functions
 // that take them, as ONNX Runtime does) or the op's defaults.
-Result<std::vector<Activation>> activations(const KernelContext& ctx, Cell cell, int64_t dirs) {
+Result<std::vector<RnnActivation>> activations(const KernelContext& ctx, Cell cell, int64_t dirs) {
   const Node& n = ctx.node();
   std::vector<std::string> names = n.attr_strings("activations");
   const size_t per = cell == Cell::rnn ? 1 : cell == Cell::gru ? 2 : 3;
@@ -52,9 +52,9 @@ Result<std::vector<Activation>> activations(const KernelContext& ctx, Cell cell,
                      std::to_string(per * static_cast<size_t>(dirs)));
   std::vector<double> alphas = n.attr_floats("activation_alpha"), betas = n.attr_floats("activation_beta");
   size_t ai = 0, bi = 0;
-  std::vector<Activation> out;
+  std::vector<RnnActivation> out;
   for (const std::string& name : names) {
-    Activation a{name};
+    RnnActivation a{name};
     double da = name == "LeakyRelu" ? 0.01 : name == "HardSigmoid" ? 0.2 : 1.0;
     double db = name == "HardSigmoid" ? 0.5 : name == "Affine" ? 0.0 : 1.0;
     bool takes_alpha = name == "Affine" || name == "LeakyRelu" || name == "ThresholdedRelu" || name == "ScaledTanh" ||
@@ -112,7 +112,7 @@ Status run_recurrent(KernelContext& ctx, Cell cell) {
     KILN_RETURN_IF_ERROR(check(6, state_shape, "initial_c"));
     KILN_RETURN_IF_ERROR(check(7, {dirs, 3 * H}, "P"));
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<Activation> acts, activations(ctx, cell, dirs));
+  KILN_ASSIGN_OR_RETURN(std::vector<RnnActivation> acts, activations(ctx, cell, dirs));
   const double clip = n.attr_float("clip", 0.0);
   const bool lbr = n.attr_int("linear_before_reset", 0) != 0;
   const bool input_forget = n.attr_int("input_forget", 0) != 0;
@@ -144,9 +144,9 @@ Status run_recurrent(KernelContext& ctx, Cell cell) {
     const double* wb = bias.data() + d * 2 * GH;
     const double* rb = wb + GH;
     const double* pd = p.data() + d * 3 * H;
-    const Activation& f = acts[static_cast<size_t>(d * (gates == 1 ? 1 : gates == 3 ? 2 : 3))];
-    const Activation& g = gates == 1 ? f : acts[static_cast<size_t>(d * (gates == 3 ? 2 : 3) + 1)];
-    const Activation& ha = gates == 4 ? acts[static_cast<size_t>(d * 3 + 2)] : f;
+    const RnnActivation& f = acts[static_cast<size_t>(d * (gates == 1 ? 1 : gates == 3 ? 2 : 3))];
+    const RnnActivation& g = gates == 1 ? f : acts[static_cast<size_t>(d * (gates == 3 ? 2 : 3) + 1)];
+    const RnnActivation& ha = gates == 4 ? acts[static_cast<size_t>(d * 3 + 2)] : f;
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t j = 0; j < H; ++j) {
         h[static_cast<size_t>(j)] = h0[static_cast<size_t>(so(d, b) + j)];

@@ -8,16 +8,11 @@
 
 #include "runtime/ref/broadcast.h"
 #include "runtime/ref/elementwise_util.h"
+#include "runtime/ref/shape_util.h"
 
 namespace kiln::ref {
 
 namespace {
-
-int64_t prod(const std::vector<int64_t>& s, size_t from, size_t to) {
-  int64_t p = 1;
-  for (size_t i = from; i < to; ++i) p *= s[i];
-  return p;
-}
 
 Result<int64_t> axis_of(KernelContext& ctx, int64_t axis, int64_t rank) {
   if (axis < -rank || axis >= rank)
@@ -36,7 +31,7 @@ Status ref_softmax(KernelContext& ctx) {
   Tensor& y = ctx.output(0);
   KILN_ASSIGN_OR_RETURN(int64_t axis, axis_of(ctx, ctx.node().attr_int("axis", -1), x.rank()));
   const size_t ax = static_cast<size_t>(axis);
-  const int64_t outer = prod(x.shape(), 0, ax), n = x.dim(axis), inner = prod(x.shape(), ax + 1, x.shape().size());
+  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis), inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
   return dispatch<IsFloat>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -156,7 +151,7 @@ Status ref_layer_norm(KernelContext& ctx) {
   KILN_ASSIGN_OR_RETURN(int64_t axis, axis_of(ctx, ctx.node().attr_int("axis", -1), x.rank()));
   const double eps = ctx.node().attr_float("epsilon", 1e-5f);
   std::vector<int64_t> norm_shape(x.shape().begin() + axis, x.shape().end());
-  const int64_t rows = prod(x.shape(), 0, static_cast<size_t>(axis)), n = shape_numel(norm_shape);
+  const int64_t rows = ref_shape::dims_product(x.shape(), 0, static_cast<size_t>(axis)), n = shape_numel(norm_shape);
   KILN_ASSIGN_OR_RETURN(std::vector<double> scale, expand_param(ctx, 1, norm_shape));
   std::vector<double> bias;
   if (!kRms) {
@@ -211,7 +206,7 @@ Status ref_channel_norm(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0);
   if (x.rank() < 2) return ctx.error("X must have rank 2 or more, got shape " + shape_str(x.shape()));
-  const int64_t batch = x.dim(0), channels = x.dim(1), spatial = prod(x.shape(), 2, x.shape().size());
+  const int64_t batch = x.dim(0), channels = x.dim(1), spatial = ref_shape::dims_product(x.shape(), 2, x.shape().size());
   const double eps = ctx.node().attr_float("epsilon", 1e-5f);
   KILN_ASSIGN_OR_RETURN(std::vector<double> scale, channel_param(ctx, 1, channels));
   KILN_ASSIGN_OR_RETURN(std::vector<double> bias, channel_param(ctx, 2, channels));
@@ -277,7 +272,7 @@ Status ref_lp_norm(KernelContext& ctx) {
   const int64_t p = ctx.node().attr_int("p", 2);
   if (p != 1 && p != 2) return ctx.error("p must be 1 or 2, got " + std::to_string(p));
   const size_t ax = static_cast<size_t>(axis);
-  const int64_t outer = prod(x.shape(), 0, ax), n = x.dim(axis), inner = prod(x.shape(), ax + 1, x.shape().size());
+  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis), inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
   return dispatch<IsFloat>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);
     using C = compute_t<T>;

@@ -15,7 +15,6 @@ using namespace ref_shape;
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
 
 // Reshape, Flatten, Squeeze, Unsqueeze: the same bytes under the inferred shape.
 Status ref_copy(KernelContext& ctx) {
@@ -38,21 +37,14 @@ Status ref_transpose(KernelContext& ctx) {
   return {};
 }
 
-// The product of dims [begin, end).
-int64_t prod(const std::vector<int64_t>& s, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < s.size(); ++i) p *= s[i];
-  return p;
-}
-
 Status ref_concat(KernelContext& ctx) {
   Tensor& y = ctx.output(0);
   int64_t r = y.rank();
   int64_t axis = ctx.node().attr_int("axis", 0);
   if (axis < 0) axis += r;
   size_t es = dtype_size(y.dtype());
-  int64_t outer = prod(y.shape(), 0, static_cast<size_t>(axis));
-  int64_t inner = prod(y.shape(), static_cast<size_t>(axis) + 1, static_cast<size_t>(r));
+  int64_t outer = dims_product(y.shape(), 0, static_cast<size_t>(axis));
+  int64_t inner = dims_product(y.shape(), static_cast<size_t>(axis) + 1, static_cast<size_t>(r));
   size_t out_row = static_cast<size_t>(y.dim(axis) * inner) * es;
   size_t col = 0;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
@@ -71,8 +63,8 @@ Status ref_split(KernelContext& ctx) {
   int64_t axis = ctx.node().attr_int("axis", 0);
   if (axis < 0) axis += x.rank();
   size_t es = dtype_size(x.dtype());
-  int64_t outer = prod(x.shape(), 0, static_cast<size_t>(axis));
-  int64_t inner = prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size());
+  int64_t outer = dims_product(x.shape(), 0, static_cast<size_t>(axis));
+  int64_t inner = dims_product(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size());
   size_t in_row = static_cast<size_t>(x.dim(axis) * inner) * es;
   // Sizes from the split input or equal chunks (the last smaller), as the inference has them;
   // recomputed here because an omitted output has no buffer to read its size from.
@@ -106,8 +98,8 @@ Status ref_replace_slices(KernelContext& ctx) {
   if (axis < 0) axis += x.rank();
   const std::vector<int64_t> starts = ctx.node().attr_ints("starts");
   const size_t es = dtype_size(x.dtype());
-  const int64_t outer = prod(x.shape(), 0, static_cast<size_t>(axis));
-  const int64_t inner = prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size());
+  const int64_t outer = dims_product(x.shape(), 0, static_cast<size_t>(axis));
+  const int64_t inner = dims_product(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size());
   const size_t row = static_cast<size_t>(x.dim(axis) * inner) * es;
   if (y.raw() != x.raw()) copy_bytes(y.raw(), x.raw(), row * static_cast<size_t>(outer));
   for (size_t i = 1; i < ctx.num_inputs(); ++i) {
@@ -136,7 +128,7 @@ Status ref_slice(KernelContext& ctx) {
   for (size_t i = 0; i < starts.size(); ++i) {
     int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
     shape_ops::SliceDim s = shape_ops::slice_dim(x.dim(a), starts[i], ends[i], steps[i]);
-    if (s.len != y.dim(a)) return ctx.error("internal slice length mismatch on axis " + num(a));
+    if (s.len != y.dim(a)) return ctx.error("internal slice length mismatch on axis " + std::to_string(a));
     offset += s.start * in_strides[static_cast<size_t>(a)];
     // With two or more elements |step| is at most the dim, so the product stays within the
     // input; with one, the step is never taken (and may be near 2^63).
@@ -201,7 +193,7 @@ Status ref_pad(KernelContext& ctx) {
     auto& m = maps[static_cast<size_t>(a)];
     m.resize(static_cast<size_t>(out));
     if (d == 0 && out > 0 && mode != "constant")
-      return ctx.error("cannot " + mode + "-pad axis " + num(a) + " of size 0");
+      return ctx.error("cannot " + mode + "-pad axis " + std::to_string(a) + " of size 0");
     for (int64_t o = 0; o < out; ++o) {
       int64_t i = o - pb;
       if (i >= 0 && i < d) { m[static_cast<size_t>(o)] = i; continue; }

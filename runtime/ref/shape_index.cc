@@ -16,18 +16,11 @@ using namespace ref_shape;
 
 namespace {
 
-std::string num(int64_t v) { return std::to_string(v); }
-
-int64_t prod(const std::vector<int64_t>& s, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end && i < s.size(); ++i) p *= s[i];
-  return p;
-}
 
 // Checks a data index against a dim of size n; negative ones count from the end.
 Result<int64_t> checked(KernelContext& ctx, int64_t idx, int64_t n, int64_t axis) {
   if (idx < -n || idx >= n)
-    return ctx.error("index " + num(idx) + " is out of range for axis " + num(axis) + " of size " + num(n));
+    return ctx.error("index " + std::to_string(idx) + " is out of range for axis " + std::to_string(axis) + " of size " + std::to_string(n));
   return idx < 0 ? idx + n : idx;
 }
 
@@ -42,8 +35,8 @@ Status ref_gather(KernelContext& ctx) {
   int64_t axis = norm_axis(ctx.node().attr_int("axis", 0), x.rank());
   int64_t n = x.dim(axis);
   size_t es = dtype_size(x.dtype());
-  int64_t outer = prod(x.shape(), 0, static_cast<size_t>(axis));
-  size_t block = static_cast<size_t>(prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size())) * es;
+  int64_t outer = dims_product(x.shape(), 0, static_cast<size_t>(axis));
+  size_t block = static_cast<size_t>(dims_product(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size())) * es;
   std::vector<int64_t> idx(static_cast<size_t>(ind.numel()));
   for (int64_t k = 0; k < ind.numel(); ++k) {
     KILN_ASSIGN_OR_RETURN(idx[static_cast<size_t>(k)], checked(ctx, index_at(ind, k), n, axis));
@@ -82,7 +75,7 @@ Status ref_gather_elements(KernelContext& ctx) {
   for (int64_t a = 0; a < x.rank(); ++a)
     if (a != axis && ind.dim(a) > x.dim(a))
       return ctx.error("indices have shape " + shape_str(ind.shape()) + ", larger than the data's " + shape_str(x.shape()) +
-                       " outside axis " + num(axis));
+                       " outside axis " + std::to_string(axis));
   Status st;
   for_each_index(ind.shape(), [&](int64_t j, const std::vector<int64_t>& idx) {
     if (!st.ok()) return;
@@ -101,9 +94,9 @@ Status ref_gather_elements(KernelContext& ctx) {
 Result<std::vector<int64_t>> nd_offsets(KernelContext& ctx, const Tensor& data, const Tensor& ind, int64_t b) {
   int64_t k = ind.dim(ind.rank() - 1);
   std::vector<int64_t> ds = strides_of(data.shape());
-  int64_t batch = prod(ind.shape(), 0, static_cast<size_t>(b));
-  int64_t per_batch = prod(ind.shape(), static_cast<size_t>(b), static_cast<size_t>(ind.rank() - 1));
-  int64_t batch_stride = prod(data.shape(), static_cast<size_t>(b), data.shape().size());
+  int64_t batch = dims_product(ind.shape(), 0, static_cast<size_t>(b));
+  int64_t per_batch = dims_product(ind.shape(), static_cast<size_t>(b), static_cast<size_t>(ind.rank() - 1));
+  int64_t batch_stride = dims_product(data.shape(), static_cast<size_t>(b), data.shape().size());
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(batch * per_batch));
   const int64_t* iv = ind.data<int64_t>();
@@ -127,11 +120,12 @@ Status ref_gather_nd(KernelContext& ctx) {
   int64_t b = ctx.node().attr_int("batch_dims", 0);
   for (int64_t i = 0; i < b; ++i)
     if (x.dim(i) != ind.dim(i))
-      return ctx.error("batch dim " + num(i) + " is " + num(x.dim(i)) + " in data but " + num(ind.dim(i)) + " in indices");
+      return ctx.error("batch dim " + std::to_string(i) + " is " + std::to_string(x.dim(i)) + " in data but " +
+                       std::to_string(ind.dim(i)) + " in indices");
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> offs, nd_offsets(ctx, x, ind, b));
   int64_t k = ind.dim(ind.rank() - 1);
   size_t es = dtype_size(x.dtype());
-  size_t block = static_cast<size_t>(prod(x.shape(), static_cast<size_t>(b + k), x.shape().size())) * es;
+  size_t block = static_cast<size_t>(dims_product(x.shape(), static_cast<size_t>(b + k), x.shape().size())) * es;
   char* dst = static_cast<char*>(y.raw());
   for (int64_t off : offs) {
     copy_bytes(dst, static_cast<const char*>(x.raw()) + off * static_cast<int64_t>(es), block);
@@ -176,7 +170,7 @@ Status ref_scatter_elements(KernelContext& ctx) {
   for (int64_t a = 0; a < x.rank(); ++a)
     if (a != axis && ind.dim(a) > x.dim(a))
       return ctx.error("indices have shape " + shape_str(ind.shape()) + ", larger than the data's " + shape_str(x.shape()) +
-                       " outside axis " + num(axis));
+                       " outside axis " + std::to_string(axis));
   if (y.raw() != x.raw()) copy_bytes(y.raw(), x.raw(), x.nbytes());
   char red = reduction_code(ctx.node());
   std::vector<int64_t> xs = strides_of(x.shape());
@@ -209,7 +203,7 @@ Status ref_scatter_nd(KernelContext& ctx) {
     return ctx.error("updates have shape " + shape_str(upd.shape()) + " but indices and data need " + shape_str(want));
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> offs, nd_offsets(ctx, x, ind, 0));
   if (y.raw() != x.raw()) copy_bytes(y.raw(), x.raw(), x.nbytes());
-  int64_t block = prod(x.shape(), static_cast<size_t>(k), x.shape().size());
+  int64_t block = dims_product(x.shape(), static_cast<size_t>(k), x.shape().size());
   char red = reduction_code(ctx.node());
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -281,8 +275,8 @@ Status ref_one_hot(KernelContext& ctx) {
   Tensor& y = ctx.output(0);
   int64_t axis = norm_axis(ctx.node().attr_int("axis", -1), y.rank());
   int64_t depth = y.dim(axis);
-  int64_t outer = prod(ind.shape(), 0, static_cast<size_t>(axis));
-  int64_t inner = prod(ind.shape(), static_cast<size_t>(axis), ind.shape().size());
+  int64_t outer = dims_product(ind.shape(), 0, static_cast<size_t>(axis));
+  int64_t inner = dims_product(ind.shape(), static_cast<size_t>(axis), ind.shape().size());
   size_t es = dtype_size(y.dtype());
   const char* off = static_cast<const char*>(vals.raw());
   const char* on = off + es;
@@ -347,15 +341,15 @@ Status ref_compress(KernelContext& ctx) {
   std::vector<int64_t> keep;
   for (int64_t i = 0; i < cond.numel(); ++i) {
     if (!cond.data<bool>()[i]) continue;
-    if (i >= n) return ctx.error("condition is true at " + num(i) + ", past the " + num(n) + " elements of the axis");
+    if (i >= n) return ctx.error("condition is true at " + std::to_string(i) + ", past the " + std::to_string(n) + " elements of the axis");
     keep.push_back(i);
   }
   size_t es = dtype_size(x.dtype());
   std::vector<int64_t> shape = has_axis ? x.shape() : std::vector<int64_t>{n};
   shape[static_cast<size_t>(axis)] = static_cast<int64_t>(keep.size());
   Tensor& y = output_for(ctx, 0, x.dtype(), shape);
-  int64_t outer = has_axis ? prod(x.shape(), 0, static_cast<size_t>(axis)) : 1;
-  size_t block = static_cast<size_t>(has_axis ? prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size()) : 1) * es;
+  int64_t outer = has_axis ? dims_product(x.shape(), 0, static_cast<size_t>(axis)) : 1;
+  size_t block = static_cast<size_t>(has_axis ? dims_product(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size()) : 1) * es;
   char* dst = static_cast<char*>(y.raw());
   const char* src = static_cast<const char*>(x.raw());
   for (int64_t o = 0; o < outer; ++o)
@@ -395,8 +389,8 @@ Status ref_unique(KernelContext& ctx) {
   int64_t axis = has_axis ? norm_axis(ctx.node().attr_int("axis", 0), x.rank()) : 0;
   // Items are the slices along axis (or single elements): item i, part o, offset j.
   int64_t n = has_axis ? x.dim(axis) : x.numel();
-  int64_t outer = has_axis ? prod(x.shape(), 0, static_cast<size_t>(axis)) : 1;
-  int64_t inner = has_axis ? prod(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size()) : 1;
+  int64_t outer = has_axis ? dims_product(x.shape(), 0, static_cast<size_t>(axis)) : 1;
+  int64_t inner = has_axis ? dims_product(x.shape(), static_cast<size_t>(axis) + 1, x.shape().size()) : 1;
   std::vector<int64_t> first, inverse(static_cast<size_t>(n)), counts;
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -470,9 +464,9 @@ Status ref_reverse_sequence(KernelContext& ctx) {
   int64_t ba = ctx.node().attr_int("batch_axis", 1), ta = ctx.node().attr_int("time_axis", 0);
   int64_t batch = x.dim(ba), time = x.dim(ta);
   if (lens.numel() != batch)
-    return ctx.error("sequence_lens has " + num(lens.numel()) + " entries but the batch is " + num(batch));
+    return ctx.error("sequence_lens has " + std::to_string(lens.numel()) + " entries but the batch is " + std::to_string(batch));
   size_t es = dtype_size(x.dtype());
-  size_t block = static_cast<size_t>(prod(x.shape(), 2, x.shape().size())) * es;
+  size_t block = static_cast<size_t>(dims_product(x.shape(), 2, x.shape().size())) * es;
   auto offset = [&](int64_t b, int64_t t) {
     int64_t i0 = ta == 0 ? t : b, i1 = ta == 0 ? b : t;
     return static_cast<size_t>(i0 * x.dim(1) + i1) * block;
@@ -480,7 +474,8 @@ Status ref_reverse_sequence(KernelContext& ctx) {
   for (int64_t b = 0; b < batch; ++b) {
     int64_t len = lens.data<int64_t>()[b];
     if (len < 0 || len > time)
-      return ctx.error("sequence_lens[" + num(b) + "] is " + num(len) + " but the time axis has " + num(time) + " steps");
+      return ctx.error("sequence_lens[" + std::to_string(b) + "] is " + std::to_string(len) +
+                       " but the time axis has " + std::to_string(time) + " steps");
     for (int64_t t = 0; t < time; ++t) {
       int64_t src = t < len ? len - 1 - t : t;
       copy_bytes(static_cast<char*>(y.raw()) + offset(b, t), static_cast<const char*>(x.raw()) + offset(b, src), block);

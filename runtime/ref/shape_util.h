@@ -17,6 +17,13 @@ namespace kiln::ref_shape {
 void copy_strided(void* dst, const void* src, size_t elem, std::vector<int64_t> shape,
                   std::vector<int64_t> strides, int64_t offset);
 
+/// The product of dims [begin, end) (those past the shape's rank count as 1).
+inline int64_t dims_product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end && i < shape.size(); ++i) p *= shape[i];
+  return p;
+}
+
 /// Row-major strides of a shape, in elements.
 std::vector<int64_t> strides_of(const std::vector<int64_t>& shape);
 

@@ -82,7 +82,7 @@ class Builder {
 Shape sym_shape(std::vector<Dim> dims) { return Shape(std::move(dims)); }
 
 /// Uniform random f32 in [lo, hi): never all zeros, odd sizes welcome.
-Tensor random_f32(std::vector<int64_t> shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+Tensor uniform_f32(std::vector<int64_t> shape, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   Tensor t(DType::f32, std::move(shape));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -188,7 +188,7 @@ TEST(CompileSpecializeShapes, SameOutputs) {
   Model before = shared_batch_model();
   Model after = before;
   run_pass("specialize_shapes", after, {{"y", Shape::of(std::vector<int64_t>{3, 4})}});
-  expect_same_outputs(before, after, {random_f32({3, 4}, 1), random_f32({3, 4}, 2)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({3, 4}, 1), uniform_f32({3, 4}, 2)}, 0);
 }
 
 TEST(CompileSpecializeShapes, NothingToDoWithoutShapes) {
@@ -224,8 +224,8 @@ TEST(CompileSpecializeShapes, RefusesConflictsAndUnknownInputs) {
 Model foldable_model() {
   Builder b;
   ValueId x = b.input("x", {2, 3});
-  ValueId c1 = b.constant("c1", random_f32({2, 3}, 3));
-  ValueId c2 = b.constant("c2", random_f32({3}, 4));
+  ValueId c1 = b.constant("c1", uniform_f32({2, 3}, 3));
+  ValueId c2 = b.constant("c2", uniform_f32({3}, 4));
   ValueId t = b.op("add", "Add", {b.op("exp", "Exp", {c1}, "e"), c2}, "t");
   ValueId y = b.op("mul", "Mul", {x, t}, "y");
   ValueId s = b.op("shape", "Shape", {x}, "s");
@@ -255,13 +255,13 @@ TEST(CompileFoldConstants, SameOutputs) {
   Model before = foldable_model();
   Model after = before;
   run_pass("fold_constants", after);
-  expect_same_outputs(before, after, {random_f32({2, 3}, 5)}, 1e-5);
+  expect_same_outputs(before, after, {uniform_f32({2, 3}, 5)}, 1e-5);
 }
 
 TEST(CompileFoldConstants, FoldsChainsAndConstantGraphOutputs) {
   Builder b;
   ValueId x = b.input("x", {4});
-  ValueId c = b.constant("c", random_f32({4}, 6));
+  ValueId c = b.constant("c", uniform_f32({4}, 6));
   ValueId e = b.op("exp", "Exp", {c}, "e");
   ValueId n = b.op("neg", "Neg", {e}, "n");  // reads a value folded just before it
   b.output(b.op("sub", "Sub", {x, n}, "y"));
@@ -271,14 +271,14 @@ TEST(CompileFoldConstants, FoldsChainsAndConstantGraphOutputs) {
   EXPECT_EQ(run_pass("fold_constants", after).summary, "folded 2 nodes (0 from shape inference), dropped 2 unused values");
   EXPECT_EQ(count_ops(after.graph, "Sub"), 1u);
   EXPECT_EQ(after.graph.nodes.size(), 1u);
-  expect_same_outputs(before, after, {random_f32({4}, 7)}, 1e-5);
+  expect_same_outputs(before, after, {uniform_f32({4}, 7)}, 1e-5);
 }
 
 // A big constant that folds into no more bytes than it had (a transposed weight, as GPT-2's
 // tied LM head) folds whatever its size.
 TEST(CompileFoldConstants, FoldsBigOutputsThatDoNotGrow) {
   Builder b;
-  ValueId w = b.constant("w", random_f32({1024, 768}, 9));  // 3 MiB
+  ValueId w = b.constant("w", uniform_f32({1024, 768}, 9));  // 3 MiB
   ValueId t = b.op("transpose", "Transpose", {w}, "wt", {attr("perm", std::vector<int64_t>{1, 0})});
   b.output(t);
   Model before = b.done();
@@ -296,7 +296,7 @@ TEST(CompileFoldConstants, KeepsWhatMustNotFold) {
   // Reads a graph input.
   ValueId r = b.op("relu", "Relu", {x}, "r");
   // Not a core op: nothing says it is pure, and there is no kernel to run it.
-  ValueId c = b.constant("c", random_f32({2}, 8));
+  ValueId c = b.constant("c", uniform_f32({2}, 8));
   ValueId custom = b.g().add_value("custom_out", DType::f32, Shape::of(std::vector<int64_t>{2}));
   Node n = testing::node("custom", "Frob", {c}, {custom});
   n.domain = "com.example";
@@ -316,7 +316,7 @@ TEST(CompileFoldConstants, FoldsSmallGrowthAndLargeShrinks) {
   Builder b;
   // 64 KiB from 16 bytes: under 1 MiB, folded; 2 MiB summed to 4 bytes: folded.
   ValueId small = b.op("fill", "ConstantOfShape", {b.constant("shape", testing::ints({128, 128}))}, "small");
-  ValueId sum = b.op("sum", "ReduceSum", {b.constant("w", random_f32({1024, 512}, 8))}, "sum",
+  ValueId sum = b.op("sum", "ReduceSum", {b.constant("w", uniform_f32({1024, 512}, 8))}, "sum",
                      {attr("keepdims", int64_t{0})});
   b.output(small);
   b.output(sum);
@@ -334,7 +334,7 @@ Model duplicated_model() {
   ValueId x = b.input("x", {3, 5});
   ValueId r1 = b.op("relu_a", "Relu", {x}, "r1");
   ValueId r2 = b.op("relu_b", "Relu", {x}, "r2");
-  Tensor w = random_f32({5}, 9);
+  Tensor w = uniform_f32({5}, 9);
   ValueId m1 = b.op("mul_a", "Mul", {x, b.constant("w1", w)}, "m1");
   ValueId m2 = b.op("mul_b", "Mul", {x, b.constant("w2", w.clone())}, "m2");
   ValueId s = b.op("add", "Add", {r1, r2}, "s");
@@ -365,7 +365,7 @@ TEST(CompileCse, SameOutputs) {
   Model before = duplicated_model();
   Model after = before;
   run_pass("cse", after);
-  expect_same_outputs(before, after, {random_f32({3, 5}, 10)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({3, 5}, 10)}, 0);
 }
 
 TEST(CompileCse, KeepsNodesThatDiffer) {
@@ -412,8 +412,8 @@ TEST(CompileCse, NeverMergesNodesWithSubgraphs) {
 
 /// BatchNormalization parameters for `c` channels: random scale, bias and mean, positive var.
 std::vector<ValueId> bn_params(Builder& b, int64_t c, uint32_t seed) {
-  return {b.constant("gamma", random_f32({c}, seed)), b.constant("beta", random_f32({c}, seed + 1)),
-          b.constant("mean", random_f32({c}, seed + 2)), b.constant("var", random_f32({c}, seed + 3, 0.5f, 1.5f))};
+  return {b.constant("gamma", uniform_f32({c}, seed)), b.constant("beta", uniform_f32({c}, seed + 1)),
+          b.constant("mean", uniform_f32({c}, seed + 2)), b.constant("var", uniform_f32({c}, seed + 3, 0.5f, 1.5f))};
 }
 
 ValueId batchnorm(Builder& b, ValueId x, int64_t c, uint32_t seed) {
@@ -426,8 +426,8 @@ ValueId batchnorm(Builder& b, ValueId x, int64_t c, uint32_t seed) {
 Model conv_bn_model(bool bias) {
   Builder b;
   ValueId x = b.input("x", {2, 3, 5, 7});
-  std::vector<ValueId> in{x, b.constant("w", random_f32({4, 3, 3, 3}, 11))};
-  if (bias) in.push_back(b.constant("b", random_f32({4}, 12)));
+  std::vector<ValueId> in{x, b.constant("w", uniform_f32({4, 3, 3, 3}, 11))};
+  if (bias) in.push_back(b.constant("b", uniform_f32({4}, 12)));
   ValueId y = b.op("conv", "Conv", in, "y", {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
   b.output(b.op("relu", "Relu", {batchnorm(b, y, 4, 13)}, "out"));
   return b.done();
@@ -450,7 +450,7 @@ TEST(CompileFoldBatchnorm, ConvTakesTheScaleAndBias) {
 }
 
 TEST(CompileFoldBatchnorm, SameOutputsForEveryProducer) {
-  const std::vector<Tensor> conv_in{random_f32({2, 3, 5, 7}, 20)};
+  const std::vector<Tensor> conv_in{uniform_f32({2, 3, 5, 7}, 20)};
   for (bool bias : {false, true}) {
     Model before = conv_bn_model(bias), after = before;
     EXPECT_TRUE(run_pass("fold_batchnorm", after).changed);
@@ -460,31 +460,31 @@ TEST(CompileFoldBatchnorm, SameOutputsForEveryProducer) {
   {  // ConvTranspose with 2 groups: W [C_in 4, C_out/group 3, 3, 3], 6 output channels.
     Builder b;
     ValueId x = b.input("x", {1, 4, 5, 5});
-    ValueId y = b.op("deconv", "ConvTranspose", {x, b.constant("w", random_f32({4, 3, 3, 3}, 21)), b.constant("b", random_f32({6}, 22))},
+    ValueId y = b.op("deconv", "ConvTranspose", {x, b.constant("w", uniform_f32({4, 3, 3, 3}, 21)), b.constant("b", uniform_f32({6}, 22))},
                      "y", {attr("group", int64_t{2}), attr("strides", std::vector<int64_t>{2, 2})});
     b.output(batchnorm(b, y, 6, 23));
     Model before = b.done(), after = before;
     EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into ConvTranspose");
-    expect_same_outputs(before, after, {random_f32({1, 4, 5, 5}, 24)}, 1e-5);
+    expect_same_outputs(before, after, {uniform_f32({1, 4, 5, 5}, 24)}, 1e-5);
   }
   // Gemm: B [N, K] with transB or [K, N] without; C absent, a row, or full [M, N]; alpha, beta.
   struct GemmCase { bool trans_b; std::vector<int64_t> c_shape; };
   for (const GemmCase& gc : {GemmCase{true, {6}}, GemmCase{false, {3, 6}}, GemmCase{false, {}}, GemmCase{true, {3, 1}}}) {
     Builder b;
     ValueId a = b.input("a", {3, 5});
-    std::vector<ValueId> in{a, b.constant("w", random_f32(gc.trans_b ? std::vector<int64_t>{6, 5} : std::vector<int64_t>{5, 6}, 25))};
-    if (!gc.c_shape.empty()) in.push_back(b.constant("c", random_f32(gc.c_shape, 26)));
+    std::vector<ValueId> in{a, b.constant("w", uniform_f32(gc.trans_b ? std::vector<int64_t>{6, 5} : std::vector<int64_t>{5, 6}, 25))};
+    if (!gc.c_shape.empty()) in.push_back(b.constant("c", uniform_f32(gc.c_shape, 26)));
     ValueId y = b.op("gemm", "Gemm", in, "y",
                      {attr("transB", int64_t{gc.trans_b}), attr("alpha", 0.5), attr("beta", 2.0)});
     b.output(batchnorm(b, y, 6, 27));
     Model before = b.done(), after = before;
     EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into Gemm");
-    expect_same_outputs(before, after, {random_f32({3, 5}, 28)}, 1e-5);
+    expect_same_outputs(before, after, {uniform_f32({3, 5}, 28)}, 1e-5);
   }
   {  // MatMul: becomes MatMul then Add of the folded bias.
     Builder b;
     ValueId a = b.input("a", {3, 5});
-    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", random_f32({5, 6}, 29))}, "y");
+    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", uniform_f32({5, 6}, 29))}, "y");
     b.output(batchnorm(b, y, 6, 30));
     Model before = b.done(), after = before;
     EXPECT_EQ(run_pass("fold_batchnorm", after).summary, "folded 1 BatchNormalization into MatMul");
@@ -498,7 +498,7 @@ TEST(CompileFoldBatchnorm, SameOutputsForEveryProducer) {
               "  node mm: MatMul(a, w_bn) -> (y) sources=[\"mm\"]\n"
               "  node bn: Add(y, bn.bias) -> (z) sources=[\"bn\"]\n"
               "  output z\n");
-    expect_same_outputs(before, after, {random_f32({3, 5}, 31)}, 1e-5);
+    expect_same_outputs(before, after, {uniform_f32({3, 5}, 31)}, 1e-5);
   }
 }
 
@@ -511,7 +511,7 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
   {  // The Conv's output has a second reader, which needs the unnormalized values.
     Builder b;
     ValueId x = b.input("x", {1, 3, 4, 4});
-    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 40))}, "y");
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 1, 1}, 40))}, "y");
     b.output(batchnorm(b, y, 4, 41));
     b.output(b.op("relu", "Relu", {y}, "other"));
     unchanged(b.done(), "second reader");
@@ -519,7 +519,7 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
   {  // The Conv's output is a graph output.
     Builder b;
     ValueId x = b.input("x", {1, 3, 4, 4});
-    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 42))}, "y");
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 1, 1}, 42))}, "y");
     b.output(batchnorm(b, y, 4, 43));
     b.output(y);
     unchanged(b.done(), "graph output");
@@ -534,7 +534,7 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
   {  // Statistics that are not constant.
     Builder b;
     ValueId x = b.input("x", {1, 3, 4, 4});
-    ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 1, 1}, 45))}, "y");
+    ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 1, 1}, 45))}, "y");
     std::vector<ValueId> p = bn_params(b, 4, 46);
     p[3] = b.input("var", {4});
     b.output(b.op("bn", "BatchNormalization", {y, p[0], p[1], p[2], p[3]}, "z"));
@@ -543,7 +543,7 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
   {  // MatMul with a 3-D output: BatchNormalization's channel axis 1 is not MatMul's N.
     Builder b;
     ValueId a = b.input("a", {2, 6, 5});
-    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", random_f32({5, 6}, 47))}, "y");
+    ValueId y = b.op("mm", "MatMul", {a, b.constant("w", uniform_f32({5, 6}, 47))}, "y");
     b.output(batchnorm(b, y, 6, 48));
     unchanged(b.done(), "3-D MatMul");
   }
@@ -555,8 +555,8 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
 Model linear_model(std::vector<int64_t> x_shape, std::vector<int64_t> bias_shape) {
   Builder b;
   ValueId x = b.input("x", x_shape);
-  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 50))}, "y");
-  ValueId z = b.op("add", "Add", {b.constant("bias", random_f32(bias_shape, 51)), y}, "z");
+  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", uniform_f32({5, 6}, 50))}, "y");
+  ValueId z = b.op("add", "Add", {b.constant("bias", uniform_f32(bias_shape, 51)), y}, "z");
   b.output(b.op("relu", "Relu", {z}, "out"));
   return b.done();
 }
@@ -580,17 +580,17 @@ TEST(CompileFuseLinearBias, SameOutputs) {
   for (const auto& bias : {std::vector<int64_t>{6}, std::vector<int64_t>{1, 6}}) {
     Model before = linear_model({3, 5}, bias), after = before;
     EXPECT_TRUE(run_pass("fuse_linear_bias", after).changed);
-    expect_same_outputs(before, after, {random_f32({3, 5}, 52)}, 1e-5);
+    expect_same_outputs(before, after, {uniform_f32({3, 5}, 52)}, 1e-5);
   }
   // A symbolic batch stays symbolic.
   Builder b;
   ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::known(5)}));
-  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 53))}, "y");
-  b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 54))}, "z"));
+  ValueId y = b.op("mm", "MatMul", {x, b.constant("w", uniform_f32({5, 6}, 53))}, "y");
+  b.output(b.op("add", "Add", {y, b.constant("bias", uniform_f32({6}, 54))}, "z"));
   Model before = b.done(), after = before;
   EXPECT_TRUE(run_pass("fuse_linear_bias", after).changed);
   EXPECT_EQ(after.graph.value(after.graph.outputs[0]).shape.str(), "batchx6");
-  expect_same_outputs(before, after, {random_f32({7, 5}, 55)}, 1e-5);
+  expect_same_outputs(before, after, {uniform_f32({7, 5}, 55)}, 1e-5);
 }
 
 TEST(CompileFuseLinearBias, LeavesOtherShapes) {
@@ -604,8 +604,8 @@ TEST(CompileFuseLinearBias, LeavesOtherShapes) {
   {  // The MatMul's output has a second reader.
     Builder b;
     ValueId x = b.input("x", {3, 5});
-    ValueId y = b.op("mm", "MatMul", {x, b.constant("w", random_f32({5, 6}, 56))}, "y");
-    b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 57))}, "z"));
+    ValueId y = b.op("mm", "MatMul", {x, b.constant("w", uniform_f32({5, 6}, 56))}, "y");
+    b.output(b.op("add", "Add", {y, b.constant("bias", uniform_f32({6}, 57))}, "z"));
     b.output(b.op("relu", "Relu", {y}, "other"));
     unchanged(b.done(), "second reader");
   }
@@ -613,7 +613,7 @@ TEST(CompileFuseLinearBias, LeavesOtherShapes) {
     Builder b;
     ValueId x = b.input("x", {3, 5});
     ValueId y = b.op("mm", "MatMul", {x, b.input("w", {5, 6})}, "y");
-    b.output(b.op("add", "Add", {y, b.constant("bias", random_f32({6}, 58))}, "z"));
+    b.output(b.op("add", "Add", {y, b.constant("bias", uniform_f32({6}, 58))}, "z"));
     unchanged(b.done(), "weights are an input");
   }
 }
@@ -627,12 +627,12 @@ TEST(CompileFuseLinearBias, LeavesOtherShapes) {
 Model projections_model() {
   Builder b;
   ValueId x = b.input("x", {2, 5, 16});
-  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", random_f32({16, 64}, 80)), b.constant("bq", random_f32({64}, 81))}, "q_out"));
-  b.output(b.op("k", "MatMul", {x, b.constant("wk", random_f32({16, 32}, 82))}, "k_out"));
-  b.output(b.op("v", "FusedMatMul", {x, b.constant("wv", random_f32({16, 32}, 83)), b.constant("bv", random_f32({32}, 84))}, "v_out"));
-  b.output(b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, 32}, 85))}, "gate_out", {attr("activation", std::string("Silu"))}));
-  b.output(b.op("relu", "FusedMatMul", {x, b.constant("wr", random_f32({16, 32}, 89))}, "relu_out", {attr("activation", std::string("Relu"))}));
-  b.output(b.op("odd", "MatMul", {x, b.constant("wo", random_f32({16, 40}, 86))}, "odd_out"));
+  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", uniform_f32({16, 64}, 80)), b.constant("bq", uniform_f32({64}, 81))}, "q_out"));
+  b.output(b.op("k", "MatMul", {x, b.constant("wk", uniform_f32({16, 32}, 82))}, "k_out"));
+  b.output(b.op("v", "FusedMatMul", {x, b.constant("wv", uniform_f32({16, 32}, 83)), b.constant("bv", uniform_f32({32}, 84))}, "v_out"));
+  b.output(b.op("gate", "FusedMatMul", {x, b.constant("wg", uniform_f32({16, 32}, 85))}, "gate_out", {attr("activation", std::string("Silu"))}));
+  b.output(b.op("relu", "FusedMatMul", {x, b.constant("wr", uniform_f32({16, 32}, 89))}, "relu_out", {attr("activation", std::string("Relu"))}));
+  b.output(b.op("odd", "MatMul", {x, b.constant("wo", uniform_f32({16, 40}, 86))}, "odd_out"));
   b.output(b.op("dyn", "MatMul", {x, b.input("w", {16, 32})}, "dyn_out"));
   return b.done();
 }
@@ -655,7 +655,7 @@ TEST(CompileMergeProjections, MergesProductsOfOneInput) {
 TEST(CompileMergeProjections, SameOutputs) {
   Model before = projections_model(), after = before;
   EXPECT_TRUE(run_pass("merge_projections", after).changed);
-  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 87), random_f32({16, 32}, 88)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 87), uniform_f32({16, 32}, 88)}, 0);
 }
 
 // The LLaMA block's MLP: up (plain) and gate (SiLU) projections of one input, then their
@@ -668,8 +668,8 @@ TEST(CompileMergeProjections, MergesGateAndUpProjections) {
     const int64_t width = variant == 1 ? 32 : 128;
     Builder b;
     ValueId x = b.input("x", {2, 5, 16});
-    ValueId up = b.op("up", "MatMul", {x, b.constant("wu", random_f32({16, width}, 100))}, "up_out");
-    ValueId gate = b.op("gate", "FusedMatMul", {x, b.constant("wg", random_f32({16, width}, 101))}, "gate_out",
+    ValueId up = b.op("up", "MatMul", {x, b.constant("wu", uniform_f32({16, width}, 100))}, "up_out");
+    ValueId gate = b.op("gate", "FusedMatMul", {x, b.constant("wg", uniform_f32({16, width}, 101))}, "gate_out",
                         {attr("activation", std::string("Silu"))});
     b.output(b.op("mul", "Mul", {gate, up}, "y"));
     if (variant == 2) b.output(up);
@@ -692,7 +692,7 @@ TEST(CompileMergeProjections, MergesGateAndUpProjections) {
           << split;
       EXPECT_EQ(count_ops(after.graph, "Mul"), 1u);
     }
-    expect_same_outputs(before, after, {random_f32({2, 5, 16}, 102)}, 1e-6);
+    expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 102)}, 1e-6);
   }
 }
 
@@ -706,10 +706,10 @@ TEST(CompileMergeProjections, MergesF16WeightsApart) {
   };
   Builder b;
   ValueId x = b.input("x", {2, 5, 16});
-  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", f16(random_f32({16, 64}, 110)))}, "q_out"));
-  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", f16(random_f32({16, 128}, 111)))}, "k_out"));
-  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", f16(random_f32({16, 32}, 112)))}, "narrow_out"));
-  b.output(b.op("f32", "MatMul", {x, b.constant("wf", random_f32({16, 64}, 113))}, "f32_out"));
+  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", f16(uniform_f32({16, 64}, 110)))}, "q_out"));
+  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", f16(uniform_f32({16, 128}, 111)))}, "k_out"));
+  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", f16(uniform_f32({16, 32}, 112)))}, "narrow_out"));
+  b.output(b.op("f32", "MatMul", {x, b.constant("wf", uniform_f32({16, 64}, 113))}, "f32_out"));
   Model before = b.done(), after = before;
   EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
   const std::string text = compact(after.graph);
@@ -719,7 +719,7 @@ TEST(CompileMergeProjections, MergesF16WeightsApart) {
       << text;
   for (const char* apart : {"node narrow: FusedMatMul(x, wn)", "node f32: MatMul(x, wf)"})
     EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
-  expect_same_outputs(before, after, {random_f32({2, 5, 16}, 114)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 114)}, 0);
 }
 
 // GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with
@@ -727,11 +727,11 @@ TEST(CompileMergeProjections, MergesF16WeightsApart) {
 Model packed_projections_model() {
   Builder b;
   ValueId x = b.input("x", {10, 16});
-  ValueId qkv = b.op("c_attn", "FusedMatMul", {x, b.constant("w", random_f32({16, 96}, 90)), b.constant("bias", random_f32({96}, 91))}, "qkv");
+  ValueId qkv = b.op("c_attn", "FusedMatMul", {x, b.constant("w", uniform_f32({16, 96}, 90)), b.constant("bias", uniform_f32({96}, 91))}, "qkv");
   ValueId r = b.op("reshape", "Reshape", {qkv, b.constant("shape", testing::ints({2, 5, 96}))}, "qkv3");
   for (ValueId p : b.split("split", {r, b.constant("sizes", testing::ints({32, 32, 32}))}, {"q", "k", "v"}, {attr("axis", int64_t{2})}))
     b.output(p);
-  ValueId y = b.op("proj", "MatMul", {b.input("y", {2, 3, 8}), b.constant("w2", random_f32({8, 64}, 92))}, "y2");
+  ValueId y = b.op("proj", "MatMul", {b.input("y", {2, 3, 8}), b.constant("w2", uniform_f32({8, 64}, 92))}, "y2");
   const std::vector<ValueId> halves = b.split("halves", {y}, {"h0", "h1"}, {attr("axis", int64_t{-1})});
   b.output(b.op("relu", "Relu", {halves[0]}, "h0_relu"));
   b.output(halves[1]);
@@ -751,7 +751,7 @@ TEST(CompileMergeProjections, FoldsSplitsOfAProductsColumns) {
   EXPECT_NE(text.find("  node proj: FusedMatMul(y, w2) -> (h0, h1) splits=ints[32, 32] sources=[\"proj\", \"halves\"]\n"),
             std::string::npos)
       << text;
-  expect_same_outputs(before, after, {random_f32({10, 16}, 93), random_f32({2, 3, 8}, 94)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({10, 16}, 93), uniform_f32({2, 3, 8}, 94)}, 0);
 }
 
 TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
@@ -762,7 +762,7 @@ TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
   };
   auto split_of = [](std::vector<int64_t> sizes, int64_t axis, bool second_reader) {
     Builder b;
-    ValueId y = b.op("mm", "MatMul", {b.input("x", {4, 16}), b.constant("w", random_f32({16, 64}, 95))}, "y");
+    ValueId y = b.op("mm", "MatMul", {b.input("x", {4, 16}), b.constant("w", uniform_f32({16, 64}, 95))}, "y");
     for (ValueId p : b.split("split", {y, b.constant("sizes", testing::ints(std::move(sizes)))}, {"p0", "p1"}, {attr("axis", axis)}))
       b.output(p);
     if (second_reader) b.output(b.op("relu", "Relu", {y}, "r"));
@@ -774,8 +774,8 @@ TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
   {
     Builder b;
     ValueId x = b.input("x", {3, 16});
-    b.output(b.op("a", "MatMul", {x, b.constant("wa", random_f32({16, 32}, 96))}, "ya"));
-    b.output(b.op("b", "FusedMatMul", {x, b.constant("wb", random_f32({16, 32}, 97)), kNoValue,
+    b.output(b.op("a", "MatMul", {x, b.constant("wa", uniform_f32({16, 32}, 96))}, "ya"));
+    b.output(b.op("b", "FusedMatMul", {x, b.constant("wb", uniform_f32({16, 32}, 97)), kNoValue,
                                          b.input("z", {3, 32})},
                   "yb"));
     unchanged(b.done(), "a product with a residual");
@@ -787,7 +787,7 @@ TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
 Model dead_code_model() {
   Builder b;
   ValueId x = b.input("x", {4});
-  b.constant("unused", random_f32({4}, 60));
+  b.constant("unused", uniform_f32({4}, 60));
   ValueId dead = b.op("dead_exp", "Exp", {x}, "dead");
   b.op("dead_neg", "Neg", {dead}, "dead2");
   b.output(b.op("relu", "Relu", {x}, "out"));
@@ -808,7 +808,7 @@ TEST(CompileEliminateDead, DropsUnreadNodesAndConstants) {
 TEST(CompileEliminateDead, SameOutputs) {
   Model before = dead_code_model(), after = before;
   run_pass("eliminate_dead", after);
-  expect_same_outputs(before, after, {random_f32({4}, 61)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({4}, 61)}, 0);
 }
 
 TEST(CompileEliminateDead, KeepsConstantsSubgraphsRead) {
@@ -822,7 +822,7 @@ TEST(CompileEliminateDead, KeepsConstantsSubgraphsRead) {
   EXPECT_FALSE(run_pass("eliminate_dead", after).changed);
   EXPECT_NE(after.graph.find_value("k"), kNoValue);
   for (bool cond : {true, false})
-    expect_same_outputs(before, after, {make<bool>({}, {cond}), random_f32({2}, 62)}, 0);
+    expect_same_outputs(before, after, {make<bool>({}, {cond}), uniform_f32({2}, 62)}, 0);
 }
 
 // ---- channels_last ------------------------------------------------------------------------
@@ -832,10 +832,10 @@ TEST(CompileEliminateDead, KeepsConstantsSubgraphsRead) {
 Model small_cnn() {
   Builder b;
   ValueId x = b.input("x", {1, 3, 6, 5});
-  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 81)), b.constant("b", random_f32({4}, 82))}, "y",
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 3, 3}, 81)), b.constant("b", uniform_f32({4}, 82))}, "y",
                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
   ValueId r = b.op("relu", "Relu", {y}, "r");
-  ValueId a = b.op("add", "Add", {r, b.constant("shift", random_f32({4, 1, 1}, 83))}, "a");
+  ValueId a = b.op("add", "Add", {r, b.constant("shift", uniform_f32({4, 1, 1}, 83))}, "a");
   b.output(b.op("gap", "GlobalAveragePool", {a}, "out"));
   b.output(y);
   return b.done();
@@ -875,7 +875,7 @@ TEST(CompileChannelsLast, ConvertsTheRegionWithTransposesAtItsEdges) {
 TEST(CompileChannelsLast, ConvertsWithASymbolicBatch) {
   Builder b;
   ValueId x = b.input("x", sym_shape({Dim::sym("n"), Dim::known(3), Dim::known(6), Dim::known(5)}));
-  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 81)), b.constant("b", random_f32({4}, 82))}, "y",
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 3, 3}, 81)), b.constant("b", uniform_f32({4}, 82))}, "y",
                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
   ValueId r = b.op("relu", "Relu", {y}, "r");
   b.output(b.op("gap", "GlobalAveragePool", {r}, "out"));
@@ -884,7 +884,7 @@ TEST(CompileChannelsLast, ConvertsWithASymbolicBatch) {
   run_pass("eliminate_dead", after);
   EXPECT_EQ(after.graph.value(after.graph.find_value("r_nhwc")).shape.str(), "nx6x5x4");
   for (int64_t n : {1, 3}) {
-    const std::vector<Tensor> inputs = {random_f32({n, 3, 6, 5}, 99)};
+    const std::vector<Tensor> inputs = {uniform_f32({n, 3, 6, 5}, 99)};
     const std::vector<Tensor> want = run_reference(before, inputs);
     auto s = Session::create(after);
     ASSERT_TRUE(s.ok()) << s.error().message();
@@ -906,13 +906,13 @@ Model layout_zoo() {
   ValueId skip = b.input("skip", {2, 8, 10, 12});
   auto conv = [&](const std::string& name, ValueId in, int64_t cin, int64_t cout, int64_t k, int64_t group, uint32_t seed) {
     const int64_t p = k / 2;
-    return b.op(name, "Conv", {in, b.constant(name + "_w", random_f32({cout, cin / group, k, k}, seed, -0.3f, 0.3f))}, name + "_y",
+    return b.op(name, "Conv", {in, b.constant(name + "_w", uniform_f32({cout, cin / group, k, k}, seed, -0.3f, 0.3f))}, name + "_y",
                 {attr("pads", std::vector<int64_t>{p, p, p, p}), attr("group", group)});
   };
   ValueId c1 = conv("c1", x, 8, 8, 3, 1, 90);
   Node& fused = b.g().nodes.back();  // a residual FusedConv: Z from a graph input
   fused.op = "FusedConv";
-  fused.inputs.push_back(b.constant("c1_b", random_f32({8}, 91)));
+  fused.inputs.push_back(b.constant("c1_b", uniform_f32({8}, 91)));
   fused.inputs.push_back(skip);
   fused.set_attr("activation", std::string("Relu"));
   ValueId dw = conv("dw", c1, 8, 8, 3, 8, 92);
@@ -932,7 +932,7 @@ Model layout_zoo() {
   ValueId up = b.op("up", "Resize", {part, kNoValue, b.constant("scales", make<float>({4}, {1, 1, 2, 2}))}, "up_y");
   ValueId up2 = b.op("up2", "Resize", {part_b, kNoValue, kNoValue, b.constant("sizes", make<int64_t>({4}, {2, 11, 7, 9}))}, "up2_y",
                      {attr("mode", std::string("linear"))});
-  ValueId w_bias = b.op("wbias", "Sub", {up, b.constant("per_w", random_f32({12}, 94))}, "wbias_y");
+  ValueId w_bias = b.op("wbias", "Sub", {up, b.constant("per_w", uniform_f32({12}, 94))}, "wbias_y");
   ValueId clipped = b.op("clip", "Clip", {w_bias, b.constant("lo", make<float>({}, {-0.5f})), b.constant("hi", make<float>({}, {0.5f}))},
                          "clip_y");
   b.output(clipped);
@@ -952,7 +952,7 @@ TEST(CompileChannelsLast, SameOutputs) {
     }
   }
   EXPECT_EQ(count_ops(after.graph, "Transpose"), 5u);
-  const std::vector<Tensor> inputs = {random_f32({2, 8, 10, 12}, 95), random_f32({2, 8, 10, 12}, 96)};
+  const std::vector<Tensor> inputs = {uniform_f32({2, 8, 10, 12}, 95), uniform_f32({2, 8, 10, 12}, 96)};
   expect_same_outputs(before, after, inputs, 0);
   std::vector<Tensor> want = run_reference(before, inputs);
   auto s = Session::create(after);
@@ -970,12 +970,12 @@ TEST(CompileChannelsLast, LeavesWhatItCannotConvert) {
   };
   {
     Builder b;
-    b.output(b.op("conv", "Conv", {b.input("x", {1, 2, 9}), b.constant("w", random_f32({3, 2, 3}, 97))}, "y"));
+    b.output(b.op("conv", "Conv", {b.input("x", {1, 2, 9}), b.constant("w", uniform_f32({3, 2, 3}, 97))}, "y"));
     unchanged(b.done(), "a 1-D convolution");
   }
   {
     Builder b;
-    b.output(b.op("conv", "Conv", {b.input("x", Shape::unknown_rank()), b.constant("w", random_f32({3, 2, 3, 3}, 98))}, "y"));
+    b.output(b.op("conv", "Conv", {b.input("x", Shape::unknown_rank()), b.constant("w", uniform_f32({3, 2, 3, 3}, 98))}, "y"));
     unchanged(b.done(), "an input of unknown rank");
   }
   {
@@ -1001,10 +1001,10 @@ TEST(CompileChannelsLast, LeavesWhatItCannotConvert) {
 Model select_model() {
   Builder b;
   ValueId x = b.input("x", {1, 3, 6, 8});
-  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 31))}, "y",
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 3, 3}, 31))}, "y",
                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
   ValueId z = batchnorm(b, y, 4, 32);
-  b.output(b.op("norm", "LayerNormalization", {z, b.constant("scale", random_f32({8}, 33))}, "out"));
+  b.output(b.op("norm", "LayerNormalization", {z, b.constant("scale", uniform_f32({8}, 33))}, "out"));
   return b.done();
 }
 
@@ -1033,7 +1033,7 @@ TEST(CompileSelectKernels, RecordsKernelsTargetAndMemoryPlan) {
   ASSERT_TRUE(s.ok()) << s.error().message();
   EXPECT_EQ((*s)->memory_stats().signatures, 1u);
   EXPECT_EQ((*s)->memory_stats().arena_bytes, m.memory_plan->arena_bytes);
-  Tensor in = random_f32({1, 3, 6, 8}, 34);
+  Tensor in = uniform_f32({1, 3, 6, 8}, 34);
   auto got = (*s)->run(std::vector<Tensor>{in});
   ASSERT_TRUE(got.ok()) << got.error().message();
   EXPECT_EQ((*s)->memory_stats().signatures, 1u) << "no second plan";
@@ -1061,7 +1061,7 @@ TEST(CompileSelectKernels, NeedsConcreteInputShapes) {
 Model hoist_model() {
   Builder b;
   ValueId x = b.input("x", {1, 8, 4, 5});
-  ValueId c = b.op("conv", "Conv", {x, b.constant("w", random_f32({12, 8, 1, 1}, 93))}, "c");
+  ValueId c = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({12, 8, 1, 1}, 93))}, "c");
   ValueId r = b.op("split", "Reshape", {c, b.constant("s5", Tensor::from<int64_t>({5}, {1, 3, 4, 4, 5}))}, "r");
   ValueId t = b.op("head", "Transpose", {r}, "t", {attr("perm", std::vector<int64_t>{0, 1, 3, 4, 2})});
   b.output(b.op("sig", "Sigmoid", {t}, "p"));
@@ -1097,7 +1097,7 @@ TEST(CompileHoistActivations, Golden) {
 TEST(CompileHoistActivations, SameOutputs) {
   Model before = hoist_model(), after = before;
   run_pass("hoist_activations", after);
-  expect_same_outputs(before, after, {random_f32({1, 8, 4, 5}, 94), random_f32({2, 3, 4}, 95), random_f32({2, 3}, 96)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({1, 8, 4, 5}, 94), uniform_f32({2, 3, 4}, 95), uniform_f32({2, 3}, 96)}, 0);
 }
 
 // ---- merge_transposes ----------------------------------------------------------------------
@@ -1133,7 +1133,7 @@ TEST(CompileMergeTransposes, Golden) {
 TEST(CompileMergeTransposes, SameOutputs) {
   Model before = head_model(), after = before;
   run_pass("merge_transposes", after);
-  expect_same_outputs(before, after, {random_f32({1, 4, 5, 12}, 91), random_f32({2, 3, 4}, 92)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({1, 4, 5, 12}, 91), uniform_f32({2, 3, 4}, 92)}, 0);
 }
 
 TEST(CompileMergeTransposes, LeavesWhatItCannotMerge) {
@@ -1202,7 +1202,7 @@ TEST(CompileFoldSplitConcat, Golden) {
 TEST(CompileFoldSplitConcat, SameOutputsAndTheUpdatesGoOverTheInput) {
   Model before = split_concat_model(), after = before;
   run_pass("fold_split_concat", after);
-  const std::vector<Tensor> inputs = {random_f32({1, 3, 4, 5, 9}, 93), random_f32({1, 4, 4, 6}, 94)};
+  const std::vector<Tensor> inputs = {uniform_f32({1, 3, 4, 5, 9}, 93), uniform_f32({1, 4, 4, 6}, 94)};
   expect_same_outputs(before, after, inputs, 0);
   // The plan puts ReplaceSlices' output over the Sigmoid's, which dies there: only the updates
   // move. And the fast kernels compute what the reference does (their Sigmoid and Tanh within
@@ -1254,7 +1254,7 @@ TEST(CompileFoldSplitConcat, AConcatOfEveryPieceIsTheInput) {
   EXPECT_EQ(testing::nodes_text(after.graph),
             "node neg: Neg(x) -> (y) sources=[\"neg\"]\n"
             "node join: Identity(y) -> (join) sources=[\"join\"]\n");
-  expect_same_outputs(before, after, {random_f32({3, 8}, 95)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({3, 8}, 95)}, 0);
 }
 
 // ---- fuse_concat ---------------------------------------------------------------------------
@@ -1265,7 +1265,7 @@ Model concat_conv_model() {
   Builder b;
   ValueId a = b.input("a", {1, 4, 4, 3}), c = b.input("c", {1, 4, 4, 5});
   ValueId h = b.op("h", "Relu", {a}, "h");
-  ValueId w = b.constant("w", random_f32({6, 8, 1, 1}, 96)), bias = b.constant("bias", random_f32({6}, 97));
+  ValueId w = b.constant("w", uniform_f32({6, 8, 1, 1}, 96)), bias = b.constant("bias", uniform_f32({6}, 97));
   auto conv = [&](const std::string& name, ValueId x, const char* act) {
     return b.op(name, "FusedConv", {x, w, bias}, name,
                 {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1}), attr("activation", std::string(act))});
@@ -1298,7 +1298,7 @@ TEST(CompileFuseConcat, Golden) {
 TEST(CompileFuseConcat, SameOutputsOnTheReferenceAndOnKilnsGemm) {
   Model before = concat_conv_model(), after = before;
   run_pass("fuse_concat", after);
-  const std::vector<Tensor> inputs = {random_f32({1, 4, 4, 3}, 98), random_f32({1, 4, 4, 5}, 99)};
+  const std::vector<Tensor> inputs = {uniform_f32({1, 4, 4, 3}, 98), uniform_f32({1, 4, 4, 5}, 99)};
   expect_same_outputs(before, after, inputs, 0);
   auto fast = Session::create(after);
   ASSERT_TRUE(fast.ok()) << fast.error().message();
@@ -1330,9 +1330,9 @@ TEST(CompileFuseConcat, NotForATargetWithoutAvx2) {
 Model prepack_model() {
   Builder b;
   ValueId x = b.input("x", {1, 3, 6, 8});
-  ValueId y = b.op("conv", "Conv", {x, b.constant("w", random_f32({4, 3, 3, 3}, 41))}, "y",
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({4, 3, 3, 3}, 41))}, "y",
                    {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
-  ValueId e = b.constant("e", random_f32({8, 600}, 42));
+  ValueId e = b.constant("e", uniform_f32({8, 600}, 42));
   b.output(b.op("mm", "MatMul", {y, e}, "z"));
   b.output(b.op("gather", "Gather", {e, b.constant("ids", Tensor::from<int64_t>({2}, {1, 7}))}, "rows"));
   Model m = b.done();
@@ -1380,7 +1380,7 @@ TEST(CompilePrepackWeights, Golden) {
 TEST(CompilePrepackWeights, SameOutputsAndTheFileUsesThemInPlace) {
   Model before = prepack_model(), after = before;
   run_pass("prepack_weights", after);
-  const std::vector<Tensor> in = {random_f32({1, 3, 6, 8}, 43)};
+  const std::vector<Tensor> in = {uniform_f32({1, 3, 6, 8}, 43)};
   // Unpacked for the reference kernels: bit-equal.
   expect_same_outputs(before, after, in, 0);
   // Saved and loaded, on the recorded kernels: the same as before packing.
@@ -1448,7 +1448,7 @@ TEST(CompilePipeline, RunsEveryPassInTableOrderAndRecordsTheCompile) {
   EXPECT_EQ(m.provenance[0].tool, "kiln compile");
   EXPECT_EQ(m.provenance[0].input_file, "m.kiln");
   EXPECT_EQ(m.provenance[0].command, options.command_line);
-  expect_same_outputs(before, m, {random_f32({2, 3, 5, 7}, 70)}, 1e-5);
+  expect_same_outputs(before, m, {uniform_f32({2, 3, 5, 7}, 70)}, 1e-5);
 }
 
 TEST(CompilePipeline, RunsTheChosenPassesInTheGivenOrder) {

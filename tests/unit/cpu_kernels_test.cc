@@ -13,17 +13,9 @@ namespace {
 
 using testing::attr;
 using testing::check;
+using testing::isa_paths;
 using testing::make;
 using testing::noise;
-
-// The ISA paths this CPU can run, each as the CPU a test pretends to have.
-std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
-  std::vector<std::pair<std::string, CpuFeatures>> out;
-  const CpuFeatures& host = CpuFeatures::host();
-  if (cpu::best_isa(host) == cpu::Isa::avx512) out.emplace_back("avx512", host);
-  if (cpu::best_isa(host)) out.emplace_back("avx2", *CpuFeatures::named("avx2"));
-  return out;
-}
 
 TEST(CpuKernels, LayerNormAndRmsNorm) {
   ASSERT_FALSE(isa_paths().empty()) << "this machine has neither AVX2 nor AVX-512";

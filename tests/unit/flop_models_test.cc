@@ -7,9 +7,12 @@
 #include "formats/op_schema.h"
 #include "formats/ops/flops.h"
 #include "formats/summary.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
+
+using testing::attr;
 
 // One input of a test node: a graph input of a shape and dtype, or a constant.
 struct In {
@@ -20,7 +23,6 @@ struct In {
 In f32(std::vector<int64_t> d) { return In{Shape::of(d)}; }
 In typed(std::vector<int64_t> d, DType t) { return In{Shape::of(d), t}; }
 In constant(Tensor t) { return In{Shape::of(t.shape()), t.dtype(), t}; }
-Attribute attr(std::string name, AttrValue v) { return Attribute{std::move(name), std::move(v)}; }
 
 // A one-node graph of `op` (nullopt: an omitted input) whose output shapes are inferred, as
 // export leaves them.

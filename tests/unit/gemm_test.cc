@@ -18,6 +18,7 @@ namespace {
 using cpu::Isa;
 using testing::attr;
 using testing::check;
+using testing::isa_paths;
 using testing::noise;
 namespace gemm = cpu::gemm;
 
@@ -383,14 +384,6 @@ TEST(Gemm, PackedLayoutDescribesPackB) {
       const Tensor back = unpack(via);
       EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
     }
-}
-
-// The ISA paths this CPU can run, each as the CPU a test pretends to have.
-std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
-  std::vector<std::pair<std::string, CpuFeatures>> out;
-  if (cpu::best_isa(CpuFeatures::host()) == Isa::avx512) out.emplace_back("avx512", CpuFeatures::host());
-  if (cpu::best_isa(CpuFeatures::host())) out.emplace_back("avx2", *CpuFeatures::named("avx2"));
-  return out;
 }
 
 TEST(GemmKernel, MatMulGemmAndFusedForms) {

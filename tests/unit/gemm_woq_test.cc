@@ -101,7 +101,7 @@ struct Weight {
   }
 };
 
-struct Case {
+struct WoqCase {
   WoqCodes codes;
   int64_t group;
   bool trans, zeros;
@@ -117,7 +117,7 @@ struct Case {
 
 // Runs one case twice, C = A·B and C = relu(A·B + bias) + Z, and checks both against the
 // reference within a bound on f32's rounding over K terms; C's padding must stay untouched.
-void check(const Case& t, std::mt19937& rng) {
+void check(const WoqCase& t, std::mt19937& rng) {
   SCOPED_TRACE(t.str());
   const int64_t lda = t.k + 3, ldc = t.n + 5;
   const Weight b(t.codes, t.k, t.n, t.group, t.trans, t.zeros, rng);

@@ -14,20 +14,19 @@
 #include "formats/serialize.h"
 #include "formats/summary.h"
 #include "runtime/session.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
 
 constexpr int64_t kHuge = int64_t{1} << 62;
 
-Node node(std::string name, std::string op, std::vector<ValueId> in, std::vector<ValueId> out) {
-  return Node{.name = std::move(name), .op = std::move(op), .inputs = std::move(in), .outputs = std::move(out)};
-}
+using testing::node;
 
-Shape dims(std::vector<Dim> d) { return Shape(std::move(d)); }
+Shape sym_dims(std::vector<Dim> d) { return Shape(std::move(d)); }
 
 /// Saves and loads the model (load verifies it); expects a user error containing `needle`.
-void expect_rejected(const Model& m, const std::string& needle) {
+void expect_load_rejected(const Model& m, const std::string& needle) {
   auto bytes = serialize_model(m);
   ASSERT_TRUE(bytes.ok()) << bytes.error().message();
   auto r = load_model_from_bytes(*bytes, "hostile.kiln");
@@ -95,23 +94,23 @@ TEST(HostileSizes, RangeOfHugeSteps) {
 }
 
 TEST(HostileSizes, FlattenOfHugeDims) {
-  expect_rejected(one_node("Flatten", dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)})), "overflow int64");
+  expect_load_rejected(one_node("Flatten", sym_dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)})), "overflow int64");
 }
 
 TEST(HostileSizes, ReshapeMinusOneOfHugeDims) {
-  Model m = one_node("Reshape", dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)}),
+  Model m = one_node("Reshape", sym_dims({Dim::sym("n"), Dim::known(kHuge), Dim::known(4)}),
                      {Tensor::from<int64_t>({2}, {0, -1})});
-  expect_rejected(m, "multiply past the int64 range");
+  expect_load_rejected(m, "multiply past the int64 range");
 }
 
 TEST(HostileSizes, TileOfHugeRepeats) {
-  Model m = one_node("Tile", dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({2}, {1, kHuge})});
-  expect_rejected(m, "overflow int64");
+  Model m = one_node("Tile", sym_dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({2}, {1, kHuge})});
+  expect_load_rejected(m, "overflow int64");
 }
 
 TEST(HostileSizes, PadsThatOverflow) {
-  Model m = one_node("Pad", dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({4}, {0, kHuge, 0, kHuge})});
-  expect_rejected(m, "overflow int64");
+  Model m = one_node("Pad", sym_dims({Dim::sym("n"), Dim::known(4)}), {Tensor::from<int64_t>({4}, {0, kHuge, 0, kHuge})});
+  expect_load_rejected(m, "overflow int64");
 }
 
 /// One node `op` reading graph inputs of these dtypes and shapes, with attributes; output y.
@@ -133,20 +132,20 @@ Model inputs_node(const std::string& op, std::vector<std::pair<DType, Shape>> in
 
 TEST(HostileSizes, ConvIntegerPadsThatOverflow) {
   Model m = inputs_node("ConvInteger",
-                        {{DType::u8, dims({Dim::sym("n"), Dim::known(1), Dim::known(4), Dim::known(4)})},
+                        {{DType::u8, sym_dims({Dim::sym("n"), Dim::known(1), Dim::known(4), Dim::known(4)})},
                          {DType::u8, Shape::of(std::vector<int64_t>{1, 1, 2, 2})}},
                         {{"pads", std::vector<int64_t>{kHuge, kHuge, kHuge, kHuge}}}, DType::i32);
-  expect_rejected(m, "overflows int64");
+  expect_load_rejected(m, "overflows int64");
 }
 
 // fuzz_kiln_load: W's declared channels times group overflow when checked against X's.
 TEST(HostileSizes, ConvChannelsTimesGroupOverflow) {
   Model m = inputs_node(
       "Conv",
-      {{DType::f32, dims({Dim::sym("n"), Dim::known(3), Dim::known(4), Dim::known(4)})},
-       {DType::f32, dims({Dim::known(3), Dim::known(8462108011559649285), Dim::sym("k"), Dim::sym("k")})}},
+      {{DType::f32, sym_dims({Dim::sym("n"), Dim::known(3), Dim::known(4), Dim::known(4)})},
+       {DType::f32, sym_dims({Dim::known(3), Dim::known(8462108011559649285), Dim::sym("k"), Dim::sym("k")})}},
       {{"group", int64_t{3}}}, DType::f32);
-  expect_rejected(m, "channels but W expects 8462108011559649285 x group 3");
+  expect_load_rejected(m, "channels but W expects 8462108011559649285 x group 3");
 }
 
 TEST(HostileSizes, RecurrentHiddenSizeThatOverflows) {
@@ -155,12 +154,12 @@ TEST(HostileSizes, RecurrentHiddenSizeThatOverflows) {
                          {DType::f32, Shape::of(std::vector<int64_t>{1, 6, 3})},
                          {DType::f32, Shape::of(std::vector<int64_t>{1, 6, 2})}},
                         {{"hidden_size", kHuge}}, DType::f32);
-  expect_rejected(m, "W has 6 rows; expected 3 x hidden_size 4611686018427387904");
+  expect_load_rejected(m, "W has 6 rows; expected 3 x hidden_size 4611686018427387904");
 }
 
 TEST(HostileSizes, RankPastTheLimit) {
   Model m = one_node("Relu", Shape(std::vector<Dim>(kMaxRank + 1, Dim::known(1))));
-  expect_rejected(m, "value 'x': shape has rank 65; kiln supports ranks up to 64");
+  expect_load_rejected(m, "value 'x': shape has rank 65; kiln supports ranks up to 64");
 }
 
 TEST(HostileSizes, ShapeInputDeclaredWithMillionsOfEntries) {
@@ -172,13 +171,13 @@ TEST(HostileSizes, ShapeInputDeclaredWithMillionsOfEntries) {
   g.inputs = {x, s};
   g.add_node(node("expand", "Expand", {x, s}, {y}));
   g.outputs = {y};
-  expect_rejected(m, "the shape input has 100000000 entries; kiln supports ranks up to 64");
+  expect_load_rejected(m, "the shape input has 100000000 entries; kiln supports ranks up to 64");
 }
 
 TEST(HostileSizes, DeclaredShapePastTheMemoryLimit) {
   Model m = one_node("Relu", Shape::of(std::vector<int64_t>{1 << 20, 1 << 20}));
   set_memory_limit(size_t{256} << 20);
-  expect_rejected(m, "value 'x': shape 1048576x1048576 (f32) needs 4.0 TiB, past the memory limit of 256 MiB");
+  expect_load_rejected(m, "value 'x': shape 1048576x1048576 (f32) needs 4.0 TiB, past the memory limit of 256 MiB");
   set_memory_limit(0);
 }
 
@@ -200,7 +199,7 @@ TEST(HostileSizes, InspectJsonOfHostileNames) {
   Model m;
   Graph& g = m.graph;
   const std::string name = std::string("a\"b\\c\n\x01") + "\xff\xc3";
-  ValueId x = g.add_value(name, DType::f32, dims({Dim::sym("n\t"), Dim::known(2), Dim::unknown()}));
+  ValueId x = g.add_value(name, DType::f32, sym_dims({Dim::sym("n\t"), Dim::known(2), Dim::unknown()}));
   g.inputs = {x};
   g.outputs = {x};
   m.metadata.emplace_back("k\x02", "v\xfe");
@@ -332,16 +331,16 @@ TEST(HostileSizes, SubgraphRunLimit) {
 TEST(HostileSizes, GridSampleBatchesAndEmptyImages) {
   Model m;
   Graph& g = m.graph;
-  ValueId x = g.add_value("x", DType::f32, dims({Dim::known(1), Dim::known(1), Dim::known(2), Dim::known(2)}));
-  ValueId grid = g.add_value("grid", DType::f32, dims({Dim::known(3), Dim::known(2), Dim::known(2), Dim::known(2)}));
+  ValueId x = g.add_value("x", DType::f32, sym_dims({Dim::known(1), Dim::known(1), Dim::known(2), Dim::known(2)}));
+  ValueId grid = g.add_value("grid", DType::f32, sym_dims({Dim::known(3), Dim::known(2), Dim::known(2), Dim::known(2)}));
   ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
   g.inputs = {x, grid};
   g.add_node(node("gs", "GridSample", {x, grid}, {y}));
   g.outputs = {y};
-  expect_rejected(m, "grid has batch 3 but X has 1");
+  expect_load_rejected(m, "grid has batch 3 but X has 1");
 
-  g.value(x).shape = dims({Dim::sym("n"), Dim::known(1), Dim::sym("h"), Dim::sym("w")});
-  g.value(grid).shape = dims({Dim::sym("m"), Dim::known(2), Dim::known(2), Dim::known(2)});
+  g.value(x).shape = sym_dims({Dim::sym("n"), Dim::known(1), Dim::sym("h"), Dim::sym("w")});
+  g.value(grid).shape = sym_dims({Dim::sym("m"), Dim::known(2), Dim::known(2), Dim::known(2)});
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok()) << s.error().message();
   std::vector<float> grid_values(3 * 2 * 2 * 2, 0.5f);
@@ -363,11 +362,11 @@ TEST(HostileSizes, GridSampleBatchesAndEmptyImages) {
 TEST(HostileSizes, SliceStepOfOneElementNearInt64) {
   Model m;
   Graph& g = m.graph;
-  ValueId x = g.add_value("x", DType::f32, dims({Dim::sym("n"), Dim::sym("c")}));
-  ValueId starts = g.add_value("starts", DType::i64, dims({Dim::known(2)}));
-  ValueId ends = g.add_value("ends", DType::i64, dims({Dim::known(2)}));
+  ValueId x = g.add_value("x", DType::f32, sym_dims({Dim::sym("n"), Dim::sym("c")}));
+  ValueId starts = g.add_value("starts", DType::i64, sym_dims({Dim::known(2)}));
+  ValueId ends = g.add_value("ends", DType::i64, sym_dims({Dim::known(2)}));
   ValueId axes = g.add_constant("axes", Tensor::from<int64_t>({2}, {0, 1}));
-  ValueId steps = g.add_value("steps", DType::i64, dims({Dim::known(2)}));
+  ValueId steps = g.add_value("steps", DType::i64, sym_dims({Dim::known(2)}));
   ValueId y = g.add_value("y", DType::f32, Shape::unknown_rank());
   g.inputs = {x, starts, ends, steps};
   g.add_node(node("slice", "Slice", {x, starts, ends, axes, steps}, {y}));

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/cpu/rows.h"
 #include "tests/unit/compile_test_util.h"
 
 namespace kiln::testing {
@@ -16,6 +17,15 @@ inline Tensor noise(std::vector<int64_t> shape, uint32_t seed, float scale = 1.f
     t.data<float>()[i] = scale * (static_cast<float>(s >> 8) / 16777216.f - 0.5f);
   }
   return t;
+}
+
+/// The ISA paths this CPU can run, each as the CPU a test pretends to have.
+inline std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
+  std::vector<std::pair<std::string, CpuFeatures>> out;
+  const CpuFeatures& host = CpuFeatures::host();
+  if (cpu::best_isa(host) == cpu::Isa::avx512) out.emplace_back("avx512", host);
+  if (cpu::best_isa(host)) out.emplace_back("avx2", *CpuFeatures::named("avx2"));
+  return out;
 }
 
 /// One node of `op`: its inputs, which of them are constants, its attributes.

@@ -16,7 +16,7 @@ using testing::make;
 using testing::node;
 
 // Within 4 ULPs (EXPECT_DOUBLE_EQ), where testing::expect_all compares with an absolute tolerance.
-void expect_all(const Tensor& got, const std::vector<double>& want) {
+void expect_all_double_eq(const Tensor& got, const std::vector<double>& want) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_DOUBLE_EQ(got.as_double(i), want[static_cast<size_t>(i)]) << "element " << i;
 }
@@ -28,10 +28,10 @@ TEST(ControlOps, IfRunsTheChosenBranch) {
   Tensor x = make<float>({2}, {1.5f, -2});
   auto t = (*s)->run(std::vector<Tensor>{make<bool>({}, {true}), x});
   ASSERT_TRUE(t.ok()) << t.error().message();
-  expect_all((*t)[0], {3, -4});
+  expect_all_double_eq((*t)[0], {3, -4});
   auto f = (*s)->run(std::vector<Tensor>{make<bool>({}, {false}), x});
   ASSERT_TRUE(f.ok()) << f.error().message();
-  expect_all((*f)[0], {7, 8});
+  expect_all_double_eq((*f)[0], {7, 8});
   // Inference merges the branches' shapes (both [2]).
   Value& y = m.graph.value(m.graph.outputs[0]);
   y.dtype = DType::undefined;
@@ -95,13 +95,13 @@ TEST(ControlOps, LoopCarriesAndStacks) {
   Tensor acc0 = make<float>({2}, {1, 10}), step = make<float>({2}, {0.5f, -1});
   auto r = (*s)->run(std::vector<Tensor>{make<int64_t>({}, {3}), acc0, step});
   ASSERT_TRUE(r.ok()) << r.error().message();
-  expect_all((*r)[0], {2.5, 7});
+  expect_all_double_eq((*r)[0], {2.5, 7});
   EXPECT_EQ((*r)[1].shape(), (std::vector<int64_t>{3, 2}));
-  expect_all((*r)[1], {1.5, 9, 2, 8, 2.5, 7});
+  expect_all_double_eq((*r)[1], {1.5, 9, 2, 8, 2.5, 7});
   // Zero iterations: the initial value passes through and the scan output is empty.
   auto z = (*s)->run(std::vector<Tensor>{make<int64_t>({}, {0}), acc0, step});
   ASSERT_TRUE(z.ok()) << z.error().message();
-  expect_all((*z)[0], {1, 10});
+  expect_all_double_eq((*z)[0], {1, 10});
   EXPECT_EQ((*z)[1].shape(), (std::vector<int64_t>{0, 2}));
 }
 
@@ -112,7 +112,7 @@ TEST(ControlOps, LoopStopsWhenTheBodySaysSo) {
   auto r = (*s)->run(std::vector<Tensor>{make<int64_t>({}, {10}), make<float>({2}, {0, 0}), make<float>({2}, {1, 2})});
   ASSERT_TRUE(r.ok()) << r.error().message();
   // Iteration 0 continues (0 < 1), iteration 1 stops (1 < 1 is false) after producing its outputs.
-  expect_all((*r)[0], {2, 4});
+  expect_all_double_eq((*r)[0], {2, 4});
   EXPECT_EQ((*r)[1].shape(), (std::vector<int64_t>{2, 2}));
 }
 
@@ -156,8 +156,8 @@ TEST(ControlOps, ScanForwardAndReverse) {
     ASSERT_TRUE(s.ok());
     auto r = (*s)->run(std::vector<Tensor>{s0, make<float>({3, 2}, {1, 2, 3, 4, 5, 6})});
     ASSERT_TRUE(r.ok()) << r.error().message();
-    expect_all((*r)[0], {9, 112});
-    expect_all((*r)[1], {1, 102, 4, 106, 9, 112});
+    expect_all_double_eq((*r)[0], {9, 112});
+    expect_all_double_eq((*r)[1], {1, 102, 4, 106, 9, 112});
   }
   {
     // Scan x [2, 3] along axis 1 in reverse; stack the outputs along axis 1, prepending.
@@ -166,10 +166,10 @@ TEST(ControlOps, ScanForwardAndReverse) {
     ASSERT_TRUE(s.ok());
     auto r = (*s)->run(std::vector<Tensor>{s0, make<float>({2, 3}, {1, 2, 3, 4, 5, 6})});
     ASSERT_TRUE(r.ok()) << r.error().message();
-    expect_all((*r)[0], {6, 115});
+    expect_all_double_eq((*r)[0], {6, 115});
     EXPECT_EQ((*r)[1].shape(), (std::vector<int64_t>{2, 3}));
     // Iterations see columns 2, 1, 0: sums {3,106}, {5,111}, {6,115}; prepending reverses them.
-    expect_all((*r)[1], {6, 5, 3, 115, 111, 106});
+    expect_all_double_eq((*r)[1], {6, 5, 3, 115, 111, 106});
   }
 }
 

@@ -17,7 +17,7 @@ using testing::run_op;
 
 // Deterministic, non-zero, mixed-sign data; `salt` varies it between the operands of one test.
 // Not testing::ramp (period 11, no salt): these tests' data and tolerances were chosen with it.
-Tensor ramp(std::vector<int64_t> shape, float scale = 0.25f, int salt = 0) {
+Tensor salted_ramp(std::vector<int64_t> shape, float scale = 0.25f, int salt = 0) {
   Tensor t(DType::f32, std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale * static_cast<float>((i * 7 + salt) % 13 - 6) + 0.05f;
   return t;
@@ -50,9 +50,9 @@ std::vector<double> naive_conv2d(const Tensor& x, const Tensor& w, const Tensor*
 
 TEST(NnKernels, ConvGroupsStrideDilationAsymmetricPadsAndBias) {
   // 7x5 image, 3 channels in, 6 out, groups 3, kernel 3x2, stride 2, dilation 2, pads (1, 0, 1, 1).
-  Tensor x = ramp({2, 3, 7, 5});
-  Tensor w = ramp({6, 1, 3, 2}, 0.5f, 3);
-  Tensor b = ramp({6}, 1.0f, 5);
+  Tensor x = salted_ramp({2, 3, 7, 5});
+  Tensor w = salted_ramp({6, 1, 3, 2}, 0.5f, 3);
+  Tensor b = salted_ramp({6}, 1.0f, 5);
   auto r = run_op("Conv", {x, w, b},
                   {{"group", int64_t{3}}, {"strides", I{2, 2}}, {"dilations", I{2, 2}}, {"pads", I{1, 0, 1, 1}}});
   ASSERT_TRUE(r.ok()) << r.error().message();
@@ -62,22 +62,22 @@ TEST(NnKernels, ConvGroupsStrideDilationAsymmetricPadsAndBias) {
 }
 
 TEST(NnKernels, ConvDenseOddSizesAndOneByOne) {
-  Tensor x = ramp({1, 3, 7, 5});
-  Tensor w = ramp({4, 3, 3, 3}, 0.3f, 1);
+  Tensor x = salted_ramp({1, 3, 7, 5});
+  Tensor w = salted_ramp({4, 3, 3, 3}, 0.3f, 1);
   auto r = run_op("Conv", {x, w}, {{"pads", I{1, 1, 1, 1}}});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{1, 4, 7, 5}));
   expect_all((*r)[0], naive_conv2d(x, w, nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
   // A 1x1 conv reads the image directly as the GEMM operand.
-  Tensor w1 = ramp({5, 3, 1, 1}, 0.3f, 2);
+  Tensor w1 = salted_ramp({5, 3, 1, 1}, 0.3f, 2);
   auto r1 = run_op("Conv", {x, w1});
   ASSERT_TRUE(r1.ok()) << r1.error().message();
   expect_all((*r1)[0], naive_conv2d(x, w1, nullptr, {1, 1}, {1, 1}, {0, 0}, 1, 7, 5), 1e-4);
 }
 
 TEST(NnKernels, ConvDepthwiseAndAutoPad) {
-  Tensor x = ramp({1, 4, 6, 5});
-  Tensor w = ramp({4, 1, 3, 3}, 0.4f, 4);
+  Tensor x = salted_ramp({1, 4, 6, 5});
+  Tensor w = salted_ramp({4, 1, 3, 3}, 0.4f, 4);
   // SAME_UPPER with stride 2: out = ceil(in / 2); total pad (3-1)*2+3-6 = 1 -> (0 before, 1 after) on H,
   // (3-1)*2+3-5 = 2 -> (1, 1) on W.
   auto r = run_op("Conv", {x, w}, {{"group", int64_t{4}}, {"strides", I{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}});
@@ -92,24 +92,24 @@ TEST(NnKernels, ConvDepthwiseAndAutoPad) {
 
 TEST(NnKernels, Conv1dAnd3dMatchTheir2dEmbedding) {
   // A 1-D conv equals a 2-D conv over a height-1 image.
-  Tensor x = ramp({2, 3, 9});
-  Tensor w = ramp({2, 3, 3}, 0.3f, 1);
+  Tensor x = salted_ramp({2, 3, 9});
+  Tensor w = salted_ramp({2, 3, 3}, 0.3f, 1);
   auto r = run_op("Conv", {x, w}, {{"strides", I{2}}, {"pads", I{1, 2}}, {"dilations", I{2}}});
   ASSERT_TRUE(r.ok()) << r.error().message();
   // (9 + 1 + 2 - 5) / 2 + 1 = 4.
   ASSERT_EQ((*r)[0].shape(), (I{2, 2, 4}));
   expect_all((*r)[0], naive_conv2d(x.reshaped({2, 3, 1, 9}), w.reshaped({2, 3, 1, 3}), nullptr, {1, 2}, {1, 2}, {0, 1}, 1, 1, 4), 1e-4);
   // A 3-D conv with depth kernel 1 equals the 2-D conv applied per depth slice (depth 1 here).
-  Tensor x3 = ramp({1, 3, 1, 7, 5});
-  Tensor w3 = ramp({2, 3, 1, 3, 3}, 0.3f, 2);
+  Tensor x3 = salted_ramp({1, 3, 1, 7, 5});
+  Tensor w3 = salted_ramp({2, 3, 1, 3, 3}, 0.3f, 2);
   auto r3 = run_op("Conv", {x3, w3}, {{"pads", I{0, 1, 1, 0, 1, 1}}});
   ASSERT_TRUE(r3.ok()) << r3.error().message();
   expect_all((*r3)[0], naive_conv2d(x3.reshaped({1, 3, 7, 5}), w3.reshaped({2, 3, 3, 3}), nullptr, {1, 1}, {1, 1}, {1, 1}, 1, 7, 5), 1e-4);
 }
 
 TEST(NnKernels, ConvF16ComputesThroughF32) {
-  Tensor x = ramp({1, 3, 5, 5});
-  Tensor w = ramp({2, 3, 3, 3}, 0.25f, 1);
+  Tensor x = salted_ramp({1, 3, 5, 5});
+  Tensor w = salted_ramp({2, 3, 3, 3}, 0.25f, 1);
   Tensor xh(DType::f16, x.shape()), wh(DType::f16, w.shape());
   for (int64_t i = 0; i < x.numel(); ++i) xh.data<half>()[i] = half(x.data<float>()[i]);
   for (int64_t i = 0; i < w.numel(); ++i) wh.data<half>()[i] = half(w.data<float>()[i]);
@@ -120,20 +120,20 @@ TEST(NnKernels, ConvF16ComputesThroughF32) {
 }
 
 TEST(NnKernels, ConvErrorsAreUserErrors) {
-  auto r = run_op("Conv", {ramp({1, 4, 5, 5}), ramp({2, 3, 3, 3})});
+  auto r = run_op("Conv", {salted_ramp({1, 4, 5, 5}), salted_ramp({2, 3, 3, 3})});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_NE(r.error().what.find("channels"), std::string::npos) << r.error().what;
-  auto big = run_op("Conv", {ramp({1, 3, 2, 2}), ramp({2, 3, 3, 3})});
+  auto big = run_op("Conv", {salted_ramp({1, 3, 2, 2}), salted_ramp({2, 3, 3, 3})});
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.error().kind, ErrorKind::user);
 }
 
 TEST(NnKernels, ConvTransposeStridePadsOutputPaddingGroups) {
   // y[n, g*ocg + o, ih*s - p + kh*d] += x[n, g*icg + c, ih] * w[g*icg + c, o, kh] (2-D).
-  Tensor x = ramp({1, 4, 3, 4});
-  Tensor w = ramp({4, 3, 3, 2}, 0.5f, 2);  // C=4, ocg=3, group 2 -> 6 outputs
-  Tensor b = ramp({6}, 1.0f, 1);
+  Tensor x = salted_ramp({1, 4, 3, 4});
+  Tensor w = salted_ramp({4, 3, 3, 2}, 0.5f, 2);  // C=4, ocg=3, group 2 -> 6 outputs
+  Tensor b = salted_ramp({6}, 1.0f, 1);
   const I s{2, 3}, d{1, 2}, p{1, 0, 0, 1}, op{1, 0};
   auto r = run_op("ConvTranspose", {x, w, b},
                   {{"group", int64_t{2}}, {"strides", s}, {"dilations", d}, {"pads", p}, {"output_padding", op}});
@@ -174,22 +174,22 @@ std::vector<double> naive_matmul(const Tensor& a, const Tensor& b, int64_t batch
 }
 
 TEST(NnKernels, MatMulBatchedBroadcastAndVectors) {
-  Tensor a = ramp({3, 5, 7});
-  Tensor b = ramp({7, 9}, 0.5f, 1);
+  Tensor a = salted_ramp({3, 5, 7});
+  Tensor b = salted_ramp({7, 9}, 0.5f, 1);
   auto r = run_op("MatMul", {a, b});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{3, 5, 9}));
   expect_all((*r)[0], naive_matmul(a, b, 3, 5, 7, 9, false, true), 1e-4);
   // A broadcast along the batch: [1, 5, 7] x [3, 7, 2] -> [3, 5, 2].
-  Tensor a1 = ramp({1, 5, 7});
-  Tensor b3 = ramp({3, 7, 2}, 0.5f, 2);
+  Tensor a1 = salted_ramp({1, 5, 7});
+  Tensor b3 = salted_ramp({3, 7, 2}, 0.5f, 2);
   auto r2 = run_op("MatMul", {a1, b3});
   ASSERT_TRUE(r2.ok()) << r2.error().message();
   ASSERT_EQ((*r2)[0].shape(), (I{3, 5, 2}));
   expect_all((*r2)[0], naive_matmul(a1, b3, 3, 5, 7, 2, true, false), 1e-4);
   // Both broadcast: [2, 1, 4, 3] x [5, 3, 2] -> [2, 5, 4, 2].
-  Tensor a4 = ramp({2, 1, 4, 3});
-  Tensor b4 = ramp({5, 3, 2}, 0.5f, 3);
+  Tensor a4 = salted_ramp({2, 1, 4, 3});
+  Tensor b4 = salted_ramp({5, 3, 2}, 0.5f, 3);
   auto r4 = run_op("MatMul", {a4, b4});
   ASSERT_TRUE(r4.ok()) << r4.error().message();
   ASSERT_EQ((*r4)[0].shape(), (I{2, 5, 4, 2}));
@@ -202,8 +202,8 @@ TEST(NnKernels, MatMulBatchedBroadcastAndVectors) {
           EXPECT_NEAR((*r4)[0].as_double(((i * 5 + j) * 4 + m) * 2 + n), acc, 1e-4);
         }
   // 1-D operands: [7] x [3, 7, 9] -> [3, 9]; [3, 5, 7] x [7] -> [3, 5]; [7] x [7] -> scalar.
-  Tensor v = ramp({7}, 0.5f, 4);
-  auto lv = run_op("MatMul", {v, ramp({3, 7, 9})});
+  Tensor v = salted_ramp({7}, 0.5f, 4);
+  auto lv = run_op("MatMul", {v, salted_ramp({3, 7, 9})});
   ASSERT_TRUE(lv.ok()) << lv.error().message();
   EXPECT_EQ((*lv)[0].shape(), (I{3, 9}));
   auto rv = run_op("MatMul", {a, v});
@@ -224,18 +224,18 @@ TEST(NnKernels, MatMulIntegersZeroSizeAndErrors) {
   auto k0 = run_op("MatMul", {Tensor(DType::f32, {2, 0}), Tensor(DType::f32, {0, 3})});
   ASSERT_TRUE(k0.ok()) << k0.error().message();
   expect_all((*k0)[0], std::vector<double>(6, 0.0), 0);
-  auto m0 = run_op("MatMul", {Tensor(DType::f32, {0, 4}), ramp({4, 3})});
+  auto m0 = run_op("MatMul", {Tensor(DType::f32, {0, 4}), salted_ramp({4, 3})});
   ASSERT_TRUE(m0.ok()) << m0.error().message();
   EXPECT_EQ((*m0)[0].shape(), (I{0, 3}));
-  auto bad = run_op("MatMul", {ramp({2, 3}), ramp({4, 2})});
+  auto bad = run_op("MatMul", {salted_ramp({2, 3}), salted_ramp({4, 2})});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
 }
 
 TEST(NnKernels, GemmTransposesAlphaBetaAndBroadcastC) {
-  Tensor a = ramp({5, 3});  // transA: A^T is [3, 5]
-  Tensor b = ramp({4, 5}, 0.5f, 1);  // transB: B^T is [5, 4]
-  Tensor c = ramp({4}, 1.0f, 2);
+  Tensor a = salted_ramp({5, 3});  // transA: A^T is [3, 5]
+  Tensor b = salted_ramp({4, 5}, 0.5f, 1);  // transB: B^T is [5, 4]
+  Tensor c = salted_ramp({4}, 1.0f, 2);
   auto r = run_op("Gemm", {a, b, c}, {{"transA", int64_t{1}}, {"transB", int64_t{1}}, {"alpha", 0.5}, {"beta", 2.0}});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].shape(), (I{3, 4}));
@@ -248,22 +248,22 @@ TEST(NnKernels, GemmTransposesAlphaBetaAndBroadcastC) {
     }
   expect_all((*r)[0], want, 1e-4);
   // C as [M, 1] and no C at all.
-  Tensor c2 = ramp({3, 1}, 1.0f, 3);
-  auto r2 = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}, 0.5f, 1), c2});
+  Tensor c2 = salted_ramp({3, 1}, 1.0f, 3);
+  auto r2 = run_op("Gemm", {salted_ramp({3, 5}), salted_ramp({5, 4}, 0.5f, 1), c2});
   ASSERT_TRUE(r2.ok()) << r2.error().message();
-  std::vector<double> mm = naive_matmul(ramp({3, 5}), ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false);
+  std::vector<double> mm = naive_matmul(salted_ramp({3, 5}), salted_ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false);
   for (int64_t i = 0; i < 12; ++i) mm[static_cast<size_t>(i)] += c2.as_double(i / 4);
   expect_all((*r2)[0], mm, 1e-4);
-  auto r3 = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}, 0.5f, 1)});
+  auto r3 = run_op("Gemm", {salted_ramp({3, 5}), salted_ramp({5, 4}, 0.5f, 1)});
   ASSERT_TRUE(r3.ok()) << r3.error().message();
-  expect_all((*r3)[0], naive_matmul(ramp({3, 5}), ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false), 1e-4);
-  auto bad = run_op("Gemm", {ramp({3, 5}), ramp({5, 4}), ramp({2, 4})});
+  expect_all((*r3)[0], naive_matmul(salted_ramp({3, 5}), salted_ramp({5, 4}, 0.5f, 1), 1, 3, 5, 4, false, false), 1e-4);
+  auto bad = run_op("Gemm", {salted_ramp({3, 5}), salted_ramp({5, 4}), salted_ramp({2, 4})});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().kind, ErrorKind::user);
 }
 
 TEST(NnKernels, MaxPoolIndicesCeilModeAndDilation) {
-  Tensor x = ramp({1, 2, 7, 5});
+  Tensor x = salted_ramp({1, 2, 7, 5});
   // kernel 3x2, stride 2, dilation (1, 2), ceil_mode: H (7-3)/2+1 = 3 (ceil 3); W ceil((5-3)/2)+1 = 2.
   auto r = run_op("MaxPool", {x}, {{"kernel_shape", I{3, 2}}, {"strides", I{2, 2}}, {"dilations", I{1, 2}}, {"ceil_mode", int64_t{1}}}, 2);
   ASSERT_TRUE(r.ok()) << r.error().message();
@@ -288,7 +288,7 @@ TEST(NnKernels, MaxPoolIndicesCeilModeAndDilation) {
 }
 
 TEST(NnKernels, AveragePoolCountIncludePadAndLpPool) {
-  Tensor x = ramp({1, 1, 5, 4});
+  Tensor x = salted_ramp({1, 1, 5, 4});
   const I k{3, 3}, s{2, 2}, p{1, 1, 1, 1};
   auto exc = run_op("AveragePool", {x}, {{"kernel_shape", k}, {"strides", s}, {"pads", p}});
   auto inc = run_op("AveragePool", {x}, {{"kernel_shape", k}, {"strides", s}, {"pads", p}, {"count_include_pad", int64_t{1}}});
@@ -314,7 +314,7 @@ TEST(NnKernels, AveragePoolCountIncludePadAndLpPool) {
 }
 
 TEST(NnKernels, GlobalPoolsAndLrn) {
-  Tensor x = ramp({2, 3, 5, 3});
+  Tensor x = salted_ramp({2, 3, 5, 3});
   auto avg = run_op("GlobalAveragePool", {x});
   auto mx = run_op("GlobalMaxPool", {x});
   ASSERT_TRUE(avg.ok() && mx.ok());
@@ -378,8 +378,8 @@ TEST(NnKernels, ResizeNearestLinearAndSizesWithAxes) {
 }
 
 TEST(NnKernels, EinsumGeneralEquations) {
-  Tensor a = ramp({3, 4});
-  Tensor b = ramp({4, 5}, 0.5f, 1);
+  Tensor a = salted_ramp({3, 4});
+  Tensor b = salted_ramp({4, 5}, 0.5f, 1);
   auto mm = run_op("Einsum", {a, b}, {{"equation", std::string("ij,jk->ik")}});
   ASSERT_TRUE(mm.ok()) << mm.error().message();
   expect_all((*mm)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
@@ -388,7 +388,7 @@ TEST(NnKernels, EinsumGeneralEquations) {
   ASSERT_TRUE(imp.ok()) << imp.error().message();
   expect_all((*imp)[0], naive_matmul(a, b, 1, 3, 4, 5, false, false), 1e-5);
   // Diagonal and trace.
-  Tensor sq = ramp({4, 4});
+  Tensor sq = salted_ramp({4, 4});
   auto diag = run_op("Einsum", {sq}, {{"equation", std::string("ii->i")}});
   auto trace = run_op("Einsum", {sq}, {{"equation", std::string("ii")}});
   ASSERT_TRUE(diag.ok() && trace.ok());
@@ -400,8 +400,8 @@ TEST(NnKernels, EinsumGeneralEquations) {
   EXPECT_EQ((*trace)[0].rank(), 0);
   EXPECT_NEAR((*trace)[0].as_double(0), tr, 1e-5);
   // Ellipsis with broadcasting batch dims: [2, 1, 3, 4] x [5, 4, 2] -> [2, 5, 3, 2].
-  Tensor e1 = ramp({2, 1, 3, 4});
-  Tensor e2 = ramp({5, 4, 2}, 0.5f, 2);
+  Tensor e1 = salted_ramp({2, 1, 3, 4});
+  Tensor e2 = salted_ramp({5, 4, 2}, 0.5f, 2);
   auto ell = run_op("Einsum", {e1, e2}, {{"equation", std::string("...ij,...jk->...ik")}});
   ASSERT_TRUE(ell.ok()) << ell.error().message();
   ASSERT_EQ((*ell)[0].shape(), (I{2, 5, 3, 2}));

@@ -35,7 +35,7 @@ std::vector<Tensor> ok(Result<std::vector<Tensor>> r) {
 
 // The run fails with a user error whose message contains `what` and names the node (stricter than
 // testing::expect_user_error, which checks only the `what` part).
-void expect_user_error(Result<std::vector<Tensor>> r, const std::string& what) {
+void expect_node_user_error(Result<std::vector<Tensor>> r, const std::string& what) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ErrorKind::user) << r.error().message();
   EXPECT_NE(r.error().message().find(what), std::string::npos) << r.error().message();
@@ -72,9 +72,9 @@ TEST(ShapeOps, ReshapeCopiesZeroDimsAndInfersMinusOne) {
   EXPECT_EQ(az[0].shape(), (I64{3, 0}));
   auto scalar = ok(run_op("Reshape", {make<float>({}, {5.0f}), make<int64_t>({1}, {-1})}));
   EXPECT_EQ(scalar[0].shape(), (I64{1}));
-  expect_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {4, 2})}), "cannot reshape 2x3");
-  expect_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {4, -1})}), "cannot reshape");
-  expect_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {-1, -1})}), "more than one -1");
+  expect_node_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {4, 2})}), "cannot reshape 2x3");
+  expect_node_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {4, -1})}), "cannot reshape");
+  expect_node_user_error(run_op("Reshape", {iota<float>({2, 3}), make<int64_t>({2}, {-1, -1})}), "more than one -1");
 }
 
 TEST(ShapeOps, SqueezeUnsqueezeFlatten) {
@@ -82,7 +82,7 @@ TEST(ShapeOps, SqueezeUnsqueezeFlatten) {
   EXPECT_EQ(sq[0].shape(), (I64{1, 3, 2}));
   auto all = ok(run_op("Squeeze", {iota<float>({1, 3, 1, 2})}));
   EXPECT_EQ(all[0].shape(), (I64{3, 2}));
-  expect_user_error(run_op("Squeeze", {iota<float>({1, 3}), make<int64_t>({1}, {1})}), "cannot squeeze axis 1 of size 3");
+  expect_node_user_error(run_op("Squeeze", {iota<float>({1, 3}), make<int64_t>({1}, {1})}), "cannot squeeze axis 1 of size 3");
   auto un = ok(run_op("Unsqueeze", {iota<float>({3, 2}), make<int64_t>({2}, {3, 0})}));
   EXPECT_EQ(un[0].shape(), (I64{1, 3, 2, 1}));
   auto un0 = ok(run_op("Unsqueeze", {make<int64_t>({}, {7}), make<int64_t>({1}, {0})}));
@@ -99,14 +99,14 @@ TEST(ShapeOps, ConcatAndSplitOddSizes) {
   auto c = ok(run_op("Concat", {a, e, b}, {attr("axis", int64_t{-2})}));
   EXPECT_EQ(c[0].shape(), (I64{2, 3, 3}));
   EXPECT_EQ(stored_values<float>(c[0]), (std::vector<float>{0, 1, 2, 10, 11, 12, 13, 14, 15, 3, 4, 5, 16, 17, 18, 19, 20, 21}));
-  expect_user_error(run_op("Concat", {iota<float>({2, 3}), iota<float>({3, 3})}, {attr("axis", int64_t{1})}), "differs");
+  expect_node_user_error(run_op("Concat", {iota<float>({2, 3}), iota<float>({3, 3})}, {attr("axis", int64_t{1})}), "differs");
   auto s = ok(run_op("Split", {iota<int32_t>({7})}, {attr("num_outputs", int64_t{3})}, 3));
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(stored_values<int32_t>(s[0]), (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(stored_values<int32_t>(s[2]), (std::vector<int32_t>{6}));
   auto v = ok(run_op("Split", {iota<float>({2, 5}), make<int64_t>({2}, {4, 1})}, {attr("axis", int64_t{1})}, 2));
   EXPECT_EQ(stored_values<float>(v[1]), (std::vector<float>{4, 9}));
-  expect_user_error(run_op("Split", {iota<float>({5}), make<int64_t>({2}, {1, 1})}, {}, 2), "add up to 2");
+  expect_node_user_error(run_op("Split", {iota<float>({5}), make<int64_t>({2}, {1, 1})}, {}, 2), "add up to 2");
 }
 
 TEST(ShapeOps, ReplaceSlices) {
@@ -115,14 +115,14 @@ TEST(ShapeOps, ReplaceSlices) {
   auto r = ok(run_op("ReplaceSlices", {iota<float>({2, 4}), make<float>({2, 1}, {-1, -2}), make<float>({2, 2}, {10, 11, 12, 13})}, at));
   EXPECT_EQ(r[0].shape(), (I64{2, 4}));
   EXPECT_EQ(stored_values<float>(r[0]), (std::vector<float>{-1, 1, 10, 11, -2, 5, 12, 13}));
-  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, at), "starts has 2 entries but the node has 1 updates");
-  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 3})}, {attr("axis", int64_t{1}), attr("starts", I64{2})}),
+  expect_node_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, at), "starts has 2 entries but the node has 1 updates");
+  expect_node_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 3})}, {attr("axis", int64_t{1}), attr("starts", I64{2})}),
                     "update 0 of 3 at 2 runs past axis 1's 4");
-  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({3, 1})}, {attr("axis", int64_t{-1}), attr("starts", I64{0})}),
+  expect_node_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({3, 1})}, {attr("axis", int64_t{-1}), attr("starts", I64{0})}),
                     "update 0 has shape 3x1, which differs from X's 2x4 outside axis 1");
-  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2})}, {attr("axis", int64_t{1}), attr("starts", I64{0})}),
+  expect_node_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2})}, {attr("axis", int64_t{1}), attr("starts", I64{0})}),
                     "update 0 has rank 1 but X has rank 2");
-  expect_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, {attr("axis", int64_t{1}), attr("starts", I64{-1})}),
+  expect_node_user_error(run_op("ReplaceSlices", {iota<float>({2, 4}), iota<float>({2, 1})}, {attr("axis", int64_t{1}), attr("starts", I64{-1})}),
                     "update 0 starts at -1");
 }
 
@@ -137,7 +137,7 @@ TEST(ShapeOps, SliceClampsAndStepsBackwards) {
   EXPECT_EQ(t[0].data<float>()[0], 1.0f);
   auto empty = ok(run_op("Slice", {x, make<int64_t>({1}, {3}), make<int64_t>({1}, {1})}));
   EXPECT_EQ(empty[0].shape(), (I64{0, 5}));
-  expect_user_error(run_op("Slice", {x, make<int64_t>({1}, {0}), make<int64_t>({1}, {1}), make<int64_t>({1}, {0}),
+  expect_node_user_error(run_op("Slice", {x, make<int64_t>({1}, {0}), make<int64_t>({1}, {1}), make<int64_t>({1}, {0}),
                                      make<int64_t>({1}, {0})}), "steps[0] is 0");
 }
 
@@ -150,19 +150,19 @@ TEST(ShapeOps, GatherNegativeIndicesAndErrors) {
   EXPECT_EQ(stored_values<float>(scalar_idx[0]), (std::vector<float>{10, 11, 12, 13, 14}));
   auto none = ok(run_op("Gather", {x, Tensor(DType::i64, {0})}));
   EXPECT_EQ(none[0].shape(), (I64{0, 5}));
-  expect_user_error(run_op("Gather", {x, make<int64_t>({1}, {3})}), "index 3 is out of range for axis 0 of size 3");
-  expect_user_error(run_op("Gather", {x, make<int64_t>({1}, {-6})}, {attr("axis", int64_t{1})}), "index -6");
+  expect_node_user_error(run_op("Gather", {x, make<int64_t>({1}, {3})}), "index 3 is out of range for axis 0 of size 3");
+  expect_node_user_error(run_op("Gather", {x, make<int64_t>({1}, {-6})}, {attr("axis", int64_t{1})}), "index -6");
 
   auto ge = ok(run_op("GatherElements", {iota<float>({2, 3}), make<int64_t>({2, 2}, {2, -3, 1, 1})}, {attr("axis", int64_t{1})}));
   EXPECT_EQ(stored_values<float>(ge[0]), (std::vector<float>{2, 0, 4, 4}));
-  expect_user_error(run_op("GatherElements", {iota<float>({2, 3}), make<int64_t>({1, 1}, {3})}, {attr("axis", int64_t{1})}),
+  expect_node_user_error(run_op("GatherElements", {iota<float>({2, 3}), make<int64_t>({1, 1}, {3})}, {attr("axis", int64_t{1})}),
                     "out of range");
 
   // batch_dims = 1: each batch picks its own rows.
   auto nd = ok(run_op("GatherND", {iota<float>({2, 3, 2}), make<int64_t>({2, 1, 1}, {2, -3})}, {attr("batch_dims", int64_t{1})}));
   EXPECT_EQ(nd[0].shape(), (I64{2, 1, 2}));
   EXPECT_EQ(stored_values<float>(nd[0]), (std::vector<float>{4, 5, 6, 7}));
-  expect_user_error(run_op("GatherND", {iota<float>({2, 3}), make<int64_t>({1, 2}, {2, 0})}), "index 2 is out of range");
+  expect_node_user_error(run_op("GatherND", {iota<float>({2, 3}), make<int64_t>({1, 2}, {2, 0})}), "index 2 is out of range");
 }
 
 TEST(ShapeOps, ScatterReductionsAndErrors) {
@@ -176,13 +176,13 @@ TEST(ShapeOps, ScatterReductionsAndErrors) {
   auto mn = ok(run_op("ScatterElements", {make<int32_t>({3}, {5, 5, 5}), make<int64_t>({2}, {1, 1}), make<int32_t>({2}, {7, 2})},
                       {attr("reduction", std::string("min"))}));
   EXPECT_EQ(stored_values<int32_t>(mn[0]), (std::vector<int32_t>{5, 2, 5}));
-  expect_user_error(run_op("ScatterElements", {x, make<int64_t>({1, 1}, {3}), make<float>({1, 1}, {0})}, {attr("axis", int64_t{1})}),
+  expect_node_user_error(run_op("ScatterElements", {x, make<int64_t>({1, 1}, {3}), make<float>({1, 1}, {0})}, {attr("axis", int64_t{1})}),
                     "index 3 is out of range for axis 1 of size 3");
   auto nd = ok(run_op("ScatterND", {make<float>({3, 2}, {1, 1, 1, 1, 1, 1}), make<int64_t>({2, 1}, {2, -3}),
                                     make<float>({2, 2}, {2, 3, 4, 5})},
                       {attr("reduction", std::string("mul"))}));
   EXPECT_EQ(stored_values<float>(nd[0]), (std::vector<float>{4, 5, 1, 1, 2, 3}));
-  expect_user_error(run_op("ScatterND", {iota<float>({3}), make<int64_t>({1, 1}, {5}), make<float>({1}, {0})}), "index 5");
+  expect_node_user_error(run_op("ScatterND", {iota<float>({3}), make<int64_t>({1, 1}, {5}), make<float>({1}, {0})}), "index 5");
 }
 
 TEST(ShapeOps, PadModes) {
@@ -199,7 +199,7 @@ TEST(ShapeOps, PadModes) {
   // Negative pads crop; axes pick the padded axes.
   auto crop = ok(run_op("Pad", {iota<int8_t>({2, 4}), make<int64_t>({2}, {-1, 1}), Tensor(), make<int64_t>({1}, {-1})}));
   EXPECT_EQ(stored_values<int8_t>(crop[0]), (std::vector<int8_t>{1, 2, 3, 0, 5, 6, 7, 0}));
-  expect_user_error(run_op("Pad", {x, pads}, {attr("mode", std::string("mirror"))}), "unknown pad mode");
+  expect_node_user_error(run_op("Pad", {x, pads}, {attr("mode", std::string("mirror"))}), "unknown pad mode");
 }
 
 TEST(ShapeOps, TileExpandBroadcastAndErrors) {
@@ -212,7 +212,7 @@ TEST(ShapeOps, TileExpandBroadcastAndErrors) {
   EXPECT_EQ(stored_values<double>(e[0]), (std::vector<double>{1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}));
   auto s = ok(run_op("Expand", {make<bool>({}, {true}), make<int64_t>({1}, {3})}));
   EXPECT_EQ(stored_values<bool>(s[0]), (std::vector<bool>{true, true, true}));
-  expect_user_error(run_op("Expand", {iota<float>({3}), make<int64_t>({1}, {4})}), "cannot broadcast");
+  expect_node_user_error(run_op("Expand", {iota<float>({3}), make<int64_t>({1}, {4})}), "cannot broadcast");
 }
 
 TEST(ShapeOps, ShapeSizeRangeConstantOfShape) {
@@ -225,7 +225,7 @@ TEST(ShapeOps, ShapeSizeRangeConstantOfShape) {
   EXPECT_EQ(stored_values<int32_t>(r[0]), (std::vector<int32_t>{10, 7, 4}));
   auto rf = ok(run_op("Range", {make<float>({}, {0}), make<float>({}, {1}), make<float>({}, {0.25f})}));
   EXPECT_EQ(stored_values<float>(rf[0]), (std::vector<float>{0, 0.25f, 0.5f, 0.75f}));
-  expect_user_error(run_op("Range", {make<float>({}, {0}), make<float>({}, {1}), make<float>({}, {0})}), "delta is 0");
+  expect_node_user_error(run_op("Range", {make<float>({}, {0}), make<float>({}, {1}), make<float>({}, {0})}), "delta is 0");
   auto c = ok(run_op("ConstantOfShape", {make<int64_t>({2}, {2, 3})}, {attr("value", make<int32_t>({1}, {7}))}));
   EXPECT_EQ(stored_values<int32_t>(c[0]), (std::vector<int32_t>(6, 7)));
   auto z = ok(run_op("ConstantOfShape", {make<int64_t>({1}, {0})}));
@@ -289,7 +289,7 @@ TEST(ShapeOps, DepthToSpaceSpaceToDepthAndSequences) {
   EXPECT_EQ(stored_values<float>(back[0]), stored_values<float>(x));
   auto rs = ok(run_op("ReverseSequence", {iota<float>({3, 2}), make<int64_t>({2}, {3, 1})}));
   EXPECT_EQ(stored_values<float>(rs[0]), (std::vector<float>{4, 1, 2, 3, 0, 5}));
-  expect_user_error(run_op("ReverseSequence", {iota<float>({3, 2}), make<int64_t>({2}, {4, 1})}), "sequence_lens[0] is 4");
+  expect_node_user_error(run_op("ReverseSequence", {iota<float>({3, 2}), make<int64_t>({2}, {4, 1})}), "sequence_lens[0] is 4");
   auto ccp = ok(run_op("CenterCropPad", {iota<float>({5, 2}), make<int64_t>({2}, {2, 4})}));
   EXPECT_EQ(stored_values<float>(ccp[0]), (std::vector<float>{0, 2, 3, 0, 0, 4, 5, 0}));
 }

@@ -29,7 +29,7 @@ Model chain_model() {
   return m;
 }
 
-Tensor filled(std::vector<int64_t> shape, float start) {
+Tensor zigzag(std::vector<int64_t> shape, float start) {
   Tensor t(DType::f32, std::move(shape));
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = start + static_cast<float>(i) * (i % 2 ? -1.f : 1.f);
   return t;
@@ -39,7 +39,7 @@ TEST(Session, RunsAChainAndReusesMemory) {
   Model m = chain_model();
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok()) << s.error().message();
-  Tensor a = filled({3, 4}, 0.5f), b = filled({3, 4}, -1.0f);
+  Tensor a = zigzag({3, 4}, 0.5f), b = zigzag({3, 4}, -1.0f);
   auto out = (*s)->run(std::vector<Tensor>{a, b});
   ASSERT_TRUE(out.ok()) << out.error().message();
   ASSERT_EQ((*out)[0].shape(), (std::vector<int64_t>{3, 4}));
@@ -50,10 +50,12 @@ TEST(Session, RunsAChainAndReusesMemory) {
   // each Relu over its input, which dies there, and all three are one place.
   const bool in_place = (*s)->kernels()[1].name.rfind("kiln.activation_f32_", 0) == 0;
   EXPECT_EQ(st.planned_values, in_place ? 1u : 3u);
-  if (!in_place) EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+  if (!in_place) {
+    EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+  }
   EXPECT_EQ(st.signatures, 1u);
   // A second shape signature gets its own plan; the first result is not overwritten.
-  auto out2 = (*s)->run(std::vector<Tensor>{filled({5, 4}, 1.f), filled({5, 4}, 2.f)});
+  auto out2 = (*s)->run(std::vector<Tensor>{zigzag({5, 4}, 1.f), zigzag({5, 4}, 2.f)});
   ASSERT_TRUE(out2.ok());
   EXPECT_EQ((*s)->memory_stats().signatures, 2u);
   EXPECT_FLOAT_EQ((*out)[0].data<float>()[0], std::max(0.5f - 1.0f, 0.f));
@@ -63,7 +65,7 @@ TEST(Session, ConflictingSymbolicDimsAreAUserError) {
   Model m = chain_model();
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
-  auto out = (*s)->run(std::vector<Tensor>{filled({3, 4}, 0.f), filled({2, 4}, 0.f)});
+  auto out = (*s)->run(std::vector<Tensor>{zigzag({3, 4}, 0.f), zigzag({2, 4}, 0.f)});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.error().kind, ErrorKind::user);
   EXPECT_EQ(out.error().where, "input 'b'");
@@ -75,13 +77,13 @@ TEST(Session, WrongDtypeRankAndMissingInputsAreUserErrors) {
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
   Tensor ints(DType::i32, {3, 4});
-  auto r1 = (*s)->run(std::vector<Tensor>{ints, filled({3, 4}, 0.f)});
+  auto r1 = (*s)->run(std::vector<Tensor>{ints, zigzag({3, 4}, 0.f)});
   ASSERT_FALSE(r1.ok());
   EXPECT_NE(r1.error().what.find("expected f32 but got i32"), std::string::npos);
-  auto r2 = (*s)->run(std::vector<Tensor>{filled({12}, 0.f), filled({3, 4}, 0.f)});
+  auto r2 = (*s)->run(std::vector<Tensor>{zigzag({12}, 0.f), zigzag({3, 4}, 0.f)});
   ASSERT_FALSE(r2.ok());
   EXPECT_NE(r2.error().what.find("expected shape batchx4"), std::string::npos) << r2.error().what;
-  auto r3 = (*s)->run(std::map<std::string, Tensor>{{"a", filled({3, 4}, 0.f)}});
+  auto r3 = (*s)->run(std::map<std::string, Tensor>{{"a", zigzag({3, 4}, 0.f)}});
   ASSERT_FALSE(r3.ok());
   EXPECT_EQ(r3.error().where, "input 'b'");
 }
@@ -98,8 +100,8 @@ TEST(Session, RepeatedRunsReuseThePlanAndNeverAliasOutputs) {
   Model m = chain_model();
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
-  auto first = (*s)->run(std::vector<Tensor>{filled({2, 4}, 1.f), filled({2, 4}, 1.f)});
-  auto second = (*s)->run(std::vector<Tensor>{filled({2, 4}, -5.f), filled({2, 4}, -5.f)});
+  auto first = (*s)->run(std::vector<Tensor>{zigzag({2, 4}, 1.f), zigzag({2, 4}, 1.f)});
+  auto second = (*s)->run(std::vector<Tensor>{zigzag({2, 4}, -5.f), zigzag({2, 4}, -5.f)});
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_EQ((*s)->memory_stats().signatures, 1u);
   EXPECT_EQ((*s)->memory_stats().reinferred_nodes, 0u);
@@ -112,7 +114,7 @@ TEST(Session, OutputBuffersTheCallerLetGoOfAreUsedAgain) {
   Model m = chain_model();
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
-  const std::vector<Tensor> in = {filled({2, 4}, 1.f), filled({2, 4}, 1.f)};
+  const std::vector<Tensor> in = {zigzag({2, 4}, 1.f), zigzag({2, 4}, 1.f)};
   const void* first;
   {
     auto r = (*s)->run(in);
@@ -125,7 +127,7 @@ TEST(Session, OutputBuffersTheCallerLetGoOfAreUsedAgain) {
   EXPECT_EQ((*again)[0].raw(), first);
   EXPECT_FLOAT_EQ((*again)[0].data<float>()[0], 2.f);
   // Held: a run never writes into a result the caller still has, two of them either.
-  auto held2 = (*s)->run(std::vector<Tensor>{filled({2, 4}, 3.f), filled({2, 4}, 3.f)});
+  auto held2 = (*s)->run(std::vector<Tensor>{zigzag({2, 4}, 3.f), zigzag({2, 4}, 3.f)});
   ASSERT_TRUE(held2.ok());
   EXPECT_NE((*held2)[0].raw(), (*again)[0].raw());
   auto held3 = (*s)->run(in);
@@ -194,12 +196,12 @@ TEST(Session, ObserverSeesEveryNodeInOrder) {
   ASSERT_TRUE(s.ok());
   Recorder rec;
   (*s)->set_observer(&rec);
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 4}, 2.f), filled({1, 4}, -1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({1, 4}, 2.f), zigzag({1, 4}, -1.f)}).ok());
   EXPECT_EQ(rec.events, (std::vector<std::string>{"begin add ref 1x4", "end 0 1.000000", "begin relu0 ref 1x4",
                                                   "end 1 1.000000", "begin relu1 ref 1x4", "end 2 1.000000",
                                                   "begin relu2 ref 1x4", "end 3 1.000000"}));
   (*s)->set_observer(nullptr);
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 4}, 2.f), filled({1, 4}, -1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({1, 4}, 2.f), zigzag({1, 4}, -1.f)}).ok());
   EXPECT_EQ(rec.events.size(), 8u);
 }
 
@@ -277,7 +279,7 @@ TEST(Session, KernelsAreChosenAndPreparedOnConcreteShapes) {
   KernelRegistry reg = test_registry();
   auto s = Session::create(m, SessionOptions{.kernels = &reg});
   ASSERT_TRUE(s.ok()) << s.error().message();
-  Tensor a = filled({3, 4}, 0.5f), b = filled({3, 4}, -1.0f);
+  Tensor a = zigzag({3, 4}, 0.5f), b = zigzag({3, 4}, -1.0f);
   auto small = (*s)->run(std::vector<Tensor>{a, b});
   ASSERT_TRUE(small.ok()) << small.error().message();
   std::span<const NodeKernel> k = (*s)->kernels();
@@ -302,26 +304,26 @@ TEST(Session, KernelChoiceFollowsTheShapesOfEachSignature) {
   KernelRegistry reg = test_registry();
   auto s = Session::create(m, SessionOptions{.kernels = &reg});
   ASSERT_TRUE(s.ok());
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({2, 3}, 1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({2, 3}, 1.f)}).ok());
   EXPECT_EQ((*s)->kernels()[0].name, "narrow");
-  auto wide = (*s)->run(std::vector<Tensor>{filled({2, 9}, 1.f)});
+  auto wide = (*s)->run(std::vector<Tensor>{zigzag({2, 9}, 1.f)});
   ASSERT_TRUE(wide.ok());
   EXPECT_EQ((*s)->kernels()[0].name, "ref");
   ASSERT_EQ((*s)->kernels()[0].declined.size(), 1u);
   EXPECT_EQ((*s)->kernels()[0].declined[0].second, "rows longer than 4 (2x9)");
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({1, 2}, 1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({1, 2}, 1.f)}).ok());
   EXPECT_EQ((*s)->kernels()[0].name, "narrow");
 
   // A recorded choice (a compiled model) pins the implementation, and must be able to run.
   m.graph.nodes[0].kernel.name = "ref";
   auto pinned = Session::create(m, SessionOptions{.kernels = &reg});
   ASSERT_TRUE(pinned.ok());
-  ASSERT_TRUE((*pinned)->run(std::vector<Tensor>{filled({2, 3}, 1.f)}).ok());
+  ASSERT_TRUE((*pinned)->run(std::vector<Tensor>{zigzag({2, 3}, 1.f)}).ok());
   EXPECT_EQ((*pinned)->kernels()[0].name, "ref");
   m.graph.nodes[0].kernel.name = "narrow";
   auto narrow = Session::create(m, SessionOptions{.kernels = &reg});
   ASSERT_TRUE(narrow.ok());
-  auto refused = (*narrow)->run(std::vector<Tensor>{filled({2, 9}, 1.f)});
+  auto refused = (*narrow)->run(std::vector<Tensor>{zigzag({2, 9}, 1.f)});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().kind, ErrorKind::user);
   EXPECT_NE(refused.error().message().find("the model chose kernel 'narrow', which declines here: rows longer than 4"),
@@ -329,7 +331,7 @@ TEST(Session, KernelChoiceFollowsTheShapesOfEachSignature) {
   m.graph.nodes[0].kernel.name = "gone";
   auto gone = Session::create(m, SessionOptions{.kernels = &reg});
   ASSERT_TRUE(gone.ok());
-  auto missing = (*gone)->run(std::vector<Tensor>{filled({2, 3}, 1.f)});
+  auto missing = (*gone)->run(std::vector<Tensor>{zigzag({2, 3}, 1.f)});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message().find("the model chose kernel 'gone', which this kiln does not have"), std::string::npos)
       << missing.error().message();
@@ -407,7 +409,9 @@ TEST(Session, ValuesCapturedBySubgraphsLiveUntilTheirNode) {
   const MemoryPlanStats& st = (*session)->memory_stats();
   const bool in_place = (*session)->kernels()[2].name.rfind("kiln.activation_f32_", 0) == 0;
   EXPECT_EQ(st.planned_values, in_place ? 2u : 4u);
-  if (!in_place) EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+  if (!in_place) {
+    EXPECT_LT(st.arena_bytes, st.unshared_bytes);
+  }
 }
 
 TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
@@ -415,7 +419,7 @@ TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
   auto run_batch = [&](int64_t n) {
-    auto r = (*s)->run(std::vector<Tensor>{filled({n, 4}, 0.5f), filled({n, 4}, -1.f)});
+    auto r = (*s)->run(std::vector<Tensor>{zigzag({n, 4}, 0.5f), zigzag({n, 4}, -1.f)});
     ASSERT_TRUE(r.ok()) << r.error().message();
   };
   const size_t cap = Session::kMaxCachedPlans;
@@ -437,7 +441,7 @@ TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
   KernelRegistry reg = test_registry();
   auto s = Session::create(m, SessionOptions{.kernels = &reg, .reference = true});
   ASSERT_TRUE(s.ok());
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({3, 4}, 0.5f), filled({3, 4}, -1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({3, 4}, 0.5f), zigzag({3, 4}, -1.f)}).ok());
   for (const NodeKernel& k : (*s)->kernels()) {
     EXPECT_EQ(k.name, kReferenceKernel);
     EXPECT_TRUE(k.declined.empty());
@@ -448,7 +452,7 @@ TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
     for (const KernelImpl& k : default_kernels().find(op, "cpu")) no_ref.add(op, "cpu", k);
   auto r = Session::create(m, SessionOptions{.kernels = &no_ref, .reference = true});
   ASSERT_TRUE(r.ok());
-  auto out = (*r)->run(std::vector<Tensor>{filled({3, 4}, 0.5f), filled({3, 4}, -1.f)});
+  auto out = (*r)->run(std::vector<Tensor>{zigzag({3, 4}, 0.5f), zigzag({3, 4}, -1.f)});
   ASSERT_FALSE(out.ok());
   EXPECT_NE(out.error().message().find("no reference kernel for op 'Add'"), std::string::npos) << out.error().message();
 }
@@ -491,7 +495,7 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   fast.target.threads = 3;
   auto s = Session::create(m, fast);
   ASSERT_TRUE(s.ok());
-  ASSERT_TRUE((*s)->run(std::vector<Tensor>{filled({n}, 1.f)}).ok());
+  ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({n}, 1.f)}).ok());
   EXPECT_EQ(pool_threads(), 3);
   EXPECT_EQ((*s)->run_threads(), 3);
   EXPECT_TRUE(caller);
@@ -503,7 +507,7 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   oracle.target.threads = 2;
   auto r = Session::create(m, oracle);
   ASSERT_TRUE(r.ok());
-  ASSERT_TRUE((*r)->run(std::vector<Tensor>{filled({n}, 1.f)}).ok());
+  ASSERT_TRUE((*r)->run(std::vector<Tensor>{zigzag({n}, 1.f)}).ok());
   EXPECT_EQ(pool_threads(), 2);
   EXPECT_FALSE(caller);
 
