@@ -9,6 +9,7 @@
 #include <numeric>
 #include <type_traits>
 
+#include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 
 namespace kiln::cpu {
@@ -264,6 +265,7 @@ class TransposeKernel final : public Kernel {
         }
       // One to four planes of 4-byte elements into pixels (an image to channels-last).
       planes_ = es_ == 4 && out_stride_[tile_dim_] == dims_[r - 1] && dims_[r - 1] <= 4;
+      if (auto isa = best_isa(q.target.cpu); planes_ && isa) interleave_rows_ = &row_kernels(*isa);
     }
     return {};
   }
@@ -381,6 +383,10 @@ class TransposeKernel final : public Kernel {
         const uint32_t* s = reinterpret_cast<const uint32_t*>(src) + in_off;
         uint32_t* t = reinterpret_cast<uint32_t*>(dst) + out_off;
         const int64_t a0 = c * kChunk, a1 = std::min(a_len, a0 + kChunk);
+        if (interleave_rows_) {
+          interleave_rows_->interleave(s + a0, b_in, b_len, t + a0 * b_len, a1 - a0);
+          continue;
+        }
         auto planes = [&](auto width) {
           constexpr int64_t B = decltype(width)::value;
           for (int64_t a = a0; a < a1; ++a)
@@ -400,6 +406,7 @@ class TransposeKernel final : public Kernel {
   std::vector<int64_t> dims_, in_stride_, out_stride_;
   size_t tile_dim_ = 0;            ///< tiles: the output dim read with input stride 1
   bool planes_ = false;            ///< the last dim moves and is 1-4 elements of 4 bytes: interleave
+  const RowKernels* interleave_rows_ = nullptr;  ///< planes_: the CPU's vector interleave, if it has AVX2 or AVX-512
   std::vector<size_t> batch_dims_;  ///< tiles: the other dims but the last
   int64_t batches_ = 1;
 };

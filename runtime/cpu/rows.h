@@ -137,6 +137,10 @@ struct RowKernels {
   /// a, b, y u8 or s8 each.
   void (*qadd)(const void* a, bool a_u8, const void* b, bool b_u8, void* y, bool y_u8, int64_t n, float ka, float kb, float c,
                float zy, bool relu);
+  /// Planes into pixels (an image to channels-last): pixels[a·count + b] = planes[b·stride + a]
+  /// for a < n pixels and b < count planes of 4-byte elements (moved as bits). Three planes
+  /// (RGB) go 16 pixels at a time through two permutes a vector on AVX-512. On the calling thread.
+  void (*interleave)(const uint32_t* planes, int64_t stride, int64_t count, uint32_t* pixels, int64_t n);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

@@ -229,6 +229,15 @@ TEST(CpuKernels, Transpose) {
   // The image into channels-last and back, big enough for threads; the default (reversed) perm.
   EXPECT_EQ(check({"Transpose", {noise({1, 3, 160, 150}, 10)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
             "kiln.transpose");
+  // Three planes into pixels on every ISA path (AVX-512 permutes 16 pixels at a time): whole
+  // vectors, a tail of 3, a batch of two, and fewer pixels than a vector.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 3, 16, 32}, std::vector<int64_t>{1, 3, 17, 19},
+                                              std::vector<int64_t>{2, 3, 33, 16}, std::vector<int64_t>{1, 3, 3, 5}})
+      EXPECT_EQ(check({"Transpose", {noise(shape, 18)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0, &cpu),
+                "kiln.transpose");
+  }
   // Two and four planes into pixels, a batch of two (the loop over pixels with the planes fixed).
   EXPECT_EQ(check({"Transpose", {noise({2, 4, 9, 7}, 16)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
             "kiln.transpose");
