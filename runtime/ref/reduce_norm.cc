@@ -31,7 +31,8 @@ Status ref_softmax(KernelContext& ctx) {
   Tensor& y = ctx.output(0);
   KILN_ASSIGN_OR_RETURN(int64_t axis, axis_of(ctx, ctx.node().attr_int("axis", -1), x.rank()));
   const size_t ax = static_cast<size_t>(axis);
-  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis), inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
+  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis);
+  const int64_t inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
   return dispatch<IsFloat>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -272,7 +273,8 @@ Status ref_lp_norm(KernelContext& ctx) {
   const int64_t p = ctx.node().attr_int("p", 2);
   if (p != 1 && p != 2) return ctx.error("p must be 1 or 2, got " + std::to_string(p));
   const size_t ax = static_cast<size_t>(axis);
-  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis), inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
+  const int64_t outer = ref_shape::dims_product(x.shape(), 0, ax), n = x.dim(axis);
+  const int64_t inner = ref_shape::dims_product(x.shape(), ax + 1, x.shape().size());
   return dispatch<IsFloat>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);
     using C = compute_t<T>;
