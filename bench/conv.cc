@@ -7,9 +7,10 @@
 // Winograd outputs and the direct one's.
 // `--depthwise` times kiln's channels-last depthwise kernel (kiln.dwconv) against oneDNN's on
 // EfficientNet-B0's and MobileNetV2's depthwise layers instead, each with its model's epilogue
-// (SiLU, Clip 0..6) and without one.
+// (SiLU, Clip 0..6) and without one; `--first` kiln's direct convolution of few input channels
+// (kiln.direct_conv) against oneDNN's on the image models' first layers, over RGB.
 //
-//   kiln_bench_conv [--runs N] [--threads T] [--depthwise]
+//   kiln_bench_conv [--runs N] [--threads T] [--depthwise | --first]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -67,15 +68,15 @@ struct DepthwiseShape {
   const char* what;
 };
 
-// A channels-last depthwise FusedConv k x k / stride, pad k / 2, with bias and the activation,
-// on the given kernel.
-kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel) {
+// A channels-last FusedConv k x k / stride, pad k / 2, with bias and the activation, on the
+// given kernel: depthwise over s.c channels, or (`in` > 0) from `in` channels to s.c.
+kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel, int64_t in = 0) {
   kiln::Model m;
   kiln::Graph& g = m.graph;
   const int64_t out = (s.hw - 1) / s.stride + 1, p = s.k / 2;
-  const kiln::ValueId x = g.add_value("x", kiln::DType::f32, kiln::Shape::of(std::vector<int64_t>{1, s.hw, s.hw, s.c}));
+  const kiln::ValueId x = g.add_value("x", kiln::DType::f32, kiln::Shape::of(std::vector<int64_t>{1, s.hw, s.hw, in ? in : s.c}));
   g.inputs.push_back(x);
-  const kiln::ValueId w = g.add_constant("w", filled({s.c, 1, s.k, s.k}, 0.013f, 0.3f));
+  const kiln::ValueId w = g.add_constant("w", filled({s.c, in ? in : 1, s.k, s.k}, 0.013f, 0.3f));
   const kiln::ValueId b = g.add_constant("b", filled({s.c}, 0.1f, 0.1f));
   const kiln::ValueId y = g.add_value("y", kiln::DType::f32, kiln::Shape::of(std::vector<int64_t>{1, out, out, s.c}));
   g.outputs.push_back(y);
@@ -84,7 +85,7 @@ kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel) 
   n.op = "FusedConv";
   n.inputs = {x, w, b};
   n.outputs = {y};
-  n.set_attr("group", s.c);
+  if (!in) n.set_attr("group", s.c);
   n.set_attr("pads", std::vector<int64_t>{p, p, p, p});
   n.set_attr("strides", std::vector<int64_t>{s.stride, s.stride});
   n.set_attr("channels_last", int64_t{1});
@@ -177,22 +178,48 @@ int depthwise(int runs, int threads) {
   return 0;
 }
 
+int first_layers(int runs, int threads) {
+  const std::string kiln_kernel = std::string("kiln.direct_conv_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
+  const DepthwiseShape shapes[] = {{32, 224, 3, 2, "Silu", "EfficientNet-B0"},
+                                   {32, 224, 3, 2, "Clip", "MobileNetV2"},
+                                   {16, 320, 3, 2, "Silu", "YOLO (320x320)"},
+                                   {64, 224, 7, 2, "Relu", "ResNet-50"}};
+  std::printf("# channels-last FusedConv from 3 channels + bias + activation, batch 1, %d thread(s); median of %d calls each, "
+              "interleaved; spread = (max - min) / median\n",
+              threads, runs);
+  std::printf("%-40s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
+  for (const DepthwiseShape& s : shapes) {
+    std::vector<Timed> t;
+    if (!time_models({depthwise_model(s, "onednn.conv", 3), depthwise_model(s, kiln_kernel, 3)}, threads,
+                     {filled({1, s.hw, s.hw, 3}, 0.01f, 1.f)}, runs, t))
+      return 1;
+    const std::string name = "3->" + std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
+                             std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " + s.activation +
+                             " " + s.what;
+    std::printf("%-40s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread, t[1].median,
+                100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int runs = 51, threads = 1;
-  bool dw = false;
+  bool dw = false, first = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--depthwise") dw = true;
+    else if (a == "--first") first = true;
     else if (a == "--runs" && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: kiln_bench_conv [--runs N] [--threads T] [--depthwise]\n");
+      std::fprintf(stderr, "usage: kiln_bench_conv [--runs N] [--threads T] [--depthwise | --first]\n");
       return 2;
     }
   }
   if (dw) return depthwise(runs, threads);
+  if (first) return first_layers(runs, threads);
   const ConvShape shapes[] = {{64, 56, 64, "ResNet-50 stage 1"},   {128, 28, 128, "ResNet-50 stage 2"},
                               {256, 14, 256, "ResNet-50 stage 3"}, {512, 7, 512, "ResNet-50 stage 4"},
                               {16, 80, 16, "YOLO C2f 80x80"},     {32, 40, 32, "YOLO C2f 40x40"},

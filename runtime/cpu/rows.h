@@ -108,6 +108,16 @@ struct RowKernels {
   void (*dwconv_nhwc)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, const float* filters,
                       const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y,
                       int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
+  /// Direct 2-D convolution of few input channels (an image model's first layer) into
+  /// channels-last output: x [n, c, h, w] or [n, h, w, c] read through its strides (image `sn`,
+  /// row `sy`, pixel `sx`, channel `sc` floats), filters packed [KH, KW, C, K] and bias [K] (may
+  /// be null), stride s, top/left padding pt/pl, into y [n, OH, OW, K], then the epilogue per
+  /// output row while it is in cache (z: the residual [n, OH, OW, K], may be null). K a multiple
+  /// of 16, kh at most kDirectConvMaxRows, kw · c at most kDirectConvMaxTaps. The output channels are the vector lanes; each input
+  /// value is broadcast against them.
+  void (*direct_conv)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t sn, int64_t sy, int64_t sx, int64_t sc,
+                      const float* filters, const float* bias, int64_t k, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl,
+                      float* y, int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
   /// Winograd F(m x m, 3x3)'s input transform (m = 4 or 2), channels-last, on the calling
   /// thread: for tiles [t0, t1) of one image x [h, w, c] (tile t at tile row t / tiles_w and
   /// column t % tiles_w, its (m + 2)² window from pixel (m·row − pt, m·column − pl), zeros
@@ -150,6 +160,10 @@ inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t 
 
 /// The tallest filter RowKernels::dwconv_nhwc takes.
 inline constexpr int64_t kDwconvNhwcMaxRows = 16;
+
+/// The tallest filter RowKernels::direct_conv takes, and the most taps (columns × input
+/// channels) of a filter row.
+inline constexpr int64_t kDirectConvMaxRows = 16, kDirectConvMaxTaps = 64;
 
 /// The output columns [j0, j1) of a depthwise convolution's row whose taps all lie inside an
 /// input row of w columns (filter width kw, stride s, left padding pl, ow output columns): the

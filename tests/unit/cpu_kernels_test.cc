@@ -363,6 +363,72 @@ TEST(CpuKernels, DepthwiseConv) {
   EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
 }
 
+// kiln.direct_conv on channels-last convolutions of few input channels (an image model's first
+// layer): 1 to 4 input channels; output channels of one to five vectors (on AVX-512 a group of
+// four and one of one; on AVX2 groups of four and the rest); 3x3 stride 2, 7x7 stride 2 and 1x1
+// stride 1 filters; rows with edge columns on both sides, inside columns in whole register
+// blocks and a remainder; pads asymmetric; a Clip (in the registers), a fused SiLU with a
+// residual and a ReLU after it; one and two threads (two images of 40x37: work enough for both).
+TEST(CpuKernels, DirectConv) {
+  struct Filter {
+    int64_t k, stride;
+    std::vector<int64_t> pads;
+  };
+  const std::vector<Filter> filters = {{3, 2, {1, 1, 1, 1}}, {7, 2, {3, 2, 3, 4}}, {1, 1, {0, 0, 0, 0}}, {3, 1, {0, 1, 2, 1}}};
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int threads : {1, 2})
+      for (const Filter& f : filters)
+        for (int64_t c : {1, 3, 4})
+          for (int64_t k : {16, 32, 80}) {
+            SCOPED_TRACE(isa + " k=" + std::to_string(f.k) + " stride=" + std::to_string(f.stride) + " c=" + std::to_string(c) +
+                         " out=" + std::to_string(k) + " threads=" + std::to_string(threads));
+            const int64_t height = 40, width = 37;
+            Tensor x = noise({2, height, width, c}, 31), w = noise({k, c, f.k, f.k}, 32, 0.5f), b = noise({k}, 33);
+            std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", f.pads),
+                                        attr("strides", std::vector<int64_t>{f.stride, f.stride})};
+            const std::string name = "kiln.direct_conv_f32_" + isa;
+            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name, {}, threads}, 1e-5, &cpu), name);
+            // A Clip alone, applied in the registers (both bounds within the sums' range).
+            std::vector<Attribute> clip = a;
+            clip.push_back(attr("activation", std::string("Clip")));
+            clip.push_back(attr("activation_params", std::vector<double>{-0.25, 0.5}));
+            EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, clip, {true}, name, {}, threads}, 1e-5, &cpu), name);
+            const int64_t oh = (height + f.pads[0] + f.pads[2] - f.k) / f.stride + 1;
+            const int64_t ow = (width + f.pads[1] + f.pads[3] - f.k) / f.stride + 1;
+            std::vector<Attribute> fused = a;
+            fused.push_back(attr("activation", std::string("Silu")));
+            fused.push_back(attr("post_activation", std::string("Relu")));
+            const Tensor z = noise({2, oh, ow, k}, 34);
+            EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, "", {}, threads}, 1e-5, &cpu),
+                      name);
+          }
+  // The default rule: kiln's kernel for a SiLU, oneDNN's for a piecewise-linear epilogue or none.
+  // Five input channels, a grouped convolution, output channels that are not whole vectors and
+  // channels-first layouts go elsewhere even with a SiLU.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const std::vector<Attribute> last = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+    std::vector<Attribute> silu = last, clip = last;
+    silu.push_back(attr("activation", std::string("Silu")));
+    clip.push_back(attr("activation", std::string("Clip")));
+    clip.push_back(attr("activation_params", std::vector<double>{0, 6}));
+    const Tensor rgb = noise({1, 8, 8, 3}, 35), w32 = noise({32, 3, 3, 3}, 36);
+    EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, silu}, 1e-5, &cpu), "kiln.direct_conv_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, clip}, 1e-5, &cpu), "onednn.conv");
+    EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, last}, 1e-5, &cpu), "onednn.conv");
+    auto elsewhere = [&](const Tensor& x, const Tensor& w, std::vector<Attribute> a) {
+      return check({"FusedConv", {x, w}, {false, true}, std::move(a)}, 1e-5, &cpu).rfind("kiln.direct_conv", 0) != 0;
+    };
+    EXPECT_TRUE(elsewhere(noise({1, 8, 8, 5}, 37), noise({16, 5, 3, 3}, 38), silu));
+    EXPECT_TRUE(elsewhere(rgb, noise({24, 3, 3, 3}, 39), silu));
+    std::vector<Attribute> grouped = silu;
+    grouped.push_back(attr("group", int64_t{2}));
+    EXPECT_TRUE(elsewhere(noise({1, 8, 8, 4}, 40), noise({32, 2, 3, 3}, 41), grouped));
+    std::vector<Attribute> first = {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("activation", std::string("Silu"))};
+    EXPECT_TRUE(elsewhere(noise({1, 3, 8, 8}, 42), w32, first));
+  }
+}
+
 // kiln.global_pool on channels-last GlobalAveragePool and GlobalMaxPool: 1-D to 3-D spatial
 // dims, channels below, at and past a vector, one image and three; small (one thread) and large
 // enough for the threads to share an image's pixels (at two threads: each its rows, then its
