@@ -1,10 +1,11 @@
 // kiln.direct_conv_f32_<isa>: a direct 2-D convolution of few input channels, an image model's
-// first layer (EfficientNet-B0's and YOLO's 3x3 stride 2 over RGB with a SiLU), channels-last. With three input channels there is little to multiply per output value (27
-// taps for a 3x3 filter) and oneDNN 2.6's kernels for it reach 40-70 % of the FMA peak, a SiLU
-// after it (EfficientNet, YOLO) in a second pass over the output. Here the output channels are
-// the vector lanes, the filters packed [KH, KW, C, K] once at plan time, each input value
-// broadcast against them for a block of output pixels held in registers, and the epilogue
-// applied to each output row while it is in cache (RowKernels::direct_conv).
+// first layer (EfficientNet-B0's and YOLO's 3x3 stride 2 over RGB with a SiLU), channels-last.
+// With three input channels there is little to multiply per output value (27 taps for a 3x3
+// filter) and oneDNN 2.6's kernels for it reach 40-70 % of the FMA peak, a SiLU after it in a
+// second pass over the output. Here the output channels are the vector lanes, the filters
+// packed [KH, KW, C, K] once at plan time, each input value broadcast against them for a block
+// of output pixels held in registers, and the epilogue applied to each output row while it is
+// in cache (RowKernels::direct_conv).
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"

@@ -113,8 +113,8 @@ struct RowKernels {
   /// row `sy`, pixel `sx`, channel `sc` floats), filters packed [KH, KW, C, K] and bias [K] (may
   /// be null), stride s, top/left padding pt/pl, into y [n, OH, OW, K], then the epilogue per
   /// output row while it is in cache (z: the residual [n, OH, OW, K], may be null). K a multiple
-  /// of 16, kh at most kDirectConvMaxRows, kw · c at most kDirectConvMaxTaps. The output channels are the vector lanes; each input
-  /// value is broadcast against them.
+  /// of 16, kh at most kDirectConvMaxRows, kw · c at most kDirectConvMaxTaps. The output
+  /// channels are the vector lanes; each input value is broadcast against them.
   void (*direct_conv)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t sn, int64_t sy, int64_t sx, int64_t sc,
                       const float* filters, const float* bias, int64_t k, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl,
                       float* y, int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);

@@ -429,6 +429,32 @@ TEST(CpuKernels, DirectConv) {
   }
 }
 
+// RowKernels::direct_conv reads its input through strides: the same images channels-first and
+// channels-last give the same output, to the bit (the sums in the same order), on the RGB
+// stride-2 path with its constant offsets and on the general one (two channels, stride 1).
+TEST(CpuKernels, DirectConvReadsChannelsFirstAsChannelsLast) {
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
+    if (cpu::lacks(CpuFeatures::host(), isa)) continue;
+    for (const auto& [c, s] : std::vector<std::pair<int64_t, int64_t>>{{3, 2}, {2, 1}}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " c=" + std::to_string(c) + " s=" + std::to_string(s));
+      const int64_t n = 2, h = 9, w = 13, k = 32, kh = 3, kw = 3, oh = (h + 2 - kh) / s + 1, ow = (w + 2 - kw) / s + 1;
+      const Tensor last = noise({n, h, w, c}, 51), filters = noise({kh, kw, c, k}, 52), bias = noise({k}, 53);
+      Tensor first(DType::f32, {n, c, h, w});
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t p = 0; p < h * w; ++p)
+          for (int64_t ch = 0; ch < c; ++ch) first.data<float>()[(b * c + ch) * h * w + p] = last.data<float>()[(b * h * w + p) * c + ch];
+      Tensor y_last(DType::f32, {n, oh, ow, k}), y_first(DType::f32, {n, oh, ow, k});
+      const ActivationSpec silu{Activation::silu}, none{};
+      const cpu::RowKernels& rk = cpu::row_kernels(isa);
+      rk.direct_conv(last.data<float>(), n, h, w, c, h * w * c, w * c, c, 1, filters.data<float>(), bias.data<float>(), k, kh, kw, s, 1,
+                     1, y_last.data<float>(), oh, ow, nullptr, silu, none);
+      rk.direct_conv(first.data<float>(), n, h, w, c, c * h * w, w, 1, h * w, filters.data<float>(), bias.data<float>(), k, kh, kw, s,
+                     1, 1, y_first.data<float>(), oh, ow, nullptr, silu, none);
+      for (int64_t i = 0; i < y_last.numel(); ++i) ASSERT_EQ(y_first.data<float>()[i], y_last.data<float>()[i]) << "at " << i;
+    }
+  }
+}
+
 // kiln.global_pool on channels-last GlobalAveragePool and GlobalMaxPool: 1-D to 3-D spatial
 // dims, channels below, at and past a vector, one image and three; small (one thread) and large
 // enough for the threads to share an image's pixels (at two threads: each its rows, then its

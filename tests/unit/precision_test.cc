@@ -464,7 +464,9 @@ TEST(LowerPrecision, AmxLowersAttentionProductsToBf16) {
       EXPECT_LE(relative_l2(r.got[i], r.want[i]), 2e-4) << "output " << i;
       EXPECT_LE(relative_l2(r.got[i], exact[i]), 1e-2) << "output " << i;
     }
-    if (amx) EXPECT_GT(relative_l2(r.got[0], exact[0]), 1e-5) << "the attention was lowered";
+    if (amx) {
+      EXPECT_GT(relative_l2(r.got[0], exact[0]), 1e-5) << "the attention was lowered";
+    }
   }
 }
 
