@@ -77,27 +77,27 @@ Status check_quant(const Value& v, const std::string& where) {
   size_t n = q.scales.size();
   if (n == 0) return user_error(where, "quant params have no scales");
   if (q.zero_points.size() != n)
-    return user_error(where, "quant params have " + std::to_string(static_cast<int64_t>(n)) + " scales but " +
-                                 std::to_string(static_cast<int64_t>(q.zero_points.size())) + " zero points");
+    return user_error(where, "quant params have " + std::to_string(n) + " scales but " +
+                                 std::to_string(q.zero_points.size()) + " zero points");
   if (q.axis < 0) {
     if (n != 1)
-      return user_error(where, "per-tensor quant params have " + std::to_string(static_cast<int64_t>(n)) + " scales");
+      return user_error(where, "per-tensor quant params have " + std::to_string(n) + " scales");
   } else if (v.shape.rank_known) {
     if (q.axis >= v.shape.rank())
       return user_error(where, "quant axis " + std::to_string(q.axis) + " is out of range for shape " + v.shape.str());
     const Dim& d = v.shape.dims[static_cast<size_t>(q.axis)];
     if (d.is_known() && d.value != static_cast<int64_t>(n))
-      return user_error(where, "quant params have " + std::to_string(static_cast<int64_t>(n)) + " scales but dim " +
+      return user_error(where, "quant params have " + std::to_string(n) + " scales but dim " +
                                    std::to_string(q.axis) + " of shape " + v.shape.str() + " has " + std::to_string(d.value));
   }
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(q.scales[i]) || !(q.scales[i] > 0))
-      return user_error(where, "quant scale " + std::to_string(static_cast<int64_t>(i)) + " is " + std::to_string(q.scales[i]) +
+      return user_error(where, "quant scale " + std::to_string(i) + " is " + std::to_string(q.scales[i]) +
                                    "; scales must be positive and finite");
   auto [lo, hi] = int_range(q.storage);
   for (size_t i = 0; i < n; ++i)
     if (q.zero_points[i] < lo || q.zero_points[i] > hi)
-      return user_error(where, "quant zero point " + std::to_string(static_cast<int64_t>(i)) + " is " + std::to_string(q.zero_points[i]) +
+      return user_error(where, "quant zero point " + std::to_string(i) + " is " + std::to_string(q.zero_points[i]) +
                                    ", outside the range of " + std::string(dtype_name(q.storage)));
   return {};
 }
@@ -137,23 +137,23 @@ class GraphVerifier {
   bool in_range(ValueId id) const { return id >= 0 && static_cast<size_t>(id) < n(); }
   std::string vname(ValueId id) const { return "'" + g_.value(id).name + "'"; }
   std::string range_what(const std::string& what, ValueId id) const {
-    return what + " refers to value " + std::to_string(id) + " but the graph has " + std::to_string(static_cast<int64_t>(n())) + " values";
+    return what + " refers to value " + std::to_string(id) + " but the graph has " + std::to_string(n()) + " values";
   }
 
   Status check_values() {
     names_.reserve(n());
     for (size_t i = 0; i < n(); ++i) {
       const Value& v = g_.values[i];
-      if (v.name.empty()) return err("value " + std::to_string(static_cast<int64_t>(i)), "the value has no name");
+      if (v.name.empty()) return err("value " + std::to_string(i), "the value has no name");
       std::string w = "value '" + v.name + "'";
       auto [it, inserted] = names_.emplace(v.name, static_cast<ValueId>(i));
       if (!inserted)
-        return err(w, "the name is used by both value " + std::to_string(it->second) + " and value " + std::to_string(static_cast<int64_t>(i)));
+        return err(w, "the name is used by both value " + std::to_string(it->second) + " and value " + std::to_string(i));
       auto raw = static_cast<uint16_t>(v.dtype);
       if (raw == 0) return err(w, "the value has no dtype");
       if (!dtype_valid(raw)) return err(w, "unknown dtype " + std::to_string(raw));
       if (!v.shape.rank_known && !v.shape.dims.empty())
-        return err(w, "shape has unknown rank but lists " + std::to_string(static_cast<int64_t>(v.shape.dims.size())) + " dims");
+        return err(w, "shape has unknown rank but lists " + std::to_string(v.shape.dims.size()) + " dims");
       KILN_RETURN_IF_ERROR(prefixed(check_shape_size(v, w)));
       if (v.is_constant()) {
         KILN_RETURN_IF_ERROR(prefixed(check_tensor(v.constant, w)));
@@ -172,7 +172,7 @@ class GraphVerifier {
     is_input_.assign(n(), 0);
     for (size_t k = 0; k < g_.inputs.size(); ++k) {
       ValueId id = g_.inputs[k];
-      if (!in_range(id)) return graph_err(range_what("graph input " + std::to_string(static_cast<int64_t>(k)), id));
+      if (!in_range(id)) return graph_err(range_what("graph input " + std::to_string(k), id));
       std::string w = "value " + vname(id);
       if (is_input_[static_cast<size_t>(id)]) return err(w, "the value is listed twice as a graph input");
       if (g_.value(id).is_constant()) return err(w, "the value is both a graph input and a constant");
@@ -189,12 +189,12 @@ class GraphVerifier {
       if (node.op.empty()) return err(w, "the node has no op");
       for (size_t i = 0; i < node.inputs.size(); ++i) {
         ValueId id = node.inputs[i];
-        if (id != kNoValue && !in_range(id)) return err(w, range_what("input " + std::to_string(static_cast<int64_t>(i)), id));
+        if (id != kNoValue && !in_range(id)) return err(w, range_what("input " + std::to_string(i), id));
       }
       for (size_t i = 0; i < node.outputs.size(); ++i) {
         ValueId id = node.outputs[i];
         if (id == kNoValue) continue;
-        std::string out = "output " + std::to_string(static_cast<int64_t>(i));
+        std::string out = "output " + std::to_string(i);
         if (!in_range(id)) return err(w, range_what(out, id));
         out += " " + vname(id);
         int32_t& p = producer_[static_cast<size_t>(id)];
@@ -218,7 +218,7 @@ class GraphVerifier {
       }
       for (size_t i = 0; i < node.captures.size(); ++i)
         if (!in_range(node.captures[i]))
-          return err(w, range_what("captured value " + std::to_string(static_cast<int64_t>(i)), node.captures[i]));
+          return err(w, range_what("captured value " + std::to_string(i), node.captures[i]));
       if (node.domain.empty()) {
         const OpSchema* schema = core_ops().find("", node.op);
         if (!schema) return err(w, "unknown op '" + node.op + "'");
@@ -231,7 +231,7 @@ class GraphVerifier {
   Status check_graph_outputs() {
     for (size_t k = 0; k < g_.outputs.size(); ++k)
       if (!in_range(g_.outputs[k]))
-        return graph_err(range_what("graph output " + std::to_string(static_cast<int64_t>(k)), g_.outputs[k]));
+        return graph_err(range_what("graph output " + std::to_string(k), g_.outputs[k]));
     return {};
   }
 
@@ -241,13 +241,13 @@ class GraphVerifier {
     is_capture_.assign(n(), 0);
     size_t expected = owner_ ? owner_->captures.size() : 0;
     if (g_.captures.size() != expected)
-      return graph_err(owner_ ? "the subgraph binds " + std::to_string(static_cast<int64_t>(g_.captures.size())) +
-                                    " captured values but its node captures " + std::to_string(static_cast<int64_t>(expected))
+      return graph_err(owner_ ? "the subgraph binds " + std::to_string(g_.captures.size()) +
+                                    " captured values but its node captures " + std::to_string(expected)
                               : "a top-level graph cannot capture values");
     for (size_t k = 0; k < g_.captures.size(); ++k) {
       ValueId id = g_.captures[k];
       if (id == kNoValue) continue;
-      if (!in_range(id)) return graph_err(range_what("captured value " + std::to_string(static_cast<int64_t>(k)), id));
+      if (!in_range(id)) return graph_err(range_what("captured value " + std::to_string(k), id));
       auto i = static_cast<size_t>(id);
       std::string w = "value " + vname(id);
       if (is_capture_[i]) return err(w, "the value stands for two captured values");
@@ -278,11 +278,11 @@ class GraphVerifier {
       for (size_t i = 0; i < node.inputs.size(); ++i) {
         ValueId id = node.inputs[i];
         if (id != kNoValue && !has_source(id))
-          return err(node.where(), "input " + std::to_string(static_cast<int64_t>(i)) + " " + vname(id) + no_source());
+          return err(node.where(), "input " + std::to_string(i) + " " + vname(id) + no_source());
       }
     for (size_t k = 0; k < g_.outputs.size(); ++k)
       if (!has_source(g_.outputs[k]))
-        return graph_err("graph output " + std::to_string(static_cast<int64_t>(k)) + " " + vname(g_.outputs[k]) + no_source());
+        return graph_err("graph output " + std::to_string(k) + " " + vname(g_.outputs[k]) + no_source());
     return {};
   }
 
@@ -337,7 +337,7 @@ class GraphVerifier {
         if (id == kNoValue) continue;
         const Value& v = g_.value(id);
         const InferOutput& o = (*inferred)[i];
-        std::string out = "output " + std::to_string(static_cast<int64_t>(i)) + " " + vname(id);
+        std::string out = "output " + std::to_string(i) + " " + vname(id);
         if (o.dtype != DType::undefined && o.dtype != v.dtype)
           return err(node.where(), out + " has dtype " + std::string(dtype_name(v.dtype)) + " but " + node.op +
                                        " gives " + std::string(dtype_name(o.dtype)));
@@ -380,12 +380,12 @@ Status verify_model(const Model& model) {
   }
   if (const MemoryPlanRecord* mp = model.memory_plan ? &*model.memory_plan : nullptr) {
     if (mp->input_shapes.size() != g.inputs.size())
-      return user_error("memory plan", "it lists " + std::to_string(static_cast<int64_t>(mp->input_shapes.size())) +
-                                           " input shapes but the graph has " + std::to_string(static_cast<int64_t>(g.inputs.size())) + " inputs");
+      return user_error("memory plan", "it lists " + std::to_string(mp->input_shapes.size()) +
+                                           " input shapes but the graph has " + std::to_string(g.inputs.size()) + " inputs");
     for (const MemoryPlanRecord::Placement& p : mp->values) {
       if (p.value < 0 || static_cast<size_t>(p.value) >= g.values.size())
         return user_error("memory plan", "it places value " + std::to_string(p.value) + " but the graph has " +
-                                             std::to_string(static_cast<int64_t>(g.values.size())) + " values");
+                                             std::to_string(g.values.size()) + " values");
       if (p.offset > mp->arena_bytes || p.bytes > mp->arena_bytes - p.offset)
         return user_error("memory plan", "value '" + g.value(p.value).name + "' at offset " + std::to_string(p.offset) + " (" +
                                              std::to_string(p.bytes) + " bytes) lies outside the arena of " +

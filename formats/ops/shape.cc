@@ -85,11 +85,11 @@ Status infer_reshape(InferContext& ctx) {
       out.push_back(Dim::unknown());
     } else if (v == 0 && !allowzero) {
       if (in.rank_known && static_cast<int64_t>(i) >= in.rank())
-        return ctx.error("shape[" + std::to_string(static_cast<int64_t>(i)) + "] is 0 (copy the input dim) but the input has rank " +
+        return ctx.error("shape[" + std::to_string(i) + "] is 0 (copy the input dim) but the input has rank " +
                          std::to_string(in.rank()));
       out.push_back(in.rank_known ? in.dims[i] : Dim::unknown());
     } else if (v < 0) {
-      return ctx.error("shape[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string(v));
+      return ctx.error("shape[" + std::to_string(i) + "] is " + std::to_string(v));
     } else {
       if (v == 0) has_zero = true;
       out.push_back(Dim::known(v));
@@ -227,7 +227,7 @@ Status infer_transpose(InferContext& ctx) {
   if (!has_perm)
     for (int64_t i = r - 1; i >= 0; --i) perm.push_back(i);
   if (static_cast<int64_t>(perm.size()) != r)
-    return ctx.error("perm has " + std::to_string(static_cast<int64_t>(perm.size())) + " entries but the input has rank " + std::to_string(r));
+    return ctx.error("perm has " + std::to_string(perm.size()) + " entries but the input has rank " + std::to_string(r));
   std::vector<bool> seen(static_cast<size_t>(r), false);
   std::vector<Dim> out;
   for (int64_t p : perm) {
@@ -245,10 +245,10 @@ Status infer_concat(InferContext& ctx) {
   DType dt = ctx.dtype(0);
   int64_t r = -1;
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " is missing");
+    if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(i) + " is missing");
     if (ctx.rank(i) < 0) continue;
     if (r >= 0 && ctx.rank(i) != r)
-      return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " has rank " +
+      return ctx.error("input " + std::to_string(i) + " has rank " +
                        std::to_string(ctx.rank(i)) + " but another has rank " + std::to_string(r));
     r = ctx.rank(i);
   }
@@ -271,7 +271,7 @@ Status infer_concat(InferContext& ctx) {
         }
       } else if (x.is_known()) {
         if (acc.is_known() && acc.value != x.value)
-          return ctx.error("input " + std::to_string(static_cast<int64_t>(i)) + " has shape " + ctx.shape(i).str() +
+          return ctx.error("input " + std::to_string(i) + " has shape " + ctx.shape(i).str() +
                            ", which differs from the others outside axis " + std::to_string(axis));
         acc = x;
       } else if (!acc.is_known() && !acc.is_symbolic()) {
@@ -308,14 +308,14 @@ Status infer_replace_slices(InferContext& ctx) {
   const std::vector<int64_t> starts = ctx.node().attr_ints("starts");
   const size_t updates = ctx.num_inputs() - 1;
   if (starts.size() != updates)
-    return ctx.error("starts has " + std::to_string(static_cast<int64_t>(starts.size())) + " entries but the node has " +
-                     std::to_string(static_cast<int64_t>(updates)) + " updates");
+    return ctx.error("starts has " + std::to_string(starts.size()) + " entries but the node has " +
+                     std::to_string(updates) + " updates");
   const Shape& x = ctx.shape(0);
   if (x.rank_known) {
     if (x.rank() == 0) return ctx.error("cannot replace slices of a scalar");
     KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", 0), x.rank(), ctx));
     for (size_t i = 0; i < updates; ++i) {
-      const std::string which = "update " + std::to_string(static_cast<int64_t>(i));
+      const std::string which = "update " + std::to_string(i);
       if (!ctx.has_input(i + 1)) return ctx.error(which + " is missing");
       if (starts[i] < 0) return ctx.error(which + " starts at " + std::to_string(starts[i]));
       const Shape& u = ctx.shape(i + 1);
@@ -343,7 +343,7 @@ Status infer_split(InferContext& ctx) {
   size_t n = ctx.num_outputs();
   if (ctx.node().has_attr("num_outputs") && ctx.node().attr_int("num_outputs", 0) != static_cast<int64_t>(n))
     return ctx.error("num_outputs is " + std::to_string(ctx.node().attr_int("num_outputs", 0)) + " but the node has " +
-                     std::to_string(static_cast<int64_t>(n)) + " outputs");
+                     std::to_string(n) + " outputs");
   if (!in.rank_known) {
     for (size_t i = 0; i < n; ++i) ctx.set_output(i, ctx.dtype(0), Shape());
     return {};
@@ -354,11 +354,11 @@ Status infer_split(InferContext& ctx) {
   auto split = known_ints(ctx, 1);
   if (split) {
     if (split->size() != n)
-      return ctx.error("split has " + std::to_string(static_cast<int64_t>(split->size())) + " entries but the node has " +
-                       std::to_string(static_cast<int64_t>(n)) + " outputs");
+      return ctx.error("split has " + std::to_string(split->size()) + " entries but the node has " +
+                       std::to_string(n) + " outputs");
     CheckedInt sum = 0;
     for (size_t i = 0; i < n; ++i) {
-      if ((*split)[i] < 0) return ctx.error("split[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string((*split)[i]));
+      if ((*split)[i] < 0) return ctx.error("split[" + std::to_string(i) + "] is " + std::to_string((*split)[i]));
       sum += (*split)[i];
       sizes[i] = Dim::known((*split)[i]);
     }
@@ -371,7 +371,7 @@ Status infer_split(InferContext& ctx) {
     int64_t last = d.value - chunk * static_cast<int64_t>(n - 1);
     if (last < 0)
       return ctx.error("cannot split axis " + std::to_string(axis) + " of size " + std::to_string(d.value) +
-                       " into " + std::to_string(static_cast<int64_t>(n)) +
+                       " into " + std::to_string(n) +
                        " parts");
     for (size_t i = 0; i < n; ++i) sizes[i] = Dim::known(i + 1 == n ? last : chunk);
   } else if (!ctx.has_input(1) && n == 1) {
@@ -411,8 +411,8 @@ Status infer_slice(InferContext& ctx) {
     return {};
   }
   size_t k = starts->size();
-  if (ends->size() != k) return ctx.error("starts has " + std::to_string(static_cast<int64_t>(k)) +
-                                          " entries but ends has " + std::to_string(static_cast<int64_t>(ends->size())));
+  if (ends->size() != k) return ctx.error("starts has " + std::to_string(k) +
+                                          " entries but ends has " + std::to_string(ends->size()));
   if (!axes) {
     axes.emplace();
     for (size_t i = 0; i < k; ++i) axes->push_back(static_cast<int64_t>(i));
@@ -425,7 +425,7 @@ Status infer_slice(InferContext& ctx) {
   std::vector<SliceDim> sl(static_cast<size_t>(r));
   for (size_t i = 0; i < k; ++i) {
     int64_t step = (*steps)[i];
-    if (step == 0) return ctx.error("steps[" + std::to_string(static_cast<int64_t>(i)) + "] is 0");
+    if (step == 0) return ctx.error("steps[" + std::to_string(i) + "] is 0");
     size_t a = static_cast<size_t>(norm[i]);
     const Dim& d = in.dims[a];
     if (d.is_known()) {
@@ -488,8 +488,8 @@ Status infer_pad(InferContext& ctx) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> norm, normalize_axes(*axes, r, ctx));
   size_t k = norm.size();
   if (pads->size() != 2 * k)
-    return ctx.error("pads has " + std::to_string(static_cast<int64_t>(pads->size())) + " entries, expected " +
-                     std::to_string(static_cast<int64_t>(2 * k)));
+    return ctx.error("pads has " + std::to_string(pads->size()) + " entries, expected " +
+                     std::to_string(2 * k));
   std::vector<Dim> out = in.dims;
   for (size_t i = 0; i < k; ++i) {
     size_t a = static_cast<size_t>(norm[i]);
@@ -522,11 +522,11 @@ Status infer_tile(InferContext& ctx) {
     return {};
   }
   if (static_cast<int64_t>(reps->size()) != in.rank())
-    return ctx.error("repeats has " + std::to_string(static_cast<int64_t>(reps->size())) +
+    return ctx.error("repeats has " + std::to_string(reps->size()) +
                      " entries but the input has rank " + std::to_string(in.rank()));
   std::vector<Dim> out;
   for (size_t i = 0; i < reps->size(); ++i) {
-    if ((*reps)[i] < 0) return ctx.error("repeats[" + std::to_string(static_cast<int64_t>(i)) + "] is " + std::to_string((*reps)[i]));
+    if ((*reps)[i] < 0) return ctx.error("repeats[" + std::to_string(i) + "] is " + std::to_string((*reps)[i]));
     KILN_ASSIGN_OR_RETURN(Dim d, dim_mul(in.dims[i], Dim::known((*reps)[i]), ctx));
     out.push_back(d);
   }
@@ -617,7 +617,7 @@ Status infer_space_to_depth(InferContext& ctx) {
   for (size_t i = 2; i < 4; ++i) {
     const Dim& d = in.dims[i];
     if (!d.is_known()) continue;
-    if (d.value % b != 0) return ctx.error("dim " + std::to_string(static_cast<int64_t>(i)) + " of size " +
+    if (d.value % b != 0) return ctx.error("dim " + std::to_string(i) + " of size " +
                                            std::to_string(d.value) + " is not divisible by blocksize " + std::to_string(b));
     out[i] = Dim::known(d.value / b);
   }
@@ -638,8 +638,8 @@ Status infer_center_crop_pad(InferContext& ctx) {
   auto target = known_ints(ctx, 1);
   std::vector<Dim> out = in.dims;
   if (target && target->size() != norm.size())
-    return ctx.error("the shape input has " + std::to_string(static_cast<int64_t>(target->size())) + " entries but there are " +
-                     std::to_string(static_cast<int64_t>(norm.size())) + " axes");
+    return ctx.error("the shape input has " + std::to_string(target->size()) + " entries but there are " +
+                     std::to_string(norm.size()) + " axes");
   for (size_t i = 0; i < norm.size(); ++i) {
     if (target && (*target)[i] < 0) return ctx.error("the shape has a negative dim " + std::to_string((*target)[i]));
     out[static_cast<size_t>(norm[i])] = target ? Dim::known((*target)[i]) : Dim::unknown();
