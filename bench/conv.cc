@@ -62,7 +62,8 @@ kiln::Model conv_model(const ConvShape& s, kiln::KernelChoice kernel) {
   return m;
 }
 
-struct DepthwiseShape {
+// A layer: c (output) channels, hw x hw input pixels, a k x k filter at `stride`.
+struct LayerShape {
   int64_t c, hw, k, stride;
   const char* activation;  // "" for none
   const char* what;
@@ -70,7 +71,7 @@ struct DepthwiseShape {
 
 // A channels-last FusedConv k x k / stride, pad k / 2, with bias and the activation, on the
 // given kernel: depthwise over s.c channels, or (`in` > 0) from `in` channels to s.c.
-kiln::Model depthwise_model(const DepthwiseShape& s, const std::string& kernel, int64_t in = 0) {
+kiln::Model layer_model(const LayerShape& s, const std::string& kernel, int64_t in = 0) {
   kiln::Model m;
   kiln::Graph& g = m.graph;
   const int64_t out = (s.hw - 1) / s.stride + 1, p = s.k / 2;
@@ -148,9 +149,30 @@ bool time_models(const std::vector<kiln::Model>& models, int threads, const std:
   return true;
 }
 
+// Times each layer on oneDNN's convolution and on kiln's `kernel` (its ISA appended), interleaved,
+// and prints a row per layer: depthwise over s.c channels, or from `in` channels to s.c.
+int against_onednn(const std::string& kernel, const std::vector<LayerShape>& shapes, int64_t in, const char* what, int runs,
+                   int threads) {
+  const std::string kiln_kernel = kernel + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
+  std::printf("# channels-last %s, batch 1, %d thread(s); median of %d calls each, interleaved; spread = (max - min) / median\n", what,
+              threads, runs);
+  std::printf("%-46s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
+  for (const LayerShape& s : shapes) {
+    std::vector<Timed> t;
+    if (!time_models({layer_model(s, "onednn.conv", in), layer_model(s, kiln_kernel, in)}, threads,
+                     {filled({1, s.hw, s.hw, in ? in : s.c}, 0.01f, 1.f)}, runs, t))
+      return 1;
+    const std::string name = (in ? std::to_string(in) + "->" : std::string()) + std::to_string(s.c) + " " + std::to_string(s.hw) +
+                             "x" + std::to_string(s.hw) + " " + std::to_string(s.k) + "x" + std::to_string(s.k) + "/" +
+                             std::to_string(s.stride) + " " + (*s.activation ? s.activation : "none") + " " + s.what;
+    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread,
+                t[1].median, 100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
+  }
+  return 0;
+}
+
 int depthwise(int runs, int threads) {
-  const std::string kiln_kernel = std::string("kiln.dwconv_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
-  const DepthwiseShape shapes[] = {
+  const std::vector<LayerShape> shapes = {
       {32, 112, 3, 1, "Silu", "EfficientNet-B0 stage 1"}, {96, 112, 3, 2, "Silu", "EfficientNet-B0 stage 2 (down)"},
       {144, 56, 5, 2, "Silu", "EfficientNet-B0 stage 3 (down)"}, {240, 28, 3, 2, "Silu", "EfficientNet-B0 stage 4 (down)"},
       {672, 14, 5, 2, "Silu", "EfficientNet-B0 stage 6 (down)"},
@@ -160,46 +182,15 @@ int depthwise(int runs, int threads) {
       {672, 14, 5, 1, "", "EfficientNet-B0 stage 5"},      {32, 112, 3, 1, "Clip", "MobileNetV2 stage 1"},
       {144, 56, 3, 1, "Clip", "MobileNetV2 stage 2"},     {192, 28, 3, 1, "Clip", "MobileNetV2 stage 3"},
       {384, 14, 3, 1, "Clip", "MobileNetV2 stage 4"},     {960, 7, 3, 1, "Clip", "MobileNetV2 stage 6"}};
-  std::printf("# channels-last depthwise FusedConv + bias (+ activation), batch 1, %d thread(s); median of %d calls each, "
-              "interleaved; spread = (max - min) / median\n",
-              threads, runs);
-  std::printf("%-46s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
-  for (const DepthwiseShape& s : shapes) {
-    std::vector<Timed> t;
-    if (!time_models({depthwise_model(s, "onednn.conv"), depthwise_model(s, kiln_kernel)}, threads,
-                     {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
-      return 1;
-    const std::string name = std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
-                             std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " +
-                             (*s.activation ? s.activation : "none") + " " + s.what;
-    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread,
-                t[1].median, 100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
-  }
-  return 0;
+  return against_onednn("kiln.dwconv_f32_", shapes, 0, "depthwise FusedConv + bias (+ activation)", runs, threads);
 }
 
 int first_layers(int runs, int threads) {
-  const std::string kiln_kernel = std::string("kiln.direct_conv_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
-  const DepthwiseShape shapes[] = {{32, 224, 3, 2, "Silu", "EfficientNet-B0"},
-                                   {32, 224, 3, 2, "Clip", "MobileNetV2"},
-                                   {16, 320, 3, 2, "Silu", "YOLO (320x320)"},
-                                   {64, 224, 7, 2, "Relu", "ResNet-50"}};
-  std::printf("# channels-last FusedConv from 3 channels + bias + activation, batch 1, %d thread(s); median of %d calls each, "
-              "interleaved; spread = (max - min) / median\n",
-              threads, runs);
-  std::printf("%-40s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
-  for (const DepthwiseShape& s : shapes) {
-    std::vector<Timed> t;
-    if (!time_models({depthwise_model(s, "onednn.conv", 3), depthwise_model(s, kiln_kernel, 3)}, threads,
-                     {filled({1, s.hw, s.hw, 3}, 0.01f, 1.f)}, runs, t))
-      return 1;
-    const std::string name = "3->" + std::to_string(s.c) + " " + std::to_string(s.hw) + "x" + std::to_string(s.hw) + " " +
-                             std::to_string(s.k) + "x" + std::to_string(s.k) + "/" + std::to_string(s.stride) + " " + s.activation +
-                             " " + s.what;
-    std::printf("%-40s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread, t[1].median,
-                100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
-  }
-  return 0;
+  const std::vector<LayerShape> shapes = {{32, 224, 3, 2, "Silu", "EfficientNet-B0"},
+                                              {32, 224, 3, 2, "Clip", "MobileNetV2"},
+                                              {16, 320, 3, 2, "Silu", "YOLO (320x320)"},
+                                              {64, 224, 7, 2, "Relu", "ResNet-50"}};
+  return against_onednn("kiln.direct_conv_f32_", shapes, 3, "FusedConv from 3 channels + bias + activation", runs, threads);
 }
 
 }  // namespace
