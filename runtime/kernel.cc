@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "formats/ops/nn_util.h"
+
 namespace kiln {
 
 void KernelRegistry::add(std::string op, std::string device, KernelImpl impl) {
@@ -126,8 +128,9 @@ std::optional<AttentionGeometry> attention_geometry(const KernelQuery& q) {
   return a;
 }
 
-std::optional<std::string> x_parts_decline(const KernelQuery& q) {
+std::optional<std::string> x_form_decline(const KernelQuery& q) {
   if (q.node.has_attr("x_parts")) return "X in parts (kiln's f32 GEMM reads them where they lie)";
+  if (nn::x_channels_first(q.node)) return "X channels-first beside a channels-last Y (kiln.direct_conv reads it)";
   return std::nullopt;
 }
 

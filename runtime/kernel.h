@@ -216,9 +216,11 @@ std::optional<std::string> gemm_form_declines(const KernelQuery& q);
 /// (attention_rotary, attention_lengths).
 std::optional<std::string> attention_declines(const KernelQuery& q);
 
-/// Why a kernel other than kiln's f32 GEMM declines a FusedConv whose X comes in parts
-/// (`x_parts`, compile's fuse_concat: the inputs of a Concat read where they lie), or nullopt.
-std::optional<std::string> x_parts_decline(const KernelQuery& q);
+/// Why a convolution kernel declines a FusedConv whose X comes in a form only one kernel reads,
+/// or nullopt: in parts (`x_parts`, compile's fuse_concat: the inputs of a Concat read where
+/// they lie; kiln's f32 GEMM reads them) or channels-first beside a channels-last Y
+/// (`x_channels_first`, compile's channels_last: an image read as it comes; kiln.direct_conv).
+std::optional<std::string> x_form_decline(const KernelQuery& q);
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
 /// Whether an Attention node reads each batch's count of keys (nonpad_kv_seqlen).

@@ -10,13 +10,18 @@
 // per-tensor QuantizeLinear and DequantizeLinear (a quantized model's int8 activations). Each
 // value such a node writes gets a channels-last twin; the original value is then computed by a
 // Transpose back, which eliminate_dead drops when nothing channels-first reads it. A
-// channels-first value that a converted node reads is transposed once and shared.
+// channels-first value that a converted node reads is transposed once and shared, but for a
+// graph input that a convolution kiln.direct_conv takes reads (an image model's first layer
+// over RGB): that one reads the image as it comes (FusedConv's x_channels_first), and the
+// Transpose's copy of the image, 50-150 µs at one thread, is not made.
+#include <algorithm>
 #include <cstring>
 #include <set>
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/ops/nn_util.h"
+#include "runtime/kernel.h"
 #include "runtime/ref/layout.h"
 
 namespace kiln {
@@ -48,7 +53,7 @@ bool per_tensor_qdq(const Graph& g, const Node& n) {
 
 class Converter {
  public:
-  explicit Converter(Graph& g) : g_(g), twin_(g.values.size(), kNoValue) {}
+  Converter(Graph& g, const Target& target) : g_(g), target_(target), twin_(g.values.size(), kNoValue) {}
 
   // Whether node n runs channels-last.
   bool wanted(const Node& n) const {
@@ -94,12 +99,13 @@ class Converter {
   void convert(Node n, std::vector<Node>& out) {
     ++converted_;
     const bool anchor = kAnchors.count(n.op) > 0;
+    if (reads_image(n)) n.set_attr("x_channels_first", int64_t{1});
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const ValueId v = n.inputs[i];
       if (v == kNoValue) continue;
       if (has_twin(v)) {
         n.inputs[i] = twin_[static_cast<size_t>(v)];
-      } else if (anchor ? nn::layout_input(n.op, i) : kBroadcasting.count(n.op) > 0) {
+      } else if (anchor ? nn::layout_input(n, i) : kBroadcasting.count(n.op) > 0) {
         n.inputs[i] = g_.value(v).is_constant() ? permuted_constant(v) : transposed_in(v, out);
       } else if (n.op == "Resize") {
         n.inputs[i] = permuted_vector(v, i == 1);
@@ -147,6 +153,33 @@ class Converter {
   void set_twin(ValueId v, ValueId t) {
     if (twin_.size() <= static_cast<size_t>(v)) twin_.resize(static_cast<size_t>(v) + 1, kNoValue);
     twin_[static_cast<size_t>(v)] = t;
+  }
+
+  // Whether convolution n reads a graph input that kiln.direct_conv would read channels-first:
+  // the kernel itself is asked, on the node as it would be.
+  bool reads_image(const Node& n) const {
+    if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() > 3 || n.outputs.size() != 1 || n.has_attr("x_parts")) return false;
+    const ValueId x = n.inputs[0];
+    if (has_twin(x) || std::find(g_.inputs.begin(), g_.inputs.end(), x) == g_.inputs.end()) return false;
+    Node c = n;
+    c.op = "FusedConv";
+    c.set_attr("channels_last", int64_t{1});
+    c.set_attr("x_channels_first", int64_t{1});
+    std::vector<InferInput> in;
+    for (ValueId v : c.inputs) {
+      if (v == kNoValue) {
+        in.emplace_back();
+        continue;
+      }
+      const Value& value = g_.value(v);
+      in.push_back({value.dtype, value.shape, value.is_constant() ? &value.constant : nullptr});
+    }
+    const Value& y = g_.value(n.outputs[0]);
+    const InferOutput out[] = {{y.dtype, last_shape(y.shape), Tensor()}};
+    const KernelQuery q{c, g_, target_, in, out};
+    for (const KernelImpl& impl : default_kernels().find("FusedConv", target_.device))
+      if (impl.name.starts_with("kiln.direct_conv") && !impl.declines(q)) return true;
+    return false;
   }
 
   bool constant_of_size(ValueId v, int64_t n) const {
@@ -203,6 +236,7 @@ class Converter {
   }
 
   Graph& g_;
+  const Target& target_;
   std::vector<ValueId> twin_;  ///< per value: its channels-last twin, or kNoValue
   std::vector<ValueId> back_;  ///< the values the Transposes back write
   size_t converted_ = 0, transposes_in_ = 0;
@@ -210,9 +244,9 @@ class Converter {
 
 }  // namespace
 
-Result<PassResult> channels_last(Model& model, PassContext&) {
+Result<PassResult> channels_last(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
-  Converter c(g);
+  Converter c(g, ctx.target);
   std::vector<Node> nodes = std::move(g.nodes);
   g.nodes.clear();
   std::vector<Node> out;

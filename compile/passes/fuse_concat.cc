@@ -18,6 +18,7 @@
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/ops/epilogue.h"
+#include "formats/ops/nn_util.h"
 
 namespace kiln {
 
@@ -27,7 +28,9 @@ constexpr size_t kMaxParts = 16;  // the most parts kiln's GEMM takes (gemm::kMa
 
 // Whether node `n`, reading `x` at input 0 only, is a convolution that can take X in parts.
 bool takes_parts(const Graph& g, const Node& n, ValueId x) {
-  if (n.op != "FusedConv" || !n.domain.empty() || n.has_attr("x_parts") || n.inputs.empty() || n.inputs[0] != x) return false;
+  if (n.op != "FusedConv" || !n.domain.empty() || n.has_attr("x_parts") || nn::x_channels_first(n) || n.inputs.empty() ||
+      n.inputs[0] != x)
+    return false;
   if (std::count(n.inputs.begin(), n.inputs.end(), x) != 1 || n.attr_int("channels_last", 0) != 1 || n.attr_int("group", 1) != 1)
     return false;
   for (const char* a : {"strides", "dilations"})

@@ -312,7 +312,9 @@ class Lowering {
 
   bool conv(size_t i) {
     const Node& c = g_.nodes[i];
-    if (!c.has_input(0) || !c.has_input(1) || c.outputs.size() != 1 || c.has_attr("x_parts")) return false;
+    if (!c.has_input(0) || !c.has_input(1) || c.outputs.size() != 1 || c.has_attr("x_parts") ||
+        nn::x_channels_first(c))
+      return false;
     const Node *tx = nullptr, *tz = nullptr;
     const Node* dx = dequantized(c.inputs[0], &tx);
     if (!dx) return false;

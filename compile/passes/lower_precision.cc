@@ -43,6 +43,7 @@
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/memory.h"
+#include "formats/ops/nn_util.h"
 #include "runtime/ref/nn_util.h"
 
 namespace kiln {
@@ -61,6 +62,7 @@ bool lowers(const Graph& g, const Node& n) {
   const bool conv = n.op == "Conv" || n.op == "FusedConv", matmul = n.op == "MatMul" || n.op == "FusedMatMul";
   if (!n.domain.empty() || (!conv && !matmul) || !n.has_input(0) || !n.has_input(1) || n.outputs.size() != 1) return false;
   if (n.has_attr("x_parts")) return false;  // fuse_concat's: only kiln's f32 GEMM reads X in parts
+  if (nn::x_channels_first(n)) return false;  // channels_last's: only kiln.direct_conv (f32) reads it
   const Value& x = g.value(n.inputs[0]);
   const Value& w = g.value(n.inputs[1]);
   if (x.dtype != DType::f32 || !w.is_constant() || w.dtype != DType::f32) return false;

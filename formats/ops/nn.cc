@@ -178,7 +178,7 @@ Status infer_layout(InferContext& ctx, Status (*infer)(InferContext&)) {
   std::vector<InferInput> inputs(ctx.num_inputs());
   for (size_t i = 0; i < inputs.size(); ++i) {
     inputs[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
-    if (layout_input(ctx.node().op, i) && ctx.rank(i) >= 0) {
+    if (layout_input(ctx.node(), i) && ctx.rank(i) >= 0) {
       if (ctx.rank(i) < 3) return ctx.error("a channels_last input must have rank 3 or more, got " + ctx.shape(i).str());
       inputs[i].shape.dims = permute(ctx.shape(i).dims, channels_first_perm(static_cast<size_t>(ctx.rank(i))));
       inputs[i].value = nullptr;
@@ -739,6 +739,11 @@ Status infer_fused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx,
 // they lie). Each part has X's rank and its dims off the channel axis; the shape is FusedConv's
 // of the joined X.
 Status infer_fused_conv_parts(InferContext& ctx) {
+  if (const int64_t first = ctx.node().attr_int("x_channels_first", 0); first != 0) {
+    if (first != 1) return ctx.error("x_channels_first " + std::to_string(first) + " must be 0 or 1");
+    if (ctx.node().attr_int("channels_last", 0) != 1) return ctx.error("x_channels_first needs channels_last = 1");
+    if (ctx.node().has_attr("x_parts")) return ctx.error("x_channels_first with X in parts");
+  }
   const size_t extra = ctx.num_inputs() > 4 ? ctx.num_inputs() - 4 : 0;
   if (!ctx.node().has_attr("x_parts")) {
     if (extra) return ctx.error("inputs after Z need x_parts");
@@ -829,6 +834,8 @@ void register_nn_ops(OpRegistry& r) {
   std::vector<AttrSpec> fused_conv_only = fused_conv;
   fused_conv_only.push_back({"output_type", AttrType::string, false, "Y's and Z's type: f32 (default), or bf16 with a bf16 W"});
   fused_conv_only.push_back({"x_parts", AttrType::int64, false, "X in this many parts along the channels: input 0, then the inputs after Z"});
+  fused_conv_only.push_back({"x_channels_first", AttrType::int64, false,
+                             "1: X is [N, C, spatial...] though channels_last = 1 makes Z and Y [N, spatial..., C] (0)"});
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, kVariadic, 1, 1,
                      fused_conv_only, infer_fused_conv_parts})
       .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z"),

@@ -61,11 +61,15 @@ Result<EinsumSpec> parse_einsum(const Node& node, const std::string& equation, c
 /// Z) and write Y as [N, spatial..., C] rather than [N, C, spatial...]; weights and bias keep
 /// their layout. `kiln compile` introduces it where the library kernels run faster on it.
 inline bool channels_last(const Node& node) { return node.attr_int("channels_last", 0) != 0; }
-/// Whether input i of `op` is an activation whose layout channels_last sets: X (input 0), and
-/// the residual Z of FusedConv (input 3, and with x_parts X's other parts after it) and
-/// QFusedConv (input 9).
-inline bool layout_input(std::string_view op, size_t i) {
-  return i == 0 || (i >= 3 && op == "FusedConv") || (i == 9 && op == "QFusedConv");
+/// FusedConv with x_channels_first = 1 (and channels_last = 1): X stays [N, C, spatial...]
+/// while Z and Y are channels-last (an image model's first layer reading the image as it comes).
+inline bool x_channels_first(const Node& node) { return node.attr_int("x_channels_first", 0) != 0; }
+/// Whether input i of `node` is an activation whose layout channels_last sets: X (input 0, but
+/// with x_channels_first), and the residual Z of FusedConv (input 3, and with x_parts X's other
+/// parts after it) and QFusedConv (input 9).
+inline bool layout_input(const Node& node, size_t i) {
+  if (i == 0) return !x_channels_first(node);
+  return (i >= 3 && node.op == "FusedConv") || (i == 9 && node.op == "QFusedConv");
 }
 /// The permutation (Transpose's perm) [N, C, spatial...] -> [N, spatial..., C] of rank r.
 std::vector<int64_t> channels_last_perm(size_t rank);

@@ -5,7 +5,9 @@
 // second pass over the output. Here the output channels are the vector lanes, the filters
 // packed [KH, KW, C, K] once at plan time, each input value broadcast against them for a block
 // of output pixels held in registers, and the epilogue applied to each output row while it is
-// in cache (RowKernels::direct_conv).
+// in cache (RowKernels::direct_conv). It reads X channels-last, or channels-first where the
+// node says so (x_channels_first: compile's channels_last leaves an image as it comes for it),
+// through the strides of either.
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
@@ -20,7 +22,7 @@ constexpr int64_t kMaxInputChannels = 4;
 
 std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (auto why = x_parts_decline(q)) return why;
+  if (q.node.has_attr("x_parts")) return "X in parts (kiln's f32 GEMM reads them where they lie)";
   for (const InferInput& in : q.inputs)
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
   if (!nn::channels_last(q.node)) return "channels-first";
@@ -41,7 +43,8 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
-// The default rule: kiln's kernel where the epilogue is transcendental (EfficientNet's and
+// The default rule: where X comes channels-first (x_channels_first), kiln's kernel, the only
+// one that reads it; otherwise kiln's kernel where the epilogue is transcendental (EfficientNet's and
 // YOLO's SiLU: applied while each output row is in cache, where oneDNN's post-ops lack it and a
 // second pass over the output applies it); oneDNN's where it is piecewise-linear or absent
 // (MobileNetV2's Clip, ResNet-50's ReLU), which it applies in its registers as kiln's does:
@@ -49,7 +52,11 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
 // rounds with and without kiln's kernel (6 at each thread count, on a 2-core Xeon, family 6
 // model 106), kiln's time over oneDNN's: EfficientNet-B0 0.70 / 0.74 (one / two threads), YOLO
 // 0.70 / 0.72, MobileNetV2 0.96 / 1.01, ResNet-50 (7x7) 0.98 / 1.06. max-autotune times both.
+// Reading the image as it comes instead (the input Transpose gone), all four first layers are
+// kiln's: the Transpose and the layer's time 0.62-0.96 of what it was at one thread, 0.86-0.95 at
+// two (kiln_bench_node_times, paired rounds).
 std::optional<std::string> direct_conv_defers(const KernelQuery& q) {
+  if (nn::x_channels_first(q.node)) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
@@ -64,7 +71,14 @@ class DirectConvKernel final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds&) override {
     const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete();
     const std::vector<int64_t> ws = q.inputs[1].shape.concrete();
-    n_ = xs[0], h_ = xs[1], w_ = xs[2], c_ = xs[3], k_ = ws[0], kh_ = ws[2], kw_ = ws[3];
+    n_ = xs[0], k_ = ws[0], kh_ = ws[2], kw_ = ws[3];
+    if (nn::x_channels_first(q.node)) {  // [N, C, H, W]: pixels 1 float apart, channels a plane
+      c_ = xs[1], h_ = xs[2], w_ = xs[3];
+      sy_ = w_, sx_ = 1, sc_ = h_ * w_;
+    } else {  // [N, H, W, C]: pixels c_ floats apart, channels next to each other
+      h_ = xs[1], w_ = xs[2], c_ = xs[3];
+      sy_ = w_ * c_, sx_ = c_, sc_ = 1;
+    }
     KILN_ASSIGN_OR_RETURN(nn::Window win, nn::resolve_window(q.node, {h_, w_}, {kh_, kw_}, false));
     s_ = win.strides[0], pt_ = win.pads[0], pl_ = win.pads[1], oh_ = ys[1], ow_ = ys[2];
     // [K, C, KH, KW] -> [KH, KW, C, K]: a tap's output channels contiguous, one vector load each.
@@ -87,8 +101,7 @@ class DirectConvKernel final : public Kernel {
   Status run(KernelContext& ctx) override {
     const float* bias = has_bias_ ? ctx.input(2).data<float>() : nullptr;
     const float* z = has_z_ ? ctx.input(3).data<float>() : nullptr;
-    // Channels-last: pixels c_ floats apart, channels next to each other.
-    rows_.direct_conv(ctx.input(0).data<float>(), n_, h_, w_, c_, h_ * w_ * c_, w_ * c_, c_, 1, filters_.data<float>(), bias, k_, kh_,
+    rows_.direct_conv(ctx.input(0).data<float>(), n_, h_, w_, c_, h_ * w_ * c_, sy_, sx_, sc_, filters_.data<float>(), bias, k_, kh_,
                       kw_, s_, pt_, pl_, ctx.output(0).data<float>(), oh_, ow_, z, act_, post_);
     return {};
   }
@@ -97,6 +110,7 @@ class DirectConvKernel final : public Kernel {
   const RowKernels& rows_;
   Tensor filters_;  // [KH, KW, C, K]
   int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, k_ = 0, kh_ = 0, kw_ = 0, s_ = 1, pt_ = 0, pl_ = 0, oh_ = 0, ow_ = 0;
+  int64_t sy_ = 0, sx_ = 0, sc_ = 0;  // X's row, pixel and channel strides
   bool has_bias_ = false, has_z_ = false;
   ActivationSpec act_, post_;
 };

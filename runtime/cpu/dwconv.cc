@@ -15,7 +15,7 @@ namespace {
 
 std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (auto why = x_parts_decline(q)) return why;
+  if (auto why = x_form_decline(q)) return why;
   for (const InferInput& in : q.inputs)
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
   const Shape& xs = q.inputs[0].shape;

@@ -161,6 +161,7 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = f32_and_concrete(q, DType::f16)) return why;
   if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
   if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
+  if (nn::x_channels_first(q.node)) return x_form_decline(q);
   if (is_conv(q.node)) return pointwise_declines(q, !q.node.has_attr("x_parts"));  // strided: its pixels gathered, not in parts
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
@@ -487,7 +488,7 @@ class GemmKernel final : public Kernel {
 // that has `kind`'s instructions.
 std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, DType weight) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
-  if (auto why = x_parts_decline(q)) return why;
+  if (auto why = x_form_decline(q)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
   // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
   if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";

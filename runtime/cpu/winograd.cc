@@ -34,7 +34,7 @@ constexpr double kG2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 
 
 std::optional<std::string> winograd_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (auto why = x_parts_decline(q)) return why;
+  if (auto why = x_form_decline(q)) return why;
   if (auto why = f32_and_concrete(q, DType::f16)) return why;  // an f16 weight (`--precision fp16`) widened
   if (!nn::channels_last(q.node)) return "not channels-last";
   if (q.inputs[0].shape.rank() != 4) return "not a 2-D convolution";

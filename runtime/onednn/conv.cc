@@ -59,7 +59,7 @@ std::optional<std::string> bf16_activations_decline(const KernelQuery& q) {
 }
 
 std::optional<std::string> conv_declines(const KernelQuery& q) {
-  if (auto why = x_parts_decline(q)) return why;
+  if (auto why = x_form_decline(q)) return why;
   if (q.inputs[0].dtype == DType::bf16 || q.outputs[0].dtype == DType::bf16) {
     if (auto why = bf16_activations_decline(q)) return why;
   } else if (auto why = f32_and_concrete(q, q.node.op == "FusedConv" ? DType::bf16 | DType::f16 : TypeSet())) {

@@ -29,7 +29,7 @@ ViewContext channels_first_view(KernelContext& outer) {
       continue;
     }
     const Tensor& x = outer.input(i);
-    inputs.push_back(nn::layout_input(outer.node().op, i) ? permuted(x, nn::channels_first_perm(static_cast<size_t>(x.rank()))) : x);
+    inputs.push_back(nn::layout_input(outer.node(), i) ? permuted(x, nn::channels_first_perm(static_cast<size_t>(x.rank()))) : x);
   }
   const Tensor& y = outer.output(0);
   return ViewContext(outer, outer.node(), std::move(inputs),

@@ -962,6 +962,53 @@ TEST(CompileChannelsLast, SameOutputs) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-5) << "output " << i;
 }
 
+// An image model's first layer that kiln.direct_conv runs reads the graph input as it comes
+// (x_channels_first): no Transpose in, the outputs as before (on the reference kernels bit for
+// bit, on the chosen kernel within 1e-5). Eight input channels (past the kernel's four), an
+// input that is not the graph's, and a target without AVX2 (no such kernel) keep the Transpose.
+Model image_cnn(int64_t channels, bool computed_input = false) {
+  Builder b;
+  ValueId x = b.input("x", {1, channels, 16, 15});
+  if (computed_input) x = b.op("neg", "Neg", {x}, "x_neg");
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({32, channels, 3, 3}, 84)), b.constant("b", uniform_f32({32}, 85))},
+                   "y", {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("strides", std::vector<int64_t>{2, 2})});
+  ValueId r = b.op("relu", "Relu", {y}, "r");
+  b.output(b.op("gap", "GlobalAveragePool", {r}, "out"));
+  return b.done();
+}
+
+TEST(CompileChannelsLast, AnImageIsReadAsItComes) {
+  if (!cpu::best_isa(CpuFeatures::host())) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+  Model before = image_cnn(3), after = before;
+  EXPECT_EQ(run_pass("channels_last", after).summary, "ran 3 nodes channels-last, with 0 transposes in and 1 transpose out");
+  run_pass("eliminate_dead", after);
+  EXPECT_EQ(count_ops(after.graph, "Transpose"), 1u) << "the pooled output's, back";
+  const auto conv = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [](const Node& n) { return n.name == "conv"; });
+  ASSERT_NE(conv, after.graph.nodes.end());
+  EXPECT_EQ(conv->attr_int("x_channels_first", 0), 1);
+  EXPECT_EQ(after.graph.value(conv->inputs[0]).name, "x");
+  const std::vector<Tensor> inputs = {uniform_f32({1, 3, 16, 15}, 86)};
+  expect_same_outputs(before, after, inputs, 0);
+  auto s = Session::create(after);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  bool direct = false;
+  for (const NodeKernel& k : (*s)->kernels()) direct = direct || k.name.rfind("kiln.direct_conv", 0) == 0;
+  EXPECT_TRUE(direct) << "the first layer runs on kiln.direct_conv, the one kernel that reads it";
+  EXPECT_LE(relative_l2((*got)[0], run_reference(before, inputs)[0]), 1e-5);
+  // The Transpose stays: eight channels, a computed input, a target without AVX2.
+  for (Model m : {image_cnn(8), image_cnn(3, true)})
+    EXPECT_NE(run_pass("channels_last", m).summary.find("with 1 transpose in"), std::string::npos) << compact(m.graph);
+  Model old = image_cnn(3);
+  Target plain;
+  plain.cpu = CpuFeatures{};
+  PassContext ctx{plain, {}};
+  Result<PassResult> r = find_pass("channels_last")->run(old, ctx);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_NE(r->summary.find("with 1 transpose in"), std::string::npos) << r->summary;
+}
+
 TEST(CompileChannelsLast, LeavesWhatItCannotConvert) {
   auto unchanged = [](Model m, const char* why) {
     const std::string text = compact(m.graph);

@@ -367,8 +367,9 @@ TEST(CpuKernels, DepthwiseConv) {
 // layer): 1 to 4 input channels; output channels of one to five vectors (on AVX-512 a group of
 // four and one of one; on AVX2 groups of four and the rest); 3x3 stride 2, 7x7 stride 2 and 1x1
 // stride 1 filters; rows with edge columns on both sides, inside columns in whole register
-// blocks and a remainder; pads asymmetric; a Clip (in the registers), a fused SiLU with a
-// residual and a ReLU after it; one and two threads (two images of 40x37: work enough for both).
+// blocks and a remainder; pads asymmetric; X channels-first (x_channels_first); a Clip (in the
+// registers), a fused SiLU with a residual and a ReLU after it; one and two threads (two images
+// of 40x37: work enough for both).
 TEST(CpuKernels, DirectConv) {
   struct Filter {
     int64_t k, stride;
@@ -388,6 +389,11 @@ TEST(CpuKernels, DirectConv) {
                                         attr("strides", std::vector<int64_t>{f.stride, f.stride})};
             const std::string name = "kiln.direct_conv_f32_" + isa;
             EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name, {}, threads}, 1e-5, &cpu), name);
+            // X channels-first (x_channels_first: an image read as it comes), Y channels-last.
+            std::vector<Attribute> first = a;
+            first.push_back(attr("x_channels_first", int64_t{1}));
+            const Tensor x_first = noise({2, c, height, width}, 35);
+            EXPECT_EQ(check({"FusedConv", {x_first, w, b}, {false, true, true}, first, {true}, "", {}, threads}, 1e-5, &cpu), name);
             // A Clip alone, applied in the registers (both bounds within the sums' range).
             std::vector<Attribute> clip = a;
             clip.push_back(attr("activation", std::string("Clip")));
@@ -426,6 +432,16 @@ TEST(CpuKernels, DirectConv) {
     EXPECT_TRUE(elsewhere(noise({1, 8, 8, 4}, 40), noise({32, 2, 3, 3}, 41), grouped));
     std::vector<Attribute> first = {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("activation", std::string("Silu"))};
     EXPECT_TRUE(elsewhere(noise({1, 3, 8, 8}, 42), w32, first));
+    // X channels-first beside a channels-last Y: kiln's kernel whatever the epilogue; every
+    // other convolution kernel declines it (eight channels: only the reference runs it).
+    std::vector<Attribute> x_first = clip;
+    x_first.push_back(attr("x_channels_first", int64_t{1}));
+    EXPECT_EQ(check({"FusedConv", {noise({1, 3, 8, 8}, 43), w32}, {false, true}, x_first}, 1e-5, &cpu), "kiln.direct_conv_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {noise({1, 8, 8, 8}, 44), noise({32, 8, 3, 3}, 45)}, {false, true}, x_first}, 1e-5, &cpu),
+              kReferenceKernel);
+    EXPECT_EQ(check({"FusedConv", {noise({1, 8, 8, 8}, 46), noise({32, 8, 1, 1}, 47)}, {false, true},
+                     {attr("channels_last", int64_t{1}), attr("x_channels_first", int64_t{1})}}, 1e-5, &cpu),
+              kReferenceKernel);
   }
 }
 

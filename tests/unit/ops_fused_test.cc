@@ -138,6 +138,19 @@ TEST(FusedOps, FusedConvReadsXInParts) {
   expect_close(run1("FusedConv", {nhwc(x0), w, Tensor(), Tensor(), nhwc(x1)}, last), nhwc(plain), "channels-last");
 }
 
+// x_channels_first (compile's channels_last, for an image read as it comes): X is [N, C, H, W]
+// while Y and Z are channels-last.
+TEST(FusedOps, FusedConvReadsXChannelsFirst) {
+  const Tensor x = ramp({1, 3, 6, 5}), w = ramp({4, 3, 3, 3}, 0.21f), b = ramp({4}, 0.5f), z = ramp({1, 4, 3, 3}, 0.3f);
+  std::vector<Attribute> attrs = {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("strides", std::vector<int64_t>{2, 2}),
+                                  attr("activation", std::string("Silu"))};
+  auto nhwc = [](const Tensor& t) { return run1("Transpose", {t}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}); };
+  const Tensor first = run1("FusedConv", {x, w, b, z}, attrs);
+  attrs.push_back(attr("channels_last", int64_t{1}));
+  attrs.push_back(attr("x_channels_first", int64_t{1}));
+  expect_close(run1("FusedConv", {x, w, b, nhwc(z)}, attrs), nhwc(first), "X channels-first, Y and Z channels-last");
+}
+
 TEST(FusedOps, GatedProductMultipliesValuesByTheirGates) {
   const Tensor a = ramp({2, 3, 5}), bm = ramp({5, 8}, 0.21f), bias = ramp({8}, 0.5f);
   const Tensor whole = run1("FusedMatMul", {a, bm, bias});
@@ -192,6 +205,12 @@ TEST(FusedOps, SchemaChecks) {
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 2})}, {attr("x_parts", int64_t{2})}),
       "part 1 of X has shape 1x3x3x2, which differs from part 0's 1x2x3x3 off the channel axis");
   bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 2, 3, 3})}, {attr("x_parts", int64_t{2})}), "X has 4 channels but W expects 5");
+  const auto first = [](int64_t v) { return attr("x_channels_first", v); };
+  const auto last = attr("channels_last", int64_t{1});
+  bad(run_op("FusedConv", {x, ramp({4, 2, 1, 1})}, {first(1)}), "x_channels_first needs channels_last = 1");
+  bad(run_op("FusedConv", {x, ramp({4, 2, 1, 1})}, {first(2), last}), "x_channels_first 2 must be 0 or 1");
+  bad(run_op("FusedConv", {x, w, Tensor(), Tensor(), ramp({1, 3, 3, 3})}, {first(1), last, attr("x_parts", int64_t{2})}),
+      "x_channels_first with X in parts");
 }
 
 TEST(FusedOps, ActivationAttributesRoundTrip) {
