@@ -158,7 +158,8 @@ class Converter {
   // Whether convolution n reads a graph input that kiln.direct_conv would read channels-first:
   // the kernel itself is asked, on the node as it would be.
   bool reads_image(const Node& n) const {
-    if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() > 3 || n.outputs.size() != 1 || n.has_attr("x_parts")) return false;
+    if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() > 3 || n.outputs.size() != 1 || n.has_attr("x_parts"))
+      return false;
     const ValueId x = n.inputs[0];
     if (has_twin(x) || std::find(g_.inputs.begin(), g_.inputs.end(), x) == g_.inputs.end()) return false;
     Node c = n;
