@@ -422,7 +422,7 @@ TEST(CpuKernels, DirectConv) {
     EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, silu}, 1e-5, &cpu), "kiln.direct_conv_f32_" + isa);
     EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, clip}, 1e-5, &cpu), "onednn.conv");
     EXPECT_EQ(check({"FusedConv", {rgb, w32}, {false, true}, last}, 1e-5, &cpu), "onednn.conv");
-    auto elsewhere = [&](const Tensor& x, const Tensor& w, std::vector<Attribute> a) {
+    auto elsewhere = [cpu = cpu](const Tensor& x, const Tensor& w, std::vector<Attribute> a) {  // clang 14: no captured bindings
       return check({"FusedConv", {x, w}, {false, true}, std::move(a)}, 1e-5, &cpu).rfind("kiln.direct_conv", 0) != 0;
     };
     EXPECT_TRUE(elsewhere(noise({1, 8, 8, 5}, 37), noise({16, 5, 3, 3}, 38), silu));
