@@ -1,7 +1,11 @@
 // fold_constants: nodes whose inputs are all constants are run once, now, on the reference
 // kernels, and their outputs become constants; so do outputs whose data shape inference already
 // computed (Shape -> Gather -> Concat chains on concrete shapes), even when their inputs are not
-// constants.
+// constants. A Reshape whose shape is computed from shapes that are not known yet (a symbolic
+// batch or sequence: Concat(Shape(x)[0], Shape(x)[1], 12, 64)) gets a constant shape when each
+// entry is a number or x's own dim in its place (0: copy it), one other entry at most (-1):
+// inference then knows the output's dims, the patterns can see a head split, and the shape
+// arithmetic, run on every call before, goes.
 //
 // What is never folded:
 // - ops outside the core set (no reference kernel, and nothing says they are pure);
@@ -14,9 +18,12 @@
 // so every core op is a pure function of its inputs; an op added later that is not must get an
 // OpTraits flag that this pass and cse check.
 #include <algorithm>
+#include <set>
+#include <string_view>
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
+#include "compile/passes/match.h"
 #include "formats/infer.h"
 #include "runtime/session.h"
 
@@ -61,6 +68,142 @@ bool dequantized_weight(const Graph& g, const std::vector<std::vector<Use>>& use
     if (u.slot == 1 && (op == "Conv" || op == "FusedConv" || op == "MatMul" || op == "Gemm" || op == "FusedMatMul")) return true;
   }
   return false;
+}
+
+// One entry of a small integer tensor computed from shapes: a number, or dim `axis` of `of`.
+struct DimTerm {
+  int64_t value = 0;
+  ValueId of = kNoValue;
+  int64_t axis = 0;
+};
+
+// The entries of an i64 / i32 value of rank 0 or 1 that shape arithmetic computes (Shape,
+// Gather, Unsqueeze, Squeeze, Concat, Slice, Cast and Identity over constants and shapes), as
+// numbers and dims of values; nullopt for anything else.
+std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v, int depth = 0) {
+  const Graph& g = m.graph();
+  const Value& val = g.value(v);
+  if ((val.dtype != DType::i64 && val.dtype != DType::i32) || !val.shape.rank_known || val.shape.rank() > 1 || depth > 32)
+    return std::nullopt;
+  std::vector<DimTerm> terms;
+  if (val.is_constant()) {
+    if (val.constant.is_packed() || val.constant.numel() > kFoldLimit) return std::nullopt;
+    for (int64_t e : val.constant.to_int64_vector()) terms.push_back({e});
+    return terms;
+  }
+  const Node* n = m.def(v);
+  if (!n || !n->domain.empty()) return std::nullopt;
+  const auto constant_ints = [&](size_t slot) -> std::optional<std::vector<int64_t>> {
+    if (slot >= n->inputs.size() || n->inputs[slot] == kNoValue || !g.value(n->inputs[slot]).is_constant()) return std::nullopt;
+    const Tensor& t = g.value(n->inputs[slot]).constant;
+    if (t.is_packed() || (t.dtype() != DType::i64 && t.dtype() != DType::i32) || t.rank() > 1) return std::nullopt;
+    return t.to_int64_vector();
+  };
+  if (n->op == "Shape") {
+    const Shape& x = g.value(n->inputs[0]).shape;
+    if (!x.rank_known) return std::nullopt;
+    const int64_t rank = x.rank();
+    const auto clamp = [rank](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
+    for (int64_t d = clamp(n->attr_int("start", 0)); d < clamp(n->attr_int("end", rank)); ++d) {
+      const Dim& dim = x.dims[static_cast<size_t>(d)];
+      terms.push_back(dim.is_known() ? DimTerm{dim.value} : DimTerm{0, n->inputs[0], d});
+    }
+    return terms;
+  }
+  if (n->op == "Identity" || n->op == "Cast" || n->op == "Unsqueeze" || n->op == "Squeeze") return dim_terms(m, n->inputs[0], depth + 1);
+  if (n->op == "Concat") {
+    for (ValueId in : n->inputs) {
+      std::optional<std::vector<DimTerm>> part = dim_terms(m, in, depth + 1);
+      if (!part) return std::nullopt;
+      terms.insert(terms.end(), part->begin(), part->end());
+    }
+    return terms;
+  }
+  std::optional<std::vector<DimTerm>> data = n->inputs.empty() ? std::nullopt : dim_terms(m, n->inputs[0], depth + 1);
+  if (!data || g.value(n->inputs[0]).shape.rank() != 1) return std::nullopt;
+  const auto size = static_cast<int64_t>(data->size());
+  if (n->op == "Gather") {
+    std::optional<std::vector<int64_t>> at = constant_ints(1);
+    if (!at || n->attr_int("axis", 0) != 0) return std::nullopt;
+    for (int64_t i : *at) {
+      if (i < -size || i >= size) return std::nullopt;
+      terms.push_back((*data)[static_cast<size_t>(i < 0 ? i + size : i)]);
+    }
+    return terms;
+  }
+  if (n->op == "Slice") {
+    std::optional<std::vector<int64_t>> starts = constant_ints(1), ends = constant_ints(2);
+    std::optional<std::vector<int64_t>> axes = n->inputs.size() > 3 && n->inputs[3] != kNoValue ? constant_ints(3) : std::vector<int64_t>{0};
+    std::optional<std::vector<int64_t>> steps = n->inputs.size() > 4 && n->inputs[4] != kNoValue ? constant_ints(4) : std::vector<int64_t>{1};
+    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || *steps != std::vector<int64_t>{1} ||
+        (*axes != std::vector<int64_t>{0} && *axes != std::vector<int64_t>{-1}))
+      return std::nullopt;
+    const auto clamp = [size](int64_t a) { return std::clamp(a < 0 ? a + size : a, int64_t{0}, size); };
+    for (int64_t i = clamp((*starts)[0]); i < clamp((*ends)[0]); ++i) terms.push_back((*data)[static_cast<size_t>(i)]);
+    return terms;
+  }
+  return std::nullopt;
+}
+
+// Gives every Reshape whose shape is computed from shapes a constant one where the entries allow
+// (the file's header); returns how many.
+size_t constant_reshape_shapes(Graph& g) {
+  std::vector<std::pair<size_t, Tensor>> fixes;
+  {
+    Matcher m(g);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      if (n.op != "Reshape" || !n.domain.empty() || n.inputs.size() != 2 || n.inputs[1] == kNoValue ||
+          g.value(n.inputs[1]).is_constant() || n.attr_int("allowzero", 0) != 0)
+        continue;
+      std::optional<std::vector<DimTerm>> terms = dim_terms(m, n.inputs[1]);
+      if (!terms || g.value(n.inputs[1]).shape.rank() != 1) continue;
+      const int64_t rank = g.value(n.inputs[0]).shape.rank();
+      std::vector<int64_t> shape;
+      int inferred = 0;  // entries left to -1: the one whose product the others leave
+      bool zero = false;
+      for (size_t d = 0; d < terms->size(); ++d) {
+        const DimTerm& t = (*terms)[d];
+        if (t.of == kNoValue) {
+          shape.push_back(t.value);
+          inferred += t.value == -1;
+          zero = zero || t.value == 0;
+        } else if (t.of == n.inputs[0] && t.axis == static_cast<int64_t>(d) && t.axis < rank) {
+          shape.push_back(0);
+        } else {
+          shape.push_back(-1);
+          ++inferred;
+        }
+      }
+      // -1 cannot stand for a dim beside a 0-sized one (it would be 0 / 0).
+      if (inferred > 1 || (inferred == 1 && zero)) continue;
+      fixes.emplace_back(i, Tensor::from<int64_t>({static_cast<int64_t>(shape.size())}, shape));
+    }
+  }
+  for (auto& [i, shape] : fixes) {
+    const std::string name = g.value(g.nodes[i].inputs[1]).name + "_static";
+    const ValueId c = g.add_constant(name, std::move(shape));
+    g.nodes[i].inputs[1] = c;
+  }
+  // The shape arithmetic nothing reads now goes at once: a pattern asking whether a projection
+  // is read by its head split alone must not count a dead Shape of it.
+  for (bool dropped = !fixes.empty(); dropped;) {
+    const std::vector<std::vector<Use>> uses = g.uses();
+    const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+    std::vector<char> dead(g.nodes.size(), 0);
+    dropped = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      static const std::set<std::string_view> kShapeOps = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Identity"};
+      if (!n.domain.empty() || !kShapeOps.count(n.op) || n.outputs.size() != 1 || n.outputs[0] == kNoValue) continue;
+      const ValueId o = n.outputs[0];
+      if (uses[static_cast<size_t>(o)].empty() && !outputs.count(o) && g.value(o).shape.rank() <= 1 &&
+          (g.value(o).dtype == DType::i64 || g.value(o).dtype == DType::i32))
+        dead[i] = 1, dropped = true;
+    }
+    if (dropped) erase_nodes(g, dead);
+  }
+  return fixes.size();
 }
 
 }  // namespace
@@ -133,11 +276,16 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
     (inferred ? by_inference : by_kernel) += 1;
   }
   const size_t count = by_kernel + by_inference;
-  if (count == 0) return PassResult{false, capped ? "no change (" + count_of(capped, "node", "nodes") + " over the size cap)" : ""};
-  erase_nodes(g, folded);
+  if (count > 0) erase_nodes(g, folded);
+  const size_t reshapes = constant_reshape_shapes(g);
+  if (count == 0 && reshapes == 0)
+    return PassResult{false, capped ? "no change (" + count_of(capped, "node", "nodes") + " over the size cap)" : ""};
+  if (reshapes > 0) KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the reshaped values' dims
   const size_t dropped = drop_unused_values(g);
   std::string summary = "folded " + count_of(count, "node", "nodes") + " (" + std::to_string(by_inference) +
-                        " from shape inference), dropped " + count_of(dropped, "unused value", "unused values");
+                        " from shape inference)";
+  if (reshapes > 0) summary += ", gave " + count_of(reshapes, "Reshape a constant shape", "Reshapes constant shapes");
+  summary += ", dropped " + count_of(dropped, "unused value", "unused values");
   if (capped) summary += "; " + count_of(capped, "node", "nodes") + " over the size cap kept";
   return PassResult{true, summary};
 }

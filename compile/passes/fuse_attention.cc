@@ -65,6 +65,20 @@ ValueId unrepeated(const Matcher& m, ValueId v, std::vector<const Node*>& chain)
   return t;
 }
 
+// Whether dim i of Reshape r's output is dim i of its input: the same number or symbol, or
+// copied by a 0 in a constant shape (allowzero 0) whatever the dim (a batch or sequence that
+// export left unknown).
+bool keeps_dim(const Graph& g, const Node& r, size_t i) {
+  const Shape& x = g.value(r.inputs[0]).shape;
+  const Shape& y = g.value(r.outputs[0]).shape;
+  if (i >= x.dims.size() || i >= y.dims.size()) return false;
+  if (x.dims[i] == y.dims[i] && (x.dims[i].is_known() || x.dims[i].is_symbolic())) return true;
+  if (r.attr_int("allowzero", 0) != 0 || r.inputs.size() < 2 || r.inputs[1] == kNoValue || !g.value(r.inputs[1]).is_constant())
+    return false;
+  const Tensor& shape = g.value(r.inputs[1]).constant;
+  return !shape.is_packed() && shape.rank() == 1 && static_cast<int64_t>(i) < shape.numel() && shape.as_int64(static_cast<int64_t>(i)) == 0;
+}
+
 // The 3-D projection x when `split` is Reshape(x, [B, S, H, D]) of a [B, S, H·D] x, read only
 // by `reader`; appends the Reshape to chain.
 ValueId unsplit(const Matcher& m, ValueId split, const Node* reader, std::vector<const Node*>& chain) {
@@ -73,10 +87,9 @@ ValueId unsplit(const Matcher& m, ValueId split, const Node* reader, std::vector
   const Graph& g = m.graph();
   const Shape& x = g.value(r->inputs[0]).shape;
   const Shape& y = g.value(split).shape;
-  if (x.rank() != 3 || y.rank() != 4 || x.dims[0] != y.dims[0] || x.dims[1] != y.dims[1]) return kNoValue;
+  if (x.rank() != 3 || y.rank() != 4 || !keeps_dim(g, *r, 0) || !keeps_dim(g, *r, 1)) return kNoValue;
   if (!x.dims[2].is_known() || !y.dims[2].is_known() || !y.dims[3].is_known() || x.dims[2].value != y.dims[2].value * y.dims[3].value)
     return kNoValue;
-  if (!(x.dims[0].is_known() || x.dims[0].is_symbolic()) || !(x.dims[1].is_known() || x.dims[1].is_symbolic())) return kNoValue;
   chain.push_back(r);
   return r->inputs[0];
 }
@@ -334,8 +347,9 @@ Result<size_t> fuse_attention(Graph& g) {
         yr->inputs[0] == yt->outputs[0]) {
       const Shape& y4 = g.value(y).shape;
       const Shape& ym = g.value(yr->outputs[0]).shape;
-      if (ym.rank() == 3 && y4.dims[1].is_known() && y4.dims[3].is_known() && ym.dims[0] == y4.dims[0] && ym.dims[1] == y4.dims[2] &&
-          ym.dims[2].is_known() && ym.dims[2].value == y4.dims[1].value * y4.dims[3].value) {
+      // [B, H, S, D] -> [B, S, H, D] -> [B, S, H·D]: the merge keeps B and S.
+      if (ym.rank() == 3 && y4.rank() == 4 && y4.dims[1].is_known() && y4.dims[3].is_known() && keeps_dim(g, *yr, 0) &&
+          keeps_dim(g, *yr, 1) && ym.dims[2].is_known() && ym.dims[2].value == y4.dims[1].value * y4.dims[3].value) {
         const Dim hq = g.value(q).shape.dims[1], hkv = g.value(k).shape.dims[1];
         if (hq.is_known() && hkv.is_known()) {
           chain.insert(chain.end(), seq_chain.begin(), seq_chain.end());

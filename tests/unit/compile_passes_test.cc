@@ -210,6 +210,91 @@ TEST(CompileFoldConstants, FoldsSmallGrowthAndLargeShrinks) {
   EXPECT_TRUE(m.graph.nodes.empty());
 }
 
+// A Reshape whose shape is computed from shapes inference leaves open (a symbolic batch, a
+// sequence export left unknown): Concat(Shape(x)[0], Shape(x)[1], 2, 4) as BERT writes it, or
+// Shape(x)[:-1] + [2, 4] as GPT-2 does, becomes Reshape(x, [0, 0, 2, 4]): the output's dims are
+// known and the shape arithmetic is gone.
+Model computed_reshape(bool gpt2_form, ValueId* reshaped = nullptr) {
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::unknown(), Dim::known(8)}));
+  ValueId y = b.op("relu", "Relu", {x}, "y");
+  ValueId s = b.op("shape", "Shape", {y}, "s");
+  ValueId heads = b.constant("heads", testing::ints({2, 4}));
+  ValueId target;
+  if (gpt2_form) {
+    ValueId lead = b.op("lead", "Slice", {s, b.constant("zero", testing::ints({0})), b.constant("minus_one", testing::ints({-1}))}, "lead");
+    target = b.op("target", "Concat", {lead, heads}, "target", {attr("axis", int64_t{0})});
+  } else {
+    ValueId axes = b.constant("axes", testing::ints({0}));
+    auto dim = [&](int64_t i) {
+      ValueId at = b.constant("at" + std::to_string(i), Tensor::from<int64_t>({}, {i}));
+      ValueId d = b.op("gather" + std::to_string(i), "Gather", {s, at}, "d" + std::to_string(i), {attr("axis", int64_t{0})});
+      return b.op("unsqueeze" + std::to_string(i), "Unsqueeze", {d, axes}, "u" + std::to_string(i));
+    };
+    target = b.op("target", "Concat", {dim(0), dim(1), heads}, "target", {attr("axis", int64_t{0})});
+  }
+  ValueId out = b.op("reshape", "Reshape", {y, target}, "out");
+  if (reshaped) *reshaped = out;
+  b.output(out);
+  return b.done();
+}
+
+TEST(CompileFoldConstants, ComputedReshapeShapesBecomeConstant) {
+  for (bool gpt2_form : {false, true}) {
+    SCOPED_TRACE(gpt2_form ? "GPT-2's Slice" : "BERT's Gathers");
+    Model before = computed_reshape(gpt2_form);
+    EXPECT_EQ(before.graph.value(before.graph.find_value("out")).shape.str(), "?x?x?x?");
+    Model after = before;
+    EXPECT_EQ(run_pass("fold_constants", after).summary, "folded 0 nodes (0 from shape inference), gave 1 Reshape a constant shape, dropped " +
+                                                             std::string(gpt2_form ? "6" : "10") + " unused values");
+    EXPECT_EQ(testing::nodes_text(after.graph),
+              "node relu: Relu(x) -> (y) sources=[\"relu\"]\nnode reshape: Reshape(y, target_static) -> (out) sources=[\"reshape\"]\n");
+    EXPECT_EQ(testing::values<int64_t>(after.graph.value(after.graph.find_value("target_static")).constant),
+              (std::vector<int64_t>{0, 0, 2, 4}));
+    EXPECT_EQ(after.graph.value(after.graph.find_value("out")).shape.str(), "batchx?x2x4");
+    for (int64_t seq : {1, 3}) expect_same_outputs(before, after, {uniform_f32({2, seq, 8}, 11)}, 0);
+  }
+}
+
+// An entry that is another value's dim becomes -1 when it is the only one; with two such
+// entries, or allowzero (0 is then a size, not a copy), the shape stays computed.
+TEST(CompileFoldConstants, ComputedReshapeShapesThatStay) {
+  auto build = [](int other_dims, int64_t allowzero) {
+    Builder b;
+    ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::unknown(), Dim::known(8)}));
+    ValueId z = b.input("z", sym_shape({Dim::unknown(), Dim::unknown(), Dim::known(8)}));
+    // Shape(z)[:n] + Shape(x)[n:2] + [8]: z's dims first, not x's.
+    ValueId n = b.constant("n", testing::ints({other_dims}));
+    ValueId lead = b.op("lead", "Slice", {b.op("z_shape", "Shape", {z}, "zs"), b.constant("zero", testing::ints({0})), n}, "lead");
+    ValueId mid = b.op("mid", "Slice", {b.op("x_shape", "Shape", {x}, "xs"), n, b.constant("two", testing::ints({2}))}, "mid");
+    ValueId target = b.op("target", "Concat", {lead, mid, b.constant("rest", testing::ints({8}))}, "target", {attr("axis", int64_t{0})});
+    std::vector<Attribute> attrs;
+    if (allowzero) attrs.push_back(attr("allowzero", allowzero));
+    b.output(b.op("reshape", "Reshape", {x, target}, "out", attrs));
+    return b.done();
+  };
+  Model one = build(1, 0);
+  Model before = one;
+  EXPECT_TRUE(run_pass("fold_constants", one).changed);
+  EXPECT_EQ(testing::values<int64_t>(one.graph.value(one.graph.find_value("target_static")).constant), (std::vector<int64_t>{-1, 0, 8}));
+  expect_same_outputs(before, one, {uniform_f32({2, 3, 8}, 12), uniform_f32({2, 5, 8}, 13)}, 0);
+  for (auto [other_dims, allowzero] : {std::pair{2, int64_t{0}}, std::pair{1, int64_t{1}}}) {
+    Model m = build(other_dims, allowzero);
+    const std::string text = compact(m.graph);
+    EXPECT_FALSE(run_pass("fold_constants", m).changed) << other_dims << " " << allowzero;
+    EXPECT_EQ(compact(m.graph), text);
+  }
+  // x's own dims out of place ([S, B, 8]) are not copies: two entries for -1, left alone.
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::unknown(), Dim::known(8)}));
+  ValueId s = b.op("shape", "Shape", {x}, "s");
+  ValueId swapped = b.op("swap", "Gather", {s, b.constant("order", testing::ints({1, 0}))}, "swapped", {attr("axis", int64_t{0})});
+  ValueId target = b.op("target", "Concat", {swapped, b.constant("rest", testing::ints({8}))}, "target", {attr("axis", int64_t{0})});
+  b.output(b.op("reshape", "Reshape", {x, target}, "out"));
+  Model m = b.done();
+  EXPECT_FALSE(run_pass("fold_constants", m).changed);
+}
+
 // ---- cse ---------------------------------------------------------------------------------
 
 // Two Relu(x), two equal constants each multiplied with x: after merging the constants the

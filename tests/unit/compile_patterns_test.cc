@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "compile/pass.h"
 #include "compile/passes/patterns.h"
 #include "tests/unit/compile_test_util.h"
 
@@ -201,6 +202,68 @@ TEST(CompilePatterns, AttentionSequenceMajor) {
   const std::string text = nodes_text(m.graph);
   EXPECT_NE(text.find("Attention(q_heads, k_heads_k, v_heads, mask) -> (ctx)"), std::string::npos) << text;
   EXPECT_EQ(text.find("q_num_heads"), std::string::npos) << text;
+}
+
+// BERT exported with a symbolic batch and sequence: each head split and the merge reshape by a
+// shape computed from the projection's own (Concat(Shape(x)[0], Shape(x)[1], H, D)), so the
+// dims between are unknown to inference. fold_constants makes the shapes [0, 0, H, D] and
+// [0, 0, H·D] (copies of the dims, whatever they are); the Attention then reads the 3-D
+// projections as when the shapes were numbers.
+TEST(CompilePatterns, AttentionSequenceMajorWithComputedShapes) {
+  GraphBuilder b;
+  const Shape dynamic({Dim::sym("batch"), Dim::unknown(), Dim::known(24)});
+  ValueId axes = b.constant("axes", ints({0}));
+  auto leading_dims = [&](ValueId of, const std::string& name) {
+    ValueId s = b.op(name + "_shape", "Shape", {of});
+    std::vector<ValueId> dims;
+    for (int64_t i : {0, 1}) {
+      ValueId at = b.constant(name + "_at" + std::to_string(i), Tensor::from<int64_t>({}, {i}));
+      dims.push_back(b.op(name + "_u" + std::to_string(i), "Unsqueeze", {b.op(name + "_d" + std::to_string(i), "Gather", {s, at}), axes}));
+    }
+    return dims;
+  };
+  auto split = [&](const std::string& name, const std::vector<int64_t>& perm) {
+    ValueId x = b.input(name, dynamic);
+    std::vector<ValueId> target = leading_dims(x, name);
+    target.push_back(b.constant(name + "_heads", ints({3, 8})));
+    ValueId r = b.op(name + "_4d", "Reshape", {x, b.op(name + "_target", "Concat", target, {attr("axis", int64_t{0})})});
+    return b.op(name + "_split", "Transpose", {r}, {attr("perm", perm)});
+  };
+  ValueId q = split("q", {0, 2, 1, 3}), kt = split("k", {0, 2, 3, 1}), v = split("v", {0, 2, 1, 3});
+  ValueId s = b.op("scores", "Div", {b.op("qk", "MatMul", {q, kt}), b.scalar("sqrt_d", 2.828427f)});
+  ValueId ctx = b.op("ctx", "MatMul", {b.op("probs", "Softmax", {s}), v});
+  ValueId merged = b.op("ctx_t", "Transpose", {ctx}, {attr("perm", std::vector<int64_t>{0, 2, 1, 3})});
+  std::vector<ValueId> target = leading_dims(merged, "out");
+  target.push_back(b.constant("out_width", ints({24})));
+  Model m = b.done({b.op("out", "Reshape", {merged, b.op("out_target", "Concat", target, {attr("axis", int64_t{0})})})});
+  // Without the constant shapes the pattern cannot see a head split.
+  Model unfolded = m;
+  EXPECT_EQ(apply(unfolded, fuse_attention, {ramp({2, 5, 24}), ramp({2, 5, 24}, 0.2f), ramp({2, 5, 24}, 0.3f)}, 1e-5), 1u);
+  EXPECT_NE(nodes_text(unfolded.graph).find("Transpose"), std::string::npos);
+  Model fused;
+  for (int64_t seq : {5, 1}) {
+    SCOPED_TRACE("sequence " + std::to_string(seq));
+    fused = m;
+    size_t made = 0;
+    testing::expect_same_outputs(
+        fused,
+        [&](Graph& g) {
+          Model folded;
+          folded.graph = g;
+          Target target;
+          PassContext ctx{target, {}};
+          ASSERT_TRUE(find_pass("fold_constants")->run(folded, ctx).ok());
+          auto r = fuse_attention(folded.graph);
+          ASSERT_TRUE(r.ok()) << r.error().message();
+          made = *r;
+          g = folded.graph;
+        },
+        {ramp({2, seq, 24}), ramp({2, seq, 24}, 0.2f), ramp({2, seq, 24}, 0.3f)}, 1e-5);
+    EXPECT_EQ(made, 1u);
+  }
+  EXPECT_EQ(nodes_text(fused.graph),
+            "node ctx: Attention(q, k, v) -> (out) kv_num_heads=3 q_num_heads=3 scale=0.3535533966440824 sources=[\"q_4d\", "
+            "\"q_split\", \"k_4d\", \"k_split\", \"v_4d\", \"v_split\", \"qk\", \"scores\", \"probs\", \"ctx\", \"ctx_t\", \"out\"]\n");
 }
 
 // ViT: one qkv projection [B, S, 3·H·D] reshaped to [B, S, 3, H, D], permuted to [3, B, H, S, D],
