@@ -11,9 +11,10 @@ namespace {
 // folding before CSE (folded constants that come out equal are merged), CSE before the weight
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation), and
-// activations move ahead of reshapes and transposes before them (to meet their conv); the
-// layout after fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
-// channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
+// activations move ahead of reshapes and transposes before them (to meet their conv); row
+// Gathers move ahead of the fused nodes (one node each, whole); the layout after fusion (a
+// fused node converts as one), int8 lowering after both (it takes a fused, channels-last conv
+// whole), then the lowering to bf16 / f16 of what stayed float (a fused
 // node's weight), the f32 products that share an input merged after it (so that what it
 // lowered stays apart), and the transposes it leaves at a region's edge merged with those the
 // model makes after it; Concats of Splits folded once the layout has its final axes (and after
@@ -44,6 +45,8 @@ constexpr std::array kPasses = {
              hoist_activations},
     PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",
              fuse_epilogues_pass},
+    PassInfo{"gather_rows_early", "a Gather of rows (a class token) after row-wise nodes (norms, products by a weight with their residual, elementwise, a query's Attention) moves in front of them: only the rows kept are computed",
+             gather_rows_early},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
              channels_last},
     PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add -> Q -> QFusedConv / QFusedMatMul / QAdd, max pools on int8; weight DQs left folded",

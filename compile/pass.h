@@ -66,6 +66,7 @@ Result<PassResult> fuse_rotary_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_attention_pass(Model& model, PassContext& ctx);
 Result<PassResult> hoist_activations(Model& model, PassContext& ctx);
 Result<PassResult> fuse_epilogues_pass(Model& model, PassContext& ctx);
+Result<PassResult> gather_rows_early(Model& model, PassContext& ctx);
 Result<PassResult> channels_last(Model& model, PassContext& ctx);
 Result<PassResult> lower_int8(Model& model, PassContext& ctx);
 Result<PassResult> lower_precision(Model& model, PassContext& ctx);
