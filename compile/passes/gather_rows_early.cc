@@ -119,7 +119,10 @@ Result<bool> move_one(Graph& g) {
     bool only_gathers = true;
     for (const Use& u : uses[static_cast<size_t>(d)]) {
       only_gathers = only_gathers && u.node != Use::kCaptured && u.slot == 0 && same_rows(g, g.nodes[u.node], gather);
-      if (only_gathers && u.node != i) copies.push_back(u.node);
+      if (only_gathers && u.node != i) {
+        copies.push_back(u.node);
+        only_gathers = !outputs.count(g.nodes[u.node].outputs[0]);  // a copy that is a graph output keeps its name
+      }
     }
     if (!only_gathers) continue;
     std::optional<std::vector<size_t>> slots = row_inputs(g, *n, *axis);

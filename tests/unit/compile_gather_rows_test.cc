@@ -108,5 +108,27 @@ TEST(CompileGatherRowsEarly, StopsWhereRowsAreNotRowWise) {
   }
 }
 
+// Two equal Gathers of one value, one of them a graph output: the moved node writes that one,
+// so the graph's outputs keep their names, and the other's reader reads it.
+TEST(CompileGatherRowsEarly, EqualGathersMergeIntoTheGraphOutput) {
+  Builder b;
+  ValueId x = b.input("x", {2, 6, 4});
+  ValueId r = b.op("relu", "Relu", {x}, "r");
+  ValueId rows = b.constant("rows", testing::ints({1, 4}));
+  ValueId first = b.op("first", "Gather", {r, rows}, "first", {attr("axis", int64_t{1})});
+  ValueId second = b.op("second", "Gather", {r, rows}, "picked", {attr("axis", int64_t{1})});
+  b.output(b.op("neg", "Neg", {first}, "negated"));
+  b.output(second);
+  Model before = b.done();
+  Model after = before;
+  EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers in front of 1 node");
+  const Graph& g = after.graph;
+  ASSERT_EQ(g.outputs.size(), 2u);
+  EXPECT_EQ(g.value(g.outputs[0]).name, "negated");
+  EXPECT_EQ(g.value(g.outputs[1]).name, "picked");
+  EXPECT_EQ(op_of(g, "picked"), "Relu");
+  expect_same_outputs(before, after, {uniform_f32({2, 6, 4}, 6)}, 0);
+}
+
 }  // namespace
 }  // namespace kiln
