@@ -130,15 +130,7 @@ Result<bool> move_one(Graph& g) {
     const bool scalar = g.value(gather.inputs[1]).constant.rank() == 0;
     const int64_t first_row = g.value(gather.inputs[1]).constant.as_int64(0);
     const ValueId y = gather.outputs[0];
-    // The copies' readers read the first Gather's output.
-    for (size_t c : copies) {
-      const ValueId copy = g.nodes[c].outputs[0];
-      for (Node& reader : g.nodes)
-        for (ValueId& in : reader.inputs)
-          if (in == copy) in = y;
-      for (ValueId& out : g.outputs)
-        if (out == copy) out = y;
-    }
+    for (size_t c : copies) g.replace_all_uses(g.nodes[c].outputs[0], y);  // the copies' readers read y
     const ValueId rows = scalar ? g.add_constant(g.value(gather.inputs[1]).name + "_rows", Tensor::from<int64_t>({1}, {first_row}))
                                 : gather.inputs[1];
     Rewrite rw(g);
