@@ -45,7 +45,7 @@ constexpr std::array kPasses = {
              hoist_activations},
     PassInfo{"fuse_epilogues", "Conv/MatMul/Gemm + bias + activation + residual Add + activation -> FusedConv / FusedMatMul",
              fuse_epilogues_pass},
-    PassInfo{"gather_rows_early", "a Gather of rows (a class token) after row-wise nodes (norms, products by a weight with their residual, elementwise, a query's Attention) moves in front of them: only the rows kept are computed",
+    PassInfo{"gather_rows_early", "a Gather or Slice of rows (a class token, a last token) after row-wise nodes (norms, products by a weight with their residual, elementwise, a query's Attention) moves in front of them: only the rows kept are computed",
              gather_rows_early},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
              channels_last},

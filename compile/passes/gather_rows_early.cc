@@ -1,8 +1,10 @@
-// gather_rows_early: a Gather of some rows (tokens) of a value that row-wise nodes computed
-// moves in front of them, so that only the rows kept are computed. ViT classifies from its class
+// gather_rows_early: a Gather or Slice of some rows (tokens) of a value that row-wise nodes
+// computed moves in front of them, so that only the rows kept are computed. ViT classifies from its class
 // token alone: Gather(LayerNorm(x), 0, axis 1) after the last block made the whole block, its
 // MLP and the final norm run for 197 tokens where 1 is read; after this pass they run on one
-// (the block's keys and values still on all of them).
+// (the block's keys and values still on all of them). A decoder exported to return the last
+// token's logits alone (hidden[:, -1:] before the head) gets the same for its final norm and
+// LM head.
 //
 // Gather(N(x, ...), i, axis a) = N(Gather(x, i, a), ...) where N's output rows along axis a,
 // never the last axis (the features), each depend on the same rows of the inputs gathered and
@@ -13,9 +15,10 @@
 //   broadcast along a is left whole);
 // - Attention without a mask, causal masking, rotary caches or past keys, gathered along the
 //   queries: Q (the keys and values whole; each query's row reads them all as before).
-// The Gather's indices are a constant; a scalar index (the axis removed) becomes a one-element
-// Gather and a Squeeze after the moved node. The value gathered must be read by Gathers of the
-// same rows alone (the copies merge). The pass repeats until no Gather moves.
+// The Gather's indices are a constant (a scalar index, the axis removed, becomes a one-element
+// Gather and a Squeeze after the moved node); the Slice's starts, ends and steps are constants
+// along one axis. The value must be read by such nodes picking the same rows alone (the copies
+// merge). The pass repeats until nothing moves.
 #include <set>
 #include <string_view>
 
@@ -28,28 +31,54 @@ namespace kiln {
 
 namespace {
 
-// The axis of a Gather of constant rows, normalised, or nullopt.
-std::optional<int64_t> gather_axis(const Graph& g, const Node& n) {
-  if (n.op != "Gather" || !n.domain.empty() || n.inputs.size() != 2 || n.outputs.size() != 1) return std::nullopt;
-  const Value& idx = g.value(n.inputs[1]);
+// The integers of a small constant input, or nullopt.
+std::optional<std::vector<int64_t>> constant_ints(const Graph& g, ValueId v) {
+  if (v == kNoValue || !g.value(v).is_constant()) return std::nullopt;
+  const Tensor& t = g.value(v).constant;
+  if (t.is_packed() || (t.dtype() != DType::i64 && t.dtype() != DType::i32) || t.rank() > 1) return std::nullopt;
+  return t.to_int64_vector();
+}
+
+// The axis along which `n` picks rows, normalised: a Gather by constant indices, or a Slice of
+// one axis by constant starts, ends and steps. nullopt for anything else.
+std::optional<int64_t> picked_axis(const Graph& g, const Node& n) {
+  if (!n.domain.empty() || n.outputs.size() != 1 || n.inputs.empty()) return std::nullopt;
   const Shape& x = g.value(n.inputs[0]).shape;
-  if (!idx.is_constant() || idx.constant.is_packed() || idx.constant.rank() > 1 || !x.rank_known) return std::nullopt;
-  int64_t axis = n.attr_int("axis", 0);
+  if (!x.rank_known) return std::nullopt;
+  int64_t axis = 0;
+  if (n.op == "Gather") {
+    if (n.inputs.size() != 2 || !constant_ints(g, n.inputs[1])) return std::nullopt;
+    axis = n.attr_int("axis", 0);
+  } else if (n.op == "Slice") {
+    const auto starts = constant_ints(g, n.inputs[1]), ends = n.inputs.size() > 2 ? constant_ints(g, n.inputs[2]) : std::nullopt;
+    const auto axes = n.has_input(3) ? constant_ints(g, n.inputs[3]) : std::vector<int64_t>{0};
+    const auto steps = n.has_input(4) ? constant_ints(g, n.inputs[4]) : std::vector<int64_t>{1};
+    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 || steps->size() != 1 ||
+        (*steps)[0] == 0)
+      return std::nullopt;
+    axis = (*axes)[0];
+  } else {
+    return std::nullopt;
+  }
   if (axis < 0) axis += x.rank();
   if (axis < 0 || axis >= x.rank()) return std::nullopt;
   return axis;
 }
 
-// Whether two Gathers take the same rows: the same axis and equal index constants.
+// Whether two nodes pick the same rows of the same value: the same op and axis, and equal
+// constant operands.
 bool same_rows(const Graph& g, const Node& a, const Node& b) {
-  const std::optional<int64_t> aa = gather_axis(g, a), ba = gather_axis(g, b);
-  if (!aa || !ba || *aa != *ba || a.inputs[0] != b.inputs[0]) return false;
-  const Tensor& ai = g.value(a.inputs[1]).constant;
-  const Tensor& bi = g.value(b.inputs[1]).constant;
-  return ai.shape() == bi.shape() && ai.to_int64_vector() == bi.to_int64_vector();
+  const std::optional<int64_t> aa = picked_axis(g, a), ba = picked_axis(g, b);
+  if (!aa || !ba || *aa != *ba || a.op != b.op || a.inputs.size() != b.inputs.size() || a.inputs[0] != b.inputs[0]) return false;
+  for (size_t i = 1; i < a.inputs.size(); ++i)
+    if (a.inputs[i] != b.inputs[i] && (a.inputs[i] == kNoValue || b.inputs[i] == kNoValue ||
+                                       g.value(a.inputs[i]).constant.shape() != g.value(b.inputs[i]).constant.shape() ||
+                                       constant_ints(g, a.inputs[i]) != constant_ints(g, b.inputs[i])))
+      return false;
+  return true;
 }
 
-enum class Rows { gather, whole, unknown };
+enum class Rows { pick, whole, unknown };
 
 // How input `v` of a node with output shape y relates to y's rows along `axis`.
 Rows rows_of(const Graph& g, ValueId v, const Shape& y, int64_t axis) {
@@ -59,7 +88,7 @@ Rows rows_of(const Graph& g, ValueId v, const Shape& y, int64_t axis) {
   if (at < 0) return Rows::whole;  // broadcast: the input has no such axis
   const Dim& d = s.dims[static_cast<size_t>(at)];
   const Dim& rows = y.dims[static_cast<size_t>(axis)];
-  if (d == rows && (d.is_known() || d.is_symbolic())) return Rows::gather;
+  if (d == rows && (d.is_known() || d.is_symbolic())) return Rows::pick;
   if (d.is_known() && d.value == 1) return Rows::whole;
   return Rows::unknown;
 }
@@ -75,8 +104,8 @@ std::optional<std::vector<size_t>> row_inputs(const Graph& g, const Node& n, int
   std::vector<size_t> slots;
   const auto take = [&](size_t slot, bool may_be_whole) {
     const Rows r = rows_of(g, n.inputs[slot], y, axis);
-    if (r == Rows::gather) slots.push_back(slot);
-    return r == Rows::gather || (r == Rows::whole && may_be_whole);
+    if (r == Rows::pick) slots.push_back(slot);
+    return r == Rows::pick || (r == Rows::whole && may_be_whole);
   };
   if (n.op == "LayerNormalization" || n.op == "RMSNormalization") {
     int64_t first = n.attr_int("axis", -1);
@@ -104,48 +133,50 @@ std::optional<std::vector<size_t>> row_inputs(const Graph& g, const Node& n, int
   return std::nullopt;
 }
 
-// Moves one Gather (and its copies) in front of the node it reads; false when none can move.
+// Moves one Gather or Slice of rows (and its copies) in front of the node it reads; false when
+// none can move.
 Result<bool> move_one(Graph& g) {
   Matcher m(g);
   const std::vector<std::vector<Use>> uses = g.uses();
   const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& gather = g.nodes[i];
-    const std::optional<int64_t> axis = gather_axis(g, gather);
-    const ValueId d = axis ? gather.inputs[0] : kNoValue;
+    const Node& picker = g.nodes[i];
+    const std::optional<int64_t> axis = picked_axis(g, picker);
+    const ValueId d = axis ? picker.inputs[0] : kNoValue;
     const Node* n = d == kNoValue ? nullptr : m.def(d);
     if (!n || outputs.count(d)) continue;
-    std::vector<size_t> copies;  // every reader of d: a Gather of these rows
-    bool only_gathers = true;
+    std::vector<size_t> copies;  // every reader of d: a node picking these rows
+    bool only_pickers = true;
     for (const Use& u : uses[static_cast<size_t>(d)]) {
-      only_gathers = only_gathers && u.node != Use::kCaptured && u.slot == 0 && same_rows(g, g.nodes[u.node], gather);
-      if (only_gathers && u.node != i) {
+      only_pickers = only_pickers && u.node != Use::kCaptured && u.slot == 0 && same_rows(g, g.nodes[u.node], picker);
+      if (only_pickers && u.node != i) {
         copies.push_back(u.node);
-        only_gathers = !outputs.count(g.nodes[u.node].outputs[0]);  // a copy that is a graph output keeps its name
+        only_pickers = !outputs.count(g.nodes[u.node].outputs[0]);  // a copy that is a graph output keeps its name
       }
     }
-    if (!only_gathers) continue;
+    if (!only_pickers) continue;
     std::optional<std::vector<size_t>> slots = row_inputs(g, *n, *axis);
     if (!slots) continue;
-    const bool scalar = g.value(gather.inputs[1]).constant.rank() == 0;
-    const int64_t first_row = g.value(gather.inputs[1]).constant.as_int64(0);
-    const ValueId y = gather.outputs[0];
+    const bool scalar = picker.op == "Gather" && g.value(picker.inputs[1]).constant.rank() == 0;
+    const ValueId y = picker.outputs[0];
     for (size_t c : copies) g.replace_all_uses(g.nodes[c].outputs[0], y);  // the copies' readers read y
-    const ValueId rows = scalar ? g.add_constant(g.value(gather.inputs[1]).name + "_rows", Tensor::from<int64_t>({1}, {first_row}))
-                                : gather.inputs[1];
+    Node pick = picker;  // the same rows of each row input; a scalar index as one row
+    pick.sources.clear();
+    if (scalar) {
+      const int64_t row = g.value(picker.inputs[1]).constant.as_int64(0);
+      pick.inputs[1] = g.add_constant(g.value(picker.inputs[1]).name + "_rows", Tensor::from<int64_t>({1}, {row}));
+    }
     Rewrite rw(g);
     const Node& node = g.nodes[m.index(*n)];
     Node moved = node;
     for (size_t slot : *slots) {
       const ValueId in = node.inputs[slot];
-      Node pick;
-      pick.name = g.value(in).name + "_rows";
-      pick.op = "Gather";
-      pick.inputs = {in, rows};
-      pick.outputs = {g.add_value(pick.name, g.value(in).dtype)};
-      pick.set_attr("axis", *axis);
-      moved.inputs[slot] = pick.outputs[0];
-      rw.add(std::move(pick));
+      Node p = pick;
+      p.name = g.value(in).name + "_rows";
+      p.inputs[0] = in;
+      p.outputs = {g.add_value(p.name, g.value(in).dtype)};
+      moved.inputs[slot] = p.outputs[0];
+      rw.add(std::move(p));
     }
     if (scalar) {  // the node keeps the axis, one row long; a Squeeze drops it as the Gather did
       moved.outputs = {g.add_value(g.value(y).name + "_row", g.value(y).dtype)};
@@ -178,7 +209,7 @@ Result<PassResult> gather_rows_early(Model& model, PassContext&) {
     if (!again) break;
   }
   if (moved == 0) return PassResult{};
-  return PassResult{true, "moved row Gathers in front of " + count_of(moved, "node", "nodes")};
+  return PassResult{true, "moved row Gathers / Slices in front of " + count_of(moved, "node", "nodes")};
 }
 
 }  // namespace kiln

@@ -1,5 +1,9 @@
 // gather_rows_early: a ViT-style last block read through its class token computes that token
-// alone, with the outputs unchanged; the nodes whose rows are not row-wise keep the Gather.
+// alone, and a decoder's last-token Slice runs its head on one row, with the outputs unchanged;
+// the nodes whose rows are not row-wise keep the Gather.
+#include <limits>
+#include <tuple>
+
 #include "tests/unit/compile_passes_test_util.h"
 
 namespace kiln {
@@ -62,7 +66,7 @@ TEST(CompileGatherRowsEarly, TheClassTokenAloneRunsThroughTheLastBlock) {
     Model before = block(o);
     Model after = before;
     // ln, fc2, fc1, ln2, proj, attention and q: K and V read all of ln1's rows, which stops it.
-    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers in front of 7 nodes");
+    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers / Slices in front of 7 nodes");
     const Graph& g = after.graph;
     const int64_t kept = scalar ? 1 : 2;
     for (const char* value : {"q_out", "attention_out", "x1", "ln2_out", "f", "x2"})
@@ -84,7 +88,7 @@ TEST(CompileGatherRowsEarly, StopsWhereRowsAreNotRowWise) {
     o.causal = true;
     Model before = block(o);
     Model after = before;
-    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers in front of 5 nodes");
+    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers / Slices in front of 5 nodes");
     EXPECT_EQ(after.graph.value(after.graph.find_value("attention_out")).shape.concrete(), (std::vector<int64_t>{1, 5, 8}));
     expect_same_outputs(before, after, {uniform_f32({1, 5, 8}, 4)}, 1e-6);
   }
@@ -93,7 +97,7 @@ TEST(CompileGatherRowsEarly, StopsWhereRowsAreNotRowWise) {
     o.output_read_too = true;
     Model before = block(o);
     Model after = before;
-    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers in front of 1 node");
+    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers / Slices in front of 1 node");
     EXPECT_EQ(op_of(after.graph, "x2_rows"), "Gather");
     expect_same_outputs(before, after, {uniform_f32({1, 5, 8}, 5)}, 1e-6);
   }
@@ -106,6 +110,36 @@ TEST(CompileGatherRowsEarly, StopsWhereRowsAreNotRowWise) {
     EXPECT_FALSE(run_pass("gather_rows_early", m).changed);
     EXPECT_EQ(compact(m.graph), text);
   }
+}
+
+// A decoder exported to return the last token's logits: Slice(hidden, -1:, axis 1) after the
+// final norm and the LM head; the Slice goes in front of both. A strided Slice (rows 0, 2, 4)
+// does the same; a Slice of the features moves nothing.
+TEST(CompileGatherRowsEarly, SlicesOfRowsMoveToo) {
+  auto build = [](std::vector<int64_t> starts, std::vector<int64_t> ends, int64_t axis, std::vector<int64_t> steps) {
+    Builder b;
+    ValueId x = b.input("x", {1, 5, 8});
+    ValueId h = b.op("norm", "RMSNormalization", {x, b.constant("scale", uniform_f32({8}, 30, 0.5f, 1.5f))}, "h", {attr("axis", int64_t{-1})});
+    ValueId logits = b.op("head", "FusedMatMul", {h, b.constant("w", uniform_f32({8, 11}, 31))}, "logits");
+    b.output(b.op("last", "Slice", {logits, b.constant("starts", testing::ints(starts)), b.constant("ends", testing::ints(ends)),
+                                    b.constant("axes", testing::ints({axis})), b.constant("steps", testing::ints(steps))},
+                  "last_logits"));
+    return b.done();
+  };
+  const int64_t end = std::numeric_limits<int64_t>::max();
+  for (auto [starts, steps, rows] : {std::tuple{int64_t{-1}, int64_t{1}, int64_t{1}}, std::tuple{int64_t{0}, int64_t{2}, int64_t{3}}}) {
+    SCOPED_TRACE("step " + std::to_string(steps));
+    Model before = build({starts}, {end}, 1, {steps});
+    Model after = before;
+    EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers / Slices in front of 2 nodes");
+    const Graph& g = after.graph;
+    EXPECT_EQ(op_of(g, "x_rows"), "Slice");
+    EXPECT_EQ(g.value(g.find_value("x_rows")).shape.concrete(), (std::vector<int64_t>{1, rows, 8}));
+    EXPECT_EQ(op_of(g, "last_logits"), "FusedMatMul");
+    expect_same_outputs(before, after, {uniform_f32({1, 5, 8}, 7)}, 0);
+  }
+  Model features = build({0}, {4}, 2, {1});
+  EXPECT_FALSE(run_pass("gather_rows_early", features).changed);
 }
 
 // Two equal Gathers of one value, one of them a graph output: the moved node writes that one,
@@ -121,7 +155,7 @@ TEST(CompileGatherRowsEarly, EqualGathersMergeIntoTheGraphOutput) {
   b.output(second);
   Model before = b.done();
   Model after = before;
-  EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers in front of 1 node");
+  EXPECT_EQ(run_pass("gather_rows_early", after).summary, "moved row Gathers / Slices in front of 1 node");
   const Graph& g = after.graph;
   ASSERT_EQ(g.outputs.size(), 2u);
   EXPECT_EQ(g.value(g.outputs[0]).name, "negated");
