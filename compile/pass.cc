@@ -12,9 +12,9 @@ namespace {
 // folds (they need each intermediate to have one reader); the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation), and
 // activations move ahead of reshapes and transposes before them (to meet their conv); row
-// Gathers move ahead of the fused nodes (one node each, whole); the layout after fusion (a
-// fused node converts as one), int8 lowering after both (it takes a fused, channels-last conv
-// whole), then the lowering to bf16 / f16 of what stayed float (a fused
+// Gathers and Slices move ahead of the fused nodes (one node each, whole); the layout after
+// fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
+// channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
 // node's weight), the f32 products that share an input merged after it (so that what it
 // lowered stays apart), and the transposes it leaves at a region's edge merged with those the
 // model makes after it; Concats of Splits folded once the layout has its final axes (and after
