@@ -93,12 +93,6 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v, int d
   }
   const Node* n = m.def(v);
   if (!n || !n->domain.empty()) return std::nullopt;
-  const auto constant_ints = [&](size_t slot) -> std::optional<std::vector<int64_t>> {
-    if (slot >= n->inputs.size() || n->inputs[slot] == kNoValue || !g.value(n->inputs[slot]).is_constant()) return std::nullopt;
-    const Tensor& t = g.value(n->inputs[slot]).constant;
-    if (t.is_packed() || (t.dtype() != DType::i64 && t.dtype() != DType::i32) || t.rank() > 1) return std::nullopt;
-    return t.to_int64_vector();
-  };
   if (n->op == "Shape") {
     const Shape& x = g.value(n->inputs[0]).shape;
     if (!x.rank_known) return std::nullopt;
@@ -123,7 +117,7 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v, int d
   if (!data || g.value(n->inputs[0]).shape.rank() != 1) return std::nullopt;
   const auto size = static_cast<int64_t>(data->size());
   if (n->op == "Gather") {
-    std::optional<std::vector<int64_t>> at = constant_ints(1);
+    std::optional<std::vector<int64_t>> at = n->inputs.size() == 2 ? int_constant(g, n->inputs[1]) : std::nullopt;
     if (!at || n->attr_int("axis", 0) != 0) return std::nullopt;
     for (int64_t i : *at) {
       if (i < -size || i >= size) return std::nullopt;
@@ -132,14 +126,10 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v, int d
     return terms;
   }
   if (n->op == "Slice") {
-    std::optional<std::vector<int64_t>> starts = constant_ints(1), ends = constant_ints(2);
-    std::optional<std::vector<int64_t>> axes = n->inputs.size() > 3 && n->inputs[3] != kNoValue ? constant_ints(3) : std::vector<int64_t>{0};
-    std::optional<std::vector<int64_t>> steps = n->inputs.size() > 4 && n->inputs[4] != kNoValue ? constant_ints(4) : std::vector<int64_t>{1};
-    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || *steps != std::vector<int64_t>{1} ||
-        (*axes != std::vector<int64_t>{0} && *axes != std::vector<int64_t>{-1}))
-      return std::nullopt;
+    const std::optional<SliceSpec> spec = constant_slice(g, *n);
+    if (!spec || spec->starts.size() != 1 || spec->steps[0] != 1 || (spec->axes[0] != 0 && spec->axes[0] != -1)) return std::nullopt;
     const auto clamp = [size](int64_t a) { return std::clamp(a < 0 ? a + size : a, int64_t{0}, size); };
-    for (int64_t i = clamp((*starts)[0]); i < clamp((*ends)[0]); ++i) terms.push_back((*data)[static_cast<size_t>(i)]);
+    for (int64_t i = clamp(spec->starts[0]); i < clamp(spec->ends[0]); ++i) terms.push_back((*data)[static_cast<size_t>(i)]);
     return terms;
   }
   return std::nullopt;

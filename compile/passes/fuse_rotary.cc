@@ -21,23 +21,13 @@ namespace kiln {
 
 namespace {
 
-// The values of an integer constant (i64 or i32, as Slice's indices are), or nullopt.
-std::optional<std::vector<int64_t>> ints(const Graph& g, ValueId v) {
-  if (v == kNoValue) return std::nullopt;
-  const Value& c = g.value(v);
-  if (!c.is_constant() || (c.dtype != DType::i64 && c.dtype != DType::i32)) return std::nullopt;
-  return c.constant.to_int64_vector();
-}
-
 // Whether `s` is Slice(x, begin .. end) over the last axis of a 4-D x whose last dim is d, with
 // step 1 (an end past d counts as d). Omitted axes mean axis 0 for one start, as in ONNX.
 bool slices_last(const Graph& g, const Node* s, ValueId x, int64_t d, int64_t begin, int64_t end) {
-  if (!s || s->inputs.size() < 3 || s->inputs[0] != x) return false;
-  const auto starts = ints(g, s->inputs[1]), ends = ints(g, s->inputs[2]);
-  const auto axes = s->has_input(3) ? ints(g, s->inputs[3]) : std::optional<std::vector<int64_t>>(std::vector<int64_t>{0});
-  const auto steps = s->has_input(4) ? ints(g, s->inputs[4]) : std::optional<std::vector<int64_t>>(std::vector<int64_t>{1});
-  if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 || steps->size() != 1) return false;
-  return ((*axes)[0] == 3 || (*axes)[0] == -1) && (*steps)[0] == 1 && (*starts)[0] == begin && std::min((*ends)[0], d) == end;
+  if (!s || s->inputs.empty() || s->inputs[0] != x) return false;
+  const std::optional<SliceSpec> spec = constant_slice(g, *s);
+  if (!spec || spec->starts.size() != 1) return false;
+  return (spec->axes[0] == 3 || spec->axes[0] == -1) && spec->steps[0] == 1 && spec->starts[0] == begin && std::min(spec->ends[0], d) == end;
 }
 
 // The cache [B, S, D/2] of a constant `c` that broadcasts onto x [B, H, S, D] as [B or 1, 1, S,

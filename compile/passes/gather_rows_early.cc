@@ -31,14 +31,6 @@ namespace kiln {
 
 namespace {
 
-// The integers of a small constant input, or nullopt.
-std::optional<std::vector<int64_t>> constant_ints(const Graph& g, ValueId v) {
-  if (v == kNoValue || !g.value(v).is_constant()) return std::nullopt;
-  const Tensor& t = g.value(v).constant;
-  if (t.is_packed() || (t.dtype() != DType::i64 && t.dtype() != DType::i32) || t.rank() > 1) return std::nullopt;
-  return t.to_int64_vector();
-}
-
 // The axis along which `n` picks rows, normalised: a Gather by constant indices, or a Slice of
 // one axis by constant starts, ends and steps. nullopt for anything else.
 std::optional<int64_t> picked_axis(const Graph& g, const Node& n) {
@@ -47,16 +39,12 @@ std::optional<int64_t> picked_axis(const Graph& g, const Node& n) {
   if (!x.rank_known) return std::nullopt;
   int64_t axis = 0;
   if (n.op == "Gather") {
-    if (n.inputs.size() != 2 || !constant_ints(g, n.inputs[1])) return std::nullopt;
+    if (n.inputs.size() != 2 || !int_constant(g, n.inputs[1])) return std::nullopt;
     axis = n.attr_int("axis", 0);
   } else if (n.op == "Slice") {
-    const auto starts = constant_ints(g, n.inputs[1]), ends = n.inputs.size() > 2 ? constant_ints(g, n.inputs[2]) : std::nullopt;
-    const auto axes = n.has_input(3) ? constant_ints(g, n.inputs[3]) : std::vector<int64_t>{0};
-    const auto steps = n.has_input(4) ? constant_ints(g, n.inputs[4]) : std::vector<int64_t>{1};
-    if (!starts || !ends || !axes || !steps || starts->size() != 1 || ends->size() != 1 || axes->size() != 1 || steps->size() != 1 ||
-        (*steps)[0] == 0)
-      return std::nullopt;
-    axis = (*axes)[0];
+    const std::optional<SliceSpec> spec = constant_slice(g, n);
+    if (!spec || spec->starts.size() != 1 || spec->steps[0] == 0) return std::nullopt;
+    axis = spec->axes[0];
   } else {
     return std::nullopt;
   }
@@ -73,7 +61,7 @@ bool same_rows(const Graph& g, const Node& a, const Node& b) {
   for (size_t i = 1; i < a.inputs.size(); ++i)
     if (a.inputs[i] != b.inputs[i] && (a.inputs[i] == kNoValue || b.inputs[i] == kNoValue ||
                                        g.value(a.inputs[i]).constant.shape() != g.value(b.inputs[i]).constant.shape() ||
-                                       constant_ints(g, a.inputs[i]) != constant_ints(g, b.inputs[i])))
+                                       int_constant(g, a.inputs[i]) != int_constant(g, b.inputs[i])))
       return false;
   return true;
 }

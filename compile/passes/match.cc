@@ -89,6 +89,32 @@ Status Rewrite::commit() {
   return {};
 }
 
+std::optional<std::vector<int64_t>> int_constant(const Graph& g, ValueId v) {
+  if (v == kNoValue || !g.value(v).is_constant()) return std::nullopt;
+  const Tensor& t = g.value(v).constant;
+  if (t.is_packed() || (t.dtype() != DType::i64 && t.dtype() != DType::i32) || t.rank() > 1) return std::nullopt;
+  return t.to_int64_vector();
+}
+
+std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice) {
+  if (slice.op != "Slice" || !slice.domain.empty() || slice.inputs.size() < 3) return std::nullopt;
+  std::optional<std::vector<int64_t>> starts = int_constant(g, slice.inputs[1]), ends = int_constant(g, slice.inputs[2]);
+  if (!starts || !ends || starts->size() != ends->size()) return std::nullopt;
+  SliceSpec s{*starts, *ends, {}, std::vector<int64_t>(starts->size(), 1)};
+  for (size_t i = 0; i < starts->size(); ++i) s.axes.push_back(static_cast<int64_t>(i));
+  if (slice.has_input(3)) {
+    std::optional<std::vector<int64_t>> axes = int_constant(g, slice.inputs[3]);
+    if (!axes || axes->size() != starts->size()) return std::nullopt;
+    s.axes = *axes;
+  }
+  if (slice.has_input(4)) {
+    std::optional<std::vector<int64_t>> steps = int_constant(g, slice.inputs[4]);
+    if (!steps || steps->size() != starts->size()) return std::nullopt;
+    s.steps = *steps;
+  }
+  return s;
+}
+
 bool per_feature(const Graph& g, ValueId v, int64_t d) {
   const Value& val = g.value(v);
   return val.is_constant() && val.dtype == DType::f32 && val.constant.shape() == std::vector<int64_t>{d};

@@ -68,6 +68,17 @@ class Rewrite {
   std::vector<Node> added_;
 };
 
+/// The integers of an i64 or i32 constant of rank 0 or 1 (indices, shapes, a Slice's operands), or
+/// nullopt.
+std::optional<std::vector<int64_t>> int_constant(const Graph& g, ValueId v);
+
+/// A Slice's constant operands, with ONNX's defaults for omitted axes (0, 1, ...) and steps (1s);
+/// nullopt when one is not a constant or their lengths differ.
+struct SliceSpec {
+  std::vector<int64_t> starts, ends, axes, steps;
+};
+std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice);
+
 /// Whether `v` is an f32 constant of shape [d] (a normalization's scale or bias).
 bool per_feature(const Graph& g, ValueId v, int64_t d);
 /// Whether `n` is a ReduceMean of `x` over its last axis only, keeping dims.
