@@ -90,6 +90,10 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   each next panel ahead (0.83-0.93 of oneDNN's time on one and two threads);
 // - a call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster
 //   here);
+// - the output has 48 channels or fewer (one 8x48 tile's width) from 64 or more over 3,136
+//   pixels (56x56) or more: the mobile networks' first projections (96 or 144 to 24 channels:
+//   0.78-0.85 of oneDNN's time in the models at one and two threads; 144 to 32 or 40 at 28x28
+//   ties, and 32 to 16 at 112x112 loses, 1.24);
 // - or the epilogue is a transcendental activation, which kiln's row kernels compute faster
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
@@ -100,6 +104,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   if (y[1] * y[2] == 1) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
+  if (w[0] <= 48 && w[1] >= 64 && y[0] * y[1] * y[2] >= 3136) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;

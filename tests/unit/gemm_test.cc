@@ -525,6 +525,19 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
                     1e-5, &cpu),
               "onednn.conv");
+    // A narrow output (48 channels or fewer) from 64 or more over 56x56 pixels or more (a mobile
+    // network's first projections, with a residual): kiln's GEMM; over fewer pixels, or from
+    // fewer channels, oneDNN.
+    EXPECT_EQ(check({"FusedConv", {noise({1, 56, 56, 96}, 51), noise({24, 96, 1, 1}, 52), noise({24}, 53), noise({1, 56, 56, 24}, 54)},
+                     {false, true, true, false}, {attr("channels_last", int64_t{1})}},
+                    1e-5, &cpu),
+              "kiln.gemm_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {noise({1, 28, 28, 96}, 55), noise({24, 96, 1, 1}, 56)}, {false, true}, {attr("channels_last", int64_t{1})}},
+                    1e-5, &cpu),
+              "onednn.conv");
+    EXPECT_EQ(check({"FusedConv", {noise({1, 56, 56, 32}, 57), noise({16, 32, 1, 1}, 58)}, {false, true}, {attr("channels_last", int64_t{1})}},
+                    1e-5, &cpu),
+              "onednn.conv");
     // A weight larger than L2 and than the input streams in each call: kiln's GEMM, whatever the
     // epilogue; as large a weight over more pixels than output channels stays on oneDNN.
     const int64_t l2_floats = static_cast<int64_t>(gemm::CacheSizes::host().l2 / 4);
