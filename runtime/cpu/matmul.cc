@@ -14,10 +14,13 @@
 #include <cstring>
 #include <numeric>
 
+#include <omp.h>
+
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/kernel.h"
+#include "runtime/threads.h"
 
 namespace kiln::cpu {
 
@@ -84,10 +87,16 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule on pointwise convolutions: oneDNN's convolution is the faster one unless
+// The default rule on convolutions kiln's GEMM can run: oneDNN's convolution is the faster one
+// unless
 // - the weight outgrows L2 and outweighs the input (fewer pixels than output channels):
 //   ResNet-50's last stage, whose weights stream in on every call while kiln's GEMM fetches
-//   each next panel ahead (0.83-0.93 of oneDNN's time on one and two threads);
+//   each next panel ahead (pointwise: 0.83-0.93 of oneDNN's time on one and two threads).
+//   This is the only case for a convolution other than pointwise (its windows gathered into
+//   rows of A first; 3x3 stride-1 ones go to Winograd first), and there only over a quarter as
+//   many pixels as output channels or fewer: ResNet-50's 3x3 stride-2 512-channel layer (49
+//   pixels) takes 0.83 / 0.86 of oneDNN's time at one / two threads, the 256-channel one before
+//   it (196 pixels) 1.05 / 1.11 (8 alternated `kiln profile` rounds of the model each way);
 // - a call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster
 //   here);
 // - the output has 48 channels or fewer (one 8x48 tile's width) from 64 or more over 3,136
@@ -100,11 +109,17 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
   if (!is_conv(q.node) || q.node.has_attr("x_parts")) return std::nullopt;  // X in parts: no other kernel reads them
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
-  if (w[0] * w[1] * 4 >= gemm::CacheSizes::host().l2 && y[0] * y[1] * y[2] < w[0]) return std::nullopt;
+  const int64_t pixels = y[0] * y[1] * y[2];
+  const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
+  if (pointwise_declines(q, true)) {  // gathered windows
+    if (streams && 4 * pixels <= w[0]) return std::nullopt;
+    return "oneDNN's convolution is faster on windows whose weight fits L2 or that are more than a quarter of the output channels";
+  }
+  if (streams && pixels < w[0]) return std::nullopt;
   if (y[1] * y[2] == 1) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
-  if (w[0] <= 48 && w[1] >= 64 && y[0] * y[1] * y[2] >= 3136) return std::nullopt;
+  if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;
@@ -159,6 +174,20 @@ std::span<const gemm::ColumnPart> parts_at(std::vector<gemm::ColumnPart>& parts,
   return parts;
 }
 
+// A convolution kiln's f32 GEMM runs as the product of its windows: a channels-last pointwise
+// one reads its pixels where they lie; any other (strides, padding, larger kernels, dilations)
+// has its windows gathered into rows of A in the workspace first, at most kMaxWindowBytes of
+// them.
+constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
+
+std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
+  if (auto why = windows_declines(q)) return why;
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  if (!pointwise_declines(q)) return std::nullopt;
+  if (y[0] * y[1] * y[2] * w[1] * w[2] * w[3] * 4 > kMaxWindowBytes) return "its windows would take more than 16 MiB";
+  return std::nullopt;
+}
+
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
@@ -167,7 +196,7 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
   if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
   if (nn::x_channels_first(q.node)) return x_form_decline(q);
-  if (is_conv(q.node)) return pointwise_declines(q, !q.node.has_attr("x_parts"));  // strided: its pixels gathered, not in parts
+  if (is_conv(q.node)) return q.node.has_attr("x_parts") ? pointwise_declines(q) : f32_windows_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return split_declines(q, gemm::tiles(isa));
@@ -191,9 +220,10 @@ Product product_of(const KernelQuery& q) {
   if (const std::vector<int64_t> splits = q.node.attr_ints("splits"); !splits.empty() && !p.y.empty())
     p.y.back() = std::accumulate(splits.begin(), splits.end(), int64_t{0});  // the whole of Y, before its split
   if (q.node.attr_int("gate_block", 0) > 0 && !p.y.empty()) p.y.back() *= 2;  // values and gates
-  if (conv) {  // [N, H, W, C] · [K, C, 1, 1]ᵀ: rows of C (the output's pixels) by the weight transposed
-    p.a = {p.y[0] * p.y[1] * p.y[2], p.b[1]};  // C whole, also when X comes in parts (x_parts)
-    p.b = {p.b[0], p.b[1]};
+  if (conv) {  // [N, H, W, C] · [K, C, KH, KW]ᵀ: the output pixels' windows (KH·KW·C) by the weight transposed
+    const int64_t taps = p.b.size() == 4 ? p.b[2] * p.b[3] : 1;
+    p.a = {p.y[0] * p.y[1] * p.y[2], p.b[1] * taps};  // C whole, also when X comes in parts (x_parts)
+    p.b = {p.b[0], p.b[1] * taps};
     p.y = {p.y[0] * p.y[1] * p.y[2], p.y[3]};
   }
   p.trans_a = gemm_op && q.node.attr_int("transA", 0) != 0;
@@ -379,22 +409,47 @@ class GemmKernel final : public Kernel {
       params_.tm = whole ? 1 : grid.tm;
       params_.tn = whole ? 1 : grid.tn;
     }
-    // A constant B of one matrix: packed once for the tile's NR.
+    // A convolution other than a stride-1 pointwise one reads its windows gathered into rows of
+    // A (a strided pointwise one: its pixels).
+    windows_ = false;
+    win_ = {};
+    if (is_conv(q.node) && !q.node.has_attr("x_parts")) {
+      const std::vector<int64_t> x = q.inputs[0].shape.concrete(), o = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+      KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {x[1], x[2]}, {w[2], w[3]}, false));
+      win_ = {.h = x[1], .w = x[2], .c = x[3], .oh = o[1], .ow = o[2], .kh = w[2], .kw = w[3], .sh = win.strides[0],
+              .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
+      images_ = x[0];
+      windows_ = pointwise_declines(q).has_value();
+    }
+    const int64_t taps = win_.kh * win_.kw;
+    // A constant B of one matrix: packed once for the tile's NR (a convolution's weight first
+    // laid out [K, KH, KW, C], the windows' order, when its kernel is larger than 1x1).
     b_packed_ = false;
     packed_ = Tensor();
     if (const Tensor* w = q.inputs[1].value; w && batch_b_.size() == 1 && batch_b_[0] == 0) {
       const PackedLayout want = gemm::packed_b_layout(k_, n_, params_.tile.nr, trans_b_);
-      if (w->dtype() == DType::f32 && w->layout() && w->layout()->same_placement(want)) {
+      if (w->dtype() == DType::f32 && taps == 1 && w->layout() && w->layout()->same_placement(want)) {
         packed_ = *w;  // stored packed this way: used where it is mapped
       } else {
-        const Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
+        Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
+        if (taps > 1) {  // [K, C, KH, KW] -> [K, KH, KW, C]
+          Tensor order(DType::f32, {n_, k_});
+          const float* from = plain.data<float>();
+          float* to = order.data<float>();
+          for (int64_t o = 0; o < n_; ++o)
+            for (int64_t ch = 0; ch < win_.c; ++ch)
+              for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * win_.c + ch] = from[(o * win_.c + ch) * taps + t];
+          plain = std::move(order);
+        }
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
                                  std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
       }
       b_packed_ = true;
-      store_packed_ = w->dtype() == DType::f32;  // an f16 weight is stored as it is: half the bytes
+      // An f16 weight is stored as it is (half the bytes), and so is a reordered one (its packed
+      // panels are not the stored weight's).
+      store_packed_ = w->dtype() == DType::f32 && taps == 1;
     } else if (w && w->is_packed()) {
       plain_b_ = unpack(*w);  // a batched weight stored packed: read plain
     }
@@ -402,16 +457,10 @@ class GemmKernel final : public Kernel {
     gemm_bytes_ = gemm::workspace_bytes(params_, shape) * static_cast<size_t>(batch_threads_);
     gate_block_ = q.node.attr_int("gate_block", 0);
     const size_t gate_bytes = gate_block_ ? static_cast<size_t>(m_ * n_ / 2) * sizeof(float) : 0;  // the gates being summed
-    // A strided 1x1 convolution reads its pixels gathered into rows of C.
-    gather_ = {};
-    if (is_conv(q.node)) {
-      const std::vector<int64_t> x = q.inputs[0].shape.concrete(), o = q.outputs[0].shape.concrete();
-      const std::vector<int64_t> st = q.node.attr_ints("strides", {1, 1});
-      if (st != std::vector<int64_t>{1, 1}) gather_ = {.n = x[0], .h = x[1], .w = x[2], .c = x[3], .oh = o[1], .ow = o[2], .sh = st[0], .sw = st[1]};
-    }
     gates_at_ = (gemm_bytes_ + 63) / 64 * 64;
     gather_at_ = (gates_at_ + gate_bytes + 63) / 64 * 64;
-    needs.workspace_bytes = gather_at_ + (gather_.c ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
+    needs.workspace_bytes = gather_at_ + (windows_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
+    threads_ = threads;
     return {};
   }
 
@@ -434,13 +483,40 @@ class GemmKernel final : public Kernel {
     g.epilogue.act = act_;
     g.epilogue.post = post_;
     g.a = ctx.input(0).data<float>();
-    if (gather_.c) {  // the strided pixels as rows
+    if (windows_) {  // each output pixel's window as a row: KH·KW runs of C channels, zeros outside the image
       float* rows = reinterpret_cast<float*>(ctx.workspace().data() + gather_at_);
-      const Gather& s = gather_;
-      for (int64_t i = 0; i < s.n * s.oh; ++i)
-        for (int64_t j = 0; j < s.ow; ++j)
-          std::memcpy(rows + (i * s.ow + j) * s.c, g.a + (((i / s.oh) * s.h + (i % s.oh) * s.sh) * s.w + j * s.sw) * s.c,
-                      static_cast<size_t>(s.c) * sizeof(float));
+      const gemm::ImageWindows& s = win_;
+      const float* x = g.a;
+      auto gather = [&](int64_t r0, int64_t r1) {  // rows r0..r1 of the output's images × OH
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* image = x + (r / s.oh) * s.h * s.w * s.c;
+          const int64_t oy = r % s.oh;
+          float* row = rows + r * s.ow * k_;
+          for (int64_t ox = 0; ox < s.ow; ++ox)
+            for (int64_t ky = 0; ky < s.kh; ++ky) {
+              const int64_t iy = oy * s.sh - s.pt + ky * s.dh;
+              for (int64_t kx = 0; kx < s.kw; ++kx, row += s.c) {
+                const int64_t ix = ox * s.sw - s.pl + kx * s.dw;
+                if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w)
+                  std::memcpy(row, image + (iy * s.w + ix) * s.c, static_cast<size_t>(s.c) * sizeof(float));
+                else
+                  std::memset(row, 0, static_cast<size_t>(s.c) * sizeof(float));
+              }
+            }
+        }
+      };
+      const int64_t lines = images_ * s.oh;
+      const int threads = std::min(threads_, pool_threads());
+      if (threads > 1 && m_ * k_ >= (int64_t{1} << 16)) {
+#pragma omp parallel num_threads(threads)
+        {
+          WorkerSpan span;
+          const auto [r0, r1] = even_share(lines, omp_get_num_threads(), omp_get_thread_num());
+          gather(r0, r1);
+        }
+      } else {
+        gather(0, lines);
+      }
       g.a = rows;
     }
     if (!a_parts_.empty()) {
@@ -474,9 +550,10 @@ class GemmKernel final : public Kernel {
   int batch_threads_ = 1;
   size_t gemm_bytes_ = 0, gates_at_ = 0, gather_at_ = 0;  // the workspace: the GEMM's, the gates, the gathered pixels
   int64_t gate_block_ = 0;  // a gated product's (SwiGLU's) block of values or gates
-  struct Gather {
-    int64_t n = 0, h = 0, w = 0, c = 0, oh = 0, ow = 0, sh = 1, sw = 1;
-  } gather_;  // a strided 1x1 convolution's input and output pixels (c 0: none)
+  bool windows_ = false;    // a convolution whose windows (a strided pointwise one's pixels) are gathered first
+  gemm::ImageWindows win_;  // its windows
+  int64_t images_ = 0;
+  int threads_ = 1;
   ActivationSpec act_, post_;
   Tensor packed_, plain_b_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs: where each begins (its data at run)

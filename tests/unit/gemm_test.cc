@@ -562,7 +562,36 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{2, 2})}},
                     1e-5, &cpu),
               "onednn.conv");
-    // Padding, 3x3 kernels and channels-first layouts are convolutions proper.
+    // Any other channels-last convolution is the product of its windows, gathered into rows
+    // first: pinned, every geometry (3x3 stride 2 padded over two odd-sized images (split between the threads) with a
+    // residual and a ReLU after it, on two threads; 3x2 dilated with uneven padding; a padded
+    // 1x1) matches the reference.
+    const std::string name = "kiln.gemm_f32_" + isa;
+    auto pinned = [&](testing::Case c) {
+      c.kernel = name;
+      return check(c, 1e-5, &cpu);
+    };
+    EXPECT_EQ(pinned({"FusedConv", {noise({2, 33, 31, 19}, 70), noise({70, 19, 3, 3}, 71), noise({70}, 72), noise({2, 17, 16, 70}, 73)},
+                      {false, true, true, false},
+                      {attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{2, 2}),
+                       attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("post_activation", std::string("Relu"))},
+                      {true}, "", {}, 2}),
+              name);
+    EXPECT_EQ(pinned({"FusedConv", {noise({1, 8, 9, 5}, 74), noise({33, 5, 3, 2}, 75)}, {false, true},
+                      {attr("channels_last", int64_t{1}), attr("dilations", std::vector<int64_t>{2, 3}),
+                       attr("pads", std::vector<int64_t>{2, 0, 1, 3})}}),
+              name);
+    EXPECT_EQ(pinned({"FusedConv", {noise({1, 4, 5, 16}, 76), noise({8, 16, 1, 1}, 77)}, {false, true},
+                      {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 0, 0, 2})}}),
+              name);
+    // By rule, only a weight past L2 over a quarter as many pixels as output channels or fewer
+    // (ResNet-50's last 3x3 stride-2 layer): 4 pixels of 64 channels, not 25.
+    const int64_t c3 = (l2_floats / (64 * 9) + 15) / 16 * 16;
+    const std::vector<Attribute> s2 = {attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{2, 2}),
+                                       attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+    EXPECT_EQ(check({"FusedConv", {noise({1, 3, 4, c3}, 78), noise({64, c3, 3, 3}, 79, 0.1f)}, {false, true}, s2}, 1e-5, &cpu), name);
+    EXPECT_NE(check({"FusedConv", {noise({1, 10, 10, c3}, 80), noise({64, c3, 3, 3}, 81, 0.1f)}, {false, true}, s2}, 1e-5, &cpu), name);
+    // Channels-first layouts are convolutions proper.
     EXPECT_NE(check({"Conv", {noise({1, 16, 5, 7}, 36), noise({8, 16, 1, 1}, 37)}, {false, true}}, 1e-5, &cpu).rfind("kiln.gemm", 0), 0u);
   }
   // Alpha other than 1 stays with another kernel.
