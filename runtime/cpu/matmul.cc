@@ -1,6 +1,7 @@
 // kiln.gemm_f32_<isa>: MatMul, FusedMatMul and Gemm on kiln's own GEMM templates
-// (runtime/cpu/gemm/), and the channels-last 1x1 convolutions that are the same product and
-// that it measured faster at than oneDNN (pointwise_declines). A product whose B has no batch (a linear layer's weight) is one tall GEMM
+// (runtime/cpu/gemm/), and channels-last convolutions as the product of their windows (a
+// pointwise one's pixels read where they lie, any other's windows gathered into rows first)
+// where the rule measured it faster than oneDNN (gemm_defers). A product whose B has no batch (a linear layer's weight) is one tall GEMM
 // over all of A's rows; otherwise each batch index (numpy broadcasting, offsets worked out in
 // prepare) is one GEMM. A constant 2-D B is packed once in prepare for the tile's NR (or used
 // where a compiled model mapped it, when it was stored packed that way); Gemm's transposed
@@ -202,8 +203,8 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   return split_declines(q, gemm::tiles(isa));
 }
 
-// The product a node is: A, B and Y as matrices (a convolution's [N, H, W, C] input as rows of
-// C, its [K, C, 1, 1] weight as Bᵀ), the transposes, and M×N×K over `batches` GEMMs. A B
+// The product a node is: A, B and Y as matrices (a convolution's output pixels' windows as rows
+// of KH·KW·C, its [K, C, KH, KW] weight as Bᵀ), the transposes, and M×N×K over `batches` GEMMs. A B
 // without a batch (a linear layer's weight) folds A's batch into M: one GEMM.
 struct Product {
   std::vector<int64_t> a, b, y;
