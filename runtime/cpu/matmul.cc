@@ -78,8 +78,9 @@ std::optional<std::string> f16_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// A channels-last 2-D convolution that the f16 GEMM runs over its windows (gemm_f16_windows):
-// any filter size, stride, dilation and padding, no groups.
+// A channels-last 2-D convolution that a GEMM can run over its windows (the f16 one's
+// gemm_f16_windows, the f32 one's gathered rows): any filter size, stride, dilation and
+// padding, no groups.
 std::optional<std::string> windows_declines(const KernelQuery& q) {
   if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
   if (q.inputs[0].shape.rank() != 4 || q.inputs[1].shape.rank() != 4) return "not 2-D";
@@ -183,8 +184,8 @@ constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
 
 std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
   if (auto why = windows_declines(q)) return why;
-  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (!pointwise_declines(q)) return std::nullopt;
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (y[0] * y[1] * y[2] * w[1] * w[2] * w[3] * 4 > kMaxWindowBytes) return "its windows would take more than 16 MiB";
   return std::nullopt;
 }
