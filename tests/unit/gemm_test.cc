@@ -563,9 +563,9 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                     1e-5, &cpu),
               "onednn.conv");
     // Any other channels-last convolution is the product of its windows, gathered into rows
-    // first: pinned, every geometry (3x3 stride 2 padded over two odd-sized images (split between the threads) with a
-    // residual and a ReLU after it, on two threads; 3x2 dilated with uneven padding; a padded
-    // 1x1) matches the reference.
+    // first. Pinned, every geometry matches the reference: 3x3 stride 2 padded over two
+    // odd-sized images with a residual and a ReLU after it, on two threads (the rows gathered
+    // by both); 3x2 dilated with uneven padding; a padded 1x1.
     const std::string name = "kiln.gemm_f32_" + isa;
     auto pinned = [&](testing::Case c) {
       c.kernel = name;
