@@ -567,22 +567,22 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     // odd-sized images with a residual and a ReLU after it, on two threads (the rows gathered
     // by both); 3x2 dilated with uneven padding; a padded 1x1.
     const std::string name = "kiln.gemm_f32_" + isa;
-    auto pinned = [&](testing::Case c) {
+    auto pinned = [&name](testing::Case c, const CpuFeatures& on) {  // clang 14 captures no structured binding
       c.kernel = name;
-      return check(c, 1e-5, &cpu);
+      return check(c, 1e-5, &on);
     };
     EXPECT_EQ(pinned({"FusedConv", {noise({2, 33, 31, 19}, 70), noise({70, 19, 3, 3}, 71), noise({70}, 72), noise({2, 17, 16, 70}, 73)},
                       {false, true, true, false},
                       {attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{2, 2}),
                        attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("post_activation", std::string("Relu"))},
-                      {true}, "", {}, 2}),
+                      {true}, "", {}, 2}, cpu),
               name);
     EXPECT_EQ(pinned({"FusedConv", {noise({1, 8, 9, 5}, 74), noise({33, 5, 3, 2}, 75)}, {false, true},
                       {attr("channels_last", int64_t{1}), attr("dilations", std::vector<int64_t>{2, 3}),
-                       attr("pads", std::vector<int64_t>{2, 0, 1, 3})}}),
+                       attr("pads", std::vector<int64_t>{2, 0, 1, 3})}}, cpu),
               name);
     EXPECT_EQ(pinned({"FusedConv", {noise({1, 4, 5, 16}, 76), noise({8, 16, 1, 1}, 77)}, {false, true},
-                      {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 0, 0, 2})}}),
+                      {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 0, 0, 2})}}, cpu),
               name);
     // By rule, only a weight past L2 over a quarter as many pixels as output channels or fewer
     // (ResNet-50's last 3x3 stride-2 layer): 4 pixels of 64 channels, not 25.
