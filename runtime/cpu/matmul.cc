@@ -190,6 +190,28 @@ std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// A channels-last convolution's windows: its input and output sizes, filter, strides,
+// dilations and top/left padding.
+Result<gemm::ImageWindows> image_windows(const KernelQuery& q) {
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {x[1], x[2]}, {w[2], w[3]}, false));
+  return gemm::ImageWindows{.h = x[1], .w = x[2], .c = x[3], .oh = y[1], .ow = y[2], .kh = w[2], .kw = w[3], .sh = win.strides[0],
+                            .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
+}
+
+// A convolution's weight [K, C, KH, KW] (f32 or f16 bits) laid out [K, KH, KW, C], the order
+// of its windows' rows: B transposed, K×(KH·KW·C).
+template <typename T>
+Tensor in_windows_order(const T* w, DType dtype, int64_t k, const gemm::ImageWindows& g) {
+  const int64_t taps = g.kh * g.kw;
+  Tensor order(dtype, {k, taps * g.c});
+  T* to = order.data<T>();
+  for (int64_t o = 0; o < k; ++o)
+    for (int64_t ch = 0; ch < g.c; ++ch)
+      for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * g.c + ch] = w[(o * g.c + ch) * taps + t];
+  return order;
+}
+
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
@@ -416,11 +438,8 @@ class GemmKernel final : public Kernel {
     windows_ = false;
     win_ = {};
     if (is_conv(q.node) && !q.node.has_attr("x_parts")) {
-      const std::vector<int64_t> x = q.inputs[0].shape.concrete(), o = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
-      KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {x[1], x[2]}, {w[2], w[3]}, false));
-      win_ = {.h = x[1], .w = x[2], .c = x[3], .oh = o[1], .ow = o[2], .kh = w[2], .kw = w[3], .sh = win.strides[0],
-              .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
-      images_ = x[0];
+      KILN_ASSIGN_OR_RETURN(win_, image_windows(q));
+      images_ = q.inputs[0].shape.concrete()[0];
       windows_ = pointwise_declines(q).has_value();
     }
     const int64_t taps = win_.kh * win_.kw;
@@ -434,15 +453,7 @@ class GemmKernel final : public Kernel {
         packed_ = *w;  // stored packed this way: used where it is mapped
       } else {
         Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
-        if (taps > 1) {  // [K, C, KH, KW] -> [K, KH, KW, C]
-          Tensor order(DType::f32, {n_, k_});
-          const float* from = plain.data<float>();
-          float* to = order.data<float>();
-          for (int64_t o = 0; o < n_; ++o)
-            for (int64_t ch = 0; ch < win_.c; ++ch)
-              for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * win_.c + ch] = from[(o * win_.c + ch) * taps + t];
-          plain = std::move(order);
-        }
+        if (taps > 1) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
@@ -668,20 +679,12 @@ class F16GemmKernel final : public Kernel {
     Tensor reordered;  // a convolution's weight in the windows' order
     bool trans_b = true;
     if (is_conv(q.node)) {
-      const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = w.shape(), ys = q.outputs[0].shape.concrete();
-      KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {xs[1], xs[2]}, {ws[2], ws[3]}, false));
-      g_ = {.h = xs[1], .w = xs[2], .c = xs[3], .oh = ys[1], .ow = ys[2], .kh = ws[2], .kw = ws[3], .sh = win.strides[0],
-            .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
+      const std::vector<int64_t> ys = q.outputs[0].shape.concrete();
+      KILN_ASSIGN_OR_RETURN(g_, image_windows(q));
       m_ = ys[0] * ys[1] * ys[2], n_ = ys[3], k_ = g_.k();
       windows_ = !(g_.kh == 1 && g_.kw == 1 && g_.sh == 1 && g_.sw == 1 && g_.pt == 0 && g_.pl == 0 && g_.oh == g_.h && g_.ow == g_.w);
-      if (windows_) {  // [K, C, KH, KW] -> [K, KH, KW, C]: B transposed, in the windows' order
-        Tensor order(DType::u16, {n_, k_});
-        uint16_t* to = order.data<uint16_t>();
-        const int64_t taps = g_.kh * g_.kw;
-        for (int64_t o = 0; o < n_; ++o)
-          for (int64_t ch = 0; ch < g_.c; ++ch)
-            for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * g_.c + ch] = bits[(o * g_.c + ch) * taps + t];
-        reordered = std::move(order);
+      if (windows_) {
+        reordered = in_windows_order(bits, DType::u16, n_, g_);
         bits = reordered.data<uint16_t>();
       }
     } else {
