@@ -105,6 +105,13 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   pixels (56x56) or more: the mobile networks' first projections (96 or 144 to 24 channels:
 //   0.78-0.85 of oneDNN's time in the models at one and two threads; 144 to 32 or 40 at 28x28
 //   ties, and 32 to 16 at 112x112 loses, 1.24);
+// - on one thread, a residual is summed into 160 output channels or more (a bottleneck's
+//   expansion), which kiln's GEMM adds its product to where Z lies (GemmKernel::sums_into_z_):
+//   ResNet-50's 13 such layers on oneDNN took 0.94-1.01 of their time (0.97 together),
+//   MobileNetV2's and EfficientNet-B0's 7x7 ones 0.90-0.95; into 32-112 channels
+//   (MobileNetV2's and EfficientNet-B0's 14x14 and 28x28 layers) 1.02-1.25, and on two
+//   threads 0.92-1.07 (ResNet-50's, its 56x56 ones the slowest) and 1.1 (MobileNetV2's),
+//   which stay on oneDNN;
 // - or the epilogue is a transcendental activation, which kiln's row kernels compute faster
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
@@ -122,6 +129,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
+  if (present(q, 3) && w[0] >= 160 && q.target.threads <= 1) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;
@@ -474,8 +482,20 @@ class GemmKernel final : public Kernel {
     gather_at_ = (gates_at_ + gate_bytes + 63) / 64 * 64;
     needs.workspace_bytes = gather_at_ + (windows_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
     threads_ = threads;
+    // A residual added before the only activation, post(A·B + bias + Z) (ResNet's and the
+    // transformers' projections): Y may be put over Z (overwrites_input), and the product is
+    // then summed into Z where it lies, its tiles loading Z as a later K slice loads C, instead
+    // of reading Z in the epilogue of tiles stored apart. ResNet-50's 56x56 layers took 0.60-0.63
+    // of their time so, its 28x28 ones 0.75-0.77, 14x14 0.76-0.86 and 7x7 0.87-0.88, ViT-S/16's
+    // 22 projections 0.80-0.98 (10 and 8 alternated profiles, one thread; the products alone,
+    // BERT's, ViT's, GPT-2's and ResNet's shapes with Z in cache or not: 0.62-0.98).
+    const int64_t z_numel = z_input_ >= 0 ? shape_numel(q.inputs[static_cast<size_t>(z_input_)].shape.concrete()) : 0;
+    sums_into_z_ = z_input_ >= 0 && k_ > 0 && act_.kind == Activation::none && parts_.empty() && !gate_block_ && batch_a_.size() == 1 &&
+                   z_numel == m_ * n_;
     return {};
   }
+
+  int overwrites_input() const override { return sums_into_z_ ? z_input_ : -1; }
 
   Tensor packed_input(size_t input) const override { return input == 1 && b_packed_ && store_packed_ ? packed_ : Tensor(); }
 
@@ -540,6 +560,12 @@ class GemmKernel final : public Kernel {
     g.b = b;
     g.c = ctx.output(0).data<float>();
     g.parts = parts_at(parts_, ctx);
+    if (sums_into_z_ && g.c == g.epilogue.z) {  // the plan put Y over Z: Y += the product, then the activation
+      g.accumulate = true;
+      g.epilogue.z = nullptr;
+      g.epilogue.act = post_;
+      g.epilogue.post = {};
+    }
     if (gate_block_) {
       g.ldc = n_ / 2;
       g.gate_block = gate_block_;
@@ -558,6 +584,7 @@ class GemmKernel final : public Kernel {
   gemm::GemmParams params_;
   int64_t m_ = 0, n_ = 0, k_ = 0, lda_ = 0, ldb_ = 0;
   bool trans_a_ = false, trans_b_ = false, b_packed_ = false, store_packed_ = false;
+  bool sums_into_z_ = false;  // Y may lie over the residual Z, which the product is then added to
   std::vector<int64_t> batch_a_, batch_b_;  // per GEMM: the offsets of its A and B
   int bias_input_ = -1, z_input_ = -1;
   int batch_threads_ = 1;

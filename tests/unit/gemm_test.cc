@@ -7,8 +7,12 @@
 #include <cmath>
 
 #include "compile/pipeline.h"
+#include "formats/infer.h"
+#include "runtime/compare.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/plan.h"
+#include "runtime/session.h"
 #include "runtime/threads.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -270,6 +274,18 @@ TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   EXPECT_EQ(p.tn, 2);
   use_threads(2);
   for (Isa isa : isas()) check_gemm(gemm::default_params(isa, gemm::tiles(isa)[0], c, 1, 300, 70, 2), {1, 300, 70, false, false, true}, true);
+}
+
+// The default Mc: half of L2 over Kc, but 128 rows (whole tiles) where K is 64 or less and B
+// has more than one panel (that fits half of L2): the product then writes C in blocks of whole
+// rows, not one panel's columns down all of M.
+TEST(Gemm, DefaultMcWritesWholeRowsOfAShortProduct) {
+  const gemm::CacheSizes c{.l1d = 48 << 10, .l2 = 1280 << 10, .l3 = 24 << 20};
+  EXPECT_EQ(gemm::default_params(Isa::avx512, gemm::Tile{6, 64}, c, 3136, 256, 64, 1).mc, 132);
+  EXPECT_EQ(gemm::default_params(Isa::avx512, gemm::Tile{8, 48}, c, 12544, 96, 16, 1).mc, 128);
+  EXPECT_EQ(gemm::default_params(Isa::avx512, gemm::Tile{8, 48}, c, 12544, 96, 16, 2).mc, 128);
+  EXPECT_EQ(gemm::default_params(Isa::avx512, gemm::Tile{6, 64}, c, 3136, 64, 64, 1).mc, 2556);  // one panel: L2's
+  EXPECT_EQ(gemm::default_params(Isa::avx512, gemm::Tile{6, 64}, c, 784, 512, 128, 1).mc, 786);   // K past 64
 }
 
 // The default Kc: K whole up to the L1 bound (eight rows of A over Kc in two thirds of L1d),
@@ -538,6 +554,16 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     EXPECT_EQ(check({"FusedConv", {noise({1, 56, 56, 32}, 57), noise({16, 32, 1, 1}, 58)}, {false, true}, {attr("channels_last", int64_t{1})}},
                     1e-5, &cpu),
               "onednn.conv");
+    // On one thread, a residual sum into 160 output channels or more (a bottleneck's expansion,
+    // ResNet's): kiln's GEMM, which sums the product into the residual where it lies; into
+    // fewer, or on two threads, oneDNN.
+    for (const int64_t out : {256, 96})
+      for (const int threads : {1, 2})
+        EXPECT_EQ(check({"FusedConv", {noise({1, 14, 14, 64}, 82), noise({out, 64, 1, 1}, 83), noise({out}, 84), noise({1, 14, 14, out}, 85)},
+                         {false, true, true, false}, {attr("channels_last", int64_t{1}), attr("post_activation", std::string("Relu"))},
+                         {true}, "", {}, threads},
+                        1e-5, &cpu),
+                  out == 256 && threads == 1 ? "kiln.gemm_f32_" + isa : "onednn.conv");
     // A weight larger than L2 and than the input streams in each call: kiln's GEMM, whatever the
     // epilogue; as large a weight over more pixels than output channels stays on oneDNN.
     const int64_t l2_floats = static_cast<int64_t>(gemm::CacheSizes::host().l2 / 4);
@@ -596,6 +622,59 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
   }
   // Alpha other than 1 stays with another kernel.
   EXPECT_NE(check({"Gemm", {noise({4, 5}, 22), noise({5, 6}, 23)}, {false, true}, {attr("alpha", 0.5)}}).rfind("kiln.gemm", 0), 0u);
+}
+
+// A residual added before the only activation, post(A·B + bias + Z), is the destination's memory
+// when nothing reads it after the product (Kernel::overwrites_input): the plan gives Y Z's place
+// and the product is summed into Z where it lies. Not when Z is read later, nor when Z is also
+// the product's A; on every ISA path, with K in one slice and in several (Z added on the
+// first), the activation in the registers (ReLU) and after the tile (SiLU).
+TEST(GemmKernel, ResidualIsSummedIntoWhereItLiesWhenItDies) {
+  for (const auto& [isa, cpu] : isa_paths()) {
+    for (const int64_t k : {70, 1100})
+      for (const char* post : {"Relu", "Silu"})
+        for (const char* form : {"dies", "read after", "also A"}) {
+          const bool also_a = std::string(form) == "also A", read_after = std::string(form) == "read after";
+          if (also_a && k != 70) continue;
+          SCOPED_TRACE(isa + " K " + std::to_string(k) + " " + post + " " + form);
+          const int64_t m = 23, n = 70;
+          Graph g;
+          const std::vector<int64_t> x_dims = {m, k}, r_dims = {m, n};
+          const ValueId x = g.add_value("x", DType::f32, Shape::of(x_dims)), r = g.add_value("r", DType::f32, Shape::of(r_dims));
+          g.inputs = {x, r};
+          const ValueId w = g.add_constant("w", noise({k, n}, 2, 0.1f)), b = g.add_constant("b", noise({n}, 3));
+          const ValueId z = g.add_value("z", DType::undefined), a = g.add_value("a", DType::undefined);
+          const ValueId y = g.add_value("y", DType::undefined), out = g.add_value("out", DType::undefined);
+          g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {r}, .outputs = {z}});
+          g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {x}, .outputs = {a}});
+          Node mm{.name = "mm", .op = "FusedMatMul", .inputs = {also_a ? z : a, w, b, z}, .outputs = {y}};
+          mm.set_attr("post_activation", std::string(post));
+          g.add_node(std::move(mm));
+          if (read_after) g.add_node(Node{.name = "add", .op = "Add", .inputs = {y, z}, .outputs = {out}});
+          else g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {y}, .outputs = {out}});
+          g.outputs = {out};
+          Model model;
+          model.graph = g;
+          ASSERT_TRUE(infer_graph(model.graph).ok());
+          Target target{.cpu = cpu};
+          const std::vector<std::vector<int64_t>> shapes = {x_dims, r_dims};
+          auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
+          ASSERT_TRUE(plan.ok()) << plan.error().message();
+          ASSERT_EQ(plan->kernels[2].name, "kiln.gemm_f32_" + isa);
+          const bool shared = std::string(form) == "dies";
+          EXPECT_EQ(plan->overwrites[2], shared ? 1 : 0);
+          const std::vector<int64_t>& off = plan->memory.offset;
+          EXPECT_EQ(off[static_cast<size_t>(y)] == off[static_cast<size_t>(z)], shared);
+          auto fast = Session::create(model, SessionOptions{.target = target});
+          auto ref = Session::create(model, SessionOptions{.reference = true});
+          ASSERT_TRUE(fast.ok() && ref.ok());
+          const std::vector<Tensor> in = {noise({m, k}, 4), noise({m, n}, 5)};
+          auto got = (*fast)->run(in);
+          auto want = (*ref)->run(in);
+          ASSERT_TRUE(got.ok() && want.ok()) << (got.ok() ? want.error().message() : got.error().message());
+          EXPECT_LE(compare_tensors((*got)[0], (*want)[0]).rel_l2_error, 1e-5);
+        }
+  }
 }
 
 TEST(GemmKernel, BatchesAreSharedAmongThreads) {
