@@ -490,8 +490,8 @@ class GemmKernel final : public Kernel {
     // 22 projections 0.80-0.98 (10 and 8 alternated profiles, one thread; the products alone,
     // BERT's, ViT's, GPT-2's and ResNet's shapes with Z in cache or not: 0.62-0.98).
     const int64_t z_numel = z_input_ >= 0 ? shape_numel(q.inputs[static_cast<size_t>(z_input_)].shape.concrete()) : 0;
-    sums_into_z_ = z_input_ >= 0 && k_ > 0 && act_.kind == Activation::none && parts_.empty() && !gate_block_ && batch_a_.size() == 1 &&
-                   z_numel == m_ * n_;
+    sums_into_z_ = z_input_ >= 0 && k_ > 0 && act_.kind == Activation::none && parts_.empty() && !gate_block_ &&
+                   batch_a_.size() == 1 && z_numel == m_ * n_;
     return {};
   }
 
