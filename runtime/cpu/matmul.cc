@@ -109,7 +109,7 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   expansion), which kiln's GEMM adds its product to where Z lies (GemmKernel::sums_into_z_):
 //   ResNet-50's 13 such layers on oneDNN took 0.94-1.01 of their time (0.97 together),
 //   MobileNetV2's and EfficientNet-B0's 7x7 ones 0.90-0.95; into 32-112 channels
-//   (MobileNetV2's and EfficientNet-B0's 14x14 and 28x28 layers) 1.02-1.25, and on two
+//   (MobileNetV2's and EfficientNet-B0's 14x14 and 28x28 layers) 1.01-1.24, and on two
 //   threads 0.92-1.07 (ResNet-50's, its 56x56 ones the slowest) and 1.1 (MobileNetV2's),
 //   which stay on oneDNN;
 // - or the epilogue is a transcendental activation, which kiln's row kernels compute faster
