@@ -147,8 +147,8 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   // rows, the order the hardware prefetches, instead of one panel's columns down all of M and
   // back for the next. EfficientNet-B0's 16 -> 96 expansion at 112x112 took 0.94 of its time so,
   // its 24 -> 144 ones 0.95, ResNet-50's 64 -> 256 residual layers 0.93-0.95 (10 alternated
-  // profiles of each model, one thread; two: 0.95-0.97); over a longer K it loses (YOLO's 128
-  // and 192 channels: 1.02-1.26).
+  // profiles of each model, one thread; EfficientNet-B0's on two: 0.95-0.97); over a longer K
+  // it loses (YOLO's 128 and 192 channels: 1.02-1.26).
   if (k <= 64 && n > tile.nr && p.kc * p.nc * 4 <= caches.l2 / 2) p.mc = std::min(p.mc, round_up(128, tile.mr));
   return fit(p, m, n, k);
 }
