@@ -134,6 +134,21 @@ std::optional<std::string> x_form_decline(const KernelQuery& q) {
   return std::nullopt;
 }
 
+bool windows_tile_image(const KernelQuery& q) {
+  if (q.node.op != "Conv" && q.node.op != "FusedConv") return false;
+  if (q.inputs[0].shape.rank() != 4 || q.inputs[1].shape.rank() != 4 || !q.inputs[1].shape.is_concrete()) return false;
+  if (q.node.attr_int("group", 1) != 1) return false;
+  const std::vector<int64_t> w = q.inputs[1].shape.concrete();
+  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
+  if (strides.size() != 2 || strides[0] != w[2] || strides[1] != w[3]) return false;
+  for (int64_t d : q.node.attr_ints("dilations"))
+    if (d != 1) return false;
+  for (int64_t v : q.node.attr_ints("pads"))
+    if (v != 0) return false;
+  const std::string pad = q.node.attr_string("auto_pad", "NOTSET");
+  return pad == "NOTSET" || pad == "VALID";
+}
+
 bool attention_rotary(const KernelQuery& q) { return q.inputs.size() > 8 && q.inputs[7].dtype != DType::undefined; }
 
 bool attention_lengths(const KernelQuery& q) { return q.inputs.size() > 6 && q.inputs[6].dtype != DType::undefined; }

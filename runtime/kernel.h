@@ -221,6 +221,10 @@ std::optional<std::string> attention_declines(const KernelQuery& q);
 /// they lie; kiln's f32 GEMM reads them) or channels-first beside a channels-last Y
 /// (`x_channels_first`, compile's channels_last: an image read as it comes; kiln.direct_conv).
 std::optional<std::string> x_form_decline(const KernelQuery& q);
+/// Whether a convolution's windows tile its image: the filter as large as the stride, no
+/// padding, no dilation, no groups (a vision transformer's patch embedding, 16x16 stride 16).
+/// Its windows are then the image's patches, each pixel in one: gathering them copies it once.
+bool windows_tile_image(const KernelQuery& q);
 /// Whether an Attention node rotates Q and K (kiln's rotary_cos / rotary_sin inputs).
 bool attention_rotary(const KernelQuery& q);
 /// Whether an Attention node reads each batch's count of keys (nonpad_kv_seqlen).

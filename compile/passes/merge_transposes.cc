@@ -1,5 +1,6 @@
-// merge_transposes: a Transpose whose result is only reshaped by splitting dims and then
-// transposed again is one Reshape (of the input, splitting the same dims) and one Transpose:
+// merge_transposes: a Transpose whose result is only reshaped by splitting or merging dims and
+// then transposed again is one Reshape (of the input, its dims split or merged alike) and one
+// Transpose:
 //
 //   Transpose(X, p1) -> Reshape(., S) -> Transpose(., p2)   =>   Reshape(X, S') -> Transpose(., q)
 //
@@ -7,9 +8,13 @@
 // this: the layout pass brings a channels-last convolution's output back to [N, C, H, W],
 // which the model reshapes to [N, anchors, outputs, H, W] and transposes to [N, anchors, H, W,
 // outputs]; merged, the elements move once, in rows of `outputs` contiguous floats, instead of
-// twice. The Reshape may only split dims (each dim of the first Transpose's result becomes
-// consecutive dims whose product it is), so it splits the input's dims just the same; the
-// intermediates must be read by the chain alone, and every shape concrete.
+// twice. So do vision transformers' patch embeddings, flatten(2).transpose(1, 2) of the
+// convolution's [N, C, H, W] output: [N, C, H·W] to [N, H·W, C], which is the channels-last
+// output as it lies (one Reshape, nothing moved). The Reshape may only split a dim of the
+// first Transpose's result into consecutive dims whose product it is, or merge consecutive
+// dims that lie side by side in the same order in the input, so that the input's dims split
+// or merge just the same; the intermediates must be read by the chain alone, and every shape
+// concrete.
 #include <numeric>
 
 #include "compile/graph_util.h"
@@ -25,24 +30,34 @@ std::vector<int64_t> concrete(const Graph& g, ValueId v) {
   return s.is_concrete() ? s.concrete() : std::vector<int64_t>{};
 }
 
-// For each dim of `from`, the dims of `to` it splits into (consecutive, their product its
-// size); nullopt when `to` is not `from` with dims split. Dims of size 1 match one dim of 1.
-std::optional<std::vector<std::vector<int64_t>>> splits(const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
-  std::vector<std::vector<int64_t>> groups;
-  size_t j = 0;
-  for (int64_t d : from) {
-    std::vector<int64_t> group;
-    int64_t p = 1;
-    while (j < to.size() && (group.empty() || p < d)) {
-      if (to[j] == 0 || p * to[j] > d) return std::nullopt;
-      p *= to[j];
-      group.push_back(to[j++]);
+// How a Reshape of Y to R regroups Y's dims: consecutive blocks, each one Y dim split into
+// R dims (their product its size) or consecutive Y dims merged into one R dim. Dims of size 1
+// match one dim of 1. nullopt when R is not Y so regrouped.
+struct Block {
+  size_t y0, y1, r0, r1;  ///< Y dims [y0, y1) are R dims [r0, r1); one of them a single dim
+};
+std::optional<std::vector<Block>> regroup(const std::vector<int64_t>& y, const std::vector<int64_t>& r) {
+  std::vector<Block> blocks;
+  size_t i = 0, j = 0;
+  while (i < y.size() && j < r.size()) {
+    Block b{i, i + 1, j, j + 1};
+    if (y[i] == r[j]) {
+      ++i, ++j;
+    } else if (y[i] > r[j]) {  // Y dim i splits into R dims j...
+      int64_t p = r[j++];
+      while (p < y[i] && j < r.size() && r[j] != 0 && p * r[j] <= y[i]) p *= r[j++];
+      if (p != y[i]) return std::nullopt;
+      b.r1 = j, ++i;
+    } else {  // ... or Y dims i... merge into R dim j
+      int64_t p = y[i++];
+      while (p < r[j] && i < y.size() && y[i] != 0 && p * y[i] <= r[j]) p *= y[i++];
+      if (p != r[j]) return std::nullopt;
+      b.y1 = i, ++j;
     }
-    if (p != d || group.empty()) return std::nullopt;
-    groups.push_back(std::move(group));
+    blocks.push_back(b);
   }
-  if (j != to.size()) return std::nullopt;
-  return groups;
+  if (i != y.size() || j != r.size()) return std::nullopt;
+  return blocks;
 }
 
 Node transpose_node(std::string name, ValueId in, ValueId out, const std::vector<int64_t>& perm) {
@@ -82,20 +97,32 @@ Result<PassResult> merge_transposes(Model& model, PassContext&) {
     if (xs.empty() || ys.empty() || rs.empty()) continue;
     std::vector<int64_t> p1 = t1->attr_ints("perm");
     if (p1.empty()) p1.resize(xs.size()), std::iota(p1.rbegin(), p1.rend(), 0);
-    // Y = X[p1] is reshaped to R by splitting each Y dim i into groups[i]; the same split of
-    // X's dim p1[i] gives X', and R is X' transposed by p1 over whole groups (q1).
-    const std::optional<std::vector<std::vector<int64_t>>> groups = splits(ys, rs);
-    if (!groups || p1.size() != xs.size()) continue;
-    std::vector<int64_t> start(xs.size(), 0), x_split;  // where X dim d's group begins in X'
-    std::vector<size_t> group_of(xs.size());
-    for (size_t i1 = 0; i1 < p1.size(); ++i1) group_of[static_cast<size_t>(p1[i1])] = i1;
+    // Y = X[p1] is reshaped to R by regrouping Y's dims in blocks. The same regrouping of X's
+    // dims gives X' (a split X dim split alike, merged Y dims merged where X has them side by
+    // side in the same order), and R is X' transposed over whole blocks (q1).
+    const std::optional<std::vector<Block>> blocks = regroup(ys, rs);
+    if (!blocks || p1.size() != xs.size()) continue;
+    std::vector<int> block_of(xs.size(), -1);  // the block of each X dim
+    bool side_by_side = true;
+    for (size_t b = 0; b < blocks->size(); ++b) {
+      const Block& blk = (*blocks)[b];
+      for (size_t i1 = blk.y0; i1 < blk.y1; ++i1) {
+        block_of[static_cast<size_t>(p1[i1])] = static_cast<int>(b);
+        if (i1 > blk.y0 && p1[i1] != p1[i1 - 1] + 1) side_by_side = false;
+      }
+    }
+    if (!side_by_side) continue;
+    std::vector<int64_t> start(blocks->size(), 0), x_split;  // where each block begins in X'
     for (size_t d = 0; d < xs.size(); ++d) {
-      start[d] = static_cast<int64_t>(x_split.size());
-      for (int64_t f : (*groups)[group_of[d]]) x_split.push_back(f);
+      const Block& blk = (*blocks)[static_cast<size_t>(block_of[d])];
+      if (static_cast<int64_t>(d) != p1[blk.y0]) continue;  // a merged block's later dims
+      start[static_cast<size_t>(block_of[d])] = static_cast<int64_t>(x_split.size());
+      for (size_t j = blk.r0; j < blk.r1; ++j) x_split.push_back(rs[j]);
     }
     std::vector<int64_t> q1;  // R dim j is X' dim q1[j]
-    for (size_t i1 = 0; i1 < p1.size(); ++i1)
-      for (size_t k = 0; k < (*groups)[i1].size(); ++k) q1.push_back(start[static_cast<size_t>(p1[i1])] + static_cast<int64_t>(k));
+    for (size_t b = 0; b < blocks->size(); ++b)
+      for (size_t j = (*blocks)[b].r0; j < (*blocks)[b].r1; ++j)
+        q1.push_back(start[b] + static_cast<int64_t>(j - (*blocks)[b].r0));
     std::vector<int64_t> q;  // Z dim k is X' dim q[k]
     for (int64_t k : p2) q.push_back(q1[static_cast<size_t>(k)]);
     std::vector<size_t> idx = m.indices(reshape ? std::vector<const Node*>{t1, reshape, &t2} : std::vector<const Node*>{t1, &t2});

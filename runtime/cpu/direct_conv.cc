@@ -19,6 +19,9 @@ namespace {
 // The most input channels it takes: past a few, the product has enough depth for oneDNN's
 // kernels (and kiln's GEMM and Winograd) to run near the peak.
 constexpr int64_t kMaxInputChannels = 4;
+// The values in a window from which kiln's GEMM runs a convolution whose windows tile the image
+// (direct_conv_defers).
+constexpr int64_t kPatchValues = 256;
 
 std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
@@ -44,7 +47,7 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
 }
 
 // The default rule: where X comes channels-first (x_channels_first), kiln's kernel, the only
-// one that reads it; otherwise kiln's kernel where the epilogue is transcendental
+// one that reads it but for kiln's GEMM on patches (below); otherwise kiln's kernel where the epilogue is transcendental
 // (EfficientNet's and YOLO's SiLU: applied while each output row is in cache, where oneDNN's
 // post-ops lack it and a second pass over the output applies it); oneDNN's where it is
 // piecewise-linear or absent (MobileNetV2's Clip, ResNet-50's ReLU), which it applies in its
@@ -55,7 +58,19 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
 // max-autotune times both. Reading the image as it comes instead (the input Transpose gone),
 // all four first layers are kiln's: the Transpose and the layer's time 0.62-0.96 of what it was
 // at one thread, 0.86-0.95 at two (kiln_bench_node_times, paired rounds).
+//
+// But where the windows tile the image (a vision transformer's patch embedding: the filter as
+// large as the stride, no padding) and a window holds 256 values or more, kiln's GEMM reads it
+// as it comes too, as one product of its patches, the image copied once into rows: ViT-S/16's
+// 16x16 filters over RGB (768 values) took 0.57-0.64 of kiln.direct_conv's time at one thread
+// and 0.71-0.74 at two, 14x14 ones (588) 0.62 / 0.71, 10x10 ones (300) 0.90 / 0.84; 12x12 ones
+// (432) tied, and 8x8 (192), 4x4 (48) and 2x2 ones lost, 1.10-1.9x (one such node over 216-224
+// pixel images, 8 alternated `kiln profile` rounds each way).
 std::optional<std::string> direct_conv_defers(const KernelQuery& q) {
+  if (nn::x_channels_first(q.node) && windows_tile_image(q)) {
+    const std::vector<int64_t> w = q.inputs[1].shape.concrete();
+    if (w[1] * w[2] * w[3] >= kPatchValues) return "kiln's GEMM runs a convolution whose windows tile the image, on its patches";
+  }
   if (nn::x_channels_first(q.node)) return std::nullopt;
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;

@@ -116,7 +116,9 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
-  if (!is_conv(q.node) || q.node.has_attr("x_parts")) return std::nullopt;  // X in parts: no other kernel reads them
+  // X in parts, or an image read as it comes (whose patches kiln.direct_conv left to it): no
+  // later kernel reads them.
+  if (!is_conv(q.node) || q.node.has_attr("x_parts") || nn::x_channels_first(q.node)) return std::nullopt;
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
   const int64_t pixels = y[0] * y[1] * y[2];
   const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
@@ -192,16 +194,18 @@ constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
 
 std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
   if (auto why = windows_declines(q)) return why;
-  if (!pointwise_declines(q)) return std::nullopt;
+  if (!pointwise_declines(q) && !nn::x_channels_first(q.node)) return std::nullopt;
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (y[0] * y[1] * y[2] * w[1] * w[2] * w[3] * 4 > kMaxWindowBytes) return "its windows would take more than 16 MiB";
   return std::nullopt;
 }
 
 // A channels-last convolution's windows: its input and output sizes, filter, strides,
-// dilations and top/left padding.
+// dilations and top/left padding (X [N, H, W, C], or [N, C, H, W] where x_channels_first).
 Result<gemm::ImageWindows> image_windows(const KernelQuery& q) {
-  const std::vector<int64_t> x = q.inputs[0].shape.concrete(), y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  std::vector<int64_t> x = q.inputs[0].shape.concrete();
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
+  if (nn::x_channels_first(q.node)) x = {x[0], x[2], x[3], x[1]};
   KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {x[1], x[2]}, {w[2], w[3]}, false));
   return gemm::ImageWindows{.h = x[1], .w = x[2], .c = x[3], .oh = y[1], .ow = y[2], .kh = w[2], .kw = w[3], .sh = win.strides[0],
                             .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
@@ -227,7 +231,8 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = f32_and_concrete(q, DType::f16)) return why;
   if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
   if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
-  if (nn::x_channels_first(q.node)) return x_form_decline(q);
+  // An image read as it comes (x_channels_first): its patches, where the windows tile it.
+  if (nn::x_channels_first(q.node) && !windows_tile_image(q)) return x_form_decline(q);
   if (is_conv(q.node)) return q.node.has_attr("x_parts") ? pointwise_declines(q) : f32_windows_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
@@ -445,23 +450,25 @@ class GemmKernel final : public Kernel {
     // A (a strided pointwise one: its pixels).
     windows_ = false;
     win_ = {};
+    x_planes_ = nn::x_channels_first(q.node);
     if (is_conv(q.node) && !q.node.has_attr("x_parts")) {
       KILN_ASSIGN_OR_RETURN(win_, image_windows(q));
       images_ = q.inputs[0].shape.concrete()[0];
-      windows_ = pointwise_declines(q).has_value();
+      windows_ = x_planes_ || pointwise_declines(q).has_value();
     }
     const int64_t taps = win_.kh * win_.kw;
     // A constant B of one matrix: packed once for the tile's NR (a convolution's weight first
-    // laid out [K, KH, KW, C], the windows' order, when its kernel is larger than 1x1).
+    // laid out [K, KH, KW, C], the windows' order, when its kernel is larger than 1x1; an image
+    // read channels-first has its windows in the weight's own order, [C, KH, KW]).
     b_packed_ = false;
     packed_ = Tensor();
     if (const Tensor* w = q.inputs[1].value; w && batch_b_.size() == 1 && batch_b_[0] == 0) {
       const PackedLayout want = gemm::packed_b_layout(k_, n_, params_.tile.nr, trans_b_);
-      if (w->dtype() == DType::f32 && taps == 1 && w->layout() && w->layout()->same_placement(want)) {
+      if (w->dtype() == DType::f32 && (taps == 1 || x_planes_) && w->layout() && w->layout()->same_placement(want)) {
         packed_ = *w;  // stored packed this way: used where it is mapped
       } else {
         Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
-        if (taps > 1) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
+        if (taps > 1 && !x_planes_) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
@@ -470,7 +477,7 @@ class GemmKernel final : public Kernel {
       b_packed_ = true;
       // An f16 weight is stored as it is (half the bytes), and so is a reordered one (its packed
       // panels are not the stored weight's).
-      store_packed_ = w->dtype() == DType::f32 && taps == 1;
+      store_packed_ = w->dtype() == DType::f32 && (taps == 1 || x_planes_);
     } else if (w && w->is_packed()) {
       plain_b_ = unpack(*w);  // a batched weight stored packed: read plain
     }
@@ -521,6 +528,10 @@ class GemmKernel final : public Kernel {
       const gemm::ImageWindows& s = win_;
       const float* x = g.a;
       auto gather = [&](int64_t r0, int64_t r1) {  // rows r0..r1 of the output's images × OH
+        if (x_planes_) {
+          gather_planes(x, rows, r0, r1);
+          return;
+        }
         for (int64_t r = r0; r < r1; ++r) {
           const float* image = x + (r / s.oh) * s.h * s.w * s.c;
           const int64_t oy = r % s.oh;
@@ -580,6 +591,22 @@ class GemmKernel final : public Kernel {
   static std::string impl_name(Isa isa) { return std::string("kiln.gemm_f32_") + isa_name(isa); }
 
  private:
+  // The windows of output rows r0..r1 (of the images × OH) from an image [N, C, H, W] read as it
+  // comes, whose windows tile it (gemm_declines): each window's row in the weight's order, C
+  // planes of KH runs of KW pixels, each run where it lies in the image.
+  void gather_planes(const float* x, float* rows, int64_t r0, int64_t r1) const {
+    const gemm::ImageWindows& s = win_;
+    const int64_t plane = s.h * s.w;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* image = x + (r / s.oh) * s.c * plane + (r % s.oh) * s.sh * s.w;
+      float* row = rows + r * s.ow * k_;
+      for (int64_t ox = 0; ox < s.ow; ++ox)
+        for (int64_t ch = 0; ch < s.c; ++ch)
+          for (int64_t ky = 0; ky < s.kh; ++ky, row += s.kw)
+            std::memcpy(row, image + ch * plane + ky * s.w + ox * s.sw, static_cast<size_t>(s.kw) * sizeof(float));
+    }
+  }
+
   Isa isa_;
   gemm::GemmParams params_;
   int64_t m_ = 0, n_ = 0, k_ = 0, lda_ = 0, ldb_ = 0;
@@ -591,6 +618,7 @@ class GemmKernel final : public Kernel {
   size_t gemm_bytes_ = 0, gates_at_ = 0, gather_at_ = 0;  // the workspace: the GEMM's, the gates, the gathered pixels
   int64_t gate_block_ = 0;  // a gated product's (SwiGLU's) block of values or gates
   bool windows_ = false;    // a convolution whose windows (a strided pointwise one's pixels) are gathered first
+  bool x_planes_ = false;   // its image read as it comes, [N, C, H, W] (x_channels_first)
   gemm::ImageWindows win_;  // its windows
   int64_t images_ = 0;
   int threads_ = 1;

@@ -905,8 +905,9 @@ TEST(CompileHoistActivations, SameOutputs) {
 // ---- merge_transposes ----------------------------------------------------------------------
 
 // A detection head as the layout pass leaves it: a channels-last output brought back to NCHW,
-// reshaped to [N, anchors, outputs, H, W] and transposed to [N, anchors, H, W, outputs]; and two
-// Transposes that cancel.
+// reshaped to [N, anchors, outputs, H, W] and transposed to [N, anchors, H, W, outputs]; two
+// Transposes that cancel; and a vision transformer's patch embedding, its channels-last output
+// brought back to NCHW, flattened to [N, C, H·W] and transposed to [N, H·W, C].
 Model head_model() {
   Builder b;
   ValueId x = b.input("x", {1, 4, 5, 12});  // NHWC, 12 = 3 anchors x 4 outputs
@@ -916,6 +917,10 @@ Model head_model() {
   ValueId u = b.input("u", {2, 3, 4});
   ValueId t = b.op("t1", "Transpose", {u}, "t", {attr("perm", std::vector<int64_t>{2, 0, 1})});
   b.output(b.op("t2", "Transpose", {t}, "back", {attr("perm", std::vector<int64_t>{1, 2, 0})}));
+  ValueId v = b.input("v", {1, 2, 3, 8});  // NHWC
+  ValueId planes = b.op("v_nchw", "Transpose", {v}, "planes", {attr("perm", std::vector<int64_t>{0, 3, 1, 2})});
+  ValueId flat = b.op("flatten", "Reshape", {planes, b.constant("s3", Tensor::from<int64_t>({3}, {1, 8, 6}))}, "flat");
+  b.output(b.op("tokens", "Transpose", {flat}, "z", {attr("perm", std::vector<int64_t>{0, 2, 1})}));
   return b.done();
 }
 
@@ -923,23 +928,26 @@ TEST(CompileMergeTransposes, Golden) {
   Model m = head_model();
   PassResult r = run_pass("merge_transposes", m);
   EXPECT_TRUE(r.changed);
-  EXPECT_EQ(r.summary, "merged 2 pairs of Transposes (1 around a Reshape)");
+  EXPECT_EQ(r.summary, "merged 3 pairs of Transposes (2 around a Reshape)");
   // The head: X's last dim split into [3, 4], then one Transpose moving rows of 4; the pair
-  // that cancels: a Reshape to the same shape.
+  // that cancels: a Reshape to the same shape; the patches: V's H and W merged, the tokens
+  // as they lie.
   EXPECT_EQ(testing::nodes_text(m.graph),
             "node head_split: Reshape(x, head_split_shape) -> (x_split) sources=[\"to_nchw\", \"split\", \"head\"]\n"
             "node head: Transpose(x_split) -> (y) perm=ints[0, 3, 1, 2, 4] sources=[\"to_nchw\", \"split\", \"head\"]\n"
-            "node t2: Reshape(u, t2_shape) -> (back) sources=[\"t1\", \"t2\"]\n");
+            "node t2: Reshape(u, t2_shape) -> (back) sources=[\"t1\", \"t2\"]\n"
+            "node tokens: Reshape(v, tokens_shape) -> (z) sources=[\"v_nchw\", \"flatten\", \"tokens\"]\n");
 }
 
 TEST(CompileMergeTransposes, SameOutputs) {
   Model before = head_model(), after = before;
   run_pass("merge_transposes", after);
-  expect_same_outputs(before, after, {uniform_f32({1, 4, 5, 12}, 91), uniform_f32({2, 3, 4}, 92)}, 0);
+  expect_same_outputs(before, after, {uniform_f32({1, 4, 5, 12}, 91), uniform_f32({2, 3, 4}, 92), uniform_f32({1, 2, 3, 8}, 93)}, 0);
 }
 
 TEST(CompileMergeTransposes, LeavesWhatItCannotMerge) {
-  // A Reshape that merges dims; an intermediate that is read elsewhere.
+  // A Reshape that merges dims the input has in the other order; an intermediate that is read
+  // elsewhere.
   Builder b;
   ValueId x = b.input("x", {2, 3, 4});
   ValueId t = b.op("t1", "Transpose", {x}, "t", {attr("perm", std::vector<int64_t>{1, 0, 2})});

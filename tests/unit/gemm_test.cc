@@ -624,6 +624,51 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
   EXPECT_NE(check({"Gemm", {noise({4, 5}, 22), noise({5, 6}, 23)}, {false, true}, {attr("alpha", 0.5)}}).rfind("kiln.gemm", 0), 0u);
 }
 
+// An image read as it comes (x_channels_first: [N, C, H, W] in, channels-last out) whose windows
+// tile it, the filter as large as the stride (a vision transformer's patch embedding): kiln's GEMM
+// runs it as one product of its patches, gathered in the weight's own order. Pinned, on every
+// ISA path at one and two threads: 16x16 patches of RGB over two images with a bias and a ReLU,
+// 4x4 ones of four channels over odd output sizes, 2x5 ones, and a 1x1 stride-1 filter (a
+// transpose then a product). By rule, from 256 values a window (16x16 of RGB): 4x4 patches of
+// RGB, and windows that overlap or lie in padding, stay on kiln.direct_conv.
+TEST(GemmKernel, ImagePatchesAreOneProduct) {
+  const std::vector<Attribute> first = {attr("channels_last", int64_t{1}), attr("x_channels_first", int64_t{1})};
+  auto with = [&first](std::vector<int64_t> strides, std::vector<Attribute> more = {}) {
+    std::vector<Attribute> a = first;
+    a.push_back(attr("strides", std::move(strides)));
+    for (Attribute& m : more) a.push_back(std::move(m));
+    return a;
+  };
+  for (const auto& [isa, cpu] : testing::isa_paths()) {
+    const std::string name = "kiln.gemm_f32_" + isa;
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE(isa + " threads=" + std::to_string(threads));
+      auto pinned = [&name, threads](testing::Case c, const CpuFeatures& on) {  // clang 14 captures no structured binding
+        c.kernel = name;
+        c.threads = threads;
+        return check(c, 1e-5, &on);
+      };
+      EXPECT_EQ(pinned({"FusedConv", {noise({2, 3, 32, 48}, 90), noise({40, 3, 16, 16}, 91, 0.1f), noise({40}, 92)}, {false, true, true},
+                        with({16, 16}, {attr("activation", std::string("Relu"))})}, cpu),
+                name);
+      EXPECT_EQ(pinned({"FusedConv", {noise({1, 4, 20, 28}, 93), noise({17, 4, 4, 4}, 94)}, {false, true}, with({4, 4})}, cpu), name);
+      EXPECT_EQ(pinned({"FusedConv", {noise({1, 3, 6, 15}, 95), noise({24, 3, 2, 5}, 96)}, {false, true}, with({2, 5})}, cpu), name);
+      EXPECT_EQ(pinned({"FusedConv", {noise({1, 8, 5, 7}, 97), noise({32, 8, 1, 1}, 98)}, {false, true}, with({1, 1})}, cpu), name);
+    }
+    SCOPED_TRACE(isa);
+    const Tensor rgb = noise({1, 3, 32, 32}, 99);
+    EXPECT_EQ(check({"FusedConv", {rgb, noise({32, 3, 16, 16}, 100)}, {false, true}, with({16, 16})}, 1e-5, &cpu), name);
+    EXPECT_EQ(check({"FusedConv", {rgb, noise({32, 3, 4, 4}, 101)}, {false, true}, with({4, 4})}, 1e-5, &cpu),
+              "kiln.direct_conv_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {rgb, noise({32, 3, 16, 16}, 102)}, {false, true}, with({8, 8})}, 1e-5, &cpu),
+              "kiln.direct_conv_f32_" + isa);
+    EXPECT_EQ(check({"FusedConv", {rgb, noise({32, 3, 16, 16}, 103)}, {false, true},
+                     with({16, 16}, {attr("pads", std::vector<int64_t>{8, 8, 8, 8})})},
+                    1e-5, &cpu),
+              "kiln.direct_conv_f32_" + isa);
+  }
+}
+
 // A residual added before the only activation, post(A·B + bias + Z), is the destination's memory
 // when nothing reads it after the product (Kernel::overwrites_input): the plan gives Y Z's place
 // and the product is summed into Z where it lies. Not when Z is read later, nor when Z is also
