@@ -46,18 +46,19 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
-// The default rule: where X comes channels-first (x_channels_first), kiln's kernel, the only
-// one that reads it but for kiln's GEMM on patches (below); otherwise kiln's kernel where the epilogue is transcendental
-// (EfficientNet's and YOLO's SiLU: applied while each output row is in cache, where oneDNN's
-// post-ops lack it and a second pass over the output applies it); oneDNN's where it is
-// piecewise-linear or absent (MobileNetV2's Clip, ResNet-50's ReLU), which it applies in its
-// registers as kiln's does: there the two took the same time. In the compiled models, paired
-// `kiln_bench_node_times` rounds with and without kiln's kernel (6 at each thread count, on a
-// 2-core Xeon, family 6 model 106), kiln's time over oneDNN's: EfficientNet-B0 0.70 / 0.74 (one
-// / two threads), YOLO 0.70 / 0.72, MobileNetV2 0.96 / 1.01, ResNet-50 (7x7) 0.98 / 1.06.
-// max-autotune times both. Reading the image as it comes instead (the input Transpose gone),
-// all four first layers are kiln's: the Transpose and the layer's time 0.62-0.96 of what it was
-// at one thread, 0.86-0.95 at two (kiln_bench_node_times, paired rounds).
+// The default rule: where X comes channels-first (x_channels_first), kiln's kernel, the only one
+// that reads it but for kiln's GEMM on patches (below); otherwise kiln's kernel where the
+// epilogue is transcendental (EfficientNet's and YOLO's SiLU: applied while each output row is
+// in cache, where oneDNN's post-ops lack it and a second pass over the output applies it);
+// oneDNN's where it is piecewise-linear or absent (MobileNetV2's Clip, ResNet-50's ReLU), which
+// it applies in its registers as kiln's does: there the two took the same time. In the compiled
+// models, paired `kiln_bench_node_times` rounds with and without kiln's kernel (6 at each thread
+// count, on a 2-core Xeon, family 6 model 106), kiln's time over oneDNN's: EfficientNet-B0
+// 0.70 / 0.74 (one / two threads), YOLO 0.70 / 0.72, MobileNetV2 0.96 / 1.01, ResNet-50 (7x7)
+// 0.98 / 1.06. max-autotune times both. Reading the image as it comes instead (the input
+// Transpose gone), all four first layers are kiln's: the Transpose and the layer's time
+// 0.62-0.96 of what it was at one thread, 0.86-0.95 at two (kiln_bench_node_times, paired
+// rounds).
 //
 // But where the windows tile the image (a vision transformer's patch embedding: the filter as
 // large as the stride, no padding) and a window holds 256 values or more, kiln's GEMM reads it
