@@ -63,8 +63,8 @@ std::optional<std::string> direct_conv_declines(const KernelQuery& q, Isa isa) {
 // But where the windows tile the image (a vision transformer's patch embedding: the filter as
 // large as the stride, no padding) and a window holds 256 values or more, kiln's GEMM reads it
 // as it comes too, as one product of its patches, the image copied once into rows: ViT-S/16's
-// 16x16 filters over RGB (768 values) took 0.57-0.64 of kiln.direct_conv's time at one thread
-// and 0.71-0.74 at two, 14x14 ones (588) 0.62 / 0.71, 10x10 ones (300) 0.90 / 0.84; 12x12 ones
+// 16x16 filters over RGB (768 values) took 0.57-0.67 of kiln.direct_conv's time at one thread
+// and 0.69-0.74 at two, 14x14 ones (588) 0.62 / 0.71, 10x10 ones (300) 0.90 / 0.84; 12x12 ones
 // (432) tied, and 8x8 (192), 4x4 (48) and 2x2 ones lost, 1.10-1.9x (one such node over 216-224
 // pixel images, 8 alternated `kiln profile` rounds each way).
 std::optional<std::string> direct_conv_defers(const KernelQuery& q) {
