@@ -629,8 +629,8 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
 // runs it as one product of its patches, gathered in the weight's own order. Pinned, on every
 // ISA path at one and two threads: 16x16 patches of RGB over two images with a bias and a ReLU,
 // 4x4 ones of four channels over odd output sizes, 2x5 ones, and a 1x1 stride-1 filter (a
-// transpose then a product). By rule, from 256 values a window (16x16 of RGB): 4x4 patches of
-// RGB, and windows that overlap or lie in padding, stay on kiln.direct_conv.
+// transpose then a product). By rule, kiln's GEMM from 256 values a window (16x16 of RGB);
+// 4x4 patches of RGB, and windows that overlap or lie in padding, stay on kiln.direct_conv.
 TEST(GemmKernel, ImagePatchesAreOneProduct) {
   const std::vector<Attribute> first = {attr("channels_last", int64_t{1}), attr("x_channels_first", int64_t{1})};
   auto with = [&first](std::vector<int64_t> strides, std::vector<Attribute> more = {}) {
