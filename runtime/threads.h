@@ -4,6 +4,9 @@
 // results that small are noise next to the tolerances kiln checks.
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -30,6 +33,59 @@ inline std::pair<int64_t, int64_t> even_share(int64_t count, int parts, int part
   const int64_t begin = part * base + (part < extra ? part : extra);
   return {begin, begin + base + (part < extra ? 1 : 0)};
 }
+
+/// Units [0, count) that the threads of a parallel region share, a chunk at a time: each
+/// part's even share (even_share's) is a queue that its own thread takes chunks from first, in
+/// order, and a thread whose queue is empty then takes what is left of the others'. A thread
+/// that runs slower or starts later than the rest (a vCPU whose core a neighbour's work shares)
+/// so no longer holds the region up, while each share runs where a static split would run it
+/// as long as the threads keep pace. Fill the queues before the threads take from them (before
+/// the region, or before a barrier inside it that they all pass first), and not again until
+/// every thread has finished taking.
+class ShareQueues {
+ public:
+  static constexpr int kMaxParts = 64;
+
+  /// Chunks of `chunk` units for `parts` threads; past kMaxParts threads, those after the
+  /// first kMaxParts have no share of their own and take from the others'.
+  ShareQueues(int parts, int64_t chunk) : parts_(std::clamp(parts, 1, kMaxParts)), chunk_(std::max<int64_t>(1, chunk)) {}
+  ShareQueues(const ShareQueues&) = delete;
+  ShareQueues& operator=(const ShareQueues&) = delete;
+
+  /// Every part's queue: its even share of [0, count).
+  void fill(int64_t count) {
+    for (int q = 0; q < parts_; ++q) {
+      const auto [begin, end] = even_share(count, parts_, q);
+      queues_[q].next.store(begin, std::memory_order_relaxed);
+      queues_[q].end = end;
+    }
+  }
+
+  /// Runs fn(begin, end, more) on every chunk that part `part`'s thread takes: its own queue's
+  /// first, then the others'. `more`: the chunk's queue goes on at `end` (its next chunk, which
+  /// the same thread takes next unless it is the queue's own thread and another took it).
+  template <class Fn>
+  void drain(int part, Fn&& fn) {
+    for (int i = 0; i < parts_; ++i) {
+      Queue& q = queues_[(part + i) % parts_];
+      for (;;) {
+        const int64_t begin = q.next.fetch_add(chunk_, std::memory_order_relaxed);
+        if (begin >= q.end) break;
+        const int64_t end = std::min(begin + chunk_, q.end);
+        fn(begin, end, end < q.end);
+      }
+    }
+  }
+
+ private:
+  struct alignas(64) Queue {
+    std::atomic<int64_t> next{0};
+    int64_t end = 0;
+  };
+  int parts_;
+  int64_t chunk_;
+  std::array<Queue, kMaxParts> queues_;
+};
 
 /// Copies `bytes` between non-overlapping buffers, split among the pool's threads when it is
 /// large enough to gain from it (256 KiB): one core cannot fill the memory bandwidth of many.

@@ -172,6 +172,7 @@ class WinogradKernel final : public Kernel {
     std::byte* gemm_ws = reinterpret_cast<std::byte*>(m + points_ * block_tiles_ * k_);
     const int64_t ldv = block_tiles_ * c_, ldm = block_tiles_ * k_, tiles = tiles_h_ * tiles_w_;
     const int threads = std::min(threads_, pool_threads());
+    ShareQueues products(threads, 1);
     auto body = [&](int t, int nt) {
       for (int64_t b = 0; b < n_; ++b) {
         const float* xb = x + b * h_ * w_ * c_;
@@ -182,20 +183,26 @@ class WinogradKernel final : public Kernel {
           if (i0 < i1)
             rows_.winograd_input(static_cast<int>(m_), xb, h_, w_, c_, tiles_w_, pt_, pl_, t0 + i0, t0 + i1, v + i0 * c_, ldv,
                                  zeros_.data());
+          // The products, a point at a time from the thread's own share first (ShareQueues):
+          // filled before the barrier that every thread passes before taking from them, after
+          // the barrier that ended the last block's products.
+          if (t == 0) products.fill(points_);
           barrier(nt);
           gemm::GemmProblem p = problem(count);
-          for (int64_t xi = t; xi < points_; xi += nt) {
-            if (f16_) {
-              gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_, 1,
-                             gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
-              continue;
+          products.drain(t, [&](int64_t x0, int64_t x1, bool more) {
+            for (int64_t xi = x0; xi < x1; ++xi) {
+              if (f16_) {
+                gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_,
+                               1, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
+                continue;
+              }
+              p.a = v + xi * ldv;
+              p.b = packed_.data<float>() + xi * panel_floats_;
+              p.c = m + xi * ldm;
+              p.b_next = xi + 1 < x1 || more ? p.b + panel_floats_ : nullptr;
+              gemm::run(params_, p, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
             }
-            p.a = v + xi * ldv;
-            p.b = packed_.data<float>() + xi * panel_floats_;
-            p.c = m + xi * ldm;
-            p.b_next = xi + nt < points_ ? p.b + nt * panel_floats_ : nullptr;
-            gemm::run(params_, p, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
-          }
+          });
           barrier(nt);
           // The output transform by whole tile rows, so that each thread's output rows are
           // one span for the epilogue.

@@ -109,7 +109,8 @@ gemm::GemmParams small_blocks(gemm::GemmParams p) {
   return p;
 }
 
-// The thread grids (tm, tn) of two threads, and one.
+// The thread grids (tm, tn) of two threads, and one. Two threads split one dimension, each
+// share in chunks that either thread may take (run's queues).
 constexpr std::pair<int, int> kGrids[] = {{1, 1}, {2, 1}, {1, 2}};
 
 TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
@@ -118,7 +119,9 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
   for (Isa isa : isas())
     for (const gemm::Tile& t : gemm::tiles(isa))
       for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-               {1, 1, 1}, {5, 17, 7}, {t.mr, t.nr, 16}, {2 * t.mr + 1, 3 * t.nr - 5, 37}, {37, 130, 301}})
+               {1, 1, 1}, {5, 17, 7}, {t.mr, t.nr, 16}, {2 * t.mr + 1, 3 * t.nr - 5, 37}, {37, 130, 301},
+               // enough panels, or rows of tiles, for each thread's share to be cut into chunks of several
+               {3, 70 * t.nr + 5, 9}, {70 * t.mr + 3, 5, 9}})
         for (bool pack_a : {false, true}) {
           gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
           p.pack_a = pack_a;

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "runtime/session.h"
 #include "runtime/threads.h"
@@ -535,6 +537,51 @@ TEST(Threads, ParallelCopyMovesEveryByte) {
     }
   }
   use_threads(physical_cores());
+}
+
+// ShareQueues: every unit is taken exactly once, in chunks, whatever the threads do; a thread
+// takes its own share first, front to back, and then what is left of the others' (here the
+// threads that never come: one thread alone drains three shares, its own first); `more` says
+// whether the chunk's share goes on after it.
+TEST(Threads, ShareQueuesHandOutEveryUnitOnce) {
+  struct Taken {
+    int64_t begin, end;
+    bool more;
+  };
+  for (int64_t count : {0, 1, 10, 1000})
+    for (int64_t chunk : {1, 3}) {
+      SCOPED_TRACE("count " + std::to_string(count) + " chunk " + std::to_string(chunk));
+      ShareQueues queues(3, chunk);
+      queues.fill(count);
+      std::vector<Taken> alone;
+      queues.drain(1, [&](int64_t b, int64_t e, bool more) { alone.push_back({b, e, more}); });
+      // Part 1's share first, then part 2's, then part 0's: each in order, in chunks.
+      std::vector<Taken> want;
+      for (int part : {1, 2, 0}) {
+        const auto [b, e] = even_share(count, 3, part);
+        for (int64_t i = b; i < e; i += chunk) want.push_back({i, std::min(i + chunk, e), i + chunk < e});
+      }
+      ASSERT_EQ(alone.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(alone[i].begin, want[i].begin) << "chunk " << i;
+        EXPECT_EQ(alone[i].end, want[i].end) << "chunk " << i;
+        EXPECT_EQ(alone[i].more, want[i].more) << "chunk " << i;
+      }
+      // Three threads at once, and more threads than shares: each unit once.
+      for (int threads : {3, 5}) {
+        queues.fill(count);
+        std::vector<std::atomic<int>> times(static_cast<size_t>(count));
+        std::vector<std::thread> pool;
+        for (int t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            queues.drain(t, [&](int64_t b, int64_t e, bool) {
+              for (int64_t i = b; i < e; ++i) times[static_cast<size_t>(i)].fetch_add(1);
+            });
+          });
+        for (std::thread& t : pool) t.join();
+        for (int64_t i = 0; i < count; ++i) ASSERT_EQ(times[static_cast<size_t>(i)].load(), 1) << "unit " << i << " on " << threads;
+      }
+    }
 }
 
 
