@@ -62,8 +62,8 @@ class ShareQueues {
   }
 
   /// Runs fn(begin, end, more) on every chunk that part `part`'s thread takes: its own queue's
-  /// first, then the others'. `more`: the chunk's queue goes on at `end` (its next chunk, which
-  /// the same thread takes next unless it is the queue's own thread and another took it).
+  /// first, then the others'. `more`: the chunk's queue has units past `end` (the chunk that
+  /// the same thread most likely takes next).
   template <class Fn>
   void drain(int part, Fn&& fn) {
     for (int i = 0; i < parts_; ++i) {
