@@ -30,12 +30,6 @@ std::pair<int64_t, int64_t> share(int64_t total, int64_t unit, int parts, int pa
   return {std::min(total, begin * unit), std::min(total, end * unit)};
 }
 
-// The chunks each thread's share of a product is cut into where two or more threads split
-// one dimension: 16 made two-thread products 0.92-1.01 of their time with the even split alone
-// (2-32 tried; BERT-base's and ViT-S/16's linear layers, GPT-2's LM head, ResNet-50's 56x56
-// expansions; an in-process harness alternating the two call by call).
-constexpr int64_t kChunksPerThread = 16;
-
 // Floats of one thread's A and B blocks.
 int64_t a_block_floats(const GemmParams& p) { return round_up(p.mc, p.tile.mr) * p.kc; }
 int64_t b_block_floats(const GemmParams& p, const GemmProblem& g) { return g.b_packed ? 0 : round_up(p.nc, p.tile.nr) * p.kc; }
@@ -284,7 +278,7 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
     const int64_t unit = along_n ? (g.gate_block ? 2 * g.gate_block : p.tile.nr) : p.tile.mr;
     const int64_t total = along_n ? g.n : g.m, units = (total + unit - 1) / unit;
     const int64_t panel_stride = g.b_panel_stride ? g.b_panel_stride : g.k * p.tile.nr;
-    ShareQueues queues(parts, units / parts / kChunksPerThread);
+    ShareQueues queues(parts, ShareQueues::chunk_for(units, parts));
     queues.fill(units);
 #pragma omp parallel num_threads(parts)
     {
