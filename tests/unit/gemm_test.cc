@@ -341,6 +341,95 @@ TEST(Gemm, TransposedOperandsAndEpilogues) {
   }
 }
 
+// A product of at most four rows runs several neighbouring panels of a packed B at once
+// (streams_tile): one to five rows (five: a panel at a time again) on every tile, N of several
+// groups of panels, a remainder and a partial panel, K over several slices, A in place, packed
+// and transposed, one thread and two (chunks of whole groups), and every part of the epilogue:
+// the bias, a ReLU or Clip in the registers, a GELU, a residual and a ReLU after it. Then A in
+// parts and C in parts, bit for bit what the plain product gets.
+TEST(Gemm, FewRowsStreamSeveralPanelsAtOnce) {
+  use_threads(2);
+  for (Isa isa : isas())
+    for (const gemm::Tile& t : gemm::tiles(isa))
+      for (int64_t m = 1; m <= 5; ++m) {
+        const int64_t n = 19 * t.nr + 7, k = 37;
+        for (int threads : {1, 2})
+          for (bool pack_a : {false, true}) {
+            gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, threads);
+            p.pack_a = pack_a;
+            p.kc = 16;
+            for (bool ta : {false, true}) {
+              Operands o{m, n, k, ta, false, true, false, {Activation::relu}, {}};
+              check_gemm(p, o, true);
+              o.act = {Activation::clip, -0.25f, 0.5f};
+              check_gemm(p, o, true);
+              o.act = {Activation::gelu};
+              o.residual = true;
+              o.post = {Activation::relu};
+              check_gemm(p, o, true);
+            }
+          }
+        // A in two parts (a pointwise convolution over a Concat's inputs) and C in three, one
+        // of them plain: each bit-equal to the plain product's.
+        const std::vector<int64_t> widths = {t.nr, 16 * t.nr, 5};
+        const int64_t nw = widths[0] + widths[1] + widths[2], k0 = 20;
+        const Tensor a = noise({m, k}, 1), b = noise({k, nw}, 2), bias = noise({nw}, 3);
+        gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, nw, k, 2);
+        p.kc = 16;
+        std::vector<float> bp(static_cast<size_t>(gemm::packed_b_floats(k, nw, t.nr)));
+        gemm::pack_b(b.data<float>(), nw, false, k, nw, t.nr, bp.data());
+        gemm::GemmProblem g{.m = m, .n = nw, .k = k, .a = a.data<float>(), .lda = k, .b = bp.data(), .b_packed = true};
+        g.epilogue = gemm::Epilogue{.bias = bias.data<float>(), .act = {Activation::gelu}};
+        Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+        std::vector<float> whole(static_cast<size_t>(m * nw), std::nanf("")), bare = whole;
+        g.c = whole.data();
+        g.ldc = nw;
+        gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+        g.epilogue.act = {};
+        g.c = bare.data();
+        gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+        g.epilogue.act = {Activation::gelu};
+        std::vector<float> left(static_cast<size_t>(m * k0)), right(static_cast<size_t>(m * (k - k0)));
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < k; ++j)
+            (j < k0 ? left[static_cast<size_t>(i * k0 + j)] : right[static_cast<size_t>(i * (k - k0) + j - k0)]) =
+                a.data<float>()[i * k + j];
+        const gemm::APart a_parts[] = {{.begin = 0, .a = left.data(), .lda = k0}, {.begin = k0, .a = right.data(), .lda = k - k0}};
+        std::vector<float> joined(whole.size(), std::nanf(""));
+        g.a_parts = a_parts;
+        g.c = joined.data();
+        gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+        for (size_t i = 0; i < whole.size(); ++i) ASSERT_EQ(joined[i], whole[i]) << "A in parts, element " << i << ", " << p.name();
+        g.a_parts = {};
+        // The GELU after the tiles are stored; a ReLU in the registers, which the plain part skips.
+        for (ActivationSpec act : {ActivationSpec{Activation::gelu}, ActivationSpec{Activation::relu}}) {
+          g.epilogue.act = act;
+          g.parts = {};
+          g.c = whole.data();
+          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+          std::vector<std::vector<float>> out;
+          std::vector<gemm::ColumnPart> parts;
+          int64_t begin = 0;
+          for (int64_t w : widths) {
+            out.emplace_back(static_cast<size_t>(m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
+            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
+            begin += w;
+          }
+          g.c = nullptr;
+          g.parts = parts;
+          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+          for (size_t q = 0; q < parts.size(); ++q)
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < widths[q] + 3; ++j) {
+                const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
+                if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
+                else ASSERT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * nw + parts[q].begin + j)])
+                    << p.name() << " " << activation_name(act.kind) << " part " << q << " at " << i << ", " << j;
+              }
+        }
+      }
+}
+
 TEST(Gemm, NamesAndValidation) {
   gemm::GemmParams p;
   p.isa = Isa::avx512;

@@ -19,6 +19,9 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 int64_t round_down(int64_t x, int64_t m) { return std::max(m, x / m * m); }
 
 BlockFn block_of(Isa isa) { return isa == Isa::avx512 ? avx512::kBlock : avx2::kBlock; }
+int stream_panels(Isa isa, const Tile& t, int64_t rows) {
+  return isa == Isa::avx512 ? avx512::stream_panels(t, rows) : avx2::stream_panels(t, rows);
+}
 
 // The part [begin, end) of `units` units (of `unit` elements, the last possibly short within
 // `total`) that share `part` of `parts` gets.
@@ -278,7 +281,9 @@ void run(const GemmParams& p, const GemmProblem& g, std::byte* workspace) {
     const int64_t unit = along_n ? (g.gate_block ? 2 * g.gate_block : p.tile.nr) : p.tile.mr;
     const int64_t total = along_n ? g.n : g.m, units = (total + unit - 1) / unit;
     const int64_t panel_stride = g.b_panel_stride ? g.b_panel_stride : g.k * p.tile.nr;
-    ShareQueues queues(parts, ShareQueues::chunk_for(units, parts));
+    // A product of a few rows streams several panels at once: chunks of at least that many.
+    const int64_t group = along_n && g.b_packed && !g.gate_block && g.m <= kStreamRows ? stream_panels(p.isa, p.tile, g.m) : 1;
+    ShareQueues queues(parts, std::max(ShareQueues::chunk_for(units, parts), group));
     queues.fill(units);
 #pragma omp parallel num_threads(parts)
     {

@@ -17,6 +17,10 @@ void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t k
 void pack_a_panels(const float* a, int64_t ld, bool trans, int64_t m0, int64_t mc, int64_t k0, int64_t kc, int mr,
                    float* out);
 
+/// The most rows a block may have for its tiles to stream several panels of a packed B at once
+/// (gemm.inc's streams_tile); each build's `streams` says how many, by rows.
+inline constexpr int kStreamRows = 4;
+
 /// One thread's part of a product: C's rows [m0, m1) and columns [n0, n1) (n0 a multiple of
 /// NR), through `abuf` (Mc·Kc floats, rounded up to whole MR panels) and `bbuf` (Kc·Nc
 /// floats, rounded up to whole NR panels; unused when B is packed).
@@ -27,10 +31,12 @@ using BlockFn = void (*)(const GemmParams& p, const GemmProblem& g, int64_t m0, 
 namespace avx512 {
 extern const BlockFn kBlock;
 extern const std::span<const Tile> kTiles;
+int stream_panels(const Tile& t, int64_t rows);  ///< panels a block of `rows` rows takes at once (1 or more)
 }  // namespace avx512
 namespace avx2 {
 extern const BlockFn kBlock;
 extern const std::span<const Tile> kTiles;
+int stream_panels(const Tile& t, int64_t rows);
 }  // namespace avx2
 
 }  // namespace kiln::cpu::gemm
