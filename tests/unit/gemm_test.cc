@@ -137,6 +137,31 @@ TEST(Gemm, EveryTileOddSizesBlocksAndGrids) {
         }
 }
 
+// Runs `g` with C in parts of `widths` columns (3 floats past each part's rows, which stay
+// untouched; the second part plain) and checks each part bit for bit against the whole C with
+// the activation (`whole`) or, for the plain part, without it (`bare`).
+void check_column_parts(const gemm::GemmParams& p, gemm::GemmProblem g, const std::vector<int64_t>& widths,
+                        const std::vector<float>& whole, const std::vector<float>& bare, std::byte* ws) {
+  std::vector<std::vector<float>> out;
+  std::vector<gemm::ColumnPart> parts;
+  int64_t begin = 0;
+  for (int64_t w : widths) {
+    out.emplace_back(static_cast<size_t>(g.m * (w + 3)), std::nanf(""));
+    parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
+    begin += w;
+  }
+  g.c = nullptr;
+  g.parts = parts;
+  gemm::run(p, g, ws);
+  for (size_t q = 0; q < parts.size(); ++q)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < widths[q] + 3; ++j) {
+        const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
+        if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
+        else ASSERT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * g.n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
+      }
+}
+
 // C in parts that lie apart (split outputs): every tile lands in its part, rows `ldc` apart,
 // bit for bit what the whole C gets, the middle part without the activation (`plain`); with no
 // K (the bias alone) too.
@@ -164,24 +189,7 @@ TEST(Gemm, ColumnPartsTakeTheirColumns) {
           g.epilogue.act = {Activation::gelu};
           g.c = whole.data();
           gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
-          std::vector<std::vector<float>> out;
-          std::vector<gemm::ColumnPart> parts;
-          int64_t begin = 0;
-          for (int64_t w : widths) {
-            out.emplace_back(static_cast<size_t>(m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
-            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
-            begin += w;
-          }
-          g.c = nullptr;
-          g.parts = parts;
-          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
-          for (size_t q = 0; q < parts.size(); ++q)
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < widths[q] + 3; ++j) {
-                const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
-                if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
-                else EXPECT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
-              }
+          check_column_parts(p, g, widths, whole, bare, static_cast<std::byte*>(ws.raw()));
         }
       }
 }
@@ -404,28 +412,10 @@ TEST(Gemm, FewRowsStreamSeveralPanelsAtOnce) {
         // The GELU after the tiles are stored; a ReLU in the registers, which the plain part skips.
         for (ActivationSpec act : {ActivationSpec{Activation::gelu}, ActivationSpec{Activation::relu}}) {
           g.epilogue.act = act;
-          g.parts = {};
           g.c = whole.data();
           gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
-          std::vector<std::vector<float>> out;
-          std::vector<gemm::ColumnPart> parts;
-          int64_t begin = 0;
-          for (int64_t w : widths) {
-            out.emplace_back(static_cast<size_t>(m * (w + 3)), std::nanf(""));  // 3 floats past each row: untouched
-            parts.push_back({.begin = begin, .c = out.back().data(), .ldc = w + 3, .plain = parts.size() == 1});
-            begin += w;
-          }
-          g.c = nullptr;
-          g.parts = parts;
-          gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
-          for (size_t q = 0; q < parts.size(); ++q)
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < widths[q] + 3; ++j) {
-                const float got = out[q][static_cast<size_t>(i * (widths[q] + 3) + j)];
-                if (j >= widths[q]) EXPECT_TRUE(std::isnan(got)) << "part " << q << " wrote past its row " << i;
-                else ASSERT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * nw + parts[q].begin + j)])
-                    << p.name() << " " << activation_name(act.kind) << " part " << q << " at " << i << ", " << j;
-              }
+          SCOPED_TRACE(p.name() + " " + std::string(activation_name(act.kind)));
+          check_column_parts(p, g, widths, whole, bare, static_cast<std::byte*>(ws.raw()));
         }
       }
 }
