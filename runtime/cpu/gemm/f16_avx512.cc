@@ -123,13 +123,13 @@ constexpr auto table(std::index_sequence<R...>) {
 template <int MRT>
 struct Tile {
   static void run(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
-                  float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf, const Finish& fin) {
-    tile<MRT>(q0, q1, lda, a, b, init, sums, c, ldc, w, pf, fin);
+                  float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, const PanelPrefetch& pf, const Finish& fin) {
+    tile<MRT>(q0, q1, lda, a, b, init, sums, c, ldc, w, pf, fin);  // a copy: the fetches go on in it
   }
 };
 
 using TileFn = void (*)(int64_t, int64_t, int64_t, const uint32_t*, const uint16_t*, const __m512 (&)[NV], float (&)[MR][2 * NR],
-                        float*, int64_t, int, PanelPrefetch, const Finish&);
+                        float*, int64_t, int, const PanelPrefetch&, const Finish&);  // by reference, as gemm.inc's
 constexpr auto kTiles = table<TileFn, Tile>(std::make_index_sequence<MR>());
 
 // `count` values from `from` rounded to f16 (vcvtps2phx: to nearest even), 16 at a time.

@@ -100,19 +100,20 @@ constexpr auto table(std::index_sequence<R...>) {
 
 template <int MRT>
 struct U8s8 {
-  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, PanelPrefetch pf) {
+  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, const PanelPrefetch& pf) {
     tile_u8s8<MRT>(k, a, lda, b, cols, tile, pf);
   }
 };
 template <int MRT>
 struct Bf16 {
-  static void run(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&acc)[MR][NV], PanelPrefetch pf) {
+  static void run(int64_t k2, const uint16_t* a, const uint16_t* b, const __m512 (&init)[NV], __m512 (&acc)[MR][NV], const PanelPrefetch& pf) {
     tile_bf16<MRT>(k2, a, b, init, acc, pf);
   }
 };
 
-using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*, PanelPrefetch);
-using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV], PanelPrefetch);
+// The fetches by reference, as gemm.inc's tiles take them (each tile_ works on its own copy).
+using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*, const PanelPrefetch&);
+using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV], const PanelPrefetch&);
 constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
 constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
 
