@@ -271,12 +271,19 @@ TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   p = gemm::default_params(Isa::avx512, t, c, 128, 768, 768, 16);  // BERT's: N first, then M
   EXPECT_EQ(p.tm, 2);
   EXPECT_EQ(p.tn, 8);
-  // M alone where B fits half of L2 and M has four rows of tiles a thread: EfficientNet-B0's
-  // 28x28 expansion (40 -> 240 channels); not over 7x7 pixels, nor by a B past half of L2.
+  // M alone where B fits half of L2 and each thread has 192 rows or more: EfficientNet-B0's
+  // 28x28 expansion (40 -> 240 channels), YOLO's 20x20 layer; not its 14x14 ones (196 rows),
+  // nor over 7x7 pixels, nor by a B past half of L2.
   const gemm::CacheSizes two_mib{.l1d = 48 << 10, .l2 = 2 << 20, .l3 = 32 << 20};
   p = gemm::default_params(Isa::avx512, t, two_mib, 784, 240, 40, 2);
   EXPECT_EQ(p.tm, 2);
   EXPECT_EQ(p.tn, 1);
+  p = gemm::default_params(Isa::avx512, t, two_mib, 400, 255, 128, 2);
+  EXPECT_EQ(p.tm, 2);
+  EXPECT_EQ(p.tn, 1);
+  p = gemm::default_params(Isa::avx512, t, two_mib, 196, 672, 112, 2);
+  EXPECT_EQ(p.tm, 1);
+  EXPECT_EQ(p.tn, 2);
   p = gemm::default_params(Isa::avx512, t, two_mib, 49, 1152, 192, 2);
   EXPECT_EQ(p.tm, 1);
   EXPECT_EQ(p.tn, 2);

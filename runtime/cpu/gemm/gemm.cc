@@ -127,16 +127,17 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
     p.tn = static_cast<int>(std::min<int64_t>(panels, threads / p.tm));
   }
   // But along M alone where B fits half of L2 (each thread then reads all of it from its own
-  // cache) and M has four rows of tiles a thread: each thread writes whole rows of C, the rows
-  // the next node's threads read where they share pixels or tokens (a depthwise convolution's
-  // rows, a LayerNorm's), so what each core wrote is in its own L2, and rows split evenly where
-  // N's few panels do not. EfficientNet-B0's expansions at 28x28 and 14x14 took 0.69-0.83 of
-  // their time at two threads, its depthwise layers after them 0.94, ViT-S/16's attention
-  // projections 0.87-0.97 and the LayerNorms after them 0.88, YOLO's 10x10 layers 0.86-0.97
-  // (in the compiled models, the least of 8-12 alternated profiles). Over 7x7 pixels (49 rows)
-  // the N split stays, which was faster there (EfficientNet-B0's 1152-channel layers: 1.05-1.14x
-  // with M's).
-  if (k * n * 4 <= caches.l2 / 2 && (m + tile.mr - 1) / tile.mr >= 4 * threads) {
+  // cache) and each thread has 192 rows or more: each thread writes whole rows of C, the rows
+  // the next node's threads read where they share pixels (a depthwise convolution's), so what
+  // each core wrote is in its own L2. At two threads, split along N instead, EfficientNet-B0's
+  // 28x28 expansions (784 rows) took 1.07-1.13x their time and YOLO's 40x40 head layer (1,600
+  // rows) 1.32x; but with fewer rows M's split loses: EfficientNet-B0's 14x14 expansions (196
+  // rows) took 0.73-1.00 of their time split along N, ViT-S/16's attention projections (197)
+  // 0.75, YOLO's 10x10 layers (100) 0.73-0.80, and its 20x20 one (400) tied (the compiled
+  // models, 8-10 alternated profiles each way). Over 7x7 pixels (49 rows) N's split was faster
+  // too (M's took 1.05-1.14x).
+  constexpr int64_t kMinRowsForMSplit = 192;
+  if (k * n * 4 <= caches.l2 / 2 && m >= kMinRowsForMSplit * threads) {
     p.tn = 1;
     p.tm = threads;
   }

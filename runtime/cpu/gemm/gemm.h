@@ -82,7 +82,7 @@ Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& ca
 /// in place; Mc×Kc in half of L2 (but 128 rows where K is 64 or less and B, of more than one
 /// panel, fits half of L2: C is then written in blocks of whole rows), B's Kc×Nc block in half
 /// a thread's share of L3; threads split N while each gets at least two NR panels, then M, but
-/// M alone where B fits half of L2 and M has four rows of tiles a thread (whole rows of C, in
+/// M alone where B fits half of L2 and each thread has 192 rows or more (whole rows of C, in
 /// the cache of the core that the next node's share of those rows runs on).
 /// (`kiln_bench_gemm --sweep` measured this on the GEMM targets' shapes: Kc = K up to the L1
 /// bound beat every smaller slice, chunks under it beat a longer K whole by 5-25 %, and reading
