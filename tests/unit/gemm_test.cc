@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
 #include "compile/pipeline.h"
 #include "formats/infer.h"
@@ -257,39 +258,25 @@ TEST(Gemm, GatedProductsMultiplyValuesByTheirGates) {
 TEST(Gemm, DefaultGridNeverLeavesThreadsWithoutRows) {
   const gemm::Tile t{8, 48};
   const gemm::CacheSizes& c = gemm::CacheSizes::host();
-  gemm::GemmParams p = gemm::default_params(Isa::avx512, t, c, 1, 1000, 2048, 16);  // 21 panels
-  EXPECT_EQ(p.tm, 1);
-  EXPECT_EQ(p.tn, 16);
-  p = gemm::default_params(Isa::avx512, t, c, 1, 100, 64, 2);  // 3 panels
-  EXPECT_EQ(p.tm, 1);
-  EXPECT_EQ(p.tn, 2);
-  p = gemm::default_params(Isa::avx512, t, c, 1, 40, 64, 4);  // 1 panel: one thread
-  EXPECT_EQ(p.tm * p.tn, 1);
-  p = gemm::default_params(Isa::avx512, t, c, 10, 100, 64, 4);  // 2 row tiles, 3 panels
-  EXPECT_EQ(p.tm, 2);
-  EXPECT_EQ(p.tn, 2);
-  p = gemm::default_params(Isa::avx512, t, c, 128, 768, 768, 16);  // BERT's: N first, then M
-  EXPECT_EQ(p.tm, 2);
-  EXPECT_EQ(p.tn, 8);
+  // {tm, tn} of the default grid for M×N×K on `threads` with these caches.
+  auto grid = [&](const gemm::CacheSizes& caches, int64_t m, int64_t n, int64_t k, int threads) {
+    const gemm::GemmParams p = gemm::default_params(Isa::avx512, t, caches, m, n, k, threads);
+    return std::pair{p.tm, p.tn};
+  };
+  EXPECT_EQ(grid(c, 1, 1000, 2048, 16), std::pair(1, 16));  // 21 panels
+  EXPECT_EQ(grid(c, 1, 100, 64, 2), std::pair(1, 2));       // 3 panels
+  EXPECT_EQ(grid(c, 1, 40, 64, 4), std::pair(1, 1));        // 1 panel: one thread
+  EXPECT_EQ(grid(c, 10, 100, 64, 4), std::pair(2, 2));      // 2 row tiles, 3 panels
+  EXPECT_EQ(grid(c, 128, 768, 768, 16), std::pair(2, 8));   // BERT's: N first, then M
   // M alone where B fits half of L2 and each thread has 192 rows or more: EfficientNet-B0's
-  // 28x28 expansion (40 -> 240 channels), YOLO's 20x20 layer; not its 14x14 ones (196 rows),
-  // nor over 7x7 pixels, nor by a B past half of L2.
+  // 28x28 expansion (40 -> 240 channels), YOLO's 20x20 head layer; not EfficientNet-B0's 14x14
+  // expansions (196 rows), nor over 7x7 pixels, nor by a B past half of L2.
   const gemm::CacheSizes two_mib{.l1d = 48 << 10, .l2 = 2 << 20, .l3 = 32 << 20};
-  p = gemm::default_params(Isa::avx512, t, two_mib, 784, 240, 40, 2);
-  EXPECT_EQ(p.tm, 2);
-  EXPECT_EQ(p.tn, 1);
-  p = gemm::default_params(Isa::avx512, t, two_mib, 400, 255, 128, 2);
-  EXPECT_EQ(p.tm, 2);
-  EXPECT_EQ(p.tn, 1);
-  p = gemm::default_params(Isa::avx512, t, two_mib, 196, 672, 112, 2);
-  EXPECT_EQ(p.tm, 1);
-  EXPECT_EQ(p.tn, 2);
-  p = gemm::default_params(Isa::avx512, t, two_mib, 49, 1152, 192, 2);
-  EXPECT_EQ(p.tm, 1);
-  EXPECT_EQ(p.tn, 2);
-  p = gemm::default_params(Isa::avx512, t, two_mib, 784, 768, 768, 2);
-  EXPECT_EQ(p.tm, 1);
-  EXPECT_EQ(p.tn, 2);
+  EXPECT_EQ(grid(two_mib, 784, 240, 40, 2), std::pair(2, 1));
+  EXPECT_EQ(grid(two_mib, 400, 255, 128, 2), std::pair(2, 1));
+  EXPECT_EQ(grid(two_mib, 196, 672, 112, 2), std::pair(1, 2));
+  EXPECT_EQ(grid(two_mib, 49, 1152, 192, 2), std::pair(1, 2));
+  EXPECT_EQ(grid(two_mib, 784, 768, 768, 2), std::pair(1, 2));
   use_threads(2);
   for (Isa isa : isas()) check_gemm(gemm::default_params(isa, gemm::tiles(isa)[0], c, 1, 300, 70, 2), {1, 300, 70, false, false, true}, true);
 }
