@@ -134,7 +134,7 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   // rows) 1.32x; but with fewer rows M's split loses: EfficientNet-B0's 14x14 expansions (196
   // rows) took 0.73-1.00 of their time split along N, ViT-S/16's attention projections (197)
   // 0.75, YOLO's 10x10 layers (100) 0.73-0.80, and its 20x20 one (400) tied (the compiled
-  // models, 8-10 alternated profiles each way). Over 7x7 pixels (49 rows) N's split was faster
+  // models, 6-10 alternated profiles each way). Over 7x7 pixels (49 rows) N's split was faster
   // too (M's took 1.05-1.14x).
   constexpr int64_t kMinRowsForMSplit = 192;
   if (k * n * 4 <= caches.l2 / 2 && m >= kMinRowsForMSplit * threads) {
