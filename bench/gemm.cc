@@ -384,7 +384,8 @@ int main(int argc, char** argv) {
     const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
     std::vector<double> spread;
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
-    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads); });
+    const bool amx = gemm::u8s8_on_amx(cpu, s.m, s.k);
+    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, 0, amx); });
     if (bf16) fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data()); });
     std::vector<double> sec;
     if (fns.size() == 3) sec = interleaved(spread, fns[0], fns[1], fns[2]);

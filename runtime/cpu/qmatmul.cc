@@ -1,5 +1,6 @@
 // kiln.qmatmul_u8s8_avx512: QFusedMatMul (a quantized linear layer, what `kiln compile` makes of
-// DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h): B packed once at plan
+// DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h), on AMX tiles where the
+// target has them (16 rows or more, 64 steps of K or more; `amx_tiles` in profiles): B packed once at plan
 // time with its column sums, A's u8 rows read in place, s32 sums turned into real values by the
 // epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums, bias,
 // activation) and requantized to u8 in the micro-kernel's store, or written as f32.
@@ -48,6 +49,7 @@ class QMatMulKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(const LinearDims d, linear_dims(q, 3));
     m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
+    amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
     // B packed once, with its column sums.
     packed_ = Tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
     col_sums_.assign(static_cast<size_t>(n_), 0);
@@ -110,7 +112,7 @@ class QMatMulKernel final : public Kernel {
       ep.out_u8 = out_int8_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
-      gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, y.raw(), n_, threads_);
+      gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, y.raw(), n_, threads_, 0, amx_);
       return {};
     }
     // f32 into Y (an f32 output) or the workspace, then the rest of the epilogue on the rows.
@@ -118,7 +120,7 @@ class QMatMulKernel final : public Kernel {
     std::byte* next = ws + a_bytes_;
     float* f = out_int8_ ? reinterpret_cast<float*>(next) : y.data<float>();
     if (out_int8_) next += up(count * sizeof(float));
-    gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_);
+    gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_, 0, amx_);
     const float* z = nullptr;
     if (z_f32_) {
       z = ctx.input(9).data<float>();
@@ -132,7 +134,10 @@ class QMatMulKernel final : public Kernel {
     return {};
   }
 
-  std::string label() const override { return direct_ ? "" : "epilogue_pass"; }
+  std::string label() const override {
+    const std::string tiles = amx_ ? "amx_tiles" : "";
+    return direct_ ? tiles : tiles.empty() ? "epilogue_pass" : tiles + ", epilogue_pass";
+  }
 
  private:
   // A's scale and zero point into the epilogue's per-column scales and A's (u8) zero point.
@@ -144,6 +149,7 @@ class QMatMulKernel final : public Kernel {
   const RowKernels* rows_ = nullptr;
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
+  bool amx_ = false;  // the rows in whole 16s on AMX tiles (gemm::u8s8_on_amx)
   Tensor packed_;
   std::vector<int32_t> col_sums_;
   std::vector<float> scales_, b_scales_, bias_;

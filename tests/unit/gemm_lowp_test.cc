@@ -22,11 +22,11 @@ struct Dims {
 };
 const std::vector<Dims> kDims = {{1, 1, 1}, {5, 47, 3}, {8, 48, 4}, {13, 100, 37}, {17, 130, 300}};
 
-// Runs `check` on every size, B plain and transposed, on one and two threads.
-void for_each_case(const std::function<void(const Dims&, bool, int)>& check) {
+// Runs `check` on every size (`dims`), B plain and transposed, on one and two threads.
+void for_each_case(const std::function<void(const Dims&, bool, int)>& check, const std::vector<Dims>& dims = kDims) {
   for (int threads : {1, 2}) {
     use_threads(threads);
-    for (const Dims& d : kDims)
+    for (const Dims& d : dims)
       for (bool trans : {false, true}) {
         SCOPED_TRACE("m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) +
                      (trans ? " transB" : "") + " threads=" + std::to_string(threads));
@@ -36,10 +36,18 @@ void for_each_case(const std::function<void(const Dims&, bool, int)>& check) {
   use_threads(physical_cores());
 }
 
+// The VNNI kernel, and where the CPU has AMX the tiles' path too: rows in whole tiles and past
+// them, K in whole 64s of steps and past them (a last group shorter than 4 too), one or two
+// column tiles in a block, blocks of 32 rows.
 TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
+  std::vector<Dims> dims = kDims;
+  dims.insert(dims.end(), {{16, 16, 64}, {33, 47, 128}, {50, 100, 259}, {96, 65, 771}});
   std::mt19937 rng(1);
+  for (bool amx : {false, true})
   for_each_case([&](const Dims& d, bool trans, int threads) {
+    if (amx && !gemm::u8s8_on_amx(CpuFeatures::host(), d.m, d.k)) return;
+    SCOPED_TRACE(amx ? "AMX" : "VNNI");
     std::vector<uint8_t> a(static_cast<size_t>(d.m * d.k));
     std::vector<int8_t> b(static_cast<size_t>(d.k * d.n));
     for (auto& v : a) v = static_cast<uint8_t>(rng() % 256);
@@ -57,12 +65,12 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
     gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(),
                            .act = {Activation::relu}};
     std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8);
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8, amx);
     std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
     ep.out_u8 = true;
     ep.out_scale = 0.003f;
     ep.out_zero = 10;
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads);
+    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, 0, amx);
     for (int64_t i = 0; i < d.m; ++i)
       for (int64_t j = 0; j < d.n; ++j) {
         int64_t s = 0;
@@ -73,7 +81,7 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
         const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
         ASSERT_LE(std::abs(static_cast<double>(q[static_cast<size_t>(i * d.n + j)]) - wq), 1.0) << i << "," << j;
       }
-  });
+  }, dims);
 }
 
 TEST(GemmLowp, Bf16) {

@@ -1,5 +1,5 @@
 // The lower-precision GEMMs' packing, dispatch and threads (lowp.h); the kernels are in
-// lowp_avx512.cc.
+// lowp_avx512.cc, f16_avx512.cc and lowp_amx.cc.
 #include "runtime/cpu/gemm/lowp.h"
 
 #include <omp.h>
@@ -126,9 +126,25 @@ size_t bf16_workspace_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(round_up(m, MR) * round_up(k, 2)) * 2;  // A in MR-row panels of bf16 pairs
 }
 
+bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k) { return cpu.amx && m >= 16 && k >= 64; }
+
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
-               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc) {
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx) {
   if (m <= 0 || n <= 0) return;
+  // Only where this process was granted the tile state (CpuFeatures::host asks for it).
+  if (amx && CpuFeatures::host().amx) {
+    // The threads split pairs of B's 16-column tiles (a block's two); the rows past the last
+    // whole 16 go to the VNNI kernel below.
+    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16;
+    const int64_t block = mc > 0 ? round_up(mc, 32) : std::max<int64_t>(32, rows_per_block(round_up(k, 4)) / 32 * 32);
+    over_panels((tiles + 1) / 2, threads, [&](int64_t p0, int64_t p1) {
+      lowp_amx::u8s8_tiles(rows, block, 2 * p0, std::min(tiles, 2 * p1), k, a, lda, b_packed, ep, c, ldc, n);
+    });
+    if (rows == m) return;
+    a += rows * lda;
+    c = static_cast<std::byte*>(c) + rows * ldc * (ep.out_u8 ? 1 : 4);
+    m -= rows;
+  }
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
   // others start, cost 5-10 % of the product).
   if (mc <= 0) mc = rows_per_block(round_up(k, 4));

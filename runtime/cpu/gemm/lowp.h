@@ -5,7 +5,8 @@
 // accumulators, B packed once in panels of NR columns with the K dimension grouped by 4 (u8s8)
 // or 2 (bf16) so that one vector load feeds a whole row of the tile, A broadcast one group at a
 // time (u8 read from its rows in place, bf16 from its rounded copy); Kc is the whole of K and
-// the threads split the panels of B.
+// the threads split the panels of B. Where the CPU has AMX-INT8, u8s8 multiplies on AMX tiles
+// from the same packed B (lowp_amx.cc).
 #pragma once
 
 #include <cstddef>
@@ -51,11 +52,17 @@ struct QuantEpilogue {
   int32_t out_zero = 0;
 };
 
+/// Whether gemm_u8s8 should multiply M×K rows on AMX tiles on `cpu`: where it has AMX-INT8,
+/// with at least 16 rows (a tile's) and 64 steps of K (one `tdpbusd`'s).
+bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k);
+
 /// C[M×N] = epilogue(A[M×K] u8 · B s8), B packed by pack_b_s8, C f32 or u8 (`ldc` elements
 /// between rows), on min(threads, pool) threads. A's rows are read in place (`lda` bytes apart),
-/// `mc` at a time (a multiple of 8; 0: as many as fill half of L2); no workspace.
+/// `mc` at a time (a multiple of 8; 0: as many as fill half of L2); no workspace. With `amx`
+/// (u8s8_on_amx's answer for the CPU it runs on), the rows down to a multiple of 16 are
+/// multiplied on AMX tiles (`tdpbusd`, 16 rows × 16 columns × 64 steps), the rest on VNNI.
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
-               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0);
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0, bool amx = false);
 
 // ---- bf16 · bf16 -----------------------------------------------------------------------------
 

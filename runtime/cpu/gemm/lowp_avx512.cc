@@ -121,7 +121,6 @@ constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
 
 void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
-  const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t k4 = (k + 3) / 4;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   const int64_t panel_bytes = k4 * NR * 4, blocks = (k / 4 + kFetchSteps - 1) / kFetchSteps;
@@ -145,23 +144,29 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
       alignas(64) float tile[MR][NR];
       kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, &tile[0][0],
                                                 PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
-      if (ep.act.kind != Activation::none) rows.tile_epilogue(&tile[0][0], NR, nullptr, 0, rows_here, w, ep.act, ActivationSpec{});
-      for (int i = 0; i < rows_here; ++i) {
-        if (!ep.out_u8) {
-          float* out = static_cast<float*>(c) + (i0 + i) * ldc + n0;
-          for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(out + j * 16, mask(w - j * 16), _mm512_load_ps(&tile[i][j * 16]));
-          continue;
-        }
-        uint8_t* out = static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0;
-        const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
-        const __m512i zero = _mm512_set1_epi32(ep.out_zero);
-        for (int j = 0; j < NV; ++j) {
-          // Round half to even (the MXCSR default), add the zero point, saturate to 0..255.
-          __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&tile[i][j * 16]), inv)), zero);
-          q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-          _mm_mask_storeu_epi8(out + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
-        }
-      }
+      u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
+    }
+  }
+}
+
+void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0) {
+  if (ep.act.kind != Activation::none) row_kernels(Isa::avx512).tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
+  const int nv = (w + 15) / 16;
+  for (int i = 0; i < rows; ++i) {
+    const float* v = values + i * ld;
+    if (!ep.out_u8) {
+      float* out = static_cast<float*>(c) + (i0 + i) * ldc + n0;
+      for (int j = 0; j < nv; ++j) _mm512_mask_storeu_ps(out + j * 16, mask(w - j * 16), _mm512_load_ps(v + j * 16));
+      continue;
+    }
+    uint8_t* out = static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0;
+    const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
+    const __m512i zero = _mm512_set1_epi32(ep.out_zero);
+    for (int j = 0; j < nv; ++j) {
+      // Round half to even (the MXCSR default), add the zero point, saturate to 0..255.
+      __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + j * 16), inv)), zero);
+      q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+      _mm_mask_storeu_epi8(out + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
     }
   }
 }

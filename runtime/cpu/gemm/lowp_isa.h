@@ -12,6 +12,10 @@ namespace kiln::cpu::gemm::lowp_avx512 {
 /// MR) at a time; A's rows read in place (`lda` bytes apart), B is pack_b_s8's output.
 void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
+/// u8s8: the end of the epilogue for `rows` rows of w real values (`ld` floats apart, changed
+/// in place): the activation, then stored in C's rows from i0, columns from n0, as f32 or
+/// requantized to u8 (ep.out_u8).
+void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0);
 
 /// bf16: A's rows [m0, m0 + rows) as one MR-row panel of bf16 pairs (rows past `rows` zero).
 void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out);
@@ -24,6 +28,18 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 void widen_f16(const uint16_t* in, int64_t n, float* out);
 
 }  // namespace kiln::cpu::gemm::lowp_avx512
+
+// The AMX-INT8 build (lowp_amx.cc).
+namespace kiln::cpu::gemm::lowp_amx {
+
+/// u8s8 on AMX tiles: C's column tiles [t0, t1) (16 columns each, of pack_b_s8's panels; N in
+/// all) for rows [0, m) (a multiple of 16), `mc` rows (a multiple of 32) at a time; A's rows
+/// read in place (`lda` bytes apart). Loads the tile configuration on the calling thread and
+/// releases it.
+void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
+                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
+
+}  // namespace kiln::cpu::gemm::lowp_amx
 
 // The AVX512-FP16 build (f16_avx512.cc).
 namespace kiln::cpu::gemm::f16_avx512 {

@@ -1,0 +1,128 @@
+// The u8·s8 GEMM on AMX tiles (lowp_isa.h), built with AMX-TILE, AMX-INT8 and AVX512-VNNI
+// (CMake sets the flags for this file); lowp.cc calls it only on CPUs that have them and whose
+// operating system granted the tile state (CpuFeatures::amx).
+//
+// B is pack_b_s8's: in each panel of NR = 48 columns, K's groups of 4 steps one after another,
+// NR × 4 bytes each. Sixteen columns of sixteen groups are then one tile of B as `tdpbusd`
+// reads it (16 rows of 64 bytes, a group of 4 steps for each of 16 columns), at a stride of
+// NR × 4 bytes, so the VNNI kernel's packed weight serves both. A's rows are read in place, 64
+// steps of 16 rows a tile. Each block keeps R×C (≤ 2×2) tiles of 16×16 s32 sums in tile
+// registers 0-3, A's R row tiles in 4-5 and B's C column tiles in 6-7: per 64 steps it loads
+// R + C tiles and issues R·C `tdpbusd` (16·16·64 products each). Steps past the last whole 64
+// (at most 63) are added with `vpdpbusd` once the sums are stored.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "runtime/cpu/gemm/lowp_isa.h"
+
+namespace kiln::cpu::gemm::lowp_amx {
+
+namespace {
+
+constexpr int64_t NR = kLowpTile.nr;
+constexpr int64_t kGroupBytes = NR * 4;  // a group of 4 steps of a panel's NR columns
+constexpr int64_t kLd = 32;              // columns of a block's sums as stored (two tiles)
+
+// The 64-byte tile configuration `ldtilecfg` reads (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Eight tiles of 16 rows of 64 bytes. A constant: GCC 12 treats a local one's stores as dead.
+constexpr TileConfig kConfig = {.colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+__mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
+
+// Column tile t (16 columns) of B: panel t / 3, the (t % 3)-th 64 bytes of each of its groups.
+const int8_t* column_tile(const int8_t* b, int64_t panel_bytes, int64_t t) {
+  constexpr int64_t per_panel = NR / 16;
+  return b + (t / per_panel) * panel_bytes + (t % per_panel) * 64;
+}
+
+// sums[R·16 × C·16] (kLd apart) = A's R·16 rows (`lda` apart) · B's column tiles b0, b1 over
+// `chunks` · 64 steps of K.
+template <int R, int C>
+void block(int64_t chunks, const uint8_t* a, int64_t lda, const int8_t* b0, const int8_t* b1, int32_t* sums) {
+  _tile_zero(0);
+  if constexpr (C > 1) _tile_zero(1);
+  if constexpr (R > 1) _tile_zero(2);
+  if constexpr (R > 1 && C > 1) _tile_zero(3);
+  const uint8_t* a1 = a + 16 * lda;
+  for (int64_t s = 0; s < chunks; ++s) {
+    const int64_t bo = s * 16 * kGroupBytes;
+    _tile_loadd(6, b0 + bo, kGroupBytes);
+    if constexpr (C > 1) _tile_loadd(7, b1 + bo, kGroupBytes);
+    _tile_loadd(4, a + s * 64, lda);
+    _tile_dpbusd(0, 4, 6);
+    if constexpr (C > 1) _tile_dpbusd(1, 4, 7);
+    if constexpr (R > 1) {
+      _tile_loadd(5, a1 + s * 64, lda);
+      _tile_dpbusd(2, 5, 6);
+      if constexpr (C > 1) _tile_dpbusd(3, 5, 7);
+    }
+  }
+  constexpr int64_t stride = kLd * 4;
+  _tile_stored(0, sums, stride);
+  if constexpr (C > 1) _tile_stored(1, sums + 16, stride);
+  if constexpr (R > 1) _tile_stored(2, sums + 16 * kLd, stride);
+  if constexpr (R > 1 && C > 1) _tile_stored(3, sums + 16 * kLd + 16, stride);
+}
+
+using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const int8_t*, int32_t*);
+constexpr BlockFn kBlocks[2][2] = {{&block<1, 1>, &block<1, 2>}, {&block<2, 1>, &block<2, 2>}};
+
+}  // namespace
+
+void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
+                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+  _tile_loadconfig(&kConfig);
+  const int64_t k4 = (k + 3) / 4, chunks = k / 64, panel_bytes = k4 * kGroupBytes;
+  const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
+  alignas(64) int32_t sums[32 * kLd];
+  alignas(64) float values[32 * kLd];
+  for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's columns pass
+    for (int64_t t = t0; t < t1; t += 2) {
+      const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
+      const int64_t n0 = t * 16;
+      const int w = static_cast<int>(std::min<int64_t>(16 * cols, n - n0));
+      const int8_t* bt[2] = {column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr};
+      // Per column: what A's zero point adds to the sum (a_zero · Σb), the scale and the bias.
+      __m512i comp[2];
+      __m512 scale[2], bias[2];
+      for (int j = 0; j < cols; ++j) {
+        const __mmask16 mk = mask(w - j * 16);
+        comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk, ep.col_sums + n0 + j * 16));
+        scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
+        bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+      }
+      for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += 32) {
+        const int rt = std::min<int64_t>(m, ib + mc) - i0 >= 32 ? 2 : 1, rows = 16 * rt;
+        const uint8_t* ar = a + i0 * lda;
+        kBlocks[rt - 1][cols - 1](chunks, ar, lda, bt[0], bt[1], sums);
+        for (int i = 0; i < rows; ++i) {
+          __m512i acc[2];
+          for (int j = 0; j < cols; ++j) acc[j] = _mm512_load_si512(sums + i * kLd + j * 16);
+          // The steps past the tiles' whole 64s; a last group shorter than 4 loaded masked (B
+          // is zero past K, and no byte past A's row is read).
+          for (int64_t g = chunks * 16; g < k4; ++g) {
+            const uint8_t* ag = ar + i * lda + g * 4;
+            const __m128i group = g * 4 + 4 <= k ? _mm_loadu_si32(ag) : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (k % 4)) - 1), ag);
+            const __m512i av = _mm512_broadcastd_epi32(group);
+            for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
+          }
+          for (int j = 0; j < cols; ++j)
+            _mm512_store_ps(values + i * kLd + j * 16,
+                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]));
+        }
+        lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, i0, n0);
+      }
+    }
+  _tile_release();
+}
+
+}  // namespace kiln::cpu::gemm::lowp_amx
