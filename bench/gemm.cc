@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,17 @@ avec<float> filled(int64_t count, float step, bool cosine) {
   return v;
 }
 
+// The largest |x - y| over the largest |y|.
+template <class V>
+double max_rel_diff(const V& x, const V& y) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(x[i]) - y[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(y[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
 // One shape's operands, and both libraries ready to run on them: oneDNN's matmul with B
 // reordered ahead into the layout it picks, kiln's GEMM with B packed ahead (as `kiln compile`
 // stores a weight).
@@ -139,14 +151,7 @@ struct Problem {
     gemm::run(k.p, k.g, k.ws.data());
   }
   // The largest difference between the two libraries' C, relative to C's largest magnitude.
-  double disagreement() const {
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < c_kiln.size(); ++i) {
-      diff = std::max(diff, std::abs(static_cast<double>(c_kiln[i]) - c_onednn[i]));
-      scale = std::max(scale, std::abs(static_cast<double>(c_onednn[i])));
-    }
-    return diff / std::max(scale, 1e-30);
-  }
+  double disagreement() const { return max_rel_diff(c_kiln, c_onednn); }
 };
 
 double median(std::vector<double> t) {
@@ -154,11 +159,54 @@ double median(std::vector<double> t) {
   return t[t.size() / 2];
 }
 
+// oneDNN's lower-precision matmul on one shape, as kiln's runtime/onednn/matmul.cc runs it
+// (AMX where the CPU has it): u8 A with its zero point · s8 B (reordered ahead) scaled to f32,
+// or f32 A reordered to bf16 on each call · bf16 B (reordered ahead) to f32.
+struct OnednnLowp {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  dnnl::matmul prim;
+  std::optional<dnnl::reorder> to_bf16;
+  memory a_in, a_mem, b_mem, c_mem;
+
+  OnednnLowp(const Shape& s, bool int8, void* a, const float* b_f32, const int8_t* b_s8, float* c, int32_t a_zero, float scale) {
+    using dt = memory::data_type;
+    const dt lowp = int8 ? dt::s8 : dt::bf16;
+    const memory::desc a_md({s.m, s.k}, int8 ? dt::u8 : dt::bf16, memory::format_tag::ab);
+    const memory::desc b_any({s.k, s.n}, lowp, memory::format_tag::any);
+    const memory::desc c_md({s.m, s.n}, dt::f32, memory::format_tag::ab);
+    dnnl::primitive_attr attr;
+    if (int8) {
+      attr.set_output_scales(0, {scale});
+      attr.set_zero_points(DNNL_ARG_SRC, 0, {a_zero});
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_any, c_md), attr, eng);
+    c_mem = memory(c_md, eng, c);
+    b_mem = memory(pd.weights_desc(), eng);
+    if (int8) {
+      a_mem = memory(a_md, eng, a);
+      memory b_src({{s.k, s.n}, dt::s8, memory::format_tag::ab}, eng, const_cast<int8_t*>(b_s8));
+      dnnl::reorder(b_src, b_mem).execute(strm, b_src, b_mem);
+    } else {
+      a_in = memory({{s.m, s.k}, dt::f32, memory::format_tag::ab}, eng, a);
+      a_mem = memory(a_md, eng);
+      to_bf16 = dnnl::reorder(a_in, a_mem);
+      memory b_src({{s.k, s.n}, dt::f32, memory::format_tag::ab}, eng, const_cast<float*>(b_f32));
+      dnnl::reorder(b_src, b_mem).execute(strm, b_src, b_mem);
+    }
+    strm.wait();
+    prim = dnnl::matmul(pd);
+  }
+  void run() {
+    if (to_bf16) to_bf16->execute(strm, a_in, a_mem);
+    prim.execute(strm, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+    strm.wait();
+  }
+};
+
 // Median seconds of each function, their calls interleaved so that a neighbour's load falls
 // on both alike; (max - min) / median of each is returned in `spread`.
-template <class... F>
-std::vector<double> interleaved(std::vector<double>& spread, F&&... fns) {
-  std::vector<std::function<void()>> f = {fns...};
+std::vector<double> interleaved_all(std::vector<double>& spread, const std::vector<std::function<void()>>& f) {
   for (int w = 0; w < 3; ++w)
     for (auto& fn : f) fn();
   std::vector<std::vector<double>> t(f.size());
@@ -175,6 +223,10 @@ std::vector<double> interleaved(std::vector<double>& spread, F&&... fns) {
     spread.push_back((*std::max_element(ti.begin(), ti.end()) - *std::min_element(ti.begin(), ti.end())) / med.back());
   }
   return med;
+}
+template <class... F>
+std::vector<double> interleaved(std::vector<double>& spread, F&&... fns) {
+  return interleaved_all(spread, {fns...});
 }
 
 double gflops(const Shape& s, double sec) { return 2.0 * static_cast<double>(s.m * s.n * s.k) / sec / 1e9; }
@@ -363,11 +415,12 @@ int main(int argc, char** argv) {
   }
   const double vnni_peak = vnni ? probed.compute_gflops.at("int8") * threads : 0;
   const double bf16_peak = bf16 ? probed.compute_gflops.at("bf16") * threads : 0;
-  std::printf("# u8s8 peak %.1f GOP/s, bf16 peak %.1f GFLOP/s (vpdpbusd and vdpbf16ps, or AMX tiles where the CPU has them), for "
-              "%d thread(s) (0: the CPU lacks it)\n",
-              vnni_peak, bf16_peak, threads);
-  std::printf("%-28s %9s | %9s %8s %7s %8s | %9s %8s %7s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",
-              "bf16 ms", "GFLOP/s", "peak");
+  std::printf("# u8s8 peak %.1f GOP/s, bf16 peak %.1f GFLOP/s (%s), for %d thread(s) (0: the CPU lacks it); oneDNN's "
+              "matmul of the same types beside each\n",
+              vnni_peak, bf16_peak, cpu.amx ? "AMX tiles, which kiln's lower-precision GEMMs run on here" : "vpdpbusd and vdpbf16ps",
+              threads);
+  std::printf("%-28s %9s | %9s %8s %7s %8s %9s | %9s %8s %7s %9s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",
+              "oneDNN ms", "bf16 ms", "GFLOP/s", "peak", "oneDNN ms");
   for (const Shape& s : shapes) {
     Problem pr(s);
     Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
@@ -377,23 +430,39 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < b8.size(); ++i) b8[i] = static_cast<int8_t>(i * 13 % 255 - 127);
     avec<int32_t> sums(static_cast<size_t>(s.n));
     gemm::pack_b_s8(b8.data(), s.n, false, s.k, s.n, b8p.data(), sums.data());
-    avec<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n));
+    avec<float> scale(static_cast<size_t>(s.n), 1e-3f), c(static_cast<size_t>(s.m * s.n)), c_dnnl(c.size());
     avec<uint16_t> bbf(static_cast<size_t>(gemm::packed_b_bf16_elements(s.k, s.n)));
     gemm::pack_b_bf16(pr.b.data(), s.n, false, s.k, s.n, bbf.data());
     avec<std::byte> ws(gemm::bf16_workspace_bytes(s.m, s.k));
     const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
-    std::vector<double> spread;
+    const bool amx8 = gemm::u8s8_on_amx(cpu, s.m, s.k), amx16 = gemm::bf16_on_amx(cpu, s.k);
+    std::optional<OnednnLowp> d8, d16;
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
-    const bool amx = gemm::u8s8_on_amx(cpu, s.m, s.k);
-    if (vnni) fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, 0, amx); });
-    if (bf16) fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data()); });
-    std::vector<double> sec;
-    if (fns.size() == 3) sec = interleaved(spread, fns[0], fns[1], fns[2]);
-    else sec = interleaved(spread, fns[0], fns[1]);
-    const double t8 = vnni ? sec[1] : 0, tb = bf16 ? sec.back() : 0;
-    std::printf("%-28s %9.3f | %9.3f %8.1f %6.0f%% %8.2f | %9.3f %8.1f %6.0f%%\n", shape_name(s).c_str(), sec[0] * 1e3, t8 * 1e3,
-                vnni ? gflops(s, t8) : 0.0, vnni ? 100 * gflops(s, t8) / vnni_peak : 0.0, vnni ? sec[0] / t8 : 0.0, tb * 1e3,
-                bf16 ? gflops(s, tb) : 0.0, bf16 ? 100 * gflops(s, tb) / bf16_peak : 0.0);
+    if (vnni) {
+      d8.emplace(s, true, a8.data(), nullptr, b8.data(), c_dnnl.data(), 128, 1e-3f);
+      fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, 0, amx8); });
+      fns.push_back([&] { d8->run(); });
+    }
+    if (bf16) {
+      d16.emplace(s, false, pr.a.data(), pr.b.data(), nullptr, c_dnnl.data(), 0, 1.f);
+      fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data(), 0, amx16); });
+      fns.push_back([&] { d16->run(); });
+    }
+    std::vector<double> spread;
+    const std::vector<double> sec = interleaved_all(spread, fns);
+    const double t8 = vnni ? sec[1] : 0, d8t = vnni ? sec[2] : 0, tb = bf16 ? sec[sec.size() - 2] : 0, dbt = bf16 ? sec.back() : 0;
+    // Each of kiln's results against oneDNN's (the last call of each left it in c and c_dnnl).
+    const double diff16 = bf16 ? max_rel_diff(c, c_dnnl) : 0;  // the bf16 calls ran last
+    double diff8 = 0;
+    if (vnni) {
+      fns[1]();
+      fns[2]();
+      diff8 = max_rel_diff(c, c_dnnl);
+    }
+    std::printf("%-28s %9.3f | %9.3f %8.1f %6.0f%% %8.2f %9.3f | %9.3f %8.1f %6.0f%% %9.3f (max rel diff %.1e, %.1e)\n",
+                shape_name(s).c_str(), sec[0] * 1e3, t8 * 1e3, vnni ? gflops(s, t8) : 0.0, vnni ? 100 * gflops(s, t8) / vnni_peak : 0.0,
+                vnni ? sec[0] / t8 : 0.0, d8t * 1e3, tb * 1e3, bf16 ? gflops(s, tb) : 0.0, bf16 ? 100 * gflops(s, tb) / bf16_peak : 0.0,
+                dbt * 1e3, diff8, diff16);
   }
   return 0;
 }

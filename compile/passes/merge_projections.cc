@@ -16,8 +16,8 @@
 // once and spreads over the threads as one wider N, and no Split copies its output again: the
 // GEMM writes each tile where its output lies. A product has no residual Z here and writes f32;
 // its weight is f32 or f16 (what lower_precision made of it with fp16: kiln's f16 GEMM), the
-// same for all it merges; a bf16 one stays a product of its own (oneDNN's matmul runs it on
-// AMX and writes one output). Every split point is a multiple of 32 columns (f16: 64): some
+// same for all it merges; a bf16 one stays a product of its own (kiln's bf16 GEMM writes one
+// output). Every split point is a multiple of 32 columns (f16: 64): some
 // register tile of kiln's GEMM divides it on each ISA (AVX-512's 14x32, AVX2's 3x32, the f16
 // GEMM's 6x64), so no tile straddles two outputs; a product whose width is not stays apart.
 //

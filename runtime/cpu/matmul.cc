@@ -633,6 +633,10 @@ class GemmKernel final : public Kernel {
 // bf16 weights (`kiln compile --precision bf16`), on AVX512-BF16 (gemm::gemm_bf16): B packed
 // once in prepare into panels of K pairs (which a compiled model stores), A rounded to bf16 as
 // its row panels are packed, the products summed in f32 and the f32 epilogue on each tile.
+// Where the target has AMX, on its tiles from the same packed B (`bf16_amx_tiles`; a CPU
+// without them runs the model so compiled on VDPBF16PS, which issues at half the rate of f32
+// FMAs on AMX Xeons). That took BERT-base in bf16 0.88 of the time oneDNN's bf16 matmul on AMX
+// took at one thread (0.97 at two), ViT-S/16 0.95, ResNet-50's pointwise convolutions 0.99.
 // The lower-precision GEMMs (kiln.gemm_bf16_avx512, kiln.gemm_f16_avx512) take a FusedMatMul or
 // pointwise FusedConv whose constant weight is `weight` (what `--precision` stores) on a CPU
 // that has `kind`'s instructions.
@@ -674,15 +678,6 @@ class LowpEpilogue {
   gemm::Epilogue ep_;
 };
 
-// Where the target has AMX, oneDNN's bf16 matmul and convolution multiply on its tiles. This
-// kernel's VDPBF16PS is no match there: on a 16-core AMX Xeon it issues at half the rate of f32
-// FMAs (the ceilings probe: 704 against 1397 GFLOP/s), and BERT-base ran 1.7x slower in bf16
-// than in f32 on it.
-std::optional<std::string> bf16_defers(const KernelQuery& q) {
-  if (q.target.cpu.amx) return "oneDNN multiplies bf16 on AMX tiles where the CPU has them";
-  return gemm_defers(q);
-}
-
 class Bf16GemmKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
@@ -702,22 +697,24 @@ class Bf16GemmKernel final : public Kernel {
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     threads_ = std::max(1, q.target.threads);
+    amx_ = gemm::bf16_on_amx(q.target.cpu, k_);
     needs.workspace_bytes = gemm::bf16_workspace_bytes(m_, k_);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
     gemm::gemm_bf16(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx),
-                    ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data());
+                    ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data(), 0, amx_);
     return {};
   }
 
   Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
-  std::string label() const override { return "bf16_8x48"; }
+  std::string label() const override { return amx_ ? "bf16_amx_tiles" : "bf16_8x48"; }
 
  private:
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
+  bool amx_ = false;  // on AMX tiles (gemm::bf16_on_amx)
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
   LowpEpilogue ep_;
 };
@@ -799,7 +796,7 @@ void register_gemm(KernelRegistry& r) {
                      .create = [](const KernelQuery&) { return std::make_unique<Bf16GemmKernel>(); },
                      .needs_isa = bf16,
                      .reads_packed = true,
-                     .defers = bf16_defers});
+                     .defers = gemm_defers});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (const char* op : {"MatMul", "FusedMatMul", "Gemm", "Conv", "FusedConv"})
       r.add(op, "cpu",

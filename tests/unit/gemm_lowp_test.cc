@@ -84,31 +84,40 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   }, dims);
 }
 
+// The vdpbf16ps kernel, and where the CPU has AMX the tiles' path too (rows past whole tiles,
+// K past whole 32s and odd, blocks of 32 rows), with a bias, GELU and a residual.
 TEST(GemmLowp, Bf16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::bf16)) GTEST_SKIP() << *why;
+  std::vector<Dims> dims = kDims;
+  dims.insert(dims.end(), {{16, 16, 32}, {33, 47, 64}, {50, 100, 259}, {96, 65, 771}});
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (bool amx : {false, true})
   for_each_case([&](const Dims& d, bool trans, int threads) {
+    if (amx && !gemm::bf16_on_amx(CpuFeatures::host(), d.k)) return;
+    SCOPED_TRACE(amx ? "AMX" : "vdpbf16ps");
     std::vector<float> a(static_cast<size_t>(d.m * d.k)), b(static_cast<size_t>(d.k * d.n)), bias(static_cast<size_t>(d.n));
+    std::vector<float> z(static_cast<size_t>(d.m * d.n));
     for (auto& v : a) v = dist(rng);
     for (auto& v : b) v = dist(rng);
     for (auto& v : bias) v = dist(rng);
+    for (auto& v : z) v = dist(rng);
     std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n)));
     gemm::pack_b_bf16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-    gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::gelu}};
+    gemm::Epilogue ep{.bias = bias.data(), .z = z.data(), .ldz = d.n, .act = {Activation::gelu}};
     std::vector<std::byte> ws(gemm::bf16_workspace_bytes(d.m, d.k));
     std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-    gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+    gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8, amx);
     for (int64_t i = 0; i < d.m; ++i)
       for (int64_t j = 0; j < d.n; ++j) {
         double s = bias[static_cast<size_t>(j)];
         for (int64_t p = 0; p < d.k; ++p)
           s += double{gemm::from_bf16(gemm::to_bf16(a[static_cast<size_t>(i * d.k + p)]))} * gemm::from_bf16(gemm::to_bf16(bv(p, j)));
-        const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+        const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0))) + z[static_cast<size_t>(i * d.n + j)];
         ASSERT_NEAR(y[static_cast<size_t>(i * d.n + j)], want, 1e-4 * std::max(1.0, std::abs(s))) << i << "," << j;
       }
-  });
+  }, dims);
 }
 
 // f16 · f16 on AVX512-FP16: against the products of the f16-rounded inputs summed in double.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/ref/nn_util.h"
 #include "runtime/threads.h"
@@ -26,6 +27,15 @@ int64_t rows_per_block(int64_t row_bytes) {
   return std::max<int64_t>(MR, CacheSizes::host().l2 / 2 / std::max<int64_t>(row_bytes, 1) / MR * MR);
 }
 
+// The rows of A the AMX kernels take at a time, in whole blocks of 32: where B (`b_bytes`) fits
+// in half of L2, one block (A's 32 rows stay in L1 while B passes from L2: 1024x1024x1024 u8s8
+// on the 2-core AMX Xeon 1.06-1.16 ms against 1.62-1.64 with A's rows in one block of L2);
+// where it does not, as many as fill half of L2, so that B passes from memory once a block.
+int64_t amx_rows_per_block(int64_t row_bytes, int64_t b_bytes) {
+  if (b_bytes <= CacheSizes::host().l2 / 2) return 32;
+  return std::max<int64_t>(32, rows_per_block(row_bytes) / 32 * 32);
+}
+
 // Runs f(p0, p1) over `count` panels, shared among min(threads, pool, count) threads.
 template <class F>
 void over_panels(int64_t count, int threads, F&& f) {
@@ -40,6 +50,31 @@ void over_panels(int64_t count, int threads, F&& f) {
     const int64_t i = omp_get_thread_num(), base = count / t, extra = count % t;
     const int64_t p0 = i * base + std::min<int64_t>(i, extra);
     f(p0, p0 + base + (i < extra ? 1 : 0));
+  }
+}
+
+// Runs f(r0, r1, p0, p1) on each thread's share of the AMX kernels' work: rows [r0, r1) of
+// `rows` (whole tiles of 16) × pairs [p0, p1) of B's 16-column tiles. The threads split the pairs
+// alone while each gets 4 or more; with fewer (a narrow product, or many threads) they split the
+// rows too, in as few groups as give each 4 pairs (or as many as there are tiles of rows).
+template <class F>
+void over_tile_grid(int64_t rows, int64_t pairs, int threads, F&& f) {
+  const int t = static_cast<int>(std::min<int64_t>({threads, pool_threads(), pairs * std::max<int64_t>(1, rows / 16)}));
+  if (t <= 1) {
+    f(0, rows, 0, pairs);
+    return;
+  }
+  int tr = 1;  // groups of rows: a divisor of t
+  while (tr < t && (t % tr != 0 || pairs < 4 * (t / tr)) && rows / 16 > tr) ++tr;
+  while (t % tr != 0) --tr;
+  const int tc = t / tr;
+#pragma omp parallel num_threads(t)
+  {
+    WorkerSpan span;
+    const int64_t i = omp_get_thread_num(), ir = i / tc, ic = i % tc;
+    const int64_t units = rows / 16, r0 = units * ir / tr * 16, r1 = units * (ir + 1) / tr * 16;
+    const int64_t p0 = pairs * ic / tc, p1 = pairs * (ic + 1) / tc;
+    if (r0 < r1 && p0 < p1) f(r0, r1, p0, p1);
   }
 }
 
@@ -123,7 +158,8 @@ Tensor widened_to_f32(const Tensor& w) {
 }
 
 size_t bf16_workspace_bytes(int64_t m, int64_t k) {
-  return static_cast<size_t>(round_up(m, MR) * round_up(k, 2)) * 2;  // A in MR-row panels of bf16 pairs
+  // A in MR-row panels of bf16 pairs, or (AMX) in rows of whole 32s, whole tiles of 16 rows.
+  return static_cast<size_t>(std::max(round_up(m, MR) * round_up(k, 2), round_up(m, 16) * round_up(k, 32))) * 2;
 }
 
 bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k) { return cpu.amx && m >= 16 && k >= 64; }
@@ -133,16 +169,17 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   if (m <= 0 || n <= 0) return;
   // Only where this process was granted the tile state (CpuFeatures::host asks for it).
   if (amx && CpuFeatures::host().amx) {
-    // The threads split pairs of B's 16-column tiles (a block's two); the rows past the last
-    // whole 16 go to the VNNI kernel below.
-    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16;
-    const int64_t block = mc > 0 ? round_up(mc, 32) : std::max<int64_t>(32, rows_per_block(round_up(k, 4)) / 32 * 32);
-    over_panels((tiles + 1) / 2, threads, [&](int64_t p0, int64_t p1) {
-      lowp_amx::u8s8_tiles(rows, block, 2 * p0, std::min(tiles, 2 * p1), k, a, lda, b_packed, ep, c, ldc, n);
+    // The threads share pairs of B's 16-column tiles (a block's two) and the rows; the rows past
+    // the last whole 16 go to the VNNI kernel below.
+    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16, bytes = ep.out_u8 ? 1 : 4;
+    const int64_t block = mc > 0 ? round_up(mc, 32) : amx_rows_per_block(round_up(k, 4), round_up(k, 4) * n);
+    over_tile_grid(rows, (tiles + 1) / 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+      lowp_amx::u8s8_tiles(r1 - r0, block, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, ep,
+                           static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
     });
     if (rows == m) return;
     a += rows * lda;
-    c = static_cast<std::byte*>(c) + rows * ldc * (ep.out_u8 ? 1 : 4);
+    c = static_cast<std::byte*>(c) + rows * ldc * bytes;
     m -= rows;
   }
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
@@ -152,10 +189,29 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
               [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
 }
 
+bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
+
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
-               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc, bool amx) {
   if (m <= 0 || n <= 0) return;
   auto* packed = reinterpret_cast<uint16_t*>(workspace);
+  if (amx && CpuFeatures::host().amx) {
+    // A's rows rounded to bf16 (the threads sharing its tiles of 16 rows), then the threads
+    // share pairs of B's 16-column tiles and the rows.
+    const int64_t ld = round_up(k, 32), tiles = (n + 15) / 16;
+    over_panels((m + 15) / 16, threads, [&](int64_t r0, int64_t r1) {
+      const int64_t first = r0 * 16, real = std::max<int64_t>(0, std::min(m, r1 * 16) - first);
+      amx::to_bf16_rows(real > 0 ? a + first * lda : a, lda, real, k, packed + first * ld, ld, ld, (r1 - r0) * 16);
+    });
+    const int64_t block = mc > 0 ? round_up(mc, 32) : amx_rows_per_block(ld * 2, round_up(k, 2) * 2 * n);
+    over_tile_grid(round_up(m, 16), (tiles + 1) / 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+      Epilogue at = ep;
+      if (ep.z) at.z = ep.z + r0 * ep.ldz;
+      lowp_amx::bf16_tiles(std::min(m, r1) - r0, block, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at,
+                           c + r0 * ldc, ldc, n);
+    });
+    return;
+  }
   const int64_t panel = round_up(k, 2) * MR;
   for (int64_t i0 = 0; i0 < m; i0 += MR) lowp_avx512::bf16_pack_a(a, lda, i0, std::min(MR, m - i0), k, packed + (i0 / MR) * panel);
   if (mc <= 0) mc = rows_per_block(round_up(k, 2) * 2);

@@ -5,8 +5,8 @@
 // accumulators, B packed once in panels of NR columns with the K dimension grouped by 4 (u8s8)
 // or 2 (bf16) so that one vector load feeds a whole row of the tile, A broadcast one group at a
 // time (u8 read from its rows in place, bf16 from its rounded copy); Kc is the whole of K and
-// the threads split the panels of B. Where the CPU has AMX-INT8, u8s8 multiplies on AMX tiles
-// from the same packed B (lowp_amx.cc).
+// the threads split the panels of B. Where the CPU has AMX, both multiply on AMX tiles from the
+// same packed B (lowp_amx.cc).
 #pragma once
 
 #include <cstddef>
@@ -75,12 +75,18 @@ void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, u
 /// store the packed weight.
 PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans);
 
-/// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
-/// pack_b_bf16, then bias and the epilogue as in the f32 GEMM.
-void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
-               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+/// Whether gemm_bf16 should multiply on AMX tiles on `cpu`: where it has AMX-BF16, with at
+/// least 32 steps of K (one `tdpbf16ps`'s).
+bool bf16_on_amx(const CpuFeatures& cpu, int64_t k);
 
-/// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16 pairs).
+/// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
+/// pack_b_bf16, then bias and the epilogue as in the f32 GEMM. With `amx` (bf16_on_amx's
+/// answer for the CPU it runs on), on AMX tiles (`tdpbf16ps`, 16 rows × 16 columns × 32 steps),
+/// A rounded to bf16 rows first.
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, bool amx = false);
+
+/// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16), either way.
 size_t bf16_workspace_bytes(int64_t m, int64_t k);
 
 // ---- f16 · f16 (AVX512-FP16) -----------------------------------------------------------------

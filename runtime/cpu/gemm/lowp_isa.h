@@ -38,6 +38,12 @@ namespace kiln::cpu::gemm::lowp_amx {
 /// releases it.
 void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
+/// bf16 on AMX tiles: C's column tiles [t0, t1) (of pack_b_bf16's panels) for rows [0, m),
+/// `mc` rows (a multiple of 32) at a time; A is bf16, rows `lda` elements apart (a multiple of
+/// 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias and the
+/// epilogue as in the f32 GEMM.
+void bf16_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+                const Epilogue& ep, float* c, int64_t ldc, int64_t n);
 
 }  // namespace kiln::cpu::gemm::lowp_amx
 
