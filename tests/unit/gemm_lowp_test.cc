@@ -38,11 +38,13 @@ void for_each_case(const std::function<void(const Dims&, bool, int)>& check, con
 
 // The VNNI kernel, and where the CPU has AMX the tiles' path too: rows in whole tiles and past
 // them, K in whole 64s of steps and past them (a last group shorter than 4 too), one or two
-// column tiles in a block, blocks of 32 rows.
+// column tiles in a block, several blocks of 32 rows, B's column tiles in several groups (a
+// group fills half of L2), the threads splitting rows where columns run short.
 TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
   std::vector<Dims> dims = kDims;
   dims.insert(dims.end(), {{16, 16, 64}, {33, 47, 128}, {50, 100, 259}, {96, 65, 771}});
+  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups
   std::mt19937 rng(1);
   for (bool amx : {false, true})
   for_each_case([&](const Dims& d, bool trans, int threads) {
@@ -85,11 +87,12 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
 }
 
 // The vdpbf16ps kernel, and where the CPU has AMX the tiles' path too (rows past whole tiles,
-// K past whole 32s and odd, blocks of 32 rows), with a bias, GELU and a residual.
+// K past whole 32s and odd, B's columns in several groups), with a bias, GELU and a residual.
 TEST(GemmLowp, Bf16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::bf16)) GTEST_SKIP() << *why;
   std::vector<Dims> dims = kDims;
   dims.insert(dims.end(), {{16, 16, 32}, {33, 47, 64}, {50, 100, 259}, {96, 65, 771}});
+  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   for (bool amx : {false, true})

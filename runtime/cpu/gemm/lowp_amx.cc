@@ -92,15 +92,16 @@ const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
 
 }  // namespace
 
-void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
+void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
   _tile_loadconfig(&kConfig);
   const int64_t k4 = (k + 3) / 4, chunks = k / 64, panel_bytes = k4 * kGroupBytes;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   alignas(64) int32_t sums[32 * kLd];
   alignas(64) float values[32 * kLd];
-  for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's columns pass
-    for (int64_t t = t0; t < t1; t += 2) {
+  for (int64_t tg = t0; tg < t1; tg += nc)  // a group of B's column tiles stays in L2
+    for (int64_t i0 = 0; i0 < m; i0 += 32)    // two tiles of A's rows stay in L1 while it passes
+    for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
       const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
       const int64_t n0 = t * 16;
       const int w = static_cast<int>(std::min<int64_t>(16 * cols, n - n0));
@@ -114,8 +115,8 @@ void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const 
         scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
         bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
       }
-      for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += 32) {
-        const int rt = std::min<int64_t>(m, ib + mc) - i0 >= 32 ? 2 : 1, rows = 16 * rt;
+      {
+        const int rt = m - i0 >= 32 ? 2 : 1, rows = 16 * rt;
         const uint8_t* ar = a + i0 * lda;
         kBlocks<Lowp::u8s8>[rt - 1][cols - 1](chunks, ar, lda, bt[0], bt[1], sums);
         for (int i = 0; i < rows; ++i) {
@@ -139,23 +140,24 @@ void u8s8_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const 
   _tile_release();
 }
 
-void bf16_tiles(int64_t m, int64_t mc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
+void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
                 const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
   _tile_loadconfig(&kConfig);
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes, ldb = lda * 2;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
   alignas(64) float sums[32 * kLd];
-  for (int64_t ib = 0; ib < padded; ib += mc)
-    for (int64_t t = t0; t < t1; t += 2) {
+  for (int64_t tg = t0; tg < t1; tg += nc)
+    for (int64_t i0 = 0; i0 < padded; i0 += 32)
+    for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
       const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
       const int64_t n0 = t * 16;
       const int w = static_cast<int>(std::min<int64_t>(16 * cols, n - n0));
       const uint8_t* bt[2] = {column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr};
       __m512 bias[2];
       for (int j = 0; j < cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
-      for (int64_t i0 = ib; i0 < std::min(padded, ib + mc); i0 += 32) {
-        const int rt = std::min(padded, ib + mc) - i0 >= 32 ? 2 : 1;
+      {
+        const int rt = padded - i0 >= 32 ? 2 : 1;
         const int rows = static_cast<int>(std::min<int64_t>(16 * rt, m - i0));  // the real ones
         const uint16_t* ar = a + i0 * lda;
         kBlocks<Lowp::bf16>[rt - 1][cols - 1](chunks, reinterpret_cast<const uint8_t*>(ar), ldb, bt[0], bt[1], sums);
