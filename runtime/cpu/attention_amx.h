@@ -17,7 +17,8 @@ namespace kiln::cpu::amx {
 /// bf16 elements in one tile of B.
 inline constexpr int64_t kTile = 512;
 
-/// Loads the tile configuration (eight tiles of 16 rows of 64 bytes) on the calling thread.
+/// Loads the tile configuration (eight tiles of 16 rows of 64 bytes) on the calling thread:
+/// these products' and the AMX GEMMs' (gemm/lowp_amx.cc).
 void configure();
 /// Releases the calling thread's tile state.
 void release();

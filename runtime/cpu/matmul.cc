@@ -636,8 +636,8 @@ class GemmKernel final : public Kernel {
 // Where the target has AMX, on its tiles from the same packed B (`bf16_amx_tiles`; a CPU
 // without them runs the model so compiled on VDPBF16PS, which issues at half the rate of f32
 // FMAs on AMX Xeons). Against oneDNN's bf16 matmul on AMX, BERT-base in bf16 took 0.88-1.05 of
-// its time at one thread and 0.97-1.04 at two over three runs, ViT-S/16 0.95, ResNet-50's
-// pointwise convolutions 0.99: even, and kiln's own kernel where kiln's epilogues run.
+// its time at one thread (three runs) and 0.97-1.04 at two (two runs), ViT-S/16 0.95, ResNet-50's
+// pointwise convolutions 0.99: even, and kiln's own kernel, with kiln's epilogues.
 // The lower-precision GEMMs (kiln.gemm_bf16_avx512, kiln.gemm_f16_avx512) take a FusedMatMul or
 // pointwise FusedConv whose constant weight is `weight` (what `--precision` stores) on a CPU
 // that has `kind`'s instructions.

@@ -1,7 +1,7 @@
 // kiln.qmatmul_u8s8_avx512: QFusedMatMul (a quantized linear layer, what `kiln compile` makes of
-// DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h), on AMX tiles where the
-// target has them (16 rows or more, 64 steps of K or more; `amx_tiles` in profiles): B packed once at plan
-// time with its column sums, A's u8 rows read in place, s32 sums turned into real values by the
+// DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h), on AMX tiles where
+// the target has them (16 rows or more, 64 steps of K or more; `amx_tiles` in profiles): B
+// packed once at plan time with its column sums, A's u8 rows read in place, s32 sums turned into real values by the
 // epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums, bias,
 // activation) and requantized to u8 in the micro-kernel's store, or written as f32.
 //

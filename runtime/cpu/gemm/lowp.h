@@ -60,7 +60,8 @@ bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k);
 /// between rows), on min(threads, pool) threads. A's rows are read in place (`lda` bytes apart),
 /// `mc` at a time (a multiple of 8; 0: as many as fill half of L2); no workspace. With `amx`
 /// (u8s8_on_amx's answer for the CPU it runs on), the rows down to a multiple of 16 are
-/// multiplied on AMX tiles (`tdpbusd`, 16 rows × 16 columns × 64 steps), the rest on VNNI.
+/// multiplied on AMX tiles (`tdpbusd`, 16 rows × 16 columns × 64 steps; blocked by the cache
+/// sizes, `mc` aside), the rest on VNNI.
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
                const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0, bool amx = false);
 
@@ -82,7 +83,7 @@ bool bf16_on_amx(const CpuFeatures& cpu, int64_t k);
 /// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
 /// pack_b_bf16, then bias and the epilogue as in the f32 GEMM. With `amx` (bf16_on_amx's
 /// answer for the CPU it runs on), on AMX tiles (`tdpbf16ps`, 16 rows × 16 columns × 32 steps),
-/// A rounded to bf16 rows first.
+/// A rounded to bf16 rows first (`mc` aside, as gemm_u8s8's).
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
                float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, bool amx = false);
 

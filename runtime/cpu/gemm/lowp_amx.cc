@@ -10,11 +10,14 @@
 // give a tile of 16 rows × 64 bytes per 64 u8 or 32 bf16 steps. Each block keeps R×C (≤ 2×2)
 // tiles of 16×16 32-bit sums in tile registers 0-3, A's R row tiles in 4-5 and B's C column
 // tiles in 6-7: per tile of K it loads R + C tiles and issues R·C products. Steps past the
-// last whole tile of K are added with `vpdpbusd` / `vdpbf16ps` once the sums are stored.
+// last whole tile of K are added with `vpdpbusd` / `vdpbf16ps` once the sums are stored. B's
+// column tiles go in groups that fill half of L2 (lowp.cc picks `nc`), each group passing every
+// 32 rows of A, whose two tiles stay in L1 meanwhile, so that C is written along its rows.
 #include <immintrin.h>
 
 #include <algorithm>
 
+#include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/rows.h"
 
@@ -26,19 +29,14 @@ constexpr int64_t NR = kLowpTile.nr;
 constexpr int64_t kGroupBytes = NR * 4;  // a group of 4 steps of a panel's NR columns
 constexpr int64_t kLd = 32;              // columns of a block's sums as stored (two tiles)
 
-// The 64-byte tile configuration `ldtilecfg` reads (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Eight tiles of 16 rows of 64 bytes. A constant: GCC 12 treats a local one's stores as dead.
-constexpr TileConfig kConfig = {.colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
-
 __mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
+
+// Tile D += tile A · tile B: u8 · s8 summed in s32, or bf16 pairs summed in f32.
+template <Lowp T, int D, int A, int B>
+void product() {
+  if constexpr (T == Lowp::u8s8) _tile_dpbusd(D, A, B);
+  else _tile_dpbf16ps(D, A, B);
+}
 
 // sums[R·16 × C·16] (s32 or f32, kLd apart) = A's R·16 rows (`lda` bytes apart) · B's column
 // tiles b0, b1 over `chunks` tiles of K (64 u8 steps, or 32 bf16 steps: 64 bytes of a row).
@@ -54,22 +52,12 @@ void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, con
     _tile_loadd(6, b0 + bo, kGroupBytes);
     if constexpr (C > 1) _tile_loadd(7, b1 + bo, kGroupBytes);
     _tile_loadd(4, a + s * 64, lda);
-    if constexpr (T == Lowp::u8s8) {
-      _tile_dpbusd(0, 4, 6);
-      if constexpr (C > 1) _tile_dpbusd(1, 4, 7);
-    } else {
-      _tile_dpbf16ps(0, 4, 6);
-      if constexpr (C > 1) _tile_dpbf16ps(1, 4, 7);
-    }
+    product<T, 0, 4, 6>();
+    if constexpr (C > 1) product<T, 1, 4, 7>();
     if constexpr (R > 1) {
       _tile_loadd(5, a1 + s * 64, lda);
-      if constexpr (T == Lowp::u8s8) {
-        _tile_dpbusd(2, 5, 6);
-        if constexpr (C > 1) _tile_dpbusd(3, 5, 7);
-      } else {
-        _tile_dpbf16ps(2, 5, 6);
-        if constexpr (C > 1) _tile_dpbf16ps(3, 5, 7);
-      }
+      product<T, 2, 5, 6>();
+      if constexpr (C > 1) product<T, 3, 5, 7>();
     }
   }
   constexpr int64_t stride = kLd * 4;
@@ -94,13 +82,13 @@ const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
 
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
-  _tile_loadconfig(&kConfig);
+  amx::configure();
   const int64_t k4 = (k + 3) / 4, chunks = k / 64, panel_bytes = k4 * kGroupBytes;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   alignas(64) int32_t sums[32 * kLd];
   alignas(64) float values[32 * kLd];
   for (int64_t tg = t0; tg < t1; tg += nc)  // a group of B's column tiles stays in L2
-    for (int64_t i0 = 0; i0 < m; i0 += 32)    // two tiles of A's rows stay in L1 while it passes
+    for (int64_t i0 = 0; i0 < m; i0 += 32)    // A's two tiles of rows stay in L1 as it passes
     for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
       const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
       const int64_t n0 = t * 16;
@@ -115,34 +103,32 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
         scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
         bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
       }
-      {
-        const int rt = m - i0 >= 32 ? 2 : 1, rows = 16 * rt;
-        const uint8_t* ar = a + i0 * lda;
-        kBlocks<Lowp::u8s8>[rt - 1][cols - 1](chunks, ar, lda, bt[0], bt[1], sums);
-        for (int i = 0; i < rows; ++i) {
-          __m512i acc[2];
-          for (int j = 0; j < cols; ++j) acc[j] = _mm512_load_si512(sums + i * kLd + j * 16);
-          // The steps past the tiles' whole 64s; a last group shorter than 4 loaded masked (B
-          // is zero past K, and no byte past A's row is read).
-          for (int64_t g = chunks * 16; g < k4; ++g) {
-            const uint8_t* ag = ar + i * lda + g * 4;
-            const __m128i group = g * 4 + 4 <= k ? _mm_loadu_si32(ag) : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (k % 4)) - 1), ag);
-            const __m512i av = _mm512_broadcastd_epi32(group);
-            for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
-          }
-          for (int j = 0; j < cols; ++j)
-            _mm512_store_ps(values + i * kLd + j * 16,
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]));
+      const int rt = m - i0 >= 32 ? 2 : 1, rows = 16 * rt;
+      const uint8_t* ar = a + i0 * lda;
+      kBlocks<Lowp::u8s8>[rt - 1][cols - 1](chunks, ar, lda, bt[0], bt[1], sums);
+      for (int i = 0; i < rows; ++i) {
+        __m512i acc[2];
+        for (int j = 0; j < cols; ++j) acc[j] = _mm512_load_si512(sums + i * kLd + j * 16);
+        // The steps past the tiles' whole 64s; a last group shorter than 4 loaded masked (B
+        // is zero past K, and no byte past A's row is read).
+        for (int64_t g = chunks * 16; g < k4; ++g) {
+          const uint8_t* ag = ar + i * lda + g * 4;
+          const __m128i group = g * 4 + 4 <= k ? _mm_loadu_si32(ag) : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (k % 4)) - 1), ag);
+          const __m512i av = _mm512_broadcastd_epi32(group);
+          for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
         }
-        lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, i0, n0);
+        for (int j = 0; j < cols; ++j)
+          _mm512_store_ps(values + i * kLd + j * 16,
+                          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]));
       }
+      lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, i0, n0);
     }
-  _tile_release();
+  amx::release();
 }
 
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
                 const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
-  _tile_loadconfig(&kConfig);
+  amx::configure();
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes, ldb = lda * 2;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
@@ -156,26 +142,24 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
       const uint8_t* bt[2] = {column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr};
       __m512 bias[2];
       for (int j = 0; j < cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
-      {
-        const int rt = padded - i0 >= 32 ? 2 : 1;
-        const int rows = static_cast<int>(std::min<int64_t>(16 * rt, m - i0));  // the real ones
-        const uint16_t* ar = a + i0 * lda;
-        kBlocks<Lowp::bf16>[rt - 1][cols - 1](chunks, reinterpret_cast<const uint8_t*>(ar), ldb, bt[0], bt[1], sums);
-        for (int i = 0; i < rows; ++i) {
-          __m512 acc[2];
-          for (int j = 0; j < cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
-          // The pairs past the tiles' whole 32 steps (B and A's copy are zero past K).
-          for (int64_t g = chunks * 16; g < k2; ++g) {
-            const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(ar + i * lda + g * 2));
-            for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
-          }
-          for (int j = 0; j < cols; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[j]);
+      const int rt = padded - i0 >= 32 ? 2 : 1;
+      const int rows = static_cast<int>(std::min<int64_t>(16 * rt, m - i0));  // the real ones
+      const uint16_t* ar = a + i0 * lda;
+      kBlocks<Lowp::bf16>[rt - 1][cols - 1](chunks, reinterpret_cast<const uint8_t*>(ar), ldb, bt[0], bt[1], sums);
+      for (int i = 0; i < rows; ++i) {
+        __m512 acc[2];
+        for (int j = 0; j < cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
+        // The pairs past the tiles' whole 32 steps (B and A's copy are zero past K).
+        for (int64_t g = chunks * 16; g < k2; ++g) {
+          const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(ar + i * lda + g * 2));
+          for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
         }
-        if (ep.has_tail() && rows > 0)
-          rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+        for (int j = 0; j < cols; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[j]);
       }
+      if (ep.has_tail())
+        rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
     }
-  _tile_release();
+  amx::release();
 }
 
 }  // namespace kiln::cpu::gemm::lowp_amx

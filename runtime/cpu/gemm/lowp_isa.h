@@ -29,7 +29,7 @@ void widen_f16(const uint16_t* in, int64_t n, float* out);
 
 }  // namespace kiln::cpu::gemm::lowp_avx512
 
-// The AMX-INT8 build (lowp_amx.cc).
+// The AMX build (lowp_amx.cc).
 namespace kiln::cpu::gemm::lowp_amx {
 
 /// u8s8 on AMX tiles: C's column tiles [t0, t1) (16 columns each, of pack_b_s8's panels; N in
@@ -39,9 +39,9 @@ namespace kiln::cpu::gemm::lowp_amx {
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
 /// bf16 on AMX tiles: C's column tiles [t0, t1) (of pack_b_bf16's panels) for rows [0, m),
-/// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a multiple of
-/// 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias and the
-/// epilogue as in the f32 GEMM.
+/// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a
+/// multiple of 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias
+/// and the epilogue as in the f32 GEMM.
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
                 const Epilogue& ep, float* c, int64_t ldc, int64_t n);
 
