@@ -386,7 +386,8 @@ int main(int argc, char** argv) {
                 best.p.name().c_str(), pr.disagreement());
   }
   // The lower-precision templates against kiln's f32 one on the same shapes: u8·s8 (the
-  // speed-up over f32 is the number to hold), bf16 and f16 (the share of their own probed peaks).
+  // speed-up over f32 is the number to hold), bf16 and f16 (the share of their own probed peaks);
+  // u8·s8 and bf16 on AMX tiles where the CPU has them, each beside oneDNN's matmul of its types.
   const bool vnni = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::u8s8);
   const bool bf16 = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::bf16);
   if (!kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::f16)) {
