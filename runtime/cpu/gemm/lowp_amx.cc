@@ -31,12 +31,14 @@ constexpr int64_t kLd = 32;              // columns of a block's sums as stored 
 
 __mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
-// Tile D += tile A · tile B: u8 · s8 summed in s32, or bf16 pairs summed in f32.
-template <Lowp T, int D, int A, int B>
-void product() {
-  if constexpr (T == Lowp::u8s8) _tile_dpbusd(D, A, B);
-  else _tile_dpbf16ps(D, A, B);
-}
+// Tile d += tile a · tile b: u8 · s8 summed in s32, or bf16 pairs summed in f32. A macro: GCC's
+// tile intrinsics spell their tile numbers into the instruction's text, so they must be literal.
+#define KILN_TILE_PRODUCT(T, d, a, b)        \
+  if constexpr (T == Lowp::u8s8) {           \
+    _tile_dpbusd(d, a, b);                   \
+  } else {                                   \
+    _tile_dpbf16ps(d, a, b);                 \
+  }
 
 // sums[R·16 × C·16] (s32 or f32, kLd apart) = A's R·16 rows (`lda` bytes apart) · B's column
 // tiles b0, b1 over `chunks` tiles of K (64 u8 steps, or 32 bf16 steps: 64 bytes of a row).
@@ -52,12 +54,12 @@ void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, con
     _tile_loadd(6, b0 + bo, kGroupBytes);
     if constexpr (C > 1) _tile_loadd(7, b1 + bo, kGroupBytes);
     _tile_loadd(4, a + s * 64, lda);
-    product<T, 0, 4, 6>();
-    if constexpr (C > 1) product<T, 1, 4, 7>();
+    KILN_TILE_PRODUCT(T, 0, 4, 6)
+    if constexpr (C > 1) { KILN_TILE_PRODUCT(T, 1, 4, 7) }
     if constexpr (R > 1) {
       _tile_loadd(5, a1 + s * 64, lda);
-      product<T, 2, 5, 6>();
-      if constexpr (C > 1) product<T, 3, 5, 7>();
+      KILN_TILE_PRODUCT(T, 2, 5, 6)
+      if constexpr (C > 1) { KILN_TILE_PRODUCT(T, 3, 5, 7) }
     }
   }
   constexpr int64_t stride = kLd * 4;
