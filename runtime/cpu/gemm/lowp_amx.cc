@@ -70,6 +70,8 @@ void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, con
   if constexpr (R > 1 && C > 1) _tile_stored(3, out + 16 * stride + 64, stride);
 }
 
+#undef KILN_TILE_PRODUCT
+
 using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, const uint8_t*, void*);
 template <Lowp T>
 constexpr BlockFn kBlocks[2][2] = {{&block<T, 1, 1>, &block<T, 1, 2>}, {&block<T, 2, 1>, &block<T, 2, 2>}};
