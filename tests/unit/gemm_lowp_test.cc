@@ -44,7 +44,7 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
   std::vector<Dims> dims = kDims;
   dims.insert(dims.end(), {{16, 16, 64}, {33, 47, 128}, {50, 100, 259}, {96, 65, 771}});
-  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups
+  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups, K in slices
   std::mt19937 rng(1);
   for (bool amx : {false, true})
   for_each_case([&](const Dims& d, bool trans, int threads) {
@@ -92,7 +92,7 @@ TEST(GemmLowp, Bf16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::bf16)) GTEST_SKIP() << *why;
   std::vector<Dims> dims = kDims;
   dims.insert(dims.end(), {{16, 16, 32}, {33, 47, 64}, {50, 100, 259}, {96, 65, 771}});
-  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups
+  if (CpuFeatures::host().amx) dims.push_back({40, 1200, 1000});  // the AMX path's columns in several groups, K in slices
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   for (bool amx : {false, true})

@@ -27,13 +27,16 @@ int64_t rows_per_block(int64_t row_bytes) {
   return std::max<int64_t>(MR, CacheSizes::host().l2 / 2 / std::max<int64_t>(row_bytes, 1) / MR * MR);
 }
 
-// The column tiles of B (`tile_bytes` each) the AMX kernels take as a group: as many as fill
-// half of L2 (an even number), which pass every 32 rows of A (in L1) from there while C's rows
-// are written along. On the 2-core AMX Xeon, u8s8 1024x1024x1024 took 1.35 ms so against 2.15
-// with A's rows in one block of L2 and B's columns 32 at a time over it, BERT's FFN up
-// (128x3072x768, B 2.4 MB) 0.48 against 0.59.
+// The column tiles of B (`tile_bytes` each) the AMX kernels take as a group: as many as fill a
+// quarter of L2 (an even number), which pass every 32 rows of A (in L1) from there while C's
+// rows are written along; the rest of L2 holds C's rows and the next group's tiles as they
+// arrive. On the 2-core AMX Xeon, u8s8 1024x1024x1024 took 1.35 ms so against 2.15 with A's
+// rows in one block of L2 and B's columns 32 at a time over it; a quarter of L2 against half
+// (single thread): u8s8 BERT FFN up (128x3072x768) 373 against 415 us, FFN down (128x768x3072)
+// 312 against 334, 1024x1024x1024 1.14 against 1.34 ms; bf16 FFN up 876 against 975 us, FFN
+// down 839 against 973. An eighth was slower on 1024x1024x1024 (1.49 ms u8s8).
 int64_t amx_tiles_per_group(int64_t tile_bytes) {
-  return std::max<int64_t>(2, CacheSizes::host().l2 / 2 / std::max<int64_t>(tile_bytes, 1) / 2 * 2);
+  return std::max<int64_t>(2, CacheSizes::host().l2 / 4 / std::max<int64_t>(tile_bytes, 1) / 2 * 2);
 }
 
 // Runs f(p0, p1) over `count` panels, shared among min(threads, pool, count) threads.

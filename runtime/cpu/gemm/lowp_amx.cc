@@ -7,15 +7,23 @@
 // columns of sixteen groups are then one tile of B as `tdpbusd` / `tdpbf16ps` read it (16 rows
 // of 64 bytes, a group for each of 16 columns), at a stride of NR × 4 bytes, so the vector
 // kernels' packed weights serve both. A's rows (u8 read in place; bf16 from a rounded copy)
-// give a tile of 16 rows × 64 bytes per 64 u8 or 32 bf16 steps. Each block keeps R×C (≤ 2×2)
-// tiles of 16×16 32-bit sums in tile registers 0-3, A's R row tiles in 4-5 and B's C column
-// tiles in 6-7: per tile of K it loads R + C tiles and issues R·C products. Steps past the
-// last whole tile of K are added with `vpdpbusd` / `vdpbf16ps` once the sums are stored. B's
-// column tiles go in groups that fill half of L2 (lowp.cc picks `nc`), each group passing every
-// 32 rows of A, whose two tiles stay in L1 meanwhile, so that C is written along its rows.
+// give a tile of 16 rows × 64 bytes per 64 u8 or 32 bf16 steps ("a chunk" of K). Each block
+// keeps R×C (≤ 2×2) tiles of 16×16 32-bit sums in tile registers 0-3, A's R row tiles in 4-5
+// and B's C column tiles in 6-7: per chunk it loads R + C tiles and issues R·C products.
+//
+// Blocking: B's column tiles go in groups that fill a quarter of L2 (lowp.cc picks `nc`), each
+// group passing every 32 rows of A, the first pass fetching the group's panels of B into L2
+// ahead of its tiles; a long K is split into slices whose 32 rows of A stay in L1
+// (kSliceBytes), the sums of a slice kept for the next in a buffer of the group's blocks, so
+// that the tiles read A from L1 and only B from L2. Once a block's last slice is done its sums
+// are stored and finished at once on the vector units (steps past the last whole chunk added
+// with `vpdpbusd` / `vdpbf16ps`, then the epilogue), straight into C's rows. (Spreading a
+// block's epilogue between the next block's chunks, so that it ran while the tiles multiply,
+// was slower: each chunk's tile loads then waited for the epilogue's stores before them.)
 #include <immintrin.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/lowp_isa.h"
@@ -40,17 +48,30 @@ __mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <
     _tile_dpbf16ps(d, a, b);                 \
   }
 
-// sums[R·16 × C·16] (s32 or f32, kLd apart) = A's R·16 rows (`lda` bytes apart) · B's column
-// tiles b0, b1 over `chunks` tiles of K (64 u8 steps, or 32 bf16 steps: 64 bytes of a row).
+// Tiles 0-3 = `init` (R·16 × C·16 sums, kLd apart; null: zero) + A's R·16 rows (`lda` bytes
+// apart) · B's column tiles b0, b1 over `chunks` chunks of K. With `fetch`, each chunk also
+// asks for the matching 16 rows of another panel of B (3 KiB from `fetch`) to come into L2.
 template <Lowp T, int R, int C>
-void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1, void* sums) {
-  _tile_zero(0);
-  if constexpr (C > 1) _tile_zero(1);
-  if constexpr (R > 1) _tile_zero(2);
-  if constexpr (R > 1 && C > 1) _tile_zero(3);
+void products(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1, const void* init,
+              const uint8_t* fetch) {
+  constexpr int64_t stride = kLd * 4;
+  const auto* in = static_cast<const uint8_t*>(init);
+  if (in) {
+    _tile_loadd(0, in, stride);
+    if constexpr (C > 1) _tile_loadd(1, in + 64, stride);
+    if constexpr (R > 1) _tile_loadd(2, in + 16 * stride, stride);
+    if constexpr (R > 1 && C > 1) _tile_loadd(3, in + 16 * stride + 64, stride);
+  } else {
+    _tile_zero(0);
+    if constexpr (C > 1) _tile_zero(1);
+    if constexpr (R > 1) _tile_zero(2);
+    if constexpr (R > 1 && C > 1) _tile_zero(3);
+  }
   const uint8_t* a1 = a + 16 * lda;
   for (int64_t s = 0; s < chunks; ++s) {
     const int64_t bo = s * 16 * kGroupBytes;
+    if (fetch)
+      for (int64_t line = 0; line < 16 * kGroupBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(fetch + bo + line), _MM_HINT_T1);
     _tile_loadd(6, b0 + bo, kGroupBytes);
     if constexpr (C > 1) _tile_loadd(7, b1 + bo, kGroupBytes);
     _tile_loadd(4, a + s * 64, lda);
@@ -62,6 +83,13 @@ void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, con
       if constexpr (C > 1) { KILN_TILE_PRODUCT(T, 3, 5, 7) }
     }
   }
+}
+
+#undef KILN_TILE_PRODUCT
+
+// Tiles 0-3's sums to `sums` (R·16 × C·16, kLd apart).
+template <int R, int C>
+void store_sums(void* sums) {
   constexpr int64_t stride = kLd * 4;
   auto* out = static_cast<uint8_t*>(sums);
   _tile_stored(0, out, stride);
@@ -70,9 +98,14 @@ void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, con
   if constexpr (R > 1 && C > 1) _tile_stored(3, out + 16 * stride + 64, stride);
 }
 
-#undef KILN_TILE_PRODUCT
-
-using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, const uint8_t*, void*);
+// products<T, R, C> then store_sums<R, C>, for R = rt and C = cols (1 or 2 each).
+template <Lowp T, int R, int C>
+void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1, const void* init, const uint8_t* fetch,
+           void* sums) {
+  products<T, R, C>(chunks, a, lda, b0, b1, init, fetch);
+  store_sums<R, C>(sums);
+}
+using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, const uint8_t*, const void*, const uint8_t*, void*);
 template <Lowp T>
 constexpr BlockFn kBlocks[2][2] = {{&block<T, 1, 1>, &block<T, 1, 2>}, {&block<T, 2, 1>, &block<T, 2, 2>}};
 
@@ -82,88 +115,162 @@ const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
   return static_cast<const uint8_t*>(b) + (t / per_panel) * panel_bytes + (t % per_panel) * 64;
 }
 
-}  // namespace
+// The bytes of a row of A that one slice of K takes: 32 rows of them fill a third of L1 (48 KiB
+// on the AMX Xeons). K is sliced where a row is longer and the group has kSlicedPairs pairs of
+// column tiles or more to pass each slice of A (with fewer, the sums' trips to the buffer and
+// back cost more than L1 saves: BERT's FFN down in bf16, 4 column tiles a group, ran 840 us
+// sliced against 746 unsliced). Single thread on the 2-core AMX Xeon, sliced against unsliced:
+// bf16 128x768x768 151 against 169 us, 128x3072x768 757 against 812, 1024x1024x1024 2.62
+// against 2.76 ms; u8s8 1024x1024x1024 1.07 against 1.13 ms.
+constexpr int64_t kSliceBytes = 512, kSlicedPairs = 4;
 
-void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
-                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
-  amx::configure();
-  const int64_t k4 = (k + 3) / 4, chunks = k / 64, panel_bytes = k4 * kGroupBytes;
-  const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
+// A block of C to finish: rows [i0, i0 + 16·rt) of column tiles t, t + 1 (cols of them).
+struct Block {
+  int64_t i0, t;
+  int rt, cols;
+};
+
+// Runs C's column tiles [t0, t1) for rows [0, m) (a multiple of 16) over `chunks` chunks of K
+// (A's rows `lda` bytes apart; B's panels `panel_bytes` each), in groups of `nc` column tiles
+// and slices of K, then finish(block, sums) for each block once its sums are whole.
+template <Lowp T, class Finish>
+void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, const uint8_t* a, int64_t lda, const void* b,
+               int64_t panel_bytes, Finish&& finish) {
+  const int64_t row_bytes = chunks * 64;
+  const int64_t pairs = (std::min(nc, t1 - t0) + 1) / 2;  // of a group
+  const int64_t slices = row_bytes > kSliceBytes && pairs >= kSlicedPairs ? (row_bytes + kSliceBytes - 1) / kSliceBytes : 1;
+  const int64_t per_slice = (chunks + slices - 1) / std::max<int64_t>(slices, 1);
+  // The group's blocks' sums between slices: 32 × kLd each, one per pair of column tiles, from
+  // a 64-byte boundary (tile loads across cache lines ran at half speed).
+  thread_local std::vector<int32_t> partial;
+  const size_t need = static_cast<size_t>(pairs * 32 * kLd + 16);
+  if (slices > 1 && partial.size() < need) partial.resize(need);
+  int32_t* const kept_base = slices > 1 ? reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(partial.data()) + 63) & ~uintptr_t{63}) : nullptr;
   alignas(64) int32_t sums[32 * kLd];
-  alignas(64) float values[32 * kLd];
+  amx::configure();
   for (int64_t tg = t0; tg < t1; tg += nc)  // a group of B's column tiles stays in L2
-    for (int64_t i0 = 0; i0 < m; i0 += 32)    // A's two tiles of rows stay in L1 as it passes
-    for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
-      const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
-      const int64_t n0 = t * 16;
-      const int w = static_cast<int>(std::min<int64_t>(16 * cols, n - n0));
-      const uint8_t* bt[2] = {column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr};
-      // Per column: what A's zero point adds to the sum (a_zero · Σb), the scale and the bias.
-      __m512i comp[2];
-      __m512 scale[2], bias[2];
-      for (int j = 0; j < cols; ++j) {
-        const __mmask16 mk = mask(w - j * 16);
-        comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk, ep.col_sums + n0 + j * 16));
-        scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
-        bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
-      }
-      const int rt = m - i0 >= 32 ? 2 : 1, rows = 16 * rt;
+    for (int64_t i0 = 0; i0 < m; i0 += 32) {  // A's two tiles of rows pass it, a slice of K at a time in L1
+      const int rt = m - i0 >= 32 ? 2 : 1;
       const uint8_t* ar = a + i0 * lda;
-      kBlocks<Lowp::u8s8>[rt - 1][cols - 1](chunks, ar, lda, bt[0], bt[1], sums);
-      for (int i = 0; i < rows; ++i) {
-        __m512i acc[2];
-        for (int j = 0; j < cols; ++j) acc[j] = _mm512_load_si512(sums + i * kLd + j * 16);
-        // The steps past the tiles' whole 64s; a last group shorter than 4 loaded masked (B
-        // is zero past K, and no byte past A's row is read).
-        for (int64_t g = chunks * 16; g < k4; ++g) {
-          const uint8_t* ag = ar + i * lda + g * 4;
-          const __m128i group = g * 4 + 4 <= k ? _mm_loadu_si32(ag) : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (k % 4)) - 1), ag);
-          const __m512i av = _mm512_broadcastd_epi32(group);
-          for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
+      for (int64_t c0 = 0; c0 < chunks || c0 == 0; c0 += per_slice) {
+        const int64_t c1 = std::min(chunks, c0 + per_slice);
+        const bool first = c0 == 0, last = c1 == chunks;
+        for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
+          const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
+          const int64_t bo = c0 * 16 * kGroupBytes;
+          int32_t* kept = kept_base ? kept_base + (t - tg) / 2 * 32 * kLd : nullptr;
+          // The first rows' pass brings the group's B from memory: each block fetches the panel
+          // of the pair two ahead (once per panel) into L2, as the hardware's prefetchers did
+          // not keep up. BERT-base's 73 linear layers in int8 at one thread: 41.7 → 36.9 ms of
+          // a run, in bf16 53.1 → 49.5 ms.
+          const int64_t ahead = t + 4;
+          const uint8_t* fetch = i0 == 0 && ahead < std::min(t1, tg + nc) && ahead / 3 != (ahead - 2) / 3
+                                     ? column_tile(b, panel_bytes, ahead / 3 * 3) + bo
+                                     : nullptr;
+          kBlocks<T>[rt - 1][cols - 1](c1 - c0, ar + c0 * 64, lda, column_tile(b, panel_bytes, t) + bo,
+                                       cols > 1 ? column_tile(b, panel_bytes, t + 1) + bo : nullptr, first ? nullptr : kept, fetch,
+                                       last ? sums : kept);
+          if (last) finish(Block{i0, t, rt, cols}, sums);
         }
-        for (int j = 0; j < cols; ++j)
-          _mm512_store_ps(values + i * kLd + j * 16,
-                          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]));
+        if (last) break;
       }
-      lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, i0, n0);
     }
   amx::release();
 }
 
+// u8s8: rows [0, 16·blk.rt) of a block's sums finished: the K tail, A's zero point, the scales
+// and bias, then stored in C (f32, or requantized to u8), or through `values` when there is an
+// activation.
+template <int C, bool Tail>
+void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
+                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+  const int64_t n0 = blk.t * 16, k4 = (k + 3) / 4;
+  const int w = static_cast<int>(std::min<int64_t>(16 * C, n - n0)), rows = 16 * blk.rt;
+  __m512i comp[C];
+  __m512 scale[C], bias[C];
+  __mmask16 mk[C];
+  const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
+  for (int j = 0; j < C; ++j) {  // per column: what A's zero point adds (a_zero · Σb), the scale, the bias
+    mk[j] = mask(w - j * 16);
+    comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk[j], ep.col_sums + n0 + j * 16));
+    scale[j] = _mm512_maskz_loadu_ps(mk[j], ep.scale + n0 + j * 16);
+    bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+  }
+  const bool direct = ep.act.kind == Activation::none;
+  const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
+  const __m512i out_zero = _mm512_set1_epi32(ep.out_zero);
+  alignas(64) float values[32 * kLd];
+  for (int i = 0; i < rows; ++i) {
+    __m512i acc[C];
+    for (int j = 0; j < C; ++j) acc[j] = _mm512_load_si512(sums + i * kLd + j * 16);
+    if constexpr (Tail) {
+      // The steps past the tiles' whole 64s; a last group shorter than 4 loaded masked (B is
+      // zero past K, and no byte past A's row is read).
+      const uint8_t* ar = a + (blk.i0 + i) * lda;
+      for (int64_t g = chunks * 16; g < k4; ++g) {
+        const __m128i group = g * 4 + 4 <= k ? _mm_loadu_si32(ar + g * 4)
+                                             : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (k % 4)) - 1), ar + g * 4);
+        const __m512i av = _mm512_broadcastd_epi32(group);
+        for (int j = 0; j < C; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
+      }
+    }
+    for (int j = 0; j < C; ++j) {
+      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
+      if (!direct) {
+        _mm512_store_ps(values + i * kLd + j * 16, y);
+      } else if (ep.out_u8) {  // rounded half to even (the MXCSR default), the zero point added, saturated
+        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(y, inv)), out_zero);
+        q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+        _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], _mm512_cvtepi32_epi8(q));
+      } else {
+        _mm512_mask_storeu_ps(static_cast<float*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], y);
+      }
+    }
+  }
+  if (!direct) lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, blk.i0, n0);
+}
+
+}  // namespace
+
+void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
+                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+  const int64_t chunks = k / 64, panel_bytes = (k + 3) / 4 * kGroupBytes;
+  const bool tail = chunks * 64 < k;
+  run_tiles<Lowp::u8s8>(m, nc, t0, t1, chunks, a, lda, b, panel_bytes, [&](const Block& blk, const int32_t* sums) {
+    const uint8_t* const bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
+    if (blk.cols == 2) (tail ? u8s8_finish<2, true> : u8s8_finish<2, false>)(blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
+    else (tail ? u8s8_finish<1, true> : u8s8_finish<1, false>)(blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
+  });
+}
+
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
                 const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
-  amx::configure();
   const RowKernels& rows_k = row_kernels(Isa::avx512);
-  const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes, ldb = lda * 2;
+  const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
-  alignas(64) float sums[32 * kLd];
-  for (int64_t tg = t0; tg < t1; tg += nc)
-    for (int64_t i0 = 0; i0 < padded; i0 += 32)
-    for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
-      const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
-      const int64_t n0 = t * 16;
-      const int w = static_cast<int>(std::min<int64_t>(16 * cols, n - n0));
-      const uint8_t* bt[2] = {column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr};
-      __m512 bias[2];
-      for (int j = 0; j < cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
-      const int rt = padded - i0 >= 32 ? 2 : 1;
-      const int rows = static_cast<int>(std::min<int64_t>(16 * rt, m - i0));  // the real ones
-      const uint16_t* ar = a + i0 * lda;
-      kBlocks<Lowp::bf16>[rt - 1][cols - 1](chunks, reinterpret_cast<const uint8_t*>(ar), ldb, bt[0], bt[1], sums);
-      for (int i = 0; i < rows; ++i) {
-        __m512 acc[2];
-        for (int j = 0; j < cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
-        // The pairs past the tiles' whole 32 steps (B and A's copy are zero past K).
-        for (int64_t g = chunks * 16; g < k2; ++g) {
-          const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(ar + i * lda + g * 2));
-          for (int j = 0; j < cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
-        }
-        for (int j = 0; j < cols; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[j]);
+  run_tiles<Lowp::bf16>(padded, nc, t0, t1, chunks, reinterpret_cast<const uint8_t*>(a), lda * 2, b, panel_bytes,
+                        [&](const Block& blk, const int32_t* sum_bits) {
+    const auto* sums = reinterpret_cast<const float*>(sum_bits);
+    const int64_t i0 = blk.i0, n0 = blk.t * 16;
+    const int w = static_cast<int>(std::min<int64_t>(16 * blk.cols, n - n0));
+    const int rows = static_cast<int>(std::min<int64_t>(16 * blk.rt, m - i0));  // the real ones
+    const uint8_t* bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
+    __m512 bias[2];
+    for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    const uint16_t* ar = a + i0 * lda;
+    for (int i = 0; i < rows; ++i) {
+      __m512 acc[2];
+      for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
+      // The pairs past the tiles' whole 32 steps (B and A's copy are zero past K).
+      for (int64_t g = chunks * 16; g < k2; ++g) {
+        const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(ar + i * lda + g * 2));
+        for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
       }
-      if (ep.has_tail())
-        rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+      for (int j = 0; j < blk.cols; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[j]);
     }
-  amx::release();
+    if (ep.has_tail())
+      rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+  });
 }
 
 }  // namespace kiln::cpu::gemm::lowp_amx
