@@ -4,7 +4,10 @@
 #include "quant/quantizer.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+
+#include "compile/passes/patterns.h"
 
 namespace kiln::quant {
 
@@ -81,8 +84,13 @@ class PatternQuantizer final : public Quantizer {
       for (size_t n = 0; n < g.nodes.size(); ++n) dynamic_linear(g, u, n, out);
       return {};
     }
+    // GELUs written out, by their input: a linear layer takes one after it as its activation
+    // (as Inductor's x86 quantizer annotates linear + GELU as one), so no Q/DQ pair splits them.
+    std::map<ValueId, GeluChain> gelus;
+    if (s_.linear_activations.count("Gelu"))
+      for (GeluChain& c : find_gelus(g)) gelus.emplace(c.x, std::move(c));
     // Layers with their fusions first, then the lone layers, as PT2E orders its annotators.
-    for (size_t n = 0; n < g.nodes.size(); ++n) layer(g, u, n, out);
+    for (size_t n = 0; n < g.nodes.size(); ++n) layer(g, u, gelus, n, out);
     if (s_.name == "xnnpack")
       for (size_t n = 0; n < g.nodes.size(); ++n) binary(g, u, n, out);
     for (size_t n = 0; n < g.nodes.size(); ++n) propagated(g, u, n, out);
@@ -105,7 +113,7 @@ class PatternQuantizer final : public Quantizer {
   }
 
   // conv / linear, its bias Add, then (x86) + Add (+ Relu), or + one activation.
-  void layer(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
+  void layer(const Graph& g, const Uses& u, const std::map<ValueId, GeluChain>& gelus, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     auto axis = weight_axis(g, node);
     if (!axis || !is_float_value(g, node.inputs[0]) || out.count(n) || !allowed(n)) return;
@@ -132,6 +140,10 @@ class PatternQuantizer final : public Quantizer {
     } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
       chain.push_back(*next);
       pattern += "_" + g.nodes[*next].op;
+    } else if (auto gelu = gelus.find(g.nodes[chain.back()].outputs[0]); !conv && gelu != gelus.end() &&
+               std::none_of(gelu->second.nodes.begin(), gelu->second.nodes.end(), [&](size_t c) { return out.count(c) || !allowed(c); })) {
+      chain.insert(chain.end(), gelu->second.nodes.begin(), gelu->second.nodes.end());  // the last one writes the GELU
+      pattern += "_Gelu";
     }
     QuantSpec weight = s_.config.weight;
     weight.ch_axis = weight.per_channel() ? *axis : 0;

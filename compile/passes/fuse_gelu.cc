@@ -54,9 +54,9 @@ const Node* plus_one(const Matcher& m, ValueId f) {
 
 }  // namespace
 
-Result<size_t> fuse_gelu(Graph& g) {
+std::vector<GeluChain> find_gelus(const Graph& g) {
   Matcher m(g);
-  Rewrite rw(g);
+  std::vector<GeluChain> found;
   for (const Node& n : g.nodes) {
     if (!n.domain.empty() || (n.op != "Erf" && n.op != "Tanh")) continue;
     std::vector<const Node*> chain;
@@ -98,15 +98,23 @@ Result<size_t> fuse_gelu(Graph& g) {
     chain.push_back(one);
     const ValueId y = times_half_x(m, one->outputs[0], x, chain);
     if (y == kNoValue) continue;
-    const std::vector<size_t> idx = m.indices(chain);
-    if (!rw.free(idx)) continue;
+    found.push_back(GeluChain{x, y, m.indices(chain), m.index(n), tanh});
+  }
+  return found;
+}
+
+Result<size_t> fuse_gelu(Graph& g) {
+  const std::vector<GeluChain> gelus = find_gelus(g);
+  Rewrite rw(g);
+  for (const GeluChain& c : gelus) {
+    if (!rw.free(c.nodes)) continue;
     Node gelu;
-    gelu.name = n.name;
+    gelu.name = g.nodes[c.core].name;
     gelu.op = "Gelu";
-    gelu.inputs = {x};
-    gelu.outputs = {y};
-    if (tanh) gelu.set_attr("approximate", std::string("tanh"));
-    rw.replace(idx, std::move(gelu));
+    gelu.inputs = {c.x};
+    gelu.outputs = {c.y};
+    if (c.tanh) gelu.set_attr("approximate", std::string("tanh"));
+    rw.replace(c.nodes, std::move(gelu));
   }
   const size_t made = rw.count();
   KILN_RETURN_IF_ERROR(rw.commit());

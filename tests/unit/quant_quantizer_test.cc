@@ -3,6 +3,7 @@
 // sharing through pooling / shape ops / Concat, and "the first annotation wins".
 #include <gtest/gtest.h>
 
+#include "compile/pipeline.h"
 #include "formats/verify.h"
 #include "quant/config.h"
 #include "quant/convert.h"
@@ -93,6 +94,76 @@ TEST(X86Quantizer, AnnotatesConvLinearAndTheirFusions) {
   EXPECT_NE(spec(a.at(node_index(m, "fc_bias")).output), nullptr);
   EXPECT_EQ(a.size(), m.graph.nodes.size());
   for (const auto& [n, ann] : a) EXPECT_EQ(ann.quantizer, "x86");
+}
+
+// x → linear → GELU written out (erf form) → linear, and → linear → GELU (GPT-2's tanh form):
+// each GELU is the activation of the linear layer before it, as Inductor's x86 quantizer
+// annotates linear + GELU, so no Q/DQ pair splits them; compiled, the layer becomes one
+// QFusedMatMul with a GELU epilogue that runs like the quantized model's reference.
+Model linear_gelu() {
+  GraphBuilder b;
+  ValueId x = b.input("x", {4, 16});
+  ValueId h = b.op("fc1_bias", "Add", {b.op("fc1", "MatMul", {x, b.constant("w1", weights({16, 32}))}), b.constant("b1", weights({32}))});
+  ValueId e = b.op("e", "Add", {b.op("erf", "Erf", {b.op("div", "Div", {h, b.scalar("sqrt2", 1.4142135f)})}), b.scalar("one", 1)});
+  ValueId g1 = b.op("half", "Mul", {b.op("xe", "Mul", {h, e}), b.scalar("half_c", 0.5f)});
+  ValueId h2 = b.op("fc2", "MatMul", {g1, b.constant("w2", weights({32, 16}))});
+  // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+  ValueId cube = b.op("cube", "Mul", {b.scalar("c", 0.044715f), b.op("pow", "Pow", {h2, b.scalar("three", 3)})});
+  ValueId inner = b.op("outer", "Mul", {b.scalar("k", 0.7978845608f), b.op("sum", "Add", {h2, cube})});
+  ValueId t = b.op("t1", "Add", {b.op("tanh", "Tanh", {inner}), b.scalar("one_t", 1)});
+  ValueId g2 = b.op("half2", "Mul", {b.op("hx", "Mul", {b.scalar("half_t", 0.5f), h2}), t});
+  ValueId out = b.op("fc3", "MatMul", {g2, b.constant("w3", weights({16, 8}))});
+  return b.done({out});
+}
+
+TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
+  Model m = linear_gelu();
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  EXPECT_EQ(a.at(node_index(m, "fc1")).pattern, "linear_Gelu");
+  EXPECT_EQ(a.at(node_index(m, "fc2")).pattern, "linear_Gelu");
+  EXPECT_EQ(a.at(node_index(m, "fc3")).pattern, "linear");
+  for (const char* name : {"fc1_bias", "div", "erf", "e", "xe", "pow", "cube", "sum", "outer", "tanh", "t1", "hx"}) {
+    ASSERT_TRUE(a.count(node_index(m, name))) << name;
+    EXPECT_FALSE(a.at(node_index(m, name)).output.has_value()) << name;  // inside the pattern
+  }
+  EXPECT_NE(spec(a.at(node_index(m, "half")).output), nullptr);
+  EXPECT_NE(spec(a.at(node_index(m, "half2")).output), nullptr);
+  // XNNPACK's quantizer fuses no GELU: its linear layers stand alone.
+  Annotations x;
+  ASSERT_TRUE(make_quantizer("xnnpack")->annotate(m.graph, x).ok());
+  EXPECT_EQ(x.at(node_index(m, "fc1")).pattern, "linear");
+  EXPECT_FALSE(x.count(node_index(m, "erf")));
+
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  std::vector<float> xv(64);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.41f * static_cast<float>(i)) * 2;
+  const std::vector<Tensor> in = {testing::make<float>({4, 16}, xv)};
+  {
+    auto session = Session::create(m);
+    ASSERT_TRUE(session.ok());
+    Calibrator calibrator(m.graph, *p);
+    (*session)->set_observer(&calibrator);
+    ASSERT_TRUE(calibrator.observe_inputs(in).ok());
+    ASSERT_TRUE((*session)->run(in).ok());
+  }
+  ASSERT_TRUE(convert(m, *p).ok());
+  const std::vector<Tensor> want = testing::run_reference(m, in);
+  CompileOptions options;
+  options.target.threads = 1;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<std::string> activations;
+  for (const Node& n : m.graph.nodes)
+    if (n.op == "QFusedMatMul") activations.push_back(n.attr_string("activation", ""));
+  EXPECT_EQ(activations, (std::vector<std::string>{"Gelu", "GeluTanh", ""})) << testing::nodes_text(m.graph);
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(in);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
 }
 
 TEST(X86Quantizer, PoolingAfterFloatStaysFloat) {
