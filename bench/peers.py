@@ -22,6 +22,10 @@ u8 activations, s8 per-channel weights, min-max calibration on the same samples)
 on their int8 kernels. Its outputs are
 checked against ONNX Runtime's fp32 ones (relative L2 <= 0.1: the two quantizations differ), and
 a line after the table gives kiln int8 over ONNX Runtime fp32 (the resnet50 row).
+bert_int8 is BERT-base quantized the same way on 8 samples of random token ids, its linear
+layers only (ONNX Runtime's quantize_static told the MatMul / Gemm nodes by a constant weight,
+as kiln's x86 quantizer takes them; attention stays float in both); a line after the table
+gives kiln int8 over kiln fp32 (the bert_base row).
 bert_int4_s1 is BERT-base at sequence length 1 (the shape of an LLM's decode step: every linear
 layer one row by its weight, so reading the weights is the cost) with its MatMul weights
 quantized to 4 bits in groups of 128 (u4 with zero points): for kiln `kiln quant --weight-only
@@ -308,12 +312,17 @@ def time_calls(fn, args):
     return statistics.median(seconds)
 
 
-def int8_case(name, onnx_path, inputs, scratch, rng):
-    """The model quantized: calibration samples for kiln quant, and ONNX Runtime's QDQ model of
-    the same samples for the peers."""
+def int8_case(name, onnx_path, inputs, scratch, rng, sample=None, linear_only=False):
+    """The model quantized: calibration samples for kiln quant (`sample(rng)` each; default
+    normal noise of the inputs' shapes), and ONNX Runtime's QDQ model of the same samples for the
+    peers (`linear_only`: only the MatMul / Gemm nodes by a constant weight, the layers kiln's
+    x86 quantizer takes in a transformer, not attention's products of two activations)."""
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    samples = [{k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in inputs.items()} for _ in range(CALIB_SAMPLES)]
+    if sample is None:
+        def sample(r):
+            return {k: r.standard_normal(v.shape).astype(v.dtype) for k, v in inputs.items()}
+    samples = [sample(rng) for _ in range(CALIB_SAMPLES)]
     calib = os.path.join(scratch, f"{name}.calib.npz")
     np.savez(calib, **{k: np.concatenate([s[k] for s in samples]) for k in inputs})
 
@@ -330,7 +339,14 @@ def int8_case(name, onnx_path, inputs, scratch, rng):
     from onnxruntime.quantization.shape_inference import quant_pre_process
     pre = os.path.join(scratch, f"{name}.pre.onnx")  # BatchNorm folded into the convs, as ONNX Runtime advises
     quant_pre_process(onnx_path, pre, skip_symbolic_shape=True)
-    quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    nodes = None
+    if linear_only:
+        import onnx
+        model = onnx.load(pre)
+        weights = {t.name for t in model.graph.initializer}
+        nodes = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
+    quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, nodes_to_quantize=nodes,
+                    op_types_to_quantize=["MatMul", "Gemm"] if linear_only else None,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
     case = Case(name, qdq, inputs, scratch)
     case.kiln_onnx = onnx_path
@@ -368,7 +384,7 @@ def make_cases(args, scratch):
     rng = np.random.default_rng(0)
     for name in MODELS:
         if wanted and name not in wanted and not (name == "resnet50" and {"resnet50_b64", "resnet50_int8"} & set(wanted)) \
-                and not (name == "bert_base" and {"bert_s1", "bert_int4_s1"} & set(wanted)):
+                and not (name == "bert_base" and {"bert_s1", "bert_int4_s1", "bert_int8"} & set(wanted)):
             continue
         gen_s, error = generated.ensure(name)
         if error:
@@ -382,6 +398,10 @@ def make_cases(args, scratch):
             cases.append(Case("resnet50_b64", onnx_path, big, scratch))
         if name == "resnet50" and (not wanted or "resnet50_int8" in wanted):
             cases.append(int8_case("resnet50_int8", onnx_path, inputs, scratch, rng))
+        if name == "bert_base" and (not wanted or "bert_int8" in wanted):
+            def tokens(r, shape=inputs["input_ids"].shape):
+                return {"input_ids": r.integers(0, 30522, shape).astype(np.int64), "attention_mask": np.ones(shape, np.int64)}
+            cases.append(int8_case("bert_int8", onnx_path, inputs, scratch, rng, tokens, linear_only=True))
         if name == "bert_base":
             s1 = {k: v[:, :1] for k, v in inputs.items()}
             if not wanted or "bert_s1" in wanted:
@@ -400,7 +420,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kiln", required=True)
     parser.add_argument("--models", nargs="+", metavar="NAME",
-                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "bert_s1", "bert_int4_s1",
+                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "bert_int8", "bert_s1", "bert_int4_s1",
                                                                                "mlp_b1", "mlp_b64"]))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
@@ -547,6 +567,10 @@ def main(argv=None):
             k, o = times.get(("resnet50_int8", t, "kiln")), times.get(("resnet50", t, "ort"))
             if k and o:
                 print(f"# resnet50_int8 {t}T: kiln int8 / ONNX Runtime fp32 = {statistics.median(k) / statistics.median(o):.2f}")
+        for t in args.threads:
+            k, f = times.get(("bert_int8", t, "kiln")), times.get(("bert_base", t, "kiln"))
+            if k and f:
+                print(f"# bert_int8 {t}T: kiln int8 / kiln fp32 = {statistics.median(k) / statistics.median(f):.2f}")
         for t in args.threads:
             k, f = times.get(("bert_int4_s1", t, "kiln")), times.get(("bert_s1", t, "kiln"))
             if k and f:
