@@ -5,9 +5,9 @@
 // epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums, bias,
 // activation) and requantized to u8 in the micro-kernel's store, or written as f32.
 //
-// What the micro-kernel's store does not do runs as a second pass over the f32 result in the
-// workspace, on the row kernels: a residual Z (dequantized, or f32 as it is), a post
-// activation, an s8 output.
+// The micro-kernel's store also adds a residual Z (dequantized, or f32 as it is) and the post
+// activation; an s8 output (the xnnpack quantizer's) runs as a second pass over the f32 result
+// in the workspace, on the row kernels.
 // s8 A (the xnnpack quantizer's activations) is shifted to u8 first (x + 128, its zero point
 // too), which leaves the products unchanged. A's scale and zero point may be computed at run
 // time (a dynamically quantized layer: DynamicQuantizeLinear's outputs): the N column scales
@@ -84,11 +84,10 @@ class QMatMulKernel final : public Kernel {
       y_scale_ = constant_scalar(q.inputs[6]);
       y_zero_ = constant_zero_point(q.inputs[7]);
     }
-    // The micro-kernel's store does it all: u8 or f32 out, no residual, no post activation.
-    direct_ = !has_z_ && post_.kind == Activation::none && (!out_int8_ || out_u8_);
+    // The micro-kernel's store does it all: u8 or f32 out.
+    direct_ = !out_int8_ || out_u8_;
     a_bytes_ = a_s8_ ? up(static_cast<size_t>(m_ * k_)) : 0;
-    const size_t f32_bytes = up(static_cast<size_t>(m_ * n_) * sizeof(float));
-    needs.workspace_bytes = a_bytes_ + (direct_ || !out_int8_ ? 0 : f32_bytes) + (has_z_ && !z_f32_ ? f32_bytes : 0);
+    needs.workspace_bytes = a_bytes_ + (direct_ ? 0 : up(static_cast<size_t>(m_ * n_) * sizeof(float)));
     return {};
   }
 
@@ -107,30 +106,28 @@ class QMatMulKernel final : public Kernel {
     ep.a_zero = a_zero_;
     ep.scale = scales_.data();
     ep.bias = bias_.empty() ? nullptr : bias_.data();
+    ep.act = act_;
+    ep.post = post_;
+    if (z_f32_) {
+      ep.z_f32 = ctx.input(9).data<float>();
+    } else if (has_z_) {
+      ep.z_q = ctx.input(9).raw();
+      ep.z_s8 = !z_u8_;
+      ep.z_scale = z_scale_;
+      ep.z_zero = z_zero_;
+    }
+    ep.ldz = n_;
     if (direct_) {
-      ep.act = act_;
       ep.out_u8 = out_int8_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
       gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, y.raw(), n_, threads_, 0, amx_);
       return {};
     }
-    // f32 into Y (an f32 output) or the workspace, then the rest of the epilogue on the rows.
-    const size_t count = static_cast<size_t>(m_ * n_);
-    std::byte* next = ws + a_bytes_;
-    float* f = out_int8_ ? reinterpret_cast<float*>(next) : y.data<float>();
-    if (out_int8_) next += up(count * sizeof(float));
+    // An s8 output: f32 into the workspace, then quantized.
+    auto* f = reinterpret_cast<float*>(ws + a_bytes_);
     gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_, 0, amx_);
-    const float* z = nullptr;
-    if (z_f32_) {
-      z = ctx.input(9).data<float>();
-    } else if (has_z_) {
-      float* dz = reinterpret_cast<float*>(next);
-      rows_->dequantize(ctx.input(9).raw(), dz, static_cast<int64_t>(count), z_scale_, z_zero_, z_u8_);
-      z = dz;
-    }
-    rows_->epilogue(f, z, static_cast<int64_t>(count), act_, post_);
-    if (out_int8_) rows_->quantize(f, y.raw(), static_cast<int64_t>(count), y_scale_, y_zero_, out_u8_);
+    rows_->quantize(f, y.raw(), m_ * n_, y_scale_, y_zero_, false);
     return {};
   }
 

@@ -199,9 +199,10 @@ Case qmatmul_case(const QMatMul& s) {
   return Case{"QFusedMatMul", in, constant, attrs};
 }
 
-// A quantized linear layer: every path of the VNNI kernel (u8 out in the micro-kernel's store,
-// f32 out, the epilogue pass for Z, a post activation, s8 out; s8 A shifted) against the
-// reference, within one quantization step (f32 outputs: within a few ulps of the scale).
+// A quantized linear layer: every path of the VNNI and AMX kernels (u8 or f32 out in the
+// micro-kernel's store with Z and a post activation, s8 out through a second pass; s8 A
+// shifted) against the reference, within one quantization step (f32 outputs: within a few ulps
+// of the scale).
 TEST(Int8Kernels, QFusedMatMulPaths) {
   std::vector<QMatMul> cases;
   for (DType act : {DType::u8, DType::i8})
@@ -218,6 +219,11 @@ TEST(Int8Kernels, QFusedMatMulPaths) {
         s.post = "Gelu";
         s.a_shape = {2, 7, 64};
         s.n = 48;
+        cases.push_back(s);
+        s.a_shape = {2, 20, 130};  // 40 rows: on an AMX host 32 on the tiles (K's last 2 on VNNI), 8 on VNNI
+        s.n = 80;
+        cases.push_back(s);
+        s.activation = s.post = "";  // the residual alone: the tiles' one-pass store
         cases.push_back(s);
       }
   for (const QMatMul& s : cases) {

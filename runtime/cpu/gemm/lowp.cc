@@ -167,6 +167,18 @@ size_t bf16_workspace_bytes(int64_t m, int64_t k) {
 
 bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k) { return cpu.amx && m >= 16 && k >= 64; }
 
+namespace {
+
+// The epilogue of C's rows from r on: its residual's rows too.
+QuantEpilogue from_row(const QuantEpilogue& ep, int64_t r) {
+  QuantEpilogue out = ep;
+  if (ep.z_f32) out.z_f32 = ep.z_f32 + r * ep.ldz;
+  if (ep.z_q) out.z_q = static_cast<const uint8_t*>(ep.z_q) + r * ep.ldz;
+  return out;
+}
+
+}  // namespace
+
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
                const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx) {
   if (m <= 0 || n <= 0) return;
@@ -177,13 +189,18 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
     const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16, bytes = ep.out_u8 ? 1 : 4;
     const int64_t group = amx_tiles_per_group(round_up(k, 4) * 16);
     over_tile_grid(rows, (tiles + 1) / 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-      lowp_amx::u8s8_tiles(r1 - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, ep,
+      lowp_amx::u8s8_tiles(r1 - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, from_row(ep, r0),
                            static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
     });
     if (rows == m) return;
     a += rows * lda;
     c = static_cast<std::byte*>(c) + rows * ldc * bytes;
     m -= rows;
+    const QuantEpilogue rest = from_row(ep, rows);
+    if (mc <= 0) mc = rows_per_block(round_up(k, 4));
+    over_panels(panels(n), threads,
+                [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, rest, c, ldc, n); });
+    return;
   }
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
   // others start, cost 5-10 % of the product).

@@ -39,17 +39,29 @@ int64_t packed_b_s8_bytes(int64_t k, int64_t n);
 void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, int8_t* out, int32_t* col_sums);
 
 /// What becomes of each s32 sum: y = scale[n] · (sum − a_zero · col_sums[n]) + bias[n], then
-/// the activation; then, when `out_u8`, q = clamp(round_half_even(y / out_scale) + out_zero,
-/// 0, 255) stored as u8, else y stored as f32.
+/// the activation, the residual Z added, the post activation; then, when `out_u8`,
+/// q = clamp(round_half_even(y / out_scale) + out_zero, 0, 255) stored as u8, else y stored as
+/// f32.
 struct QuantEpilogue {
   const int32_t* col_sums = nullptr;
   int32_t a_zero = 0;
   const float* scale = nullptr;  ///< N values: A's scale × B's scale of the column
   const float* bias = nullptr;   ///< N values, or null
   ActivationSpec act;
+  /// The residual, M×N values `ldz` apart: f32 (`z_f32`), or 8-bit (`z_q`: u8, s8 when `z_s8`)
+  /// read as z_scale · (q − z_zero); or neither.
+  const float* z_f32 = nullptr;
+  const void* z_q = nullptr;
+  bool z_s8 = false;
+  float z_scale = 1;
+  int32_t z_zero = 0;
+  int64_t ldz = 0;
+  ActivationSpec post;
   bool out_u8 = false;
   float out_scale = 1;
   int32_t out_zero = 0;
+
+  bool has_z() const { return z_f32 || z_q; }
 };
 
 /// Whether gemm_u8s8 should multiply M×K rows on AMX tiles on `cpu`: where it has AMX-INT8,

@@ -27,6 +27,7 @@
 
 #include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/cpu/gemm/lowp_residual.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::lowp_amx {
@@ -179,8 +180,8 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
 }
 
 // u8s8: rows [0, 16·blk.rt) of a block's sums finished: the K tail, A's zero point, the scales
-// and bias, then stored in C (f32, or requantized to u8), or through `values` when there is an
-// activation.
+// and bias, the residual, then stored in C (f32, or requantized to u8); through `values` and
+// u8s8_store when there is an activation.
 template <int C, bool Tail>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
@@ -196,7 +197,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     scale[j] = _mm512_maskz_loadu_ps(mk[j], ep.scale + n0 + j * 16);
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
   }
-  const bool direct = ep.act.kind == Activation::none;
+  const bool direct = ep.act.kind == Activation::none && ep.post.kind == Activation::none;
   const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
   const __m512i out_zero = _mm512_set1_epi32(ep.out_zero);
   alignas(64) float values[32 * kLd];
@@ -215,7 +216,8 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
       }
     }
     for (int j = 0; j < C; ++j) {
-      const __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
+      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
+      if (direct && ep.has_z()) y = _mm512_add_ps(y, u8s8_residual(ep, blk.i0 + i, n0 + j * 16, mk[j]));
       if (!direct) {
         _mm512_store_ps(values + i * kLd + j * 16, y);
       } else if (ep.out_u8) {  // rounded half to even (the MXCSR default), the zero point added, saturated

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "runtime/cpu/gemm/lowp_isa.h"
+#include "runtime/cpu/gemm/lowp_residual.h"
 #include "runtime/cpu/gemm/prefetch.h"
 #include "runtime/cpu/rows.h"
 
@@ -150,8 +151,16 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 }
 
 void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0) {
-  if (ep.act.kind != Activation::none) row_kernels(Isa::avx512).tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
+  const RowKernels& rows_k = row_kernels(Isa::avx512);
+  if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
   const int nv = (w + 15) / 16;
+  if (ep.has_z())
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < nv; ++j) {
+        float* v = values + i * ld + j * 16;
+        _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), u8s8_residual(ep, i0 + i, n0 + j * 16, mask(w - j * 16))));
+      }
+  if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   for (int i = 0; i < rows; ++i) {
     const float* v = values + i * ld;
     if (!ep.out_u8) {
