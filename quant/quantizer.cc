@@ -112,7 +112,8 @@ class PatternQuantizer final : public Quantizer {
     return a;
   }
 
-  // conv / linear, its bias Add, then (x86) + Add (+ Relu), or + one activation.
+  // conv / linear, its bias Add, then (x86) + Add (+ Relu), or + one activation (for a linear
+  // layer, a GELU written out counts as one).
   void layer(const Graph& g, const Uses& u, const std::map<ValueId, GeluChain>& gelus, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     auto axis = weight_axis(g, node);
