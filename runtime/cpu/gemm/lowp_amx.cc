@@ -162,8 +162,9 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
           int32_t* kept = kept_base ? kept_base + (t - tg) / 2 * 32 * kLd : nullptr;
           // The first rows' pass brings the group's B from memory: each block fetches the panel
           // of the pair two ahead (once per panel) into L2, as the hardware's prefetchers did
-          // not keep up. BERT-base's 73 linear layers in int8 at one thread: 41.7 → 36.9 ms of
-          // a run, in bf16 53.1 → 49.5 ms.
+          // not keep up. BERT-base's 73 linear layers at one thread without fetches and with
+          // them (a build fetching for every pair): int8 41.7 and 36.9 ms a run, bf16 53.1 and
+          // 49.5 ms.
           const int64_t ahead = t + 4;
           const uint8_t* fetch = i0 == 0 && ahead < std::min(t1, tg + nc) && ahead / 3 != (ahead - 2) / 3
                                      ? column_tile(b, panel_bytes, ahead / 3 * 3) + bo
