@@ -6,8 +6,8 @@
                           [--precision bf16 fp16] [--lower-output-layers] [--no-pin]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
-64 too, ResNet-50 in int8, BERT-base at sequence 1 in fp32 and with int4 weights, and the
-samples' MLP at batch 1 and 64) and thread count:
+64 too, ResNet-50 and BERT-base's linear layers in int8, BERT-base at sequence 1 in fp32 and
+with int4 weights, and the samples' MLP at batch 1 and 64) and thread count:
   - kiln: `kiln export`, then `kiln compile --input-shape ... --threads T`, then
     `kiln run --iters N --warmup W --threads T --json` (the run's own latency median: no
     process start or model loading);

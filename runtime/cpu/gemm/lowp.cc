@@ -182,6 +182,7 @@ QuantEpilogue from_row(const QuantEpilogue& ep, int64_t r) {
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
                const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx) {
   if (m <= 0 || n <= 0) return;
+  QuantEpilogue rest = ep;  // the VNNI kernel's rows' (all, or those past the tiles')
   // Only where this process was granted the tile state (CpuFeatures::host asks for it).
   if (amx && CpuFeatures::host().amx) {
     // The threads share pairs of B's 16-column tiles (a block's two) and the rows; the rows past
@@ -196,17 +197,13 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
     a += rows * lda;
     c = static_cast<std::byte*>(c) + rows * ldc * bytes;
     m -= rows;
-    const QuantEpilogue rest = from_row(ep, rows);
-    if (mc <= 0) mc = rows_per_block(round_up(k, 4));
-    over_panels(panels(n), threads,
-                [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, rest, c, ldc, n); });
-    return;
+    rest = from_row(ep, rows);
   }
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
   // others start, cost 5-10 % of the product).
   if (mc <= 0) mc = rows_per_block(round_up(k, 4));
   over_panels(panels(n), threads,
-              [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, ep, c, ldc, n); });
+              [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, rest, c, ldc, n); });
 }
 
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
