@@ -9,6 +9,8 @@
 //   DQ(a) + DQ(b) [-> Relu] -> Q, a and b of the output's shape -> QAdd (a residual add)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
+//   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
+//        -> QLayerNormalization (a quantized transformer's norms: no f32 tensor around them)
 //
 // and, for weight-only quantized models (`kiln quant --weight-only`) and any linear layer the
 // int8 rewrite did not take:
@@ -58,7 +60,7 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0;
 
   /// `woq`: the target runs WoqFusedMatMul's kernel.
   void run(bool woq) {
@@ -72,6 +74,7 @@ class Lowering {
         else if (woq) weight_only += woq_matmul(i);
       }
       else if (op == "MaxPool") pools += maxpool(i);
+      else if (op == "LayerNormalization") norms += layer_norm(i);
       else if (op == "Add") adds += add(i);
     }
   }
@@ -384,6 +387,39 @@ class Lowering {
     return true;
   }
 
+  // DQ(x) -> LayerNormalization (constant f32 scale and B, no Mean / InvStdDev read) -> Q:
+  // QLayerNormalization, x's rows normalized where they are read and quantized where written.
+  bool layer_norm(size_t i) {
+    const Node& n = g_.nodes[i];
+    if (!n.has_input(0) || !n.has_input(1)) return false;
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      if (n.outputs[o] != kNoValue && (outputs_.count(n.outputs[o]) || !uses_[static_cast<size_t>(n.outputs[o])].empty())) return false;
+    if (n.attr_int("stash_type", 1) != 1 || !g_.value(n.inputs[0]).shape.is_concrete()) return false;
+    for (size_t k : {size_t{1}, size_t{2}})
+      if (n.has_input(k) && (!g_.value(n.inputs[k]).is_constant() || g_.value(n.inputs[k]).dtype != DType::f32)) return false;
+    const Node* tx = nullptr;
+    const Node* dx = dequantized(n.inputs[0], &tx);
+    if (!dx || tx) return false;
+    int64_t tq = -1;
+    const int64_t q = quantized_by(n.outputs[0], &tq);
+    if (q < 0 || tq >= 0) return false;
+    const Node& qn = g_.nodes[static_cast<size_t>(q)];
+    Node l;
+    l.name = n.name;
+    l.op = "QLayerNormalization";
+    for (const char* a : {"axis", "epsilon"})
+      if (const Attribute* at = n.find_attr(a)) l.set_attr(a, at->value);
+    l.sources = n.sources;
+    if (l.sources.empty()) l.sources.push_back(n.name);
+    l.inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2], n.inputs[1], qn.inputs[1], qn.inputs[2]};
+    if (n.has_input(2)) l.inputs.push_back(n.inputs[2]);
+    absorb(l, qn);
+    l.outputs = {int8_result(n.outputs[0], q, -1)};
+    before_[i].push_back(std::move(l));
+    drop_[i] = 1;
+    return true;
+  }
+
   bool maxpool(size_t i) {
     const Node& p = g_.nodes[i];
     if (p.outputs.size() != 1 && (p.outputs.size() != 2 || p.outputs[1] != kNoValue)) return false;
@@ -425,12 +461,14 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools == 0 && folded == 0) return PassResult{};
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms == 0 && folded == 0) return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
         count_of(l.matmuls, "linear layer", "linear layers") + " to QFusedMatMul, " + count_of(l.adds, "add", "adds") +
         " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
+  if (l.norms)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.norms, "layer normalization", "layer normalizations") + " to QLayerNormalization";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +
          " to WoqFusedMatMul";

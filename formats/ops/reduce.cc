@@ -192,6 +192,25 @@ Status infer_layer_norm(InferContext& ctx) {
   return {};
 }
 
+// QLayerNormalization (lower_int8 makes it): LayerNormalization of DQ(x) quantized as Q does;
+// inputs x, x_scale, x_zero_point, scale, y_scale, y_zero_point, B (optional); y takes
+// y_zero_point's type.
+Status infer_qlayer_norm(InferContext& ctx) {
+  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) {
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  KILN_ASSIGN_OR_RETURN(DType stash, stash_dtype(ctx));
+  if (stash != DType::f32) return ctx.error("stash_type must be 1 (f32)");
+  const Shape& x = ctx.shape(0);
+  ctx.set_output(0, ctx.dtype(5), x);
+  if (!x.rank_known) return {};
+  KILN_ASSIGN_OR_RETURN(int64_t axis, normalize_axis(ctx.node().attr_int("axis", -1), x.rank(), ctx));
+  KILN_RETURN_IF_ERROR(check_norm_param(ctx, 3, axis, "scale"));
+  return check_norm_param(ctx, 6, axis, "bias");
+}
+
 // Per-channel parameter inputs [C] of Batch-, Instance- and GroupNormalization.
 Status check_channel_params(const InferContext& ctx, size_t first, size_t last) {
   const Shape& x = ctx.shape(0);
@@ -294,6 +313,14 @@ void register_reduce_ops(OpRegistry& r) {
                       {"stash_type", AttrType::int64, false, "ONNX type code of Mean/InvStdDev (default 1 = f32)"}},
                      infer_layer_norm})
       .traits.types = {input(0, kFloat, "X"), same_as(1, 0, "scale"), same_as(2, 0, "bias")};
+  r.add("", OpSchema{"QLayerNormalization", "LayerNormalization of dequantized u8/s8 x, its output quantized (made by compile)", 6, 7, 1, 1,
+                     {{"axis", AttrType::int64, false, "first normalized dim (default -1)"},
+                      {"epsilon", AttrType::float64, false, "default 1e-5"},
+                      {"stash_type", AttrType::int64, false, "1 (f32), the default, only"}},
+                     infer_qlayer_norm})
+      .traits.types = {input(0, DType::u8 | DType::i8, "x"), input(1, DType::f32, "x_scale"), same_as(2, 0, "x_zero_point"),
+                       same_as(3, 1, "scale"), same_as(4, 1, "y_scale"), input(5, DType::u8 | DType::i8, "y_zero_point"),
+                       same_as(6, 1, "B")};
   r.add("", OpSchema{"RMSNormalization", "x / sqrt(mean(x^2) + epsilon) * scale over dims axis…", 2, 2, 1, 1,
                      {{"axis", AttrType::int64, false, "first normalized dim (default -1)"},
                       {"epsilon", AttrType::float64, false, "default 1e-5"},

@@ -32,6 +32,25 @@ CpuFeatures isa_features(Isa isa);
 /// Why a kernel built for `isa` cannot run on `cpu` ("the CPU lacks avx512"), or nullopt.
 std::optional<std::string> lacks(const CpuFeatures& cpu, Isa isa);
 
+/// A per-tensor quantization: scale, zero point, and whether the values are u8 (else s8).
+struct Int8Params {
+  float scale = 1;
+  int32_t zero = 0;
+  bool u8 = true;
+};
+
+/// QLayerNormalization's constants (RowKernels::qnorm): x's and y's quantization, the scale
+/// and bias over the normalized dims (bias may be null), and the same folded into y's
+/// quantization, scale / y.scale and bias / y.scale + y.zero (never null; the kernel's).
+struct QNormParams {
+  Int8Params x, y;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  const float* scale_y = nullptr;
+  const float* bias_y = nullptr;
+  float eps = 1e-5f;
+};
+
 struct RowKernels {
   /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
   /// with `rms`, y = x / sqrt(mean(x²) + eps) * scale.
@@ -147,6 +166,13 @@ struct RowKernels {
   /// a, b, y u8 or s8 each.
   void (*qadd)(const void* a, bool a_u8, const void* b, bool b_u8, void* y, bool y_u8, int64_t n, float ka, float kb, float c,
                float zy, bool relu);
+  /// QLayerNormalization: LayerNormalization of each row of x (d values) dequantized, the
+  /// result quantized into y, on up to `threads` of the pool's threads. On AVX-512 a row's mean
+  /// and variance come from its codes' integer sums, and one more pass normalizes and quantizes
+  /// it by the folded scale and bias; otherwise each row is dequantized, normalized and
+  /// quantized in thread t's f32 row at rows_f32 + t · ld_f32 (dequantize, norm and quantize's
+  /// arithmetic).
+  void (*qnorm)(const QNormParams& p, const void* x, void* y, int64_t rows, int64_t d, float* rows_f32, int64_t ld_f32, int threads);
   /// Planes into pixels (an image to channels-last): pixels[a·count + b] = planes[b·stride + a]
   /// for a < n pixels and b < count planes of 4-byte elements (moved as bits). Three planes
   /// (RGB) go 16 pixels at a time through two permutes a vector on AVX-512. On the calling thread.

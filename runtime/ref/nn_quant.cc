@@ -1,7 +1,8 @@
 // Reference kernels of the quantized ops `kiln compile` makes (lower_int8): QFusedConv and
 // QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
 // tensor or per output channel), WoqFusedMatMul a FusedMatMul by its weight dequantized as
-// DequantizeLinear does, QAdd an Add of them, the f32 result quantized as
+// DequantizeLinear does, QAdd an Add of them, QLayerNormalization a LayerNormalization, the
+// f32 result quantized as
 // QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
 // scale and zero point.
 #include <array>
@@ -52,16 +53,18 @@ ViewContext dequantized_view(KernelContext& outer, std::string op, std::array<Te
   return ViewContext(outer, std::move(node), std::vector<Tensor>(inputs.begin(), inputs.end()), Tensor(DType::f32, outer.output(0).shape()));
 }
 
-// Y from the float result: quantized with inputs 6 and 7 when the node has them, else as is.
-Status store(KernelContext& ctx, const Tensor& y) {
+// Y from the float result: quantized with inputs `at` and `at` + 1 (y's scale and zero point)
+// when the node has them, else as is.
+Status store(KernelContext& ctx, const Tensor& y, size_t at = 6) {
   Tensor& out = ctx.output(0);
-  if (!ctx.has_input(6)) {
+  if (!ctx.has_input(at)) {
     std::copy(y.data<float>(), y.data<float>() + y.numel(), out.data<float>());
     return {};
   }
-  if (ctx.input(6).numel() != 1 || !ctx.has_input(7) || ctx.input(7).numel() != 1) return ctx.error("y_scale and y_zero_point must be scalars");
-  const float scale = ctx.input(6).data<float>()[0];
-  const int64_t zero = ctx.input(7).as_int64(0);
+  if (ctx.input(at).numel() != 1 || !ctx.has_input(at + 1) || ctx.input(at + 1).numel() != 1)
+    return ctx.error("y_scale and y_zero_point must be scalars");
+  const float scale = ctx.input(at).data<float>()[0];
+  const int64_t zero = ctx.input(at + 1).as_int64(0);
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double v = static_cast<double>(y.data<float>()[i] / scale);
     if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
@@ -163,10 +166,25 @@ Status ref_qadd(KernelContext& ctx) {
   return store(ctx, y);
 }
 
+// QLayerNormalization: LayerNormalization of x dequantized (scale input 3, B input 6), y
+// quantized with inputs 4 and 5.
+Status ref_qlayer_norm(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5}));
+  Node node = ctx.node();
+  node.op = "LayerNormalization";
+  node.inputs = {ctx.node().inputs[0], ctx.node().inputs[3], ctx.has_input(6) ? ctx.node().inputs[6] : kNoValue};
+  ViewContext f(ctx, std::move(node),
+                {dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0), ctx.input(3), ctx.has_input(6) ? ctx.input(6) : Tensor()},
+                Tensor(DType::f32, ctx.output(0).shape()));
+  KILN_RETURN_IF_ERROR(ref::layer_normalization(f));
+  return store(ctx, f.y(), 4);
+}
+
 }  // namespace
 
 void register_ref_nn_quant(KernelRegistry& r) {
   r.add_reference("QAdd", ref_qadd);
+  r.add_reference("QLayerNormalization", ref_qlayer_norm);
   r.add_reference("QFusedConv", ref_qfused_conv);
   r.add_reference("QFusedMatMul", ref_qfused_matmul);
   r.add_reference("WoqFusedMatMul", ref_woq_fused_matmul);

@@ -122,3 +122,8 @@ Status ref_fused_conv_any(KernelContext& ctx);  ///< FusedConv, either layout
 Status ref_fused_matmul(KernelContext& ctx);
 
 }  // namespace kiln::nn
+
+namespace kiln::ref {
+/// LayerNormalization's reference kernel (reduce_norm.cc), which QLayerNormalization's runs.
+Status layer_normalization(KernelContext& ctx);
+}  // namespace kiln::ref

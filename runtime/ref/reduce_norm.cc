@@ -304,6 +304,8 @@ Status ref_lp_norm(KernelContext& ctx) {
 
 }  // namespace
 
+Status layer_normalization(KernelContext& ctx) { return ref_layer_norm<false>(ctx); }
+
 void register_ref_reduce_norm(KernelRegistry& r) {
   r.add_reference("Softmax", ref_softmax<SoftKind::softmax>);
   r.add_reference("LogSoftmax", ref_softmax<SoftKind::log_softmax>);

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <limits>
 
+#include "compile/pipeline.h"
+#include "tests/unit/compile_test_util.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace kiln {
@@ -407,6 +410,85 @@ TEST(Int8Kernels, LargeTensorsInPieces) {
   expect_within_one_step(add, "kiln.qadd_avx512");
 }
 
+// QLayerNormalization against the reference on each ISA path: u8 and s8 in and out, with and
+// without B, rows of odd and SIMD-multiple lengths, one of constant codes, and a tensor large
+// enough for two threads to share.
+TEST(Int8Kernels, QLayerNormalization) {
+  struct Shape3 {
+    std::vector<int64_t> shape;
+    int64_t axis;
+  };
+  for (const Shape3& sh : {Shape3{{3, 5, 37}, -1}, Shape3{{2, 64, 768}, 2}, Shape3{{4, 3, 16}, 1}})
+    for (DType tx : {DType::u8, DType::i8})
+      for (DType ty : {DType::u8, DType::i8})
+        for (bool bias : {true, false}) {
+          SCOPED_TRACE(std::to_string(sh.shape.back()) + " " + std::string(dtype_name(tx)) + " -> " + std::string(dtype_name(ty)) +
+                       (bias ? " with B" : ""));
+          std::vector<int64_t> norm(sh.shape.begin() + (sh.axis < 0 ? sh.axis + 3 : sh.axis), sh.shape.end());
+          Tensor x = int8_noise(sh.shape, 51, tx);
+          const int64_t row = shape_numel(norm);
+          for (int64_t i = 0; i < row; ++i) std::memcpy(static_cast<std::byte*>(x.raw()) + i, x.raw(), 1);  // the first row constant
+          std::vector<Tensor> in = {x, scalar_f32(0.021f), scalar_int(tx, tx == DType::u8 ? 125 : -2), noise(norm, 52, 1.5f),
+                                    scalar_f32(0.02f), scalar_int(ty, ty == DType::u8 ? 128 : 0)};
+          std::vector<bool> constant = {false, true, true, true, true, true};
+          if (bias) {
+            in.push_back(noise(norm, 53, 0.5f));
+            constant.push_back(true);
+          }
+          Case c{"QLayerNormalization", in, constant, {attr("axis", sh.axis), attr("epsilon", 1e-5)}};
+          c.threads = 2;
+          for (const auto& [isa, cpu] : testing::isa_paths()) {
+            SCOPED_TRACE(isa);
+            testing::BothRuns r = testing::run_both(c, &cpu);
+            EXPECT_EQ(r.kernel, "kiln.qnorm_" + isa);
+            ASSERT_EQ(r.fast.size(), 1u);
+            ASSERT_EQ(r.ref.size(), 1u);
+            EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+            const std::vector<double> v = r.ref[0].to_double_vector();
+            EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 20);
+          }
+        }
+}
+
+// compile's lower_int8 makes DQ -> LayerNormalization -> Q one QLayerNormalization, which
+// computes what the three nodes' kernels did, within one quantization step.
+TEST(Int8Kernels, LayerNormBetweenQdqLowered) {
+  testing::GraphBuilder b;
+  const ValueId x = b.input("x", {2, 9, 48});
+  const ValueId xq = b.op("xq", "QuantizeLinear", {x, b.scalar("xs", 0.03f), b.constant("xz", scalar_int(DType::u8, 120))});
+  const ValueId xd = b.op("xd", "DequantizeLinear", {xq, b.scalar("xs2", 0.03f), b.constant("xz2", scalar_int(DType::u8, 120))});
+  const ValueId ln = b.op("ln", "LayerNormalization", {xd, b.constant("g", noise({48}, 61, 1.5f)), b.constant("beta", noise({48}, 62))},
+                          {attr("axis", int64_t{-1}), attr("epsilon", 1e-5)});
+  const ValueId yq = b.op("yq", "QuantizeLinear", {ln, b.scalar("ys", 0.025f), b.constant("yz", scalar_int(DType::i8, 3))});
+  const ValueId y = b.op("yd", "DequantizeLinear", {yq, b.scalar("ys2", 0.025f), b.constant("yz2", scalar_int(DType::i8, 3))});
+  Model m = b.done({y});
+  const std::vector<Tensor> in = {noise({2, 9, 48}, 63, 6.f)};
+  auto unfused = Session::create(m);
+  ASSERT_TRUE(unfused.ok()) << unfused.error().message();
+  auto want = (*unfused)->run(in);
+  ASSERT_TRUE(want.ok()) << want.error().message();
+  CompileOptions options;
+  options.target.threads = 2;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "QLayerNormalization", "DequantizeLinear"})) << testing::nodes_text(m.graph);
+  auto fused = Session::create(m);
+  ASSERT_TRUE(fused.ok()) << fused.error().message();
+  auto got = (*fused)->run(in);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), 1u);
+  const std::vector<double> g = (*got)[0].to_double_vector(), w = (*want)[0].to_double_vector();
+  ASSERT_EQ(g.size(), w.size());
+  size_t same = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_LE(std::abs(g[i] - w[i]), 0.025 * 1.001) << i;  // one step of y's scale
+    same += g[i] == w[i];
+  }
+  EXPECT_GT(same, g.size() * 95 / 100);
+}
+
 // A hostile model: a quantized op without a parameter it needs (the weight's scale here) is
 // refused before any kernel sees it (the op's required inputs), a user error naming it.
 TEST(Int8Kernels, MissingParametersAreUserErrors) {
@@ -431,6 +513,38 @@ TEST(Int8Kernels, MissingParametersAreUserErrors) {
     EXPECT_EQ(r.error().kind, ErrorKind::user) << op;
     EXPECT_NE(r.error().what.find("required input 4 of " + std::string(op) + " is missing"), std::string::npos)
         << op << ": " << r.error().what;
+  }
+}
+
+// The quantize kernel multiplies by 1 / scale and corrects the quotient once (rows.inc): every
+// value next to a rounding boundary (k + 1/2) · scale, over scales of many binades, rounds as
+// the reference's division does.
+TEST(Int8Kernels, QuantizeRoundsAsTheDivisionAtEveryBoundary) {
+  uint32_t state = 12345;
+  auto next = [&] { return state = state * 1664525u + 1013904223u; };
+  for (int t = 0; t < 60; ++t) {
+    const float scale = std::ldexp(1.f + static_cast<float>(next() >> 9) / 8388608.f, static_cast<int>(next() % 100) - 60);
+    std::vector<float> xs;
+    for (int k = -140; k <= 140; ++k) {
+      const float mid = static_cast<float>((k + 0.5) * static_cast<double>(scale));
+      float lo = mid, hi = mid;
+      xs.push_back(mid);
+      for (int u = 0; u < 6; ++u) {
+        lo = std::nextafter(lo, -INFINITY);
+        hi = std::nextafter(hi, INFINITY);
+        xs.push_back(lo);
+        xs.push_back(hi);
+      }
+    }
+    const Tensor x = testing::make<float>({static_cast<int64_t>(xs.size())}, xs);
+    for (DType ty : {DType::u8, DType::i8}) {
+      SCOPED_TRACE("scale " + std::to_string(scale) + " " + std::string(dtype_name(ty)));
+      const Case q{"QuantizeLinear", {x, scalar_f32(scale), scalar_int(ty, ty == DType::u8 ? 127 : -1)}, {false, true, true}};
+      testing::BothRuns r = testing::run_both(q);
+      EXPECT_EQ(r.kernel, "kiln.quantize_avx512");
+      ASSERT_EQ(r.fast.size(), 1u);
+      EXPECT_EQ(r.fast[0].to_double_vector(), r.ref[0].to_double_vector());
+    }
   }
 }
 
