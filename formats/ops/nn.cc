@@ -856,7 +856,8 @@ void register_nn_ops(OpRegistry& r) {
         .traits = {.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
                              input(3, DType::i8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
                              same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "bias"),
-                             input(9, int8 | DType::f32, "z"), same_as(10, 1, "z_scale"), input(11, int8, "z_zero_point")}};
+                             input(9, int8 | DType::f32, "z"), same_as(10, 1, "z_scale"), input(11, int8, "z_zero_point")},
+                   .prepack_inputs = {3}};
     // flops: the conv's / matmul's plus the epilogue's (flop_models.cc)
     std::vector<AttrSpec> woq = epilogue;
     woq.push_back({"transB", AttrType::int64, false, "1: B is [N, K] (0)"});

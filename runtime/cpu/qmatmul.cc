@@ -1,9 +1,10 @@
 // kiln.qmatmul_u8s8_avx512: QFusedMatMul (a quantized linear layer, what `kiln compile` makes of
 // DQ -> MatMul / Gemm -> Q) on kiln's VNNI GEMM (runtime/cpu/gemm/lowp.h), on AMX tiles where
 // the target has them (16 rows or more, 64 steps of K or more; `amx_tiles` in profiles): B
-// packed once at plan time with its column sums, A's u8 rows read in place, s32 sums turned into real values by the
-// epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums, bias,
-// activation) and requantized to u8 in the micro-kernel's store, or written as f32.
+// packed once at plan time with its column sums (a compiled model stores it packed, and its
+// session only sums the columns), A's u8 rows read in place, s32 sums turned into real values
+// by the epilogue (scale a_scale · b_scale[n], A's zero point removed through the column sums,
+// bias, activation) and requantized to u8 in the micro-kernel's store, or written as f32.
 //
 // The micro-kernel's store also adds a residual Z (dequantized, or f32 as it is) and the post
 // activation; an s8 output (the xnnpack quantizer's) runs as a second pass over the f32 result
@@ -50,10 +51,21 @@ class QMatMulKernel final : public Kernel {
     m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
-    // B packed once, with its column sums.
-    packed_ = Tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
+    // B packed once, with its column sums, or used where a compiled model mapped it when it
+    // was stored packed so (the column sums then read from its panels).
+    const Tensor& w = *q.inputs[3].value;
+    const PackedLayout want = gemm::packed_b_s8_layout(k_, n_, d.trans);
     col_sums_.assign(static_cast<size_t>(n_), 0);
-    gemm::pack_b_s8(q.inputs[3].value->data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed_.data<int8_t>(), col_sums_.data());
+    if (w.layout() && w.layout()->same_placement(want)) {
+      packed_ = w;
+      gemm::packed_b_s8_column_sums(static_cast<const int8_t*>(w.raw()), k_, n_, col_sums_.data());
+    } else {
+      const Tensor plain = w.is_packed() ? unpack(w) : w;
+      Tensor packed(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
+      gemm::pack_b_s8(plain.data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed.data<int8_t>(), col_sums_.data());
+      packed_ = Tensor::packed(DType::i8, w.shape(), want, packed.nbytes(), packed.raw(),
+                               std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+    }
     // A's scale and zero point: constants, or (a dynamically quantized input) each run's.
     dynamic_ = !q.inputs[1].value || !q.inputs[2].value;
     if (shape_numel(q.inputs[1].shape.concrete()) != 1 || shape_numel(q.inputs[2].shape.concrete()) != 1)
@@ -121,15 +133,17 @@ class QMatMulKernel final : public Kernel {
       ep.out_u8 = out_int8_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
-      gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, y.raw(), n_, threads_, 0, amx_);
+      gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, 0, amx_);
       return {};
     }
     // An s8 output: f32 into the workspace, then quantized.
     auto* f = reinterpret_cast<float*>(ws + a_bytes_);
-    gemm::gemm_u8s8(m_, n_, k_, a, k_, packed_.data<int8_t>(), ep, f, n_, threads_, 0, amx_);
+    gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, f, n_, threads_, 0, amx_);
     rows_->quantize(f, y.raw(), m_ * n_, y_scale_, y_zero_, false);
     return {};
   }
+
+  Tensor packed_input(size_t input) const override { return input == 3 ? packed_ : Tensor(); }
 
   std::string label() const override {
     const std::string tiles = amx_ ? "amx_tiles" : "";
@@ -171,7 +185,8 @@ void register_qmatmul(KernelRegistry& r) {
         KernelImpl{.name = "kiln.qmatmul_u8s8_avx512",
                    .declines = qmatmul_declines,
                    .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(); },
-                   .needs_isa = isa});
+                   .needs_isa = isa,
+                   .reads_packed = true});
 }
 
 }  // namespace kiln::cpu

@@ -86,6 +86,28 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   }, dims);
 }
 
+// A QFusedMatMul weight a compiled model stores packed: packed_b_s8_layout places B's elements
+// where pack_b_s8 does (padding zero), and the column sums read back from the panels are the
+// ones pack_b_s8 summed, on odd and panel-multiple sizes, both ways round.
+TEST(GemmLowp, S8LayoutAndColumnSums) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
+  std::mt19937 rng(5);
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 50}, {64, 48}, {259, 97}, {768, 768}})
+    for (bool trans : {false, true}) {
+      SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(n) + (trans ? " transposed" : ""));
+      Tensor b(DType::i8, trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+      for (int64_t i = 0; i < b.numel(); ++i) b.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+      std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(k, n)));
+      std::vector<int32_t> sums(static_cast<size_t>(n)), read(static_cast<size_t>(n), -1);
+      gemm::pack_b_s8(b.data<int8_t>(), trans ? k : n, trans, k, n, packed.data(), sums.data());
+      const Tensor placed = pack(b, gemm::packed_b_s8_layout(k, n, trans));
+      ASSERT_EQ(placed.nbytes(), packed.size());
+      EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), packed.size()), 0);
+      gemm::packed_b_s8_column_sums(packed.data(), k, n, read.data());
+      EXPECT_EQ(read, sums);
+    }
+}
+
 // The vdpbf16ps kernel, and where the CPU has AMX the tiles' path too (rows past whole tiles,
 // K past whole 32s and odd, B's columns in several groups), with a bias, GELU and a residual.
 TEST(GemmLowp, Bf16) {

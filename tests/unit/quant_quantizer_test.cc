@@ -11,6 +11,7 @@
 #include "quant/prepare.h"
 #include "quant/quantizer.h"
 #include "quant/report.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "tests/unit/compile_test_util.h"
 
 namespace kiln::quant {
@@ -156,7 +157,15 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   ASSERT_TRUE(report.ok()) << report.error().message();
   std::vector<std::string> activations;
   for (const Node& n : m.graph.nodes)
-    if (n.op == "QFusedMatMul") activations.push_back(n.attr_string("activation", ""));
+    if (n.op == "QFusedMatMul") {
+      activations.push_back(n.attr_string("activation", ""));
+      // The weight stored in the kernel's panels (prepack_weights), which a session uses as it
+      // lies, where the CPU runs kiln's int8 GEMM.
+      if (cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::u8s8)) continue;
+      const Tensor& w = m.graph.value(n.inputs[3]).constant;
+      ASSERT_TRUE(w.is_packed()) << n.name;
+      EXPECT_EQ(w.layout()->packed_for.rfind("kiln gemm_u8s8", 0), 0u) << w.layout()->packed_for;
+    }
   EXPECT_EQ(activations, (std::vector<std::string>{"Gelu", "GeluTanh", ""})) << testing::nodes_text(m.graph);
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok()) << s.error().message();

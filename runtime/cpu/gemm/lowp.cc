@@ -122,6 +122,36 @@ void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, in
   }
 }
 
+namespace {
+
+// Element (p, j) of a K×N B (stored N×K when `trans`) in panel j / NR, group p / g, at
+// (j % NR) · g + p % g: N blocked by NR outside K blocked by g (pack_b_s8's g = 4, pack_b_bf16's 2).
+PackedLayout panel_layout(int64_t k, int64_t n, bool trans, int64_t g, std::string packed_for) {
+  PackedLayout l;
+  const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
+  l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+  l.padded_dims.assign(2, 0);
+  l.padded_dims[static_cast<size_t>(kd)] = round_up(k, g);
+  l.padded_dims[static_cast<size_t>(nd)] = panels(n) * NR;
+  l.strides.assign(2, 0);
+  l.strides[static_cast<size_t>(kd)] = NR * g;
+  l.strides[static_cast<size_t>(nd)] = round_up(k, g) * NR;
+  l.inner_blocks = {NR, g};
+  l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
+  l.packed_for = std::move(packed_for);
+  return l;
+}
+
+}  // namespace
+
+PackedLayout packed_b_s8_layout(int64_t k, int64_t n, bool trans) {
+  return panel_layout(k, n, trans, 4, "kiln gemm_u8s8 nr" + std::to_string(NR));
+}
+
+void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t* col_sums) {
+  lowp_avx512::s8_column_sums(packed, panels(n), (k + 3) / 4, n, col_sums);
+}
+
 int64_t packed_b_bf16_elements(int64_t k, int64_t n) { return panels(n) * round_up(k, 2) * NR; }
 
 void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
@@ -134,21 +164,7 @@ void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, u
 }
 
 PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
-  // Element (p, j) of B lies in panel j / NR, pair p / 2, at (j % NR) · 2 + p % 2: N blocked by
-  // NR outside K blocked by 2.
-  PackedLayout l;
-  const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
-  l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
-  l.padded_dims.assign(2, 0);
-  l.padded_dims[static_cast<size_t>(kd)] = round_up(k, 2);
-  l.padded_dims[static_cast<size_t>(nd)] = panels(n) * NR;
-  l.strides.assign(2, 0);
-  l.strides[static_cast<size_t>(kd)] = NR * 2;
-  l.strides[static_cast<size_t>(nd)] = round_up(k, 2) * NR;
-  l.inner_blocks = {NR, 2};
-  l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
-  l.packed_for = "kiln gemm_bf16 nr" + std::to_string(NR);
-  return l;
+  return panel_layout(k, n, trans, 2, "kiln gemm_bf16 nr" + std::to_string(NR));
 }
 
 Tensor widened_to_f32(const Tensor& w) {

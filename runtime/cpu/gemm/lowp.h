@@ -37,6 +37,11 @@ int64_t packed_b_s8_bytes(int64_t k, int64_t n);
 /// in K and N; `col_sums` (N values) gets Σ_k B[k][n], which the epilogue needs to remove A's
 /// zero point.
 void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, int8_t* out, int32_t* col_sums);
+/// pack_b_s8's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
+/// store B packed (QFusedMatMul's weight).
+PackedLayout packed_b_s8_layout(int64_t k, int64_t n, bool trans);
+/// The column sums pack_b_s8 gives, from its packed B (a weight a compiled model stored packed).
+void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t* col_sums);
 
 /// What becomes of each s32 sum: y = scale[n] · (sum − a_zero · col_sums[n]) + bias[n], then
 /// the activation, the residual Z added, the post activation; then, when `out_u8`,

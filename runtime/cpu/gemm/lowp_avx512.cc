@@ -228,6 +228,21 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
   }
 }
 
+void s8_column_sums(const int8_t* packed, int64_t panels, int64_t k4, int64_t n, int32_t* col_sums) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t p = 0; p < panels; ++p) {
+    const int8_t* panel = packed + p * k4 * NR * 4;
+    __m512i acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < k4; ++g)  // each lane: one column's 4 steps of the group, times 1
+      for (int j = 0; j < NV; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], ones, _mm512_loadu_si512(panel + (g * NR + j * 16) * 4));
+    for (int j = 0; j < NV; ++j) {
+      const int64_t c0 = p * NR + j * 16;
+      if (c0 < n) _mm512_mask_storeu_epi32(col_sums + c0, static_cast<__mmask16>(n - c0 >= 16 ? 0xffff : (1u << (n - c0)) - 1), acc[j]);
+    }
+  }
+}
+
 void widen_f16(const uint16_t* in, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));

@@ -24,6 +24,10 @@ void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t 
 void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b, const Epilogue& ep,
                  float* c, int64_t ldc, int64_t n);
 
+/// The column sums of `panels` of pack_b_s8's panels over k4 groups of 4 steps (vpdpbusd by
+/// ones), into col_sums[panel · NR + column] for the n columns.
+void s8_column_sums(const int8_t* packed, int64_t panels, int64_t k4, int64_t n, int32_t* col_sums);
+
 /// f16 to f32, 16 values at a time (vcvtph2ps), exactly.
 void widen_f16(const uint16_t* in, int64_t n, float* out);
 
