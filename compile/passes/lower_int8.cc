@@ -11,6 +11,8 @@
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
 //        -> QLayerNormalization (a quantized transformer's norms: no f32 tensor around them)
+// and then a QFusedMatMul whose u8 output only a DQ reads writes the DQ's f32 output itself
+// (`dequantize_output`: the projections before a transformer's attention).
 //
 // and, for weight-only quantized models (`kiln quant --weight-only`) and any linear layer the
 // int8 rewrite did not take:
@@ -451,6 +453,42 @@ class Lowering {
   std::vector<std::vector<Node>> before_;  ///< per node: what replaces it, in order, before it
 };
 
+// After the rewrites: a QFusedMatMul whose u8 output only a DequantizeLinear of the same scale
+// and zero point reads (whose readers are then float ops: a transformer's Q, K and V before
+// its attention) writes that f32 output itself, quantized and dequantized in its store
+// (`dequantize_output`): the DQ's pass over the tensor is gone, and the values are the same.
+size_t fold_output_dequantize(Graph& g) {
+  const std::vector<std::vector<Use>> uses = g.uses();
+  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+  std::vector<char> drop(g.nodes.size(), 0);
+  size_t folded = 0;
+  for (Node& n : g.nodes) {
+    if (n.op != "QFusedMatMul" || !n.domain.empty() || n.outputs.size() != 1 || !n.has_input(6) || !n.has_input(7) ||
+        n.attr_int("dequantize_output", 0) != 0)
+      continue;
+    const ValueId y = n.outputs[0];
+    const std::vector<Use>& u = uses[static_cast<size_t>(y)];
+    if (g.value(y).dtype != DType::u8 || outputs.count(y) || u.size() != 1 || u[0].slot != 0) continue;
+    const Node& d = g.nodes[u[0].node];
+    if (!per_tensor(g, d, "DequantizeLinear") || d.outputs.size() != 1 || !is_scalar_constant(g, n, 6) || !is_scalar_constant(g, n, 7) ||
+        scalar_of(g, d.inputs[1]) != scalar_of(g, n.inputs[6]) || scalar_of(g, d.inputs[2]) != scalar_of(g, n.inputs[7]) ||
+        g.value(d.inputs[2]).dtype != DType::u8)
+      continue;
+    n.set_attr("dequantize_output", int64_t{1});
+    n.outputs[0] = d.outputs[0];
+    if (d.sources.empty()) n.sources.push_back(d.name);
+    for (const std::string& src : d.sources)
+      if (std::find(n.sources.begin(), n.sources.end(), src) == n.sources.end()) n.sources.push_back(src);
+    drop[u[0].node] = 1;
+    ++folded;
+  }
+  if (folded) {
+    erase_nodes(g, drop);
+    g.remove_dead();
+  }
+  return folded;
+}
+
 }  // namespace
 
 Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
@@ -460,8 +498,9 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   l.run(!cpu::gemm::woq_lacks(ctx.target.cpu));
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
+  const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms == 0 && folded == 0) return PassResult{};
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + dequantized == 0 && folded == 0) return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
@@ -469,6 +508,7 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
         " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
   if (l.norms)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.norms, "layer normalization", "layer normalizations") + " to QLayerNormalization";
+  if (dequantized) s += (s.empty() ? "" : "; ") + count_of(dequantized, "linear layer's output", "linear layers' outputs") + " dequantized in the layer's store";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +
          " to WoqFusedMatMul";

@@ -539,7 +539,10 @@ Status infer_qfused_matmul(InferContext& ctx) {
   if (ctx.has_input(9)) view[3] = {DType::f32, ctx.shape(9), nullptr};
   InferContext f(ctx.node(), std::move(view));
   KILN_RETURN_IF_ERROR(infer_fused_matmul(f));
-  ctx.set_output(0, ctx.has_input(6) ? ctx.dtype(7) : DType::f32, std::move(f.outputs()[0].shape));
+  const int64_t dq = ctx.node().attr_int("dequantize_output", 0);
+  if (dq != 0 && dq != 1) return ctx.error("dequantize_output " + std::to_string(dq) + " must be 0 or 1");
+  if (dq && (!ctx.has_input(6) || ctx.dtype(7) != DType::u8)) return ctx.error("dequantize_output needs y_scale and a u8 y_zero_point");
+  ctx.set_output(0, ctx.has_input(6) && !dq ? ctx.dtype(7) : DType::f32, std::move(f.outputs()[0].shape));
   return {};
 }
 
@@ -851,6 +854,8 @@ void register_nn_ops(OpRegistry& r) {
                              input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
     std::vector<AttrSpec> qmatmul = epilogue;
     qmatmul.push_back({"transB", AttrType::int64, false, "1: B is [N, K] (0)"});
+    qmatmul.push_back({"dequantize_output", AttrType::int64, false,
+                       "1: Y is f32, the quantized result dequantized again (a u8 Q -> DQ pair taken in) (0)"});
     r.add("", OpSchema{"QFusedMatMul", "FusedMatMul on dequantized u8/s8 A, s8 B and Z, its output quantized or f32 (int8 kernels)", 6,
                        12, 1, 1, qmatmul, infer_qfused_matmul})
         .traits = {.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),

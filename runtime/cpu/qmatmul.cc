@@ -8,7 +8,8 @@
 //
 // The micro-kernel's store also adds a residual Z (dequantized, or f32 as it is) and the post
 // activation; an s8 output (the xnnpack quantizer's) runs as a second pass over the f32 result
-// in the workspace, on the row kernels.
+// in the workspace, on the row kernels. With `dequantize_output` (a u8 Q -> DQ pair that only
+// an f32 op reads, lower_int8's) the store writes the requantized value dequantized again.
 // s8 A (the xnnpack quantizer's activations) is shifted to u8 first (x + 128, its zero point
 // too), which leaves the products unchanged. A's scale and zero point may be computed at run
 // time (a dynamically quantized layer: DynamicQuantizeLinear's outputs): the N column scales
@@ -92,7 +93,8 @@ class QMatMulKernel final : public Kernel {
     }
     out_int8_ = is_int8(q.outputs[0].dtype);
     out_u8_ = q.outputs[0].dtype == DType::u8;
-    if (out_int8_) {
+    out_dq_ = q.node.attr_int("dequantize_output", 0) != 0;  // f32 out, quantized to u8 and back
+    if (out_int8_ || out_dq_) {
       y_scale_ = constant_scalar(q.inputs[6]);
       y_zero_ = constant_zero_point(q.inputs[7]);
     }
@@ -131,6 +133,7 @@ class QMatMulKernel final : public Kernel {
     ep.ldz = n_;
     if (direct_) {
       ep.out_u8 = out_int8_;
+      ep.out_dq = out_dq_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
       gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, 0, amx_);
@@ -170,7 +173,7 @@ class QMatMulKernel final : public Kernel {
   bool has_z_ = false, z_f32_ = false, z_u8_ = true;
   float z_scale_ = 1;
   int32_t z_zero_ = 0;
-  bool out_int8_ = false, out_u8_ = false, direct_ = true;
+  bool out_int8_ = false, out_u8_ = false, out_dq_ = false, direct_ = true;
   float y_scale_ = 1;
   int32_t y_zero_ = 0;
   size_t a_bytes_ = 0;

@@ -54,7 +54,8 @@ ViewContext dequantized_view(KernelContext& outer, std::string op, std::array<Te
 }
 
 // Y from the float result: quantized with inputs `at` and `at` + 1 (y's scale and zero point)
-// when the node has them, else as is.
+// when the node has them (and dequantized again for an f32 Y: QFusedMatMul's
+// dequantize_output), else as is.
 Status store(KernelContext& ctx, const Tensor& y, size_t at = 6) {
   Tensor& out = ctx.output(0);
   if (!ctx.has_input(at)) {
@@ -67,7 +68,9 @@ Status store(KernelContext& ctx, const Tensor& y, size_t at = 6) {
   const int64_t zero = ctx.input(at + 1).as_int64(0);
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double v = static_cast<double>(y.data<float>()[i] / scale);
-    if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
+    if (out.dtype() == DType::f32)  // dequantize_output: DequantizeLinear of the u8 value
+      out.data<float>()[i] = static_cast<float>(static_cast<int64_t>(quant_ref::saturate_round<uint8_t>(v, zero)) - zero) * scale;
+    else if (out.dtype() == DType::u8) out.data<uint8_t>()[i] = quant_ref::saturate_round<uint8_t>(v, zero);
     else out.data<int8_t>()[i] = quant_ref::saturate_round<int8_t>(v, zero);
   }
   return {};

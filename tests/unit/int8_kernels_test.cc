@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <map>
 
 #include "compile/pipeline.h"
 #include "tests/unit/compile_test_util.h"
@@ -168,8 +169,12 @@ struct QMatMul {
   DType act = DType::u8;
   DType out = DType::u8;  ///< f32: no y scale
   bool trans = false, per_channel = true, bias = true, residual = false;
+  bool dequantize_output = false;  ///< with out u8: Y f32, the u8 result dequantized again
   std::string activation, post;
 };
+
+// y_scale of qmatmul_case's output.
+float qmatmul_y_scale(const QMatMul& s) { return 0.003f * std::sqrt(static_cast<float>(s.a_shape.back())) * 4 / 64; }
 
 Case qmatmul_case(const QMatMul& s) {
   const int64_t k = s.a_shape.back();
@@ -180,7 +185,7 @@ Case qmatmul_case(const QMatMul& s) {
   for (int64_t i = 0; i < bs.numel(); ++i) bs.data<float>()[i] = 0.002f + 0.0004f * static_cast<float>(i % 5);
   Tensor bz(DType::i8, bs.shape());
   for (int64_t i = 0; i < bz.numel(); ++i) bz.data<int8_t>()[i] = 0;
-  const float sa = 1.f / 64, sy = 0.003f * std::sqrt(static_cast<float>(k)) * 4 / 64;
+  const float sa = 1.f / 64, sy = qmatmul_y_scale(s);
   const bool int8_out = s.out != DType::f32;
   std::vector<Tensor> in = {a, scalar_f32(sa), scalar_int(s.act, u8 ? 129 : -2), b, bs, bz,
                             int8_out ? scalar_f32(sy) : Tensor(), int8_out ? scalar_int(s.out, s.out == DType::u8 ? 20 : 3) : Tensor(),
@@ -199,6 +204,7 @@ Case qmatmul_case(const QMatMul& s) {
   if (s.trans) attrs.push_back(attr("transB", int64_t{1}));
   if (!s.activation.empty()) attrs.push_back(attr("activation", s.activation));
   if (!s.post.empty()) attrs.push_back(attr("post_activation", s.post));
+  if (s.dequantize_output) attrs.push_back(attr("dequantize_output", int64_t{1}));
   return Case{"QFusedMatMul", in, constant, attrs};
 }
 
@@ -238,6 +244,24 @@ TEST(Int8Kernels, QFusedMatMulPaths) {
     } else {
       expect_within_one_step(c, "kiln.qmatmul_u8s8_avx512");
     }
+    if (s.out != DType::u8) continue;
+    // The same layer with its u8 result dequantized in the store (dequantize_output): f32 values
+    // on the u8 grid, within one step of the reference's.
+    QMatMul d = s;
+    d.dequantize_output = true;
+    testing::BothRuns r = testing::run_both(qmatmul_case(d));
+    EXPECT_EQ(r.kernel, "kiln.qmatmul_u8s8_avx512");
+    ASSERT_EQ(r.fast.size(), 1u);
+    ASSERT_EQ(r.ref.size(), 1u);
+    ASSERT_EQ(r.fast[0].dtype(), DType::f32);
+    const std::vector<double> got = r.fast[0].to_double_vector(), want = r.ref[0].to_double_vector();
+    const double step = qmatmul_y_scale(s);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_LE(std::abs(got[i] - want[i]), step * 1.0001) << i;
+      const double units = got[i] / step;  // (q − 20) on the grid
+      ASSERT_NEAR(units, std::nearbyint(units), 1e-3) << i;
+    }
+    EXPECT_GT(*std::max_element(want.begin(), want.end()) - *std::min_element(want.begin(), want.end()), 20 * step);
   }
 }
 
@@ -487,6 +511,54 @@ TEST(Int8Kernels, LayerNormBetweenQdqLowered) {
     same += g[i] == w[i];
   }
   EXPECT_GT(same, g.size() * 95 / 100);
+}
+
+// lower_int8 lets a linear layer dequantize its own u8 output where only a DequantizeLinear of
+// the same parameters reads it (before float ops, or a graph output), and not where an int8 op
+// reads the u8 too; the compiled model runs as the quantized one's reference does.
+TEST(Int8Kernels, LinearDequantizesItsOutputForFloatReaders) {
+  testing::GraphBuilder b;
+  auto q = [&](const std::string& name, ValueId v, float scale, int zero) {
+    return b.op(name, "QuantizeLinear", {v, b.scalar(name + "_s", scale), b.constant(name + "_z", scalar_int(DType::u8, zero))});
+  };
+  auto dq = [&](const std::string& name, ValueId v, float scale, int zero) {
+    return b.op(name, "DequantizeLinear", {v, b.scalar(name + "_s", scale), b.constant(name + "_z", scalar_int(DType::u8, zero))});
+  };
+  auto linear = [&](const std::string& name, ValueId x, int64_t k, int64_t n, uint32_t seed) {
+    const ValueId w = b.op(name + "_w", "DequantizeLinear",
+                           {b.constant(name + "_q", int8_noise({k, n}, seed, DType::i8)), b.scalar(name + "_ws", 0.004f),
+                            b.constant(name + "_wz", scalar_int(DType::i8, 0))});
+    return b.op(name, "MatMul", {x, w});
+  };
+  const ValueId x = b.input("x", {20, 64});
+  const ValueId xd = dq("xd", q("xq", x, 0.02f, 128), 0.02f, 128);
+  const ValueId a = dq("ad", q("aq", linear("mm1", xd, 64, 48, 71), 0.03f, 120), 0.03f, 120);
+  const ValueId out_a = b.op("sm1", "Softmax", {a});
+  const ValueId c = dq("cd", q("cq", linear("mm2", xd, 64, 48, 72), 0.03f, 125), 0.03f, 125);
+  const ValueId out_b = b.op("sm2", "Softmax", {c});
+  const ValueId out_c = dq("ed", q("eq", linear("mm3", c, 48, 32, 73), 0.05f, 110), 0.05f, 110);
+  Model m = b.done({out_a, out_b, out_c});
+  const std::vector<Tensor> in = {noise({20, 64}, 74, 4.f)};
+  const std::vector<Tensor> want = testing::run_reference(m, in);
+  CompileOptions options;
+  options.target.threads = 2;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::map<std::string, int64_t> dequantized;
+  size_t dqs = 0;
+  for (const Node& n : m.graph.nodes) {
+    if (n.op == "QFusedMatMul") dequantized[n.name] = n.attr_int("dequantize_output", 0);
+    dqs += n.op == "DequantizeLinear";
+  }
+  // mm2's u8 output is mm3's input too: it keeps the DQ that sm2 reads.
+  EXPECT_EQ(dequantized, (std::map<std::string, int64_t>{{"mm1", 1}, {"mm2", 0}, {"mm3", 1}})) << testing::nodes_text(m.graph);
+  EXPECT_EQ(dqs, 1u) << testing::nodes_text(m.graph);
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(in);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LE(testing::relative_l2((*got)[i], want[i]), 1e-2) << i;
 }
 
 // A hostile model: a quantized op without a parameter it needs (the weight's scale here) is

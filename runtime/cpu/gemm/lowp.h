@@ -45,8 +45,9 @@ void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t
 
 /// What becomes of each s32 sum: y = scale[n] · (sum − a_zero · col_sums[n]) + bias[n], then
 /// the activation, the residual Z added, the post activation; then, when `out_u8`,
-/// q = clamp(round_half_even(y / out_scale) + out_zero, 0, 255) stored as u8, else y stored as
-/// f32.
+/// q = clamp(round_half_even(y / out_scale) + out_zero, 0, 255) stored as u8; when `out_dq`,
+/// that q stored as the f32 (q − out_zero) · out_scale (QuantizeLinear then DequantizeLinear);
+/// else y stored as f32.
 struct QuantEpilogue {
   const int32_t* col_sums = nullptr;
   int32_t a_zero = 0;
@@ -63,6 +64,7 @@ struct QuantEpilogue {
   int64_t ldz = 0;
   ActivationSpec post;
   bool out_u8 = false;
+  bool out_dq = false;
   float out_scale = 1;
   int32_t out_zero = 0;
 

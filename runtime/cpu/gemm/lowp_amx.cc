@@ -199,7 +199,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
   }
   const bool direct = ep.act.kind == Activation::none && ep.post.kind == Activation::none;
-  const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
+  const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale), out_step = _mm512_set1_ps(ep.out_scale);
   const __m512i out_zero = _mm512_set1_epi32(ep.out_zero);
   alignas(64) float values[32 * kLd];
   for (int i = 0; i < rows; ++i) {
@@ -221,10 +221,14 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
       if (direct && ep.has_z()) y = _mm512_add_ps(y, u8s8_residual(ep, blk.i0 + i, n0 + j * 16, mk[j]));
       if (!direct) {
         _mm512_store_ps(values + i * kLd + j * 16, y);
-      } else if (ep.out_u8) {  // rounded half to even (the MXCSR default), the zero point added, saturated
+      } else if (ep.out_u8 || ep.out_dq) {  // rounded half to even (the MXCSR default), the zero point added, saturated
         __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(y, inv)), out_zero);
         q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-        _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], _mm512_cvtepi32_epi8(q));
+        if (ep.out_u8)
+          _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], _mm512_cvtepi32_epi8(q));
+        else
+          _mm512_mask_storeu_ps(static_cast<float*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j],
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, out_zero)), out_step));
       } else {
         _mm512_mask_storeu_ps(static_cast<float*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], y);
       }

@@ -163,19 +163,22 @@ void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue&
   if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   for (int i = 0; i < rows; ++i) {
     const float* v = values + i * ld;
-    if (!ep.out_u8) {
+    if (!ep.out_u8 && !ep.out_dq) {
       float* out = static_cast<float*>(c) + (i0 + i) * ldc + n0;
       for (int j = 0; j < nv; ++j) _mm512_mask_storeu_ps(out + j * 16, mask(w - j * 16), _mm512_load_ps(v + j * 16));
       continue;
     }
-    uint8_t* out = static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0;
-    const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale);
+    const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale), step = _mm512_set1_ps(ep.out_scale);
     const __m512i zero = _mm512_set1_epi32(ep.out_zero);
     for (int j = 0; j < nv; ++j) {
       // Round half to even (the MXCSR default), add the zero point, saturate to 0..255.
       __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + j * 16), inv)), zero);
       q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-      _mm_mask_storeu_epi8(out + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
+      if (ep.out_u8)
+        _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
+      else  // out_dq: the quantized value dequantized again
+        _mm512_mask_storeu_ps(static_cast<float*>(c) + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16),
+                              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), step));
     }
   }
 }
