@@ -92,7 +92,7 @@ std::optional<std::string> qnorm_declines(const KernelQuery& q, Isa isa) {
 
 class QNormKernel final : public Kernel {
  public:
-  explicit QNormKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  explicit QNormKernel(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     shape_ = *norm_shape(q);
     p_.eps = static_cast<float>(q.node.attr_float("epsilon", 1e-5f));
@@ -115,17 +115,19 @@ class QNormKernel final : public Kernel {
     p_.scale_y = scale_y_.data();
     p_.bias_y = bias_y_.data();
     threads_ = std::max(1, q.target.threads);
-    ld_ = (shape_.d + 15) / 16 * 16;  // each thread's row on its own cache lines
+    // AVX2's rows go through an f32 row per thread, each on its own cache lines; AVX-512's do not.
+    ld_ = isa_ == Isa::avx512 ? 0 : (shape_.d + 15) / 16 * 16;
     needs.workspace_bytes = static_cast<size_t>(threads_ * ld_) * sizeof(float);
     return {};
   }
   Status run(KernelContext& ctx) override {
-    rows_.qnorm(p_, ctx.input(0).raw(), ctx.output(0).raw(), shape_.rows, shape_.d, reinterpret_cast<float*>(ctx.workspace().data()), ld_,
-                std::min(threads_, pool_threads()));
+    float* rows_f32 = ld_ ? reinterpret_cast<float*>(ctx.workspace().data()) : nullptr;
+    rows_.qnorm(p_, ctx.input(0).raw(), ctx.output(0).raw(), shape_.rows, shape_.d, rows_f32, ld_, std::min(threads_, pool_threads()));
     return {};
   }
 
  private:
+  Isa isa_;
   const RowKernels& rows_;
   NormShape shape_;
   QNormParams p_;
