@@ -1,7 +1,9 @@
 // The int8 kernels against the reference kernels: QFusedConv on odd and SIMD-multiple sizes,
-// u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts; and
-// max pooling on int8 tensors. Int8 outputs must match within one quantization step (the
-// reference divides by the scale, the kernels multiply by its inverse).
+// u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts;
+// QFusedMatMul's paths (dequantize_output too), QAdd, QLayerNormalization, Quantize- and
+// DequantizeLinear; max pooling on int8 tensors; and the lower_int8 rewrites that make the
+// fused nodes. Int8 outputs must match within one quantization step (the reference divides by
+// the scale, the kernels multiply by its inverse).
 #include <gtest/gtest.h>
 
 #include <cmath>
