@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "compile/pipeline.h"
 #include "formats/infer.h"
 #include "runtime/compare.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/gemm/prefetch.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
 #include "runtime/threads.h"
@@ -476,6 +479,29 @@ TEST(Gemm, PackedLayoutDescribesPackB) {
       const Tensor back = unpack(via);
       EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
     }
+}
+
+// The tiles of a panel (or a group's blocks) fetching the next one: every line of it is asked
+// for exactly once, each tile's share within its own fetches, however the lines, tiles and
+// fetches a tile makes divide.
+TEST(Gemm, PanelPrefetchSharesCoverTheNextPanelOnce) {
+  alignas(64) static char panel[64 * 1000];
+  for (const auto& [lines, tiles, blocks] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1000, 1, 1}, {1000, 7, 3}, {999, 40, 12}, {5, 40, 12}, {1000, 168, 6}, {64, 3, 100}}) {
+    SCOPED_TRACE(std::to_string(lines) + " lines, " + std::to_string(tiles) + " tiles, " + std::to_string(blocks) + " fetches");
+    std::vector<int> asked(static_cast<size_t>(lines));
+    for (int64_t t = 0; t < tiles; ++t) {
+      gemm::PanelPrefetch pf = gemm::PanelPrefetch::share(panel, lines * 64, t, tiles, blocks);
+      for (int64_t f = 0; f < blocks; ++f) {
+        const char* from = pf.next;
+        pf.fetch();
+        for (const char* p = from; p < pf.next; p += 64) ++asked[static_cast<size_t>((p - panel) / 64)];
+      }
+      EXPECT_EQ(pf.next, pf.end) << "tile " << t << " left lines of its share";
+    }
+    for (int64_t l = 0; l < lines; ++l) ASSERT_EQ(asked[static_cast<size_t>(l)], 1) << "line " << l;
+  }
+  EXPECT_EQ(gemm::PanelPrefetch::share(nullptr, 64 * 10, 0, 1, 1).next, nullptr);  // nothing next
 }
 
 TEST(GemmKernel, MatMulGemmAndFusedForms) {

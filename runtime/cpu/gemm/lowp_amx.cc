@@ -12,8 +12,10 @@
 // and B's C column tiles in 6-7: per chunk it loads R + C tiles and issues R·C products.
 //
 // Blocking: B's column tiles go in groups that fill a quarter of L2 (lowp.cc picks `nc`), each
-// group passing every 32 rows of A, the first pass fetching the group's panels of B into L2
-// ahead of its tiles; a long K is split into slices whose 32 rows of A stay in L1
+// group passing every 32 rows of A. The first group's first pass fetches its panels of B into
+// L2 ahead of its tiles; every group's blocks, all passes of them, fetch the next group's
+// panels a few lines a chunk, so that a weight streaming from memory arrives while the tiles
+// multiply rather than before them; a long K is split into slices whose 32 rows of A stay in L1
 // (kSliceBytes), the sums of a slice kept for the next in a buffer of the group's blocks, so
 // that the tiles read A from L1 and only B from L2. Once a block's last slice is done its sums
 // are stored and finished at once on the vector units (steps past the last whole chunk added
@@ -28,6 +30,7 @@
 #include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/gemm/lowp_residual.h"
+#include "runtime/cpu/gemm/prefetch.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::lowp_amx {
@@ -51,10 +54,11 @@ __mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <
 
 // Tiles 0-3 = `init` (R·16 × C·16 sums, kLd apart; null: zero) + A's R·16 rows (`lda` bytes
 // apart) · B's column tiles b0, b1 over `chunks` chunks of K. With `fetch`, each chunk also
-// asks for the matching 16 rows of another panel of B (3 KiB from `fetch`) to come into L2.
+// asks for the matching 16 rows of another panel of B (3 KiB from `fetch`) to come into L2;
+// and each chunk fetches its lines of `pf`'s share.
 template <Lowp T, int R, int C>
 void products(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1, const void* init,
-              const uint8_t* fetch) {
+              const uint8_t* fetch, PanelPrefetch pf) {
   constexpr int64_t stride = kLd * 4;
   const auto* in = static_cast<const uint8_t*>(init);
   if (in) {
@@ -73,6 +77,7 @@ void products(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, 
     const int64_t bo = s * 16 * kGroupBytes;
     if (fetch)
       for (int64_t line = 0; line < 16 * kGroupBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(fetch + bo + line), _MM_HINT_T1);
+    pf.fetch();
     _tile_loadd(6, b0 + bo, kGroupBytes);
     if constexpr (C > 1) _tile_loadd(7, b1 + bo, kGroupBytes);
     _tile_loadd(4, a + s * 64, lda);
@@ -102,11 +107,12 @@ void store_sums(void* sums) {
 // products<T, R, C> then store_sums<R, C>, for R = rt and C = cols (1 or 2 each).
 template <Lowp T, int R, int C>
 void block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, const uint8_t* b1, const void* init, const uint8_t* fetch,
-           void* sums) {
-  products<T, R, C>(chunks, a, lda, b0, b1, init, fetch);
+           const PanelPrefetch& pf, void* sums) {
+  products<T, R, C>(chunks, a, lda, b0, b1, init, fetch, pf);
   store_sums<R, C>(sums);
 }
-using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, const uint8_t*, const void*, const uint8_t*, void*);
+using BlockFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, const uint8_t*, const void*, const uint8_t*,
+                         const PanelPrefetch&, void*);
 template <Lowp T>
 constexpr BlockFn kBlocks[2][2] = {{&block<T, 1, 1>, &block<T, 1, 2>}, {&block<T, 2, 1>, &block<T, 2, 2>}};
 
@@ -148,35 +154,47 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
   if (slices > 1 && partial.size() < need) partial.resize(need);
   int32_t* const kept_base = slices > 1 ? reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(partial.data()) + 63) & ~uintptr_t{63}) : nullptr;
   alignas(64) int32_t sums[32 * kLd];
+  const int64_t passes = (m + 31) / 32, slice_count = chunks > 0 ? (chunks + per_slice - 1) / per_slice : 1;
   amx::configure();
-  for (int64_t tg = t0; tg < t1; tg += nc)  // a group of B's column tiles stays in L2
+  for (int64_t tg = t0; tg < t1; tg += nc) {  // a group of B's column tiles stays in L2
+    // The next group's panels come into L2 while this group's blocks run, each block (of every
+    // pass and slice) fetching an equal share of them a few lines a chunk. Fetched only in the
+    // first pass, a group's B arrived at the memory's pace while that pass's tiles waited on it:
+    // int8 BERT-base's FFN layers 0.82-0.84x the time with this (kiln profile, one thread).
+    const int64_t te = std::min(t1, tg + nc), next_end = std::min(t1, te + nc), per_panel = NR / 16;
+    const int64_t group_blocks = passes * slice_count * ((te - tg + 1) / 2);
+    const uint8_t* next = te < t1 ? column_tile(b, panel_bytes, te / per_panel * per_panel) : nullptr;
+    const int64_t next_bytes = next ? ((next_end + per_panel - 1) / per_panel - te / per_panel) * panel_bytes : 0;
+    int64_t block_index = 0;
     for (int64_t i0 = 0; i0 < m; i0 += 32) {  // A's two tiles of rows pass it, a slice of K at a time in L1
       const int rt = m - i0 >= 32 ? 2 : 1;
       const uint8_t* ar = a + i0 * lda;
       for (int64_t c0 = 0; c0 < chunks || c0 == 0; c0 += per_slice) {
         const int64_t c1 = std::min(chunks, c0 + per_slice);
         const bool first = c0 == 0, last = c1 == chunks;
-        for (int64_t t = tg; t < std::min(t1, tg + nc); t += 2) {
+        for (int64_t t = tg; t < te; t += 2) {
           const int cols = static_cast<int>(std::min<int64_t>(2, t1 - t));
           const int64_t bo = c0 * 16 * kGroupBytes;
           int32_t* kept = kept_base ? kept_base + (t - tg) / 2 * 32 * kLd : nullptr;
-          // The first rows' pass brings the group's B from memory: each block fetches the panel
+          // The first group's first pass brings its B from memory: each block fetches the panel
           // of the pair two ahead (once per panel) into L2, as the hardware's prefetchers did
           // not keep up. BERT-base's 73 linear layers at one thread without fetches and with
           // them (a build fetching for every pair): int8 41.7 and 36.9 ms a run, bf16 53.1 and
-          // 49.5 ms.
+          // 49.5 ms. Later groups came in while the group before ran (`next`).
           const int64_t ahead = t + 4;
-          const uint8_t* fetch = i0 == 0 && ahead < std::min(t1, tg + nc) && ahead / 3 != (ahead - 2) / 3
+          const uint8_t* fetch = tg == t0 && i0 == 0 && ahead < te && ahead / 3 != (ahead - 2) / 3
                                      ? column_tile(b, panel_bytes, ahead / 3 * 3) + bo
                                      : nullptr;
+          const PanelPrefetch pf = PanelPrefetch::share(next, next_bytes, block_index++, group_blocks, c1 - c0);
           kBlocks<T>[rt - 1][cols - 1](c1 - c0, ar + c0 * 64, lda, column_tile(b, panel_bytes, t) + bo,
                                        cols > 1 ? column_tile(b, panel_bytes, t + 1) + bo : nullptr, first ? nullptr : kept, fetch,
-                                       last ? sums : kept);
+                                       pf, last ? sums : kept);
           if (last) finish(Block{i0, t, rt, cols}, sums);
         }
         if (last) break;
       }
     }
+  }
   amx::release();
 }
 

@@ -2,7 +2,8 @@
 // read once a call and outgrows L2, so each panel streams from L3 or memory; without this the
 // first tile of every panel waits on it. Each tile of a panel takes an equal share of the next
 // panel's lines and fetches a few of them every kFetchSteps steps of its K loop (kiln's f32,
-// f16, bf16 and u8s8 GEMMs).
+// f16, bf16 and u8s8 GEMMs); the AMX tiles' blocks share the next group of panels the same way,
+// a few lines a chunk of K.
 #pragma once
 
 #include <xmmintrin.h>
