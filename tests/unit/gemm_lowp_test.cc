@@ -158,6 +158,7 @@ TEST(GemmLowp, F16) {
   dims.push_back({11, 65, 3300});  // K in three chunks of kF16Kc or less, the sums kept in C between them
   dims.push_back({40, 70, 37});    // N ≤ 2M: the threads split A's rows, each copying its own
   dims.push_back({9, 20, 0});      // no K: C is the bias
+  dims.push_back({15, 70, 100});   // blocks of 8 and 7 rows: their last rows as 4 + 4 and 4 + 3
   for (int threads : {1, 2}) {
     use_threads(threads);
     for (const Dims& d : dims)
