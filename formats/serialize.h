@@ -19,8 +19,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/ir.h"
@@ -74,6 +76,20 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options = {
 /// the file. Planning calls it for weights a kernel has packed into memory of its own, so that
 /// a process holds each weight once.
 void release_file_pages(const Tensor& t);
+
+/// Whether the kernel's transparent huge pages can back memory given MADV_HUGEPAGE, from
+/// /sys/kernel/mm/transparent_hugepage/enabled's text ("always [madvise] never": the bracketed
+/// mode; false for "never" or text that names none).
+bool huge_pages_enabled(std::string_view thp_mode);
+
+/// `g` with its packed constants whose type is not f32 (a compiled model's int8, int4, bf16 and
+/// f16 weights) that no convolution reads moved out of a model file load_model memory-mapped,
+/// into one anonymous region that asks for transparent huge pages (MADV_HUGEPAGE), their file
+/// pages given back: the AMX and VNNI GEMMs stream such weights at memory speed, where 4 KiB
+/// pages stop the hardware's prefetchers at every page and miss the TLB. Null, and `g` left
+/// to run as it is, when `thp_mode` (huge_pages_enabled's text) says no, less than 2 MiB would
+/// move, the memory budget has no room or the machine refuses the region.
+std::shared_ptr<const Graph> weights_on_huge_pages(const Graph& g, std::string_view thp_mode);
 
 /// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
 /// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A

@@ -7,11 +7,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <unordered_map>
 
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
+#include "formats/serialize.h"
 #include "runtime/plan.h"
 #include "runtime/threads.h"
 
@@ -26,6 +29,16 @@ constexpr bool kPoisonBuffers = true;
 #else
 constexpr bool kPoisonBuffers = false;
 #endif
+// /sys/kernel/mm/transparent_hugepage/enabled's text, read once ("" where there is none).
+const std::string& transparent_huge_pages() {
+  static const std::string mode = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    std::getline(f, line);
+    return line;
+  }();
+  return mode;
+}
 }  // namespace
 
 /// Scratch memory shared by kernels that run one after another: the largest size any of them
@@ -230,12 +243,19 @@ Status run_kernel(Kernel& kernel, KernelContext& ctx, const Graph& g, const Node
 
 }  // namespace
 
-Session::Session(const Model& model, SessionOptions options)
-    : graph_(model.graph), options_(std::move(options)), subgraph_workspace_(std::make_unique<Workspace>()) {}
+Session::Session(const Model& model, SessionOptions options, std::shared_ptr<const Graph> placed)
+    : placed_(std::move(placed)),
+      graph_(placed_ ? *placed_ : model.graph),
+      options_(std::move(options)),
+      subgraph_workspace_(std::make_unique<Workspace>()) {}
 Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOptions options) {
-  std::unique_ptr<Session> s(new Session(model, std::move(options)));
+  // The kernels' low-precision packed weights (not the reference kernels', which read them
+  // unpacked) move out of the mapped file onto huge pages, in a copy of the graph.
+  std::shared_ptr<const Graph> placed =
+      options.reference ? nullptr : weights_on_huge_pages(model.graph, transparent_huge_pages());
+  std::unique_ptr<Session> s(new Session(model, std::move(options), std::move(placed)));
   if (s->options_.target.threads < 1)
     return user_error("", "the thread count must be at least 1, not " + std::to_string(s->options_.target.threads));
   // A compiled model's kernels may use every ISA feature it was compiled for; the oracle's

@@ -114,7 +114,7 @@ class Session {
   struct Workspace;
   struct Frame;
   class Context;
-  Session(const Model& model, SessionOptions options);
+  Session(const Model& model, SessionOptions options, std::shared_ptr<const Graph> placed);
   /// The plan for inputs of these shapes (graph.inputs order), built on first use.
   Result<Plan*> plan_for(std::vector<std::vector<int64_t>> key);
   Status run_planned(Plan& plan);
@@ -125,6 +125,9 @@ class Session {
                        std::span<std::byte> workspace);
   Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame& parent, const Node& owner);
 
+  /// The model's graph with its lower-precision packed weights moved onto huge pages
+  /// (weights_on_huge_pages), or null: the session runs the model's own graph.
+  std::shared_ptr<const Graph> placed_;
   const Graph& graph_;
   SessionOptions options_;
   std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>> subgraph_kernels_;

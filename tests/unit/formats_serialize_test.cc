@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "formats/atomic_file.h"
+#include "formats/layout.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
 #include "formats/text.h"
@@ -404,6 +405,78 @@ TEST(FormatsSerialize, ReleasedFilePagesReadTheSame) {
   release_file_pages(heap);
   EXPECT_EQ(std::memcmp(heap.raw(), original.raw(), original.nbytes()), 0);
   release_file_pages(Tensor());
+}
+
+TEST(FormatsSerialize, HugePagesFollowTheKernelsMode) {
+  EXPECT_TRUE(huge_pages_enabled("always [madvise] never"));
+  EXPECT_TRUE(huge_pages_enabled("[always] madvise never"));
+  EXPECT_FALSE(huge_pages_enabled("always madvise [never]"));
+  EXPECT_FALSE(huge_pages_enabled(""));
+}
+
+// The VMA flags of the mapping holding `p` (/proc/self/smaps' VmFlags line), "" if none does.
+std::string vm_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// A compiled model's packed int8 weight moves out of the mapped file onto memory that asks for
+// huge pages, the same bytes in the same layout; a packed f32 weight, a convolution's, a plain
+// tensor and a model under 2 MiB of such weights stay where they are, and so does everything
+// when the kernel's huge pages are off.
+TEST(FormatsSerialize, LowPrecisionWeightsMoveOntoHugePages) {
+  TempDir dir;
+  const PackedLayout layout{{2048, 1536}, {2048, 1536}, {1, 2048}, {}, {}, "test"};  // column-major
+  auto packed = [&](DType t, uint32_t seed) {
+    const Tensor plain = random_tensor(t, {2048, 1536}, seed);
+    return pack(plain, layout);
+  };
+  Model m;
+  const ValueId linear = m.graph.add_constant("linear", packed(DType::i8, 1));
+  const ValueId conv = m.graph.add_constant("conv", packed(DType::i8, 2));
+  const ValueId wide = m.graph.add_constant("wide", packed(DType::f32, 3));
+  const ValueId plain = m.graph.add_constant("plain", random_tensor(DType::i8, {2048, 1536}, 4));
+  const ValueId x = m.graph.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{1, 1, 8, 8}));
+  m.graph.inputs.push_back(x);
+  Node node;
+  node.name = node.op = "Conv";
+  node.inputs = {x, conv};
+  node.outputs = {m.graph.add_value("y", DType::f32)};
+  m.graph.add_node(std::move(node));
+  const std::string path = dir.file("weights.kiln");
+  ASSERT_TRUE(save_model(m, path).ok());
+  auto loaded = load_model(path, LoadOptions{.verify = false});
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  EXPECT_EQ(weights_on_huge_pages(loaded->graph, "always madvise [never]"), nullptr);
+  const std::shared_ptr<const Graph> placed = weights_on_huge_pages(loaded->graph, "always [madvise] never");
+  ASSERT_NE(placed, nullptr);
+  const Graph& g = *placed;
+  const Tensor& moved = g.values[linear].constant;
+  EXPECT_NE(moved.raw(), loaded->graph.values[linear].constant.raw());
+  ASSERT_TRUE(moved.is_packed());
+  EXPECT_TRUE(moved.layout()->same_placement(layout));
+  EXPECT_EQ(moved.shape(), (std::vector<int64_t>{2048, 1536}));
+  EXPECT_EQ(std::memcmp(moved.raw(), m.graph.values[linear].constant.raw(), moved.nbytes()), 0);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(moved.raw()) % (2 << 20), 0u);
+  if (std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {  // a kernel with huge pages marks the region
+    EXPECT_NE(vm_flags(moved.raw()).find(" hg"), std::string::npos) << vm_flags(moved.raw());
+  }
+  for (ValueId stays : {conv, wide, plain}) EXPECT_EQ(g.values[stays].constant.raw(), loaded->graph.values[stays].constant.raw());
+  // Less than 2 MiB to move: nothing is.
+  Model small;
+  const PackedLayout square{{1000, 1000}, {1000, 1000}, {1, 1000}, {}, {}, "test"};
+  small.graph.add_constant("linear", pack(random_tensor(DType::i8, {1000, 1000}, 5), square));
+  ASSERT_TRUE(save_model(small, dir.file("small.kiln")).ok());
+  auto small_loaded = load_model(dir.file("small.kiln"));
+  ASSERT_TRUE(small_loaded.ok());
+  EXPECT_EQ(weights_on_huge_pages(small_loaded->graph, "[always] madvise never"), nullptr);
 }
 
 TEST(FormatsSerialize, LoadFromAPipe) {

@@ -2,8 +2,14 @@
 // spec, the fused patterns PT2E's X86InductorQuantizer and XNNPACKQuantizer annotate as one,
 // sharing through pooling / shape ops / Concat, and "the first annotation wins".
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "compile/pipeline.h"
+#include "formats/serialize.h"
 #include "formats/verify.h"
 #include "quant/config.h"
 #include "quant/convert.h"
@@ -173,6 +179,55 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   ASSERT_TRUE(got.ok()) << got.error().message();
   ASSERT_EQ(got->size(), 1u);
   EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
+}
+
+// A compiled int8 model loaded from its file: the session runs its linear layer's weight from
+// memory that asks for huge pages rather than from the mapped file, with the outputs of the
+// model it was saved from.
+TEST(X86Quantizer, LoadedInt8WeightsRunFromHugePages) {
+  if (auto why = cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
+  std::string mode;
+  std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), mode);
+  if (!huge_pages_enabled(mode)) GTEST_SKIP() << "transparent huge pages are off: '" << mode << "'";
+  GraphBuilder b;
+  ValueId x = b.input("x", {4, 1536});
+  Model m = b.done({b.op("fc", "MatMul", {x, b.constant("w", weights({1536, 1536}))})});  // 2.25 MiB in int8
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  std::vector<float> xv(4 * 1536);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i));
+  const std::vector<Tensor> in = {testing::make<float>({4, 1536}, xv)};
+  {
+    auto session = Session::create(m);
+    ASSERT_TRUE(session.ok());
+    Calibrator calibrator(m.graph, *p);
+    (*session)->set_observer(&calibrator);
+    ASSERT_TRUE(calibrator.observe_inputs(in).ok());
+    ASSERT_TRUE((*session)->run(in).ok());
+  }
+  ASSERT_TRUE(convert(m, *p).ok());
+  CompileOptions options;
+  options.target.threads = 1;
+  ASSERT_TRUE(compile_model(m, options).ok());
+  const auto path = std::filesystem::temp_directory_path() / ("kiln-huge-" + std::to_string(::getpid()) + ".kiln");
+  ASSERT_TRUE(save_model(m, path.string()).ok());
+  auto loaded = load_model(path.string());
+  std::filesystem::remove(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  auto from_file = Session::create(*loaded), in_memory = Session::create(m);
+  ASSERT_TRUE(from_file.ok() && in_memory.ok());
+  bool moved = false;
+  for (size_t v = 0; v < loaded->graph.values.size(); ++v) {
+    const Tensor& w = loaded->graph.values[v].constant;
+    if (w.is_packed() && w.dtype() == DType::i8) moved = (*from_file)->graph().values[v].constant.raw() != w.raw();
+  }
+  EXPECT_TRUE(moved) << testing::nodes_text(loaded->graph);
+  auto got = (*from_file)->run(in), want = (*in_memory)->run(in);
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ((*got)[0].nbytes(), (*want)[0].nbytes());
+  EXPECT_EQ(std::memcmp((*got)[0].raw(), (*want)[0].raw(), (*want)[0].nbytes()), 0);
 }
 
 TEST(X86Quantizer, PoolingAfterFloatStaysFloat) {
