@@ -123,6 +123,27 @@ Model linear_gelu() {
   return b.done({out});
 }
 
+// PT2E's prepare, calibration on `samples` (a run of a session observed for each) and convert
+// of `m` by the annotations `a`; convert's counts into `stats` when given.
+void calibrate_and_convert(Model& m, const Annotations& a, const std::vector<std::vector<Tensor>>& samples,
+                           ConvertStats* stats = nullptr) {
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  {
+    auto session = Session::create(m);
+    ASSERT_TRUE(session.ok());
+    Calibrator calibrator(m.graph, *p);
+    (*session)->set_observer(&calibrator);
+    for (const auto& in : samples) {
+      ASSERT_TRUE(calibrator.observe_inputs(in).ok());
+      ASSERT_TRUE((*session)->run(in).ok());
+    }
+  }
+  auto converted = convert(m, *p);
+  ASSERT_TRUE(converted.ok()) << converted.error().message();
+  if (stats) *stats = *converted;
+}
+
 TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   Model m = linear_gelu();
   Annotations a;
@@ -142,20 +163,10 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   EXPECT_EQ(x.at(node_index(m, "fc1")).pattern, "linear");
   EXPECT_FALSE(x.count(node_index(m, "erf")));
 
-  auto p = prepare(m.graph, a);
-  ASSERT_TRUE(p.ok()) << p.error().message();
   std::vector<float> xv(64);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.41f * static_cast<float>(i)) * 2;
   const std::vector<Tensor> in = {testing::make<float>({4, 16}, xv)};
-  {
-    auto session = Session::create(m);
-    ASSERT_TRUE(session.ok());
-    Calibrator calibrator(m.graph, *p);
-    (*session)->set_observer(&calibrator);
-    ASSERT_TRUE(calibrator.observe_inputs(in).ok());
-    ASSERT_TRUE((*session)->run(in).ok());
-  }
-  ASSERT_TRUE(convert(m, *p).ok());
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
   const std::vector<Tensor> want = testing::run_reference(m, in);
   CompileOptions options;
   options.target.threads = 1;
@@ -194,20 +205,10 @@ TEST(X86Quantizer, LoadedInt8WeightsRunFromHugePages) {
   Model m = b.done({b.op("fc", "MatMul", {x, b.constant("w", weights({1536, 1536}))})});  // 2.25 MiB in int8
   Annotations a;
   ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
-  auto p = prepare(m.graph, a);
-  ASSERT_TRUE(p.ok()) << p.error().message();
   std::vector<float> xv(4 * 1536);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i));
   const std::vector<Tensor> in = {testing::make<float>({4, 1536}, xv)};
-  {
-    auto session = Session::create(m);
-    ASSERT_TRUE(session.ok());
-    Calibrator calibrator(m.graph, *p);
-    (*session)->set_observer(&calibrator);
-    ASSERT_TRUE(calibrator.observe_inputs(in).ok());
-    ASSERT_TRUE((*session)->run(in).ok());
-  }
-  ASSERT_TRUE(convert(m, *p).ok());
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
   CompileOptions options;
   options.target.threads = 1;
   ASSERT_TRUE(compile_model(m, options).ok());
@@ -370,24 +371,12 @@ TEST(Convert, QdqModelRunsCloseToFloat) {
   const std::vector<Tensor> reference = testing::run_reference(m, samples[7]);
   Annotations a;
   ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
-  auto p = prepare(m.graph, a);
-  ASSERT_TRUE(p.ok()) << p.error().message();
-  {
-    auto session = Session::create(m);
-    ASSERT_TRUE(session.ok());
-    Calibrator calibrator(m.graph, *p);
-    (*session)->set_observer(&calibrator);
-    for (const auto& s : samples) {
-      ASSERT_TRUE(calibrator.observe_inputs(s).ok());
-      ASSERT_TRUE((*session)->run(s).ok());
-    }
-  }
   const size_t nodes_before = m.graph.nodes.size();
-  auto stats = convert(m, *p);
-  ASSERT_TRUE(stats.ok()) << stats.error().message();
+  ConvertStats converted;
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples, &converted));
   EXPECT_EQ(m.stage, Stage::quantized);
-  EXPECT_EQ(stats->quantized_weights, 3u);
-  EXPECT_EQ(m.graph.nodes.size(), nodes_before + stats->quantize_nodes + stats->dequantize_nodes);
+  EXPECT_EQ(converted.quantized_weights, 3u);
+  EXPECT_EQ(m.graph.nodes.size(), nodes_before + converted.quantize_nodes + converted.dequantize_nodes);
   Status v = verify_model(m);
   ASSERT_TRUE(v.ok()) << v.error().message();
   // Every Conv / MatMul reads its input and weight through a DequantizeLinear; the weights are i8.
