@@ -950,6 +950,18 @@ Status save_model(const Model& model, const std::string& path, const SaveOptions
   return {};
 }
 
+namespace {
+
+// Whether [begin, end) lies in one model file load_model mapped (mapped_files().mu held).
+bool inside_mapped_file(uintptr_t begin, uintptr_t end) {
+  auto it = mapped_files().ranges.upper_bound(begin);
+  if (it == mapped_files().ranges.begin()) return false;
+  --it;
+  return end <= it->second;
+}
+
+}  // namespace
+
 void release_file_pages(const Tensor& t) {
   if (!t.defined() || t.nbytes() == 0) return;
   const auto begin = reinterpret_cast<uintptr_t>(t.raw()), end = begin + t.nbytes();
@@ -957,10 +969,7 @@ void release_file_pages(const Tensor& t) {
   const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages only
   if (first >= last) return;
   std::lock_guard lock(mapped_files().mu);
-  auto it = mapped_files().ranges.upper_bound(begin);
-  if (it == mapped_files().ranges.begin()) return;
-  --it;
-  if (end > it->second) return;  // not inside one mapped file
+  if (!inside_mapped_file(begin, end)) return;
   // Clean pages of a private file mapping: dropped from this process, faulted back in from the
   // page cache (the file's bytes) on the next read.
   ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
@@ -974,12 +983,9 @@ namespace {
 
 // Whether all of `t`'s bytes lie in one model file load_model mapped.
 bool in_mapped_file(const Tensor& t) {
-  const auto begin = reinterpret_cast<uintptr_t>(t.raw()), end = begin + t.nbytes();
+  const auto begin = reinterpret_cast<uintptr_t>(t.raw());
   std::lock_guard lock(mapped_files().mu);
-  auto it = mapped_files().ranges.upper_bound(begin);
-  if (it == mapped_files().ranges.begin()) return false;
-  --it;
-  return end <= it->second;
+  return inside_mapped_file(begin, begin + t.nbytes());
 }
 
 // An anonymous mapping, its 2 MiB-aligned start and its charge against the memory budget.

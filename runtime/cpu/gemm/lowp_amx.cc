@@ -39,6 +39,7 @@ namespace {
 
 constexpr int64_t NR = kLowpTile.nr;
 constexpr int64_t kGroupBytes = NR * 4;  // a group of 4 steps of a panel's NR columns
+constexpr int64_t kTilesPerPanel = NR / 16;  // column tiles of 16
 constexpr int64_t kLd = 32;              // columns of a block's sums as stored (two tiles)
 
 __mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
@@ -118,8 +119,7 @@ constexpr BlockFn kBlocks[2][2] = {{&block<T, 1, 1>, &block<T, 1, 2>}, {&block<T
 
 // Column tile t of B (pack_b_s8's or pack_b_bf16's; both have 4-byte groups of NR columns).
 const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
-  constexpr int64_t per_panel = NR / 16;
-  return static_cast<const uint8_t*>(b) + (t / per_panel) * panel_bytes + (t % per_panel) * 64;
+  return static_cast<const uint8_t*>(b) + (t / kTilesPerPanel) * panel_bytes + (t % kTilesPerPanel) * 64;
 }
 
 // The bytes of a row of A that one slice of K takes: 32 rows of them fill a third of L1 (48 KiB
@@ -161,10 +161,11 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
     // pass and slice) fetching an equal share of them a few lines a chunk. Fetched only in the
     // first pass, a group's B arrived at the memory's pace while that pass's tiles waited on it:
     // int8 BERT-base's FFN layers 0.82-0.84x the time with this (kiln profile, one thread).
-    const int64_t te = std::min(t1, tg + nc), next_end = std::min(t1, te + nc), per_panel = NR / 16;
+    const int64_t te = std::min(t1, tg + nc), next_end = std::min(t1, te + nc);
     const int64_t group_blocks = passes * slice_count * ((te - tg + 1) / 2);
-    const uint8_t* next = te < t1 ? column_tile(b, panel_bytes, te / per_panel * per_panel) : nullptr;
-    const int64_t next_bytes = next ? ((next_end + per_panel - 1) / per_panel - te / per_panel) * panel_bytes : 0;
+    const int64_t next_panel = te / kTilesPerPanel, end_panel = (next_end + kTilesPerPanel - 1) / kTilesPerPanel;
+    const uint8_t* next = te < t1 ? static_cast<const uint8_t*>(b) + next_panel * panel_bytes : nullptr;
+    const int64_t next_bytes = (end_panel - next_panel) * panel_bytes;
     int64_t block_index = 0;
     for (int64_t i0 = 0; i0 < m; i0 += 32) {  // A's two tiles of rows pass it, a slice of K at a time in L1
       const int rt = m - i0 >= 32 ? 2 : 1;
@@ -181,9 +182,9 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
           // not keep up. BERT-base's 73 linear layers at one thread without fetches and with
           // them (a build fetching for every pair): int8 41.7 and 36.9 ms a run, bf16 53.1 and
           // 49.5 ms. Later groups came in while the group before ran (`next`).
-          const int64_t ahead = t + 4;
-          const uint8_t* fetch = tg == t0 && i0 == 0 && ahead < te && ahead / 3 != (ahead - 2) / 3
-                                     ? column_tile(b, panel_bytes, ahead / 3 * 3) + bo
+          const int64_t ahead = t + 4, ahead_panel = ahead / kTilesPerPanel;
+          const uint8_t* fetch = tg == t0 && i0 == 0 && ahead < te && ahead_panel != (ahead - 2) / kTilesPerPanel
+                                     ? column_tile(b, panel_bytes, ahead_panel * kTilesPerPanel) + bo
                                      : nullptr;
           const PanelPrefetch pf = PanelPrefetch::share(next, next_bytes, block_index++, group_blocks, c1 - c0);
           kBlocks<T>[rt - 1][cols - 1](c1 - c0, ar + c0 * 64, lda, column_tile(b, panel_bytes, t) + bo,
