@@ -64,25 +64,28 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
     gemm::pack_b_s8(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data(), sums.data());
     // B as stored: [K, N], or [N, K] when transposed (the same values, read the other way).
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-    gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(),
-                           .act = {Activation::relu}};
-    std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8, amx);
-    std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
-    ep.out_u8 = true;
-    ep.out_scale = 0.003f;
-    ep.out_zero = 10;
-    gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, 0, amx);
-    for (int64_t i = 0; i < d.m; ++i)
-      for (int64_t j = 0; j < d.n; ++j) {
-        int64_t s = 0;
-        for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
-        const double want = std::max(0.0, double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)]);
-        const float got = y[static_cast<size_t>(i * d.n + j)];
-        ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
-        const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
-        ASSERT_LE(std::abs(static_cast<double>(q[static_cast<size_t>(i * d.n + j)]) - wq), 1.0) << i << "," << j;
-      }
+    for (Activation act : {Activation::relu, Activation::gelu}) {  // GELU on the registers, ReLU through the row kernels
+      SCOPED_TRACE(act == Activation::gelu ? "GELU" : "ReLU");
+      gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(), .act = {act}};
+      std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
+      gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8, amx);
+      std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
+      ep.out_u8 = true;
+      ep.out_scale = 0.003f;
+      ep.out_zero = 10;
+      gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, q.data(), d.n, threads, 0, amx);
+      for (int64_t i = 0; i < d.m; ++i)
+        for (int64_t j = 0; j < d.n; ++j) {
+          int64_t s = 0;
+          for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
+          const double v = double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)];
+          const double want = act == Activation::relu ? std::max(0.0, v) : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+          const float got = y[static_cast<size_t>(i * d.n + j)];
+          ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
+          const double wq = std::clamp(std::nearbyint(want / 0.003) + 10, 0.0, 255.0);
+          ASSERT_LE(std::abs(static_cast<double>(q[static_cast<size_t>(i * d.n + j)]) - wq), 1.0) << i << "," << j;
+        }
+    }
   }, dims);
 }
 
@@ -109,7 +112,8 @@ TEST(GemmLowp, S8LayoutAndColumnSums) {
 }
 
 // The vdpbf16ps kernel, and where the CPU has AMX the tiles' path too (rows past whole tiles,
-// K past whole 32s and odd, B's columns in several groups), with a bias, GELU and a residual.
+// K past whole 32s and odd, B's columns in several groups), with a bias, GELU, and a residual
+// or none.
 TEST(GemmLowp, Bf16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::bf16)) GTEST_SKIP() << *why;
   std::vector<Dims> dims = kDims;
@@ -130,18 +134,21 @@ TEST(GemmLowp, Bf16) {
     std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n)));
     gemm::pack_b_bf16(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data());
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-    gemm::Epilogue ep{.bias = bias.data(), .z = z.data(), .ldz = d.n, .act = {Activation::gelu}};
-    std::vector<std::byte> ws(gemm::bf16_workspace_bytes(d.m, d.k));
-    std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-    gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8, amx);
-    for (int64_t i = 0; i < d.m; ++i)
-      for (int64_t j = 0; j < d.n; ++j) {
-        double s = bias[static_cast<size_t>(j)];
-        for (int64_t p = 0; p < d.k; ++p)
-          s += double{gemm::from_bf16(gemm::to_bf16(a[static_cast<size_t>(i * d.k + p)]))} * gemm::from_bf16(gemm::to_bf16(bv(p, j)));
-        const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0))) + z[static_cast<size_t>(i * d.n + j)];
-        ASSERT_NEAR(y[static_cast<size_t>(i * d.n + j)], want, 1e-4 * std::max(1.0, std::abs(s))) << i << "," << j;
-      }
+    for (bool residual : {true, false}) {  // GELU alone applies on the AMX path's registers
+      SCOPED_TRACE(residual ? "GELU + Z" : "GELU");
+      gemm::Epilogue ep{.bias = bias.data(), .z = residual ? z.data() : nullptr, .ldz = d.n, .act = {Activation::gelu}};
+      std::vector<std::byte> ws(gemm::bf16_workspace_bytes(d.m, d.k));
+      std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
+      gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8, amx);
+      for (int64_t i = 0; i < d.m; ++i)
+        for (int64_t j = 0; j < d.n; ++j) {
+          double s = bias[static_cast<size_t>(j)];
+          for (int64_t p = 0; p < d.k; ++p)
+            s += double{gemm::from_bf16(gemm::to_bf16(a[static_cast<size_t>(i * d.k + p)]))} * gemm::from_bf16(gemm::to_bf16(bv(p, j)));
+          const double want = 0.5 * s * (1 + std::erf(s / std::sqrt(2.0))) + (residual ? z[static_cast<size_t>(i * d.n + j)] : 0.0);
+          ASSERT_NEAR(y[static_cast<size_t>(i * d.n + j)], want, 1e-4 * std::max(1.0, std::abs(s))) << i << "," << j;
+        }
+    }
   }, dims);
 }
 

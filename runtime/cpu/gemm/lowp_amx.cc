@@ -200,8 +200,8 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
 }
 
 // u8s8: rows [0, 16·blk.rt) of a block's sums finished: the K tail, A's zero point, the scales
-// and bias, the residual, then stored in C (f32, or requantized to u8); through `values` and
-// u8s8_store when there is an activation.
+// and bias, GELU, the residual, then stored in C (f32, or requantized to u8) from the registers;
+// through `values` and u8s8_store for the other activations.
 template <int C, bool Tail>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
@@ -217,9 +217,8 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     scale[j] = _mm512_maskz_loadu_ps(mk[j], ep.scale + n0 + j * 16);
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
   }
-  const bool direct = ep.act.kind == Activation::none && ep.post.kind == Activation::none;
-  const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale), out_step = _mm512_set1_ps(ep.out_scale);
-  const __m512i out_zero = _mm512_set1_epi32(ep.out_zero);
+  const bool direct = u8s8_on_registers(ep), gelu = ep.act.kind == Activation::gelu, residual = ep.has_z();
+  const U8s8Out out(ep);
   alignas(64) float values[32 * kLd];
   for (int i = 0; i < rows; ++i) {
     __m512i acc[C];
@@ -237,20 +236,13 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     }
     for (int j = 0; j < C; ++j) {
       __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
-      if (direct && ep.has_z()) y = _mm512_add_ps(y, u8s8_residual(ep, blk.i0 + i, n0 + j * 16, mk[j]));
       if (!direct) {
         _mm512_store_ps(values + i * kLd + j * 16, y);
-      } else if (ep.out_u8 || ep.out_dq) {  // rounded half to even (the MXCSR default), the zero point added, saturated
-        __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(y, inv)), out_zero);
-        q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-        if (ep.out_u8)
-          _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], _mm512_cvtepi32_epi8(q));
-        else
-          _mm512_mask_storeu_ps(static_cast<float*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j],
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, out_zero)), out_step));
-      } else {
-        _mm512_mask_storeu_ps(static_cast<float*>(c) + (blk.i0 + i) * ldc + n0 + j * 16, mk[j], y);
+        continue;
       }
+      if (gelu) y = erf_rational::gelu_erf(y);
+      if (residual) y = _mm512_add_ps(y, u8s8_residual(ep, blk.i0 + i, n0 + j * 16, mk[j]));
+      out.store(y, c, ldc, blk.i0 + i, n0 + j * 16, mk[j]);
     }
   }
   if (!direct) lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, blk.i0, n0);
@@ -274,6 +266,8 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
+  // GELU alone applies on the registers (as u8s8's), the rest over the block in C.
+  const bool gelu = ep.act.kind == Activation::gelu && !ep.z && ep.post.kind == Activation::none;
   run_tiles<Lowp::bf16>(padded, nc, t0, t1, chunks, reinterpret_cast<const uint8_t*>(a), lda * 2, b, panel_bytes,
                         [&](const Block& blk, const int32_t* sum_bits) {
     const auto* sums = reinterpret_cast<const float*>(sum_bits);
@@ -292,9 +286,10 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
         const __m512bh av = (__m512bh)_mm512_broadcastd_epi32(_mm_loadu_si32(ar + i * lda + g * 2));
         for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
       }
-      for (int j = 0; j < blk.cols; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[j]);
+      for (int j = 0; j < blk.cols; ++j)
+        _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), gelu ? erf_rational::gelu_erf(acc[j]) : acc[j]);
     }
-    if (ep.has_tail())
+    if (ep.has_tail() && !gelu)
       rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
   });
 }

@@ -151,36 +151,29 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 }
 
 void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0) {
-  const RowKernels& rows_k = row_kernels(Isa::avx512);
-  if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
   const int nv = (w + 15) / 16;
-  if (ep.has_z())
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < nv; ++j) {
-        float* v = values + i * ld + j * 16;
-        _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), u8s8_residual(ep, i0 + i, n0 + j * 16, mask(w - j * 16))));
-      }
-  if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
-  for (int i = 0; i < rows; ++i) {
-    const float* v = values + i * ld;
-    if (!ep.out_u8 && !ep.out_dq) {
-      float* out = static_cast<float*>(c) + (i0 + i) * ldc + n0;
-      for (int j = 0; j < nv; ++j) _mm512_mask_storeu_ps(out + j * 16, mask(w - j * 16), _mm512_load_ps(v + j * 16));
-      continue;
-    }
-    const __m512 inv = _mm512_set1_ps(1.f / ep.out_scale), step = _mm512_set1_ps(ep.out_scale);
-    const __m512i zero = _mm512_set1_epi32(ep.out_zero);
-    for (int j = 0; j < nv; ++j) {
-      // Round half to even (the MXCSR default), add the zero point, saturate to 0..255.
-      __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(v + j * 16), inv)), zero);
-      q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-      if (ep.out_u8)
-        _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), _mm512_cvtepi32_epi8(q));
-      else  // out_dq: the quantized value dequantized again
-        _mm512_mask_storeu_ps(static_cast<float*>(c) + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16),
-                              _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), step));
-    }
+  const bool registers = u8s8_on_registers(ep), gelu = registers && ep.act.kind == Activation::gelu;
+  const bool residual = registers && ep.has_z();
+  if (!registers) {  // the activations over the block, the residual between them
+    const RowKernels& rows_k = row_kernels(Isa::avx512);
+    if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
+    if (ep.has_z())
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < nv; ++j) {
+          float* v = values + i * ld + j * 16;
+          _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), u8s8_residual(ep, i0 + i, n0 + j * 16, mask(w - j * 16))));
+        }
+    if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   }
+  const U8s8Out out(ep);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < nv; ++j) {
+      const __mmask16 mk = mask(w - j * 16);
+      __m512 y = _mm512_load_ps(values + i * ld + j * 16);
+      if (gelu) y = erf_rational::gelu_erf(y);
+      if (residual) y = _mm512_add_ps(y, u8s8_residual(ep, i0 + i, n0 + j * 16, mk));
+      out.store(y, c, ldc, i0 + i, n0 + j * 16, mk);
+    }
 }
 
 void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out) {
