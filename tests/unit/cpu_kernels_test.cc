@@ -243,6 +243,13 @@ TEST(CpuKernels, Transpose) {
             "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({2, 2, 90, 70}, 17)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
             "kiln.transpose");
+  // A quantized image's bytes into pixels, three and four planes, a batch of two.
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 3, 33, 150}, std::vector<int64_t>{1, 4, 9, 7}}) {
+    std::vector<uint8_t> image(static_cast<size_t>(shape_numel(shape)));
+    for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>(i * 13 % 251);
+    EXPECT_EQ(check({"Transpose", {make<uint8_t>(shape, image)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
+              "kiln.transpose");
+  }
   EXPECT_EQ(check({"Transpose", {noise({1, 40, 40, 85}, 11)}, {false}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2})}}, 0),
             "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({7, 33}, 12)}, {false}}, 0), "kiln.transpose");
