@@ -1,5 +1,6 @@
-// What the linear-layer kernels (QFusedMatMul's, WoqFusedMatMul's) read off their query: A's
-// rows M, and B's K and N from its 2-D shape ([K, N], or [N, K] with transB).
+// What the linear-layer kernels (QFusedMatMul's, WoqFusedMatMul's, and the convolutions that
+// are plain products) read off their query: A's rows M, and B's K and N from its 2-D shape
+// ([K, N], or [N, K] with transB), or from a pointwise convolution's weight.
 #pragma once
 
 #include "runtime/kernel.h"
@@ -22,6 +23,34 @@ inline Result<LinearDims> linear_dims(const KernelQuery& q, size_t b) {
   if (as.back() != d.k)
     return user_error(q.node.where(), "A's last dim " + std::to_string(as.back()) + " is not B's K " + std::to_string(d.k));
   d.m = d.k > 0 ? shape_numel(as) / d.k : 0;
+  return d;
+}
+
+/// Why a convolution (its weight input `w`) is not a plain matrix product, if it is one:
+/// channels-last, 1x1 kernel, stride 1 (any stride when `strided`: its pixels gathered first),
+/// no padding, no dilation, no groups. Its [N, H, W, C] input is then [N·H·W, C] rows and its
+/// weight [K, C, 1, 1] is Bᵀ.
+inline std::optional<std::string> pointwise_declines(const KernelQuery& q, size_t w, bool strided = false) {
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4) return "not 2-D";
+  if (!q.inputs[w].value) return "the weights are computed at run time";
+  const std::vector<int64_t> ws = q.inputs[w].shape.concrete();
+  if (ws.size() != 4 || ws[2] != 1 || ws[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
+  for (int64_t v : q.node.attr_ints("dilations")) if (v != 1) return "dilations other than 1";
+  for (int64_t v : q.node.attr_ints("strides")) if (v != 1 && !(strided && v > 1)) return "strides other than 1";
+  for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
+  if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
+  return std::nullopt;
+}
+
+/// A stride-1 pointwise convolution's product (pointwise_declines accepts it): M the pixels, K
+/// the input channels, N the output channels, its weight [N, K, 1, 1] read as Bᵀ.
+inline Result<LinearDims> pointwise_dims(const KernelQuery& q, size_t w) {
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[w].shape.concrete();
+  LinearDims d{.n = ws[0], .k = ws[1], .trans = true};
+  if (xs.back() != d.k)
+    return user_error(q.node.where(), "X's channels " + std::to_string(xs.back()) + " are not the weight's " + std::to_string(d.k));
+  d.m = shape_numel(xs) / d.k;
   return d;
 }
 

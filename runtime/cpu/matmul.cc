@@ -20,6 +20,7 @@
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/linear.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
 
@@ -30,22 +31,6 @@ namespace {
 bool present(const KernelQuery& q, size_t i) { return q.inputs.size() > i && q.inputs[i].dtype != DType::undefined; }
 
 bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
-
-// A channels-last convolution that is a plain matrix product: 1x1 kernel, stride 1 (any
-// stride when `strided`: its pixels gathered first), no padding, no dilation, no groups. Its
-// [N, H, W, C] input is [N·H·W, C] rows, its weight [K, C, 1, 1] is Bᵀ.
-std::optional<std::string> pointwise_declines(const KernelQuery& q, bool strided = false) {
-  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
-  if (q.inputs[0].shape.rank() != 4) return "not 2-D";
-  if (!q.inputs[1].value) return "the weights are computed at run time";
-  const std::vector<int64_t> w = q.inputs[1].shape.concrete();
-  if (w.size() != 4 || w[2] != 1 || w[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
-  for (int64_t v : q.node.attr_ints("dilations")) if (v != 1) return "dilations other than 1";
-  for (int64_t v : q.node.attr_ints("strides")) if (v != 1 && !(strided && v > 1)) return "strides other than 1";
-  for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
-  if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
-  return std::nullopt;
-}
 
 // The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps,
 // over more than one pixel,
@@ -122,7 +107,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
   const int64_t pixels = y[0] * y[1] * y[2];
   const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
-  if (pointwise_declines(q, true)) {  // gathered windows
+  if (pointwise_declines(q, 1, true)) {  // gathered windows
     if (streams && 4 * pixels <= w[0]) return std::nullopt;
     return "oneDNN's convolution is faster on windows whose weight fits L2 or that are more than a quarter of the output channels";
   }
@@ -194,7 +179,7 @@ constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
 
 std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
   if (auto why = windows_declines(q)) return why;
-  if (!pointwise_declines(q) && !nn::x_channels_first(q.node)) return std::nullopt;
+  if (!pointwise_declines(q, 1) && !nn::x_channels_first(q.node)) return std::nullopt;
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (y[0] * y[1] * y[2] * w[1] * w[2] * w[3] * 4 > kMaxWindowBytes) return "its windows would take more than 16 MiB";
   return std::nullopt;
@@ -233,7 +218,7 @@ std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
   // An image read as it comes (x_channels_first): its patches, where the windows tile it.
   if (nn::x_channels_first(q.node) && !windows_tile_image(q)) return x_form_decline(q);
-  if (is_conv(q.node)) return q.node.has_attr("x_parts") ? pointwise_declines(q) : f32_windows_declines(q);
+  if (is_conv(q.node)) return q.node.has_attr("x_parts") ? pointwise_declines(q, 1) : f32_windows_declines(q);
   if (q.inputs[0].shape.rank() < 2 || q.inputs[1].shape.rank() < 2) return "1-D operands";
   if (q.node.op == "Gemm") return gemm_form_declines(q);
   return split_declines(q, gemm::tiles(isa));
@@ -454,7 +439,7 @@ class GemmKernel final : public Kernel {
     if (is_conv(q.node) && !q.node.has_attr("x_parts")) {
       KILN_ASSIGN_OR_RETURN(win_, image_windows(q));
       images_ = q.inputs[0].shape.concrete()[0];
-      windows_ = x_planes_ || pointwise_declines(q).has_value();
+      windows_ = x_planes_ || pointwise_declines(q, 1).has_value();
     }
     const int64_t taps = win_.kh * win_.kw;
     // A constant B of one matrix: packed once for the tile's NR (a convolution's weight first
@@ -650,7 +635,7 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
   if (q.node.has_attr("gate_block")) return "a gated product";
   if (auto why = split_declines(q, std::span<const gemm::Tile>(&gemm::kF16Tile, 1))) return why;
   if (auto why = f32_and_concrete(q, weight)) return why;
-  if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q);
+  if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q, 1);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
   if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   return std::nullopt;

@@ -14,6 +14,9 @@
 // too), which leaves the products unchanged. A's scale and zero point may be computed at run
 // time (a dynamically quantized layer: DynamicQuantizeLinear's outputs): the N column scales
 // are then formed on each run.
+//
+// kiln.qconv_u8s8_avx512: QFusedConv where it is that product (a channels-last 1x1 stride-1
+// convolution: its pixels A's rows, its weight [N, C, 1, 1] Bᵀ), the same kernel.
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -28,7 +31,9 @@ namespace {
 constexpr size_t kAlign = 64;
 size_t up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
-std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
+// Inputs past A must be constants, but Z (input 9) and, for a dynamically quantized layer, A's
+// scale and zero point; B's zero points all zero.
+std::optional<std::string> quantized_inputs_declines(const KernelQuery& q) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
   for (size_t i = 0; i < q.inputs.size(); ++i) {
     const InferInput& in = q.inputs[i];
@@ -36,19 +41,52 @@ std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
     if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
     if (i > 2 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time (B, the bias, Y's and Z's scales and zero points must be constant)";
   }
-  if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
   if (shape_numel(q.inputs[3].shape.concrete()) == 0) return "B is empty (the reference writes the bias alone)";
-  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
   for (double z : q.inputs[5].value->to_double_vector())
     if (z != 0) return "B's zero points are not all zero";
   return std::nullopt;
 }
 
+std::optional<std::string> qmatmul_declines(const KernelQuery& q) {
+  if (auto why = quantized_inputs_declines(q)) return why;
+  if (q.inputs[3].shape.rank() != 2) return "B is not 2-D";
+  if (q.inputs[0].shape.rank() < 1) return "A is a scalar";
+  return std::nullopt;
+}
+
+// QFusedConv as the same product where it is one (channels-last, 1x1, stride 1, no padding).
+std::optional<std::string> qconv_declines(const KernelQuery& q) {
+  if (auto why = pointwise_declines(q, 3)) return why;
+  if (auto why = quantized_inputs_declines(q)) return why;
+  if (!q.inputs[1].value || !q.inputs[2].value) return "X's scale and zero point are computed at run time";
+  return std::nullopt;
+}
+
+// The default rule's share of those convolutions: at one thread, those over 64 pixels or fewer,
+// and those without a residual of 512 input channels or more; oneDNN the rest. ResNet-50's in
+// the model (the median of three alternated profiles each, one thread): over 49 pixels
+// 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual 0.90-1.0;
+// with a residual over 196-3136 pixels 1.10-1.34 (oneDNN's store is the better one there), and
+// fewer channels over 3136 pixels 1.11-1.15. At two threads none gained (0.89-1.37), the model
+// 1.04 against 0.98 at one.
+std::optional<std::string> qconv_defers(const KernelQuery& q) {
+  if (q.target.threads > 1) return "oneDNN is faster on pointwise int8 convolutions at more than one thread";
+  const std::vector<int64_t> x = q.inputs[0].shape.concrete();
+  if (shape_numel(x) / x.back() <= 64) return std::nullopt;
+  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined)
+    return "oneDNN is faster on pointwise int8 convolutions with a residual over more than 64 pixels";
+  if (x.back() < 512) return "oneDNN is faster on pointwise int8 convolutions of fewer than 512 input channels over more than 64 pixels";
+  return std::nullopt;
+}
+
 class QMatMulKernel final : public Kernel {
  public:
+  /// `pointwise`: a QFusedConv that is a plain product (qconv_declines).
+  explicit QMatMulKernel(bool pointwise) : pointwise_(pointwise) {}
+
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     rows_ = &row_kernels(Isa::avx512);
-    KILN_ASSIGN_OR_RETURN(const LinearDims d, linear_dims(q, 3));
+    KILN_ASSIGN_OR_RETURN(const LinearDims d, pointwise_ ? pointwise_dims(q, 3) : linear_dims(q, 3));
     m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
@@ -147,6 +185,8 @@ class QMatMulKernel final : public Kernel {
   }
 
   Tensor packed_input(size_t input) const override { return input == 3 ? packed_ : Tensor(); }
+  // Each value of Z is read where Y's is then written, by the same thread: Y may be Z's memory.
+  int overwrites_input() const override { return has_z_ ? 9 : -1; }
 
   std::string label() const override {
     const std::string tiles = amx_ ? "amx_tiles" : "";
@@ -160,6 +200,7 @@ class QMatMulKernel final : public Kernel {
     a_zero_ = zero + (a_s8_ ? 128 : 0);
   }
 
+  bool pointwise_ = false;
   const RowKernels* rows_ = nullptr;
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
@@ -187,9 +228,15 @@ void register_qmatmul(KernelRegistry& r) {
   r.add("QFusedMatMul", "cpu",
         KernelImpl{.name = "kiln.qmatmul_u8s8_avx512",
                    .declines = qmatmul_declines,
-                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(); },
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(false); },
                    .needs_isa = isa,
                    .reads_packed = true});
+  r.add("QFusedConv", "cpu",
+        KernelImpl{.name = "kiln.qconv_u8s8_avx512",
+                   .declines = qconv_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(true); },
+                   .needs_isa = isa,
+                   .defers = qconv_defers});
 }
 
 }  // namespace kiln::cpu

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "compile/pipeline.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "tests/unit/compile_test_util.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -142,6 +143,111 @@ TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
       expect_within_one_step(qconv_case(s), "onednn.qconv");
     }
   }
+}
+
+// A channels-last 1x1 stride-1 QFusedConv is a product of its pixels by the weight: kiln's
+// u8s8 GEMM runs it (pinned, as a compiled model or max-autotune pins it) on every epilogue,
+// the rows past whole AMX tiles and K past whole 64s included; the default rule gives it the
+// convolutions it measured faster on at one thread (few pixels; many input channels without a
+// residual), oneDNN the rest and everything at two threads; 3x3 and strided ones are oneDNN's.
+TEST(Int8Kernels, QFusedConvPointwiseOnKilnGemm) {
+  const std::string kiln = "kiln.qconv_u8s8_avx512";
+  if (cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::u8s8)) GTEST_SKIP() << "the CPU lacks VNNI";
+  for (DType act : {DType::u8, DType::i8}) {
+    QConv s;
+    s.n = 2, s.c = 70, s.h = 5, s.w = 7, s.m = 50, s.k = 1, s.act = act;
+    SCOPED_TRACE(dtype_name(act));
+    Case c = qconv_case(s);
+    c.kernel = kiln;
+    expect_within_one_step(c, kiln);
+    s.activation = "Relu", s.residual = true, s.post = "Relu";
+    c = qconv_case(s);
+    c.kernel = kiln;
+    expect_within_one_step(c, kiln);
+    s.per_channel = false, s.bias = false, s.activation = "Clip", s.post.clear();  // Clip through the row kernels
+    c = qconv_case(s);
+    c.kernel = kiln;
+    expect_within_one_step(c, kiln);
+  }
+  // The default rule.
+  QConv wide;
+  wide.c = 512, wide.h = wide.w = 9, wide.m = 40, wide.k = 1;
+  expect_within_one_step(qconv_case(wide), kiln);
+  Case two = qconv_case(wide);
+  two.threads = 2;
+  expect_within_one_step(two, "onednn.qconv");
+  QConv small = wide;
+  small.c = 64, small.h = small.w = 8, small.residual = true, small.post = "Relu";  // 64 pixels
+  expect_within_one_step(qconv_case(small), kiln);
+  small.h = 9;  // 72 pixels, with a residual
+  expect_within_one_step(qconv_case(small), "onednn.qconv");
+  wide.stride = 2;
+  expect_within_one_step(qconv_case(wide), "onednn.qconv");
+  wide.stride = 1, wide.k = 3;
+  expect_within_one_step(qconv_case(wide), "onednn.qconv");
+}
+
+// In a graph the residual dies at the convolution, so its output takes the residual's memory
+// (Kernel::overwrites_input): each value of Z is read before Y's is written there.
+TEST(Int8Kernels, PointwiseQFusedConvWritesOverItsResidual) {
+  if (cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::u8s8)) GTEST_SKIP() << "the CPU lacks VNNI";
+  QConv s;
+  s.c = 96, s.h = 6, s.w = 8, s.m = 64, s.k = 1, s.residual = true, s.activation = "Relu", s.post = "Relu";
+  const Case c = qconv_case(s);
+  Model m;
+  Graph& g = m.graph;
+  const ValueId x = g.add_value("x", DType::u8, Shape::of(c.inputs[0].shape()));
+  const ValueId zf = g.add_value("zf", DType::f32, Shape::of(c.inputs[9].shape()));
+  g.inputs = {x, zf};
+  Node q;  // Z quantized by the graph: an intermediate in the arena
+  q.name = "quantize_z";
+  q.op = "QuantizeLinear";
+  const ValueId z = g.add_value("z", DType::undefined);
+  q.inputs = {zf, g.add_constant("zs", c.inputs[10]), g.add_constant("zz", c.inputs[11])};
+  q.outputs = {z};
+  g.add_node(std::move(q));
+  Node n;
+  n.name = "conv";
+  n.op = "QFusedConv";
+  n.inputs = {x};
+  for (size_t i = 1; i < 9; ++i) n.inputs.push_back(g.add_constant("c" + std::to_string(i), c.inputs[i]));
+  n.inputs.insert(n.inputs.end(), {z, g.add_constant("zs2", c.inputs[10]), g.add_constant("zz2", c.inputs[11])});
+  for (const Attribute& a : c.attrs) n.set_attr(a.name, a.value);
+  n.kernel = KernelChoice{"kiln.qconv_u8s8_avx512", {}};
+  const ValueId y = g.add_value("y", DType::undefined);
+  n.outputs = {y};
+  g.add_node(std::move(n));
+  Node dq;  // Y read by the graph too: an intermediate, which may take Z's place
+  dq.name = "dequantize_y";
+  dq.op = "DequantizeLinear";
+  const ValueId out = g.add_value("out", DType::undefined);
+  dq.inputs = {y, g.add_constant("ys", c.inputs[6]), g.add_constant("yz", c.inputs[7])};
+  dq.outputs = {out};
+  g.outputs = {out};
+  g.add_node(std::move(dq));
+  ASSERT_TRUE(infer_graph(g).ok());
+  Tensor zin(DType::f32, c.inputs[9].shape());
+  for (int64_t i = 0; i < zin.numel(); ++i)
+    zin.data<float>()[i] = (static_cast<float>(c.inputs[9].data<uint8_t>()[i]) - 120.f) * c.inputs[10].data<float>()[0];
+  auto fast = Session::create(m, SessionOptions{});
+  auto ref = Session::create(m, SessionOptions{.reference = true});
+  ASSERT_TRUE(fast.ok() && ref.ok());
+  const std::vector<Tensor> feed = {c.inputs[0], zin};
+  auto got = (*fast)->run(feed);
+  auto want = (*ref)->run(feed);
+  ASSERT_TRUE(got.ok() && want.ok());
+  ASSERT_EQ((*fast)->kernels().size(), 3u);
+  EXPECT_EQ((*fast)->kernels()[1].name, "kiln.qconv_u8s8_avx512");
+  // Z and Y in one place: the arena holds one of them.
+  const size_t y_bytes = static_cast<size_t>(shape_numel(c.inputs[9].shape()));
+  EXPECT_LT((*fast)->memory_stats().arena_bytes, 2 * y_bytes);
+  const float step = c.inputs[6].data<float>()[0];
+  double worst = 0;
+  for (int64_t i = 0; i < (*got)[0].numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs((*got)[0].data<float>()[i] - (*want)[0].data<float>()[i])));
+  EXPECT_LE(worst, step * 1.001);
+  const std::vector<double> v = (*want)[0].to_double_vector();
+  EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 20 * step);
 }
 
 TEST(Int8Kernels, QFusedConvDeclinesNonZeroWeightZeroPoints) {

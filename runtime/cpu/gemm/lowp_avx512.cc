@@ -152,8 +152,10 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 
 void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0) {
   const int nv = (w + 15) / 16;
-  const bool registers = u8s8_on_registers(ep), gelu = registers && ep.act.kind == Activation::gelu;
-  const bool residual = registers && ep.has_z();
+  const bool registers = u8s8_on_registers(ep), residual = registers && ep.has_z();
+  const U8s8Residual z(ep);
+  const U8s8Out out(ep);
+  const Activation act = registers ? ep.act.kind : Activation::none, post = registers ? ep.post.kind : Activation::none;
   if (!registers) {  // the activations over the block, the residual between them
     const RowKernels& rows_k = row_kernels(Isa::avx512);
     if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
@@ -161,17 +163,17 @@ void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue&
       for (int i = 0; i < rows; ++i)
         for (int j = 0; j < nv; ++j) {
           float* v = values + i * ld + j * 16;
-          _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), u8s8_residual(ep, i0 + i, n0 + j * 16, mask(w - j * 16))));
+          _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), z.at(i0 + i, n0 + j * 16, mask(w - j * 16))));
         }
     if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   }
-  const U8s8Out out(ep);
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < nv; ++j) {
       const __mmask16 mk = mask(w - j * 16);
       __m512 y = _mm512_load_ps(values + i * ld + j * 16);
-      if (gelu) y = erf_rational::gelu_erf(y);
-      if (residual) y = _mm512_add_ps(y, u8s8_residual(ep, i0 + i, n0 + j * 16, mk));
+      y = register_activation(act, y);
+      if (residual) y = _mm512_add_ps(y, z.at(i0 + i, n0 + j * 16, mk));
+      y = register_activation(post, y);
       out.store(y, c, ldc, i0 + i, n0 + j * 16, mk);
     }
 }
