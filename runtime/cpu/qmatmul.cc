@@ -65,10 +65,10 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
 // The default rule's share of those convolutions: at one thread, those over 64 pixels or fewer,
 // and those without a residual of 512 input channels or more; oneDNN the rest. ResNet-50's in
 // the model (the median of three alternated profiles each, one thread): over 49 pixels
-// 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual 0.90-1.0;
-// with a residual over 196-3136 pixels 1.10-1.34 (oneDNN's store is the better one there), and
-// fewer channels over 3136 pixels 1.11-1.15. At two threads none gained (0.89-1.37), the model
-// 1.04 against 0.98 at one.
+// 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual
+// 0.90-1.02; with a residual over 196-3136 pixels 1.10-1.34 (oneDNN's store is the better one
+// there), and fewer channels over 3136 pixels 1.11-1.15. At two threads those it takes at one
+// were 0.89-1.37 of oneDNN's time, the model 1.04x against 0.98x at one thread.
 std::optional<std::string> qconv_defers(const KernelQuery& q) {
   if (q.target.threads > 1) return "oneDNN is faster on pointwise int8 convolutions at more than one thread";
   const std::vector<int64_t> x = q.inputs[0].shape.concrete();
