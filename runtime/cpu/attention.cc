@@ -244,11 +244,11 @@ class FlashAttention final : public Kernel {
         int64_t keys = causal_ ? std::min(t_, q0 + rows + p_) : t_;  // keys after the block's last row are out
         if (lengths) keys = std::clamp<int64_t>(lengths[b], 0, keys);  // the batch's keys past its length are out
         if (has_mask_) keys = std::min(keys, mask_keys_);
-        // f32: the first block's P·V writes the output rather than adding to it (the softmax
-        // leaves rows with nothing before them alone), and a single block's probabilities come
-        // divided by their sums, so that P·V is the output itself. AMX sums into zeros.
+        // The first block's P·V writes the output rather than adding to it (the softmax leaves
+        // rows with nothing before them alone); f32: a single block's probabilities come divided
+        // by their sums, so that P·V is the output itself.
         const bool only = !amx_ && keys > 0 && keys <= bk_;
-        if (amx_ || keys <= 0)
+        if (keys <= 0)
           for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
@@ -286,7 +286,7 @@ class FlashAttention final : public Kernel {
           if (amx_) {
             rows_.softmax_block_bf16(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
             const int64_t chunks = round_up(n, 32) / 32;
-            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, true);
+            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, k0 > 0);
           } else {
             rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, only);
             gemm::GemmProblem pv{.m = rows, .n = dv_, .k = n, .a = scores, .lda = ld_, .b = pk + k_floats_ + k0 * pv_.tile.nr,
@@ -297,7 +297,7 @@ class FlashAttention final : public Kernel {
         if (only) return;
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
           const float inv = 1.f / l[i];
-          for (int64_t j = 0; j < dv_; ++j) out[i * ldy + j] = acc[i * ldo + j] * inv;
+          rows_.binary(BinaryOp::mul, acc + i * ldo, 1, 0, &inv, 0, 0, out + i * ldy, 1, dv_);
         }
       };
       if (per_head_) {  // each KV head packed into the thread's own buffer, then its query blocks
