@@ -24,7 +24,9 @@ checked against ONNX Runtime's fp32 ones (relative L2 <= 0.1: the two quantizati
 a line after the table gives kiln int8 over ONNX Runtime fp32 (the resnet50 row).
 bert_int8 is BERT-base quantized the same way on 8 samples of random token ids, its linear
 layers only (ONNX Runtime's quantize_static told the MatMul / Gemm nodes by a constant weight,
-as kiln's x86 quantizer takes them; attention stays float in both); a line after the table
+as kiln's x86 quantizer takes them; attention stays float in both, though kiln's quantizer
+also quantizes the projections' outputs, whose codes kiln's attention multiplies on AMX:
+QAttention); a line after the table
 gives kiln int8 over kiln fp32 (the bert_base row).
 bert_int4_s1 is BERT-base at sequence length 1 (the shape of an LLM's decode step: every linear
 layer one row by its weight, so reading the weights is the cost) with its MatMul weights

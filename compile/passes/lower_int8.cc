@@ -11,6 +11,11 @@
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
 //        -> QLayerNormalization (a quantized transformer's norms: no f32 tensor around them)
+//   DQ(q), DQ(k), DQ(v) -> Attention (a mask or none; no KV cache, rotary caches, sequence
+//        lengths, softcap or scores) [-> Q]
+//        -> QAttention, on targets with AMX, whose kernel takes it: the projections write
+//           their codes, and the attention multiplies them (its output quantized as Q does, or
+//           f32 when no Q reads it)
 // and then a QFusedMatMul whose u8 output only a DQ reads writes the DQ's f32 output itself
 // (`dequantize_output`: the projections before a transformer's attention).
 //
@@ -62,10 +67,10 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0;
 
-  /// `woq`: the target runs WoqFusedMatMul's kernel.
-  void run(bool woq) {
+  /// `woq`: the target runs WoqFusedMatMul's kernel; `amx`: QAttention's.
+  void run(bool woq, bool amx) {
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       if (drop_[i]) continue;
       const std::string& op = g_.nodes[i].op;
@@ -77,6 +82,7 @@ class Lowering {
       }
       else if (op == "MaxPool") pools += maxpool(i);
       else if (op == "LayerNormalization") norms += layer_norm(i);
+      else if (op == "Attention" && amx) attentions += attention(i);
       else if (op == "Add") adds += add(i);
     }
   }
@@ -422,6 +428,62 @@ class Lowering {
     return true;
   }
 
+  // The head size of Q, K or V (value v; `heads` for a 3-D one), or 0 when not known.
+  int64_t head_size(ValueId v, int64_t heads) const {
+    const Shape& s = g_.value(v).shape;
+    if (!s.rank_known || (s.rank() != 3 && s.rank() != 4) || !s.dims.back().is_known()) return 0;
+    if (s.rank() == 4) return s.dims.back().value;
+    return heads > 0 && s.dims.back().value % heads == 0 ? s.dims.back().value / heads : 0;
+  }
+
+  // DQ(q), DQ(k), DQ(v) -> Attention -> [Q]: QAttention, when its AMX kernel takes the heads
+  // (at most 256 steps, V's a multiple of 16) and the node is plain attention with f32
+  // products: a mask or none, no KV cache, rotary caches or sequence lengths (inputs 4-8), no
+  // softcap, only Y read.
+  bool attention(size_t i) {
+    const Node& n = g_.nodes[i];
+    for (size_t k = 4; k < n.inputs.size(); ++k)
+      if (n.has_input(k)) return false;
+    if (!n.has_input(0) || !n.has_input(1) || !n.has_input(2) || n.outputs.empty()) return false;
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      if (n.outputs[o] != kNoValue && (outputs_.count(n.outputs[o]) || !uses_[static_cast<size_t>(n.outputs[o])].empty())) return false;
+    const std::string precision = n.attr_string("softmax_precision", "f32");
+    if (n.attr_string("product_type", "f32") != "f32" || n.attr_float("softcap", 0.0) != 0.0 ||
+        (precision != "f32" && precision != "f16" && precision != "bf16"))
+      return false;
+    const int64_t d = head_size(n.inputs[0], n.attr_int("q_num_heads", 0)), dv = head_size(n.inputs[2], n.attr_int("kv_num_heads", 0));
+    if (d <= 0 || d > 256 || dv <= 0 || dv % 16 != 0) return false;
+    const Node *tq = nullptr, *tk = nullptr, *tv = nullptr;
+    const Node* dq = dequantized(n.inputs[0], &tq);
+    const Node* dk = dequantized(n.inputs[1], &tk);
+    const Node* dv_node = dequantized(n.inputs[2], &tv);
+    if (!dq || !dk || !dv_node) return false;
+    int64_t ty = -1;
+    const int64_t q = quantized_by(n.outputs[0], &ty);
+    Node a;
+    a.name = n.name;
+    a.op = "QAttention";
+    for (const char* name : {"is_causal", "kv_num_heads", "q_num_heads", "scale"})
+      if (const Attribute* at = n.find_attr(name)) a.set_attr(name, at->value);
+    a.sources = n.sources;
+    if (a.sources.empty()) a.sources.push_back(n.name);
+    a.inputs = {int8_operand(*dq, tq, i),      dq->inputs[1], dq->inputs[2], int8_operand(*dk, tk, i),
+                dk->inputs[1],                 dk->inputs[2], int8_operand(*dv_node, tv, i), dv_node->inputs[1],
+                dv_node->inputs[2],            n.has_input(3) ? n.inputs[3] : kNoValue};
+    if (q >= 0) {
+      const Node& qn = g_.nodes[static_cast<size_t>(q)];
+      a.inputs.insert(a.inputs.end(), {qn.inputs[1], qn.inputs[2]});
+      absorb(a, qn);
+      a.outputs = {int8_result(n.outputs[0], q, ty)};
+    } else {
+      a.outputs = {n.outputs[0]};
+    }
+    while (!a.inputs.empty() && a.inputs.back() == kNoValue) a.inputs.pop_back();
+    before_[i].push_back(std::move(a));
+    drop_[i] = 1;
+    return true;
+  }
+
   bool maxpool(size_t i) {
     const Node& p = g_.nodes[i];
     if (p.outputs.size() != 1 && (p.outputs.size() != 2 || p.outputs[1] != kNoValue)) return false;
@@ -495,12 +557,12 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
   g.remove_dead();  // the Transposes back that channels_last left unread would hide single readers
   Lowering l(g);
-  l.run(!cpu::gemm::woq_lacks(ctx.target.cpu));
+  l.run(!cpu::gemm::woq_lacks(ctx.target.cpu), ctx.target.cpu.amx);
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + dequantized == 0 && folded == 0) return PassResult{};
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + dequantized == 0 && folded == 0) return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
@@ -508,6 +570,8 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
         " to QAdd and " + count_of(l.pools, "max pool", "max pools") + " to int8";
   if (l.norms)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.norms, "layer normalization", "layer normalizations") + " to QLayerNormalization";
+  if (l.attentions)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.attentions, "attention", "attentions") + " to QAttention";
   if (dequantized) s += (s.empty() ? "" : "; ") + count_of(dequantized, "linear layer's output", "linear layers' outputs") + " dequantized in the layer's store";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +

@@ -202,6 +202,30 @@ Status infer_attention(InferContext& ctx) {
   return {};
 }
 
+// QAttention (compile's lower_int8 makes it): Attention of DQ(Q), DQ(K), DQ(V) with an optional
+// mask, Y f32 or quantized. Inputs: Q, q_scale, q_zero_point, K, k_scale, k_zero_point, V,
+// v_scale, v_zero_point, attn_mask, y_scale, y_zero_point; Y takes y_zero_point's type, f32
+// without it. Attention's inference runs on Q, K, V and the mask.
+Status infer_qattention(InferContext& ctx) {
+  for (size_t i : {1, 2, 4, 5, 7, 8, 10, 11}) {
+    if (!ctx.has_input(i)) {
+      if (i < 10) return ctx.error("input " + std::to_string(i) + " (a scale or zero point of Q, K or V) is missing");
+      continue;
+    }
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  if (ctx.has_input(10) != ctx.has_input(11)) return ctx.error("y_scale and y_zero_point must be given together");
+  auto in = [&](size_t i) {
+    return ctx.has_input(i) ? InferInput{ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)} : InferInput{};
+  };
+  InferContext sub(ctx.node(), {in(0), in(3), in(6), in(9)});
+  KILN_RETURN_IF_ERROR(infer_attention(sub));
+  ctx.set_output(0, ctx.has_input(11) ? ctx.dtype(11) : DType::f32, sub.outputs()[0].shape);
+  return {};
+}
+
 // Inputs: X, cos_cache, sin_cache, position_ids (optional).
 Status infer_rotary(InferContext& ctx) {
   const Node& node = ctx.node();
@@ -272,6 +296,17 @@ void register_attention_ops(OpRegistry& r) {
       .traits.types = {input(0, kFloat, "Q"), same_as(1, 0, "K"), input(2, kFloat, "V"), input(3, kAny, "attn_mask"),
                        same_as(4, 0, "past_key"), same_as(5, 2, "past_value"), input(6, DType::i64, "nonpad_kv_seqlen"),
                        same_as(7, 0, "rotary_cos"), same_as(8, 0, "rotary_sin")};
+  const TypeSet int8 = DType::u8 | DType::i8;
+  r.add("", OpSchema{"QAttention", "Attention of dequantized u8/s8 Q, K and V, its output f32 or quantized (made by compile)", 9, 12, 1, 1,
+                     {{"is_causal", AttrType::int64, false, "mask keys after the query position (0)"},
+                      {"kv_num_heads", AttrType::int64, false, "K/V heads of 3-D inputs"},
+                      {"q_num_heads", AttrType::int64, false, "Q heads of 3-D inputs"},
+                      {"scale", AttrType::float64, false, "factor on Q K^T (1/sqrt(head_size))"}},
+                     infer_qattention})
+      .traits.types = {input(0, int8, "Q"), input(1, DType::f32, "q_scale"), same_as(2, 0, "q_zero_point"),
+                       input(3, int8, "K"), same_as(4, 1, "k_scale"), same_as(5, 3, "k_zero_point"),
+                       input(6, int8, "V"), same_as(7, 1, "v_scale"), same_as(8, 6, "v_zero_point"),
+                       input(9, kAny, "attn_mask"), same_as(10, 1, "y_scale"), input(11, int8, "y_zero_point")};
   r.add("", OpSchema{"RotaryEmbedding", "rotary position embedding of the first rotary_embedding_dim features of each head", 3, 4, 1, 1,
                      {{"interleaved", AttrType::int64, false, "rotate (even, odd) pairs instead of halves (0)"},
                       {"num_heads", AttrType::int64, false, "heads of a 3-D input"},

@@ -345,6 +345,24 @@ int64_t attention(const Node& n, const Graph& g) {
   return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score + rotated);
 }
 
+// QAttention: Attention's count (Q input 0, K input 3, the mask input 9), plus kDequantize per
+// element of Q, K and V and kQuantize per element of a quantized Y.
+int64_t qattention(const Node& n, const Graph& g) {
+  const Shape* q = input_shape(n, g, 0);
+  const Shape* k = input_shape(n, g, 3);
+  const Shape* v = input_shape(n, g, 6);
+  const Shape* y = output_shape(n, g);
+  if (!q || !k || !v || !y || q->dims.size() < 3) return 0;
+  const bool heads_first = q->dims.size() == 4;
+  const CheckedInt keys = heads_first ? dim_at(*k, 2) : dim_at(*k, 1);
+  const int64_t heads = heads_first ? dim_at(*q, 1) : std::max<int64_t>(n.attr_int("q_num_heads", 1), 1);
+  const CheckedInt queries = CheckedInt(dim_at(*q, 0)) * heads * (heads_first ? dim_at(*q, 2) : dim_at(*q, 1));
+  const int64_t per_score = kAttentionScore + (n.has_input(9) ? 1 : 0);
+  const CheckedInt dequantized = (numel_or_one(*q) + numel_or_one(*k) + numel_or_one(*v)) * kDequantize;
+  const CheckedInt quantized = n.has_input(10) ? numel_or_one(*y) * kQuantize : CheckedInt(0);
+  return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score + dequantized + quantized);
+}
+
 // RotaryEmbedding: kRotary per rotated element, the first rotary_embedding_dim of each head's
 // Dh features (X [B, H, S, Dh] or [B, S, H·Dh]).
 int64_t rotary(const Node& n, const Graph& g) {
@@ -488,7 +506,7 @@ const Model kModels[] = {
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},
-    {"Attention", attention}, {"RotaryEmbedding", rotary},
+    {"Attention", attention}, {"QAttention", qattention}, {"RotaryEmbedding", rotary},
     {"NegativeLogLikelihoodLoss", nll}, {"SoftmaxCrossEntropyLoss", softmax_cross_entropy},
     // signal processing and detection
     {"DFT", dft}, {"STFT", stft}, {"HannWindow", per_output<kHann>}, {"HammingWindow", per_output<kHamming>},

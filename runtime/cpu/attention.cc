@@ -28,6 +28,15 @@
 // rounded to bf16 for P·V. The output block is summed in the thread's scratch (tiles are whole
 // 16-row blocks) and written divided by the softmax's sums.
 //
+// kiln.qattention_amx: QAttention (compile's lower_int8 on a CPU with AMX: a quantized model's
+// attention on its projections' codes) as the AMX kernel's flash attention, every product
+// exact or within 2^-16: each row of Q, K and V is taken as its codes less their zero point
+// (integers of at most 255 in magnitude, exact in bf16) as it is packed, so Q·Kᵀ sums integer
+// products exactly in f32 (heads up to 256 steps), Q's and K's scales joining the softmax's;
+// the f32 probabilities each go to P·V as a high and a low bf16 half, two products over V's
+// integers; V's scale joins the division by the sums, and a quantized Y is quantized from the
+// output block's rows.
+//
 // kiln.rotary_f32_<isa>: RotaryEmbedding's rotate-half form (what fuse_rotary makes of the
 // exporters' x·cos + rotate_half(x)·sin) in one pass over x on the row kernels.
 #include <algorithm>
@@ -64,6 +73,45 @@ std::optional<std::string> flash_declines(const KernelQuery& q, Isa isa) {
   return attention_declines(q);
 }
 
+// QAttention's Q, K, V (as if f32) and mask in Attention's places, inputs 0-3: what
+// attention_geometry and attention_declines read (the scales and zero points aside).
+struct AttentionView {
+  explicit AttentionView(const KernelQuery& q) : inputs(as_attention(q)), query{q.node, q.graph, q.target, inputs, q.outputs} {}
+  AttentionView(const AttentionView&) = delete;
+  AttentionView& operator=(const AttentionView&) = delete;
+
+  std::vector<InferInput> inputs;
+  KernelQuery query;
+
+ private:
+  static std::vector<InferInput> as_attention(const KernelQuery& q) {
+    std::vector<InferInput> in;
+    for (size_t i : {0, 3, 6}) in.push_back({DType::f32, q.inputs[i].shape, nullptr});
+    in.push_back(q.inputs.size() > 9 ? q.inputs[9] : InferInput{});
+    return in;
+  }
+};
+
+// The longest head QAttention's AMX kernel takes: its Q·Kᵀ multiplies the codes less their zero
+// points (integers of at most 255 in magnitude, exact in bf16), and a sum of up to 256 of their
+// products stays below 2^24, where f32 holds every integer.
+constexpr int64_t kExactHead = 256;
+
+std::optional<std::string> qattention_declines(const KernelQuery& q) {
+  if (!q.target.cpu.amx) return "the CPU lacks amx";
+  if (auto why = lacks(q.target.cpu, Isa::avx512)) return why;
+  for (size_t i : {1, 2, 4, 5, 7, 8, 10, 11})
+    if (i < q.inputs.size() && q.inputs[i].dtype != DType::undefined &&
+        (!q.inputs[i].shape.is_concrete() || shape_numel(q.inputs[i].shape.concrete()) != 1))
+      return "scales or zero points that are not scalars";
+  const AttentionView view(q);
+  if (auto why = attention_declines(view.query)) return why;
+  const AttentionGeometry a = *attention_geometry(view.query);
+  if (a.d > kExactHead) return "a head size past 256 (the integer sums of Q·Kᵀ would not be exact in f32)";
+  if (a.dv % 16 != 0) return "a value head size that is not a multiple of 16";
+  return std::nullopt;
+}
+
 std::optional<std::string> amx_declines(const KernelQuery& q) {
   if (!q.target.cpu.amx) return "the CPU lacks amx";
   if (auto why = lacks(q.target.cpu, Isa::avx512)) return why;
@@ -75,12 +123,21 @@ std::optional<std::string> amx_declines(const KernelQuery& q) {
 
 class FlashAttention final : public Kernel {
  public:
-  /// `amx`: bf16 products on AMX tiles (the AVX-512 row kernels around them).
-  FlashAttention(Isa isa, bool amx) : isa_(isa), amx_(amx), rows_(row_kernels(isa)) {}
+  /// `amx`: bf16 products on AMX tiles (the AVX-512 row kernels around them); `quant`: a
+  /// QAttention (on AMX tiles).
+  FlashAttention(Isa isa, bool amx, bool quant = false) : isa_(isa), amx_(amx), quant_(quant), rows_(row_kernels(isa)) {}
 
-  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+  Status prepare(const KernelQuery& query, KernelNeeds& needs) override {
+    std::optional<AttentionView> view;
+    if (quant_) view.emplace(query);
+    const KernelQuery& q = quant_ ? view->query : query;  // Attention's inputs 0-3
     const std::optional<AttentionGeometry> a = attention_geometry(q);
     if (!a) return internal_error(q.node.where(), "attention shapes that do not line up");
+    if (quant_) {
+      for (size_t i = 0; i < 3; ++i) u8_[i] = query.inputs[3 * i].dtype == DType::u8;
+      out_q_ = query.outputs[0].dtype != DType::f32;
+      out_u8_ = query.outputs[0].dtype == DType::u8;
+    }
     p_ = attention_past(q);
     b_ = a->b, hq_ = a->hq, s_ = a->s, d_ = a->d, hkv_ = a->hkv, l_ = a->t, t_ = p_ + a->t, dv_ = a->dv;
     present_k_ = q.outputs.size() > 1 && q.outputs[1].dtype != DType::undefined;
@@ -91,7 +148,9 @@ class FlashAttention final : public Kernel {
     softcap_ = static_cast<float>(q.node.attr_float("softcap", 0.0));
     lengths_ = attention_lengths(q);
     rotary_ = attention_rotary(q);
-    assemble_ = rotary_ || p_ > 0 || present_k_;  // K's chunks assembled in the scratch before packing
+    // K's chunks assembled in the scratch before packing (QAttention's: its codes less their
+    // zero point, as floats).
+    assemble_ = rotary_ || p_ > 0 || present_k_ || quant_;
     // The mask's strides over [batch, head, query row], 0 where it broadcasts.
     has_mask_ = q.inputs.size() > 3 && q.inputs[3].dtype != DType::undefined;
     bool_mask_ = has_mask_ && q.inputs[3].dtype == DType::boolean;
@@ -116,6 +175,7 @@ class FlashAttention final : public Kernel {
       v_floats_ = key_tiles / 2 * (dv_ / 16) * amx::kTile / 2;
       rotate_keys_ = kRotateKeys;
       scratch_bytes = floats_bytes(bq_pad_ * dp_ / 2) + floats_bytes(bq_pad_ * ld_ / 2) + floats_bytes(bq_pad_ * dv_);
+      if (quant_) scratch_bytes += floats_bytes(bq_pad_ * ld_ / 2);  // the probabilities' low halves
     } else {
       bq_pad_ = bq_, ld_ = bk_;
       const gemm::CacheSizes& caches = gemm::CacheSizes::host();
@@ -127,8 +187,11 @@ class FlashAttention final : public Kernel {
       rotate_keys_ = std::max<int64_t>(qk_.tile.nr, kRotateKeys / qk_.tile.nr * qk_.tile.nr);
       scratch_bytes = floats_bytes(static_cast<int64_t>(std::max(gemm::workspace_bytes(qk_, qk), gemm::workspace_bytes(pv_, pv)) / 4 + 1));
     }
-    // Rotated rows: a Q block while the products run, or a chunk of keys while packing.
-    rotated_floats_ = assemble_ ? floats_bytes(std::max(rotary_ ? bq_ : 0, std::min(rotate_keys_, t_)) * d_) / 4 : 0;
+    // Rotated rows: a Q block while the products run, or a chunk of keys while packing
+    // (QAttention: a Q block, a chunk of keys or 32 rows of V, each as integers).
+    rotated_floats_ = assemble_ ? floats_bytes(std::max({rotary_ || quant_ ? bq_ * d_ : 0, std::min(rotate_keys_, t_) * d_,
+                                                         quant_ ? 32 * dv_ : 0})) / 4
+                                : 0;
     thread_bytes_ = floats_bytes(bq_pad_ * ld_) + 2 * floats_bytes(bq_pad_) + static_cast<size_t>(rotated_floats_) * 4 + scratch_bytes;
     threads_ = std::max(1, q.target.threads);
     // With KV heads enough to share evenly among the threads, each thread packs a head at a time
@@ -142,11 +205,23 @@ class FlashAttention final : public Kernel {
   }
 
   Status run(KernelContext& ctx) override {
-    const float* qd = ctx.input(0).data<float>();
-    const float* kd = ctx.input(1).data<float>();
-    const float* vd = ctx.input(2).data<float>();
-    const float* mask = has_mask_ && !bool_mask_ ? ctx.input(3).data<float>() : nullptr;
-    const bool* keep = bool_mask_ ? ctx.input(3).data<bool>() : nullptr;
+    // QAttention: Q, K and V are codes (inputs 0, 3, 6, each with its scale and zero point);
+    // its products run on the codes less their zero points, and the scales are applied after.
+    const size_t mask_input = quant_ ? 9 : 3;
+    const float* qd = quant_ ? nullptr : ctx.input(0).data<float>();
+    const float* kd = quant_ ? nullptr : ctx.input(1).data<float>();
+    const float* vd = quant_ ? nullptr : ctx.input(2).data<float>();
+    Codes codes[3];
+    float y_scale = 1;
+    int32_t y_zero = 0;
+    if (quant_) {
+      for (size_t i = 0; i < 3; ++i)
+        codes[i] = {static_cast<const uint8_t*>(ctx.input(3 * i).raw()), ctx.input(3 * i + 1).data<float>()[0],
+                    static_cast<int32_t>(ctx.input(3 * i + 2).as_int64(0)), u8_[i]};
+      if (out_q_) y_scale = ctx.input(10).data<float>()[0], y_zero = static_cast<int32_t>(ctx.input(11).as_int64(0));
+    }
+    const float* mask = has_mask_ && !bool_mask_ ? ctx.input(mask_input).data<float>() : nullptr;
+    const bool* keep = bool_mask_ ? ctx.input(mask_input).data<bool>() : nullptr;
     const float* past_k = p_ ? ctx.input(4).data<float>() : nullptr;
     const float* past_v = p_ ? ctx.input(5).data<float>() : nullptr;
     float* present_k = present_k_ ? ctx.output(1).data<float>() : nullptr;
@@ -156,11 +231,14 @@ class FlashAttention final : public Kernel {
     const int64_t* lengths = lengths_ ? ctx.input(6).data<int64_t>() : nullptr;
     const int64_t half = d_ / 2;
     // Softcap: scores become c·tanh(s·scale / c) before the mask; the softmax then scales by c.
-    const float softmax_scale = softcap_ > 0 ? softcap_ : scale_, capped = softcap_ > 0 ? scale_ / softcap_ : 0.f;
+    const float softmax_scale = softcap_ > 0 ? softcap_ : quant_ ? scale_ * codes[0].scale * codes[1].scale : scale_;
+    const float capped = softcap_ > 0 ? scale_ / softcap_ : 0.f;
+    const float y_factor = quant_ ? codes[2].scale : 1.f;  // V's scale, applied with the division by the sums
     const ActivationSpec tanh_spec{Activation::tanh};
     // AMX: elements between B's tiles of successive key groups (Kᵀ) and successive key chunks (V).
     const int64_t key_group_tiles = (dp_ / 32) * amx::kTile, value_chunk_tiles = (dv_ / 16) * amx::kTile;
-    float* y = ctx.output(0).data<float>();
+    float* y = out_q_ ? nullptr : ctx.output(0).data<float>();
+    uint8_t* y_codes = out_q_ ? static_cast<uint8_t*>(ctx.output(0).raw()) : nullptr;
     std::byte* ws = ctx.workspace().data();
     float* packed = reinterpret_cast<float*>(ws);
     const int64_t heads = b_ * hkv_, rep = hq_ / hkv_, q_blocks = (s_ + bq_ - 1) / bq_;
@@ -178,10 +256,15 @@ class FlashAttention final : public Kernel {
       uint16_t* q_bf16 = amx_ ? reinterpret_cast<uint16_t*>(gemm_ws) : nullptr;
       uint16_t* p_bf16 = amx_ ? q_bf16 + floats_bytes(bq_pad_ * dp_ / 2) / 2 : nullptr;
       float* o_block = amx_ ? reinterpret_cast<float*>(p_bf16 + floats_bytes(bq_pad_ * ld_ / 2) / 2) : nullptr;
+      uint16_t* p_low = quant_ ? reinterpret_cast<uint16_t*>(o_block + floats_bytes(bq_pad_ * dv_) / 4) : nullptr;
       // K (as Kᵀ) and V of each KV head, packed once. K's chunks of keys are assembled first
       // where there is more to do than packing: the past keys, then the new ones (rotated), each
       // chunk copied to present_key when it is asked for.
       auto pack = [&](int64_t h, float* pk) {
+        if (quant_) {
+          pack_codes(codes, h, rotated, pk);
+          return;
+        }
         const float* k = kd + kst_.at(h / hkv_, h % hkv_);
         if (!assemble_) {
           pack_keys(k, kst_.row, 0, t_, pk);
@@ -236,8 +319,8 @@ class FlashAttention final : public Kernel {
       auto attend = [&](int64_t item, float* pk) {
         const int64_t qb = item % q_blocks, bh = item / q_blocks, b = bh / hq_, h = bh % hq_;
         const int64_t q0 = qb * bq_, rows = std::min(bq_, s_ - q0), rows_pad = amx_ ? round_up(rows, 16) : rows;
-        const int64_t ldy = yst_.row;
-        float* out = y + yst_.at(b, h) + q0 * ldy;
+        const int64_t ldy = yst_.row, y_at = yst_.at(b, h) + q0 * ldy;
+        float* out = out_q_ ? nullptr : y + y_at;
         // The output block: Y's rows in place, or the AMX tiles' f32 block, dv_ apart.
         float* acc = amx_ ? o_block : out;
         const int64_t ldo = amx_ ? dv_ : ldy;
@@ -252,9 +335,14 @@ class FlashAttention final : public Kernel {
           for (int64_t i = 0; i < rows_pad; ++i) std::fill(acc + i * ldo, acc + i * ldo + dv_, 0.f);
         std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
         std::fill(l, l + rows, 0.f);
-        const float* qa = qd + qst_.at(b, h) + q0 * qst_.row;
+        const float* qa = quant_ ? nullptr : qd + qst_.at(b, h) + q0 * qst_.row;
         int64_t lda = qst_.row;
-        if (rotary_) {
+        if (quant_) {
+          const Codes& c = codes[0];
+          const uint8_t* from = c.data + qst_.at(b, h) + q0 * qst_.row;
+          for (int64_t i = 0; i < rows; ++i) rows_.dequantize(from + i * qst_.row, rotated + i * d_, d_, 1.f, c.zero, c.u8);
+          qa = rotated, lda = d_;
+        } else if (rotary_) {
           const int64_t row0 = b * s_ + q0;
           rows_.rotate_rows(qa, lda, rotated, d_, cos + row0 * half, sin + row0 * half, rows, d_, half);
           qa = rotated, lda = d_;
@@ -262,6 +350,7 @@ class FlashAttention final : public Kernel {
         if (amx_) {
           amx::to_bf16_rows(qa, lda, rows, d_, q_bf16, dp_, dp_, rows_pad);
           std::fill(p_bf16 + rows * ld_, p_bf16 + rows_pad * ld_, uint16_t{0});  // the probabilities' padding rows
+          if (quant_) std::fill(p_low + rows * ld_, p_low + rows_pad * ld_, uint16_t{0});
         }
         for (int64_t k0 = 0; k0 < keys; k0 += bk_) {
           const int64_t n = std::min(bk_, keys - k0);
@@ -283,7 +372,15 @@ class FlashAttention final : public Kernel {
           const float* mask_at = mask ? mask + mo : nullptr;
           const bool* keep_at = keep ? keep + mo : nullptr;
           const int64_t causal_at = causal_ ? q0 + p_ - k0 : kNoCausal;
-          if (amx_) {
+          if (quant_) {
+            // The probabilities in f32, then each as a high and a low bf16 half: P·V in two
+            // products carries them to 16 bits (V's integers are exact in bf16).
+            rows_.softmax_block(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, false);
+            const int64_t chunks = round_up(n, 32) / 32;
+            amx::split_bf16_rows(scores, ld_, rows, n, p_bf16, p_low, ld_, chunks * 32);
+            amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, k0 > 0);
+            amx::product(p_low, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, true);
+          } else if (amx_) {
             rows_.softmax_block_bf16(scores, ld_, rows, n, softmax_scale, mask_at, keep_at, mask_si_, causal_at, m, l, acc, ldo, dv_, p_bf16, ld_);
             const int64_t chunks = round_up(n, 32) / 32;
             amx::product(p_bf16, ld_, rows_pad, chunks, value_tiles(pk, k0), amx::kTile, value_chunk_tiles, dv_ / 16, acc, ldo, k0 > 0);
@@ -296,8 +393,14 @@ class FlashAttention final : public Kernel {
         }
         if (only) return;
         for (int64_t i = 0; i < rows; ++i) {  // a row with nothing to attend to: 0 · (1 / 0), NaN
-          const float inv = 1.f / l[i];
-          rows_.binary(BinaryOp::mul, acc + i * ldo, 1, 0, &inv, 0, 0, out + i * ldy, 1, dv_);
+          const float inv = y_factor / l[i];
+          if (out_q_) {  // quantized from the block's row
+            float* row = acc + i * ldo;
+            rows_.binary(BinaryOp::mul, row, 1, 0, &inv, 0, 0, row, 1, dv_);
+            rows_.quantize(row, y_codes + y_at + i * ldy, dv_, y_scale, y_zero, out_u8_);
+          } else {
+            rows_.binary(BinaryOp::mul, acc + i * ldo, 1, 0, &inv, 0, 0, out + i * ldy, 1, dv_);
+          }
         }
       };
       if (per_head_) {  // each KV head packed into the thread's own buffer, then its query blocks
@@ -332,6 +435,37 @@ class FlashAttention final : public Kernel {
   }
 
  private:
+  // QAttention's codes of Q, K or V (1 byte each; u8, else s8), their scale and zero point.
+  struct Codes {
+    const uint8_t* data = nullptr;
+    float scale = 1;
+    int32_t zero = 0;
+    bool u8 = true;
+  };
+
+  // QAttention: KV head h's keys and values (codes[1], codes[2]) into its packed K and V, each
+  // row first as its codes less the zero point (floats) in `rows`.
+  void pack_codes(const Codes (&codes)[3], int64_t h, float* rows, float* pk) const {
+    const Codes &k = codes[1], &v = codes[2];
+    const uint8_t* kc = k.data + kst_.at(h / hkv_, h % hkv_);
+    for (int64_t j0 = 0; j0 < t_; j0 += rotate_keys_) {
+      const int64_t n = std::min(rotate_keys_, t_ - j0);
+      for (int64_t r = 0; r < n; ++r) rows_.dequantize(kc + (j0 + r) * kst_.row, rows + r * d_, d_, 1.f, k.zero, k.u8);
+      pack_keys(rows, d_, j0, n, pk);
+    }
+    for (int64_t j = round_up(t_, 16); j < round_up(t_, 32); j += 16) amx::pack_key_group(nullptr, 0, 0, d_, key_tiles(pk, j));
+    const uint8_t* vc = v.data + vst_.at(h / hkv_, h % hkv_);
+    const float* row_at[32];
+    for (int64_t j0 = 0; j0 < t_; j0 += 32) {
+      const int64_t n = std::min<int64_t>(32, t_ - j0);
+      for (int64_t r = 0; r < n; ++r) {
+        rows_.dequantize(vc + (j0 + r) * vst_.row, rows + r * dv_, dv_, 1.f, v.zero, v.u8);
+        row_at[r] = rows + r * dv_;
+      }
+      amx::pack_value_rows(row_at, n, dv_, value_tiles(pk, j0));
+    }
+  }
+
   // n keys from `k` (rows `ldk` apart), keys [j0, j0 + n) of the head, into its packed Kᵀ
   // (`pk`): the GEMM's panels, or AMX's tiles a group of 16 keys at a time.
   void pack_keys(const float* k, int64_t ldk, int64_t j0, int64_t n, float* pk) const {
@@ -357,7 +491,8 @@ class FlashAttention final : public Kernel {
   }
 
   Isa isa_;
-  bool amx_ = false;
+  bool amx_ = false, quant_ = false;
+  bool u8_[3] = {true, true, true}, out_q_ = false, out_u8_ = false;  // QAttention's Q, K, V and Y types
   const RowKernels& rows_;
   int64_t b_ = 0, hq_ = 0, s_ = 0, d_ = 0, hkv_ = 0, t_ = 0, dv_ = 0, bq_ = 0, bk_ = 0;
   int64_t bq_pad_ = 0, ld_ = 0, dp_ = 0;  // query rows, scores' row length, head steps (AMX: whole tiles)
@@ -447,6 +582,11 @@ class RotaryKernel final : public Kernel {
 }  // namespace
 
 void register_attention(KernelRegistry& r) {
+  r.add("QAttention", "cpu",
+        KernelImpl{.name = "kiln.qattention_amx",
+                   .declines = qattention_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<FlashAttention>(Isa::avx512, true, true); },
+                   .needs_isa = *CpuFeatures::named("amx")});
   r.add("Attention", "cpu",
         KernelImpl{.name = "kiln.attention_bf16_amx",
                    .declines = amx_declines,

@@ -98,6 +98,19 @@ void to_bf16_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, uint16_t
   }
 }
 
+void split_bf16_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, uint16_t* hi, uint16_t* lo, int64_t ldo, int64_t n_pad) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ldx;
+    for (int64_t j = 0; j < n_pad; j += 16) {
+      const __m512 v = _mm512_maskz_loadu_ps(mask(n - j), row + j);
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+      const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ldo + j), h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * ldo + j), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+    }
+  }
+}
+
 void pack_key_group(const float* k, int64_t ldk, int64_t n, int64_t d, uint16_t* out) {
   // Word p of a key's chunk (its steps 2p and 2p + 1) goes to row p, column `key`, of the tile:
   // the 16 keys' words of a chunk, transposed. (Scattered word by word, the packing took a

@@ -36,6 +36,11 @@ void pack_key_group(const float* k, int64_t ldk, int64_t n, int64_t d, uint16_t*
 /// keys from the past values and the rest from the new ones.
 void pack_value_rows(const float* const* v, int64_t n, int64_t dv, uint16_t* out);
 
+/// `rows` rows of n floats (`ldx` apart; the softmax's probabilities) each as two bf16 rows
+/// whose sum carries it to 16 bits: hi = x rounded (nearest even), lo = x − hi rounded, rows
+/// `ldo` apart in `hi` and `lo`, zeros in columns [n, n_pad) (n_pad a multiple of 16).
+void split_bf16_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, uint16_t* hi, uint16_t* lo, int64_t ldo, int64_t n_pad);
+
 /// C[rows × 16·cols] (+)= A[rows × 32·chunks] · B: `rows` a multiple of 16 (A's rows two tiles
 /// at a time), B's column of tiles j at `b + j·b_col`, its tiles of step chunk s `b_step`
 /// elements apart; C f32, rows `ldc` apart, loaded first when `accumulate`.

@@ -267,6 +267,10 @@ Status ref_rotary(KernelContext& ctx) {
 }  // namespace
 }  // namespace attention
 
+namespace ref {
+Status attention(KernelContext& ctx) { return kiln::attention::ref_attention(ctx); }
+}  // namespace ref
+
 void register_ref_attention(KernelRegistry& r) {
   r.add_reference("Attention", attention::ref_attention);
   r.add_reference("RotaryEmbedding", attention::ref_rotary);

@@ -1,8 +1,8 @@
 // Reference kernels of the quantized ops `kiln compile` makes (lower_int8): QFusedConv and
 // QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
 // tensor or per output channel), WoqFusedMatMul a FusedMatMul by its weight dequantized as
-// DequantizeLinear does, QAdd an Add of them, QLayerNormalization a LayerNormalization, the
-// f32 result quantized as
+// DequantizeLinear does, QAdd an Add of them, QLayerNormalization a LayerNormalization,
+// QAttention an Attention, the f32 result quantized as
 // QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
 // scale and zero point.
 #include <array>
@@ -183,9 +183,26 @@ Status ref_qlayer_norm(KernelContext& ctx) {
   return store(ctx, f.y(), 4);
 }
 
+// QAttention: Attention of Q, K and V dequantized (inputs 0, 3, 6 with their scales and zero
+// points) and the mask (input 9), y quantized with inputs 10 and 11 when given.
+Status ref_qattention(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5, 7, 8, 10, 11}));
+  const Node& outer = ctx.node();
+  Node node = outer;
+  node.op = "Attention";
+  node.inputs = {outer.inputs[0], outer.inputs[3], outer.inputs[6], ctx.has_input(9) ? outer.inputs[9] : kNoValue};
+  ViewContext f(ctx, std::move(node),
+                {dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0), dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0),
+                 dequantized(ctx.input(6), ctx.input(7), ctx.input(8), 0), ctx.has_input(9) ? ctx.input(9) : Tensor()},
+                Tensor(DType::f32, ctx.output(0).shape()));
+  KILN_RETURN_IF_ERROR(ref::attention(f));
+  return store(ctx, f.y(), 10);
+}
+
 }  // namespace
 
 void register_ref_nn_quant(KernelRegistry& r) {
+  r.add_reference("QAttention", ref_qattention);
   r.add_reference("QAdd", ref_qadd);
   r.add_reference("QLayerNormalization", ref_qlayer_norm);
   r.add_reference("QFusedConv", ref_qfused_conv);

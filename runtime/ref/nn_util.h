@@ -126,4 +126,6 @@ Status ref_fused_matmul(KernelContext& ctx);
 namespace kiln::ref {
 /// LayerNormalization's reference kernel (reduce_norm.cc), which QLayerNormalization's runs.
 Status layer_normalization(KernelContext& ctx);
+/// Attention's reference kernel (attention.cc), which QAttention's runs.
+Status attention(KernelContext& ctx);
 }  // namespace kiln::ref

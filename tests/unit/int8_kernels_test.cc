@@ -1,7 +1,7 @@
 // The int8 kernels against the reference kernels: QFusedConv on odd and SIMD-multiple sizes,
 // u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts;
-// QFusedMatMul's paths (dequantize_output too), QAdd, QLayerNormalization, Quantize- and
-// DequantizeLinear; max pooling on int8 tensors; and the lower_int8 rewrites that make the
+// QFusedMatMul's paths (dequantize_output too), QAdd, QLayerNormalization, QAttention, Quantize-
+// and DequantizeLinear; max pooling on int8 tensors; and the lower_int8 rewrites that make the
 // fused nodes. Int8 outputs must match within one quantization step (the reference divides by
 // the scale, the kernels multiply by its inverse).
 #include <gtest/gtest.h>
@@ -580,6 +580,127 @@ TEST(Int8Kernels, QLayerNormalization) {
             EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 20);
           }
         }
+}
+
+// QAttention's codes: Q, K, V (each with its scale and zero point), then the mask (or none),
+// then y's scale and zero point when `y` is an int8 type.
+std::vector<Tensor> qattention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, DType y) {
+  std::vector<Tensor> in = {q, scalar_f32(0.05f), scalar_int(q.dtype(), q.dtype() == DType::u8 ? 131 : -3),
+                            k, scalar_f32(0.04f), scalar_int(k.dtype(), k.dtype() == DType::u8 ? 120 : 5),
+                            v, scalar_f32(0.02f), scalar_int(v.dtype(), v.dtype() == DType::u8 ? 127 : 0), mask};
+  if (y != DType::f32) in.insert(in.end(), {scalar_f32(0.015f), scalar_int(y, y == DType::u8 ? 128 : 0)});
+  return in;
+}
+
+// QAttention's AMX kernel against the reference (Attention of the dequantized codes): Q·Kᵀ on
+// the codes less their zero points is exact, P·V within 2^-16 of each probability, so an f32 Y
+// matches within 1e-5 and a quantized one within a step. u8 and s8 codes; a head of 80 steps
+// (tiles of 32: padded to 96) and values of 48; 37 query rows (a pair of row tiles, then one),
+// 45 keys (padded to 64); grouped-query heads; causal; an additive mask per head and a bool one
+// with a whole row out (NaN, as the reference); 3-D heads over 600 keys, in blocks of 256 whose
+// later ones raise the maximum, with Y quantized; two threads over KV heads that share evenly
+// and that do not. A head past 256 steps (its sums would outgrow f32's integers) and a CPU
+// without AMX: the reference kernel.
+TEST(Int8Kernels, QAttentionOnAmx) {
+  const bool amx = CpuFeatures::host().amx;
+  const std::string name = amx ? "kiln.qattention_amx" : std::string(kReferenceKernel);
+  auto run = [&](const std::vector<Tensor>& in, std::vector<Attribute> attrs, int threads = 1) {
+    Case c{"QAttention", in, std::vector<bool>(in.size(), false), std::move(attrs)};
+    for (size_t i : {1, 2, 4, 5, 7, 8, 10, 11})
+      if (i < in.size()) c.constant[i] = true;
+    c.threads = threads;
+    testing::BothRuns r = testing::run_both(c);
+    EXPECT_EQ(r.kernel, name);
+    if (r.fast.size() != 1 || r.ref.size() != 1) {
+      ADD_FAILURE() << "no outputs";
+      return;
+    }
+    if (r.ref[0].dtype() == DType::f32) {
+      EXPECT_LE(testing::relative_l2(r.fast[0], r.ref[0]), 1e-5) << r.graph_text;
+    } else {
+      EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+      const std::vector<double> y = r.ref[0].to_double_vector();
+      EXPECT_GT(*std::max_element(y.begin(), y.end()) - *std::min_element(y.begin(), y.end()), 30);
+    }
+  };
+  const auto causal = attr("is_causal", int64_t{1});
+  for (DType t : {DType::u8, DType::i8}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor q = int8_noise({2, 4, 37, 80}, 81, t), k = int8_noise({2, 2, 45, 80}, 82, t), v = int8_noise({2, 2, 45, 48}, 83, t);
+    run(qattention_inputs(q, k, v, Tensor(), DType::f32), {});
+    run(qattention_inputs(q, k, v, noise({4, 1, 45}, 84, 8.f), DType::f32), {causal});
+    Tensor keep(DType::boolean, {1, 1, 37, 45});
+    for (int64_t i = 0; i < keep.numel(); ++i) keep.data<bool>()[i] = (i / 45) % 7 != 3 && (i * 13) % 11 != 0;
+    run(qattention_inputs(q, k, v, keep, DType::f32), {});
+    const Tensor lq = int8_noise({1, 200, 2 * 64}, 85, t), lk = int8_noise({1, 600, 64}, 86, t), lv = int8_noise({1, 600, 64}, 87, t);
+    const std::vector<Attribute> heads = {attr("q_num_heads", int64_t{2}), attr("kv_num_heads", int64_t{1})};
+    run(qattention_inputs(lq, lk, lv, Tensor(), t), heads);
+    std::vector<Attribute> causal_heads = heads;
+    causal_heads.push_back(causal);
+    run(qattention_inputs(lq, lk, lv, Tensor(), DType::f32), causal_heads);
+  }
+  for (int64_t kv : {1, 3, 6}) {
+    SCOPED_TRACE("two threads, kv heads " + std::to_string(kv));
+    const Tensor q = int8_noise({1, 6, 70, 32}, 88, DType::u8), k = int8_noise({1, kv, 300, 32}, 89, DType::u8);
+    run(qattention_inputs(q, k, int8_noise({1, kv, 300, 16}, 90, DType::u8), Tensor(), DType::u8), {}, 2);
+  }
+  const Tensor big = int8_noise({1, 1, 4, 272}, 91, DType::u8);
+  Case c{"QAttention", qattention_inputs(big, big, int8_noise({1, 1, 4, 16}, 92, DType::u8), Tensor(), DType::f32), {}, {}};
+  EXPECT_EQ(testing::check(c, 1e-5), kReferenceKernel);
+}
+
+// On a target with AMX, lower_int8 makes DQ(q), DQ(k), DQ(v) -> Attention -> Q one QAttention
+// reading the codes and writing y's (the Q absorbed), and an attention whose output stays float
+// a QAttention with an f32 Y; without AMX both stay f32 Attentions. The compiled model computes
+// what the quantized one's reference does.
+TEST(Int8Kernels, AttentionBetweenQdqLowered) {
+  auto build = [] {
+    testing::GraphBuilder b;
+    auto qdq = [&](const std::string& name, ValueId x, float scale, int zero) {
+      const ValueId q = b.op(name + "_q", "QuantizeLinear", {x, b.scalar(name + "_s", scale), b.constant(name + "_z", scalar_int(DType::u8, zero))});
+      return b.op(name + "_dq", "DequantizeLinear", {q, b.scalar(name + "_s2", scale), b.constant(name + "_z2", scalar_int(DType::u8, zero))});
+    };
+    const ValueId q = qdq("q", b.input("q", {1, 40, 2 * 64}), 0.05f, 128), k = qdq("k", b.input("k", {1, 70, 2 * 64}), 0.04f, 125);
+    const ValueId v = qdq("v", b.input("v", {1, 70, 2 * 32}), 0.03f, 130);
+    const std::vector<Attribute> heads = {attr("q_num_heads", int64_t{2}), attr("kv_num_heads", int64_t{2})};
+    const ValueId a = b.op("att", "Attention", {q, k, v}, heads);
+    std::vector<Attribute> causal = heads;
+    causal.push_back(attr("is_causal", int64_t{1}));
+    const ValueId a2 = b.op("att_f32", "Attention", {q, k, v}, causal);
+    return b.done({qdq("y", a, 0.02f, 128), a2});
+  };
+  const std::vector<Tensor> in = {noise({1, 40, 128}, 93, 6.f), noise({1, 70, 128}, 94, 6.f), noise({1, 70, 64}, 95, 3.f)};
+  const std::vector<Tensor> want = testing::run_reference(build(), in);
+  for (bool amx : {true, false}) {
+    SCOPED_TRACE(amx ? "AMX target" : "no AMX");
+    Model m = build();
+    CompileOptions options;
+    options.target.cpu = CpuFeatures::host();
+    options.target.cpu.amx = amx;
+    options.target.threads = 2;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    std::map<std::string, std::string> op_of;
+    for (const Node& n : m.graph.nodes) op_of[n.name] = n.op;
+    EXPECT_EQ(op_of["att"], amx ? "QAttention" : "Attention") << testing::nodes_text(m.graph);
+    EXPECT_EQ(op_of["att_f32"], amx ? "QAttention" : "Attention") << testing::nodes_text(m.graph);
+    EXPECT_EQ(op_of.count("y_q"), amx ? 0u : 1u) << "the output's QuantizeLinear absorbed";
+    if (amx) {
+      const Node& att = *std::find_if(m.graph.nodes.begin(), m.graph.nodes.end(), [](const Node& n) { return n.name == "att"; });
+      EXPECT_EQ(m.graph.value(att.outputs[0]).dtype, DType::u8);
+      for (size_t i : {0, 3, 6}) EXPECT_EQ(m.graph.value(att.inputs[i]).dtype, DType::u8) << "input " << i << " reads the codes";
+    }
+    if (amx != CpuFeatures::host().amx) continue;  // the compiled model runs here
+    auto session = Session::create(m);
+    ASSERT_TRUE(session.ok()) << session.error().message();
+    auto got = (*session)->run(in);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    ASSERT_EQ(got->size(), 2u);
+    ASSERT_EQ((*got)[0].shape(), want[0].shape());
+    const std::vector<double> g = (*got)[0].to_double_vector(), w = want[0].to_double_vector();
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(std::abs(g[i] - w[i]), 0.02 * 1.001) << i;  // one step of y's scale
+    EXPECT_LE(testing::relative_l2((*got)[1], want[1]), 1e-5);
+  }
 }
 
 // compile's lower_int8 makes DQ -> LayerNormalization -> Q one QLayerNormalization, which

@@ -5,6 +5,7 @@
 // and user errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -259,6 +260,36 @@ TEST(Attention, Bf16ProductsRoundOperandsAndProbabilities) {
   ASSERT_TRUE(exact.ok());
   EXPECT_GT(std::abs((*r)[0].as_double(0) - (*exact)[0].as_double(0)), 1e-5);  // bf16 moved it
   expect_user_error(run_op("Attention", {q, k, v}, {attr("product_type", std::string("f16"))}), "product_type 'f16' is neither f32 nor bf16");
+}
+
+TEST(Attention, QAttentionDequantizesItsOperandsAndQuantizesY) {
+  // QAttention (compile's lower_int8 makes it): Attention of (code − zero) · scale for Q, K and
+  // V, Y quantized as QuantizeLinear does (divided, rounded half to even, saturated) when y's
+  // scale and zero point are given, else f32. One query, two keys, hand-computed.
+  auto u8 = [](std::vector<int64_t> shape, std::vector<uint8_t> v) { return make<uint8_t>(std::move(shape), std::move(v)); };
+  auto f = [](float v) { return make<float>({}, {v}); };
+  const Tensor q = u8({1, 1, 1, 2}, {130, 120}), k = make<int8_t>({1, 1, 2, 2}, {10, -4, -6, 8}), v = u8({1, 1, 2, 1}, {200, 40});
+  const Tensor qz = u8({}, {128}), kz = make<int8_t>({}, {2}), vz = u8({}, {100});
+  const double qs = 0.5, ks = 0.25, vs = 0.1;
+  const double q0 = (130 - 128) * qs, q1 = (120 - 128) * qs;
+  const double x0 = (q0 * (10 - 2) * ks + q1 * (-4 - 2) * ks) / std::sqrt(2.0), x1 = (q0 * (-6 - 2) * ks + q1 * (8 - 2) * ks) / std::sqrt(2.0);
+  const double e0 = std::exp(x0 - std::max(x0, x1)), e1 = std::exp(x1 - std::max(x0, x1));
+  const double y = (e0 * (200 - 100) * vs + e1 * (40 - 100) * vs) / (e0 + e1);
+  std::vector<Tensor> in = {q, f(0.5f), qz, k, f(0.25f), kz, v, f(0.1f), vz};
+  auto r = run_op("QAttention", in);
+  ASSERT_TRUE(r.ok()) << r.error().what;
+  EXPECT_EQ((*r)[0].dtype(), DType::f32);
+  expect_all((*r)[0], {y}, 1e-6);
+  in.insert(in.end(), {Tensor(), f(0.05f), u8({}, {128})});
+  auto rq = run_op("QAttention", in);
+  ASSERT_TRUE(rq.ok()) << rq.error().what;
+  ASSERT_EQ((*rq)[0].dtype(), DType::u8);
+  EXPECT_EQ((*rq)[0].data<uint8_t>()[0], static_cast<uint8_t>(std::clamp(std::nearbyint(static_cast<float>(y) / 0.05f) + 128.0, 0.0, 255.0)));
+  in[1] = make<float>({2}, {0.5f, 0.5f});
+  expect_user_error(run_op("QAttention", in), "the scales and zero points must be scalars");
+  in[1] = f(0.5f);
+  in.pop_back();
+  expect_user_error(run_op("QAttention", in), "y_scale and y_zero_point must be given together");
 }
 
 TEST(AttentionRotary, HandComputedHalvesAndInterleaved) {
