@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string_view>
 
 #include "formats/npy.h"
@@ -23,6 +25,15 @@ bool has_subgraph(const Node& n) {
   for (const Attribute& a : n.attrs)
     if (std::holds_alternative<std::shared_ptr<Graph>>(a.value)) return true;
   return false;
+}
+
+// The int8 ops compile's lower_int8 makes that requantize their result. Their kernels multiply
+// by 1/scale where the reference divides, and sum in their own order, so a code at a rounding
+// boundary may land one step off: their 8-bit outputs may differ by one step, within the
+// relative L2 of low-precision kernels.
+bool requantizes(const Node& n) {
+  static const std::set<std::string_view> ops = {"QFusedConv", "QFusedMatMul", "QAdd", "QLayerNormalization", "QAttention"};
+  return n.domain.empty() && ops.count(n.op) > 0;
 }
 
 // Runs the node's reference kernel right after its own, on the same inputs, and compares.
@@ -109,7 +120,16 @@ class Checker final : public ExecutionObserver {
       const Tensor& expected = (*ref)[r++];
       CompareResult cr = compare_tensors(*fast, expected, exact);
       const bool structural = cr.kind == CompareResult::Kind::dtype_mismatch || cr.kind == CompareResult::Kind::shape_mismatch;
-      const bool bad = structural || (is_float(expected.dtype()) ? !(cr.rel_l2_error <= c.tolerance) : !cr.pass);
+      const bool one_step = requantizes(node) && (expected.dtype() == DType::u8 || expected.dtype() == DType::i8);
+      const bool bad = structural || (is_float(expected.dtype()) ? !(cr.rel_l2_error <= c.tolerance)
+                                      : one_step              ? !(cr.max_abs_error <= 1 && cr.rel_l2_error <= c.tolerance)
+                                                              : !cr.pass);
+      if (bad && one_step && !structural) {
+        std::ostringstream what;
+        what << cr.mismatches << " of " << cr.numel << " codes differ, by up to " << cr.max_abs_error << " steps (one allowed), relative l2 error "
+             << cr.rel_l2_error << "; worst at " << index_str(cr.worst_index) << ": got " << cr.worst_actual << ", expected " << cr.worst_expected;
+        cr.summary = what.str();
+      }
       if (!structural) {
         c.rel_l2 = std::max(c.rel_l2, cr.rel_l2_error);
         c.max_abs = std::max(c.max_abs, cr.max_abs_error);

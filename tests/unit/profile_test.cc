@@ -10,6 +10,7 @@
 
 #include "profile/ceilings.h"
 #include "profile/compare.h"
+#include "profile/node_check.h"
 #include "profile/profiler.h"
 #include "runtime/threads.h"
 #include "tests/unit/compile_test_util.h"
@@ -304,6 +305,59 @@ TEST(Profiler, MeasuresAndReportsWhatRan) {
   ctx.ceilings.compute_gflops["f32"] = 1e-6;
   doc = build_report(m.graph, *measured, ctx);
   EXPECT_TRUE(doc["notes"].empty()) << doc["notes"].dump();
+}
+
+// A QAdd kernel for --check to judge: with unit scales and zero points 0 its codes are a + b,
+// which the reference computes exactly; its first code is `off` steps higher.
+class QAddOffBy final : public Kernel {
+ public:
+  explicit QAddOffBy(int off) : off_(off) {}
+  Status run(KernelContext& ctx) override {
+    const int8_t *a = ctx.input(0).data<int8_t>(), *b = ctx.input(3).data<int8_t>();
+    int8_t* y = ctx.output(0).data<int8_t>();
+    for (int64_t i = 0; i < ctx.output(0).numel(); ++i) y[i] = static_cast<int8_t>(a[i] + b[i] + (i == 0 ? off_ : 0));
+    return {};
+  }
+
+ private:
+  int off_;
+};
+
+TEST(NodeCheck, RequantizingInt8OpsMayLandOneStepOff) {
+  // The int8 ops lower_int8 makes multiply by 1/scale where their reference divides, so
+  // `kiln profile --check` lets their codes land one step from the reference's, not two.
+  testing::GraphBuilder b;
+  auto zero = [&](const std::string& name) {
+    Tensor t(DType::i8, {});
+    t.data<int8_t>()[0] = 0;
+    return b.constant(name, t);
+  };
+  const ValueId x = b.input("x", {4, 32}, DType::i8), y = b.input("y", {4, 32}, DType::i8);
+  const ValueId sum = b.op("add", "QAdd", {x, b.scalar("xs", 1.f), zero("xz"), y, b.scalar("ys", 1.f), zero("yz"), b.scalar("s", 1.f), zero("z")});
+  Model m = b.done({sum});
+  m.graph.nodes[0].kernel = KernelChoice{"test.qadd", {}};  // pinned, as a compiled model's (the reference comes first otherwise)
+  Tensor xv(DType::i8, {4, 32}), yv(DType::i8, {4, 32});  // sums within ±80: none saturates
+  for (int64_t i = 0; i < 128; ++i) xv.data<int8_t>()[i] = static_cast<int8_t>(i * 7 % 101 - 50), yv.data<int8_t>()[i] = static_cast<int8_t>(i * 13 % 61 - 30);
+  for (int off : {0, 1, 2}) {
+    SCOPED_TRACE("off by " + std::to_string(off));
+    KernelRegistry kernels = default_kernels().without({"kiln.qadd_avx512", "kiln.qadd_avx2"});
+    kernels.add("QAdd", "cpu", KernelImpl{.name = "test.qadd", .declines = [](const KernelQuery&) { return std::optional<std::string>(); }, .create = [off](const KernelQuery&) { return std::make_unique<QAddOffBy>(off); }});
+    SessionOptions options;
+    options.kernels = &kernels;
+    auto session = Session::create(m, options);
+    ASSERT_TRUE(session.ok()) << session.error().message();
+    const fs::path repro = fs::temp_directory_path() / ("kiln-check-" + std::to_string(::getpid()));
+    auto checks = check_nodes(**session, m, {xv, yv}, CheckOptions{.repro_dir = repro.string()});
+    fs::remove_all(repro);
+    ASSERT_TRUE(checks.ok()) << checks.error().message();
+    ASSERT_EQ(checks->size(), 1u);
+    const NodeCheck& c = (*checks)[0];
+    EXPECT_EQ(c.kernel, "test.qadd");
+    EXPECT_TRUE(c.checked);
+    EXPECT_EQ(c.pass, off < 2) << c.detail;
+    EXPECT_EQ(c.max_abs, off);
+    if (off == 2) EXPECT_NE(c.detail.find("1 of 128 codes differ, by up to 2 steps (one allowed)"), std::string::npos) << c.detail;
+  }
 }
 
 }  // namespace
