@@ -177,8 +177,14 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   auto compiled = compile_model(*model, options);
   progress.clear();
   if (!compiled.ok()) return report(verb, with_file(compiled.status(), display));
-  if (options.tuning.search || (args.verbose && !tuning_report.problems.empty()))
+  if (options.tuning.search && tuning_report.problems.empty()) {
+    // Nothing to tune: say why (a symbolic input shape) rather than print an empty table.
+    const auto tune = std::find_if(compiled->passes.begin(), compiled->passes.end(), [](const PassRecord& p) { return p.name == "autotune_kernels"; });
+    if (tune != compiled->passes.end() && !tune->result.summary.empty())
+      std::cerr << "kiln compile: warning: max-autotune tuned nothing: " << tune->result.summary << "\n";
+  } else if (options.tuning.search || (args.verbose && !tuning_report.problems.empty())) {
     std::cerr << tuning_report_text(tuning_report);
+  }
   if (args.time_passes) print_times(*compiled);
   if (options.precision != DType::f32) {
     // Whether the precision will be faster here: the ceilings probe's peaks (this machine only).

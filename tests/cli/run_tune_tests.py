@@ -256,6 +256,14 @@ def autotune(r):
     rc, _, err = r.run(["compile", "t.kiln", "-o", "t.cache.kiln", "--mode", "max-autotune", "--threads", "1"] + shapes)
     r.check("autotune_default_db_path", rc == 0 and os.path.exists(r.path("cache/kiln/tuning.jsonl")), f"exit {rc}: {err[-300:]!r}")
 
+    # A symbolic input shape (the MLP sample's batch) leaves nothing to tune: compile says so,
+    # not an empty table.
+    rc, _, err = r.run(["export", os.path.join(SAMPLES, "mlp.onnx"), "-o", "mlp.kiln"])
+    rc, out, err = r.run(["compile", "mlp.kiln", "-o", "mlp.tuned.kiln", "--mode", "max-autotune", "--tuning-db", "sym.jsonl", "--threads", "1"])
+    r.check("autotune_symbolic_says_why", rc == 0 and "node  op" not in err
+            and re.search(r"warning: max-autotune tuned nothing: input 'input' has shape batchx16: give --input-shape to tune kernels", err),
+            f"exit {rc}: {err[-400:]!r}")
+
     # User errors: one line, exit 2, no output written.
     for name, args, pattern in [
             ("autotune_bad_mode", ["--mode", "fastest"], r"--mode 'fastest' is not one of default, max-autotune"),
