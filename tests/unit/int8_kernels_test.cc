@@ -145,6 +145,28 @@ TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
   }
 }
 
+// y's zero point (nonzero where no ReLU precedes y: a residual block's downsampling) goes to
+// oneDNN as part of the last post-op, not as its destination zero point, which its brgemm
+// convolutions decline: they keep the convolution from the older jit kernels (1.2-1.7x the
+// time on ResNet-50's downsampling layers), 1x1 and 3x3, stride 1 and 2, within a step.
+TEST(Int8Kernels, OneDnnConvKeepsBrgemmWithAnOutputZeroPoint) {
+  const CpuFeatures& cpu = CpuFeatures::host();
+  if (!cpu.amx) GTEST_SKIP() << "oneDNN 2.6's int8 brgemm convolutions need AMX";
+  for (QConv s : std::vector<QConv>{{1, 64, 14, 14, 128, 1, 1, 1}, {1, 64, 14, 14, 128, 1, 2, 1}, {1, 64, 14, 14, 64, 3, 1, 1}}) {
+    SCOPED_TRACE("k" + std::to_string(s.k) + " stride " + std::to_string(s.stride));
+    Case c = qconv_case(s);
+    // x after a ReLU, as every convolution's but a network's first: oneDNN 2.6's brgemm
+    // convolutions decline x's zero point too.
+    c.inputs[2] = scalar_int(DType::u8, 0);
+    c.kernel = "onednn.qconv";
+    testing::BothRuns r = testing::run_both(c);
+    EXPECT_EQ(r.kernel, "onednn.qconv");
+    EXPECT_EQ(r.label.rfind("brgconv", 0), 0u) << r.label;
+    ASSERT_EQ(r.fast.size(), 1u);
+    EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+  }
+}
+
 // A channels-last 1x1 stride-1 QFusedConv is a product of its pixels by the weight: kiln's
 // u8s8 GEMM runs it (pinned, as a compiled model or max-autotune pins it) on every epilogue,
 // the rows past whole AMX tiles and K past whole 64s included; the default rule gives it the
