@@ -42,6 +42,7 @@
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/woq.h"
 
 namespace kiln {
@@ -452,7 +453,7 @@ class Lowering {
         (precision != "f32" && precision != "f16" && precision != "bf16"))
       return false;
     const int64_t d = head_size(n.inputs[0], n.attr_int("q_num_heads", 0)), dv = head_size(n.inputs[2], n.attr_int("kv_num_heads", 0));
-    if (d <= 0 || d > 256 || dv <= 0 || dv % 16 != 0) return false;
+    if (d <= 0 || d > cpu::amx::kQuantizedHeadMax || dv <= 0 || dv % 16 != 0) return false;
     const Node *tq = nullptr, *tk = nullptr, *tv = nullptr;
     const Node* dq = dequantized(n.inputs[0], &tq);
     const Node* dk = dequantized(n.inputs[1], &tk);

@@ -92,11 +92,6 @@ struct AttentionView {
   }
 };
 
-// The longest head QAttention's AMX kernel takes: its Q·Kᵀ multiplies the codes less their zero
-// points (integers of at most 255 in magnitude, exact in bf16), and a sum of up to 256 of their
-// products stays below 2^24, where f32 holds every integer.
-constexpr int64_t kExactHead = 256;
-
 std::optional<std::string> qattention_declines(const KernelQuery& q) {
   if (!q.target.cpu.amx) return "the CPU lacks amx";
   if (auto why = lacks(q.target.cpu, Isa::avx512)) return why;
@@ -107,7 +102,7 @@ std::optional<std::string> qattention_declines(const KernelQuery& q) {
   const AttentionView view(q);
   if (auto why = attention_declines(view.query)) return why;
   const AttentionGeometry a = *attention_geometry(view.query);
-  if (a.d > kExactHead) return "a head size past 256 (the integer sums of Q·Kᵀ would not be exact in f32)";
+  if (a.d > amx::kQuantizedHeadMax) return "a head size past 256 (the integer sums of Q·Kᵀ would not be exact in f32)";
   if (a.dv % 16 != 0) return "a value head size that is not a multiple of 16";
   return std::nullopt;
 }

@@ -17,6 +17,12 @@ namespace kiln::cpu::amx {
 /// bf16 elements in one tile of B.
 inline constexpr int64_t kTile = 512;
 
+/// The longest head QAttention's kernel takes (kiln.qattention_amx, which compile's lower_int8
+/// lowers for): its Q·Kᵀ multiplies the codes less their zero points (integers of at most 255
+/// in magnitude, exact in bf16), and a sum of up to 256 of their products stays below 2^24,
+/// where f32 holds every integer. V's head must be whole tiles of 16 columns.
+inline constexpr int64_t kQuantizedHeadMax = 256;
+
 /// Loads the tile configuration (eight tiles of 16 rows of 64 bytes) on the calling thread:
 /// these products' and the AMX GEMMs' (gemm/lowp_amx.cc).
 void configure();
