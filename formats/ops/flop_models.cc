@@ -327,22 +327,27 @@ int64_t recurrent(const Node& n, const Graph& g) {
 // [B, Hkv, P, D]; Y [B, Hq, S, Dv] or [B, S, Hq·Dv]. numel(Q) = B·Hq·S·D and numel(Y) =
 // B·Hq·S·Dv in either layout, so Q·Kᵀ is 2·numel(Q)·T and P·V 2·numel(Y)·T; rotary caches
 // add RotaryEmbedding's count over Q and K.
+// Q·Kᵀ and P·V over `past` + K's keys, and the per-score work (a mask when `mask`; softcap).
+CheckedInt attention_count(const Node& n, const Shape& q, const Shape& k, const Shape& y, CheckedInt past, bool mask) {
+  const bool heads_first = q.dims.size() == 4;
+  const CheckedInt keys = past + (heads_first ? dim_at(k, 2) : dim_at(k, 1));
+  const int64_t heads = heads_first ? dim_at(q, 1) : std::max<int64_t>(n.attr_int("q_num_heads", 1), 1);
+  const CheckedInt queries = CheckedInt(dim_at(q, 0)) * heads * (heads_first ? dim_at(q, 2) : dim_at(q, 1));  // B·Hq·S
+  int64_t per_score = kAttentionScore;
+  if (mask) per_score += 1;
+  if (n.attr_float("softcap", 0) > 0) per_score += kT + 2;
+  return CheckedInt(2) * keys * (numel_or_one(q) + numel_or_one(y)) + queries * keys * per_score;
+}
+
 int64_t attention(const Node& n, const Graph& g) {
   const Shape* q = input_shape(n, g, 0);
   const Shape* k = input_shape(n, g, 1);
   const Shape* y = output_shape(n, g);
   if (!q || !k || !y || q->dims.size() < 3) return 0;
-  const bool heads_first = q->dims.size() == 4;
-  CheckedInt keys = heads_first ? dim_at(*k, 2) : dim_at(*k, 1);
-  if (const Shape* past = input_shape(n, g, 4)) keys += dim_at(*past, 2);
-  const int64_t heads = heads_first ? dim_at(*q, 1) : std::max<int64_t>(n.attr_int("q_num_heads", 1), 1);
-  const CheckedInt queries = CheckedInt(dim_at(*q, 0)) * heads * (heads_first ? dim_at(*q, 2) : dim_at(*q, 1));  // B·Hq·S
-  int64_t per_score = kAttentionScore;
-  if (n.has_input(3)) per_score += 1;
-  if (n.attr_float("softcap", 0) > 0) per_score += kT + 2;
+  const Shape* past = input_shape(n, g, 4);
   CheckedInt rotated = 0;  // kiln's rotary inputs: Q and the new keys rotated once each
   if (n.has_input(7)) rotated = (numel_or_one(*q) + numel_or_one(*k)) * kRotary;
-  return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score + rotated);
+  return count(attention_count(n, *q, *k, *y, past ? CheckedInt(dim_at(*past, 2)) : CheckedInt(0), n.has_input(3)) + rotated);
 }
 
 // QAttention: Attention's count (Q input 0, K input 3, the mask input 9), plus kDequantize per
@@ -353,14 +358,9 @@ int64_t qattention(const Node& n, const Graph& g) {
   const Shape* v = input_shape(n, g, 6);
   const Shape* y = output_shape(n, g);
   if (!q || !k || !v || !y || q->dims.size() < 3) return 0;
-  const bool heads_first = q->dims.size() == 4;
-  const CheckedInt keys = heads_first ? dim_at(*k, 2) : dim_at(*k, 1);
-  const int64_t heads = heads_first ? dim_at(*q, 1) : std::max<int64_t>(n.attr_int("q_num_heads", 1), 1);
-  const CheckedInt queries = CheckedInt(dim_at(*q, 0)) * heads * (heads_first ? dim_at(*q, 2) : dim_at(*q, 1));
-  const int64_t per_score = kAttentionScore + (n.has_input(9) ? 1 : 0);
   const CheckedInt dequantized = (numel_or_one(*q) + numel_or_one(*k) + numel_or_one(*v)) * kDequantize;
   const CheckedInt quantized = n.has_input(10) ? numel_or_one(*y) * kQuantize : CheckedInt(0);
-  return count(CheckedInt(2) * keys * (numel_or_one(*q) + numel_or_one(*y)) + queries * keys * per_score + dequantized + quantized);
+  return count(attention_count(n, *q, *k, *y, 0, n.has_input(9)) + dequantized + quantized);
 }
 
 // RotaryEmbedding: kRotary per rotated element, the first rotary_embedding_dim of each head's
