@@ -470,6 +470,9 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   job.target.threads = args.threads > 0 ? args.threads : physical_cores();
   PassContext pass_context{job.target, {}};
   if (auto r = fold_batchnorm(job.float_model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
+  // And weights computed from constants (a tied LM head's Transpose) folded, so that the
+  // quantizers see them as the constant weights they are.
+  if (auto r = fold_computed_weights(job.float_model.graph); !r.ok()) return report(verb, with_file(r.status(), display));
   const Graph& g = job.float_model.graph;
   SessionOptions options;
   options.target = job.target;
@@ -525,9 +528,9 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
               << (kept.empty() ? "--config" : args.config.empty() ? "--min-sqnr" : "--config and --min-sqnr") << ")";
   // Nodes per pattern: a conv + relu pattern is two nodes.
   for (const auto& [pattern, count] : patterns) std::cerr << (pattern == patterns.begin()->first ? " (nodes per pattern: " : ", ") << pattern << " " << count;
-  std::cerr << (patterns.empty() ? "" : ")") << "; " << a.observers << " observers, calibrated on " << a.calibrated
-            << (a.calibrated == 1 ? " sample" : " samples") << "; " << a.stats.quantize_nodes << " QuantizeLinear, " << a.stats.dequantize_nodes
-            << " DequantizeLinear, " << a.stats.quantized_weights << " weights stored quantized";
+  std::cerr << (patterns.empty() ? "" : ")") << "; " << count_of(a.observers, "observer", "observers") << ", calibrated on "
+            << count_of(a.calibrated, "sample", "samples") << "; " << a.stats.quantize_nodes << " QuantizeLinear, " << a.stats.dequantize_nodes
+            << " DequantizeLinear, " << count_of(a.stats.quantized_weights, "weight", "weights") << " stored quantized";
   if (a.stats.dynamic_quantize_nodes) std::cerr << ", " << a.stats.dynamic_quantize_nodes << " DynamicQuantizeLinear";
   std::cerr << "\n";
   if (args.verbose)

@@ -155,5 +155,45 @@ Result<size_t> fold_constant_dequantize(Graph& g) {
   return n;
 }
 
+Result<size_t> fold_computed_weights(Graph& g) {
+  const std::vector<int32_t> producer = g.producers();
+  std::vector<char> drop(g.nodes.size(), 0), in_cone(g.nodes.size(), 0);
+  size_t n = 0;
+  for (const Node& reader : g.nodes) {
+    const std::string& op = reader.op;
+    if (!reader.domain.empty() || !reader.has_input(1) ||
+        (op != "Conv" && op != "ConvTranspose" && op != "MatMul" && op != "Gemm"))
+      continue;
+    const ValueId w = reader.inputs[1];
+    std::optional<std::vector<size_t>> cone = constant_cone(g, w);  // nullopt once w is folded
+    if (!cone) continue;
+    Result<std::vector<Tensor>> r = evaluate_nodes(g, *cone, {w});
+    if (!r.ok() && r.error().kind == ErrorKind::user) continue;
+    if (!r.ok()) return r.error();
+    g.value(w).constant = (*r)[0];
+    drop[static_cast<size_t>(producer[static_cast<size_t>(w)])] = 1;
+    for (size_t i : *cone) in_cone[i] = 1;
+    ++n;
+  }
+  if (n == 0) return n;
+  // The rest of each cone goes where nothing else reads it (last first: a node's readers come
+  // after it).
+  const std::vector<std::vector<Use>> uses = g.uses();
+  std::vector<char> graph_output(g.values.size(), 0);
+  for (ValueId o : g.outputs) graph_output[static_cast<size_t>(o)] = 1;
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    if (!in_cone[i] || drop[i]) continue;
+    bool read = false;
+    for (ValueId o : g.nodes[i].outputs) {
+      if (o < 0) continue;
+      read = read || graph_output[static_cast<size_t>(o)];
+      for (const Use& u : uses[static_cast<size_t>(o)]) read = read || !drop[u.node];
+    }
+    drop[i] = !read;
+  }
+  erase_nodes(g, drop);
+  drop_unused_values(g);
+  return n;
+}
 
 }  // namespace kiln

@@ -41,6 +41,13 @@ std::optional<std::vector<size_t>> constant_cone(const Graph& graph, ValueId val
 /// into an f32 constant; returns how many. The weights run as float then, on the fast kernels.
 Result<size_t> fold_constant_dequantize(Graph& graph);
 
+/// Folds the weights of Conv, ConvTranspose, MatMul and Gemm (input 1) that are computed from
+/// constants alone into constants, and drops the nodes that computed only them; returns how many
+/// weights. GPT-2's tied LM head reads Transpose(wte): folded, a quantizer sees its weight as the
+/// constant it is (ONNX Runtime's quantization pre-processing folds it too). A weight whose
+/// reference kernel refuses its constants is left for run time to report.
+Result<size_t> fold_computed_weights(Graph& graph);
+
 /// A human plural: "1 node", "3 nodes".
 std::string count_of(size_t n, const char* singular, const char* plural);
 

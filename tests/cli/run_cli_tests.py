@@ -312,7 +312,20 @@ def quant_tests(r, work, samples):
     r.check("quant_verbose", rc == 0 and "kiln quant: node '/stem/conv/Conv': conv_Relu" in err
             and "kiln quant: node '/stem/relu/Relu': conv_Relu" in err and "x86: 13 of 13 nodes annotated" in err,
             f"exit {rc}; {err[:600]!r}")
-    # A folder of .npz files, a batch split into samples, --calib-limit.
+    # A tied LM head (GPT-2's: logits = h · Transpose(wte), wte also the embedding table): its
+    # computed weight is folded, so that it is quantized like any linear layer.
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 12])
+    wte = numpy_helper.from_array(np.random.default_rng(3).standard_normal((12, 8)).astype(np.float32), "wte")
+    g = helper.make_graph([helper.make_node("Gather", ["wte", "ids"], ["h"], name="embed"),
+                           helper.make_node("Transpose", ["wte"], ["wte_t"], name="wte_t"),
+                           helper.make_node("MatMul", ["h", "wte_t"], ["logits"], name="lm_head")], "tied", [ids], [logits], [wte])
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), os.path.join(work, "tied.onnx"))
+    np.savez(os.path.join(work, "tied.npz"), ids=np.array([[3, 0, 11, 7], [1, 2, 5, 9]], np.int64))
+    r.ok("quant_tied_export", ["export", "tied.onnx", "-o", "tied.kiln"])
+    rc, _, err = r.run(["quant", "tied.kiln", "-o", "tied.q.kiln", "--quantizer", "x86", "--calib", "tied.npz", "-v"])
+    r.check("quant_tied_lm_head", rc == 0 and "kiln quant: node 'lm_head': linear" in err and "1 weight stored quantized" in err,
+            f"exit {rc}; {err[:600]!r}")
     os.makedirs(os.path.join(work, "calib"), exist_ok=True)
     x = np.load(cnn_in)["input"]
     np.savez(os.path.join(work, "calib", "a.npz"), input=np.concatenate([x, 0.5 * x, -x], axis=0))
@@ -458,7 +471,7 @@ def quant_tests(r, work, samples):
     for bits, extra, stored in (("int8", [], r"weight i8 per channel \(\d+\)"), ("int4", ["--group-size", "8"], "weight u4 in blocks of 8")):
         rc, _, err = r.run(["quant", "cnn.kiln", "-o", f"cnn.wo{bits}.kiln", "--weight-only", bits] + extra)
         r.check(f"quant_weight_only_{bits}", rc == 0 and "linear_weight_only 1" in err and "calibrated on 0 samples" in err
-                and "1 weights stored quantized" in err and "0 QuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
+                and "1 weight stored quantized" in err and "0 QuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
         rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.kiln"])
         r.check(f"quant_weight_only_{bits}_inspect", rc == 0 and re.search(r"/fc/Gemm \(Gemm\): " + stored + "; out f32", out), out[-600:])
         rc, out, _ = r.run(["inspect", "--json", f"cnn.wo{bits}.kiln"])

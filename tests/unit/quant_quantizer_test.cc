@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compile/graph_util.h"
 #include "compile/pipeline.h"
 #include "formats/serialize.h"
 #include "formats/verify.h"
@@ -190,6 +191,49 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   ASSERT_TRUE(got.ok()) << got.error().message();
   ASSERT_EQ(got->size(), 1u);
   EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
+}
+
+// A weight computed from constants is folded before annotation, so that the quantizers see it:
+// GPT-2's tied LM head multiplies by Transpose(wte), wte also being the embedding Gather's
+// table. A node of such a chain that something else reads stays.
+TEST(X86Quantizer, ComputedWeightsAreFoldedForTheQuantizers) {
+  GraphBuilder b;
+  ValueId ids = b.input("ids", {1, 4}, DType::i64);
+  ValueId wte = b.constant("wte", weights({12, 8}));
+  ValueId emb = b.op("embed", "Gather", {wte, ids});
+  ValueId logits = b.op("lm_head", "MatMul", {emb, b.op("wte_t", "Transpose", {wte})});
+  ValueId scaled = b.op("scale", "Mul", {b.constant("w2", weights({8, 8})), b.constant("two", testing::make<float>({}, {2}))});
+  ValueId fc2 = b.op("fc2", "MatMul", {emb, scaled});
+  ValueId seen = b.op("seen", "Relu", {scaled});  // the folded weight read elsewhere too
+  ValueId neg = b.op("neg", "Neg", {b.constant("w3", weights({8, 8}))});
+  ValueId fc3 = b.op("fc3", "MatMul", {emb, b.op("neg_t", "Transpose", {neg})});
+  ValueId kept = b.op("kept", "Relu", {neg});  // the chain's first node, read by another
+  Model m = b.done({logits, fc2, seen, fc3, kept});
+  const std::vector<Tensor> in = {testing::make<int64_t>({1, 4}, {3, 0, 11, 7})};
+  const std::vector<Tensor> want = testing::run_reference(m, in);
+
+  Annotations before;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, before).ok());
+  EXPECT_FALSE(before.count(node_index(m, "lm_head")));
+  auto folded = fold_computed_weights(m.graph);
+  ASSERT_TRUE(folded.ok()) << folded.error().message();
+  EXPECT_EQ(*folded, 3u);
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.name);
+  EXPECT_EQ(ops, (std::vector<std::string>{"embed", "lm_head", "fc2", "seen", "neg", "fc3", "kept"}));
+  ASSERT_TRUE(verify_graph(m.graph).ok());
+  const std::vector<Tensor> got = testing::run_reference(m, in);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(testing::relative_l2(got[k], want[k]), 0.0) << k;
+  Annotations after;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, after).ok());
+  for (const char* name : {"lm_head", "fc2", "fc3"}) {
+    ASSERT_TRUE(after.count(node_index(m, name))) << name;
+    EXPECT_EQ(after.at(node_index(m, name)).pattern, "linear") << name;
+  }
+  auto again = fold_computed_weights(m.graph);  // nothing left to fold
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0u);
 }
 
 // A compiled int8 model loaded from its file: the session runs its linear layer's weight from
