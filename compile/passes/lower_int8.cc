@@ -12,7 +12,8 @@
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
 //        -> QLayerNormalization (a quantized transformer's norms: no f32 tensor around them)
 //   DQ(q), DQ(k), DQ(v) -> Attention (a mask or none; no KV cache, rotary caches, sequence
-//        lengths, softcap or scores) [-> Q]
+//        lengths, softcap or scores) [-> Q]; or q, k and v split from one DQ'd projection
+//        (Split([Reshape](DQ(qkv))), GPT-2's c_attn), the codes then split instead
 //        -> QAttention, on targets with AMX, whose kernel takes it: the projections write
 //           their codes, and the attention multiplies them (its output quantized as Q does, or
 //           f32 when no Q reads it)
@@ -36,6 +37,7 @@
 // for this pass; those that no pattern took are folded here, at the end, so what stays float
 // runs on f32 weights as before.
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -437,6 +439,63 @@ class Lowering {
     return heads > 0 && s.dims.back().value % heads == 0 ? s.dims.back().value / heads : 0;
   }
 
+  // Q, K and V split from one projection's output, as GPT-2's fused c_attn writes them:
+  // v = Split([Reshape](DQ(x)))[j], every output of the Split read by attention node `at`
+  // alone (as Q, K or V). Returns the DQ node and sets `split` (and `reshape`, or null); nothing
+  // is changed.
+  const Node* split_dequantized(ValueId v, size_t at, const Node** split, const Node** reshape) const {
+    *split = *reshape = nullptr;
+    const Node* s = producer(v);
+    if (!s || s->op != "Split" || !s->domain.empty() || !s->has_input(0)) return nullptr;
+    for (ValueId o : s->outputs) {
+      if (o == kNoValue) continue;
+      if (outputs_.count(o)) return nullptr;
+      for (const Use& u : uses_[static_cast<size_t>(o)])
+        if (u.node != at || u.slot > 2) return nullptr;
+    }
+    const int64_t si = producers_[static_cast<size_t>(v)];
+    const Node* r = producer(s->inputs[0]);
+    int64_t reader = si;
+    if (r && r->op == "Reshape" && r->domain.empty() && single_reader(r->outputs[0]) == si) {
+      *reshape = r;
+      reader = producers_[static_cast<size_t>(s->inputs[0])];
+      r = producer(r->inputs[0]);
+    }
+    if (!r || !per_tensor(g_, *r, "DequantizeLinear") || !is_int8(g_.value(r->inputs[0]).dtype) || single_reader(r->outputs[0]) != reader)
+      return nullptr;
+    *split = s;
+    return r;
+  }
+
+  // The codes' piece standing for split operand v (split_dequantized's): the first call for a
+  // Split places a Reshape (when it had one) and a Split of the codes before node `at`.
+  ValueId split_codes(ValueId v, const Node& dq, const Node& split, const Node* reshape, size_t at) {
+    const size_t j = static_cast<size_t>(std::find(split.outputs.begin(), split.outputs.end(), v) - split.outputs.begin());
+    auto [it, fresh] = split_codes_.try_emplace(&split);
+    if (fresh) {
+      ValueId x = dq.inputs[0];
+      const DType dtype = g_.value(x).dtype;
+      auto moved = [&](const Node& from, ValueId in) {
+        Node n = from;
+        n.name = from.name + "_int8";
+        n.inputs[0] = in;
+        n.kernel = {};
+        for (ValueId& o : n.outputs)
+          if (o != kNoValue) o = g_.add_value(g_.unique_value_name(g_.value(o).name + "_int8"), dtype, g_.value(o).shape);
+        return n;
+      };
+      if (reshape) {
+        Node n = moved(*reshape, x);
+        x = n.outputs[0];
+        before_[at].push_back(std::move(n));
+      }
+      Node n = moved(split, x);
+      it->second = n.outputs;
+      before_[at].push_back(std::move(n));
+    }
+    return it->second[j];
+  }
+
   // DQ(q), DQ(k), DQ(v) -> Attention -> [Q]: QAttention, when its AMX kernel takes the heads
   // (at most 256 steps, V's a multiple of 16) and the node is plain attention with f32
   // products: a mask or none, no KV cache, rotary caches or sequence lengths (inputs 4-8), no
@@ -454,11 +513,19 @@ class Lowering {
       return false;
     const int64_t d = head_size(n.inputs[0], n.attr_int("q_num_heads", 0)), dv = head_size(n.inputs[2], n.attr_int("kv_num_heads", 0));
     if (d <= 0 || d > cpu::amx::kQuantizedHeadMax || dv <= 0 || dv % 16 != 0) return false;
-    const Node *tq = nullptr, *tk = nullptr, *tv = nullptr;
-    const Node* dq = dequantized(n.inputs[0], &tq);
-    const Node* dk = dequantized(n.inputs[1], &tk);
-    const Node* dv_node = dequantized(n.inputs[2], &tv);
-    if (!dq || !dk || !dv_node) return false;
+    // Each operand: DQ(codes), Transpose(DQ(codes)), or a piece of a Split of DQ(codes).
+    const Node* t[3] = {};
+    const Node* dqs[3] = {};
+    const Node* split[3] = {};
+    const Node* reshape[3] = {};
+    for (size_t k = 0; k < 3; ++k) {
+      dqs[k] = dequantized(n.inputs[k], &t[k]);
+      if (!dqs[k]) dqs[k] = split_dequantized(n.inputs[k], i, &split[k], &reshape[k]);
+      if (!dqs[k]) return false;
+    }
+    ValueId codes[3];
+    for (size_t k = 0; k < 3; ++k)
+      codes[k] = split[k] ? split_codes(n.inputs[k], *dqs[k], *split[k], reshape[k], i) : int8_operand(*dqs[k], t[k], i);
     int64_t ty = -1;
     const int64_t q = quantized_by(n.outputs[0], &ty);
     Node a;
@@ -468,9 +535,8 @@ class Lowering {
       if (const Attribute* at = n.find_attr(name)) a.set_attr(name, at->value);
     a.sources = n.sources;
     if (a.sources.empty()) a.sources.push_back(n.name);
-    a.inputs = {int8_operand(*dq, tq, i),      dq->inputs[1], dq->inputs[2], int8_operand(*dk, tk, i),
-                dk->inputs[1],                 dk->inputs[2], int8_operand(*dv_node, tv, i), dv_node->inputs[1],
-                dv_node->inputs[2],            n.has_input(3) ? n.inputs[3] : kNoValue};
+    a.inputs = {codes[0], dqs[0]->inputs[1], dqs[0]->inputs[2], codes[1], dqs[1]->inputs[1], dqs[1]->inputs[2],
+                codes[2], dqs[2]->inputs[1], dqs[2]->inputs[2], n.has_input(3) ? n.inputs[3] : kNoValue};
     if (q >= 0) {
       const Node& qn = g_.nodes[static_cast<size_t>(q)];
       a.inputs.insert(a.inputs.end(), {qn.inputs[1], qn.inputs[2]});
@@ -514,6 +580,7 @@ class Lowering {
   std::set<ValueId> outputs_;
   std::vector<char> drop_;
   std::vector<std::vector<Node>> before_;  ///< per node: what replaces it, in order, before it
+  std::map<const Node*, std::vector<ValueId>> split_codes_;  ///< per Split of Q, K and V: its pieces of the codes
 };
 
 // After the rewrites: a QFusedMatMul whose u8 output only a DequantizeLinear of the same scale

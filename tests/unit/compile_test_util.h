@@ -39,6 +39,16 @@ struct GraphBuilder {
     g.add_node(std::move(n));
     return out;
   }
+  /// A node of `count` outputs (name_0, name_1, ...).
+  std::vector<ValueId> ops(const std::string& name, const std::string& op, std::vector<ValueId> in, size_t count,
+                           std::vector<Attribute> attrs = {}) {
+    std::vector<ValueId> out;
+    for (size_t k = 0; k < count; ++k) out.push_back(g.add_value(name + "_" + std::to_string(k), DType::undefined));
+    Node n = testing::node(name, op, std::move(in), out);
+    for (Attribute& a : attrs) n.set_attr(a.name, a.value);
+    g.add_node(std::move(n));
+    return out;
+  }
   Model done(std::vector<ValueId> outputs) {
     g.outputs = std::move(outputs);
     auto known = infer_graph(g);

@@ -725,6 +725,63 @@ TEST(Int8Kernels, AttentionBetweenQdqLowered) {
   }
 }
 
+// GPT-2's attention reads Q, K and V split from one projection's output (c_attn):
+// Split(Reshape(DQ(qkv))). On AMX the codes are reshaped and split instead and QAttention takes
+// the pieces; where something else reads a piece, the attention stays f32.
+TEST(Int8Kernels, SplitQkvAttentionLowered) {
+  auto build = [](bool shared) {
+    testing::GraphBuilder b;
+    const ValueId x = b.input("qkv", {40, 3 * 128});
+    const ValueId xq = b.op("qkv_q", "QuantizeLinear", {x, b.scalar("qkv_s", 0.05f), b.constant("qkv_z", scalar_int(DType::u8, 124))});
+    const ValueId xd = b.op("qkv_dq", "DequantizeLinear", {xq, b.scalar("qkv_s2", 0.05f), b.constant("qkv_z2", scalar_int(DType::u8, 124))});
+    const ValueId r = b.op("heads", "Reshape", {xd, b.constant("shape", testing::make<int64_t>({3}, {1, 40, 3 * 128}))});
+    const std::vector<ValueId> qkv =
+        b.ops("split", "Split", {r, b.constant("sizes", testing::make<int64_t>({3}, {128, 128, 128}))}, 3, {attr("axis", int64_t{2})});
+    const ValueId a = b.op("att", "Attention", {qkv[0], qkv[1], qkv[2]}, {attr("q_num_heads", int64_t{2}), attr("kv_num_heads", int64_t{2})});
+    const ValueId yq = b.op("y_q", "QuantizeLinear", {a, b.scalar("y_s", 0.02f), b.constant("y_z", scalar_int(DType::u8, 128))});
+    const ValueId y = b.op("y_dq", "DequantizeLinear", {yq, b.scalar("y_s2", 0.02f), b.constant("y_z2", scalar_int(DType::u8, 128))});
+    if (!shared) return b.done({y});
+    return b.done({y, b.op("k_relu", "Relu", {qkv[1]})});
+  };
+  const std::vector<Tensor> in = {noise({40, 3 * 128}, 96, 6.f)};
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "K read elsewhere too" : "Q, K and V read by the attention alone");
+    const std::vector<Tensor> want = testing::run_reference(build(shared), in);
+    for (bool amx : {true, false}) {
+      SCOPED_TRACE(amx ? "AMX target" : "no AMX");
+      Model m = build(shared);
+      CompileOptions options;
+      options.target.cpu = CpuFeatures::host();
+      options.target.cpu.amx = amx;
+      options.target.threads = 2;
+      auto report = compile_model(m, options);
+      ASSERT_TRUE(report.ok()) << report.error().message();
+      const bool lowered = amx && !shared;
+      std::map<std::string, const Node*> by_name;
+      for (const Node& n : m.graph.nodes) by_name[n.name] = &n;
+      ASSERT_TRUE(by_name.count("att"));
+      EXPECT_EQ(by_name["att"]->op, lowered ? "QAttention" : "Attention") << testing::nodes_text(m.graph);
+      EXPECT_EQ(by_name.count("split_int8"), lowered ? 1u : 0u) << testing::nodes_text(m.graph);
+      EXPECT_EQ(by_name.count("split"), lowered ? 0u : 1u) << testing::nodes_text(m.graph);
+      if (lowered) {
+        const Node& att = *by_name["att"];
+        EXPECT_EQ(by_name["split_int8"]->outputs, (std::vector<ValueId>{att.inputs[0], att.inputs[3], att.inputs[6]}));
+        for (size_t i : {0, 3, 6}) EXPECT_EQ(m.graph.value(att.inputs[i]).dtype, DType::u8) << "input " << i << " reads the codes";
+        EXPECT_EQ(m.graph.value(att.outputs[0]).dtype, DType::u8);
+      }
+      if (amx != CpuFeatures::host().amx) continue;  // the compiled model runs here
+      auto session = Session::create(m);
+      ASSERT_TRUE(session.ok()) << session.error().message();
+      auto got = (*session)->run(in);
+      ASSERT_TRUE(got.ok()) << got.error().message();
+      ASSERT_EQ(got->size(), want.size());
+      const std::vector<double> g = (*got)[0].to_double_vector(), w = want[0].to_double_vector();
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(std::abs(g[i] - w[i]), 0.02 * 1.001) << i;  // one step of y's scale
+    }
+  }
+}
+
 // compile's lower_int8 makes DQ -> LayerNormalization -> Q one QLayerNormalization, which
 // computes what the three nodes' kernels did, within one quantization step.
 TEST(Int8Kernels, LayerNormBetweenQdqLowered) {
