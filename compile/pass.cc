@@ -9,7 +9,8 @@ namespace {
 
 // Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
 // folding before CSE (folded constants that come out equal are merged), CSE before the weight
-// folds (they need each intermediate to have one reader); the exporter patterns become whole
+// folds (they need each intermediate to have one reader); linear layers lose the Reshapes
+// around them before the patterns that follow a linear layer look for it; the exporter patterns become whole
 // ops before the epilogues fuse (GELU must be one node to become a matmul's activation), and
 // activations move ahead of reshapes and transposes before them (to meet their conv); row
 // Gathers and Slices move ahead of the fused nodes (one node each, whole); the layout after
@@ -31,6 +32,8 @@ constexpr std::array kPasses = {
              eliminate_common_subexpressions},
     PassInfo{"fold_batchnorm", "fold BatchNormalization into the constant weights of the Conv, ConvTranspose, Gemm or MatMul before it",
              fold_batchnorm},
+    PassInfo{"drop_linear_reshapes", "Reshape(x) -> Gemm/MatMul on 2-D rows -> Reshape back to x's leading dims (GPT-2's layers) -> MatMul of x itself (+ Add of the bias)",
+             drop_linear_reshapes},
     PassInfo{"fuse_linear_bias", "MatMul of a 2-D input by a constant 2-D weight, then Add of a constant row bias -> Gemm",
              fuse_linear_bias},
     PassInfo{"fuse_layer_norm", "ReduceMean/Sub/Pow/Sqrt/Div (+ scale, bias) over the last axis -> LayerNormalization",

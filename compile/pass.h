@@ -58,6 +58,7 @@ Result<PassResult> specialize_shapes(Model& model, PassContext& ctx);
 Result<PassResult> fold_constants(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_common_subexpressions(Model& model, PassContext& ctx);
 Result<PassResult> fold_batchnorm(Model& model, PassContext& ctx);
+Result<PassResult> drop_linear_reshapes(Model& model, PassContext& ctx);
 Result<PassResult> fuse_linear_bias(Model& model, PassContext& ctx);
 Result<PassResult> fuse_layer_norm_pass(Model& model, PassContext& ctx);
 Result<PassResult> fuse_rms_norm_pass(Model& model, PassContext& ctx);

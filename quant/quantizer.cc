@@ -125,12 +125,23 @@ class PatternQuantizer final : public Quantizer {
     std::string pattern = conv ? "conv" : "linear";
     std::optional<size_t> residual;
     int residual_slot = 0;  // the Add's input that is not the layer's output
+    // A linear layer's output may pass a Reshape on its way (GPT-2's layers multiply 2-D rows and
+    // give them their 3-D shape back: Reshape(Gemm(Reshape(x)))); the Reshape joins the pattern
+    // when what follows it does.
+    std::optional<size_t> view;
     auto next = u.only_reader(g, chain.back());
+    if (next && !conv && g.nodes[*next].op == "Reshape" && g.nodes[*next].domain.empty() && g.nodes[*next].inputs[0] == g.nodes[chain.back()].outputs[0] &&
+        !out.count(*next) && allowed(*next)) {
+      view = next;
+      next = u.only_reader(g, *view);
+    }
+    const size_t last = view ? *view : chain.back();  // the node whose output the rest reads
     if (next && !allowed(*next)) next.reset();
     if (next && s_.binary_after_layer && g.nodes[*next].op == "Add" && g.nodes[*next].num_inputs() == 2 && !out.count(*next)) {
       const Node& add = g.nodes[*next];
-      const int other = add.inputs[0] == g.nodes[chain.back()].outputs[0] ? 1 : 0;
+      const int other = add.inputs[0] == g.nodes[last].outputs[0] ? 1 : 0;
       if (!is_constant(g, add, static_cast<size_t>(other)) && is_float_value(g, add.inputs[static_cast<size_t>(other)])) {
+        if (view) chain.push_back(*view);
         chain.push_back(*next);
         residual = *next;
         residual_slot = other;
@@ -139,10 +150,12 @@ class PatternQuantizer final : public Quantizer {
         if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu) && allowed(*relu)) chain.push_back(*relu), pattern += "_relu";
       }
     } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
+      if (view) chain.push_back(*view);
       chain.push_back(*next);
       pattern += "_" + g.nodes[*next].op;
-    } else if (auto gelu = gelus.find(g.nodes[chain.back()].outputs[0]); !conv && gelu != gelus.end() &&
+    } else if (auto gelu = gelus.find(g.nodes[last].outputs[0]); !conv && gelu != gelus.end() &&
                std::none_of(gelu->second.nodes.begin(), gelu->second.nodes.end(), [&](size_t c) { return out.count(c) || !allowed(c); })) {
+      if (view) chain.push_back(*view);
       chain.insert(chain.end(), gelu->second.nodes.begin(), gelu->second.nodes.end());  // the last one writes the GELU
       pattern += "_Gelu";
     }

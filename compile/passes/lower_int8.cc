@@ -17,7 +17,9 @@
 //        -> QAttention, on targets with AMX, whose kernel takes it: the projections write
 //           their codes, and the attention multiplies them (its output quantized as Q does, or
 //           f32 when no Q reads it)
-// and then a QFusedMatMul whose u8 output only a DQ reads writes the DQ's f32 output itself
+// (first, a Q of DQ(x) with DQ's own scale and zero point is x: a quantized model's two edges
+// that share an observer, once the ops between them went); and then a QFusedMatMul whose u8
+// output only a DQ reads writes the DQ's f32 output itself
 // (`dequantize_output`: the projections before a transformer's attention).
 //
 // and, for weight-only quantized models (`kiln quant --weight-only`) and any linear layer the
@@ -619,18 +621,44 @@ size_t fold_output_dequantize(Graph& g) {
   return folded;
 }
 
+// Before the rewrites: a QuantizeLinear of DQ(x) with DQ's own scale and zero point (a quantized
+// model's two edges sharing one observer, once the ops between them went) is x itself, exactly:
+// (x - zero) · scale / scale rounds back to x - zero. Its readers read x.
+size_t drop_requantization(Graph& g) {
+  const std::vector<int32_t> producer = g.producers();
+  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+  size_t dropped = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& q = g.nodes[i];
+    if (!per_tensor(g, q, "QuantizeLinear") || q.outputs.size() != 1 || outputs.count(q.outputs[0])) continue;
+    const int32_t p = producer[static_cast<size_t>(q.inputs[0])];
+    if (p < 0) continue;
+    const Node& d = g.nodes[static_cast<size_t>(p)];
+    if (!per_tensor(g, d, "DequantizeLinear") || !is_int8(g.value(d.inputs[0]).dtype) ||
+        g.value(d.inputs[0]).dtype != g.value(q.outputs[0]).dtype || scalar_of(g, q.inputs[1]) != scalar_of(g, d.inputs[1]) ||
+        scalar_of(g, q.inputs[2]) != scalar_of(g, d.inputs[2]))
+      continue;
+    g.replace_all_uses(q.outputs[0], d.inputs[0]);
+    ++dropped;
+  }
+  if (dropped) g.remove_dead();
+  return dropped;
+}
+
 }  // namespace
 
 Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
   g.remove_dead();  // the Transposes back that channels_last left unread would hide single readers
+  const size_t requantized = drop_requantization(g);
   Lowering l(g);
   l.run(!cpu::gemm::woq_lacks(ctx.target.cpu), ctx.target.cpu.amx);
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + dequantized == 0 && folded == 0) return PassResult{};
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + dequantized + requantized == 0 && folded == 0)
+    return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
@@ -644,6 +672,7 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +
          " to WoqFusedMatMul";
+  if (requantized) s += (s.empty() ? "" : "; ") + count_of(requantized, "requantization", "requantizations") + " with the same scale dropped";
   if (s.empty()) s = "nothing lowered";
   if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
   return PassResult{true, s};

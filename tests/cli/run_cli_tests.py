@@ -87,7 +87,7 @@ def external_model(work, location):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "fuse_linear_bias", "fuse_layer_norm",
+PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "drop_linear_reshapes", "fuse_linear_bias", "fuse_layer_norm",
           "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "hoist_activations", "fuse_epilogues", "gather_rows_early", "channels_last", "lower_int8", "lower_precision", "merge_projections",
           "merge_transposes", "fold_split_concat", "fuse_concat",
           "eliminate_dead",

@@ -37,7 +37,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 24u);
+  EXPECT_EQ(names.size(), 25u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -516,6 +516,95 @@ TEST(CompileFoldBatchnorm, LeavesWhatItCannotFold) {
     ValueId y = b.op("mm", "MatMul", {a, b.constant("w", uniform_f32({5, 6}, 47))}, "y");
     b.output(batchnorm(b, y, 6, 48));
     unchanged(b.done(), "3-D MatMul");
+  }
+}
+
+// ---- drop_linear_reshapes ----------------------------------------------------------------
+
+// GPT-2's linear layer: Reshape(x [2,3,5] -> [6,5]) -> Gemm(w, bias) -> Reshape([2,3,6]) -> + r.
+// `back` is the second Reshape's target; `qdq` puts per-tensor Q/DQ pairs after the first
+// Reshape and after the product (a quantized model's).
+Model rows_linear(std::vector<int64_t> back, bool qdq = false, int64_t trans_b = 0) {
+  Builder b;
+  ValueId x = b.input("x", {2, 3, 5});
+  ValueId rows = b.op("rows", "Reshape", {x, b.constant("rows_shape", make<int64_t>({2}, {-1, 5}))}, "rows_out");
+  auto pair = [&](const std::string& name, ValueId v) {
+    ValueId q = b.op(name + "_q", "QuantizeLinear", {v, b.constant(name + "_s", make<float>({}, {0.02f})),
+                                                      b.constant(name + "_z", make<uint8_t>({}, {120}))}, name + "_codes");
+    return b.op(name + "_dq", "DequantizeLinear", {q, b.constant(name + "_s2", make<float>({}, {0.02f})),
+                                                   b.constant(name + "_z2", make<uint8_t>({}, {120}))}, name + "_deq");
+  };
+  if (qdq) rows = pair("in", rows);
+  ValueId y = b.op("fc", "Gemm", {rows, b.constant("w", uniform_f32(trans_b ? std::vector<int64_t>{6, 5} : std::vector<int64_t>{5, 6}, 60)),
+                                  b.constant("bias", uniform_f32({6}, 61))}, "y", {attr("transB", trans_b)});
+  if (qdq) y = pair("out", y);
+  ValueId z = b.op("back", "Reshape", {y, b.constant("back_shape", make<int64_t>({static_cast<int64_t>(back.size())}, back))}, "z");
+  b.output(b.op("residual", "Add", {z, b.input("r", back)}, "out"));
+  return b.done();
+}
+
+TEST(CompileDropLinearReshapes, GemmOnRowsBecomesMatMulOfTheInput) {
+  Model m = rows_linear({2, 3, 6});
+  Model before = m;
+  EXPECT_EQ(run_pass("drop_linear_reshapes", m).summary, "made 1 linear layer on 2-D rows between Reshapes a MatMul of the rows' own shape");
+  EXPECT_EQ(compact(m.graph),
+            "graph\n"
+            "  input x: f32[2,3,5]\n"
+            "  input r: f32[2,3,6]\n"
+            "  const w: f32[5,6]\n"
+            "  const bias: f32[6]\n"
+            "  value z: f32[2,3,6]\n"
+            "  value out: f32[2,3,6]\n"
+            "  value fc_product: f32[2,3,6]\n"
+            "  node fc: MatMul(x, w) -> (fc_product) sources=[\"fc\", \"back\"]\n"
+            "  node fc_bias: Add(fc_product, bias) -> (z) sources=[\"fc\", \"back\"]\n"
+            "  node residual: Add(z, r) -> (out) sources=[\"residual\"]\n"
+            "  output out\n");
+  expect_same_outputs(before, m, {uniform_f32({2, 3, 5}, 62), uniform_f32({2, 3, 6}, 63)}, 1e-6);
+  // Then the bias and the residual fuse into the product, as a BERT layer's do.
+  run_pass("fuse_epilogues", m);
+  EXPECT_EQ(count_ops(m.graph, "FusedMatMul"), 1u);
+  EXPECT_EQ(m.graph.nodes.size(), 1u) << compact(m.graph);
+}
+
+TEST(CompileDropLinearReshapes, QuantizedRowsQuantizeTheInputAndTheProduct) {
+  Model m = rows_linear({2, 3, 6}, true);
+  Model before = m;
+  EXPECT_TRUE(run_pass("drop_linear_reshapes", m).changed);
+  EXPECT_EQ(count_ops(m.graph, "Reshape"), 0u) << compact(m.graph);
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "DequantizeLinear", "MatMul", "Add", "QuantizeLinear", "DequantizeLinear", "Add"}));
+  EXPECT_EQ(m.graph.nodes[0].inputs[0], m.graph.inputs[0]) << "x quantized";
+  EXPECT_EQ(m.graph.value(m.graph.nodes[4].outputs[0]).shape.str(), "2x3x6");
+  expect_same_outputs(before, m, {uniform_f32({2, 3, 5}, 64), uniform_f32({2, 3, 6}, 65)}, 0);
+}
+
+TEST(CompileDropLinearReshapes, LeavesOtherShapes) {
+  auto unchanged = [](Model m, const char* why) {
+    const std::string text = compact(m.graph);
+    EXPECT_FALSE(run_pass("drop_linear_reshapes", m).changed) << why;
+    EXPECT_EQ(compact(m.graph), text) << why;
+  };
+  unchanged(rows_linear({3, 2, 6}), "the second Reshape does not give x's leading dims back");
+  unchanged(rows_linear({6, 6}), "nor does a 2-D one");
+  unchanged(rows_linear({2, 3, 6}, false, 1), "a transposed weight");
+  {  // The rows are read by something else too.
+    Model m = rows_linear({2, 3, 6});
+    Graph& g = m.graph;
+    const ValueId rows = g.find_value("rows_out");
+    const ValueId extra = g.add_value("extra", DType::f32, g.value(rows).shape);
+    g.add_node(testing::node("relu", "Relu", {rows}, {extra}));
+    g.outputs.push_back(extra);
+    unchanged(m, "the rows read twice");
+  }
+  {  // Symbolic leading dims (compile without --input-shape): nothing proves the shapes match.
+    Builder b;
+    ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::known(3), Dim::known(5)}));
+    ValueId rows = b.op("rows", "Reshape", {x, b.constant("rows_shape", make<int64_t>({2}, {-1, 5}))}, "rows_out");
+    ValueId y = b.op("fc", "Gemm", {rows, b.constant("w", uniform_f32({5, 6}, 66))}, "y");
+    b.output(b.op("back", "Reshape", {y, b.constant("back_shape", make<int64_t>({3}, {-1, 3, 6}))}, "z"));
+    unchanged(b.done(), "symbolic batch");
   }
 }
 
@@ -1281,7 +1370,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().kind, ErrorKind::user);
   EXPECT_EQ(r.error().what,
-            "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, "
+            "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, drop_linear_reshapes, "
             "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, hoist_activations, fuse_epilogues, gather_rows_early, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
             "fuse_concat, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");

@@ -193,6 +193,65 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
 }
 
+// GPT-2's layers multiply 2-D rows between Reshapes (Reshape -> Gemm -> Reshape back): the x86
+// quantizer takes the Reshape into the linear layer's GELU and residual-Add patterns, and the
+// compiled model (drop_linear_reshapes, then lower_int8) runs the block on int8 nodes alone, as
+// a BERT layer's: the GELU in the up-projection, the residual in the down-projection, and the
+// down-projection reading the up-projection's codes (the Q/DQ pair the quantizer put on each
+// side of the Reshape between them is dropped: the same scale).
+TEST(X86Quantizer, LinearLayersBetweenReshapesKeepTheirPatterns) {
+  GraphBuilder b;
+  const ValueId x = b.input("x", {1, 8, 16});
+  auto rows = [&](const std::string& name, ValueId v, int64_t k) {
+    return b.op(name, "Reshape", {v, b.constant(name + "_shape", testing::make<int64_t>({2}, {-1, k}))});
+  };
+  auto back = [&](const std::string& name, ValueId v, int64_t n) {
+    return b.op(name, "Reshape", {v, b.constant(name + "_shape", testing::make<int64_t>({3}, {1, 8, n}))});
+  };
+  const ValueId up = back("up_back", b.op("up", "Gemm", {rows("up_rows", x, 16), b.constant("w1", weights({16, 32})), b.constant("b1", weights({32}))}), 32);
+  // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as GPT-2's exporter writes it
+  const ValueId cube = b.op("cube", "Mul", {b.scalar("c", 0.044715f), b.op("pow", "Pow", {up, b.scalar("three", 3)})});
+  const ValueId inner = b.op("outer", "Mul", {b.scalar("k", 0.7978845608f), b.op("sum", "Add", {up, cube})});
+  const ValueId t = b.op("t1", "Add", {b.op("tanh", "Tanh", {inner}), b.scalar("one_t", 1)});
+  const ValueId gelu = b.op("half2", "Mul", {b.op("hx", "Mul", {b.scalar("half_t", 0.5f), up}), t});
+  const ValueId down = back("down_back", b.op("down", "Gemm", {rows("down_rows", gelu, 32), b.constant("w2", weights({32, 16})), b.constant("b2", weights({16}))}), 16);
+  Model m = b.done({b.op("residual", "Add", {x, down})});
+
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  EXPECT_EQ(a.at(node_index(m, "up")).pattern, "linear_Gelu");
+  EXPECT_EQ(a.at(node_index(m, "down")).pattern, "linear_add");
+  for (const char* name : {"up_back", "down_back"}) {
+    ASSERT_TRUE(a.count(node_index(m, name))) << name;
+    EXPECT_FALSE(a.at(node_index(m, name)).output.has_value()) << name << ": inside the pattern";
+  }
+  std::vector<std::vector<Tensor>> samples;
+  for (uint32_t seed : {5u, 6u, 7u}) {
+    std::vector<float> xv(128);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(seed)) * 2;
+    samples.push_back({testing::make<float>({1, 8, 16}, xv)});
+  }
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples));
+  const std::vector<Tensor> want = testing::run_reference(m, samples[0]);
+  CompileOptions options;
+  options.target.threads = 1;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op);
+  // x quantized for the up-projection and, as the residual, for the down-projection's epilogue.
+  EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "QFusedMatMul", "QuantizeLinear", "QFusedMatMul"}))
+      << testing::nodes_text(m.graph);
+  EXPECT_EQ(m.graph.nodes[1].attr_string("activation", ""), "GeluTanh");
+  EXPECT_EQ(m.graph.value(m.graph.nodes[1].outputs[0]).dtype, DType::u8);
+  EXPECT_EQ(m.graph.nodes[3].inputs[0], m.graph.nodes[1].outputs[0]) << "the codes, not requantized";
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(samples[0]);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-2);
+}
+
 // A weight computed from constants is folded before annotation, so that the quantizers see it:
 // GPT-2's tied LM head multiplies by Transpose(wte), wte also being the embedding Gather's
 // table. A node of such a chain that something else reads stays.
