@@ -80,6 +80,16 @@ std::vector<size_t> reader_counts(const Graph& graph) {
   return count;
 }
 
+bool is_scalar_constant(const Graph& g, const Node& n, size_t slot) {
+  return n.has_input(slot) && g.value(n.inputs[slot]).is_constant() && g.value(n.inputs[slot]).constant.numel() == 1;
+}
+
+bool per_tensor(const Graph& g, const Node& n, std::string_view op) {
+  return n.op == op && n.domain.empty() && n.inputs.size() == 3 && is_scalar_constant(g, n, 1) && is_scalar_constant(g, n, 2) &&
+         g.value(n.inputs[1]).dtype == DType::f32 && !n.has_attr("block_size") && n.attr_string("precision", "").empty() &&
+         n.attr_string("output_dtype", "f32") == "f32";
+}
+
 std::string count_of(size_t n, const char* singular, const char* plural) {
   return std::to_string(n) + " " + (n == 1 ? singular : plural);
 }

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/ir.h"
@@ -47,6 +48,13 @@ Result<size_t> fold_constant_dequantize(Graph& graph);
 /// constant it is (ONNX Runtime's quantization pre-processing folds it too). A weight whose
 /// reference kernel refuses its constants is left for run time to report.
 Result<size_t> fold_computed_weights(Graph& graph);
+
+/// Whether input `slot` of n is a constant of one element.
+bool is_scalar_constant(const Graph& graph, const Node& n, size_t slot);
+
+/// A per-tensor `op` (QuantizeLinear or DequantizeLinear) to f32 or from it: its scale (f32)
+/// and zero point are scalar constants.
+bool per_tensor(const Graph& graph, const Node& n, std::string_view op);
 
 /// A human plural: "1 node", "3 nodes".
 std::string count_of(size_t n, const char* singular, const char* plural);

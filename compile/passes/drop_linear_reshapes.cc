@@ -22,15 +22,6 @@ namespace kiln {
 
 namespace {
 
-bool scalar_constant(const Graph& g, const Node& n, size_t slot) {
-  return n.has_input(slot) && g.value(n.inputs[slot]).is_constant() && g.value(n.inputs[slot]).constant.numel() == 1;
-}
-
-bool per_tensor_qdq(const Graph& g, const Node& n, std::string_view op) {
-  return n.op == op && n.domain.empty() && n.outputs.size() == 1 && scalar_constant(g, n, 1) &&
-         (!n.has_input(2) || scalar_constant(g, n, 2)) && !n.has_attr("block_size");
-}
-
 std::optional<std::vector<int64_t>> concrete(const Graph& g, ValueId v) {
   if (v < 0 || !g.value(v).shape.is_concrete()) return std::nullopt;
   return g.value(v).shape.concrete();
@@ -71,10 +62,10 @@ Result<PassResult> drop_linear_reshapes(Model& model, PassContext&) {
     }
     // The input: Reshape(x) [-> Q -> DQ].
     const Node *dq = nullptr, *q = nullptr, *r1 = node_of(m.inputs[0]);
-    if (r1 && per_tensor_qdq(g, *r1, "DequantizeLinear") && sole(m.inputs[0])) {
+    if (r1 && per_tensor(g, *r1, "DequantizeLinear") && sole(m.inputs[0])) {
       dq = r1;
       q = node_of(dq->inputs[0]);
-      if (!q || !per_tensor_qdq(g, *q, "QuantizeLinear") || !sole(dq->inputs[0])) continue;
+      if (!q || !per_tensor(g, *q, "QuantizeLinear") || !sole(dq->inputs[0])) continue;
       r1 = node_of(q->inputs[0]);
     }
     const ValueId r1_out = r1 ? r1->outputs[0] : kNoValue;
@@ -90,10 +81,10 @@ Result<PassResult> drop_linear_reshapes(Model& model, PassContext&) {
       return &g.nodes[static_cast<size_t>(reader[static_cast<size_t>(v)])];
     };
     Node *q2 = nullptr, *dq2 = nullptr, *r2 = only_reader(m.outputs[0]);
-    if (r2 && per_tensor_qdq(g, *r2, "QuantizeLinear") && r2->inputs[0] == m.outputs[0]) {
+    if (r2 && per_tensor(g, *r2, "QuantizeLinear") && r2->inputs[0] == m.outputs[0]) {
       q2 = r2;
       dq2 = only_reader(q2->outputs[0]);
-      if (!dq2 || !per_tensor_qdq(g, *dq2, "DequantizeLinear") || dq2->inputs[0] != q2->outputs[0]) continue;
+      if (!dq2 || !per_tensor(g, *dq2, "DequantizeLinear") || dq2->inputs[0] != q2->outputs[0]) continue;
       r2 = only_reader(dq2->outputs[0]);
     }
     const ValueId into = dq2 ? dq2->outputs[0] : m.outputs[0];  // what the Reshape reads

@@ -53,16 +53,6 @@ namespace kiln {
 
 namespace {
 
-bool is_scalar_constant(const Graph& g, const Node& n, size_t i) {
-  return n.has_input(i) && g.value(n.inputs[i]).is_constant() && g.value(n.inputs[i]).constant.numel() == 1;
-}
-
-// A per-tensor QuantizeLinear or DequantizeLinear: its scale and zero point are scalar constants.
-bool per_tensor(const Graph& g, const Node& n, std::string_view op) {
-  return n.op == op && n.domain.empty() && n.inputs.size() == 3 && is_scalar_constant(g, n, 1) && is_scalar_constant(g, n, 2) &&
-         g.value(n.inputs[1]).dtype == DType::f32 && !n.has_attr("block_size") && n.attr_string("precision", "").empty() &&
-         n.attr_string("output_dtype", "f32") == "f32";
-}
 
 double scalar_of(const Graph& g, ValueId v) { return g.value(v).constant.to_double_vector()[0]; }
 

@@ -671,6 +671,16 @@ TEST(Int8Kernels, QAttentionOnAmx) {
   EXPECT_EQ(testing::check(c, 1e-5), kReferenceKernel);
 }
 
+// Compiles m at two threads for this CPU, told it has AMX or not (QAttention's lowering needs it).
+void compile_for_amx(Model& m, bool amx) {
+  CompileOptions options;
+  options.target.cpu = CpuFeatures::host();
+  options.target.cpu.amx = amx;
+  options.target.threads = 2;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+}
+
 // On a target with AMX, lower_int8 makes DQ(q), DQ(k), DQ(v) -> Attention -> Q one QAttention
 // reading the codes and writing y's (the Q absorbed), and an attention whose output stays float
 // a QAttention with an f32 Y; without AMX both stay f32 Attentions. The compiled model computes
@@ -696,12 +706,7 @@ TEST(Int8Kernels, AttentionBetweenQdqLowered) {
   for (bool amx : {true, false}) {
     SCOPED_TRACE(amx ? "AMX target" : "no AMX");
     Model m = build();
-    CompileOptions options;
-    options.target.cpu = CpuFeatures::host();
-    options.target.cpu.amx = amx;
-    options.target.threads = 2;
-    auto report = compile_model(m, options);
-    ASSERT_TRUE(report.ok()) << report.error().message();
+    ASSERT_NO_FATAL_FAILURE(compile_for_amx(m, amx));
     std::map<std::string, std::string> op_of;
     for (const Node& n : m.graph.nodes) op_of[n.name] = n.op;
     EXPECT_EQ(op_of["att"], amx ? "QAttention" : "Attention") << testing::nodes_text(m.graph);
@@ -750,12 +755,7 @@ TEST(Int8Kernels, SplitQkvAttentionLowered) {
     for (bool amx : {true, false}) {
       SCOPED_TRACE(amx ? "AMX target" : "no AMX");
       Model m = build(shared);
-      CompileOptions options;
-      options.target.cpu = CpuFeatures::host();
-      options.target.cpu.amx = amx;
-      options.target.threads = 2;
-      auto report = compile_model(m, options);
-      ASSERT_TRUE(report.ok()) << report.error().message();
+      ASSERT_NO_FATAL_FAILURE(compile_for_amx(m, amx));
       const bool lowered = amx && !shared;
       std::map<std::string, const Node*> by_name;
       for (const Node& n : m.graph.nodes) by_name[n.name] = &n;
