@@ -7,23 +7,22 @@ namespace kiln {
 
 namespace {
 
-// Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic),
-// folding before CSE (folded constants that come out equal are merged), CSE before the weight
-// folds (they need each intermediate to have one reader); linear layers lose the Reshapes
-// around them before the patterns that follow a linear layer look for it; the exporter patterns become whole
-// ops before the epilogues fuse (GELU must be one node to become a matmul's activation), and
-// activations move ahead of reshapes and transposes before them (to meet their conv); row
-// Gathers and Slices move ahead of the fused nodes (one node each, whole); the layout after
-// fusion (a fused node converts as one), int8 lowering after both (it takes a fused,
-// channels-last conv whole), then the lowering to bf16 / f16 of what stayed float (a fused
-// node's weight), the f32 products that share an input merged after it (so that what it
-// lowered stays apart), and the transposes it leaves at a region's edge merged with those the
-// model makes after it; Concats of Splits folded once the layout has its final axes (and after
-// merge_projections, which folds a Split into the product before it), then the Concats left
-// before pointwise convolutions fused into them (after the lowering: f32 ones only); dead code
-// before kernel selection (every pass before it may leave unread values behind), which plans the
-// final graph; autotuning after it (it starts from the rule's choices); packing last, for the
-// kernels chosen.
+// Order matters: shapes first (folding needs concrete shapes to compute shape arithmetic), folding
+// before CSE (folded constants that come out equal are merged), CSE before the weight folds (they
+// need each intermediate to have one reader); linear layers lose the Reshapes around them before
+// the patterns after a linear layer look for it; the exporter patterns become whole ops before the
+// epilogues fuse (GELU must be one node to become a matmul's activation), and activations move
+// ahead of reshapes and transposes before them (to meet their conv); row Gathers and Slices move
+// ahead of the fused nodes (one node each, whole); the layout after fusion (a fused node converts
+// as one), int8 lowering after both (it takes a fused, channels-last conv whole), then the lowering
+// to bf16 / f16 of what stayed float (a fused node's weight), the f32 products that share an input
+// merged after it (so that what it lowered stays apart), and the transposes it leaves at a region's
+// edge merged with those the model makes after it; Concats of Splits folded once the layout has its
+// final axes (and after merge_projections, which folds a Split into the product before it), then
+// the Concats left before pointwise convolutions fused into them (after the lowering: f32 ones
+// only); dead code before kernel selection (every pass before it may leave unread values behind),
+// which plans the final graph; autotuning after it (it starts from the rule's choices); packing
+// last, for the kernels chosen.
 constexpr std::array kPasses = {
     PassInfo{"specialize_shapes", "bind symbolic input dims from --input-shape and re-infer every shape", specialize_shapes},
     PassInfo{"fold_constants", "evaluate nodes whose inputs are all constants, and shape arithmetic inference computed",

@@ -130,8 +130,8 @@ class PatternQuantizer final : public Quantizer {
     // when what follows it does.
     std::optional<size_t> view;
     auto next = u.only_reader(g, chain.back());
-    if (next && !conv && g.nodes[*next].op == "Reshape" && g.nodes[*next].domain.empty() && g.nodes[*next].inputs[0] == g.nodes[chain.back()].outputs[0] &&
-        !out.count(*next) && allowed(*next)) {
+    if (next && !conv && g.nodes[*next].op == "Reshape" && g.nodes[*next].domain.empty() &&
+        g.nodes[*next].inputs[0] == g.nodes[chain.back()].outputs[0] && !out.count(*next) && allowed(*next)) {
       view = next;
       next = u.only_reader(g, *view);
     }

@@ -8,9 +8,10 @@
 //
 // The input's Reshape may have a per-tensor QuantizeLinear -> DequantizeLinear after it (a
 // quantized model's input Q/DQ), and so may the product before the second Reshape: they then
-// quantize x and the N-D product, as elementwise ops give the same values in either shape. Every value of the chain must be read by the next node alone. Shapes must be
-// concrete (compile with --input-shape): the second Reshape must give x's leading dims back.
-// Gemm must have transA = transB = 0 and alpha = beta = 1.
+// quantize x and the N-D product, as elementwise ops give the same values in either shape.
+// Every value of the chain must be read by the next node alone. Shapes must be concrete
+// (compile with --input-shape): the second Reshape must give x's leading dims back. Gemm must
+// have transA = transB = 0 and alpha = beta = 1.
 #include <algorithm>
 #include <functional>
 #include <numeric>

@@ -53,7 +53,6 @@ namespace kiln {
 
 namespace {
 
-
 double scalar_of(const Graph& g, ValueId v) { return g.value(v).constant.to_double_vector()[0]; }
 
 class Lowering {

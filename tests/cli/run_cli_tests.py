@@ -326,6 +326,7 @@ def quant_tests(r, work, samples):
     rc, _, err = r.run(["quant", "tied.kiln", "-o", "tied.q.kiln", "--quantizer", "x86", "--calib", "tied.npz", "-v"])
     r.check("quant_tied_lm_head", rc == 0 and "kiln quant: node 'lm_head': linear" in err and "1 weight stored quantized" in err,
             f"exit {rc}; {err[:600]!r}")
+    # A folder of .npz files, a batch split into samples, --calib-limit.
     os.makedirs(os.path.join(work, "calib"), exist_ok=True)
     x = np.load(cnn_in)["input"]
     np.savez(os.path.join(work, "calib", "a.npz"), input=np.concatenate([x, 0.5 * x, -x], axis=0))
