@@ -13,7 +13,9 @@
 // channels-first value that a converted node reads is transposed once and shared, but for a
 // graph input that a convolution kiln.direct_conv takes reads (an image model's first layer
 // over RGB): that one reads the image as it comes (FusedConv's x_channels_first), and the
-// Transpose's copy of the image, 50-150 µs at one thread, is not made.
+// Transpose's copy of the image, 50-150 µs at one thread, is not made (but for --precision bf16
+// on AMX with a long window, where the first layer runs on bf16 tiles after the Transpose:
+// kTileWindowSteps).
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -27,6 +29,15 @@
 namespace kiln {
 
 namespace {
+
+// Under --precision bf16 on AMX, a first layer whose window has this many steps of K (C · KH ·
+// KW) or more leaves the image to a Transpose and runs on bf16 tiles (lower_precision, oneDNN's
+// AMX kernel). One thread, the layer and the Transpose against kiln.direct_conv's f32 read:
+// ResNet-50's 7x7 stem (147 steps) 326 + 47 against 1,323 µs, the model 0.884 of its time;
+// the 3x3 stems over RGB (27 steps) lost: YOLO's 455 + 84 against 267 µs, EfficientNet-B0's
+// 377 + 44 against 254. An f16 compile keeps the direct read everywhere: its kernels decline
+// three input channels, and oneDNN's f32 one after the Transpose was no faster.
+constexpr int64_t kTileWindowSteps = 64;
 
 const std::set<std::string, std::less<>> kAnchors = {"Conv", "FusedConv", "MaxPool", "AveragePool", "GlobalAveragePool",
                                                     "GlobalMaxPool"};
@@ -53,7 +64,10 @@ bool per_tensor_qdq(const Graph& g, const Node& n) {
 
 class Converter {
  public:
-  Converter(Graph& g, const Target& target) : g_(g), target_(target), twin_(g.values.size(), kNoValue) {}
+  /// `bf16_tiles`: lower_precision will run the convolutions on bf16 AMX tiles (--precision
+  /// bf16 on a CPU with AMX).
+  Converter(Graph& g, const Target& target, bool bf16_tiles)
+      : g_(g), target_(target), bf16_tiles_(bf16_tiles), twin_(g.values.size(), kNoValue) {}
 
   // Whether node n runs channels-last.
   bool wanted(const Node& n) const {
@@ -155,11 +169,22 @@ class Converter {
     twin_[static_cast<size_t>(v)] = t;
   }
 
+  // The steps of K in one output's window (C · KH · KW), or 0 when the weight is not a constant.
+  int64_t window_steps(const Node& n) const {
+    const Value& w = g_.value(n.inputs[1]);
+    if (!w.is_constant() || w.constant.rank() < 2) return 0;
+    return w.constant.numel() / w.constant.dim(0);
+  }
+
   // Whether convolution n reads a graph input that kiln.direct_conv would read channels-first:
-  // the kernel itself is asked, on the node as it would be.
+  // the kernel itself is asked, on the node as it would be. Not when the convolutions go to
+  // bf16 AMX tiles and the window is long enough to fill them (kTileWindowSteps): there the
+  // image's Transpose lets lower_precision take the first layer too.
   bool reads_image(const Node& n) const {
-    if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() > 3 || n.outputs.size() != 1 || n.has_attr("x_parts"))
+    if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() < 2 || n.inputs.size() > 3 || n.outputs.size() != 1 ||
+        n.has_attr("x_parts"))
       return false;
+    if (bf16_tiles_ && window_steps(n) >= kTileWindowSteps) return false;
     const ValueId x = n.inputs[0];
     if (has_twin(x) || std::find(g_.inputs.begin(), g_.inputs.end(), x) == g_.inputs.end()) return false;
     Node c = n;
@@ -238,6 +263,7 @@ class Converter {
 
   Graph& g_;
   const Target& target_;
+  bool bf16_tiles_;
   std::vector<ValueId> twin_;  ///< per value: its channels-last twin, or kNoValue
   std::vector<ValueId> back_;  ///< the values the Transposes back write
   size_t converted_ = 0, transposes_in_ = 0;
@@ -247,7 +273,7 @@ class Converter {
 
 Result<PassResult> channels_last(Model& model, PassContext& ctx) {
   Graph& g = model.graph;
-  Converter c(g, ctx.target);
+  Converter c(g, ctx.target, ctx.precision == DType::bf16 && ctx.target.cpu.amx);
   std::vector<Node> nodes = std::move(g.nodes);
   g.nodes.clear();
   std::vector<Node> out;

@@ -154,13 +154,15 @@ TEST(CompileChannelsLast, SameOutputs) {
 // An image model's first layer that kiln.direct_conv runs reads the graph input as it comes
 // (x_channels_first): no Transpose in, the outputs as before (on the reference kernels bit for
 // bit, on the chosen kernel within 1e-5). Eight input channels (past the kernel's four), an
-// input that is not the graph's, and a target without AVX2 (no such kernel) keep the Transpose.
-Model image_cnn(int64_t channels, bool computed_input = false) {
+// input that is not the graph's, a target without AVX2 (no such kernel) and --precision bf16
+// on AMX (the first layer on bf16 tiles) keep the Transpose.
+Model image_cnn(int64_t channels, bool computed_input = false, int64_t window = 3) {
   Builder b;
   ValueId x = b.input("x", {1, channels, 16, 15});
   if (computed_input) x = b.op("neg", "Neg", {x}, "x_neg");
-  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({32, channels, 3, 3}, 84)), b.constant("b", uniform_f32({32}, 85))},
-                   "y", {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("strides", std::vector<int64_t>{2, 2})});
+  const int64_t pad = window / 2;
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({32, channels, window, window}, 84)), b.constant("b", uniform_f32({32}, 85))},
+                   "y", {attr("pads", std::vector<int64_t>{pad, pad, pad, pad}), attr("strides", std::vector<int64_t>{2, 2})});
   ValueId r = b.op("relu", "Relu", {y}, "r");
   b.output(b.op("gap", "GlobalAveragePool", {r}, "out"));
   return b.done();
@@ -196,6 +198,24 @@ TEST(CompileChannelsLast, AnImageIsReadAsItComes) {
   Result<PassResult> r = find_pass("channels_last")->run(old, ctx);
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_NE(r->summary.find("with 1 transpose in"), std::string::npos) << r->summary;
+  // --precision bf16 on AMX: a first layer whose window fills the tiles (7x7 over RGB, 147
+  // steps) goes to bf16 tiles after the Transpose instead (a CPU told it has AMX; f16, bf16
+  // without AMX and a 3x3 window of 27 steps keep the direct read).
+  for (DType precision : {DType::bf16, DType::f16})
+    for (bool amx : {true, false})
+      for (int64_t k : {7, 3}) {
+        Model m = image_cnn(3, false, k);
+        Target t;
+        t.cpu = CpuFeatures::host();
+        t.cpu.amx = amx;
+        PassContext c{t, {}};
+        c.precision = precision;
+        Result<PassResult> got = find_pass("channels_last")->run(m, c);
+        ASSERT_TRUE(got.ok()) << got.error().message();
+        const bool transposed = precision == DType::bf16 && amx && k == 7;
+        EXPECT_EQ(got->summary.find("with 1 transpose in") != std::string::npos, transposed)
+            << dtype_name(precision) << (amx ? " with AMX, " : " without AMX, ") << k << "x" << k << ": " << got->summary;
+      }
 }
 
 TEST(CompileChannelsLast, LeavesWhatItCannotConvert) {
