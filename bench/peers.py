@@ -6,8 +6,9 @@
                           [--precision bf16 fp16] [--lower-output-layers] [--no-pin]
 
 For every model (the real-sized test models of tests/models/make_models.py, ResNet-50 at batch
-64 too, ResNet-50 and the linear layers of BERT-base and GPT-2 in int8, BERT-base at sequence 1
-in fp32 and with int4 weights, and the samples' MLP at batch 1 and 64) and thread count:
+64 too, ResNet-50 and the linear layers of BERT-base, GPT-2 and LLaMA in int8, BERT-base at
+sequence 1 in fp32 and with int4 weights, and the samples' MLP at batch 1 and 64) and thread
+count:
   - kiln: `kiln export`, then `kiln compile --input-shape ... --threads T`, then
     `kiln run --iters N --warmup W --threads T --json` (the run's own latency median: no
     process start or model loading);
@@ -27,9 +28,10 @@ layers only (ONNX Runtime's quantize_static told the MatMul / Gemm nodes by a co
 as kiln's x86 quantizer takes them; attention stays float in both, though kiln's quantizer
 also quantizes the projections' outputs, whose codes kiln's attention multiplies on AMX:
 QAttention); a line after the table
-gives kiln int8 over kiln fp32 (the bert_base row). gpt2_int8 is GPT-2 quantized as bert_int8
-is, on random token ids; its linear layers include the tied LM head, whose weight both
-quantizers see folded (kiln quant's weight folding, quant_pre_process's constant folding).
+gives kiln int8 over kiln fp32 (the bert_base row). gpt2_int8 and llama_int8 are the GPT-2 and
+LLaMA-style test models quantized as bert_int8 is, on random token ids; GPT-2's linear layers
+include the tied LM head, whose weight both quantizers see folded (kiln quant's weight folding,
+quant_pre_process's constant folding).
 bert_int4_s1 is BERT-base at sequence length 1 (the shape of an LLM's decode step: every linear
 layer one row by its weight, so reading the weights is the cost) with its MatMul weights
 quantized to 4 bits in groups of 128 (u4 with zero points): for kiln `kiln quant --weight-only
@@ -389,7 +391,7 @@ def make_cases(args, scratch):
     for name in MODELS:
         if wanted and name not in wanted and not (name == "resnet50" and {"resnet50_b64", "resnet50_int8"} & set(wanted)) \
                 and not (name == "bert_base" and {"bert_s1", "bert_int4_s1", "bert_int8"} & set(wanted)) \
-                and not (name == "gpt2" and "gpt2_int8" in wanted):
+                and not (name in ("gpt2", "llama") and f"{name}_int8" in wanted):
             continue
         gen_s, error = generated.ensure(name)
         if error:
@@ -407,10 +409,12 @@ def make_cases(args, scratch):
             def tokens(r, shape=inputs["input_ids"].shape):
                 return {"input_ids": r.integers(0, 30522, shape).astype(np.int64), "attention_mask": np.ones(shape, np.int64)}
             cases.append(int8_case("bert_int8", onnx_path, inputs, scratch, rng, tokens, linear_only=True))
-        if name == "gpt2" and (not wanted or "gpt2_int8" in wanted):
-            def gpt2_tokens(r, shape=inputs["input_ids"].shape):
-                return {"input_ids": r.integers(0, 50257, shape).astype(np.int64)}
-            cases.append(int8_case("gpt2_int8", onnx_path, inputs, scratch, rng, gpt2_tokens, linear_only=True))
+        if name in ("gpt2", "llama") and (not wanted or f"{name}_int8" in wanted):
+            vocab = {"gpt2": 50257, "llama": 32000}[name]
+
+            def lm_tokens(r, shape=inputs["input_ids"].shape, vocab=vocab):
+                return {"input_ids": r.integers(0, vocab, shape).astype(np.int64)}
+            cases.append(int8_case(f"{name}_int8", onnx_path, inputs, scratch, rng, lm_tokens, linear_only=True))
         if name == "bert_base":
             s1 = {k: v[:, :1] for k, v in inputs.items()}
             if not wanted or "bert_s1" in wanted:
@@ -429,7 +433,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kiln", required=True)
     parser.add_argument("--models", nargs="+", metavar="NAME",
-                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "bert_int8", "gpt2_int8", "bert_s1", "bert_int4_s1",
+                        help="models (default: all): " + " ".join(list(MODELS) + ["resnet50_b64", "resnet50_int8", "bert_int8", "gpt2_int8", "llama_int8", "bert_s1", "bert_int4_s1",
                                                                                "mlp_b1", "mlp_b64"]))
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
