@@ -38,12 +38,8 @@ Result<PassResult> drop_linear_reshapes(Model& model, PassContext&) {
     const int32_t p = v < 0 ? -1 : producer[static_cast<size_t>(v)];
     return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
   };
+  const std::vector<std::vector<Use>> uses = g.uses();
   auto sole = [&](ValueId v) { return v >= 0 && readers[static_cast<size_t>(v)] == 1; };
-  // The one node reading v (v read once).
-  std::vector<int64_t> reader(g.values.size(), -1);
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (ValueId in : g.nodes[i].inputs)
-      if (in >= 0) reader[static_cast<size_t>(in)] = static_cast<int64_t>(i);
   std::vector<char> drop(g.nodes.size(), 0);
   std::vector<std::vector<Node>> after(g.nodes.size());  // per node: what follows it
   std::vector<std::pair<ValueId, ValueId>> renamed;  // a dropped Reshape's output, and what its readers read instead
@@ -78,8 +74,9 @@ Result<PassResult> drop_linear_reshapes(Model& model, PassContext&) {
       continue;
     // The output: [Q -> DQ ->] a Reshape giving x's leading dims back, each read by the next alone.
     auto only_reader = [&](ValueId v) -> Node* {
-      if (!sole(v) || reader[static_cast<size_t>(v)] < 0 || drop[static_cast<size_t>(reader[static_cast<size_t>(v)])]) return nullptr;
-      return &g.nodes[static_cast<size_t>(reader[static_cast<size_t>(v)])];
+      if (!sole(v) || uses[static_cast<size_t>(v)].size() != 1) return nullptr;
+      const Use& u = uses[static_cast<size_t>(v)][0];
+      return u.slot == Use::kCaptured || drop[u.node] ? nullptr : &g.nodes[u.node];
     };
     Node *q2 = nullptr, *dq2 = nullptr, *r2 = only_reader(m.outputs[0]);
     if (r2 && per_tensor(g, *r2, "QuantizeLinear") && r2->inputs[0] == m.outputs[0]) {

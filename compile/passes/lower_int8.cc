@@ -126,20 +126,25 @@ class Lowering {
     return p;
   }
 
+  // A data-movement node (Transpose, Reshape, Split) that moved f32 values, moving the int8
+  // `codes` instead: placed before node `at`, its other inputs as they were, each output a new
+  // value of the codes' type in the f32 one's shape. Returns its outputs.
+  std::vector<ValueId> move_codes(const Node& from, ValueId codes, size_t at) {
+    Node n = from;
+    n.name = from.name + "_int8";
+    n.inputs[0] = codes;
+    n.kernel = {};
+    for (ValueId& o : n.outputs)
+      if (o != kNoValue) o = g_.add_value(g_.unique_value_name(g_.value(o).name + "_int8"), g_.value(codes).dtype, g_.value(o).shape);
+    std::vector<ValueId> outs = n.outputs;
+    before_[at].push_back(std::move(n));
+    return outs;
+  }
+
   // The int8 value standing for operand v: DQ's input, or a new Transpose of it placed before
   // node `at` (the transpose of an f32 operand becomes one of its int8 source).
   ValueId int8_operand(const Node& dq, const Node* transpose, size_t at) {
-    const ValueId q = dq.inputs[0];
-    if (!transpose) return q;
-    const Value& f = g_.value(transpose->outputs[0]);
-    const ValueId t = g_.add_value(g_.unique_value_name(f.name + "_int8"), g_.value(q).dtype, f.shape);
-    Node n = *transpose;
-    n.name = transpose->name + "_int8";
-    n.inputs = {q};
-    n.outputs = {t};
-    n.kernel = {};
-    before_[at].push_back(std::move(n));
-    return t;
+    return transpose ? move_codes(*transpose, dq.inputs[0], at)[0] : dq.inputs[0];
   }
 
   // Where output v goes: Q(v), or Transpose(v) -> Q. Returns the Q node's index; `transpose`
@@ -464,25 +469,8 @@ class Lowering {
     const size_t j = static_cast<size_t>(std::find(split.outputs.begin(), split.outputs.end(), v) - split.outputs.begin());
     auto [it, fresh] = split_codes_.try_emplace(&split);
     if (fresh) {
-      ValueId x = dq.inputs[0];
-      const DType dtype = g_.value(x).dtype;
-      auto moved = [&](const Node& from, ValueId in) {
-        Node n = from;
-        n.name = from.name + "_int8";
-        n.inputs[0] = in;
-        n.kernel = {};
-        for (ValueId& o : n.outputs)
-          if (o != kNoValue) o = g_.add_value(g_.unique_value_name(g_.value(o).name + "_int8"), dtype, g_.value(o).shape);
-        return n;
-      };
-      if (reshape) {
-        Node n = moved(*reshape, x);
-        x = n.outputs[0];
-        before_[at].push_back(std::move(n));
-      }
-      Node n = moved(split, x);
-      it->second = n.outputs;
-      before_[at].push_back(std::move(n));
+      const ValueId x = reshape ? move_codes(*reshape, dq.inputs[0], at)[0] : dq.inputs[0];
+      it->second = move_codes(split, x, at);
     }
     return it->second[j];
   }
