@@ -356,7 +356,9 @@ TEST(NodeCheck, RequantizingInt8OpsMayLandOneStepOff) {
     EXPECT_TRUE(c.checked);
     EXPECT_EQ(c.pass, off < 2) << c.detail;
     EXPECT_EQ(c.max_abs, off);
-    if (off == 2) EXPECT_NE(c.detail.find("1 of 128 codes differ, by up to 2 steps (one allowed)"), std::string::npos) << c.detail;
+    if (off == 2) {
+      EXPECT_NE(c.detail.find("1 of 128 codes differ, by up to 2 steps (one allowed)"), std::string::npos) << c.detail;
+    }
   }
 }
 

@@ -14,7 +14,10 @@
 // twice as many steps of K), then are widened (`vcvtph2psx`) and added into the tile's f32
 // sums, which keep the two steps apart. Those wait in L1 between blocks (the f16 sums take 24
 // registers); after the last block each pair of lanes is added and the tile goes to C from the
-// registers.
+// registers. Widening is what the block costs beyond its FMAs (on the 2-core Xeon the GEMM
+// bench's f16 rows ran at 83-88 % of peak with blocks as long as a chunk, 75-79 % with blocks
+// of 64), so it widens from memory: one FMA-port uop a half, against two and a shuffle from a
+// register (77-82 %).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -97,20 +100,30 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
       if ((q - r0) % kFetchSteps == 0) pf.fetch();
       step(q);
     }
+    // The f16 sums go to L1 first, so that each half widens from memory (`vcvtph2psx zmm, m256`:
+    // one uop on the FMA port, where widening a register takes a shuffle too).
+    alignas(64) uint16_t spill[MRT][NV][32];
+    for (int i = 0; i < MRT; ++i)
+      for (int j = 0; j < NV; ++j) _mm512_store_si512(spill[i][j], _mm512_castph_si512(h[i][j]));
+    auto widen = [&](int i, int j, int half) {
+      return _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm256_load_si256(reinterpret_cast<const __m256i*>(&spill[i][j][half * 16]))));
+    };
     const bool first = r0 == q0, last = r1 == q1;
+    if (!last) {
+      for (int i = 0; i < MRT; ++i)
+        for (int j = 0; j < NV; ++j)
+          for (int half = 0; half < 2; ++half) {
+            float* s = &sums[i][j * 32 + half * 16];
+            _mm512_store_ps(s, first ? widen(i, j, half) : _mm512_add_ps(widen(i, j, half), _mm512_load_ps(s)));
+          }
+      continue;
+    }
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NV; ++j) {
-        const __m512i bits = _mm512_castph_si512(h[i][j]);
-        __m512 wide[2] = {_mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_castsi512_si256(bits))),
-                          _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm512_extracti64x4_epi64(bits, 1)))};
-        float* s = &sums[i][j * 32];
+        __m512 wide[2] = {widen(i, j, 0), widen(i, j, 1)};
         if (!first)
-          for (int half = 0; half < 2; ++half) wide[half] = _mm512_add_ps(wide[half], _mm512_load_ps(s + half * 16));
-        if (last) {
-          put(i, j, _mm512_add_ps(base(i, j), add_pairs(wide[0], wide[1])));
-        } else {
-          for (int half = 0; half < 2; ++half) _mm512_store_ps(s + half * 16, wide[half]);
-        }
+          for (int half = 0; half < 2; ++half) wide[half] = _mm512_add_ps(wide[half], _mm512_load_ps(&sums[i][j * 32 + half * 16]));
+        put(i, j, _mm512_add_ps(base(i, j), add_pairs(wide[0], wide[1])));
       }
   }
 }
