@@ -62,7 +62,15 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule's share of those convolutions: at one thread, those over 64 pixels or fewer,
+// The default rule's share of those convolutions: those whose input's zero point is not 0, at
+// any thread count (oneDNN 2.6 takes a source zero point into its sums on every call: the input
+// of a layer after SiLU or after a linear bottleneck, not after ReLU or ReLU6). Of the 1x1
+// convolutions of MobileNetV2, EfficientNet-B0 and YOLO quantized by `kiln quant` (`kiln
+// compile --mode max-autotune`'s report on the 2-core Xeon), kiln's kernel took 0.25-0.95 of
+// oneDNN's time on 34 of 37 such problems at one thread (YOLO's 20x20 and 10x10 layers 0.14-0.3,
+// oneDNN's 40-50 us a call however small), 0.46-1.0 on 26 of 28 at two; each model 0.76-0.90 of
+// the time end to end. Of the rest (ResNet-50's, whose inputs follow a ReLU): at one thread,
+// those over 64 pixels or fewer,
 // and those without a residual of 512 input channels or more; oneDNN the rest. ResNet-50's in
 // the model (the median of three alternated profiles each, one thread): over 49 pixels
 // 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual
@@ -70,6 +78,7 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
 // there), and fewer channels over 3136 pixels 1.11-1.15. At two threads those it takes at one
 // were 0.89-1.37 of oneDNN's time, the model 1.04x against 0.98x at one thread.
 std::optional<std::string> qconv_defers(const KernelQuery& q) {
+  if (q.inputs[2].value && q.inputs[2].value->to_double_vector().at(0) != 0) return std::nullopt;
   if (q.target.threads > 1) return "oneDNN is faster on pointwise int8 convolutions at more than one thread";
   const std::vector<int64_t> x = q.inputs[0].shape.concrete();
   if (shape_numel(x) / x.back() <= 64) return std::nullopt;

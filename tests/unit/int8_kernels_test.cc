@@ -92,6 +92,7 @@ Case qconv_case(const QConv& s) {
   if (s.last) a.push_back(attr("channels_last", int64_t{1}));
   if (!s.activation.empty()) a.push_back(attr("activation", s.activation));
   if (s.activation == "Clip") a.push_back(attr("activation_params", std::vector<double>{-0.5, 1.0}));
+  if (s.activation == "LeakyRelu") a.push_back(attr("activation_params", std::vector<double>{0.1}));
   if (!s.post.empty()) a.push_back(attr("post_activation", s.post));
   return Case{"QFusedConv", in, constant, a};
 }
@@ -114,7 +115,9 @@ TEST(Int8Kernels, QFusedConvShapesGroupsAndLayouts) {
       s.last = last;
       SCOPED_TRACE(std::to_string(s.c) + "->" + std::to_string(s.m) + " k" + std::to_string(s.k) + " group " +
                    std::to_string(s.group) + (last ? " nhwc" : " nchw"));
-      expect_within_one_step(qconv_case(s), "onednn.qconv");
+      Case c = qconv_case(s);
+      c.kernel = "onednn.qconv";  // the 1x1 one is kiln's by default (x's zero point is not 0)
+      expect_within_one_step(c, "onednn.qconv");
     }
   }
 }
@@ -170,8 +173,9 @@ TEST(Int8Kernels, OneDnnConvKeepsBrgemmWithAnOutputZeroPoint) {
 // A channels-last 1x1 stride-1 QFusedConv is a product of its pixels by the weight: kiln's
 // u8s8 GEMM runs it (pinned, as a compiled model or max-autotune pins it) on every epilogue,
 // the rows past whole AMX tiles and K past whole 64s included; the default rule gives it the
-// convolutions it measured faster on at one thread (few pixels; many input channels without a
-// residual), oneDNN the rest and everything at two threads; 3x3 and strided ones are oneDNN's.
+// convolutions it measured faster on (an input zero point not 0; with 0, at one thread, few
+// pixels or many input channels without a residual), oneDNN the rest; 3x3 and strided ones are
+// oneDNN's.
 TEST(Int8Kernels, QFusedConvPointwiseOnKilnGemm) {
   const std::string kiln = "kiln.qconv_u8s8_avx512";
   if (cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::u8s8)) GTEST_SKIP() << "the CPU lacks VNNI";
@@ -186,23 +190,49 @@ TEST(Int8Kernels, QFusedConvPointwiseOnKilnGemm) {
     c = qconv_case(s);
     c.kernel = kiln;
     expect_within_one_step(c, kiln);
-    s.per_channel = false, s.bias = false, s.activation = "Clip", s.post.clear();  // Clip through the row kernels
+    s.activation = "LeakyRelu";  // on the registers, with the residual and the ReLU after it
     c = qconv_case(s);
     c.kernel = kiln;
     expect_within_one_step(c, kiln);
+    s.per_channel = false, s.bias = false, s.residual = false, s.post.clear();
+    for (const char* a : {"Clip", "HardSwish"}) {  // Clip a clamp of the codes; HardSwish through the row kernels
+      SCOPED_TRACE(a);
+      s.activation = a;
+      c = qconv_case(s);
+      c.kernel = kiln;
+      expect_within_one_step(c, kiln);
+      s.c = 12;  // K under 64: the VNNI kernel, where AMX would take 70
+      c = qconv_case(s);
+      c.kernel = kiln;
+      expect_within_one_step(c, kiln);
+      s.c = 70;
+    }
   }
-  // The default rule.
+  // The default rule. x's zero point not 0 (qconv_case's 131): kiln's, at one thread or two,
+  // with a residual or not.
   QConv wide;
   wide.c = 512, wide.h = wide.w = 9, wide.m = 40, wide.k = 1;
   expect_within_one_step(qconv_case(wide), kiln);
-  Case two = qconv_case(wide);
-  two.threads = 2;
-  expect_within_one_step(two, "onednn.qconv");
   QConv small = wide;
-  small.c = 64, small.h = small.w = 8, small.residual = true, small.post = "Relu";  // 64 pixels
-  expect_within_one_step(qconv_case(small), kiln);
-  small.h = 9;  // 72 pixels, with a residual
-  expect_within_one_step(qconv_case(small), "onednn.qconv");
+  small.c = 64, small.h = 9, small.w = 8, small.residual = true, small.post = "Relu";  // 72 pixels, with a residual
+  for (int threads : {1, 2}) {
+    Case c = qconv_case(small);
+    c.threads = threads;
+    expect_within_one_step(c, kiln);
+  }
+  // x's zero point 0 (after a ReLU): kiln's at one thread over 64 pixels or fewer, or 512 input
+  // channels or more without a residual; oneDNN's otherwise and at two threads.
+  auto relu_input = [](const QConv& s, int threads = 1) {
+    Case c = qconv_case(s);
+    c.inputs[2] = scalar_int(DType::u8, 0);
+    c.threads = threads;
+    return c;
+  };
+  expect_within_one_step(relu_input(wide), kiln);
+  expect_within_one_step(relu_input(wide, 2), "onednn.qconv");
+  expect_within_one_step(relu_input(small), "onednn.qconv");
+  small.h = 8;  // 64 pixels
+  expect_within_one_step(relu_input(small), kiln);
   wide.stride = 2;
   expect_within_one_step(qconv_case(wide), "onednn.qconv");
   wide.stride = 1, wide.k = 3;

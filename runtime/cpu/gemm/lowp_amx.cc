@@ -201,7 +201,7 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
 
 // u8s8: rows [0, 16·blk.rt) of a block's sums finished: the K tail, A's zero point, the scales
 // and bias, the activation, the residual, the post activation, then stored in C (f32, or
-// requantized to u8) from the registers (ReLU, GELU); through `values` and u8s8_store for the
+// requantized to u8) from the registers (U8s8Finish); through `values` and u8s8_store for the
 // other activations.
 template <int C, bool Tail>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
@@ -218,10 +218,8 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     scale[j] = _mm512_maskz_loadu_ps(mk[j], ep.scale + n0 + j * 16);
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
   }
-  const bool direct = u8s8_on_registers(ep), residual = ep.has_z();
-  const Activation act = ep.act.kind, post = ep.post.kind;
-  const U8s8Residual z(ep);
-  const U8s8Out out(ep);
+  const bool direct = u8s8_on_registers(ep);
+  const U8s8Finish fin(ep);
   alignas(64) float values[32 * kLd];
   for (int i = 0; i < rows; ++i) {
     __m512i acc[C];
@@ -237,18 +235,12 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
         for (int j = 0; j < C; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], av, _mm512_loadu_si512(bt[j] + g * kGroupBytes));
       }
     }
-    __m512 zv[C];  // the row's residual read before its stores (Y may be Z's memory)
-    for (int j = 0; j < C; ++j) zv[j] = direct && residual ? z.at(blk.i0 + i, n0 + j * 16, mk[j]) : _mm512_setzero_ps();
-    for (int j = 0; j < C; ++j) {
-      __m512 y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
-      if (!direct) {
-        _mm512_store_ps(values + i * kLd + j * 16, y);
-        continue;
-      }
-      y = register_activation(act, y);
-      if (residual) y = _mm512_add_ps(y, zv[j]);
-      y = register_activation(post, y);
-      out.store(y, c, ldc, blk.i0 + i, n0 + j * 16, mk[j]);
+    __m512 y[C];
+    for (int j = 0; j < C; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
+    if (direct) {
+      fin.row(y, C, c, ldc, blk.i0 + i, n0, mk);
+    } else {
+      for (int j = 0; j < C; ++j) _mm512_store_ps(values + i * kLd + j * 16, y[j]);
     }
   }
   if (!direct) lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, blk.i0, n0);

@@ -28,17 +28,29 @@ __mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 
 // compiler assume it may write the accumulators and keep them in memory).
 __m512i broadcast_group(const uint8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
 
-// tile[MRT×48] = (Σ over K's groups of 4 of A's rows (read in place, `lda` apart) · B's panel −
-// comp) · scale + bias, as f32. The sums stay in registers until they are converted. A last
-// group shorter than 4 is loaded masked: B's panel is zero past K, so whatever A's padding
-// would hold adds nothing, and no byte past A's rows is read.
+// The sums of a tile's rows (Σ over K's groups of 4 of A's rows (read in place, `lda` apart) ·
+// B's panel − comp) · scale + bias, as f32, then finished into C's rows from i0 from the
+// registers (U8s8Finish, where the epilogue's activations apply there) or stored to `tile` for
+// u8s8_store. The sums stay in registers until they are converted. A last group shorter than 4
+// is loaded masked: B's panel is zero past K, so whatever A's padding would hold adds nothing,
+// and no byte past A's rows is read.
 struct U8s8Columns {
   __m512i comp[NV];  // a_zero · Σb per column
   __m512 scale[NV], bias[NV];
+  __mmask16 mk[NV];  // the panel's real columns
+  int nv;            // vectors with any
+};
+
+// Where a tile's values go: C's rows from i0 (`fin`), or `tile` (MR × NR floats; fin null).
+struct TileDest {
+  const U8s8Finish* fin;
+  void* c;
+  int64_t ldc, i0, n0;
+  float* tile;
 };
 
 template <int MRT>
-void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, PanelPrefetch pf) {
+void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to, PanelPrefetch pf) {
   __m512i acc[MRT][NV];
   for (int i = 0; i < MRT; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_si512();
@@ -67,10 +79,15 @@ void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const 
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
     }
   }
-  for (int i = 0; i < MRT; ++i)
-    for (int j = 0; j < NV; ++j)
-      _mm512_store_ps(tile + i * NR + j * 16,
-                      _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], cols.comp[j])), cols.scale[j], cols.bias[j]));
+  for (int i = 0; i < MRT; ++i) {
+    __m512 y[NV];
+    for (int j = 0; j < NV; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], cols.comp[j])), cols.scale[j], cols.bias[j]);
+    if (to.fin) {
+      to.fin->row(y, cols.nv, to.c, to.ldc, to.i0 + i, to.n0, cols.mk);
+    } else {
+      for (int j = 0; j < NV; ++j) _mm512_store_ps(to.tile + i * NR + j * 16, y[j]);
+    }
+  }
 }
 
 // acc[MRT×48] (f32, starting from `init`) += Σ over k2 pairs of A's packed rows · B's panel.
@@ -101,8 +118,9 @@ constexpr auto table(std::index_sequence<R...>) {
 
 template <int MRT>
 struct U8s8 {
-  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, float* tile, const PanelPrefetch& pf) {
-    tile_u8s8<MRT>(k, a, lda, b, cols, tile, pf);
+  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to,
+                  const PanelPrefetch& pf) {
+    tile_u8s8<MRT>(k, a, lda, b, cols, to, pf);
   }
 };
 template <int MRT>
@@ -113,7 +131,7 @@ struct Bf16 {
 };
 
 // The fetches by reference, as gemm.inc's tiles take them (each tile_ works on its own copy).
-using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, float*, const PanelPrefetch&);
+using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, const TileDest&, const PanelPrefetch&);
 using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV], const PanelPrefetch&);
 constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
 constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
@@ -125,6 +143,8 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
   const int64_t k4 = (k + 3) / 4;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   const int64_t panel_bytes = k4 * NR * 4, blocks = (k / 4 + kFetchSteps - 1) / kFetchSteps;
+  const bool direct = u8s8_on_registers(ep);
+  const U8s8Finish fin(ep);
   for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's panels pass
   for (int64_t panel = p0; panel < p1; ++panel) {
     const int64_t n0 = panel * NR, tiles = (std::min(m, ib + mc) - ib + MR - 1) / MR;
@@ -134,8 +154,9 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     // Per column: what A's zero point adds to the sum (a_zero · Σb, taken away in integers,
     // exactly, before the scale), the scale and the bias.
     U8s8Columns cols;
+    cols.nv = (w + 15) / 16;
     for (int j = 0; j < NV; ++j) {
-      const __mmask16 mk = mask(w - j * 16);
+      const __mmask16 mk = cols.mk[j] = mask(w - j * 16);
       cols.scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
       cols.comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk, ep.col_sums + n0 + j * 16));
       cols.bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
@@ -143,39 +164,28 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float tile[MR][NR];
-      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, &tile[0][0],
+      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, TileDest{direct ? &fin : nullptr, c, ldc, i0, n0, &tile[0][0]},
                                                 PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
-      u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
+      if (!direct) u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
     }
   }
 }
 
 void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0) {
   const int nv = (w + 15) / 16;
-  const bool registers = u8s8_on_registers(ep), residual = registers && ep.has_z();
+  const RowKernels& rows_k = row_kernels(Isa::avx512);
   const U8s8Residual z(ep);
   const U8s8Out out(ep);
-  const Activation act = registers ? ep.act.kind : Activation::none, post = registers ? ep.post.kind : Activation::none;
-  if (!registers) {  // the activations over the block, the residual between them
-    const RowKernels& rows_k = row_kernels(Isa::avx512);
-    if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
-    if (ep.has_z())
-      for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < nv; ++j) {
-          float* v = values + i * ld + j * 16;
-          _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), z.at(i0 + i, n0 + j * 16, mask(w - j * 16))));
-        }
-    if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
-  }
+  if (ep.act.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.act, ActivationSpec{});
+  if (ep.has_z())
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < nv; ++j) {
+        float* v = values + i * ld + j * 16;
+        _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), z.at(i0 + i, n0 + j * 16, mask(w - j * 16))));
+      }
+  if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < nv; ++j) {
-      const __mmask16 mk = mask(w - j * 16);
-      __m512 y = _mm512_load_ps(values + i * ld + j * 16);
-      y = register_activation(act, y);
-      if (residual) y = _mm512_add_ps(y, z.at(i0 + i, n0 + j * 16, mk));
-      y = register_activation(post, y);
-      out.store(y, c, ldc, i0 + i, n0 + j * 16, mk);
-    }
+    for (int j = 0; j < nv; ++j) out.store(_mm512_load_ps(values + i * ld + j * 16), c, ldc, i0 + i, n0 + j * 16, mask(w - j * 16));
 }
 
 void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out) {

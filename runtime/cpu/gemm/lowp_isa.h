@@ -13,8 +13,9 @@ namespace kiln::cpu::gemm::lowp_avx512 {
 void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
 /// u8s8: the end of the epilogue for `rows` rows of w real values (`ld` floats apart, changed
-/// in place): the activation, then stored in C's rows from i0, columns from n0, as f32 or
-/// requantized to u8 (ep.out_u8).
+/// in place) where its activations do not apply on the registers (u8s8_on_registers): the
+/// activation, the residual and the post activation over the block by the row kernels, then
+/// stored in C's rows from i0, columns from n0, as f32 or requantized to u8 (ep.out_u8).
 void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue& ep, void* c, int64_t ldc, int64_t i0, int64_t n0);
 
 /// bf16: A's rows [m0, m0 + rows) as one MR-row panel of bf16 pairs (rows past `rows` zero).

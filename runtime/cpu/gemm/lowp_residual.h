@@ -4,6 +4,9 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+#include <limits>
+
 #include "runtime/cpu/erf.h"
 #include "runtime/cpu/gemm/lowp.h"
 
@@ -16,7 +19,7 @@ struct U8s8Residual {
   explicit U8s8Residual(const QuantEpilogue& ep)
       : f32(ep.z_f32), q(static_cast<const uint8_t*>(ep.z_q)), ld(ep.ldz), s8(ep.z_s8), zero(_mm512_set1_epi32(ep.z_zero)),
         scale(_mm512_set1_ps(ep.z_scale)) {}
-  __m512 at(int64_t i, int64_t n, __mmask16 mk) const {
+  [[gnu::always_inline]] __m512 at(int64_t i, int64_t n, __mmask16 mk) const {
     if (f32) return _mm512_maskz_loadu_ps(mk, f32 + i * ld + n);
     const __m128i b = _mm_maskz_loadu_epi8(mk, q + i * ld + n);
     const __m512i v = s8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
@@ -30,20 +33,28 @@ struct U8s8Residual {
   __m512 scale;
 };
 
-/// Whether the activations apply on the registers, value by value before the store: none, ReLU
-/// or GELU before the residual, none or ReLU after it. Others go through a block of values and
-/// the row kernels.
-inline bool u8s8_on_registers(const QuantEpilogue& ep) {
-  const Activation act = ep.act.kind, post = ep.post.kind;
-  return (act == Activation::none || act == Activation::relu || act == Activation::gelu) &&
-         (post == Activation::none || post == Activation::relu);
+/// Whether an activation applies on the registers, value by value: none, ReLU, LeakyReLU, Clip
+/// (ReLU6) and GELU.
+inline bool on_registers(Activation kind) {
+  return kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip ||
+         kind == Activation::gelu;
 }
 
-/// One of those activations on a register.
-inline __m512 register_activation(Activation kind, __m512 y) {
-  if (kind == Activation::relu) return _mm512_max_ps(y, _mm512_setzero_ps());
-  if (kind == Activation::gelu) return erf_rational::gelu_erf(y);
-  return y;
+/// Whether the epilogue's activations apply on the registers, value by value before the store:
+/// one of those before the residual and after it. Others go through a block of values and the
+/// row kernels.
+inline bool u8s8_on_registers(const QuantEpilogue& ep) { return on_registers(ep.act.kind) && on_registers(ep.post.kind); }
+
+/// One of those activations on a register, as runtime/ref/activation.h computes it (`vmaxps` and
+/// `vminps` return their second operand where either is NaN: y second, a NaN passes).
+inline __m512 register_activation(const ActivationSpec& a, __m512 y) {
+  switch (a.kind) {
+    case Activation::relu: return _mm512_max_ps(_mm512_setzero_ps(), y);
+    case Activation::leaky_relu: return _mm512_mask_mul_ps(y, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ), y, _mm512_set1_ps(a.a));
+    case Activation::clip: return _mm512_min_ps(_mm512_set1_ps(a.b), _mm512_max_ps(_mm512_set1_ps(a.a), y));
+    case Activation::gelu: return erf_rational::gelu_erf(y);
+    default: return y;
+  }
 }
 
 /// The output's constants, set once per block: y at C's row i, columns [n, n + 16) (those in
@@ -53,23 +64,82 @@ struct U8s8Out {
   explicit U8s8Out(const QuantEpilogue& ep)
       : inv(_mm512_set1_ps(1.f / ep.out_scale)), step(_mm512_set1_ps(ep.out_scale)), zero(_mm512_set1_epi32(ep.out_zero)),
         u8(ep.out_u8), dq(ep.out_dq) {}
-  void store(__m512 y, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) const {
+  /// y's code before saturation: y / scale rounded, plus the zero point.
+  [[gnu::always_inline]] __m512i code(__m512 y) const { return _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(y, inv)), zero); }
+  /// Codes already within 0..255 stored as u8.
+  [[gnu::always_inline]] static void store_u8(__m512i q, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) {
+    uint8_t* to = static_cast<uint8_t*>(c) + i * ldc + n;
+    if (mk == 0xffff)  // a plain store where it can: loads after masked ones wait for them
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(to), _mm512_cvtepi32_epi8(q));
+    else
+      _mm_mask_storeu_epi8(to, mk, _mm512_cvtepi32_epi8(q));
+  }
+  [[gnu::always_inline]] void store(__m512 y, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) const {
     if (!u8 && !dq) {
       _mm512_mask_storeu_ps(static_cast<float*>(c) + i * ldc + n, mk, y);
       return;
     }
-    __m512i q = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(y, inv)), zero);
-    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-    if (u8 && mk == 0xffff)  // a plain store where it can: loads after masked ones wait for them
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint8_t*>(c) + i * ldc + n), _mm512_cvtepi32_epi8(q));
-    else if (u8)
-      _mm_mask_storeu_epi8(static_cast<uint8_t*>(c) + i * ldc + n, mk, _mm512_cvtepi32_epi8(q));
+    const __m512i q = _mm512_min_epi32(_mm512_max_epi32(code(y), _mm512_setzero_si512()), _mm512_set1_epi32(255));
+    if (u8)
+      store_u8(q, c, ldc, i, n, mk);
     else
       _mm512_mask_storeu_ps(static_cast<float*>(c) + i * ldc + n, mk, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, zero)), step));
   }
   __m512 inv, step;
   __m512i zero;
   bool u8, dq;
+};
+
+/// The epilogue's last steps where they apply on the registers (u8s8_on_registers): a row's
+/// C values y[j] (columns n + 16j, those in mk[j]; j < nv) at row i, the residual read for all
+/// of them first (Y may be Z's memory), then the activation, the residual, the post activation
+/// and the store.
+struct U8s8Finish {
+  explicit U8s8Finish(const QuantEpilogue& ep) : act(ep.act), post(ep.post), residual(ep.has_z()), z(ep), out(ep) {
+    // ReLU, Clip or nothing and no more: the activation is a clamp, without a branch a value;
+    // with a u8 output, a clamp of the codes (requantizing is monotonic, so clamping y to
+    // [lo, hi] and then requantizing is clamping the code to the codes of lo and hi).
+    const Activation k = act.kind;
+    clamp = !residual && post.kind == Activation::none && (k == Activation::none || k == Activation::relu || k == Activation::clip);
+    const float inf = std::numeric_limits<float>::infinity();
+    const float l = k == Activation::clip ? act.a : k == Activation::relu ? 0.f : -inf, h = k == Activation::clip ? act.b : inf;
+    lo = _mm512_set1_ps(l);
+    hi = _mm512_set1_ps(h);
+    if (ep.out_u8) {  // the bounds' codes as U8s8Out::code makes them, within 0..255
+      alignas(64) int32_t codes[16];
+      const __m512i q = _mm512_min_epi32(_mm512_max_epi32(out.code(_mm512_setr_ps(l, h, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
+                                                          _mm512_setzero_si512()),
+                                         _mm512_set1_epi32(255));
+      _mm512_store_si512(codes, q);
+      code_lo = _mm512_set1_epi32(std::isinf(l) ? 0 : codes[0]);
+      code_hi = _mm512_set1_epi32(std::isinf(h) ? 255 : codes[1]);
+    }
+  }
+  template <int NV>
+  [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, void* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
+    if (clamp && out.u8) {
+      for (int j = 0; j < nv; ++j) U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, out.code(y[j]))), c, ldc, i, n + j * 16, mk[j]);
+      return;
+    }
+    if (clamp) {
+      for (int j = 0; j < nv; ++j) out.store(_mm512_min_ps(hi, _mm512_max_ps(lo, y[j])), c, ldc, i, n + j * 16, mk[j]);
+      return;
+    }
+    __m512 zv[NV];
+    if (residual)
+      for (int j = 0; j < nv; ++j) zv[j] = z.at(i, n + j * 16, mk[j]);
+    for (int j = 0; j < nv; ++j) {
+      __m512 v = register_activation(act, y[j]);
+      if (residual) v = _mm512_add_ps(v, zv[j]);
+      out.store(register_activation(post, v), c, ldc, i, n + j * 16, mk[j]);
+    }
+  }
+  ActivationSpec act, post;
+  bool residual, clamp;
+  __m512 lo, hi;
+  __m512i code_lo = _mm512_setzero_si512(), code_hi = _mm512_set1_epi32(255);
+  U8s8Residual z;
+  U8s8Out out;
 };
 
 }  // namespace kiln::cpu::gemm
