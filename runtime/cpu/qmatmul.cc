@@ -64,13 +64,14 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
 
 // The default rule's share of those convolutions: those whose input's zero point is not 0, at
 // any thread count (oneDNN 2.6 takes a source zero point into its sums on every call: the input
-// of a layer after SiLU or after a linear bottleneck, not after ReLU or ReLU6). Of the 1x1
-// convolutions of MobileNetV2, EfficientNet-B0 and YOLO quantized by `kiln quant` (`kiln
-// compile --mode max-autotune`'s report on the 2-core Xeon), kiln's kernel took 0.25-0.95 of
-// oneDNN's time on 34 of 37 such problems at one thread (YOLO's 20x20 and 10x10 layers 0.14-0.3,
-// oneDNN's 40-50 us a call however small), 0.46-1.0 on 26 of 28 at two; each model 0.76-0.90 of
-// the time end to end. Of the rest (ResNet-50's, whose inputs follow a ReLU): at one thread,
-// those over 64 pixels or fewer,
+// of a layer after SiLU or after a linear bottleneck, not after ReLU or ReLU6). Of such 1x1
+// convolutions over more than 64 pixels in MobileNetV2, EfficientNet-B0 and YOLO quantized by
+// `kiln quant` (`kiln compile --mode max-autotune`'s reports on the 2-core Xeon), kiln's kernel
+// was the faster on 34 of 35 problems at one thread, in 0.14-0.96 of oneDNN's time (YOLO's
+// 20x20 and 10x10 layers took oneDNN 40-50 us a call however small), and on 21 of 22 at two
+// (MobileNetV2's and YOLO's) in 0.17-0.90; the models' default compiles took 0.79-0.91 of the
+// time at one thread, MobileNetV2 and EfficientNet-B0 0.73 and 0.80 at two. Of the rest
+// (ResNet-50's, whose inputs follow a ReLU): at one thread, those over 64 pixels or fewer,
 // and those without a residual of 512 input channels or more; oneDNN the rest. ResNet-50's in
 // the model (the median of three alternated profiles each, one thread): over 49 pixels
 // 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual
