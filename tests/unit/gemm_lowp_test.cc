@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -64,11 +65,14 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
     gemm::pack_b_s8(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data(), sums.data());
     // B as stored: [K, N], or [N, K] when transposed (the same values, read the other way).
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
-    // ReLU, Clip and GELU on the registers (Clip with a u8 output a clamp of the codes), Sigmoid
-    // through the row kernels.
-    for (Activation act : {Activation::relu, Activation::clip, Activation::gelu, Activation::sigmoid}) {
-      SCOPED_TRACE(std::string(activation_name(act)));
-      gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(), .act = {act, -0.1f, 0.2f}};
+    // ReLU, Clip and GELU on the registers (Clip with a u8 output a clamp of the codes, its
+    // bounds' codes saturating: FLT_MAX for no upper bound), Sigmoid through the row kernels.
+    const float big = std::numeric_limits<float>::max();
+    for (const ActivationSpec spec : std::vector<ActivationSpec>{
+             {Activation::relu}, {Activation::clip, -0.1f, 0.2f}, {Activation::clip, -big, big}, {Activation::gelu}, {Activation::sigmoid}}) {
+      const Activation act = spec.kind;
+      SCOPED_TRACE(std::string(activation_name(act)) + " " + std::to_string(spec.a) + " " + std::to_string(spec.b));
+      gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(), .act = spec};
       std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
       gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, 8, amx);
       std::vector<uint8_t> q(static_cast<size_t>(d.m * d.n), 7);
@@ -82,7 +86,7 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
           for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
           const double v = double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)];
           const double want = act == Activation::relu ? std::max(0.0, v)
-                              : act == Activation::clip ? std::clamp(v, -0.1, 0.2)
+                              : act == Activation::clip ? std::clamp(v, double{spec.a}, double{spec.b})
                               : act == Activation::sigmoid ? 1 / (1 + std::exp(-v))
                                                            : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
           const float got = y[static_cast<size_t>(i * d.n + j)];

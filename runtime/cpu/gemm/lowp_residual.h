@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -105,15 +106,18 @@ struct U8s8Finish {
     const float l = k == Activation::clip ? act.a : k == Activation::relu ? 0.f : -inf, h = k == Activation::clip ? act.b : inf;
     lo = _mm512_set1_ps(l);
     hi = _mm512_set1_ps(h);
-    if (ep.out_u8) {  // the bounds' codes as U8s8Out::code makes them, within 0..255
-      alignas(64) int32_t codes[16];
-      const __m512i q = _mm512_min_epi32(_mm512_max_epi32(out.code(_mm512_setr_ps(l, h, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)),
-                                                          _mm512_setzero_si512()),
-                                         _mm512_set1_epi32(255));
-      _mm512_store_si512(codes, q);
-      code_lo = _mm512_set1_epi32(std::isinf(l) ? 0 : codes[0]);
-      code_hi = _mm512_set1_epi32(std::isinf(h) ? 255 : codes[1]);
+    if (ep.out_u8) {
+      code_lo = _mm512_set1_epi32(bound_code(l, ep));
+      code_hi = _mm512_set1_epi32(bound_code(h, ep));
     }
+  }
+  /// A bound's code as U8s8Out::code makes it (the product by 1 / scale in f32, rounded to
+  /// nearest even as `vcvtps2dq` does under the default MXCSR), within 0..255; a bound beyond
+  /// int32 (an infinite one, or FLT_MAX for no bound) saturates by its sign.
+  static int32_t bound_code(float v, const QuantEpilogue& ep) {
+    const float t = v * (1.f / ep.out_scale);
+    if (!(std::fabs(t) < 2e9f)) return t < 0 ? 0 : 255;
+    return static_cast<int32_t>(std::clamp<long>(std::lrint(t) + ep.out_zero, 0, 255));
   }
   template <int NV>
   [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, void* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
