@@ -31,7 +31,9 @@ QAttention); a line after the table
 gives kiln int8 over kiln fp32 (the bert_base row). gpt2_int8 and llama_int8 are the GPT-2 and
 LLaMA-style test models quantized as bert_int8 is, on random token ids; GPT-2's linear layers
 include the tied LM head, whose weight both quantizers see folded (kiln quant's weight folding,
-quant_pre_process's constant folding).
+quant_pre_process's constant folding). Run only when named: mobilenetv2_int8,
+efficientnet_b0_int8 and yolo_int8, quantized whole as resnet50_int8 is, and vit_s16_int8, its
+linear layers as bert_int8's.
 bert_int4_s1 is BERT-base at sequence length 1 (the shape of an LLM's decode step: every linear
 layer one row by its weight, so reading the weights is the cost) with its MatMul weights
 quantized to 4 bits in groups of 128 (u4 with zero points): for kiln `kiln quant --weight-only

@@ -64,6 +64,26 @@ std::optional<size_t> bias_add(const Graph& g, const Uses& u, size_t n) {
   return *next;
 }
 
+// x · Sigmoid(x) written out (SiLU, as exporters write it) after node n: its Sigmoid and Mul,
+// when they alone read n's output 0 (no graph output) and the Mul alone reads the Sigmoid's.
+std::optional<std::pair<size_t, size_t>> silu_after(const Graph& g, const Uses& u, size_t n) {
+  const Node& node = g.nodes[n];
+  if (node.outputs.empty() || node.outputs[0] == kNoValue) return std::nullopt;
+  const ValueId x = node.outputs[0];
+  const std::vector<size_t>& readers = u.readers[static_cast<size_t>(x)];
+  if (readers.size() != 2 || u.is_output[static_cast<size_t>(x)]) return std::nullopt;
+  for (int first = 0; first < 2; ++first) {
+    const size_t sig = readers[static_cast<size_t>(first)], mul = readers[static_cast<size_t>(1 - first)];
+    const Node& s = g.nodes[sig];
+    const Node& m = g.nodes[mul];
+    if (s.op != "Sigmoid" || !s.domain.empty() || s.inputs[0] != x || m.op != "Mul" || !m.domain.empty() || m.num_inputs() != 2) continue;
+    if (u.only_reader(g, sig) != mul) continue;
+    const ValueId y = s.outputs[0];
+    if ((m.inputs[0] == x && m.inputs[1] == y) || (m.inputs[0] == y && m.inputs[1] == x)) return std::pair{sig, mul};
+  }
+  return std::nullopt;
+}
+
 struct Style {
   std::string name;
   QuantConfig config;
@@ -113,7 +133,7 @@ class PatternQuantizer final : public Quantizer {
   }
 
   // conv / linear, its bias Add, then (x86) + Add (+ Relu), or + one activation (for a linear
-  // layer, a GELU written out counts as one).
+  // layer, a GELU written out counts as one; for a convolution, x86, a SiLU written out).
   void layer(const Graph& g, const Uses& u, const std::map<ValueId, GeluChain>& gelus, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     auto axis = weight_axis(g, node);
@@ -149,6 +169,10 @@ class PatternQuantizer final : public Quantizer {
         auto relu = u.only_reader(g, *next);
         if (relu && g.nodes[*relu].op == "Relu" && !out.count(*relu) && allowed(*relu)) chain.push_back(*relu), pattern += "_relu";
       }
+    } else if (auto silu = conv && !view && s_.conv_activations.count("Silu") ? silu_after(g, u, last) : std::nullopt;
+               silu && free(out, {silu->first, silu->second}) && allowed(silu->first) && allowed(silu->second)) {
+      chain.insert(chain.end(), {silu->first, silu->second});  // the Mul writes the SiLU
+      pattern += "_Silu";
     } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
       if (view) chain.push_back(*view);
       chain.push_back(*next);
@@ -307,7 +331,7 @@ QuantConfig xnnpack_config(bool per_channel) {
 
 std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_channel, NodeFilter filter, bool dynamic) {
   if (name == "x86")
-    return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(dynamic), {"Relu", "Clip", "HardSwish"},
+    return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(dynamic), {"Relu", "Clip", "HardSwish", "Silu"},
                                                     {"Relu", "LeakyRelu", "Tanh", "Gelu"}, true,
                                                     {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true},
                                               std::move(filter));

@@ -193,6 +193,62 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
 }
 
+// x → Conv 1x1 → SiLU written out (x · Sigmoid(x), as EfficientNet's and YOLO's exporters
+// write it) → Conv 3x3 → SiLU → Conv 1x1 (whose output a SiLU shares with a graph output: no
+// SiLU in its pattern): the x86 quantizer takes each SiLU into its convolution's pattern, so no
+// Q/DQ pair splits them and none sits on the f32 Sigmoid and Mul; compiled, each is one
+// QFusedConv with a Silu epilogue (kiln's GEMM for the 1x1, oneDNN's swish post-op for the 3x3)
+// that runs like the quantized model's reference.
+TEST(X86Quantizer, ConvTakesTheSiluAfterIt) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 8, 6, 6});
+  auto silu = [&](const std::string& name, ValueId v) { return b.op(name + "_mul", "Mul", {v, b.op(name + "_sig", "Sigmoid", {v})}); };
+  ValueId c1 = b.op("conv1", "Conv", {x, b.constant("w1", weights({16, 8, 1, 1})), b.constant("b1", weights({16}))});
+  ValueId s1 = silu("silu1", c1);
+  ValueId c2 = b.op("conv2", "Conv", {s1, b.constant("w2", weights({16, 16, 3, 3})), b.constant("b2", weights({16}))},
+                    {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  ValueId s2 = silu("silu2", c2);
+  ValueId c3 = b.op("conv3", "Conv", {s2, b.constant("w3", weights({8, 16, 1, 1}))});
+  Model m = b.done({silu("silu3", c3), c3});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  EXPECT_EQ(a.at(node_index(m, "conv1")).pattern, "conv_Silu");
+  EXPECT_EQ(a.at(node_index(m, "conv2")).pattern, "conv_Silu");
+  EXPECT_EQ(a.at(node_index(m, "conv3")).pattern, "conv");
+  for (const char* name : {"silu1_sig", "silu2_sig"}) {
+    ASSERT_TRUE(a.count(node_index(m, name))) << name;
+    EXPECT_FALSE(a.at(node_index(m, name)).output.has_value()) << name;  // inside the pattern
+  }
+  EXPECT_FALSE(a.at(node_index(m, "conv1")).output.has_value());
+  EXPECT_NE(spec(a.at(node_index(m, "silu1_mul")).output), nullptr);
+  EXPECT_NE(spec(a.at(node_index(m, "silu2_mul")).output), nullptr);
+  EXPECT_FALSE(a.count(node_index(m, "silu3_sig")));
+  // XNNPACK's quantizer fuses no SiLU.
+  Annotations xa;
+  ASSERT_TRUE(make_quantizer("xnnpack")->annotate(m.graph, xa).ok());
+  EXPECT_EQ(xa.at(node_index(m, "conv1")).pattern, "conv");
+
+  std::vector<float> xv(288);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i)) * 3;
+  const std::vector<Tensor> in = {testing::make<float>({1, 8, 6, 6}, xv)};
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
+  const std::vector<Tensor> want = testing::run_reference(m, in);
+  CompileOptions options;
+  options.target.threads = 1;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<std::string> activations;
+  for (const Node& n : m.graph.nodes)
+    if (n.op == "QFusedConv") activations.push_back(n.attr_string("activation", ""));
+  EXPECT_EQ(activations, (std::vector<std::string>{"Silu", "Silu"})) << testing::nodes_text(m.graph);
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(in);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_LE(testing::relative_l2((*got)[i], want[i]), 1e-2) << i;
+}
+
 // GPT-2's layers multiply 2-D rows between Reshapes (Reshape -> Gemm -> Reshape back): the x86
 // quantizer takes the Reshape into the linear layer's GELU and residual-Add patterns, and the
 // compiled model (drop_linear_reshapes, then lower_int8) runs the block on int8 nodes alone, as
