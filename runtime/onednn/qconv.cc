@@ -12,10 +12,20 @@
 // the final rounding (a tie rounds with the zero point added, so an odd one may move it a step):
 // the output is within one quantization step of the reference.
 //
+// A SiLU with nothing after it (EfficientNet's and YOLO's convolutions) is the exception:
+// oneDNN 2.6's swish post-op cost its int8 kernels about 1.5-2.7 cycles a value (YOLO's 3x3
+// stride-2 80x80x32 layer 117 → 263 µs, EfficientNet-B0's 56x56x144 depthwise one 118 → 293 µs,
+// one thread), so oneDNN writes the f32 values (scaled, biased) into the workspace and kiln's
+// row kernels apply the SiLU and quantize them, a few thousand values at a time while they are
+// in L1.
+//
 // Weights must be constant with zero zero points (the quantizers' symmetric weights); the
 // scales and zero points must be constant. Channels-last tensors (what compile makes) are
 // oneDNN's fastest int8 layout; channels-first ones run too.
+#include <omp.h>
+
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/rows.h"
 #include "runtime/onednn/onednn.h"
 #include "runtime/threads.h"
 
@@ -53,7 +63,13 @@ class QConvKernel final : public Kernel {
       const std::vector<int64_t>&xs = geo.xs, &ys = geo.ys, &wdims = geo.wdims;
       const int64_t m = q.inputs[3].shape.concrete()[0];
       const memory::dims &strides = geo.strides, &dil = geo.dilations, &pad_l = geo.pad_l, &pad_r = geo.pad_r;
-      const memory::data_type xt = int8_type(q.inputs[0].dtype), yt = int8_type(q.outputs[0].dtype);
+      KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(q.node, "activation"));
+      KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(q.node, "post_activation"));
+      has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
+      const std::optional<cpu::Isa> isa = cpu::best_isa(q.target.cpu);
+      own_silu_ = act.kind == Activation::silu && !has_z_ && post.kind == Activation::none && isa;
+      const memory::data_type xt = int8_type(q.inputs[0].dtype);
+      const memory::data_type yt = own_silu_ ? memory::data_type::f32 : int8_type(q.outputs[0].dtype);
       const memory::desc src = last ? channels_last(xs, xt) : plain(xs, xt);
       const memory::desc dst = last ? channels_last(ys, yt) : plain(ys, yt);
       const memory::desc any_w(memory::dims(wdims.begin(), wdims.end()), memory::data_type::s8, memory::format_tag::any);
@@ -80,14 +96,19 @@ class QConvKernel final : public Kernel {
       // back to took ResNet-50's downsampling convolutions (no activation, so a zero point)
       // 1.2-1.7x the time (231 → 137 µs for layer1's on AMX, one thread).
       const int32_t zy = constant_zero_point(q.inputs[7]);
-      KILN_ASSIGN_OR_RETURN(ActivationSpec act, read_activation(q.node, "activation"));
-      KILN_ASSIGN_OR_RETURN(ActivationSpec post, read_activation(q.node, "post_activation"));
       dnnl::post_ops ops;
-      if (!append_activation(ops, act) ) return internal_error(q.node.where(), "no oneDNN post-op for the activation");
-      has_z_ = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
-      if (has_z_) ops.append_sum(constant_scalar(q.inputs[10]), constant_zero_point(q.inputs[11]), yt);
-      if (!append_activation(ops, post)) return internal_error(q.node.where(), "no oneDNN post-op for the post-activation");
-      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / constant_scalar(q.inputs[6]), static_cast<float>(zy));
+      if (own_silu_) {  // kiln's SiLU and quantization after it (run)
+        rows_ = &cpu::row_kernels(*isa);
+        y_scale_ = constant_scalar(q.inputs[6]);
+        y_zero_ = zy;
+        y_u8_ = q.outputs[0].dtype == DType::u8;
+        threads_ = std::max(1, q.target.threads);
+      } else {
+        if (!append_activation(ops, act)) return internal_error(q.node.where(), "no oneDNN post-op for the activation");
+        if (has_z_) ops.append_sum(constant_scalar(q.inputs[10]), constant_zero_point(q.inputs[11]), yt);
+        if (!append_activation(ops, post)) return internal_error(q.node.where(), "no oneDNN post-op for the post-activation");
+        ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / constant_scalar(q.inputs[6]), static_cast<float>(zy));
+      }
       attr.set_post_ops(ops);
 
       dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, any_w,
@@ -106,7 +127,9 @@ class QConvKernel final : public Kernel {
       dst_ = memory(dst, cpu_engine(), nullptr);
       if (has_bias_) bias_mem_ = memory(bias_desc, cpu_engine(), bias_.raw());
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
-      needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      // The scratchpad, then (own_silu_) the f32 values from a 64-byte boundary.
+      scratch_bytes_ = (pd.scratchpad_desc().get_size() + 63) / 64 * 64;
+      needs.workspace_bytes = scratch_bytes_ + (own_silu_ ? static_cast<size_t>(shape_numel(ys)) * sizeof(float) : 0);
       return {};
     });
   }
@@ -115,24 +138,54 @@ class QConvKernel final : public Kernel {
     return guarded(ctx.node(), [&]() -> Status {
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       Tensor& y = ctx.output(0);
-      dst_.set_data_handle(y.raw());
+      const std::span<std::byte> ws = ctx.workspace();
+      auto* values = own_silu_ ? reinterpret_cast<float*>(ws.data() + scratch_bytes_) : nullptr;
+      dst_.set_data_handle(own_silu_ ? static_cast<void*>(values) : y.raw());
       if (has_z_ && y.raw() != ctx.input(9).raw()) parallel_copy(y.raw(), ctx.input(9).raw(), y.nbytes());  // the sum post-op's operand, unless Y is Z
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}};
       if (has_bias_) args.emplace(DNNL_ARG_BIAS, bias_mem_);
-      execute(prim_, args, scratch_, ctx.workspace());
+      execute(prim_, args, scratch_, ws.first(std::min(ws.size(), scratch_bytes_)));
+      if (own_silu_) silu_and_quantize(values, y);
       return {};
     });
   }
 
-  std::string label() const override { return impl_; }
+  std::string label() const override { return own_silu_ ? impl_ + ", kiln silu" : impl_; }
   // The sum post-op adds to the destination: Y may be Z's memory.
   int overwrites_input() const override { return has_z_ ? 9 : -1; }
 
  private:
+  // y = quantize(SiLU(values)), in stretches of kStretch values (in L1 between the two steps)
+  // shared among the threads.
+  void silu_and_quantize(float* values, Tensor& y) const {
+    constexpr int64_t kStretch = 4096;
+    const int64_t n = y.numel(), stretches = (n + kStretch - 1) / kStretch;
+    const int t = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), stretches}));
+    auto* out = static_cast<std::byte*>(y.raw());
+    const ActivationSpec silu{Activation::silu};
+#pragma omp parallel num_threads(t) if (t > 1)
+    {
+      WorkerSpan span;
+      const auto [s0, s1] = even_share(stretches, omp_get_num_threads(), omp_get_thread_num());
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t b = s * kStretch, count = std::min(kStretch, n - b);
+        rows_->activation(values + b, values + b, count, silu);
+        rows_->quantize(values + b, out + b, count, y_scale_, y_zero_, y_u8_);
+      }
+    }
+  }
+
   dnnl::convolution_forward prim_;
   memory weights_, src_, dst_, bias_mem_, scratch_;
   Tensor bias_;
   bool has_bias_ = false, has_z_ = false;
+  bool own_silu_ = false;  ///< oneDNN writes f32 values, kiln applies the SiLU and quantizes
+  const cpu::RowKernels* rows_ = nullptr;
+  float y_scale_ = 1;
+  int32_t y_zero_ = 0;
+  bool y_u8_ = true;
+  int threads_ = 1;
+  size_t scratch_bytes_ = 0;
   std::string impl_;  ///< oneDNN's implementation ("brg:avx512_core_vnni")
 };
 

@@ -144,6 +144,20 @@ TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
       s.residual = false;
       s.post.clear();
       expect_within_one_step(qconv_case(s), "onednn.qconv");
+      // SiLU alone: oneDNN writes f32 values, kiln applies the SiLU and quantizes them; also a
+      // depthwise one (EfficientNet's) and one over more pixels than a stretch of 4,096 values.
+      s.activation = "Silu";
+      for (QConv v : {s, QConv{1, 24, 7, 7, 24, 3, 1, 24}, QConv{1, 16, 30, 30, 24, 3, 2, 1}}) {
+        v.act = act, v.per_channel = per_channel, v.activation = "Silu";
+        SCOPED_TRACE("silu " + std::to_string(v.c) + "->" + std::to_string(v.m) + " group " + std::to_string(v.group));
+        const testing::BothRuns r = testing::run_both(qconv_case(v));
+        EXPECT_EQ(r.kernel, "onednn.qconv");
+        EXPECT_NE(r.label.find(", kiln silu"), std::string::npos) << r.label;
+        ASSERT_EQ(r.fast.size(), 1u);
+        EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1);
+        const std::vector<double> y = r.ref[0].to_double_vector();
+        EXPECT_GT(*std::max_element(y.begin(), y.end()) - *std::min_element(y.begin(), y.end()), 20);
+      }
     }
   }
 }
