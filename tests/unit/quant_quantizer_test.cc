@@ -145,6 +145,27 @@ void calibrate_and_convert(Model& m, const Annotations& a, const std::vector<std
   if (stats) *stats = *converted;
 }
 
+// calibrate_and_convert on `in`, the quantized model's reference outputs on `in` into `want`,
+// then `kiln compile` for one thread.
+void quantize_and_compile(Model& m, const Annotations& a, const std::vector<Tensor>& in, std::vector<Tensor>& want) {
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
+  want = testing::run_reference(m, in);
+  CompileOptions options;
+  options.target.threads = 1;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+}
+
+// The compiled model's outputs on `in`, each within `tol` relative L2 of `want`'s.
+void expect_compiled_runs_like(const Model& m, const std::vector<Tensor>& in, const std::vector<Tensor>& want, double tol) {
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto got = (*s)->run(in);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_EQ(got->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(testing::relative_l2((*got)[i], want[i]), tol) << i;
+}
+
 TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   Model m = linear_gelu();
   Annotations a;
@@ -167,12 +188,8 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   std::vector<float> xv(64);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.41f * static_cast<float>(i)) * 2;
   const std::vector<Tensor> in = {testing::make<float>({4, 16}, xv)};
-  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
-  const std::vector<Tensor> want = testing::run_reference(m, in);
-  CompileOptions options;
-  options.target.threads = 1;
-  auto report = compile_model(m, options);
-  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, in, want));
   std::vector<std::string> activations;
   for (const Node& n : m.graph.nodes)
     if (n.op == "QFusedMatMul") {
@@ -185,12 +202,7 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
       EXPECT_EQ(w.layout()->packed_for.rfind("kiln gemm_u8s8", 0), 0u) << w.layout()->packed_for;
     }
   EXPECT_EQ(activations, (std::vector<std::string>{"Gelu", "GeluTanh", ""})) << testing::nodes_text(m.graph);
-  auto s = Session::create(m);
-  ASSERT_TRUE(s.ok()) << s.error().message();
-  auto got = (*s)->run(in);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  ASSERT_EQ(got->size(), 1u);
-  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-3);
+  expect_compiled_runs_like(m, in, want, 1e-3);
 }
 
 // x → Conv 1x1 → SiLU written out (x · Sigmoid(x), as EfficientNet's and YOLO's exporters
@@ -231,22 +243,13 @@ TEST(X86Quantizer, ConvTakesTheSiluAfterIt) {
   std::vector<float> xv(288);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i)) * 3;
   const std::vector<Tensor> in = {testing::make<float>({1, 8, 6, 6}, xv)};
-  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
-  const std::vector<Tensor> want = testing::run_reference(m, in);
-  CompileOptions options;
-  options.target.threads = 1;
-  auto report = compile_model(m, options);
-  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, in, want));
   std::vector<std::string> activations;
   for (const Node& n : m.graph.nodes)
     if (n.op == "QFusedConv") activations.push_back(n.attr_string("activation", ""));
   EXPECT_EQ(activations, (std::vector<std::string>{"Silu", "Silu"})) << testing::nodes_text(m.graph);
-  auto s = Session::create(m);
-  ASSERT_TRUE(s.ok()) << s.error().message();
-  auto got = (*s)->run(in);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  ASSERT_EQ(got->size(), 2u);
-  for (size_t i = 0; i < 2; ++i) EXPECT_LE(testing::relative_l2((*got)[i], want[i]), 1e-2) << i;
+  expect_compiled_runs_like(m, in, want, 1e-2);
 }
 
 // GPT-2's layers multiply 2-D rows between Reshapes (Reshape -> Gemm -> Reshape back): the x86
