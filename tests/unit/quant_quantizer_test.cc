@@ -145,11 +145,11 @@ void calibrate_and_convert(Model& m, const Annotations& a, const std::vector<std
   if (stats) *stats = *converted;
 }
 
-// calibrate_and_convert on `in`, the quantized model's reference outputs on `in` into `want`,
-// then `kiln compile` for one thread.
-void quantize_and_compile(Model& m, const Annotations& a, const std::vector<Tensor>& in, std::vector<Tensor>& want) {
-  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, {in}));
-  want = testing::run_reference(m, in);
+// calibrate_and_convert on `samples`, the quantized model's reference outputs on the first
+// into `want`, then `kiln compile` for one thread.
+void quantize_and_compile(Model& m, const Annotations& a, const std::vector<std::vector<Tensor>>& samples, std::vector<Tensor>& want) {
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples));
+  want = testing::run_reference(m, samples[0]);
   CompileOptions options;
   options.target.threads = 1;
   auto report = compile_model(m, options);
@@ -189,7 +189,7 @@ TEST(X86Quantizer, LinearTakesTheGeluAfterIt) {
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.41f * static_cast<float>(i)) * 2;
   const std::vector<Tensor> in = {testing::make<float>({4, 16}, xv)};
   std::vector<Tensor> want;
-  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, in, want));
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, {in}, want));
   std::vector<std::string> activations;
   for (const Node& n : m.graph.nodes)
     if (n.op == "QFusedMatMul") {
@@ -244,7 +244,7 @@ TEST(X86Quantizer, ConvTakesTheSiluAfterIt) {
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i)) * 3;
   const std::vector<Tensor> in = {testing::make<float>({1, 8, 6, 6}, xv)};
   std::vector<Tensor> want;
-  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, in, want));
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, {in}, want));
   std::vector<std::string> activations;
   for (const Node& n : m.graph.nodes)
     if (n.op == "QFusedConv") activations.push_back(n.attr_string("activation", ""));
@@ -290,12 +290,8 @@ TEST(X86Quantizer, LinearLayersBetweenReshapesKeepTheirPatterns) {
     for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(seed)) * 2;
     samples.push_back({testing::make<float>({1, 8, 16}, xv)});
   }
-  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples));
-  const std::vector<Tensor> want = testing::run_reference(m, samples[0]);
-  CompileOptions options;
-  options.target.threads = 1;
-  auto report = compile_model(m, options);
-  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
   std::vector<std::string> ops;
   for (const Node& n : m.graph.nodes) ops.push_back(n.op);
   // x quantized for the up-projection and, as the residual, for the down-projection's epilogue.
@@ -304,11 +300,7 @@ TEST(X86Quantizer, LinearLayersBetweenReshapesKeepTheirPatterns) {
   EXPECT_EQ(m.graph.nodes[1].attr_string("activation", ""), "GeluTanh");
   EXPECT_EQ(m.graph.value(m.graph.nodes[1].outputs[0]).dtype, DType::u8);
   EXPECT_EQ(m.graph.nodes[3].inputs[0], m.graph.nodes[1].outputs[0]) << "the codes, not requantized";
-  auto s = Session::create(m);
-  ASSERT_TRUE(s.ok()) << s.error().message();
-  auto got = (*s)->run(samples[0]);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-2);
+  expect_compiled_runs_like(m, samples[0], want, 1e-2);
 }
 
 // A weight computed from constants is folded before annotation, so that the quantizers see it:
