@@ -32,7 +32,7 @@ bool has_subgraph(const Node& n) {
 // boundary may land one step off: their 8-bit outputs may differ by one step, within the
 // relative L2 of low-precision kernels.
 bool requantizes(const Node& n) {
-  static const std::set<std::string_view> ops = {"QFusedConv", "QFusedMatMul", "QAdd", "QLayerNormalization", "QAttention"};
+  static const std::set<std::string_view> ops = {"QFusedConv", "QFusedMatMul", "QAdd", "QMul", "QGlobalAveragePool", "QLayerNormalization", "QAttention"};
   return n.domain.empty() && ops.count(n.op) > 0;
 }
 

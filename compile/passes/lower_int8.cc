@@ -7,6 +7,10 @@
 //        -> QFusedMatMul (its output quantized as Q does, or f32 when no Q reads it); `a` may be
 //           DynamicQuantizeLinear's (a dynamically quantized layer: its scale each run's)
 //   DQ(a) + DQ(b) [-> Relu] -> Q, a and b of the output's shape -> QAdd (a residual add)
+//   DQ(a) * b -> Q, b f32 of a's shape or a channel gate ([N or 1, 1.., C] against channels-last
+//        a: a squeeze-excite block's scales) -> QMul, b read as it is
+//   DQ(x) -> GlobalAveragePool (channels-last) -> Q -> QGlobalAveragePool (a squeeze), so
+//        that such a block's int8 tensor is never dequantized whole
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
@@ -48,6 +52,7 @@
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/attention_amx.h"
 #include "runtime/cpu/gemm/woq.h"
+#include "runtime/cpu/quant.h"
 
 namespace kiln {
 
@@ -61,7 +66,7 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0, muls = 0, averages = 0;
 
   /// `woq`: the target runs WoqFusedMatMul's kernel; `amx`: QAttention's.
   void run(bool woq, bool amx) {
@@ -78,6 +83,8 @@ class Lowering {
       else if (op == "LayerNormalization") norms += layer_norm(i);
       else if (op == "Attention" && amx) attentions += attention(i);
       else if (op == "Add") adds += add(i);
+      else if (op == "Mul") muls += mul(i);
+      else if (op == "GlobalAveragePool") averages += global_average(i);
     }
   }
 
@@ -394,6 +401,66 @@ class Lowering {
     return true;
   }
 
+  // DQ(a) * b -> Q (either order), b f32 as QMul's kernel takes it (a's shape, or a channel
+  // gate): QMul, a's codes scaled by b and requantized in one pass.
+  bool mul(size_t i) {
+    const Node& n = g_.nodes[i];
+    if (n.inputs.size() != 2 || n.outputs.size() != 1) return false;
+    const Shape& ys = g_.value(n.outputs[0]).shape;
+    for (size_t k = 0; k < 2; ++k) {
+      const Node* ta = nullptr;
+      const Node* da = dequantized(n.inputs[k], &ta);
+      const ValueId b = n.inputs[1 - k];
+      if (!da || ta || g_.value(b).dtype != DType::f32 || g_.value(n.inputs[k]).shape != ys ||
+          !cpu::qmul_shape(ys, g_.value(b).shape))
+        continue;
+      int64_t tq = -1;
+      const int64_t q = quantized_by(n.outputs[0], &tq);
+      if (q < 0 || tq >= 0) return false;
+      const Node& qn = g_.nodes[static_cast<size_t>(q)];
+      Node m;
+      m.name = n.name;
+      m.op = "QMul";
+      m.sources = n.sources;
+      if (m.sources.empty()) m.sources.push_back(n.name);
+      m.inputs = {da->inputs[0], da->inputs[1], da->inputs[2], b, qn.inputs[1], qn.inputs[2]};
+      absorb(m, qn);
+      m.outputs = {int8_result(n.outputs[0], q, -1)};
+      before_[i].push_back(std::move(m));
+      drop_[i] = 1;
+      return true;
+    }
+    return false;
+  }
+
+  // DQ(x) -> GlobalAveragePool (channels-last, as its kernel takes it) -> Q: QGlobalAveragePool
+  // on the codes.
+  bool global_average(size_t i) {
+    const Node& p = g_.nodes[i];
+    if (p.inputs.size() != 1 || p.outputs.size() != 1 || !nn::channels_last(p)) return false;
+    const Shape& xs = g_.value(p.inputs[0]).shape;
+    if (!xs.is_concrete() || xs.rank() < 3) return false;
+    const Node* tx = nullptr;
+    const Node* dx = dequantized(p.inputs[0], &tx);
+    if (!dx || tx) return false;
+    int64_t tq = -1;
+    const int64_t q = quantized_by(p.outputs[0], &tq);
+    if (q < 0 || tq >= 0) return false;
+    const Node& qn = g_.nodes[static_cast<size_t>(q)];
+    Node n;
+    n.name = p.name;
+    n.op = "QGlobalAveragePool";
+    n.attrs = p.attrs;
+    n.sources = p.sources;
+    if (n.sources.empty()) n.sources.push_back(p.name);
+    n.inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2], qn.inputs[1], qn.inputs[2]};
+    absorb(n, qn);
+    n.outputs = {int8_result(p.outputs[0], q, -1)};
+    before_[i].push_back(std::move(n));
+    drop_[i] = 1;
+    return true;
+  }
+
   // DQ(x) -> LayerNormalization (constant f32 scale and B, no Mean / InvStdDev read) -> Q:
   // QLayerNormalization, x's rows normalized where they are read and quantized where written.
   bool layer_norm(size_t i) {
@@ -634,7 +701,9 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + dequantized + requantized == 0 && folded == 0)
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + dequantized + requantized ==
+          0 &&
+      folded == 0)
     return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
@@ -645,6 +714,10 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
     s += (s.empty() ? "lowered " : "; ") + count_of(l.norms, "layer normalization", "layer normalizations") + " to QLayerNormalization";
   if (l.attentions)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.attentions, "attention", "attentions") + " to QAttention";
+  if (l.muls)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.muls, "multiplication", "multiplications") + " by f32 factors to QMul";
+  if (l.averages)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.averages, "global average pool", "global average pools") + " to QGlobalAveragePool";
   if (dequantized) s += (s.empty() ? "" : "; ") + count_of(dequantized, "linear layer's output", "linear layers' outputs") + " dequantized in the layer's store";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +

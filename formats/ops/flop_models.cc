@@ -493,7 +493,8 @@ const Model kModels[] = {
     {"CumSum", per_input<1>}, {"CumProd", per_input<1>}, {"TopK", topk}, {"Unique", unique},
     // softmax and normalizations: per input element
     {"Softmax", per_input<kSoftmax>}, {"LogSoftmax", per_input<kLogSoftmax>},
-    {"LayerNormalization", per_input<kLayerNorm>}, {"QLayerNormalization", per_input<kDequantize + kLayerNorm + kQuantize>}, {"RMSNormalization", per_input<kRmsNorm>},
+    {"LayerNormalization", per_input<kLayerNorm>}, {"QLayerNormalization", per_input<kDequantize + kLayerNorm + kQuantize>},
+    {"QMul", per_output<kDequantize + 1 + kQuantize>}, {"QGlobalAveragePool", per_input<1>}, {"RMSNormalization", per_input<kRmsNorm>},
     {"BatchNormalization", per_input<kBatchNorm>}, {"InstanceNormalization", per_input<kLayerNorm>},
     {"GroupNormalization", per_input<kLayerNorm>}, {"LpNormalization", per_input<kLpNorm>},
     {"LRN", lrn},

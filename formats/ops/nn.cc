@@ -795,6 +795,19 @@ Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, in
 Status infer_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_pool); }
 Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_global_pool); }
 
+// QGlobalAveragePool: GlobalAveragePool of dequantized u8/s8 x, quantized with y's scale and
+// zero point (scalars); y takes y_zero_point's type.
+Status infer_qglobal_average_pool(InferContext& ctx) {
+  for (size_t i : {size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  KILN_RETURN_IF_ERROR(infer_layout(ctx, infer_global_pool));
+  ctx.outputs()[0].dtype = ctx.dtype(4);
+  return {};
+}
+
 }  // namespace
 }  // namespace nn
 
@@ -898,6 +911,10 @@ void register_nn_ops(OpRegistry& r) {
                      infer_pool}).traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"GlobalAveragePool", "mean over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout})
       .traits.types = {input(0, kFloat)};
+  r.add("", OpSchema{"QGlobalAveragePool", "GlobalAveragePool of dequantized u8/s8 x, quantized (made by compile)", 5, 5, 1, 1,
+                     {kChannelsLast}, infer_qglobal_average_pool})
+      .traits.types = {input(0, DType::u8 | DType::i8, "x"), input(1, DType::f32, "x_scale"), same_as(2, 0, "x_zero_point"),
+                       same_as(3, 1, "y_scale"), input(4, DType::u8 | DType::i8, "y_zero_point")};
   r.add("", OpSchema{"GlobalMaxPool", "max over all spatial dims", 1, 1, 1, 1, {kChannelsLast}, infer_global_pool_any_layout})
       .traits.types = {input(0, kFloat)};
   r.add("", OpSchema{"GlobalLpPool", "p-norm over all spatial dims", 1, 1, 1, 1,

@@ -1,6 +1,6 @@
 // Core ops of the quant family: QuantizeLinear / DequantizeLinear (per tensor, per axis, blocked),
 // DynamicQuantizeLinear, the integer compute ops of ONNX's QOperator format (QLinearMatMul,
-// QLinearConv, MatMulInteger, ConvInteger), and QAdd, which `kiln compile` makes. Their semantics are the newest ONNX versions'; the
+// QLinearConv, MatMulInteger, ConvInteger), and QAdd and QMul, which `kiln compile` makes. Their semantics are the newest ONNX versions'; the
 // shape rules here are shared by export (symbolic shapes) and the runtime (concrete shapes).
 #include <algorithm>
 
@@ -196,6 +196,19 @@ Status infer_qadd(InferContext& ctx) {
   return {};
 }
 
+// QMul: y = Q(DQ(a) · b), b f32 (a gate: EfficientNet's squeeze-excite scales), a's and y's
+// scales and zero points scalars; numpy broadcasting of a and b; y takes y_zero_point's type.
+Status infer_qmul(InferContext& ctx) {
+  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) {
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  KILN_ASSIGN_OR_RETURN(Shape y, broadcast_shapes(ctx.shape(0), ctx.shape(3), ctx));
+  ctx.set_output(0, ctx.dtype(5), std::move(y));
+  return {};
+}
+
 std::vector<AttrSpec> conv_attrs() {
   return {{"auto_pad", AttrType::string, false, "NOTSET, VALID, SAME_UPPER or SAME_LOWER"},
           {"dilations", AttrType::ints, false, "per spatial dim, default 1"},
@@ -256,6 +269,9 @@ void register_quant_ops(OpRegistry& r) {
       .traits.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
                        input(3, int8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
                        same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point")};
+  r.add("", OpSchema{"QMul", "dequantized u8/s8 a times f32 b, quantized (made by compile)", 6, 6, 1, 1, {}, infer_qmul})
+      .traits.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"), same_as(3, 1, "b"),
+                       same_as(4, 1, "y_scale"), input(5, int8, "y_zero_point")};
 }
 
 }  // namespace kiln

@@ -3,10 +3,12 @@
 // (or maxed) down the columns. oneDNN's pooling runs a batch-1 image on one thread; here the
 // threads share each image's pixels (from kParallelValues values), each reducing its rows into
 // its own row of C, and then share the channels to combine those rows (EfficientNet-B0's
-// squeezes, a 112x112x32 image the largest, at two threads).
+// squeezes, a 112x112x32 image the largest, at two threads). kiln.qglobal_pool_<isa>:
+// QGlobalAveragePool the same way on u8 / s8 codes (a quantized EfficientNet's squeezes).
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "formats/ops/nn_util.h"
@@ -27,8 +29,40 @@ std::optional<std::string> global_pool_declines(const KernelQuery& q, Isa isa) {
 }
 
 // Values from which the threads share an image's pixels: fewer cost more in the parallel
-// region than they save.
-constexpr int64_t kParallelValues = 1 << 15;
+// region than they save (codes: four times as many, a quarter of the bytes).
+constexpr int64_t kParallelValues = 1 << 15, kParallelCodes = 1 << 17;
+
+// The global pools' loop over n images of `pixels` rows of c values: each image's pixels shared
+// among up to `threads` threads (one when there are few), each reducing its rows into its own
+// row of c partial results (`partial`, threads · c, each row first filled with `start`:
+// reduce(image, r0, r1, row)), then its channels shared to combine them (combine(image,
+// partial, rows, c0, c1): channels [c0, c1) of the image from `rows` rows of partial results).
+template <class T, class Reduce, class Combine>
+void share_pixels(int threads, int64_t n, int64_t pixels, int64_t c, T* partial, T start, Reduce reduce, Combine combine) {
+  if (threads <= 1) {
+    for (int64_t b = 0; b < n; ++b) {
+      std::fill(partial, partial + c, start);
+      reduce(b, int64_t{0}, pixels, partial);
+      combine(b, partial, 1, int64_t{0}, c);
+    }
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    WorkerSpan span;
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    T* mine = partial + t * c;
+    for (int64_t b = 0; b < n; ++b) {
+      const auto [r0, r1] = even_share(pixels, nt, t);
+      std::fill(mine, mine + c, start);
+      reduce(b, r0, r1, mine);
+#pragma omp barrier
+      const auto [c0, c1] = even_share(c, nt, t);
+      combine(b, partial, nt, c0, c1);
+#pragma omp barrier
+    }
+  }
+}
 
 class GlobalPoolKernel final : public Kernel {
  public:
@@ -48,41 +82,19 @@ class GlobalPoolKernel final : public Kernel {
   Status run(KernelContext& ctx) override {
     const float* x = ctx.input(0).data<float>();
     float* y = ctx.output(0).data<float>();
-    float* partial = reinterpret_cast<float*>(ctx.workspace().data());
     const float start = max_ ? -std::numeric_limits<float>::infinity() : 0.f;
     const float scale = max_ ? 1.f : 1.f / static_cast<float>(pixels_);
     const int threads = pixels_ * c_ >= kParallelValues ? std::min(threads_, pool_threads()) : 1;
-    auto finish = [&](float* out, int64_t c0, int64_t c1) {
-      if (!max_)
-        for (int64_t j = c0; j < c1; ++j) out[j] *= scale;
-    };
-    if (threads <= 1) {
-      for (int64_t b = 0; b < n_; ++b) {
-        float* out = y + b * c_;
-        std::fill(out, out + c_, start);
-        rows_.column_reduce(x + b * pixels_ * c_, pixels_, c_, c_, out, max_);
-        finish(out, 0, c_);
-      }
-      return {};
-    }
-#pragma omp parallel num_threads(threads)
-    {
-      WorkerSpan span;
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      float* mine = partial + t * c_;
-      for (int64_t b = 0; b < n_; ++b) {
-        const auto [r0, r1] = even_share(pixels_, nt, t);
-        std::fill(mine, mine + c_, start);
-        rows_.column_reduce(x + (b * pixels_ + r0) * c_, r1 - r0, c_, c_, mine, max_);
-#pragma omp barrier
-        const auto [c0, c1] = even_share(c_, nt, t);
-        float* out = y + b * c_;
-        std::copy(partial + c0, partial + c1, out + c0);
-        for (int u = 1; u < nt; ++u) rows_.column_reduce(partial + u * c_ + c0, 1, c1 - c0, c_, out + c0, max_);
-        finish(out, c0, c1);
-#pragma omp barrier
-      }
-    }
+    share_pixels(
+        threads, n_, pixels_, c_, reinterpret_cast<float*>(ctx.workspace().data()), start,
+        [&](int64_t b, int64_t r0, int64_t r1, float* row) { rows_.column_reduce(x + (b * pixels_ + r0) * c_, r1 - r0, c_, c_, row, max_); },
+        [&](int64_t b, const float* partial, int rows, int64_t c0, int64_t c1) {
+          float* out = y + b * c_;
+          std::copy(partial + c0, partial + c1, out + c0);
+          for (int u = 1; u < rows; ++u) rows_.column_reduce(partial + u * c_ + c0, 1, c1 - c0, c_, out + c0, max_);
+          if (!max_)
+            for (int64_t j = c0; j < c1; ++j) out[j] *= scale;
+        });
     return {};
   }
 
@@ -92,6 +104,69 @@ class GlobalPoolKernel final : public Kernel {
   int threads_ = 1;
   bool max_ = false;
 };
+
+// QGlobalAveragePool on the codes: their integer column sums (exact), each channel's mean then
+// dequantized and quantized to y's scale as QuantizeLinear does (within one step of the
+// reference, whose sum of dequantized values rounds).
+class QGlobalPoolKernel final : public Kernel {
+ public:
+  explicit QGlobalPoolKernel(Isa isa) : rows_(row_kernels(isa)) {}
+
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
+    n_ = xs[0];
+    c_ = xs.back();
+    pixels_ = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+    sx_ = constant_scalar(q.inputs[1]);
+    zx_ = constant_zero_point(q.inputs[2]);
+    sy_ = constant_scalar(q.inputs[3]);
+    zy_ = constant_zero_point(q.inputs[4]);
+    x_u8_ = q.inputs[0].dtype == DType::u8;
+    y_u8_ = q.outputs[0].dtype == DType::u8;
+    threads_ = std::max(1, q.target.threads);
+    needs.workspace_bytes = static_cast<size_t>(threads_ * c_) * sizeof(int32_t) + static_cast<size_t>(c_) * sizeof(float);
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
+    const int threads = pixels_ * c_ >= kParallelCodes ? std::min(threads_, pool_threads()) : 1;
+    const double per_pixel = 1.0 / static_cast<double>(pixels_);
+    auto* partial = reinterpret_cast<int32_t*>(ctx.workspace().data());
+    float* means = reinterpret_cast<float*>(partial + threads_ * c_);  // an image's channel means, dequantized
+    share_pixels(
+        threads, n_, pixels_, c_, partial, int32_t{0},
+        [&](int64_t b, int64_t r0, int64_t r1, int32_t* row) { rows_.qcolumn_sum(x + (b * pixels_ + r0) * c_, x_u8_, r1 - r0, c_, c_, row); },
+        [&](int64_t b, const int32_t* partial, int rows, int64_t c0, int64_t c1) {
+          for (int64_t j = c0; j < c1; ++j) {
+            int64_t sum = 0;
+            for (int u = 0; u < rows; ++u) sum += partial[u * c_ + j];
+            means[j] = static_cast<float>((static_cast<double>(sum) * per_pixel - zx_) * sx_);
+          }
+          rows_.quantize(means + c0, y + b * c_ + c0, c1 - c0, sy_, zy_, y_u8_);
+        });
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+  int64_t n_ = 0, c_ = 0, pixels_ = 0;
+  float sx_ = 1, sy_ = 1;
+  int32_t zx_ = 0, zy_ = 0;
+  int threads_ = 1;
+  bool x_u8_ = true, y_u8_ = true;
+};
+
+std::optional<std::string> qglobal_pool_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  if (!q.inputs[0].shape.is_concrete()) return "x's shape is not known";
+  if (!nn::channels_last(q.node)) return "not channels-last";
+  if (q.inputs[0].shape.rank() < 3) return "no spatial dims";
+  for (size_t i = 1; i < 5; ++i)
+    if (!q.inputs[i].value || q.inputs[i].value->numel() != 1) return "the scales and zero points are not constant scalars";
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -103,6 +178,12 @@ void register_global_pool(KernelRegistry& r) {
                        .declines = [isa](const KernelQuery& q) { return global_pool_declines(q, isa); },
                        .create = [isa](const KernelQuery&) { return std::make_unique<GlobalPoolKernel>(isa); },
                        .needs_isa = isa_features(isa)});
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("QGlobalAveragePool", "cpu",
+          KernelImpl{.name = std::string("kiln.qglobal_pool_") + isa_name(isa),
+                     .declines = [isa](const KernelQuery& q) { return qglobal_pool_declines(q, isa); },
+                     .create = [isa](const KernelQuery&) { return std::make_unique<QGlobalPoolKernel>(isa); },
+                     .needs_isa = isa_features(isa)});
 }
 
 }  // namespace kiln::cpu

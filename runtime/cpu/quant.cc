@@ -3,10 +3,14 @@
 // the target's ISA: where a quantized model's int8 region starts and ends (the reference kernels
 // work in double per element, 40 times slower); kiln.dynamic_quantize_<isa>:
 // DynamicQuantizeLinear (a dynamically quantized linear layer's input). Bit-exact with the
-// reference. kiln.qadd_<isa>: QAdd (a quantized residual add).
+// reference. kiln.qadd_<isa>: QAdd (a quantized residual add); kiln.qmul_<isa>: QMul (a
+// quantized tensor times f32 factors: a squeeze-excite block's channel gate).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/cpu/quant.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 
@@ -21,8 +25,8 @@ namespace {
 // thread, and 0.25-0.34 against 0.41-0.45 to quantize, 14; int8 BERT-base at sequence 128).
 constexpr int64_t kPiece = 16384, kParallelElements = 1 << 16;
 template <class F>
-void over_pieces(int64_t n, F&& f) {
-  if (n < kParallelElements) {
+void over_pieces(int64_t n, F&& f, int64_t parallel_from = kParallelElements) {
+  if (n < parallel_from) {
     f(0, n);
     return;
   }
@@ -144,13 +148,107 @@ std::optional<std::string> qadd_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
+// QMul in one pass (RowKernels::qscale): each value a's code times a factor plus an offset,
+// requantized, where factor = b · a's scale / y's scale and offset = −a's zero point · factor
+// (a NaN factor 0: the product quantizes to the zero point, as the reference's NaN does). A
+// channel gate's factors and offsets are made once per image, each run (c values); b of a's
+// shape has its own made a stretch at a time in the thread's workspace. The rows are shared
+// among the threads in pieces.
+// Codes from which QMul's threads share the rows (a byte in and out each, a quarter of the
+// quantization's bytes).
+constexpr int64_t kParallelCodes = 1 << 17;
+
+class QMulKernel final : public Kernel {
+ public:
+  explicit QMulKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    shape_ = *qmul_shape(q.inputs[0].shape, q.inputs[3].shape);
+    k_ = constant_scalar(q.inputs[1]) / constant_scalar(q.inputs[4]);
+    za_ = constant_scalar(q.inputs[2]);
+    zy_ = constant_scalar(q.inputs[5]);
+    a_u8_ = q.inputs[0].dtype == DType::u8;
+    y_u8_ = q.outputs[0].dtype == DType::u8;
+    const int64_t floats = shape_.gate ? 2 * shape_.images * shape_.c : 2 * kPiece * std::max(1, q.target.threads);
+    needs.workspace_bytes = static_cast<size_t>(floats) * sizeof(float);
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const auto* a = static_cast<const std::byte*>(ctx.input(0).raw());
+    const float* b = ctx.input(3).data<float>();
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
+    float* work = reinterpret_cast<float*>(ctx.workspace().data());
+    auto factors = [&](const float* from, int64_t n, float* m, float* o) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float f = from[j] * k_;
+        m[j] = f == f ? f : 0.f;
+        o[j] = -za_ * m[j];
+      }
+    };
+    if (!shape_.gate) {
+      over_pieces(shape_.c, [&](int64_t from, int64_t to) {
+        float* m = work + 2 * kPiece * omp_get_thread_num();
+        for (int64_t p = from; p < to; p += kPiece) {  // one piece, or all of a small tensor
+          const int64_t n = std::min(kPiece, to - p);
+          factors(b + p, n, m, m + kPiece);
+          rows_.qscale(a + p, a_u8_, m, m + kPiece, 0, y + p, y_u8_, 1, n, zy_);
+        }
+      }, kParallelCodes);
+      return {};
+    }
+    const int64_t c = shape_.c, per = shape_.rows;
+    factors(b, shape_.images * c, work, work + shape_.images * c);
+    const float* o = work + shape_.images * c;
+    // A piece [from, to) of the values takes the rows that start in it.
+    over_pieces(shape_.images * per * c, [&](int64_t from, int64_t to) {
+      for (int64_t r = (from + c - 1) / c, r1 = (to + c - 1) / c; r < r1;) {
+        const int64_t image = r / per, end = std::min(r1, (image + 1) * per);
+        rows_.qscale(a + r * c, a_u8_, work + image * c, o + image * c, 0, y + r * c, y_u8_, end - r, c, zy_);
+        r = end;
+      }
+    }, kParallelCodes);
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+  QMulShape shape_;
+  float k_ = 1, za_ = 0, zy_ = 0;
+  bool a_u8_ = true, y_u8_ = true;
+};
+
+std::optional<std::string> qmul_declines(const KernelQuery& q, Isa isa) {
+  if (auto why = lacks(q.target.cpu, isa)) return why;
+  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}})
+    if (!q.inputs[i].value || q.inputs[i].value->numel() != 1) return "the scales and zero points are not constant scalars";
+  if (q.inputs[0].shape != q.outputs[0].shape) return "b broadcasts a";
+  if (!qmul_shape(q.inputs[0].shape, q.inputs[3].shape)) return "b is neither of a's shape nor a channel gate [N or 1, 1.., C]";
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<QMulShape> qmul_shape(const Shape& a, const Shape& b) {
+  if (!a.is_concrete() || !b.is_concrete() || a.rank() < 1 || b.rank() > a.rank()) return std::nullopt;
+  const std::vector<int64_t> as = a.concrete(), bs = b.concrete();
+  const int64_t numel = shape_numel(as);
+  if (as == bs) return QMulShape{1, 1, numel, false};
+  const size_t r = as.size(), lead = r - bs.size();
+  if (r < 2 || bs.empty() || bs.back() != as.back() || numel == 0) return std::nullopt;
+  for (size_t d = 0; d + 1 < bs.size(); ++d)
+    if (bs[d] != 1 && !(d + lead == 0 && bs[d] == as[0])) return std::nullopt;
+  const int64_t images = lead == 0 ? bs[0] : 1;
+  return QMulShape{images, numel / (images * as.back()), as.back(), true};
+}
 
 void register_quant(KernelRegistry& r) {
   for (Isa isa : {Isa::avx512, Isa::avx2})
     r.add("QAdd", "cpu",
           KernelImpl{std::string("kiln.qadd_") + isa_name(isa), [isa](const KernelQuery& q) { return qadd_declines(q, isa); },
                      [isa](const KernelQuery&) { return std::make_unique<QAddKernel>(isa); }, isa_features(isa)});
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("QMul", "cpu",
+          KernelImpl{std::string("kiln.qmul_") + isa_name(isa), [isa](const KernelQuery& q) { return qmul_declines(q, isa); },
+                     [isa](const KernelQuery&) { return std::make_unique<QMulKernel>(isa); }, isa_features(isa)});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     r.add("DynamicQuantizeLinear", "cpu",
           KernelImpl{std::string("kiln.dynamic_quantize_") + isa_name(isa),

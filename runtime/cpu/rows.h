@@ -166,6 +166,14 @@ struct RowKernels {
   /// a, b, y u8 or s8 each.
   void (*qadd)(const void* a, bool a_u8, const void* b, bool b_u8, void* y, bool y_u8, int64_t n, float ka, float kb, float c,
                float zy, bool relu);
+  /// Codes scaled per column and requantized (QMul), `rows` rows of c values: y =
+  /// saturate(round_half_even(a · m[j] + o[j]) + zy), row r's factors and offsets at m + r · ldm
+  /// and o + r · ldm (ldm 0: one row of them for every row, a channel gate); a and y u8 or s8.
+  void (*qscale)(const void* a, bool a_u8, const float* m, const float* o, int64_t ldm, void* y, bool y_u8, int64_t rows, int64_t c,
+                 float zy);
+  /// Column sums of `rows` rows of c codes (u8, or s8), `ld` apart, added into acc[0..c); on the
+  /// calling thread (QGlobalAveragePool's share of an image's pixels).
+  void (*qcolumn_sum)(const void* x, bool u8, int64_t rows, int64_t c, int64_t ld, int32_t* acc);
   /// QLayerNormalization: LayerNormalization of each row of x (d values) dequantized, the
   /// result quantized into y, on up to `threads` of the pool's threads. On AVX-512 a row's mean
   /// and variance come from its codes' integer sums, and one more pass normalizes and quantizes

@@ -243,3 +243,7 @@ void register_ref_nn_pool(KernelRegistry& r) {
 }
 
 }  // namespace kiln::nn
+
+namespace kiln::ref {
+Status global_average_pool(KernelContext& ctx) { return nn::ref_global_average_pool_any(ctx); }
+}  // namespace kiln::ref

@@ -1,7 +1,8 @@
 // Reference kernels of the quantized ops `kiln compile` makes (lower_int8): QFusedConv and
 // QFusedMatMul are FusedConv and FusedMatMul on their int8 operands dequantized (the weight per
 // tensor or per output channel), WoqFusedMatMul a FusedMatMul by its weight dequantized as
-// DequantizeLinear does, QAdd an Add of them, QLayerNormalization a LayerNormalization,
+// DequantizeLinear does, QAdd an Add of them, QMul a Mul of one by f32 factors,
+// QGlobalAveragePool a GlobalAveragePool, QLayerNormalization a LayerNormalization,
 // QAttention an Attention, the f32 result quantized as
 // QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
 // scale and zero point.
@@ -141,16 +142,11 @@ Status ref_woq_fused_matmul(KernelContext& ctx) {
   return {};
 }
 
-// QAdd: Add of the dequantized operands (numpy broadcasting, as Add's reference), the
-// activation, then y quantized.
-Status ref_qadd(KernelContext& ctx) {
-  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5, 6, 7}));
-  const Tensor a = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
-  const Tensor b = dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0);
-  KILN_ASSIGN_OR_RETURN(ActivationSpec spec, read_activation(ctx.node(), "activation"));
-  const Tensor& out = ctx.output(0);
-  Tensor y(DType::f32, out.shape());
-  const std::vector<int64_t> ys = out.shape();
+// f(a's element, b's element) of f32 a and b broadcast (numpy's rules) to y's shape, for each
+// element of y.
+template <class F>
+Tensor broadcast_f32(const Tensor& a, const Tensor& b, const std::vector<int64_t>& ys, F f) {
+  Tensor y(DType::f32, ys);
   const size_t r = ys.size();
   auto index = [&](const Tensor& t, int64_t flat) {  // t's element broadcast to y's flat index
     int64_t off = 0, stride = 1;
@@ -164,9 +160,39 @@ Status ref_qadd(KernelContext& ctx) {
     }
     return off;
   };
-  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = a.data<float>()[index(a, i)] + b.data<float>()[index(b, i)];
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<float>()[i] = f(a.data<float>()[index(a, i)], b.data<float>()[index(b, i)]);
+  return y;
+}
+
+// QAdd: Add of the dequantized operands (numpy broadcasting, as Add's reference), the
+// activation, then y quantized.
+Status ref_qadd(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5, 6, 7}));
+  const Tensor a = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
+  const Tensor b = dequantized(ctx.input(3), ctx.input(4), ctx.input(5), 0);
+  KILN_ASSIGN_OR_RETURN(ActivationSpec spec, read_activation(ctx.node(), "activation"));
+  Tensor y = broadcast_f32(a, b, ctx.output(0).shape(), [](float u, float v) { return u + v; });
   act::apply(spec, y.data<float>(), y.numel());
   return store(ctx, y);
+}
+
+// QMul: a dequantized times f32 b (numpy broadcasting), then y quantized.
+Status ref_qmul(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 4, 5}));
+  const Tensor a = dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0);
+  return store(ctx, broadcast_f32(a, ctx.input(3), ctx.output(0).shape(), [](float u, float v) { return u * v; }), 4);
+}
+
+// QGlobalAveragePool: GlobalAveragePool of x dequantized (either layout), then y quantized.
+Status ref_qglobal_average_pool(KernelContext& ctx) {
+  KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 3, 4}));
+  Node node = ctx.node();
+  node.op = "GlobalAveragePool";
+  node.inputs = {ctx.node().inputs[0]};
+  ViewContext f(ctx, std::move(node), {dequantized(ctx.input(0), ctx.input(1), ctx.input(2), 0)},
+                Tensor(DType::f32, ctx.output(0).shape()));
+  KILN_RETURN_IF_ERROR(ref::global_average_pool(f));
+  return store(ctx, f.y(), 3);
 }
 
 // QLayerNormalization: LayerNormalization of x dequantized (scale input 3, B input 6), y
@@ -204,6 +230,8 @@ Status ref_qattention(KernelContext& ctx) {
 void register_ref_nn_quant(KernelRegistry& r) {
   r.add_reference("QAttention", ref_qattention);
   r.add_reference("QAdd", ref_qadd);
+  r.add_reference("QMul", ref_qmul);
+  r.add_reference("QGlobalAveragePool", ref_qglobal_average_pool);
   r.add_reference("QLayerNormalization", ref_qlayer_norm);
   r.add_reference("QFusedConv", ref_qfused_conv);
   r.add_reference("QFusedMatMul", ref_qfused_matmul);

@@ -128,4 +128,6 @@ namespace kiln::ref {
 Status layer_normalization(KernelContext& ctx);
 /// Attention's reference kernel (attention.cc), which QAttention's runs.
 Status attention(KernelContext& ctx);
+/// GlobalAveragePool's reference kernel, either layout (nn_pool.cc), which QGlobalAveragePool's runs.
+Status global_average_pool(KernelContext& ctx);
 }  // namespace kiln::ref

@@ -1,8 +1,8 @@
 // The int8 kernels against the reference kernels: QFusedConv on odd and SIMD-multiple sizes,
 // u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts;
-// QFusedMatMul's paths (dequantize_output too), QAdd, QLayerNormalization, QAttention, Quantize-
-// and DequantizeLinear; max pooling on int8 tensors; and the lower_int8 rewrites that make the
-// fused nodes. Int8 outputs must match within one quantization step (the reference divides by
+// QFusedMatMul's paths (dequantize_output too), QAdd, QMul, QGlobalAveragePool,
+// QLayerNormalization, QAttention, Quantize- and DequantizeLinear; max pooling on int8 tensors;
+// and the lower_int8 rewrites that make the fused nodes. Int8 outputs must match within one quantization step (the reference divides by
 // the scale, the kernels multiply by its inverse).
 #include <gtest/gtest.h>
 
@@ -586,6 +586,83 @@ TEST(Int8Kernels, QAdd) {
                        attrs};
           expect_within_one_step(c, "kiln.qadd_avx512");
         }
+}
+
+// QMul against the reference on each ISA path: channel gates (b [N, 1, 1, C], [1, 1, 1, C] and
+// [C]) and b of a's shape, u8 and s8 in and out, channel counts under, at and past a vector,
+// one and two threads on tensors that split into pieces, a NaN factor (the zero point).
+TEST(Int8Kernels, QMul) {
+  struct Gate {
+    std::vector<int64_t> a, b;
+  };
+  for (const Gate& g : {Gate{{2, 5, 7, 19}, {2, 1, 1, 19}}, Gate{{1, 6, 5, 16}, {1, 1, 1, 16}}, Gate{{1, 9, 4, 67}, {67}},
+                        Gate{{3, 11, 13}, {3, 11, 13}}, Gate{{1, 40, 40, 96}, {1, 1, 1, 96}}, Gate{{2, 301, 301}, {2, 301, 301}}})
+    for (DType ta : {DType::u8, DType::i8})
+      for (DType ty : {DType::u8, DType::i8}) {
+        SCOPED_TRACE(std::to_string(g.a.back()) + " channels, b of rank " + std::to_string(g.b.size()) + " " +
+                     std::string(dtype_name(ta)) + " -> " + std::string(dtype_name(ty)));
+        Tensor b = noise(g.b, 35, 2.f);  // factors in [-1, 1): a sigmoid's range and past it
+        b.data<float>()[std::min<int64_t>(3, b.numel() - 1)] = std::numeric_limits<float>::quiet_NaN();
+        Case c{"QMul",
+               {int8_noise(g.a, 34, ta), scalar_f32(0.03f), scalar_int(ta, ta == DType::u8 ? 125 : -3), b, scalar_f32(0.012f),
+                scalar_int(ty, ty == DType::u8 ? 127 : 2)},
+               {false, true, true, false, true, true}};
+        c.threads = 2;
+        for (const auto& [isa, cpu] : testing::isa_paths()) {
+          SCOPED_TRACE(isa);
+          testing::BothRuns r = testing::run_both(c, &cpu);
+          EXPECT_EQ(r.kernel, "kiln.qmul_" + isa);
+          ASSERT_EQ(r.fast.size(), 1u);
+          EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+          const std::vector<double> v = r.ref[0].to_double_vector();
+          EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 100);
+          // The NaN factor's values: the zero point.
+          const int64_t c_dim = g.b.back(), nan_at = std::min<int64_t>(3, b.numel() - 1);
+          const double zy = ty == DType::u8 ? 127 : 2;
+          if (g.a == g.b) EXPECT_EQ(r.fast[0].to_double_vector()[static_cast<size_t>(nan_at)], zy);
+          else EXPECT_EQ(r.fast[0].to_double_vector()[static_cast<size_t>(nan_at % c_dim)], zy);
+        }
+      }
+  // b broadcast otherwise (a per-pixel scale [N, H, W, 1]): the reference runs it.
+  const Case other{"QMul",
+                   {int8_noise({1, 4, 4, 8}, 36, DType::u8), scalar_f32(0.03f), scalar_int(DType::u8, 125), noise({1, 4, 4, 1}, 37),
+                    scalar_f32(0.012f), scalar_int(DType::u8, 127)},
+                   {false, true, true, false, true, true}};
+  EXPECT_EQ(testing::run_both(other).kernel, "ref");
+}
+
+// QGlobalAveragePool against the reference on each ISA path: u8 and s8 in and out, other
+// scales in and out, channel counts under and past a pass of 64, and images whose pixels two
+// threads share.
+TEST(Int8Kernels, QGlobalAveragePool) {
+  for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 7, 9, 19}, {1, 5, 5, 131}, {2, 64, 64, 40}, {1, 3, 300}})
+    for (DType tx : {DType::u8, DType::i8})
+      for (DType ty : {DType::u8, DType::i8}) {
+        SCOPED_TRACE(std::to_string(shape[1]) + "x" + std::to_string(shape.back()) + " " + std::string(dtype_name(tx)) + " -> " +
+                     std::string(dtype_name(ty)));
+        // x's codes biased per channel, so that the means spread over many of y's steps.
+        Tensor x = int8_noise(shape, 38, tx);
+        for (int64_t i = 0; i < x.numel(); ++i) {
+          const int64_t ch = i % shape.back(), v = static_cast<int64_t>(x.as_double(i)) / 4 + (ch * 7) % 90 - 45;
+          if (tx == DType::u8) x.data<uint8_t>()[i] = static_cast<uint8_t>(v + 128);
+          else x.data<int8_t>()[i] = static_cast<int8_t>(v);
+        }
+        Case c{"QGlobalAveragePool",
+               {x, scalar_f32(0.02f), scalar_int(tx, tx == DType::u8 ? 130 : -1), scalar_f32(0.01f),
+                scalar_int(ty, ty == DType::u8 ? 120 : 4)},
+               {false, true, true, true, true},
+               {attr("channels_last", int64_t{1})}};
+        c.threads = 2;
+        for (const auto& [isa, cpu] : testing::isa_paths()) {
+          SCOPED_TRACE(isa);
+          testing::BothRuns r = testing::run_both(c, &cpu);
+          EXPECT_EQ(r.kernel, "kiln.qglobal_pool_" + isa);
+          ASSERT_EQ(r.fast.size(), 1u);
+          EXPECT_LE(max_step(r.fast[0], r.ref[0]), 1) << r.graph_text;
+          const std::vector<double> v = r.ref[0].to_double_vector();
+          EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 50);
+        }
+      }
 }
 
 // Tensors large enough for the kernels to share them among threads, pieces and tails included.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "compile/graph_util.h"
 #include "compile/pipeline.h"
@@ -250,6 +251,54 @@ TEST(X86Quantizer, ConvTakesTheSiluAfterIt) {
     if (n.op == "QFusedConv") activations.push_back(n.attr_string("activation", ""));
   EXPECT_EQ(activations, (std::vector<std::string>{"Silu", "Silu"})) << testing::nodes_text(m.graph);
   expect_compiled_runs_like(m, in, want, 1e-2);
+}
+
+// A squeeze-excite block as EfficientNet's exporter writes it: x → Conv 1x1 → SiLU → (GAP →
+// Conv 1x1 → SiLU → Conv 1x1 → Sigmoid) → Mul of the SiLU's output by those channel scales →
+// Conv 1x1. Compiled, the squeeze is a QGlobalAveragePool on the codes and the Mul a QMul
+// that scales them: no DequantizeLinear of the image-sized tensor and no f32 Mul or
+// QuantizeLinear of it stay; the model runs like the quantized one's reference.
+TEST(X86Quantizer, SqueezeExciteStaysOnTheCodes) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 8, 10, 10});
+  auto silu = [&](const std::string& name, ValueId v) { return b.op(name + "_mul", "Mul", {v, b.op(name + "_sig", "Sigmoid", {v})}); };
+  ValueId c1 = silu("silu1", b.op("conv1", "Conv", {x, b.constant("w1", weights({24, 8, 1, 1})), b.constant("b1", weights({24}))}));
+  ValueId squeeze = b.op("gap", "GlobalAveragePool", {c1});
+  ValueId fc1 = silu("silu2", b.op("fc1", "Conv", {squeeze, b.constant("wf1", weights({6, 24, 1, 1})), b.constant("bf1", weights({6}))}));
+  ValueId fc2 = b.op("fc2", "Conv", {fc1, b.constant("wf2", weights({24, 6, 1, 1})), b.constant("bf2", weights({24}))});
+  ValueId scaled = b.op("scale", "Mul", {b.op("gate", "Sigmoid", {fc2}), c1});
+  Model m = b.done({b.op("conv3", "Conv", {scaled, b.constant("w3", weights({8, 24, 1, 1}))})});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  std::vector<std::vector<Tensor>> samples;
+  for (uint32_t seed : {3u, 4u, 5u}) {
+    std::vector<float> xv(800);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.29f * static_cast<float>(i) + static_cast<float>(seed)) * 3;
+    samples.push_back({testing::make<float>({1, 8, 10, 10}, xv)});
+  }
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
+  std::map<std::string, int> ops;
+  for (const Node& n : m.graph.nodes) ++ops[n.op];
+  EXPECT_EQ(ops["QGlobalAveragePool"], 1) << testing::nodes_text(m.graph);
+  EXPECT_EQ(ops["QMul"], 1) << testing::nodes_text(m.graph);
+  EXPECT_EQ(ops["Mul"], 0) << testing::nodes_text(m.graph);
+  // The codes conv1 writes are read by the pool and the QMul alone, never dequantized.
+  const Node* mul = nullptr;
+  for (const Node& n : m.graph.nodes)
+    if (n.op == "QMul") mul = &n;
+  ASSERT_NE(mul, nullptr);
+  const ValueId codes = mul->inputs[0];
+  for (const Node& n : m.graph.nodes) {
+    const bool reads = std::find(n.inputs.begin(), n.inputs.end(), codes) != n.inputs.end();
+    if (n.outputs[0] == codes) {
+      EXPECT_EQ(n.name, "conv1");
+    }
+    if (reads) {
+      EXPECT_TRUE(n.op == "QMul" || n.op == "QGlobalAveragePool") << n.name << "\n" << testing::nodes_text(m.graph);
+    }
+  }
+  expect_compiled_runs_like(m, samples[0], want, 1e-2);
 }
 
 // GPT-2's layers multiply 2-D rows between Reshapes (Reshape -> Gemm -> Reshape back): the x86
