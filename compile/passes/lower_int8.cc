@@ -11,6 +11,11 @@
 //        a: a squeeze-excite block's scales) -> QMul, b read as it is
 //   DQ(x) -> GlobalAveragePool (channels-last) -> Q -> QGlobalAveragePool (a squeeze), so
 //        that such a block's int8 tensor is never dequantized whole
+//   DQ(x) -> an elementwise unary op (Sigmoid, Tanh, Exp, GELU...) with an f32 output
+//        [-> Reshape / Transpose ...] -> LookupTable of x's codes: the op's 256 possible values,
+//           computed now on the reference kernels, looked up after the Reshapes and Transposes
+//           that alone read its output, which move the codes instead (YOLO's detection head: the
+//           Sigmoid of each scale's last conv, then its boxes' transpose)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
@@ -60,13 +65,18 @@ namespace {
 
 double scalar_of(const Graph& g, ValueId v) { return g.value(v).constant.to_double_vector()[0]; }
 
+// The elementwise unary ops (one f32 input, its shape out) lower_int8 tabulates on int8 codes.
+const std::set<std::string, std::less<>> kTabulated = {"Sigmoid", "Tanh", "Exp", "Log", "Erf", "Relu", "LeakyRelu", "Elu", "Selu", "Celu",
+                                                       "HardSigmoid", "HardSwish", "Gelu", "Softplus", "Softsign", "Mish", "Abs", "Neg",
+                                                       "Sqrt", "Reciprocal", "ThresholdedRelu"};
+
 class Lowering {
  public:
   explicit Lowering(Graph& g) : g_(g), producers_(g.producers()), uses_(g.uses()), drop_(g.nodes.size(), 0), before_(g.nodes.size()) {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0, muls = 0, averages = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0, muls = 0, averages = 0, tables = 0;
 
   /// `woq`: the target runs WoqFusedMatMul's kernel; `amx`: QAttention's.
   void run(bool woq, bool amx) {
@@ -85,6 +95,7 @@ class Lowering {
       else if (op == "Add") adds += add(i);
       else if (op == "Mul") muls += mul(i);
       else if (op == "GlobalAveragePool") averages += global_average(i);
+      else if (kTabulated.count(op)) tables += lookup_table(i);
     }
   }
 
@@ -461,6 +472,57 @@ class Lowering {
     return true;
   }
 
+  // DQ(x) -> an elementwise unary op (kTabulated) with an f32 output: LookupTable of x's codes,
+  // the op's values on the 256 codes dequantized computed now by the reference kernels of the
+  // DQ and the op, so the table holds exactly what they would compute (a node whose kernel
+  // refuses them stays).
+  bool lookup_table(size_t i) {
+    const Node& n = g_.nodes[i];
+    if (n.inputs.size() != 1 || n.outputs.size() != 1 || g_.value(n.outputs[0]).dtype != DType::f32) return false;
+    const Node* t = nullptr;
+    const Node* dq = dequantized(n.inputs[0], &t);
+    if (!dq || t) return false;
+    Graph m;
+    const DType code = g_.value(dq->inputs[0]).dtype;
+    Tensor every(code, {256});  // each code once
+    for (int k = 0; k < 256; ++k) {
+      if (code == DType::u8) every.data<uint8_t>()[k] = static_cast<uint8_t>(k);
+      else every.data<int8_t>()[k] = static_cast<int8_t>(k - 128);
+    }
+    const Shape row = Shape::of(std::vector<int64_t>{256});
+    Node d = *dq, f = n;
+    d.inputs = {m.add_constant("codes", every), m.add_constant("scale", g_.value(dq->inputs[1]).constant),
+                m.add_constant("zero", g_.value(dq->inputs[2]).constant)};
+    d.outputs = {m.add_value("dequantized", DType::f32, row)};
+    f.inputs = d.outputs;
+    f.outputs = {m.add_value("values", DType::f32, row)};
+    const ValueId values = f.outputs[0];
+    d.kernel = f.kernel = {};
+    m.nodes = {std::move(d), std::move(f)};
+    Result<std::vector<Tensor>> table = evaluate_nodes(m, {0, 1}, {values});
+    if (!table.ok()) return false;
+    // The Reshapes and Transposes that alone read the op's output (one after the other) move
+    // the codes instead, and the table is looked up after them: a quarter of the bytes moved.
+    ValueId codes = dq->inputs[0], out = n.outputs[0];
+    for (int64_t r = single_reader(out); r >= 0; r = single_reader(out)) {
+      const Node& mv = g_.nodes[static_cast<size_t>(r)];
+      if ((mv.op != "Reshape" && mv.op != "Transpose") || !mv.domain.empty() || mv.inputs[0] != out || mv.outputs.size() != 1) break;
+      codes = move_codes(mv, codes, i)[0];
+      out = mv.outputs[0];
+      drop_[static_cast<size_t>(r)] = 1;
+    }
+    Node l;
+    l.name = n.name;
+    l.op = "LookupTable";
+    l.sources = n.sources;
+    if (l.sources.empty()) l.sources.push_back(n.name);
+    l.inputs = {codes, g_.add_constant(g_.unique_value_name(n.name + "_table"), std::move((*table)[0]))};
+    l.outputs = {out};
+    before_[i].push_back(std::move(l));
+    drop_[i] = 1;
+    return true;
+  }
+
   // DQ(x) -> LayerNormalization (constant f32 scale and B, no Mean / InvStdDev read) -> Q:
   // QLayerNormalization, x's rows normalized where they are read and quantized where written.
   bool layer_norm(size_t i) {
@@ -701,7 +763,7 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + dequantized + requantized ==
+  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + l.tables + dequantized + requantized ==
           0 &&
       folded == 0)
     return PassResult{};
@@ -718,6 +780,8 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
     s += (s.empty() ? "lowered " : "; ") + count_of(l.muls, "multiplication", "multiplications") + " by f32 factors to QMul";
   if (l.averages)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.averages, "global average pool", "global average pools") + " to QGlobalAveragePool";
+  if (l.tables)
+    s += (s.empty() ? "lowered " : "; ") + count_of(l.tables, "elementwise op", "elementwise ops") + " of int8 codes to LookupTable";
   if (dequantized) s += (s.empty() ? "" : "; ") + count_of(dequantized, "linear layer's output", "linear layers' outputs") + " dequantized in the layer's store";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +

@@ -494,7 +494,7 @@ const Model kModels[] = {
     // softmax and normalizations: per input element
     {"Softmax", per_input<kSoftmax>}, {"LogSoftmax", per_input<kLogSoftmax>},
     {"LayerNormalization", per_input<kLayerNorm>}, {"QLayerNormalization", per_input<kDequantize + kLayerNorm + kQuantize>},
-    {"QMul", per_output<kDequantize + 1 + kQuantize>}, {"QGlobalAveragePool", per_input<1>}, {"RMSNormalization", per_input<kRmsNorm>},
+    {"QMul", per_output<kDequantize + 1 + kQuantize>}, {"QGlobalAveragePool", per_input<1>}, {"LookupTable", per_output<0>}, {"RMSNormalization", per_input<kRmsNorm>},
     {"BatchNormalization", per_input<kBatchNorm>}, {"InstanceNormalization", per_input<kLayerNorm>},
     {"GroupNormalization", per_input<kLayerNorm>}, {"LpNormalization", per_input<kLpNorm>},
     {"LRN", lrn},

@@ -1,6 +1,6 @@
 // Core ops of the quant family: QuantizeLinear / DequantizeLinear (per tensor, per axis, blocked),
 // DynamicQuantizeLinear, the integer compute ops of ONNX's QOperator format (QLinearMatMul,
-// QLinearConv, MatMulInteger, ConvInteger), and QAdd and QMul, which `kiln compile` makes. Their semantics are the newest ONNX versions'; the
+// QLinearConv, MatMulInteger, ConvInteger), and QAdd, QMul and LookupTable, which `kiln compile` makes. Their semantics are the newest ONNX versions'; the
 // shape rules here are shared by export (symbolic shapes) and the runtime (concrete shapes).
 #include <algorithm>
 
@@ -209,6 +209,16 @@ Status infer_qmul(InferContext& ctx) {
   return {};
 }
 
+// LookupTable: y[i] = table[x[i]] (u8 codes index it as they are, s8 ones plus 128); table
+// holds 256 f32 values; y has x's shape.
+Status infer_lookup_table(InferContext& ctx) {
+  const Shape& t = ctx.shape(1);
+  if (t.rank_known && (t.rank() != 1 || (t.dims[0].is_known() && t.dims[0].value != 256)))
+    return ctx.error("table has shape " + t.str() + "; it must hold 256 values, one per code");
+  ctx.set_output(0, DType::f32, ctx.shape(0));
+  return {};
+}
+
 std::vector<AttrSpec> conv_attrs() {
   return {{"auto_pad", AttrType::string, false, "NOTSET, VALID, SAME_UPPER or SAME_LOWER"},
           {"dilations", AttrType::ints, false, "per spatial dim, default 1"},
@@ -269,6 +279,9 @@ void register_quant_ops(OpRegistry& r) {
       .traits.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"),
                        input(3, int8, "b"), same_as(4, 1, "b_scale"), same_as(5, 3, "b_zero_point"),
                        same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point")};
+  r.add("", OpSchema{"LookupTable", "f32 value of each u8/s8 code from a table of 256 (made by compile: f(DQ(x)))", 2, 2, 1, 1, {},
+                     infer_lookup_table})
+      .traits.types = {input(0, int8, "x"), input(1, DType::f32, "table")};
   r.add("", OpSchema{"QMul", "dequantized u8/s8 a times f32 b, quantized (made by compile)", 6, 6, 1, 1, {}, infer_qmul})
       .traits.types = {input(0, int8, "a"), input(1, DType::f32, "a_scale"), same_as(2, 0, "a_zero_point"), same_as(3, 1, "b"),
                        same_as(4, 1, "y_scale"), input(5, int8, "y_zero_point")};

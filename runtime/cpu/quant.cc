@@ -4,7 +4,8 @@
 // work in double per element, 40 times slower); kiln.dynamic_quantize_<isa>:
 // DynamicQuantizeLinear (a dynamically quantized linear layer's input). Bit-exact with the
 // reference. kiln.qadd_<isa>: QAdd (a quantized residual add); kiln.qmul_<isa>: QMul (a
-// quantized tensor times f32 factors: a squeeze-excite block's channel gate).
+// quantized tensor times f32 factors: a squeeze-excite block's channel gate);
+// kiln.lookup_table_<isa>: LookupTable (f(DQ(x)) of an elementwise f, one value per code).
 #include <omp.h>
 
 #include <algorithm>
@@ -216,6 +217,28 @@ class QMulKernel final : public Kernel {
   bool a_u8_ = true, y_u8_ = true;
 };
 
+// LookupTable on the row kernels (RowKernels::lookup), shared among the threads in pieces.
+class LookupTableKernel final : public Kernel {
+ public:
+  explicit LookupTableKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    s8_ = q.inputs[0].dtype == DType::i8;
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
+    const float* table = ctx.input(1).data<float>();
+    float* y = ctx.output(0).data<float>();
+    over_pieces(ctx.input(0).numel(), [&](int64_t from, int64_t to) { rows_.lookup(x + from, s8_, table, y + from, to - from); },
+                kParallelCodes);
+    return {};
+  }
+
+ private:
+  const RowKernels& rows_;
+  bool s8_ = false;
+};
+
 std::optional<std::string> qmul_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}})
@@ -249,6 +272,16 @@ void register_quant(KernelRegistry& r) {
     r.add("QMul", "cpu",
           KernelImpl{std::string("kiln.qmul_") + isa_name(isa), [isa](const KernelQuery& q) { return qmul_declines(q, isa); },
                      [isa](const KernelQuery&) { return std::make_unique<QMulKernel>(isa); }, isa_features(isa)});
+  for (Isa isa : {Isa::avx512, Isa::avx2})
+    r.add("LookupTable", "cpu",
+          KernelImpl{std::string("kiln.lookup_table_") + isa_name(isa),
+                     [isa](const KernelQuery& q) -> std::optional<std::string> {
+                       if (auto why = lacks(q.target.cpu, isa)) return why;
+                       if (!q.inputs[1].shape.is_concrete() || q.inputs[1].shape.concrete() != std::vector<int64_t>{256})
+                         return "not a table of 256";
+                       return std::nullopt;
+                     },
+                     [isa](const KernelQuery&) { return std::make_unique<LookupTableKernel>(isa); }, isa_features(isa)});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     r.add("DynamicQuantizeLinear", "cpu",
           KernelImpl{std::string("kiln.dynamic_quantize_") + isa_name(isa),

@@ -171,6 +171,8 @@ struct RowKernels {
   /// and o + r · ldm (ldm 0: one row of them for every row, a channel gate); a and y u8 or s8.
   void (*qscale)(const void* a, bool a_u8, const float* m, const float* o, int64_t ldm, void* y, bool y_u8, int64_t rows, int64_t c,
                  float zy);
+  /// LookupTable: y[i] = table[x[i]] for n u8 codes (s8 ones, with `s8`, plus 128).
+  void (*lookup)(const void* x, bool s8, const float* table, float* y, int64_t n);
   /// Column sums of `rows` rows of c codes (u8, or s8), `ld` apart, added into acc[0..c); on the
   /// calling thread (QGlobalAveragePool's share of an image's pixels).
   void (*qcolumn_sum)(const void* x, bool u8, int64_t rows, int64_t c, int64_t ld, int32_t* acc);

@@ -3,9 +3,9 @@
 // tensor or per output channel), WoqFusedMatMul a FusedMatMul by its weight dequantized as
 // DequantizeLinear does, QAdd an Add of them, QMul a Mul of one by f32 factors,
 // QGlobalAveragePool a GlobalAveragePool, QLayerNormalization a LayerNormalization,
-// QAttention an Attention, the f32 result quantized as
-// QuantizeLinear does (divided in f32, rounded half to even, saturated) when the node has y's
-// scale and zero point.
+// QAttention an Attention, the f32 result quantized as QuantizeLinear does (divided in f32,
+// rounded half to even, saturated) when the node has y's scale and zero point; LookupTable
+// gives each code's entry of its table.
 #include <array>
 
 #include "runtime/ref/activation.h"
@@ -183,6 +183,17 @@ Status ref_qmul(KernelContext& ctx) {
   return store(ctx, broadcast_f32(a, ctx.input(3), ctx.output(0).shape(), [](float u, float v) { return u * v; }), 4);
 }
 
+// LookupTable: each code's value in the table (s8 codes shifted by 128 to index it).
+Status ref_lookup_table(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Tensor& table = ctx.input(1);
+  if (table.numel() != 256) return ctx.error("table must hold 256 values");
+  const bool s8 = x.dtype() == DType::i8;
+  float* y = ctx.output(0).data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] = table.data<float>()[static_cast<int64_t>(x.as_double(i)) + (s8 ? 128 : 0)];
+  return {};
+}
+
 // QGlobalAveragePool: GlobalAveragePool of x dequantized (either layout), then y quantized.
 Status ref_qglobal_average_pool(KernelContext& ctx) {
   KILN_RETURN_IF_ERROR(check_scalars(ctx, {1, 2, 3, 4}));
@@ -231,6 +242,7 @@ void register_ref_nn_quant(KernelRegistry& r) {
   r.add_reference("QAttention", ref_qattention);
   r.add_reference("QAdd", ref_qadd);
   r.add_reference("QMul", ref_qmul);
+  r.add_reference("LookupTable", ref_lookup_table);
   r.add_reference("QGlobalAveragePool", ref_qglobal_average_pool);
   r.add_reference("QLayerNormalization", ref_qlayer_norm);
   r.add_reference("QFusedConv", ref_qfused_conv);

@@ -1,7 +1,7 @@
 // The int8 kernels against the reference kernels: QFusedConv on odd and SIMD-multiple sizes,
 // u8 and s8 activations, per-channel and per-tensor weights, every epilogue, both layouts;
 // QFusedMatMul's paths (dequantize_output too), QAdd, QMul, QGlobalAveragePool,
-// QLayerNormalization, QAttention, Quantize- and DequantizeLinear; max pooling on int8 tensors;
+// QLayerNormalization, QAttention, LookupTable, Quantize- and DequantizeLinear; max pooling on int8 tensors;
 // and the lower_int8 rewrites that make the fused nodes. Int8 outputs must match within one quantization step (the reference divides by
 // the scale, the kernels multiply by its inverse).
 #include <gtest/gtest.h>
@@ -663,6 +663,64 @@ TEST(Int8Kernels, QGlobalAveragePool) {
           EXPECT_GT(*std::max_element(v.begin(), v.end()) - *std::min_element(v.begin(), v.end()), 50);
         }
       }
+}
+
+// LookupTable on each ISA path: u8 and s8 codes (every code, tails of 1-15, pieces for two
+// threads), exactly the reference's entries.
+TEST(Int8Kernels, LookupTable) {
+  const Tensor table = noise({256}, 39, 8.f);
+  for (int64_t n : {int64_t{256}, int64_t{300}, int64_t{1} << 18})
+    for (DType t : {DType::u8, DType::i8}) {
+      SCOPED_TRACE(std::to_string(n) + " " + std::string(dtype_name(t)));
+      Tensor x = int8_noise({n}, 40, t);
+      for (int64_t i = 0; i < 256; ++i) {  // every code
+        if (t == DType::u8) x.data<uint8_t>()[i] = static_cast<uint8_t>(i);
+        else x.data<int8_t>()[i] = static_cast<int8_t>(i - 128);
+      }
+      Case c{"LookupTable", {x, table}, {false, true}};
+      c.threads = 2;
+      for (const auto& [isa, cpu] : testing::isa_paths()) {
+        SCOPED_TRACE(isa);
+        testing::BothRuns r = testing::run_both(c, &cpu);
+        EXPECT_EQ(r.kernel, "kiln.lookup_table_" + isa);
+        ASSERT_EQ(r.fast.size(), 1u);
+        EXPECT_EQ(r.fast[0].to_double_vector(), r.ref[0].to_double_vector());
+        EXPECT_EQ(r.fast[0].data<float>()[0], table.data<float>()[0]);  // code 0 (u8) or -128 (s8): the first entry
+      }
+    }
+}
+
+// lower_int8 makes DQ -> Sigmoid (or another elementwise op) -> Reshape -> Transpose one
+// LookupTable after the Reshape and Transpose, which move the codes (YOLO's detection head):
+// the compiled model's outputs are exactly the quantized model's reference ones, and a u8 and
+// an s8 one each.
+TEST(Int8Kernels, ElementwiseOpOfCodesLoweredToLookupTable) {
+  for (const char* op : {"Sigmoid", "Tanh", "Gelu"})
+    for (DType t : {DType::u8, DType::i8}) {
+      SCOPED_TRACE(std::string(op) + " " + std::string(dtype_name(t)));
+      testing::GraphBuilder b;
+      const ValueId x = b.input("x", {1, 4, 5, 12});
+      const int zero = t == DType::u8 ? 120 : -6;
+      const ValueId xq = b.op("xq", "QuantizeLinear", {x, b.scalar("xs", 0.05f), b.constant("xz", scalar_int(t, zero))});
+      const ValueId xd = b.op("xd", "DequantizeLinear", {xq, b.scalar("xs2", 0.05f), b.constant("xz2", scalar_int(t, zero))});
+      const ValueId f = b.op("f", op, {xd});
+      const ValueId r = b.op("r", "Reshape", {f, b.constant("shape", testing::make<int64_t>({5}, {1, 4, 5, 3, 4}))});
+      Model m = b.done({b.op("t", "Transpose", {r}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2, 4})})});
+      const std::vector<Tensor> in = {noise({1, 4, 5, 12}, 64, 12.f)};
+      const std::vector<Tensor> want = testing::run_reference(m, in);
+      CompileOptions options;
+      auto report = compile_model(m, options);
+      ASSERT_TRUE(report.ok()) << report.error().message();
+      std::vector<std::string> ops;
+      for (const Node& n : m.graph.nodes) ops.push_back(n.op);
+      EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "Reshape", "Transpose", "LookupTable"})) << testing::nodes_text(m.graph);
+      auto s = Session::create(m);
+      ASSERT_TRUE(s.ok()) << s.error().message();
+      auto got = (*s)->run(in);
+      ASSERT_TRUE(got.ok()) << got.error().message();
+      EXPECT_EQ((*got)[0].shape(), want[0].shape());
+      EXPECT_EQ((*got)[0].to_double_vector(), want[0].to_double_vector());
+    }
 }
 
 // Tensors large enough for the kernels to share them among threads, pieces and tails included.
