@@ -234,14 +234,10 @@ class Lowering {
 
   // The lowered node of linear layer m: its name and sources, a FusedMatMul's epilogue.
   static Node linear_node(const Node& m, std::string op, bool trans) {
-    Node n;
-    n.name = m.name;
-    n.op = std::move(op);
+    Node n = lowered(m, std::move(op));
     if (m.op == "FusedMatMul")
       for (const Attribute& a : m.attrs) n.set_attr(a.name, a.value);
     if (trans) n.set_attr("transB", int64_t{1});
-    n.sources = m.sources;
-    if (n.sources.empty()) n.sources.push_back(m.name);
     return n;
   }
 
@@ -332,6 +328,26 @@ class Lowering {
     return true;
   }
 
+  // A new node of `op` standing for `from`: its name, and its sources (or its name).
+  static Node lowered(const Node& from, std::string op) {
+    Node n;
+    n.name = from.name;
+    n.op = std::move(op);
+    n.sources = from.sources;
+    if (n.sources.empty()) n.sources.push_back(from.name);
+    return n;
+  }
+
+  // Node n reads one int8 operand, DQ(x) (no Transpose), at input 0, and its output goes to a Q
+  // alone: sets the DQ and the Q's index.
+  bool between_qdq(const Node& n, const Node** dx, int64_t* q) const {
+    const Node* t = nullptr;
+    *dx = dequantized(n.inputs[0], &t);
+    int64_t tq = -1;
+    *q = *dx && !t ? quantized_by(n.outputs[0], &tq) : -1;
+    return *q >= 0 && tq < 0;
+  }
+
   void absorb(Node& into, const Node& from) {
     if (from.sources.empty()) into.sources.push_back(from.name);
     for (const std::string& s : from.sources)
@@ -355,12 +371,8 @@ class Lowering {
     const int64_t q = quantized_by(c.outputs[0], &tq);
     if (q < 0 || (dz && g_.value(dz->inputs[0]).dtype != g_.value(g_.nodes[static_cast<size_t>(q)].outputs[0]).dtype)) return false;
 
-    Node n;
-    n.name = c.name;
-    n.op = "QFusedConv";
+    Node n = lowered(c, "QFusedConv");
     n.attrs = c.attrs;
-    n.sources = c.sources;
-    if (n.sources.empty()) n.sources.push_back(c.name);
     const Node& qn = g_.nodes[static_cast<size_t>(q)];
     const ValueId x = int8_operand(*dx, tx, i);
     n.inputs = {x, dx->inputs[1], dx->inputs[2], dw->inputs[0], dw->inputs[1], dw->inputs[2], qn.inputs[1], qn.inputs[2],
@@ -392,11 +404,7 @@ class Lowering {
     int64_t tq = -1;
     const int64_t q = quantized_by(out, &tq);
     if (q < 0) return false;
-    Node a;
-    a.name = n.name;
-    a.op = "QAdd";
-    a.sources = n.sources;
-    if (a.sources.empty()) a.sources.push_back(n.name);
+    Node a = lowered(n, "QAdd");
     if (relu) {
       a.set_attr("activation", std::string("Relu"));
       absorb(a, g_.nodes[*relu]);
@@ -429,11 +437,7 @@ class Lowering {
       const int64_t q = quantized_by(n.outputs[0], &tq);
       if (q < 0 || tq >= 0) return false;
       const Node& qn = g_.nodes[static_cast<size_t>(q)];
-      Node m;
-      m.name = n.name;
-      m.op = "QMul";
-      m.sources = n.sources;
-      if (m.sources.empty()) m.sources.push_back(n.name);
+      Node m = lowered(n, "QMul");
       m.inputs = {da->inputs[0], da->inputs[1], da->inputs[2], b, qn.inputs[1], qn.inputs[2]};
       absorb(m, qn);
       m.outputs = {int8_result(n.outputs[0], q, -1)};
@@ -451,19 +455,12 @@ class Lowering {
     if (p.inputs.size() != 1 || p.outputs.size() != 1 || !nn::channels_last(p)) return false;
     const Shape& xs = g_.value(p.inputs[0]).shape;
     if (!xs.is_concrete() || xs.rank() < 3) return false;
-    const Node* tx = nullptr;
-    const Node* dx = dequantized(p.inputs[0], &tx);
-    if (!dx || tx) return false;
-    int64_t tq = -1;
-    const int64_t q = quantized_by(p.outputs[0], &tq);
-    if (q < 0 || tq >= 0) return false;
+    const Node* dx = nullptr;
+    int64_t q = -1;
+    if (!between_qdq(p, &dx, &q)) return false;
     const Node& qn = g_.nodes[static_cast<size_t>(q)];
-    Node n;
-    n.name = p.name;
-    n.op = "QGlobalAveragePool";
+    Node n = lowered(p, "QGlobalAveragePool");
     n.attrs = p.attrs;
-    n.sources = p.sources;
-    if (n.sources.empty()) n.sources.push_back(p.name);
     n.inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2], qn.inputs[1], qn.inputs[2]};
     absorb(n, qn);
     n.outputs = {int8_result(p.outputs[0], q, -1)};
@@ -511,11 +508,7 @@ class Lowering {
       out = mv.outputs[0];
       drop_[static_cast<size_t>(r)] = 1;
     }
-    Node l;
-    l.name = n.name;
-    l.op = "LookupTable";
-    l.sources = n.sources;
-    if (l.sources.empty()) l.sources.push_back(n.name);
+    Node l = lowered(n, "LookupTable");
     l.inputs = {codes, g_.add_constant(g_.unique_value_name(n.name + "_table"), std::move((*table)[0]))};
     l.outputs = {out};
     before_[i].push_back(std::move(l));
@@ -533,20 +526,13 @@ class Lowering {
     if (n.attr_int("stash_type", 1) != 1 || !g_.value(n.inputs[0]).shape.is_concrete()) return false;
     for (size_t k : {size_t{1}, size_t{2}})
       if (n.has_input(k) && (!g_.value(n.inputs[k]).is_constant() || g_.value(n.inputs[k]).dtype != DType::f32)) return false;
-    const Node* tx = nullptr;
-    const Node* dx = dequantized(n.inputs[0], &tx);
-    if (!dx || tx) return false;
-    int64_t tq = -1;
-    const int64_t q = quantized_by(n.outputs[0], &tq);
-    if (q < 0 || tq >= 0) return false;
+    const Node* dx = nullptr;
+    int64_t q = -1;
+    if (!between_qdq(n, &dx, &q)) return false;
     const Node& qn = g_.nodes[static_cast<size_t>(q)];
-    Node l;
-    l.name = n.name;
-    l.op = "QLayerNormalization";
+    Node l = lowered(n, "QLayerNormalization");
     for (const char* a : {"axis", "epsilon"})
       if (const Attribute* at = n.find_attr(a)) l.set_attr(a, at->value);
-    l.sources = n.sources;
-    if (l.sources.empty()) l.sources.push_back(n.name);
     l.inputs = {dx->inputs[0], dx->inputs[1], dx->inputs[2], n.inputs[1], qn.inputs[1], qn.inputs[2]};
     if (n.has_input(2)) l.inputs.push_back(n.inputs[2]);
     absorb(l, qn);
@@ -636,13 +622,9 @@ class Lowering {
       codes[k] = split[k] ? split_codes(n.inputs[k], *dqs[k], *split[k], reshape[k], i) : int8_operand(*dqs[k], t[k], i);
     int64_t ty = -1;
     const int64_t q = quantized_by(n.outputs[0], &ty);
-    Node a;
-    a.name = n.name;
-    a.op = "QAttention";
+    Node a = lowered(n, "QAttention");
     for (const char* name : {"is_causal", "kv_num_heads", "q_num_heads", "scale"})
       if (const Attribute* at = n.find_attr(name)) a.set_attr(name, at->value);
-    a.sources = n.sources;
-    if (a.sources.empty()) a.sources.push_back(n.name);
     a.inputs = {codes[0], dqs[0]->inputs[1], dqs[0]->inputs[2], codes[1], dqs[1]->inputs[1], dqs[1]->inputs[2],
                 codes[2], dqs[2]->inputs[1], dqs[2]->inputs[2], n.has_input(3) ? n.inputs[3] : kNoValue};
     if (q >= 0) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
@@ -64,15 +65,24 @@ void share_pixels(int threads, int64_t n, int64_t pixels, int64_t c, T* partial,
   }
 }
 
+// A global pool's input [N, spatial.., C] (concrete): N images of `pixels` rows of C values.
+struct Pixels {
+  explicit Pixels(const Shape& x) {
+    const std::vector<int64_t> xs = x.concrete();
+    n = xs[0];
+    c = xs.back();
+    pixels = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+  }
+  int64_t n = 0, c = 0, pixels = 0;
+};
+
 class GlobalPoolKernel final : public Kernel {
  public:
   explicit GlobalPoolKernel(Isa isa) : rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
-    n_ = xs[0];
-    c_ = xs.back();
-    pixels_ = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+    const Pixels x(q.inputs[0].shape);
+    std::tie(n_, c_, pixels_) = std::tuple(x.n, x.c, x.pixels);
     max_ = q.node.op == "GlobalMaxPool";
     threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = static_cast<size_t>(threads_ * c_) * sizeof(float);
@@ -113,10 +123,8 @@ class QGlobalPoolKernel final : public Kernel {
   explicit QGlobalPoolKernel(Isa isa) : rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
-    n_ = xs[0];
-    c_ = xs.back();
-    pixels_ = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+    const Pixels x(q.inputs[0].shape);
+    std::tie(n_, c_, pixels_) = std::tuple(x.n, x.c, x.pixels);
     sx_ = constant_scalar(q.inputs[1]);
     zx_ = constant_zero_point(q.inputs[2]);
     sy_ = constant_scalar(q.inputs[3]);
