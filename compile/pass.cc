@@ -51,7 +51,7 @@ constexpr std::array kPasses = {
              gather_rows_early},
     PassInfo{"channels_last", "2-D convolutions and pools, and the elementwise, Concat, Split and Resize nodes between them, on [N, H, W, C] activations",
              channels_last},
-    PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add / mul by f32 / global average pool / layer norm / attention -> Q -> QFusedConv / QFusedMatMul / QAdd / QMul / QGlobalAveragePool / QLayerNormalization / QAttention (AMX), max pools on int8, DQ -> elementwise op -> LookupTable; weight DQs left folded",
+    PassInfo{"lower_int8", "a quantized model's DQ -> conv / linear / add / mul by f32 / global average pool / layer norm / attention -> Q -> QFusedConv / QFusedMatMul / QAdd / QMul / QGlobalAveragePool / QLayerNormalization / QAttention (AMX), max pools, Splits, Concats and nearest Resizes on int8, DQ -> elementwise op -> LookupTable; weight DQs left folded",
              lower_int8},
     PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted (and on AMX, attention's products bf16); the rest and the final layers f32",
              lower_precision},

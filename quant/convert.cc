@@ -112,7 +112,7 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
     if (group.spec.is_dynamic) continue;
     const QParams q = group_qparams(prepared, gi);
     for (const Edge& e : group.edges) {
-      if (e.input != Edge::kOutput) continue;
+      if (!e.is_output()) continue;
       const ValueId v = edge_value(g, e);
       if (readers[static_cast<size_t>(v)].empty()) continue;  // a graph output alone stays float
       const Value like = g.value(v);
@@ -132,7 +132,7 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
     if (group.spec.is_dynamic) continue;
     const QParams q = group_qparams(prepared, gi);
     for (const Edge& e : group.edges) {
-      if (e.input == Edge::kOutput) continue;
+      if (e.is_output()) continue;
       if (auto it = reads_group.find({e.node, e.input}); it != reads_group.end() && it->second == gi) continue;
       const ValueId v = g.nodes[e.node].inputs[static_cast<size_t>(e.input)];
       const Value like = g.value(v);
@@ -154,7 +154,7 @@ Result<ConvertStats> convert(Model& model, const Prepared& prepared) {
     const ObserverGroup& group = prepared.groups[gi];
     if (!group.spec.is_dynamic) continue;
     for (const Edge& e : group.edges) {
-      if (e.input == Edge::kOutput) continue;
+      if (e.is_output()) continue;
       const ValueId v = g.nodes[e.node].inputs[static_cast<size_t>(e.input)];
       const Value like = g.value(v);
       const ValueId q = g.add_value(like.name + "_dq_u8", DType::u8, like.shape);

@@ -15,7 +15,8 @@ bool same_spec(const QuantSpec& a, const QuantSpec& b) {
 
 std::string edge_name(const Graph& g, const Edge& e) {
   const Node& n = g.nodes[e.node];
-  return n.where() + (e.input == Edge::kOutput ? " output" : " input " + std::to_string(e.input));
+  if (!e.is_output()) return n.where() + " input " + std::to_string(e.input);
+  return n.where() + " output" + (e.output_index() ? " " + std::to_string(e.output_index()) : "");
 }
 
 // Union-find over edge indices.
@@ -30,7 +31,7 @@ struct Sets {
 
 ValueId edge_value(const Graph& g, const Edge& e) {
   const Node& n = g.nodes[e.node];
-  if (e.input == Edge::kOutput) return n.outputs.empty() ? kNoValue : n.outputs[0];
+  if (e.is_output()) return e.output_index() < n.outputs.size() ? n.outputs[e.output_index()] : kNoValue;
   return static_cast<size_t>(e.input) < n.inputs.size() ? n.inputs[static_cast<size_t>(e.input)] : kNoValue;
 }
 
@@ -49,6 +50,11 @@ Result<Prepared> prepare(const Graph& g, const Annotations& annotations) {
       index[Edge{n, Edge::kOutput}] = edges.size();
       edges.push_back(Edge{n, Edge::kOutput});
       specs.push_back(&*a.output);
+    }
+    for (const auto& [k, spec] : a.later_outputs) {
+      index[Edge::output(n, k)] = edges.size();
+      edges.push_back(Edge::output(n, k));
+      specs.push_back(&spec);
     }
   }
   for (const Edge& e : edges)
@@ -70,15 +76,20 @@ Result<Prepared> prepare(const Graph& g, const Annotations& annotations) {
     return nullptr;
   };
   std::vector<int64_t> producer(g.values.size(), -1);
+  std::vector<size_t> slot(g.values.size(), 0);  // which of its producer's outputs a value is
   for (size_t n = 0; n < g.nodes.size(); ++n)
-    for (ValueId v : g.nodes[n].outputs)
-      if (v != kNoValue) producer[static_cast<size_t>(v)] = static_cast<int64_t>(n);
+    for (size_t k = 0; k < g.nodes[n].outputs.size(); ++k)
+      if (const ValueId v = g.nodes[n].outputs[k]; v != kNoValue) {
+        producer[static_cast<size_t>(v)] = static_cast<int64_t>(n);
+        slot[static_cast<size_t>(v)] = k;
+      }
   for (size_t i = 0; i < edges.size(); ++i) {
     const Edge& e = edges[i];
-    if (e.input == Edge::kOutput || !annotations.at(e.node).allow_implicit_sharing) continue;
-    const int64_t p = producer[static_cast<size_t>(edge_value(g, e))];
+    if (e.is_output() || !annotations.at(e.node).allow_implicit_sharing) continue;
+    const size_t v = static_cast<size_t>(edge_value(g, e));
+    const int64_t p = producer[v];
     if (p < 0 || !annotations.count(static_cast<size_t>(p)) || !annotations.at(static_cast<size_t>(p)).allow_implicit_sharing) continue;
-    auto out = index.find(Edge{static_cast<size_t>(p), Edge::kOutput});
+    auto out = index.find(Edge::output(static_cast<size_t>(p), slot[v]));
     if (out == index.end()) continue;
     const QuantSpec* a = set_spec(i);
     const QuantSpec* b = set_spec(out->second);

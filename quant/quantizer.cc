@@ -173,6 +173,20 @@ class PatternQuantizer final : public Quantizer {
                silu && free(out, {silu->first, silu->second}) && allowed(silu->first) && allowed(silu->second)) {
       chain.insert(chain.end(), {silu->first, silu->second});  // the Mul writes the SiLU
       pattern += "_Silu";
+      // x86: and an Add after it (a YOLO bottleneck's shortcut), which compile's FusedConv
+      // takes as its residual after the activation.
+      if (auto add = s_.binary_after_layer ? u.only_reader(g, silu->second) : std::nullopt;
+          add && g.nodes[*add].op == "Add" && g.nodes[*add].domain.empty() && g.nodes[*add].num_inputs() == 2 && !out.count(*add) &&
+          allowed(*add)) {
+        const Node& a = g.nodes[*add];
+        const int other = a.inputs[0] == g.nodes[silu->second].outputs[0] ? 1 : 0;
+        if (!is_constant(g, a, static_cast<size_t>(other)) && is_float_value(g, a.inputs[static_cast<size_t>(other)])) {
+          chain.push_back(*add);
+          residual = *add;
+          residual_slot = other;
+          pattern += "_add";
+        }
+      }
     } else if (next && !out.count(*next) && (conv ? s_.conv_activations : s_.linear_activations).count(g.nodes[*next].op)) {
       if (view) chain.push_back(*view);
       chain.push_back(*next);
@@ -236,16 +250,20 @@ class PatternQuantizer final : public Quantizer {
     out[n] = a;
   }
 
-  // Pooling, shape ops and Concat keep their input's quantization: the output shares input 0's
-  // spec (Concat: every input shares input 0's too).
+  // Pooling, shape ops, Concat and Split keep their input's quantization: the output shares
+  // input 0's spec (Concat: every input shares input 0's too; Split: every piece).
   void propagated(const Graph& g, const Uses& u, size_t n, Annotations& out) const {
     const Node& node = g.nodes[n];
     if (!s_.propagate.count(node.op) || out.count(n) || node.inputs.empty() || !is_float_value(g, node.inputs[0]) || !allowed(n)) return;
     const bool concat = node.op == "Concat";
     const size_t data_inputs = concat ? node.inputs.size() : 1;
-    auto quantized_output = [&](ValueId v) {
+    auto quantized_output = [&](ValueId v) {  // v is an output its producer's annotation quantizes
       const int64_t p = u.producer[static_cast<size_t>(v)];
-      return p >= 0 && out.count(static_cast<size_t>(p)) && out.at(static_cast<size_t>(p)).output.has_value();
+      if (p < 0 || !out.count(static_cast<size_t>(p))) return false;
+      const NodeAnnotation& a = out.at(static_cast<size_t>(p));
+      const std::vector<ValueId>& outs = g.nodes[static_cast<size_t>(p)].outputs;
+      const size_t k = static_cast<size_t>(std::find(outs.begin(), outs.end(), v) - outs.begin());
+      return k == 0 ? a.output.has_value() : a.later_outputs.count(k) > 0;
     };
     if (s_.propagate_needs_quantized_inputs || !concat) {
       for (size_t i = 0; i < data_inputs; ++i)
@@ -255,6 +273,8 @@ class PatternQuantizer final : public Quantizer {
     a.inputs[0] = s_.config.activation;
     for (size_t i = 1; i < data_inputs; ++i) a.inputs[static_cast<int>(i)] = SharedSpec{Edge{n, 0}};
     a.output = SharedSpec{Edge{n, 0}};
+    for (size_t k = 1; k < node.outputs.size(); ++k)
+      if (node.outputs[k] != kNoValue) a.later_outputs[k] = SharedSpec{Edge{n, 0}};
     out[n] = a;
   }
 
@@ -333,7 +353,7 @@ std::unique_ptr<Quantizer> make_quantizer(const std::string& name, bool per_chan
   if (name == "x86")
     return std::make_unique<PatternQuantizer>(Style{"x86", x86_config(dynamic), {"Relu", "Clip", "HardSwish", "Silu"},
                                                     {"Relu", "LeakyRelu", "Tanh", "Gelu"}, true,
-                                                    {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten"}, true},
+                                                    {"MaxPool", "AveragePool", "GlobalAveragePool", "Concat", "Flatten", "Split", "Resize"}, true},
                                               std::move(filter));
   if (name == "xnnpack" && !dynamic)
     return std::make_unique<PatternQuantizer>(Style{"xnnpack", xnnpack_config(per_channel), {"Relu"}, {"Relu"}, false,

@@ -17,11 +17,15 @@
 
 namespace kiln::quant {
 
-/// An edge of the graph: input `input` of node `node`, or (input == kOutput) the node's output 0.
+/// An edge of the graph: input `input` of node `node`, or (input == kOutput) the node's output 0;
+/// output k (a Split's pieces) is input kOutput − k.
 struct Edge {
   static constexpr int kOutput = -1;
   size_t node = 0;
   int input = kOutput;
+  static Edge output(size_t node, size_t k) { return Edge{node, kOutput - static_cast<int>(k)}; }
+  bool is_output() const { return input <= kOutput; }
+  size_t output_index() const { return static_cast<size_t>(kOutput - input); }
   bool operator==(const Edge&) const = default;
   auto operator<=>(const Edge&) const = default;
 };
@@ -51,6 +55,7 @@ using EdgeSpec = std::variant<QuantSpec, SharedSpec, DerivedSpec, FixedSpec>;
 struct NodeAnnotation {
   std::map<int, EdgeSpec> inputs;  ///< by input slot
   std::optional<EdgeSpec> output;  ///< of output 0
+  std::map<size_t, EdgeSpec> later_outputs;  ///< of outputs 1.. by index (a Split's pieces)
   /// A producer's output spec and a consumer's equal input spec share one observer (PT2E's
   /// implicit sharing) unless this is false.
   bool allow_implicit_sharing = true;

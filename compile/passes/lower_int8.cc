@@ -11,13 +11,16 @@
 //        a: a squeeze-excite block's scales) -> QMul, b read as it is
 //   DQ(x) -> GlobalAveragePool (channels-last) -> Q -> QGlobalAveragePool (a squeeze), so
 //        that such a block's int8 tensor is never dequantized whole
-//   DQ(x) -> an elementwise unary op (Sigmoid, Tanh, Exp, GELU...) with an f32 output
-//        [-> Reshape / Transpose ...] -> LookupTable of x's codes: the op's 256 possible values,
-//           computed now on the reference kernels, looked up after the Reshapes and Transposes
-//           that alone read its output, which move the codes instead (YOLO's detection head: the
-//           Sigmoid of each scale's last conv, then its boxes' transpose)
+//   DQ(x) -> an elementwise unary op (Sigmoid, Tanh, Exp, GELU...; the DQ's only reader) with
+//        an f32 output [-> Reshape / Transpose ...]
+//        -> LookupTable of x's codes: the op's 256 possible values, computed now on the
+//           reference kernels, looked up after the Reshapes and Transposes that alone read its
+//           output, which move the codes instead (YOLO's detection head: the Sigmoid of each
+//           scale's last conv, then its boxes' transpose)
 //   DQ(x) -> MaxPool -> Q with the same scale and zero point
 //        -> MaxPool on x itself (a max commutes with a monotonic quantization)
+//   DQ(x..) -> Split / Concat / nearest Resize -> Q, every scale and zero point the same
+//        -> the op on the codes (a quantized YOLO's C2f blocks and neck)
 //   DQ(x) -> LayerNormalization (constant f32 scale and B) -> Q
 //        -> QLayerNormalization (a quantized transformer's norms: no f32 tensor around them)
 //   DQ(q), DQ(k), DQ(v) -> Attention (a mask or none; no KV cache, rotary caches, sequence
@@ -76,7 +79,8 @@ class Lowering {
     for (ValueId v : g.outputs) outputs_.insert(v);
   }
 
-  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0, muls = 0, averages = 0, tables = 0;
+  size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0;
+  size_t muls = 0, averages = 0, tables = 0, moves = 0;
 
   /// `woq`: the target runs WoqFusedMatMul's kernel; `amx`: QAttention's.
   void run(bool woq, bool amx) {
@@ -96,6 +100,7 @@ class Lowering {
       else if (op == "Mul") muls += mul(i);
       else if (op == "GlobalAveragePool") averages += global_average(i);
       else if (kTabulated.count(op)) tables += lookup_table(i);
+      else if (op == "Split" || op == "Concat" || op == "Resize") moves += movement(i);
     }
   }
 
@@ -469,6 +474,47 @@ class Lowering {
     return true;
   }
 
+  // Whether DQ or Q nodes a and b quantize alike: the same scale, zero point and type.
+  bool same_params(const Node& a, const Node& b) const {
+    return scalar_of(g_, a.inputs[1]) == scalar_of(g_, b.inputs[1]) && scalar_of(g_, a.inputs[2]) == scalar_of(g_, b.inputs[2]) &&
+           g_.value(a.inputs[2]).dtype == g_.value(b.inputs[2]).dtype;
+  }
+
+  // A Split, Concat or nearest Resize between DQs and Qs that all quantize alike (the x86
+  // quantizer shares their parameters: a YOLO C2f block's halves and joins, its neck's
+  // upsampling): the op moves the codes, each output written where its Q wrote.
+  bool movement(size_t i) {
+    const Node& n = g_.nodes[i];
+    if (n.op == "Resize" && n.attr_string("mode", "nearest") != "nearest") return false;
+    const size_t data = n.op == "Concat" ? n.inputs.size() : 1;
+    std::vector<const Node*> dqs;
+    for (size_t k = 0; k < data; ++k) {
+      const Node* t = nullptr;
+      const Node* d = dequantized(n.inputs[k], &t);
+      if (!d || t || (k > 0 && !same_params(*dqs[0], *d))) return false;
+      dqs.push_back(d);
+    }
+    std::vector<int64_t> qs(n.outputs.size(), -1);
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k] == kNoValue) continue;
+      int64_t tq = -1;
+      qs[k] = quantized_by(n.outputs[k], &tq);
+      if (qs[k] < 0 || tq >= 0 || !same_params(g_.nodes[static_cast<size_t>(qs[k])], *dqs[0])) return false;
+    }
+    Node m = n;
+    if (m.sources.empty()) m.sources.push_back(n.name);
+    m.kernel = {};
+    for (size_t k = 0; k < data; ++k) m.inputs[k] = dqs[k]->inputs[0];
+    for (size_t k = 0; k < n.outputs.size(); ++k)
+      if (qs[k] >= 0) {
+        absorb(m, g_.nodes[static_cast<size_t>(qs[k])]);
+        m.outputs[k] = int8_result(n.outputs[k], qs[k], -1);
+      }
+    before_[i].push_back(std::move(m));
+    drop_[i] = 1;
+    return true;
+  }
+
   // DQ(x) -> an elementwise unary op (kTabulated) with an f32 output: LookupTable of x's codes,
   // the op's values on the 256 codes dequantized computed now by the reference kernels of the
   // DQ and the op, so the table holds exactly what they would compute (a node whose kernel
@@ -476,9 +522,11 @@ class Lowering {
   bool lookup_table(size_t i) {
     const Node& n = g_.nodes[i];
     if (n.inputs.size() != 1 || n.outputs.size() != 1 || g_.value(n.outputs[0]).dtype != DType::f32) return false;
+    // The DQ read by the op alone: where f32 readers need it too (a SiLU's Mul), the DQ's pass
+    // stays, and a linear layer writes its f32 output itself (fold_output_dequantize).
     const Node* t = nullptr;
     const Node* dq = dequantized(n.inputs[0], &t);
-    if (!dq || t) return false;
+    if (!dq || t || single_reader(dq->outputs[0]) != static_cast<int64_t>(i)) return false;
     Graph m;
     const DType code = g_.value(dq->inputs[0]).dtype;
     Tensor every(code, {256});  // each code once
@@ -651,9 +699,7 @@ class Lowering {
     const int64_t q = quantized_by(p.outputs[0], &tq);
     if (q < 0) return false;
     const Node& qn = g_.nodes[static_cast<size_t>(q)];
-    if (scalar_of(g_, qn.inputs[1]) != scalar_of(g_, dx->inputs[1]) || scalar_of(g_, qn.inputs[2]) != scalar_of(g_, dx->inputs[2]) ||
-        g_.value(qn.inputs[2]).dtype != g_.value(dx->inputs[2]).dtype)
-      return false;
+    if (!same_params(qn, *dx)) return false;
     Node n = p;
     n.inputs = {int8_operand(*dx, tx, i)};
     absorb(n, qn);
@@ -745,10 +791,8 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
-  if (l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + l.tables + dequantized + requantized ==
-          0 &&
-      folded == 0)
-    return PassResult{};
+  const size_t lowered = l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + l.tables + l.moves;
+  if (lowered + dequantized + requantized == 0 && folded == 0) return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
@@ -764,6 +808,8 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
     s += (s.empty() ? "lowered " : "; ") + count_of(l.averages, "global average pool", "global average pools") + " to QGlobalAveragePool";
   if (l.tables)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.tables, "elementwise op", "elementwise ops") + " of int8 codes to LookupTable";
+  if (l.moves)
+    s += (s.empty() ? "" : "; ") + count_of(l.moves, "Split, Concat or Resize", "Splits, Concats and Resizes") + " moved int8 codes";
   if (dequantized) s += (s.empty() ? "" : "; ") + count_of(dequantized, "linear layer's output", "linear layers' outputs") + " dequantized in the layer's store";
   if (l.weight_only)
     s += (s.empty() ? "lowered " : "; ") + count_of(l.weight_only, "weight-only linear layer", "weight-only linear layers") +

@@ -6,8 +6,6 @@
 // reference. kiln.qadd_<isa>: QAdd (a quantized residual add); kiln.qmul_<isa>: QMul (a
 // quantized tensor times f32 factors: a squeeze-excite block's channel gate);
 // kiln.lookup_table_<isa>: LookupTable (f(DQ(x)) of an elementwise f, one value per code).
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -152,12 +150,12 @@ std::optional<std::string> qadd_declines(const KernelQuery& q, Isa isa) {
 // QMul in one pass (RowKernels::qscale): each value a's code times a factor plus an offset,
 // requantized, where factor = b · a's scale / y's scale and offset = −a's zero point · factor
 // (a NaN factor 0: the product quantizes to the zero point, as the reference's NaN does). A
-// channel gate's factors and offsets are made once per image, each run (c values); b of a's
-// shape has its own made a stretch at a time in the thread's workspace. The rows are shared
-// among the threads in pieces.
+// channel gate's factors and offsets are made once per image, each run (c values, in the
+// workspace); b of a's shape has its own made kStretch at a time on the thread's stack. The
+// rows are shared among the threads in pieces.
 // Codes from which QMul's threads share the rows (a byte in and out each, a quarter of the
 // quantization's bytes).
-constexpr int64_t kParallelCodes = 1 << 17;
+constexpr int64_t kParallelCodes = 1 << 17, kStretch = 1024;
 
 class QMulKernel final : public Kernel {
  public:
@@ -169,8 +167,7 @@ class QMulKernel final : public Kernel {
     zy_ = constant_scalar(q.inputs[5]);
     a_u8_ = q.inputs[0].dtype == DType::u8;
     y_u8_ = q.outputs[0].dtype == DType::u8;
-    const int64_t floats = shape_.gate ? 2 * shape_.images * shape_.c : 2 * kPiece * std::max(1, q.target.threads);
-    needs.workspace_bytes = static_cast<size_t>(floats) * sizeof(float);
+    if (shape_.gate) needs.workspace_bytes = static_cast<size_t>(2 * shape_.images * shape_.c) * sizeof(float);
     return {};
   }
   Status run(KernelContext& ctx) override {
@@ -187,11 +184,11 @@ class QMulKernel final : public Kernel {
     };
     if (!shape_.gate) {
       over_pieces(shape_.c, [&](int64_t from, int64_t to) {
-        float* m = work + 2 * kPiece * omp_get_thread_num();
-        for (int64_t p = from; p < to; p += kPiece) {  // one piece, or all of a small tensor
-          const int64_t n = std::min(kPiece, to - p);
-          factors(b + p, n, m, m + kPiece);
-          rows_.qscale(a + p, a_u8_, m, m + kPiece, 0, y + p, y_u8_, 1, n, zy_);
+        float m[kStretch], o[kStretch];  // a stretch's factors and offsets, in L1
+        for (int64_t p = from; p < to; p += kStretch) {
+          const int64_t n = std::min(kStretch, to - p);
+          factors(b + p, n, m, o);
+          rows_.qscale(a + p, a_u8_, m, o, 0, y + p, y_u8_, 1, n, zy_);
         }
       }, kParallelCodes);
       return {};

@@ -301,6 +301,72 @@ TEST(X86Quantizer, SqueezeExciteStaysOnTheCodes) {
   expect_compiled_runs_like(m, samples[0], want, 1e-2);
 }
 
+// A YOLOv8 C2f block and the neck's upsampling, as the exporter writes them: Conv 1x1 + SiLU →
+// Split in halves → a bottleneck on the second (two Conv 3x3 + SiLU, then the shortcut Add of
+// that half) → Concat of both halves and the bottleneck's sum → Conv 1x1 + SiLU → Resize
+// (nearest, 2x) → Conv 1x1. The x86 quantizer shares one observer among the Split's input and
+// pieces (later outputs annotated too), the Concat's inputs and output and the Resize's, and
+// takes the shortcut Add into the second conv's pattern (conv_Silu_add); compiled, the Split,
+// Concat and Resize move u8 codes and no QuantizeLinear or DequantizeLinear is left inside the
+// model, which runs like the quantized one's reference.
+TEST(X86Quantizer, YoloBlockStaysOnTheCodes) {
+  GraphBuilder b;
+  const ValueId x = b.input("x", {1, 8, 8, 8});
+  auto silu = [&](const std::string& name, ValueId v) { return b.op(name + "_mul", "Mul", {v, b.op(name + "_sig", "Sigmoid", {v})}); };
+  auto conv = [&](const std::string& name, ValueId v, int64_t cin, int64_t cout, int64_t k) {
+    const int64_t p = k / 2;
+    return silu(name, b.op(name, "Conv", {v, b.constant(name + "_w", weights({cout, cin, k, k})), b.constant(name + "_b", weights({cout}))},
+                           {{"pads", std::vector<int64_t>{p, p, p, p}}}));
+  };
+  const ValueId cv1 = conv("cv1", x, 8, 16, 1);
+  Node split = testing::node("split", "Split", {cv1, b.constant("halves", testing::make<int64_t>({2}, {8, 8}))}, {});
+  const ValueId h0 = b.g.add_value("h0", DType::undefined), h1 = b.g.add_value("h1", DType::undefined);
+  split.outputs = {h0, h1};
+  split.set_attr("axis", int64_t{1});
+  b.g.nodes.push_back(split);
+  const ValueId m2 = conv("m_cv2", conv("m_cv1", h1, 8, 8, 3), 8, 8, 3);
+  const ValueId shortcut = b.op("shortcut", "Add", {h1, m2});
+  const ValueId joined = b.op("join", "Concat", {h0, h1, shortcut}, {{"axis", int64_t{1}}});
+  const ValueId cv2 = conv("cv2", joined, 24, 16, 1);
+  const ValueId up = b.op("up", "Resize", {cv2, kNoValue, b.constant("scales", testing::make<float>({4}, {1, 1, 2, 2}))},
+                          {{"mode", std::string("nearest")}, {"coordinate_transformation_mode", std::string("asymmetric")},
+                           {"nearest_mode", std::string("floor")}});
+  Model m = b.done({b.op("head", "Conv", {up, b.constant("head_w", weights({4, 16, 1, 1}))})});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  const size_t si = node_index(m, "split");
+  EXPECT_EQ(a.at(si).pattern, "shared: Split");
+  ASSERT_TRUE(a.at(si).later_outputs.count(1));
+  EXPECT_EQ(a.at(node_index(m, "m_cv2")).pattern, "conv_Silu_add");
+  EXPECT_EQ(a.at(node_index(m, "join")).pattern, "shared: Concat");
+  EXPECT_EQ(a.at(node_index(m, "up")).pattern, "shared: Resize");
+  auto p = prepare(m.graph, a);
+  ASSERT_TRUE(p.ok()) << p.error().message();
+  EXPECT_EQ(p->group_of.at(Edge::output(si, 1)), p->group_of.at(Edge{si, 0}));  // the pieces share the input's observer
+
+  std::vector<std::vector<Tensor>> samples;
+  for (uint32_t seed : {8u, 9u, 10u}) {
+    std::vector<float> xv(512);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.23f * static_cast<float>(i) + static_cast<float>(seed)) * 2;
+    samples.push_back({testing::make<float>({1, 8, 8, 8}, xv)});
+  }
+  std::vector<Tensor> want;
+  ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
+  std::map<std::string, int> ops;
+  for (const Node& n : m.graph.nodes) {
+    ++ops[n.op];
+    if (n.op == "Split" || n.op == "Concat" || n.op == "Resize")
+      for (ValueId o : n.outputs)  // (fold_split_concat drops the piece the Concat took back)
+        if (o != kNoValue) {
+          EXPECT_EQ(m.graph.value(o).dtype, DType::u8) << n.name << "\n" << testing::nodes_text(m.graph);
+        }
+  }
+  EXPECT_EQ(ops["QuantizeLinear"], 1) << testing::nodes_text(m.graph);    // x's
+  EXPECT_EQ(ops["DequantizeLinear"], 1) << testing::nodes_text(m.graph);  // the head's input (its output stays f32)
+  EXPECT_EQ(ops["QFusedConv"], 4) << testing::nodes_text(m.graph);
+  expect_compiled_runs_like(m, samples[0], want, 1e-2);
+}
+
 // GPT-2's layers multiply 2-D rows between Reshapes (Reshape -> Gemm -> Reshape back): the x86
 // quantizer takes the Reshape into the linear layer's GELU and residual-Add patterns, and the
 // compiled model (drop_linear_reshapes, then lower_int8) runs the block on int8 nodes alone, as
