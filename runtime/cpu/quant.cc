@@ -147,16 +147,17 @@ std::optional<std::string> qadd_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
+// Codes from which QMul's and LookupTable's threads share the work (a byte in each, a quarter
+// of the quantization's bytes; at 64 Ki, QMul's smaller tensors ran slower on two threads), and
+// the factors QMul makes at a time for b of a's shape.
+constexpr int64_t kParallelCodes = 1 << 17, kStretch = 1024;
+
 // QMul in one pass (RowKernels::qscale): each value a's code times a factor plus an offset,
 // requantized, where factor = b · a's scale / y's scale and offset = −a's zero point · factor
 // (a NaN factor 0: the product quantizes to the zero point, as the reference's NaN does). A
 // channel gate's factors and offsets are made once per image, each run (c values, in the
 // workspace); b of a's shape has its own made kStretch at a time on the thread's stack. The
 // rows are shared among the threads in pieces.
-// Codes from which QMul's threads share the rows (a byte in and out each, a quarter of the
-// quantization's bytes).
-constexpr int64_t kParallelCodes = 1 << 17, kStretch = 1024;
-
 class QMulKernel final : public Kernel {
  public:
   explicit QMulKernel(Isa isa) : rows_(row_kernels(isa)) {}
