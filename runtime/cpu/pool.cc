@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <tuple>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/rows.h"
@@ -65,26 +64,33 @@ void share_pixels(int threads, int64_t n, int64_t pixels, int64_t c, T* partial,
   }
 }
 
-// A global pool's input [N, spatial.., C] (concrete): N images of `pixels` rows of C values.
-struct Pixels {
-  explicit Pixels(const Shape& x) {
-    const std::vector<int64_t> xs = x.concrete();
-    n = xs[0];
-    c = xs.back();
-    pixels = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+// What both global pools' kernels know: the input [N, spatial.., C] (concrete) as N images of
+// `pixels` rows of C values, and the target's threads.
+class GlobalPoolBase : public Kernel {
+ protected:
+  explicit GlobalPoolBase(Isa isa) : rows_(row_kernels(isa)) {}
+  void read_input(const KernelQuery& q) {
+    const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
+    n_ = xs[0];
+    c_ = xs.back();
+    pixels_ = shape_numel(std::span(xs).subspan(1, xs.size() - 2));
+    threads_ = std::max(1, q.target.threads);
   }
-  int64_t n = 0, c = 0, pixels = 0;
+  /// The threads to share an image among: one below `from` values.
+  int threads_from(int64_t from) const { return pixels_ * c_ >= from ? std::min(threads_, pool_threads()) : 1; }
+
+  const RowKernels& rows_;
+  int64_t n_ = 0, c_ = 0, pixels_ = 0;
+  int threads_ = 1;
 };
 
-class GlobalPoolKernel final : public Kernel {
+class GlobalPoolKernel final : public GlobalPoolBase {
  public:
-  explicit GlobalPoolKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  explicit GlobalPoolKernel(Isa isa) : GlobalPoolBase(isa) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const Pixels x(q.inputs[0].shape);
-    std::tie(n_, c_, pixels_) = std::tuple(x.n, x.c, x.pixels);
+    read_input(q);
     max_ = q.node.op == "GlobalMaxPool";
-    threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = static_cast<size_t>(threads_ * c_) * sizeof(float);
     return {};
   }
@@ -94,9 +100,8 @@ class GlobalPoolKernel final : public Kernel {
     float* y = ctx.output(0).data<float>();
     const float start = max_ ? -std::numeric_limits<float>::infinity() : 0.f;
     const float scale = max_ ? 1.f : 1.f / static_cast<float>(pixels_);
-    const int threads = pixels_ * c_ >= kParallelValues ? std::min(threads_, pool_threads()) : 1;
     share_pixels(
-        threads, n_, pixels_, c_, reinterpret_cast<float*>(ctx.workspace().data()), start,
+        threads_from(kParallelValues), n_, pixels_, c_, reinterpret_cast<float*>(ctx.workspace().data()), start,
         [&](int64_t b, int64_t r0, int64_t r1, float* row) { rows_.column_reduce(x + (b * pixels_ + r0) * c_, r1 - r0, c_, c_, row, max_); },
         [&](int64_t b, const float* partial, int rows, int64_t c0, int64_t c1) {
           float* out = y + b * c_;
@@ -109,29 +114,24 @@ class GlobalPoolKernel final : public Kernel {
   }
 
  private:
-  const RowKernels& rows_;
-  int64_t n_ = 0, c_ = 0, pixels_ = 0;
-  int threads_ = 1;
   bool max_ = false;
 };
 
 // QGlobalAveragePool on the codes: their integer column sums (exact), each channel's mean then
 // dequantized and quantized to y's scale as QuantizeLinear does (within one step of the
 // reference, whose sum of dequantized values rounds).
-class QGlobalPoolKernel final : public Kernel {
+class QGlobalPoolKernel final : public GlobalPoolBase {
  public:
-  explicit QGlobalPoolKernel(Isa isa) : rows_(row_kernels(isa)) {}
+  explicit QGlobalPoolKernel(Isa isa) : GlobalPoolBase(isa) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const Pixels x(q.inputs[0].shape);
-    std::tie(n_, c_, pixels_) = std::tuple(x.n, x.c, x.pixels);
+    read_input(q);
     sx_ = constant_scalar(q.inputs[1]);
     zx_ = constant_zero_point(q.inputs[2]);
     sy_ = constant_scalar(q.inputs[3]);
     zy_ = constant_zero_point(q.inputs[4]);
     x_u8_ = q.inputs[0].dtype == DType::u8;
     y_u8_ = q.outputs[0].dtype == DType::u8;
-    threads_ = std::max(1, q.target.threads);
     needs.workspace_bytes = static_cast<size_t>(threads_ * c_) * sizeof(int32_t) + static_cast<size_t>(c_) * sizeof(float);
     return {};
   }
@@ -139,12 +139,11 @@ class QGlobalPoolKernel final : public Kernel {
   Status run(KernelContext& ctx) override {
     const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
     auto* y = static_cast<std::byte*>(ctx.output(0).raw());
-    const int threads = pixels_ * c_ >= kParallelCodes ? std::min(threads_, pool_threads()) : 1;
     const double per_pixel = 1.0 / static_cast<double>(pixels_);
     auto* partial = reinterpret_cast<int32_t*>(ctx.workspace().data());
     float* means = reinterpret_cast<float*>(partial + threads_ * c_);  // an image's channel means, dequantized
     share_pixels(
-        threads, n_, pixels_, c_, partial, int32_t{0},
+        threads_from(kParallelCodes), n_, pixels_, c_, partial, int32_t{0},
         [&](int64_t b, int64_t r0, int64_t r1, int32_t* row) { rows_.qcolumn_sum(x + (b * pixels_ + r0) * c_, x_u8_, r1 - r0, c_, c_, row); },
         [&](int64_t b, const int32_t* partial, int rows, int64_t c0, int64_t c1) {
           for (int64_t j = c0; j < c1; ++j) {
@@ -158,11 +157,8 @@ class QGlobalPoolKernel final : public Kernel {
   }
 
  private:
-  const RowKernels& rows_;
-  int64_t n_ = 0, c_ = 0, pixels_ = 0;
   float sx_ = 1, sy_ = 1;
   int32_t zx_ = 0, zy_ = 0;
-  int threads_ = 1;
   bool x_u8_ = true, y_u8_ = true;
 };
 

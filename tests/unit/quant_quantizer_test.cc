@@ -146,6 +146,18 @@ void calibrate_and_convert(Model& m, const Annotations& a, const std::vector<std
   if (stats) *stats = *converted;
 }
 
+// One input sample per seed: a sine over the elements, amp · sin(step · i + seed), of `shape`.
+std::vector<std::vector<Tensor>> sine_samples(const std::vector<int64_t>& shape, float step, float amp,
+                                              std::initializer_list<uint32_t> seeds) {
+  std::vector<std::vector<Tensor>> samples;
+  for (uint32_t seed : seeds) {
+    std::vector<float> xv(static_cast<size_t>(shape_numel(shape)));
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(step * static_cast<float>(i) + static_cast<float>(seed)) * amp;
+    samples.push_back({testing::make<float>(shape, xv)});
+  }
+  return samples;
+}
+
 // calibrate_and_convert on `samples`, the quantized model's reference outputs on the first
 // into `want`, then `kiln compile` for one thread.
 void quantize_and_compile(Model& m, const Annotations& a, const std::vector<std::vector<Tensor>>& samples, std::vector<Tensor>& want) {
@@ -270,12 +282,7 @@ TEST(X86Quantizer, SqueezeExciteStaysOnTheCodes) {
   Model m = b.done({b.op("conv3", "Conv", {scaled, b.constant("w3", weights({8, 24, 1, 1}))})});
   Annotations a;
   ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
-  std::vector<std::vector<Tensor>> samples;
-  for (uint32_t seed : {3u, 4u, 5u}) {
-    std::vector<float> xv(800);
-    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.29f * static_cast<float>(i) + static_cast<float>(seed)) * 3;
-    samples.push_back({testing::make<float>({1, 8, 10, 10}, xv)});
-  }
+  const std::vector<std::vector<Tensor>> samples = sine_samples({1, 8, 10, 10}, 0.29f, 3, {3u, 4u, 5u});
   std::vector<Tensor> want;
   ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
   std::map<std::string, int> ops;
@@ -344,12 +351,7 @@ TEST(X86Quantizer, YoloBlockStaysOnTheCodes) {
   ASSERT_TRUE(p.ok()) << p.error().message();
   EXPECT_EQ(p->group_of.at(Edge::output(si, 1)), p->group_of.at(Edge{si, 0}));  // the pieces share the input's observer
 
-  std::vector<std::vector<Tensor>> samples;
-  for (uint32_t seed : {8u, 9u, 10u}) {
-    std::vector<float> xv(512);
-    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.23f * static_cast<float>(i) + static_cast<float>(seed)) * 2;
-    samples.push_back({testing::make<float>({1, 8, 8, 8}, xv)});
-  }
+  const std::vector<std::vector<Tensor>> samples = sine_samples({1, 8, 8, 8}, 0.23f, 2, {8u, 9u, 10u});
   std::vector<Tensor> want;
   ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
   std::map<std::string, int> ops;
@@ -399,12 +401,7 @@ TEST(X86Quantizer, LinearLayersBetweenReshapesKeepTheirPatterns) {
     ASSERT_TRUE(a.count(node_index(m, name))) << name;
     EXPECT_FALSE(a.at(node_index(m, name)).output.has_value()) << name << ": inside the pattern";
   }
-  std::vector<std::vector<Tensor>> samples;
-  for (uint32_t seed : {5u, 6u, 7u}) {
-    std::vector<float> xv(128);
-    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(seed)) * 2;
-    samples.push_back({testing::make<float>({1, 8, 16}, xv)});
-  }
+  const std::vector<std::vector<Tensor>> samples = sine_samples({1, 8, 16}, 0.37f, 2, {5u, 6u, 7u});
   std::vector<Tensor> want;
   ASSERT_NO_FATAL_FAILURE(quantize_and_compile(m, a, samples, want));
   std::vector<std::string> ops;
