@@ -215,6 +215,16 @@ Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph
   return std::move(ctx.outputs());
 }
 
+Status check_scalar_inputs(const InferContext& ctx, std::initializer_list<size_t> inputs) {
+  for (size_t i : inputs) {
+    if (!ctx.has_input(i)) continue;
+    const Shape& s = ctx.shape(i);
+    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
+      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
+  }
+  return {};
+}
+
 Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const InferContext& ctx) {
   if (!a.rank_known || !b.rank_known) return Shape::unknown_rank();
   size_t rank = std::max(a.dims.size(), b.dims.size());

@@ -3,6 +3,8 @@
 // and input data, so an op's shape rules live in exactly one place. docs/ops.md describes them.
 #pragma once
 
+#include <initializer_list>
+
 #include <bit>
 #include <functional>
 #include <map>
@@ -253,6 +255,9 @@ Result<std::vector<InferOutput>> infer_node(const Node& node, const Graph& graph
 
 /// Numpy-style broadcast of two shapes (symbolic dims kept when they agree); fails on conflict.
 Result<Shape> broadcast_shapes(const Shape& a, const Shape& b, const InferContext& ctx);
+/// Checks that each of `inputs` that is present (a quantized op's scales and zero points) is a
+/// scalar: rank 0, or one element.
+Status check_scalar_inputs(const InferContext& ctx, std::initializer_list<size_t> inputs);
 /// Normalises a possibly negative axis for `rank`; fails naming the attribute when out of range.
 Result<int64_t> normalize_axis(int64_t axis, int64_t rank, const InferContext& ctx,
                                std::string_view what = "axis");

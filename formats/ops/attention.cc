@@ -207,15 +207,9 @@ Status infer_attention(InferContext& ctx) {
 // v_scale, v_zero_point, attn_mask, y_scale, y_zero_point; Y takes y_zero_point's type, f32
 // without it. Attention's inference runs on Q, K, V and the mask.
 Status infer_qattention(InferContext& ctx) {
-  for (size_t i : {1, 2, 4, 5, 7, 8, 10, 11}) {
-    if (!ctx.has_input(i)) {
-      if (i < 10) return ctx.error("input " + std::to_string(i) + " (a scale or zero point of Q, K or V) is missing");
-      continue;
-    }
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
-  }
+  for (size_t i : {1, 2, 4, 5, 7, 8})
+    if (!ctx.has_input(i)) return ctx.error("input " + std::to_string(i) + " (a scale or zero point of Q, K or V) is missing");
+  KILN_RETURN_IF_ERROR(check_scalar_inputs(ctx, {1, 2, 4, 5, 7, 8, 10, 11}));
   if (ctx.has_input(10) != ctx.has_input(11)) return ctx.error("y_scale and y_zero_point must be given together");
   auto in = [&](size_t i) {
     return ctx.has_input(i) ? InferInput{ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)} : InferInput{};

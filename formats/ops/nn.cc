@@ -798,11 +798,7 @@ Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx
 // QGlobalAveragePool: GlobalAveragePool of dequantized u8/s8 x, quantized with y's scale and
 // zero point (scalars); y takes y_zero_point's type.
 Status infer_qglobal_average_pool(InferContext& ctx) {
-  for (size_t i : {size_t{1}, size_t{2}, size_t{3}, size_t{4}}) {
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
-  }
+  KILN_RETURN_IF_ERROR(check_scalar_inputs(ctx, {1, 2, 3, 4}));
   KILN_RETURN_IF_ERROR(infer_layout(ctx, infer_global_pool));
   ctx.outputs()[0].dtype = ctx.dtype(4);
   return {};

@@ -185,11 +185,7 @@ Status infer_qlinear_conv(InferContext& ctx) {
 // QAdd: y = Q(activation(DQ(a) + DQ(b))), every scale and zero point a scalar; numpy
 // broadcasting of a and b; y takes y_zero_point's type.
 Status infer_qadd(InferContext& ctx) {
-  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}, size_t{6}, size_t{7}}) {
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
-  }
+  KILN_RETURN_IF_ERROR(check_scalar_inputs(ctx, {1, 2, 4, 5, 6, 7}));
   KILN_RETURN_IF_ERROR(read_activation(ctx.node(), "activation").status());
   KILN_ASSIGN_OR_RETURN(Shape y, broadcast_shapes(ctx.shape(0), ctx.shape(3), ctx));
   ctx.set_output(0, ctx.dtype(7), std::move(y));
@@ -199,11 +195,7 @@ Status infer_qadd(InferContext& ctx) {
 // QMul: y = Q(DQ(a) · b), b f32 (a gate: EfficientNet's squeeze-excite scales), a's and y's
 // scales and zero points scalars; numpy broadcasting of a and b; y takes y_zero_point's type.
 Status infer_qmul(InferContext& ctx) {
-  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) {
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
-  }
+  KILN_RETURN_IF_ERROR(check_scalar_inputs(ctx, {1, 2, 4, 5}));
   KILN_ASSIGN_OR_RETURN(Shape y, broadcast_shapes(ctx.shape(0), ctx.shape(3), ctx));
   ctx.set_output(0, ctx.dtype(5), std::move(y));
   return {};

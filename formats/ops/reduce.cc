@@ -196,11 +196,7 @@ Status infer_layer_norm(InferContext& ctx) {
 // inputs x, x_scale, x_zero_point, scale, y_scale, y_zero_point, B (optional); y takes
 // y_zero_point's type.
 Status infer_qlayer_norm(InferContext& ctx) {
-  for (size_t i : {size_t{1}, size_t{2}, size_t{4}, size_t{5}}) {
-    const Shape& s = ctx.shape(i);
-    if (s.rank() > 1 || (s.rank() == 1 && s.dims[0].is_known() && s.dims[0].value != 1))
-      return ctx.error("input " + std::to_string(i) + " has shape " + s.str() + "; the scales and zero points must be scalars");
-  }
+  KILN_RETURN_IF_ERROR(check_scalar_inputs(ctx, {1, 2, 4, 5}));
   KILN_ASSIGN_OR_RETURN(DType stash, stash_dtype(ctx));
   if (stash != DType::f32) return ctx.error("stash_type must be 1 (f32)");
   const Shape& x = ctx.shape(0);
