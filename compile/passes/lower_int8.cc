@@ -41,6 +41,11 @@
 //        -> WoqFusedMatMul, which reads the codes and dequantizes them as it loads B (on CPUs
 //           with its kernel; elsewhere the DQ is folded as before)
 //
+// QFusedConv and QFusedMatMul are made for targets with AVX512-VNNI only: without it oneDNN's
+// int8 convolutions sum pairs of u8 · s8 products in 16 bits (`vpmaddubsw`), which saturate on
+// full-range weights, and kiln's int8 GEMM is VNNI's; such a target's convolutions and linear
+// layers stay f32 between their Q and DQ, as the quantized model computes them.
+//
 // It runs after fuse_epilogues (the conv has its activation and residual already) and
 // channels_last; a channels-last conv whose input or output crosses the layout boundary reads
 // Transpose(DQ(x)) or writes through a Transpose to Q: the Transpose then moves the int8 tensor
@@ -59,6 +64,7 @@
 #include "compile/pass.h"
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/attention_amx.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/gemm/woq.h"
 #include "runtime/cpu/quant.h"
 
@@ -81,16 +87,21 @@ class Lowering {
 
   size_t convs = 0, matmuls = 0, weight_only = 0, adds = 0, pools = 0, norms = 0, attentions = 0;
   size_t muls = 0, averages = 0, tables = 0, moves = 0;
+  size_t kept_float = 0;  ///< convolutions and linear layers of int8 inputs left f32 (no `products`)
 
-  /// `woq`: the target runs WoqFusedMatMul's kernel; `amx`: QAttention's.
-  void run(bool woq, bool amx) {
+  /// `products`: the target multiplies int8 codes exactly (VNNI: QFusedConv's and
+  /// QFusedMatMul's kernels); `woq`: it runs WoqFusedMatMul's kernel; `amx`: QAttention's.
+  void run(bool products, bool woq, bool amx) {
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       if (drop_[i]) continue;
       const std::string& op = g_.nodes[i].op;
       if (!g_.nodes[i].domain.empty()) continue;
-      if (op == "FusedConv") convs += conv(i);
+      const bool product = op == "FusedConv" || op == "FusedMatMul" || op == "MatMul" || op == "Gemm";
+      const Node* transpose = nullptr;
+      if (product && !products && dequantized(g_.nodes[i].inputs[0], &transpose, true)) ++kept_float;
+      if (op == "FusedConv") convs += products && conv(i);
       else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") {
-        if (matmul(i)) ++matmuls;
+        if (products && matmul(i)) ++matmuls;
         else if (woq) weight_only += woq_matmul(i);
       }
       else if (op == "MaxPool") pools += maxpool(i);
@@ -786,13 +797,14 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   g.remove_dead();  // the Transposes back that channels_last left unread would hide single readers
   const size_t requantized = drop_requantization(g);
   Lowering l(g);
-  l.run(!cpu::gemm::woq_lacks(ctx.target.cpu), ctx.target.cpu.amx);
+  const bool products = !cpu::gemm::lowp_lacks(ctx.target.cpu, cpu::gemm::Lowp::u8s8);
+  l.run(products, !cpu::gemm::woq_lacks(ctx.target.cpu), ctx.target.cpu.amx);
   l.finish();
   g.remove_dead();  // the DQs and Qs the int8 nodes replaced
   const size_t dequantized = fold_output_dequantize(g);
   KILN_ASSIGN_OR_RETURN(size_t folded, fold_constant_dequantize(g));
   const size_t lowered = l.convs + l.matmuls + l.weight_only + l.adds + l.pools + l.norms + l.attentions + l.muls + l.averages + l.tables + l.moves;
-  if (lowered + dequantized + requantized == 0 && folded == 0) return PassResult{};
+  if (lowered + dequantized + requantized + l.kept_float == 0 && folded == 0) return PassResult{};
   std::string s;
   if (l.convs + l.matmuls + l.adds + l.pools > 0)
     s = "lowered " + count_of(l.convs, "convolution", "convolutions") + " to QFusedConv, " +
@@ -817,6 +829,9 @@ Result<PassResult> lower_int8(Model& model, PassContext& ctx) {
   if (requantized) s += (s.empty() ? "" : "; ") + count_of(requantized, "requantization", "requantizations") + " with the same scale dropped";
   if (s.empty()) s = "nothing lowered";
   if (folded) s += "; folded " + count_of(folded, "weight DequantizeLinear", "weight DequantizeLinears") + " left float";
+  if (l.kept_float)
+    s += "; kept " + count_of(l.kept_float, "convolution or linear layer", "convolutions and linear layers") +
+         " f32 (int8 products need avx512-vnni, which the target lacks)";
   return PassResult{true, s};
 }
 

@@ -1,7 +1,8 @@
 // onednn.cast: Cast between f32 and bf16 as a oneDNN reorder of the flat tensor (vectorised,
 // on kiln's OpenMP pool; f32 to bf16 rounds to nearest even, as the reference does): a model's
 // own Casts, and those `kiln compile --precision bf16` gives a convolution's residual whose
-// type is not its output's.
+// type is not its output's. On CPUs with AVX512-BF16 only: oneDNN's reorder elsewhere (AVX2)
+// loses the sign of a zero, so the reference kernel casts there.
 #include <unordered_map>
 
 #include "runtime/onednn/onednn.h"
@@ -13,6 +14,8 @@ namespace {
 using dnnl::memory;
 
 std::optional<std::string> cast_declines(const KernelQuery& q) {
+  // oneDNN 2.6's reorder without it turns -0 into +0 (f32 -> bf16, and back).
+  if (!q.target.cpu.avx512_bf16) return "the CPU lacks avx512-bf16 (oneDNN's conversion would drop the sign of zero)";
   const DType from = q.inputs[0].dtype, to = q.outputs[0].dtype;
   if (!((from == DType::f32 && to == DType::bf16) || (from == DType::bf16 && to == DType::f32))) return "not between f32 and bf16";
   if (!q.inputs[0].shape.is_concrete() || shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty or not concrete";

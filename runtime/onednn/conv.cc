@@ -25,6 +25,7 @@
 // bf16 NHWC tensors that the convolution reads and writes as they are, the epilogue computed in
 // f32 before Y is rounded. f16 weights
 // (`--precision fp16`) are widened to f32 as they are packed and convolved in f32.
+#include <optional>
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"
@@ -150,6 +151,7 @@ class ConvKernel final : public Kernel {
       const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
       const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;
+      foreign_ = false;
       dnnl::convolution_forward::primitive_desc pd;
       if (wino_shape && !recorded_direct && q.target.cpu.avx512f) {
         try {
@@ -166,7 +168,16 @@ class ConvKernel final : public Kernel {
           }
         }
       }
-      if (!winograd_) pd = primitive(dnnl::algorithm::convolution_direct, blocked_, attr);
+      if (!winograd_) {
+        // None for a bf16 convolution compiled for --target avx512-bf16 on a CPU without it.
+        auto direct = primitive_for(q.target, [&] { return primitive(dnnl::algorithm::convolution_direct, blocked_, attr); });
+        if (!direct) {
+          foreign_ = true;
+          packed_ = Tensor();
+          return {};
+        }
+        pd = *direct;
+      }
       // Winograd's weight layout is its own: it starts from the plain weights.
       KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
       // An f16 weight is stored as it is (half the bytes); the others as oneDNN packed them.
@@ -178,6 +189,8 @@ class ConvKernel final : public Kernel {
       auto up = [](size_t b) { return (b + 63) / 64 * 64; };
       size_t offset = up(pd.scratchpad_desc().get_size());
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
+      src_offset_.reset();
+      dst_offset_.reset();
       if (pd.src_desc() != src) {
         src_in_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src, cpu_engine(), pd.src_desc()));
         blocked_src_ = memory(pd.src_desc(), cpu_engine(), nullptr);
@@ -199,17 +212,18 @@ class ConvKernel final : public Kernel {
 
   Status run(KernelContext& ctx) override {
     return guarded(ctx.node(), [&]() -> Status {
+      if (foreign_) return unprepared(ctx);
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       dst_.set_data_handle(ctx.output(0).raw());
       std::span<std::byte> ws = ctx.workspace();
       memory src = src_, dst = dst_;
       if (src_offset_) {
-        blocked_src_.set_data_handle(ws.data() + src_offset_);
+        blocked_src_.set_data_handle(ws.data() + *src_offset_);
         src_in_.execute(cpu_stream(), src_, blocked_src_);
         src = blocked_src_;
       }
       if (dst_offset_) {
-        blocked_dst_.set_data_handle(ws.data() + dst_offset_);
+        blocked_dst_.set_data_handle(ws.data() + *dst_offset_);
         dst = blocked_dst_;
       }
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
@@ -254,9 +268,12 @@ class ConvKernel final : public Kernel {
   Tensor packed_;  // the weights as weights_ holds them, for a compiled model
   dnnl::reorder src_in_, dst_in_, dst_out_;
   memory weights_, src_, dst_, bias_, scratch_, blocked_src_, blocked_dst_, z_plain_;
-  size_t src_offset_ = 0, dst_offset_ = 0;  ///< in the workspace; 0: the plain tensor is used
+  // Where the reordered X and Y lie in the workspace; none: the plain tensor is used. (The
+  // scratchpad comes first and may be empty, so an offset of 0 is a real one.)
+  std::optional<size_t> src_offset_, dst_offset_;
   bool blocked_ = true;
   bool winograd_ = false;
+  bool foreign_ = false;  ///< compiled for a CPU oneDNN has no primitive for here (primitive_for)
   const cpu::RowKernels* own_epilogue_ = nullptr;  ///< set when kiln applies the epilogue
   ActivationSpec act_, post_;
   bool has_z_ = false;

@@ -7,6 +7,7 @@
 // A FusedMatMul whose constant B `kiln compile --precision bf16` stored as bf16 runs as oneDNN's
 // bf16 matmul (AMX tiles where the CPU has them): A reordered to bf16 in the workspace, the
 // products summed in f32, Y and the epilogue f32; B stored packed in bf16.
+#include <optional>
 #include <unordered_map>
 
 #include "runtime/onednn/onednn.h"
@@ -117,12 +118,12 @@ class MatMulKernel final : public Kernel {
       if (has_bias_) bias_ = memory(bias, cpu_engine(), nullptr);
       scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
       needs.workspace_bytes = pd.scratchpad_desc().get_size();
-      src_offset_ = 0;
+      src_offset_.reset();
       if (bf16) {  // A in bf16 after the scratchpad
         src_offset_ = (needs.workspace_bytes + 63) / 64 * 64;
         src_in_ = dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src, cpu_engine(), src_bf16));
         lowp_src_ = memory(src_bf16, cpu_engine(), nullptr);
-        needs.workspace_bytes = src_offset_ + src_bf16.get_size();
+        needs.workspace_bytes = *src_offset_ + src_bf16.get_size();
       }
       return {};
     });
@@ -137,7 +138,7 @@ class MatMulKernel final : public Kernel {
       dst_.set_data_handle(ctx.output(0).raw());
       memory src = src_;
       if (src_offset_) {
-        lowp_src_.set_data_handle(ctx.workspace().data() + src_offset_);
+        lowp_src_.set_data_handle(ctx.workspace().data() + *src_offset_);
         src_in_.execute(cpu_stream(), src_, lowp_src_);
         src = lowp_src_;
       }
@@ -164,7 +165,9 @@ class MatMulKernel final : public Kernel {
   Tensor packed_;  // the constant B as weights_ holds it, for a compiled model
   dnnl::reorder src_in_;  // A to bf16, for a bf16 B
   memory weights_, src_, dst_, bias_, scratch_, lowp_src_;
-  size_t src_offset_ = 0;  ///< A's bf16 copy in the workspace; 0: A is read as it is
+  /// A's bf16 copy in the workspace (after the scratchpad, which may be empty: 0 is an offset);
+  /// none: A is read as it is.
+  std::optional<size_t> src_offset_;
   bool has_bias_ = false, const_b_ = false;
   int z_index_ = -1;
   size_t z_input_ = 0;

@@ -244,6 +244,8 @@ void execute(const dnnl::primitive& prim, std::unordered_map<int, memory>& args,
   cpu_stream().wait();
 }
 
+bool foreign_target(const Target& target) { return !CpuFeatures::host().missing(target.cpu.names()).empty(); }
+
 }  // namespace onednn
 
 void register_onednn_kernels(KernelRegistry& r) {
@@ -256,3 +258,4 @@ void register_onednn_kernels(KernelRegistry& r) {
 }
 
 }  // namespace kiln
+

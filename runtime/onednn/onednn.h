@@ -70,6 +70,29 @@ Tensor packed_weights(const Tensor& original, const dnnl::memory& weights, bool 
 void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args, dnnl::memory& scratch,
              std::span<std::byte> workspace);
 
+/// Whether `target` has a feature this CPU lacks (`kiln compile --target` naming another CPU).
+/// oneDNN creates primitives for the CPU it runs on only: a kernel that cannot create one for
+/// such a target keeps its choice unprepared (the weights as given), to prepare where the model
+/// runs; a session here refuses the model anyway.
+bool foreign_target(const Target& target);
+
+/// The primitive descriptor `make` creates; nullopt where oneDNN has none on this CPU for a
+/// foreign target (the kernel then stays unprepared), oneDNN's error otherwise.
+template <class F>
+auto primitive_for(const Target& target, F&& make) -> std::optional<decltype(make())> {
+  try {
+    return make();
+  } catch (const dnnl::error&) {
+    if (!foreign_target(target)) throw;
+    return std::nullopt;
+  }
+}
+
+/// A kernel's run when its prepare found no primitive for a foreign target.
+inline Status unprepared(const KernelContext& ctx) {
+  return internal_error(ctx.node().where(), "its kernel was compiled for a CPU oneDNN has no primitive for here");
+}
+
 /// Wraps a oneDNN call: its exceptions become an internal error about the node.
 template <class F>
 Status guarded(const Node& node, F&& f) {

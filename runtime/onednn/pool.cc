@@ -71,18 +71,24 @@ class PoolKernel final : public Kernel {
       dnnl::primitive_attr attr;
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       dnnl::pooling_v2_forward::desc desc(dnnl::prop_kind::forward_inference, alg, src, dst, strides, kernel, dil, pad_l, pad_r);
-      dnnl::pooling_v2_forward::primitive_desc pd(desc, attr, cpu_engine());
-      prim_ = dnnl::pooling_v2_forward(pd);
+      foreign_ = false;
+      auto pd = primitive_for(q.target, [&] { return dnnl::pooling_v2_forward::primitive_desc(desc, attr, cpu_engine()); });
+      if (!pd) {  // a bf16 pool compiled for --target amx on a CPU without AVX512-BF16
+        foreign_ = true;
+        return {};
+      }
+      prim_ = dnnl::pooling_v2_forward(*pd);
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);
-      scratch_ = memory(pd.scratchpad_desc(), cpu_engine(), nullptr);
-      needs.workspace_bytes = pd.scratchpad_desc().get_size();
+      scratch_ = memory(pd->scratchpad_desc(), cpu_engine(), nullptr);
+      needs.workspace_bytes = pd->scratchpad_desc().get_size();
       return {};
     });
   }
 
   Status run(KernelContext& ctx) override {
     return guarded(ctx.node(), [&]() -> Status {
+      if (foreign_) return unprepared(ctx);
       src_.set_data_handle(const_cast<void*>(ctx.input(0).raw()));
       dst_.set_data_handle(ctx.output(0).raw());
       std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}};
@@ -94,6 +100,7 @@ class PoolKernel final : public Kernel {
  private:
   dnnl::pooling_v2_forward prim_;
   memory src_, dst_, scratch_;
+  bool foreign_ = false;  ///< compiled for a CPU oneDNN has no primitive for here (primitive_for)
 };
 
 }  // namespace

@@ -38,6 +38,9 @@ using dnnl::memory;
 memory::data_type int8_type(DType t) { return t == DType::u8 ? memory::data_type::u8 : memory::data_type::s8; }
 
 std::optional<std::string> qconv_declines(const KernelQuery& q) {
+  // Without it, oneDNN 2.6 sums pairs of u8 · s8 products in 16 bits (vpmaddubsw), which
+  // saturate on full-range weights, and halves s8 activations' weights (rounding them).
+  if (!q.target.cpu.avx512_vnni) return "the CPU lacks avx512-vnni (oneDNN's int8 products would saturate)";
   for (size_t i = 0; i < q.inputs.size(); ++i) {
     const InferInput& in = q.inputs[i];
     if (in.dtype == DType::undefined) continue;

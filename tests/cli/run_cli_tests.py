@@ -214,13 +214,19 @@ def compile_tests(r, work, samples):
             no_file="bad.kiln")
 
 
+def host_features(r):
+    """The ISA features kiln reads off this CPU ("avx2", "avx512-vnni"...), from `kiln run -v`."""
+    rc, out, err = r.run(["run", "mlp.kiln", "--seed", "1", "-v"])
+    host = (out + err).split("target: cpu (", 1)[-1].split(")", 1)[0].split()
+    r.check("precision_host_features", rc == 0 and "avx2" in host, f"exit {rc}; {(out + err)[:300]!r}")
+    return host
+
+
 def precision_tests(r, work, samples):
     """--precision bf16 / fp16: compiled where the target has the ISA (elsewhere a user error, and
     --target compiles for a CPU that has it); the lowered models run where this CPU can, within
     1e-2 relative L2 of the fp32 outputs but not equal to them, and their files are smaller."""
-    rc, out, err = r.run(["run", "mlp.kiln", "--seed", "1", "-v"])
-    host = (out + err).split("target: cpu (", 1)[-1].split(")", 1)[0].split()
-    r.check("precision_host_features", rc == 0 and "avx2" in host, f"exit {rc}; {(out + err)[:300]!r}")
+    host = host_features(r)
     # (precision, the ISA the compile asks of the target, what the lowered model's kernels need here)
     for precision, isa, runs_on in (("bf16", "avx512-bf16", "avx512-bf16"), ("fp16", "avx512-fp16", "avx512-fp16")):
         target = []
@@ -282,6 +288,11 @@ def quant_tests(r, work, samples):
     model (and it compiled) stays close to the float outputs; its user errors."""
     cnn_in = os.path.join(samples, "cnn.inputs.npz")
     expected = os.path.join(samples, "cnn.expected")
+    # Int8 products (QFusedConv, QFusedMatMul) are compiled for CPUs with VNNI, and weight-only
+    # layers (WoqFusedMatMul) for CPUs with AVX-512: where this one lacks them, for the presets.
+    host = host_features(r)
+    vnni, avx512 = "avx512-vnni" in host, "avx512f" in host
+    int8_target = [] if vnni else ["--target", "avx512-vnni"]
     for q in ("x86", "xnnpack"):
         rc, out, err = r.run(["quant", "cnn.kiln", "-o", f"cnn.{q}.kiln", "--quantizer", q, "--calib", cnn_in])
         r.check(f"quant_{q}", rc == 0 and f"kiln quant: {q}: " in err and "weights stored quantized" in err,
@@ -297,14 +308,21 @@ def quant_tests(r, work, samples):
         r.ok(f"quant_{q}_run", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--check-against", expected,
                                 "--atol", "0.05", "--rtol", "0.05"])
         # Compiled: the convolutions become int8 kernels (QFusedConv), whose outputs match the
-        # quantized model's reference run within a small fraction of the logits' scale.
-        rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"])
+        # quantized model's reference run within a small fraction of the logits' scale. (For a
+        # CPU with VNNI: on one without, compiled for --target avx512-vnni, and then for this
+        # CPU, whose convolutions stay f32 between their Q and DQ.)
+        rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"] + int8_target)
         r.check(f"quant_{q}_compiled", rc == 0 and re.search(r"lowered 4 convolutions to QFusedConv, 1 linear layer to QFusedMatMul, \d adds? to QAdd and 1 max pool to int8", err)
                 and "(QFusedConv): onednn.qconv" in err and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err
                 and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
         r.ok(f"quant_{q}_reference", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_{q}"])
+        if not vnni:
+            rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"])
+            r.check(f"quant_{q}_compiled_without_vnni", rc == 0 and "(QFusedConv)" not in err and "(FusedConv): " in err
+                    and "kept 5 convolutions and linear layers f32 (int8 products need avx512-vnni, which the target lacks)" in err,
+                    f"exit {rc}; {err[-800:]!r}")
         r.ok(f"quant_{q}_int8_matches", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_{q}",
-                                          "--atol", "0.02", "--rtol", "0"])
+                                          "--atol", "0.02" if vnni else "1e-4", "--rtol", "0"])
         r.ok(f"quant_{q}_compiled_run", ["run", f"cnn.{q}.c.kiln", "--inputs", cnn_in, "--check-against", expected,
                                          "--atol", "0.05", "--rtol", "0.05"])
     # -v names the annotated nodes of the model as given (before the Q/DQ go in).
@@ -389,9 +407,11 @@ def quant_tests(r, work, samples):
     quantize_static(pre, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     r.ok("quant_ort_qdq_export", ["export", "cnn.qdq.onnx", "-o", "cnn.qdq.kiln"])
-    rc, _, err = r.run(["compile", "cnn.qdq.kiln", "-o", "cnn.qdq.c.kiln", "-v"])
+    rc, _, err = r.run(["compile", "cnn.qdq.kiln", "-o", "cnn.qdq.c.kiln", "-v"] + int8_target)
     r.check("quant_ort_qdq_compiled", rc == 0 and re.search(r"lowered 4 convolutions to QFusedConv, 1 linear layer to QFusedMatMul", err)
             and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
+    if not vnni:  # what runs here
+        r.ok("quant_ort_qdq_compiled_here", ["compile", "cnn.qdq.kiln", "-o", "cnn.qdq.c.kiln"])
     r.ok("quant_ort_qdq_run", ["run", "cnn.qdq.c.kiln", "--inputs", cnn_in, "--output-dir", "qdq_out"])
     want = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = np.load(os.path.join(work, "qdq_out", "logits.npy"))
@@ -420,7 +440,7 @@ def quant_tests(r, work, samples):
             ok, why = False, str(e)[:300]
         r.check(f"quant_{q}_onnx_runs_in_peers", ok, why)
         r.ok(f"quant_{q}_onnx_reexport", ["export", f"cnn.{q}.q.onnx", "-o", f"cnn.{q}.rt.kiln"])
-        rc, _, err = r.run(["compile", f"cnn.{q}.rt.kiln", "-o", f"cnn.{q}.rt.c.kiln", "-v"])
+        rc, _, err = r.run(["compile", f"cnn.{q}.rt.kiln", "-o", f"cnn.{q}.rt.c.kiln", "-v"] + int8_target)
         r.check(f"quant_{q}_onnx_roundtrip_int8", rc == 0 and "lowered 4 convolutions to QFusedConv" in err, f"exit {rc}; {err[:400]!r}")
     r.error("quant_onnx_compiled_input", ["quant", "cnn.c.kiln", "-o", "q.onnx", "--quantizer", "x86", "--calib", cnn_in], 2,
             r"is compiled; quantize the exported model", no_file="q.onnx")
@@ -458,9 +478,11 @@ def quant_tests(r, work, samples):
     # VNNI GEMM, its outputs the quantized model's reference ones.
     rc, _, err = r.run(["quant", "cnn.kiln", "-o", "cnn.dyn.kiln", "--quantizer", "x86", "--dynamic"])
     r.check("quant_dynamic", rc == 0 and "linear_dynamic 1" in err and "1 DynamicQuantizeLinear" in err, f"exit {rc}; {err[:400]!r}")
-    rc, _, err = r.run(["compile", "cnn.dyn.kiln", "-o", "cnn.dyn.c.kiln", "-v"])
+    rc, _, err = r.run(["compile", "cnn.dyn.kiln", "-o", "cnn.dyn.c.kiln", "-v"] + int8_target)
     r.check("quant_dynamic_compiled", rc == 0 and "(DynamicQuantizeLinear): kiln.dynamic_quantize_" in err
             and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err, f"exit {rc}; {err[:600]!r}")
+    if not vnni:
+        r.ok("quant_dynamic_compiled_here", ["compile", "cnn.dyn.kiln", "-o", "cnn.dyn.c.kiln"])
     r.ok("quant_dynamic_reference", ["run", "cnn.dyn.kiln", "--inputs", cnn_in, "--reference", "--output-dir", "qref_dyn"])
     r.ok("quant_dynamic_matches", ["run", "cnn.dyn.c.kiln", "--inputs", cnn_in, "--check-against", "qref_dyn", "--atol", "1e-4",
                                    "--rtol", "0"])
@@ -484,13 +506,17 @@ def quant_tests(r, work, samples):
         except (ValueError, KeyError, TypeError) as e:
             ok, out = False, f"{e}: {out[-400:]}"
         r.check(f"quant_weight_only_{bits}_inspect_json", ok, out[-400:])
-        rc, _, err = r.run(["compile", f"cnn.wo{bits}.kiln", "-o", f"cnn.wo{bits}.c.kiln", "-v"])
+        rc, _, err = r.run(["compile", f"cnn.wo{bits}.kiln", "-o", f"cnn.wo{bits}.c.kiln", "-v"] + ([] if avx512 else ["--target", "avx512"]))
         r.check(f"quant_weight_only_{bits}_compiled", rc == 0 and "lowered 1 weight-only linear layer to WoqFusedMatMul" in err
                 and "(WoqFusedMatMul): kiln.matmul_woq_avx512" in err, f"exit {rc}; {err[:800]!r}")
         rc, out, _ = r.run(["inspect", f"cnn.wo{bits}.c.kiln"])
         compiled_stored = stored.replace(r" per channel \(\d+\)", "")  # the compiled op names the codes' type only
         r.check(f"quant_weight_only_{bits}_compiled_inspect",
                 rc == 0 and re.search(r"/fc/Gemm \(WoqFusedMatMul\): in f32, " + compiled_stored + "; out f32", out), out[-600:])
+        if not avx512:  # what runs here: the weight dequantized to f32 at compile time
+            rc, _, err = r.run(["compile", f"cnn.wo{bits}.kiln", "-o", f"cnn.wo{bits}.c.kiln", "-v"])
+            r.check(f"quant_weight_only_{bits}_compiled_here", rc == 0 and "WoqFusedMatMul" not in err
+                    and "folded 1 weight DequantizeLinear left float" in err and "int8 products" not in err, f"exit {rc}; {err[-800:]!r}")
         r.ok(f"quant_weight_only_{bits}_reference", ["run", f"cnn.wo{bits}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_wo{bits}"])
         r.ok(f"quant_weight_only_{bits}_matches", ["run", f"cnn.wo{bits}.c.kiln", "--inputs", cnn_in, "--check-against", f"qref_wo{bits}",
                                                   "--atol", "1e-4", "--rtol", "1e-4"])

@@ -59,6 +59,16 @@ struct GraphBuilder {
   }
 };
 
+/// A CPU whose int8 products lower_int8 lowers (VNNI): this one where it has VNNI, otherwise the
+/// `--target avx512-vnni` preset, whose compiled models a session here refuses (runs_here).
+inline CpuFeatures int8_target() {
+  const CpuFeatures& host = CpuFeatures::host();
+  return host.avx512_vnni ? host : *CpuFeatures::named("avx512-vnni");
+}
+
+/// Whether this CPU runs a model compiled for the CPU its target record names.
+inline bool runs_here(const Model& m) { return !m.target || CpuFeatures::host().missing(m.target->isa).empty(); }
+
 /// Runs on the reference kernels.
 inline std::vector<Tensor> run_reference(const Model& m, const std::vector<Tensor>& inputs) {
   auto s = Session::create(m, SessionOptions{.reference = true});

@@ -28,6 +28,12 @@ inline std::vector<std::pair<std::string, CpuFeatures>> isa_paths() {
   return out;
 }
 
+/// The name of kiln's kernel `base` ("kiln.quantize") in the build this CPU runs: base_avx512 or
+/// base_avx2.
+inline std::string host_kernel(const std::string& base) {
+  return base + "_" + cpu::isa_name(cpu::best_isa(CpuFeatures::host()).value_or(cpu::Isa::avx2));
+}
+
 /// One node of `op`: its inputs, which of them are constants, its attributes.
 struct Case {
   std::string op;
@@ -46,6 +52,7 @@ struct Case {
 struct BothRuns {
   std::vector<Tensor> fast, ref;
   std::string kernel, label;
+  std::vector<std::pair<std::string, std::string>> declined;  ///< the implementations tried first, with why
   std::string graph_text;
 };
 
@@ -100,6 +107,7 @@ inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const 
   out.ref = std::move(*want);
   out.kernel = (*fast)->kernels()[0].name;
   out.label = (*fast)->kernels()[0].label;
+  out.declined = (*fast)->kernels()[0].declined;
   return out;
 }
 

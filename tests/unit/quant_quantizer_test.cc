@@ -159,18 +159,22 @@ std::vector<std::vector<Tensor>> sine_samples(const std::vector<int64_t>& shape,
 }
 
 // calibrate_and_convert on `samples`, the quantized model's reference outputs on the first
-// into `want`, then `kiln compile` for one thread.
+// into `want`, then `kiln compile` for one thread of a CPU with int8 products (this one, or the
+// avx512-vnni preset where it lacks them).
 void quantize_and_compile(Model& m, const Annotations& a, const std::vector<std::vector<Tensor>>& samples, std::vector<Tensor>& want) {
   ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples));
   want = testing::run_reference(m, samples[0]);
   CompileOptions options;
+  options.target.cpu = testing::int8_target();
   options.target.threads = 1;
   auto report = compile_model(m, options);
   ASSERT_TRUE(report.ok()) << report.error().message();
 }
 
-// The compiled model's outputs on `in`, each within `tol` relative L2 of `want`'s.
+// The compiled model's outputs on `in`, each within `tol` relative L2 of `want`'s, where this
+// CPU runs it (X86Quantizer.WithoutVnniProductsStayFloat runs them elsewhere).
 void expect_compiled_runs_like(const Model& m, const std::vector<Tensor>& in, const std::vector<Tensor>& want, double tol) {
+  if (!testing::runs_here(m)) return;
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok()) << s.error().message();
   auto got = (*s)->run(in);
@@ -263,6 +267,44 @@ TEST(X86Quantizer, ConvTakesTheSiluAfterIt) {
     if (n.op == "QFusedConv") activations.push_back(n.attr_string("activation", ""));
   EXPECT_EQ(activations, (std::vector<std::string>{"Silu", "Silu"})) << testing::nodes_text(m.graph);
   expect_compiled_runs_like(m, in, want, 1e-2);
+}
+
+// For a CPU without VNNI (AVX2: AMD's before Zen 4, Intel's before Cascade Lake) lower_int8
+// makes no QFusedConv or QFusedMatMul: oneDNN's int8 convolutions would saturate there and
+// kiln's int8 GEMM is VNNI's. The convolutions and the linear layer stay f32 between their
+// Q and DQ, their weights folded to f32, the compile says why, and the model (which runs on
+// every CPU kiln runs on) computes what the quantized one's reference does.
+TEST(X86Quantizer, WithoutVnniProductsStayFloat) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 8, 6, 6});
+  ValueId c1 = b.op("conv1", "Conv", {x, b.constant("w1", weights({16, 8, 3, 3})), b.constant("b1", weights({16}))},
+                    {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  ValueId r1 = b.op("relu1", "Relu", {c1});
+  ValueId flat = b.op("flat", "Flatten", {b.op("gap", "GlobalAveragePool", {r1})});
+  Model m = b.done({b.op("fc", "Gemm", {flat, b.constant("wf", weights({16, 5})), b.constant("bf", weights({5}))})});
+  Annotations a;
+  ASSERT_TRUE(make_quantizer("x86")->annotate(m.graph, a).ok());
+  const std::vector<std::vector<Tensor>> samples = sine_samples({1, 8, 6, 6}, 0.37f, 3, {1u, 2u});
+  ASSERT_NO_FATAL_FAILURE(calibrate_and_convert(m, a, samples));
+  const std::vector<Tensor> want = testing::run_reference(m, samples[0]);
+  CompileOptions options;
+  options.target.cpu = *CpuFeatures::named("avx2");
+  options.target.threads = 1;
+  auto report = compile_model(m, options);
+  ASSERT_TRUE(report.ok()) << report.error().message();
+  std::string lowering;
+  for (const PassRecord& p : report->passes)
+    if (p.name == "lower_int8") lowering = p.result.summary;
+  EXPECT_NE(lowering.find("; kept 2 convolutions and linear layers f32 (int8 products need avx512-vnni, which the target lacks)"),
+            std::string::npos)
+      << lowering;
+  std::map<std::string, int> ops;
+  for (const Node& n : m.graph.nodes) ++ops[n.op];
+  EXPECT_EQ(ops["QFusedConv"] + ops["QFusedMatMul"], 0) << testing::nodes_text(m.graph);
+  EXPECT_EQ(ops["FusedConv"], 1) << testing::nodes_text(m.graph);
+  EXPECT_GE(ops["QuantizeLinear"], 1) << testing::nodes_text(m.graph);
+  ASSERT_TRUE(testing::runs_here(m));
+  expect_compiled_runs_like(m, samples[0], want, 1e-5);
 }
 
 // A squeeze-excite block as EfficientNet's exporter writes it: x → Conv 1x1 → SiLU → (GAP →
