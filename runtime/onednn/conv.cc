@@ -18,6 +18,10 @@
 // direct convolution on the models' shapes. The choice is the kernel's parameter `algorithm`
 // ("winograd" or "direct"), which a compiled model records.
 //
+// Where oneDNN offers only its reference implementation for the post-ops (on AVX2 its JIT
+// kernels lack the residual's sum, and SiLU before it: YOLO's bottlenecks, ResNet's blocks),
+// the bare JIT convolution runs and kiln's epilogue follows ("kiln epilogue" in profiles).
+//
 // A FusedConv whose weights `kiln compile --precision bf16` stored as bf16 runs as oneDNN's bf16
 // convolution (direct: oneDNN 2.6 has no bf16 Winograd): X reordered to bf16 in the workspace,
 // products summed in f32, Y and the epilogue f32; the weights stored packed in bf16. Where the
@@ -152,6 +156,7 @@ class ConvKernel final : public Kernel {
       const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;
       foreign_ = false;
+      lacked_post_ops_ = false;
       dnnl::convolution_forward::primitive_desc pd;
       if (wino_shape && !recorded_direct && q.target.cpu.avx512f) {
         try {
@@ -177,6 +182,17 @@ class ConvKernel final : public Kernel {
           return {};
         }
         pd = *direct;
+        // oneDNN's reference convolution where its JIT kernels lack the post-ops (on AVX2, a
+        // channels-last 3x3 with SiLU and a residual sum: YOLO's bottlenecks, 145 ms against
+        // 0.6 for the bare one): the bare convolution, then kiln's epilogue.
+        if (post_ops && isa && std::string_view(pd.impl_info_str()).starts_with("ref")) {
+          auto bare_pd = primitive_for(q.target, [&] { return primitive(dnnl::algorithm::convolution_direct, blocked_, bare); });
+          if (bare_pd && !std::string_view(bare_pd->impl_info_str()).starts_with("ref")) {
+            pd = *bare_pd;
+            KILN_RETURN_IF_ERROR(own_epilogue());
+            lacked_post_ops_ = true;
+          }
+        }
       }
       // Winograd's weight layout is its own: it starts from the plain weights.
       KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
@@ -258,7 +274,7 @@ class ConvKernel final : public Kernel {
   std::vector<std::pair<std::string, KernelParam>> params() const override {
     return {{"algorithm", std::string(winograd_ ? "winograd" : "direct")}};
   }
-  std::string label() const override { return winograd_ ? "winograd" : ""; }
+  std::string label() const override { return winograd_ ? "winograd" : lacked_post_ops_ ? "kiln epilogue" : ""; }
   // The sum post-op adds to the destination: Y may be Z's memory. Not where kiln's epilogue
   // adds Z after the convolution wrote Y (Winograd without the post-ops: z_index_ is -1).
   int overwrites_input() const override { return z_index_ >= 0 ? 3 : -1; }
@@ -274,6 +290,7 @@ class ConvKernel final : public Kernel {
   bool blocked_ = true;
   bool winograd_ = false;
   bool foreign_ = false;  ///< compiled for a CPU oneDNN has no primitive for here (primitive_for)
+  bool lacked_post_ops_ = false;  ///< oneDNN's JIT kernels lacked the post-ops: kiln's epilogue after them
   const cpu::RowKernels* own_epilogue_ = nullptr;  ///< set when kiln applies the epilogue
   ActivationSpec act_, post_;
   bool has_z_ = false;
