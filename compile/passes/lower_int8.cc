@@ -96,9 +96,7 @@ class Lowering {
       if (drop_[i]) continue;
       const std::string& op = g_.nodes[i].op;
       if (!g_.nodes[i].domain.empty()) continue;
-      const bool product = op == "FusedConv" || op == "FusedMatMul" || op == "MatMul" || op == "Gemm";
-      const Node* transpose = nullptr;
-      if (product && !products && dequantized(g_.nodes[i].inputs[0], &transpose, true)) ++kept_float;
+      if (!products && int8_product(g_.nodes[i])) ++kept_float;
       if (op == "FusedConv") convs += products && conv(i);
       else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") {
         if (products && matmul(i)) ++matmuls;
@@ -137,6 +135,17 @@ class Lowering {
     if (v == kNoValue) return nullptr;
     const int32_t p = producers_[static_cast<size_t>(v)];
     return p < 0 || drop_[static_cast<size_t>(p)] ? nullptr : &g_.nodes[static_cast<size_t>(p)];
+  }
+
+  // A convolution or linear layer that the int8 rewrite would consider: a DQ'd input (or a
+  // dynamically quantized one) and a DQ'd constant weight.
+  bool int8_product(const Node& n) const {
+    if (n.op != "FusedConv" && n.op != "FusedMatMul" && n.op != "MatMul" && n.op != "Gemm") return false;
+    if (n.inputs.size() < 2) return false;
+    const Node* transpose = nullptr;
+    const Node* w = producer(n.inputs[1]);
+    return dequantized(n.inputs[0], &transpose, true) && w && w->op == "DequantizeLinear" && w->domain.empty() &&
+           g_.value(w->inputs[0]).is_constant();
   }
 
   // An int8 operand: v = DQ(q), or Transpose(DQ(q)) (then `transpose` is that node). Returns
