@@ -459,7 +459,11 @@ TEST(Gemm, NamesAndValidation) {
   EXPECT_EQ(gemm::default_tile(Isa::avx512, 32, 50257, 64, caches), (gemm::Tile{8, 48}));   // 14x32: 42 rows for 32
   EXPECT_EQ(gemm::default_tile(Isa::avx512, 32, 1024, 8192, caches), (gemm::Tile{6, 64}));  // 8x48 pads 3 %
   EXPECT_EQ(gemm::default_tile(Isa::avx512, 49, 2048, 512, caches), (gemm::Tile{6, 64}));   // 54 rows, 8x48's 56
-  EXPECT_EQ(gemm::default_tile(Isa::avx2, 28, 50257, 768, caches), (gemm::Tile{6, 16}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx2, 28, 50257, 768, caches), (gemm::Tile{4, 24}));
+  // AVX2's preferred 4x24 may pad N by 4 %: 256 columns by 3 %, not 128 by 12 %.
+  EXPECT_EQ(gemm::default_tile(Isa::avx2, 196, 256, 1024, caches), (gemm::Tile{4, 24}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx2, 784, 128, 512, caches), (gemm::Tile{6, 16}));
+  EXPECT_EQ(gemm::default_tile(Isa::avx512, 196, 256, 1024, caches), (gemm::Tile{6, 64}));
 }
 
 TEST(Gemm, PackedLayoutDescribesPackB) {
@@ -538,9 +542,9 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
               name);
   }
   // Split outputs (a merged Q, K, V projection): each tile written into its output, the last
-  // part ragged. On AVX-512 both products would take the 8x48 tile: split points at 96 and 144
-  // keep it, at 96 and 160 the 14x32 tile that divides them takes its place (AVX2's 6x16
-  // divides both).
+  // part ragged. Both products would take the preferred tile (AVX-512's 8x48, AVX2's 4x24):
+  // split points at 96 and 144 keep it, at 96 and 160 the tile that divides them takes its
+  // place (AVX-512's 14x32, AVX2's 6x16).
   for (const auto& [isa, cpu] : isa_paths()) {
     SCOPED_TRACE(isa);
     const std::string name = "kiln.gemm_f32_" + isa;
@@ -551,7 +555,7 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                        {attr("splits", widths), attr("activation", std::string("Gelu"))}, {true, true, true}},
                       1e-5, &cpu, nullptr, &label),
                 name);
-      const std::string tile = isa == "avx2" ? "_6x16_" : widths[1] == 48 ? "_8x48_" : "_14x32_";
+      const std::string tile = widths[1] == 48 ? (isa == "avx2" ? "_4x24_" : "_8x48_") : (isa == "avx2" ? "_6x16_" : "_14x32_");
       EXPECT_NE(label.find(tile), std::string::npos) << label;
     }
     // The activation on some outputs only (`activated`: a gate projection beside plain ones).

@@ -91,7 +91,10 @@ Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& ca
   n = std::max<int64_t>(n, 1);
   const Tile& first = tiles(isa).front();
   const Tile by_n = default_tile(isa, n);
-  if (round_up(n, first.nr) - n > n / 100) return by_n;
+  // The padding the preferred tile may add: 1 % on AVX-512 (8x48 against 6x64); 4 % on AVX2,
+  // whose 4x24 tile ran 6-14 % faster than 6x16 where it padded N by 3 % (ResNet-50's 256 and
+  // 512 output channels) and 8-10 % slower where by 12 % (64 and 128).
+  if (round_up(n, first.nr) - n > n / (isa == Isa::avx2 ? 25 : 100)) return by_n;
   const bool streams = std::max<int64_t>(k, 1) * n * static_cast<int64_t>(sizeof(float)) > caches.l3;
   return streams || round_up(m, by_n.mr) > round_up(m, first.mr) ? first : by_n;
 }
@@ -106,12 +109,15 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   n = std::max<int64_t>(n, 1);
   k = std::max<int64_t>(k, 1);
   // Kc: the whole of K while A's MR rows and B's NR-column micro-panel over it fill at most
-  // three quarters of L2 (each tile then reads and writes C once), and while eight rows of A
-  // over it fill at most two thirds of L1d; a longer K in equal chunks under that. The L1 bound
-  // (1,024 with 48 KiB) made the products of K = 3,072 and 4,608 5-25 % faster than one chunk
-  // (BERT's 128x768x3072, GPT-2's 32x768x3072, ResNet-50's 49x512x4608; kiln_bench_gemm's
-  // ratio to oneDNN on one and two threads), where A's rows no longer stayed in L1.
-  const int64_t l1_kc = round_down(caches.l1d * 2 / 3 / (4 * 8), 16), chunks = (k + l1_kc - 1) / l1_kc;
+  // three quarters of L2 (each tile then reads and writes C once), and while the preferred
+  // tile's rows of A over it fill at most two thirds of L1d; a longer K in equal chunks under
+  // that. The L1 bound (1,024 with 48 KiB and AVX-512's 8 rows) made the products of K = 3,072
+  // and 4,608 5-25 % faster than one chunk (BERT's 128x768x3072, GPT-2's 32x768x3072,
+  // ResNet-50's 49x512x4608; kiln_bench_gemm's ratio to oneDNN on one and two threads), where
+  // A's rows no longer stayed in L1. With AVX2's 4 rows and 32 KiB (1,360), K = 768 in one
+  // chunk ran 0-8 % faster than in two of 384 (BERT's and ViT-S/16's shapes, a Zen 3 core).
+  const int64_t l1_rows = tiles(isa).front().mr;
+  const int64_t l1_kc = round_down(caches.l1d * 2 / 3 / (4 * l1_rows), 16), chunks = (k + l1_kc - 1) / l1_kc;
   p.kc = std::min({k, round_up((k + chunks - 1) / chunks, 16), round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16)});
   // Threads: along N while each thread keeps at least two NR panels, then along M; but never
   // into more M parts than M has MR-row tiles: a product of a row or two (a GEMV, a classifier
