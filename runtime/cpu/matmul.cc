@@ -74,6 +74,10 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// The input channels from which kiln's GEMM takes gathered windows on a CPU without AVX-512
+// (gemm_defers).
+constexpr int64_t kAvx2WindowChannels = 128;
+
 // The default rule on convolutions kiln's GEMM can run: oneDNN's convolution is the faster one
 // unless
 // - the weight outgrows L2 and outweighs the input (fewer pixels than output channels):
@@ -84,6 +88,11 @@ std::optional<std::string> windows_declines(const KernelQuery& q) {
 //   many pixels as output channels or fewer: ResNet-50's 3x3 stride-2 512-channel layer (49
 //   pixels) takes 0.83 / 0.86 of oneDNN's time at one / two threads, the 256-channel one before
 //   it (196 pixels) 1.05 / 1.11 (8 alternated `kiln profile` rounds of the model each way);
+// - on a CPU without AVX-512, the windows have 128 input channels or more: oneDNN 2.6's AVX2
+//   direct convolution of channels-last tensors ran ResNet-50's 3x3 stride-2 layers of 128 and
+//   256 channels at 19-40 GFLOP/s, 2.9x and 1.7x kiln's time, and YOLO's of 128 channels 1.3x
+//   (max-autotune's in-graph timings on a Zen 3 core, one thread); over 16-64 channels (YOLO's
+//   other stride-2 layers) it stayed the faster;
 // - a call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster
 //   here);
 // - the output has 48 channels or fewer (one 8x48 tile's width) from 64 or more over 3,136
@@ -109,6 +118,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
   if (pointwise_declines(q, 1, true)) {  // gathered windows
     if (streams && 4 * pixels <= w[0]) return std::nullopt;
+    if (!q.target.cpu.avx512f && w[1] >= kAvx2WindowChannels) return std::nullopt;
     return "oneDNN's convolution is faster on windows whose weight fits L2 or that are more than a quarter of the output channels";
   }
   if (streams && pixels < w[0]) return std::nullopt;
