@@ -118,7 +118,11 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
   if (pointwise_declines(q, 1, true)) {  // gathered windows
     if (streams && 4 * pixels <= w[0]) return std::nullopt;
-    if (!q.target.cpu.avx512f && w[1] >= kAvx2WindowChannels) return std::nullopt;
+    if (!q.target.cpu.avx512f) {
+      if (w[1] >= kAvx2WindowChannels) return std::nullopt;
+      return "oneDNN's convolution is faster on windows of fewer than " + std::to_string(kAvx2WindowChannels) +
+             " input channels whose weight fits L2 or that are more than a quarter of the output channels";
+    }
     return "oneDNN's convolution is faster on windows whose weight fits L2 or that are more than a quarter of the output channels";
   }
   if (streams && pixels < w[0]) return std::nullopt;

@@ -79,8 +79,9 @@ Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& ca
 /// Parameters for an M×N×K product on `threads` threads, derived from the cache sizes: Kc the
 /// whole of K while A's MR rows and B's Kc×NR micro-panel fit in three quarters of L2 and
 /// the preferred tile's rows of A over Kc in two thirds of L1d, a longer K in equal chunks
-/// under both; A read in place; Mc×Kc in half of L2 (but 128 rows where K is 64 or less and B, of more than one
-/// panel, fits half of L2: C is then written in blocks of whole rows), B's Kc×Nc block in half
+/// under both; A read in place; Mc×Kc in half of L2 (but 128 rows where K is 64 or less and B,
+/// of more than one panel, fits half of L2: C is then written in blocks of whole rows), B's
+/// Kc×Nc block in half
 /// a thread's share of L3; threads split N while each gets at least two NR panels, then M, but
 /// M alone where B fits half of L2 and each thread has 192 rows or more (whole rows of C, in
 /// the cache of the core that the next node's share of those rows runs on).
