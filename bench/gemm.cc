@@ -3,16 +3,19 @@
 // BERT-base's 128x768x768, 128x768x3072, 128x3072x768), in the same run, calls interleaved, so
 // that the percentages and the ratio compare.
 //
-//   kiln_bench_gemm [--runs N] [--threads T] [--sweep] [--shape MxNxK]...
+//   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...
 //   kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
-// independent FMAs on 16 vector accumulators (enough to hide the FMA latency on two ports),
-// AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both libraries' B is constant and packed ahead (oneDNN's into
-// the layout it picks, kiln's for its tile), as `kiln compile` stores it; each GEMM's time is
-// the median of --runs calls. kiln runs its default parameters (gemm::default_params), or with
-// --sweep the fastest of every tile, Kc, A packing and thread grid, each printed as it is timed. --shape
-// replaces the held shapes with others (e.g. GPT-2's LM head, --shape 32x50257x768).
+// independent FMAs on 16 zmm or 12 ymm accumulators (enough to hide the FMA latency on two
+// ports), AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both
+// libraries' B is constant and packed ahead (oneDNN's into the layout it picks, kiln's for its
+// tile), as `kiln compile` stores it; each GEMM's time is the median of --runs calls. kiln runs
+// its default parameters (gemm::default_params), or with --sweep the fastest of every tile, Kc,
+// A packing and thread grid, each printed as it is timed. --tiles instead times every tile of
+// the ISA with its default parameters, calls interleaved (no oneDNN), marking the default
+// tile. --shape replaces the held shapes with others (e.g. GPT-2's LM head, --shape
+// 32x50257x768).
 //
 // --woq times the weight-only-quantized GEMM (runtime/cpu/gemm/woq.h) instead: kiln's f32 GEMM
 // (B packed f32) against the same product with B as int8 codes (a scale per column) and as
@@ -137,12 +140,15 @@ struct Problem {
     gemm::GemmParams p;
     gemm::GemmProblem g;
     avec<std::byte> ws;
+    avec<float> b_own;  // B packed for this one's tile (own_b), else in the problem's b_packed
   };
-  Kiln kiln(const gemm::GemmParams& p) {
-    b_packed.assign(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)), 0.f);
-    gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, b_packed.data());
-    Kiln k{p, {}, {}};
-    k.g = gemm::GemmProblem{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = b_packed.data(), .b_packed = true,
+  // own_b: B packed into the returned one, so that several tiles can run side by side.
+  Kiln kiln(const gemm::GemmParams& p, bool own_b = false) {
+    Kiln k{p, {}, {}, {}};
+    avec<float>& packed = own_b ? k.b_own : b_packed;
+    packed.assign(static_cast<size_t>(gemm::packed_b_floats(s.k, s.n, p.tile.nr)), 0.f);
+    gemm::pack_b(b.data(), s.n, false, s.k, s.n, p.tile.nr, packed.data());
+    k.g = gemm::GemmProblem{.m = s.m, .n = s.n, .k = s.k, .a = a.data(), .lda = s.k, .b = packed.data(), .b_packed = true,
                             .c = c_kiln.data(), .ldc = s.n};
     k.ws.resize(gemm::workspace_bytes(p, k.g));
     return k;
@@ -301,9 +307,29 @@ int weight_only(int threads, int64_t group) {
 
 }  // namespace
 
+// --tiles: each tile of the ISA with its default parameters for the shape, calls interleaved,
+// one row each; `*` marks the tile default_tile picks.
+void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, int threads, double peak) {
+  const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+  std::printf("%-28s   %-50s %9s %7s %6s %6s\n", "shape (MxNxK)", "kiln template", "ms", "GFLOP/s", "peak", "spread");
+  for (const Shape& s : shapes) {
+    Problem pr(s);
+    const gemm::Tile chosen = gemm::default_tile(isa, s.m, s.n, s.k, caches);
+    std::vector<Problem::Kiln> runs;
+    std::vector<std::function<void()>> calls;
+    for (const gemm::Tile& t : gemm::tiles(isa)) runs.push_back(pr.kiln(gemm::default_params(isa, t, caches, s.m, s.n, s.k, threads), true));
+    for (Problem::Kiln& k : runs) calls.push_back([&k] { Problem::run(k); });
+    std::vector<double> spread;
+    const std::vector<double> sec = interleaved_all(spread, calls);
+    for (size_t i = 0; i < runs.size(); ++i)
+      std::printf("%-28s %c %-50s %9.3f %7.1f %5.0f%% %5.0f%%\n", shape_name(s).c_str(), runs[i].p.tile == chosen ? '*' : ' ',
+                  runs[i].p.name().c_str(), sec[i] * 1e3, gflops(s, sec[i]), 100.0 * gflops(s, sec[i]) / peak, 100 * spread[i]);
+  }
+}
+
 int main(int argc, char** argv) {
   int threads = 1;
-  bool sweep = false, woq = false;
+  bool sweep = false, woq = false, tiles = false;
   int64_t group = 128;
   std::vector<Shape> shapes = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"},
                                {128, 3072, 768, "BERT FFN up"}, {128, 768, 3072, "BERT FFN down"}};
@@ -313,6 +339,7 @@ int main(int argc, char** argv) {
     if (a == "--runs" && i + 1 < argc) g_runs = std::max(1, std::atoi(argv[++i]));
     else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
     else if (a == "--sweep") sweep = true;
+    else if (a == "--tiles") tiles = true;
     else if (a == "--woq") woq = true;
     else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
     else if (Shape s{0, 0, 0, "given"}; a == "--shape" && i + 1 < argc &&
@@ -321,7 +348,7 @@ int main(int argc, char** argv) {
       shapes_given = true;
       shapes.push_back(s);
     } else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep] [--shape MxNxK]...\n"
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...\n"
                            "       kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]\n");
       return 2;
     }
@@ -344,6 +371,13 @@ int main(int argc, char** argv) {
               core_peak, peak, threads);
   std::printf("# caches per core: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB\n", static_cast<long long>(caches.l1d >> 10),
               static_cast<long long>(caches.l2 >> 10), static_cast<long long>(caches.l3 >> 10));
+  if (tiles) {
+    std::printf("# kiln's GEMM, each tile with its default parameters (B packed ahead), calls interleaved; median of %d calls "
+                "each, spread = (max - min) / median\n",
+                g_runs);
+    tiles_side_by_side(*isa, shapes, threads, peak);
+    return 0;
+  }
   std::printf("# oneDNN %d.%d matmul (B reordered ahead) and kiln's GEMM (B packed ahead), calls interleaved; median of %d "
               "calls each, spread = (max - min) / median\n",
               dnnl_version()->major, dnnl_version()->minor, g_runs);
