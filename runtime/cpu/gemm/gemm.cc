@@ -92,8 +92,9 @@ Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& ca
   const Tile& first = tiles(isa).front();
   const Tile by_n = default_tile(isa, n);
   // The padding the preferred tile may add: 1 % on AVX-512 (8x48 against 6x64); 4 % on AVX2,
-  // whose 4x24 tile ran 6-14 % faster than 6x16 where it padded N by 3 % (ResNet-50's 256 and
-  // 512 output channels) and 8-10 % slower where by 12 % (64 and 128).
+  // whose 4x24 tile ran within 4 % of 6x16 where it padded N by 3 % (ResNet-50's 256 and 512
+  // output channels; ResNet-50 took 0.97-0.99 of its time with it) and 10-14 % slower where by
+  // 12 % (64 and 128).
   if (round_up(n, first.nr) - n > n / (isa == Isa::avx2 ? 25 : 100)) return by_n;
   const bool streams = std::max<int64_t>(k, 1) * n * static_cast<int64_t>(sizeof(float)) > caches.l3;
   return streams || round_up(m, by_n.mr) > round_up(m, first.mr) ? first : by_n;
