@@ -90,7 +90,7 @@ constexpr int64_t kAvx2WindowChannels = 128;
 //   it (196 pixels) 1.05 / 1.11 (8 alternated `kiln profile` rounds of the model each way);
 // - on a CPU without AVX-512, the windows have 128 input channels or more: oneDNN 2.6's AVX2
 //   direct convolution of channels-last tensors ran ResNet-50's 3x3 stride-2 layers of 128 and
-//   256 channels at 19-40 GFLOP/s, 2.9x and 1.7x kiln's time, and YOLO's of 128 channels 1.3x
+//   256 channels at 19-42 GFLOP/s, 2.9x and 1.7x kiln's time, and YOLO's of 128 channels 1.3x
 //   (max-autotune's in-graph timings on a Zen 3 core, one thread); over 16-64 channels (YOLO's
 //   other stride-2 layers) it stayed the faster;
 // - a call's fixed cost is the time (one pixel: an SE block's squeeze and excite, 2-5x faster
