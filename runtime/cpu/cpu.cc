@@ -8,7 +8,7 @@ void register_norm(KernelRegistry& r);
 void register_dwconv(KernelRegistry& r);
 void register_direct_conv(KernelRegistry& r);
 void register_winograd(KernelRegistry& r);
-void register_global_pool(KernelRegistry& r);
+void register_pool(KernelRegistry& r);
 void register_activation(KernelRegistry& r);
 void register_movement(KernelRegistry& r);
 void register_softmax(KernelRegistry& r);
@@ -25,7 +25,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_dwconv(r);
   cpu::register_direct_conv(r);
   cpu::register_winograd(r);
-  cpu::register_global_pool(r);
+  cpu::register_pool(r);
   cpu::register_activation(r);
   cpu::register_movement(r);
   cpu::register_softmax(r);

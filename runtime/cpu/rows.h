@@ -51,6 +51,12 @@ struct QNormParams {
   float eps = 1e-5f;
 };
 
+/// A 2-D pool's window over channels-last images (RowKernels::max_pool): kh x kw taps, strides
+/// sh / sw, dilations dh / dw, top / left padding pt / pl.
+struct PoolWindow {
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pl = 0;
+};
+
 struct RowKernels {
   /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
   /// with `rms`, y = x / sqrt(mean(x²) + eps) * scale.
@@ -153,6 +159,13 @@ struct RowKernels {
   /// acc[0..c), whose values they start from; on the calling thread (a channels-last global
   /// pool's share of the pixels).
   void (*column_reduce)(const float* x, int64_t rows, int64_t c, int64_t ld, float* acc, bool max);
+  /// Output rows [r0, r1) of a 2-D max pool of one channels-last image x [h, w, c] into y
+  /// [oh, ow, c] (the output's size given, ceil_mode's included), on the calling thread: each
+  /// output pixel the largest of its window's taps inside the image (none: the lowest float),
+  /// as the reference compares them (the first tap, then any tap greater than the maximum so
+  /// far: NaN stays where it is first, and is passed over later).
+  void (*max_pool)(const float* x, int64_t h, int64_t w, int64_t c, const PoolWindow& win, float* y, int64_t ow, int64_t r0,
+                   int64_t r1);
   /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
   /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "runtime/cpu/rows.h"
@@ -16,6 +17,8 @@ using testing::check;
 using testing::isa_paths;
 using testing::make;
 using testing::noise;
+using testing::run_both;
+using testing::BothRuns;
 
 TEST(CpuKernels, LayerNormAndRmsNorm) {
   ASSERT_FALSE(isa_paths().empty()) << "this machine has neither AVX2 nor AVX-512";
@@ -496,6 +499,66 @@ TEST(CpuKernels, GlobalPool) {
                     name);
         }
   EXPECT_EQ(check({"GlobalAveragePool", {noise({1, 32, 14, 14}, 52)}, {false}, {}}), "onednn.pool");
+}
+
+// kiln.max_pool on channels-last 2-D MaxPool: channels below, at and past a vector and past
+// four (the register blocks and the scalar tail); ResNet-50's 3x3 stride 2 over padding, YOLO's
+// 5x5 stride 1, 2x2 stride 2 without padding, asymmetric pads, dilation 2, ceil_mode (the last
+// window past the image); one image and two, on one and two threads. Maxima are exact; NaN and
+// signed zeros fall as the reference's comparisons put them (bit for bit). The Indices output
+// and channels-first pools stay with the others.
+TEST(CpuKernels, MaxPool) {
+  struct Window {
+    std::vector<int64_t> kernel, strides, pads, dilations;
+    int64_t ceil = 0;
+  };
+  const std::vector<Window> windows = {{{3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}},   {{5, 5}, {1, 1}, {2, 2, 2, 2}, {1, 1}},
+                                       {{2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 1}},   {{3, 2}, {1, 2}, {0, 1, 2, 0}, {1, 1}},
+                                       {{3, 3}, {1, 1}, {2, 2, 2, 2}, {2, 2}},   {{3, 3}, {2, 2}, {0, 0, 1, 1}, {1, 1}, 1}};
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int threads : {1, 2})
+      for (const Window& w : windows)
+        for (int64_t c : {1, 8, 17, 64, 101}) {
+          SCOPED_TRACE(isa + " kernel " + std::to_string(w.kernel[0]) + "x" + std::to_string(w.kernel[1]) + " c=" + std::to_string(c) +
+                       " threads=" + std::to_string(threads));
+          const std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("kernel_shape", w.kernel), attr("strides", w.strides),
+                                            attr("pads", w.pads), attr("dilations", w.dilations), attr("ceil_mode", w.ceil)};
+          const std::string name = "kiln.max_pool_f32_" + isa;
+          EXPECT_EQ(check({"MaxPool", {noise({2, 23, 30, c}, 53)}, {false}, a, {true}, "", {}, threads}, 0, &cpu), name);
+        }
+  // NaN first in a window stays, NaN later is passed over; +0 after -0 leaves -0 (and the other
+  // way round): the outputs bit for bit.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> v(2 * 2 * 20);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7) - 3.f;
+    // Channels 0-3 and 9-12 lie in vectors, 16-19 in the scalar tail (AVX2 and AVX-512 alike).
+    auto at = [&](int64_t pixel, int64_t ch) -> float& { return v[static_cast<size_t>(pixel * 20 + ch)]; };
+    for (int64_t ch : {0, 9, 16}) at(0, ch) = nan;  // first in the window
+    for (int64_t ch : {1, 10, 17}) at(3, ch) = nan;  // last
+    for (int64_t ch : {2, 11, 18}) at(0, ch) = -0.f, at(1, ch) = 0.f, at(2, ch) = at(3, ch) = -1.f;
+    for (int64_t ch : {3, 12, 19}) at(0, ch) = 0.f, at(1, ch) = -0.f, at(2, ch) = at(3, ch) = -1.f;
+    const Tensor x = Tensor::from<float>({1, 2, 2, 20}, v);
+    const BothRuns r = run_both({"MaxPool", {x}, {false}, {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{2, 2})}},
+                                &cpu);
+    EXPECT_EQ(r.kernel, "kiln.max_pool_f32_" + isa);
+    ASSERT_EQ(r.fast.size(), 1u);
+    ASSERT_EQ(r.ref.size(), 1u);
+    ASSERT_EQ(r.fast[0].numel(), 20);
+    EXPECT_EQ(std::memcmp(r.fast[0].data<float>(), r.ref[0].data<float>(), 20 * sizeof(float)), 0);
+    const float* y = r.fast[0].data<float>();
+    for (int64_t ch : {0, 16}) {
+      EXPECT_TRUE(std::isnan(y[ch])) << ch;
+      EXPECT_FALSE(std::isnan(y[ch + 1])) << ch;
+      EXPECT_TRUE(y[ch + 2] == 0.f && std::signbit(y[ch + 2])) << ch;
+      EXPECT_TRUE(y[ch + 3] == 0.f && !std::signbit(y[ch + 3])) << ch;
+    }
+  }
+  // Channels-first, and the Indices output (which only a channels-first pool has).
+  const std::vector<Attribute> a = {attr("kernel_shape", std::vector<int64_t>{3, 3})};
+  EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 54)}, {false}, a}).rfind("kiln.max_pool", 0), std::string::npos);
+  EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 55)}, {false}, a, {true, true}}).rfind("kiln.max_pool", 0), std::string::npos);
 }
 
 // kiln.winograd on channels-last 3x3 stride-1 convolutions, pinned with each tile (4x4 and

@@ -146,14 +146,17 @@ TEST(OneDnn, ChannelsLastConvAndPools) {
     a.push_back(last[0]);
     return a;
   };
+  // kiln.max_pool and kiln.global_pool take the f32 max and global ones by default
+  // (CpuKernels.MaxPool, CpuKernels.GlobalPool).
+  const KernelRegistry without_kiln = default_kernels().without(
+      {"kiln.global_pool_f32_avx512", "kiln.global_pool_f32_avx2", "kiln.max_pool_f32_avx512", "kiln.max_pool_f32_avx2"});
   EXPECT_EQ(check({"MaxPool", {x}, {}, with({attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
-                                              attr("pads", std::vector<int64_t>{1, 1, 1, 1})})}),
+                                              attr("pads", std::vector<int64_t>{1, 1, 1, 1})})},
+                  1e-5, nullptr, &without_kiln),
             "onednn.pool");
   EXPECT_EQ(check({"AveragePool", {x}, {}, with({attr("kernel_shape", std::vector<int64_t>{2, 3}), attr("ceil_mode", int64_t{1}),
                                                   attr("strides", std::vector<int64_t>{2, 2})})}),
             "onednn.pool");
-  // kiln.global_pool takes the f32 global ones by default (CpuKernels.GlobalPool).
-  const KernelRegistry without_kiln = default_kernels().without({"kiln.global_pool_f32_avx512", "kiln.global_pool_f32_avx2"});
   EXPECT_EQ(check({"GlobalAveragePool", {x}, {}, last}, 1e-5, nullptr, &without_kiln), "onednn.pool");
   EXPECT_EQ(check({"GlobalMaxPool", {x}, {}, last}, 1e-5, nullptr, &without_kiln), "onednn.pool");
 }
