@@ -504,9 +504,9 @@ TEST(CpuKernels, GlobalPool) {
 // kiln.max_pool on channels-last 2-D MaxPool: channels below, at and past a vector and past
 // four (the register blocks and the scalar tail); ResNet-50's 3x3 stride 2 over padding, YOLO's
 // 5x5 stride 1, 2x2 stride 2 without padding, asymmetric pads, dilation 2, ceil_mode (the last
-// window past the image); one image and two, on one and two threads. Maxima are exact; NaN and
-// signed zeros fall as the reference's comparisons put them (bit for bit). The Indices output
-// and channels-first pools stay with the others.
+// window past the image); two images, their rows shared on two threads. Maxima are exact; NaN
+// and signed zeros fall as the reference's comparisons put them (bit for bit). Channels-first
+// pools, with or without the Indices output (which only they have), stay with the others.
 TEST(CpuKernels, MaxPool) {
   struct Window {
     std::vector<int64_t> kernel, strides, pads, dilations;
@@ -555,7 +555,7 @@ TEST(CpuKernels, MaxPool) {
       EXPECT_TRUE(y[ch + 3] == 0.f && !std::signbit(y[ch + 3])) << ch;
     }
   }
-  // Channels-first, and the Indices output (which only a channels-first pool has).
+  // Channels-first, without and with the Indices output.
   const std::vector<Attribute> a = {attr("kernel_shape", std::vector<int64_t>{3, 3})};
   EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 54)}, {false}, a}).rfind("kiln.max_pool", 0), std::string::npos);
   EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 55)}, {false}, a, {true, true}}).rfind("kiln.max_pool", 0), std::string::npos);
