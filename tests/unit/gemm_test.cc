@@ -53,6 +53,8 @@ std::vector<float> expected(const Operands& o, const Tensor& a, const Tensor& b,
       case Activation::relu: return std::max(v, 0.0);
       case Activation::gelu: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
       case Activation::clip: return std::min(std::max(v, double{s.a}), double{s.b});
+      case Activation::silu: return v / (1 + std::exp(-v));
+      case Activation::sigmoid: return 1 / (1 + std::exp(-v));
       default: return std::nan("");
     }
   };
@@ -253,6 +255,48 @@ TEST(Gemm, GatedProductsMultiplyValuesByTheirGates) {
           }
         }
     }
+}
+
+// A Sigmoid or SiLU alone after the bias: a panel's whole tiles apply it in their registers
+// (panel()) as they store their last K slice, the panel's last rows and a few rows' streamed
+// panels get it from the row kernels after the product. Every element has the bits the row
+// kernels give the plain product's (one definition, logistic.inc), on every tile, A in place
+// and packed, one K slice and several, one thread and two; and it is the activation
+// (expected()).
+TEST(Gemm, SigmoidAndSiluInTheRegistersAreTheRowKernels) {
+  use_threads(2);
+  for (Isa isa : isas())
+    for (const gemm::Tile& t : gemm::tiles(isa))
+      for (Activation kind : {Activation::silu, Activation::sigmoid})
+        for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+                 {4 * t.mr + 3, 2 * t.nr + 5, 37}, {5 * t.mr, t.nr, 16}, {3, 4 * t.nr, 20}})
+          for (bool pack_a : {false, true})
+            for (bool small : {false, true}) {
+              gemm::GemmParams p = gemm::default_params(isa, t, gemm::CacheSizes::host(), m, n, k, 1);
+              p.pack_a = pack_a;
+              if (small) p = small_blocks(p);
+              const Operands o{m, n, k, false, false, true, false, {kind}, {}};
+              check_gemm(p, o, true);
+              const Tensor a = noise({m, k}, 5), b = noise({k, n}, 6), bias = noise({n}, 7);
+              std::vector<float> bp(static_cast<size_t>(gemm::packed_b_floats(k, n, t.nr)));
+              gemm::pack_b(b.data<float>(), n, false, k, n, t.nr, bp.data());
+              for (auto [tm, tn] : kGrids) {
+                p.tm = tm;
+                p.tn = tn;
+                SCOPED_TRACE(p.name() + (kind == Activation::silu ? " silu" : " sigmoid") + " m=" + std::to_string(m) +
+                             " n=" + std::to_string(n) + " k=" + std::to_string(k));
+                std::vector<float> plain(static_cast<size_t>(m * n)), activated(plain.size());
+                gemm::GemmProblem g{.m = m, .n = n, .k = k, .a = a.data<float>(), .lda = k, .b = bp.data(), .b_packed = true,
+                                    .c = plain.data(), .ldc = n, .epilogue = {.bias = bias.data<float>()}};
+                Tensor ws(DType::u8, {static_cast<int64_t>(gemm::workspace_bytes(p, g)) + 1});
+                gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+                cpu::row_kernels(isa).activation(plain.data(), plain.data(), m * n, {kind});
+                g.c = activated.data();
+                g.epilogue.act = {kind};
+                gemm::run(p, g, static_cast<std::byte*>(ws.raw()));
+                for (size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(activated[i], plain[i]) << "element " << i;
+              }
+            }
 }
 
 // The default thread grid splits N first, then M, never into more M parts than M has rows of
