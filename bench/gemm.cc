@@ -353,6 +353,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (sweep && tiles) {
+    std::fprintf(stderr, "kiln_bench_gemm: --sweep and --tiles are two different runs; ask for one\n");
+    return 2;
+  }
   if (woq) return weight_only(threads, group);
   const kiln::CpuFeatures& cpu = kiln::CpuFeatures::host();
   const std::optional<kiln::cpu::Isa> isa = kiln::cpu::best_isa(cpu);

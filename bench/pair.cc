@@ -5,6 +5,9 @@
 //
 //   kiln_bench_pair A.kiln B.kiln INPUTS.npz [--threads T] [--runs N] [--warmup N]
 //
+// Each count is at least 1: the first warm-up run of each model also builds its plan, which no
+// timed run should pay.
+//
 // A is typically a model compiled by the kiln before a change and B by the one after (each
 // file records its kernels and their parameters, so one binary runs both as compiled), or the
 // default compile against max-autotune's or a --precision one. Each of the N rounds runs A
@@ -37,19 +40,20 @@ double quantile(std::vector<double> v, double q) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
+  if (argc < 4 || (argc - 4) % 2 != 0) {
     std::fprintf(stderr, "usage: kiln_bench_pair A.kiln B.kiln INPUTS.npz [--threads T] [--runs N] [--warmup N]\n");
     return 2;
   }
   int threads = 1, runs = 30, warmup = 3;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    const int v = std::max(1, std::atoi(argv[i + 1]));
-    if (flag == "--threads") threads = v;
-    else if (flag == "--runs") runs = v;
-    else if (flag == "--warmup") warmup = v;
+    const int v = std::atoi(argv[i + 1]);
+    if (flag == "--threads" && v >= 1) threads = v;
+    else if (flag == "--runs" && v >= 1) runs = v;
+    else if (flag == "--warmup" && v >= 1) warmup = v;
     else {
-      std::fprintf(stderr, "kiln_bench_pair: unknown flag %s\n", flag.c_str());
+      std::fprintf(stderr, "kiln_bench_pair: %s %s: the flags are --threads, --runs and --warmup, each a count of at least 1 "
+                           "(the first warm-up run also builds the plan)\n", flag.c_str(), argv[i + 1]);
       return 2;
     }
   }
