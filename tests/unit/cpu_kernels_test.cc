@@ -53,11 +53,13 @@ TEST(CpuKernels, Activations) {
       EXPECT_EQ(check({"Clip", {x, scalar(-1.5f), scalar(6.f)}, {false, true, true}}, 0, &cpu), name);
       EXPECT_EQ(check({"Clip", {x, Tensor(), scalar(0.25f)}, {false, false, true}}, 0, &cpu), name);
     }
-  // Past the clamps of e^x, infinities and NaN: the reference's values (NaN to a number).
+  // Past the clamps of e^x (±87, where 2^k added into the exponent bits stays a normal float),
+  // at them and on both sides, infinities and NaN: the reference's values (NaN to a number).
   for (const auto& [isa, cpu] : isa_paths()) {
     SCOPED_TRACE(isa);
     const float inf = std::numeric_limits<float>::infinity();
-    Tensor x = Tensor::from<float>({9}, {-inf, -1e30f, -100.f, -88.f, 0.f, 87.5f, 100.f, 1e30f, inf});
+    Tensor x = Tensor::from<float>({17}, {-inf, -1e30f, -100.f, -88.f, -87.5f, -87.f, -86.9f, 0.f, 86.6f, 86.9f, 87.f, 87.2f, 87.5f, 88.4f,
+                                          100.f, 1e30f, inf});
     EXPECT_EQ(check({"Sigmoid", {x}, {false}}, 1e-6, &cpu), "kiln.activation_f32_" + isa);
   }
   // Near zero, where a relative error shows.
