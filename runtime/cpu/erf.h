@@ -1,14 +1,15 @@
 // erf as a ratio of odd and even polynomials in x on [-4, 4] (beyond, erf is ±1 to f32
 // precision): the rational approximation Eigen and XLA use, within a few ulp. The files built
-// with AVX2 or AVX-512 get GELU on a register from it (gelu_erf), which the row kernels' GELU and
-// the u8s8 GEMMs' epilogues share, so a GEMM's GELU is applied before requantizing rather than
-// through a buffer and matches the row kernel's to the bit. On AVX2 it replaced the row
-// kernels' scalar erf that the compiler vectorised (its min and max as compares and blends):
-// 0.79-0.85 of that GELU's time on BERT-base's and ViT-S/16's rows (a Zen 3 core, alternated).
+// with AVX2 or AVX-512 get GELU on a register from it (gelu_erf, over vps.h's vector), which
+// the row kernels' GELU and the u8s8 GEMMs' epilogues share, so a GEMM's GELU is applied before
+// requantizing rather than through a buffer and matches the row kernel's to the bit. On AVX2
+// it replaced the row kernels' scalar erf that the compiler vectorised (its min and max as
+// compares and blends): 0.79-0.85 of that GELU's time on BERT-base's and ViT-S/16's rows (a
+// Zen 3 core, alternated).
 #pragma once
 
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include "runtime/cpu/vps.h"
 #endif
 
 namespace kiln::cpu::erf_rational {
@@ -20,36 +21,21 @@ inline constexpr float kP[7] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -
 inline constexpr float kQ[5] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f,
                                 -1.42647390514189e-02f};
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 namespace {  // each including file's own copy: they are built for different ISAs
 
-#ifdef __AVX512F__
 /// 0.5·x·(1 + erf(x / √2)) in each lane.
-inline __m512 gelu_erf(__m512 v) {
-  __m512 x = _mm512_mul_ps(v, _mm512_set1_ps(0.7071067811865476f));
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kBound)), _mm512_set1_ps(kBound));
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(kP[0]), q = _mm512_set1_ps(kQ[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(kP[i]));
-  for (int i = 1; i < 5; ++i) q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(kQ[i]));
-  const __m512 half = _mm512_mul_ps(v, _mm512_set1_ps(0.5f));
-  return _mm512_fmadd_ps(half, _mm512_div_ps(_mm512_mul_ps(x, p), q), half);
+inline Vps gelu_erf(Vps v) {
+  const Vps x = vclamp(vmul(v, vset(0.7071067811865476f)), -kBound, kBound);
+  const Vps x2 = vmul(x, x);
+  Vps p = vset(kP[0]), q = vset(kQ[0]);
+  for (int i = 1; i < 7; ++i) p = vfma(p, x2, vset(kP[i]));
+  for (int i = 1; i < 5; ++i) q = vfma(q, x2, vset(kQ[i]));
+  const Vps half = vmul(v, vset(0.5f));
+  return vfma(half, vdiv(vmul(x, p), q), half);
 }
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__)
-/// The same, 8 lanes.
-inline __m256 gelu_erf(__m256 v) {
-  __m256 x = _mm256_mul_ps(v, _mm256_set1_ps(0.7071067811865476f));
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-kBound)), _mm256_set1_ps(kBound));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  __m256 p = _mm256_set1_ps(kP[0]), q = _mm256_set1_ps(kQ[0]);
-  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(kP[i]));
-  for (int i = 1; i < 5; ++i) q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(kQ[i]));
-  const __m256 half = _mm256_mul_ps(v, _mm256_set1_ps(0.5f));
-  return _mm256_fmadd_ps(half, _mm256_div_ps(_mm256_mul_ps(x, p), q), half);
-}
-#endif
 
 }  // namespace
+#endif
 
 }  // namespace kiln::cpu::erf_rational
