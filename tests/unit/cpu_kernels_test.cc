@@ -139,13 +139,13 @@ TEST(CpuKernels, SoftmaxBehindALargeNegativeMaskMakesNoDenormals) {
   }
 }
 
-// The row kernels' transpose (flash attention's Kᵀ panels): rows below, at and past a vector
-// (the AVX-512 build's masked gathers), strided rows and columns, exact.
+// The row kernels' transpose (flash attention's Kᵀ panels): rows and columns below, at and past
+// a block (16x16 on AVX-512, 8x8 on AVX2), strided rows and columns, exact.
 TEST(CpuKernels, TransposeRows) {
   for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
     if (cpu::lacks(CpuFeatures::host(), isa)) continue;
-    for (int64_t rows : {1, 5, 16, 17, 40})
-      for (int64_t cols : {1, 7, 64}) {
+    for (int64_t rows : {1, 5, 8, 16, 17, 40})
+      for (int64_t cols : {1, 7, 12, 64}) {
         SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::to_string(rows) + "x" + std::to_string(cols));
         const int64_t ldx = cols + 3, ldy = rows + 5;
         std::vector<float> x(static_cast<size_t>(rows * ldx)), y(static_cast<size_t>(cols * ldy), -1.f);
