@@ -21,14 +21,19 @@ inline constexpr size_t kMemoryLimit = size_t{256} << 20;
 /// Called once from LLVMFuzzerInitialize.
 inline void init() { set_memory_limit(kMemoryLimit); }
 
-/// An empty folder private to this process (sidecars and external data resolve here).
+/// An empty folder private to this process (sidecars and external data resolve here), removed
+/// when the process exits normally (libFuzzer's end of -max_total_time or -runs).
 inline const std::string& empty_dir() {
-  static const std::string dir = [] {
-    std::string d = (std::filesystem::temp_directory_path() / ("kiln-fuzz-" + std::to_string(getpid()))).string();
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Dir {
+    std::string path = (std::filesystem::temp_directory_path() / ("kiln-fuzz-" + std::to_string(getpid()))).string();
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 /// Aborts (a finding) when an error is not the user's.
