@@ -3,8 +3,8 @@
 // makes them (channels-last FusedConv with bias and Relu). Each shape is a one-node model run
 // four times, its kernel pinned: oneDNN's (kiln's onednn.conv, so with the reorders between
 // kiln's NHWC tensors and its blocked ones) with the parameter algorithm=direct and =winograd,
-// and kiln.winograd with tile=4 and =2; calls interleaved, median of --runs, and the relative L2 between the
-// Winograd outputs and the direct one's.
+// kiln.winograd with tile=4 and =2, and kiln's GEMM over the gathered windows (kiln.gemm); calls
+// interleaved, median of --runs, and the relative L2 between the Winograd outputs and the direct one's.
 // `--depthwise` times kiln's channels-last depthwise kernel (kiln.dwconv) against oneDNN's on
 // EfficientNet-B0's and MobileNetV2's depthwise layers instead, each with its model's epilogue
 // (SiLU, Clip 0..6) and without one; `--first` kiln's direct convolution of few input channels
@@ -215,18 +215,20 @@ int main(int argc, char** argv) {
                               {256, 14, 256, "ResNet-50 stage 3"}, {512, 7, 512, "ResNet-50 stage 4"},
                               {16, 80, 16, "YOLO C2f 80x80"},     {32, 40, 32, "YOLO C2f 40x40"},
                               {64, 20, 64, "YOLO C2f 20x20"},     {128, 10, 128, "YOLO C2f 10x10"}};
-  const std::string kiln_kernel = std::string("kiln.winograd_f32_") + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
-  std::printf("# channels-last FusedConv 3x3/1 + bias + Relu, batch 1, %d thread(s): oneDNN's direct and Winograd algorithms "
-              "and kiln's Winograd F(4x4, 3x3) and F(2x2, 3x3); median of %d calls each, interleaved; spread = (max - min) / "
-              "median; rel L2 against the direct one's output\n",
+  const std::string isa = kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2";
+  const std::string kiln_kernel = "kiln.winograd_f32_" + isa;
+  std::printf("# channels-last FusedConv 3x3/1 + bias + Relu, batch 1, %d thread(s): oneDNN's direct and Winograd algorithms, "
+              "kiln's Winograd F(4x4, 3x3) and F(2x2, 3x3) and kiln's GEMM over the windows; median of %d calls each, "
+              "interleaved; spread = (max - min) / median; rel L2 against the direct one's output\n",
               threads, runs);
-  std::printf("%-32s %13s %13s %13s %13s %8s %8s %8s %8s  %s\n", "shape", "direct ms", "dnn-wino ms", "kiln-4x4 ms",
-              "kiln-2x2 ms", "dir/k4", "dnn/k4", "dnn/k2", "L2 k4", "oneDNN's Winograd used");
+  std::printf("%-32s %13s %13s %13s %13s %13s %8s %8s %8s %8s %8s  %s\n", "shape", "direct ms", "dnn-wino ms", "kiln-4x4 ms",
+              "kiln-2x2 ms", "kiln-gemm ms", "dir/k4", "dnn/k4", "dnn/k2", "gemm/k2", "L2 k4", "oneDNN's Winograd used");
   for (const ConvShape& s : shapes) {
     std::vector<Timed> t;
     if (!time_models({conv_model(s, {"onednn.conv", {{"algorithm", std::string("direct")}}}),
                       conv_model(s, {"onednn.conv", {{"algorithm", std::string("winograd")}}}),
-                      conv_model(s, {kiln_kernel, {{"tile", int64_t{4}}}}), conv_model(s, {kiln_kernel, {{"tile", int64_t{2}}}})},
+                      conv_model(s, {kiln_kernel, {{"tile", int64_t{4}}}}), conv_model(s, {kiln_kernel, {{"tile", int64_t{2}}}}),
+                      conv_model(s, {"kiln.gemm_f32_" + isa, {}})},
                      threads, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
       return 1;
     const std::string name = std::to_string(s.c) + "->" + std::to_string(s.m) + " " + std::to_string(s.hw) + "x" +
@@ -236,9 +238,10 @@ int main(int argc, char** argv) {
       std::snprintf(b, sizeof b, "%.3f (%2.0f%%)", x.median, 100 * x.spread);
       return std::string(b);
     };
-    std::printf("%-32s %13s %13s %13s %13s %8.2f %8.2f %8.2f %8.1e  %s\n", name.c_str(), cell(t[0]).c_str(), cell(t[1]).c_str(),
-                cell(t[2]).c_str(), cell(t[3]).c_str(), t[0].median / t[2].median, t[1].median / t[2].median,
-                t[1].median / t[3].median, t[2].rel_l2, t[1].label == "winograd" ? "yes" : "no (not on this CPU)");
+    std::printf("%-32s %13s %13s %13s %13s %13s %8.2f %8.2f %8.2f %8.2f %8.1e  %s\n", name.c_str(), cell(t[0]).c_str(),
+                cell(t[1]).c_str(), cell(t[2]).c_str(), cell(t[3]).c_str(), cell(t[4]).c_str(), t[0].median / t[2].median,
+                t[1].median / t[2].median, t[1].median / t[3].median, t[4].median / t[3].median, t[2].rel_l2,
+                t[1].label == "winograd" ? "yes" : "no (not on this CPU)");
   }
   return 0;
 }

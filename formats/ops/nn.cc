@@ -747,6 +747,8 @@ Status infer_fused_conv_parts(InferContext& ctx) {
     if (ctx.node().attr_int("channels_last", 0) != 1) return ctx.error("x_channels_first needs channels_last = 1");
     if (ctx.node().has_attr("x_parts")) return ctx.error("x_channels_first with X in parts");
   }
+  if (const int64_t codes = ctx.node().attr_int("int8_operands", 0); codes != 0 && codes != 1)
+    return ctx.error("int8_operands " + std::to_string(codes) + " must be 0 or 1");
   const size_t extra = ctx.num_inputs() > 4 ? ctx.num_inputs() - 4 : 0;
   if (!ctx.node().has_attr("x_parts")) {
     if (extra) return ctx.error("inputs after Z need x_parts");
@@ -848,6 +850,9 @@ void register_nn_ops(OpRegistry& r) {
   fused_conv_only.push_back({"x_parts", AttrType::int64, false, "X in this many parts along the channels: input 0, then the inputs after Z"});
   fused_conv_only.push_back({"x_channels_first", AttrType::int64, false,
                              "1: X is [N, C, spatial...] though channels_last = 1 makes Z and Y [N, spatial..., C] (0)"});
+  fused_conv_only.push_back({"int8_operands", AttrType::int64, false,
+                             "1: X and W are dequantized int8 codes left f32 (no int8 products on the target): the sums stay direct, "
+                             "no Winograd (0)"});
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, kVariadic, 1, 1,
                      fused_conv_only, infer_fused_conv_parts})
       .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z"),

@@ -42,6 +42,8 @@ std::optional<std::string> winograd_declines(const KernelQuery& q, Isa isa) {
   const std::vector<int64_t> w = q.inputs[1].shape.concrete();
   if (w[2] != 3 || w[3] != 3) return "not a 3x3 filter";
   if (q.node.attr_int("group", 1) != 1) return "grouped";
+  if (nn::int8_operands(q.node))
+    return "int8 codes dequantized: Winograd's transforms would round the exact products that the quantization after it sees";
   for (int64_t v : q.node.attr_ints("strides", {1, 1}))
     if (v != 1) return "strides other than 1";
   for (int64_t v : q.node.attr_ints("dilations", {1, 1}))
@@ -59,18 +61,26 @@ int64_t tiles_of(int64_t oh, int64_t ow, int64_t m) { return ((oh + m - 1) / m) 
 // table). F(4x4, 3x3) does 36 products per tile of 16 outputs, F(2x2, 3x3) 16 per 4, but its
 // transformed filters are 36/16 times as many: where F(4x4)'s tiles are few, streaming those
 // filters in is the time, and F(2x2) halves it.
-constexpr int64_t kMinChannels = 32, kFourTiles = 25, kTwoTiles = 16;
+constexpr int64_t kFourTiles = 25, kTwoTiles = 16;
+
+// The fewest channels in and out kiln's Winograd takes by default: 32 with AVX-512, where
+// oneDNN's direct convolution ties it below (YOLO's 16-channel C2f layers at 80x80: 0.26 against
+// 0.33 ms); 16 on AVX2, where oneDNN 2.6's direct convolution of channels-last tensors is the
+// slower one (the same layer on a Zen 3 core: 0.44 ms against F(4x4)'s 0.28 at one thread, 0.22
+// against 0.16 at two).
+int64_t min_channels(const CpuFeatures& cpu) { return cpu.avx512f ? 32 : 16; }
 
 int64_t default_tile(int64_t oh, int64_t ow) { return tiles_of(oh, ow, 4) >= kFourTiles ? 4 : 2; }
 
-// The default rule: kiln's takes those of at least kMinChannels in and out over at least
+// The default rule: kiln's takes those of at least min_channels in and out over at least
 // kTwoTiles tiles of its default size, where its products are long enough to run at the
 // GEMM's rate and the transformed filters are read by enough tiles to pay for streaming them.
 std::optional<std::string> winograd_defers(const KernelQuery& q) {
   const std::vector<int64_t> x = q.inputs[0].shape.concrete(), y = q.outputs[0].shape.concrete();
   const std::vector<int64_t> w = q.inputs[1].shape.concrete();
-  if (x[3] < kMinChannels || w[0] < kMinChannels)
-    return "oneDNN's direct convolution is as fast on fewer than " + std::to_string(kMinChannels) + " channels";
+  const int64_t fewest = min_channels(q.target.cpu);
+  if (x[3] < fewest || w[0] < fewest)
+    return "oneDNN's direct convolution is as fast on fewer than " + std::to_string(fewest) + " channels";
   if (tiles_of(y[1], y[2], default_tile(y[1], y[2])) < kTwoTiles)
     return "fewer than " + std::to_string(kTwoTiles) + " output tiles read the transformed filters";
   return std::nullopt;

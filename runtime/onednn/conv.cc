@@ -76,17 +76,18 @@ std::optional<std::string> conv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// Whether oneDNN's Winograd convolution suits the shape: 2-D, 3x3, stride 1, undilated,
-// ungrouped, at least kWinogradChannels in and out.
-bool winograd_shape(const ConvGeometry& geo) {
-  return geo.kernel == std::vector<int64_t>{3, 3} && geo.group == 1 && geo.strides == memory::dims{1, 1} &&
+// Whether oneDNN's Winograd convolution suits the node: 2-D, 3x3, stride 1, undilated,
+// ungrouped, at least kWinogradChannels in and out, and not of int8 codes dequantized (whose
+// exact products its transforms would round).
+bool winograd_shape(const ConvGeometry& geo, const Node& node) {
+  return !nn::int8_operands(node) && geo.kernel == std::vector<int64_t>{3, 3} && geo.group == 1 && geo.strides == memory::dims{1, 1} &&
          geo.dilations == memory::dims{0, 0} && geo.xs[1] >= kWinogradChannels && geo.ys[1] >= kWinogradChannels;
 }
 
 // max-autotune's axis: the direct and the Winograd algorithm where both can run.
 std::vector<TuningAxis> conv_space(const KernelQuery& q) {
   Result<ConvGeometry> geo = conv_geometry(q, 1);
-  if (!geo.ok() || !winograd_shape(*geo) || !q.target.cpu.avx512f || q.inputs[1].dtype == DType::bf16) return {};
+  if (!geo.ok() || !winograd_shape(*geo, q.node) || !q.target.cpu.avx512f || q.inputs[1].dtype == DType::bf16) return {};
   return {TuningAxis{"algorithm", {{{"algorithm", std::string("direct")}}, {{"algorithm", std::string("winograd")}}}}};
 }
 
@@ -151,7 +152,7 @@ class ConvKernel final : public Kernel {
       };
       // Winograd where the shape suits it and oneDNN has it for this CPU, unless the model
       // recorded the direct algorithm; the direct one otherwise.
-      const bool wino_shape = winograd_shape(geo) && !bf16;
+      const bool wino_shape = winograd_shape(geo, q.node) && !bf16;
       const std::string* recorded = q.node.kernel.param<std::string>("algorithm");
       const bool recorded_direct = recorded && *recorded == "direct";
       winograd_ = false;

@@ -1080,6 +1080,64 @@ TEST(Int8Kernels, LinearDequantizesItsOutputForFloatReaders) {
   for (size_t i = 0; i < 3; ++i) EXPECT_LE(testing::relative_l2((*got)[i], want[i]), 1e-2) << i;
 }
 
+// On a target without int8 products (AVX2, AVX-512 without VNNI) lower_int8 leaves a
+// convolution of dequantized codes f32 and marks it int8_operands: its sums stay direct, as the
+// reference's, so the QuantizeLinear after it rounds them alike. Winograd's transforms (kiln's,
+// and oneDNN's with AVX-512) would round the products and flip codes: a ResNet with QDQ whose
+// 16-channel 3x3 layers went to kiln's F(4x4) read 0.9 % relative L2 off its reference.
+TEST(Int8Kernels, ConvOfCodesKeptF32KeepsDirectSums) {
+  testing::GraphBuilder b;
+  const ValueId x = b.input("x", {1, 32, 20, 20});
+  const ValueId xq = b.op("xq", "QuantizeLinear", {x, b.scalar("xq_s", 0.02f), b.constant("xq_z", scalar_int(DType::u8, 128))});
+  const ValueId xd = b.op("xd", "DequantizeLinear", {xq, b.scalar("xd_s", 0.02f), b.constant("xd_z", scalar_int(DType::u8, 128))});
+  const ValueId w = b.op("wd", "DequantizeLinear",
+                         {b.constant("wq", int8_noise({32, 32, 3, 3}, 81, DType::i8)), b.scalar("wd_s", 0.003f),
+                          b.constant("wd_z", scalar_int(DType::i8, 0))});
+  const ValueId y = b.op("conv", "Conv", {xd, w, b.constant("bias", noise({32}, 82, 0.2f))},
+                         {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  const ValueId yq = b.op("yq", "QuantizeLinear", {y, b.scalar("yq_s", 0.01f), b.constant("yq_z", scalar_int(DType::u8, 120))});
+  const ValueId out = b.op("yd", "DequantizeLinear", {yq, b.scalar("yd_s", 0.01f), b.constant("yd_z", scalar_int(DType::u8, 120))});
+  const Model quantized = b.done({out});
+  for (const char* target : {"avx2", "avx512"}) {
+    SCOPED_TRACE(target);
+    Model m = quantized;
+    CompileOptions options;
+    options.target.cpu = *CpuFeatures::named(target);
+    options.target.threads = 1;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    const Node* conv = nullptr;
+    for (const Node& n : m.graph.nodes)
+      if (n.op == "FusedConv") conv = &n;
+    ASSERT_NE(conv, nullptr) << testing::nodes_text(m.graph);
+    EXPECT_EQ(conv->attr_int("int8_operands", 0), 1) << testing::nodes_text(m.graph);
+    EXPECT_EQ(conv->kernel.name, "onednn.conv") << testing::nodes_text(m.graph);
+    const std::string* algorithm = conv->kernel.param<std::string>("algorithm");
+    EXPECT_TRUE(algorithm && *algorithm == "direct") << testing::nodes_text(m.graph);
+    if (testing::runs_here(m)) {
+      const std::vector<Tensor> in = {noise({1, 32, 20, 20}, 83, 2.f)};
+      const std::vector<Tensor> want = testing::run_reference(m, in);
+      auto s = Session::create(m);
+      ASSERT_TRUE(s.ok()) << s.error().message();
+      auto got = (*s)->run(in);
+      ASSERT_TRUE(got.ok()) << got.error().message();
+      EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-4);
+    }
+    // Anything but 0 or 1 is refused.
+    for (Node& n : m.graph.nodes)
+      if (n.op == "FusedConv") n.set_attr("int8_operands", int64_t{2});
+    EXPECT_FALSE(verify_model(m).ok());
+  }
+  // The same convolution unmarked (an f32 model's) goes to kiln's Winograd on AVX2: the mark is
+  // what keeps it off.
+  testing::Case c{"FusedConv", {noise({1, 20, 20, 32}, 84), noise({32, 32, 3, 3}, 85, 0.3f)}, {false, true},
+                  {attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("channels_last", int64_t{1})}};
+  const CpuFeatures avx2 = *CpuFeatures::named("avx2");
+  EXPECT_EQ(testing::check(c, 1e-5, &avx2), "kiln.winograd_f32_avx2");
+  c.attrs.push_back(attr("int8_operands", int64_t{1}));
+  EXPECT_EQ(testing::check(c, 1e-5, &avx2), "onednn.conv");
+}
+
 // A hostile model: a quantized op without a parameter it needs (the weight's scale here) is
 // refused before any kernel sees it (the op's required inputs), a user error naming it.
 TEST(Int8Kernels, MissingParametersAreUserErrors) {

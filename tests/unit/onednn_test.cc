@@ -17,6 +17,14 @@ using testing::check;
 using testing::Case;
 using testing::noise;
 
+// The default kernels less kiln's Winograd, which the default rule prefers for channels-last 3x3
+// stride-1 convolutions of 16 channels or more on AVX2 (CpuKernels.WinogradConv): oneDNN's
+// convolution on them, for the tests of what it does.
+const KernelRegistry& without_kiln_winograd() {
+  static const KernelRegistry r = default_kernels().without({"kiln.winograd_f32_avx512", "kiln.winograd_f32_avx2"});
+  return r;
+}
+
 std::vector<Attribute> conv_attrs(std::vector<int64_t> pads, std::vector<int64_t> strides, std::vector<int64_t> dil, int64_t group) {
   return {attr("pads", pads), attr("strides", strides), attr("dilations", dil), attr("group", group)};
 }
@@ -70,7 +78,7 @@ TEST(OneDnn, ChannelsLastEpilogueOffTheReference) {
   const testing::Case c{"FusedConv", {noise({1, 20, 20, 16}, 41, 2.f), noise({16, 16, 3, 3}, 42, 0.3f), noise({16}, 43), noise({1, 20, 20, 16}, 44)},
                         {false, true, true, false}, a};
   std::string label;
-  EXPECT_EQ(testing::check(c, 1e-5, nullptr, nullptr, &label), "onednn.conv");
+  EXPECT_EQ(testing::check(c, 1e-5, nullptr, &without_kiln_winograd(), &label), "onednn.conv");
   EXPECT_EQ(label, CpuFeatures::host().avx512f ? "" : "kiln epilogue");
 }
 
@@ -169,8 +177,7 @@ TEST(OneDnn, ChannelsLastConvAndPools) {
 // default rule prefers for the channels-last ones (CpuKernels.WinogradConv).
 TEST(OneDnn, WinogradConvolutions) {
   const bool wino = CpuFeatures::host().avx512f;
-  const KernelRegistry without_kiln = default_kernels().without({"kiln.winograd_f32_avx512", "kiln.winograd_f32_avx2"});
-  const KernelRegistry* kernels = &without_kiln;
+  const KernelRegistry* kernels = &without_kiln_winograd();
   struct Shape2 { int64_t c, h, w, m; };
   for (const Shape2& s : std::vector<Shape2>{{32, 9, 9, 48}, {64, 14, 14, 64}, {33, 7, 11, 40}})
     for (bool last : {true, false}) {
@@ -340,7 +347,7 @@ TEST(OneDnn, ResidualsDestinationTakesItsPlaceWhenItDies) {
       ASSERT_TRUE(inferred.ok()) << inferred.error().message();
       Target target;
       std::vector<std::vector<int64_t>> shapes = {dims};
-      auto plan = build_plan(m.graph, shapes, PlanOptions{target, default_kernels()});
+      auto plan = build_plan(m.graph, shapes, PlanOptions{target, without_kiln_winograd()});
       ASSERT_TRUE(plan.ok()) << plan.error().message();
       ASSERT_EQ(plan->kernels[2].name, "onednn.conv");
       // (Where oneDNN lacks the post-ops, kiln's epilogue reads Z after oneDNN wrote Y: apart.)
