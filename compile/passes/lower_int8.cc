@@ -96,11 +96,12 @@ class Lowering {
       if (drop_[i]) continue;
       const std::string& op = g_.nodes[i].op;
       if (!g_.nodes[i].domain.empty()) continue;
-      if (!products && int8_product(g_.nodes[i])) {
-        ++kept_float;
-        if (op == "FusedConv") g_.nodes[i].set_attr("int8_operands", int64_t{1});
+      const bool codes = int8_product(g_.nodes[i]);
+      if (!products && codes) ++kept_float;
+      if (op == "FusedConv") {
+        if (products && conv(i)) ++convs;
+        else if (codes) g_.nodes[i].set_attr("int8_operands", int64_t{1});  // left f32: its sums stay direct
       }
-      if (op == "FusedConv") convs += products && conv(i);
       else if (op == "FusedMatMul" || op == "MatMul" || op == "Gemm") {
         if (products && matmul(i)) ++matmuls;
         else if (woq) weight_only += woq_matmul(i);

@@ -851,8 +851,8 @@ void register_nn_ops(OpRegistry& r) {
   fused_conv_only.push_back({"x_channels_first", AttrType::int64, false,
                              "1: X is [N, C, spatial...] though channels_last = 1 makes Z and Y [N, spatial..., C] (0)"});
   fused_conv_only.push_back({"int8_operands", AttrType::int64, false,
-                             "1: X and W are dequantized int8 codes left f32 (no int8 products on the target): the sums stay direct, "
-                             "no Winograd (0)"});
+                             "1: X and W are dequantized int8 codes that compile left f32 (no int8 products on the target, or a form "
+                             "its int8 kernels lack): the sums stay direct, no Winograd (0)"});
   r.add("", OpSchema{"FusedConv", "Conv + bias + activation + residual Z + activation, in one (f32; W may be bf16 or f16, X, Z and Y bf16 with a bf16 W)", 2, kVariadic, 1, 1,
                      fused_conv_only, infer_fused_conv_parts})
       .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z"),

@@ -65,8 +65,9 @@ inline bool channels_last(const Node& node) { return node.attr_int("channels_las
 /// while Z and Y are channels-last (an image model's first layer reading the image as it comes).
 inline bool x_channels_first(const Node& node) { return node.attr_int("x_channels_first", 0) != 0; }
 /// FusedConv with int8_operands = 1: X and W are dequantized int8 codes that compile's lower_int8
-/// left f32 (a target without int8 products), so a QuantizeLinear after it rounds sums of exact
-/// products; kernels keep those sums direct (no Winograd transforms, whose fractions round them).
+/// left f32 (a target without int8 products, or a form its int8 kernels lack), so a
+/// QuantizeLinear after it rounds sums of exact products; kernels keep those sums direct (no
+/// Winograd transforms, whose fractions round them).
 inline bool int8_operands(const Node& node) { return node.attr_int("int8_operands", 0) != 0; }
 /// Whether input i of `node` is an activation whose layout channels_last sets: X (input 0, but
 /// with x_channels_first), and the residual Z of FusedConv (input 3, and with x_parts X's other
