@@ -1,7 +1,7 @@
 // Winograd against direct convolution on the 3x3 stride-1 convolutions of the test suite's
 // models: ResNet-50's four stages and YOLO-style C2f bottlenecks, batch 1, as `kiln compile`
 // makes them (channels-last FusedConv with bias and Relu). Each shape is a one-node model run
-// four times, its kernel pinned: oneDNN's (kiln's onednn.conv, so with the reorders between
+// five times, its kernel pinned: oneDNN's (kiln's onednn.conv, so with the reorders between
 // kiln's NHWC tensors and its blocked ones) with the parameter algorithm=direct and =winograd,
 // kiln.winograd with tile=4 and =2, and kiln's GEMM over the gathered windows (kiln.gemm); calls
 // interleaved, median of --runs, and the relative L2 between the Winograd outputs and the direct one's.
