@@ -460,7 +460,8 @@ TEST(CpuKernels, DirectConv) {
 
 // RowKernels::direct_conv reads its input through strides: the same images channels-first and
 // channels-last give the same output, to the bit (the sums in the same order), on the RGB
-// stride-2 path with its constant offsets and on the general one (two channels, stride 1).
+// stride-2 paths with their constant offsets (planar and channels-last) and on the general one
+// (two channels, stride 1).
 TEST(CpuKernels, DirectConvReadsChannelsFirstAsChannelsLast) {
   for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
     if (cpu::lacks(CpuFeatures::host(), isa)) continue;
