@@ -3,6 +3,7 @@
 #include "cli/app.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -104,6 +105,42 @@ std::optional<double> parse_seconds(const std::string& text) {
   const double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" || unit == "min" ? 60 : -1;
   if (scale < 0 || !(n->first > 0) || n->first * scale > 86400) return std::nullopt;
   return n->first * scale;
+}
+
+CLI::Validator whole_number(int64_t least, int64_t most) {
+  const std::string range = most == INT32_MAX ? "from " + std::to_string(least) + " up"
+                                              : "from " + std::to_string(least) + " to " + std::to_string(most);
+  return CLI::Validator(
+      [least, most, range](std::string& text) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || v < least || v > most) return text + " is not a whole number " + range;
+        return {};
+      },
+      most == INT32_MAX ? std::to_string(least) + " or more" : std::to_string(least) + " to " + std::to_string(most));
+}
+
+CLI::Validator thread_count() { return whole_number(1, kMaxThreads); }
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || !(v > 0) || !std::isfinite(v)) return text + " is not a number above 0";
+        return {};
+      },
+      "above 0");
 }
 
 Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& spec, std::string_view example) {

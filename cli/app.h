@@ -1,6 +1,7 @@
 // Command-line entry point and the pieces the subcommands share.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,6 +13,7 @@
 
 namespace CLI {
 class App;
+class Validator;
 }
 
 namespace kiln::cli {
@@ -44,6 +46,15 @@ void add_max_memory_option(CLI::App* cmd);
 std::optional<std::pair<double, std::string>> number_and_unit(const std::string& text);
 /// "5s", "500ms", "2m" or plain seconds (more than 0, at most a day); nullopt for anything else.
 std::optional<double> parse_seconds(const std::string& text);
+
+/// Checks for a count flag's text: a whole number from `least` to `most` ("--top: 0 is not a
+/// whole number from 1 up"; CLI11's own PositiveNumber names a range up to DBL_MAX). A text
+/// that is not a whole number ("2.5") fails the check before CLI11 tries to convert it.
+CLI::Validator whole_number(int64_t least, int64_t most = INT32_MAX);
+/// `--threads`: a whole number from 1 to kMaxThreads.
+CLI::Validator thread_count();
+/// A finite number above 0 (a tolerance).
+CLI::Validator positive_number();
 
 /// Parses a --input-shape NAME=SHAPE flag (`example` shows the form in the error message).
 Result<std::pair<std::string, Shape>> parse_input_shape_flag(const std::string& spec, std::string_view example);

@@ -275,17 +275,17 @@ void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_option("model", args->model, "model .kiln file (- for stdin); an uncompiled one is compiled in memory first")->required();
   add_input_options(cmd, args->in);
   cmd->add_option("--threads", args->threads, "threads for the kernels (default: the machine's physical cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(thread_count());
   cmd->add_option("--warmup", args->warmup, "untimed runs first (the first also builds the plan)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  CLI::Option* iters = cmd->add_option("--iters", args->iters, "time exactly this many runs")->check(CLI::PositiveNumber);
+      ->check(whole_number(0))->capture_default_str();
+  CLI::Option* iters = cmd->add_option("--iters", args->iters, "time exactly this many runs")->check(whole_number(1));
   cmd->add_option("--duration", args->duration, "time runs for this long, e.g. 5s or 500ms (default: 2s and at least 20 runs)")
       ->excludes(iters);
   CLI::Option* json = cmd->add_flag("--json", args->json, "print the profile as JSON (schema kiln.profile, docs/profile.schema.json)");
   cmd->add_flag("--csv", args->csv, "print one CSV row per kernel call site")->excludes(json);
   cmd->add_option("--trace", args->trace, "write a Chrome trace (Perfetto, chrome://tracing) of the first runs to this file");
   cmd->add_option("--html", args->html, "write an HTML report (roofline, one run's timeline, the tables; self-contained) to this file");
-  cmd->add_option("--top", args->top, "nodes in the table")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--top", args->top, "nodes in the table")->check(whole_number(1))->capture_default_str();
   cmd->add_flag("--reprobe", args->reprobe, "measure the machine's ceilings again instead of reading them from the cache");
   CLI::Option* compare = cmd->add_option("--compare", args->compare,
                   "compare with an earlier profile (--json output): what got slower or faster; exit 3 when the end-to-end median regressed");
@@ -300,7 +300,7 @@ void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdli
       ->needs(check)->capture_default_str();
   cmd->add_option("--check-tolerance", args->check_tolerance,
                   "with --check: the relative L2 error an f32 kernel may have (bf16 and int8 kernels: 1e-2)")
-      ->needs(check)->check(CLI::PositiveNumber)->capture_default_str();
+      ->needs(check)->check(positive_number())->capture_default_str();
   cmd->add_flag("--bitwise", args->bitwise, "run twice more and require bit-identical outputs (determinism); exit 3 if not");
   add_max_memory_option(cmd);
   cmd->callback([args, &exit_code, cmdline] { exit_code = run_profile(*args, cmdline); });

@@ -575,7 +575,7 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   cmd->add_option("--calib", args->calib,
                   "calibration inputs: an .npz of arrays named after the inputs, a folder of <input>.npy files or an ONNX "
                   "test_data_set (input_K.pb), or a folder of any of these (repeatable); a leading batch dim is split into samples");
-  cmd->add_option("--calib-limit", args->calib_limit, "use at most this many samples")->check(CLI::PositiveNumber);
+  cmd->add_option("--calib-limit", args->calib_limit, "use at most this many samples")->check(whole_number(1));
   cmd->add_flag("--dynamic", args->dynamic,
                 "x86: dynamic quantization of the linear layers (inputs quantized at run time from their range, weights "
                 "per channel; no calibration needed)");
@@ -585,10 +585,10 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
   cmd->add_option("--group-size", args->group_size,
                   "with --weight-only: input features per weight scale; 0: one scale per output channel (int8's "
                   "default; int4's is 128)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0));
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
   cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(thread_count());
   add_max_memory_option(cmd);
   cmd->add_flag("--report", args->report,
                 "print each quantized layer's SQNR against the float model (worst first) and each output's, on --eval "

@@ -219,12 +219,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
                   "compare with DIR/<output name>.npy (or a test_data_set's output_K.pb); exit 3 on mismatch");
   cmd->add_option("--atol", args->atol, "absolute tolerance for --check-against")->capture_default_str();
   cmd->add_option("--rtol", args->rtol, "relative tolerance for --check-against")->capture_default_str();
-  cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones (the first run of a shape also builds its plan)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones (the first run of a shape also builds its plan)")->check(whole_number(0))->capture_default_str();
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
-                           ->check(CLI::PositiveNumber);
+                           ->check(whole_number(1));
   cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);
   cmd->add_option("--threads", args->threads, "threads for the kernels (default: the machine's physical cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(thread_count());
   cmd->add_flag("--reference", args->reference,
                 "run every node on its reference kernel, with IEEE denormals: the oracle other kernels are checked against");
   cmd->add_option("--node", args->node,

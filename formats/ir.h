@@ -247,6 +247,11 @@ struct Provenance {
   bool operator==(const Provenance&) const = default;
 };
 
+/// The most threads kiln's kernels run on, or a model is compiled for: more cores than a CPU
+/// kiln runs on has, and few enough that the thread pool can be created (GNU OpenMP crashed
+/// the process at 100,000 where the system's thread limit was 96,363).
+inline constexpr int32_t kMaxThreads = 1024;
+
 /// The machine a compiled model's kernels were chosen for. Running the model needs every ISA
 /// feature listed (the runtime refuses a CPU that lacks one, naming it).
 struct TargetRecord {

@@ -376,7 +376,9 @@ Status verify_model(const Model& model) {
   const Graph& g = model.graph;
   if (const TargetRecord* t = model.target ? &*model.target : nullptr) {
     if (t->device.empty()) return user_error("target", "the target names no device");
-    if (t->threads < 1) return user_error("target", "the target's thread count " + std::to_string(t->threads) + " is not positive");
+    if (t->threads < 1 || t->threads > kMaxThreads)
+      return user_error("target", "the target's thread count " + std::to_string(t->threads) + " is not from 1 to " +
+                                      std::to_string(kMaxThreads));
   }
   if (const MemoryPlanRecord* mp = model.memory_plan ? &*model.memory_plan : nullptr) {
     if (mp->input_shapes.size() != g.inputs.size())

@@ -256,8 +256,9 @@ Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOpti
   std::shared_ptr<const Graph> placed =
       options.reference ? nullptr : weights_on_huge_pages(model.graph, transparent_huge_pages());
   std::unique_ptr<Session> s(new Session(model, std::move(options), std::move(placed)));
-  if (s->options_.target.threads < 1)
-    return user_error("", "the thread count must be at least 1, not " + std::to_string(s->options_.target.threads));
+  if (s->options_.target.threads < 1 || s->options_.target.threads > kMaxThreads)
+    return user_error("", "the thread count must be from 1 to " + std::to_string(kMaxThreads) + ", not " +
+                              std::to_string(s->options_.target.threads));
   // A compiled model's kernels may use every ISA feature it was compiled for; the oracle's
   // reference kernels use none.
   if (model.target && !s->options_.reference) {

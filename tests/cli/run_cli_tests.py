@@ -210,8 +210,8 @@ def compile_tests(r, work, samples):
             r"input 'input': --input-shape 2x3x32x32 does not fit the input's shape 1x3x32x32", no_file="bad.kiln")
     r.error("compile_symbolic_shape", ["compile", "mlp.kiln", "-o", "bad.kiln", "--input-shape", "input=nx16"], 2,
             r"compile needs a number for every dim", no_file="bad.kiln")
-    r.error("compile_threads_zero", ["compile", "mlp.kiln", "-o", "bad.kiln", "--threads", "0"], 2, r"--threads",
-            no_file="bad.kiln")
+    r.error("compile_threads_zero", ["compile", "mlp.kiln", "-o", "bad.kiln", "--threads", "0"], 2,
+            r"--threads: 0 is not a whole number from 1 to 1024 \(see kiln compile --help\)$", no_file="bad.kiln")
 
 
 def host_features(r):
@@ -679,8 +679,14 @@ def run_all(r, work):
             r"input 'input': expected shape batchx16 but got 2x17")
     r.error("run_input_shape_and_data", ["run", "mlp.kiln", "--inputs", os.path.join(samples, "mlp.inputs.npz"),
                                          "--input-shape", "input=2x16"], 2, r"is given as data")
-    r.error("run_iters_zero", ["run", "mlp.kiln", "--iters", "0"], 2, r"--iters")
-    r.error("run_threads_zero", ["run", "mlp.kiln", "--threads", "0"], 2, r"--threads")
+    r.error("run_iters_zero", ["run", "mlp.kiln", "--iters", "0"], 2, r"--iters: 0 is not a whole number from 1 up")
+    r.error("run_iters_fraction", ["run", "mlp.kiln", "--iters", "2.5"], 2, r"--iters: 2\.5 is not a whole number from 1 up")
+    r.error("run_warmup_negative", ["run", "mlp.kiln", "--iters", "2", "--warmup", "-1"], 2,
+            r"--warmup: -1 is not a whole number from 0 up")
+    r.error("run_threads_zero", ["run", "mlp.kiln", "--threads", "0"], 2, r"--threads: 0 is not a whole number from 1 to 1024")
+    # More threads than a pool can be made with (GNU OpenMP crashed the process at 100,000).
+    r.error("run_threads_too_many", ["run", "mlp.kiln", "--threads", "100000"], 2,
+            r"--threads: 100000 is not a whole number from 1 to 1024")
     # --reference: every node on its reference kernel, said in -v and in the timing.
     rc, out, err = r.run(["run", "cnn.kiln", "--reference", "-v", "--iters", "1", "--threads", "1"])
     kernel_lines = [l for l in err.splitlines() if l.startswith("node '")]

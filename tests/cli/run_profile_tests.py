@@ -349,6 +349,9 @@ def run_all(r, work):
     r.error("bad_duration", ["profile", "mlp.kiln", "--duration", "fast"], 2, r"--duration 'fast'")
     r.error("iters_and_duration", ["profile", "mlp.kiln", "--iters", "3", "--duration", "1s"], 2, r"excludes")
     r.error("json_and_csv", ["profile", "mlp.kiln", "--json", "--csv"], 2, r"excludes")
+    r.error("top_zero", ["profile", "mlp.kiln", "--top", "0"], 2, r"--top: 0 is not a whole number from 1 up")
+    r.error("check_tolerance_zero", ["profile", "mlp.kiln", "--check", "--check-tolerance", "0"], 2,
+            r"--check-tolerance: 0 is not a number above 0")
     r.error("unknown_input", ["profile", "mlp.kiln", "--input-shape", "nosuch=1x16"], 2, r"input 'nosuch'")
     r.error("trace_stdout", ["profile", "mlp.kiln", "--iters", "1", "--trace", "-"], 2, r"stdout carries the report")
     r.error("trace_unwritable", ["profile", "mlp.kiln", "--iters", "1", "--trace", "no/such/dir/t.json"], 2, r"t\.json")

@@ -858,7 +858,9 @@ TEST(FormatsVerify, TargetAndMemoryPlanOfCompiledModels) {
   Model m = rich_model();
   ASSERT_TRUE(verify_model(m).ok());
   m.target->threads = 0;
-  expect_bad(m, "target: the target's thread count 0 is not positive");
+  expect_bad(m, "target: the target's thread count 0 is not from 1 to 1024");
+  m.target->threads = kMaxThreads + 1;
+  expect_bad(m, "target: the target's thread count 1025 is not from 1 to 1024");
   m = rich_model();
   m.memory_plan->input_shapes.clear();
   expect_bad(m, "memory plan: it lists 0 input shapes but the graph has 1 inputs");

@@ -513,11 +513,16 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   EXPECT_EQ(pool_threads(), 2);
   EXPECT_FALSE(caller);
 
-  SessionOptions none;
-  none.target.threads = 0;
-  auto bad = Session::create(m, none);
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.error().kind, ErrorKind::user);
+  // Thread counts from 1 to kMaxThreads; past it the pool could not be made (a user error, not
+  // a crash).
+  for (int threads : {0, kMaxThreads + 1}) {
+    SessionOptions wrong;
+    wrong.target.threads = threads;
+    auto bad = Session::create(m, wrong);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.error().kind, ErrorKind::user);
+    EXPECT_EQ(bad.error().message(), "the thread count must be from 1 to 1024, not " + std::to_string(threads));
+  }
 }
 
 TEST(Threads, PhysicalCoresAreCounted) { EXPECT_GE(physical_cores(), 1); }
