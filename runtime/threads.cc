@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "formats/ir.h"
+
 #if __has_include(<omp.h>)
 #include <omp.h>
 #else
@@ -45,7 +47,7 @@ int physical_cores() {
   static const int cores = [] {
     if (!cpuinfo_initialize()) return 1;
     const int n = static_cast<int>(cpuinfo_get_cores_count());
-    return n > 0 ? n : 1;
+    return n > 0 ? std::min(n, int{kMaxThreads}) : 1;
   }();
   return cores;
 }

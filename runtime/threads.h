@@ -14,7 +14,8 @@
 
 namespace kiln {
 
-/// The machine's physical cores (not hyper-threads); 1 when they cannot be read.
+/// The machine's physical cores (not hyper-threads), at most kMaxThreads; 1 when they cannot
+/// be read.
 int physical_cores();
 
 /// Sizes the pool to `threads` (>= 1) and turns on FTZ/DAZ in each of its threads. Cheap when
