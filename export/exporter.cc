@@ -6,7 +6,6 @@
 #include <onnx/onnx_pb.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -302,14 +301,7 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
 }
 
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
-  std::string bytes;
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const MemoryLimitExceeded& e) {
-    return Error{ErrorKind::user, path, "", std::string("reading it ") + e.what()};
-  }
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_onnx_file(path));
   if (bytes.size() >= INT32_MAX)
     return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
   std::string dir = fs::path(path).parent_path().string();

@@ -748,6 +748,14 @@ def run_all(r, work):
     r.error("onnx_external_symlink_escapes", ["export", "sub/symlink.onnx", "-o", "t.kiln"], 2, r"resolves outside", no_file="t.kiln")
     save(external_model(work, "nosuch.bin"), os.path.join(sub, "missing_ext.onnx"))
     r.error("onnx_external_missing", ["export", "sub/missing_ext.onnx", "-o", "t.kiln"], 2, r"cannot open external data file 'nosuch\.bin'", no_file="t.kiln")
+    # A folder where a file belongs: the external data (it once asked for exabytes, "out of
+    # memory") and the model itself (an internal error, exit 1).
+    os.makedirs(os.path.join(sub, "folder.bin"), exist_ok=True)
+    save(external_model(work, "folder.bin"), os.path.join(sub, "folder_ext.onnx"))
+    r.error("onnx_external_folder", ["export", "sub/folder_ext.onnx", "-o", "t.kiln"], 2,
+            r"external data path 'folder\.bin' is not a regular file", no_file="t.kiln")
+    r.error("onnx_model_folder", ["export", "sub", "-o", "t.kiln"], 2, r"kiln export: error: sub: is a directory, expected a file$",
+            no_file="t.kiln")
     with open(os.path.join(sub, "short.bin"), "wb") as f:
         f.write(b"\0" * 8)
     save(external_model(work, "short.bin"), os.path.join(sub, "short_ext.onnx"))
