@@ -125,6 +125,20 @@ Tensor row(const Tensor& t, int64_t i) {
   return out;
 }
 
+// The flat index of the first NaN or Inf in a floating-point tensor, or -1.
+int64_t first_non_finite(const Tensor& t) {
+  if (t.dtype() == DType::f32) {
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(p[i])) return i;
+    return -1;
+  }
+  const std::vector<double> d = t.to_double_vector();
+  for (size_t i = 0; i < d.size(); ++i)
+    if (!std::isfinite(d[i])) return static_cast<int64_t>(i);
+  return -1;
+}
+
 // The samples of one calibration set, in graph.inputs order: a leading dim larger than the
 // model's (1 or symbolic) is a batch of samples, each copied out only when it is asked for, so
 // that a file costs its own size and one sample.
@@ -156,6 +170,16 @@ Result<FileSamples> file_samples(const Graph& g, const std::string& file) {
     if (count >= 0 && n != count && (n > 1 || count > 1))
       return Error{ErrorKind::user, file, "input '" + v.name + "'", "has " + std::to_string(n) + " samples, the others " + std::to_string(count)};
     count = std::max(count, n);
+    // Calibration and evaluation data must be finite: observers skip NaN, but what one NaN or
+    // Inf infects downstream left the sample CNN with scales of 1e36 and constant logits.
+    if (is_float(t.dtype())) {
+      const int64_t bad = first_non_finite(t);
+      if (bad >= 0) {
+        const int64_t per_sample = std::max<int64_t>(1, t.numel() / n);
+        return Error{ErrorKind::user, file, "input '" + v.name + "'",
+                     "sample " + std::to_string(bad / per_sample + 1) + " holds NaN or Inf; calibration and evaluation need finite values"};
+      }
+    }
     out.split.push_back(splits);
     out.inputs.push_back(t);
   }

@@ -456,6 +456,15 @@ def quant_tests(r, work, samples):
     r.check("quant_streams_past_the_budget", rc == 0 and "calibrated on 960 samples" in err and "\r" not in err, f"exit {rc}; {err[:300]!r}")
     r.error("quant_one_file_past_the_budget", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "big_calib_one.npz",
                                               "--max-memory", "6MiB"], 2, r"does not fit.*--max-memory", no_file="q.kiln")
+    # Non-finite calibration or evaluation data is refused, naming the sample (one NaN pixel
+    # once gave scales of 1e36 and constant logits).
+    nan_batch = rng.standard_normal((5, 3, 32, 32)).astype(np.float32)
+    nan_batch[3, 1, 2, 2] = np.nan
+    np.savez(os.path.join(work, "nan_calib.npz"), input=nan_batch)
+    r.error("quant_calib_nan", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", "nan_calib.npz"], 2,
+            r"nan_calib\.npz: input 'input': sample 4 holds NaN or Inf", no_file="q.kiln")
+    r.error("quant_eval_nan", ["quant", "cnn.kiln", "-o", "q.kiln", "--quantizer", "x86", "--calib", cnn_in, "--eval", "nan_calib.npz",
+                               "--report"], 2, r"nan_calib\.npz: input 'input': sample 4 holds NaN or Inf", no_file="q.kiln")
     import pty
     master, slave = pty.openpty()
     proc = subprocess.Popen([r.kiln, "quant", "cnn.kiln", "-o", "cnn.tty.kiln", "--quantizer", "x86", "--calib", "big_calib", "--report"],
