@@ -16,6 +16,7 @@
 #include "formats/ir.h"
 #include "formats/memory.h"
 #include "formats/serialize.h"
+#include "formats/sha256.h"
 
 namespace kiln::cli {
 
@@ -50,8 +51,29 @@ Result<std::string> read_input(const std::string& path) {
   return bytes;
 }
 
+namespace {
+
+// An ONNX model where a .kiln one belongs: the error says what to do with it.
+Result<Model> with_onnx_hint(const std::string& path, Result<Model> m) {
+  if (!m.ok() && path.ends_with(".onnx") && m.error().what.starts_with("not a kiln file"))
+    m.error().what += " (an ONNX model: kiln export it to a .kiln first)";
+  return m;
+}
+
+}  // namespace
+
+Result<HashedModel> load_model_arg_hashed(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_input(path));
+  std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  HashedModel out;
+  out.sha256 = sha256_hex(raw);
+  KILN_ASSIGN_OR_RETURN(out.model, with_onnx_hint(path, load_model_from_bytes(raw, path == "-" ? "<stdin>" : path, {},
+                                                                             path == "-" ? "" : fs::path(path).parent_path().string())));
+  return out;
+}
+
 Result<Model> load_model_arg(const std::string& path) {
-  if (path != "-") return load_model(path);
+  if (path != "-") return with_onnx_hint(path, load_model(path));
   KILN_ASSIGN_OR_RETURN(std::string bytes, read_input("-"));
   return load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "<stdin>");
 }

@@ -32,6 +32,13 @@ std::string command_line(int argc, char** argv);
 Result<std::string> read_input(const std::string& path);
 /// Loads and verifies a .kiln model from a file, or from stdin for "-".
 Result<Model> load_model_arg(const std::string& path);
+/// A model argument loaded from its bytes, with their hex SHA-256 (the provenance of what
+/// compile and quant write), from a file or stdin for "-".
+struct HashedModel {
+  Model model;
+  std::string sha256;
+};
+Result<HashedModel> load_model_arg_hashed(const std::string& path);
 /// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
 Status write_output(const std::string& path, const std::string& bytes);
 /// Saves a model (save_model: atomically, a sidecar past 2 GB), or serializes it to stdout for "-".

@@ -11,7 +11,6 @@
 #include "compile/tuning_db.h"
 #include "export/exporter.h"
 #include "formats/serialize.h"
-#include "formats/sha256.h"
 #include "formats/text.h"
 #include "profile/ceilings.h"
 #include "runtime/threads.h"
@@ -147,14 +146,12 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
   Result<Model> model = Error{};
   {
-    auto bytes = read_input(args.input);
-    if (!bytes.ok()) return report(verb, bytes.error());
-    std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
-    options.input_sha256 = sha256_hex(raw);
+    auto loaded = load_model_arg_hashed(args.input);
+    if (!loaded.ok()) return report(verb, loaded.error());
+    options.input_sha256 = std::move(loaded->sha256);
     options.input_file = args.input == "-" ? display : fs::path(args.input).filename().string();
-    model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+    model = std::move(loaded->model);
   }
-  if (!model.ok()) return report(verb, model.error());
 
   const std::set<std::string>& print_after = options.print_after;
   const bool print_all = print_after.count("all") > 0;

@@ -24,7 +24,6 @@
 #include "formats/verify.h"
 #include "formats/npy.h"
 #include "formats/serialize.h"
-#include "formats/sha256.h"
 #include "quant/config.h"
 #include "quant/convert.h"
 #include "quant/prepare.h"
@@ -468,13 +467,11 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   std::string input_sha256;
   Result<Model> model = Error{};
   {
-    auto bytes = read_input(args.input);
-    if (!bytes.ok()) return report(verb, bytes.error());
-    std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
-    input_sha256 = sha256_hex(raw);
-    model = load_model_from_bytes(raw, display, {}, args.input == "-" ? "" : fs::path(args.input).parent_path().string());
+    auto loaded = load_model_arg_hashed(args.input);
+    if (!loaded.ok()) return report(verb, loaded.error());
+    input_sha256 = std::move(loaded->sha256);
+    model = std::move(loaded->model);
   }
-  if (!model.ok()) return report(verb, model.error());
   if (model->stage != Stage::exported)
     return report(verb, user_error(display, "is " + std::string(stage_name(model->stage)) +
                                                 "; quantize the exported model (before kiln compile)"));

@@ -204,6 +204,9 @@ def compile_tests(r, work, samples):
     with open(os.path.join(work, "garbage.kiln"), "wb") as f:
         f.write(b"not a kiln model at all")
     r.error("compile_corrupt_model", ["compile", "garbage.kiln", "-o", "bad.kiln"], 2, r"garbage\.kiln: ", no_file="bad.kiln")
+    r.error("compile_onnx_model", ["compile", os.path.join(samples, "mlp.onnx"), "-o", "bad.kiln"], 2,
+            r"mlp\.onnx: not a kiln file: .* \(an ONNX model: kiln export it to a \.kiln first\)$", no_file="bad.kiln")
+    r.error("run_onnx_model", ["run", os.path.join(samples, "mlp.onnx")], 2, r"\(an ONNX model: kiln export it to a \.kiln first\)$")
     r.error("compile_unknown_input", ["compile", "mlp.kiln", "-o", "bad.kiln", "--input-shape", "nosuch=1x16"], 2,
             r"mlp\.kiln: input 'nosuch': the model has no input of this name", no_file="bad.kiln")
     r.error("compile_shape_does_not_fit", ["compile", "cnn.kiln", "-o", "bad.kiln", "--input-shape", "input=2x3x32x32"], 2,
