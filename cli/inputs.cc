@@ -8,6 +8,7 @@
 
 #include "cli/app.h"
 #include "export/onnx_tensor.h"
+#include "formats/memory.h"
 #include "runtime/random_inputs.h"
 
 namespace kiln::cli {
@@ -131,7 +132,11 @@ Result<std::vector<Tensor>> gather_inputs(const Graph& g, const InputArgs& args,
         else shape.push_back(1);
       }
     }
-    feed[v.name] = random_input(g, id, shape, input_seed(args.seed, v.name));
+    try {
+      feed[v.name] = random_input(g, id, shape, input_seed(args.seed, v.name));
+    } catch (const MemoryLimitExceeded& e) {
+      return Error{ErrorKind::user, model_file, "input '" + v.name + "'", std::string("a random input of this shape ") + e.what()};
+    }
   }
   std::vector<Tensor> ordered;
   for (const std::string& name : input_names) ordered.push_back(feed[name]);

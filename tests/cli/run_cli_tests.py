@@ -691,6 +691,8 @@ def run_all(r, work):
             r"input 'input': expected shape batchx16 but got 2x17")
     r.error("run_input_shape_and_data", ["run", "mlp.kiln", "--inputs", os.path.join(samples, "mlp.inputs.npz"),
                                          "--input-shape", "input=2x16"], 2, r"is given as data")
+    r.error("run_random_input_past_budget", ["run", "mlp.kiln", "--input-shape", "input=100000000x16", "--max-memory", "64MiB"], 2,
+            r"mlp\.kiln: input 'input': a random input of this shape needs 6\.0 GiB .* past the memory limit of 64 MiB")
     r.error("run_iters_zero", ["run", "mlp.kiln", "--iters", "0"], 2, r"--iters: 0 is not a whole number from 1 up")
     r.error("run_iters_fraction", ["run", "mlp.kiln", "--iters", "2.5"], 2, r"--iters: 2\.5 is not a whole number from 1 up")
     r.error("run_warmup_negative", ["run", "mlp.kiln", "--iters", "2", "--warmup", "-1"], 2,
