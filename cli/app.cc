@@ -3,6 +3,8 @@
 #include "cli/app.h"
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -86,6 +88,19 @@ Status write_output(const std::string& path, const std::string& bytes) {
     return {};
   }
   return write_file_atomic(path, {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+}
+
+Status check_output_paths(std::initializer_list<const std::string*> paths) {
+  for (const std::string* path : paths) {
+    if (path->empty() || *path == "-") continue;
+    std::error_code ec;
+    if (fs::is_directory(*path, ec)) return Error{ErrorKind::user, *path, "", "is a folder; the output is a file"};
+    const fs::path dir = fs::path(*path).parent_path().empty() ? fs::path(".") : fs::path(*path).parent_path();
+    if (!fs::is_directory(dir, ec)) return Error{ErrorKind::user, *path, "", "cannot be written: the folder '" + dir.string() + "' does not exist"};
+    if (::access(dir.c_str(), W_OK) != 0)
+      return Error{ErrorKind::user, *path, "", "cannot be written: the folder '" + dir.string() + "' is not writable"};
+  }
+  return {};
 }
 
 Status write_model_output(const Model& model, const std::string& path, const SaveOptions& options) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -39,6 +40,10 @@ struct HashedModel {
   std::string sha256;
 };
 Result<HashedModel> load_model_arg_hashed(const std::string& path);
+/// Whether files can be written at these paths (flags' outputs; empty and "-" pass): each one's
+/// folder exists and is writable, and the path is not a folder. Checked before the work that
+/// leads to them (a calibration, an autotuning search), which the late error would waste.
+Status check_output_paths(std::initializer_list<const std::string*> paths);
 /// Writes bytes atomically (temporary file in the same folder, then rename), or to stdout for "-".
 Status write_output(const std::string& path, const std::string& bytes);
 /// Saves a model (save_model: atomically, a sidecar past 2 GB), or serializes it to stdout for "-".

@@ -103,6 +103,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   }
   if (args.input.empty()) return report(verb, user_error("", "no input model given (kiln compile IN.kiln -o OUT.kiln)"));
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln, or -o - for stdout)"));
+  if (Status s = check_output_paths({&args.output, &args.tune_report}); !s.ok()) return report(verb, s);
   CompileOptions options;
   options.passes = args.passes;
   options.print_after.insert(args.print_after.begin(), args.print_after.end());

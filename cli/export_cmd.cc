@@ -28,6 +28,7 @@ int run_export(const ExportArgs& args, const std::string& cmdline) {
   }
   if (args.input.empty()) return report(verb, user_error("", "no input model given (kiln export IN.onnx -o OUT.kiln)"));
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln, or -o - for stdout)"));
+  if (Status s = check_output_paths({&args.output}); !s.ok()) return report(verb, s);
   ExportOptions options;
   options.command_line = cmdline;
   options.verbose = args.verbose;

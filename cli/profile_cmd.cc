@@ -89,6 +89,7 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
   read_delay_hook(run_options);
   for (const std::string* file : {&args.trace, &args.html})
     if (*file == "-") return report(verb, user_error("", "--trace and --html write files: stdout carries the report"));
+  if (Status s = check_output_paths({&args.trace, &args.html}); !s.ok()) return report(verb, s);
   // The baseline is read (and found wanting) before anything runs.
   profile::CompareOptions compare_options;
   std::optional<profile::ProfileSamples> base;

@@ -423,6 +423,7 @@ Result<Attempt> meet_min_sqnr(QuantJob& job, const quant::QuantizerConfig& confi
 int run_quant(const QuantArgs& args, const std::string& cmdline) {
   const std::string verb = "quant";
   if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln)"));
+  if (Status s = check_output_paths({&args.output, &args.exclude_out}); !s.ok()) return report(verb, s);
   if (!args.quantizer.empty() && args.quantizer != "x86" && args.quantizer != "xnnpack")
     return report(verb, user_error("", "--quantizer '" + args.quantizer + "' is not one of x86, xnnpack"));
   if (args.per_tensor && args.quantizer != "xnnpack")

@@ -110,6 +110,7 @@ int show(const TuneArgs& args) {
 }
 
 int merge(const TuneArgs& args) {
+  if (Status s = check_output_paths({&args.output}); !s.ok()) return report("tune", s);
   TuningDb merged;
   size_t read = 0;
   for (const std::string& in : args.inputs) {

@@ -204,6 +204,16 @@ def compile_tests(r, work, samples):
     with open(os.path.join(work, "garbage.kiln"), "wb") as f:
         f.write(b"not a kiln model at all")
     r.error("compile_corrupt_model", ["compile", "garbage.kiln", "-o", "bad.kiln"], 2, r"garbage\.kiln: ", no_file="bad.kiln")
+    # Outputs that cannot be written are refused before the work that leads to them.
+    r.error("compile_output_folder_missing", ["compile", "mlp.kiln", "-o", "nosuch/bad.kiln"], 2,
+            r"nosuch/bad\.kiln: cannot be written: the folder 'nosuch' does not exist$")
+    r.error("compile_tune_report_folder_missing", ["compile", "mlp.kiln", "-o", "bad.kiln", "--mode", "max-autotune", "--tune-report",
+                                                   "nosuch/r.json"], 2, r"nosuch/r\.json: cannot be written", no_file="bad.kiln")
+    os.makedirs(os.path.join(work, "a_folder"), exist_ok=True)
+    r.error("export_output_is_folder", ["export", os.path.join(samples, "mlp.onnx"), "-o", "a_folder"], 2,
+            r"a_folder: is a folder; the output is a file$")
+    r.error("quant_output_folder_missing", ["quant", "mlp.kiln", "-o", "nosuch/q.kiln", "--weight-only", "int8"], 2,
+            r"nosuch/q\.kiln: cannot be written: the folder 'nosuch' does not exist$")
     r.error("compile_onnx_model", ["compile", os.path.join(samples, "mlp.onnx"), "-o", "bad.kiln"], 2,
             r"mlp\.onnx: not a kiln file: .* \(an ONNX model: kiln export it to a \.kiln first\)$", no_file="bad.kiln")
     r.error("run_onnx_model", ["run", os.path.join(samples, "mlp.onnx")], 2, r"\(an ONNX model: kiln export it to a \.kiln first\)$")
