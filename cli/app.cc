@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <random>
@@ -17,6 +16,7 @@
 #include "formats/atomic_file.h"
 #include "formats/ir.h"
 #include "formats/memory.h"
+#include "formats/npy.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
 
@@ -45,12 +45,7 @@ Result<std::string> read_input(const std::string& path) {
     std::string bytes((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
     return bytes;
   }
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return Error{ErrorKind::user, path, "", "is a directory, expected a file"};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return bytes;
+  return read_file_string(path);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "export/onnx_tensor.h"
 #include "formats/infer.h"
 #include "formats/memory.h"
+#include "formats/npy.h"
 #include "formats/sha256.h"
 #include "formats/verify.h"
 
@@ -301,7 +302,7 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
 }
 
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_onnx_file(path));
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
   if (bytes.size() >= INT32_MAX)
     return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
   std::string dir = fs::path(path).parent_path().string();

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "formats/memory.h"
+#include "formats/npy.h"
 
 namespace kiln {
 
@@ -196,24 +197,8 @@ Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& m
   return out;
 }
 
-Result<std::string> read_onnx_file(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return Error{ErrorKind::user, path, "", "is a directory, expected a file"};
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{ErrorKind::user, path, "", "cannot open file"};
-  std::string bytes;
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const MemoryLimitExceeded& e) {
-    return Error{ErrorKind::user, path, "", std::string("reading it ") + e.what()};
-  } catch (const std::ios_base::failure& e) {  // a read error (EIO) mid-file
-    return Error{ErrorKind::user, path, "", "cannot read file: " + e.code().message()};
-  }
-  return bytes;
-}
-
 Result<std::pair<std::string, Tensor>> read_onnx_tensor_file(const std::string& path) {
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_onnx_file(path));
+  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
   onnx::TensorProto t;
   if (!t.ParseFromString(bytes)) return Error{ErrorKind::user, path, "", "not a serialized ONNX TensorProto"};
   auto r = tensor_from_onnx(t, fs::path(path).parent_path().string());

@@ -32,10 +32,6 @@ std::string onnx_type_name(int onnx_type);
 /// path is absolute, has "..", or resolves outside that folder; `model_dir` empty refuses all.
 Result<Tensor> tensor_from_onnx(const onnx::TensorProto& t, const std::string& model_dir);
 
-/// Reads a whole ONNX file (a model, a serialized TensorProto): a user error naming it when it is
-/// a directory, cannot be opened or read, or outgrows the memory budget while it is read.
-Result<std::string> read_onnx_file(const std::string& path);
-
 /// Reads a serialized TensorProto file (input_0.pb) and returns its name and tensor.
 Result<std::pair<std::string, Tensor>> read_onnx_tensor_file(const std::string& path);
 

@@ -13,6 +13,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <optional>
@@ -629,6 +632,22 @@ Result<std::vector<uint8_t>> read_file_bytes(const std::string& path) {
   std::vector<uint8_t> out;
   KILN_RETURN_IF_ERROR(npy_detail::read_rest(f.get(), path, out));
   return out;
+}
+
+Result<std::string> read_file_string(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return file_error(path, "", "is a directory, expected a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return file_error(path, "", "cannot open file");
+  std::string bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const MemoryLimitExceeded& e) {
+    return file_error(path, "", std::string("reading it ") + e.what());
+  } catch (const std::ios_base::failure& e) {  // a read error (EIO) mid-file
+    return file_error(path, "", "cannot read file: " + e.code().message());
+  }
+  return bytes;
 }
 
 Status write_file_bytes(const std::string& path, std::span<const uint8_t> bytes) {

@@ -90,6 +90,9 @@ std::optional<std::string> percent_decode_file_name(std::string_view encoded);
 
 /// Reads a whole file into memory; a user error naming the file when it cannot be read.
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path);
+/// The same into a string (an ONNX model, a JSON file): a user error naming the file when it is
+/// a directory, cannot be opened or read, or outgrows the memory budget while it is read.
+Result<std::string> read_file_string(const std::string& path);
 /// Writes a whole file atomically (formats/atomic_file.h), replacing it; a user error naming
 /// the file when it cannot be written.
 Status write_file_bytes(const std::string& path, std::span<const uint8_t> bytes);
