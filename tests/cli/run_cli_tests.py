@@ -266,15 +266,20 @@ def precision_tests(r, work, samples):
             errors = {f: rel_l2(np.load(os.path.join(got_dir, f)), np.load(os.path.join(want_dir, f)))
                       for f in sorted(os.listdir(want_dir))}
             r.check(f"compile_{name}_{precision}_close", errors and all(0 < e <= 1e-2 for e in errors.values()), str(errors))
-    # --target amx: kiln's bf16 GEMM takes the lowered linear layers on AMX tiles; the model so
-    # compiled runs on any CPU with AVX512-BF16 (on VDPBF16PS where it lacks AMX).
+    # --target amx: kiln's bf16 GEMM takes the lowered linear layers on AMX tiles (on VDPBF16PS
+    # where the CPU lacks AMX) and the attention kiln's AMX kernel, so the model runs only where
+    # the CPU has AMX.
     rc, out, err = r.run(["compile", "transformer.kiln", "-o", "transformer.amx.kiln", "--precision", "bf16", "--target", "amx", "-v"])
     kernels = re.findall(r"\(FusedMatMul\): ([\w.]+)", err)
     r.check("compile_transformer_bf16_amx", rc == 0 and "kiln.gemm_bf16_avx512" in kernels and "onednn.matmul" not in kernels
             and "target cpu (" in err and " amx)" in err, f"exit {rc}; kernels {kernels}; {err[:300]!r}")
-    if "avx512-bf16" in host:
+    if "amx" in host:
         r.ok("compile_transformer_bf16_amx_runs", ["run", "transformer.amx.kiln", "--inputs", os.path.join(samples, "transformer.inputs.npz"),
                                                    "--check-against", "transformer.bf16.kiln.out", "--rtol", "1e-4", "--atol", "1e-5"])
+    else:
+        r.error("compile_transformer_bf16_amx_refused", ["run", "transformer.amx.kiln", "--inputs", os.path.join(samples, "transformer.inputs.npz")],
+                2, r"^kiln run: error: transformer\.amx\.kiln: the model was compiled for a CPU with .*amx, which this CPU lacks "
+                   r"\(compile it again with --target host, or run it with --reference\)$")
     # --target amx keeps the sample CNN's activations bf16 between its convolutions and its max
     # pool (the first convolution reads the f32 input, the last writes f32 for the average pool);
     # it still computes what fp32 does within bf16's error.
