@@ -194,7 +194,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   if (args.verbose)  // each node's kernel, with its parameters
     for (const Node& n : model->graph.nodes)
       if (!n.kernel.empty())
-        std::cerr << "kiln compile: node '" << n.name << "' (" << n.qualified_op() << "): " << kernel_choice_text(n.kernel) << "\n";
+        std::cerr << "kiln compile: node '" << escape_controls(n.name) << "' (" << escape_controls(n.qualified_op()) << "): " << kernel_choice_text(n.kernel) << "\n";
 
   if (!args.tune_report.empty())
     if (Status s = write_output(args.tune_report, tuning_report_json(tuning_report)); !s.ok()) return report(verb, s);

@@ -112,11 +112,11 @@ std::vector<QuantizedLayer> quantized_layers(const Model& model) {
 // The quantizer settings and the quantized layers, as text.
 void print_quantized_layers(const Model& model) {
   const nlohmann::json config = quant_config(model);
-  if (!config.is_null()) std::cout << "quantizer config: " << (config.is_string() ? config.get<std::string>() : config.dump()) << "\n";
+  if (!config.is_null()) std::cout << "quantizer config: " << escape_controls(config.is_string() ? config.get<std::string>() : config.dump()) << "\n";
   const std::vector<QuantizedLayer> layers = quantized_layers(model);
   if (layers.empty()) return;
   std::cout << "quantized layers: " << layers.size() << "\n";
-  for (const QuantizedLayer& l : layers) std::cout << "  " << l.name << " (" << l.op << "): " << l.stored << "; out " << l.out << "\n";
+  for (const QuantizedLayer& l : layers) std::cout << "  " << escape_controls(l.name) << " (" << l.op << "): " << l.stored << "; out " << l.out << "\n";
 }
 
 int inspect(const InspectArgs& args) {
@@ -142,26 +142,26 @@ int inspect(const InspectArgs& args) {
   const Graph& g = model->graph;
   std::cout << "stage: " << stage_name(model->stage) << "\n";
   for (const Provenance& p : model->provenance)
-    std::cout << "provenance: " << p.tool << " " << p.version << " from " << p.input_file << " (sha256 "
-              << p.input_sha256.substr(0, 16) << "…): " << p.command << "\n";
+    std::cout << "provenance: " << escape_controls(p.tool) << " " << escape_controls(p.version) << " from " << escape_controls(p.input_file)
+              << " (sha256 " << escape_controls(p.input_sha256.substr(0, 16)) << "…): " << escape_controls(p.command) << "\n";
   if (const TargetRecord* t = model->target ? &*model->target : nullptr) {
     std::string isa;
     for (const std::string& f : t->isa) isa += (isa.empty() ? "" : " ") + f;
-    std::cout << "target: " << t->device << " (" << (isa.empty() ? "baseline" : isa) << "), " << t->threads
+    std::cout << "target: " << escape_controls(t->device) << " (" << escape_controls(isa.empty() ? "baseline" : isa) << "), " << t->threads
               << (t->threads == 1 ? " thread" : " threads") << "\n";
   }
   if (const MemoryPlanRecord* mp = model->memory_plan ? &*model->memory_plan : nullptr)
     std::cout << "memory plan: arena " << human(static_cast<double>(mp->arena_bytes), "B") << " for " << mp->values.size()
               << " values, workspace " << human(static_cast<double>(mp->workspace_bytes), "B") << "\n";
   for (ValueId id : g.inputs)
-    std::cout << "input  " << g.value(id).name << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
+    std::cout << "input  " << escape_controls(g.value(id).name) << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
   for (ValueId id : g.outputs)
-    std::cout << "output " << g.value(id).name << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
+    std::cout << "output " << escape_controls(g.value(id).name) << ": " << dtype_name(g.value(id).dtype) << " " << g.value(id).shape.str() << "\n";
   std::cout << "nodes: " << s.nodes << "\nparameters: " << s.parameters << " (" << human(static_cast<double>(s.parameter_bytes), "B")
             << ")\nflops: " << s.flops << " (" << human(static_cast<double>(s.flops), "FLOP") << ", batch 1 where symbolic)\n"
             << "bytes: " << s.bytes << " (" << human(static_cast<double>(s.bytes), "B")
             << " read and written by the kernels, batch 1 where symbolic)\nops:\n";
-  for (const auto& [op, n] : s.op_counts) std::cout << "  " << op << " " << n << "\n";
+  for (const auto& [op, n] : s.op_counts) std::cout << "  " << escape_controls(op) << " " << n << "\n";
   print_quantized_layers(*model);
   return 0;
 }

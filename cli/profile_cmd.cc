@@ -222,12 +222,12 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
       mismatches += !c.pass;
     }
     notes << "\ncheck: " << checked << " of " << checks.size() << " nodes against their reference kernels";
-    if (worst) notes << "; worst relative L2 error " << worst->rel_l2 << " at '" << worst->name << "' (" << worst->kernel << ")";
+    if (worst) notes << "; worst relative L2 error " << worst->rel_l2 << " at '" << escape_controls(worst->name) << "' (" << worst->kernel << ")";
     notes << "\n";
     for (const profile::NodeCheck& c : checks)
       if (c.checked && !c.pass)
-        notes << "  MISMATCH '" << c.name << "' (" << c.op << ", " << c.kernel << "): relative L2 " << c.rel_l2 << " > " << c.tolerance
-              << "; " << c.detail << "\n    repro: " << c.repro << "\n";
+        notes << "  MISMATCH '" << escape_controls(c.name) << "' (" << c.op << ", " << c.kernel << "): relative L2 " << c.rel_l2 << " > "
+              << c.tolerance << "; " << escape_controls(c.detail) << "\n    repro: " << escape_controls(c.repro) << "\n";
   }
   if (bitwise) {
     notes << "\nbitwise: two runs ";
@@ -235,23 +235,19 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
       notes << "gave bit-identical outputs\n";
     } else {
       notes << "differ";
-      if (!bitwise->first_node.empty()) notes << ", first at node '" << bitwise->first_node << "' (" << bitwise->first_kernel << ")";
-      for (const std::string& o : bitwise->outputs_differ) notes << "; output '" << o << "' differs";
+      if (!bitwise->first_node.empty()) notes << ", first at node '" << escape_controls(bitwise->first_node) << "' (" << bitwise->first_kernel << ")";
+      for (const std::string& o : bitwise->outputs_differ) notes << "; output '" << escape_controls(o) << "' differs";
       notes << "\n";
     }
   }
   std::cout.flush();
   if (!std::cout) return report(verb, Error{ErrorKind::user, "<stdout>", "", "write failed"});
-  if (mismatches) {
-    std::cerr << "kiln profile: error: " << display << ": " << mismatches << (mismatches == 1 ? " node differs" : " nodes differ")
-              << " from the reference kernels past the tolerance (repro commands above)\n";
-    return 3;
-  }
-  if (bitwise && !bitwise->identical) {
-    std::cerr << "kiln profile: error: " << display << ": two runs on the same inputs gave different outputs"
-              << (bitwise->first_node.empty() ? std::string() : " (first at node '" + bitwise->first_node + "')") << "\n";
-    return 3;
-  }
+  if (mismatches)
+    return report(verb, Error{ErrorKind::check, display, "", std::to_string(mismatches) + (mismatches == 1 ? " node differs" : " nodes differ") +
+                                                                " from the reference kernels past the tolerance (repro commands above)"});
+  if (bitwise && !bitwise->identical)
+    return report(verb, Error{ErrorKind::check, display, "", "two runs on the same inputs gave different outputs" +
+                                                                (bitwise->first_node.empty() ? std::string() : " (first at node '" + bitwise->first_node + "')")});
   if (comparison && comparison->failed) {
     const profile::Delta& e = comparison->end_to_end;
     std::string what = "end-to-end median regressed past " + args.max_regression;
@@ -262,8 +258,7 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
       what = "node '" + worst->what + "' (" + worst->kernel + ", " + std::to_string(static_cast<int>(100 * worst->share)) +
              "% of the run) regressed past " + args.max_regression;
     }
-    std::cerr << "kiln profile: error: " << display << ": " << what << " against " << args.compare << "\n";
-    return 3;
+    return report(verb, Error{ErrorKind::check, display, "", what + " against " + args.compare});
   }
   return 0;
 }

@@ -236,13 +236,13 @@ void print_report(const quant::AccuracyReport& r, const std::string& source, boo
   }
   std::cout << "SQNR of the quantized model against the float one on " << r.samples() << (r.samples() == 1 ? " sample" : " samples")
             << " (" << source << "), in dB\n";
-  for (const auto& [name, s] : r.outputs()) std::cout << "  output '" << name << "': " << db_text(s.db()) << "\n";
+  for (const auto& [name, s] : r.outputs()) std::cout << "  output '" << escape_controls(name) << "': " << db_text(s.db()) << "\n";
   std::cout << "  per layer, as the next layer reads it, worst first:\n";
   std::cout << "  SQNR dB  node (pattern)\n";
   for (const quant::LayerSqnr& l : r.layers()) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%7s", db_text(l.sqnr.db()).c_str());
-    std::cout << "  " << buf << "  " << l.node << (l.pattern.empty() ? "" : " (" + l.pattern + ")") << "\n";
+    std::cout << "  " << buf << "  " << escape_controls(l.node) << (l.pattern.empty() ? "" : " (" + l.pattern + ")") << "\n";
   }
 }
 
@@ -557,12 +557,12 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   std::cerr << "\n";
   if (args.verbose)
     for (const auto& [n, ann] : a.annotations)
-      std::cerr << "kiln quant: node '" << g.nodes[n].name << "': " << ann.pattern << (args.config.empty() ? "" : " (" + ann.quantizer + ")") << "\n";
+      std::cerr << "kiln quant: node '" << escape_controls(g.nodes[n].name) << "': " << ann.pattern << (args.config.empty() ? "" : " (" + ann.quantizer + ")") << "\n";
   if (args.min_sqnr) {
     std::cerr << "kiln quant: --min-sqnr " << db_text(*args.min_sqnr) << ": end-to-end SQNR " << db_text(a.accuracy->end_to_end_db())
               << " dB with " << kept.size() << (kept.size() == 1 ? " layer" : " layers") << " kept float (" << db_text(all_quantized_db)
               << " dB with all quantized; " << attempts << (attempts == 1 ? " quantization" : " quantizations") << ")";
-    for (size_t i = 0; i < kept.size(); ++i) std::cerr << (i ? ", " : ": ") << kept[i];
+    for (size_t i = 0; i < kept.size(); ++i) std::cerr << (i ? ", " : ": ") << escape_controls(kept[i]);
     std::cerr << "\n";
     if (!args.exclude_out.empty())  // the choice as a --config file that reproduces it
       if (Status s = write_output(args.exclude_out, quant::quantizer_config_json(used, job.command_line)); !s.ok()) return report(verb, s);

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/app.h"
 #include "cli/inputs.h"
@@ -117,7 +118,7 @@ int run(const RunArgs& args) {
               << " nodes infer their output shapes on each run\n";
     std::span<const NodeKernel> kernels = (*session)->kernels();
     for (size_t i = 0; i < kernels.size(); ++i) {
-      std::cerr << "node '" << g.nodes[i].name << "' (" << g.nodes[i].qualified_op() << "): " << kernels[i].name;
+      std::cerr << "node '" << escape_controls(g.nodes[i].name) << "' (" << escape_controls(g.nodes[i].qualified_op()) << "): " << kernels[i].name;
       if (!kernels[i].label.empty()) std::cerr << " (" << kernels[i].label << ")";
       for (const auto& [impl, why] : kernels[i].declined) std::cerr << "; " << impl << " declined: " << why;
       std::cerr << "\n";
@@ -169,7 +170,7 @@ int run(const RunArgs& args) {
   if (args.check_against.empty()) {
     if (args.output_dir.empty() && args.iters == 0)
       for (size_t i = 0; i < outputs->size(); ++i)
-        std::cout << output_names[i] << ": " << dtype_name((*outputs)[i].dtype()) << " "
+        std::cout << escape_controls(output_names[i]) << ": " << dtype_name((*outputs)[i].dtype()) << " "
                   << shape_str((*outputs)[i].shape()) << "\n";
     return 0;
   }
@@ -196,13 +197,13 @@ int run(const RunArgs& args) {
     auto it = std::find_if(expected.begin(), expected.end(), [&](const auto& e) { return e.first == output_names[i]; });
     if (it == expected.end()) continue;  // a test set may leave optional outputs out
     CompareResult r = compare_tensors((*outputs)[i], it->second, copt);
-    std::cout << "output '" << output_names[i] << "': " << (r.pass ? "ok" : "FAILED") << ": " << r.summary << "\n";
+    std::cout << "output '" << escape_controls(output_names[i]) << "': " << (r.pass ? "ok" : "FAILED") << ": " << r.summary << "\n";
     all_pass = all_pass && r.pass;
   }
   if (!all_pass) {
-    std::cerr << "kiln run: error: " << args.model << ": outputs differ from " << args.check_against
-              << " (atol " << args.atol << ", rtol " << args.rtol << ")\n";
-    return 3;
+    std::ostringstream what;
+    what << "outputs differ from " << args.check_against << " (atol " << args.atol << ", rtol " << args.rtol << ")";
+    return report(verb, Error{ErrorKind::check, args.model, "", what.str()});
   }
   return 0;
 }

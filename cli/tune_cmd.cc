@@ -64,6 +64,7 @@ void print_table(const TuningDb& db, const std::string& file) {
                     r->versions == now ? "current"
                                        : "stale (kernels " + std::to_string(r->versions.kernel_templates) + ", oneDNN " +
                                              r->versions.onednn + ")"});
+    for (std::string& cell : rows.back()) cell = escape_controls(cell);  // a database is a file anyone may have edited
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& row : rows)

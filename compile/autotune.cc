@@ -690,7 +690,7 @@ tuning::TuningProblem tuning_problem(const ExecutionPlan& plan, size_t n, const 
 std::string tuning_report_text(const TuningReport& r) {
   std::vector<std::vector<std::string>> rows = {{"node", "op", "default us", "best us", "speed-up", "how", "kernel"}};
   for (const TunedProblem& p : r.problems) {
-    std::string node = p.nodes.empty() ? "" : p.nodes.front();
+    std::string node = p.nodes.empty() ? "" : escape_controls(p.nodes.front());
     if (p.nodes.size() > 1) node += " (+" + std::to_string(p.nodes.size() - 1) + ")";
     const bool timed = p.default_us > 0 && p.best_us > 0;
     rows.push_back({node, p.problem.op, timed ? fixed(p.default_us, 1) : "-", timed ? fixed(p.best_us, 1) : p.chosen_us > 0 ? fixed(p.chosen_us, 1) : "-",

@@ -12,17 +12,7 @@ constexpr size_t kMaxPartChars = 400;
 // The part with control characters escaped (a message is one line) and the middle elided when
 // it is too long.
 std::string printable_part(const std::string& part) {
-  std::string out;
-  for (unsigned char c : part) {
-    if (c >= 0x20 && c != 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
+  std::string out = escape_controls(part);
   if (out.size() <= kMaxPartChars) return out;
   size_t head = kMaxPartChars * 2 / 3, tail = kMaxPartChars - head;
   // Cut at byte boundaries that do not split a UTF-8 sequence.
@@ -33,6 +23,22 @@ std::string printable_part(const std::string& part) {
 }
 
 }  // namespace
+
+std::string escape_controls(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c != 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
 
 std::string Error::message() const {
   std::string out;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -73,6 +74,11 @@ class [[nodiscard]] Result {
 Error user_error(std::string where, std::string what);
 /// An internal error (exit code 1): a kiln bug, not the user's input.
 Error internal_error(std::string where, std::string what);
+
+/// `text` with every control character (below 0x20, and 0x7f) written as `\xNN`: names and
+/// paths from a file, printed to a terminal, cannot move the cursor, clear the screen, retitle
+/// the window or break a line. Error messages use it; so does every human-readable listing.
+std::string escape_controls(std::string_view text);
 
 /// Sets `file` on an error that has none yet; returns the status for chaining.
 Status with_file(Status s, const std::string& file);

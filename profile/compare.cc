@@ -77,6 +77,22 @@ Result<ProfileSamples> profile_samples(const json& doc, const std::string& file)
   if (!doc.contains("run") || !doc["run"].is_object() || !doc["run"].contains("threads") || !doc["run"]["threads"].is_number_integer())
     return user_error(file, "\"run\".\"threads\": expected an integer");
   s.threads = doc["run"]["threads"].get<int>();
+  // The inputs' names, dtypes and shapes: a baseline at another batch size is another workload.
+  if (const json& ins = doc["run"].contains("inputs") ? doc["run"]["inputs"] : json(); !ins.is_null()) {
+    if (!ins.is_array()) return user_error(file, "\"run\".\"inputs\": expected an array");
+    for (const json& t : ins) {
+      std::string name, dtype, shape;
+      if (t.is_null()) continue;  // an input the profile could not describe
+      KILN_RETURN_IF_ERROR(str(t, "name", name));
+      KILN_RETURN_IF_ERROR(str(t, "dtype", dtype));
+      if (!t.contains("shape") || !t["shape"].is_array()) return user_error(file, "input '" + name + "': \"shape\": expected an array");
+      for (const json& d : t["shape"]) {
+        if (!d.is_number_integer()) return user_error(file, "input '" + name + "': \"shape\": expected integers");
+        shape += (shape.empty() ? "" : "x") + std::to_string(d.get<int64_t>());
+      }
+      s.inputs.push_back(name + ": " + dtype + "[" + shape + "]");
+    }
+  }
   if (!doc.contains("iteration_ms")) return user_error(file, "\"iteration_ms\": missing");
   KILN_ASSIGN_OR_RETURN(s.iteration_ms, numbers(doc["iteration_ms"], file, "\"iteration_ms\""));
   if (s.iteration_ms.empty()) return user_error(file, "\"iteration_ms\": no runs");
@@ -153,6 +169,18 @@ Comparison compare_profiles(const ProfileSamples& base, const ProfileSamples& no
   if (base.cpu != now.cpu) c.notes.push_back("the baseline ran on another CPU (" + base.cpu + ")");
   if (base.threads != now.threads)
     c.notes.push_back("the baseline ran on " + std::to_string(base.threads) + " threads, this profile on " + std::to_string(now.threads));
+  if (base.inputs != now.inputs) {
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+      return s.empty() ? std::string("none") : s;
+    };
+    c.notes.push_back("the baseline ran on other inputs (" + list(base.inputs) + "; now " + list(now.inputs) + ")");
+  }
+  // Most call sites unmatched: the baseline profiled another model (or one compiled otherwise).
+  if (!base.nodes.empty() && 2 * c.nodes.size() < base.nodes.size())
+    c.notes.push_back("only " + std::to_string(c.nodes.size()) + " of the baseline's " + std::to_string(base.nodes.size()) +
+                      " call sites (node and kernel) are in this profile: was it another model, " + base.model + "?");
   const double spread = std::max(c.base_spread, c.spread);
   if (spread > o.max_regression)
     c.notes.push_back("the runs' spread (p90 - p10 over the median: " + percent(c.base_spread).substr(1) + " then, " +
@@ -203,7 +231,7 @@ std::string render_comparison(const Comparison& c, const CompareOptions& o, cons
   char line[512];
   const Delta& e = c.end_to_end;
   std::snprintf(line, sizeof line, "against %s: end to end p50 %.4g ms -> %.4g ms (%s, Mann-Whitney p=%.2g): %s\n",
-                base_file.c_str(), e.base_median, e.median, percent(e.change).c_str(), e.p,
+                escape_controls(base_file).c_str(), e.base_median, e.median, percent(e.change).c_str(), e.p,
                 e.regressed ? "REGRESSED" : e.improved ? "faster" : e.significant ? "within the limit" : "no significant change");
   out << line;
   std::vector<const Delta*> changed;
@@ -213,13 +241,13 @@ std::string render_comparison(const Comparison& c, const CompareOptions& o, cons
   for (const Delta* d : changed) {
     std::snprintf(line, sizeof line, "  %-7s %8.1f us -> %8.1f us (%s, p=%.2g, %.1f%% of the run)  %s [%s]\n",
                   d->regressed ? "slower" : "faster", d->base_median, d->median, percent(d->change).c_str(), d->p,
-                  100 * d->share, d->what.c_str(), d->kernel.c_str());
+                  100 * d->share, escape_controls(d->what).c_str(), escape_controls(d->kernel).c_str());
     out << line;
   }
   if (changed.empty()) out << "  no kernel changed by more than " << percent(o.max_regression).substr(1) << " significantly\n";
-  for (const std::string& s : c.only_base) out << "  only in the baseline: " << s << "\n";
-  for (const std::string& s : c.only_now) out << "  only now: " << s << "\n";
-  for (const std::string& s : c.notes) out << "  note: " << s << "\n";
+  for (const std::string& s : c.only_base) out << "  only in the baseline: " << escape_controls(s) << "\n";
+  for (const std::string& s : c.only_now) out << "  only now: " << escape_controls(s) << "\n";
+  for (const std::string& s : c.notes) out << "  note: " << escape_controls(s) << "\n";
   return out.str();
 }
 

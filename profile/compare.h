@@ -21,6 +21,7 @@ struct ProfileSamples {
   std::string model;
   std::string cpu;
   int threads = 0;
+  std::vector<std::string> inputs;  ///< "name: f32[1x3x224x224]" per graph input, in order
   std::vector<double> iteration_ms;
   std::vector<Node> nodes;
 };
@@ -62,7 +63,7 @@ struct Comparison {
   std::vector<std::string> only_base;    ///< call sites (name [kernel]) the current profile lacks
   std::vector<std::string> only_now;     ///< and the other way round
   double base_spread = 0, spread = 0;    ///< (p90 - p10) / median of the runs' latencies
-  std::vector<std::string> notes;        ///< machine or thread count differ; spread past the limit
+  std::vector<std::string> notes;        ///< machine, threads, inputs or graph differ; spread past the limit
   bool failed = false;  ///< the end to end regressed, or (per_kernel) a kernel above min_share did
 };
 

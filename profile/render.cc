@@ -59,10 +59,13 @@ struct Table {
   std::vector<std::vector<std::string>> rows;
 
   std::string render(int width) const {
+    std::vector<std::vector<std::string>> shown = rows;  // names come from the model file
+    for (auto& r : shown)
+      for (std::string& cell : r) cell = escape_controls(cell);
     std::vector<size_t> w(header.size());
     for (size_t c = 0; c < header.size(); ++c) {
       w[c] = header[c].size();
-      for (const auto& r : rows) w[c] = std::max(w[c], r[c].size());
+      for (const auto& r : shown) w[c] = std::max(w[c], r[c].size());
     }
     size_t fixed = 0;
     for (size_t c = 0; c + 1 < w.size(); ++c) fixed += w[c] + 2;
@@ -79,7 +82,7 @@ struct Table {
       out += l + "\n";
     };
     line(header);
-    for (const auto& r : rows) line(r);
+    for (const auto& r : shown) line(r);
     return out;
   }
 };
@@ -114,11 +117,11 @@ std::string render_table(const json& doc, int width, int top) {
   const json& ceil = machine["ceilings"];
   const json& lat = doc["latency_ms"];
   const json& kt = doc["kernel_time"];
-  out << "model    " << model["file"].get<std::string>() << " (" << model["stage"].get<std::string>()
+  out << "model    " << escape_controls(model["file"].get<std::string>()) << " (" << model["stage"].get<std::string>()
       << (model["compiled_in_memory"].get<bool>() ? "; compiled in memory with the default passes, as kiln compile would" : "")
       << "), " << model["nodes"].get<int64_t>() << " nodes\n";
   const int threads = doc["run"]["threads"].get<int>(), asked = doc["run"]["threads_requested"].get<int>();
-  out << "machine  " << machine["cpu"].get<std::string>() << ", " << threads << (threads == 1 ? " thread" : " threads");
+  out << "machine  " << escape_controls(machine["cpu"].get<std::string>()) << ", " << threads << (threads == 1 ? " thread" : " threads");
   if (asked != threads) out << " (of " << asked << " asked: the graph is too little work to share)";
   out << "\n";
   out << "ceilings";
@@ -178,7 +181,7 @@ std::string render_table(const json& doc, int width, int top) {
                         fmt("%.1f", g["gbps"].get<double>()), g["key"].get<std::string>()});
   out << "by op type\n" << ops.render(width);
   if (doc.contains("notes"))
-    for (const auto& note : doc["notes"]) out << "\nnote: " << note.get<std::string>() << "\n";
+    for (const auto& note : doc["notes"]) out << "\nnote: " << escape_controls(note.get<std::string>()) << "\n";
   return out.str();
 }
 

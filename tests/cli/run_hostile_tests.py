@@ -214,6 +214,30 @@ def findings(c):
     c.error("long_name_elided", ["export", "longname.onnx", "-o", "o.kiln", "-v"], r"characters \.\.\.\]")
 
 
+def control_characters(c):
+    """Names are the model's to choose: escape sequences in them (colour, clear screen, window
+    title, carriage return, backspace) print as \\xNN in every listing and error, never raw."""
+    w = c.work
+    x, wname, mid, y = "in\x1b]0;title\x07", "w\x1b[31mred", "mid\rX", "out\x08"
+    save(os.path.join(w, "ctl.onnx"),
+         [h.make_node("MatMul", [x, wname], [mid], name="mm\x1b[2J"), h.make_node("Relu", [mid], [y], name="relu\x1b[0m")],
+         [vi(x, F, [2, 4])], [vi(y, F, [2, 4])], [nh.from_array(np.ones((4, 4), np.float32), wname)])
+    export(c, "ctl")
+    raw = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+    cases = [("inspect", ["inspect", "ctl.kiln"], r"input  in\\x1b\]0;title\\x07: f32"),
+             ("run_v", ["run", "ctl.kiln", "-v"], r"node 'mm\\x1b\[2J' \(MatMul\)"),
+             ("compile_v", ["compile", "ctl.kiln", "-o", "ctlc.kiln", "-v"], r"node 'mm\\x1b\[2J'"),
+             ("profile", ["profile", "ctlc.kiln", "--iters", "3", "--warmup", "1", "--check"], r"mm\\x1b\[2J"),
+             ("quant_v", ["quant", "ctl.kiln", "-o", "ctlq.kiln", "--quantizer", "x86", "--dynamic", "-v"], r"node 'mm\\x1b\[2J'"),
+             ("inspect_quantized", ["inspect", "ctlq.kiln"], r"  mm\\x1b\[2J \("),
+             ("error", ["run", "ctl.kiln", "--input", x + "=three.npy"], r"in\\x1b\]0;title\\x07")]
+    np.save(os.path.join(w, "three.npy"), np.ones(3, np.float32))
+    for name, args, shown in cases:
+        rc, out, err, _, _ = run(c.kiln, args, w)
+        c.check(f"control_characters_{name}", rc in (0, 2) and not raw.search(out + err) and re.search(shown, out + err),
+                f"exit {rc}; want /{shown}/ and no raw control character; stdout {out[:300]!r}; stderr {err[:300]!r}")
+
+
 def corpus_sweep(c, corpus_roots):
     """Every committed fuzz corpus file and finding of at most 64 KB, fed to the verb that reads
     it, with --max-memory 256MiB: exit 0, 2 or 3, and peak RSS within 300 MB."""
@@ -264,6 +288,7 @@ def main():
     c = Checker(os.path.abspath(args.kiln), work)
     try:
         findings(c)
+        control_characters(c)
         corpus_sweep(c, args.corpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)

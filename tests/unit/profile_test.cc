@@ -165,6 +165,46 @@ TEST(CompareProfiles, NotesSpreadMachineAndUnmatchedNodes) {
   EXPECT_EQ(j["only_base"].size(), 1u);
 }
 
+TEST(CompareProfiles, NotesOtherInputsAndAnotherGraph) {
+  auto with_input = [](json d, const std::string& name, std::vector<int64_t> shape) {
+    d["run"]["inputs"] = json::array({{{"name", name}, {"dtype", "f32"}, {"shape", shape}}});
+    return d;
+  };
+  const auto runs = noisy(10, 20, 0.01, 1);
+  auto base = profile_samples(with_input(doc(runs, {{"a", {1, 2}}, {"b", {1, 2}}, {"c", {1, 2}}}), "x", {1, 3}), "b");
+  auto now = profile_samples(with_input(doc(runs, {{"a", {1, 2}}, {"d", {1, 2}}, {"e", {1, 2}}}), "x", {8, 3}), "n");
+  ASSERT_TRUE(base.ok() && now.ok()) << (base.ok() ? now.error().message() : base.error().message());
+  EXPECT_EQ(base->inputs, std::vector<std::string>{"x: f32[1x3]"});
+  Comparison c = compare_profiles(*base, *now, CompareOptions{});
+  std::string notes;
+  for (const auto& n : c.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("other inputs (x: f32[1x3]; now x: f32[8x3])"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("only 1 of the baseline's 3 call sites"), std::string::npos) << notes;
+  // The same inputs and graph: neither note.
+  c = compare_profiles(*base, *base, CompareOptions{});
+  EXPECT_TRUE(c.notes.empty());
+
+  json bad = with_input(doc({1}, {}), "x", {1});
+  bad["run"]["inputs"][0]["shape"] = json::array({"n"});
+  auto r = profile_samples(bad, "b.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("input 'x': \"shape\": expected integers"), std::string::npos) << r.error().message();
+  bad["run"]["inputs"] = 3;
+  EXPECT_FALSE(profile_samples(bad, "b.json").ok());
+}
+
+TEST(CompareProfiles, RenderedNamesCannotDriveTheTerminal) {
+  auto base = profile_samples(doc(noisy(10, 30, 0.01, 1), {{"a\x1b[2J", noisy(500, 30, 0.01, 2)}}), "b");
+  auto now = profile_samples(doc(noisy(10, 30, 0.01, 3), {{"a\x1b[2J", noisy(900, 30, 0.01, 4)}, {"n\r", {1, 1}}}), "n");
+  ASSERT_TRUE(base.ok() && now.ok());
+  const Comparison c = compare_profiles(*base, *now, CompareOptions{});
+  const std::string text = render_comparison(c, CompareOptions{}, "base\x07.json");
+  EXPECT_NE(text.find("a\\x1b[2J [k]"), std::string::npos) << text;
+  EXPECT_NE(text.find("only now: n\\x0d"), std::string::npos) << text;
+  EXPECT_NE(text.find("base\\x07.json"), std::string::npos) << text;
+  for (char ch : text) EXPECT_TRUE(ch == '\n' || static_cast<unsigned char>(ch) >= 0x20) << static_cast<int>(ch);
+}
+
 TEST(Ceilings, MemoryRoofIsTheSmallestLevelThatHolds) {
   Ceilings c;
   c.memory = {{"L1", 32 << 10, 200}, {"L2", 1 << 20, 100}, {"DRAM", 0, 20}};
