@@ -24,6 +24,15 @@ constexpr int MR = kLowpTile.mr, NR = kLowpTile.nr, NV = NR / 16;
 
 __mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
+// A tile's rows of C (`rows` of `bytes` from `c`, `ld` bytes apart), which it writes when its
+// sums are done, fetched into L1 before it starts, as the f32 tiles do. Where C outgrows L2, its
+// lines otherwise arrive only as the stores ask for them: u8s8 at one thread on a Zen 5 core,
+// 128x3072x768 took 0.955 ms so against 0.735 fetched, 512x768x768 0.99 against 0.74.
+void fetch_rows(const void* c, int64_t ld, int rows, int64_t bytes) {
+  for (int i = 0; i < rows; ++i)
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(c) + i * ld + b, _MM_HINT_T0);
+}
+
 // Four bytes of A broadcast to every lane (a vector load, not a byte copy, which would let the
 // compiler assume it may write the accumulators and keep them in memory).
 __m512i broadcast_group(const uint8_t* p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
@@ -164,6 +173,8 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       alignas(64) float tile[MR][NR];
+      const int64_t size = ep.out_u8 ? 1 : 4;
+      fetch_rows(static_cast<const std::byte*>(c) + (i0 * ldc + n0) * size, ldc * size, rows_here, w * size);
       kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, TileDest{direct ? &fin : nullptr, c, ldc, i0, n0, &tile[0][0]},
                                                 PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
       if (!direct) u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
@@ -225,6 +236,7 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       __m512 acc[MR][NV];
+      fetch_rows(c + i0 * ldc + n0, ldc * 4, rows_here, w * 4);
       kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc,
                                                 PanelPrefetch::share(next, panel_elements * 2, (i0 - ib) / MR, tiles, blocks));
       for (int i = 0; i < rows_here; ++i)
