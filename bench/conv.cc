@@ -70,12 +70,15 @@ struct LayerShape {
 };
 
 // A channels-last FusedConv k x k / stride, pad k / 2, with bias and the activation, on the
-// given kernel: depthwise over s.c channels, or (`in` > 0) from `in` channels to s.c.
-kiln::Model layer_model(const LayerShape& s, const std::string& kernel, int64_t in = 0) {
+// given kernel: depthwise over s.c channels, or (`in` > 0) from `in` channels to s.c; with
+// `planar`, X is read as the image comes, [1, in, hw, hw] (x_channels_first, as compile leaves a
+// first layer's).
+kiln::Model layer_model(const LayerShape& s, const std::string& kernel, int64_t in = 0, bool planar = false) {
   kiln::Model m;
   kiln::Graph& g = m.graph;
   const int64_t out = (s.hw - 1) / s.stride + 1, p = s.k / 2;
-  const kiln::ValueId x = g.add_value("x", kiln::DType::f32, kiln::Shape::of(std::vector<int64_t>{1, s.hw, s.hw, in ? in : s.c}));
+  const std::vector<int64_t> xs = planar ? std::vector<int64_t>{1, in, s.hw, s.hw} : std::vector<int64_t>{1, s.hw, s.hw, in ? in : s.c};
+  const kiln::ValueId x = g.add_value("x", kiln::DType::f32, kiln::Shape::of(xs));
   g.inputs.push_back(x);
   const kiln::ValueId w = g.add_constant("w", filled({s.c, in ? in : 1, s.k, s.k}, 0.013f, 0.3f));
   const kiln::ValueId b = g.add_constant("b", filled({s.c}, 0.1f, 0.1f));
@@ -90,6 +93,7 @@ kiln::Model layer_model(const LayerShape& s, const std::string& kernel, int64_t 
   n.set_attr("pads", std::vector<int64_t>{p, p, p, p});
   n.set_attr("strides", std::vector<int64_t>{s.stride, s.stride});
   n.set_attr("channels_last", int64_t{1});
+  if (planar) n.set_attr("x_channels_first", int64_t{1});
   if (*s.activation) n.set_attr("activation", std::string(s.activation));
   if (std::string(s.activation) == "Clip") n.set_attr("activation_params", std::vector<double>{0, 6});
   n.kernel = kiln::KernelChoice{kernel, {}};
@@ -104,7 +108,7 @@ struct Timed {
   double median, spread, rel_l2;
   std::string label;
 };
-bool time_models(const std::vector<kiln::Model>& models, int threads, const std::vector<kiln::Tensor>& in, int runs,
+bool time_models(const std::vector<kiln::Model>& models, int threads, const std::vector<std::vector<kiln::Tensor>>& ins, int runs,
                  std::vector<Timed>& out) {
   kiln::SessionOptions options;
   options.target.threads = threads;
@@ -122,7 +126,7 @@ bool time_models(const std::vector<kiln::Model>& models, int threads, const std:
   for (int r = -3; r < runs; ++r) {
     for (size_t which = 0; which < sessions.size(); ++which) {
       const auto t0 = clock_type::now();
-      auto y = sessions[which]->run(in);
+      auto y = sessions[which]->run(ins[which]);
       const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
       if (!y.ok()) {
         std::fprintf(stderr, "kiln_bench_conv: %s\n", y.error().message().c_str());
@@ -152,21 +156,32 @@ bool time_models(const std::vector<kiln::Model>& models, int threads, const std:
 // Times each layer on oneDNN's convolution and on kiln's `kernel` (its ISA appended), interleaved,
 // and prints a row per layer: depthwise over s.c channels, or from `in` channels to s.c.
 int against_onednn(const std::string& kernel, const std::vector<LayerShape>& shapes, int64_t in, const char* what, int runs,
-                   int threads) {
+                   int threads, bool planar = false) {
   const std::string kiln_kernel = kernel + (kiln::CpuFeatures::host().avx512f ? "avx512" : "avx2");
   std::printf("# channels-last %s, batch 1, %d thread(s); median of %d calls each, interleaved; spread = (max - min) / median\n", what,
               threads, runs);
-  std::printf("%-46s %10s %7s %10s %7s %9s %10s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2");
+  std::printf("%-46s %10s %7s %10s %7s %9s %10s%s\n", "shape", "oneDNN ms", "spread", "kiln ms", "spread", "oneDNN/kiln", "rel L2",
+              planar ? "  kiln planar ms  spread  rel L2" : "");
   for (const LayerShape& s : shapes) {
     std::vector<Timed> t;
-    if (!time_models({layer_model(s, "onednn.conv", in), layer_model(s, kiln_kernel, in)}, threads,
-                     {filled({1, s.hw, s.hw, in ? in : s.c}, 0.01f, 1.f)}, runs, t))
-      return 1;
+    const kiln::Tensor x = filled({1, s.hw, s.hw, in ? in : s.c}, 0.01f, 1.f);
+    std::vector<kiln::Model> models = {layer_model(s, "onednn.conv", in), layer_model(s, kiln_kernel, in)};
+    std::vector<std::vector<kiln::Tensor>> ins = {{x}, {x}};
+    if (planar) {  // the same image as planes
+      kiln::Tensor planes(kiln::DType::f32, {1, in, s.hw, s.hw});
+      for (int64_t c = 0; c < in; ++c)
+        for (int64_t p = 0; p < s.hw * s.hw; ++p) planes.data<float>()[c * s.hw * s.hw + p] = x.data<float>()[p * in + c];
+      models.push_back(layer_model(s, kiln_kernel, in, true));
+      ins.push_back({planes});
+    }
+    if (!time_models(models, threads, ins, runs, t)) return 1;
     const std::string name = (in ? std::to_string(in) + "->" : std::string()) + std::to_string(s.c) + " " + std::to_string(s.hw) +
                              "x" + std::to_string(s.hw) + " " + std::to_string(s.k) + "x" + std::to_string(s.k) + "/" +
                              std::to_string(s.stride) + " " + (*s.activation ? s.activation : "none") + " " + s.what;
-    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e\n", name.c_str(), t[0].median, 100 * t[0].spread,
-                t[1].median, 100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
+    std::printf("%-46s %10.3f %6.0f%% %10.3f %6.0f%% %9.2f %10.1e", name.c_str(), t[0].median, 100 * t[0].spread, t[1].median,
+                100 * t[1].spread, t[0].median / t[1].median, t[1].rel_l2);
+    if (planar) std::printf("  %14.3f %6.0f%% %7.1e", t[2].median, 100 * t[2].spread, t[2].rel_l2);
+    std::printf("\n");
   }
   return 0;
 }
@@ -190,7 +205,7 @@ int first_layers(int runs, int threads) {
                                               {32, 224, 3, 2, "Clip", "MobileNetV2"},
                                               {16, 320, 3, 2, "Silu", "YOLO (320x320)"},
                                               {64, 224, 7, 2, "Relu", "ResNet-50"}};
-  return against_onednn("kiln.direct_conv_f32_", shapes, 3, "FusedConv from 3 channels + bias + activation", runs, threads);
+  return against_onednn("kiln.direct_conv_f32_", shapes, 3, "FusedConv from 3 channels + bias + activation", runs, threads, true);
 }
 
 }  // namespace
@@ -229,7 +244,7 @@ int main(int argc, char** argv) {
                       conv_model(s, {"onednn.conv", {{"algorithm", std::string("winograd")}}}),
                       conv_model(s, {kiln_kernel, {{"tile", int64_t{4}}}}), conv_model(s, {kiln_kernel, {{"tile", int64_t{2}}}}),
                       conv_model(s, {"kiln.gemm_f32_" + isa, {}})},
-                     threads, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}, runs, t))
+                     threads, std::vector<std::vector<kiln::Tensor>>(5, {filled({1, s.hw, s.hw, s.c}, 0.01f, 1.f)}), runs, t))
       return 1;
     const std::string name = std::to_string(s.c) + "->" + std::to_string(s.m) + " " + std::to_string(s.hw) + "x" +
                              std::to_string(s.hw) + " " + s.what;
