@@ -42,8 +42,9 @@ __attribute__((target("avx512f"))) float lane_sum(__m512 v) {
 
 // Sixteen independent chains in zmm0-zmm15, `op`'s two operands in zmm16 and zmm17, written out
 // in assembly: left to the compiler, GCC 12 copied every accumulator through a second register
-// and spilled one each step, which cost vpdpbusd a quarter of its rate on a Zen 5 core (690-950
-// GOP/s from one probe to the next while kiln's u8s8 GEMM ran at 840; 960 in assembly).
+// and spilled one each step, which cost vpdpbusd up to a quarter of its rate on a Zen 5 core
+// (690-950 GOP/s from one probe to the next while kiln's u8s8 GEMM ran at 840; 926-955 in
+// assembly).
 #define KILN_PROBE_CHAIN(op, r) op " %%zmm17, %%zmm16, %%zmm" #r "\n\t"
 #define KILN_PROBE_STEP(op)                                                                                          \
   KILN_PROBE_CHAIN(op, 0) KILN_PROBE_CHAIN(op, 1) KILN_PROBE_CHAIN(op, 2) KILN_PROBE_CHAIN(op, 3)                   \
