@@ -16,7 +16,8 @@
 //
 // Never slower than the default: a candidate replaces the default only when its median beats
 // the default's by kMinGain, and then again in a final comparison of the default and the tuned
-// graph in pairs of runs, node by node (the median of its paired ratios at most 1 −
+// graph in pairs of runs (each timed run after an untimed one of the same graph, so that each
+// meets its own weights in the caches), node by node (the median of its paired ratios at most 1 −
 // kConfirmGain); unless the tuned graph is then kConfirmGain faster end to end too (the median
 // of the pairs' ratios), every default is kept: per-node times of small kernels do not always
 // add up (a kernel can leave the next one a worse cache state), and the end-to-end pairs are

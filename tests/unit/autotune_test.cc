@@ -116,6 +116,7 @@ TEST(Autotune, SearchesEachProblemOnceRecordsItAndReusesTheRecordWithoutTiming) 
   if (changed) {
     EXPECT_EQ(r.final_runs, 20u) << "a changed kernel was confirmed end to end";
     EXPECT_LT(r.paired_ratio, 0.99) << "and the tuned graph was faster there";
+    EXPECT_GE(r.graph_runs, r.rounds + 2 * (2 * r.final_runs + 1)) << "each timed run of the comparison after an untimed one";
   }
   if (r.reverted) {
     EXPECT_FALSE(changed) << "a tuned graph not faster end to end keeps every default";
