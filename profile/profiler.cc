@@ -188,6 +188,16 @@ Result<Measurements> measure(Session& session, const std::vector<Tensor>& inputs
   return m;
 }
 
+std::pair<std::string, double> fastest_compute_node(const json& doc) {
+  std::pair<std::string, double> best{"", 0};
+  for (const json& n : doc.at("nodes")) {
+    if (n.at("bound") != "compute" || n.at("kernel_params").get<std::string>().find("winograd") != std::string::npos) continue;
+    const double share = n.at("peak_share").get<double>();
+    if (share > best.second) best = {n.at("name").get<std::string>(), share};
+  }
+  return best;
+}
+
 json build_report(const Graph& graph, const Measurements& m, const ReportContext& ctx) {
   // The graph with every value a node saw at its concrete shape: the op table's FLOP and byte
   // models then count what ran, not the symbolic dims.
@@ -267,8 +277,6 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
   std::map<std::string, Group> by_op, by_kernel;
   json nodes = json::array();
   json notes = json::array();
-  double fastest_share = 0;  // the highest share of a compute roof any node reached
-  std::string fastest;
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
     const Node& node = graph.nodes[n];
     const NodeKernel empty;
@@ -299,10 +307,6 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     const MemoryLevel& roof = memory_roof(ceilings, bytes);
     const bool compute_bound = flops > 0 && roof.gbps > 0 && intensity * roof.gbps >= compute_peak;
     const double peak_share = compute_bound ? (compute_peak > 0 ? gflops / compute_peak : 0) : (roof.gbps > 0 ? gbps / roof.gbps : 0);
-    // Winograd does fewer multiplications than the convolution's count: its rate is the direct
-    // algorithm's equivalent and may pass the roof; it says nothing of the ceilings.
-    const bool fewer_flops = k.label.find("winograd") != std::string::npos;
-    if (compute_bound && !fewer_flops && peak_share > fastest_share) fastest_share = peak_share, fastest = node.name;
     json ins = json::array(), outs = json::array(), sources = json::array(), per_call = json::array();
     for (const TensorInfo& x : m.node_inputs[n]) ins.push_back(tensor_json(x));
     for (const TensorInfo& x : m.node_outputs[n]) outs.push_back(tensor_json(x));
@@ -341,9 +345,7 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     }
   }
   doc["nodes"] = nodes;
-  // No kernel outruns the machine: a node past its compute roof means the probe ran slow (a
-  // busy machine when the ceilings were measured and cached).
-  if (fastest_share > 1.05)
+  if (const auto [fastest, fastest_share] = fastest_compute_node(doc); fastest_share > kCeilingsOutrun)
     notes.push_back("node '" + fastest + "' ran at " + std::to_string(static_cast<int>(std::lround(100 * fastest_share))) +
                     "% of the " + (ceilings.source == "cache" ? "cached " : "") +
                     "compute ceiling: the ceilings were measured low (a busy machine?); measure them again with --reprobe");

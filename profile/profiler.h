@@ -96,6 +96,14 @@ struct ReportContext {
 /// The "kiln.profile" document (docs/profile.schema.json) of a measured run of `graph`.
 nlohmann::ordered_json build_report(const Graph& graph, const Measurements& m, const ReportContext& context);
 
+/// The node of a "kiln.profile" document that ran at the highest share of its compute roof, and
+/// that share (0 and "" when no node is compute-bound). Winograd's nodes are left out: they do
+/// fewer multiplications than the convolution's count, so their rate may pass the roof. No
+/// kernel outruns the machine: a share above kCeilingsOutrun means the ceilings were measured
+/// low (on a busy machine).
+std::pair<std::string, double> fastest_compute_node(const nlohmann::ordered_json& doc);
+constexpr double kCeilingsOutrun = 1.05;
+
 /// The default output: a header (model, machine and ceilings, latency, memory, kernel time
 /// against wall time), the `top` most expensive nodes and the per-op-type summary, fitted to
 /// `width` columns.

@@ -131,6 +131,19 @@ def run_all(r, work):
     rc, out, err = r.run(["profile", "transformer.kiln", "--iters", "5", "--top", "2"])
     r.check("table_cached_top", rc == 0 and "(cached)" in out and "top 2 of 7 nodes" in out, f"exit {rc}; {out[:400]!r} {err[:200]!r}")
 
+    # A cached compute ceiling that a node outruns (probed while the machine was busy) is
+    # measured again, and the cache entry replaced.
+    for entry in cache.get("machines", {}).values():
+        entry["compute_gflops"] = {k: 1e-6 for k in entry["compute_gflops"]}
+    with open(cache_file, "w") as f:
+        json.dump(cache, f)
+    rc, out, err = r.run(["profile", "transformer.kiln", "--iters", "5"])
+    again = json.load(open(cache_file))
+    r.check("ceilings_outrun_reprobed", rc == 0 and "(probed now)" in out and "so the ceilings were measured again" in out
+            and "--reprobe" not in out
+            and all(e["compute_gflops"]["f32"] > 1e-3 for e in again["machines"].values()),
+            f"exit {rc}; {out[:600]!r} {err[:200]!r}; cache {str(again)[:300]}")
+
     # --json: valid against the schema, consistent with itself.
     for model, extra in (("cnn.kiln", []), ("cnn.c.kiln", ["--threads", "2"]), ("mlp.kiln", ["--input-shape", "input=4x16"])):
         rc, out, err = r.run(["profile", model, "--json", "--iters", "12", "--warmup", "1"] + extra)
