@@ -35,6 +35,7 @@ struct CompileArgs {
   std::string mode = "default";
   std::string tuning_db;
   std::string tune_budget = "5m";
+  bool require_db = false;
   std::string tune_report;
   std::string precision = "fp32";
   bool lower_output_layers = false;
@@ -127,8 +128,15 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   const std::optional<double> budget = parse_seconds(args.tune_budget);
   if (!budget) return report(verb, user_error("", "--tune-budget '" + args.tune_budget + "' is not a time such as 90s or 5m"));
   options.tuning.budget_s = *budget;
-  options.tuning.db_path = !args.tuning_db.empty() ? args.tuning_db : options.tuning.search ? tuning::default_tuning_db_path() : "";
-  if (!args.tune_report.empty() && !options.tuning.search && args.tuning_db.empty())
+  // --require-db replays a database (the one named, else max-autotune's): nothing is timed, and
+  // a problem it lacks fails the compile.
+  options.tuning.require_db = args.require_db;
+  options.tuning.db_path = !args.tuning_db.empty()                               ? args.tuning_db
+                           : options.tuning.search || options.tuning.require_db ? tuning::default_tuning_db_path()
+                                                                                : "";
+  if (options.tuning.require_db && options.tuning.db_path.empty())
+    return report(verb, user_error("", "--require-db needs --tuning-db (neither XDG_CACHE_HOME nor HOME is set)"));
+  if (!args.tune_report.empty() && !options.tuning.search && options.tuning.db_path.empty())
     return report(verb, user_error("", "--tune-report needs --mode max-autotune or --tuning-db"));
   TuningReport tuning_report;
   options.tuning.report = &tuning_report;
@@ -234,6 +242,8 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
                   "max-autotune's time limit, e.g. 90s or 5m; problems still searching then keep the best found so far")
       ->type_name("TIME")
       ->default_str("5m");
+  cmd->add_flag("--require-db", args->require_db,
+                "take every GEMM/conv problem's kernel from the tuning database (--tuning-db, else max-autotune's) and time nothing; a problem it lacks for this machine fails the compile (exit 3, nothing written): a CI rebuild of a tuned model");
   cmd->add_option("--tune-report", args->tune_report, "write the tuning report (each problem's kernels and times, end-to-end latency) as JSON")
       ->type_name("FILE");
   cmd->add_option("--precision", args->precision,

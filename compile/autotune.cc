@@ -226,19 +226,41 @@ Status Search::form_groups() {
 Status Search::apply_database() {
   report_.db_path = options_.db_path;
   if (options_.db_path.empty()) return {};
-  KILN_ASSIGN_OR_RETURN(db_, tuning::load_tuning_db(options_.db_path, options_.search ? tuning::IfMissing::empty
-                                                                                        : tuning::IfMissing::error));
+  KILN_ASSIGN_OR_RETURN(db_, tuning::load_tuning_db(options_.db_path, options_.search && !options_.require_db ? tuning::IfMissing::empty
+                                                                                                                : tuning::IfMissing::error));
+  const Group* first_miss = nullptr;
+  std::string first_reason;
+  size_t misses = 0;
   for (Group& g : groups_) {
-    const tuning::TuningRecord* rec = db_.lookup(g.problem);
-    if (!rec) continue;
-    const KernelChoice& want = rec->winner.kernel;
-    auto impl = std::find_if(g.impls.begin(), g.impls.end(), [&](const ImplSearch& s) { return s.impl->name == want.name; });
-    if (impl == g.impls.end()) continue;  // an implementation this kiln or target does not run here: search again
-    Result<KernelChoice> choice = probe(g, *impl->impl, want.params);
-    if (!choice.ok()) continue;
-    g.from_db = *choice;
-    g.db_us = rec->winner.time_us;
-    ++report_.db_used;
+    // Why the problem is not taken from the database, if it is not: searched again then, or,
+    // with require_db, the compile's failure.
+    std::string reason;
+    if (const tuning::TuningRecord* rec = db_.lookup(g.problem)) {
+      const KernelChoice& want = rec->winner.kernel;
+      auto impl = std::find_if(g.impls.begin(), g.impls.end(), [&](const ImplSearch& s) { return s.impl->name == want.name; });
+      if (impl == g.impls.end()) {
+        reason = "its record's kernel " + want.name + " does not run here";
+      } else if (Result<KernelChoice> choice = probe(g, *impl->impl, want.params); !choice.ok()) {
+        reason = "its record's kernel " + kernel_choice_text(want) + " does not prepare here: " + choice.error().what;
+      } else {
+        g.from_db = *choice;
+        g.db_us = rec->winner.time_us;
+        ++report_.db_used;
+        continue;
+      }
+    } else if (options_.require_db && misses == 0) {
+      reason = db_.miss_reason(g.problem);  // a scan of the records: only for the error
+    }
+    if (misses++ == 0) {
+      first_miss = &g;
+      first_reason = std::move(reason);
+    }
+  }
+  if (options_.require_db && first_miss) {
+    const Node& node = model_.graph.nodes[first_miss->nodes.front()];
+    std::string what = "not in the database for this machine: " + first_reason + " (" + first_miss->problem.str() + ")";
+    if (misses > 1) what += "; " + std::to_string(misses) + " of " + count_of(groups_.size(), "problem", "problems") + " missing";
+    return Error{ErrorKind::check, options_.db_path, node.where(), what};
   }
   return {};
 }
@@ -546,7 +568,10 @@ Status Search::finish() {
 
 Result<PassResult> Search::run() {
   Graph& graph = model_.graph;
-  if (auto symbolic = concrete_input_shapes(graph, shapes_)) return PassResult{false, *symbolic + ": give --input-shape to tune kernels"};
+  if (auto symbolic = concrete_input_shapes(graph, shapes_)) {
+    if (options_.require_db) return user_error("", *symbolic + ": give --input-shape to look its kernels up in the database");
+    return PassResult{false, *symbolic + ": give --input-shape to tune kernels"};
+  }
   if (std::none_of(graph.nodes.begin(), graph.nodes.end(), [](const Node& n) { return !n.kernel.empty(); }))
     return PassResult{false, "no kernels chosen yet (select_kernels runs first)"};
   {
@@ -558,7 +583,7 @@ Result<PassResult> Search::run() {
   KILN_RETURN_IF_ERROR(apply_database());
   size_t searched = 0;
   for (Group& g : groups_) {
-    g.search = options_.search && !g.from_db;
+    g.search = options_.search && !options_.require_db && !g.from_db;
     searched += g.search;
   }
   if (searched > 0) {

@@ -95,6 +95,9 @@ struct TuningProgress {
 struct TuningOptions {
   bool search = false;  ///< --mode max-autotune: time what the database lacks
   std::string db_path;  ///< the database to read (and, when searching, to add to); empty: none
+  /// --require-db: every problem from the database, nothing timed; a problem it lacks for this
+  /// machine fails the pass (ErrorKind::check, naming the node, the problem and why).
+  bool require_db = false;
   double budget_s = 300;
   std::function<void(const TuningProgress&)> progress;  ///< after each round; may be empty
   TuningReport* report = nullptr;                      ///< filled in when not null

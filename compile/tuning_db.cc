@@ -19,6 +19,7 @@
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "formats/atomic_file.h"
 #include "formats/sha256.h"
@@ -450,6 +451,46 @@ const TuningRecord* TuningDb::lookup(const TuningProblem& problem, const Machine
   probe.versions = versions;
   auto it = records_.find(key_of(probe));
   return it == records_.end() ? nullptr : &it->second;
+}
+
+std::string TuningDb::miss_reason(const TuningProblem& problem, const MachineFingerprint& machine,
+                                  const TuningVersions& versions) const {
+  const TuningRecord* other_versions = nullptr;
+  const TuningRecord* other_machine = nullptr;
+  std::set<int> threads;
+  for (const auto& [key, r] : records_) {
+    TuningProblem same_threads = r.problem;
+    same_threads.threads = problem.threads;
+    if (!(same_threads == problem)) continue;
+    if (r.problem.threads != problem.threads) {
+      if (r.machine == machine && r.versions == versions) threads.insert(r.problem.threads);
+    } else if (!(r.machine == machine)) {
+      if (!other_machine) other_machine = &r;
+    } else if (!other_versions) {
+      other_versions = &r;
+    }
+  }
+  const auto versions_text = [](const TuningVersions& v) {
+    return "kernel templates " + std::to_string(v.kernel_templates) + ", oneDNN " + v.onednn;
+  };
+  if (other_versions)
+    return "its record is of other kernel versions (" + versions_text(other_versions->versions) + "; this kiln: " + versions_text(versions) + ")";
+  if (!threads.empty()) {
+    std::string list;
+    for (int t : threads) list += (list.empty() ? "" : ", ") + std::to_string(t);
+    return "it has records for " + list + (threads.size() == 1 && *threads.begin() == 1 ? " thread" : " threads") + " on this machine, not " +
+           std::to_string(problem.threads);
+  }
+  if (other_machine) {
+    const MachineFingerprint& m = other_machine->machine;
+    if (m.model_name == machine.model_name && m.family == machine.family && m.model == machine.model &&
+        m.physical_cores == machine.physical_cores)
+      return "it has records for another machine of this model only (its stepping, ISA features or caches differ)";
+    return "it has records for other machines only (" + m.model_name + ", family " + std::to_string(m.family) + " model " +
+           std::to_string(m.model) + ", " + std::to_string(m.physical_cores) + " cores; this one: " + machine.model_name + ", family " +
+           std::to_string(machine.family) + " model " + std::to_string(machine.model) + ", " + std::to_string(machine.physical_cores) + " cores)";
+  }
+  return "no record of it";
 }
 
 size_t TuningDb::prune(const TuningVersions& versions) {

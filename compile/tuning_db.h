@@ -127,6 +127,11 @@ class TuningDb {
   /// machine or of other versions is never returned.
   const TuningRecord* lookup(const TuningProblem& problem, const MachineFingerprint& machine = MachineFingerprint::host(),
                              const TuningVersions& versions = TuningVersions::current()) const;
+  /// Why lookup() finds nothing for these arguments, for an error message: the problem's
+  /// records are of other kernel versions, or for other thread counts on this machine, or for
+  /// other machines only (the first named), or there is none.
+  std::string miss_reason(const TuningProblem& problem, const MachineFingerprint& machine = MachineFingerprint::host(),
+                          const TuningVersions& versions = TuningVersions::current()) const;
   /// Drops the records whose versions are not `versions`; returns how many it dropped.
   size_t prune(const TuningVersions& versions = TuningVersions::current());
 

@@ -6,7 +6,8 @@ user-error paths: a corrupt or future-version line is one line on stderr naming 
 line number, exit 2, and no output is left behind. Then `kiln compile --mode max-autotune` on the
 transformer sample: the report (stderr and --tune-report JSON), the records it adds, a warm
 compile that times nothing and chooses the same kernels, a default compile reading the database
-only when named, and its flags' user errors."""
+only when named, --require-db (the database replayed; a problem it lacks for this machine, for
+each reason, a failed check naming the node), and the flags' user errors."""
 import argparse
 import json
 import os
@@ -250,6 +251,40 @@ def autotune(r):
     # A default compile takes the database only when it is named.
     rc, _, err = r.run(["compile", "t.kiln", "-o", "t.db.kiln", "--tuning-db", "at.jsonl", "--threads", "1"] + shapes)
     r.check("autotune_default_reads_named_db", rc == 0 and kernels(r, "t.db.kiln") == tuned, f"exit {rc}: {err!r}")
+    # --require-db replays the database, timing nothing; a problem it lacks for this machine is a
+    # failed check (exit 3, nothing written) that names the node, the problem and why.
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.req.kiln", "--tuning-db", "at.jsonl", "--require-db", "--threads", "1"] + shapes)
+    r.check("require_db_replays", rc == 0 and kernels(r, "t.req.kiln") == tuned and r.read("at.jsonl") == db, f"exit {rc}: {err!r}")
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.req.kiln", "--mode", "max-autotune", "--tuning-db", "at.jsonl", "--require-db",
+                        "--tune-report", "req.json", "--threads", "1"] + shapes)
+    try:
+        rep = json.load(open(r.path("req.json")))
+        good = rc == 0 and not rep["searched"] and rep["graph_runs"] == 0 and kernels(r, "t.req.kiln") == tuned
+    except (OSError, ValueError, KeyError) as e:
+        good, err = False, f"{e} {err}"
+    r.check("require_db_max_autotune_times_nothing", good, f"exit {rc}: {err[-400:]!r}")
+    problems = len(lines)
+    many = f"; {problems} of {problems} problems missing" if problems > 1 else ""
+    r.write("foreign.jsonl", [dict(x, winner=dict(x["winner"], kernel="kiln.nosuch")) for x in lines])
+    r.write("elsewhere.jsonl", [dict(x, machine=MACHINE_A) for x in lines])
+    r.write("older.jsonl", [dict(x, versions=dict(x["versions"], kernel_templates=1)) for x in lines])
+    r.write("empty.jsonl", [])
+    for name, args, pattern in [
+            ("require_db_other_threads", ["--tuning-db", "at.jsonl", "--threads", "2"],
+             r"at\.jsonl: node '[^']+': not in the database for this machine: it has records for 1 thread on this machine, not 2 \(.+ t2\)" + re.escape(many) + "$"),
+            ("require_db_foreign_kernel", ["--tuning-db", "foreign.jsonl", "--threads", "1"],
+             r"foreign\.jsonl: node '[^']+': not in the database for this machine: its record's kernel kiln\.nosuch does not run here"),
+            ("require_db_other_machine", ["--tuning-db", "elsewhere.jsonl", "--threads", "1"],
+             r"it has records for other machines only \(Intel\(R\) Xeon\(R\) Platinum 8480\+, family 6 model 143, 56 cores; this one: "),
+            ("require_db_other_versions", ["--tuning-db", "older.jsonl", "--threads", "1"],
+             r"its record is of other kernel versions \(kernel templates 1, oneDNN [0-9.]+; this kiln: kernel templates [0-9]+, oneDNN "),
+            ("require_db_empty", ["--mode", "max-autotune", "--tuning-db", "empty.jsonl", "--threads", "1"], r"empty\.jsonl: node '[^']+': .*: no record of it"),
+            ("require_db_missing_file", ["--mode", "max-autotune", "--tuning-db", "nosuch.jsonl", "--threads", "1"], r"nosuch\.jsonl: no such file")]:
+        code = 2 if name == "require_db_missing_file" else 3
+        r.error(name, ["compile", "t.kiln", "-o", "t.err.kiln", "--require-db"] + args + shapes, code, pattern)
+        r.check(name + "_no_output", not os.path.exists(r.path("t.err.kiln")) and not os.path.exists(r.path("nosuch.jsonl")),
+                "an output was written")
+    r.check("require_db_empty_untouched", r.read("empty.jsonl") == b"", "max-autotune --require-db wrote to the database")
     rc, _, err = r.run(["compile", "t.kiln", "-o", "t.plain.kiln", "--threads", "1"] + shapes)
     r.check("autotune_default_ignores_db", rc == 0 and not os.path.exists(r.path("cache/kiln/tuning.jsonl")), f"exit {rc}: {err!r}")
     # Without --tuning-db, max-autotune keeps its records in the user's cache folder.
@@ -263,6 +298,8 @@ def autotune(r):
     r.check("autotune_symbolic_says_why", rc == 0 and "node  op" not in err
             and re.search(r"warning: max-autotune tuned nothing: input 'input' has shape batchx16: give --input-shape to tune kernels", err),
             f"exit {rc}: {err[-400:]!r}")
+    r.error("require_db_symbolic", ["compile", "mlp.kiln", "-o", "mlp.req.kiln", "--tuning-db", "at.jsonl", "--require-db"], 2,
+            r"input 'input' has shape batchx16: give --input-shape to look its kernels up in the database")
 
     # User errors: one line, exit 2, no output written.
     for name, args, pattern in [

@@ -263,6 +263,33 @@ TEST(TuningDb, AnotherMachineIsNeverMatched) {
   EXPECT_EQ(db.lookup(problem(65), machine_a(), versions_now()), nullptr);
 }
 
+// Why a lookup found nothing, for --require-db's error: other versions on this machine come
+// first, then other thread counts on it, then other machines; a shape no record has is none.
+TEST(TuningDb, MissReasonSaysWhatTheDatabaseHasInstead) {
+  TuningVersions old = versions_now();
+  old.onednn = "2.6.3";
+  TuningRecord two_threads = record(64, machine_a(), 10);
+  two_threads.problem.threads = 2;
+  TuningRecord four_threads = two_threads;
+  four_threads.problem.threads = 4;
+  EXPECT_EQ(db_of({record(64, machine_a(), 10, old), two_threads, record(64, machine_b(), 9)}).miss_reason(problem(64), machine_a(), versions_now()),
+            "its record is of other kernel versions (kernel templates " + std::to_string(kKernelTemplateVersion) +
+                ", oneDNN 2.6.3; this kiln: kernel templates " + std::to_string(kKernelTemplateVersion) + ", oneDNN 3.4.1)");
+  EXPECT_EQ(db_of({four_threads, two_threads, record(64, machine_b(), 9)}).miss_reason(problem(64), machine_a(), versions_now()),
+            "it has records for 2, 4 threads on this machine, not 1");
+  EXPECT_EQ(db_of({record(64, machine_a(), 10)}).miss_reason(problem(64, 2), machine_a(), versions_now()),
+            "it has records for 1 thread on this machine, not 2");
+  EXPECT_EQ(db_of({record(64, machine_b(), 9)}).miss_reason(problem(64), machine_a(), versions_now()),
+            "it has records for other machines only (AMD EPYC 9654 96-Core Processor, family 25 model 17, 96 cores; this one: "
+            "Intel(R) Xeon(R) Platinum 8480+, family 6 model 143, 56 cores)");
+  MachineFingerprint stepping = machine_a();
+  stepping.stepping = 7;
+  EXPECT_EQ(db_of({record(64, stepping, 9)}).miss_reason(problem(64), machine_a(), versions_now()),
+            "it has records for another machine of this model only (its stepping, ISA features or caches differ)");
+  EXPECT_EQ(db_of({record(64, machine_a(), 10)}).miss_reason(problem(65), machine_a(), versions_now()), "no record of it");
+  EXPECT_EQ(TuningDb{}.miss_reason(problem(64), machine_a(), versions_now()), "no record of it");
+}
+
 TEST(TuningDb, OtherVersionsAreNotMatchedAndPruneDropsThem) {
   TuningVersions old_onednn = versions_now(), old_templates = versions_now();
   old_onednn.onednn = "2.6.3";
