@@ -190,6 +190,8 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
       std::cerr << "kiln compile: warning: max-autotune tuned nothing: " << tune->result.summary << "\n";
   } else if (options.tuning.search || (args.verbose && !tuning_report.problems.empty())) {
     std::cerr << tuning_report_text(tuning_report);
+  } else if (const std::string db = tuning_database_text(tuning_report); !db.empty()) {  // a database replayed: what it gave
+    std::cerr << "kiln compile: " << db;
   }
   if (args.time_passes) print_times(*compiled);
   if (options.precision != DType::f32) {

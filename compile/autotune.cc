@@ -248,16 +248,19 @@ Status Search::apply_database() {
         ++report_.db_used;
         continue;
       }
-    } else if (options_.require_db && misses == 0) {
-      reason = db_.miss_reason(g.problem);  // a scan of the records: only for the error
+    } else if (misses == 0) {
+      reason = db_.miss_reason(g.problem);  // a scan of the records: for the first miss only
     }
     if (misses++ == 0) {
       first_miss = &g;
       first_reason = std::move(reason);
     }
   }
-  if (options_.require_db && first_miss) {
-    const Node& node = model_.graph.nodes[first_miss->nodes.front()];
+  report_.db_missed = misses;
+  if (!first_miss) return {};
+  const Node& node = model_.graph.nodes[first_miss->nodes.front()];
+  report_.db_first_miss = node.where() + ": " + first_reason + " (" + first_miss->problem.str() + ")";
+  if (options_.require_db) {
     std::string what = "not in the database for this machine: " + first_reason + " (" + first_miss->problem.str() + ")";
     if (misses > 1) what += "; " + std::to_string(misses) + " of " + count_of(groups_.size(), "problem", "problems") + " missing";
     return Error{ErrorKind::check, options_.db_path, node.where(), what};
@@ -755,9 +758,15 @@ std::string tuning_report_text(const TuningReport& r) {
     else
       s += "end to end: no kernel changed, nothing to compare\n";
   }
-  if (!r.db_path.empty())
-    s += "database " + r.db_path + ": " + std::to_string(r.db_used) + " used, " + std::to_string(r.db_written) + " added\n";
-  return s;
+  return s + tuning_database_text(r);
+}
+
+std::string tuning_database_text(const TuningReport& r) {
+  if (r.db_path.empty()) return "";
+  std::string s = "database " + r.db_path + ": " + std::to_string(r.db_used) + " of " + count_of(r.db_used + r.db_missed, "problem", "problems") + " found";
+  if (r.searched) s += ", " + std::to_string(r.db_written) + " added";
+  else if (r.db_missed) s += "; the first missing, " + r.db_first_miss + ", keeps the default kernel";
+  return s + "\n";
 }
 
 std::string tuning_report_json(const TuningReport& r) {
@@ -794,7 +803,8 @@ std::string tuning_report_json(const TuningReport& r) {
            {"search_s", r.search_s},
            {"budget_s", r.budget_s},
            {"budget_exhausted", r.budget_exhausted},
-           {"database", {{"path", r.db_path}, {"used", r.db_used}, {"added", r.db_written}}}};
+           {"database", {{"path", r.db_path}, {"used", r.db_used}, {"added", r.db_written}, {"missed", r.db_missed}}}};
+  if (!r.db_first_miss.empty()) out["database"]["first_missed"] = r.db_first_miss;
   if (r.final_runs)
     out["end_to_end"] = {{"runs", r.final_runs},
                          {"default_ms", lat(r.default_ms)},

@@ -82,6 +82,8 @@ struct TuningReport {
   bool reverted = false;    ///< the tuned graph was not 1% faster end to end: every default kept
   std::string db_path;
   size_t db_used = 0, db_written = 0;
+  size_t db_missed = 0;      ///< problems the database had no usable record of
+  std::string db_first_miss;  ///< the first of them: "node 'x': why (problem)"
 };
 
 /// Progress after each search round (the CLI's progress bar).
@@ -112,6 +114,9 @@ tuning::TuningProblem tuning_problem(const ExecutionPlan& plan, size_t n, const 
 /// the best candidate's time, how it was chosen, the kernel), then the search and the
 /// end-to-end comparison.
 std::string tuning_report_text(const TuningReport& report);
+/// The report's last line: the database, how many problems it had, and the records a search
+/// added to it, or, when nothing was searched, why the first problem it lacked was not found.
+std::string tuning_database_text(const TuningReport& report);
 /// The report as JSON (`--tune-report`).
 std::string tuning_report_json(const TuningReport& report);
 
