@@ -36,6 +36,7 @@ struct CompileArgs {
   std::string tuning_db;
   std::string tune_budget = "5m";
   bool require_db = false;
+  bool dry_run = false;
   std::string tune_report;
   std::string precision = "fp32";
   bool lower_output_layers = false;
@@ -103,7 +104,8 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
     return 0;
   }
   if (args.input.empty()) return report(verb, user_error("", "no input model given (kiln compile IN.kiln -o OUT.kiln)"));
-  if (args.output.empty()) return report(verb, user_error("", "no output given (-o OUT.kiln, or -o - for stdout)"));
+  if (args.dry_run && args.mode != "max-autotune") return report(verb, user_error("", "--dry-run needs --mode max-autotune"));
+  if (args.output.empty() && !args.dry_run) return report(verb, user_error("", "no output given (-o OUT.kiln, or -o - for stdout)"));
   if (Status s = check_output_paths({&args.output, &args.tune_report}); !s.ok()) return report(verb, s);
   CompileOptions options;
   options.passes = args.passes;
@@ -131,6 +133,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   // --require-db replays a database (the one named, else max-autotune's): nothing is timed, and
   // a problem it lacks fails the compile.
   options.tuning.require_db = args.require_db;
+  options.tuning.dry_run = args.dry_run;
   options.tuning.db_path = !args.tuning_db.empty()                               ? args.tuning_db
                            : options.tuning.search || options.tuning.require_db ? tuning::default_tuning_db_path()
                                                                                 : "";
@@ -208,6 +211,7 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
 
   if (!args.tune_report.empty())
     if (Status s = write_output(args.tune_report, tuning_report_json(tuning_report)); !s.ok()) return report(verb, s);
+  if (args.dry_run) return 0;  // the table said what a search would do; no model is written
   return report(verb, write_model_output(*model, args.output));
 }
 
@@ -246,6 +250,8 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
       ->default_str("5m");
   cmd->add_flag("--require-db", args->require_db,
                 "take every GEMM/conv problem's kernel from the tuning database (--tuning-db, else max-autotune's) and time nothing; a problem it lacks for this machine fails the compile (exit 3, nothing written): a CI rebuild of a tuned model");
+  cmd->add_flag("--dry-run", args->dry_run,
+                "with --mode max-autotune: list the problems the search would time and their candidates, and bound its time from one timed round of the default kernels; no search, no model written (-o optional)");
   cmd->add_option("--tune-report", args->tune_report, "write the tuning report (each problem's kernels and times, end-to-end latency) as JSON")
       ->type_name("FILE");
   cmd->add_option("--precision", args->precision,

@@ -149,6 +149,11 @@ class Search {
   }
   double graph_estimate_s() const { return run_s_ > 0 ? run_s_ : 0.01; }
   void report_progress();
+  Result<PassResult> dry_run(size_t searched);
+  // The most one more round and the final comparison can take, from the last session's and the
+  // last run's times.
+  double round_bound_s() const { return std::max(round_s_, session_s_ + static_cast<double>(kMaxReps + 1) * graph_estimate_s()); }
+  double final_bound_s() const { return 4 * session_s_ + static_cast<double>(4 * (2 * kFinalRuns + 1)) * graph_estimate_s(); }
 
   Model& model_;
   PassContext& ctx_;
@@ -439,8 +444,7 @@ Status Search::search() {
   for (;;) {
     // The budget: a round and the final comparison must still fit.
     const double elapsed = seconds(Clock::now() - start_);
-    const double round_s = std::max(round_s_, session_s_ + static_cast<double>(kMaxReps + 1) * graph_estimate_s());
-    const double final_s = 4 * session_s_ + static_cast<double>(4 * (2 * kFinalRuns + 1)) * graph_estimate_s();
+    const double round_s = round_bound_s(), final_s = final_bound_s();
     bool any = false;
     for (Group& g : groups_) {
       if (!g.search) continue;
@@ -569,6 +573,49 @@ Status Search::finish() {
   return {};
 }
 
+// What the search would time, each problem's candidates counted as the search would reach them
+// at most (every implementation's defaults, and every value of each of its axes), and a bound
+// on its time from round 0 (the default kernels timed, as the search begins): the most
+// candidates of one problem as rounds, each at its most runs, then the final comparison.
+Result<PassResult> Search::dry_run(size_t searched) {
+  report_.dry_run = true;
+  size_t most = 0;
+  for (const Group& g : groups_) {
+    TunedProblem p;
+    p.problem = g.problem;
+    for (size_t n : g.nodes) p.nodes.push_back(model_.graph.nodes[n].name);
+    p.default_kernel = g.default_choice;
+    p.chosen = g.from_db ? *g.from_db : g.default_choice;
+    if (g.from_db) {
+      p.chosen_us = g.db_us;
+      p.source = TuningSource::database;
+    } else {
+      for (const ImplSearch& impl : g.impls) {
+        p.candidates += 1;
+        for (const TuningAxis& a : impl.axes) p.candidates += a.values.size();
+      }
+      p.source = TuningSource::planned;
+      most = std::max(most, p.candidates);
+    }
+    report_.problems.push_back(std::move(p));
+  }
+  if (searched > 0) {
+    trial_ = model_;
+    for (const Group& g : groups_)
+      if (g.from_db) install(trial_, g, *g.from_db);
+    inputs_ = random_inputs(model_.graph, shapes_, 0x6b696c6e);
+    start_ = Clock::now();
+    KILN_RETURN_IF_ERROR(round(true));
+    report_.max_rounds = most - 1;  // the defaults were round 0
+    report_.estimate_s = seconds(Clock::now() - start_) + static_cast<double>(report_.max_rounds) * round_bound_s() + final_bound_s();
+    report_.budget_s = options_.budget_s;
+  }
+  plan_.reset();
+  trial_ = Model{};
+  if (options_.report) *options_.report = report_;
+  return PassResult{false, "dry run: " + count_of(searched, "problem", "problems") + " to time"};
+}
+
 Result<PassResult> Search::run() {
   Graph& graph = model_.graph;
   if (auto symbolic = concrete_input_shapes(graph, shapes_)) {
@@ -589,6 +636,7 @@ Result<PassResult> Search::run() {
     g.search = options_.search && !options_.require_db && !g.from_db;
     searched += g.search;
   }
+  if (options_.dry_run) return dry_run(searched);
   if (searched > 0) {
     trial_ = model_;
     for (const Group& g : groups_)
@@ -689,6 +737,7 @@ const char* source_name(TuningSource s) {
     case TuningSource::kept_default: return "default";
     case TuningSource::cut_short: return "cut short";
     case TuningSource::database: return "database";
+    case TuningSource::planned: return "to time";
   }
   return "";
 }
@@ -725,9 +774,14 @@ tuning::TuningProblem tuning_problem(const ExecutionPlan& plan, size_t n, const 
 
 std::string tuning_report_text(const TuningReport& r) {
   std::vector<std::vector<std::string>> rows = {{"node", "op", "default us", "best us", "speed-up", "how", "kernel"}};
+  if (r.dry_run) rows = {{"node", "op", "candidates", "how", "kernel now"}};
   for (const TunedProblem& p : r.problems) {
     std::string node = p.nodes.empty() ? "" : escape_controls(p.nodes.front());
     if (p.nodes.size() > 1) node += " (+" + std::to_string(p.nodes.size() - 1) + ")";
+    if (r.dry_run) {
+      rows.push_back({node, p.problem.op, p.candidates ? std::to_string(p.candidates) : "-", source_name(p.source), kernel_choice_text(p.chosen)});
+      continue;
+    }
     const bool timed = p.default_us > 0 && p.best_us > 0;
     rows.push_back({node, p.problem.op, timed ? fixed(p.default_us, 1) : "-", timed ? fixed(p.best_us, 1) : p.chosen_us > 0 ? fixed(p.chosen_us, 1) : "-",
                     timed ? fixed(p.default_us / p.best_us, 2) + "x" : "-", source_name(p.source),
@@ -758,6 +812,21 @@ std::string tuning_report_text(const TuningReport& r) {
     else
       s += "end to end: no kernel changed, nothing to compare\n";
   }
+  if (r.dry_run) {
+    const size_t planned = static_cast<size_t>(
+        std::count_if(r.problems.begin(), r.problems.end(), [](const TunedProblem& p) { return p.source == TuningSource::planned; }));
+    s += "dry run: " + count_of(planned, "problem", "problems") + " to time";
+    if (planned > 0) {
+      s += ", in at most " + count_of(r.max_rounds, "round", "rounds") + " after the defaults' and the final comparison: at most about " +
+           fixed(r.estimate_s, 0) + " s here, ";
+      if (r.estimate_s <= r.budget_s)
+        s += "within the " + fixed(r.budget_s, 0) + " s budget";
+      else
+        s += "past the " + fixed(r.budget_s, 0) + " s budget (--tune-budget " + fixed(std::ceil(r.estimate_s / 10) * 10, 0) +
+             "s should leave no problem cut short)";
+    }
+    s += "\n";
+  }
   return s + tuning_database_text(r);
 }
 
@@ -765,7 +834,7 @@ std::string tuning_database_text(const TuningReport& r) {
   if (r.db_path.empty()) return "";
   std::string s = "database " + r.db_path + ": " + std::to_string(r.db_used) + " of " + count_of(r.db_used + r.db_missed, "problem", "problems") + " found";
   if (r.searched) s += ", " + std::to_string(r.db_written) + " added";
-  else if (r.db_missed) s += "; the first missing, " + r.db_first_miss + ", keeps the default kernel";
+  else if (r.db_missed && !r.dry_run) s += "; the first missing, " + r.db_first_miss + ", keeps the default kernel";
   return s + "\n";
 }
 
@@ -784,6 +853,7 @@ std::string tuning_report_json(const TuningReport& r) {
     json j{{"problem", p.problem.str()},     {"op", p.problem.op},       {"nodes", p.nodes},
            {"default_kernel", choice(p.default_kernel)}, {"chosen", choice(p.chosen)},
            {"source", source_name(p.source)}, {"timed", p.timed},         {"rejected", p.rejected}};
+    if (p.candidates) j["candidates"] = p.candidates;
     if (p.default_us > 0) j["default_us"] = p.default_us;
     if (p.chosen_us > 0) j["chosen_us"] = p.chosen_us;
     if (p.default_us > 0 && p.chosen_us > 0) j["speedup"] = p.default_us / p.chosen_us;
@@ -805,6 +875,7 @@ std::string tuning_report_json(const TuningReport& r) {
            {"budget_exhausted", r.budget_exhausted},
            {"database", {{"path", r.db_path}, {"used", r.db_used}, {"added", r.db_written}, {"missed", r.db_missed}}}};
   if (!r.db_first_miss.empty()) out["database"]["first_missed"] = r.db_first_miss;
+  if (r.dry_run) out["dry_run"] = {{"max_rounds", r.max_rounds}, {"estimate_s", r.estimate_s}};
   if (r.final_runs)
     out["end_to_end"] = {{"runs", r.final_runs},
                          {"default_ms", lat(r.default_ms)},

@@ -43,6 +43,7 @@ enum class TuningSource {
   kept_default,  ///< timed, and nothing was faster than the default
   cut_short,     ///< the budget ran out before its search ended: the best found so far
   database,      ///< a database record, not timed
+  planned,       ///< a dry run: the search would time it
 };
 
 /// One problem of a tuned model.
@@ -57,6 +58,7 @@ struct TunedProblem {
   double best_us = 0;
   std::optional<double> runner_up_margin;  ///< how much slower the runner-up was, as a fraction
   size_t timed = 0;                        ///< candidates timed
+  size_t candidates = 0;                   ///< a dry run: the most candidates the search would time (the default's included)
   std::vector<std::string> rejected;       ///< candidates dropped, each "kernel{...}: why"
   TuningSource source = TuningSource::measured;
   std::string note;  ///< why the default was kept, when it was
@@ -70,6 +72,11 @@ struct LatencyStats {
 /// What a max-autotune compile (or a --tuning-db reuse) did.
 struct TuningReport {
   bool searched = false;  ///< false: only database records were applied
+  /// --dry-run: the problems listed, the default graph timed once (round 0), nothing searched;
+  /// max_rounds and estimate_s bound what the search would take.
+  bool dry_run = false;
+  size_t max_rounds = 0;
+  double estimate_s = 0;
   std::vector<TunedProblem> problems;
   size_t rounds = 0;      ///< search rounds (one candidate per problem each)
   size_t graph_runs = 0;  ///< whole-graph runs, warm-ups and the final comparison included
@@ -100,6 +107,8 @@ struct TuningOptions {
   /// --require-db: every problem from the database, nothing timed; a problem it lacks for this
   /// machine fails the pass (ErrorKind::check, naming the node, the problem and why).
   bool require_db = false;
+  /// --dry-run: list what the search would time, and bound how long it would take, without it.
+  bool dry_run = false;
   double budget_s = 300;
   std::function<void(const TuningProgress&)> progress;  ///< after each round; may be empty
   TuningReport* report = nullptr;                      ///< filled in when not null

@@ -6,7 +6,8 @@ user-error paths: a corrupt or future-version line is one line on stderr naming 
 line number, exit 2, and no output is left behind. Then `kiln compile --mode max-autotune` on the
 transformer sample: the report (stderr and --tune-report JSON), the records it adds, a warm
 compile that times nothing and chooses the same kernels, a default compile reading the database
-only when named, --require-db (the database replayed; a problem it lacks for this machine, for
+only when named, --dry-run (the problems a search would time, its time bounded, nothing written),
+--require-db (the database replayed; a problem it lacks for this machine, for
 each reason, a failed check naming the node), and the flags' user errors."""
 import argparse
 import json
@@ -298,6 +299,30 @@ def autotune(r):
     rc, _, err = r.run(["compile", "t.kiln", "-o", "t.cache.kiln", "--mode", "max-autotune", "--threads", "1"] + shapes)
     r.check("autotune_default_db_path", rc == 0 and os.path.exists(r.path("cache/kiln/tuning.jsonl")), f"exit {rc}: {err[-300:]!r}")
 
+    # --dry-run lists what a search would time and bounds its time from one round of the
+    # defaults; it searches nothing, writes no model and adds nothing to the database.
+    rc, _, err = r.run(["compile", "t.kiln", "--mode", "max-autotune", "--dry-run", "--tuning-db", "dry.jsonl",
+                        "--tune-report", "dry.json", "--threads", "1"] + shapes)
+    try:
+        rep = json.load(open(r.path("dry.json")))
+        good = (rc == 0 and not rep["searched"] and rep["graph_runs"] > 0 and rep["dry_run"]["max_rounds"] > 0
+                and rep["dry_run"]["estimate_s"] > 0 and len(rep["problems"]) == n
+                and all(p["source"] == "to time" and p["candidates"] >= 2 for p in rep["problems"])
+                and max(p["candidates"] for p in rep["problems"]) == rep["dry_run"]["max_rounds"] + 1)
+    except (OSError, ValueError, KeyError) as e:
+        good, err = False, f"{e} {err}"
+    r.check("dry_run_lists_and_bounds", good and re.search(
+        rf"dry run: {n} problems? to time, in at most [0-9]+ rounds? after the defaults' and the final comparison: at most about [0-9]+ s here, "
+        r"within the 300 s budget\n", err), f"exit {rc}: {err[-600:]!r}")
+    r.check("dry_run_writes_nothing", not os.path.exists(r.path("dry.jsonl")), "the database was written")
+    rc, _, err = r.run(["compile", "t.kiln", "--mode", "max-autotune", "--dry-run", "--tuning-db", "at.jsonl", "--threads", "1"] + shapes)
+    r.check("dry_run_from_database", rc == 0 and "dry run: 0 problems to time\n" in err and err.count("  database  ") == n
+            and r.read("at.jsonl") == db, f"exit {rc}: {err[-600:]!r}")
+    rc, _, err = r.run(["compile", "t.kiln", "-o", "t.dry.kiln", "--mode", "max-autotune", "--dry-run", "--tuning-db", "dry.jsonl",
+                        "--tune-budget", "1ms", "--threads", "1"] + shapes)
+    r.check("dry_run_past_budget", rc == 0 and re.search(r"past the 0 s budget \(--tune-budget [0-9]+s should leave no problem cut short\)", err)
+            and not os.path.exists(r.path("t.dry.kiln")), f"exit {rc}: {err[-400:]!r}")
+
     # A symbolic input shape (the MLP sample's batch) leaves nothing to tune: compile says so,
     # not an empty table.
     rc, _, err = r.run(["export", os.path.join(SAMPLES, "mlp.onnx"), "-o", "mlp.kiln"])
@@ -313,6 +338,7 @@ def autotune(r):
             ("autotune_bad_mode", ["--mode", "fastest"], r"--mode 'fastest' is not one of default, max-autotune"),
             ("autotune_bad_budget", ["--mode", "max-autotune", "--tune-budget", "soon"], r"--tune-budget 'soon' is not a time"),
             ("autotune_report_alone", ["--tune-report", "x.json"], r"--tune-report needs --mode max-autotune or --tuning-db"),
+            ("dry_run_alone", ["--dry-run"], r"--dry-run needs --mode max-autotune"),
             ("autotune_missing_db", ["--tuning-db", "nosuch.jsonl"], r"nosuch\.jsonl: no such file"),
             ("autotune_corrupt_db", ["--mode", "max-autotune", "--tuning-db", "corrupt.jsonl"], r"corrupt\.jsonl: line 3: is not valid JSON")]:
         r.error(name, ["compile", "t.kiln", "-o", "t.err.kiln"] + args + shapes, 2, pattern)
