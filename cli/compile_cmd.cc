@@ -197,10 +197,10 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
     std::cerr << "kiln compile: " << db;
   }
   if (args.time_passes) print_times(*compiled);
-  if (options.precision != DType::f32) {
-    // Whether the precision will be faster here: the ceilings probe's peaks (this machine only).
-    std::map<std::string, double> peaks;
-    if (args.target == "host") peaks = profile::machine_ceilings(options.target.cpu, options.target.threads).compute_gflops;
+  if (options.precision == DType::bf16 && !options.target.cpu.amx && args.target == "host") {
+    // Whether bf16 will be faster here without AMX: the compute peaks probed now (this machine
+    // only; tens of milliseconds), not the cached ceilings, which a busy moment can have skewed.
+    const std::map<std::string, double> peaks = profile::probe_compute_peaks(options.target.cpu, options.target.threads);
     if (std::optional<std::string> w = precision_speed_warning(options.precision, options.target.cpu, peaks))
       std::cerr << "kiln compile: warning: " << *w << "\n";
   }

@@ -360,17 +360,19 @@ std::string cpu_model_name() {
   return "unknown";
 }
 
-Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
-  threads = std::max(threads, 1);
-  struct RestorePool {
-    int threads = pool_threads();
-    ~RestorePool() { use_threads(threads); }
-  } restore;
-  use_threads(threads);
-  Ceilings c;
-  c.threads = threads;
-  c.source = "probed";
-  // 2-4 M iterations of 12-16 chains: tens of milliseconds per repeat.
+namespace {
+
+// Sets kiln's pool to a thread count for the probes, and back to what it was after them (a
+// one-thread probe once left a caller's later two-thread work on one thread).
+struct PoolFor {
+  int before = pool_threads();
+  explicit PoolFor(int threads) { use_threads(threads); }
+  ~PoolFor() { use_threads(before); }
+};
+
+// The peaks of every precision the CPU has, on `threads` threads of the pool, one right after
+// another: 2-4 M iterations of 12-16 chains, tens of milliseconds per repeat.
+void probe_compute(const CpuFeatures& cpu, int threads, Ceilings& c) {
   if (cpu.avx512f) {
     c.f32_isa = "avx512";
     c.compute_gflops["f32"] = peak_rate(fma_avx512, 2'000'000, 16.0 * 16, threads);
@@ -389,6 +391,25 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
     if (cpu.avx512_bf16) c.compute_gflops["bf16"] = peak_rate(bf16_loop, 1'000'000, 16.0 * 32, threads);
     if (cpu.avx512_vnni) c.compute_gflops["int8"] = peak_rate(vnni_loop, 1'000'000, 16.0 * 64, threads);
   }
+}
+
+}  // namespace
+
+std::map<std::string, double> probe_compute_peaks(const CpuFeatures& cpu, int threads) {
+  threads = std::max(threads, 1);
+  const PoolFor pool(threads);
+  Ceilings c;
+  probe_compute(cpu, threads, c);
+  return c.compute_gflops;
+}
+
+Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
+  threads = std::max(threads, 1);
+  const PoolFor pool(threads);
+  Ceilings c;
+  c.threads = threads;
+  c.source = "probed";
+  probe_compute(cpu, threads, c);
   // Each cache: every thread reads half of its share of it, over and over (~512 MiB a thread:
   // a millisecond or more, so that waking the pool's threads is no part of the rate).
   const ReadLoop read = read_loop(cpu);
@@ -400,7 +421,8 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {
     if (bytes < 4096) continue;
     const int passes = static_cast<int>(std::max<size_t>(1, (size_t{512} << 20) / bytes));
     MemoryLevel level;
-    level.name = "L" + std::to_string(cache.level);
+    level.name = "L";  // appended, not "L" + ...: GCC 12 warns falsely (-Wrestrict) on that here
+    level.name += std::to_string(cache.level);
     level.capacity = per_thread * threads;
     level.gbps = read_rate(read, threads, bytes, passes);
     largest = std::max(largest, level.capacity);

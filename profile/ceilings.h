@@ -50,6 +50,11 @@ std::string cpu_model_name();
 /// (a one-thread probe once left a caller's later two-thread work on one thread).
 Ceilings probe_ceilings(const CpuFeatures& cpu, int threads);
 
+/// The compute peaks alone (Ceilings::compute_gflops), probed now on `threads` threads, a few
+/// tens of milliseconds a precision: measured one right after another, their ratio holds on a
+/// busy machine, where a cached probe's may have been taken in another moment's load.
+std::map<std::string, double> probe_compute_peaks(const CpuFeatures& cpu, int threads);
+
 struct CeilingsOptions {
   /// The cache folder: $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when neither is set.
   std::string cache_dir = default_cache_dir();

@@ -279,6 +279,21 @@ TEST(Ceilings, ProbedOnceThenCachedAndACorruptCacheIsReplaced) {
   }
 }
 
+// The compute peaks alone (compile's bf16 warning): the precisions this CPU has, each measured,
+// the caller's pool left as it was.
+TEST(Ceilings, ComputePeaksAloneLeaveThePool) {
+  const CpuFeatures& cpu = CpuFeatures::host();
+  use_threads(3);
+  const std::map<std::string, double> peaks = probe_compute_peaks(cpu, 1);
+  EXPECT_EQ(pool_threads(), 3);
+  use_threads(1);
+  EXPECT_GT(peaks.at("f32"), 0);
+  EXPECT_EQ(cpu.avx512_bf16 || cpu.amx, peaks.count("bf16") == 1);
+  EXPECT_EQ(cpu.avx512_vnni || cpu.amx, peaks.count("int8") == 1);
+  EXPECT_EQ(cpu.avx512_fp16, peaks.count("f16") == 1);
+  for (const auto& [name, gflops] : peaks) EXPECT_GT(gflops, 0) << name;
+}
+
 // A batch-symbolic MatMul + Relu, measured: FLOPs and bytes count the shapes that ran.
 TEST(Profiler, MeasuresAndReportsWhatRan) {
   testing::GraphBuilder b;
