@@ -150,6 +150,13 @@ class Search {
   double graph_estimate_s() const { return run_s_ > 0 ? run_s_ : 0.01; }
   void report_progress();
   Result<PassResult> dry_run(size_t searched);
+  // The model the rounds run (the database's choices installed) and the inputs they run on.
+  void start_trial() {
+    trial_ = model_;
+    for (const Group& g : groups_)
+      if (g.from_db) install(trial_, g, *g.from_db);
+    inputs_ = random_inputs(model_.graph, shapes_, 0x6b696c6e);
+  }
   // The most one more round and the final comparison can take, from the last session's and the
   // last run's times.
   double round_bound_s() const { return std::max(round_s_, session_s_ + static_cast<double>(kMaxReps + 1) * graph_estimate_s()); }
@@ -600,10 +607,7 @@ Result<PassResult> Search::dry_run(size_t searched) {
     report_.problems.push_back(std::move(p));
   }
   if (searched > 0) {
-    trial_ = model_;
-    for (const Group& g : groups_)
-      if (g.from_db) install(trial_, g, *g.from_db);
-    inputs_ = random_inputs(model_.graph, shapes_, 0x6b696c6e);
+    start_trial();
     start_ = Clock::now();
     KILN_RETURN_IF_ERROR(round(true));
     report_.max_rounds = most - 1;  // the defaults were round 0
@@ -638,10 +642,7 @@ Result<PassResult> Search::run() {
   }
   if (options_.dry_run) return dry_run(searched);
   if (searched > 0) {
-    trial_ = model_;
-    for (const Group& g : groups_)
-      if (g.from_db) install(trial_, g, *g.from_db);
-    inputs_ = random_inputs(graph, shapes_, 0x6b696c6e);
+    start_trial();
     KILN_RETURN_IF_ERROR(search());
     KILN_RETURN_IF_ERROR(finish());
   }
