@@ -150,6 +150,20 @@ class Search {
   double graph_estimate_s() const { return run_s_ > 0 ? run_s_ : 0.01; }
   void report_progress();
   Result<PassResult> dry_run(size_t searched);
+  // A problem's row of the report: its nodes and default kernel, and the database's choice
+  // when it had one.
+  TunedProblem reported(const Group& g) const {
+    TunedProblem p;
+    p.problem = g.problem;
+    for (size_t n : g.nodes) p.nodes.push_back(model_.graph.nodes[n].name);
+    p.default_kernel = g.default_choice;
+    if (g.from_db) {
+      p.chosen = *g.from_db;
+      p.chosen_us = g.db_us;
+      p.source = TuningSource::database;
+    }
+    return p;
+  }
   // The model the rounds run (the database's choices installed) and the inputs they run on.
   void start_trial() {
     trial_ = model_;
@@ -271,9 +285,10 @@ Status Search::apply_database() {
   report_.db_missed = misses;
   if (!first_miss) return {};
   const Node& node = model_.graph.nodes[first_miss->nodes.front()];
-  report_.db_first_miss = node.where() + ": " + first_reason + " (" + first_miss->problem.str() + ")";
+  const std::string why = first_reason + " (" + first_miss->problem.str() + ")";
+  report_.db_first_miss = node.where() + ": " + why;
   if (options_.require_db) {
-    std::string what = "not in the database for this machine: " + first_reason + " (" + first_miss->problem.str() + ")";
+    std::string what = "not in the database for this machine: " + why;
     if (misses > 1) what += "; " + std::to_string(misses) + " of " + count_of(groups_.size(), "problem", "problems") + " missing";
     return Error{ErrorKind::check, options_.db_path, node.where(), what};
   }
@@ -588,15 +603,9 @@ Result<PassResult> Search::dry_run(size_t searched) {
   report_.dry_run = true;
   size_t most = 0;
   for (const Group& g : groups_) {
-    TunedProblem p;
-    p.problem = g.problem;
-    for (size_t n : g.nodes) p.nodes.push_back(model_.graph.nodes[n].name);
-    p.default_kernel = g.default_choice;
-    p.chosen = g.from_db ? *g.from_db : g.default_choice;
-    if (g.from_db) {
-      p.chosen_us = g.db_us;
-      p.source = TuningSource::database;
-    } else {
+    TunedProblem p = reported(g);
+    if (!g.from_db) {
+      p.chosen = g.default_choice;
       for (const ImplSearch& impl : g.impls) {
         p.candidates += 1;
         for (const TuningAxis& a : impl.axes) p.candidates += a.values.size();
@@ -653,15 +662,9 @@ Result<PassResult> Search::run() {
   std::vector<tuning::TuningRecord> records;
   size_t faster = 0, cut = 0, kept = 0;
   for (Group& g : groups_) {
-    TunedProblem p;
-    p.problem = g.problem;
-    for (size_t n : g.nodes) p.nodes.push_back(graph.nodes[n].name);
-    p.default_kernel = g.default_choice;
-    if (g.from_db) {
-      p.chosen = *g.from_db;
-      p.chosen_us = g.db_us;
-      p.source = TuningSource::database;
-    } else if (g.search) {
+    if (!g.from_db && !g.search) continue;  // not asked to search, and not in the database: the rule's choice stays
+    TunedProblem p = reported(g);
+    if (g.search) {
       p.chosen = g.final_choice;
       p.default_us = g.measured[0].us;
       auto chosen = std::find_if(g.measured.begin(), g.measured.end(), [&](const Candidate& c) { return c.choice == g.final_choice; });
@@ -690,8 +693,6 @@ Result<PassResult> Search::run() {
           rec.candidates.push_back(tuning::TimedKernel{others[i]->choice, others[i]->us});
         records.push_back(std::move(rec));
       }
-    } else {
-      continue;  // not asked to search, and not in the database: the rule's choice stays
     }
     for (size_t n : g.nodes) graph.nodes[n].kernel = p.chosen;
     report_.problems.push_back(std::move(p));
