@@ -58,10 +58,42 @@ struct TileDest {
   float* tile;
 };
 
-template <int MRT>
-void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to, PanelPrefetch pf) {
+// How a tile finishes its rows: `codes` where the epilogue is a clamp of the u8 codes
+// (U8s8Finish::codes; a branch less a value than U8s8Finish::row: MobileNetV2's 112x112
+// expansion, 12544x96x16, 119 against 157 us), `registers` where its other activations apply on
+// the registers (U8s8Finish::row), `block` where the values go to the tile's block for
+// u8s8_store.
+enum class Finish { codes, registers, block };
+
+// Row i of the tile's sums as f32, (Σ − comp) · scale + bias, finished as `F` says.
+template <Finish F>
+[[gnu::always_inline]] inline void finish_row(const __m512i (&acc)[NV], int i, const U8s8Columns& cols, const TileDest& to) {
+  __m512 y[NV];
+#pragma GCC unroll 16
+  for (int j = 0; j < NV; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], cols.comp[j])), cols.scale[j], cols.bias[j]);
+  if constexpr (F == Finish::codes) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j)
+      if (j < cols.nv) to.fin->code_row(y[j], to.c, to.ldc, to.i0 + i, to.n0 + j * 16, cols.mk[j]);
+  } else if constexpr (F == Finish::registers) {
+    to.fin->row(y, cols.nv, to.c, to.ldc, to.i0 + i, to.n0, cols.mk);
+  } else {
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) _mm512_store_ps(to.tile + i * NR + j * 16, y[j]);
+  }
+}
+
+// Every loop over the tile's rows and vectors is unrolled whole (`GCC unroll`), so that the sums
+// are registers from start to end, as in the f32 tiles (gemm.inc's KILN_UNROLL_TILE): with the
+// epilogue's loop over the rows left a loop, they had a place on the stack, zeroed there, stored
+// after the K loop and read back (48 vector stores and 24 loads a tile).
+template <int MRT, Finish F>
+void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to, const PanelPrefetch& fetch) {
+  PanelPrefetch pf = fetch;
   __m512i acc[MRT][NV];
+#pragma GCC unroll 16
   for (int i = 0; i < MRT; ++i)
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_si512();
   const int64_t whole = k / 4;
   // The steps in blocks of 64: with the loop nested, GCC keeps the sums in registers (one flat
@@ -72,9 +104,12 @@ void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const 
     for (int64_t p = p0; p < std::min(whole, p0 + 64); ++p) {
       if (p % kFetchSteps == 0) pf.fetch();
       __m512i bv[NV];
+#pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + p * NR * 4 + j * 64);
+#pragma GCC unroll 16
       for (int i = 0; i < MRT; ++i) {
         const __m512i av = broadcast_group(a + i * lda + p * 4);
+#pragma GCC unroll 16
         for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
       }
     }
@@ -82,21 +117,26 @@ void tile_u8s8(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const 
   if (k % 4) {
     const __mmask16 part = static_cast<__mmask16>((1u << (k % 4)) - 1);
     __m512i bv[NV];
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_si512(b + whole * NR * 4 + j * 64);
+#pragma GCC unroll 16
     for (int i = 0; i < MRT; ++i) {
       const __m512i av = _mm512_broadcastd_epi32(_mm_maskz_loadu_epi8(part, a + i * lda + whole * 4));
+#pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], av, bv[j]);
     }
   }
-  for (int i = 0; i < MRT; ++i) {
-    __m512 y[NV];
-    for (int j = 0; j < NV; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], cols.comp[j])), cols.scale[j], cols.bias[j]);
-    if (to.fin) {
-      to.fin->row(y, cols.nv, to.c, to.ldc, to.i0 + i, to.n0, cols.mk);
-    } else {
-      for (int j = 0; j < NV; ++j) _mm512_store_ps(to.tile + i * NR + j * 16, y[j]);
-    }
-  }
+  // The epilogue's constants from copies of its own: read where the caller keeps them, each was
+  // loaded again after every store to C (a byte or vector store may alias anything), and the
+  // epilogue took most of a tile's time where K is short. With the copies, one thread on a Zen 5
+  // core (gemm_u8s8, u8 out, Clip): MobileNetV2's expansions 12544x96x16 119 us against 216,
+  // 3136x144x24 51 against 86, 784x192x32 20 against 32; 196x576x96 29 against 38 (the sums
+  // alone, the epilogue dropped: 46, 23, 10 and 21 us).
+  const U8s8Finish fin = *to.fin;
+  const U8s8Columns cc = cols;
+  const TileDest dest{&fin, to.c, to.ldc, to.i0, to.n0, to.tile};
+#pragma GCC unroll 16
+  for (int i = 0; i < MRT; ++i) finish_row<F>(acc[i], i, cc, dest);
 }
 
 // acc[MRT×48] (f32, starting from `init`) += Σ over k2 pairs of A's packed rows · B's panel.
@@ -125,12 +165,15 @@ constexpr auto table(std::index_sequence<R...>) {
   return std::array<T, sizeof...(R)>{&F<static_cast<int>(R) + 1>::run...};
 }
 
-template <int MRT>
+template <Finish F>
 struct U8s8 {
-  static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to,
-                  const PanelPrefetch& pf) {
-    tile_u8s8<MRT>(k, a, lda, b, cols, to, pf);
-  }
+  template <int MRT>
+  struct Rows {
+    static void run(int64_t k, const uint8_t* a, int64_t lda, const int8_t* b, const U8s8Columns& cols, const TileDest& to,
+                    const PanelPrefetch& pf) {
+      tile_u8s8<MRT, F>(k, a, lda, b, cols, to, pf);
+    }
+  };
 };
 template <int MRT>
 struct Bf16 {
@@ -142,7 +185,10 @@ struct Bf16 {
 // The fetches by reference, as gemm.inc's tiles take them (each tile_ works on its own copy).
 using U8s8Fn = void (*)(int64_t, const uint8_t*, int64_t, const int8_t*, const U8s8Columns&, const TileDest&, const PanelPrefetch&);
 using Bf16Fn = void (*)(int64_t, const uint16_t*, const uint16_t*, const __m512 (&)[NV], __m512 (&)[MR][NV], const PanelPrefetch&);
-constexpr auto kU8s8 = table<U8s8Fn, U8s8>(std::make_index_sequence<MR>());
+// By how the tiles finish (Finish's order), then by rows.
+constexpr std::array<std::array<U8s8Fn, MR>, 3> kU8s8 = {table<U8s8Fn, U8s8<Finish::codes>::Rows>(std::make_index_sequence<MR>()),
+                                                           table<U8s8Fn, U8s8<Finish::registers>::Rows>(std::make_index_sequence<MR>()),
+                                                           table<U8s8Fn, U8s8<Finish::block>::Rows>(std::make_index_sequence<MR>())};
 constexpr auto kBf16 = table<Bf16Fn, Bf16>(std::make_index_sequence<MR>());
 
 }  // namespace
@@ -152,8 +198,9 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
   const int64_t k4 = (k + 3) / 4;
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   const int64_t panel_bytes = k4 * NR * 4, blocks = (k / 4 + kFetchSteps - 1) / kFetchSteps;
-  const bool direct = u8s8_on_registers(ep);
   const U8s8Finish fin(ep);
+  const Finish how = !u8s8_on_registers(ep) ? Finish::block : fin.codes() ? Finish::codes : Finish::registers;
+  const auto& kernels = kU8s8[static_cast<size_t>(how)];
   for (int64_t ib = 0; ib < m; ib += mc)  // a block of A's rows stays in L2 while B's panels pass
   for (int64_t panel = p0; panel < p1; ++panel) {
     const int64_t n0 = panel * NR, tiles = (std::min(m, ib + mc) - ib + MR - 1) / MR;
@@ -175,9 +222,9 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
       alignas(64) float tile[MR][NR];
       const int64_t size = ep.out_u8 ? 1 : 4;
       fetch_rows(static_cast<const std::byte*>(c) + (i0 * ldc + n0) * size, ldc * size, rows_here, w * size);
-      kU8s8[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, TileDest{direct ? &fin : nullptr, c, ldc, i0, n0, &tile[0][0]},
-                                                PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
-      if (!direct) u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
+      kernels[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, TileDest{&fin, c, ldc, i0, n0, &tile[0][0]},
+                                                  PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
+      if (how == Finish::block) u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
     }
   }
 }

@@ -119,10 +119,16 @@ struct U8s8Finish {
     if (!(std::fabs(t) < 2e9f)) return t < 0 ? 0 : 255;
     return static_cast<int32_t>(std::clamp<long>(std::lrint(t) + ep.out_zero, 0, 255));
   }
+  /// Whether the epilogue is that clamp of the codes: code_row finishes each value.
+  bool codes() const { return clamp && out.u8; }
+  /// A value's code clamped and stored as u8 (where codes()).
+  [[gnu::always_inline]] void code_row(__m512 y, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) const {
+    U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, out.code(y))), c, ldc, i, n, mk);
+  }
   template <int NV>
   [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, void* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
-    if (clamp && out.u8) {
-      for (int j = 0; j < nv; ++j) U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, out.code(y[j]))), c, ldc, i, n + j * 16, mk[j]);
+    if (codes()) {
+      for (int j = 0; j < nv; ++j) code_row(y[j], c, ldc, i, n + j * 16, mk[j]);
       return;
     }
     if (clamp) {
