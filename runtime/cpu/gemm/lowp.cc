@@ -56,28 +56,30 @@ void over_panels(int64_t count, int threads, F&& f) {
   }
 }
 
-// Runs f(r0, r1, p0, p1) on each thread's share of the AMX kernels' work: rows [r0, r1) of
-// `rows` (whole tiles of 16) × pairs [p0, p1) of B's 16-column tiles. The threads split the pairs
-// alone while each gets 4 or more; with fewer (a narrow product, or many threads) they split the
-// rows too, in as few groups as give each 4 pairs (or as many as there are tiles of rows).
+// Runs f(r0, r1, c0, c1) on each thread's share of a product's work: rows [r0, r1) of `rows`
+// (cut at multiples of `unit`) × columns [c0, c1) of `cols` (B's panels, or pairs of the AMX
+// kernels' 16-column tiles). The threads split the columns alone while each gets `least` or
+// more; with fewer (a narrow product, or many threads) they split the rows too, in as few groups
+// as give each `least` columns (or as many as there are units of rows).
 template <class F>
-void over_tile_grid(int64_t rows, int64_t pairs, int threads, F&& f) {
-  const int t = static_cast<int>(std::min<int64_t>({threads, pool_threads(), pairs * std::max<int64_t>(1, rows / 16)}));
+void over_grid(int64_t rows, int64_t unit, int64_t cols, int64_t least, int threads, F&& f) {
+  const int64_t units = (rows + unit - 1) / unit;
+  const int t = static_cast<int>(std::min<int64_t>({threads, pool_threads(), cols * std::max<int64_t>(1, units)}));
   if (t <= 1) {
-    f(0, rows, 0, pairs);
+    f(0, rows, 0, cols);
     return;
   }
   int tr = 1;  // groups of rows: a divisor of t
-  while (tr < t && (t % tr != 0 || pairs < 4 * (t / tr)) && rows / 16 > tr) ++tr;
+  while (tr < t && (t % tr != 0 || cols < least * (t / tr)) && units > tr) ++tr;
   while (t % tr != 0) --tr;
   const int tc = t / tr;
 #pragma omp parallel num_threads(t)
   {
     WorkerSpan span;
     const int64_t i = omp_get_thread_num(), ir = i / tc, ic = i % tc;
-    const int64_t units = rows / 16, r0 = units * ir / tr * 16, r1 = units * (ir + 1) / tr * 16;
-    const int64_t p0 = pairs * ic / tc, p1 = pairs * (ic + 1) / tc;
-    if (r0 < r1 && p0 < p1) f(r0, r1, p0, p1);
+    const int64_t r0 = std::min(rows, units * ir / tr * unit), r1 = std::min(rows, units * (ir + 1) / tr * unit);
+    const int64_t c0 = cols * ic / tc, c1 = cols * (ic + 1) / tc;
+    if (r0 < r1 && c0 < c1) f(r0, r1, c0, c1);
   }
 }
 
@@ -198,14 +200,15 @@ QuantEpilogue from_row(const QuantEpilogue& ep, int64_t r) {
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
                const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx) {
   if (m <= 0 || n <= 0) return;
+  const int64_t bytes = ep.out_u8 ? 1 : 4;  // C's
   QuantEpilogue rest = ep;  // the VNNI kernel's rows' (all, or those past the tiles')
   // Only where this process was granted the tile state (CpuFeatures::host asks for it).
   if (amx && CpuFeatures::host().amx) {
     // The threads share pairs of B's 16-column tiles (a block's two) and the rows; the rows past
     // the last whole 16 go to the VNNI kernel below.
-    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16, bytes = ep.out_u8 ? 1 : 4;
+    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16;
     const int64_t group = amx_tiles_per_group(round_up(k, 4) * 16);
-    over_tile_grid(rows, (tiles + 1) / 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    over_grid(rows, 16, (tiles + 1) / 2, 4, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
       lowp_amx::u8s8_tiles(r1 - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, from_row(ep, r0),
                            static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
     });
@@ -216,10 +219,16 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
     rest = from_row(ep, rows);
   }
   // A's rows are read where they lie (packing them into MR-row panels, on one thread before the
-  // others start, cost 5-10 % of the product).
+  // others start, cost 5-10 % of the product). The threads split B's panels while each gets two
+  // or more, as the f32 GEMM's do, and the rows too below that (B's panels alone, one thread
+  // took one of MobileNetV2's 3136x144x24 and the other two; the two threads of 12544x96x16
+  // wrote the halves of each 96-byte row of C): at two threads on a Zen 5, 5 alternated runs,
+  // 3136x144x24 26-42 us against 35-51, 12544x96x16 58-102 against 58-93 (medians 58 and 62).
   if (mc <= 0) mc = rows_per_block(round_up(k, 4));
-  over_panels(panels(n), threads,
-              [&](int64_t p0, int64_t p1) { lowp_avx512::u8s8_panels(m, mc, p0, p1, k, a, lda, b_packed, rest, c, ldc, n); });
+  over_grid(m, MR, panels(n), 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    lowp_avx512::u8s8_panels(r1 - r0, mc, p0, p1, k, a + r0 * lda, lda, b_packed, from_row(rest, r0),
+                             static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
+  });
 }
 
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
@@ -237,7 +246,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
       amx::to_bf16_rows(real > 0 ? a + first * lda : a, lda, real, k, packed + first * ld, ld, ld, (r1 - r0) * 16);
     });
     const int64_t group = amx_tiles_per_group(round_up(k, 2) * 32);
-    over_tile_grid(round_up(m, 16), (tiles + 1) / 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    over_grid(round_up(m, 16), 16, (tiles + 1) / 2, 4, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + r0 * ep.ldz;
       lowp_amx::bf16_tiles(std::min(m, r1) - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at,
