@@ -200,6 +200,10 @@ struct RowKernels {
   /// for a < n pixels and b < count planes of 4-byte elements (moved as bits). Three planes
   /// (RGB) go 16 pixels at a time through two permutes a vector on AVX-512. On the calling thread.
   void (*interleave)(const uint32_t* planes, int64_t stride, int64_t count, uint32_t* pixels, int64_t n);
+  /// The same for 1-byte elements (a quantized image): three planes go 16 pixels at a time on
+  /// AVX-512, each pixel a 32-bit word of its bytes, the words' bytes packed by a shuffle and a
+  /// permute.
+  void (*interleave_u8)(const uint8_t* planes, int64_t stride, int64_t count, uint8_t* pixels, int64_t n);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

@@ -248,12 +248,19 @@ TEST(CpuKernels, Transpose) {
             "kiln.transpose");
   EXPECT_EQ(check({"Transpose", {noise({2, 2, 90, 70}, 17)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
             "kiln.transpose");
-  // A quantized image's bytes into pixels, three and four planes, a batch of two.
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 3, 33, 150}, std::vector<int64_t>{1, 4, 9, 7}}) {
-    std::vector<uint8_t> image(static_cast<size_t>(shape_numel(shape)));
-    for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>(i * 13 % 251);
-    EXPECT_EQ(check({"Transpose", {make<uint8_t>(shape, image)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0),
-              "kiln.transpose");
+  // A quantized image's bytes into pixels on every ISA path (AVX-512 packs 16 pixels of three
+  // planes at a time): one to four planes, whole vectors, a tail, a batch of two, fewer pixels
+  // than a vector.
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    for (const std::vector<int64_t>& shape :
+         {std::vector<int64_t>{2, 3, 33, 150}, std::vector<int64_t>{1, 3, 16, 32}, std::vector<int64_t>{1, 3, 17, 19},
+          std::vector<int64_t>{1, 3, 3, 5}, std::vector<int64_t>{1, 4, 9, 7}, std::vector<int64_t>{2, 2, 5, 7}, std::vector<int64_t>{1, 1, 5, 7}}) {
+      std::vector<uint8_t> image(static_cast<size_t>(shape_numel(shape)));
+      for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>(i * 13 % 251);
+      EXPECT_EQ(check({"Transpose", {make<uint8_t>(shape, image)}, {false}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}}, 0, &cpu),
+                "kiln.transpose");
+    }
   }
   EXPECT_EQ(check({"Transpose", {noise({1, 40, 40, 85}, 11)}, {false}, {attr("perm", std::vector<int64_t>{0, 3, 1, 2})}}, 0),
             "kiln.transpose");
