@@ -66,10 +66,12 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
     // B as stored: [K, N], or [N, K] when transposed (the same values, read the other way).
     auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
     // ReLU, Clip and GELU on the registers (Clip with a u8 output a clamp of the codes, its
-    // bounds' codes saturating: FLT_MAX for no upper bound), Sigmoid through the row kernels.
+    // bounds' codes saturating: FLT_MAX for no upper bound), SiLU, Sigmoid and Tanh through the
+    // row kernels.
     const float big = std::numeric_limits<float>::max();
-    for (const ActivationSpec spec : std::vector<ActivationSpec>{
-             {Activation::relu}, {Activation::clip, -0.1f, 0.2f}, {Activation::clip, -big, big}, {Activation::gelu}, {Activation::sigmoid}}) {
+    for (const ActivationSpec spec :
+         std::vector<ActivationSpec>{{Activation::relu}, {Activation::clip, -0.1f, 0.2f}, {Activation::clip, -big, big}, {Activation::gelu},
+                                     {Activation::silu}, {Activation::sigmoid}, {Activation::tanh}}) {
       const Activation act = spec.kind;
       SCOPED_TRACE(std::string(activation_name(act)) + " " + std::to_string(spec.a) + " " + std::to_string(spec.b));
       gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 131, .scale = scale.data(), .bias = bias.data(), .act = spec};
@@ -85,9 +87,11 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
           int64_t s = 0;
           for (int64_t p = 0; p < d.k; ++p) s += (int64_t{a[static_cast<size_t>(i * d.k + p)]} - 131) * bv(p, j);
           const double v = double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)];
-          const double want = act == Activation::relu ? std::max(0.0, v)
-                              : act == Activation::clip ? std::clamp(v, double{spec.a}, double{spec.b})
+          const double want = act == Activation::relu      ? std::max(0.0, v)
+                              : act == Activation::clip    ? std::clamp(v, double{spec.a}, double{spec.b})
                               : act == Activation::sigmoid ? 1 / (1 + std::exp(-v))
+                              : act == Activation::silu    ? v / (1 + std::exp(-v))
+                              : act == Activation::tanh    ? std::tanh(v)
                                                            : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
           const float got = y[static_cast<size_t>(i * d.n + j)];
           ASSERT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want))) << i << "," << j;
