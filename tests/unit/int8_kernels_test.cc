@@ -158,7 +158,9 @@ TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
       for (QConv v : {s, QConv{1, 24, 7, 7, 24, 3, 1, 24}, QConv{1, 16, 30, 30, 24, 3, 2, 1}}) {
         v.act = act, v.per_channel = per_channel, v.activation = "Silu";
         SCOPED_TRACE("silu " + std::to_string(v.c) + "->" + std::to_string(v.m) + " group " + std::to_string(v.group));
-        const testing::BothRuns r = testing::run_both(qconv_case(v));
+        Case c = qconv_case(v);
+        c.kernel = "onednn.qconv";  // a u8 depthwise one is kiln's by default
+        const testing::BothRuns r = testing::run_both(c);
         EXPECT_EQ(r.kernel, "onednn.qconv");
         EXPECT_NE(r.label.find(", kiln silu"), std::string::npos) << r.label;
         ASSERT_EQ(r.fast.size(), 1u);
@@ -168,6 +170,49 @@ TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
       }
     }
   }
+}
+
+// kiln's depthwise kernel (u8 in and out, channels-last): channels in whole blocks of 64 and
+// past them (a block of fewer than 16 too), 3x3, 5x5 and 7x7 filters (one and two groups of
+// filter rows; 7x7 on the loop for any width), strides 1 and 2, rows and columns mostly padding, two images; no activation, ReLU, Clip and
+// SiLU; per-channel and per-tensor weights, with and without a bias. It declines s8
+// activations, a residual and other activations, which oneDNN's kernel runs.
+TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
+  SKIP_WITHOUT_VNNI();
+  for (QConv s : std::vector<QConv>{{2, 64, 9, 11, 64, 3, 1, 64}, {1, 144, 10, 10, 144, 3, 2, 144}, {1, 40, 7, 6, 40, 5, 1, 40},
+                                    {1, 67, 9, 9, 67, 5, 2, 67}, {1, 8, 3, 2, 8, 3, 1, 8}, {1, 130, 1, 5, 130, 3, 1, 130},
+                                    {1, 24, 9, 10, 24, 7, 1, 24}}) {
+    for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
+      s.activation = activation;
+      s.per_channel = s.c % 2 == 0;
+      s.bias = std::string(activation) != "Relu";
+      SCOPED_TRACE(std::to_string(s.n) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w) + "x" + std::to_string(s.c) + " k" +
+                   std::to_string(s.k) + " s" + std::to_string(s.stride) + " " + activation);
+      Case c = qconv_case(s);
+      c.kernel = "kiln.qdwconv_u8s8_avx512";  // the default rule leaves fewer than 64 channels to oneDNN
+      expect_within_one_step(c, "kiln.qdwconv_u8s8_avx512");
+    }
+  }
+  // The default rule (qdwconv_defers): 64 channels and more are kiln's, but for stride 2 over
+  // an image 56 or more wide; fewer channels are oneDNN's.
+  for (const auto& [v, kernel] : std::vector<std::pair<QConv, std::string>>{
+           {{1, 64, 9, 11, 64, 3, 1, 64}, "kiln.qdwconv_u8s8_avx512"},
+           {{1, 96, 12, 55, 96, 3, 2, 96}, "kiln.qdwconv_u8s8_avx512"},
+           {{1, 96, 12, 56, 96, 3, 2, 96}, "onednn.qconv"},
+           {{1, 64, 12, 56, 64, 3, 1, 64}, "kiln.qdwconv_u8s8_avx512"},
+           {{1, 48, 9, 11, 48, 3, 1, 48}, "onednn.qconv"}}) {
+    SCOPED_TRACE(std::to_string(v.h) + "x" + std::to_string(v.w) + "x" + std::to_string(v.c) + " s" + std::to_string(v.stride));
+    expect_within_one_step(qconv_case(v), kernel);
+  }
+  QConv s{1, 64, 8, 8, 64, 3, 1, 64};
+  s.act = DType::i8;
+  EXPECT_EQ(testing::run_both(qconv_case(s)).kernel, "onednn.qconv");
+  s.act = DType::u8;
+  s.residual = true;
+  EXPECT_EQ(testing::run_both(qconv_case(s)).kernel, "onednn.qconv");
+  s.residual = false;
+  s.activation = "HardSwish";
+  EXPECT_EQ(testing::run_both(qconv_case(s)).kernel, "onednn.qconv");
 }
 
 // Without VNNI, oneDNN 2.6's int8 convolutions sum pairs of u8 · s8 products in 16 bits

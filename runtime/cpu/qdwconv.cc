@@ -1,0 +1,168 @@
+// kiln.qdwconv_u8s8_avx512: QFusedConv that is a channels-last depthwise 2-D convolution (one
+// input and one output channel per group: MobileNetV2's, EfficientNet-B0's) on u8 activations,
+// with AVX-512 VNNI's `vpdpbusd` summing four filter rows of a channel per lane (qdwconv.h).
+// The epilogue (x's zero point taken away in integers, the scale, the bias, ReLU, Clip or SiLU,
+// the requantization) runs on each output column's registers. The threads share the output
+// rows; each builds a row's quads in its own scratch, in L1.
+#include <omp.h>
+
+#include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/qdwconv.h"
+#include "runtime/kernel.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype == DType::undefined) continue;
+    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
+    if (i != 0 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
+  }
+  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined) return "a residual";
+  if (q.inputs[0].dtype != DType::u8 || q.outputs[0].dtype != DType::u8) return "not u8 in and out";
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+  if (xs.size() != 4) return "not 2-D";
+  if (shape_numel(xs) == 0) return "an empty input";
+  const int64_t c = xs[3];
+  if (q.node.attr_int("group", 1) != c || ws[0] != c || ws[1] != 1) return "not depthwise (one channel per group in and out)";
+  for (double z : q.inputs[5].value->to_double_vector())
+    if (z != 0) return "the weights' zero points are not all zero";
+  for (int64_t d : q.node.attr_ints("dilations"))
+    if (d != 1) return "dilated";
+  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
+  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
+  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
+  if (!act.ok() || !post.ok() || post->kind != Activation::none) return "a post activation";
+  const Activation k = act->kind;
+  if (k != Activation::none && k != Activation::relu && k != Activation::clip && k != Activation::silu) return "an activation other than ReLU, Clip or SiLU";
+  return std::nullopt;
+}
+
+// The default rule's share: oneDNN (brdgmm_dw, jit_int8) keeps the layers of fewer than 64
+// channels, where most of a block's 64 lanes run empty, and the stride-2 ones over images 56 or
+// more wide, where each output column builds two input columns' quads rather than one. On the
+// 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled int8 models (us, kiln
+// against oneDNN): MobileNetV2's 112x112x32 123 / 99, stride 2 onto 56x56x96 124 / 80 and
+// onto 28x28x144 34 / 31, EfficientNet-B0's 5x5 stride 2 onto 28x28x144 148 / 106; kiln's
+// won the other 13 and 13 depthwise layers (56x56x144 98 / 112, 28x28x192 25 / 39, 14x14x672
+// with SiLU 99 / 129, 7x7x1152 43 / 69, stride 2 onto 14x14x192 9.0 / 11.6). max-autotune times both.
+std::optional<std::string> qdwconv_defers(const KernelQuery& q) {
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
+  if (xs[3] < qdw::kBlock) return "fewer than " + std::to_string(qdw::kBlock) + " channels (oneDNN measured faster)";
+  if (q.node.attr_ints("strides", {1, 1})[0] == 2 && xs[2] >= 56) return "stride 2 over an image 56 or more wide (oneDNN measured faster)";
+  return std::nullopt;
+}
+
+class QDwConvKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+    KILN_ASSIGN_OR_RETURN(nn::Window win, nn::resolve_window(q.node, {xs[1], xs[2]}, {ws[2], ws[3]}, false));
+    qdw::Params& p = p_;
+    n_ = xs[0];
+    p.h = xs[1], p.w = xs[2], p.c = xs[3], p.kh = ws[2], p.kw = ws[3];
+    p.s = win.strides[0], p.pt = win.pads[0], p.pl = win.pads[1], p.oh = ys[1], p.ow = ys[2];
+    p.blocks = (p.c + qdw::kBlock - 1) / qdw::kBlock;
+    p.groups = (p.kh + qdw::kGroupRows - 1) / qdw::kGroupRows;
+    const int32_t zx = constant_zero_point(q.inputs[2]);
+    p.x_zero = static_cast<uint8_t>(zx);
+    KILN_ASSIGN_OR_RETURN(const ActivationSpec act, read_activation(q.node, "activation"));
+    const float inv = 1.f / constant_scalar(q.inputs[6]), zy = static_cast<float>(constant_zero_point(q.inputs[7]));
+    p.silu = act.kind == Activation::silu;
+    p.inv_y_scale = inv, p.y_zero = zy;
+    // ReLU's and Clip's bounds as codes (requantizing is monotonic, so clamping the value and
+    // then requantizing is clamping its code to theirs), within what the packs saturate.
+    if (act.kind == Activation::relu) p.lo = std::max(p.lo, zy);
+    if (act.kind == Activation::clip) p.lo = std::max(p.lo, act.a * inv + zy), p.hi = std::min(p.hi, act.b * inv + zy);
+    p.hi = std::max(p.hi, p.lo);
+
+    // The weights as quads and the per-channel constants, in the sums' lane order: lane i of
+    // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h).
+    const Tensor& wt = *q.inputs[3].value;  // [C, 1, KH, KW]
+    const int8_t* w = wt.data<int8_t>();
+    const float sx = constant_scalar(q.inputs[1]);
+    const std::vector<double> sw = q.inputs[4].value->to_double_vector();
+    const bool has_bias = q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined;
+    const float* bias = has_bias ? q.inputs[8].value->data<float>() : nullptr;
+    weights_.assign(static_cast<size_t>(p.blocks * p.groups * p.kw * 4 * qdw::kBlock), 0);
+    scale_.assign(static_cast<size_t>(p.blocks * qdw::kBlock), 0.f);
+    bias_.assign(scale_.size(), 0.f);
+    for (int64_t b = 0; b < p.blocks; ++b)
+      for (int64_t v = 0; v < 4; ++v)
+        for (int64_t i = 0; i < 16; ++i) {
+          const int64_t ch = b * qdw::kBlock + 16 * (i / 4) + 4 * v + i % 4;
+          if (ch >= p.c) continue;
+          const size_t lane = static_cast<size_t>((b * 4 + v) * 16 + i);
+          int32_t sum = 0;
+          for (int64_t dy = 0; dy < p.kh; ++dy)
+            for (int64_t dx = 0; dx < p.kw; ++dx) {
+              const int8_t wv = w[(ch * p.kh + dy) * p.kw + dx];
+              sum += wv;
+              const int64_t g = dy / qdw::kGroupRows, k = dy % qdw::kGroupRows;
+              weights_[static_cast<size_t>((((b * p.groups + g) * p.kw + dx) * 4 + v) * qdw::kBlock + i * 4 + k)] = wv;
+            }
+          // y = (Σ − zx·Σw) · scale + bias; in codes (no SiLU), y · inv + zy.
+          const float scale = sx * static_cast<float>(sw[sw.size() == 1 ? 0 : static_cast<size_t>(ch)]);
+          const float offset = (bias ? bias[ch] : 0.f) - static_cast<float>(zx * sum) * scale;
+          scale_[lane] = p.silu ? scale : scale * inv;
+          bias_[lane] = p.silu ? offset : offset * inv + zy;
+        }
+    p.weights = weights_.data();
+    p.scale = scale_.data();
+    p.bias = bias_.data();
+    threads_ = std::max(1, q.target.threads);
+    scratch_ = static_cast<size_t>((qdw::scratch_bytes(p) + 63) / 64 * 64);
+    needs.workspace_bytes = static_cast<size_t>(threads_) * scratch_ + 64;
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const auto* x = static_cast<const uint8_t*>(ctx.input(0).raw());
+    auto* y = static_cast<uint8_t*>(ctx.output(0).raw());
+    const std::span<std::byte> ws = ctx.workspace();
+    auto* scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) / 64 * 64);
+    const int64_t rows = n_ * p_.oh;
+    const int t = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), rows}));
+#pragma omp parallel num_threads(t) if (t > 1)
+    {
+      WorkerSpan span;
+      const int i = omp_get_thread_num();
+      const auto [r0, r1] = even_share(rows, omp_get_num_threads(), i);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / p_.oh;
+        qdw::row(p_, x + b * p_.h * p_.w * p_.c, y + b * p_.oh * p_.ow * p_.c, r % p_.oh, scratch + static_cast<size_t>(i) * scratch_);
+      }
+    }
+    return {};
+  }
+
+ private:
+  qdw::Params p_;
+  int64_t n_ = 0;
+  std::vector<int8_t> weights_;
+  std::vector<float> scale_, bias_;
+  int threads_ = 1;
+  size_t scratch_ = 0;  ///< bytes a thread
+};
+
+}  // namespace
+
+void register_qdwconv(KernelRegistry& r) {
+  CpuFeatures isa = isa_features(Isa::avx512);
+  isa.avx512_vnni = true;
+  r.add("QFusedConv", "cpu",
+        KernelImpl{.name = "kiln.qdwconv_u8s8_avx512",
+                   .declines = qdwconv_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<QDwConvKernel>(); },
+                   .needs_isa = isa,
+                   .defers = qdwconv_defers});
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,52 @@
+// kiln's int8 depthwise convolution (kiln.qdwconv_u8s8_avx512, runtime/cpu/qdwconv.cc): what
+// the kernel prepares once and what its AVX-512 VNNI build (qdwconv_avx512.cc) computes a row
+// at a time.
+//
+// `vpdpbusd` adds four u8 · s8 products into each 32-bit lane. Here the four are four filter
+// rows of one filter column and one channel: for each input column, the bytes of four input
+// rows are interleaved (two byte unpacks and two word unpacks of 64 channels), so that lane i
+// of "quad" vector v holds channel 16·(i / 4) + 4·v + i % 4's four rows. A quad serves every
+// output column whose window covers its input column, against the packed weights of that
+// filter column (the same interleave of four filter rows, zero past the filter's height). The
+// sums' lanes are therefore channels in that order; two saturating packs (s32 → s16 of vectors
+// 0 and 1, 2 and 3, then s16 → u8) undo it, so a block's 64 codes are stored in channel order.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu::qdw {
+
+/// Channels a block (four vectors of sums); rows of the filter a group (one quad).
+inline constexpr int64_t kBlock = 64, kGroupRows = 4;
+
+/// What the row kernel needs, set once by prepare.
+struct Params {
+  int64_t h = 0, w = 0, c = 0;  ///< x is [n, h, w, c] u8
+  int64_t kh = 0, kw = 0, s = 1, pt = 0, pl = 0;
+  int64_t oh = 0, ow = 0;  ///< y is [n, oh, ow, c] u8
+  int64_t blocks = 0, groups = 0;
+  uint8_t x_zero = 0;  ///< the bytes of a padded pixel
+  /// [blocks][groups][kw][4 vectors][64 bytes]: each lane's four rows of the filter column.
+  const int8_t* weights = nullptr;
+  /// [blocks][4 vectors][16 lanes] each, in the sums' lane order: the factor and the offset
+  /// that make a lane's sum Σ x·w its value: with SiLU, y = Σ · x_scale·w_scale + bias − x's
+  /// zero point · Σw · x_scale·w_scale (the SiLU's argument); otherwise that y already in
+  /// y's codes (· 1 / y_scale, + y's zero point), unrounded.
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  bool silu = false;
+  float inv_y_scale = 1, y_zero = 0;  ///< SiLU's values into codes
+  /// The codes' bounds before rounding: ReLU's or Clip's in codes, within [−1, 256] (the packs
+  /// saturate to 0..255 after).
+  float lo = -1, hi = 256;
+};
+
+/// Bytes of one thread's scratch: a block's quads of each group over the input columns the
+/// output row reads.
+inline int64_t scratch_bytes(const Params& p) { return p.groups * ((p.ow - 1) * p.s + p.kw) * 4 * kBlock; }
+
+/// Output row `oy` of an image: y's row (y: the image's [oh, ow, c]) from x (its [h, w, c]),
+/// `scratch` 64-byte aligned, scratch_bytes long.
+void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch);
+
+}  // namespace kiln::cpu::qdw

@@ -1,0 +1,115 @@
+// The int8 depthwise convolution's row kernel (qdwconv.h), built with AVX-512 BW and VNNI
+// (CMake sets the flags for this file); qdwconv.cc calls it only on CPUs that have them.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "formats/ops/epilogue.h"
+#include "runtime/cpu/qdwconv.h"
+#include "runtime/cpu/vps.h"
+
+namespace kiln::cpu::qdw {
+
+namespace {
+
+// SiLU a vector at a time, as the row kernels compute it.
+#include "runtime/cpu/logistic.inc"
+
+__mmask64 byte_mask(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
+
+// One block's quads of group g for the input columns [0, cols) of the window (column q is the
+// image's column q − pl): rows r0 + 4g .. r0 + 4g + 3 of x, a row outside the image (or past
+// the filter's height, whose weights are zero) and a column in the padding read as x's zero
+// point. `mk`: the block's channels.
+void build_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, int64_t c0, __mmask64 mk, int64_t cols, __m512i* out) {
+  const __m512i pad = _mm512_set1_epi8(static_cast<char>(p.x_zero));
+  const uint8_t* rows[kGroupRows];
+  for (int64_t k = 0; k < kGroupRows; ++k) {
+    const int64_t r = r0 + g * kGroupRows + k;
+    rows[k] = r >= 0 && r < p.h && g * kGroupRows + k < p.kh ? x + (r * p.w) * p.c + c0 : nullptr;
+  }
+  for (int64_t q = 0; q < cols; ++q) {
+    const int64_t col = q - p.pl;
+    __m512i t[kGroupRows];
+    for (int64_t k = 0; k < kGroupRows; ++k)
+      t[k] = rows[k] && col >= 0 && col < p.w ? _mm512_mask_loadu_epi8(pad, mk, rows[k] + col * p.c) : pad;
+    const __m512i lo01 = _mm512_unpacklo_epi8(t[0], t[1]), hi01 = _mm512_unpackhi_epi8(t[0], t[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi8(t[2], t[3]), hi23 = _mm512_unpackhi_epi8(t[2], t[3]);
+    __m512i* o = out + q * 4;
+    _mm512_store_si512(o + 0, _mm512_unpacklo_epi16(lo01, lo23));
+    _mm512_store_si512(o + 1, _mm512_unpackhi_epi16(lo01, lo23));
+    _mm512_store_si512(o + 2, _mm512_unpacklo_epi16(hi01, hi23));
+    _mm512_store_si512(o + 3, _mm512_unpackhi_epi16(hi01, hi23));
+  }
+}
+
+// The block's output columns: the sums of every group's quads against its weights, then the
+// epilogue and the packs back into channel order. KW, S and G (groups) known (0: p's).
+template <int KW, int S, int G>
+void columns(const Params& p, const __m512i* quads, int64_t quad_stride, const int8_t* weights, int64_t b, __mmask64 mk, uint8_t* y) {
+  const int64_t kw = KW ? KW : p.kw, s = S ? S : p.s, groups = G ? G : p.groups;
+  // The block's constants and weights in registers (or the stack): stores through bytes may
+  // alias anything, so read from memory each would be loaded again after every store.
+  __m512 scale[4], bias[4];
+  for (int v = 0; v < 4; ++v) {
+    scale[v] = _mm512_loadu_ps(p.scale + (b * 4 + v) * 16);
+    bias[v] = _mm512_loadu_ps(p.bias + (b * 4 + v) * 16);
+  }
+  constexpr int kMaxW = G && KW ? G * KW * 4 : 1;
+  __m512i wv[kMaxW];
+  if constexpr (G && KW)
+    for (int i = 0; i < kMaxW; ++i) wv[i] = _mm512_loadu_si512(weights + i * kBlock);
+  const bool silu = p.silu;
+  const __m512 inv = _mm512_set1_ps(p.inv_y_scale), zero = _mm512_set1_ps(p.y_zero);
+  const __m512 lo = _mm512_set1_ps(p.lo), hi = _mm512_set1_ps(p.hi);
+  const int64_t ow = p.ow, c = p.c;
+  for (int64_t j = 0; j < ow; ++j) {
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 2
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m512i* qd = quads + g * quad_stride + j * s * 4;
+#pragma GCC unroll 8
+      for (int64_t dx = 0; dx < kw; ++dx)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) {
+          const int64_t i = (g * kw + dx) * 4 + v;
+          const __m512i w = G && KW ? wv[i] : _mm512_loadu_si512(weights + i * kBlock);
+          acc[v] = _mm512_dpbusd_epi32(acc[v], _mm512_load_si512(qd + dx * 4 + v), w);
+        }
+    }
+    __m512i code[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), scale[v], bias[v]);
+      if (silu) t = _mm512_fmadd_ps(logistic<Activation::silu>(t), inv, zero);
+      code[v] = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, t)));  // a NaN: lo
+    }
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_packs_epi32(code[2], code[3]));
+    if (mk == ~__mmask64{0}) _mm512_storeu_si512(y + j * c, bytes);
+    else _mm512_mask_storeu_epi8(y + j * c, mk, bytes);
+  }
+}
+
+}  // namespace
+
+void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch) {
+  const int64_t cols = (p.ow - 1) * p.s + p.kw, r0 = oy * p.s - p.pt;
+  auto* quads = reinterpret_cast<__m512i*>(scratch);
+  const int64_t quad_stride = cols * 4;
+  // MobileNetV2's and EfficientNet-B0's filters known at compile time (3x3: one group of four
+  // filter rows; 5x5: two), others as given.
+  const bool g1 = p.groups == 1, g2 = p.groups == 2;
+  auto run = p.kw == 3 && p.s == 1 && g1   ? columns<3, 1, 1>
+             : p.kw == 3 && p.s == 2 && g1 ? columns<3, 2, 1>
+             : p.kw == 5 && p.s == 1 && g2 ? columns<5, 1, 2>
+             : p.kw == 5 && p.s == 2 && g2 ? columns<5, 2, 2>
+                                           : columns<0, 0, 0>;
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const int64_t c0 = b * kBlock;
+    const __mmask64 mk = byte_mask(p.c - c0);
+    for (int64_t g = 0; g < p.groups; ++g) build_quads(p, x, r0, g, c0, mk, cols, quads + g * quad_stride);
+    run(p, quads, quad_stride, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, y + (oy * p.ow) * p.c + c0);
+  }
+}
+
+}  // namespace kiln::cpu::qdw
