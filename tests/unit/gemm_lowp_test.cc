@@ -166,9 +166,10 @@ TEST(GemmLowp, Bf16) {
 }
 
 // f16 · f16 on AVX512-FP16: against the products of the f16-rounded inputs summed in double.
-// The kernel sums in f16 for kF16Block steps of K, so each value may be off by what f16 sums
-// of that length lose (a few 2^-11 of their size), never by what a sum over all of K in f16
-// would (the last size: K = 1000, a 16x longer run than a block).
+// The kernel sums in f16 for kF16Block products, and adds kF16Group such sums in f16, so each
+// value may be off by what f16 sums of that length lose (a few 2^-11 of their size), never by
+// what a sum over all of K in f16 would (K = 1000 and 3300: the f16 sums widened between
+// groups and in the middle of one).
 TEST(GemmLowp, F16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
   std::mt19937 rng(3);

@@ -10,14 +10,17 @@
 // words of A for 24 FMAs. An 8×64 tile of single steps (each value doubled in its word) loaded
 // 10 for 16 and ran at 205-215 GFLOP/s with B in L1 on the 2-core Xeon; this one runs at
 // 250-273, of 305-326 that register-only FMAs reach.
-// Those sums round to f16 at every step, so they run for kF16Block products only (a block is
-// twice as many steps of K), then are widened (`vcvtph2psx`) and added into the tile's f32
-// sums, which keep the two steps apart. Those wait in L1 between blocks (the f16 sums take 24
-// registers); after the last block each pair of lanes is added and the tile goes to C from the
-// registers. Widening is what the block costs beyond its FMAs (on the 2-core Xeon the GEMM
-// bench's f16 rows ran at 83-88 % of peak with blocks as long as a chunk, 75-79 % with blocks
-// of 64), so it widens from memory: one FMA-port uop a half, against two and a shuffle from a
-// register (77-82 %).
+// Those sums round to f16 at every step, so each runs for kF16Block products only (a block is
+// twice as many steps of K). The sums of kF16Group blocks are added together in f16, one
+// add a register a block, each rounding once at the group's size, then widened (`vcvtph2psx`)
+// and added into the tile's f32 sums, which keep the two steps apart. Those wait in L1 between
+// groups (the f16 sums take 24 registers); after the last block each pair of lanes is added
+// and the tile goes to C from the registers. Widening is what a block costs beyond its FMAs
+// (on the 2-core Xeon the GEMM bench's f16 rows ran at 83-88 % of peak with blocks as long as a
+// chunk, 75-79 % widening every block of 64), so it widens from memory (one FMA-port uop a
+// half, against two and a shuffle from a register: 77-82 %) and once a group: four uops a
+// register, a quarter as often, for three adds (on the AMX Xeon, the 128x768x768 product's
+// tiles alone from 82-84 % of peak to 85-87 %, five alternated runs).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -56,9 +59,10 @@ struct Finish {
 };
 
 // C[MRT×w] (`ldc` apart) = (q0 = 0 ? init : C) + Σ over pairs [q0, q1) of A's copied rows
-// (`lda` words apart) · B's panel, then `fin`. The f16 sums (24 registers) are widened and added
-// to the f32 sums at the end of each block: kept in `sums` (L1) between blocks, each pair of
-// lanes added after the last and written to C. Every kFetchSteps pairs it fetches its lines of
+// (`lda` words apart) · B's panel, then `fin`. The f16 sums (24 registers) join their group's
+// in `spill` after each block and are widened and added to the f32 sums after each group's
+// last: kept in `sums` (L1) between groups, each pair of lanes added after the last and
+// written to C. Every kFetchSteps pairs it fetches its lines of
 // the next panel (`pf`).
 template <int MRT>
 void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
@@ -80,6 +84,7 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
       for (int j = 0; j < NV; ++j) put(i, j, base(i, j));
     return;
   }
+  alignas(64) uint16_t spill[MRT][NV][32];  // the group's f16 sums so far
   for (int64_t r0 = q0; r0 < q1; r0 += kPairs) {
     __m512h h[MRT][NV];
     for (int i = 0; i < MRT; ++i)
@@ -100,15 +105,22 @@ void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t
       if ((q - r0) % kFetchSteps == 0) pf.fetch();
       step(q);
     }
-    // The f16 sums go to L1 first, so that each half widens from memory (`vcvtph2psx zmm, m256`:
-    // one uop on the FMA port, where widening a register takes a shuffle too).
-    alignas(64) uint16_t spill[MRT][NV][32];
+    // The block's sums join the group's earlier ones in f16 (one add a register), and the
+    // group's widen after its last block. Between blocks and before widening they wait in L1:
+    // each half widens from memory (`vcvtph2psx zmm, m256`: one uop on the FMA port, where
+    // widening a register takes a shuffle too).
+    const int64_t index = (r0 - q0) / kPairs;  // the block's number in this chunk of K
+    const bool last = r1 == q1, first = index < kF16Group;
+    if (index % kF16Group != 0)
+      for (int i = 0; i < MRT; ++i)
+        for (int j = 0; j < NV; ++j)
+          h[i][j] = _mm512_add_ph(h[i][j], _mm512_castsi512_ph(_mm512_load_si512(spill[i][j])));
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < NV; ++j) _mm512_store_si512(spill[i][j], _mm512_castph_si512(h[i][j]));
+    if (!last && index % kF16Group != kF16Group - 1) continue;
     auto widen = [&](int i, int j, int half) {
       return _mm512_cvtxph_ps(_mm256_castsi256_ph(_mm256_load_si256(reinterpret_cast<const __m256i*>(&spill[i][j][half * 16]))));
     };
-    const bool first = r0 == q0, last = r1 == q1;
     if (!last) {
       for (int i = 0; i < MRT; ++i)
         for (int j = 0; j < NV; ++j)

@@ -112,15 +112,22 @@ size_t bf16_workspace_bytes(int64_t m, int64_t k);
 // ---- f16 · f16 (AVX512-FP16) -----------------------------------------------------------------
 
 /// The f16 kernel's register tile: 6 rows × 64 columns over pairs of K steps, each row four
-/// vectors of 16 columns × 2 steps of f16 sums (added into the tile's f32 sums every kF16Block
-/// products, the two steps of each column added at the end).
+/// vectors of 16 columns × 2 steps of f16 sums (added into the tile's f32 sums every
+/// kF16Block · kF16Group products, the two steps of each column added at the end).
 inline constexpr Tile kF16Tile{6, 64};
-/// The products each f16 sum adds before it is added to the f32 sums (a block of 2·kF16Block
-/// steps of K, a lane taking every other one): AVX512-FP16's FMAs round each sum to f16
-/// (11 bits), so a block's error grows with its length. 64 keeps BERT-base within 2.6e-3
-/// relative L2 of f32 (32: 2.0e-3) and ResNet-50 within 4.1e-4 (3.9e-4), and ResNet-50 ran 6 %
-/// faster than with 32 (half as many widenings of the sum registers).
+/// The products each f16 sum adds in a row (a block of 2·kF16Block steps of K, a lane taking
+/// every other one): AVX512-FP16's FMAs round each sum to f16 (11 bits), so a block's error
+/// grows with its length. 64 kept BERT-base within 2.6e-3 relative L2 of f32 (32: 2.0e-3) and
+/// ResNet-50 within 4.1e-4 (3.9e-4), and ResNet-50 ran 6 % faster than with 32 (half as many
+/// widenings of the sum registers).
 inline constexpr int64_t kF16Block = 64;
+/// Blocks whose f16 sums are added together in f16 (one add a register a block, each rounding
+/// once at the group's size) before they are widened and added to the f32 sums (four uops a
+/// register). With 4, BERT-base's relative L2 read 2.61e-3 and ResNet-50's 4.22e-4 (2.6e-3 and
+/// 4.2e-4 widening every block), and on the AMX Xeon the GEMM bench's f16 rows ran 1.83-1.93x
+/// kiln's f32 instead of 1.76-1.85x, the fp16 models in 0.950 (BERT-base) and 0.965 (ResNet-50)
+/// of their time at one thread; 8 and 16 measured no faster than 4.
+inline constexpr int64_t kF16Group = 4;
 /// The most steps of K one pass over B's panels takes (more are split into even chunks of whole
 /// blocks, the partial sums kept in C), so that a block of A's rows and a panel over a chunk
 /// stay in L2 together (ResNet-50's 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms
