@@ -1,8 +1,9 @@
 // kiln.qdwconv_u8s8_avx512: QFusedConv that is a channels-last depthwise 2-D convolution (one
 // input and one output channel per group: MobileNetV2's, EfficientNet-B0's) on u8 activations,
 // with AVX-512 VNNI's `vpdpbusd` summing four filter rows of a channel per lane (qdwconv.h).
-// The epilogue (x's zero point taken away in integers, the scale, the bias, ReLU, Clip or SiLU,
-// the requantization) runs on each output column's registers. The threads share the output
+// The epilogue (the scale, and the bias less what x's zero point adds, zx · Σw · scale, folded
+// into one offset per channel; ReLU, Clip or SiLU; the requantization) runs on each output
+// column's registers. The threads share the output
 // rows; each builds a row's quads in its own scratch, in L1.
 #include <omp.h>
 
