@@ -50,10 +50,11 @@ std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
 // channels, where most of a block's 64 lanes run empty, and the stride-2 ones over images 56 or
 // more wide, where each output column builds two input columns' quads rather than one. On the
 // 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled int8 models (us, kiln
-// against oneDNN): MobileNetV2's 112x112x32 123 / 99, stride 2 onto 56x56x96 124 / 80 and
-// onto 28x28x144 34 / 31, EfficientNet-B0's 5x5 stride 2 onto 28x28x144 148 / 106; kiln's
-// won the other 13 and 13 depthwise layers (56x56x144 98 / 112, 28x28x192 25 / 39, 14x14x672
-// with SiLU 99 / 129, 7x7x1152 43 / 69, stride 2 onto 14x14x192 9.0 / 11.6). max-autotune times both.
+// against oneDNN): 112x112x32 123 / 99 (MobileNetV2), 320 / 226 (EfficientNet-B0, SiLU);
+// stride 2 onto 56x56x96 124 / 80 and 225 / 215, onto 28x28x144 34 / 31 and (5x5) 148 / 106;
+// kiln's won the other 14 and 13 depthwise layers (56x56x144 98 / 112, 28x28x192 25 / 39,
+// 14x14x672 with SiLU 99 / 129, 7x7x1152 43 / 69, stride 2 onto 14x14x192 9.0 / 11.6).
+// max-autotune times both.
 std::optional<std::string> qdwconv_defers(const KernelQuery& q) {
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
   if (xs[3] < qdw::kBlock) return "fewer than " + std::to_string(qdw::kBlock) + " channels (oneDNN measured faster)";
