@@ -121,6 +121,7 @@ class QDwConvKernel final : public Kernel {
     p.bias = bias_.data();
     threads_ = std::max(1, q.target.threads);
     scratch_ = static_cast<size_t>((qdw::scratch_bytes(p) + 63) / 64 * 64);
+    row_ = qdw::row_kernel(p);
     needs.workspace_bytes = static_cast<size_t>(threads_) * scratch_ + 64;
     return {};
   }
@@ -139,7 +140,7 @@ class QDwConvKernel final : public Kernel {
       const auto [r0, r1] = even_share(rows, omp_get_num_threads(), i);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = r / p_.oh;
-        qdw::row(p_, x + b * p_.h * p_.w * p_.c, y + b * p_.oh * p_.ow * p_.c, r % p_.oh, scratch + static_cast<size_t>(i) * scratch_);
+        row_(p_, x + b * p_.h * p_.w * p_.c, y + b * p_.oh * p_.ow * p_.c, r % p_.oh, scratch + static_cast<size_t>(i) * scratch_);
       }
     }
     return {};
@@ -147,6 +148,7 @@ class QDwConvKernel final : public Kernel {
 
  private:
   qdw::Params p_;
+  qdw::RowFn row_ = nullptr;
   int64_t n_ = 0;
   std::vector<int8_t> weights_;
   std::vector<float> scale_, bias_;

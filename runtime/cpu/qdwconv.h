@@ -47,6 +47,8 @@ inline int64_t scratch_bytes(const Params& p) { return p.groups * ((p.ow - 1) * 
 
 /// Output row `oy` of an image: y's row (y: the image's [oh, ow, c]) from x (its [h, w, c]),
 /// `scratch` 64-byte aligned, scratch_bytes long.
-void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch);
+using RowFn = void (*)(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch);
+/// The row kernel for p's filter and stride (chosen once, when the kernel is prepared).
+RowFn row_kernel(const Params& p);
 
 }  // namespace kiln::cpu::qdw

@@ -90,26 +90,31 @@ void columns(const Params& p, const __m512i* quads, int64_t quad_stride, const i
   }
 }
 
-}  // namespace
-
+// Output row `oy`: each block's quads, then its columns through `Columns`.
+template <void (*Columns)(const Params&, const __m512i*, int64_t, const int8_t*, int64_t, __mmask64, uint8_t*)>
 void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch) {
   const int64_t cols = (p.ow - 1) * p.s + p.kw, r0 = oy * p.s - p.pt;
   auto* quads = reinterpret_cast<__m512i*>(scratch);
   const int64_t quad_stride = cols * 4;
-  // MobileNetV2's and EfficientNet-B0's filters known at compile time (3x3: one group of four
-  // filter rows; 5x5: two), others as given.
-  const bool g1 = p.groups == 1, g2 = p.groups == 2;
-  auto run = p.kw == 3 && p.s == 1 && g1   ? columns<3, 1, 1>
-             : p.kw == 3 && p.s == 2 && g1 ? columns<3, 2, 1>
-             : p.kw == 5 && p.s == 1 && g2 ? columns<5, 1, 2>
-             : p.kw == 5 && p.s == 2 && g2 ? columns<5, 2, 2>
-                                           : columns<0, 0, 0>;
   for (int64_t b = 0; b < p.blocks; ++b) {
     const int64_t c0 = b * kBlock;
     const __mmask64 mk = byte_mask(p.c - c0);
     for (int64_t g = 0; g < p.groups; ++g) build_quads(p, x, r0, g, c0, mk, cols, quads + g * quad_stride);
-    run(p, quads, quad_stride, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, y + (oy * p.ow) * p.c + c0);
+    Columns(p, quads, quad_stride, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, y + (oy * p.ow) * p.c + c0);
   }
+}
+
+}  // namespace
+
+RowFn row_kernel(const Params& p) {
+  // MobileNetV2's and EfficientNet-B0's filters known at compile time (3x3: one group of four
+  // filter rows; 5x5: two), others as given.
+  const bool g1 = p.groups == 1, g2 = p.groups == 2;
+  return p.kw == 3 && p.s == 1 && g1   ? row<columns<3, 1, 1>>
+         : p.kw == 3 && p.s == 2 && g1 ? row<columns<3, 2, 1>>
+         : p.kw == 5 && p.s == 1 && g2 ? row<columns<5, 1, 2>>
+         : p.kw == 5 && p.s == 2 && g2 ? row<columns<5, 2, 2>>
+                                       : row<columns<0, 0, 0>>;
 }
 
 }  // namespace kiln::cpu::qdw
