@@ -8,7 +8,9 @@
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
 // independent FMAs on 16 zmm or 12 ymm accumulators (enough to hide the FMA latency on two
-// ports), AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time. Both
+// ports), AVX-512 where the CPU has it and AVX2+FMA otherwise, chosen at run time, timed as one
+// more call between the kernels' (PeakBeside) so that each share compares two medians taken
+// at the same clock; --sweep's rows use the probe taken at the start. Both
 // libraries' B is constant and packed ahead (oneDNN's into the layout it picks, kiln's for its
 // tile), as `kiln compile` stores it; each GEMM's time is the median of --runs calls. kiln runs
 // its default parameters (gemm::default_params), or with --sweep the fastest of every tile, Kc,
@@ -165,6 +167,19 @@ double median(std::vector<double> t) {
   return t[t.size() / 2];
 }
 
+// One precision's peak probed as a call of an interleaved run (one repeat, a few milliseconds),
+// so that it runs at the clock the kernels beside it run at; its readings' median is the peak
+// they are rated against. On the 2-core AMX Xeon an f32 GEMM between the calls slowed the f16
+// GEMM after it and this probe alike (128x768x768: 0.37 -> 0.46 ms; the probe 455-475 -> 390-430
+// GFLOP/s), where a probe taken alone at the start ran at f16's own clock.
+struct PeakBeside {
+  const kiln::CpuFeatures& cpu;
+  std::string precision;
+  int threads = 1;
+  std::vector<double> readings;  // GFLOP/s of each call
+  void operator()() { readings.push_back(kiln::profile::probe_compute_peak(cpu, precision, threads, 1)); }
+};
+
 // oneDNN's lower-precision matmul on one shape, as kiln's runtime/onednn/matmul.cc runs it
 // (AMX where the CPU has it): u8 A with its zero point · s8 B (reordered ahead) scaled to f32,
 // or f32 A reordered to bf16 on each call · bf16 B (reordered ahead) to f32.
@@ -309,7 +324,7 @@ int weight_only(int threads, int64_t group) {
 
 // --tiles: each tile of the ISA with its default parameters for the shape, calls interleaved,
 // one row each; `*` marks the tile default_tile picks.
-void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, int threads, double peak) {
+void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, int threads) {
   const gemm::CacheSizes& caches = gemm::CacheSizes::host();
   std::printf("%-28s   %-50s %9s %7s %6s %6s\n", "shape (MxNxK)", "kiln template", "ms", "GFLOP/s", "peak", "spread");
   for (const Shape& s : shapes) {
@@ -319,8 +334,12 @@ void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, in
     std::vector<std::function<void()>> calls;
     for (const gemm::Tile& t : gemm::tiles(isa)) runs.push_back(pr.kiln(gemm::default_params(isa, t, caches, s.m, s.n, s.k, threads), true));
     for (Problem::Kiln& k : runs) calls.push_back([&k] { Problem::run(k); });
+    PeakBeside probe{kiln::CpuFeatures::host(), "f32", threads};
+    calls.push_back([&probe] { probe(); });
     std::vector<double> spread;
     const std::vector<double> sec = interleaved_all(spread, calls);
+    const double peak = median(probe.readings);
+    std::printf("# %s: the probe beside them %.1f GFLOP/s\n", shape_name(s).c_str(), peak);
     for (size_t i = 0; i < runs.size(); ++i)
       std::printf("%-28s %c %-50s %9.3f %7.1f %5.0f%% %5.0f%%\n", shape_name(s).c_str(), runs[i].p.tile == chosen ? '*' : ' ',
                   runs[i].p.name().c_str(), sec[i] * 1e3, gflops(s, sec[i]), 100.0 * gflops(s, sec[i]) / peak, 100 * spread[i]);
@@ -365,28 +384,31 @@ int main(int argc, char** argv) {
     return 1;
   }
   kiln::use_threads(threads);  // oneDNN and kiln run on kiln's pool, GNU OpenMP's
-  // The peaks of `kiln profile`'s ceilings probe, on one thread.
-  const kiln::profile::Ceilings probed = kiln::profile::probe_ceilings(cpu, 1);
-  const char* probe_isa = probed.f32_isa.c_str();
-  const double core_peak = probed.compute_gflops.at("f32");
+  // The f32 peak of `kiln profile`'s ceilings probe, on one thread (--sweep's yardstick; the
+  // tables rate each kernel against the probe timed beside it).
+  const char* probe_isa = cpu.avx512f ? "avx512" : "avx2";
+  const double core_peak = kiln::profile::probe_compute_peak(cpu, "f32", 1);
   const double peak = core_peak * threads;
   const gemm::CacheSizes& caches = gemm::CacheSizes::host();
-  std::printf("# f32 FMA peak (%s, probed on one thread): %.1f GFLOP/s per core, %.1f for %d thread(s)\n", probe_isa,
-              core_peak, peak, threads);
+  std::printf("# f32 FMA peak (%s, probed on one thread at the start, the best of 4): %.1f GFLOP/s per core, %.1f for %d "
+              "thread(s)\n",
+              probe_isa, core_peak, peak, threads);
   std::printf("# caches per core: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB\n", static_cast<long long>(caches.l1d >> 10),
               static_cast<long long>(caches.l2 >> 10), static_cast<long long>(caches.l3 >> 10));
   if (tiles) {
-    std::printf("# kiln's GEMM, each tile with its default parameters (B packed ahead), calls interleaved; median of %d calls "
-                "each, spread = (max - min) / median\n",
+    std::printf("# kiln's GEMM, each tile with its default parameters (B packed ahead), and the FMA probe (one repeat a call), "
+                "calls interleaved; median of %d calls each; peak = the share of the probe's median beside them, spread = (max - "
+                "min) / median\n",
                 g_runs);
-    tiles_side_by_side(*isa, shapes, threads, peak);
+    tiles_side_by_side(*isa, shapes, threads);
     return 0;
   }
-  std::printf("# oneDNN %d.%d matmul (B reordered ahead) and kiln's GEMM (B packed ahead), calls interleaved; median of %d "
-              "calls each, spread = (max - min) / median\n",
+  std::printf("# oneDNN %d.%d matmul (B reordered ahead), kiln's GEMM (B packed ahead) and the FMA probe (one repeat a call), "
+              "calls interleaved; median of %d calls each; peak = the share of the probe's median beside them, spread = (max - "
+              "min) / median\n",
               dnnl_version()->major, dnnl_version()->minor, g_runs);
-  std::printf("%-28s %9s %7s %6s %6s | %9s %7s %6s %6s | %6s  %s\n", "shape (MxNxK)", "onednn ms", "GFLOP/s", "peak",
-              "spread", "kiln ms", "GFLOP/s", "peak", "spread", "ratio", "kiln template");
+  std::printf("%-28s %9s %7s %6s %6s | %9s %7s %6s %6s | %7s | %6s  %s\n", "shape (MxNxK)", "onednn ms", "GFLOP/s", "peak",
+              "spread", "kiln ms", "GFLOP/s", "peak", "spread", "probe", "ratio", "kiln template");
   for (const Shape& s : shapes) {
     Problem pr(s);
     const gemm::GemmParams def = gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads);
@@ -417,10 +439,12 @@ int main(int argc, char** argv) {
     }
     Problem::Kiln best = pr.kiln(chosen);  // packs B for the chosen tile
     std::vector<double> spread;
-    const std::vector<double> sec = interleaved(spread, [&] { pr.onednn(); }, [&] { Problem::run(best); });
-    std::printf("%-28s %9.3f %7.1f %5.0f%% %5.0f%% | %9.3f %7.1f %5.0f%% %5.0f%% | %6.2f  %s (max rel diff %.1e)\n",
-                shape_name(s).c_str(), sec[0] * 1e3, gflops(s, sec[0]), 100.0 * gflops(s, sec[0]) / peak, 100 * spread[0],
-                sec[1] * 1e3, gflops(s, sec[1]), 100.0 * gflops(s, sec[1]) / peak, 100 * spread[1], sec[0] / sec[1],
+    PeakBeside f32_peak{cpu, "f32", threads};
+    const std::vector<double> sec = interleaved(spread, [&] { pr.onednn(); }, [&] { Problem::run(best); }, [&] { f32_peak(); });
+    const double beside = median(f32_peak.readings);
+    std::printf("%-28s %9.3f %7.1f %5.0f%% %5.0f%% | %9.3f %7.1f %5.0f%% %5.0f%% | %7.1f | %6.2f  %s (max rel diff %.1e)\n",
+                shape_name(s).c_str(), sec[0] * 1e3, gflops(s, sec[0]), 100.0 * gflops(s, sec[0]) / beside, 100 * spread[0],
+                sec[1] * 1e3, gflops(s, sec[1]), 100.0 * gflops(s, sec[1]) / beside, 100 * spread[1], beside, sec[0] / sec[1],
                 best.p.name().c_str(), pr.disagreement());
   }
   // The lower-precision templates against kiln's f32 one on the same shapes: u8·s8 (the
@@ -429,9 +453,11 @@ int main(int argc, char** argv) {
   const bool vnni = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::u8s8);
   const bool bf16 = !kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::bf16);
   if (!kiln::cpu::gemm::lowp_lacks(cpu, kiln::cpu::gemm::Lowp::f16)) {
-    const double f16_peak = probed.compute_gflops.at("f16") * threads;
-    std::printf("# f16 vfmadd231ph peak %.1f GFLOP/s for %d thread(s)\n", f16_peak, threads);
-    std::printf("%-28s %9s | %9s %8s %7s %8s\n", "shape (MxNxK)", "f32 ms", "f16 ms", "GFLOP/s", "peak", "x f32");
+    std::printf("# f16 GEMM (A rounded to f16 on each call, B packed ahead): beside kiln's f32 GEMM, calls interleaved, for the "
+                "speed-up; then beside the vfmadd231ph probe (one repeat a call), calls interleaved, for the share of the peak "
+                "both ran at\n");
+    std::printf("%-28s %9s %9s %6s | %9s %8s %8s %6s\n", "shape (MxNxK)", "f32 ms", "f16 ms", "x f32", "f16 ms", "GFLOP/s",
+                "peak", "share");
     for (const Shape& s : shapes) {
       Problem pr(s);
       Problem::Kiln f32 = pr.kiln(gemm::default_params(*isa, gemm::default_tile(*isa, s.m, s.n, s.k, caches), caches, s.m, s.n, s.k, threads));
@@ -440,24 +466,23 @@ int main(int argc, char** argv) {
       gemm::pack_b_f16(bh.data(), s.n, false, s.k, s.n, bhp.data());
       avec<std::byte> ws(gemm::f16_workspace_bytes(s.m, s.k));
       avec<float> c(static_cast<size_t>(s.m * s.n));
+      auto f16 = [&] { gemm::gemm_f16(s.m, s.n, s.k, pr.a.data(), s.k, bhp.data(), {}, c.data(), s.n, threads, ws.data()); };
       std::vector<double> spread;
-      const std::vector<double> sec = interleaved(spread, [&] { Problem::run(f32); }, [&] {
-        gemm::gemm_f16(s.m, s.n, s.k, pr.a.data(), s.k, bhp.data(), {}, c.data(), s.n, threads, ws.data());
-      });
-      std::printf("%-28s %9.3f | %9.3f %8.1f %6.0f%% %8.2f\n", shape_name(s).c_str(), sec[0] * 1e3, sec[1] * 1e3, gflops(s, sec[1]),
-                  100 * gflops(s, sec[1]) / f16_peak, sec[0] / sec[1]);
+      const std::vector<double> vs_f32 = interleaved(spread, [&] { Problem::run(f32); }, f16);
+      PeakBeside f16_peak{cpu, "f16", threads};
+      const double alone = interleaved(spread, f16, [&] { f16_peak(); })[0], peak16 = median(f16_peak.readings);
+      std::printf("%-28s %9.3f %9.3f %6.2f | %9.3f %8.1f %8.1f %5.0f%%\n", shape_name(s).c_str(), vs_f32[0] * 1e3, vs_f32[1] * 1e3,
+                  vs_f32[0] / vs_f32[1], alone * 1e3, gflops(s, alone), peak16, 100 * gflops(s, alone) / peak16);
     }
   }
   if (!vnni && !bf16) {
     std::printf("# this CPU has neither AVX512-VNNI nor AVX512-BF16: no u8s8 or bf16 rows\n");
     return 0;
   }
-  const double vnni_peak = vnni ? probed.compute_gflops.at("int8") * threads : 0;
-  const double bf16_peak = bf16 ? probed.compute_gflops.at("bf16") * threads : 0;
-  std::printf("# u8s8 peak %.1f GOP/s, bf16 peak %.1f GFLOP/s (%s), for %d thread(s) (0: the CPU lacks it); oneDNN's "
-              "matmul of the same types beside each\n",
-              vnni_peak, bf16_peak, cpu.amx ? "AMX tiles, which kiln's lower-precision GEMMs run on here" : "vpdpbusd and vdpbf16ps",
-              threads);
+  std::printf("# u8s8 and bf16 GEMMs beside kiln's f32 one and oneDNN's matmul of the same types, with the u8s8 and bf16 "
+              "probes (%s, one repeat a call), calls interleaved; peak = the share of the probe's median beside them (0: the "
+              "CPU lacks it)\n",
+              cpu.amx ? "AMX tiles, which kiln's lower-precision GEMMs run on here" : "vpdpbusd and vdpbf16ps");
   std::printf("%-28s %9s | %9s %8s %7s %8s %9s | %9s %8s %7s %9s\n", "shape (MxNxK)", "f32 ms", "u8s8 ms", "GOP/s", "peak", "x f32",
               "oneDNN ms", "bf16 ms", "GFLOP/s", "peak", "oneDNN ms");
   for (const Shape& s : shapes) {
@@ -476,20 +501,26 @@ int main(int argc, char** argv) {
     const gemm::QuantEpilogue qep{.col_sums = sums.data(), .a_zero = 128, .scale = scale.data()};
     const bool amx8 = gemm::u8s8_on_amx(cpu, s.m, s.k), amx16 = gemm::bf16_on_amx(cpu, s.k);
     std::optional<OnednnLowp> d8, d16;
+    PeakBeside peak8{cpu, "int8", threads}, peak16{cpu, "bf16", threads};
+    // f32; then u8s8, oneDNN's and the probe; then bf16, oneDNN's and the probe.
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
     if (vnni) {
       d8.emplace(s, true, a8.data(), nullptr, b8.data(), c_dnnl.data(), 128, 1e-3f);
       fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, 0, amx8); });
       fns.push_back([&] { d8->run(); });
+      fns.push_back([&] { peak8(); });
     }
+    const size_t first16 = fns.size();
     if (bf16) {
       d16.emplace(s, false, pr.a.data(), pr.b.data(), nullptr, c_dnnl.data(), 0, 1.f);
       fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data(), 0, amx16); });
       fns.push_back([&] { d16->run(); });
+      fns.push_back([&] { peak16(); });
     }
     std::vector<double> spread;
     const std::vector<double> sec = interleaved_all(spread, fns);
-    const double t8 = vnni ? sec[1] : 0, d8t = vnni ? sec[2] : 0, tb = bf16 ? sec[sec.size() - 2] : 0, dbt = bf16 ? sec.back() : 0;
+    const double t8 = vnni ? sec[1] : 0, d8t = vnni ? sec[2] : 0, tb = bf16 ? sec[first16] : 0, dbt = bf16 ? sec[first16 + 1] : 0;
+    const double vnni_peak = vnni ? median(peak8.readings) : 0, bf16_peak = bf16 ? median(peak16.readings) : 0;
     // Each of kiln's results against oneDNN's (the last call of each left it in c and c_dnnl).
     const double diff16 = bf16 ? max_rel_diff(c, c_dnnl) : 0;  // the bf16 calls ran last
     double diff8 = 0;

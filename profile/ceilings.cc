@@ -379,27 +379,43 @@ struct PoolFor {
   ~PoolFor() { use_threads(before); }
 };
 
+// One precision's probe on this CPU: its loop, the iterations of a repeat (tens of
+// milliseconds at most) and the multiply-adds an iteration makes on one thread; no loop where the
+// CPU lacks the precision. f32 on the widest FMA it has; bf16 and int8 on AMX tiles where it has
+// them (oneDNN's bf16 and int8 primitives use them there).
+struct PeakProbe {
+  float (*loop)(long) = nullptr;
+  long iters = 0;
+  double ops_per_iter = 0;
+};
+
+PeakProbe peak_probe(const CpuFeatures& cpu, std::string_view precision) {
+  if (precision == "f32") {
+    if (cpu.avx512f) return {fma_avx512, 2'000'000, 16.0 * 16};
+    if (cpu.avx2 && cpu.fma) return {fma_avx2, 4'000'000, 8.0 * kAvx2Chains};
+    return {fma_scalar, 8'000'000, 8.0};
+  }
+  if (precision == "f16" && cpu.avx512_fp16) return {f16_fma_loop, 1'000'000, 16.0 * 32};
+  if (precision == "bf16") {
+    if (cpu.amx) return {amx_bf16_loop, 250'000, 4.0 * 16 * 16 * 32};
+    if (cpu.avx512_bf16) return {bf16_loop, 1'000'000, 16.0 * 32};
+  }
+  if (precision == "int8") {
+    if (cpu.amx) return {amx_int8_loop, 250'000, 4.0 * 16 * 16 * 64};
+    if (cpu.avx512_vnni) return {vnni_loop, 1'000'000, 16.0 * 64};
+  }
+  return {};
+}
+
+constexpr std::string_view kPrecisions[] = {"f32", "f16", "bf16", "int8"};
+
 // The peaks of every precision the CPU has, on `threads` threads of the pool, one right after
-// another: 2-4 M iterations of 12-16 chains, tens of milliseconds per repeat.
+// another.
 void probe_compute(const CpuFeatures& cpu, int threads, Ceilings& c) {
-  if (cpu.avx512f) {
-    c.f32_isa = "avx512";
-    c.compute_gflops["f32"] = peak_rate(fma_avx512, 2'000'000, 16.0 * 16, threads);
-  } else if (cpu.avx2 && cpu.fma) {
-    c.f32_isa = "avx2";
-    c.compute_gflops["f32"] = peak_rate(fma_avx2, 4'000'000, 8.0 * kAvx2Chains, threads);
-  } else {
-    c.f32_isa = "scalar";
-    c.compute_gflops["f32"] = peak_rate(fma_scalar, 8'000'000, 8.0, threads);
-  }
-  if (cpu.avx512_fp16) c.compute_gflops["f16"] = peak_rate(f16_fma_loop, 1'000'000, 16.0 * 32, threads);
-  if (cpu.amx) {  // the tiles, which oneDNN's bf16 and int8 primitives use there
-    c.compute_gflops["bf16"] = peak_rate(amx_bf16_loop, 250'000, 4.0 * 16 * 16 * 32, threads);
-    c.compute_gflops["int8"] = peak_rate(amx_int8_loop, 250'000, 4.0 * 16 * 16 * 64, threads);
-  } else {
-    if (cpu.avx512_bf16) c.compute_gflops["bf16"] = peak_rate(bf16_loop, 1'000'000, 16.0 * 32, threads);
-    if (cpu.avx512_vnni) c.compute_gflops["int8"] = peak_rate(vnni_loop, 1'000'000, 16.0 * 64, threads);
-  }
+  c.f32_isa = cpu.avx512f ? "avx512" : cpu.avx2 && cpu.fma ? "avx2" : "scalar";
+  for (std::string_view precision : kPrecisions)
+    if (const PeakProbe p = peak_probe(cpu, precision); p.loop)
+      c.compute_gflops[std::string(precision)] = peak_rate(p.loop, p.iters, p.ops_per_iter, threads);
 }
 
 }  // namespace
@@ -410,6 +426,14 @@ std::map<std::string, double> probe_compute_peaks(const CpuFeatures& cpu, int th
   Ceilings c;
   probe_compute(cpu, threads, c);
   return c.compute_gflops;
+}
+
+double probe_compute_peak(const CpuFeatures& cpu, std::string_view precision, int threads, int repeats) {
+  const PeakProbe p = peak_probe(cpu, precision);
+  if (!p.loop) return 0;
+  threads = std::max(threads, 1);
+  const PoolFor pool(threads);
+  return peak_rate(p.loop, p.iters, p.ops_per_iter, threads, std::max(repeats, 1));
 }
 
 Ceilings probe_ceilings(const CpuFeatures& cpu, int threads) {

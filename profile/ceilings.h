@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/status.h"
@@ -54,6 +55,13 @@ Ceilings probe_ceilings(const CpuFeatures& cpu, int threads);
 /// tens of milliseconds a precision: measured one right after another, their ratio holds on a
 /// busy machine, where a cached probe's may have been taken in another moment's load.
 std::map<std::string, double> probe_compute_peaks(const CpuFeatures& cpu, int threads);
+
+/// One of those peaks ("f32", "f16", "bf16" or "int8"), probed now on `threads` threads: the
+/// best of `repeats` runs of a few milliseconds each; 0 where the CPU lacks the precision. A
+/// benchmark calls it between the kernels it rates, so that the probe and the kernels run at the
+/// clock the same moment gives them (on a 2-core AMX Xeon, an f32 GEMM between calls slowed the
+/// f16 GEMM after it ~20 %: a probe taken at the start was no measure of that f16 GEMM's share).
+double probe_compute_peak(const CpuFeatures& cpu, std::string_view precision, int threads, int repeats = 4);
 
 struct CeilingsOptions {
   /// The cache folder: $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; empty when neither is set.

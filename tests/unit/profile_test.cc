@@ -294,6 +294,21 @@ TEST(Ceilings, ComputePeaksAloneLeaveThePool) {
   for (const auto& [name, gflops] : peaks) EXPECT_GT(gflops, 0) << name;
 }
 
+// One precision's peak alone (a benchmark's probe beside its kernels): each precision the CPU
+// has, measured; 0 for one it lacks or a name no probe has; the caller's pool left as it was.
+TEST(Ceilings, OnePrecisionsPeakAlone) {
+  const CpuFeatures& cpu = CpuFeatures::host();
+  use_threads(3);
+  const double f32 = probe_compute_peak(cpu, "f32", 1, 1);
+  EXPECT_EQ(pool_threads(), 3);
+  use_threads(1);
+  EXPECT_GT(f32, 0);
+  EXPECT_EQ(cpu.avx512_fp16, probe_compute_peak(cpu, "f16", 1, 1) > 0);
+  EXPECT_EQ(cpu.avx512_bf16 || cpu.amx, probe_compute_peak(cpu, "bf16", 1, 1) > 0);
+  EXPECT_EQ(cpu.avx512_vnni || cpu.amx, probe_compute_peak(cpu, "int8", 1, 1) > 0);
+  EXPECT_EQ(probe_compute_peak(cpu, "f64", 1, 1), 0);
+}
+
 // A batch-symbolic MatMul + Relu, measured: FLOPs and bytes count the shapes that ran.
 TEST(Profiler, MeasuresAndReportsWhatRan) {
   testing::GraphBuilder b;
