@@ -223,6 +223,22 @@ TEST(GemmLowp, F16) {
   use_threads(physical_cores());
 }
 
+// The f16 GEMM's block of A's rows (f16_block_rows) on a 2 MiB L2: ResNet-50's 56x56 1x1 product
+// to 128 channels in 516 rows (the copy and C a quarter of L2, not the copy alone half: 2,046), a
+// transformer's 768- and 3072-column products in 132 (one block of a 128-token sequence), a
+// long K held to half of L2 by its copy alone, and never fewer rows than a tile.
+TEST(GemmLowp, F16BlockRows) {
+  const int64_t l2 = int64_t{2} << 20;
+  EXPECT_EQ(gemm::f16_block_rows(128, 256, l2), 516);
+  EXPECT_EQ(gemm::f16_block_rows(768, 768, l2), 132);
+  EXPECT_EQ(gemm::f16_block_rows(3072, 768, l2), 132);
+  EXPECT_EQ(gemm::f16_block_rows(64, 1536, l2), 162);               // 512 KiB / (3 KiB + 256 bytes) = 157 -> 162
+  EXPECT_EQ(gemm::f16_block_rows(16, 8192, int64_t{1} << 20), 30);  // the copy alone: 512 KiB / 16 KiB = 32 -> 30
+  EXPECT_EQ(gemm::f16_block_rows(64, 4096, 16 << 10), gemm::kF16Tile.mr);
+  for (int64_t n : {1, 64, 1000, 4096})
+    for (int64_t kc : {2, 128, 1536}) EXPECT_EQ(gemm::f16_block_rows(n, kc, l2) % gemm::kF16Tile.mr, 0) << n << " " << kc;
+}
+
 // gemm_f16 with C in parts (split outputs, each beginning at a multiple of 64 columns): each
 // part bit for bit what the whole C gets, the plain one without the activation, nothing past a
 // part's rows; the threads splitting B's panels (few rows) and A's rows (130, in one block or in

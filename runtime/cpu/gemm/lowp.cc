@@ -273,6 +273,12 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
   }
 }
 
+int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2) {
+  const int64_t mr = kF16Tile.mr, copy_row = round_up(kc, 2) * 2, c_row = n * 4;
+  const int64_t by_copy = l2 / 2 / copy_row / mr * mr, with_c = round_up(std::max<int64_t>(128, l2 / 4 / (copy_row + c_row)), mr);
+  return std::max(mr, std::min(by_copy, with_c));
+}
+
 size_t f16_workspace_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(m * round_up(k, 2)) * 2;  // A's rows in f16, K rounded up to pairs
 }
@@ -292,7 +298,7 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
   const int64_t chunks = std::max<int64_t>(1, (k + kF16Kc - 1) / kF16Kc);
   const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, 2 * kF16Block)));
   const int64_t words = (k + 1) / 2;  // per row of A's copy
-  mc = mc <= 0 ? std::max(mr, CacheSizes::host().l2 / 2 / (kc * 2) / mr * mr) : round_up(mc, mr);
+  mc = mc <= 0 ? f16_block_rows(n, kc, CacheSizes::host().l2) : round_up(mc, mr);
   // Split B's panels among the threads when B is the larger to read twice: splitting A's rows,
   // each thread reads all of B (K·N f16); splitting B's panels, each reads the rows of A the
   // others copied (M·K f16). On ResNet-50's 7x7 layers (M = 49) panels were 1.3-1.4x faster

@@ -133,6 +133,17 @@ inline constexpr int64_t kF16Group = 4;
 /// stay in L2 together (ResNet-50's 3x3 convolutions of 4,608 steps: 1.32 ms unsplit, 0.97 ms
 /// in chunks of 1,536; chunks of 256 or 512 were no faster on the GEMM bench's shapes).
 inline constexpr int64_t kF16Kc = 1536;
+/// The rows of A the f16 GEMM copies and runs every panel over at a time (N columns, chunks of
+/// `kc` steps of K, an L2 of `l2` bytes): whole tiles whose f16 copy takes at most half of L2
+/// and, with the block's rows of C, at most a quarter, but 128 rows or more (a transformer's
+/// product stays one block: each panel of B read once). C's rows pass through L2 as the tiles
+/// write them and pushed the copy out while it was half of L2: on the AMX Xeon (2 MiB of L2),
+/// one thread, three alternated runs each, ResNet-50's 1x1 products in blocks of 204-516 rows
+/// instead of 1,020-4,092 took 0.88-0.89 (56x56, 256 to 64 channels), 0.93 (256 to 128) and
+/// 0.94-0.98 (28x28) of their time, its 14x14 ones in 132-174 rows 0.97-0.99, 1024³ 0.90-0.95
+/// (the GEMM bench), the fp16 model 0.97-0.98 at one and two threads; transformers' 197-row
+/// products ran alike in one block or two.
+int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2);
 
 /// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of ceil(K / 2) pairs of K rows, each
 /// 64 columns of two f16 side by side (row 2q, then 2q + 1; zero past K and N).
