@@ -696,9 +696,9 @@ TEST(CpuKernels, F16Convolution) {
   // The default rule (f16_defers): oneDNN keeps few input channels, few output channels and the
   // small 3x3 stride-1 ones that its Winograd runs (those kiln's Winograd leaves: 6x6 images),
   // over more than one pixel; the f16 GEMM takes the rest.
-  auto chosen = [&](int64_t c, int64_t n, int64_t k, int64_t stride, int64_t hw = 14) {
+  auto chosen = [&](int64_t c, int64_t n, int64_t k, int64_t stride, int64_t hw = 14, int threads = 1) {
     const Tensor x = noise({1, hw, hw, c}, 35), w = f16(noise({n, c, k, k}, 36, 0.5f));
-    return check({"FusedConv", {x, w}, {false, true}, conv({k / 2, k / 2, k / 2, k / 2}, stride, 1)}, 3e-3);
+    return check({"FusedConv", {x, w}, {false, true}, conv({k / 2, k / 2, k / 2, k / 2}, stride, 1), {true}, "", {}, threads}, 3e-3);
   };
   EXPECT_EQ(chosen(3, 64, 7, 2), "onednn.conv");
   EXPECT_EQ(chosen(64, 32, 1, 1), "onednn.conv");
@@ -707,8 +707,13 @@ TEST(CpuKernels, F16Convolution) {
   EXPECT_EQ(chosen(144, 8, 1, 1, 1), name);
   EXPECT_EQ(chosen(64, 64, 3, 2), name);
   EXPECT_EQ(chosen(64, 128, 3, 1, 6), name);
-  // kiln's Winograd, tried first, takes the 3x3 stride-1 ones over 16 tiles or more.
+  // kiln's Winograd, tried first, takes the 3x3 stride-1 ones over 25 tiles or more, and over
+  // 16-24 (7x7 and 8x8 images) on more than one thread.
   EXPECT_EQ(chosen(64, 128, 3, 1), std::string("kiln.winograd_f32_avx512"));
+  EXPECT_EQ(chosen(64, 128, 3, 1, 7), name);
+  EXPECT_EQ(chosen(64, 128, 3, 1, 8), name);
+  EXPECT_EQ(chosen(64, 128, 3, 1, 7, 2), std::string("kiln.winograd_f32_avx512"));
+  EXPECT_EQ(chosen(64, 128, 3, 1, 9), std::string("kiln.winograd_f32_avx512"));
   EXPECT_EQ(chosen(64, 48, 1, 1), name);
   // 1x1 ones of 64 or fewer input channels over 28x28 pixels or more stay f32 (oneDNN's or
   // kiln's f32 GEMM, gemm_defers' rule), over fewer pixels or with more channels f16.
