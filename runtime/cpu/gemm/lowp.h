@@ -139,9 +139,9 @@ inline constexpr int64_t kF16Kc = 1536;
 /// product stays one block: each panel of B read once). C's rows pass through L2 as the tiles
 /// write them and pushed the copy out while it was half of L2: on the AMX Xeon (2 MiB of L2),
 /// one thread, three alternated runs each, ResNet-50's 1x1 products in blocks of 204-516 rows
-/// instead of 1,020-4,092 took 0.88-0.89 (56x56, 256 to 64 channels), 0.93 (256 to 128) and
-/// 0.94-0.98 (28x28) of their time, its 14x14 ones in 132-174 rows 0.97-0.99, 1024³ 0.90-0.95
-/// (the GEMM bench), the fp16 model 0.97-0.98 at one and two threads; transformers' 197-row
+/// instead of 1,020-4,092 took 0.87-0.89 (56x56, 256 to 64 channels), 0.90-0.96 (256 to 128)
+/// and 0.94-1.00 (28x28) of their time, its 14x14 ones in 132-174 rows 0.95-0.99, 1024³
+/// 0.89-0.94 (the GEMM bench), the fp16 model 0.97-0.98 at one and two threads; transformers' 197-row
 /// products ran alike in one block or two.
 int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2);
 
