@@ -75,11 +75,15 @@ int64_t default_tile(int64_t oh, int64_t ow) { return tiles_of(oh, ow, 4) >= kFo
 // The default rule: kiln's takes those of at least min_channels in and out over at least
 // kTwoTiles tiles of its default size, where its products are long enough to run at the
 // GEMM's rate and the transformed filters are read by enough tiles to pay for streaming them.
-// An f16 weight (`--precision fp16`) on one thread needs kFourTiles: the f16 GEMM over the
-// windows does its multiplies twice as fast as f32's, and F(2x2)'s transformed f16 filters
-// still stream in (ResNet-50's 7x7 512-channel layers: 0.69-0.75 ms over the windows against
-// 0.87-0.92 by Winograd, 6 alternated profiles of the fp16 model; on two threads Winograd was
-// the faster, 0.30-0.36 against 0.37-0.41 ms).
+// Under kFourTiles tiles (7x7 and 8x8 images), the GEMM over the windows takes
+// - an f32 weight that outgrows L2, with AVX-512: that GEMM streams the weight in once, in
+//   short K slices for so few rows, where F(2x2)'s transformed filters are 16/9 as many
+//   (ResNet-50's 7x7 512-channel layers: 0.77-0.98 of Winograd's time at one thread, 0.91-1.08
+//   at two, 6 alternated profiles of each compiled model);
+// - an f16 weight (`--precision fp16`) on one thread: the f16 GEMM does its multiplies twice
+//   as fast as f32's, and F(2x2)'s transformed f16 filters still stream in (the same layers:
+//   0.69-0.75 ms over the windows against 0.87-0.92; on two threads Winograd was the faster,
+//   0.30-0.36 against 0.37-0.41 ms).
 std::optional<std::string> winograd_defers(const KernelQuery& q) {
   const std::vector<int64_t> x = q.inputs[0].shape.concrete(), y = q.outputs[0].shape.concrete();
   const std::vector<int64_t> w = q.inputs[1].shape.concrete();
@@ -89,9 +93,15 @@ std::optional<std::string> winograd_defers(const KernelQuery& q) {
   const int64_t tiles = tiles_of(y[1], y[2], default_tile(y[1], y[2]));
   if (tiles < kTwoTiles)
     return "fewer than " + std::to_string(kTwoTiles) + " output tiles read the transformed filters";
-  if (q.inputs[1].dtype == DType::f16 && tiles < kFourTiles && q.target.threads <= 1)
-    return "on one thread the f16 GEMM over the windows is faster where fewer than " + std::to_string(kFourTiles) +
-           " output tiles read the transformed filters";
+  if (tiles < kFourTiles) {
+    const bool f16 = q.inputs[1].dtype == DType::f16;
+    if (f16 && q.target.threads <= 1)
+      return "on one thread the f16 GEMM over the windows is faster where fewer than " + std::to_string(kFourTiles) +
+             " output tiles read the transformed filters";
+    if (!f16 && q.target.cpu.avx512f && w[0] * w[1] * 9 * 4 >= gemm::CacheSizes::host().l2)
+      return "the GEMM over the windows, streaming the weight once, is faster where it outgrows L2 and fewer than " +
+             std::to_string(kFourTiles) + " output tiles read the transformed filters";
+  }
   return std::nullopt;
 }
 

@@ -630,8 +630,9 @@ TEST(CpuKernels, WinogradConv) {
       EXPECT_EQ(label.find("gemm_f16") != std::string::npos, tile == 2 && CpuFeatures::host().avx512_fp16) << label;
     }
   // The default rule (winograd_defers): 32 channels or more in and out with AVX-512, 16 or more
-  // on AVX2, 4x4 tiles from 25 of them, 2x2 ones down to 16; oneDNN's convolution for fewer
-  // channels and smaller images, and for strides, dilations and groups kiln's declines.
+  // on AVX2, 4x4 tiles from 25 of them, 2x2 ones down to 16 (but with AVX-512 a weight that
+  // outgrows L2 over fewer than 25 goes to kiln's GEMM over the windows); oneDNN's convolution
+  // for fewer channels and smaller images, and for strides, dilations and groups kiln's declines.
   for (const auto& [isa, cpu] : isa_paths()) {
     auto chosen = [cpu = cpu](int64_t c, int64_t hw, std::vector<Attribute> extra = {}, std::string* label = nullptr) {
       std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
@@ -647,6 +648,8 @@ TEST(CpuKernels, WinogradConv) {
     EXPECT_EQ(chosen(256, 14, {}, &label), name);
     EXPECT_EQ(label.rfind("winograd_f2x2_3x3", 0), 0u) << label;
     EXPECT_EQ(chosen(64, 7), name);
+    EXPECT_EQ(chosen(512, 7), isa == "avx2" ? name : "kiln.gemm_f32_avx512");
+    EXPECT_EQ(chosen(512, 9), name);
     EXPECT_EQ(chosen(64, 6), "onednn.conv");
     EXPECT_EQ(chosen(16, 56), isa == "avx2" ? name : "onednn.conv");
     EXPECT_EQ(chosen(8, 56), "onednn.conv");

@@ -349,12 +349,35 @@ TEST(Gemm, DefaultKcChunksLongK) {
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1024, 1).kc, 1024);
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1000, 1).kc, 1000);
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 1024);  // 3 chunks
-  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 49, 512, 4608, 1).kc, 928);    // 5 chunks, the last 896
+  EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 96, 512, 4608, 1).kc, 928);    // 5 chunks, the last 896
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 1100, 1).kc, 560);   // 2 chunks
   c.l1d = 32 << 10;  // 672 at most
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 624);
   c.l2 = 128 << 10;  // the L2 bound below the L1 one: 128 KiB * 3/4 / (4 * 56) = 438
   EXPECT_EQ(gemm::default_params(Isa::avx512, t, c, 128, 768, 3072, 1).kc, 432);
+}
+
+// But with AVX-512's tiles of 48 columns or more, more than one tile of rows and 64 or fewer by
+// a weight of a quarter of L2 or more into a C of a quarter of L2 or less: K in equal chunks
+// whose Kc×NR slice of B fits two thirds of L1d (ResNet-50's 7x7 layers, a language model's
+// 32-row products); not for one tile's rows, 96 rows, a K under two slices, a small weight, a
+// wide C (a language model's head), nor the narrower tiles (14x32, AVX2's).
+TEST(Gemm, DefaultKcShortForFewRowsByAStreamingWeight) {
+  const gemm::CacheSizes c{.l1d = 48 << 10, .l2 = 2 << 20, .l3 = 64 << 20};
+  auto kc = [&](Isa isa, gemm::Tile t, int64_t m, int64_t n, int64_t k) { return gemm::default_params(isa, t, c, m, n, k, 1).kc; };
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 49, 512, 2048), 128);   // 32 KiB of B: 16 chunks
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 49, 512, 4608), 128);   // 36 chunks
+  EXPECT_EQ(kc(Isa::avx512, {8, 48}, 32, 3072, 768), 160);   // 160 at most: 5 chunks of 154 -> 160
+  EXPECT_EQ(kc(Isa::avx512, {8, 48}, 64, 2048, 512), 128);   // 4 chunks
+  EXPECT_EQ(kc(Isa::avx512, {14, 32}, 49, 2048, 1024), 1024);  // a narrower tile
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 6, 512, 2048), 1024);   // one tile of rows
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 96, 512, 2048), 1024);  // more rows
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 49, 64, 1024), 1024);   // 256 KiB of B, under a quarter of L2
+  EXPECT_EQ(kc(Isa::avx512, {6, 64}, 49, 512, 100), 100);    // K under one slice
+  EXPECT_EQ(kc(Isa::avx512, {8, 48}, 49, 1152, 192), 192);   // and under two
+  EXPECT_EQ(kc(Isa::avx512, {8, 48}, 49, 1280, 320), 160);   // two
+  EXPECT_EQ(kc(Isa::avx512, {8, 48}, 32, 32000, 512), 512);  // C of 4 MB
+  EXPECT_EQ(kc(Isa::avx2, {4, 24}, 49, 512, 2048), 2048);
 }
 
 TEST(Gemm, TransposedOperandsAndEpilogues) {

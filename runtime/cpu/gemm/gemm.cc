@@ -120,6 +120,27 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   const int64_t l1_rows = tiles(isa).front().mr;
   const int64_t l1_kc = round_down(caches.l1d * 2 / 3 / (4 * l1_rows), 16), chunks = (k + l1_kc - 1) / l1_kc;
   p.kc = std::min({k, round_up((k + chunks - 1) / chunks, 16), round_down(caches.l2 * 3 / 4 / (4 * (tile.mr + tile.nr)), 16)});
+  // But with AVX-512's wide tiles (48 columns or more, which read B fastest), where a few tiles
+  // of rows (more than one, kFewRows or fewer) multiply a weight of a quarter of L2 or more
+  // into a C of a quarter of L2 or less, K in equal chunks whose Kc×NR slice of B fits two
+  // thirds of L1d (128 for 6x64, 160 for 8x48): each tile after the first reads the slice from
+  // L1 instead of L2, where its next panel is arriving.
+  // ResNet-50's last stage (49 rows by 512-4,608 × 512-2,048) took 0.83-0.95 of its time so,
+  // EfficientNet-B0's 7x7 layers 0.87-0.99, GPT-2's 32-row products 0.91-1.01 (the weight from
+  // memory, one and two threads; 64 rows tied); 96 rows and more lost (1.01-1.08), as did
+  // products of one tile (4 and 8 rows: 1.08-1.17), whose tiles read B once, and a language
+  // model's head (32 rows by 512 × 32,000: 1.05), whose C then went through memory once a
+  // slice. A K of less than two slices stays whole (EfficientNet-B0's 7x7 expansions, K = 192
+  // in two slices of 96: 1.01-1.03 at two threads). The narrower tiles, which take B half as
+  // fast, gained nothing: 14x32 (MobileNetV2's 7x7 projections from 960 channels, 1.01-1.02)
+  // and AVX2's (0.97-1.05).
+  constexpr int64_t kFewRows = 64;
+  const int64_t slice = std::max<int64_t>(16, round_down(caches.l1d * 2 / 3 / (4 * tile.nr), 16));
+  if (isa == Isa::avx512 && tile.nr >= 48 && m > tile.mr && m <= kFewRows && k >= 2 * slice && k * n * 4 >= caches.l2 / 4 &&
+      m * n * 4 <= caches.l2 / 4) {
+    const int64_t slices = (k + slice - 1) / slice;
+    p.kc = std::min(p.kc, round_up((k + slices - 1) / slices, 16));
+  }
   // Threads: along N while each thread keeps at least two NR panels, then along M; but never
   // into more M parts than M has MR-row tiles: a product of a row or two (a GEMV, a classifier
   // at batch 1) spreads over N instead of leaving threads without rows (on 16 threads, one row
