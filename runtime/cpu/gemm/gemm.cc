@@ -127,13 +127,13 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
   // L1 instead of L2, where its next panel is arriving.
   // ResNet-50's last stage (49 rows by 512-4,608 × 512-2,048) took 0.83-0.95 of its time so,
   // EfficientNet-B0's 7x7 layers 0.87-0.99, GPT-2's 32-row products 0.91-1.01 (the weight from
-  // memory, one and two threads; 64 rows tied); 96 rows and more lost (1.01-1.08), as did
-  // products of one tile (4 and 8 rows: 1.08-1.17), whose tiles read B once, and a language
-  // model's head (32 rows by 512 × 32,000: 1.05), whose C then went through memory once a
-  // slice. A K of less than two slices stays whole (EfficientNet-B0's 7x7 expansions, K = 192
-  // in two slices of 96: 1.01-1.03 at two threads). The narrower tiles, which take B half as
-  // fast, gained nothing: 14x32 (MobileNetV2's 7x7 projections from 960 channels, 1.01-1.02)
-  // and AVX2's (0.97-1.05).
+  // memory, one and two threads; 64 rows tied). 96 rows lost (1.01-1.06) and 128 were mixed
+  // (0.95-1.10); products of one tile lost (4 and 8 rows: 1.08-1.18), their tiles reading B
+  // once, as did a language model's head (32 rows by 512 × 32,000: 1.05), whose C then went
+  // through memory once a slice. A K of less than two slices stays whole (EfficientNet-B0's 7x7
+  // expansions, K = 192 in two slices of 96: 1.01-1.03 at two threads). The narrower tiles,
+  // which take B half as fast, gained nothing certain: 14x32 (MobileNetV2's 7x7 projections
+  // from 960 channels, 1.01-1.02) and AVX2's (0.92-1.06, one thread).
   constexpr int64_t kFewRows = 64;
   const int64_t slice = std::max<int64_t>(16, round_down(caches.l1d * 2 / 3 / (4 * tile.nr), 16));
   if (isa == Isa::avx512 && tile.nr >= 48 && m > tile.mr && m <= kFewRows && k >= 2 * slice && k * n * 4 >= caches.l2 / 4 &&
