@@ -33,8 +33,10 @@ inline constexpr int kFormatVersion = 1;
 /// The version of kiln's kernel templates (runtime/cpu/gemm/ and friends): bump it when a
 /// template changes what a set of parameters does or how fast it runs, so that old timings are
 /// no longer used. It is not kiln's release number: a release that leaves the kernels alone
-/// keeps the database. 2: kiln's Winograd convolution became a candidate.
-inline constexpr int kKernelTemplateVersion = 2;
+/// keeps the database. 2: kiln's Winograd convolution became a candidate. 3: kiln's f32 GEMM
+/// fetches each next K slice's first panel ahead (products of several slices run faster), and
+/// its default Kc and Winograd's default rule changed for a few rows by a streaming weight.
+inline constexpr int kKernelTemplateVersion = 3;
 
 /// One input of a tuned problem.
 struct TuningInput {
