@@ -79,7 +79,8 @@ int64_t default_tile(int64_t oh, int64_t ow) { return tiles_of(oh, ow, 4) >= kFo
 // - an f32 weight that outgrows L2, with AVX-512: that GEMM streams the weight in once, in
 //   short K slices for so few rows, where F(2x2)'s transformed filters are 16/9 as many
 //   (ResNet-50's 7x7 512-channel layers: 0.77-0.98 of Winograd's time at one thread, 0.91-1.08
-//   at two, 6 alternated profiles of each compiled model);
+//   at two, 6 alternated profiles of each compiled model); where gemm_defers leaves such a
+//   layer to oneDNN (more than a quarter as many pixels as output channels), oneDNN runs it;
 // - an f16 weight (`--precision fp16`) on one thread: the f16 GEMM does its multiplies twice
 //   as fast as f32's, and F(2x2)'s transformed f16 filters still stream in (the same layers:
 //   0.69-0.75 ms over the windows against 0.87-0.92; on two threads Winograd was the faster,
