@@ -52,6 +52,30 @@ def make_other_cnn(src, dst, seed):
     onnx.save(m, dst)
 
 
+def sweep_openmp_registrations():
+    """Removes the registrations (/dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>) that LLVM's OpenMP
+    runtime, in the sanitizer build, leaves behind when its process is SIGKILLed. A process that
+    later gets such a pid removes the file itself with one more unlink; with none left, each
+    command's calls are the same from run to run and a precise kill lands where it was aimed."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(r"__KMP_REGISTERED_LIB_(\d+)_\d+", name)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+        except OSError:
+            pass  # alive, someone else's
+
+
 def kill_plan(rng, i, timing):
     """When to kill the i-th run of a command: (seconds, after_first_temp). A quarter of the
     kills come within 2 ms of the start, a quarter anywhere up to 1.25 x the command's duration,
@@ -148,6 +172,7 @@ class Tester:
             return False
 
     def _strace(self, args, cwd, options):
+        sweep_openmp_registrations()
         env = dict(os.environ)
         # LeakSanitizer cannot stop the world under ptrace; a run that completes would fail.
         env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":detect_leaks=0").lstrip(":")
@@ -156,15 +181,23 @@ class Tester:
 
     def write_calls(self, args, cwd):
         """Runs `kiln args` to completion under strace; returns its fsync, rename and unlink
-        calls in order as (name, how many of that name so far)."""
+        calls on the files under test in order as (name, how many of that name so far). The
+        count takes in the process's other calls of that name (the sanitizer build's OpenMP
+        runtime unlinks its registration in /dev/shm), as strace's `inject=...:when=` does."""
         log = os.path.join(self.work, "strace.log")
-        self._strace(args, cwd, ["-o", log])
+        self._strace(args, cwd, ["-y", "-o", log])
+        work = os.path.realpath(self.work)
         calls, counts = [], {}
         for line in open(log):
-            m = re.match(r"\d+\s+(\w+)\(", line)
+            m = re.match(r"\d+\s+(\w+)\((.*)", line)
             if m:
                 counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-                calls.append((m.group(1), counts[m.group(1)]))
+                # Its paths (relative ones are under the work folder, the command's cwd) and,
+                # with -y, the files behind its descriptors.
+                paths = [os.path.join(os.path.realpath(cwd), p) for p in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))]
+                paths += re.findall(r"\d<([^>]*)>", m.group(2))
+                if any(p == work or p.startswith(work + "/") for p in paths):
+                    calls.append((m.group(1), counts[m.group(1)]))
         return calls
 
     def kill_at_call(self, args, cwd, call):
@@ -394,6 +427,7 @@ def main():
         checks.check("harness", False, f"{type(e).__name__}: {e}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        sweep_openmp_registrations()
     print(f"kill_writes: {time.monotonic() - started:.1f} s")
     return checks.report()
 
