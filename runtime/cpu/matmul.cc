@@ -99,13 +99,13 @@ constexpr int64_t kAvx2WindowChannels = 128;
 //   pixels (56x56) or more: the mobile networks' first projections (96 or 144 to 24 channels:
 //   0.78-0.85 of oneDNN's time in the models at one and two threads; 144 to 32 or 40 at 28x28
 //   ties, and 32 to 16 at 112x112 loses, 1.24);
-// - on one thread, a residual is summed into 160 output channels or more (a bottleneck's
-//   expansion), which kiln's GEMM adds its product to where Z lies (GemmKernel::sums_into_z_):
-//   ResNet-50's 13 such layers on oneDNN took 0.94-1.01 of their time (0.97 together),
-//   MobileNetV2's and EfficientNet-B0's 7x7 ones 0.90-0.95; into 32-112 channels
-//   (MobileNetV2's and EfficientNet-B0's 14x14 and 28x28 layers) 1.01-1.24, and on two
-//   threads 0.92-1.07 (ResNet-50's, its 56x56 ones the slowest) and 1.1 (MobileNetV2's),
-//   which stay on oneDNN;
+// - a residual is summed into 256 output channels or more, or on one thread 160 or more (a
+//   bottleneck's expansion), which kiln's GEMM adds its product to where Z lies
+//   (GemmKernel::sums_into_z_): on one thread ResNet-50's 13 such layers on oneDNN took
+//   0.94-1.01 of their time (0.97 together), MobileNetV2's and EfficientNet-B0's 7x7 ones
+//   0.90-0.95; on two, ResNet-50's 0.88-0.96 (the AMX Xeon), MobileNetV2's 160-channel ones
+//   1.08-1.11; into 32-112 channels (MobileNetV2's and EfficientNet-B0's 14x14 and 28x28
+//   layers) 1.01-1.24, which stay on oneDNN;
 // - or the epilogue is a transcendental activation, which kiln's row kernels compute faster
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
@@ -130,7 +130,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
-  if (present(q, 3) && w[0] >= 160 && q.target.threads <= 1) return std::nullopt;
+  if (present(q, 3) && w[0] >= (q.target.threads <= 1 ? 160 : 256)) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;

@@ -727,16 +727,16 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     EXPECT_EQ(check({"FusedConv", {noise({1, 56, 56, 32}, 57), noise({16, 32, 1, 1}, 58)}, {false, true}, {attr("channels_last", int64_t{1})}},
                     1e-5, &cpu),
               "onednn.conv");
-    // On one thread, a residual sum into 160 output channels or more (a bottleneck's expansion,
-    // ResNet's): kiln's GEMM, which sums the product into the residual where it lies; into
-    // fewer, or on two threads, oneDNN.
-    for (const int64_t out : {256, 96})
+    // A residual sum into 256 output channels or more, or on one thread 160 or more (a
+    // bottleneck's expansion, ResNet's): kiln's GEMM, which sums the product into the residual
+    // where it lies; into fewer, oneDNN.
+    for (const int64_t out : {256, 160, 96})
       for (const int threads : {1, 2})
         EXPECT_EQ(check({"FusedConv", {noise({1, 14, 14, 64}, 82), noise({out, 64, 1, 1}, 83), noise({out}, 84), noise({1, 14, 14, out}, 85)},
                          {false, true, true, false}, {attr("channels_last", int64_t{1}), attr("post_activation", std::string("Relu"))},
                          {true}, "", {}, threads},
                         1e-5, &cpu),
-                  out == 256 && threads == 1 ? "kiln.gemm_f32_" + isa : "onednn.conv");
+                  out == 256 || (out == 160 && threads == 1) ? "kiln.gemm_f32_" + isa : "onednn.conv");
     // A weight larger than L2 and than the input streams in each call: kiln's GEMM, whatever the
     // epilogue; as large a weight over more pixels than output channels stays on oneDNN.
     const int64_t l2_floats = static_cast<int64_t>(gemm::CacheSizes::host().l2 / 4);
