@@ -192,8 +192,8 @@ class Tester:
             m = re.match(r"\d+\s+(\w+)\((.*)", line)
             if m:
                 counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-                # Its paths (relative ones are under the work folder, the command's cwd) and,
-                # with -y, the files behind its descriptors.
+                # Its paths (relative ones from the command's cwd) and, with -y, the files
+                # behind its descriptors.
                 paths = [os.path.join(os.path.realpath(cwd), p) for p in re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))]
                 paths += re.findall(r"\d<([^>]*)>", m.group(2))
                 if any(p == work or p.startswith(work + "/") for p in paths):
