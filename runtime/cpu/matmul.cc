@@ -99,6 +99,10 @@ constexpr int64_t kAvx2WindowChannels = 128;
 //   pixels (56x56) or more: the mobile networks' first projections (96 or 144 to 24 channels:
 //   0.78-0.85 of oneDNN's time in the models at one and two threads; 144 to 32 or 40 at 28x28
 //   ties, and 32 to 16 at 112x112 loses, 1.24);
+// - 64 pixels or fewer into 8 times as many output channels or more: MobileNetV2's last 7x7
+//   expansions (160 to 960 and 320 to 1280, ReLU6) took 0.92-0.94 of oneDNN's time at one
+//   thread and 0.94-0.98 at two (6 alternated profiles of the AMX Xeon; the model 0.986 at
+//   one); its 960 to 320 projection (fewer) lost at two, 1.12;
 // - a residual is summed into 256 output channels or more, or on one thread 160 or more (a
 //   bottleneck's expansion), which kiln's GEMM adds its product to where Z lies
 //   (GemmKernel::sums_into_z_): on one thread ResNet-50's 13 such layers on oneDNN took
@@ -130,6 +134,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const Result<ActivationSpec> act = read_activation(q.node, "activation");
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
+  if (pixels <= 64 && w[0] >= 8 * pixels) return std::nullopt;
   if (present(q, 3) && w[0] >= (q.target.threads <= 1 ? 160 : 256)) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";

@@ -714,6 +714,16 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
                     1e-5, &cpu),
               "onednn.conv");
+    // Over 64 pixels or fewer into 8 times as many output channels or more (a mobile network's
+    // last 7x7 expansions, ReLU6), kiln's GEMM at one and two threads; into fewer, oneDNN.
+    for (const int64_t out : {400, 384})
+      for (const int threads : {1, 2})
+        EXPECT_EQ(check({"FusedConv", {noise({1, 7, 7, 40}, 86), noise({out, 40, 1, 1}, 87), noise({out}, 88)}, {false, true, true},
+                         {attr("channels_last", int64_t{1}), attr("activation", std::string("Clip")),
+                          attr("activation_params", std::vector<double>{0, 6})},
+                         {true}, "", {}, threads},
+                        1e-5, &cpu),
+                  out == 400 ? "kiln.gemm_f32_" + isa : "onednn.conv");
     // A narrow output (48 channels or fewer) from 64 or more over 56x56 pixels or more (a mobile
     // network's first projections, with a residual): kiln's GEMM; over fewer pixels, or from
     // fewer channels, oneDNN.
