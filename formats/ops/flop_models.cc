@@ -395,6 +395,23 @@ int64_t fused_epilogue(const Node& n) { return (n.has_input(2) ? 1 : 0) + (n.has
 int64_t fused_conv(const Node& n, const Graph& g) {
   return count(CheckedInt(conv<1>(n, g)) + numel_of(output_shape(n, g)) * fused_epilogue(n));
 }
+// PointwiseDepthwiseConv: its two stages', each conv's multiply-adds and its bias and
+// activation per element of its output; the pointwise one's output is X's pixels by W1's Cm.
+int64_t pointwise_depthwise_conv(const Node& n, const Graph& g) {
+  const Shape *x = input_shape(n, g, 0), *w1 = input_shape(n, g, 1), *w2 = input_shape(n, g, 3), *y = output_shape(n, g);
+  if (!x || !w1 || !w2 || !y || x->dims.size() < 3 || w1->dims.size() != 4 || w2->dims.size() != 4) return 0;
+  const size_t axis = n.attr_int("channels_last", 0) == 1 ? x->dims.size() - 1 : 1;
+  CheckedInt pixels = 1;
+  for (size_t d = 0; d < x->dims.size(); ++d) if (d != axis) pixels *= dim_or_one(*x, d);
+  auto epilogue = [&](std::string_view act, bool bias) {
+    const Result<ActivationSpec> a = read_activation(n, act);
+    return (bias ? 1 : 0) + (a.ok() ? activation_cost(a->kind) : 0);
+  };
+  const CheckedInt first =
+      pixels * dim_or_one(*w1, 0) * (CheckedInt(2) * dim_or_one(*w1, 1) + epilogue("pointwise_activation", n.has_input(2)));
+  const CheckedInt second = numel_or_one(*y) * (CheckedInt(2) * numel_or_one(*w2, 1) + epilogue("activation", n.has_input(4)));
+  return count(first + second);
+}
 // FusedMatMul's outputs, several when `splits` cuts its columns: K (A's last dim) multiply-adds
 // and the epilogue per element of each (its activations on the outputs `activated` names). A
 // gated product (gate_block) computes two columns, a value and its gate, for each output
@@ -503,7 +520,7 @@ const Model kModels[] = {
     {"GlobalMaxPool", per_input<1>}, {"GlobalAveragePool", per_input<1>}, {"GlobalLpPool", per_input<2>},
     {"Col2Im", per_input<1>},  // sums overlapping blocks
     // fused, sampling and other network layers
-    {"FusedConv", fused_conv}, {"FusedMatMul", fused_matmul}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul}, {"WoqFusedMatMul", woq_fused_matmul},
+    {"FusedConv", fused_conv}, {"PointwiseDepthwiseConv", pointwise_depthwise_conv}, {"FusedMatMul", fused_matmul}, {"QFusedConv", qfused_conv}, {"QFusedMatMul", qfused_matmul}, {"WoqFusedMatMul", woq_fused_matmul},
     {"Resize", resize}, {"GridSample", grid_sample}, {"RoiAlign", roi_align}, {"AffineGrid", affine_grid},
     {"Einsum", einsum}, {"Det", det},
     {"RNN", recurrent<1, kRnnCell>}, {"GRU", recurrent<3, kGruCell>}, {"LSTM", recurrent<4, kLstmCell>},

@@ -165,6 +165,32 @@ std::vector<int64_t> channels_first_perm(size_t rank) {
   return p;
 }
 
+Node pointwise_stage(const Node& fused) {
+  Node n;
+  n.name = fused.name;
+  n.op = "FusedConv";
+  n.inputs = {fused.inputs.size() > 0 ? fused.inputs[0] : kNoValue, fused.inputs.size() > 1 ? fused.inputs[1] : kNoValue,
+              fused.inputs.size() > 2 ? fused.inputs[2] : kNoValue};
+  n.outputs = {kNoValue};
+  for (const Attribute& a : fused.attrs) {
+    if (a.name == "channels_last") n.set_attr(a.name, a.value);
+    else if (a.name == "pointwise_activation") n.set_attr("activation", a.value);
+    else if (a.name == "pointwise_activation_params") n.set_attr("activation_params", a.value);
+  }
+  return n;
+}
+
+Node depthwise_stage(const Node& fused) {
+  Node n;
+  n.name = fused.name;
+  n.op = "FusedConv";
+  n.inputs = {kNoValue, fused.inputs.size() > 3 ? fused.inputs[3] : kNoValue, fused.inputs.size() > 4 ? fused.inputs[4] : kNoValue};
+  n.outputs = {kNoValue};
+  for (const Attribute& a : fused.attrs)
+    if (a.name != "pointwise_activation" && a.name != "pointwise_activation_params") n.set_attr(a.name, a.value);
+  return n;
+}
+
 namespace {
 
 // A node with channels_last = 1: `infer` runs on its channels-first view (X, and Z for
@@ -793,6 +819,42 @@ Status infer_fused_conv_parts(InferContext& ctx) {
   return {};
 }
 Status infer_qfused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_qfused_conv); }
+
+// PointwiseDepthwiseConv: f32; its pointwise stage FusedConv's shape from X (W1 [Cm, C, 1, 1]),
+// then its depthwise stage's from that (W2 [Cm, 1, KH, KW], group Cm).
+Status infer_pointwise_depthwise_conv(InferContext& ctx) {
+  for (size_t i = 0; i < ctx.num_inputs(); ++i)
+    if (ctx.has_input(i) && ctx.dtype(i) != DType::f32)
+      return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) + "; the op is f32 only");
+  if (!ctx.has_input(1) || !ctx.has_input(3)) return ctx.error("W1 and W2 are required");
+  auto known = [](const Shape& s, size_t d, int64_t v) {
+    return s.rank() <= static_cast<int64_t>(d) || !s.dims[d].is_known() || s.dims[d].value == v;
+  };
+  const Shape &w1 = ctx.shape(1), &w2 = ctx.shape(3);
+  if (w1.rank() >= 0 && (w1.rank() != 4 || !known(w1, 2, 1) || !known(w1, 3, 1)))
+    return ctx.error("W1 " + w1.str() + " is not a 1x1 convolution's weight [Cm, C, 1, 1]");
+  if (w2.rank() >= 0 && (w2.rank() != 4 || !known(w2, 1, 1)))
+    return ctx.error("W2 " + w2.str() + " is not a depthwise convolution's weight [Cm, 1, KH, KW]");
+  if (w1.rank() == 4 && w2.rank() == 4 && w1.dims[0].is_known() && w2.dims[0].is_known() && w1.dims[0].value != w2.dims[0].value)
+    return ctx.error("W1 " + w1.str() + " and W2 " + w2.str() + " differ in their channels");
+  const int64_t group = ctx.node().attr_int("group", 1);
+  if (w2.rank() == 4 && w2.dims[0].is_known() && group != w2.dims[0].value)
+    return ctx.error("group " + std::to_string(group) + " is not W2's " + std::to_string(w2.dims[0].value) + " channels");
+  const Node pw = pointwise_stage(ctx.node()), dw = depthwise_stage(ctx.node());
+  std::vector<InferInput> first(3);
+  for (size_t i = 0; i < 3; ++i)
+    if (ctx.has_input(i)) first[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
+  InferContext a(pw, std::move(first));
+  KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(a));
+  std::vector<InferInput> second(3);
+  second[0] = {a.outputs()[0].dtype, a.outputs()[0].shape, nullptr};
+  for (size_t i = 3; i < 5; ++i)
+    if (ctx.has_input(i)) second[i - 2] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
+  InferContext b(dw, std::move(second));
+  KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(b));
+  ctx.set_output(0, b.outputs()[0].dtype, std::move(b.outputs()[0].shape));
+  return {};
+}
 Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
 Status infer_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_pool); }
 Status infer_global_pool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_global_pool); }
@@ -858,6 +920,17 @@ void register_nn_ops(OpRegistry& r) {
       .traits = {.types = {input(0, DType::f32 | DType::bf16), input(1, lowp_weight, "W"), input(2, DType::f32, "B"), input(3, DType::f32 | DType::bf16, "Z"),
                            rest_same_as(4, 0)},
                  .prepack_inputs = {1}};  // flops: the conv's plus its epilogue's (flop_models.cc)
+  {
+    std::vector<AttrSpec> attrs = {kAutoPad, kDilations, {"group", AttrType::int64, false, "the depthwise stage's groups: Cm"},
+                                   kKernelShape, kPads, kStrides, epilogue[0], epilogue[1], kChannelsLast,
+                                   {"pointwise_activation", AttrType::string, false, "applied after the pointwise stage's bias (none)"},
+                                   {"pointwise_activation_params", AttrType::floats, false, "its alpha / min and beta / max"}};
+    r.add("", OpSchema{"PointwiseDepthwiseConv",
+                       "FusedConv 1x1 (W1, B1, pointwise_activation), then a depthwise FusedConv of its output (W2, B2, window, activation), "
+                       "the intermediate never stored whole (f32)",
+                       2, 5, 1, 1, std::move(attrs), infer_pointwise_depthwise_conv})  // B1 may be omitted; W2 is checked
+        .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W1"), same_as(2, 0, "B1"), same_as(3, 0, "W2"), same_as(4, 0, "B2")}};
+  }
   {
     const TypeSet int8 = DType::u8 | DType::i8;
     r.add("", OpSchema{"QFusedConv", "FusedConv on dequantized u8/s8 X, W and Z, its output quantized (int8 kernels)", 8, 12, 1, 1,

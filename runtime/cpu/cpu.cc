@@ -6,6 +6,7 @@ namespace kiln {
 namespace cpu {
 void register_norm(KernelRegistry& r);
 void register_dwconv(KernelRegistry& r);
+void register_pointwise_depthwise(KernelRegistry& r);
 void register_direct_conv(KernelRegistry& r);
 void register_winograd(KernelRegistry& r);
 void register_pool(KernelRegistry& r);
@@ -24,6 +25,7 @@ void register_woq_matmul(KernelRegistry& r);
 void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_norm(r);
   cpu::register_dwconv(r);
+  cpu::register_pointwise_depthwise(r);
   cpu::register_direct_conv(r);
   cpu::register_winograd(r);
   cpu::register_pool(r);

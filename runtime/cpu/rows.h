@@ -133,6 +133,15 @@ struct RowKernels {
   void (*dwconv_nhwc)(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, const float* filters,
                       const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pt, int64_t pl, float* y,
                       int64_t oh, int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
+  /// `rows` output rows of that convolution (1, or dwconv_nhwc_step's 2) on the calling thread,
+  /// from input rows given by pointer: in[i] the input row [w, c] under filter row i of the
+  /// first output row, for i in [i0, i1) (the rows outside the image, in the padding, are not
+  /// read; i1 at most kh + rows − 1); the output rows at `out`, ow · c floats apart, then the
+  /// epilogue over them (z: their residual, may be null). What a fused kernel whose input rows
+  /// are computed into a ring of row buffers calls (PointwiseDepthwiseConv's).
+  void (*dwconv_nhwc_rows)(const float* const* in, int64_t i0, int64_t i1, int64_t rows, int64_t w, int64_t c,
+                           const float* filters, const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pl, float* out,
+                           int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
   /// Direct 2-D convolution of few input channels (an image model's first layer) into
   /// channels-last output: x [n, c, h, w] or [n, h, w, c] read through its strides (image `sn`,
   /// row `sy`, pixel `sx`, channel `sc` floats), filters packed [KH, KW, C, K] and bias [K] (may
@@ -210,6 +219,11 @@ struct RowKernels {
 inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t oh, int64_t ow) {
   return ((oh - 1) * s + kh) * ((ow - 1) * s + kw + 1);  // + 1: stride 2 splits odd widths in two
 }
+
+/// The output rows RowKernels::dwconv_nhwc computes at a time: two for a stride-1 3x3 filter
+/// (each input row loaded once for both; 5x5 filters take too many registers for it to pay),
+/// else one.
+inline int64_t dwconv_nhwc_step(int64_t kh, int64_t kw, int64_t s) { return s == 1 && kh == 3 && kw == 3 ? 2 : 1; }
 
 /// The tallest filter RowKernels::dwconv_nhwc takes.
 inline constexpr int64_t kDwconvNhwcMaxRows = 16;

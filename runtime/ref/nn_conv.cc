@@ -217,9 +217,36 @@ Status ref_fused_conv_any(KernelContext& ctx) {
   });
 }
 
+namespace {
+
+// PointwiseDepthwiseConv: its pointwise stage's FusedConv into a whole intermediate tensor, then
+// its depthwise stage's FusedConv of that.
+Status ref_pointwise_depthwise_conv(KernelContext& ctx) {
+  if (!ctx.has_input(1) || !ctx.has_input(3)) return ctx.error("W1 and W2 are required");
+  const Tensor& x = ctx.input(0);
+  const Tensor& w1 = ctx.input(1);
+  if (x.rank() < 3 || w1.rank() != 4)
+    return ctx.error("X " + shape_str(x.shape()) + " and W1 " + shape_str(w1.shape()) + " are not a 2-D convolution's");
+  std::vector<int64_t> mid = x.shape();
+  mid[channels_last(ctx.node()) ? mid.size() - 1 : 1] = w1.dim(0);
+  auto input = [&](size_t i) { return ctx.has_input(i) ? ctx.input(i) : Tensor(); };
+  ref::ViewContext first(ctx, pointwise_stage(ctx.node()), {x, w1, input(2)}, Tensor(DType::f32, mid));
+  KILN_RETURN_IF_ERROR(ref_fused_conv_any(first));
+  ref::ViewContext second(ctx, depthwise_stage(ctx.node()), {first.y(), ctx.input(3), input(4)},
+                          Tensor(DType::f32, ctx.output(0).shape()));
+  KILN_RETURN_IF_ERROR(ref_fused_conv_any(second));
+  if (second.y().shape() != ctx.output(0).shape())
+    return ctx.error("the depthwise stage's output " + shape_str(second.y().shape()) + " is not Y's");
+  std::memcpy(ctx.output(0).raw(), second.y().raw(), second.y().nbytes());
+  return {};
+}
+
+}  // namespace
+
 void register_ref_nn_conv(KernelRegistry& r) {
   r.add_reference("Conv", ref_conv);
   r.add_reference("FusedConv", ref_fused_conv_any);
+  r.add_reference("PointwiseDepthwiseConv", ref_pointwise_depthwise_conv);
   r.add_reference("ConvTranspose", ref_conv_transpose);
   r.add_reference("Col2Im", ref_col2im);
 }

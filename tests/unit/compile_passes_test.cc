@@ -37,7 +37,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 25u);
+  EXPECT_EQ(names.size(), 26u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1222,6 +1222,91 @@ TEST(CompileFuseConcat, NotForATargetWithoutAvx2) {
   EXPECT_FALSE(r->changed);
 }
 
+// ---- fuse_pointwise_depthwise --------------------------------------------------------------
+
+// Channels-last 1x1 expansions 24 -> 144 and the depthwise convolutions after them: on 56x56
+// (T 1.8 MB) at stride 1 and at stride 2, on 8x8 (T 37 KB), and one whose T a Neg reads too.
+Model pointwise_depthwise_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 56, 56, 24}), small = b.input("small", {1, 8, 8, 24});
+  ValueId w1 = b.constant("w1", uniform_f32({144, 24, 1, 1}, 110)), b1 = b.constant("b1", uniform_f32({144}, 111));
+  ValueId w2 = b.constant("w2", uniform_f32({144, 1, 3, 3}, 112)), b2 = b.constant("b2", uniform_f32({144}, 113));
+  auto block = [&](const std::string& name, ValueId in, int64_t stride) {
+    ValueId t = b.op(name + "_pw", "FusedConv", {in, w1, b1}, name + "_t",
+                     {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1}),
+                      attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})});
+    ValueId y = b.op(name, "FusedConv", {t, w2, b2}, name,
+                     {attr("channels_last", int64_t{1}), attr("group", int64_t{144}), attr("kernel_shape", std::vector<int64_t>{3, 3}),
+                      attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("strides", std::vector<int64_t>{stride, stride}),
+                      attr("activation", std::string("Silu"))});
+    return std::make_pair(t, y);
+  };
+  b.output(block("s1", x, 1).second);
+  b.output(block("s2", x, 2).second);
+  b.output(block("small", small, 1).second);
+  const auto [t, y] = block("shared", x, 1);
+  b.output(y);
+  b.output(b.op("neg", "Neg", {t}, "neg"));
+  return b.done();
+}
+
+TEST(CompileFusePointwiseDepthwise, Golden) {
+  Model m = pointwise_depthwise_model();
+  PassResult r = run_pass("fuse_pointwise_depthwise", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "fused 2 pointwise convolutions into the depthwise convolution after it");
+  const std::string text = testing::nodes_text(m.graph);
+  EXPECT_NE(text.find("node s1: PointwiseDepthwiseConv(x, w1, b1, w2, b2) -> (s1) activation=\"Silu\" channels_last=1 group=144 "
+                      "kernel_shape=ints[3, 3] pads=ints[1, 1, 1, 1] pointwise_activation=\"Clip\" "
+                      "pointwise_activation_params=floats[0, 6] strides=ints[1, 1] sources=[\"s1_pw\", \"s1\"]\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("node s2: PointwiseDepthwiseConv"), std::string::npos) << text;
+  for (const char* kept : {"node s1_pw:", "node s2_pw:"}) EXPECT_EQ(text.find(kept), std::string::npos) << kept << "\n" << text;
+  for (const char* kept : {"node small_pw: FusedConv", "node small: FusedConv", "node shared_pw: FusedConv", "node shared: FusedConv"})
+    EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
+}
+
+// At two threads the stride-2 one keeps its T (0.9 MB a thread); without AVX2, nothing fuses.
+TEST(CompileFusePointwiseDepthwise, StrideTwoNeedsAMebibyteAThread) {
+  Model m = pointwise_depthwise_model();
+  Target two;
+  two.threads = 2;
+  PassContext ctx{two, {}};
+  auto r = fuse_pointwise_depthwise(m, ctx);
+  ASSERT_TRUE(r.ok());
+  const std::string text = testing::nodes_text(m.graph);
+  EXPECT_NE(text.find("node s1: PointwiseDepthwiseConv"), std::string::npos) << text;
+  EXPECT_NE(text.find("node s2_pw: FusedConv"), std::string::npos) << text;
+  Model n = pointwise_depthwise_model();
+  Target baseline;
+  baseline.cpu = CpuFeatures{};
+  PassContext none{baseline, {}};
+  auto r2 = fuse_pointwise_depthwise(n, none);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_FALSE(r2->changed);
+}
+
+TEST(CompileFusePointwiseDepthwise, SameOutputsOnTheReferenceAndOnKilnsKernel) {
+  Model before = pointwise_depthwise_model(), after = before;
+  run_pass("fuse_pointwise_depthwise", after);
+  const std::vector<Tensor> inputs = {uniform_f32({1, 56, 56, 24}, 114), uniform_f32({1, 8, 8, 24}, 115)};
+  expect_same_outputs(before, after, inputs, 1e-6);
+  auto fast = Session::create(after);
+  ASSERT_TRUE(fast.ok()) << fast.error().message();
+  auto got = (*fast)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  for (const char* name : {"s1", "s2"}) {
+    const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [&](const Node& n) { return n.name == name; });
+    ASSERT_NE(at, after.graph.nodes.end());
+    const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
+    ASSERT_LT(n, (*fast)->kernels().size());
+    EXPECT_EQ((*fast)->kernels()[n].name.rfind("kiln.pointwise_depthwise_f32_", 0), 0u) << (*fast)->kernels()[n].name;
+  }
+  const std::vector<Tensor> want = run_reference(before, inputs);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too
@@ -1372,7 +1457,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, drop_linear_reshapes, "
             "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, hoist_activations, fuse_epilogues, gather_rows_early, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
-            "fuse_concat, eliminate_dead, "
+            "fuse_concat, fuse_pointwise_depthwise, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

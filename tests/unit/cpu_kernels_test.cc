@@ -382,6 +382,59 @@ TEST(CpuKernels, DepthwiseConv) {
   EXPECT_NE(check({"Conv", {x, noise({8, 2, 3, 3}, 7)}, {false, true}, {attr("group", int64_t{4})}}).rfind("kiln.dwconv", 0), 0u);
 }
 
+// kiln.pointwise_depthwise (PointwiseDepthwiseConv, compile's fuse_pointwise_depthwise): the 1x1
+// stage's rows computed into the ring as the depthwise rows need them. 3x3 and 5x5 filters at
+// stride 1 (3x3 in row pairs) and 2; pads symmetric, asymmetric (rows with filter rows in the
+// padding at the top only) and none; input channels below and past a vector, expanded
+// channels with a scalar tail and whole vectors; odd widths and heights; two images (the ring
+// carried from one image's last rows to the next one's first); without either bias, with
+// ReLU6 then SiLU and the reverse; on one and two threads (each its run of output rows, the
+// rows at the boundary expanded by both), and 7x7 through the general row kernel.
+TEST(CpuKernels, PointwiseDepthwiseConv) {
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int threads : {1, 2})
+      for (int64_t k : {3, 5, 7})
+        for (int64_t stride : {1, 2})
+          for (const auto& [c, m] : std::vector<std::pair<int64_t, int64_t>>{{3, 21}, {24, 144}, {17, 32}}) {
+            if (k == 7 && (stride == 2 || c == 24)) continue;
+            const int64_t images = 2, height = 13, width = c == 24 ? 28 : 11, p = k / 2;
+            SCOPED_TRACE(isa + " k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " c=" + std::to_string(c) + " m=" +
+                         std::to_string(m) + " threads=" + std::to_string(threads));
+            const Tensor x = noise({images, height, width, c}, 31), w1 = noise({m, c, 1, 1}, 32, 0.5f), b1 = noise({m}, 33);
+            const Tensor w2 = noise({m, 1, k, k}, 34, 0.5f), b2 = noise({m}, 35);
+            const std::string name = "kiln.pointwise_depthwise_f32_" + isa;
+            std::vector<Attribute> a = {attr("group", m), attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{k, k}),
+                                        attr("pads", std::vector<int64_t>{p, p, p, p}), attr("strides", std::vector<int64_t>{stride, stride}),
+                                        attr("pointwise_activation", std::string("Clip")),
+                                        attr("pointwise_activation_params", std::vector<double>{0, 6}), attr("activation", std::string("Silu"))};
+            EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, b1, w2, b2}, {false, true, true, true, true}, a, {true}, "", {}, threads},
+                            1e-5, &cpu),
+                      name);
+            std::vector<Attribute> asym = {attr("group", m), attr("channels_last", int64_t{1}),
+                                           attr("pads", std::vector<int64_t>{p, 0, 0, p + 1}),
+                                           attr("strides", std::vector<int64_t>{stride, stride}), attr("pointwise_activation", std::string("Silu")),
+                                           attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})};
+            EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, true, false, true}, asym, {true}, "", {}, threads},
+                            1e-5, &cpu),
+                      name);
+            std::vector<Attribute> none = {attr("group", m), attr("channels_last", int64_t{1}),
+                                           attr("strides", std::vector<int64_t>{stride, stride})};
+            EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, b1, w2}, {false, true, true, true}, none, {true}, "", {}, threads}, 1e-5, &cpu),
+                      name);
+          }
+  // Dilated, stride 3, or weights computed at run time: the reference kernel.
+  const Tensor x = noise({1, 9, 9, 8}, 36), w1 = noise({16, 8, 1, 1}, 37), w2 = noise({16, 1, 3, 3}, 38);
+  EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, true, false, true},
+                   {attr("group", int64_t{16}), attr("channels_last", int64_t{1}), attr("dilations", std::vector<int64_t>{2, 2})}}),
+            kReferenceKernel);
+  EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, true, false, true},
+                   {attr("group", int64_t{16}), attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{3, 3})}}),
+            kReferenceKernel);
+  EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, false, false, true},
+                   {attr("group", int64_t{16}), attr("channels_last", int64_t{1})}}),
+            kReferenceKernel);
+}
+
 // kiln.direct_conv on channels-last convolutions of few input channels (an image model's first
 // layer): 1 to 4 input channels; output channels of one to five vectors (on AVX-512 a group of
 // four and one of one; on AVX2 groups of four and the rest); 3x3 stride 2, 7x7 stride 2 and 1x1

@@ -165,6 +165,23 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
   EXPECT_EQ(flops_of("FusedConv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3}), f32({4})},
                      {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})}),
             conv + 4 * 14 * 14 * (1 + 2));
+  // PointwiseDepthwiseConv: its two FusedConv stages' counts (1x1 8 -> 24 with bias and Clip,
+  // then 3x3 depthwise stride 2 with bias and SiLU), both layouts.
+  for (int64_t last : {0, 1}) {
+    const std::vector<int64_t> x = last ? std::vector<int64_t>{1, 16, 16, 8} : std::vector<int64_t>{1, 8, 16, 16};
+    const std::vector<int64_t> t = last ? std::vector<int64_t>{1, 16, 16, 24} : std::vector<int64_t>{1, 24, 16, 16};
+    const Attribute cl = attr("channels_last", last);
+    const std::vector<Attribute> window = {attr("group", int64_t{24}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
+                                           attr("strides", std::vector<int64_t>{2, 2}), cl, attr("activation", std::string("Silu"))};
+    const int64_t pw = flops_of("FusedConv", {f32(x), f32({24, 8, 1, 1}), f32({24})},
+                                {cl, attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})});
+    const int64_t dw = flops_of("FusedConv", {f32(t), f32({24, 1, 3, 3}), f32({24})}, window);
+    ASSERT_EQ(pw, 256 * 24 * (2 * 8 + 1 + 2));
+    std::vector<Attribute> fused = window;
+    fused.push_back(attr("pointwise_activation", std::string("Clip")));
+    fused.push_back(attr("pointwise_activation_params", std::vector<double>{0, 6}));
+    EXPECT_EQ(flops_of("PointwiseDepthwiseConv", {f32(x), f32({24, 8, 1, 1}), f32({24}), f32({24, 1, 3, 3}), f32({24})}, fused), pw + dw);
+  }
 }
 
 TEST(FlopModels, OtherLayers) {

@@ -213,6 +213,44 @@ TEST(FusedOps, SchemaChecks) {
       "x_channels_first with X in parts");
 }
 
+// PointwiseDepthwiseConv is its two FusedConvs, channels-first and channels-last, with the
+// pointwise stage's activation from pointwise_activation and the depthwise one's window.
+TEST(FusedOps, PointwiseDepthwiseConvIsItsTwoStages) {
+  const Tensor x = ramp({2, 3, 7, 6}), w1 = ramp({8, 3, 1, 1}, 0.21f), b1 = ramp({8}, 0.5f), w2 = ramp({8, 1, 3, 3}, 0.3f),
+               b2 = ramp({8}, 0.7f);
+  const std::vector<Attribute> window = {attr("group", int64_t{8}), attr("pads", std::vector<int64_t>{1, 0, 1, 1}),
+                                         attr("strides", std::vector<int64_t>{2, 2})};
+  for (int64_t last : {0, 1}) {
+    SCOPED_TRACE("channels_last " + std::to_string(last));
+    const Tensor xl = last ? run1("Transpose", {x}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}) : x;
+    std::vector<Attribute> pw = {attr("channels_last", last), attr("activation", std::string("Clip")),
+                                 attr("activation_params", std::vector<double>{0, 6})};
+    std::vector<Attribute> dw = window;
+    dw.push_back(attr("channels_last", last));
+    dw.push_back(attr("activation", std::string("Silu")));
+    const Tensor want = run1("FusedConv", {run1("FusedConv", {xl, w1, b1}, pw), w2, b2}, dw);
+    std::vector<Attribute> fused = dw;
+    fused.push_back(attr("pointwise_activation", std::string("Clip")));
+    fused.push_back(attr("pointwise_activation_params", std::vector<double>{0, 6}));
+    expect_close(run1("PointwiseDepthwiseConv", {xl, w1, b1, w2, b2}, fused), want, "both biases");
+    const Tensor plain = run1("FusedConv", {run1("FusedConv", {xl, w1}, pw), w2}, dw);
+    expect_close(run1("PointwiseDepthwiseConv", {xl, w1, Tensor(), w2}, fused), plain, "no biases");
+  }
+  auto bad = [](const Result<std::vector<Tensor>>& r, const std::string& fragment) {
+    ASSERT_FALSE(r.ok()) << fragment;
+    EXPECT_NE(r.error().message().find(fragment), std::string::npos) << r.error().message();
+  };
+  const std::vector<Attribute> g8 = {attr("group", int64_t{8})};
+  bad(run_op("PointwiseDepthwiseConv", {x, w1}, g8), "W1 and W2 are required");
+  bad(run_op("PointwiseDepthwiseConv", {x, ramp({8, 3, 3, 3}), Tensor(), w2}, g8), "W1 8x3x3x3 is not a 1x1 convolution's weight");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), ramp({8, 2, 3, 3})}, g8), "W2 8x2x3x3 is not a depthwise convolution's weight");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), ramp({4, 1, 3, 3})}, {attr("group", int64_t{4})}), "differ in their channels");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2}), "group 1 is not W2's 8 channels");
+  bad(run_op("PointwiseDepthwiseConv", {x, ramp({8, 4, 1, 1}), Tensor(), w2}, g8), "X has 3 channels but W expects 4");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {attr("group", int64_t{8}), attr("pointwise_activation", std::string("Swish"))}),
+      "activation 'Swish' is not one of");
+}
+
 TEST(FusedOps, ActivationAttributesRoundTrip) {
   for (const ActivationSpec& spec : kAll) {
     Node n;
