@@ -30,7 +30,7 @@ constexpr int64_t kMinBytes = int64_t{1} << 20;  // the intermediate tensor's si
 // took 0.78-0.92 of the two nodes' time at one thread and 0.85-0.95 at two (MobileNetV2's and
 // EfficientNet-B0's 112x112 and 56x56 ones). Over a smaller T, which stays in L2, oneDNN's 1x1
 // convolution over the whole image and the depthwise kernel after it ran as fast or faster
-// (their 28x28 pairs 0.99-1.10, 14x14 1.02-1.12, 7x7 1.07-1.49); at stride 2 each output row
+// (their 28x28 pairs 0.99-1.10, 14x14 0.96-1.12, 7x7 1.07-1.49); at stride 2 each output row
 // needs two new rows of T for a quarter of the depthwise work, and with T split between the
 // threads' L2 caches the row products lost (the 56x56x144 ones at two threads: 1.02-1.05).
 bool pays(int64_t t_bytes, int64_t stride, int threads) {

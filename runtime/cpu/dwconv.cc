@@ -77,10 +77,7 @@ class DwConvKernel final : public Kernel {
     weights_ = *q.inputs[1].value;
     if (last_) {  // [C, 1, KH, KW] -> [KH, KW, C]
       Tensor packed(DType::f32, {kh_, kw_, c_});
-      const float* from = weights_.data<float>();
-      float* to = packed.data<float>();
-      for (int64_t ch = 0; ch < c_; ++ch)
-        for (int64_t t = 0; t < kh_ * kw_; ++t) to[t * c_ + ch] = from[ch * kh_ * kw_ + t];
+      pack_dwconv_nhwc_filters(weights_.data<float>(), c_, kh_ * kw_, packed.data<float>());
       weights_ = std::move(packed);
     }
     has_bias_input_ = q.inputs.size() > 2 && q.inputs[2].dtype != DType::undefined;

@@ -66,10 +66,8 @@ class PointwiseDepthwiseKernel final : public Kernel {
     gemm::pack_b(plain.data<float>(), c_, true, c_, m_, tile.nr, b1_packed_.data<float>());
     // W2 [M, 1, KH, KW] -> [KH, KW, M]
     const Tensor& f = *q.inputs[3].value;
-    const Tensor f_plain = f.is_packed() ? unpack(f) : f;
     w2_packed_ = Tensor(DType::f32, {kh_, kw_, m_});
-    for (int64_t ch = 0; ch < m_; ++ch)
-      for (int64_t t = 0; t < kh_ * kw_; ++t) w2_packed_.data<float>()[t * m_ + ch] = f_plain.data<float>()[ch * kh_ * kw_ + t];
+    pack_dwconv_nhwc_filters((f.is_packed() ? unpack(f) : f).data<float>(), m_, kh_ * kw_, w2_packed_.data<float>());
     threads_ = std::max(1, q.target.threads);
     parallel_ = n_ * (h_ * w_ * c_ * m_ + oh_ * ow_ * m_ * kh_ * kw_) >= (int64_t{1} << 16);  // as the row kernels share work
     const gemm::GemmProblem shape{.m = ring_ * w_, .n = m_, .k = c_, .b_packed = true};

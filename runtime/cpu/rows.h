@@ -225,6 +225,13 @@ inline int64_t dwconv_scratch_floats(int64_t kh, int64_t kw, int64_t s, int64_t 
 /// else one.
 inline int64_t dwconv_nhwc_step(int64_t kh, int64_t kw, int64_t s) { return s == 1 && kh == 3 && kw == 3 ? 2 : 1; }
 
+/// Depthwise filters [C, 1, KH, KW] (`taps` = KH · KW) packed as RowKernels::dwconv_nhwc reads
+/// them, [KH, KW, C]: each tap's C weights side by side.
+inline void pack_dwconv_nhwc_filters(const float* from, int64_t c, int64_t taps, float* to) {
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t t = 0; t < taps; ++t) to[t * c + ch] = from[ch * taps + t];
+}
+
 /// The tallest filter RowKernels::dwconv_nhwc takes.
 inline constexpr int64_t kDwconvNhwcMaxRows = 16;
 

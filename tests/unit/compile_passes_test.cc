@@ -1158,6 +1158,28 @@ TEST(CompileFoldSplitConcat, AConcatOfEveryPieceIsTheInput) {
 
 // ---- fuse_concat ---------------------------------------------------------------------------
 
+// `after` (a pass's output) on the default kernels: the nodes `names` run on kernels whose
+// names start with `prefix`, and its outputs are `before`'s on the reference kernels (within
+// float rounding of libm's activations).
+void expect_fast_kernels(const Model& before, const Model& after, const std::vector<Tensor>& inputs,
+                         const std::vector<std::string>& names, const std::string& prefix) {
+  auto fast = Session::create(after);
+  ASSERT_TRUE(fast.ok()) << fast.error().message();
+  auto got = (*fast)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  for (const std::string& name : names) {
+    const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [&](const Node& n) { return n.name == name; });
+    ASSERT_NE(at, after.graph.nodes.end()) << name;
+    const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
+    ASSERT_LT(n, (*fast)->kernels().size());
+    EXPECT_EQ((*fast)->kernels()[n].name.rfind(prefix, 0), 0u) << name << ": " << (*fast)->kernels()[n].name;
+  }
+  const std::vector<Tensor> want = run_reference(before, inputs);
+  ASSERT_EQ(got->size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+}
+
+
 // Channel Concats before channels-last 1x1 convolutions: one with SiLU (a C2f block's end),
 // one with ReLU (oneDNN's, which cannot read parts), one also read by a Neg.
 Model concat_conv_model() {
@@ -1199,17 +1221,7 @@ TEST(CompileFuseConcat, SameOutputsOnTheReferenceAndOnKilnsGemm) {
   run_pass("fuse_concat", after);
   const std::vector<Tensor> inputs = {uniform_f32({1, 4, 4, 3}, 98), uniform_f32({1, 4, 4, 5}, 99)};
   expect_same_outputs(before, after, inputs, 0);
-  auto fast = Session::create(after);
-  ASSERT_TRUE(fast.ok()) << fast.error().message();
-  auto got = (*fast)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [](const Node& n) { return n.name == "silu"; });
-  ASSERT_NE(at, after.graph.nodes.end());
-  const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
-  ASSERT_LT(n, (*fast)->kernels().size());
-  EXPECT_EQ((*fast)->kernels()[n].name.rfind("kiln.gemm_f32_", 0), 0u) << (*fast)->kernels()[n].name;
-  const std::vector<Tensor> want = run_reference(before, inputs);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+  expect_fast_kernels(before, after, inputs, {"silu"}, "kiln.gemm_f32_");
 }
 
 TEST(CompileFuseConcat, NotForATargetWithoutAvx2) {
@@ -1292,19 +1304,7 @@ TEST(CompileFusePointwiseDepthwise, SameOutputsOnTheReferenceAndOnKilnsKernel) {
   run_pass("fuse_pointwise_depthwise", after);
   const std::vector<Tensor> inputs = {uniform_f32({1, 56, 56, 24}, 114), uniform_f32({1, 8, 8, 24}, 115)};
   expect_same_outputs(before, after, inputs, 1e-6);
-  auto fast = Session::create(after);
-  ASSERT_TRUE(fast.ok()) << fast.error().message();
-  auto got = (*fast)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  for (const char* name : {"s1", "s2"}) {
-    const auto at = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [&](const Node& n) { return n.name == name; });
-    ASSERT_NE(at, after.graph.nodes.end());
-    const auto n = static_cast<size_t>(at - after.graph.nodes.begin());
-    ASSERT_LT(n, (*fast)->kernels().size());
-    EXPECT_EQ((*fast)->kernels()[n].name.rfind("kiln.pointwise_depthwise_f32_", 0), 0u) << (*fast)->kernels()[n].name;
-  }
-  const std::vector<Tensor> want = run_reference(before, inputs);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(relative_l2((*got)[i], want[i]), 1e-6) << i;
+  expect_fast_kernels(before, after, inputs, {"s1", "s2"}, "kiln.pointwise_depthwise_f32_");
 }
 
 // ---- prepack_weights ---------------------------------------------------------------------
