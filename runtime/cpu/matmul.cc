@@ -99,7 +99,7 @@ constexpr int64_t kAvx2WindowChannels = 128;
 //   pixels (56x56) or more: the mobile networks' first projections (96 or 144 to 24 channels:
 //   0.78-0.85 of oneDNN's time in the models at one and two threads; 144 to 32 or 40 at 28x28
 //   ties, and 32 to 16 at 112x112 loses, 1.24);
-// - 64 pixels or fewer into 8 times as many output channels or more: MobileNetV2's last 7x7
+// - 64 pixels or fewer into at least 8 times as many output channels as pixels: MobileNetV2's last 7x7
 //   expansions (160 to 960 and 320 to 1280, ReLU6) took 0.92-0.94 of oneDNN's time at one
 //   thread and 0.94-0.98 at two (6 alternated profiles of the AMX Xeon; the model 0.986 at
 //   one); its 960 to 320 projection (fewer) lost at two, 1.12;

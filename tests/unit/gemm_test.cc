@@ -714,7 +714,7 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                      {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))}},
                     1e-5, &cpu),
               "onednn.conv");
-    // Over 64 pixels or fewer into 8 times as many output channels or more (a mobile network's
+    // Over 64 pixels or fewer into at least 8 times as many output channels as pixels (a mobile network's
     // last 7x7 expansions, ReLU6), kiln's GEMM at one and two threads; into fewer, oneDNN.
     for (const int64_t out : {400, 384})
       for (const int threads : {1, 2})
