@@ -63,7 +63,7 @@ constexpr std::array kPasses = {
              fold_split_concat},
     PassInfo{"fuse_concat", "a channel Concat read only by pointwise convolutions with a transcendental activation: they read its inputs where they lie (FusedConv's x_parts, on kiln's f32 GEMM)",
              fuse_concat},
-    PassInfo{"fuse_pointwise_depthwise", "a 1x1 convolution read only by a depthwise convolution (an inverted residual block's expansion) -> PointwiseDepthwiseConv, its output computed row by row as the depthwise rows read it, never stored whole (f32, large outputs only)",
+    PassInfo{"fuse_pointwise_depthwise", "a 1x1 convolution read only by a depthwise convolution (an inverted residual block's expansion), and a 1x1 convolution alone reading a depthwise one's output (its projection) -> PointwiseDepthwiseConv, the intermediates computed row by row as the next stage reads them, never stored whole (f32, large ones only)",
              fuse_pointwise_depthwise},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},

@@ -1,15 +1,23 @@
 // fuse_pointwise_depthwise: a channels-last 1x1 convolution whose output only a depthwise
-// convolution reads becomes one PointwiseDepthwiseConv, which never stores that output whole.
+// convolution reads, and a 1x1 convolution (a projection) that alone reads a depthwise
+// convolution's output, become one PointwiseDepthwiseConv, which never stores those outputs
+// whole.
 //
-//   FusedConv 1x1(X, W1, B1; act1) -> T -> FusedConv depthwise(T, W2, B2; act2)
-//     =>   PointwiseDepthwiseConv(X, W1, B1, W2, B2; pointwise_activation act1, activation act2)
+//   FusedConv 1x1(X, W1, B1; act1) -> T -> FusedConv depthwise(T, W2, B2; act2) -> D
+//     -> FusedConv 1x1(D, W3, B3, Z; act3)
+//     =>   PointwiseDepthwiseConv(X, W1, B1, W2, B2, W3, B3, Z; pointwise_activation act1,
+//                                 activation act2, projection_activation act3)
 //
-// MobileNetV2's and EfficientNet's inverted residual blocks start so: the expansion writes T
-// (MobileNetV2's first, 112x112x96: 4.8 MB, past L2) and the depthwise convolution reads it
-// back; kiln.pointwise_depthwise computes T's rows into a ring of row buffers as the depthwise
-// rows need them. Both stages f32 with constant weights, no residual or second activation in
-// either, the depthwise filter at most 16 rows, stride 1 or 2, no dilation; the target needs
-// AVX2. Only where T is large (pays, below).
+// MobileNetV2's and EfficientNet's inverted residual blocks are so (EfficientNet's with a
+// squeeze-excitation between D and the projection, which keeps that apart): the expansion
+// writes T (MobileNetV2's first, 112x112x96: 4.8 MB, past L2) and the depthwise convolution
+// reads it back, then writes D for the projection to read. kiln.pointwise_depthwise computes
+// T's rows into a ring of row buffers as the depthwise rows need them, and projects the
+// depthwise rows as they come. Two sweeps: the expansions first, then the projections, into a
+// node of the first sweep or into a depthwise convolution alone (the node then has no W1).
+// Every stage f32 with constant weights, no second activation, no residual but the
+// projection's (Z of Y's shape); the depthwise filter at most 16 rows, stride 1 or 2, no
+// dilation; the target needs AVX2. Only where T or D is large (pays, projection_pays, below).
 #include <algorithm>
 #include <set>
 
@@ -23,7 +31,7 @@ namespace kiln {
 namespace {
 
 constexpr int64_t kMaxFilterRows = 16;  // kiln.pointwise_depthwise's (kDwconvNhwcMaxRows)
-constexpr int64_t kMinBytes = int64_t{1} << 20;  // the intermediate tensor's size from which fusing paid
+constexpr int64_t kMinBytes = int64_t{1} << 20;  // the intermediate tensors' size from which fusing paid
 
 // The rule (docs/architecture.md has the table): fuse where the intermediate tensor T takes
 // 1 MiB or more, and for a stride-2 depthwise convolution 1 MiB or more a thread. Those pairs
@@ -37,13 +45,26 @@ bool pays(int64_t t_bytes, int64_t stride, int threads) {
   return t_bytes >= kMinBytes && (stride == 1 || t_bytes / std::max(1, threads) >= kMinBytes);
 }
 
-// Whether `n` is a channels-last f32 FusedConv of X alone (no residual, no second activation,
-// no parts, no lowered types) whose weight is a constant f32 [K, C/group, KH, KW].
-bool plain_conv(const Graph& g, const Node& n) {
+// A projection: where the depthwise convolution's input T or its output D takes 1 MiB or more
+// (the same table). MobileNetV2's first four took 0.90-0.95 of the nodes' time at one thread
+// and two (its 112x112x32 and 56x56 depthwise outputs, and the 56x56x144 input of the stride-2
+// one); with T and D under 1 MiB they ran from 0.97 to 1.29 at one thread (the 28x28 ones
+// 0.97-1.02, 14x14 1.02-1.29, 7x7 1.12-1.14), where the projection's GEMM over one or two rows
+// of a small image is short and D stayed in L2 anyway.
+bool projection_pays(int64_t t_bytes, int64_t d_bytes) { return std::max(t_bytes, d_bytes) >= kMinBytes; }
+
+// Whether `n` is a channels-last f32 FusedConv of X (with `residual`, optionally a residual Z
+// of Y's shape after the activation; otherwise none), with no second activation, no parts, no
+// lowered types, whose weight is a constant f32 [K, C/group, KH, KW].
+bool plain_conv(const Graph& g, const Node& n, bool residual = false) {
   if (n.op != "FusedConv" || !n.domain.empty() || n.outputs.size() != 1 || n.attr_int("channels_last", 0) != 1) return false;
   for (const char* a : {"x_parts", "x_channels_first", "int8_operands", "output_type", "post_activation"})
     if (n.has_attr(a)) return false;
-  if (n.has_input(3) || !n.has_input(0) || !n.has_input(1) || !read_activation(n, "activation").ok()) return false;
+  if (!n.has_input(0) || !n.has_input(1) || !read_activation(n, "activation").ok() || n.inputs.size() > 4) return false;
+  if (n.has_input(3)) {
+    const Value& z = g.value(n.inputs[3]);
+    if (!residual || z.dtype != DType::f32 || !z.shape.is_concrete() || z.shape != g.value(n.outputs[0]).shape) return false;
+  }
   if (const std::string pad = n.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return false;
   for (int64_t v : n.attr_ints("dilations")) if (v != 1) return false;
   const Value& x = g.value(n.inputs[0]);
@@ -53,8 +74,8 @@ bool plain_conv(const Graph& g, const Node& n) {
   return w.is_constant() && w.dtype == DType::f32 && w.constant.rank() == 4;
 }
 
-bool pointwise(const Graph& g, const Node& n) {
-  if (!plain_conv(g, n) || n.attr_int("group", 1) != 1) return false;
+bool pointwise(const Graph& g, const Node& n, bool residual = false) {
+  if (!plain_conv(g, n, residual) || n.attr_int("group", 1) != 1) return false;
   for (int64_t v : n.attr_ints("strides")) if (v != 1) return false;
   for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
   const Tensor& w = g.value(n.inputs[1]).constant;
@@ -69,18 +90,26 @@ bool depthwise(const Graph& g, const Node& n, int64_t channels) {
   return s.size() == 2 && s[0] == s[1] && (s[0] == 1 || s[0] == 2);
 }
 
-}  // namespace
-
-Result<PassResult> fuse_pointwise_depthwise(Model& model, PassContext& ctx) {
-  if (!ctx.target.cpu.avx2 || !ctx.target.cpu.fma) return PassResult{};
-  Graph& g = model.graph;
-  const std::vector<std::vector<Use>> uses = g.uses();
-  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+// The node each value comes from (-1: an input or a constant).
+std::vector<int64_t> producers(const Graph& g) {
   std::vector<int64_t> producer(g.values.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i)
     for (ValueId v : g.nodes[i].outputs)
       if (v != kNoValue) producer[static_cast<size_t>(v)] = static_cast<int64_t>(i);
-  std::vector<char> gone(g.nodes.size(), 0);
+  return producer;
+}
+
+// `into` takes `from`'s sources (or its name) after its own, each once.
+void add_sources(Node& into, const Node& from) {
+  for (const std::string& s : from.sources.empty() ? std::vector<std::string>{from.name} : from.sources)
+    if (std::find(into.sources.begin(), into.sources.end(), s) == into.sources.end()) into.sources.push_back(s);
+}
+
+// Sweep 1: each 1x1 expansion into the depthwise convolution that alone reads it.
+size_t fuse_expansions(Graph& g, const PassContext& ctx, std::vector<char>& gone) {
+  const std::vector<std::vector<Use>> uses = g.uses();
+  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+  const std::vector<int64_t> producer = producers(g);
   size_t fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& dw = g.nodes[i];
@@ -107,17 +136,83 @@ Result<PassResult> fuse_pointwise_depthwise(Model& model, PassContext& ctx) {
       else if (a.name == "activation_params") f.set_attr("pointwise_activation_params", a.value);
     }
     f.sources = pw.sources.empty() ? std::vector<std::string>{pw.name} : pw.sources;
-    for (const std::string& s : dw.sources.empty() ? std::vector<std::string>{dw.name} : dw.sources)
-      if (std::find(f.sources.begin(), f.sources.end(), s) == f.sources.end()) f.sources.push_back(s);
+    add_sources(f, dw);
     dw = std::move(f);
     gone[static_cast<size_t>(p)] = 1;
     ++fused;
   }
-  if (fused == 0) return PassResult{};
-  erase_nodes(g, gone);
+  return fused;
+}
+
+// Sweep 2: each 1x1 projection into the depthwise convolution (fused with its expansion by
+// sweep 1, or alone) whose output it alone reads.
+size_t fuse_projections(Graph& g, std::vector<char>& gone) {
+  const std::vector<std::vector<Use>> uses = g.uses();
+  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+  const std::vector<int64_t> producer = producers(g);
+  size_t fused = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& pj = g.nodes[i];
+    if (gone[i] || !pointwise(g, pj, true)) continue;
+    const ValueId d = pj.inputs[0];
+    const int64_t p = producer[static_cast<size_t>(d)];
+    if (p < 0 || gone[static_cast<size_t>(p)] || outputs.count(d) || uses[static_cast<size_t>(d)].size() != 1) continue;
+    const Node& dw = g.nodes[static_cast<size_t>(p)];
+    const Shape& ds = g.value(d).shape;
+    const bool expanded = dw.op == "PointwiseDepthwiseConv" && !dw.has_input(5);
+    if (!expanded && !depthwise(g, dw, ds.dims[3].value)) continue;
+    // T: the depthwise convolution's input, X's pixels by W2's channels.
+    const std::vector<int64_t> xs = g.value(dw.inputs[0]).shape.concrete();
+    const int64_t t_bytes = shape_numel(xs) / xs[3] * ds.dims[3].value * static_cast<int64_t>(sizeof(float));
+    if (!projection_pays(t_bytes, shape_numel(ds.concrete()) * static_cast<int64_t>(sizeof(float)))) continue;
+    Node f;
+    f.name = pj.name;
+    f.op = "PointwiseDepthwiseConv";
+    if (expanded) {
+      f.inputs = dw.inputs;
+      f.attrs = dw.attrs;
+      f.sources = dw.sources;
+    } else {
+      f.inputs = {dw.inputs[0], kNoValue, kNoValue, dw.inputs[1], dw.has_input(2) ? dw.inputs[2] : kNoValue};
+      for (const Attribute& a : dw.attrs) f.set_attr(a.name, a.value);
+      f.sources = dw.sources.empty() ? std::vector<std::string>{dw.name} : dw.sources;
+    }
+    f.inputs.resize(5, kNoValue);
+    f.inputs.insert(f.inputs.end(), {pj.inputs[1], pj.has_input(2) ? pj.inputs[2] : kNoValue, pj.has_input(3) ? pj.inputs[3] : kNoValue});
+    while (f.inputs.back() == kNoValue) f.inputs.pop_back();
+    f.outputs = pj.outputs;
+    for (const Attribute& a : pj.attrs) {
+      if (a.name == "activation") f.set_attr("projection_activation", a.value);
+      else if (a.name == "activation_params") f.set_attr("projection_activation_params", a.value);
+    }
+    add_sources(f, pj);
+    pj = std::move(f);
+    gone[static_cast<size_t>(p)] = 1;
+    ++fused;
+  }
+  return fused;
+}
+
+}  // namespace
+
+Result<PassResult> fuse_pointwise_depthwise(Model& model, PassContext& ctx) {
+  if (!ctx.target.cpu.avx2 || !ctx.target.cpu.fma) return PassResult{};
+  Graph& g = model.graph;
+  std::vector<char> gone(g.nodes.size(), 0);
+  const size_t expansions = fuse_expansions(g, ctx, gone);
+  if (expansions > 0) {
+    erase_nodes(g, gone);
+    gone.assign(g.nodes.size(), 0);
+  }
+  const size_t projections = fuse_projections(g, gone);
+  if (expansions + projections == 0) return PassResult{};
+  if (projections > 0) erase_nodes(g, gone);
   drop_unused_values(g);
-  return PassResult{true, "fused " + count_of(fused, "pointwise convolution", "pointwise convolutions") +
-                              " into the depthwise convolution after it"};
+  std::string what;
+  if (expansions > 0) what = "fused " + count_of(expansions, "pointwise convolution", "pointwise convolutions") + " into the depthwise convolution after it";
+  if (projections > 0)
+    what += (what.empty() ? "fused " : "; ") + count_of(projections, "projection", "projections") + " into the depthwise convolution before it";
+  return PassResult{true, what};
 }
 
 }  // namespace kiln

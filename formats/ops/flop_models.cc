@@ -395,22 +395,31 @@ int64_t fused_epilogue(const Node& n) { return (n.has_input(2) ? 1 : 0) + (n.has
 int64_t fused_conv(const Node& n, const Graph& g) {
   return count(CheckedInt(conv<1>(n, g)) + numel_of(output_shape(n, g)) * fused_epilogue(n));
 }
-// PointwiseDepthwiseConv: its two stages', each conv's multiply-adds and its bias and
-// activation per element of its output; the pointwise one's output is X's pixels by W1's Cm.
+// PointwiseDepthwiseConv: its stages', each conv's multiply-adds and its bias and activation
+// per element of its output; the pointwise one's output is X's pixels by W1's Cm, the
+// depthwise one's Y's pixels by W2's Cm, the projection one's Y (plus Z's add).
 int64_t pointwise_depthwise_conv(const Node& n, const Graph& g) {
-  const Shape *x = input_shape(n, g, 0), *w1 = input_shape(n, g, 1), *w2 = input_shape(n, g, 3), *y = output_shape(n, g);
-  if (!x || !w1 || !w2 || !y || x->dims.size() < 3 || w1->dims.size() != 4 || w2->dims.size() != 4) return 0;
+  const Shape *x = input_shape(n, g, 0), *w2 = input_shape(n, g, 3), *y = output_shape(n, g);
+  const Shape *w1 = n.has_input(1) ? input_shape(n, g, 1) : nullptr, *w3 = n.has_input(5) ? input_shape(n, g, 5) : nullptr;
+  if (!x || !w2 || !y || x->dims.size() < 3 || y->dims.size() != x->dims.size() || w2->dims.size() != 4 ||
+      (n.has_input(1) && (!w1 || w1->dims.size() != 4)) || (n.has_input(5) && (!w3 || w3->dims.size() != 4)))
+    return 0;
   const size_t axis = n.attr_int("channels_last", 0) == 1 ? x->dims.size() - 1 : 1;
-  CheckedInt pixels = 1;
-  for (size_t d = 0; d < x->dims.size(); ++d) if (d != axis) pixels *= dim_or_one(*x, d);
+  auto pixels = [&](const Shape& s) {
+    CheckedInt p = 1;
+    for (size_t d = 0; d < s.dims.size(); ++d) if (d != axis) p *= dim_or_one(s, d);
+    return p;
+  };
   auto epilogue = [&](std::string_view act, bool bias) {
     const Result<ActivationSpec> a = read_activation(n, act);
     return (bias ? 1 : 0) + (a.ok() ? activation_cost(a->kind) : 0);
   };
-  const CheckedInt first =
-      pixels * dim_or_one(*w1, 0) * (CheckedInt(2) * dim_or_one(*w1, 1) + epilogue("pointwise_activation", n.has_input(2)));
-  const CheckedInt second = numel_or_one(*y) * (CheckedInt(2) * numel_or_one(*w2, 1) + epilogue("activation", n.has_input(4)));
-  return count(first + second);
+  CheckedInt total = pixels(*y) * dim_or_one(*w2, 0) * (CheckedInt(2) * numel_or_one(*w2, 1) + epilogue("activation", n.has_input(4)));
+  if (w1) total += pixels(*x) * dim_or_one(*w1, 0) * (CheckedInt(2) * dim_or_one(*w1, 1) + epilogue("pointwise_activation", n.has_input(2)));
+  if (w3)
+    total += numel_or_one(*y) * (CheckedInt(2) * dim_or_one(*w3, 1) + epilogue("projection_activation", n.has_input(6)) +
+                                 (n.has_input(7) ? 1 : 0));
+  return count(total);
 }
 // FusedMatMul's outputs, several when `splits` cuts its columns: K (A's last dim) multiply-adds
 // and the epilogue per element of each (its activations on the outputs `activated` names). A

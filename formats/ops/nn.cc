@@ -165,31 +165,37 @@ std::vector<int64_t> channels_first_perm(size_t rank) {
   return p;
 }
 
-Node pointwise_stage(const Node& fused) {
+namespace {
+
+// The FusedConv view of one of PointwiseDepthwiseConv's stages: inputs `in` of the fused node
+// (kNoValue where absent), channels_last, and the activation named by `prefix`_activation.
+Node stage_view(const Node& fused, std::initializer_list<size_t> in, std::string_view prefix) {
   Node n;
   n.name = fused.name;
   n.op = "FusedConv";
-  n.inputs = {fused.inputs.size() > 0 ? fused.inputs[0] : kNoValue, fused.inputs.size() > 1 ? fused.inputs[1] : kNoValue,
-              fused.inputs.size() > 2 ? fused.inputs[2] : kNoValue};
+  for (size_t i : in) n.inputs.push_back(i == SIZE_MAX || i >= fused.inputs.size() ? kNoValue : fused.inputs[i]);
   n.outputs = {kNoValue};
+  const std::string act = std::string(prefix) + "activation", params = act + "_params";
   for (const Attribute& a : fused.attrs) {
     if (a.name == "channels_last") n.set_attr(a.name, a.value);
-    else if (a.name == "pointwise_activation") n.set_attr("activation", a.value);
-    else if (a.name == "pointwise_activation_params") n.set_attr("activation_params", a.value);
+    else if (a.name == act) n.set_attr("activation", a.value);
+    else if (a.name == params) n.set_attr("activation_params", a.value);
   }
   return n;
 }
 
+}  // namespace
+
+Node pointwise_stage(const Node& fused) { return stage_view(fused, {0, 1, 2}, "pointwise_"); }
+
 Node depthwise_stage(const Node& fused) {
-  Node n;
-  n.name = fused.name;
-  n.op = "FusedConv";
-  n.inputs = {kNoValue, fused.inputs.size() > 3 ? fused.inputs[3] : kNoValue, fused.inputs.size() > 4 ? fused.inputs[4] : kNoValue};
-  n.outputs = {kNoValue};
+  Node n = stage_view(fused, {SIZE_MAX, 3, 4}, "");
   for (const Attribute& a : fused.attrs)
-    if (a.name != "pointwise_activation" && a.name != "pointwise_activation_params") n.set_attr(a.name, a.value);
+    if (!a.name.starts_with("pointwise_") && !a.name.starts_with("projection_")) n.set_attr(a.name, a.value);
   return n;
 }
+
+Node projection_stage(const Node& fused) { return stage_view(fused, {SIZE_MAX, 5, 6, 7}, "projection_"); }
 
 namespace {
 
@@ -821,38 +827,56 @@ Status infer_fused_conv_parts(InferContext& ctx) {
 Status infer_qfused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_qfused_conv); }
 
 // PointwiseDepthwiseConv: f32; its pointwise stage FusedConv's shape from X (W1 [Cm, C, 1, 1]),
-// then its depthwise stage's from that (W2 [Cm, 1, KH, KW], group Cm).
+// or X's without W1, then its depthwise stage's from that (W2 [Cm, 1, KH, KW], group Cm), then
+// with W3 its projection stage's from that (W3 [Co, Cm, 1, 1], Z Y's shape).
 Status infer_pointwise_depthwise_conv(InferContext& ctx) {
   for (size_t i = 0; i < ctx.num_inputs(); ++i)
     if (ctx.has_input(i) && ctx.dtype(i) != DType::f32)
       return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) + "; the op is f32 only");
-  if (!ctx.has_input(1) || !ctx.has_input(3)) return ctx.error("W1 and W2 are required");
+  if (!ctx.has_input(3)) return ctx.error("W2 is required");
+  if (!ctx.has_input(1) && ctx.has_input(2)) return ctx.error("B1 without W1");
+  if (!ctx.has_input(5) && (ctx.has_input(6) || ctx.has_input(7))) return ctx.error("B3 or Z without W3");
+  if (!ctx.has_input(1) && !ctx.has_input(5)) return ctx.error("W1 or W3 is required: a depthwise convolution alone is a FusedConv");
   auto known = [](const Shape& s, size_t d, int64_t v) {
     return s.rank() <= static_cast<int64_t>(d) || !s.dims[d].is_known() || s.dims[d].value == v;
   };
-  const Shape &w1 = ctx.shape(1), &w2 = ctx.shape(3);
-  if (w1.rank() >= 0 && (w1.rank() != 4 || !known(w1, 2, 1) || !known(w1, 3, 1)))
-    return ctx.error("W1 " + w1.str() + " is not a 1x1 convolution's weight [Cm, C, 1, 1]");
+  auto pointwise_weight = [&](size_t i, const char* what) -> Status {
+    const Shape& w = ctx.shape(i);
+    if (ctx.has_input(i) && w.rank() >= 0 && (w.rank() != 4 || !known(w, 2, 1) || !known(w, 3, 1)))
+      return ctx.error(std::string(what) + " " + w.str() + " is not a 1x1 convolution's weight");
+    return {};
+  };
+  KILN_RETURN_IF_ERROR(pointwise_weight(1, "W1"));
+  KILN_RETURN_IF_ERROR(pointwise_weight(5, "W3"));
+  const Shape& w2 = ctx.shape(3);
   if (w2.rank() >= 0 && (w2.rank() != 4 || !known(w2, 1, 1)))
     return ctx.error("W2 " + w2.str() + " is not a depthwise convolution's weight [Cm, 1, KH, KW]");
-  if (w1.rank() == 4 && w2.rank() == 4 && w1.dims[0].is_known() && w2.dims[0].is_known() && w1.dims[0].value != w2.dims[0].value)
-    return ctx.error("W1 " + w1.str() + " and W2 " + w2.str() + " differ in their channels");
+  if (ctx.has_input(1)) {
+    const Shape& w1 = ctx.shape(1);
+    if (w1.rank() == 4 && w2.rank() == 4 && w1.dims[0].is_known() && w2.dims[0].is_known() && w1.dims[0].value != w2.dims[0].value)
+      return ctx.error("W1 " + w1.str() + " and W2 " + w2.str() + " differ in their channels");
+  }
   const int64_t group = ctx.node().attr_int("group", 1);
   if (w2.rank() == 4 && w2.dims[0].is_known() && group != w2.dims[0].value)
     return ctx.error("group " + std::to_string(group) + " is not W2's " + std::to_string(w2.dims[0].value) + " channels");
-  const Node pw = pointwise_stage(ctx.node()), dw = depthwise_stage(ctx.node());
-  std::vector<InferInput> first(3);
-  for (size_t i = 0; i < 3; ++i)
-    if (ctx.has_input(i)) first[i] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
-  InferContext a(pw, std::move(first));
-  KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(a));
-  std::vector<InferInput> second(3);
-  second[0] = {a.outputs()[0].dtype, a.outputs()[0].shape, nullptr};
-  for (size_t i = 3; i < 5; ++i)
-    if (ctx.has_input(i)) second[i - 2] = {ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)};
-  InferContext b(dw, std::move(second));
-  KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(b));
-  ctx.set_output(0, b.outputs()[0].dtype, std::move(b.outputs()[0].shape));
+  // The output of one stage's FusedConv view over its input `x` and the node's inputs `from`.
+  auto stage = [&](const Node& view, InferInput x, std::initializer_list<size_t> from) -> Result<InferOutput> {
+    std::vector<InferInput> in{std::move(x)};
+    for (size_t i : from) in.push_back(ctx.has_input(i) ? InferInput{ctx.dtype(i), ctx.shape(i), ctx.fold_value(i)} : InferInput{});
+    InferContext c(view, std::move(in));
+    KILN_RETURN_IF_ERROR(infer_fused_conv_any_layout(c));
+    return c.outputs()[0];
+  };
+  InferInput t{ctx.dtype(0), ctx.shape(0), nullptr};
+  if (ctx.has_input(1)) {
+    KILN_ASSIGN_OR_RETURN(InferOutput out, stage(pointwise_stage(ctx.node()), {ctx.dtype(0), ctx.shape(0), ctx.fold_value(0)}, {1, 2}));
+    t = {out.dtype, std::move(out.shape), nullptr};
+  }
+  KILN_ASSIGN_OR_RETURN(InferOutput y, stage(depthwise_stage(ctx.node()), std::move(t), {3, 4}));
+  if (ctx.has_input(5)) {
+    KILN_ASSIGN_OR_RETURN(y, stage(projection_stage(ctx.node()), {y.dtype, std::move(y.shape), nullptr}, {5, 6, 7}));
+  }
+  ctx.set_output(0, y.dtype, std::move(y.shape));
   return {};
 }
 Status infer_maxpool_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_maxpool); }
@@ -924,12 +948,16 @@ void register_nn_ops(OpRegistry& r) {
     std::vector<AttrSpec> attrs = {kAutoPad, kDilations, {"group", AttrType::int64, false, "the depthwise stage's groups: Cm"},
                                    kKernelShape, kPads, kStrides, epilogue[0], epilogue[1], kChannelsLast,
                                    {"pointwise_activation", AttrType::string, false, "applied after the pointwise stage's bias (none)"},
-                                   {"pointwise_activation_params", AttrType::floats, false, "its alpha / min and beta / max"}};
+                                   {"pointwise_activation_params", AttrType::floats, false, "its alpha / min and beta / max"},
+                                   {"projection_activation", AttrType::string, false, "applied after the projection stage's bias, before Z (none)"},
+                                   {"projection_activation_params", AttrType::floats, false, "its alpha / min and beta / max"}};
     r.add("", OpSchema{"PointwiseDepthwiseConv",
                        "FusedConv 1x1 (W1, B1, pointwise_activation), then a depthwise FusedConv of its output (W2, B2, window, activation), "
-                       "the intermediate never stored whole (f32)",
-                       2, 5, 1, 1, std::move(attrs), infer_pointwise_depthwise_conv})  // B1 may be omitted; W2 is checked
-        .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W1"), same_as(2, 0, "B1"), same_as(3, 0, "W2"), same_as(4, 0, "B2")}};
+                       "then FusedConv 1x1 of that (W3, B3, projection_activation, residual Z); the first or last stage may be absent; "
+                       "the intermediates never stored whole (f32)",
+                       1, 8, 1, 1, std::move(attrs), infer_pointwise_depthwise_conv})  // W1, B1 may be omitted; W2 is checked
+        .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W1"), same_as(2, 0, "B1"), same_as(3, 0, "W2"), same_as(4, 0, "B2"),
+                             same_as(5, 0, "W3"), same_as(6, 0, "B3"), same_as(7, 0, "Z")}};
   }
   {
     const TypeSet int8 = DType::u8 | DType::i8;

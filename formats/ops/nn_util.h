@@ -76,14 +76,17 @@ inline bool layout_input(const Node& node, size_t i) {
   if (i == 0) return !x_channels_first(node);
   return (i >= 3 && node.op == "FusedConv") || (i == 9 && node.op == "QFusedConv");
 }
-/// PointwiseDepthwiseConv's two stages as the FusedConv nodes they were (compile's
-/// fuse_pointwise_depthwise): the pointwise one reads the node's inputs 0-2 (X, W1, B1) with its
-/// `pointwise_activation`; the depthwise one reads the pointwise one's output and the node's
-/// inputs 3-4 (W2, B2) with its window attributes, group and `activation`. Both keep
-/// channels_last; their input ids are the node's (the depthwise one's X is kNoValue), their one
-/// output kNoValue: views for inference and the reference kernels.
+/// PointwiseDepthwiseConv's stages as the FusedConv nodes they were (compile's
+/// fuse_pointwise_depthwise): the pointwise one, when W1 is given, reads the node's inputs 0-2
+/// (X, W1, B1) with its `pointwise_activation`; the depthwise one reads the pointwise one's
+/// output (without W1, X) and the node's inputs 3-4 (W2, B2) with its window attributes, group
+/// and `activation`; the projection one, when W3 is given, reads the depthwise one's output and
+/// the node's inputs 5-7 (W3, B3, Z) with its `projection_activation`. All keep channels_last;
+/// their input ids are the node's (the X of the depthwise and projection ones is kNoValue),
+/// their one output kNoValue: views for inference and the reference kernels.
 Node pointwise_stage(const Node& fused);
 Node depthwise_stage(const Node& fused);
+Node projection_stage(const Node& fused);
 /// The permutation (Transpose's perm) [N, C, spatial...] -> [N, spatial..., C] of rank r.
 std::vector<int64_t> channels_last_perm(size_t rank);
 /// Its inverse, [N, spatial..., C] -> [N, C, spatial...].

@@ -219,25 +219,40 @@ Status ref_fused_conv_any(KernelContext& ctx) {
 
 namespace {
 
-// PointwiseDepthwiseConv: its pointwise stage's FusedConv into a whole intermediate tensor, then
-// its depthwise stage's FusedConv of that.
+// PointwiseDepthwiseConv: its pointwise stage's FusedConv into a whole intermediate tensor (X
+// itself without W1), its depthwise stage's FusedConv of that, then with W3 its projection
+// stage's FusedConv of that.
 Status ref_pointwise_depthwise_conv(KernelContext& ctx) {
-  if (!ctx.has_input(1) || !ctx.has_input(3)) return ctx.error("W1 and W2 are required");
-  const Tensor& x = ctx.input(0);
-  const Tensor& w1 = ctx.input(1);
-  if (x.rank() < 3 || w1.rank() != 4)
-    return ctx.error("X " + shape_str(x.shape()) + " and W1 " + shape_str(w1.shape()) + " are not a 2-D convolution's");
-  std::vector<int64_t> mid = x.shape();
-  mid[channels_last(ctx.node()) ? mid.size() - 1 : 1] = w1.dim(0);
+  if (!ctx.has_input(3)) return ctx.error("W2 is required");
   auto input = [&](size_t i) { return ctx.has_input(i) ? ctx.input(i) : Tensor(); };
-  ref::ViewContext first(ctx, pointwise_stage(ctx.node()), {x, w1, input(2)}, Tensor(DType::f32, mid));
-  KILN_RETURN_IF_ERROR(ref_fused_conv_any(first));
-  ref::ViewContext second(ctx, depthwise_stage(ctx.node()), {first.y(), ctx.input(3), input(4)},
-                          Tensor(DType::f32, ctx.output(0).shape()));
+  const Tensor& x = ctx.input(0);
+  const Tensor& w2 = ctx.input(3);
+  if (x.rank() < 3 || w2.rank() != 4)
+    return ctx.error("X " + shape_str(x.shape()) + " and W2 " + shape_str(w2.shape()) + " are not a 2-D convolution's");
+  const size_t axis = channels_last(ctx.node()) ? static_cast<size_t>(x.rank()) - 1 : 1;
+  // A stage's output: `shape` with `channels` channels.
+  auto with_channels = [&](std::vector<int64_t> shape, int64_t channels) {
+    shape[axis] = channels;
+    return Tensor(DType::f32, std::move(shape));
+  };
+  Tensor t = x;
+  if (ctx.has_input(1)) {
+    ref::ViewContext first(ctx, pointwise_stage(ctx.node()), {x, ctx.input(1), input(2)}, with_channels(x.shape(), ctx.input(1).dim(0)));
+    KILN_RETURN_IF_ERROR(ref_fused_conv_any(first));
+    t = first.y();
+  }
+  // The depthwise stage's output: Y's pixels by T's channels (Y itself without W3).
+  ref::ViewContext second(ctx, depthwise_stage(ctx.node()), {t, w2, input(4)}, with_channels(ctx.output(0).shape(), w2.dim(0)));
   KILN_RETURN_IF_ERROR(ref_fused_conv_any(second));
-  if (second.y().shape() != ctx.output(0).shape())
-    return ctx.error("the depthwise stage's output " + shape_str(second.y().shape()) + " is not Y's");
-  std::memcpy(ctx.output(0).raw(), second.y().raw(), second.y().nbytes());
+  Tensor y = second.y();
+  if (ctx.has_input(5)) {
+    ref::ViewContext third(ctx, projection_stage(ctx.node()), {y, ctx.input(5), input(6), input(7)},
+                           Tensor(DType::f32, ctx.output(0).shape()));
+    KILN_RETURN_IF_ERROR(ref_fused_conv_any(third));
+    y = third.y();
+  }
+  if (y.shape() != ctx.output(0).shape()) return ctx.error("the last stage's output " + shape_str(y.shape()) + " is not Y's");
+  std::memcpy(ctx.output(0).raw(), y.raw(), y.nbytes());
   return {};
 }
 

@@ -1307,6 +1307,69 @@ TEST(CompileFusePointwiseDepthwise, SameOutputsOnTheReferenceAndOnKilnsKernel) {
   expect_fast_kernels(before, after, inputs, {"s1", "s2"}, "kiln.pointwise_depthwise_f32_");
 }
 
+// Projections (1x1 convolutions of a depthwise convolution's output): MobileNetV2's third block
+// (24 -> 144 expansion on 56x56, T 1.8 MB, the depthwise convolution, the projection back to 24
+// with X as its residual and a ReLU on it), a depthwise convolution of X (56x56x96: 1.2 MB)
+// with the projection to 16 after it, one on 8x8 (D 8 KB, T 8 KB), and one whose depthwise
+// output a Neg reads too.
+Model projection_model() {
+  Builder b;
+  ValueId x = b.input("x", {1, 56, 56, 24}), wide = b.input("wide", {1, 56, 56, 96}), small = b.input("small", {1, 8, 8, 32});
+  const std::vector<Attribute> pointwise = {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1})};
+  auto depthwise = [&](const std::string& name, ValueId in, int64_t c, uint32_t seed) {
+    return b.op(name, "FusedConv", {in, b.constant(name + "_w", uniform_f32({c, 1, 3, 3}, seed)), b.constant(name + "_b", uniform_f32({c}, seed + 1))},
+                name + "_d",
+                {attr("channels_last", int64_t{1}), attr("group", c), attr("kernel_shape", std::vector<int64_t>{3, 3}),
+                 attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("activation", std::string("Clip")),
+                 attr("activation_params", std::vector<double>{0, 6})});
+  };
+  ValueId t = b.op("p3_pw", "FusedConv", {x, b.constant("w1", uniform_f32({144, 24, 1, 1}, 120)), b.constant("b1", uniform_f32({144}, 121))},
+                   "p3_t", pointwise);
+  std::vector<Attribute> relu = pointwise;
+  relu.push_back(attr("activation", std::string("Relu")));
+  b.output(b.op("p3", "FusedConv", {depthwise("p3_dw", t, 144, 122), b.constant("w3", uniform_f32({24, 144, 1, 1}, 124)),
+                                    b.constant("b3", uniform_f32({24}, 125)), x},
+                "p3", relu));
+  b.output(b.op("p1", "FusedConv", {depthwise("p1_dw", wide, 96, 126), b.constant("w4", uniform_f32({16, 96, 1, 1}, 128))}, "p1", pointwise));
+  ValueId w5 = b.constant("w5", uniform_f32({16, 32, 1, 1}, 129));
+  b.output(b.op("small", "FusedConv", {depthwise("small_dw", small, 32, 130), w5}, "small", pointwise));
+  ValueId d = depthwise("shared_dw", small, 32, 132);
+  b.output(b.op("shared", "FusedConv", {d, w5}, "shared", pointwise));
+  b.output(b.op("neg", "Neg", {d}, "neg"));
+  return b.done();
+}
+
+TEST(CompileFusePointwiseDepthwise, Projections) {
+  Model m = projection_model();
+  PassResult r = run_pass("fuse_pointwise_depthwise", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary,
+            "fused 1 pointwise convolution into the depthwise convolution after it; 2 projections into the depthwise convolution "
+            "before it");
+  const std::string text = testing::nodes_text(m.graph);
+  EXPECT_NE(text.find("node p3: PointwiseDepthwiseConv(x, w1, b1, p3_dw_w, p3_dw_b, w3, b3, x) -> (p3) activation=\"Clip\" "
+                      "activation_params=floats[0, 6] channels_last=1 group=144 kernel_shape=ints[3, 3] pads=ints[1, 1, 1, 1] "
+                      "projection_activation=\"Relu\" sources=[\"p3_pw\", \"p3_dw\", \"p3\"]\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("node p1: PointwiseDepthwiseConv(wide, _, _, p1_dw_w, p1_dw_b, w4) -> (p1) activation=\"Clip\" "
+                      "activation_params=floats[0, 6] channels_last=1 group=96 kernel_shape=ints[3, 3] pads=ints[1, 1, 1, 1] "
+                      "sources=[\"p1_dw\", \"p1\"]\n"),
+            std::string::npos)
+      << text;
+  for (const char* gone : {"node p3_pw:", "node p3_dw:", "node p1_dw:"}) EXPECT_EQ(text.find(gone), std::string::npos) << gone << "\n" << text;
+  for (const char* kept : {"node small_dw: FusedConv", "node small: FusedConv", "node shared_dw: FusedConv", "node shared: FusedConv"})
+    EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
+}
+
+TEST(CompileFusePointwiseDepthwise, ProjectionsSameOutputsOnTheReferenceAndOnKilnsKernel) {
+  Model before = projection_model(), after = before;
+  run_pass("fuse_pointwise_depthwise", after);
+  const std::vector<Tensor> inputs = {uniform_f32({1, 56, 56, 24}, 134), uniform_f32({1, 56, 56, 96}, 135), uniform_f32({1, 8, 8, 32}, 136)};
+  expect_same_outputs(before, after, inputs, 1e-6);
+  expect_fast_kernels(before, after, inputs, {"p3", "p1"}, "kiln.pointwise_depthwise_f32_");
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too

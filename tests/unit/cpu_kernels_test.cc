@@ -383,7 +383,8 @@ TEST(CpuKernels, DepthwiseConv) {
 }
 
 // kiln.pointwise_depthwise (PointwiseDepthwiseConv, compile's fuse_pointwise_depthwise): the 1x1
-// stage's rows computed into the ring as the depthwise rows need them. 3x3 and 5x5 filters at
+// stage's rows computed into the ring as the depthwise rows need them, and the projection's
+// rows from the depthwise rows (after the expansion, or of X without one). 3x3 and 5x5 filters at
 // stride 1 (3x3 in row pairs) and 2; pads symmetric, asymmetric (rows with filter rows in the
 // padding at the top only) and none; input channels below and past a vector, expanded
 // channels with a scalar tail and whole vectors; odd widths and heights; two images (the ring
@@ -421,8 +422,24 @@ TEST(CpuKernels, PointwiseDepthwiseConv) {
                                            attr("strides", std::vector<int64_t>{stride, stride})};
             EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, b1, w2}, {false, true, true, true}, none, {true}, "", {}, threads}, 1e-5, &cpu),
                       name);
+            // With the projection to `out` channels (a scalar tail, part of a tile, whole tiles):
+            // all three stages with ReLU on the projection and its residual Z, and the depthwise
+            // convolution of X (m channels) alone before it, without B3.
+            const int64_t out = c == 3 ? 5 : c == 24 ? 24 : 48, oh = (height + 2 * p - k) / stride + 1, ow = (width + 2 * p - k) / stride + 1;
+            const Tensor w3 = noise({out, m, 1, 1}, 39, 0.3f), b3 = noise({out}, 40), z = noise({images, oh, ow, out}, 41);
+            std::vector<Attribute> three = a;
+            three.push_back(attr("projection_activation", std::string("Relu")));
+            EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, b1, w2, b2, w3, b3, z}, {false, true, true, true, true, true, true, false},
+                             three, {true}, "", {}, threads},
+                            1e-5, &cpu),
+                      name);
+            const Tensor xm = noise({images, height, width, m}, 42);
+            EXPECT_EQ(check({"PointwiseDepthwiseConv", {xm, Tensor(), Tensor(), w2, b2, w3}, {false, false, false, true, true, true}, a, {true},
+                             "", {}, threads},
+                            1e-5, &cpu),
+                      name);
           }
-  // Dilated, stride 3, or weights computed at run time: the reference kernel.
+  // Dilated, stride 3, or weights computed at run time (W1's, W3's): the reference kernel.
   const Tensor x = noise({1, 9, 9, 8}, 36), w1 = noise({16, 8, 1, 1}, 37), w2 = noise({16, 1, 3, 3}, 38);
   EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, true, false, true},
                    {attr("group", int64_t{16}), attr("channels_last", int64_t{1}), attr("dilations", std::vector<int64_t>{2, 2})}}),
@@ -431,6 +448,9 @@ TEST(CpuKernels, PointwiseDepthwiseConv) {
                    {attr("group", int64_t{16}), attr("channels_last", int64_t{1}), attr("strides", std::vector<int64_t>{3, 3})}}),
             kReferenceKernel);
   EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {false, false, false, true},
+                   {attr("group", int64_t{16}), attr("channels_last", int64_t{1})}}),
+            kReferenceKernel);
+  EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), noise({4, 16, 1, 1}, 39)}, {false, true, false, true, false, false},
                    {attr("group", int64_t{16}), attr("channels_last", int64_t{1})}}),
             kReferenceKernel);
 }

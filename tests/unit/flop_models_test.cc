@@ -165,8 +165,8 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
   EXPECT_EQ(flops_of("FusedConv", {f32({1, 8, 16, 16}), f32({4, 8, 3, 3}), f32({4})},
                      {attr("activation", std::string("Clip")), attr("activation_params", std::vector<double>{0, 6})}),
             conv + 4 * 14 * 14 * (1 + 2));
-  // PointwiseDepthwiseConv: its two FusedConv stages' counts (1x1 8 -> 24 with bias and Clip,
-  // then 3x3 depthwise stride 2 with bias and SiLU), both layouts.
+  // PointwiseDepthwiseConv: its FusedConv stages' counts (1x1 8 -> 24 with bias and Clip, then
+  // 3x3 depthwise stride 2 with bias and SiLU, then the projection), both layouts.
   for (int64_t last : {0, 1}) {
     const std::vector<int64_t> x = last ? std::vector<int64_t>{1, 16, 16, 8} : std::vector<int64_t>{1, 8, 16, 16};
     const std::vector<int64_t> t = last ? std::vector<int64_t>{1, 16, 16, 24} : std::vector<int64_t>{1, 24, 16, 16};
@@ -181,6 +181,21 @@ TEST(FlopModels, FusedOpsAddTheirEpilogueToTheDenseCount) {
     fused.push_back(attr("pointwise_activation", std::string("Clip")));
     fused.push_back(attr("pointwise_activation_params", std::vector<double>{0, 6}));
     EXPECT_EQ(flops_of("PointwiseDepthwiseConv", {f32(x), f32({24, 8, 1, 1}), f32({24}), f32({24, 1, 3, 3}), f32({24})}, fused), pw + dw);
+    // With a projection 24 -> 8 (bias, LeakyRelu, residual Z), and without the expansion.
+    const std::vector<int64_t> d = last ? std::vector<int64_t>{1, 8, 8, 24} : std::vector<int64_t>{1, 24, 8, 8};
+    const std::vector<int64_t> y = {1, 8, 8, 8};  // 8 channels of 8x8 either way
+    const int64_t pj = flops_of("FusedConv", {f32(d), f32({8, 24, 1, 1}), f32({8}), f32(y)},
+                                {cl, attr("activation", std::string("LeakyRelu")), attr("activation_params", std::vector<double>{0.1})});
+    ASSERT_EQ(pj, 64 * 8 * (2 * 24 + 1 + 2 + 1));
+    fused.push_back(attr("projection_activation", std::string("LeakyRelu")));
+    fused.push_back(attr("projection_activation_params", std::vector<double>{0.1}));
+    EXPECT_EQ(flops_of("PointwiseDepthwiseConv",
+                       {f32(x), f32({24, 8, 1, 1}), f32({24}), f32({24, 1, 3, 3}), f32({24}), f32({8, 24, 1, 1}), f32({8}), f32(y)}, fused),
+              pw + dw + pj);
+    EXPECT_EQ(flops_of("PointwiseDepthwiseConv", {f32(t), std::nullopt, std::nullopt, f32({24, 1, 3, 3}),
+                                                  f32({24}), f32({8, 24, 1, 1}), f32({8}), f32(y)},
+                       fused),
+              dw + pj);
   }
 }
 

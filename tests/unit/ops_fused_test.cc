@@ -213,16 +213,19 @@ TEST(FusedOps, SchemaChecks) {
       "x_channels_first with X in parts");
 }
 
-// PointwiseDepthwiseConv is its two FusedConvs, channels-first and channels-last, with the
-// pointwise stage's activation from pointwise_activation and the depthwise one's window.
-TEST(FusedOps, PointwiseDepthwiseConvIsItsTwoStages) {
+// PointwiseDepthwiseConv is its FusedConvs, channels-first and channels-last, with the
+// pointwise stage's activation from pointwise_activation, the depthwise one's window, and the
+// projection's activation from projection_activation before its residual Z; with all three
+// stages, without the projection, and without the expansion.
+TEST(FusedOps, PointwiseDepthwiseConvIsItsStages) {
   const Tensor x = ramp({2, 3, 7, 6}), w1 = ramp({8, 3, 1, 1}, 0.21f), b1 = ramp({8}, 0.5f), w2 = ramp({8, 1, 3, 3}, 0.3f),
-               b2 = ramp({8}, 0.7f);
+               b2 = ramp({8}, 0.7f), w3 = ramp({5, 8, 1, 1}, 0.17f), b3 = ramp({5}, 0.4f);
   const std::vector<Attribute> window = {attr("group", int64_t{8}), attr("pads", std::vector<int64_t>{1, 0, 1, 1}),
                                          attr("strides", std::vector<int64_t>{2, 2})};
   for (int64_t last : {0, 1}) {
     SCOPED_TRACE("channels_last " + std::to_string(last));
-    const Tensor xl = last ? run1("Transpose", {x}, {attr("perm", std::vector<int64_t>{0, 2, 3, 1})}) : x;
+    const std::vector<Attribute> perm = {attr("perm", std::vector<int64_t>{0, 2, 3, 1})};
+    const Tensor xl = last ? run1("Transpose", {x}, perm) : x;
     std::vector<Attribute> pw = {attr("channels_last", last), attr("activation", std::string("Clip")),
                                  attr("activation_params", std::vector<double>{0, 6})};
     std::vector<Attribute> dw = window;
@@ -235,19 +238,42 @@ TEST(FusedOps, PointwiseDepthwiseConvIsItsTwoStages) {
     expect_close(run1("PointwiseDepthwiseConv", {xl, w1, b1, w2, b2}, fused), want, "both biases");
     const Tensor plain = run1("FusedConv", {run1("FusedConv", {xl, w1}, pw), w2}, dw);
     expect_close(run1("PointwiseDepthwiseConv", {xl, w1, Tensor(), w2}, fused), plain, "no biases");
+    // The projection: a 1x1 FusedConv of the depthwise output with a LeakyRelu, then Z.
+    const Tensor z = last ? run1("Transpose", {ramp({2, 5, 4, 3}, 0.9f)}, perm) : ramp({2, 5, 4, 3}, 0.9f);
+    const std::vector<Attribute> pj = {attr("channels_last", last), attr("activation", std::string("LeakyRelu")),
+                                       attr("activation_params", std::vector<double>{0.25})};
+    std::vector<Attribute> three = fused;
+    three.push_back(attr("projection_activation", std::string("LeakyRelu")));
+    three.push_back(attr("projection_activation_params", std::vector<double>{0.25}));
+    expect_close(run1("PointwiseDepthwiseConv", {xl, w1, b1, w2, b2, w3, b3, z}, three), run1("FusedConv", {want, w3, b3, z}, pj),
+                 "three stages");
+    const Tensor x8 = last ? run1("Transpose", {ramp({2, 8, 7, 6}, 0.6f)}, perm) : ramp({2, 8, 7, 6}, 0.6f);
+    expect_close(run1("PointwiseDepthwiseConv", {x8, Tensor(), Tensor(), w2, b2, w3}, three),
+                 run1("FusedConv", {run1("FusedConv", {x8, w2, b2}, dw), w3}, pj), "no expansion");
   }
   auto bad = [](const Result<std::vector<Tensor>>& r, const std::string& fragment) {
     ASSERT_FALSE(r.ok()) << fragment;
     EXPECT_NE(r.error().message().find(fragment), std::string::npos) << r.error().message();
   };
   const std::vector<Attribute> g8 = {attr("group", int64_t{8})};
-  bad(run_op("PointwiseDepthwiseConv", {x, w1}, g8), "W1 and W2 are required");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1}, g8), "W2 is required");
+  bad(run_op("PointwiseDepthwiseConv", {x, Tensor(), Tensor(), w2}, g8), "W1 or W3 is required");
+  bad(run_op("PointwiseDepthwiseConv", {x, Tensor(), b1, w2, b2, w3}, g8), "B1 without W1");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, b1, w2, b2, Tensor(), b3}, g8), "B3 or Z without W3");
   bad(run_op("PointwiseDepthwiseConv", {x, ramp({8, 3, 3, 3}), Tensor(), w2}, g8), "W1 8x3x3x3 is not a 1x1 convolution's weight");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), ramp({5, 8, 3, 3})}, g8),
+      "W3 5x8x3x3 is not a 1x1 convolution's weight");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), ramp({5, 6, 1, 1})}, g8), "X has 8 channels but W expects 6");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), w3, Tensor(), ramp({2, 5, 4, 4})}, g8),
+      "the residual input Z 2x5x4x4 does not have the output's shape 2x5x5x4");
   bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), ramp({8, 2, 3, 3})}, g8), "W2 8x2x3x3 is not a depthwise convolution's weight");
   bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), ramp({4, 1, 3, 3})}, {attr("group", int64_t{4})}), "differ in their channels");
   bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2}), "group 1 is not W2's 8 channels");
   bad(run_op("PointwiseDepthwiseConv", {x, ramp({8, 4, 1, 1}), Tensor(), w2}, g8), "X has 3 channels but W expects 4");
   bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2}, {attr("group", int64_t{8}), attr("pointwise_activation", std::string("Swish"))}),
+      "activation 'Swish' is not one of");
+  bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), w3},
+             {attr("group", int64_t{8}), attr("projection_activation", std::string("Swish"))}),
       "activation 'Swish' is not one of");
 }
 
