@@ -65,6 +65,8 @@ constexpr std::array kPasses = {
              fuse_concat},
     PassInfo{"fuse_pointwise_depthwise", "a 1x1 convolution read only by a depthwise convolution (an inverted residual block's expansion), and a 1x1 convolution alone reading a depthwise one's output (its projection) -> PointwiseDepthwiseConv, the intermediates computed row by row as the next stage reads them, never stored whole (f32, large ones only)",
              fuse_pointwise_depthwise},
+    PassInfo{"fuse_channel_scale", "a per-channel scale (a squeeze-excitation's gates) of a pointwise convolution's input, over many more pixels than output channels: the convolution reads the unscaled input by its weight scaled per input channel, computed each run (f32, on kiln's GEMM)",
+             fuse_channel_scale},
     PassInfo{"eliminate_dead", "drop nodes and values the graph outputs do not need, unused constants included",
              eliminate_dead},
     PassInfo{"select_kernels", "plan the graph for the target: record each node's kernel, the target and the memory plan",

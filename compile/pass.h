@@ -76,6 +76,7 @@ Result<PassResult> merge_transposes(Model& model, PassContext& ctx);
 Result<PassResult> fold_split_concat(Model& model, PassContext& ctx);
 Result<PassResult> fuse_concat(Model& model, PassContext& ctx);
 Result<PassResult> fuse_pointwise_depthwise(Model& model, PassContext& ctx);
+Result<PassResult> fuse_channel_scale(Model& model, PassContext& ctx);
 Result<PassResult> eliminate_dead(Model& model, PassContext& ctx);
 Result<PassResult> select_kernels(Model& model, PassContext& ctx);
 Result<PassResult> autotune_kernels(Model& model, PassContext& ctx);

@@ -26,14 +26,14 @@ inline Result<LinearDims> linear_dims(const KernelQuery& q, size_t b) {
   return d;
 }
 
-/// Why a convolution (its weight input `w`) is not a plain matrix product, if it is one:
-/// channels-last, 1x1 kernel, stride 1 (any stride when `strided`: its pixels gathered first),
-/// no padding, no dilation, no groups. Its [N, H, W, C] input is then [N·H·W, C] rows and its
-/// weight [K, C, 1, 1] is Bᵀ.
-inline std::optional<std::string> pointwise_declines(const KernelQuery& q, size_t w, bool strided = false) {
+/// Why a convolution (its weight input `w`) is not a plain matrix product by its shape, if it
+/// is one: channels-last, 1x1 kernel, stride 1 (any stride when `strided`: its
+/// pixels gathered first), no padding, no dilation, no groups. Its [N, H, W, C] input is then
+/// [N·H·W, C] rows and its weight [K, C, 1, 1] is Bᵀ.
+inline std::optional<std::string> pointwise_shape_declines(const KernelQuery& q, size_t w, bool strided = false) {
   if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
   if (q.inputs[0].shape.rank() != 4) return "not 2-D";
-  if (!q.inputs[w].value) return "the weights are computed at run time";
+  if (!q.inputs[w].shape.is_concrete()) return "the weight's shape is not known ahead";
   const std::vector<int64_t> ws = q.inputs[w].shape.concrete();
   if (ws.size() != 4 || ws[2] != 1 || ws[3] != 1 || q.node.attr_int("group", 1) != 1) return "not a 1x1 ungrouped convolution";
   for (int64_t v : q.node.attr_ints("dilations")) if (v != 1) return "dilations other than 1";
@@ -41,6 +41,14 @@ inline std::optional<std::string> pointwise_declines(const KernelQuery& q, size_
   for (int64_t v : q.node.attr_ints("pads")) if (v != 0) return "padding";
   if (const std::string pad = q.node.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return "auto_pad";
   return std::nullopt;
+}
+
+/// pointwise_shape_declines, and the weight a constant (packed ahead).
+inline std::optional<std::string> pointwise_declines(const KernelQuery& q, size_t w, bool strided = false) {
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4) return "not 2-D";
+  if (!q.inputs[w].value) return "the weights are computed at run time";
+  return pointwise_shape_declines(q, w, strided);
 }
 
 /// A stride-1 pointwise convolution's product (pointwise_declines accepts it): M the pixels, K

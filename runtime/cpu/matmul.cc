@@ -114,9 +114,9 @@ constexpr int64_t kAvx2WindowChannels = 128;
 //   than oneDNN's post-ops (SiLU layers: 0.85-1.0 of oneDNN's time; ReLU, Clip or none: 1.0-1.7).
 // docs/architecture.md has the tables.
 std::optional<std::string> gemm_defers(const KernelQuery& q) {
-  // X in parts, or an image read as it comes (whose patches kiln.direct_conv left to it): no
-  // later kernel reads them.
-  if (!is_conv(q.node) || q.node.has_attr("x_parts") || nn::x_channels_first(q.node)) return std::nullopt;
+  // X in parts, an image read as it comes (whose patches kiln.direct_conv left to it), or a
+  // weight computed at run time: no later kernel takes them.
+  if (!is_conv(q.node) || q.node.has_attr("x_parts") || nn::x_channels_first(q.node) || !q.inputs[1].value) return std::nullopt;
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();  // y's pixels: a strided one's
   const int64_t pixels = y[0] * y[1] * y[2];
   const bool streams = w[0] * w[1] * w[2] * w[3] * 4 >= gemm::CacheSizes::host().l2;
@@ -197,6 +197,9 @@ std::span<const gemm::ColumnPart> parts_at(std::vector<gemm::ColumnPart>& parts,
 constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
 
 std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
+  // A pointwise convolution's weight computed at run time (compile's fuse_channel_scale: the
+  // weight scaled by a squeeze-excitation's gates), packed once a run (GemmKernel::run).
+  if (!q.inputs[1].value && !nn::x_channels_first(q.node) && !pointwise_shape_declines(q, 1)) return std::nullopt;
   if (auto why = windows_declines(q)) return why;
   if (!pointwise_declines(q, 1) && !nn::x_channels_first(q.node)) return std::nullopt;
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
@@ -458,7 +461,7 @@ class GemmKernel final : public Kernel {
     if (is_conv(q.node) && !q.node.has_attr("x_parts")) {
       KILN_ASSIGN_OR_RETURN(win_, image_windows(q));
       images_ = q.inputs[0].shape.concrete()[0];
-      windows_ = x_planes_ || pointwise_declines(q, 1).has_value();
+      windows_ = x_planes_ || pointwise_shape_declines(q, 1).has_value();
     }
     const int64_t taps = win_.kh * win_.kw;
     // A constant B of one matrix: packed once for the tile's NR (a convolution's weight first
@@ -485,13 +488,20 @@ class GemmKernel final : public Kernel {
     } else if (w && w->is_packed()) {
       plain_b_ = unpack(*w);  // a batched weight stored packed: read plain
     }
-    gemm::GemmProblem shape{.m = m_, .n = n_, .k = k_, .b_packed = b_packed_};
+    // A pointwise convolution's weight computed at run time (fuse_channel_scale's): packed once
+    // a run into the workspace, not by every block of rows that each thread's share queue
+    // hands it (a 28x28 projection of 144 channels to 40 took 89 µs so at two threads, 42 on
+    // oneDNN with its weight constant).
+    pack_each_run_ = !q.inputs[1].value && is_conv(q.node) && !windows_ && batch_b_.size() == 1 && batch_b_[0] == 0;
+    const size_t run_packed_bytes = pack_each_run_ ? gemm::packed_b_floats(k_, n_, params_.tile.nr) * sizeof(float) : 0;
+    gemm::GemmProblem shape{.m = m_, .n = n_, .k = k_, .b_packed = b_packed_ || pack_each_run_};
     gemm_bytes_ = gemm::workspace_bytes(params_, shape) * static_cast<size_t>(batch_threads_);
     gate_block_ = q.node.attr_int("gate_block", 0);
     const size_t gate_bytes = gate_block_ ? static_cast<size_t>(m_ * n_ / 2) * sizeof(float) : 0;  // the gates being summed
     gates_at_ = (gemm_bytes_ + 63) / 64 * 64;
     gather_at_ = (gates_at_ + gate_bytes + 63) / 64 * 64;
-    needs.workspace_bytes = gather_at_ + (windows_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
+    run_packed_at_ = (gather_at_ + (windows_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0) + 63) / 64 * 64;
+    needs.workspace_bytes = run_packed_at_ + run_packed_bytes;
     threads_ = threads;
     // A residual added before the only activation, post(A·B + bias + Z) (ResNet's and the
     // transformers' projections): Y may be put over Z (overwrites_input), and the product is
@@ -573,6 +583,12 @@ class GemmKernel final : public Kernel {
       g.a_parts = a_parts_;
     }
     g.b = b;
+    if (pack_each_run_) {
+      float* packed = reinterpret_cast<float*>(ctx.workspace().data() + run_packed_at_);
+      gemm::pack_b(b, k_, true, k_, n_, params_.tile.nr, packed);  // the weight [N, K] is Bᵀ
+      g.b = packed;
+      g.b_packed = true;
+    }
     g.c = ctx.output(0).data<float>();
     g.parts = parts_at(parts_, ctx);
     if (sums_into_z_ && g.c == g.epilogue.z) {  // the plan put Y over Z: Y += the product, then the activation
@@ -615,6 +631,8 @@ class GemmKernel final : public Kernel {
   gemm::GemmParams params_;
   int64_t m_ = 0, n_ = 0, k_ = 0, lda_ = 0, ldb_ = 0;
   bool trans_a_ = false, trans_b_ = false, b_packed_ = false, store_packed_ = false;
+  bool pack_each_run_ = false;  // B computed at run time, packed at run_packed_at_ in the workspace
+  size_t run_packed_at_ = 0;
   bool sums_into_z_ = false;  // Y may lie over the residual Z, which the product is then added to
   std::vector<int64_t> batch_a_, batch_b_;  // per GEMM: the offsets of its A and B
   int bias_input_ = -1, z_input_ = -1;

@@ -89,7 +89,7 @@ def external_model(work, location):
 
 PASSES = ("specialize_shapes", "fold_constants", "cse", "fold_batchnorm", "drop_linear_reshapes", "fuse_linear_bias", "fuse_layer_norm",
           "fuse_rms_norm", "fuse_gelu", "fuse_rotary", "fuse_attention", "hoist_activations", "fuse_epilogues", "gather_rows_early", "channels_last", "lower_int8", "lower_precision", "merge_projections",
-          "merge_transposes", "fold_split_concat", "fuse_concat", "fuse_pointwise_depthwise",
+          "merge_transposes", "fold_split_concat", "fuse_concat", "fuse_pointwise_depthwise", "fuse_channel_scale",
           "eliminate_dead",
           "select_kernels", "autotune_kernels", "prepack_weights")
 

@@ -37,7 +37,7 @@ TEST(CompilePassTable, NamesAreUniqueAndFound) {
     EXPECT_FALSE(p.summary.empty()) << p.name;
     EXPECT_EQ(find_pass(p.name), &p);
   }
-  EXPECT_EQ(names.size(), 26u);
+  EXPECT_EQ(names.size(), 27u);
   EXPECT_EQ(find_pass("no_such_pass"), nullptr);
 }
 
@@ -1370,6 +1370,70 @@ TEST(CompileFusePointwiseDepthwise, ProjectionsSameOutputsOnTheReferenceAndOnKil
   expect_fast_kernels(before, after, inputs, {"p3", "p1"}, "kiln.pointwise_depthwise_f32_");
 }
 
+// ---- fuse_channel_scale --------------------------------------------------------------------
+
+// Squeeze-excitation gates (a Sigmoid of [1, 1, 1, 32]) scaling a depthwise output before its
+// projection: over 56x56 into 24 channels with a residual (fused), over 56x56 by a rank-1 scale
+// (fused), over 8x8 into 24 channels (64 pixels, fewer than 4 a channel: kept), over 56x56 into
+// 16 channels (kept: oneDNN's), and a scaled tensor a Neg reads too (kept).
+Model channel_scale_model() {
+  Builder b;
+  ValueId d = b.input("d", {1, 56, 56, 32}), g = b.input("g", {1, 1, 1, 32}), small = b.input("small", {1, 8, 8, 32});
+  ValueId z = b.input("z", {1, 56, 56, 24});
+  ValueId gates = b.op("gates", "Sigmoid", {g}, "gates");
+  ValueId w = b.constant("w", uniform_f32({24, 32, 1, 1}, 140)), bias = b.constant("bias", uniform_f32({24}, 141));
+  const std::vector<Attribute> pointwise = {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1})};
+  b.output(b.op("proj", "FusedConv", {b.op("se", "Mul", {d, gates}, "se"), w, bias, z}, "proj", pointwise));
+  ValueId flat = b.op("flat", "Reshape", {gates, b.constant("flat_shape", Tensor::from<int64_t>({1}, {32}))}, "flat");
+  b.output(b.op("proj_flat", "FusedConv", {b.op("se_flat", "Mul", {flat, d}, "se_flat"), w}, "proj_flat", pointwise));
+  b.output(b.op("proj_small", "FusedConv", {b.op("se_small", "Mul", {small, gates}, "se_small"), w}, "proj_small", pointwise));
+  ValueId w16 = b.constant("w16", uniform_f32({16, 32, 1, 1}, 146));
+  b.output(b.op("proj_16", "FusedConv", {b.op("se_16", "Mul", {d, gates}, "se_16"), w16}, "proj_16", pointwise));
+  ValueId shared = b.op("se_shared", "Mul", {d, gates}, "se_shared");
+  b.output(b.op("proj_shared", "FusedConv", {shared, w}, "proj_shared", pointwise));
+  b.output(b.op("neg", "Neg", {shared}, "neg"));
+  return b.done();
+}
+
+TEST(CompileFuseChannelScale, Golden) {
+  Model m = channel_scale_model();
+  PassResult r = run_pass("fuse_channel_scale", m);
+  EXPECT_TRUE(r.changed);
+  EXPECT_EQ(r.summary, "moved 2 per-channel scales of a pointwise convolution's input onto its weight");
+  const std::string text = testing::nodes_text(m.graph);
+  for (const char* want : {"node se_per_input_channel: Reshape(gates, se_per_input_channel_shape) -> (se_per_input_channel) sources=[\"se\"]\n",
+                           "node se_weight: Mul(w, se_per_input_channel) -> (w_scaled) sources=[\"se\"]\n",
+                           "node proj: FusedConv(d, w_scaled, bias, z) -> (proj) channels_last=1 kernel_shape=ints[1, 1] "
+                           "sources=[\"se\", \"proj\"]\n",
+                           "node se_flat_per_input_channel: Reshape(flat, se_flat_per_input_channel_shape)",
+                           "node proj_flat: FusedConv(d, w_scaled"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  for (const char* gone : {"node se:", "node se_flat:"}) EXPECT_EQ(text.find(gone), std::string::npos) << gone << "\n" << text;
+  for (const char* kept : {"node se_small: Mul", "node proj_small: FusedConv(se_small", "node se_16: Mul", "node proj_16: FusedConv(se_16",
+                           "node se_shared: Mul", "node proj_shared: FusedConv(se_shared"})
+    EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
+  EXPECT_EQ(m.graph.value(m.graph.find_value("se_per_input_channel")).shape.str(), "1x32x1x1");
+}
+
+TEST(CompileFuseChannelScale, SameOutputsOnKilnsGemm) {
+  Model before = channel_scale_model(), after = before;
+  run_pass("fuse_channel_scale", after);
+  const std::vector<Tensor> inputs = {uniform_f32({1, 56, 56, 32}, 142), uniform_f32({1, 1, 1, 32}, 143), uniform_f32({1, 8, 8, 32}, 144),
+                                      uniform_f32({1, 56, 56, 24}, 145)};
+  expect_same_outputs(before, after, inputs, 1e-6);
+  expect_fast_kernels(before, after, inputs, {"proj", "proj_flat"}, "kiln.gemm_f32_");
+}
+
+TEST(CompileFuseChannelScale, NotForATargetWithoutAvx2) {
+  Model m = channel_scale_model();
+  Target baseline;
+  baseline.cpu = CpuFeatures{};
+  PassContext ctx{baseline, {}};
+  auto r = fuse_channel_scale(m, ctx);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->changed);
+}
+
 // ---- prepack_weights ---------------------------------------------------------------------
 
 // A Conv on oneDNN and a MatMul on kiln's GEMM, and a Gather that reads the MatMul's weight too
@@ -1520,7 +1584,7 @@ TEST(CompilePipeline, UnknownPassesAreUserErrors) {
   EXPECT_EQ(r.error().what,
             "--passes: unknown pass 'frobnicate' (known passes: specialize_shapes, fold_constants, cse, fold_batchnorm, drop_linear_reshapes, "
             "fuse_linear_bias, fuse_layer_norm, fuse_rms_norm, fuse_gelu, fuse_rotary, fuse_attention, hoist_activations, fuse_epilogues, gather_rows_early, channels_last, lower_int8, lower_precision, merge_projections, merge_transposes, fold_split_concat, "
-            "fuse_concat, fuse_pointwise_depthwise, eliminate_dead, "
+            "fuse_concat, fuse_pointwise_depthwise, fuse_channel_scale, eliminate_dead, "
             "select_kernels, autotune_kernels, prepack_weights)");
   EXPECT_EQ(m.stage, Stage::exported) << "nothing ran";
   options.passes.clear();

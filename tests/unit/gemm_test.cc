@@ -696,6 +696,29 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                     1e-5, &cpu),
               "kiln.gemm_f32_" + isa);
   }
+  // A pointwise convolution's weight computed at run time (fuse_channel_scale's, scaled per
+  // input channel) is packed once a run, whatever the epilogue (oneDNN takes constant weights
+  // only): two images of odd widths, with a bias, a residual and ReLU, and without them over
+  // 56x56 pixels, on one and two threads (the rows shared out). A 3x3 one's stays with the
+  // reference kernel.
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(isa + " threads=" + std::to_string(threads));
+      const std::vector<Attribute> relu = {attr("channels_last", int64_t{1}), attr("activation", std::string("Relu"))};
+      EXPECT_EQ(check({"FusedConv", {noise({2, 9, 7, 37}, 70), noise({21, 37, 1, 1}, 71), noise({21}, 72), noise({2, 9, 7, 21}, 73)},
+                       {false, false, true, false}, relu, {true}, "", {}, threads},
+                      1e-5, &cpu),
+                "kiln.gemm_f32_" + isa);
+      EXPECT_EQ(check({"FusedConv", {noise({1, 56, 56, 32}, 74), noise({16, 32, 1, 1}, 75)}, {false, false},
+                       {attr("channels_last", int64_t{1})}, {true}, "", {}, threads},
+                      1e-5, &cpu),
+                "kiln.gemm_f32_" + isa);
+    }
+  for (const auto& [isa, cpu] : isa_paths()) {
+    EXPECT_EQ(check({"FusedConv", {noise({1, 9, 7, 8}, 76), noise({16, 8, 3, 3}, 77)}, {false, false}, {attr("channels_last", int64_t{1})}},
+                    1e-5, &cpu),
+              "ref");
+  }
   // Channels-last 1x1 convolutions are products too: with a transcendental activation (bias,
   // residual, post-activation), and on one pixel whatever the epilogue (an SE block).
   for (const auto& [isa, cpu] : isa_paths()) {
