@@ -74,6 +74,9 @@ struct KernelQuery {
   const Target& target;
   std::span<const InferInput> inputs;
   std::span<const InferOutput> outputs;
+
+  /// Whether optional input i is given (neither past the end nor omitted).
+  bool has_input(size_t i) const { return i < inputs.size() && inputs[i].dtype != DType::undefined; }
 };
 
 /// What a kernel asks of the plan while it prepares.

@@ -11,8 +11,6 @@
 // rule, below), and kiln's f32 GEMM packs a weight computed at run time once a run. Channels-
 // last, f32, the scale's C values shared by every image, the weight a constant [K, C, 1, 1],
 // stride 1, no padding, no parts; the target needs AVX2 (kiln's GEMM).
-#include <algorithm>
-
 #include "compile/graph_util.h"
 #include "compile/pass.h"
 #include "compile/passes/match.h"
@@ -32,19 +30,10 @@ constexpr int64_t kPixelsPerChannel = 4;
 // B0's 112x112 projection to 16 took 185 µs so against oneDNN's 118, for a Mul of 38).
 constexpr int64_t kFewChannels = 16;
 
-// Whether `n` is a channels-last f32 pointwise FusedConv (1x1, stride 1, no padding, no groups,
-// X whole and channels-last) of `x` at input 0 only, by a constant f32 weight [K, C, 1, 1].
+// Whether `n` is a pointwise convolution of `x` (pointwise_conv_of) that kiln's f32 GEMM reads
+// as it is: X and W not int8 codes, Y f32.
 bool plain_pointwise(const Graph& g, const Node& n, ValueId x) {
-  if (n.op != "FusedConv" || !n.domain.empty() || n.attr_int("channels_last", 0) != 1 || n.attr_int("group", 1) != 1) return false;
-  for (const char* a : {"x_parts", "x_channels_first", "int8_operands", "output_type"})
-    if (n.has_attr(a)) return false;
-  if (n.inputs.size() < 2 || n.inputs.size() > 4 || n.inputs[0] != x || std::count(n.inputs.begin(), n.inputs.end(), x) != 1) return false;
-  for (const char* a : {"strides", "dilations"})
-    for (int64_t v : n.attr_ints(a)) if (v != 1) return false;
-  for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
-  if (const std::string pad = n.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return false;
-  const Value& w = g.value(n.inputs[1]);
-  return w.is_constant() && w.dtype == DType::f32 && w.constant.rank() == 4 && w.constant.dim(2) == 1 && w.constant.dim(3) == 1;
+  return pointwise_conv_of(g, n, x) && !n.has_attr("int8_operands") && !n.has_attr("output_type");
 }
 
 // Whether `s` is an f32 scale of `c` channels broadcast over the rest of a rank-4 channels-last

@@ -17,8 +17,8 @@
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
+#include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
-#include "formats/ops/nn_util.h"
 
 namespace kiln {
 
@@ -28,18 +28,7 @@ constexpr size_t kMaxParts = 16;  // the most parts kiln's GEMM takes (gemm::kMa
 
 // Whether node `n`, reading `x` at input 0 only, is a convolution that can take X in parts.
 bool takes_parts(const Graph& g, const Node& n, ValueId x) {
-  if (n.op != "FusedConv" || !n.domain.empty() || n.has_attr("x_parts") || nn::x_channels_first(n) || n.inputs.empty() ||
-      n.inputs[0] != x)
-    return false;
-  if (std::count(n.inputs.begin(), n.inputs.end(), x) != 1 || n.attr_int("channels_last", 0) != 1 || n.attr_int("group", 1) != 1)
-    return false;
-  for (const char* a : {"strides", "dilations"})
-    for (int64_t v : n.attr_ints(a)) if (v != 1) return false;
-  for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
-  if (const std::string pad = n.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return false;
-  if (!n.has_input(1)) return false;
-  const Value& w = g.value(n.inputs[1]);
-  if (!w.is_constant() || w.dtype != DType::f32 || w.constant.rank() != 4 || w.constant.dim(2) != 1 || w.constant.dim(3) != 1) return false;
+  if (!pointwise_conv_of(g, n, x)) return false;
   const Result<ActivationSpec> act = read_activation(n, "activation");
   if (!act.ok()) return false;
   const Activation k = act->kind;

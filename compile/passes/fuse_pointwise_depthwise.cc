@@ -19,10 +19,10 @@
 // projection's (Z of Y's shape); the depthwise filter at most 16 rows, stride 1 or 2, no
 // dilation; the target needs AVX2. Only where T or D is large (pays, projection_pays, below).
 #include <algorithm>
-#include <set>
 
 #include "compile/graph_util.h"
 #include "compile/pass.h"
+#include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
 #include "formats/ops/nn_util.h"
 
@@ -90,15 +90,6 @@ bool depthwise(const Graph& g, const Node& n, int64_t channels) {
   return s.size() == 2 && s[0] == s[1] && (s[0] == 1 || s[0] == 2);
 }
 
-// The node each value comes from (-1: an input or a constant).
-std::vector<int64_t> producers(const Graph& g) {
-  std::vector<int64_t> producer(g.values.size(), -1);
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (ValueId v : g.nodes[i].outputs)
-      if (v != kNoValue) producer[static_cast<size_t>(v)] = static_cast<int64_t>(i);
-  return producer;
-}
-
 // `into` takes `from`'s sources (or its name) after its own, each once.
 void add_sources(Node& into, const Node& from) {
   for (const std::string& s : from.sources.empty() ? std::vector<std::string>{from.name} : from.sources)
@@ -107,16 +98,14 @@ void add_sources(Node& into, const Node& from) {
 
 // Sweep 1: each 1x1 expansion into the depthwise convolution that alone reads it.
 size_t fuse_expansions(Graph& g, const PassContext& ctx, std::vector<char>& gone) {
-  const std::vector<std::vector<Use>> uses = g.uses();
-  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
-  const std::vector<int64_t> producer = producers(g);
+  const Matcher m(g);
   size_t fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& dw = g.nodes[i];
     if (dw.op != "FusedConv" || !dw.has_input(0)) continue;
     const ValueId t = dw.inputs[0];
-    const int64_t p = producer[static_cast<size_t>(t)];
-    if (p < 0 || gone[static_cast<size_t>(p)] || outputs.count(t) || uses[static_cast<size_t>(t)].size() != 1) continue;
+    const int32_t p = m.def_index(t);
+    if (p < 0 || gone[static_cast<size_t>(p)] || !m.single_reader(t)) continue;
     const Node& pw = g.nodes[static_cast<size_t>(p)];
     if (!pointwise(g, pw)) continue;
     const Shape& ts = g.value(t).shape;
@@ -147,16 +136,14 @@ size_t fuse_expansions(Graph& g, const PassContext& ctx, std::vector<char>& gone
 // Sweep 2: each 1x1 projection into the depthwise convolution (fused with its expansion by
 // sweep 1, or alone) whose output it alone reads.
 size_t fuse_projections(Graph& g, std::vector<char>& gone) {
-  const std::vector<std::vector<Use>> uses = g.uses();
-  const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
-  const std::vector<int64_t> producer = producers(g);
+  const Matcher m(g);
   size_t fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& pj = g.nodes[i];
     if (gone[i] || !pointwise(g, pj, true)) continue;
     const ValueId d = pj.inputs[0];
-    const int64_t p = producer[static_cast<size_t>(d)];
-    if (p < 0 || gone[static_cast<size_t>(p)] || outputs.count(d) || uses[static_cast<size_t>(d)].size() != 1) continue;
+    const int32_t p = m.def_index(d);
+    if (p < 0 || gone[static_cast<size_t>(p)] || !m.single_reader(d)) continue;
     const Node& dw = g.nodes[static_cast<size_t>(p)];
     const Shape& ds = g.value(d).shape;
     const bool expanded = dw.op == "PointwiseDepthwiseConv" && !dw.has_input(5);

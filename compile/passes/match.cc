@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "formats/ops/nn_util.h"
+
 namespace kiln {
 
 Matcher::Matcher(const Graph& g)
@@ -138,6 +140,20 @@ std::vector<std::string> merged_sources(const Graph& g, const std::vector<size_t
     for (const std::string& s : n.sources) add(s);
   }
   return out;
+}
+
+bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x) {
+  if (n.op != "FusedConv" || !n.domain.empty() || n.has_attr("x_parts") || nn::x_channels_first(n) || !n.has_input(0) ||
+      n.inputs[0] != x || std::count(n.inputs.begin(), n.inputs.end(), x) != 1)
+    return false;
+  if (n.attr_int("channels_last", 0) != 1 || n.attr_int("group", 1) != 1) return false;
+  for (const char* a : {"strides", "dilations"})
+    for (int64_t v : n.attr_ints(a)) if (v != 1) return false;
+  for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
+  if (const std::string pad = n.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return false;
+  if (!n.has_input(1)) return false;
+  const Value& w = g.value(n.inputs[1]);
+  return w.is_constant() && w.dtype == DType::f32 && w.constant.rank() == 4 && w.constant.dim(2) == 1 && w.constant.dim(3) == 1;
 }
 
 }  // namespace kiln

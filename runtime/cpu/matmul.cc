@@ -28,8 +28,6 @@ namespace kiln::cpu {
 
 namespace {
 
-bool present(const KernelQuery& q, size_t i) { return q.inputs.size() > i && q.inputs[i].dtype != DType::undefined; }
-
 bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
 
 // The default rule's share of the f16 convolutions: oneDNN (f32, the weight widened) keeps,
@@ -135,7 +133,7 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   const Activation kind = act.ok() ? act->kind : Activation::none;
   if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
   if (pixels <= 64 && w[0] >= 8 * pixels) return std::nullopt;
-  if (present(q, 3) && w[0] >= (q.target.threads <= 1 ? 160 : 256)) return std::nullopt;
+  if (q.has_input(3) && w[0] >= (q.target.threads <= 1 ? 160 : 256)) return std::nullopt;
   if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;
@@ -395,12 +393,12 @@ class GemmKernel final : public Kernel {
     ldb_ = b.back();
     // The bias: FusedMatMul's [N], or Gemm's C when it is one row; else C (or Z) is a residual.
     bias_input_ = z_input_ = -1;
-    if (present(q, 2)) {
+    if (q.has_input(2)) {
       const std::vector<int64_t> c = q.inputs[2].shape.concrete();
       if (fused || c.size() == 1 || c[0] == 1) bias_input_ = 2;
       else z_input_ = 2;
     }
-    if (fused && present(q, 3)) z_input_ = 3;
+    if (fused && q.has_input(3)) z_input_ = 3;
     if (fused) {
       KILN_ASSIGN_OR_RETURN(act_, read_activation(q.node, "activation"));
       KILN_ASSIGN_OR_RETURN(post_, read_activation(q.node, "post_activation"));
@@ -682,8 +680,8 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
 class LowpEpilogue {
  public:
   Status read(const KernelQuery& q, int64_t n) {
-    has_bias_ = present(q, 2);
-    has_z_ = present(q, 3);
+    has_bias_ = q.has_input(2);
+    has_z_ = q.has_input(3);
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
     ep_.ldz = n;

@@ -29,9 +29,8 @@ std::optional<std::string> pointwise_depthwise_declines(const KernelQuery& q, Is
     if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
   if (!nn::channels_last(q.node)) return "not channels-last";
   if (q.inputs.size() < 4 || q.inputs[0].shape.rank() != 4) return "not a 2-D convolution";
-  auto given = [&](size_t i) { return i < q.inputs.size() && q.inputs[i].dtype != DType::undefined; };
   for (size_t i : {1, 3, 5})
-    if (given(i) && !q.inputs[i].value) return "the weights are computed at run time";
+    if (q.has_input(i) && !q.inputs[i].value) return "the weights are computed at run time";
   const std::vector<int64_t> w2 = q.inputs[3].shape.concrete();
   if (w2[2] > kDwconvNhwcMaxRows) return "a filter taller than " + std::to_string(kDwconvNhwcMaxRows) + " rows";
   for (int64_t d : q.node.attr_ints("dilations"))
@@ -47,11 +46,10 @@ class PointwiseDepthwiseKernel final : public Kernel {
   explicit PointwiseDepthwiseKernel(Isa isa) : isa_(isa), rows_(row_kernels(isa)) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    auto given = [&](size_t i) { return i < q.inputs.size() && q.inputs[i].dtype != DType::undefined; };
     const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete(), w2 = q.inputs[3].shape.concrete();
     n_ = xs[0], h_ = xs[1], w_ = xs[2], c_ = xs[3], m_ = w2[0], kh_ = w2[2], kw_ = w2[3], oh_ = ys[1], ow_ = ys[2], p_ = ys[3];
-    has_w1_ = given(1), has_w3_ = given(5);
-    has_b1_ = given(2), has_b2_ = given(4), has_b3_ = given(6), has_z_ = given(7);
+    has_w1_ = q.has_input(1), has_w3_ = q.has_input(5);
+    has_b1_ = q.has_input(2), has_b2_ = q.has_input(4), has_b3_ = q.has_input(6), has_z_ = q.has_input(7);
     if ((has_w1_ ? q.inputs[1].shape.concrete()[1] : m_) != c_ || (has_w3_ ? q.inputs[5].shape.concrete()[1] : p_) != m_)
       return internal_error(q.node.where(), "the stages' channels do not match X's and Y's");
     const Node dw = nn::depthwise_stage(q.node);
