@@ -213,6 +213,14 @@ struct RowKernels {
   /// AVX-512, each pixel a 32-bit word of its bytes, the words' bytes packed by a shuffle and a
   /// permute.
   void (*interleave_u8)(const uint8_t* planes, int64_t stride, int64_t count, uint8_t* pixels, int64_t n);
+  /// bf16 to f32 over n values (exact: the bits moved up). On the calling thread.
+  void (*widen_bf16)(const uint16_t* x, float* y, int64_t n);
+  /// f32 to bf16 over n values, rounded to nearest even, NaN kept a (quiet) NaN: bfloat16's
+  /// conversion. On the calling thread.
+  void (*narrow_bf16)(const float* x, uint16_t* y, int64_t n);
+  /// narrow_bf16 then widen_bf16 in one pass (y may be x): f32 values rounded to bf16's
+  /// precision, as a bf16 weight's products take an f32 input.
+  void (*round_bf16)(const float* x, float* y, int64_t n);
 };
 
 /// Floats of scratch one thread's padded plane takes in RowKernels::dwconv.

@@ -503,6 +503,64 @@ TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
   EXPECT_EQ(infer_error(DType::bf16, w16, "bf16", DType::bf16), "");
 }
 
+// kiln.dwconv_bf16_avx512, the channels-last depthwise convolution by a bf16 weight, pinned:
+// X f32 (rounded to bf16 as the products take it) or bf16, Y f32 or bf16 with a residual Z of
+// its type; 3x3 and 5x5 filters, stride 1 (row pairs) and 2; channels below, at and past a
+// vector; rows of edge columns only and of inside ones; pads asymmetric; one and two threads
+// (a ring of widened rows each, which a thread's next rows reuse). Then the default rule.
+TEST(LowerPrecision, Bf16DepthwiseKernelMatchesTheReference) {
+  if (cpu::best_isa(CpuFeatures::host()) != cpu::Isa::avx512) GTEST_SKIP() << "this CPU lacks AVX-512";
+  const std::string name = "kiln.dwconv_bf16_avx512";
+  for (int threads : {1, 2})
+    for (int64_t k : {3, 5})
+      for (int64_t stride : {1, 2})
+        for (int64_t c : {5, 16, 40})
+          for (int64_t width : {3, 14}) {
+            const int64_t p = k / 2, images = 2, height = threads == 2 ? 40 : 9;  // two threads: work enough to share
+            const int64_t oh = (height + p - k) / stride + 1, ow = (width + 2 * p + 1 - k) / stride + 1;
+            const Tensor x = random_f32({images, height, width, c}, 41), w = bf16_of(random_f32({c, 1, k, k}, 42));
+            const Tensor b = random_f32({c}, 43), z = random_f32({images, oh, ow, c}, 44);
+            for (bool x_bf16 : {false, true})
+              for (bool y_bf16 : {false, true}) {
+                SCOPED_TRACE("k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " c=" + std::to_string(c) + " w=" +
+                             std::to_string(width) + " threads=" + std::to_string(threads) + (x_bf16 ? " bf16 X" : " f32 X") +
+                             (y_bf16 ? " bf16 Y" : " f32 Y"));
+                std::vector<Attribute> a = {attr("group", c), attr("channels_last", int64_t{1}),
+                                            attr("pads", std::vector<int64_t>{p, p + 1, 0, p}),
+                                            attr("strides", std::vector<int64_t>{stride, stride}), attr("activation", std::string("Silu"))};
+                if (y_bf16) a.push_back(attr("output_type", std::string("bf16")));
+                // A bf16 Y: an element may round to the neighbouring bf16 (2^-8 apart).
+                const double tol = y_bf16 ? 2e-3 : 1e-5;
+                const Tensor xi = x_bf16 ? bf16_of(x) : x;
+                EXPECT_EQ(testing::check({"FusedConv", {xi, w, b}, {false, true, true}, a, {true}, name, {}, threads}, tol), name);
+                a.push_back(attr("post_activation", std::string("Relu")));
+                EXPECT_EQ(testing::check({"FusedConv", {xi, w, Tensor(), y_bf16 ? bf16_of(z) : z}, {false, true, false, false}, a, {true},
+                                          name, {}, threads},
+                                         tol),
+                          name);
+              }
+          }
+  // The rule: kiln's for 3x3 and 5x5 filters with a SiLU but the 3x3 stride-2 ones; oneDNN's
+  // for a Clip and for 7x7 filters (where the CPU runs oneDNN's bf16 convolution).
+  if (!CpuFeatures::host().avx512_bf16) return;
+  auto layer = [](int64_t k, int64_t stride, const char* act) {
+    std::vector<Attribute> a = {attr("group", int64_t{32}), attr("channels_last", int64_t{1}),
+                                attr("pads", std::vector<int64_t>(4, k / 2)), attr("strides", std::vector<int64_t>{stride, stride}),
+                                attr("activation", std::string(act)), attr("output_type", std::string("bf16"))};
+    if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 6}));
+    SCOPED_TRACE("rule k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " " + act);
+    return testing::check({"FusedConv", {bf16_of(random_f32({1, 10, 7, 32}, 45)), bf16_of(random_f32({32, 1, k, k}, 46))},
+                           {false, true}, a},
+                          2e-3);
+  };
+  EXPECT_EQ(layer(3, 1, "Silu"), name);
+  EXPECT_EQ(layer(5, 1, "Silu"), name);
+  EXPECT_EQ(layer(5, 2, "Silu"), name);
+  EXPECT_EQ(layer(3, 2, "Silu"), "onednn.conv");
+  EXPECT_EQ(layer(3, 1, "Clip"), "onednn.conv");
+  EXPECT_EQ(layer(7, 1, "Silu"), "onednn.conv");
+}
+
 // The Cast between f32 and bf16 (a residual's, in a bf16 chain), bitwise the reference's: on
 // oneDNN where the CPU has AVX512-BF16, on the reference elsewhere (oneDNN's AVX2 reorder drops
 // the sign of -0).
