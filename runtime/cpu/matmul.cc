@@ -21,6 +21,7 @@
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/linear.h"
+#include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
 
@@ -658,6 +659,24 @@ class GemmKernel final : public Kernel {
 // FMAs on AMX Xeons). Against oneDNN's bf16 matmul on AMX, BERT-base in bf16 took 0.88-1.05 of
 // its time at one thread (three runs) and 0.97-1.04 at two (two runs), ViT-S/16 0.95, ResNet-50's
 // pointwise convolutions 0.99: even, and kiln's own kernel, with kiln's epilogues.
+// Whether a FusedConv reads or writes bf16 activations (`output_type` bf16, or a bf16 X).
+bool bf16_activations(const KernelQuery& q) {
+  return q.node.op == "FusedConv" && (q.inputs[0].dtype == DType::bf16 || q.outputs[0].dtype == DType::bf16);
+}
+
+// kiln.gemm_bf16's default share of the pointwise convolutions on bf16 activations: those of
+// one pixel (a squeeze-and-excitation's two, on the pooled channels), where a call of oneDNN's
+// costs more than the product: 0.27-0.95 of its time in EfficientNet-B0's bf16 compile (medians
+// of 4-6 alternated profiles a node, one and two threads). Over more pixels oneDNN's AMX
+// convolution was the faster, 1.2-1.7x kiln's time on its expansions, SiLU and all, and 1.2
+// on its 7x7 ones at two threads. f32 activations: the f32 GEMM's rule.
+std::optional<std::string> bf16_gemm_defers(const KernelQuery& q) {
+  if (!bf16_activations(q)) return gemm_defers(q);
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete();
+  if (y[1] * y[2] > 1) return "oneDNN's AMX convolution is faster on bf16 activations over more than one pixel";
+  return std::nullopt;
+}
+
 // The lower-precision GEMMs (kiln.gemm_bf16_avx512, kiln.gemm_f16_avx512) take a FusedMatMul or
 // pointwise FusedConv whose constant weight is `weight` (what `--precision` stores) on a CPU
 // that has `kind`'s instructions.
@@ -669,6 +688,14 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
   if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";
   if (q.node.has_attr("gate_block")) return "a gated product";
   if (auto why = split_declines(q, std::span<const gemm::Tile>(&gemm::kF16Tile, 1))) return why;
+  if (kind == gemm::Lowp::bf16 && bf16_activations(q)) {  // X, or Y, bf16 (lower_precision's chains, an AMX target)
+    if (!is_conv(q.node)) return "bf16 activations: only a pointwise convolution";
+    if (q.has_input(3) && q.inputs[3].dtype == DType::bf16) return "a bf16 residual";
+    if (q.has_input(2) && q.inputs[2].dtype != DType::f32) return "the bias is not f32";
+    for (const Shape* s : {&q.inputs[0].shape, &q.inputs[1].shape, &q.outputs[0].shape})
+      if (!s->is_concrete() || shape_numel(s->concrete()) == 0) return "a shape is not known ahead or is empty";
+    return pointwise_declines(q, 1);
+  }
   if (auto why = f32_and_concrete(q, weight)) return why;
   if (is_conv(q.node)) return kind == gemm::Lowp::f16 ? windows_declines(q) : pointwise_declines(q, 1);
   if (q.inputs[1].shape.rank() != 2) return "B is not 2-D";
@@ -719,13 +746,22 @@ class Bf16GemmKernel final : public Kernel {
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::bf16_on_amx(q.target.cpu, k_);
-    needs.workspace_bytes = gemm::bf16_workspace_bytes(m_, k_);
+    x_bf16_ = q.inputs[0].dtype == DType::bf16, y_bf16_ = q.outputs[0].dtype == DType::bf16;
+    // bf16 activations: X widened into the workspace first, Y computed there in f32 and rounded.
+    a_at_ = (gemm::bf16_workspace_bytes(m_, k_) + 63) / 64 * 64;
+    c_at_ = a_at_ + (x_bf16_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
+    needs.workspace_bytes = c_at_ + (y_bf16_ ? static_cast<size_t>(m_ * n_) * sizeof(float) : 0);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
-    gemm::gemm_bf16(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx),
-                    ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data(), 0, amx_);
+    std::byte* ws = ctx.workspace().data();
+    auto* widened = reinterpret_cast<float*>(ws + a_at_);
+    if (x_bf16_) rows_.widen_bf16(static_cast<const uint16_t*>(ctx.input(0).raw()), widened, m_ * k_);
+    const float* a = x_bf16_ ? widened : ctx.input(0).data<float>();
+    float* c = y_bf16_ ? reinterpret_cast<float*>(ws + c_at_) : ctx.output(0).data<float>();
+    gemm::gemm_bf16(m_, n_, k_, a, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx), c, n_, threads_, ws, 0, amx_);
+    if (y_bf16_) rows_.narrow_bf16(c, static_cast<uint16_t*>(ctx.output(0).raw()), m_ * n_);
     return {};
   }
 
@@ -733,9 +769,12 @@ class Bf16GemmKernel final : public Kernel {
   std::string label() const override { return amx_ ? "bf16_amx_tiles" : "bf16_8x48"; }
 
  private:
+  const RowKernels& rows_ = row_kernels(Isa::avx512);
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
   bool amx_ = false;  // on AMX tiles (gemm::bf16_on_amx)
+  bool x_bf16_ = false, y_bf16_ = false;  // bf16 activations
+  size_t a_at_ = 0, c_at_ = 0;  // the workspace: A's bf16 copy, then X widened, then C in f32
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
   LowpEpilogue ep_;
 };
@@ -817,7 +856,7 @@ void register_gemm(KernelRegistry& r) {
                      .create = [](const KernelQuery&) { return std::make_unique<Bf16GemmKernel>(); },
                      .needs_isa = bf16,
                      .reads_packed = true,
-                     .defers = gemm_defers});
+                     .defers = bf16_gemm_defers});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (const char* op : {"MatMul", "FusedMatMul", "Gemm", "Conv", "FusedConv"})
       r.add(op, "cpu",

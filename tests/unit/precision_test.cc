@@ -561,6 +561,42 @@ TEST(LowerPrecision, Bf16DepthwiseKernelMatchesTheReference) {
   EXPECT_EQ(layer(7, 1, "Silu"), "onednn.conv");
 }
 
+// kiln.gemm_bf16_avx512 on bf16 activations (a pointwise FusedConv with X, or Y, bf16), pinned:
+// X widened, Y rounded from the f32 product and its epilogue; an f32 Z beside an f32 Y; images
+// of many pixels and of one (a squeeze-and-excitation's), K below and past an AMX step, one and
+// two threads. Then the rule: kiln's for one pixel, oneDNN's for more.
+TEST(LowerPrecision, Bf16GemmOnBf16Activations) {
+  if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
+  const std::string name = "kiln.gemm_bf16_avx512";
+  using Types = std::pair<bool, bool>;  // X bf16, Y bf16
+  for (int threads : {1, 2})
+    for (const std::vector<int64_t>& xs : {std::vector<int64_t>{1, 7, 9, 24}, {1, 1, 1, 40}, {2, 5, 3, 70}})
+      for (const auto& [x_bf16, y_bf16] : {Types{true, true}, Types{true, false}, Types{false, true}}) {
+        const int64_t c = xs[3], k = 36;
+        SCOPED_TRACE(std::to_string(xs[0] * xs[1] * xs[2]) + " pixels of " + std::to_string(c) + (x_bf16 ? ", bf16 X" : ", f32 X") +
+                     (y_bf16 ? ", bf16 Y" : ", f32 Y") + ", threads " + std::to_string(threads));
+        const Tensor x = random_f32(xs, 51), w = bf16_of(random_f32({k, c, 1, 1}, 52)), b = random_f32({k}, 53);
+        std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("activation", std::string("Silu"))};
+        if (y_bf16) a.push_back(attr("output_type", std::string("bf16")));
+        const double tol = y_bf16 ? 2e-3 : 1e-5;  // a bf16 Y: an element may round to the neighbouring bf16
+        const Tensor xi = x_bf16 ? bf16_of(x) : x;
+        EXPECT_EQ(testing::check({"FusedConv", {xi, w, b}, {false, true, true}, a, {true}, name, {}, threads}, tol), name);
+        if (!y_bf16) {  // the residual, f32 as Y
+          a.push_back(attr("post_activation", std::string("Relu")));
+          const Tensor z = random_f32({xs[0], xs[1], xs[2], k}, 54);
+          EXPECT_EQ(testing::check({"FusedConv", {xi, w, b, z}, {false, true, true, false}, a, {true}, name, {}, threads}, tol), name);
+        }
+      }
+  // A bf16 residual stays with oneDNN.
+  const Tensor x16 = bf16_of(random_f32({1, 3, 3, 16}, 55)), w16 = bf16_of(random_f32({16, 16, 1, 1}, 56));
+  std::vector<Attribute> out16 = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16"))};
+  EXPECT_EQ(testing::check({"FusedConv", {x16, w16, Tensor(), x16}, {false, true, false, false}, out16}, 2e-3), "onednn.conv");
+  // The rule, with a SiLU: one pixel kiln's, more oneDNN's.
+  out16.push_back(attr("activation", std::string("Silu")));
+  EXPECT_EQ(testing::check({"FusedConv", {bf16_of(random_f32({1, 1, 1, 16}, 57)), w16}, {false, true}, out16}, 2e-3), name);
+  EXPECT_EQ(testing::check({"FusedConv", {x16, w16}, {false, true}, out16}, 2e-3), "onednn.conv");
+}
+
 // The Cast between f32 and bf16 (a residual's, in a bf16 chain), bitwise the reference's: on
 // oneDNN where the CPU has AVX512-BF16, on the reference elsewhere (oneDNN's AVX2 reorder drops
 // the sign of -0).
