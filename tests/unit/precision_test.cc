@@ -597,6 +597,45 @@ TEST(LowerPrecision, Bf16GemmOnBf16Activations) {
   EXPECT_EQ(testing::check({"FusedConv", {x16, w16}, {false, true}, out16}, 2e-3), "onednn.conv");
 }
 
+// onednn.conv's chunked form: a pointwise convolution from bf16 to bf16 activations with a
+// transcendental activation runs in chunks of pixels, oneDNN's bare product then kiln's
+// epilogue and rounding (the label says so), against the reference: one chunk, several a
+// thread, a chunk whose values end past the last whole 32 (the scalar rounding), a post
+// activation; where no divisor of the pixels makes chunks enough for the threads, and with a
+// Clip, the whole convolution with oneDNN's post-ops.
+TEST(LowerPrecision, ChunkedBf16ConvolutionMatchesTheReference) {
+  if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
+  struct Shape4 {
+    std::vector<int64_t> x;
+    int64_t k;
+    int threads;
+    const char* act;
+    std::string label;
+  };
+  for (const Shape4& c : {Shape4{{1, 16, 12, 24}, 40, 1, "Silu", "chunks of 192 pixels, kiln epilogue"},
+                          Shape4{{1, 16, 12, 24}, 40, 2, "Silu", "chunks of 96 pixels, kiln epilogue"},
+                          Shape4{{2, 40, 40, 16}, 48, 2, "Silu", "chunks of 800 pixels, kiln epilogue"},
+                          Shape4{{1, 7, 13, 24}, 36, 1, "Sigmoid", "chunks of 91 pixels, kiln epilogue"},
+                          Shape4{{1, 7, 13, 24}, 36, 2, "Silu", ""},
+                          Shape4{{1, 16, 12, 24}, 40, 1, "Clip", ""}}) {
+    SCOPED_TRACE(std::to_string(c.x[0] * c.x[1] * c.x[2]) + " pixels, " + std::to_string(c.threads) + " threads, " + c.act);
+    std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16")),
+                                attr("activation", std::string(c.act)), attr("post_activation", std::string("Relu"))};
+    if (std::string(c.act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 6}));
+    testing::Case conv{"FusedConv",
+                       {bf16_of(random_f32(c.x, 61)), bf16_of(random_f32({c.k, c.x[3], 1, 1}, 62)), random_f32({c.k}, 63)},
+                       {false, true, true},
+                       a,
+                       {true},
+                       "onednn.conv",
+                       {},
+                       c.threads};
+    std::string label;
+    EXPECT_EQ(testing::check(conv, 2e-3, nullptr, nullptr, &label), "onednn.conv");
+    EXPECT_EQ(label, c.label);
+  }
+}
+
 // The Cast between f32 and bf16 (a residual's, in a bf16 chain), bitwise the reference's: on
 // oneDNN where the CPU has AVX512-BF16, on the reference elsewhere (oneDNN's AVX2 reorder drops
 // the sign of -0).
