@@ -658,7 +658,10 @@ class GemmKernel final : public Kernel {
 // without them runs the model so compiled on VDPBF16PS, which issues at half the rate of f32
 // FMAs on AMX Xeons). Against oneDNN's bf16 matmul on AMX, BERT-base in bf16 took 0.88-1.05 of
 // its time at one thread (three runs) and 0.97-1.04 at two (two runs), ViT-S/16 0.95, ResNet-50's
-// pointwise convolutions 0.99: even, and kiln's own kernel, with kiln's epilogues.
+// pointwise convolutions 0.99: even, and kiln's own kernel, with kiln's epilogues. A pointwise
+// FusedConv on bf16 activations (lower_precision's chains on an AMX target) has X widened into
+// the workspace first, and Y computed there in f32 with the epilogue and then rounded.
+
 // Whether a FusedConv reads or writes bf16 activations (`output_type` bf16, or a bf16 X).
 bool bf16_activations(const KernelQuery& q) {
   return q.node.op == "FusedConv" && (q.inputs[0].dtype == DType::bf16 || q.outputs[0].dtype == DType::bf16);

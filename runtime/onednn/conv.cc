@@ -361,10 +361,14 @@ class ConvKernel final : public Kernel {
     rows_at_ = (pd->scratchpad_desc().get_size() + 63) / 64 * 64;
     thread_bytes_ = rows_at_ + static_cast<size_t>(pixels * k_) * sizeof(float);
     per_thread_.clear();
-    for (int t = 0; t < threads_; ++t)
-      per_thread_.push_back({memory(src, cpu_engine(), nullptr), memory(dst, cpu_engine(), nullptr),
-                             memory(pd->scratchpad_desc(), cpu_engine(), nullptr),
-                             has_bias_ ? memory(bias, cpu_engine(), nullptr) : memory(), dnnl::stream(cpu_engine())});
+    for (int t = 0; t < threads_; ++t) {
+      PerThread& p = per_thread_.emplace_back(PerThread{memory(src, cpu_engine(), nullptr), memory(dst, cpu_engine(), nullptr),
+                                                        memory(pd->scratchpad_desc(), cpu_engine(), nullptr),
+                                                        has_bias_ ? memory(bias, cpu_engine(), nullptr) : memory(),
+                                                        dnnl::stream(cpu_engine()), {}});
+      p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, p.dst}, {DNNL_ARG_SCRATCHPAD, p.scratch}};
+      if (has_bias_) p.args.emplace(DNNL_ARG_BIAS, p.bias);
+    }
     needs.workspace_bytes = static_cast<size_t>(threads_) * thread_bytes_;
     return {};
   }
@@ -383,17 +387,14 @@ class ConvKernel final : public Kernel {
       PerThread& mine = per_thread_[static_cast<size_t>(t)];
       std::byte* base = ws + static_cast<size_t>(t) * thread_bytes_;
       auto* rows = reinterpret_cast<float*>(base + rows_at_);
-      mine.dst.set_data_handle(rows);
-      mine.scratch.set_data_handle(base);
-      if (bias) mine.bias.set_data_handle(bias);
-      std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, mine.src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, mine.dst},
-                                              {DNNL_ARG_SCRATCHPAD, mine.scratch}};
-      if (bias) args.emplace(DNNL_ARG_BIAS, mine.bias);
       const auto [q0, q1] = even_share(chunks_, omp_get_num_threads(), t);
       try {
+        mine.dst.set_data_handle(rows);
+        mine.scratch.set_data_handle(base);
+        if (bias) mine.bias.set_data_handle(bias);
         for (int64_t q = q0; q < q1; ++q) {
           mine.src.set_data_handle(const_cast<uint16_t*>(x + q * chunk_ * c_));
-          prim_.execute(mine.stream, args);
+          prim_.execute(mine.stream, mine.args);
           mine.stream.wait();
           uint16_t* out = y + q * chunk_ * k_;
           for (int64_t i = 0; i < chunk_ * k_; i += kEpilogueBlock) {  // each block's epilogue, then rounded, from L1
@@ -413,8 +414,9 @@ class ConvKernel final : public Kernel {
   }
 
   struct PerThread {
-    memory src, dst, scratch, bias;
+    memory src, dst, scratch, bias;  // handles set at run (the arguments hold the same memories)
     dnnl::stream stream;
+    std::unordered_map<int, memory> args;
   };
   bool chunked_ = false;
   int64_t chunk_ = 0, chunks_ = 0, c_ = 0, k_ = 0;
