@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "formats/ops/epilogue.h"
 #include "formats/ops/nn_util.h"
 
 namespace kiln {
@@ -132,6 +133,12 @@ std::optional<std::string> x_form_decline(const KernelQuery& q) {
   if (q.node.has_attr("x_parts")) return "X in parts (kiln's f32 GEMM reads them where they lie)";
   if (nn::x_channels_first(q.node)) return "X channels-first beside a channels-last Y (kiln.direct_conv reads it)";
   return std::nullopt;
+}
+
+bool piecewise_linear_activation(const Node& node) {
+  const Result<ActivationSpec> act = read_activation(node, "activation");
+  const Activation kind = act.ok() ? act->kind : Activation::none;
+  return kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip;
 }
 
 bool windows_tile_image(const KernelQuery& q) {

@@ -224,6 +224,10 @@ std::optional<std::string> attention_declines(const KernelQuery& q);
 /// they lie; kiln's f32 GEMM reads them) or channels-first beside a channels-last Y
 /// (`x_channels_first`, compile's channels_last: an image read as it comes; kiln.direct_conv).
 std::optional<std::string> x_form_decline(const KernelQuery& q);
+/// Whether a fused node's activation (its `activation` attribute) is none or piecewise linear
+/// (ReLU, LeakyReLU, Clip): what oneDNN's post-ops apply in its registers, which the default
+/// rules leave to it where kiln's kernels win by a transcendental one.
+bool piecewise_linear_activation(const Node& node);
 /// Whether a convolution's windows tile its image: the filter as large as the stride, no
 /// padding, no dilation, no groups (a vision transformer's patch embedding, 16x16 stride 16).
 /// Its windows are then the image's patches, each pixel in one: gathering them copies it once.

@@ -73,10 +73,7 @@ std::optional<std::string> direct_conv_defers(const KernelQuery& q) {
     if (w[1] * w[2] * w[3] >= kPatchValues) return "kiln's GEMM runs a convolution whose windows tile the image, on its patches";
   }
   if (nn::x_channels_first(q.node)) return std::nullopt;
-  const Result<ActivationSpec> act = read_activation(q.node, "activation");
-  const Activation kind = act.ok() ? act->kind : Activation::none;
-  if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
-    return "oneDNN's convolution applies a piecewise-linear epilogue as fast";
+  if (piecewise_linear_activation(q.node)) return "oneDNN's convolution applies a piecewise-linear epilogue as fast";
   return std::nullopt;
 }
 

@@ -40,20 +40,9 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   if (!q.inputs[1].value) return "the weights are computed at run time";
   if (nn::channels_last(q.node) && ws.dims[2].value > kDwconvNhwcMaxRows)
     return "channels-last with a filter taller than " + std::to_string(kDwconvNhwcMaxRows) + " rows";
-  for (int64_t d : q.node.attr_ints("dilations"))
-    if (d != 1) return "dilated";
-  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
-  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
+  if (auto why = dwconv_window_declines(q.node)) return why;
   if (shape_numel(xs.concrete()) == 0) return "an empty input";
   return std::nullopt;
-}
-
-// Whether the node's activation is none or piecewise linear (ReLU, LeakyReLU, Clip), which
-// oneDNN's depthwise kernels apply in registers.
-bool piecewise_linear_epilogue(const KernelQuery& q) {
-  const Result<ActivationSpec> act = read_activation(q.node, "activation");
-  const Activation kind = act.ok() ? act->kind : Activation::none;
-  return kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip;
 }
 
 // The default rule's share of the channels-last ones: kiln takes the 3x3 and 5x5 ones (stride 1
@@ -74,7 +63,7 @@ std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   const int64_t ow = w->out[1];
   const auto [j0, j1] = dwconv_inside_columns(xs[2], k, w->strides[1], w->pads[1], ow);
   if (2 * (j1 - j0) < ow) return "oneDNN's channels-last depthwise kernel is as fast on rows mostly of edge columns";
-  if (piecewise_linear_epilogue(q)) return "oneDNN's channels-last depthwise kernel applies a piecewise-linear epilogue faster";
+  if (piecewise_linear_activation(q.node)) return "oneDNN's channels-last depthwise kernel applies a piecewise-linear epilogue faster";
   return std::nullopt;
 }
 
@@ -150,10 +139,7 @@ std::optional<std::string> dwconv_bf16_declines(const KernelQuery& q) {
   if (xs.size() != 4) return "not a 2-D convolution";
   if (q.node.attr_int("group", 1) != xs[3] || ws[0] != xs[3] || ws[1] != 1) return "not depthwise (one channel per group in and out)";
   if (ws[2] > kDwconvNhwcMaxRows) return "a filter taller than " + std::to_string(kDwconvNhwcMaxRows) + " rows";
-  for (int64_t d : q.node.attr_ints("dilations"))
-    if (d != 1) return "dilated";
-  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
-  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
+  if (auto why = dwconv_window_declines(q.node)) return why;
   return std::nullopt;
 }
 
@@ -166,7 +152,7 @@ std::optional<std::string> dwconv_bf16_declines(const KernelQuery& q) {
 std::optional<std::string> dwconv_bf16_defers(const KernelQuery& q) {
   const int64_t k = q.inputs[1].shape.dims[2].value;
   if ((k != 3 && k != 5) || q.inputs[1].shape.dims[3].value != k) return "oneDNN's bf16 depthwise kernel is as fast but on 3x3 and 5x5 filters";
-  if (piecewise_linear_epilogue(q)) return "oneDNN's bf16 depthwise kernel applies a piecewise-linear epilogue faster";
+  if (piecewise_linear_activation(q.node)) return "oneDNN's bf16 depthwise kernel applies a piecewise-linear epilogue faster";
   if (k == 3 && q.node.attr_ints("strides", {1, 1})[0] == 2)
     return "oneDNN's bf16 depthwise kernel is as fast on 3x3 stride-2 filters (kiln widens two input rows an output row)";
   return std::nullopt;

@@ -130,12 +130,10 @@ std::optional<std::string> gemm_defers(const KernelQuery& q) {
   }
   if (streams && pixels < w[0]) return std::nullopt;
   if (y[1] * y[2] == 1) return std::nullopt;
-  const Result<ActivationSpec> act = read_activation(q.node, "activation");
-  const Activation kind = act.ok() ? act->kind : Activation::none;
   if (w[0] <= 48 && w[1] >= 64 && pixels >= 3136) return std::nullopt;
   if (pixels <= 64 && w[0] >= 8 * pixels) return std::nullopt;
   if (q.has_input(3) && w[0] >= (q.target.threads <= 1 ? 160 : 256)) return std::nullopt;
-  if (kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip)
+  if (piecewise_linear_activation(q.node))
     return "oneDNN is faster on pointwise convolutions over many pixels with a piecewise-linear epilogue";
   return std::nullopt;
 }

@@ -33,10 +33,7 @@ std::optional<std::string> pointwise_depthwise_declines(const KernelQuery& q, Is
     if (q.has_input(i) && !q.inputs[i].value) return "the weights are computed at run time";
   const std::vector<int64_t> w2 = q.inputs[3].shape.concrete();
   if (w2[2] > kDwconvNhwcMaxRows) return "a filter taller than " + std::to_string(kDwconvNhwcMaxRows) + " rows";
-  for (int64_t d : q.node.attr_ints("dilations"))
-    if (d != 1) return "dilated";
-  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
-  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
+  if (auto why = dwconv_window_declines(q.node)) return why;
   if (shape_numel(q.inputs[0].shape.concrete()) == 0 || shape_numel(q.outputs[0].shape.concrete()) == 0) return "an empty tensor";
   return std::nullopt;
 }

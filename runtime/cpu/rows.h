@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "formats/ops/epilogue.h"
 #include "runtime/target.h"
@@ -242,6 +243,16 @@ inline void pack_dwconv_nhwc_filters(const float* from, int64_t c, int64_t taps,
 
 /// The tallest filter RowKernels::dwconv_nhwc takes.
 inline constexpr int64_t kDwconvNhwcMaxRows = 16;
+
+/// Why the depthwise row kernels cannot run a convolution's window (`dilations`, `strides` of
+/// `node`): they take undilated ones of stride 1 or 2, the same both ways; nullopt if they can.
+inline std::optional<std::string> dwconv_window_declines(const Node& node) {
+  for (int64_t d : node.attr_ints("dilations"))
+    if (d != 1) return "dilated";
+  const std::vector<int64_t> strides = node.attr_ints("strides", {1, 1});
+  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
+  return std::nullopt;
+}
 
 /// The tallest filter RowKernels::direct_conv takes, and the most taps (columns × input
 /// channels) of a filter row.

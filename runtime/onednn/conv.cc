@@ -119,10 +119,7 @@ int64_t chunk_pixels(const KernelQuery& q, const ConvGeometry& geo) {
   for (const memory::dims* d : {&geo.strides, &geo.dilations, &geo.pad_l, &geo.pad_r})
     for (int64_t v : *d)
       if (v != (d == &geo.strides ? 1 : 0)) return 0;
-  const Result<ActivationSpec> act = read_activation(q.node, "activation");
-  if (!act.ok() || act->kind == Activation::none || act->kind == Activation::relu || act->kind == Activation::leaky_relu ||
-      act->kind == Activation::clip)
-    return 0;
+  if (piecewise_linear_activation(q.node)) return 0;
   const int64_t pixels = geo.ys[0] * geo.ys[2] * geo.ys[3], channels = geo.ys[1], share = pixels / std::max(1, q.target.threads);
   int64_t best = 0;  // the largest divisor within kChunkBytes, else the smallest past it
   for (int64_t d = kChunkPixels; d <= share; ++d)
