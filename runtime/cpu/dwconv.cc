@@ -13,12 +13,17 @@
 // f32 row kernel above convolves them with the widened filters; a bf16 Y is computed into an
 // f32 row of the thread's, the epilogue applied there, and rounded as it is stored. oneDNN's
 // bf16 depthwise kernel took 1.5-1.7x the f32 one's time (EfficientNet-B0's SiLU layers), and
-// with an f32 X reordered the whole of it to bf16 first.
+// with an f32 X reordered the whole of it to bf16 first. On a CPU with AVX512-BF16 the 3x3 and
+// 5x5 stride-2 ones without a residual take the direct form instead (dwconv_bf16.h, label
+// `direct`): X's rows read where they lie, brought to f32 in the registers, the activation
+// applied and a bf16 Y rounded there; the widening, the epilogue's pass and the rounding had
+// taken as long as the convolution itself.
 #include <omp.h>
 
 #include <array>
 
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/dwconv_bf16.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -143,13 +148,29 @@ std::optional<std::string> dwconv_bf16_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule's share: 3x3 and 5x5 filters with a transcendental epilogue, but the 3x3
-// stride-2 ones. Against oneDNN's bf16 kernel in EfficientNet-B0's and MobileNetV2's bf16
-// compiles (medians of 6 alternated profiles a node, at one and two threads): 0.59-0.90 of its
-// time on the stride-1 SiLU layers (5x5 on 7 columns included, unlike f32's rule) and 0.89-0.97
-// on the 5x5 stride-2 ones; 1.04-1.12 on the 3x3 stride-2 ones, whose widened input rows are
-// four times the output; with a Clip, 1.06-1.22 (0.88 on 32 channels).
+// Whether a node takes the direct form (dwconv_bf16.h) where the CPU has AVX512-BF16: 3x3, or
+// 5x5 stride 2, no residual, channels a multiple of 16, an activation it applies on its
+// registers. A 5x5 stride-1 layer keeps the widened ring: each input column its row loads feeds
+// few products on narrow rows (EfficientNet-B0's 14x14 and 7x7 ones: 1.06-1.29x the ring's time
+// direct), and the widening in the registers is two more instructions a load.
+bool direct_form(const KernelQuery& q) {
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete();
+  const int64_t k = ws[2], s = q.node.attr_ints("strides", {1, 1})[0];
+  if (q.has_input(3) || ws[3] != k || !(k == 3 || (k == 5 && s == 2)) || xs[3] % dwbf16::kLanes != 0) return false;
+  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
+  return act.ok() && post.ok() && post->kind == Activation::none && dwbf16::takes_activation(*act);
+}
+
+// The default rule's share: where the target has AVX512-BF16, every layer the direct form
+// takes (MobileNetV2's Clip layers: 0.69-0.89 of oneDNN's bf16 kernel's time at one thread,
+// 0.60-0.93 at two; EfficientNet-B0's 3x3 stride-2 ones 0.63-0.66; medians of 6 and 4
+// alternated profiles a node of the bf16 compiles). Otherwise 3x3 and 5x5 filters with a
+// transcendental epilogue, but the 3x3 stride-2 ones: on the widened ring, 0.59-0.90 of
+// oneDNN's time on the stride-1 SiLU layers (5x5 on 7 columns included, unlike f32's rule) and
+// 0.89-0.97 on the 5x5 stride-2 ones; 1.04-1.12 on the 3x3 stride-2 ones, whose widened input
+// rows are four times the output; with a Clip, 1.06-1.22 (0.88 on 32 channels).
 std::optional<std::string> dwconv_bf16_defers(const KernelQuery& q) {
+  if (q.target.cpu.avx512_bf16 && direct_form(q)) return std::nullopt;
   const int64_t k = q.inputs[1].shape.dims[2].value;
   if ((k != 3 && k != 5) || q.inputs[1].shape.dims[3].value != k) return "oneDNN's bf16 depthwise kernel is as fast but on 3x3 and 5x5 filters";
   if (piecewise_linear_activation(q.node)) return "oneDNN's bf16 depthwise kernel applies a piecewise-linear epilogue faster";
@@ -185,11 +206,18 @@ class DwConvBf16Kernel final : public Kernel {
     thread_floats_ = ring_ * w_ * c_ + (y_bf16_ ? out_rows : 0) + (y_bf16_ && has_z_ ? out_rows : 0);
     threads_ = std::max(1, q.target.threads);
     parallel_ = threads_ > 1 && n_ * oh_ * ow_ * c_ * kh_ * kw_ >= kParallelValues;
+    direct_ = direct_form(q) && CpuFeatures::host().avx512_bf16;
+    if (direct_) {
+      direct_params_ = dwbf16::Params{.h = h_, .w = w_, .c = c_, .k = kh_, .s = s_, .pt = pt_, .pl = pl_, .oh = oh_, .ow = ow_,
+                                      .x_bf16 = x_bf16_, .y_bf16 = y_bf16_, .filters = filters_.data<float>(), .act = act_};
+      return {};
+    }
     needs.workspace_bytes = static_cast<size_t>(parallel_ ? threads_ : 1) * static_cast<size_t>(thread_floats_) * sizeof(float);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
+    if (direct_) return run_direct(ctx);
     const std::byte* x = static_cast<const std::byte*>(ctx.input(0).raw());
     const float* bias = has_bias_ ? ctx.input(2).data<float>() : nullptr;
     const std::byte* z = has_z_ ? static_cast<const std::byte*>(ctx.input(3).raw()) : nullptr;
@@ -242,8 +270,38 @@ class DwConvBf16Kernel final : public Kernel {
     return {};
   }
 
+  std::string label() const override { return direct_ ? "direct" : ""; }
+
  private:
+  // The direct form (dwconv_bf16.h): the image's output rows shared among the threads in
+  // chunks, each row from X's rows where they lie straight into Y's.
+  Status run_direct(KernelContext& ctx) {
+    const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
+    const size_t xe = x_bf16_ ? 2 : 4;
+    const float* bias = has_bias_ ? ctx.input(2).data<float>() : nullptr;
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
+    const size_t ye = y_bf16_ ? 2 : 4;
+    const int threads = parallel_ ? std::min(threads_, pool_threads()) : 1;
+    ShareQueues queues(threads, ShareQueues::chunk_for(n_ * oh_, threads));
+    queues.fill(n_ * oh_);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      WorkerSpan span;
+      queues.drain(thread_index(), [&](int64_t u0, int64_t u1, bool) {
+        for (int64_t u = u0; u < u1;) {  // the rows of one image at a time
+          const int64_t b = u / oh_, o1 = std::min(u1, (b + 1) * oh_);
+          dwbf16::rows(direct_params_, x + static_cast<size_t>(b * h_ * w_ * c_) * xe, bias, y + static_cast<size_t>(b * oh_ * ow_ * c_) * ye,
+                       u - b * oh_, o1 - b * oh_);
+          u = o1;
+        }
+      });
+    }
+    return {};
+  }
+
   const RowKernels& rows_;
+  bool direct_ = false;  // the direct form (direct_form, on a CPU with AVX512-BF16)
+  dwbf16::Params direct_params_;
   Tensor filters_;  // [KH, KW, C] f32
   int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, kh_ = 0, kw_ = 0, s_ = 1, pt_ = 0, pl_ = 0, oh_ = 0, ow_ = 0;
   int64_t step_ = 1, ring_ = 0, thread_floats_ = 0;

@@ -556,9 +556,72 @@ TEST(LowerPrecision, Bf16DepthwiseKernelMatchesTheReference) {
   EXPECT_EQ(layer(3, 1, "Silu"), name);
   EXPECT_EQ(layer(5, 1, "Silu"), name);
   EXPECT_EQ(layer(5, 2, "Silu"), name);
-  EXPECT_EQ(layer(3, 2, "Silu"), "onednn.conv");
-  EXPECT_EQ(layer(3, 1, "Clip"), "onednn.conv");
+  EXPECT_EQ(layer(3, 2, "Silu"), name);  // the direct form's (on the ring, oneDNN's)
+  EXPECT_EQ(layer(3, 1, "Clip"), name);  // the direct form's (on the ring, oneDNN's)
+  EXPECT_EQ(layer(5, 1, "Clip"), "onednn.conv");
   EXPECT_EQ(layer(7, 1, "Silu"), "onednn.conv");
+}
+
+// kiln.dwconv_bf16_avx512's direct form (dwconv_bf16.h), pinned: 3x3 at stride 1 and 2 and 5x5
+// at stride 2, one to three vectors of channels, rows of 3, 14 and 19 columns (the inside
+// columns in blocks of 8, 4, 2 and 1, the edge ones apart; asymmetric padding), each activation
+// it applies, X and Y each f32 or bf16, with and without a bias, two images on one and two
+// threads. A 5x5 stride-1 layer, a residual, or channels past whole vectors keep the ring.
+TEST(LowerPrecision, Bf16DepthwiseDirectForm) {
+  if (!CpuFeatures::host().avx512_bf16) GTEST_SKIP() << "this CPU lacks avx512-bf16";
+  const std::string name = "kiln.dwconv_bf16_avx512";
+  struct Act {
+    const char* name;
+    std::vector<double> params;
+  };
+  for (int threads : {1, 2})
+    for (const auto& [k, stride] : {std::pair<int64_t, int64_t>{3, 1}, {3, 2}, {5, 2}, {5, 1}})
+      for (int64_t c : {16, 48})
+        for (int64_t width : {3, 14, 19})
+          for (const Act& act : {Act{"", {}}, Act{"Relu", {}}, Act{"Clip", {0, 6}}, Act{"Silu", {}}}) {
+            const int64_t p = k / 2, images = 2, height = threads == 2 ? 24 : 7;
+            const int64_t oh = (height + p - k) / stride + 1, ow = (width + 2 * p + 1 - k) / stride + 1;
+            const Tensor x = random_f32({images, height, width, c}, 61), w = bf16_of(random_f32({c, 1, k, k}, 62));
+            const Tensor b = random_f32({c}, 63), z = random_f32({images, oh, ow, c}, 64);
+            for (bool x_bf16 : {false, true})
+              for (bool y_bf16 : {false, true}) {
+                SCOPED_TRACE("k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " c=" + std::to_string(c) + " w=" +
+                             std::to_string(width) + " threads=" + std::to_string(threads) + " act=" + act.name +
+                             (x_bf16 ? " bf16 X" : " f32 X") + (y_bf16 ? " bf16 Y" : " f32 Y"));
+                std::vector<Attribute> a = {attr("group", c), attr("channels_last", int64_t{1}),
+                                            attr("pads", std::vector<int64_t>{p, p + 1, 0, p}),
+                                            attr("strides", std::vector<int64_t>{stride, stride})};
+                if (*act.name) a.push_back(attr("activation", std::string(act.name)));
+                if (!act.params.empty()) a.push_back(attr("activation_params", act.params));
+                if (y_bf16) a.push_back(attr("output_type", std::string("bf16")));
+                const double tol = y_bf16 ? 2e-3 : 1e-5;  // a bf16 Y: an element may round to the neighbouring bf16
+                const Tensor xi = x_bf16 ? bf16_of(x) : x;
+                const std::string direct = k == 5 && stride == 1 ? "" : "direct";
+                std::string label;
+                const bool bias = width != 14;  // without one on 14 columns
+                EXPECT_EQ(testing::check({"FusedConv", {xi, w, bias ? b : Tensor()}, {false, true, true}, a, {true}, name, {}, threads}, tol,
+                                         nullptr, nullptr, &label),
+                          name);
+                EXPECT_EQ(label, direct);
+                if (act.params.empty() && *act.name == 'S') {  // a residual: the ring
+                  EXPECT_EQ(testing::check({"FusedConv", {xi, w, b, y_bf16 ? bf16_of(z) : z}, {false, true, true, false}, a, {true}, name,
+                                            {}, threads},
+                                           tol, nullptr, nullptr, &label),
+                            name);
+                  EXPECT_EQ(label, "");
+                }
+              }
+          }
+  // Channels past a whole vector: the ring.
+  const Tensor x5 = bf16_of(random_f32({1, 6, 6, 24}, 65)), w5 = bf16_of(random_f32({24, 1, 3, 3}, 66));
+  std::string label;
+  EXPECT_EQ(testing::check({"FusedConv", {x5, w5}, {false, true},
+                            {attr("group", int64_t{24}), attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>(4, 1)),
+                             attr("output_type", std::string("bf16"))},
+                            {true}, name},
+                           2e-3, nullptr, nullptr, &label),
+            name);
+  EXPECT_EQ(label, "");
 }
 
 // kiln.gemm_bf16_avx512 on bf16 activations (a pointwise FusedConv with X, or Y, bf16), pinned:
