@@ -198,20 +198,20 @@ class DwConvBf16Kernel final : public Kernel {
     rows_.widen_bf16(static_cast<const uint16_t*>(q.inputs[1].value->raw()), wide.data<float>(), c_ * taps);
     filters_ = Tensor(DType::f32, {kh_, kw_, c_});
     pack_dwconv_nhwc_filters(wide.data<float>(), c_, taps, filters_.data<float>());
+    threads_ = std::max(1, q.target.threads);
+    parallel_ = threads_ > 1 && n_ * oh_ * ow_ * c_ * kh_ * kw_ >= kParallelValues;
+    direct_ = direct_form(q) && CpuFeatures::host().avx512_bf16;
+    if (direct_) {  // no workspace
+      direct_params_ = dwbf16::Params{.h = h_, .w = w_, .c = c_, .k = kh_, .s = s_, .pt = pt_, .pl = pl_, .oh = oh_, .ow = ow_,
+                                      .x_bf16 = x_bf16_, .y_bf16 = y_bf16_, .filters = filters_.data<float>(), .act = act_};
+      return {};
+    }
     // A thread's ring holds the input rows of one step of output rows: each row lands in slot
     // row % ring_, and the next step's rows that this one read stay where they are.
     step_ = dwconv_nhwc_step(kh_, kw_, s_);
     ring_ = kh_ + (step_ - 1) * s_;
     const int64_t out_rows = step_ * ow_ * c_;
     thread_floats_ = ring_ * w_ * c_ + (y_bf16_ ? out_rows : 0) + (y_bf16_ && has_z_ ? out_rows : 0);
-    threads_ = std::max(1, q.target.threads);
-    parallel_ = threads_ > 1 && n_ * oh_ * ow_ * c_ * kh_ * kw_ >= kParallelValues;
-    direct_ = direct_form(q) && CpuFeatures::host().avx512_bf16;
-    if (direct_) {
-      direct_params_ = dwbf16::Params{.h = h_, .w = w_, .c = c_, .k = kh_, .s = s_, .pt = pt_, .pl = pl_, .oh = oh_, .ow = ow_,
-                                      .x_bf16 = x_bf16_, .y_bf16 = y_bf16_, .filters = filters_.data<float>(), .act = act_};
-      return {};
-    }
     needs.workspace_bytes = static_cast<size_t>(parallel_ ? threads_ : 1) * static_cast<size_t>(thread_floats_) * sizeof(float);
     return {};
   }

@@ -1,5 +1,5 @@
-// kiln.dwconv_bf16_avx512's direct form (runtime/cpu/dwconv.cc): a channels-last 3x3 or 5x5
-// depthwise convolution by a bf16 weight, X and Y each f32 or bf16, built with AVX512-BF16
+// kiln.dwconv_bf16_avx512's direct form (runtime/cpu/dwconv.cc): a channels-last 3x3 (stride 1
+// or 2) or 5x5 (stride 2) depthwise convolution by a bf16 weight, X and Y each f32 or bf16, built with AVX512-BF16
 // (dwconv_bf16_avx512.cc; CMake sets the flags for that file, and the kernel calls it only on
 // CPUs that have them). Each output row reads its input rows where they lie, bringing 16
 // channels of a pixel to f32 in the registers as it loads them (a bf16 one widened, an f32 one
@@ -20,7 +20,7 @@ inline constexpr int64_t kLanes = 16;
 /// What the row kernel needs, set once by prepare.
 struct Params {
   int64_t h = 0, w = 0, c = 0;    ///< x is an image [h, w, c]
-  int64_t k = 3;                  ///< the filter's height and width: 3 or 5
+  int64_t k = 3;                  ///< the filter's height and width: 3, or 5 (stride 2)
   int64_t s = 1, pt = 0, pl = 0;  ///< stride (1 or 2) and the top and left padding
   int64_t oh = 0, ow = 0;         ///< y is an image [oh, ow, c]
   bool x_bf16 = true, y_bf16 = true;  ///< else f32

@@ -38,9 +38,11 @@ inline void finish(__m512 v, const ActivationSpec& act, Y* out) {
 template <int K, class X>
 using Rows = const X* const (&)[K];
 
-// NC adjacent output columns from j whose taps all lie inside the image, channels [cb, cb + 16).
-// Each filter row's K weights stay in registers and each input column is loaded (and brought
-// to f32) once for all the output columns that read it.
+// NC adjacent output columns from j whose taps all lie inside the image, channels [cb, cb + 16):
+// rows.inc's dwconv_columns (and edge_column its dwconv_edge_column) with loads that convert,
+// which the row kernels' builds, without AVX512-BF16, cannot emit. Each filter row's K weights
+// stay in registers and each input column is loaded (and brought to f32) once for all the
+// output columns that read it.
 template <int NC, int K, int S, Activation A, class X, class Y>
 inline void columns(const Params& p, Rows<K, X> in, __m512 bias, int64_t j, int64_t cb, Y* out) {
   const int64_t c = p.c;
@@ -133,13 +135,9 @@ void rows_by_activation(const Params& p, const X* x, const float* bias, Y* y, in
 
 template <class X, class Y>
 void rows_by_window(const Params& p, const X* x, const float* bias, Y* y, int64_t o0, int64_t o1) {
-  if (p.k == 5) {
-    if (p.s == 2) rows_by_activation<5, 2>(p, x, bias, y, o0, o1);
-    else rows_by_activation<5, 1>(p, x, bias, y, o0, o1);
-  } else {
-    if (p.s == 2) rows_by_activation<3, 2>(p, x, bias, y, o0, o1);
-    else rows_by_activation<3, 1>(p, x, bias, y, o0, o1);
-  }
+  if (p.k == 5) rows_by_activation<5, 2>(p, x, bias, y, o0, o1);
+  else if (p.s == 2) rows_by_activation<3, 2>(p, x, bias, y, o0, o1);
+  else rows_by_activation<3, 1>(p, x, bias, y, o0, o1);
 }
 
 template <class X>
