@@ -18,6 +18,11 @@
 // Every stage f32 with constant weights, no second activation, no residual but the
 // projection's (Z of Y's shape); the depthwise filter at most 16 rows, stride 1 or 2, no
 // dilation; the target needs AVX2. Only where T or D is large (pays, projection_pays, below).
+// A weight may be f16 (`--precision fp16`) where its stage computes in f32 either way: every
+// depthwise one (widened), and a 1x1 one that kiln's default rule leaves to oneDNN's f32
+// kernel rather than the f16 GEMM (gemm::f16_conv_stays_f32: the mobile networks' expansions of
+// 16-64 channels and their projections to 32 or fewer); the kernel widens them as it packs
+// them. The f16 GEMM keeps the others, twice f32's rate.
 #include <algorithm>
 
 #include "compile/graph_util.h"
@@ -25,6 +30,7 @@
 #include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
 #include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln {
 
@@ -55,7 +61,7 @@ bool projection_pays(int64_t t_bytes, int64_t d_bytes) { return std::max(t_bytes
 
 // Whether `n` is a channels-last f32 FusedConv of X (with `residual`, optionally a residual Z
 // of Y's shape after the activation; otherwise none), with no second activation, no parts, no
-// lowered types, whose weight is a constant f32 [K, C/group, KH, KW].
+// lowered activations, whose weight is a constant f32 or f16 [K, C/group, KH, KW].
 bool plain_conv(const Graph& g, const Node& n, bool residual = false) {
   if (n.op != "FusedConv" || !n.domain.empty() || n.outputs.size() != 1 || n.attr_int("channels_last", 0) != 1) return false;
   for (const char* a : {"x_parts", "x_channels_first", "int8_operands", "output_type", "post_activation"})
@@ -71,15 +77,18 @@ bool plain_conv(const Graph& g, const Node& n, bool residual = false) {
   const Value& w = g.value(n.inputs[1]);
   if (x.dtype != DType::f32 || !x.shape.is_concrete() || x.shape.rank() != 4 || g.value(n.outputs[0]).dtype != DType::f32) return false;
   if (n.has_input(2) && g.value(n.inputs[2]).dtype != DType::f32) return false;
-  return w.is_constant() && w.dtype == DType::f32 && w.constant.rank() == 4;
+  return w.is_constant() && (w.dtype == DType::f32 || w.dtype == DType::f16) && w.constant.rank() == 4;
 }
 
 bool pointwise(const Graph& g, const Node& n, bool residual = false) {
   if (!plain_conv(g, n, residual) || n.attr_int("group", 1) != 1) return false;
   for (int64_t v : n.attr_ints("strides")) if (v != 1) return false;
   for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
-  const Tensor& w = g.value(n.inputs[1]).constant;
-  return w.dim(2) == 1 && w.dim(3) == 1;
+  const Value& w = g.value(n.inputs[1]);
+  if (w.constant.dim(2) != 1 || w.constant.dim(3) != 1) return false;
+  if (w.dtype != DType::f16) return true;
+  const std::vector<int64_t> x = g.value(n.inputs[0]).shape.concrete();
+  return x[1] * x[2] > 1 && cpu::gemm::f16_conv_stays_f32(x[3], w.constant.dim(0), x[1] * x[2], true).has_value();
 }
 
 bool depthwise(const Graph& g, const Node& n, int64_t channels) {

@@ -826,13 +826,17 @@ Status infer_fused_conv_parts(InferContext& ctx) {
 }
 Status infer_qfused_conv_any_layout(InferContext& ctx) { return infer_layout(ctx, infer_qfused_conv); }
 
-// PointwiseDepthwiseConv: f32; its pointwise stage FusedConv's shape from X (W1 [Cm, C, 1, 1]),
-// or X's without W1, then its depthwise stage's from that (W2 [Cm, 1, KH, KW], group Cm), then
-// with W3 its projection stage's from that (W3 [Co, Cm, 1, 1], Z Y's shape).
+// PointwiseDepthwiseConv: f32, the weights f32 or f16; its pointwise stage FusedConv's shape
+// from X (W1 [Cm, C, 1, 1]), or X's without W1, then its depthwise stage's from that (W2 [Cm,
+// 1, KH, KW], group Cm), then with W3 its projection stage's from that (W3 [Co, Cm, 1, 1], Z
+// Y's shape).
 Status infer_pointwise_depthwise_conv(InferContext& ctx) {
-  for (size_t i = 0; i < ctx.num_inputs(); ++i)
-    if (ctx.has_input(i) && ctx.dtype(i) != DType::f32)
-      return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) + "; the op is f32 only");
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const bool weight = i == 1 || i == 3 || i == 5;
+    if (ctx.has_input(i) && ctx.dtype(i) != DType::f32 && !(weight && ctx.dtype(i) == DType::f16))
+      return ctx.error("input " + std::to_string(i) + " is " + std::string(dtype_name(ctx.dtype(i))) + "; the op is f32 only" +
+                       (weight ? ", its weights f32 or f16" : ""));
+  }
   if (!ctx.has_input(3)) return ctx.error("W2 is required");
   if (!ctx.has_input(1) && ctx.has_input(2)) return ctx.error("B1 without W1");
   if (!ctx.has_input(5) && (ctx.has_input(6) || ctx.has_input(7))) return ctx.error("B3 or Z without W3");
@@ -954,10 +958,12 @@ void register_nn_ops(OpRegistry& r) {
     r.add("", OpSchema{"PointwiseDepthwiseConv",
                        "FusedConv 1x1 (W1, B1, pointwise_activation), then a depthwise FusedConv of its output (W2, B2, window, activation), "
                        "then FusedConv 1x1 of that (W3, B3, projection_activation, residual Z); the first or last stage may be absent; "
-                       "the intermediates never stored whole (f32)",
+                       "the intermediates never stored whole (f32; a weight may be f16, each stage's products then of its input as it "
+                       "is, as FusedConv's)",
                        1, 8, 1, 1, std::move(attrs), infer_pointwise_depthwise_conv})  // W1, B1 may be omitted; W2 is checked
-        .traits = {.types = {input(0, DType::f32), same_as(1, 0, "W1"), same_as(2, 0, "B1"), same_as(3, 0, "W2"), same_as(4, 0, "B2"),
-                             same_as(5, 0, "W3"), same_as(6, 0, "B3"), same_as(7, 0, "Z")}};
+        .traits = {.types = {input(0, DType::f32), input(1, DType::f32 | DType::f16, "W1"), same_as(2, 0, "B1"),
+                             input(3, DType::f32 | DType::f16, "W2"), same_as(4, 0, "B2"), input(5, DType::f32 | DType::f16, "W3"),
+                             same_as(6, 0, "B3"), same_as(7, 0, "Z")}};
   }
   {
     const TypeSet int8 = DType::u8 | DType::i8;

@@ -52,10 +52,7 @@ std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
   const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
   if (x[1] * x[2] == 1) return std::nullopt;
-  if (x[3] < 16) return "oneDNN is as fast on fewer than 16 input channels";
-  if (w[0] <= 32) return "32 or fewer output channels fill half the f16 tile or less";
-  if (w[2] == 1 && w[3] == 1 && x[3] <= 64 && x[1] * x[2] >= 784)
-    return "f32 is faster on 1x1 convolutions of 64 or fewer input channels over 784 pixels or more";
+  if (auto why = gemm::f16_conv_stays_f32(x[3], w[0], x[1] * x[2], w[2] == 1 && w[3] == 1)) return why;
   if (w[0] <= 64 && w[2] == 3 && w[3] == 3 && q.node.attr_ints("strides", {1, 1}) == std::vector<int64_t>{1, 1} &&
       q.node.attr_int("group", 1) == 1)
     return "oneDNN's Winograd is as fast on 3x3 stride-1 convolutions of 64 or fewer output channels";

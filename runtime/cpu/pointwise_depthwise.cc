@@ -9,12 +9,14 @@
 // depthwise rows go to a buffer of the thread's, and a second GEMM projects them into Y's rows
 // with the projection's epilogue (bias, activation, the residual Z's rows). MobileNetV2's
 // 112x112 expansion to 96 channels wrote 4.8 MB that its depthwise convolution read back.
+// f16 weights (`--precision fp16`) are widened as they are packed: every stage sums in f32.
 #include <omp.h>
 
 #include <array>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -25,8 +27,12 @@ namespace {
 
 std::optional<std::string> pointwise_depthwise_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  for (const InferInput& in : q.inputs)
-    if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    const bool weight = i == 1 || i == 3 || i == 5;  // f16 ones widened as they are packed
+    if (in.dtype != DType::undefined && ((in.dtype != DType::f32 && !(weight && in.dtype == DType::f16)) || !in.shape.is_concrete()))
+      return "not f32 of known shape";
+  }
   if (!nn::channels_last(q.node)) return "not channels-last";
   if (q.inputs.size() < 4 || q.inputs[0].shape.rank() != 4) return "not a 2-D convolution";
   for (size_t i : {1, 3, 5})
@@ -36,6 +42,12 @@ std::optional<std::string> pointwise_depthwise_declines(const KernelQuery& q, Is
   if (auto why = dwconv_window_declines(q.node)) return why;
   if (shape_numel(q.inputs[0].shape.concrete()) == 0 || shape_numel(q.outputs[0].shape.concrete()) == 0) return "an empty tensor";
   return std::nullopt;
+}
+
+// A weight as plain f32: unpacked, an f16 one (`--precision fp16`) widened.
+Tensor plain_f32(const Tensor& w) {
+  if (w.dtype() == DType::f16) return gemm::widened_to_f32(w);
+  return w.is_packed() ? unpack(w) : w;
 }
 
 class PointwiseDepthwiseKernel final : public Kernel {
@@ -65,8 +77,7 @@ class PointwiseDepthwiseKernel final : public Kernel {
       const gemm::Tile tile = gemm::default_tile(isa_, row, n, k, caches);
       params = gemm::default_params(isa_, tile, caches, rows, n, k, 1);
       params.tm = params.tn = 1;
-      const Tensor& w = *q.inputs[input].value;
-      const Tensor plain = w.is_packed() ? unpack(w) : w;
+      const Tensor plain = plain_f32(*q.inputs[input].value);
       packed = Tensor(DType::f32, {gemm::packed_b_floats(k, n, tile.nr)});
       gemm::pack_b(plain.data<float>(), k, true, k, n, tile.nr, packed.data<float>());
       gemm_bytes = std::max(gemm_bytes, gemm::workspace_bytes(params, gemm::GemmProblem{.m = rows, .n = n, .k = k, .b_packed = true}));
@@ -76,9 +87,8 @@ class PointwiseDepthwiseKernel final : public Kernel {
     if (has_w1_) pointwise(1, w_, ring_ * w_, m_, c_, params1_, w1_packed_);
     if (has_w3_) pointwise(5, ow_, step_ * ow_, p_, m_, params3_, w3_packed_);
     // W2 [M, 1, KH, KW] -> [KH, KW, M]
-    const Tensor& f = *q.inputs[3].value;
     w2_packed_ = Tensor(DType::f32, {kh_, kw_, m_});
-    pack_dwconv_nhwc_filters((f.is_packed() ? unpack(f) : f).data<float>(), m_, kh_ * kw_, w2_packed_.data<float>());
+    pack_dwconv_nhwc_filters(plain_f32(*q.inputs[3].value).data<float>(), m_, kh_ * kw_, w2_packed_.data<float>());
     threads_ = std::max(1, q.target.threads);
     const int64_t work = (has_w1_ ? h_ * w_ * c_ * m_ : 0) + oh_ * ow_ * m_ * (kh_ * kw_ + (has_w3_ ? p_ : 0));
     parallel_ = n_ * work >= (int64_t{1} << 16);  // as the row kernels share work

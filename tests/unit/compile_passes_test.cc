@@ -758,16 +758,11 @@ TEST(CompileMergeProjections, MergesGateAndUpProjections) {
 // With `--precision fp16`, products by f16 weights merge among themselves (kiln's f16 GEMM),
 // at multiples of 64 columns, never with f32 ones.
 TEST(CompileMergeProjections, MergesF16WeightsApart) {
-  auto f16 = [](Tensor w) {
-    Tensor h(DType::f16, w.shape());
-    for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
-    return h;
-  };
   Builder b;
   ValueId x = b.input("x", {2, 5, 16});
-  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", f16(uniform_f32({16, 64}, 110)))}, "q_out"));
-  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", f16(uniform_f32({16, 128}, 111)))}, "k_out"));
-  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", f16(uniform_f32({16, 32}, 112)))}, "narrow_out"));
+  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", to_f16(uniform_f32({16, 64}, 110)))}, "q_out"));
+  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", to_f16(uniform_f32({16, 128}, 111)))}, "k_out"));
+  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", to_f16(uniform_f32({16, 32}, 112)))}, "narrow_out"));
   b.output(b.op("f32", "MatMul", {x, b.constant("wf", uniform_f32({16, 64}, 113))}, "f32_out"));
   Model before = b.done(), after = before;
   EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");

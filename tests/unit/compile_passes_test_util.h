@@ -23,6 +23,8 @@ using testing::attr;
 using testing::make;
 using testing::relative_l2;
 using testing::run_reference;
+using testing::to_bf16;
+using testing::to_f16;
 
 // ---- building graphs --------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ using testing::isa_paths;
 using testing::make;
 using testing::noise;
 using testing::run_both;
+using testing::to_f16;
 using testing::BothRuns;
 
 TEST(CpuKernels, LayerNormAndRmsNorm) {
@@ -453,6 +454,26 @@ TEST(CpuKernels, PointwiseDepthwiseConv) {
   EXPECT_EQ(check({"PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), noise({4, 16, 1, 1}, 39)}, {false, true, false, true, false, false},
                    {attr("group", int64_t{16}), attr("channels_last", int64_t{1})}}),
             kReferenceKernel);
+  // f16 weights (`--precision fp16`), widened as they are packed: every stage's, and the
+  // depthwise one's alone; the products are the reference's, of the activations as they are.
+  for (const auto& [isa, cpu] : isa_paths())
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE("f16 " + isa + " threads=" + std::to_string(threads));
+      const Tensor xf = noise({2, 13, 11, 24}, 43), w1f = noise({144, 24, 1, 1}, 44, 0.5f), w2f = noise({144, 1, 3, 3}, 45, 0.5f);
+      const Tensor w3f = noise({24, 144, 1, 1}, 46, 0.3f);
+      const std::vector<Attribute> a = {attr("group", int64_t{144}), attr("channels_last", int64_t{1}),
+                                        attr("pads", std::vector<int64_t>{1, 1, 1, 1}), attr("activation", std::string("Clip")),
+                                        attr("activation_params", std::vector<double>{0, 6})};
+      const std::string name = "kiln.pointwise_depthwise_f32_" + isa;
+      EXPECT_EQ(check({"PointwiseDepthwiseConv", {xf, to_f16(w1f), Tensor(), to_f16(w2f), Tensor(), to_f16(w3f)},
+                       {false, true, false, true, false, true}, a, {true}, "", {}, threads},
+                      1e-5, &cpu),
+                name);
+      EXPECT_EQ(check({"PointwiseDepthwiseConv", {xf, w1f, Tensor(), to_f16(w2f), Tensor(), w3f}, {false, true, false, true, false, true}, a,
+                       {true}, "", {}, threads},
+                      1e-5, &cpu),
+                name);
+    }
 }
 
 // kiln.direct_conv on channels-last convolutions of few input channels (an image model's first
@@ -689,9 +710,7 @@ TEST(CpuKernels, WinogradConv) {
   for (int64_t tile : {4, 2})
     for (int threads : {1, 2}) {
       SCOPED_TRACE("f16 tile=" + std::to_string(tile) + " threads=" + std::to_string(threads));
-      const Tensor w = noise({48, 40, 3, 3}, 47, 0.5f);
-      Tensor h(DType::f16, w.shape());
-      for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
+      const Tensor h = to_f16(noise({48, 40, 3, 3}, 47, 0.5f));
       const std::string name = std::string("kiln.winograd_f32_") + (CpuFeatures::host().avx512f ? "avx512" : "avx2");
       std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
                                   attr("activation", std::string("Relu"))};
@@ -741,11 +760,6 @@ TEST(CpuKernels, WinogradConv) {
 TEST(CpuKernels, F16Convolution) {
   if (!CpuFeatures::host().avx512_fp16) GTEST_SKIP() << "this CPU lacks avx512-fp16";
   const std::string name = "kiln.gemm_f16_avx512";
-  auto f16 = [](const Tensor& w) {
-    Tensor h(DType::f16, w.shape());
-    for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
-    return h;
-  };
   auto conv = [](std::vector<int64_t> pads, int64_t stride, int64_t dilation) {
     return std::vector<Attribute>{attr("channels_last", int64_t{1}), attr("pads", std::move(pads)),
                                   attr("strides", std::vector<int64_t>{stride, stride}),
@@ -759,7 +773,7 @@ TEST(CpuKernels, F16Convolution) {
                          Layer{32, 24, 3, 2, 1, {0, 1, 1, 0}}, Layer{16, 20, 1, 1, 1, {0, 0, 1, 1}},
                          Layer{17, 9, 5, 1, 2, {3, 3, 3, 3}}}) {
     SCOPED_TRACE("c=" + std::to_string(l.c) + " k=" + std::to_string(l.k) + " stride=" + std::to_string(l.stride));
-    const Tensor x = noise({2, 9, 11, l.c}, 31), w = f16(noise({l.n, l.c, l.k, l.k}, 32, 0.5f)), b = noise({l.n}, 33);
+    const Tensor x = noise({2, 9, 11, l.c}, 31), w = to_f16(noise({l.n, l.c, l.k, l.k}, 32, 0.5f)), b = noise({l.n}, 33);
     EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, conv(l.pads, l.stride, l.dilation), {true}, name}, 3e-3), name);
     const int64_t span = l.dilation * (l.k - 1) + 1;
     const int64_t oh = (9 + l.pads[0] + l.pads[2] - span) / l.stride + 1, ow = (11 + l.pads[1] + l.pads[3] - span) / l.stride + 1;
@@ -773,7 +787,7 @@ TEST(CpuKernels, F16Convolution) {
   // small 3x3 stride-1 ones that its Winograd runs (those kiln's Winograd leaves: 6x6 images),
   // over more than one pixel; the f16 GEMM takes the rest.
   auto chosen = [&](int64_t c, int64_t n, int64_t k, int64_t stride, int64_t hw = 14, int threads = 1) {
-    const Tensor x = noise({1, hw, hw, c}, 35), w = f16(noise({n, c, k, k}, 36, 0.5f));
+    const Tensor x = noise({1, hw, hw, c}, 35), w = to_f16(noise({n, c, k, k}, 36, 0.5f));
     return check({"FusedConv", {x, w}, {false, true}, conv({k / 2, k / 2, k / 2, k / 2}, stride, 1), {true}, "", {}, threads}, 3e-3);
   };
   EXPECT_EQ(chosen(3, 64, 7, 2), "onednn.conv");

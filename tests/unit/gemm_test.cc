@@ -28,6 +28,7 @@ using testing::attr;
 using testing::check;
 using testing::isa_paths;
 using testing::noise;
+using testing::to_f16;
 namespace gemm = cpu::gemm;
 
 std::vector<Isa> isas() {
@@ -635,12 +636,7 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     // An f16 weight (`--precision fp16`, then merged): the f16 GEMM where the CPU has it, its
     // split points multiples of 64; the f32 GEMM widens the weight where it has not.
     if (isa == "avx512") {
-      const Tensor w16 = [] {
-        const Tensor w = noise({40, 160}, 58);
-        Tensor h(DType::f16, {40, 160});
-        for (int64_t i = 0; i < w.numel(); ++i) h.data<half>()[i] = half(w.data<float>()[i]);
-        return h;
-      }();
+      const Tensor w16 = to_f16(noise({40, 160}, 58));
       std::string label;
       const std::string want = gemm::lowp_lacks(cpu, gemm::Lowp::f16) ? name : "kiln.gemm_f16_avx512";
       EXPECT_EQ(check({"FusedMatMul", {noise({3, 13, 40}, 59), w16, noise({160}, 60)}, {false, true, true},

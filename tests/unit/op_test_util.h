@@ -85,6 +85,18 @@ inline Tensor ramp(std::vector<int64_t> shape, float scale = 0.37f) {
   return t;
 }
 
+/// An f32 tensor's values rounded to f16 or bf16 (to nearest even): an `--precision` weight.
+inline Tensor to_f16(const Tensor& f32) {
+  Tensor h(DType::f16, f32.shape());
+  for (int64_t i = 0; i < f32.numel(); ++i) h.data<half>()[i] = half(f32.data<float>()[i]);
+  return h;
+}
+inline Tensor to_bf16(const Tensor& f32) {
+  Tensor h(DType::bf16, f32.shape());
+  for (int64_t i = 0; i < f32.numel(); ++i) h.data<bfloat16>()[i] = bfloat16(f32.data<float>()[i]);
+  return h;
+}
+
 /// The tensor's elements converted to T (through double, so any dtype reads as any T).
 template <class T>
 std::vector<T> values(const Tensor& t) {

@@ -15,6 +15,8 @@ using testing::attr;
 using testing::make;
 using testing::ramp;
 using testing::run_op;
+using testing::to_bf16;
+using testing::to_f16;
 
 Tensor run1(const std::string& op, const std::vector<Tensor>& in, std::vector<Attribute> attrs = {}) {
   auto r = run_op(op, in, std::move(attrs));
@@ -275,6 +277,12 @@ TEST(FusedOps, PointwiseDepthwiseConvIsItsStages) {
   bad(run_op("PointwiseDepthwiseConv", {x, w1, Tensor(), w2, Tensor(), w3},
              {attr("group", int64_t{8}), attr("projection_activation", std::string("Swish"))}),
       "activation 'Swish' is not one of");
+  // f16 weights (`--precision fp16`) are their stages' f16 FusedConvs; bf16 ones, and f16
+  // activations, are not the op's.
+  const Tensor want16 = run1("FusedConv", {run1("FusedConv", {run1("FusedConv", {x, to_f16(w1)}), to_f16(w2)}, g8), to_f16(w3)});
+  expect_close(run1("PointwiseDepthwiseConv", {x, to_f16(w1), Tensor(), to_f16(w2), Tensor(), to_f16(w3)}, g8), want16, "f16 weights");
+  bad(run_op("PointwiseDepthwiseConv", {x, to_bf16(w1), Tensor(), w2}, g8), "W1 must be f32 or f16, got bf16");
+  bad(run_op("PointwiseDepthwiseConv", {to_f16(x), w1, Tensor(), w2}, g8), "PointwiseDepthwiseConv is f32 only, got f16");
 }
 
 TEST(FusedOps, ActivationAttributesRoundTrip) {

@@ -14,6 +14,7 @@ using testing::expect_all;
 using testing::ints;
 using testing::make;
 using testing::run_op;
+using testing::to_f16;
 
 // Deterministic, non-zero, mixed-sign data; `salt` varies it between the operands of one test.
 // Not testing::ramp (period 11, no salt): these tests' data and tolerances were chosen with it.
@@ -110,9 +111,7 @@ TEST(NnKernels, Conv1dAnd3dMatchTheir2dEmbedding) {
 TEST(NnKernels, ConvF16ComputesThroughF32) {
   Tensor x = salted_ramp({1, 3, 5, 5});
   Tensor w = salted_ramp({2, 3, 3, 3}, 0.25f, 1);
-  Tensor xh(DType::f16, x.shape()), wh(DType::f16, w.shape());
-  for (int64_t i = 0; i < x.numel(); ++i) xh.data<half>()[i] = half(x.data<float>()[i]);
-  for (int64_t i = 0; i < w.numel(); ++i) wh.data<half>()[i] = half(w.data<float>()[i]);
+  const Tensor xh = to_f16(x), wh = to_f16(w);
   auto r = run_op("Conv", {xh, wh});
   ASSERT_TRUE(r.ok()) << r.error().message();
   ASSERT_EQ((*r)[0].dtype(), DType::f16);

@@ -261,6 +261,14 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
               [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
 }
 
+std::optional<std::string> f16_conv_stays_f32(int64_t in, int64_t out, int64_t pixels, bool pointwise) {
+  if (in < 16) return "oneDNN is as fast on fewer than 16 input channels";
+  if (out <= 32) return "32 or fewer output channels fill half the f16 tile or less";
+  if (pointwise && in <= 64 && pixels >= 784)
+    return "f32 is faster on 1x1 convolutions of 64 or fewer input channels over 784 pixels or more";
+  return std::nullopt;
+}
+
 int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * round_up(k, 2) * kF16Tile.nr; }
 
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {

@@ -176,6 +176,15 @@ struct ImageWindows {
 void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* x, const uint16_t* b_packed, const Epilogue& ep,
                       float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
 
+/// Why kiln's default rule leaves a convolution by an f16 weight, over `pixels` input pixels
+/// (more than one) of `in` channels into `out` channels, to oneDNN's f32 kernel (the weight
+/// widened) rather than gemm_f16: fewer than 16 input channels, 32 or fewer output channels, or
+/// for a 1x1 one (`pointwise`) 64 or fewer input channels over 784 pixels or more (28x28);
+/// nullopt where gemm_f16 takes it. matmul.cc's f16_defers (the measurements) asks it, and so
+/// does compile's fuse_pointwise_depthwise, which fuses an f16 1x1 stage only where it computes
+/// in f32 either way.
+std::optional<std::string> f16_conv_stays_f32(int64_t in, int64_t out, int64_t pixels, bool pointwise);
+
 /// Workspace gemm_f16 and gemm_f16_windows take for M rows of K (A's copy in f16, K rounded
 /// up to pairs).
 size_t f16_workspace_bytes(int64_t m, int64_t k);
