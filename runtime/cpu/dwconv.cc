@@ -4,7 +4,8 @@
 // channel at a time; a direct loop over zero-padded planes, vectorised along the output row,
 // does far less. Channels-last, the channels are the vector lanes and the filters are packed
 // [KH, KW, C] once at plan time; oneDNN's kernel there leaves a SiLU epilogue (EfficientNet's)
-// to a second pass over the output, which this one applies while the row is in cache.
+// to a second pass over the output, which this one applies while the row is in cache. An f16
+// weight (`--precision fp16`) is widened as the filters are packed.
 //
 // kiln.dwconv_bf16_avx512: the channels-last one by a bf16 weight (`kiln compile --precision
 // bf16`), X and Y each f32 or bf16 (bf16 activations between convolutions on an AMX target).
@@ -24,6 +25,7 @@
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/dwconv_bf16.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -35,8 +37,12 @@ namespace {
 std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   if (auto why = x_form_decline(q)) return why;
-  for (const InferInput& in : q.inputs)
-    if (in.dtype != DType::undefined && (in.dtype != DType::f32 || !in.shape.is_concrete())) return "not f32 of known shape";
+  // An f16 weight (`--precision fp16`: a FusedConv's) is widened as the filters are packed.
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype != DType::undefined && ((in.dtype != DType::f32 && !(i == 1 && in.dtype == DType::f16)) || !in.shape.is_concrete()))
+      return "not f32 of known shape";
+  }
   const Shape& xs = q.inputs[0].shape;
   const Shape& ws = q.inputs[1].shape;
   if (xs.rank() != 4) return "not a 2-D convolution";
@@ -87,7 +93,8 @@ class DwConvKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, {xs[2], xs[3]}, {ws[2], ws[3]}, false));
     n_ = xs[0], c_ = xs[1], h_ = xs[2], w_ = xs[3], kh_ = ws[2], kw_ = ws[3];
     s_ = w.strides[0], pt_ = w.pads[0], pl_ = w.pads[1], oh_ = ys[2], ow_ = ys[3];
-    weights_ = *q.inputs[1].value;
+    const Tensor& weight = *q.inputs[1].value;
+    weights_ = weight.dtype() == DType::f16 ? gemm::widened_to_f32(weight) : weight;
     if (last_) {  // [C, 1, KH, KW] -> [KH, KW, C]
       Tensor packed(DType::f32, {kh_, kw_, c_});
       pack_dwconv_nhwc_filters(weights_.data<float>(), c_, kh_ * kw_, packed.data<float>());

@@ -227,10 +227,12 @@ Tensor in_windows_order(const T* w, DType dtype, int64_t k, const gemm::ImageWin
 
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  // An f16 weight (`--precision fp16`) is widened to f32 as it is packed; bf16 ones run on
-  // kiln.gemm_bf16_avx512, which rounds A to bf16 as their reference does.
+  // A constant f16 weight (`--precision fp16`) is widened to f32 as it is packed: a 2-D one, or
+  // a convolution's, which the f16 GEMM's rule leaves to f32 (f16_defers) and this kernel's
+  // then takes as it takes an f32 one; bf16 ones run on kiln.gemm_bf16_avx512, which rounds A
+  // to bf16 as their reference does.
   if (auto why = f32_and_concrete(q, DType::f16)) return why;
-  if (q.inputs[1].dtype == DType::f16 && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
+  if (q.inputs[1].dtype == DType::f16 && !is_conv(q.node) && q.inputs[1].shape.rank() != 2) return "an f16 B that is not 2-D";
   if (q.node.attr_int("x_parts", 0) > static_cast<int64_t>(gemm::kMaxAParts)) return "X in more than 16 parts";
   // An image read as it comes (x_channels_first): its patches, where the windows tile it.
   if (nn::x_channels_first(q.node) && !windows_tile_image(q)) return x_form_decline(q);

@@ -752,6 +752,31 @@ TEST(CpuKernels, WinogradConv) {
   }
 }
 
+// An f16 weight (`--precision fp16`) that the f16 GEMM's rule leaves to f32, or that no f16
+// kernel takes, runs on the f32 kernel the f32 weight would, the weight widened as it is packed
+// (the products are the reference's): a pointwise convolution into 32 channels with a SiLU on
+// kiln's GEMM, and depthwise ones with a SiLU, strides 1 and 2, on kiln's depthwise kernel. An
+// f16 weight computed at run time stays off kiln's GEMM (it widens constants only).
+TEST(CpuKernels, F16WeightsComputedInF32TakeTheF32Kernels) {
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const std::vector<Attribute> silu = {attr("channels_last", int64_t{1}), attr("activation", std::string("Silu"))};
+    const Tensor x = noise({2, 14, 14, 64}, 51), w = to_f16(noise({32, 64, 1, 1}, 52, 0.5f)), b = noise({32}, 53);
+    EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, silu, {true}}, 1e-5, &cpu), "kiln.gemm_f32_" + isa);
+    EXPECT_NE(check({"FusedConv", {x, w, b}, {false, false, true}, silu, {true}}, 1e-5, &cpu), "kiln.gemm_f32_" + isa);
+    for (int64_t stride : {1, 2}) {
+      std::vector<Attribute> dw = silu;
+      dw.push_back(attr("group", int64_t{48}));
+      dw.push_back(attr("pads", std::vector<int64_t>{1, 1, 1, 1}));
+      dw.push_back(attr("strides", std::vector<int64_t>{stride, stride}));
+      EXPECT_EQ(check({"FusedConv", {noise({2, 13, 11, 48}, 54), to_f16(noise({48, 1, 3, 3}, 55, 0.5f)), noise({48}, 56)},
+                       {false, true, true}, dw, {true}},
+                      1e-5, &cpu),
+                "kiln.dwconv_f32_" + isa);
+    }
+  }
+}
+
 // kiln.gemm_f16_avx512 on channels-last convolutions with f16 weights (`--precision fp16`),
 // pinned: pointwise (A read in place) and through its windows (3x3 "same" with a residual and
 // activations, stride 2 with asymmetric pads, a pointwise one whose end padding makes it a
