@@ -11,7 +11,10 @@
 // stride 1, no padding or groups, a constant f32 weight and a transcendental activation (SiLU,
 // Sigmoid, GELU...: with a piecewise-linear one or none, oneDNN's convolution runs faster over
 // many pixels and would lose the Concat for a slower kernel). The target needs AVX2; a Concat
-// of more than 16 inputs stays.
+// of more than 16 inputs stays. An f16 weight (`--precision fp16`) qualifies where the f16
+// GEMM's rule leaves its convolution to f32 (gemm::f16_conv_stays_f32: YOLO's joins into 32 or
+// fewer channels, or from 64 or fewer over 28x28 pixels or more), which kiln's f32 GEMM then
+// takes, widened; the f16 GEMM reads no parts, so the others keep their Concat.
 #include <algorithm>
 #include <set>
 
@@ -19,6 +22,7 @@
 #include "compile/pass.h"
 #include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
+#include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln {
 
@@ -28,11 +32,16 @@ constexpr size_t kMaxParts = 16;  // the most parts kiln's GEMM takes (gemm::kMa
 
 // Whether node `n`, reading `x` at input 0 only, is a convolution that can take X in parts.
 bool takes_parts(const Graph& g, const Node& n, ValueId x) {
-  if (!pointwise_conv_of(g, n, x)) return false;
+  if (!pointwise_conv_of(g, n, x, true)) return false;
   const Result<ActivationSpec> act = read_activation(n, "activation");
   if (!act.ok()) return false;
   const Activation k = act->kind;
-  return k != Activation::none && k != Activation::relu && k != Activation::leaky_relu && k != Activation::clip;
+  if (k == Activation::none || k == Activation::relu || k == Activation::leaky_relu || k == Activation::clip) return false;
+  const Value& w = g.value(n.inputs[1]);
+  if (w.dtype != DType::f16) return true;
+  if (!g.value(x).shape.is_concrete()) return false;
+  const std::vector<int64_t> xs = g.value(x).shape.concrete();
+  return xs[1] * xs[2] > 1 && cpu::gemm::f16_conv_stays_f32(xs[3], w.constant.dim(0), xs[1] * xs[2], true).has_value();
 }
 
 }  // namespace

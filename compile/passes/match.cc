@@ -142,7 +142,7 @@ std::vector<std::string> merged_sources(const Graph& g, const std::vector<size_t
   return out;
 }
 
-bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x) {
+bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16) {
   if (n.op != "FusedConv" || !n.domain.empty() || n.has_attr("x_parts") || nn::x_channels_first(n) || !n.has_input(0) ||
       n.inputs[0] != x || std::count(n.inputs.begin(), n.inputs.end(), x) != 1)
     return false;
@@ -153,7 +153,8 @@ bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x) {
   if (const std::string pad = n.attr_string("auto_pad", "NOTSET"); pad != "NOTSET" && pad != "VALID") return false;
   if (!n.has_input(1)) return false;
   const Value& w = g.value(n.inputs[1]);
-  return w.is_constant() && w.dtype == DType::f32 && w.constant.rank() == 4 && w.constant.dim(2) == 1 && w.constant.dim(3) == 1;
+  return w.is_constant() && (w.dtype == DType::f32 || (f16 && w.dtype == DType::f16)) && w.constant.rank() == 4 &&
+         w.constant.dim(2) == 1 && w.constant.dim(3) == 1;
 }
 
 }  // namespace kiln

@@ -81,9 +81,10 @@ std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice);
 
 /// Whether `n` is a core FusedConv multiplying `x` pointwise: X its input 0 and read there only,
 /// whole (no x_parts) and channels-last (channels_last 1, not x_channels_first); 1x1 by a
-/// constant f32 weight [K, C, 1, 1], stride 1, no padding, dilation or groups (kiln's f32 GEMM
-/// runs it as the product of X's pixels by the weight).
-bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x);
+/// constant f32 weight [K, C, 1, 1] (with `f16`, an f16 one too: `--precision fp16`'s, which
+/// kiln's f32 GEMM widens), stride 1, no padding, dilation or groups (kiln's f32 GEMM runs it as
+/// the product of X's pixels by the weight).
+bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16 = false);
 
 /// Whether `v` is an f32 constant of shape [d] (a normalization's scale or bias).
 bool per_feature(const Graph& g, ValueId v, int64_t d);

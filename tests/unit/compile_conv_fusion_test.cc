@@ -83,6 +83,35 @@ TEST(CompileFuseConcat, SameOutputsOnTheReferenceAndOnKilnsGemm) {
   expect_fast_kernels(before, after, inputs, {"silu"}, "kiln.gemm_f32_");
 }
 
+// With `--precision fp16`: a SiLU join into 32 channels (which the f16 GEMM's rule leaves to
+// f32) reads its parts on kiln's f32 GEMM, the f16 weight widened; one into 64 channels from
+// 96 over 8x8 pixels (the f16 GEMM's, which reads no parts) keeps its Concat.
+Model f16_concat_model(bool narrow_only) {
+  Builder b;
+  ValueId a = b.input("a", {1, 8, 8, 48}), c = b.input("c", {1, 8, 8, 48});
+  const std::vector<Attribute> silu = {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{1, 1}),
+                                       attr("activation", std::string("Silu"))};
+  ValueId narrow = b.constant("narrow_w", to_f16(uniform_f32({32, 96, 1, 1}, 170)));
+  b.output(b.op("to32", "FusedConv", {b.op("j32", "Concat", {a, c}, "j32", {attr("axis", int64_t{3})}), narrow}, "to32", silu));
+  if (narrow_only) return b.done();
+  ValueId wide = b.constant("wide_w", to_f16(uniform_f32({64, 96, 1, 1}, 171)));
+  b.output(b.op("to64", "FusedConv", {b.op("j64", "Concat", {c, a}, "j64", {attr("axis", int64_t{3})}), wide}, "to64", silu));
+  return b.done();
+}
+
+TEST(CompileFuseConcat, F16WeightsWhereTheConvolutionComputesInF32) {
+  Model before = f16_concat_model(false), after = before;
+  EXPECT_EQ(run_pass("fuse_concat", after).summary, "read 1 Concat's inputs where they lie in 1 pointwise convolution");
+  const std::string text = testing::nodes_text(after.graph);
+  EXPECT_NE(text.find("node to32: FusedConv(a, narrow_w, _, _, c) ->"), std::string::npos) << text;
+  EXPECT_NE(text.find("node j64: Concat"), std::string::npos) << text;
+  const std::vector<Tensor> inputs = {uniform_f32({1, 8, 8, 48}, 172), uniform_f32({1, 8, 8, 48}, 173)};
+  expect_same_outputs(before, after, inputs, 0);
+  Model narrow = f16_concat_model(true), fused = narrow;
+  run_pass("fuse_concat", fused);
+  expect_fast_kernels(narrow, fused, inputs, {"to32"}, "kiln.gemm_f32_");
+}
+
 TEST(CompileFuseConcat, NotForATargetWithoutAvx2) {
   Model m = concat_conv_model();
   Target baseline;
