@@ -40,7 +40,14 @@ std::optional<std::string> precision_speed_warning(DType precision, const CpuFea
   char text[200];
   std::snprintf(text, sizeof text, "bf16 will not be faster than f32 on this CPU: its probed bf16 peak is %.0f GFLOP/s against f32's %.0f "
                 "(no AMX); the weights take half the bytes", b, f32->second);
-  return std::string(text);
+  std::string out = text;
+  // AVX512-FP16 without AMX (a virtual machine not granted the tile state, say): fp16 is the
+  // lower precision that runs faster there.
+  if (const auto f16 = peaks.find("f16"); cpu.avx512_fp16 && f16 != peaks.end() && f16->second > f32->second) {
+    std::snprintf(text, sizeof text, "; --precision fp16 can be (its probed f16 peak is %.0f GFLOP/s)", f16->second);
+    out += text;
+  }
+  return out;
 }
 
 Result<CompileReport> compile_model(Model& model, const CompileOptions& options) {

@@ -61,8 +61,9 @@ Status check_pass_names(const CompileOptions& options);
 
 /// Why `--precision` (bf16 or f16) will not make the model faster on this CPU, if it will not,
 /// for compile to warn: bf16 without AMX where the probed bf16 peak (`peaks`, the ceilings'
-/// compute_gflops; empty when not probed: then nothing is said) is at most f32's. (f16 needs a
-/// target with AVX512-FP16, which kiln.gemm_f16_avx512 multiplies on.)
+/// compute_gflops; empty when not probed: then nothing is said) is at most f32's; where the CPU
+/// has AVX512-FP16 and its probed f16 peak is above f32's, the warning says that fp16 can be.
+/// (f16 needs a target with AVX512-FP16, which kiln.gemm_f16_avx512 multiplies on.)
 std::optional<std::string> precision_speed_warning(DType precision, const CpuFeatures& cpu, const std::map<std::string, double>& peaks);
 
 /// Runs the passes on `model` and marks it compiled. After each pass the graph is verified
