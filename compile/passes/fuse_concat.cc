@@ -22,7 +22,6 @@
 #include "compile/pass.h"
 #include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
-#include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln {
 
@@ -37,11 +36,7 @@ bool takes_parts(const Graph& g, const Node& n, ValueId x) {
   if (!act.ok()) return false;
   const Activation k = act->kind;
   if (k == Activation::none || k == Activation::relu || k == Activation::leaky_relu || k == Activation::clip) return false;
-  const Value& w = g.value(n.inputs[1]);
-  if (w.dtype != DType::f16) return true;
-  if (!g.value(x).shape.is_concrete()) return false;
-  const std::vector<int64_t> xs = g.value(x).shape.concrete();
-  return xs[1] * xs[2] > 1 && cpu::gemm::f16_conv_stays_f32(xs[3], w.constant.dim(0), xs[1] * xs[2], true).has_value();
+  return pointwise_computes_in_f32(g, n);
 }
 
 }  // namespace

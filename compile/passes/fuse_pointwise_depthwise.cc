@@ -30,7 +30,6 @@
 #include "compile/passes/match.h"
 #include "formats/ops/epilogue.h"
 #include "formats/ops/nn_util.h"
-#include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln {
 
@@ -84,11 +83,8 @@ bool pointwise(const Graph& g, const Node& n, bool residual = false) {
   if (!plain_conv(g, n, residual) || n.attr_int("group", 1) != 1) return false;
   for (int64_t v : n.attr_ints("strides")) if (v != 1) return false;
   for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
-  const Value& w = g.value(n.inputs[1]);
-  if (w.constant.dim(2) != 1 || w.constant.dim(3) != 1) return false;
-  if (w.dtype != DType::f16) return true;
-  const std::vector<int64_t> x = g.value(n.inputs[0]).shape.concrete();
-  return x[1] * x[2] > 1 && cpu::gemm::f16_conv_stays_f32(x[3], w.constant.dim(0), x[1] * x[2], true).has_value();
+  const Tensor& w = g.value(n.inputs[1]).constant;
+  return w.dim(2) == 1 && w.dim(3) == 1 && pointwise_computes_in_f32(g, n);
 }
 
 bool depthwise(const Graph& g, const Node& n, int64_t channels) {
