@@ -36,7 +36,8 @@ inline constexpr int kFormatVersion = 1;
 /// keeps the database. 2: kiln's Winograd convolution became a candidate. 3: kiln's f32 GEMM
 /// fetches each next K slice's first panel ahead (products of several slices run faster), and
 /// its default Kc and Winograd's default rule changed for a few rows by a streaming weight.
-inline constexpr int kKernelTemplateVersion = 3;
+/// 4: kiln's f16 GEMM's blocking (Mc, Kc, the threads' split) became candidates.
+inline constexpr int kKernelTemplateVersion = 4;
 
 /// One input of a tuned problem.
 struct TuningInput {

@@ -779,6 +779,46 @@ class Bf16GemmKernel final : public Kernel {
   LowpEpilogue ep_;
 };
 
+const char* f16_split_name(gemm::F16Split s) {
+  return s == gemm::F16Split::rows ? "rows" : s == gemm::F16Split::panels ? "panels" : "automatic";
+}
+
+// The f16 GEMM's blocking a node recorded (a compiled model, max-autotune's candidates): what
+// it leaves out stays to the defaults; a value no blocking has is the model's error.
+Result<gemm::F16Blocking> recorded_f16_blocking(const Node& node) {
+  gemm::F16Blocking b;
+  for (const auto& [key, out] : {std::pair{"mc", &b.mc}, std::pair{"kc", &b.kc}})
+    if (std::optional<int64_t> v = recorded_int(node, key)) {
+      if (*v <= 0) return user_error(node.where(), "the recorded f16 GEMM parameter " + std::string(key) + " = " + std::to_string(*v) + " is not positive");
+      *out = *v;
+    }
+  if (const std::string* split = node.kernel.param<std::string>("split")) {
+    if (*split == "rows") b.split = gemm::F16Split::rows;
+    else if (*split == "panels") b.split = gemm::F16Split::panels;
+    else return user_error(node.where(), "the recorded f16 GEMM split '" + *split + "' is neither rows nor panels");
+  }
+  return b;
+}
+
+// max-autotune's axes for the f16 GEMM: Kc (its passes over B's panels), Mc (A's rows in L2 at
+// a time), and how the threads share the product.
+std::vector<TuningAxis> f16_space(const KernelQuery& q) {
+  const Product p = product_of(q);
+  auto sizes = [](std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
+    TuningAxis axis{std::move(name), {}};
+    for (int64_t v : candidates)
+      if (v < whole) axis.values.push_back({{axis.name, v}});
+    axis.values.push_back({{axis.name, std::max<int64_t>(whole, 1)}});
+    return axis;
+  };
+  std::vector<TuningAxis> axes;
+  axes.push_back(sizes("kc", {256, 512, 1024, 1536, 2304}, p.k));
+  axes.push_back(sizes("mc", {48, 96, 192, 384, 768, 1536}, p.m));
+  if (q.target.threads > 1)
+    axes.push_back(TuningAxis{"split", {{{"split", std::string("rows")}}, {{"split", std::string("panels")}}}});
+  return axes;
+}
+
 // kiln.gemm_f16_avx512: an f16 weight (`--precision fp16`) on a CPU with AVX512-FP16, A rounded
 // to f16 as it is copied, the products summed in f16 over blocks of K and in f32 across them.
 // A convolution other than pointwise is the product of its windows (gathered as A is copied)
@@ -808,6 +848,8 @@ class F16GemmKernel final : public Kernel {
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);
     threads_ = std::max(1, q.target.threads);
+    KILN_ASSIGN_OR_RETURN(gemm::F16Blocking asked, recorded_f16_blocking(q.node));
+    blocking_ = gemm::f16_blocking(m_, n_, k_, threads_, asked);
     needs.workspace_bytes = gemm::f16_workspace_bytes(m_, k_);
     return {};
   }
@@ -816,18 +858,25 @@ class F16GemmKernel final : public Kernel {
     const float* x = ctx.input(0).data<float>();
     float* y = ctx.output(0).data<float>();
     if (windows_)
-      gemm::gemm_f16_windows(m_, n_, g_, x, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data());
+      gemm::gemm_f16_windows(m_, n_, g_, x, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_);
     else
-      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), 0,
+      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_,
                      parts_at(parts_, ctx));
     return {};
   }
 
-  std::string label() const override { return "f16_6x64"; }
+  std::vector<std::pair<std::string, KernelParam>> params() const override {
+    return {{"mc", blocking_.mc}, {"kc", blocking_.kc}, {"split", std::string(f16_split_name(blocking_.split))}};
+  }
+  std::string label() const override {
+    return "f16_6x64_mc" + std::to_string(blocking_.mc) + "_kc" + std::to_string(blocking_.kc) +
+           (threads_ > 1 ? "_t" + std::to_string(threads_) + "_" + f16_split_name(blocking_.split) : "");
+  }
 
  private:
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
+  gemm::F16Blocking blocking_;  // resolved in prepare
   bool windows_ = false;  // a convolution other than pointwise: A is its windows
   gemm::ImageWindows g_;
   Tensor packed_;  // B in pack_b_f16's panels
@@ -846,7 +895,8 @@ void register_gemm(KernelRegistry& r) {
                      .declines = [](const KernelQuery& q) { return lowp_declines(q, gemm::Lowp::f16, DType::f16); },
                      .create = [](const KernelQuery&) { return std::make_unique<F16GemmKernel>(); },
                      .needs_isa = f16,
-                     .defers = f16_defers});
+                     .defers = f16_defers,
+                     .tuning_space = f16_space});
   CpuFeatures bf16 = isa_features(Isa::avx512);
   bf16.avx512_bf16 = true;
   for (const char* op : {"FusedMatMul", "FusedConv"})

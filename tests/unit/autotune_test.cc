@@ -11,8 +11,11 @@
 
 #include "compile/autotune.h"
 #include "compile/pipeline.h"
+#include "formats/text.h"
+#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/plan.h"
 #include "tests/unit/kernel_test_util.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
@@ -270,6 +273,89 @@ TEST(Autotune, GemmKernelTakesPartialParameters) {
   auto got = (*session)->run(inputs);
   ASSERT_TRUE(got.ok()) << got.error().message();
   EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(m, inputs)[0]), 1e-5);
+}
+
+// `--precision fp16`: the f16 GEMM's blocking is searched (Kc, Mc) like the f32 template's
+// parameters, and its candidates, and the f32 kernels', are held to what a lowered graph's
+// kernels can differ by (the default's f16 rounding), not to the f32 graph's 1e-3: none is
+// rejected for its output, and the model stays within a lowered model's bound of the reference.
+TEST(Autotune, SearchesTheF16GemmsBlockingInAnFp16Graph) {
+  if (auto why = cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  GraphBuilder b;
+  ValueId h = b.input("x", {96, 640});
+  int64_t k = 640;
+  for (int i = 0; i < 2; ++i) {
+    const std::string n = std::to_string(i);
+    ValueId w = b.constant("w" + n, random_tensor({k, 384}, 40 + i));
+    ValueId y = b.op("mm" + n, "MatMul", {h, w});
+    h = b.op("relu" + n, "Relu", {b.op("add" + n, "Add", {y, b.constant("b" + n, random_tensor({384}, 50 + i))})});
+    k = 384;
+  }
+  const Model original = b.done({b.op("out", "MatMul", {h, b.constant("w_out", random_tensor({384, 32}, 60))})});
+  Compiled c{original, {}, Error{}};
+  CompileOptions options;
+  options.target.threads = 1;
+  options.precision = DType::f16;
+  options.tuning.search = true;
+  options.tuning.report = &c.report;
+  c.result = compile_model(c.model, options);
+  ASSERT_TRUE(c.result.ok()) << c.result.error().message();
+  size_t f16 = 0;
+  for (const TunedProblem& p : c.report.problems) {
+    EXPECT_TRUE(p.rejected.empty()) << tuning_report_text(c.report) << p.rejected.front();
+    if (p.default_kernel.name != "kiln.gemm_f16_avx512") continue;
+    ++f16;
+    EXPECT_NE(p.default_kernel.param<int64_t>("mc"), nullptr) << "the defaults resolved and recorded";
+    EXPECT_NE(p.default_kernel.param<std::string>("split"), nullptr);
+    EXPECT_GE(p.timed, 4u) << tuning_report_text(c.report) << "the implementations, then Kc and Mc";
+  }
+  EXPECT_EQ(f16, 2u) << tuning_report_text(c.report);
+  const std::vector<Tensor> inputs = {random_tensor({96, 640}, 99)};
+  auto session = Session::create(c.model, SessionOptions{.target = Target{.threads = 1}});
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  auto got = (*session)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(original, inputs)[0]), 1e-2);
+}
+
+// The f16 GEMM's recorded blocking: what a record leaves out stays to the defaults, Mc is
+// rounded to whole tiles, Kc to even chunks of whole blocks, and a value no blocking has is the
+// model's error, naming the node.
+TEST(Autotune, F16GemmTakesPartialParametersAndRefusesInvalidOnes) {
+  if (auto why = cpu::gemm::lowp_lacks(CpuFeatures::host(), cpu::gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  GraphBuilder b;
+  ValueId x = b.input("x", {100, 1000});
+  Tensor w = random_tensor({1000, 150}, 8);
+  Model m = b.done({b.op("y", "FusedMatMul", {x, b.constant("w", testing::to_f16(w))})});
+  Target target{.threads = 2};
+  const std::vector<std::vector<int64_t>> shapes = {{100, 1000}};
+  auto plan_with = [&](KernelParams params) {
+    m.graph.nodes[0].kernel = KernelChoice{"kiln.gemm_f16_avx512", std::move(params)};
+    return build_plan(m.graph, shapes, PlanOptions{target, default_kernels()});
+  };
+  auto plan = plan_with({{"mc", int64_t{50}}, {"kc", int64_t{300}}, {"split", std::string("panels")}});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  KernelChoice full{"kiln.gemm_f16_avx512", plan->kernels[0].kernel->params()};
+  EXPECT_EQ(*full.param<int64_t>("mc"), 54) << "whole tiles of 6 rows";
+  EXPECT_EQ(*full.param<int64_t>("kc"), 384) << "three chunks of at most 384 steps, whole blocks of 128";
+  EXPECT_EQ(*full.param<std::string>("split"), "panels");
+  auto defaults = plan_with({{"mc", int64_t{50}}});
+  ASSERT_TRUE(defaults.ok()) << defaults.error().message();
+  KernelChoice rest{"kiln.gemm_f16_avx512", defaults->kernels[0].kernel->params()};
+  EXPECT_EQ(*rest.param<int64_t>("kc"), 1000) << "K in one chunk of up to kF16Kc steps";
+  EXPECT_EQ(*rest.param<std::string>("split"), "rows") << "N is not twice M: the threads on A's rows";
+  const std::vector<Tensor> inputs = {random_tensor({100, 1000}, 9)};
+  auto session = Session::create(m, SessionOptions{.target = target});
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  auto got = (*session)->run(inputs);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(m, inputs)[0]), 3e-3);
+  for (const KernelParams& bad : {KernelParams{{"mc", int64_t{0}}}, KernelParams{{"kc", int64_t{-128}}},
+                                  KernelParams{{"split", std::string("diagonal")}}}) {
+    auto refused = plan_with(bad);
+    ASSERT_FALSE(refused.ok()) << kernel_choice_text(m.graph.nodes[0].kernel);
+    EXPECT_NE(refused.error().message().find("'y'"), std::string::npos) << refused.error().message();
+  }
 }
 
 }  // namespace

@@ -165,11 +165,21 @@ TEST(GemmLowp, Bf16) {
   }, dims);
 }
 
+// The blockings the f16 tests run: rows of A in blocks of 8 (two tiles once rounded up), the
+// defaults, and what max-autotune may record: K in passes of 128 steps (one block each) with
+// the threads on A's rows, and of 256 with the threads on B's panels.
+const gemm::F16Blocking kF16Blockings[] = {
+    {.mc = 8},
+    {},
+    {.mc = 12, .kc = 128, .split = gemm::F16Split::rows},
+    {.mc = 30, .kc = 256, .split = gemm::F16Split::panels},
+};
+
 // f16 · f16 on AVX512-FP16: against the products of the f16-rounded inputs summed in double.
 // The kernel sums in f16 for kF16Block products, and adds kF16Group such sums in f16, so each
 // value may be off by what f16 sums of that length lose (a few 2^-11 of their size), never by
 // what a sum over all of K in f16 would (K = 1000 and 3300: the f16 sums widened between
-// groups and in the middle of one).
+// groups and in the middle of one), in each of kF16Blockings.
 TEST(GemmLowp, F16) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
   std::mt19937 rng(3);
@@ -200,8 +210,11 @@ TEST(GemmLowp, F16) {
         };
         gemm::Epilogue ep{.bias = bias.data(), .act = {Activation::relu}};
         std::vector<std::byte> ws(gemm::f16_workspace_bytes(d.m, d.k));
+        for (const gemm::F16Blocking& blocking : kF16Blockings) {
+        SCOPED_TRACE("mc=" + std::to_string(blocking.mc) + " kc=" + std::to_string(blocking.kc) + " split=" +
+                     std::to_string(static_cast<int>(blocking.split)));
         std::vector<float> y(static_cast<size_t>(d.m * d.n), std::nanf(""));
-        gemm::gemm_f16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), 8);
+        gemm::gemm_f16(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, y.data(), d.n, threads, ws.data(), blocking);
         double err = 0, norm = 0;
         for (int64_t i = 0; i < d.m; ++i)
           for (int64_t j = 0; j < d.n; ++j) {
@@ -218,6 +231,7 @@ TEST(GemmLowp, F16) {
             norm += want * want;
           }
         EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 3e-3);
+        }
       }
   }
   use_threads(physical_cores());
@@ -263,9 +277,9 @@ TEST(GemmLowp, F16ColumnParts) {
         gemm::pack_b_f16(b.data(), n, false, d.k, n, packed.data());
         std::vector<std::byte> ws(gemm::f16_workspace_bytes(d.m, d.k) + 64);
         std::vector<float> whole(static_cast<size_t>(d.m * n), std::nanf("")), bare = whole;
-        gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data()}, bare.data(), n, threads, ws.data(), mc);
+        gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data()}, bare.data(), n, threads, ws.data(), {.mc = mc});
         gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data(), .act = {Activation::gelu}}, whole.data(),
-                       n, threads, ws.data(), mc);
+                       n, threads, ws.data(), {.mc = mc});
         std::vector<std::vector<float>> out;
         std::vector<gemm::ColumnPart> parts;
         int64_t begin = 0;
@@ -275,7 +289,7 @@ TEST(GemmLowp, F16ColumnParts) {
           begin += w;
         }
         gemm::gemm_f16(d.m, n, d.k, a.data(), d.k, packed.data(), gemm::Epilogue{.bias = bias.data(), .act = {Activation::gelu}}, nullptr, 0,
-                       threads, ws.data(), mc, parts);
+                       threads, ws.data(), {.mc = mc}, parts);
         for (size_t q = 0; q < parts.size(); ++q)
           for (int64_t i = 0; i < d.m; ++i)
             for (int64_t j = 0; j < widths[q] + 3; ++j) {
@@ -335,7 +349,7 @@ TEST(GemmLowp, F16Windows) {
         if (post) ep.post = {Activation::relu};
         std::vector<std::byte> ws(gemm::f16_workspace_bytes(m, k));
         std::vector<float> y(static_cast<size_t>(m * g.n), std::nanf(""));
-        gemm::gemm_f16_windows(m, g.n, win, x.data(), packed.data(), ep, y.data(), g.n, threads, ws.data(), mc);
+        gemm::gemm_f16_windows(m, g.n, win, x.data(), packed.data(), ep, y.data(), g.n, threads, ws.data(), {.mc = mc});
         double err = 0, norm = 0;
         for (int64_t i = 0; i < m; ++i) {
           const int64_t image = i / (win.oh * win.ow), oy = i / win.ow % win.oh, ox = i % win.ow;

@@ -287,6 +287,26 @@ int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2) {
   return std::max(mr, std::min(by_copy, with_c));
 }
 
+F16Blocking f16_blocking(int64_t m, int64_t n, int64_t k, int threads, F16Blocking asked, int64_t l2) {
+  const int64_t mr = kF16Tile.mr, block = 2 * kF16Block;
+  F16Blocking b;
+  // K in chunks of at most kc steps, as even as whole blocks make them.
+  const int64_t most = asked.kc > 0 ? round_up(asked.kc, block) : kF16Kc;
+  const int64_t chunks = std::max<int64_t>(1, (k + most - 1) / most);
+  b.kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, block)));
+  b.mc = asked.mc > 0 ? round_up(std::min<int64_t>(asked.mc, int64_t{1} << 40), mr) : f16_block_rows(n, b.kc, l2);
+  // Split B's panels among the threads when B is the larger to read twice: splitting A's rows,
+  // each thread reads all of B (K·N f16); splitting B's panels, each reads the rows of A the
+  // others copied (M·K f16). On ResNet-50's 7x7 layers (M = 49) panels were 1.3-1.4x faster
+  // at two threads; on its 56x56 ones rows were 1.5x faster; the whole model ran 2.4 % faster
+  // splitting panels where N > 2M than where N > M.
+  const int64_t t = std::max(1, threads), count = panels(n, kF16Tile.nr), tiles = (m + mr - 1) / mr;
+  b.split = asked.split != F16Split::automatic ? asked.split
+            : (n > 2 * m && count >= t) || tiles < t ? F16Split::panels
+                                                     : F16Split::rows;
+  return b;
+}
+
 size_t f16_workspace_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(m * round_up(k, 2)) * 2;  // A's rows in f16, K rounded up to pairs
 }
@@ -296,24 +316,17 @@ namespace {
 // gemm_f16's loops, A's rows copied by pack(m0, rows, out).
 template <class Pack>
 void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16_t* b_packed, const Epilogue& ep, float* c,
-                 int64_t ldc, int threads, std::byte* workspace, int64_t mc, std::span<const ColumnPart> parts = {}) {
+                 int64_t ldc, int threads, std::byte* workspace, const F16Blocking& asked, std::span<const ColumnPart> parts = {}) {
   if (m <= 0 || n <= 0) return;
   const int64_t mr = kF16Tile.mr;
   auto* packed = reinterpret_cast<uint32_t*>(workspace);
   const int64_t count = panels(n, kF16Tile.nr), tiles = (m + mr - 1) / mr;
-  const int64_t t = std::min<int64_t>(threads, pool_threads());
-  // K in chunks of at most kF16Kc steps, as even as whole blocks make them.
-  const int64_t chunks = std::max<int64_t>(1, (k + kF16Kc - 1) / kF16Kc);
-  const int64_t kc = std::max<int64_t>(1, std::min(k, round_up((k + chunks - 1) / chunks, 2 * kF16Block)));
-  const int64_t words = (k + 1) / 2;  // per row of A's copy
-  mc = mc <= 0 ? f16_block_rows(n, kc, CacheSizes::host().l2) : round_up(mc, mr);
-  // Split B's panels among the threads when B is the larger to read twice: splitting A's rows,
-  // each thread reads all of B (K·N f16); splitting B's panels, each reads the rows of A the
-  // others copied (M·K f16). On ResNet-50's 7x7 layers (M = 49) panels were 1.3-1.4x faster
-  // at two threads; on its 56x56 ones rows were 1.5x faster; the whole model ran 2.4 % faster
-  // splitting panels where N > 2M than where N > M.
-  const bool panel_split = (n > 2 * m && count >= t) || tiles < t;
-  if (t > 1 && panel_split) {
+  const int t = static_cast<int>(std::min<int64_t>(threads, pool_threads()));
+  // A kernel resolves its blocking once, as it prepares; a bare call here.
+  const bool resolved = asked.mc > 0 && asked.kc > 0 && asked.split != F16Split::automatic;
+  const F16Blocking b = resolved ? asked : f16_blocking(m, n, k, t, asked);
+  const int64_t kc = b.kc, mc = b.mc, words = (k + 1) / 2;  // words per row of A's copy
+  if (t > 1 && b.split == F16Split::panels) {
     // Each thread takes some of B's panels over all of A, which the threads copy first.
     over_panels(tiles, threads, [&](int64_t t0, int64_t t1) { pack(t0 * mr, std::min(m, t1 * mr) - t0 * mr, packed + t0 * mr * words); });
     over_panels(count, threads,
@@ -339,17 +352,17 @@ void f16_product(int64_t m, int64_t n, int64_t k, const Pack& pack, const uint16
 }  // namespace
 
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
-              int64_t ldc, int threads, std::byte* workspace, int64_t mc, std::span<const ColumnPart> parts) {
+              int64_t ldc, int threads, std::byte* workspace, const F16Blocking& blocking, std::span<const ColumnPart> parts) {
   f16_product(
       m, n, k, [&](int64_t m0, int64_t rows, uint32_t* out) { f16_avx512::pack_a(a, lda, m0, rows, k, out); }, b_packed, ep, c,
-      ldc, threads, workspace, mc, parts);
+      ldc, threads, workspace, blocking, parts);
 }
 
 void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* x, const uint16_t* b_packed, const Epilogue& ep,
-                      float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc) {
+                      float* c, int64_t ldc, int threads, std::byte* workspace, const F16Blocking& blocking) {
   f16_product(
       m, n, g.k(), [&](int64_t m0, int64_t rows, uint32_t* out) { f16_avx512::pack_windows(g, x, m0, rows, out); }, b_packed, ep,
-      c, ldc, threads, workspace, mc);
+      c, ldc, threads, workspace, blocking);
 }
 
 }  // namespace kiln::cpu::gemm

@@ -145,6 +145,29 @@ inline constexpr int64_t kF16Kc = 1536;
 /// products ran alike in one block or two.
 int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2);
 
+/// How gemm_f16 shares a product among its threads: ranges of A's rows (each thread copies its
+/// own and runs every panel of B over them), or B's panels (each thread over all of A, which
+/// the threads copy first).
+enum class F16Split { automatic, rows, panels };
+
+/// gemm_f16's blocking, what `kiln compile --mode max-autotune` searches for it (a compiled
+/// model records it): `mc` rows of A copied and run over every panel at a time, K in passes of
+/// at most `kc` steps over B's panels, the threads split as `split`. Zero and `automatic` are
+/// the defaults, which f16_blocking resolves.
+struct F16Blocking {
+  int64_t mc = 0;
+  int64_t kc = 0;
+  F16Split split = F16Split::automatic;
+  bool operator==(const F16Blocking&) const = default;
+};
+
+/// `asked` resolved for an M×N×K product on `threads` threads and an L2 of `l2` bytes: K split
+/// into even chunks of whole blocks (2·kF16Block steps) of at most `asked.kc` steps (0:
+/// kF16Kc), `mc` rounded up to whole tiles (0: f16_block_rows's for that chunk), and the
+/// threads on B's panels where B is the larger to read twice (N > 2M, a panel for each thread)
+/// or A has fewer tiles than threads, else on A's rows (automatic).
+F16Blocking f16_blocking(int64_t m, int64_t n, int64_t k, int threads, F16Blocking asked = {}, int64_t l2 = CacheSizes::host().l2);
+
 /// uint16 elements pack_b_f16 writes: ceil(N / 64) panels of ceil(K / 2) pairs of K rows, each
 /// 64 columns of two f16 side by side (row 2q, then 2q + 1; zero past K and N).
 int64_t packed_b_f16_elements(int64_t k, int64_t n);
@@ -154,11 +177,11 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
 
 /// C[M×N] f32 = A[M×K] f32 (rounded to f16 as it is copied to the workspace) · B packed by
 /// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then
-/// bias and the epilogue as in the f32 GEMM; `mc` rows of A at a time (rounded up to whole
-/// tiles; 0: as many as fill half of L2). With `parts`, C lies in them as in the f32 GEMM
+/// bias and the epilogue as in the f32 GEMM, blocked as `blocking` asks (f16_blocking fills in
+/// what it leaves to the defaults). With `parts`, C lies in them as in the f32 GEMM
 /// (GemmProblem::parts; every part begins at a multiple of 64 columns, kF16Tile's width).
 void gemm_f16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep, float* c,
-              int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, std::span<const ColumnPart> parts = {});
+              int64_t ldc, int threads, std::byte* workspace, const F16Blocking& blocking = {}, std::span<const ColumnPart> parts = {});
 
 /// A channels-last 2-D convolution's input as the rows of a product (an implicit im2col): row
 /// (n, y, x) of A is output pixel (y, x)'s window of image n, KH · KW taps of C channels in that
@@ -174,7 +197,7 @@ struct ImageWindows {
 /// gemm_f16 over the windows of `x` (`m` rows: images × OH × OW; B K×N with K = g.k() in the
 /// windows' order): a convolution, its windows gathered and rounded to f16 as A is copied.
 void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* x, const uint16_t* b_packed, const Epilogue& ep,
-                      float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0);
+                      float* c, int64_t ldc, int threads, std::byte* workspace, const F16Blocking& blocking = {});
 
 /// Why kiln's default rule leaves a convolution by an f16 weight, over `pixels` input pixels
 /// (more than one) of `in` channels into `out` channels, to oneDNN's f32 kernel (the weight
