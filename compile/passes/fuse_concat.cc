@@ -12,9 +12,10 @@
 // Sigmoid, GELU...: with a piecewise-linear one or none, oneDNN's convolution runs faster over
 // many pixels and would lose the Concat for a slower kernel). The target needs AVX2; a Concat
 // of more than 16 inputs stays. An f16 weight (`--precision fp16`) qualifies where the f16
-// GEMM's rule leaves its convolution to f32 (gemm::f16_conv_stays_f32: YOLO's joins into 32 or
-// fewer channels, or from 64 or fewer over 28x28 pixels or more), which kiln's f32 GEMM then
-// takes, widened; the f16 GEMM reads no parts, so the others keep their Concat.
+// GEMM's rule leaves its convolution to f32 or it gains least from f16
+// (gemm::f16_pointwise_fuses: YOLO's joins into 32 or fewer channels, or from 64 or fewer over
+// 28x28 pixels or more), which kiln's f32 GEMM then takes, widened; the f16 GEMM reads no
+// parts, so the others keep their Concat.
 #include <algorithm>
 #include <set>
 
@@ -36,7 +37,7 @@ bool takes_parts(const Graph& g, const Node& n, ValueId x) {
   if (!act.ok()) return false;
   const Activation k = act->kind;
   if (k == Activation::none || k == Activation::relu || k == Activation::leaky_relu || k == Activation::clip) return false;
-  return pointwise_computes_in_f32(g, n);
+  return pointwise_fuses_in_f32(g, n);
 }
 
 }  // namespace

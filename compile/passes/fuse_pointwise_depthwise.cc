@@ -18,11 +18,11 @@
 // Every stage f32 with constant weights, no second activation, no residual but the
 // projection's (Z of Y's shape); the depthwise filter at most 16 rows, stride 1 or 2, no
 // dilation; the target needs AVX2. Only where T or D is large (pays, projection_pays, below).
-// A weight may be f16 (`--precision fp16`) where its stage computes in f32 either way: every
-// depthwise one (widened), and a 1x1 one that kiln's default rule leaves to oneDNN's f32
-// kernel rather than the f16 GEMM (gemm::f16_conv_stays_f32: the mobile networks' expansions of
-// 16-64 channels and their projections to 32 or fewer); the kernel widens them as it packs
-// them. The f16 GEMM keeps the others, twice f32's rate.
+// A weight may be f16 (`--precision fp16`), widened as the kernel packs it: every depthwise
+// one (those compute in f32 either way), and a 1x1 one that the f16 GEMM's default rule leaves
+// to f32 or that gains least from f16 (gemm::f16_pointwise_fuses: the mobile networks'
+// expansions of 16-64 channels over 28x28 pixels or more, where the fused block outran the f16
+// GEMM, and their projections to 32 or fewer). The f16 GEMM keeps the others, twice f32's rate.
 #include <algorithm>
 
 #include "compile/graph_util.h"
@@ -84,7 +84,7 @@ bool pointwise(const Graph& g, const Node& n, bool residual = false) {
   for (int64_t v : n.attr_ints("strides")) if (v != 1) return false;
   for (int64_t v : n.attr_ints("pads")) if (v != 0) return false;
   const Tensor& w = g.value(n.inputs[1]).constant;
-  return w.dim(2) == 1 && w.dim(3) == 1 && pointwise_computes_in_f32(g, n);
+  return w.dim(2) == 1 && w.dim(3) == 1 && pointwise_fuses_in_f32(g, n);
 }
 
 bool depthwise(const Graph& g, const Node& n, int64_t channels) {

@@ -158,13 +158,13 @@ bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16) {
          w.constant.dim(2) == 1 && w.constant.dim(3) == 1;
 }
 
-bool pointwise_computes_in_f32(const Graph& g, const Node& n) {
+bool pointwise_fuses_in_f32(const Graph& g, const Node& n) {
   const Value& w = g.value(n.inputs[1]);
   if (w.dtype == DType::f32) return true;
   const Shape& xs = g.value(n.inputs[0]).shape;
   if (w.dtype != DType::f16 || !xs.is_concrete() || xs.rank() != 4) return false;
   const std::vector<int64_t> x = xs.concrete();
-  return x[1] * x[2] > 1 && cpu::gemm::f16_conv_stays_f32(x[3], w.constant.dim(0), x[1] * x[2], true).has_value();
+  return x[1] * x[2] > 1 && cpu::gemm::f16_pointwise_fuses(x[3], w.constant.dim(0), x[1] * x[2]);
 }
 
 }  // namespace kiln

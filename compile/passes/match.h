@@ -85,11 +85,12 @@ std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice);
 /// kiln's f32 GEMM widens), stride 1, no padding, dilation or groups (kiln's f32 GEMM runs it as
 /// the product of X's pixels by the weight).
 bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16 = false);
-/// Whether such a convolution `n` (X [N, H, W, C] at input 0) computes in f32: by an f32 weight,
-/// or by an f16 one (`--precision fp16`) that the f16 GEMM's default rule leaves to f32
-/// (cpu::gemm::f16_conv_stays_f32), which kiln's f32 kernels widen. The passes that hand a
-/// convolution to those kernels alone (fuse_pointwise_depthwise, fuse_concat) ask it.
-bool pointwise_computes_in_f32(const Graph& g, const Node& n);
+/// Whether such a convolution `n` (X [N, H, W, C] at input 0) may be fused into a kernel that
+/// computes in f32: by an f32 weight, or by an f16 one (`--precision fp16`, which kiln's f32
+/// kernels widen) where cpu::gemm::f16_pointwise_fuses says the f16 GEMM loses nothing by it.
+/// The passes that hand a convolution to those kernels alone (fuse_pointwise_depthwise,
+/// fuse_concat) ask it.
+bool pointwise_fuses_in_f32(const Graph& g, const Node& n);
 
 /// Whether `v` is an f32 constant of shape [d] (a normalization's scale or bias).
 bool per_feature(const Graph& g, ValueId v, int64_t d);

@@ -42,12 +42,18 @@ bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
 //   leaves, where oneDNN's Winograd does a
 //   quarter of the multiplies (ResNet-50's 56x56 ones in the model: a tie at one thread, 1.09-1.14x
 //   oneDNN's time at two; YOLO's 20x20 ones a tie);
-// - the 1x1 ones of 64 or fewer input channels over 784 pixels or more (28x28), whose few
-//   multiplies per output leave the f16 kernel slower than f32 (in the models at one thread:
-//   MobileNetV2's expansions of 16-32 channels at 112x112-28x28 1.11-1.73x their f32 time,
-//   ResNet-50's 64 to 256 at 56x56 1.05-1.44x; 64 channels over 14x14 gain, 0.77, and 256 over
-//   56x56, 0.72).
+// - the 1x1 ones of 32 or fewer input channels over 784 pixels or more (28x28), whose few
+//   multiplies per output leave the f16 kernel slower than f32 (6 alternated profiles of the
+//   fp16 models on the AMX-less Xeon, one / two threads: MobileNetV2's 24 to 144 at 28x28 1.40x
+//   their f32 time at two, 32 to 192 0.87-0.97 / 0.98-1.19, EfficientNet-B0's 24 to 144 1.20x
+//   at two).
 // One pixel (an SE block's squeeze and excite) is a call's fixed cost, less in kiln's kernel.
+// The rule kept 64 or fewer input channels f32 until the f16 kernel summed four blocks in f16
+// before widening them and blocked A's rows by L2 with C's; now the f16 kernel runs those of
+// 33-64 in 0.74-0.98 of their f32 time (the same profiles: ResNet-50's 56x56 downsample 0.79 /
+// 0.74, its 64 to 64 0.89 / 0.83, 64 to 256 0.96-0.98; YOLO's 64-channel ones 0.81-0.91,
+// EfficientNet-B0's 40 to 240 at 28x28 0.90-0.94). Where such a stage is part of an inverted
+// residual block, the fused block is faster still (gemm::f16_pointwise_fuses).
 std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
   const std::vector<int64_t> x = q.inputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();

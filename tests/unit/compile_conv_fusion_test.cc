@@ -258,12 +258,14 @@ TEST(CompileFusePointwiseDepthwise, ProjectionsSameOutputsOnTheReferenceAndOnKil
   expect_fast_kernels(before, after, inputs, {"p3", "p1"}, "kiln.pointwise_depthwise_f32_");
 }
 
-// With `--precision fp16` (f16 weights) a stage fuses where it computes in f32 either way
-// (gemm::f16_conv_stays_f32): MobileNetV2's third block (24 -> 144 on 56x56, the depthwise
-// convolution, the projection back to 24 adding X) fuses whole ("block"); the expansion of
-// another 24 -> 144 fuses but its projection to 48 channels, which kiln's f16 GEMM takes, stays
-// apart ("to48"); so does a 56x56 expansion of 96 channels to 192 (T 2.4 MB: "wide_pw"); a bf16
-// weight never fuses (on AMX oneDNN's bf16 nodes were the faster: "bf").
+// With `--precision fp16` (f16 weights) a stage fuses where it computes in f32 either way or
+// gains least from f16 (gemm::f16_pointwise_fuses): MobileNetV2's third block (24 -> 144 on
+// 56x56, the depthwise convolution, the projection back to 24 adding X) fuses whole ("block");
+// the expansion of another 24 -> 144 fuses but its projection to 48 channels, which kiln's f16
+// GEMM takes, stays apart ("to48"); so does a 56x56 expansion of 96 channels to 192 (T 2.4 MB:
+// "wide_pw"); an expansion of 48 channels to 384 over 28x28, which the f16 GEMM would take
+// alone, fuses ("mid"); a bf16 weight never fuses (on AMX oneDNN's bf16 nodes were the
+// faster: "bf").
 Model f16_block_model(bool whole_only) {
   Builder b;
   ValueId x = b.input("x", {1, 56, 56, 24});
@@ -289,6 +291,8 @@ Model f16_block_model(bool whole_only) {
   b.output(conv1x1("to48", depthwise("to48_dw", conv1x1("to48_pw", x, f16({144, 24, 1, 1})), f16({144, 1, 3, 3})), f16({48, 144, 1, 1})));
   ValueId wide = b.input("wide", {1, 56, 56, 96});
   b.output(depthwise("wide_dw", conv1x1("wide_pw", wide, f16({192, 96, 1, 1})), f16({192, 1, 3, 3})));
+  ValueId mid = b.input("mid", {1, 28, 28, 48});
+  b.output(depthwise("mid", conv1x1("mid_pw", mid, f16({384, 48, 1, 1})), f16({384, 1, 3, 3})));
   ValueId tb = conv1x1("bf_pw", x, to_bf16(uniform_f32({144, 24, 1, 1}, seed++)));
   b.output(depthwise("bf", tb, to_bf16(uniform_f32({144, 1, 3, 3}, seed++))));
   return b.done();
@@ -298,7 +302,7 @@ TEST(CompileFusePointwiseDepthwise, F16WeightsWhereTheStagesComputeInF32) {
   Model m = f16_block_model(false), before = m;
   PassResult r = run_pass("fuse_pointwise_depthwise", m);
   EXPECT_EQ(r.summary,
-            "fused 2 pointwise convolutions into the depthwise convolution after it; 1 projection into the depthwise convolution "
+            "fused 3 pointwise convolutions into the depthwise convolution after it; 1 projection into the depthwise convolution "
             "before it");
   const std::string text = testing::nodes_text(m.graph);
   EXPECT_NE(text.find("node block: PointwiseDepthwiseConv(x, block_pw_w, block_pw_b, block_dw_w, block_dw_b, block_w, block_b, x) -> "
@@ -306,9 +310,11 @@ TEST(CompileFusePointwiseDepthwise, F16WeightsWhereTheStagesComputeInF32) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("node to48_dw: PointwiseDepthwiseConv(x, to48_pw_w,"), std::string::npos) << text;
+  EXPECT_NE(text.find("node mid: PointwiseDepthwiseConv(mid, mid_pw_w,"), std::string::npos) << text;
   for (const char* kept : {"node to48: FusedConv", "node wide_pw: FusedConv", "node wide_dw: FusedConv", "node bf_pw: FusedConv", "node bf: FusedConv"})
     EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
-  expect_same_outputs(before, m, {uniform_f32({1, 56, 56, 24}, 160), uniform_f32({1, 56, 56, 96}, 161)}, 1e-6);
+  expect_same_outputs(before, m, {uniform_f32({1, 56, 56, 24}, 160), uniform_f32({1, 56, 56, 96}, 161), uniform_f32({1, 28, 28, 48}, 163)},
+                      1e-6);
 }
 
 // kiln's kernel runs the fused f16 block (its weights widened as they are packed) as the

@@ -830,12 +830,13 @@ TEST(CpuKernels, F16Convolution) {
   EXPECT_EQ(chosen(64, 128, 3, 1, 7, 2), std::string("kiln.winograd_f32_avx512"));
   EXPECT_EQ(chosen(64, 128, 3, 1, 9), std::string("kiln.winograd_f32_avx512"));
   EXPECT_EQ(chosen(64, 48, 1, 1), name);
-  // 1x1 ones of 64 or fewer input channels over 28x28 pixels or more stay f32 (oneDNN's or
+  // 1x1 ones of 32 or fewer input channels over 28x28 pixels or more stay f32 (oneDNN's or
   // kiln's f32 GEMM, gemm_defers' rule), over fewer pixels or with more channels f16.
-  EXPECT_NE(chosen(64, 256, 1, 1, 28), name);
+  EXPECT_NE(chosen(32, 192, 1, 1, 28), name);
   EXPECT_NE(chosen(16, 96, 1, 1, 56), name);
-  EXPECT_EQ(chosen(64, 256, 1, 1, 27), name);
-  EXPECT_EQ(chosen(96, 256, 1, 1, 28), name);
+  EXPECT_EQ(chosen(32, 192, 1, 1, 27), name);
+  EXPECT_EQ(chosen(40, 240, 1, 1, 28), name);
+  EXPECT_EQ(chosen(64, 256, 1, 1, 56), name);
 }
 
 TEST(CpuKernels, Attention) {

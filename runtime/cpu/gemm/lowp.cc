@@ -264,9 +264,13 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 std::optional<std::string> f16_conv_stays_f32(int64_t in, int64_t out, int64_t pixels, bool pointwise) {
   if (in < 16) return "oneDNN is as fast on fewer than 16 input channels";
   if (out <= 32) return "32 or fewer output channels fill half the f16 tile or less";
-  if (pointwise && in <= 64 && pixels >= 784)
-    return "f32 is faster on 1x1 convolutions of 64 or fewer input channels over 784 pixels or more";
+  if (pointwise && in <= 32 && pixels >= 784)
+    return "f32 is faster on 1x1 convolutions of 32 or fewer input channels over 784 pixels or more";
   return std::nullopt;
+}
+
+bool f16_pointwise_fuses(int64_t in, int64_t out, int64_t pixels) {
+  return f16_conv_stays_f32(in, out, pixels, true).has_value() || (in <= 64 && pixels >= 784);
 }
 
 int64_t packed_b_f16_elements(int64_t k, int64_t n) { return panels(n, kF16Tile.nr) * round_up(k, 2) * kF16Tile.nr; }

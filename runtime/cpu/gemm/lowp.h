@@ -200,13 +200,20 @@ void gemm_f16_windows(int64_t m, int64_t n, const ImageWindows& g, const float* 
                       float* c, int64_t ldc, int threads, std::byte* workspace, const F16Blocking& blocking = {});
 
 /// Why kiln's default rule leaves a convolution by an f16 weight, over `pixels` input pixels
-/// (more than one) of `in` channels into `out` channels, to oneDNN's f32 kernel (the weight
-/// widened) rather than gemm_f16: fewer than 16 input channels, 32 or fewer output channels, or
-/// for a 1x1 one (`pointwise`) 64 or fewer input channels over 784 pixels or more (28x28);
-/// nullopt where gemm_f16 takes it. matmul.cc's f16_defers (the measurements) asks it, and so
-/// does compile's fuse_pointwise_depthwise, which fuses an f16 1x1 stage only where it computes
-/// in f32 either way.
+/// (more than one) of `in` channels into `out` channels, to f32 kernels (the weight widened)
+/// rather than gemm_f16: fewer than 16 input channels, 32 or fewer output channels, or for a
+/// 1x1 one (`pointwise`) 32 or fewer input channels over 784 pixels or more (28x28); nullopt
+/// where gemm_f16 takes it. matmul.cc's f16_defers (the measurements) asks it.
 std::optional<std::string> f16_conv_stays_f32(int64_t in, int64_t out, int64_t pixels, bool pointwise);
+
+/// Whether compile's fusion passes (fuse_pointwise_depthwise, fuse_concat) take a 1x1
+/// convolution by an f16 weight of `in` channels into `out` over `pixels` input pixels into a
+/// fused f32 kernel, which gemm_f16 then does not run: where f16_conv_stays_f32 leaves it to
+/// f32 anyway, and where it has 64 or fewer input channels over 784 pixels or more (28x28),
+/// whose few multiplies per output gain least from f16: with those stages apart on gemm_f16,
+/// the fp16 MobileNetV2 took 1.125x and EfficientNet-B0 1.066x the time of their fused blocks
+/// at one thread (6 alternated profiles each).
+bool f16_pointwise_fuses(int64_t in, int64_t out, int64_t pixels);
 
 /// Workspace gemm_f16 and gemm_f16_windows take for M rows of K (A's copy in f16, K rounded
 /// up to pairs).
