@@ -65,6 +65,9 @@ and a line per model gives the relative L2 of each output. With bf16, OpenVINO a
 INFERENCE_PRECISION_HINT=bf16 (checked at the same limit, timed in the same rounds), and a line
 per model gives kiln bf16 over OpenVINO bf16. --lower-output-layers passes that flag to those
 compiles (the layers that write graph outputs lowered too, as OpenVINO's bf16 lowers them).
+With --autotune too, each lowered model is also compiled with `--mode max-autotune` (`P-tuned`,
+where this CPU runs P's kernels: a search times them), checked at P's limit and timed as a
+further column, and a line per thread count gives `P-tuned` over P's default compile.
 
 At one thread every runtime of a round runs on the same CPU: while a one-thread case is timed,
 the script pins each of its own threads (ONNX Runtime's and OpenVINO's included) and so the kiln
@@ -156,7 +159,7 @@ class Case:
         self.kiln = {}  # threads -> compiled model path
         self.variants = {}  # "tuned" (--autotune), "bf16", "fp16" (--precision) -> threads -> compiled model path
         self.variant_errors = {}  # (variant, threads) -> {output: relative L2 against ONNX Runtime}
-        self.tune_info = {}  # threads -> (cold compile s, warm compile s, problems changed, problems)
+        self.tune_info = {}  # (variant, threads) -> (cold compile s, warm compile s, problems changed, problems)
         self.ort = {}
         self.ov = {}
         self.ov_bf16 = {}  # threads -> OpenVINO's request at INFERENCE_PRECISION_HINT=bf16 (--precision bf16)
@@ -198,40 +201,52 @@ def prepare_kiln(case, kiln, threads, scratch, args, env):
         case.kiln[threads] = compiled
     check_kiln(case, kiln, case.kiln[threads], threads, scratch, args, env, "kiln")
     if args.autotune and not args.no_compile:
-        tuned = os.path.join(scratch, f"{case.name}.t{threads}.tuned.kiln")
-        report = os.path.join(scratch, f"{case.name}.t{threads}.tune.json")
-        cmd = [kiln, "compile", exported, "-o", tuned, "--threads", str(threads), "--mode", "max-autotune",
-               "--tuning-db", os.path.join(scratch, "tuning.jsonl"), "--tune-report", report]
-        for s in input_shapes(case.inputs):
-            cmd += ["--input-shape", s]
-        t0 = time.perf_counter()
-        run(cmd, args.timeout, env)
-        cold = time.perf_counter() - t0
-        with open(report) as f:
-            problems = json.load(f)["problems"]
-        t0 = time.perf_counter()
-        run(cmd, args.timeout, env)  # warm: every problem from the database
-        warm = time.perf_counter() - t0
-        changed = sum(1 for p in problems if p["source"] == "tuned")
-        case.tune_info[threads] = (cold, warm, changed, len(problems))
-        case.variants.setdefault("tuned", {})[threads] = tuned
-        check_kiln(case, kiln, tuned, threads, scratch, args, env, "kiln tuned")
+        tune(case, kiln, exported, threads, scratch, args, env, "tuned", [])
     for precision in args.precision if not args.no_compile else []:
         lowered = os.path.join(scratch, f"{case.name}.t{threads}.{precision}.kiln")
-        cmd = [kiln, "compile", exported, "-o", lowered, "--threads", str(threads), "--precision", precision]
-        if args.lower_output_layers:
-            cmd.append("--lower-output-layers")
+        lowering = ["--precision", precision] + (["--lower-output-layers"] if args.lower_output_layers else [])
+        cmd = [kiln, "compile", exported, "-o", lowered, "--threads", str(threads)] + lowering
         for s in input_shapes(case.inputs):
             cmd += ["--input-shape", s]
+        native = True
         try:
             run(cmd, args.timeout, env)
         except Failed as e:
             if f"lacks avx512-{precision}" not in str(e):
                 raise
             run(cmd + ["--target", f"avx512-{precision}"], args.timeout, env)  # compiled for a CPU that has it
+            native = False
         case.variants.setdefault(precision, {})[threads] = lowered
         case.variant_errors[(precision, threads)] = check_kiln(case, kiln, lowered, threads, scratch, args, env, f"kiln {precision}",
                                                                max(case.limit, PRECISION_REL_L2_LIMIT))
+        if args.autotune and native:  # a search times kernels: only on a CPU that runs them
+            tune(case, kiln, exported, threads, scratch, args, env, f"{precision}-tuned", lowering)
+
+
+def tune(case, kiln, exported, threads, scratch, args, env, variant, lowering):
+    """Compiles the case with `--mode max-autotune` (and the `lowering` flags: --precision ...)
+    twice, cold then warm from the database the first wrote, and adds it as `variant`."""
+    tuned = os.path.join(scratch, f"{case.name}.t{threads}.{variant}.kiln")
+    report = os.path.join(scratch, f"{case.name}.t{threads}.{variant}.tune.json")
+    cmd = [kiln, "compile", exported, "-o", tuned, "--threads", str(threads), "--mode", "max-autotune",
+           "--tuning-db", os.path.join(scratch, "tuning.jsonl"), "--tune-report", report] + lowering
+    for s in input_shapes(case.inputs):
+        cmd += ["--input-shape", s]
+    t0 = time.perf_counter()
+    run(cmd, args.timeout, env)
+    cold = time.perf_counter() - t0
+    with open(report) as f:
+        problems = json.load(f)["problems"]
+    t0 = time.perf_counter()
+    run(cmd, args.timeout, env)  # warm: every problem from the database
+    warm = time.perf_counter() - t0
+    changed = sum(1 for p in problems if p["source"] == "tuned")
+    case.tune_info[(variant, threads)] = (cold, warm, changed, len(problems))
+    case.variants.setdefault(variant, {})[threads] = tuned
+    limit = None if variant == "tuned" else max(case.limit, PRECISION_REL_L2_LIMIT)
+    errors = check_kiln(case, kiln, tuned, threads, scratch, args, env, f"kiln {variant}", limit)
+    if limit is not None:
+        case.variant_errors[(variant, threads)] = errors
 
 
 def check_kiln(case, kiln, model, threads, scratch, args, env, what, limit=None):
@@ -532,7 +547,9 @@ def main(argv=None):
                         case.error = str(e)
                         failed = True
         pin(allowed)
-        variants = (["tuned"] if args.autotune and not args.no_compile else []) + ([] if args.no_compile else args.precision)
+        precisions = [] if args.no_compile else args.precision
+        variants = (["tuned"] if args.autotune and not args.no_compile else []) + precisions
+        variants += [f"{p}-tuned" for p in precisions if args.autotune and any(f"{p}-tuned" in c.variants for c in cases)]
         variant_cols = "".join(f"  {v + ' ms':>20s}  {v + '/kiln':>10s}" for v in variants)
         header = f"{'model':14s} {'T':>2s}  {'kiln ms':>20s}  {'ORT ms':>20s}  {'OpenVINO ms':>20s}  {'kiln/ORT':>8s}  {'kiln/OV':>8s}" + variant_cols
         print(header)
@@ -570,6 +587,13 @@ def main(argv=None):
         for (variant, t), rs in variant_ratios.items():
             what = "max-autotune" if variant == "tuned" else f"--precision {variant}"
             print(f"# {what} {t}T: {variant}/kiln geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} over {len(rs)} models")
+        for p in precisions:
+            for t in args.threads:  # a lowered model tuned against its default compile
+                rs = [statistics.median(times[(c.name, t, f"{p}-tuned")]) / statistics.median(times[(c.name, t, p)])
+                      for c in cases if not c.error and times.get((c.name, t, f"{p}-tuned")) and times.get((c.name, t, p))]
+                if rs:
+                    print(f"# max-autotune --precision {p} {t}T: {p}-tuned/{p} geomean {math.exp(statistics.mean(math.log(r) for r in rs)):.3f} "
+                          f"over {len(rs)} models ({', '.join(f'{r:.3f}' for r in rs)})")
         for t in args.threads:
             rows = [(case.name, times.get((case.name, t, "bf16")), times.get((case.name, t, "ov_bf16"))) for case in cases if not case.error]
             rows = [(name, statistics.median(k), v) for name, k, v in rows if k and v]
@@ -581,10 +605,12 @@ def main(argv=None):
         for case in cases:
             for (variant, t), errors in sorted(case.variant_errors.items()):
                 listed = ", ".join(f"{name} {err:.2e}" for name, err in errors.items())
-                print(f"# --precision {variant} {case.name} {t}T: relative L2 against ONNX Runtime fp32: {listed}")
+                what = variant.removesuffix("-tuned") + (" max-autotune" if variant.endswith("-tuned") else "")
+                print(f"# --precision {what} {case.name} {t}T: relative L2 against ONNX Runtime fp32: {listed}")
         for case in cases:
-            for t, (cold, warm, changed, problems) in sorted(case.tune_info.items()):
-                print(f"# max-autotune {case.name} {t}T: compile {cold:.1f} s cold, {warm:.1f} s warm; "
+            for (variant, t), (cold, warm, changed, problems) in sorted(case.tune_info.items()):
+                what = "" if variant == "tuned" else f" --precision {variant.removesuffix('-tuned')}"
+                print(f"# max-autotune{what} {case.name} {t}T: compile {cold:.1f} s cold, {warm:.1f} s warm; "
                       f"{changed} of {problems} problems changed kernel")
         for t in args.threads:
             k, o = times.get(("resnet50_int8", t, "kiln")), times.get(("resnet50", t, "ort"))
