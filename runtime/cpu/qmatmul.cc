@@ -17,6 +17,9 @@
 //
 // kiln.qconv_u8s8_avx512: QFusedConv where it is that product (a channels-last 1x1 stride-1
 // convolution: its pixels A's rows, its weight [N, C, 1, 1] Bᵀ), the same kernel.
+//
+// Both take a recorded `mc` (max-autotune's axis): the rows of A the VNNI kernel runs every
+// panel of B over at a time, by default about half of L2 (gemm::u8s8_block_rows).
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -89,6 +92,17 @@ std::optional<std::string> qconv_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// max-autotune's axis for the int8 GEMM: the rows of A a block runs every panel of B over.
+std::vector<TuningAxis> qmatmul_space(const KernelQuery& q, bool pointwise) {
+  Result<LinearDims> d = pointwise ? pointwise_dims(q, 3) : linear_dims(q, 3);
+  if (!d.ok()) return {};
+  TuningAxis mc{"mc", {}};
+  for (int64_t v : {32, 64, 128, 256, 512, 1024, 2048})
+    if (v < d->m) mc.values.push_back({{"mc", v}});
+  mc.values.push_back({{"mc", std::max<int64_t>(d->m, 1)}});
+  return {mc};
+}
+
 class QMatMulKernel final : public Kernel {
  public:
   /// `pointwise`: a QFusedConv that is a plain product (qconv_declines).
@@ -100,6 +114,13 @@ class QMatMulKernel final : public Kernel {
     m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
+    // A's rows a block (max-autotune's parameter; the VNNI kernel's, AMX tiles block by the
+    // cache sizes): recorded, or the default.
+    mc_ = gemm::u8s8_block_rows(k_);
+    if (const int64_t* mc = q.node.kernel.param<int64_t>("mc")) {
+      if (*mc <= 0) return user_error(q.node.where(), "the recorded int8 GEMM parameter mc = " + std::to_string(*mc) + " is not positive");
+      mc_ = (std::min<int64_t>(*mc, int64_t{1} << 40) + gemm::kLowpTile.mr - 1) / gemm::kLowpTile.mr * gemm::kLowpTile.mr;
+    }
     // B packed once, with its column sums, or used where a compiled model mapped it when it
     // was stored packed so (the column sums then read from its panels).
     const Tensor& w = *q.inputs[3].value;
@@ -184,12 +205,12 @@ class QMatMulKernel final : public Kernel {
       ep.out_dq = out_dq_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
-      gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, 0, amx_);
+      gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, mc_, amx_);
       return {};
     }
     // An s8 output: f32 into the workspace, then quantized.
     auto* f = reinterpret_cast<float*>(ws + a_bytes_);
-    gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, f, n_, threads_, 0, amx_);
+    gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, f, n_, threads_, mc_, amx_);
     rows_->quantize(f, y.raw(), m_ * n_, y_scale_, y_zero_, false);
     return {};
   }
@@ -198,9 +219,11 @@ class QMatMulKernel final : public Kernel {
   // Each value of Z is read where Y's is then written, by the same thread: Y may be Z's memory.
   int overwrites_input() const override { return has_z_ ? 9 : -1; }
 
+  std::vector<std::pair<std::string, KernelParam>> params() const override { return {{"mc", mc_}}; }
   std::string label() const override {
-    const std::string tiles = amx_ ? "amx_tiles" : "";
-    return direct_ ? tiles : tiles.empty() ? "epilogue_pass" : tiles + ", epilogue_pass";
+    std::string s = "u8s8_8x48_mc" + std::to_string(mc_);
+    if (amx_) s += ", amx_tiles";
+    return direct_ ? s : s + ", epilogue_pass";
   }
 
  private:
@@ -215,6 +238,7 @@ class QMatMulKernel final : public Kernel {
   int64_t m_ = 0, n_ = 0, k_ = 0;
   int threads_ = 1;
   bool amx_ = false;  // the rows in whole 16s on AMX tiles (gemm::u8s8_on_amx)
+  int64_t mc_ = 0;    // A's rows a block (resolved in prepare)
   Tensor packed_;
   std::vector<int32_t> col_sums_;
   std::vector<float> scales_, b_scales_, bias_;
@@ -240,13 +264,15 @@ void register_qmatmul(KernelRegistry& r) {
                    .declines = qmatmul_declines,
                    .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(false); },
                    .needs_isa = isa,
-                   .reads_packed = true});
+                   .reads_packed = true,
+                   .tuning_space = [](const KernelQuery& q) { return qmatmul_space(q, false); }});
   r.add("QFusedConv", "cpu",
         KernelImpl{.name = "kiln.qconv_u8s8_avx512",
                    .declines = qconv_declines,
                    .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(true); },
                    .needs_isa = isa,
-                   .defers = qconv_defers});
+                   .defers = qconv_defers,
+                   .tuning_space = [](const KernelQuery& q) { return qmatmul_space(q, true); }});
 }
 
 }  // namespace kiln::cpu

@@ -512,6 +512,44 @@ TEST(Int8Kernels, QFusedMatMulPaths) {
   }
 }
 
+// The int8 GEMM's block of A's rows (max-autotune's `mc`): the s32 sums do not depend on it, so
+// every block size gives the default's output exactly, u8 and f32 out, with a residual; it is
+// rounded up to whole 8-row tiles, and a block of no rows is the model's error.
+TEST(Int8Kernels, QFusedMatMulRowBlocks) {
+  SKIP_WITHOUT_VNNI();
+  for (DType out : {DType::u8, DType::f32}) {
+    QMatMul s;
+    s.a_shape = {3, 31, 70};  // 93 rows: blocks of 8 leave 5
+    s.n = 100;
+    s.out = out;
+    s.residual = out == DType::u8;
+    s.activation = "Relu";
+    const Case c = qmatmul_case(s);
+    const testing::BothRuns base = testing::run_both(c);
+    ASSERT_EQ(base.fast.size(), 1u);
+    EXPECT_EQ(base.label.rfind("u8s8_8x48_mc", 0), 0u) << base.label;
+    for (int64_t mc : {1, 20, 64}) {
+      Case pinned = c;
+      pinned.kernel = "kiln.qmatmul_u8s8_avx512";
+      pinned.kernel_params = {{"mc", mc}};
+      const testing::BothRuns r = testing::run_both(pinned);
+      ASSERT_EQ(r.fast.size(), 1u) << mc;
+      EXPECT_EQ(r.label.rfind("u8s8_8x48_mc" + std::to_string((mc + 7) / 8 * 8), 0), 0u) << r.label;
+      EXPECT_EQ(testing::relative_l2(r.fast[0], base.fast[0]), 0.0) << "mc " << mc;
+    }
+    Case bad = c;
+    bad.kernel = "kiln.qmatmul_u8s8_avx512";
+    bad.kernel_params = {{"mc", int64_t{0}}};
+    std::vector<Tensor> feed;
+    const Model model = testing::case_model(bad, feed);
+    auto session = Session::create(model, SessionOptions{});
+    ASSERT_TRUE(session.ok()) << session.error().message();
+    auto refused = (*session)->run(feed);
+    ASSERT_FALSE(refused.ok()) << "a block of no rows";
+    EXPECT_NE(refused.error().message().find("mc = 0 is not positive"), std::string::npos) << refused.error().message();
+  }
+}
+
 // A weight-only quantized linear layer: B's codes (s8, u8, s4, u4) per tensor, per output column
 // or in blocks along K (one that does not divide K), with and without zero points, B plain and
 // transposed, with the whole epilogue: the dequantizing kernel against the reference, f32 out.

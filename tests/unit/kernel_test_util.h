@@ -56,14 +56,14 @@ struct BothRuns {
   std::string graph_text;
 };
 
-inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
-  BothRuns out;
+/// The case as a one-node model (node "n"), and the tensors its graph inputs take.
+inline Model case_model(const Case& c, std::vector<Tensor>& feed) {
   Model m;
   Graph& g = m.graph;
   Node n;
   n.name = "n";
   n.op = c.op;
-  std::vector<Tensor> feed;
+  feed.clear();
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
     if (!t.defined()) {
@@ -88,7 +88,14 @@ inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const 
   if (!c.kernel.empty()) n.kernel = KernelChoice{c.kernel, c.kernel_params};
   g.add_node(std::move(n));
   EXPECT_TRUE(infer_graph(g).ok());
-  out.graph_text = graph_to_text(g);
+  return m;
+}
+
+inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
+  BothRuns out;
+  std::vector<Tensor> feed;
+  const Model m = case_model(c, feed);
+  out.graph_text = graph_to_text(m.graph);
   SessionOptions options;
   if (cpu) options.target.cpu = *cpu;
   options.target.threads = c.threads;

@@ -71,6 +71,10 @@ struct QuantEpilogue {
   bool has_z() const { return z_f32 || z_q; }
 };
 
+/// The rows of A gemm_u8s8 runs every panel of B over at a time by default, for K steps: whole
+/// tiles whose rows fill about half of L2 (`mc` 0).
+int64_t u8s8_block_rows(int64_t k);
+
 /// Whether gemm_u8s8 should multiply M×K rows on AMX tiles on `cpu`: where it has AMX-INT8,
 /// with at least 16 rows (a tile's) and 64 steps of K (one `tdpbusd`'s).
 bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k);
