@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "compile/autotune.h"
@@ -73,15 +74,24 @@ const TunedProblem* find_problem(const TuningReport& r, size_t nodes) {
   return nullptr;
 }
 
-void expect_matches_reference(const Model& compiled, const Model& original) {
-  const std::vector<Tensor> inputs = {random_tensor({32, 64}, 99)};
-  auto session = Session::create(compiled, SessionOptions{.target = Target{.threads = 1}});
-  ASSERT_TRUE(session.ok()) << session.error().message();
+// `m`'s first output on `inputs` (a session on `threads` threads) against the reference kernels'
+// on `original`, as relative L2; infinity, the test failed, where `m` does not run.
+double error_against_reference(const Model& m, const Model& original, const std::vector<Tensor>& inputs, int threads = 1) {
+  auto session = Session::create(m, SessionOptions{.target = Target{.threads = threads}});
+  if (!session.ok()) {
+    ADD_FAILURE() << session.error().message();
+    return std::numeric_limits<double>::infinity();
+  }
   auto got = (*session)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  const std::vector<Tensor> want = testing::run_reference(original, inputs);
-  ASSERT_EQ(got->size(), want.size());
-  EXPECT_LE(testing::relative_l2((*got)[0], want[0]), 1e-5);
+  if (!got.ok()) {
+    ADD_FAILURE() << got.error().message();
+    return std::numeric_limits<double>::infinity();
+  }
+  return testing::relative_l2((*got)[0], testing::run_reference(original, inputs)[0]);
+}
+
+void expect_matches_reference(const Model& compiled, const Model& original) {
+  EXPECT_LE(error_against_reference(compiled, original, {random_tensor({32, 64}, 99)}), 1e-5);
 }
 
 TEST(Autotune, SearchesEachProblemOnceRecordsItAndReusesTheRecordWithoutTiming) {
@@ -267,12 +277,7 @@ TEST(Autotune, GemmKernelTakesPartialParameters) {
   EXPECT_EQ(*full.param<int64_t>("mc") % mr, 0) << "rounded to whole tiles";
   EXPECT_GE(*full.param<int64_t>("mc"), 50);
   EXPECT_GT(*full.param<int64_t>("kc"), 0);
-  const std::vector<Tensor> inputs = {random_tensor({100, 200}, 7)};
-  auto session = Session::create(m, SessionOptions{.target = target});
-  ASSERT_TRUE(session.ok()) << session.error().message();
-  auto got = (*session)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(m, inputs)[0]), 1e-5);
+  EXPECT_LE(error_against_reference(m, m, {random_tensor({100, 200}, 7)}), 1e-5);
 }
 
 // `--precision fp16`: the f16 GEMM's blocking is searched (Kc, Mc) like the f32 template's
@@ -310,12 +315,7 @@ TEST(Autotune, SearchesTheF16GemmsBlockingInAnFp16Graph) {
     EXPECT_GE(p.timed, 4u) << tuning_report_text(c.report) << "the implementations, then Kc and Mc";
   }
   EXPECT_EQ(f16, 2u) << tuning_report_text(c.report);
-  const std::vector<Tensor> inputs = {random_tensor({96, 640}, 99)};
-  auto session = Session::create(c.model, SessionOptions{.target = Target{.threads = 1}});
-  ASSERT_TRUE(session.ok()) << session.error().message();
-  auto got = (*session)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(original, inputs)[0]), 1e-2);
+  EXPECT_LE(error_against_reference(c.model, original, {random_tensor({96, 640}, 99)}), 1e-2);
 }
 
 // The f16 GEMM's recorded blocking: what a record leaves out stays to the defaults, Mc is
@@ -344,12 +344,7 @@ TEST(Autotune, F16GemmTakesPartialParametersAndRefusesInvalidOnes) {
   KernelChoice rest{"kiln.gemm_f16_avx512", defaults->kernels[0].kernel->params()};
   EXPECT_EQ(*rest.param<int64_t>("kc"), 1000) << "K in one chunk of up to kF16Kc steps";
   EXPECT_EQ(*rest.param<std::string>("split"), "rows") << "N is not twice M: the threads on A's rows";
-  const std::vector<Tensor> inputs = {random_tensor({100, 1000}, 9)};
-  auto session = Session::create(m, SessionOptions{.target = target});
-  ASSERT_TRUE(session.ok()) << session.error().message();
-  auto got = (*session)->run(inputs);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  EXPECT_LE(testing::relative_l2((*got)[0], testing::run_reference(m, inputs)[0]), 3e-3);
+  EXPECT_LE(error_against_reference(m, m, {random_tensor({100, 1000}, 9)}, target.threads), 3e-3);
   for (const KernelParams& bad : {KernelParams{{"mc", int64_t{0}}}, KernelParams{{"kc", int64_t{-128}}},
                                   KernelParams{{"split", std::string("diagonal")}}}) {
     auto refused = plan_with(bad);
