@@ -19,7 +19,8 @@
 // convolution: its pixels A's rows, its weight [N, C, 1, 1] Bᵀ), the same kernel.
 //
 // Both take a recorded `mc` (max-autotune's axis): the rows of A the VNNI kernel runs every
-// panel of B over at a time, by default about half of L2 (gemm::u8s8_block_rows).
+// panel of B over at a time, by default those whose rows of A and C fill a quarter of L2
+// (gemm::u8s8_block_rows).
 #include <cstring>
 
 #include "runtime/cpu/gemm/lowp.h"
@@ -116,7 +117,7 @@ class QMatMulKernel final : public Kernel {
     amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
     // A's rows a block (max-autotune's parameter; the VNNI kernel's, AMX tiles block by the
     // cache sizes): recorded, or the default.
-    mc_ = gemm::u8s8_block_rows(k_);
+    mc_ = gemm::u8s8_block_rows(k_, n_, q.outputs[0].dtype == DType::u8 ? 1 : 4);
     if (const int64_t* mc = q.node.kernel.param<int64_t>("mc")) {
       if (*mc <= 0) return user_error(q.node.where(), "the recorded int8 GEMM parameter mc = " + std::to_string(*mc) + " is not positive");
       mc_ = (std::min<int64_t>(*mc, int64_t{1} << 40) + gemm::kLowpTile.mr - 1) / gemm::kLowpTile.mr * gemm::kLowpTile.mr;

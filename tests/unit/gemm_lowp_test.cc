@@ -253,6 +253,23 @@ TEST(GemmLowp, F16BlockRows) {
     for (int64_t kc : {2, 128, 1536}) EXPECT_EQ(gemm::f16_block_rows(n, kc, l2) % gemm::kF16Tile.mr, 0) << n << " " << kc;
 }
 
+// The int8 GEMM's block of A's rows (u8s8_block_rows) on a 2 MiB L2: the 1024x1024x1024 product
+// to f32 in 128 rows (A's and C's rows a quarter of L2: 102, at least 128), a transformer's
+// 768-column products in one block of their 128 rows or more, MobileNetV2's 12544x96x16
+// expansion to u8 in 4,688 (C's bytes counted), A alone held to half of L2, and never fewer rows
+// than a tile.
+TEST(GemmLowp, U8s8BlockRows) {
+  const int64_t l2 = int64_t{2} << 20;
+  EXPECT_EQ(gemm::u8s8_block_rows(1024, 1024, 4, l2), 128);
+  EXPECT_EQ(gemm::u8s8_block_rows(768, 768, 1, l2), 344);     // 512 KiB / 1,536 bytes = 341 -> 344
+  EXPECT_EQ(gemm::u8s8_block_rows(3072, 768, 4, l2), 128);    // 85 -> at least 128
+  EXPECT_EQ(gemm::u8s8_block_rows(16, 96, 1, l2), 4688);      // 512 KiB / 112 bytes = 4,681 -> 4,688
+  EXPECT_EQ(gemm::u8s8_block_rows(16384, 16, 1, l2), 64);     // A alone: 1 MiB / 16 KiB
+  EXPECT_EQ(gemm::u8s8_block_rows(4096, 64, 4, 16 << 10), gemm::kLowpTile.mr);
+  for (int64_t n : {1, 48, 1000})
+    for (int64_t k : {1, 64, 3000}) EXPECT_EQ(gemm::u8s8_block_rows(k, n, 1, l2) % gemm::kLowpTile.mr, 0) << n << " " << k;
+}
+
 // gemm_f16 with C in parts (split outputs, each beginning at a multiple of 64 columns): each
 // part bit for bit what the whole C gets, the plain one without the activation, nothing past a
 // part's rows; the threads splitting B's panels (few rows) and A's rows (130, in one block or in

@@ -224,14 +224,18 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   // took one of MobileNetV2's 3136x144x24 and the other two; the two threads of 12544x96x16
   // wrote the halves of each 96-byte row of C): at two threads on a Zen 5, 5 alternated runs,
   // 3136x144x24 26-42 us against 35-51, 12544x96x16 58-102 against 58-93 (medians 58 and 62).
-  if (mc <= 0) mc = u8s8_block_rows(k);
+  if (mc <= 0) mc = u8s8_block_rows(k, n, bytes);
   over_grid(m, MR, panels(n), 2, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
     lowp_avx512::u8s8_panels(r1 - r0, mc, p0, p1, k, a + r0 * lda, lda, b_packed, from_row(rest, r0),
                              static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
   });
 }
 
-int64_t u8s8_block_rows(int64_t k) { return rows_per_block(round_up(k, 4)); }
+int64_t u8s8_block_rows(int64_t k, int64_t n, int64_t c_bytes, int64_t l2) {
+  const int64_t a_row = std::max<int64_t>(round_up(k, 4), 1), c_row = n * c_bytes;
+  const int64_t by_a = l2 / 2 / a_row / MR * MR, with_c = round_up(std::max<int64_t>(128, l2 / 4 / (a_row + c_row)), MR);
+  return std::max<int64_t>(MR, std::min(by_a, with_c));
+}
 
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
 
