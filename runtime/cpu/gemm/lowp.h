@@ -73,11 +73,11 @@ struct QuantEpilogue {
 
 /// The rows of A gemm_u8s8 runs every panel of B over at a time by default (`mc` 0), for K
 /// steps, N columns, C's values of `c_bytes` and an L2 of `l2` bytes: whole tiles whose rows
-/// of A take at most half of L2 and, with their rows of C, a quarter, but 128 rows or more (a transformer's products
-/// stay one block: each panel of B read once). C's rows pass through L2 as the tiles write them;
-/// on the AMX-less Xeon (2 MiB of L2), 1024x1024x1024 u8s8 → f32 ran at 71-75 % of the
-/// `vpdpbusd` peak in blocks of 1,024 rows (A's alone half of L2), 3.26-3.34x kiln's f32 GEMM,
-/// and in blocks of 128 at 80-81 %, 3.59-3.67x; the 128-row products are one block either way.
+/// of A take at most half of L2 and, with their rows of C, a quarter, but 128 rows or more (a
+/// transformer's products stay one block: each panel of B read once). C's rows pass through L2
+/// as the tiles write them: on the AMX-less Xeon (2 MiB of L2), 1024x1024x1024 u8s8 → f32 ran
+/// at 71-75 % of the `vpdpbusd` peak in blocks of 1,024 rows (A's alone half of L2), 3.26-3.34x
+/// kiln's f32 GEMM, and in blocks of 128 at 80-83 %, 3.62-3.68x.
 int64_t u8s8_block_rows(int64_t k, int64_t n, int64_t c_bytes, int64_t l2 = CacheSizes::host().l2);
 
 /// Whether gemm_u8s8 should multiply M×K rows on AMX tiles on `cpu`: where it has AMX-INT8,
