@@ -87,7 +87,8 @@ std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice);
 bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16 = false);
 /// Whether such a convolution `n` (X [N, H, W, C] at input 0) may be fused into a kernel that
 /// computes in f32: by an f32 weight, or by an f16 one (`--precision fp16`, which kiln's f32
-/// kernels widen) where cpu::gemm::f16_pointwise_fuses says the f16 GEMM loses nothing by it.
+/// kernels widen) where cpu::gemm::f16_pointwise_fuses gives it to them: where the f16 GEMM's
+/// rule leaves it to f32 anyway, or where a fused block outruns the f16 GEMM.
 /// The passes that hand a convolution to those kernels alone (fuse_pointwise_depthwise,
 /// fuse_concat) ask it.
 bool pointwise_fuses_in_f32(const Graph& g, const Node& n);
