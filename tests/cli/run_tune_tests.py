@@ -112,6 +112,13 @@ def body(r, work):
             and all("Intel(R) Xeon(R) Platinum 8480+ [" in l and "kiln.gemm_f32_avx512 isa=avx512 kc=256 mr=6 nr=64" in l
                     for l in rows), repr(rows))
 
+    # A runner-up that timed faster than the winner (a default the search kept: its choice was not
+    # faster end to end) shows a negative margin.
+    r.write("kept.jsonl", [record(8, MACHINE_A, 10.0, now, 9.5)])
+    rc, out, err = r.run(["tune", "show", "kept.jsonl"])
+    r.check("show_negative_margin", rc == 0 and any("10.00" in l and " -5.0% " in l for l in out.splitlines()) and "+-" not in out,
+            f"exit {rc}: {out!r} {err!r}")
+
     # show --json: the lines as stored, plus what show adds.
     rc, out, err = r.run(["tune", "show", "a.jsonl", "--json"])
     try:
