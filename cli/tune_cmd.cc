@@ -60,7 +60,7 @@ void print_table(const TuningDb& db, const std::string& file) {
   for (const TuningRecord* r : db.records()) {
     std::optional<double> margin = r->runner_up_margin();
     rows.push_back({r->problem.str(), machine_text(r->machine), kernel_text(r->winner.kernel), fixed(r->winner.time_us, 2),
-                    margin ? (*margin < 0 ? "" : "+") + fixed(*margin * 100, 1) + "%" : "-",  // below 0: timed faster, not kept
+                    margin ? (*margin < 0 ? "" : "+") + fixed(*margin * 100, 1) + "%" : "-",  // below 0: faster, not kept
                     r->versions == now ? "current"
                                        : "stale (kernels " + std::to_string(r->versions.kernel_templates) + ", oneDNN " +
                                              r->versions.onednn + ")"});
