@@ -51,8 +51,8 @@ bool is_conv(const Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
 // The rule kept 64 or fewer input channels f32 until the f16 kernel summed four blocks in f16
 // before widening them and blocked A's rows by L2 with C's; now the f16 kernel runs those of
 // 33-64 in 0.74-0.98 of their f32 time (the same profiles: ResNet-50's 56x56 downsample 0.79 /
-// 0.74, its 64 to 64 0.89 / 0.83, 64 to 256 0.96-0.98; YOLO's 64-channel ones 0.81-0.91,
-// EfficientNet-B0's 40 to 240 at 28x28 0.90-0.94). Where such a stage is part of an inverted
+// 0.74, its 64 to 64 0.89 / 0.83, 64 to 256 0.96-0.99; YOLO's 64-channel ones 0.81-0.91,
+// EfficientNet-B0's 40 to 240 at 28x28 0.90-0.95). Where such a stage is part of an inverted
 // residual block, the fused block is faster still (gemm::f16_pointwise_fuses).
 std::optional<std::string> f16_defers(const KernelQuery& q) {
   if (!is_conv(q.node)) return std::nullopt;
