@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -134,6 +135,16 @@ struct TuningAxis {
   std::string name;
   std::vector<KernelParams> values;
 };
+
+/// A block-size axis: each of `candidates` below `whole`, then `whole` (the product's extent:
+/// one block).
+inline TuningAxis size_axis(std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
+  TuningAxis axis{std::move(name), {}};
+  for (int64_t v : candidates)
+    if (v < whole) axis.values.push_back({{axis.name, v}});
+  axis.values.push_back({{axis.name, whole}});
+  return axis;
+}
 
 /// One implementation of an op on a device.
 struct KernelImpl {

@@ -298,18 +298,11 @@ std::vector<TuningAxis> gemm_space(const KernelQuery& q, Isa isa) {
   for (const gemm::Tile& t : gemm::tiles(isa))
     if (tile_splits(t, points)) tile.values.push_back({{"mr", int64_t{t.mr}}, {"nr", int64_t{t.nr}}});
   axes.push_back(std::move(tile));
-  auto sizes = [](std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
-    TuningAxis axis{std::move(name), {}};
-    for (int64_t v : candidates)
-      if (v < whole) axis.values.push_back({{axis.name, v}});
-    axis.values.push_back({{axis.name, whole}});
-    return axis;
-  };
-  axes.push_back(sizes("kc", {64, 128, 256, 512}, p.k));
+  axes.push_back(size_axis("kc", {64, 128, 256, 512}, p.k));
   if (!q.node.has_attr("x_parts"))  // X in parts is read where it lies, never packed
     axes.push_back(TuningAxis{"pack_a", {{{"pack_a", int64_t{0}}}, {{"pack_a", int64_t{1}}}}});
-  axes.push_back(sizes("mc", {48, 96, 192, 384, 768}, p.m));
-  axes.push_back(sizes("nc", {256, 512, 1024, 2048, 4096}, p.n));
+  axes.push_back(size_axis("mc", {48, 96, 192, 384, 768}, p.m));
+  axes.push_back(size_axis("nc", {256, 512, 1024, 2048, 4096}, p.n));
   const int threads = std::max(1, q.target.threads);
   if (threads > 1) {
     TuningAxis grid{"threads", {}};
@@ -810,16 +803,9 @@ Result<gemm::F16Blocking> recorded_f16_blocking(const Node& node) {
 // a time), and how the threads share the product.
 std::vector<TuningAxis> f16_space(const KernelQuery& q) {
   const Product p = product_of(q);
-  auto sizes = [](std::string name, std::initializer_list<int64_t> candidates, int64_t whole) {
-    TuningAxis axis{std::move(name), {}};
-    for (int64_t v : candidates)
-      if (v < whole) axis.values.push_back({{axis.name, v}});
-    axis.values.push_back({{axis.name, std::max<int64_t>(whole, 1)}});
-    return axis;
-  };
   std::vector<TuningAxis> axes;
-  axes.push_back(sizes("kc", {256, 512, 1024, 1536, 2304}, p.k));
-  axes.push_back(sizes("mc", {48, 96, 192, 384, 768, 1536}, p.m));
+  axes.push_back(size_axis("kc", {256, 512, 1024, 1536, 2304}, std::max<int64_t>(p.k, 1)));
+  axes.push_back(size_axis("mc", {48, 96, 192, 384, 768, 1536}, std::max<int64_t>(p.m, 1)));
   if (q.target.threads > 1)
     axes.push_back(TuningAxis{"split", {{{"split", std::string("rows")}}, {{"split", std::string("panels")}}}});
   return axes;

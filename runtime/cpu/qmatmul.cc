@@ -97,11 +97,7 @@ std::optional<std::string> qconv_defers(const KernelQuery& q) {
 std::vector<TuningAxis> qmatmul_space(const KernelQuery& q, bool pointwise) {
   Result<LinearDims> d = pointwise ? pointwise_dims(q, 3) : linear_dims(q, 3);
   if (!d.ok()) return {};
-  TuningAxis mc{"mc", {}};
-  for (int64_t v : {32, 64, 128, 256, 512, 1024, 2048})
-    if (v < d->m) mc.values.push_back({{"mc", v}});
-  mc.values.push_back({{"mc", std::max<int64_t>(d->m, 1)}});
-  return {mc};
+  return {size_axis("mc", {32, 64, 128, 256, 512, 1024, 2048}, std::max<int64_t>(d->m, 1))};
 }
 
 class QMatMulKernel final : public Kernel {
