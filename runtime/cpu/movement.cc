@@ -9,8 +9,11 @@
 #include <numeric>
 #include <type_traits>
 
+#include <omp.h>
+
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
+#include "runtime/threads.h"
 
 namespace kiln::cpu {
 
@@ -287,27 +290,38 @@ class TransposeKernel final : public Kernel {
   }
 
  private:
-  // The offset of outer index `o` (over output dims [0, r - skip)) in the input and output.
-  void offsets(int64_t o, size_t outer_dims, int64_t& in_off, int64_t& out_off) const {
-    in_off = out_off = 0;
-    for (size_t d = outer_dims; d-- > 0;) {
-      const int64_t i = o % dims_[d];
-      o /= dims_[d];
-      in_off += i * in_stride_[d];
-      out_off += i * out_stride_[d];
-    }
-  }
-
+  // Whole rows of the last dim, the output's in order (row o at o · len): each thread takes an
+  // even share of them and walks the input's offsets as an odometer over the outer dims, one
+  // stride added a row, instead of decomposing each row's index (a division and a remainder a
+  // dim): YOLO's detection head's three (4,800, 1,200 and 300 rows of 85 floats) took 0.94,
+  // 0.90 and 0.74 of their time at one thread (3 alternated profiles).
   void rows(const std::byte* src, std::byte* dst) const {
     const size_t r = dims_.size();
     const int64_t len = dims_[r - 1];
     const int64_t count = out_stride_[0] * dims_[0] / len;
     const size_t bytes = static_cast<size_t>(len) * es_;
-#pragma omp parallel for schedule(static) if (count * static_cast<int64_t>(bytes) >= kParallelBytes)
-    for (int64_t o = 0; o < count; ++o) {
-      int64_t in_off, out_off;
-      offsets(o, r - 1, in_off, out_off);
-      move_bytes(dst + static_cast<size_t>(out_off) * es_, src + static_cast<size_t>(in_off) * es_, bytes);
+#pragma omp parallel if (count * static_cast<int64_t>(bytes) >= kParallelBytes)
+    {
+      const auto [o0, o1] = even_share(count, omp_get_num_threads(), omp_get_thread_num());
+      if (o0 < o1) {
+        int64_t idx[kMaxRank];  // merged dims are at most the rank
+        int64_t in_off = 0, o = o0;
+        for (size_t d = r - 1; d-- > 0;) {  // o0's index over the outer dims, and its offset
+          idx[d] = o % dims_[d];
+          o /= dims_[d];
+          in_off += idx[d] * in_stride_[d];
+        }
+        for (o = o0;;) {
+          move_bytes(dst + static_cast<size_t>(o * len) * es_, src + static_cast<size_t>(in_off) * es_, bytes);
+          if (++o == o1) break;
+          for (size_t d = r - 1; d-- > 0;) {
+            in_off += in_stride_[d];
+            if (++idx[d] < dims_[d]) break;
+            in_off -= dims_[d] * in_stride_[d];
+            idx[d] = 0;
+          }
+        }
+      }
     }
   }
 

@@ -271,6 +271,47 @@ TEST(CpuKernels, Transpose) {
   EXPECT_EQ(check({"Concat", {noise({2, 0, 3}, 14), noise({2, 2, 3}, 15)}, {false, false}, {attr("axis", int64_t{1})}}, 0), "kiln.concat");
 }
 
+// Whole rows moving on two threads: each thread starts its share of the rows partway through
+// the outer dims (odd sizes, so the second starts mid-row of every one), then walks them. A
+// Relu after the Transpose makes its output an intermediate big enough for a plan of both.
+TEST(CpuKernels, TransposeRowsOnTwoThreads) {
+  for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 1, 3}, std::vector<int64_t>{1, 2, 0, 3}}) {
+    SCOPED_TRACE(::testing::PrintToString(perm));
+    Model m;
+    Graph& g = m.graph;
+    const Tensor x = noise({5, 37, 11, 171}, 19);
+    const ValueId in = g.add_value("x", DType::f32, Shape::of(x.shape())), t = g.add_value("t", DType::undefined),
+                  y = g.add_value("y", DType::undefined);
+    g.inputs = {in};
+    g.outputs = {y};
+    Node tr;
+    tr.name = "transpose";
+    tr.op = "Transpose";
+    tr.inputs = {in};
+    tr.outputs = {t};
+    tr.set_attr("perm", perm);
+    g.add_node(std::move(tr));
+    Node relu;
+    relu.name = "relu";
+    relu.op = "Relu";
+    relu.inputs = {t};
+    relu.outputs = {y};
+    g.add_node(std::move(relu));
+    ASSERT_TRUE(infer_graph(g).ok());
+    SessionOptions options;
+    options.target.threads = 2;
+    auto fast = Session::create(m, options);
+    auto ref = Session::create(m, SessionOptions{.reference = true});
+    ASSERT_TRUE(fast.ok() && ref.ok());
+    auto got = (*fast)->run({x});
+    auto want = (*ref)->run({x});
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_EQ((*fast)->kernels()[0].name, "kiln.transpose");
+    EXPECT_EQ((*fast)->run_threads(), 2);
+    EXPECT_EQ(testing::relative_l2((*got)[0], (*want)[0]), 0.0);
+  }
+}
+
 TEST(CpuKernels, NearestUpsample) {
   const std::vector<Attribute> torch = {attr("mode", std::string("nearest")), attr("coordinate_transformation_mode", std::string("asymmetric")),
                                         attr("nearest_mode", std::string("floor"))};
