@@ -7,8 +7,10 @@
 // fit L2 together: the input transform writes V [points][tiles][C], one GEMM per point
 // M_ξ = V_ξ·U_ξ (each fetching the next one's first panel of U as it ends), and the output
 // transform writes Y's tiles with the bias (and ReLU) added, the rest of the epilogue then
-// applied to the block's output rows while they are in cache. On several threads the tiles of
-// each transform and the products are shared among them.
+// applied to the block's output rows while they are in cache. On several threads either the
+// tiles of each transform and the products are shared among them (split=points), or each
+// thread takes its share of the tiles through all three steps in blocks of its own
+// (split=tiles; default_tiles_split says which).
 //
 // oneDNN 2.6 has Winograd too (onednn.conv's algorithm=winograd), behind reorders between
 // kiln's channels-last tensors and its blocked ones.
@@ -50,6 +52,8 @@ std::optional<std::string> winograd_declines(const KernelQuery& q, Isa isa) {
     if (v != 1) return "dilated";
   if (const int64_t* tile = q.node.kernel.param<int64_t>("tile"); tile && *tile != 2 && *tile != 4)
     return "a recorded tile other than 2 or 4";
+  if (const std::string* split = q.node.kernel.param<std::string>("split"); split && *split != "points" && *split != "tiles")
+    return "a recorded split other than points or tiles";
   return std::nullopt;
 }
 
@@ -106,9 +110,24 @@ std::optional<std::string> winograd_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// max-autotune's axis: both tiles.
-std::vector<TuningAxis> winograd_space(const KernelQuery&) {
-  return {TuningAxis{"tile", {{{"tile", int64_t{4}}}, {{"tile", int64_t{2}}}}}};
+// How several threads share a convolution by default: each its share of the points' products
+// after sharing the input transform, and of the output transform after them (two barriers a
+// block, and half of the V and of the M each thread reads written on the other core), or each
+// thread its own tiles through every step (no barrier and no line from the other core, but
+// every thread reads all of U). The tiles where U is under half of L2, each core then holding
+// its own copy: at two threads (6 alternated profiles of each compiled model) YOLO's 40x40
+// 32-channel layers (U 147 KB) took 0.67-0.78 of their time so, its 20x20 64-channel ones
+// (590 KB) 0.82-0.95, ResNet-50's 56x56 layers (590 KB) 0.85, the model YOLO 0.964; with
+// U of half of L2 (YOLO's 10x10 128-channel F(2x2), 1 MB) it was a draw (0.96-1.05), and past
+// it a loss (ResNet-50's 28x28 layers, 2.4 MB: 1.02-1.08; its 14x14 ones, 4 MB: 1.09-1.19).
+bool default_tiles_split(int64_t u_bytes, const gemm::CacheSizes& caches) { return u_bytes < caches.l2 / 2; }
+
+// max-autotune's axes: both tiles, and on several threads both ways of sharing the work.
+std::vector<TuningAxis> winograd_space(const KernelQuery& q) {
+  std::vector<TuningAxis> axes = {TuningAxis{"tile", {{{"tile", int64_t{4}}}, {{"tile", int64_t{2}}}}}};
+  if (q.target.threads > 1)
+    axes.push_back(TuningAxis{"split", {{{"split", std::string("points")}}, {{"split", std::string("tiles")}}}});
+  return axes;
 }
 
 class WinogradKernel final : public Kernel {
@@ -133,12 +152,26 @@ class WinogradKernel final : public Kernel {
     relu_ = act_.kind == Activation::relu && !has_z_ && post_.kind == Activation::none;
     tail_ = !relu_ && (act_.kind != Activation::none || has_z_ || post_.kind != Activation::none);
 
-    // Blocks of whole tile rows whose V and M fit L2 together.
+    // An f16 weight (`--precision fp16`) with 2x2 tiles, on a CPU with AVX512-FP16: U in f16 and
+    // the products on kiln's f16 GEMM (V rounded to f16 as it is copied, sums in f16 over
+    // blocks of K). F(4x4)'s output transform multiplies the products' rounding errors by up to
+    // 8 · 8 (7e-3 relative L2 against the reference on noise, where F(2x2) stays within 1e-3):
+    // its products stay f32, on the weight widened.
+    f16_ = q.inputs[1].value->dtype() == DType::f16 && m_ == 2 && !gemm::lowp_lacks(q.target.cpu, gemm::Lowp::f16);
+    threads_ = std::max(1, q.target.threads);
     const gemm::CacheSizes& caches = gemm::CacheSizes::host();
+    const int64_t u_bytes = points_ * c_ * k_ * (f16_ ? 2 : 4);
+    const std::string* split = q.node.kernel.param<std::string>("split");
+    tiles_split_ = threads_ > 1 && (split ? *split == "tiles" : default_tiles_split(u_bytes, caches));
+
+    // Blocks of whole tile rows whose V and M fit L2 together (with the tiles split, each
+    // thread's own V and M, beside the U it reads whole).
     const int64_t row_bytes = tiles_w_ * points_ * (c_ + k_) * static_cast<int64_t>(sizeof(float));
-    const int64_t rows_fit = std::clamp<int64_t>(caches.l2 / row_bytes, 1, tiles_h_);
-    const int64_t blocks = (tiles_h_ + rows_fit - 1) / rows_fit;
-    block_tiles_ = (tiles_h_ + blocks - 1) / blocks * tiles_w_;
+    const int64_t share_rows = tiles_split_ ? (tiles_h_ + threads_ - 1) / threads_ : tiles_h_;
+    const int64_t room = tiles_split_ ? std::max(caches.l2 - u_bytes, caches.l2 / 2) : caches.l2;
+    const int64_t rows_fit = std::clamp<int64_t>(room / row_bytes, 1, share_rows);
+    const int64_t blocks = (share_rows + rows_fit - 1) / rows_fit;
+    block_tiles_ = (share_rows + blocks - 1) / blocks * tiles_w_;
 
     const gemm::Tile tile = gemm::default_tile(isa_, block_tiles_, k_, c_, caches);
     params_ = gemm::fit(gemm::default_params(isa_, tile, caches, block_tiles_, k_, c_, 1), block_tiles_, k_, c_);
@@ -163,12 +196,6 @@ class WinogradKernel final : public Kernel {
             u[static_cast<size_t>(((i * a + j) * c_ + ch) * k_ + o)] =
                 static_cast<float>(t[i][0] * gm(j, 0) + t[i][1] * gm(j, 1) + t[i][2] * gm(j, 2));
       }
-    // An f16 weight (`--precision fp16`) with 2x2 tiles, on a CPU with AVX512-FP16: U in f16 and
-    // the products on kiln's f16 GEMM (V rounded to f16 as it is copied, sums in f16 over
-    // blocks of K). F(4x4)'s output transform multiplies the products' rounding errors by up to
-    // 8 · 8 (7e-3 relative L2 against the reference on noise, where F(2x2) stays within 1e-3):
-    // its products stay f32, on the weight widened.
-    f16_ = q.inputs[1].value->dtype() == DType::f16 && m_ == 2 && !gemm::lowp_lacks(q.target.cpu, gemm::Lowp::f16);
     if (f16_) {
       panel_floats_ = gemm::packed_b_f16_elements(c_, k_);
       packed_ = Tensor(DType::u16, {points_ * panel_floats_});
@@ -184,10 +211,10 @@ class WinogradKernel final : public Kernel {
     }
     zeros_.assign(static_cast<size_t>(c_), 0.f);
 
-    threads_ = std::max(1, q.target.threads);
     gemm_bytes_ = round64(f16_ ? gemm::f16_workspace_bytes(block_tiles_, c_) : gemm::workspace_bytes(params_, problem(0)));
-    needs.workspace_bytes = static_cast<size_t>(points_ * block_tiles_ * (c_ + k_)) * sizeof(float) +
-                            gemm_bytes_ * static_cast<size_t>(threads_);
+    vm_bytes_ = round64(static_cast<size_t>(points_ * block_tiles_ * (c_ + k_)) * sizeof(float));
+    needs.workspace_bytes = tiles_split_ ? (vm_bytes_ + gemm_bytes_) * static_cast<size_t>(threads_)
+                                         : vm_bytes_ + gemm_bytes_ * static_cast<size_t>(threads_);
     return {};
   }
 
@@ -197,11 +224,20 @@ class WinogradKernel final : public Kernel {
     const float* z = has_z_ ? ctx.input(3).data<float>() : nullptr;
     float* y = ctx.output(0).data<float>();
     std::byte* ws = ctx.workspace().data();
-    float* v = reinterpret_cast<float*>(ws);
-    float* m = v + points_ * block_tiles_ * c_;
-    std::byte* gemm_ws = reinterpret_cast<std::byte*>(m + points_ * block_tiles_ * k_);
     const int64_t ldv = block_tiles_ * c_, ldm = block_tiles_ * k_, tiles = tiles_h_ * tiles_w_;
     const int threads = std::min(threads_, pool_threads());
+    if (tiles_split_ && threads > 1) {
+#pragma omp parallel num_threads(threads)
+      {
+        WorkerSpan span;
+        own_tiles(x, bias, z, y, ws + (vm_bytes_ + gemm_bytes_) * static_cast<size_t>(omp_get_thread_num()),
+                  even_share(tiles, omp_get_num_threads(), omp_get_thread_num()));
+      }
+      return {};
+    }
+    float* v = reinterpret_cast<float*>(ws);
+    float* m = v + points_ * block_tiles_ * c_;
+    std::byte* gemm_ws = ws + vm_bytes_;
     ShareQueues products(threads, 1);
     auto body = [&](int t, int nt) {
       for (int64_t b = 0; b < n_; ++b) {
@@ -265,13 +301,62 @@ class WinogradKernel final : public Kernel {
     return {};
   }
 
-  std::vector<std::pair<std::string, KernelParam>> params() const override { return {{"tile", m_}}; }
+  std::vector<std::pair<std::string, KernelParam>> params() const override {
+    std::vector<std::pair<std::string, KernelParam>> p = {{"tile", m_}};
+    if (threads_ > 1) p.emplace_back("split", std::string(tiles_split_ ? "tiles" : "points"));
+    return p;
+  }
   std::string label() const override {
-    return "winograd_f" + std::to_string(m_) + "x" + std::to_string(m_) + "_3x3 " + (f16_ ? "gemm_f16_avx512" : params_.name());
+    return "winograd_f" + std::to_string(m_) + "x" + std::to_string(m_) + "_3x3 " + (f16_ ? "gemm_f16_avx512" : params_.name()) +
+           (threads_ > 1 ? tiles_split_ ? " tiles_split" : " points_split" : "");
   }
 
  private:
   static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+
+  // With the tiles split: tiles [s0, s1) of every image through all three steps on the calling
+  // thread, in blocks of at most block_tiles_, in its own V, M and GEMM workspace at `ws`.
+  void own_tiles(const float* x, const float* bias, const float* z, float* y, std::byte* ws, std::pair<int64_t, int64_t> share) const {
+    const auto [s0, s1] = share;
+    float* v = reinterpret_cast<float*>(ws);
+    float* m = v + points_ * block_tiles_ * c_;
+    std::byte* gemm_ws = ws + vm_bytes_;
+    const int64_t ldv = block_tiles_ * c_, ldm = block_tiles_ * k_;
+    for (int64_t b = 0; b < n_; ++b) {
+      const float* xb = x + b * h_ * w_ * c_;
+      float* yb = y + b * oh_ * ow_ * k_;
+      const float* zb = z ? z + b * oh_ * ow_ * k_ : nullptr;
+      for (int64_t t0 = s0; t0 < s1; t0 += block_tiles_) {
+        const int64_t t1 = std::min(s1, t0 + block_tiles_), count = t1 - t0;
+        rows_.winograd_input(static_cast<int>(m_), xb, h_, w_, c_, tiles_w_, pt_, pl_, t0, t1, v, ldv, zeros_.data());
+        gemm::GemmProblem p = problem(count);
+        for (int64_t xi = 0; xi < points_; ++xi) {
+          if (f16_) {
+            gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_, 1,
+                           gemm_ws);
+            continue;
+          }
+          p.a = v + xi * ldv;
+          p.b = packed_.data<float>() + xi * panel_floats_;
+          p.c = m + xi * ldm;
+          p.b_next = xi + 1 < points_ ? p.b + panel_floats_ : nullptr;
+          gemm::run(params_, p, gemm_ws);
+        }
+        rows_.winograd_output(static_cast<int>(m_), m, ldm, k_, tiles_w_, t0, t1, bias, relu_, yb, oh_, ow_);
+        if (!tail_) continue;
+        // The rest of the epilogue on the block's outputs, a tile row's stretch at a time (the
+        // block may start and end partway along a tile row).
+        for (int64_t a = t0; a < t1;) {
+          const int64_t row = a / tiles_w_, e = std::min(t1, (row + 1) * tiles_w_);
+          const int64_t y0 = row * m_, y1 = std::min(oh_, y0 + m_), x0 = a % tiles_w_ * m_,
+                        x1 = std::min(ow_, (e - row * tiles_w_) * m_);
+          const int64_t at = (y0 * ow_ + x0) * k_;
+          rows_.tile_epilogue(yb + at, ow_ * k_, zb ? zb + at : nullptr, ow_ * k_, y1 - y0, (x1 - x0) * k_, act_, post_);
+          a = e;
+        }
+      }
+    }
+  }
   static void barrier(int nt) {
     if (nt > 1) {
 #pragma omp barrier
@@ -293,7 +378,8 @@ class WinogradKernel final : public Kernel {
   int64_t tiles_h_ = 0, tiles_w_ = 0, block_tiles_ = 0;  // block_tiles_: whole tile rows
   int64_t panel_floats_ = 0;  // elements of one packed U_ξ
   int threads_ = 1;
-  size_t gemm_bytes_ = 0;
+  size_t gemm_bytes_ = 0, vm_bytes_ = 0;  // a GEMM's workspace; V's and M's (64-byte multiples)
+  bool tiles_split_ = false;  // each thread its share of the tiles through every step (default_tiles_split)
   bool has_bias_ = false, has_z_ = false, relu_ = false, tail_ = false, f16_ = false;
   ActivationSpec act_, post_;
   gemm::GemmParams params_;

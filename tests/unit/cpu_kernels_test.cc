@@ -745,6 +745,46 @@ TEST(CpuKernels, WinogradConv) {
           const Tensor z = noise({2, oh, ow, l.k}, 44);
           EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, fused, {true}, name, pin, threads}, 1e-5, &cpu), name);
         }
+  // Both ways two threads share the work, pinned (split=points: the transforms' tiles and the
+  // points' products; split=tiles: each thread its own tiles through every step), on layers
+  // big enough for a plan of two threads: tile counts that split partway along a tile row, so
+  // that each thread's epilogue (SiLU, residual, ReLU) covers part of a row; and each thread's
+  // share in several blocks (a 64-channel 36x81 image in 4x4 tiles, whose V and M per tile row
+  // leave room for a few rows beside U). The default on two threads: tiles where U is under
+  // half of L2 (56x56 by 64 channels in 4x4 tiles: 590 KB), points past it.
+  for (const auto& [isa, cpu] : isa_paths())
+    for (const std::string split : {"points", "tiles"})
+      for (const Layer& l : {Layer{40, 33, 34, 27, {1, 0, 1, 2}}, Layer{64, 64, 36, 81, {1, 1, 1, 1}}})
+        for (int64_t tile : {4, 2}) {
+          if (l.c == 64 && tile == 2) continue;
+          SCOPED_TRACE(isa + " split=" + split + " tile=" + std::to_string(tile) + " c=" + std::to_string(l.c));
+          const std::string name = "kiln.winograd_f32_" + isa;
+          const KernelParams pin = {{"tile", tile}, {"split", split}};
+          const int64_t oh = l.h + l.pads[0] + l.pads[2] - 2, ow = l.w + l.pads[1] + l.pads[3] - 2;
+          const Tensor x = noise({1, l.h, l.w, l.c}, 61), w = noise({l.k, l.c, 3, 3}, 62, 0.5f), b = noise({l.k}, 63);
+          std::vector<Attribute> relu = conv(l.pads);
+          relu.push_back(attr("activation", std::string("Relu")));
+          std::string label;
+          EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, relu, {true}, name, pin, 2}, 1e-5, &cpu, nullptr, &label), name);
+          EXPECT_NE(label.find(split + "_split"), std::string::npos) << label;
+          std::vector<Attribute> fused = conv(l.pads);
+          fused.push_back(attr("activation", std::string("Silu")));
+          fused.push_back(attr("post_activation", std::string("Relu")));
+          const Tensor z = noise({1, oh, ow, l.k}, 64);
+          EXPECT_EQ(check({"FusedConv", {x, w, b, z}, {false, true, true, false}, fused, {true}, name, pin, 2}, 1e-5, &cpu), name);
+        }
+  for (const auto& [isa, cpu] : isa_paths()) {
+    auto split_of = [cpu = cpu](int64_t c, int64_t hw, int threads) {
+      const std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+      std::string label;
+      check({"FusedConv", {noise({1, hw, hw, c}, 65), noise({c, c, 3, 3}, 66, 0.5f)}, {false, true}, a, {true}, "", {}, threads}, 1e-5,
+            &cpu, nullptr, &label);
+      return label.substr(label.rfind(' ') + 1);
+    };
+    EXPECT_EQ(split_of(64, 56, 2), "tiles_split");
+    EXPECT_EQ(split_of(128, 28, 2), "points_split");
+    EXPECT_EQ(split_of(64, 56, 1).find("split"), std::string::npos);
+  }
   // An f16 weight (`--precision fp16`): with 2x2 tiles the products on kiln's f16 GEMM where
   // the CPU has AVX512-FP16 (V rounded to f16, sums in f16 over blocks of K); with 4x4 ones, or
   // without it, in f32 on the weight widened.
