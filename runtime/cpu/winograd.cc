@@ -120,7 +120,12 @@ std::optional<std::string> winograd_defers(const KernelQuery& q) {
 // (590 KB) 0.82-0.95, ResNet-50's 56x56 layers (590 KB) 0.85, the model YOLO 0.964; with
 // U of half of L2 (YOLO's 10x10 128-channel F(2x2), 1 MB) it was a draw (0.96-1.05), and past
 // it a loss (ResNet-50's 28x28 layers, 2.4 MB: 1.02-1.08; its 14x14 ones, 4 MB: 1.09-1.19).
-bool default_tiles_split(int64_t u_bytes, const gemm::CacheSizes& caches) { return u_bytes < caches.l2 / 2; }
+// Measured on two threads (12 tiles or more each); with more threads, each keeps at least
+// kTilesPerThread of its own, or the points are shared.
+constexpr int64_t kTilesPerThread = 8;
+bool default_tiles_split(int64_t u_bytes, int64_t tiles, int threads, const gemm::CacheSizes& caches) {
+  return u_bytes < caches.l2 / 2 && tiles >= kTilesPerThread * threads;
+}
 
 // max-autotune's axes: both tiles, and on several threads both ways of sharing the work.
 std::vector<TuningAxis> winograd_space(const KernelQuery& q) {
@@ -162,7 +167,7 @@ class WinogradKernel final : public Kernel {
     const gemm::CacheSizes& caches = gemm::CacheSizes::host();
     const int64_t u_bytes = points_ * c_ * k_ * (f16_ ? 2 : 4);
     const std::string* split = q.node.kernel.param<std::string>("split");
-    tiles_split_ = threads_ > 1 && (split ? *split == "tiles" : default_tiles_split(u_bytes, caches));
+    tiles_split_ = threads_ > 1 && (split ? *split == "tiles" : default_tiles_split(u_bytes, tiles_h_ * tiles_w_, threads_, caches));
 
     // Blocks of whole tile rows whose V and M fit L2 together (with the tiles split, each
     // thread's own V and M, beside the U it reads whole).

@@ -750,8 +750,8 @@ TEST(CpuKernels, WinogradConv) {
   // big enough for a plan of two threads: tile counts that split partway along a tile row, so
   // that each thread's epilogue (SiLU, residual, ReLU) covers part of a row; and each thread's
   // share in several blocks (a 64-channel 36x81 image in 4x4 tiles, whose V and M per tile row
-  // leave room for a few rows beside U). The default on two threads: tiles where U is under
-  // half of L2 (56x56 by 64 channels in 4x4 tiles: 590 KB), points past it.
+  // leave room for a few rows beside U). The default: tiles where U is under half of L2 (56x56
+  // by 64 channels in 4x4 tiles: 590 KB) and each thread has 8 tiles or more, points otherwise.
   for (const auto& [isa, cpu] : isa_paths())
     for (const std::string split : {"points", "tiles"})
       for (const Layer& l : {Layer{40, 33, 34, 27, {1, 0, 1, 2}}, Layer{64, 64, 36, 81, {1, 1, 1, 1}}})
@@ -782,6 +782,8 @@ TEST(CpuKernels, WinogradConv) {
       return label.substr(label.rfind(' ') + 1);
     };
     EXPECT_EQ(split_of(64, 56, 2), "tiles_split");
+    EXPECT_EQ(split_of(64, 20, 2), "tiles_split");   // 25 tiles of 4x4: 12 or more a thread
+    EXPECT_EQ(split_of(64, 20, 4), "points_split");  // fewer than 8 a thread
     EXPECT_EQ(split_of(128, 28, 2), "points_split");
     EXPECT_EQ(split_of(64, 56, 1).find("split"), std::string::npos);
   }
