@@ -36,8 +36,10 @@ inline constexpr int kFormatVersion = 1;
 /// keeps the database. 2: kiln's Winograd convolution became a candidate. 3: kiln's f32 GEMM
 /// fetches each next K slice's first panel ahead (products of several slices run faster), and
 /// its default Kc and Winograd's default rule changed for a few rows by a streaming weight.
-/// 4: kiln's f16 GEMM's blocking (Mc, Kc, the threads' split) became candidates.
-inline constexpr int kKernelTemplateVersion = 4;
+/// 4: kiln's f16 GEMM's blocking (Mc, Kc, the threads' split) became candidates. 5: kiln's
+/// Winograd convolution on several threads lets each thread take its own tiles (by default
+/// where U is under half of L2), and how the threads share it became a candidate.
+inline constexpr int kKernelTemplateVersion = 5;
 
 /// One input of a tuned problem.
 struct TuningInput {

@@ -86,9 +86,9 @@ def body(r, work):
     rc, out, err = r.run(["tune", "show", "empty.jsonl", "--json"])
     try:
         now = json.loads(out)["versions"]
-        good = rc == 0 and now["kernel_templates"] == 4 and re.fullmatch(r"\d+\.\d+\.\d+", now["onednn"])
+        good = rc == 0 and now["kernel_templates"] == 5 and re.fullmatch(r"\d+\.\d+\.\d+", now["onednn"])
     except (ValueError, KeyError) as e:
-        now, good, err = {"kernel_templates": 4, "onednn": "0.0.0"}, False, str(e)
+        now, good, err = {"kernel_templates": 5, "onednn": "0.0.0"}, False, str(e)
     r.check("show_empty_json", good, f"exit {rc}; {out[:300]!r} {err[:300]!r}")
     old = {"kernel_templates": now["kernel_templates"], "onednn": "0.1.0"}
 

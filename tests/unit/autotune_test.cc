@@ -13,6 +13,7 @@
 #include "compile/autotune.h"
 #include "compile/pipeline.h"
 #include "formats/text.h"
+#include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/plan.h"
 #include "tests/unit/kernel_test_util.h"
@@ -316,6 +317,49 @@ TEST(Autotune, SearchesTheF16GemmsBlockingInAnFp16Graph) {
   }
   EXPECT_EQ(f16, 2u) << tuning_report_text(c.report);
   EXPECT_LE(error_against_reference(c.model, original, {random_tensor({96, 640}, 99)}), 1e-2);
+}
+
+// kiln's Winograd convolution on two threads: the default records how the threads share it
+// (its own tiles each, where U is under half of L2), and the search has that split as an axis
+// beside the tile; on one thread neither (the split has no meaning there).
+TEST(Autotune, WinogradSplitIsAnAxisOnSeveralThreads) {
+  GraphBuilder b;
+  ValueId x = b.input("x", {1, 64, 56, 56});
+  const Model original = b.done({b.op("conv", "Conv", {x, b.constant("w", random_tensor({64, 64, 3, 3}, 70))},
+                                      {testing::attr("pads", std::vector<int64_t>{1, 1, 1, 1})})});
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(threads);
+    Model m = original;
+    CompileOptions options;
+    options.target.threads = threads;
+    ASSERT_TRUE(compile_model(m, options).ok());
+    const std::vector<std::vector<int64_t>> shapes = {{1, 64, 56, 56}};
+    auto plan = build_plan(m.graph, shapes, PlanOptions{options.target, default_kernels()});
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    size_t n = 0;
+    while (n < m.graph.nodes.size() && m.graph.nodes[n].op != "FusedConv") ++n;
+    ASSERT_LT(n, m.graph.nodes.size());
+    const KernelChoice recorded{plan->kernels[n].name, plan->kernels[n].kernel->params()};
+    ASSERT_EQ(recorded.name.rfind("kiln.winograd_f32_", 0), 0u) << recorded.name;
+    const std::string* split = recorded.param<std::string>("split");
+    std::vector<InferInput> in;
+    std::vector<InferOutput> out;
+    node_query_operands(*plan, n, in, out);
+    const KernelQuery q{m.graph.nodes[n], m.graph, options.target, in, out};
+    std::vector<std::string> axes;
+    for (const KernelImpl& impl : default_kernels().find("FusedConv", "cpu"))
+      if (impl.name == recorded.name)
+        for (const TuningAxis& axis : impl.tuning_space(q)) axes.push_back(axis.name + "x" + std::to_string(axis.values.size()));
+    if (threads == 1) {
+      EXPECT_EQ(split, nullptr);
+      EXPECT_EQ(axes, std::vector<std::string>{"tilex2"});
+    } else {
+      ASSERT_NE(split, nullptr);
+      const bool u_fits = 36 * 64 * 64 * 4 < cpu::gemm::CacheSizes::host().l2 / 2;  // 4x4 tiles' U under half of L2
+      EXPECT_EQ(*split, u_fits ? "tiles" : "points");
+      EXPECT_EQ(axes, (std::vector<std::string>{"tilex2", "splitx2"}));
+    }
+  }
 }
 
 // The f16 GEMM's recorded blocking: what a record leaves out stays to the defaults, Mc is

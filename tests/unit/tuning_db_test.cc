@@ -426,7 +426,7 @@ TEST(TuningDb, HostFingerprintAndVersions) {
   EXPECT_TRUE(std::regex_match(host.id(), std::regex("[0-9a-f]{12}"))) << host.id();
   EXPECT_EQ(host.id(), MachineFingerprint::host().id());
   const TuningVersions& v = TuningVersions::current();
-  EXPECT_EQ(v.kernel_templates, 4);
+  EXPECT_EQ(v.kernel_templates, 5);
   EXPECT_TRUE(std::regex_match(v.onednn, std::regex("[0-9]+\\.[0-9]+\\.[0-9]+"))) << v.onednn;
   // The defaults of lookup are this machine and this kiln.
   TuningRecord r = record(64, host, 10, v);
