@@ -301,15 +301,11 @@ TEST(CpuKernels, TransposeRowsOnTwoThreads) {
     ASSERT_TRUE(infer_graph(g).ok());
     SessionOptions options;
     options.target.threads = 2;
-    auto fast = Session::create(m, options);
-    auto ref = Session::create(m, SessionOptions{.reference = true});
-    ASSERT_TRUE(fast.ok() && ref.ok());
-    auto got = (*fast)->run({x});
-    auto want = (*ref)->run({x});
-    ASSERT_TRUE(got.ok() && want.ok());
-    EXPECT_EQ((*fast)->kernels()[0].name, "kiln.transpose");
-    EXPECT_EQ((*fast)->run_threads(), 2);
-    EXPECT_EQ(testing::relative_l2((*got)[0], (*want)[0]), 0.0);
+    const testing::ModelRuns r = testing::run_model_both(m, {x}, options);
+    ASSERT_FALSE(r.fast.empty());
+    EXPECT_EQ(r.kernels[0].name, "kiln.transpose");
+    EXPECT_EQ(r.threads, 2);
+    EXPECT_EQ(testing::relative_l2(r.fast[0], r.ref[0]), 0.0);
   }
 }
 

@@ -963,14 +963,10 @@ TEST(GemmKernel, CompiledModelsRecordAndReuseTheParameters) {
   for (int threads : {1, 2}) {
     SessionOptions so;
     so.target.threads = threads;
-    auto fast = Session::create(m, so);
-    auto ref = Session::create(m, SessionOptions{.reference = true});
-    ASSERT_TRUE(fast.ok() && ref.ok());
-    auto got = (*fast)->run({x});
-    auto want = (*ref)->run({x});
-    ASSERT_TRUE(got.ok() && want.ok());
-    EXPECT_LE(testing::relative_l2((*got)[0], (*want)[0]), 1e-6);
-    EXPECT_EQ((*fast)->kernels()[0].label.rfind("gemm_f32_", 0), 0u);
+    const testing::ModelRuns r = testing::run_model_both(m, {x}, so);
+    ASSERT_FALSE(r.fast.empty());
+    EXPECT_LE(testing::relative_l2(r.fast[0], r.ref[0]), 1e-6);
+    EXPECT_EQ(r.kernels[0].label.rfind("gemm_f32_", 0), 0u);
   }
   // Parameters a hostile file records are refused, naming them.
   m.graph.nodes[0].kernel.params = {{"mr", int64_t{7}}, {"nr", int64_t{7}}, {"mc", int64_t{7}}, {"nc", int64_t{7}}, {"kc", int64_t{7}}};

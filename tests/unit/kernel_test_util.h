@@ -91,15 +91,16 @@ inline Model case_model(const Case& c, std::vector<Tensor>& feed) {
   return m;
 }
 
-inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
-  BothRuns out;
-  std::vector<Tensor> feed;
-  const Model m = case_model(c, feed);
-  out.graph_text = graph_to_text(m.graph);
-  SessionOptions options;
-  if (cpu) options.target.cpu = *cpu;
-  options.target.threads = c.threads;
-  options.kernels = kernels;
+/// A model's outputs on `options`' kernels and on the reference kernels, with the kernels the
+/// first session chose (per node) and the threads its run used. Empty outputs when either
+/// failed (the test has failed then).
+struct ModelRuns {
+  std::vector<Tensor> fast, ref;
+  std::vector<NodeKernel> kernels;
+  int threads = 0;
+};
+inline ModelRuns run_model_both(const Model& m, const std::vector<Tensor>& feed, const SessionOptions& options) {
+  ModelRuns out;
   auto fast = Session::create(m, options);
   auto ref = Session::create(m, SessionOptions{.reference = true});
   EXPECT_TRUE(fast.ok() && ref.ok());
@@ -112,9 +113,27 @@ inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const 
   EXPECT_EQ(got->size(), want->size());
   out.fast = std::move(*got);
   out.ref = std::move(*want);
-  out.kernel = (*fast)->kernels()[0].name;
-  out.label = (*fast)->kernels()[0].label;
-  out.declined = (*fast)->kernels()[0].declined;
+  out.kernels.assign((*fast)->kernels().begin(), (*fast)->kernels().end());
+  out.threads = (*fast)->run_threads();
+  return out;
+}
+
+inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
+  BothRuns out;
+  std::vector<Tensor> feed;
+  const Model m = case_model(c, feed);
+  out.graph_text = graph_to_text(m.graph);
+  SessionOptions options;
+  if (cpu) options.target.cpu = *cpu;
+  options.target.threads = c.threads;
+  options.kernels = kernels;
+  ModelRuns r = run_model_both(m, feed, options);
+  if (r.fast.empty()) return out;
+  out.fast = std::move(r.fast);
+  out.ref = std::move(r.ref);
+  out.kernel = r.kernels[0].name;
+  out.label = r.kernels[0].label;
+  out.declined = r.kernels[0].declined;
   return out;
 }
 
