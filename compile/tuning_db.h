@@ -38,7 +38,8 @@ inline constexpr int kFormatVersion = 1;
 /// its default Kc and Winograd's default rule changed for a few rows by a streaming weight.
 /// 4: kiln's f16 GEMM's blocking (Mc, Kc, the threads' split) became candidates. 5: kiln's
 /// Winograd convolution on several threads lets each thread take its own tiles (by default
-/// where U is under half of L2), and how the threads share it became a candidate.
+/// where U is under half of L2), and how the threads share it became a candidate; kiln's int8
+/// GEMM folds the output's scale into the columns' where its epilogue clamps the codes.
 inline constexpr int kKernelTemplateVersion = 5;
 
 /// One input of a tuned problem.

@@ -128,6 +128,11 @@ struct U8s8Finish {
   [[gnu::always_inline]] void code_row(__m512 y, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) const {
     U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, out.code(y))), c, ldc, i, n, mk);
   }
+  /// The same from y already in the codes' units with the zero point added (y / scale + zero:
+  /// the sums' scale and bias folded with the output's), rounded, clamped and stored.
+  [[gnu::always_inline]] void folded_code_row(__m512 y, void* c, int64_t ldc, int64_t i, int64_t n, __mmask16 mk) const {
+    U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, _mm512_cvtps_epi32(y))), c, ldc, i, n, mk);
+  }
   template <int NV>
   [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, void* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
     if (codes()) {
