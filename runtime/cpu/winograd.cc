@@ -259,20 +259,9 @@ class WinogradKernel final : public Kernel {
           // the barrier that ended the last block's products.
           if (t == 0) products.fill(points_);
           barrier(nt);
-          gemm::GemmProblem p = problem(count);
           products.drain(t, [&](int64_t x0, int64_t x1, bool more) {
-            for (int64_t xi = x0; xi < x1; ++xi) {
-              if (f16_) {
-                gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_,
-                               1, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
-                continue;
-              }
-              p.a = v + xi * ldv;
-              p.b = packed_.data<float>() + xi * panel_floats_;
-              p.c = m + xi * ldm;
-              p.b_next = xi + 1 < x1 || more ? p.b + panel_floats_ : nullptr;
-              gemm::run(params_, p, gemm_ws + gemm_bytes_ * static_cast<size_t>(t));
-            }
+            for (int64_t xi = x0; xi < x1; ++xi)
+              product(xi, count, v, m, gemm_ws + gemm_bytes_ * static_cast<size_t>(t), xi + 1 < x1 || more);
           });
           barrier(nt);
           // The output transform by whole tile rows, so that each thread's output rows are
@@ -283,11 +272,7 @@ class WinogradKernel final : public Kernel {
             const int64_t a = r0 * tiles_w_, e = std::min(count, r1 * tiles_w_);
             rows_.winograd_output(static_cast<int>(m_), m + a * k_, ldm, k_, tiles_w_, t0 + a, t0 + e, bias, relu_, yb, oh_,
                                   ow_);
-            if (tail_) {
-              const int64_t y0 = (t0 + a) / tiles_w_ * m_, y1 = std::min(oh_, (t0 + e + tiles_w_ - 1) / tiles_w_ * m_);
-              const int64_t at = y0 * ow_ * k_, len = (y1 - y0) * ow_ * k_;
-              rows_.tile_epilogue(yb + at, 0, z ? z + b * oh_ * ow_ * k_ + at : nullptr, 0, 1, len, act_, post_);
-            }
+            if (tail_) tail(t0 + a, t0 + e, yb, z ? z + b * oh_ * ow_ * k_ : nullptr);
           }
           // No barrier here: the next block's products, which overwrite M, wait for the one
           // after its input transform.
@@ -319,6 +304,34 @@ class WinogradKernel final : public Kernel {
  private:
   static size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 
+  // M_ξ = V_ξ·U_ξ for a block of `count` tiles (V and M as a block lays them out) on the calling
+  // thread; `fetch_next`: U_ξ+1's first panel fetched as it ends.
+  void product(int64_t xi, int64_t count, const float* v, float* m, std::byte* gemm_ws, bool fetch_next) const {
+    const int64_t ldv = block_tiles_ * c_, ldm = block_tiles_ * k_;
+    if (f16_) {
+      gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_, 1, gemm_ws);
+      return;
+    }
+    gemm::GemmProblem p = problem(count);
+    p.a = v + xi * ldv;
+    p.b = packed_.data<float>() + xi * panel_floats_;
+    p.c = m + xi * ldm;
+    p.b_next = fetch_next ? p.b + panel_floats_ : nullptr;
+    gemm::run(params_, p, gemm_ws);
+  }
+
+  // The rest of the epilogue (what the output transform's bias and ReLU leave) on the outputs of
+  // tiles [a, e) of one image (Y and Z from its first pixel), a tile row's stretch at a time.
+  void tail(int64_t a, int64_t e, float* yb, const float* zb) const {
+    while (a < e) {
+      const int64_t row = a / tiles_w_, end = std::min(e, (row + 1) * tiles_w_);
+      const int64_t y0 = row * m_, y1 = std::min(oh_, y0 + m_), x0 = a % tiles_w_ * m_, x1 = std::min(ow_, (end - row * tiles_w_) * m_);
+      const int64_t at = (y0 * ow_ + x0) * k_;
+      rows_.tile_epilogue(yb + at, ow_ * k_, zb ? zb + at : nullptr, ow_ * k_, y1 - y0, (x1 - x0) * k_, act_, post_);
+      a = end;
+    }
+  }
+
   // With the tiles split: tiles [s0, s1) of every image through all three steps on the calling
   // thread, in blocks of at most block_tiles_, in its own V, M and GEMM workspace at `ws`.
   void own_tiles(const float* x, const float* bias, const float* z, float* y, std::byte* ws, std::pair<int64_t, int64_t> share) const {
@@ -334,31 +347,9 @@ class WinogradKernel final : public Kernel {
       for (int64_t t0 = s0; t0 < s1; t0 += block_tiles_) {
         const int64_t t1 = std::min(s1, t0 + block_tiles_), count = t1 - t0;
         rows_.winograd_input(static_cast<int>(m_), xb, h_, w_, c_, tiles_w_, pt_, pl_, t0, t1, v, ldv, zeros_.data());
-        gemm::GemmProblem p = problem(count);
-        for (int64_t xi = 0; xi < points_; ++xi) {
-          if (f16_) {
-            gemm::gemm_f16(count, k_, c_, v + xi * ldv, c_, packed_.data<uint16_t>() + xi * panel_floats_, {}, m + xi * ldm, k_, 1,
-                           gemm_ws);
-            continue;
-          }
-          p.a = v + xi * ldv;
-          p.b = packed_.data<float>() + xi * panel_floats_;
-          p.c = m + xi * ldm;
-          p.b_next = xi + 1 < points_ ? p.b + panel_floats_ : nullptr;
-          gemm::run(params_, p, gemm_ws);
-        }
+        for (int64_t xi = 0; xi < points_; ++xi) product(xi, count, v, m, gemm_ws, xi + 1 < points_);
         rows_.winograd_output(static_cast<int>(m_), m, ldm, k_, tiles_w_, t0, t1, bias, relu_, yb, oh_, ow_);
-        if (!tail_) continue;
-        // The rest of the epilogue on the block's outputs, a tile row's stretch at a time (the
-        // block may start and end partway along a tile row).
-        for (int64_t a = t0; a < t1;) {
-          const int64_t row = a / tiles_w_, e = std::min(t1, (row + 1) * tiles_w_);
-          const int64_t y0 = row * m_, y1 = std::min(oh_, y0 + m_), x0 = a % tiles_w_ * m_,
-                        x1 = std::min(ow_, (e - row * tiles_w_) * m_);
-          const int64_t at = (y0 * ow_ + x0) * k_;
-          rows_.tile_epilogue(yb + at, ow_ * k_, zb ? zb + at : nullptr, ow_ * k_, y1 - y0, (x1 - x0) * k_, act_, post_);
-          a = e;
-        }
+        if (tail_) tail(t0, t1, yb, zb);  // the block may start and end partway along a tile row
       }
     }
   }
