@@ -30,7 +30,9 @@ CpuFeatures detect() {
   if (!cpuinfo_initialize()) return f;
   f.avx2 = cpuinfo_has_x86_avx2();
   f.fma = cpuinfo_has_x86_fma3();
-  f.avx512f = cpuinfo_has_x86_avx512f();
+  // kiln's AVX-512 builds use DQ too (the sigmoid family's vreduceps): every CPU with BW and VL
+  // has it (Skylake-SP onward, Zen 4); the Xeon Phis, which lack all three, run the AVX2 kernels.
+  f.avx512f = cpuinfo_has_x86_avx512f() && cpuinfo_has_x86_avx512dq();
   f.avx512bw = cpuinfo_has_x86_avx512bw();
   f.avx512vl = cpuinfo_has_x86_avx512vl();
   f.avx512_vnni = cpuinfo_has_x86_avx512vnni();

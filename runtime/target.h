@@ -14,7 +14,7 @@ namespace kiln {
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
-  bool avx512f = false;
+  bool avx512f = false;  ///< with AVX512-DQ, which kiln's AVX-512 builds use too (vreduceps)
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512_vnni = false;

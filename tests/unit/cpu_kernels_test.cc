@@ -64,6 +64,42 @@ TEST(CpuKernels, Activations) {
                                           100.f, 1e30f, inf});
     EXPECT_EQ(check({"Sigmoid", {x}, {false}}, 1e-6, &cpu), "kiln.activation_f32_" + isa);
   }
+  // Value by value against the sigmoid in double, over [-120, 120], the extremes, infinities and
+  // NaN: the standalone kernel and the GEMM's epilogue (a FusedMatMul by 1, with a SiLU), the
+  // bound growing with |x| on AVX-512 (w = −x·log2 e rounded before it is split, logistic.inc).
+  for (const auto& [isa, cpu] : isa_paths()) {
+    SCOPED_TRACE(isa);
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> v = {-inf, -1e30f, -3e7f, -88.f, -87.5f, 87.5f, 88.4f, 3e7f, 1e30f, inf, nan, 0.f, -0.f, 1e-30f, -1e-30f};
+    for (int i = 0; i <= 4800; ++i) v.push_back(-120.f + 0.05f * static_cast<float>(i));
+    const int64_t n = static_cast<int64_t>(v.size());
+    Tensor x = Tensor::from<float>({n}, v), column = Tensor::from<float>({n, 1}, v);
+    BothRuns sig = run_both({"Sigmoid", {x}, {false}}, &cpu);
+    BothRuns silu = run_both({"FusedMatMul", {column, Tensor::from<float>({1, 1}, {1.f})}, {false, true},
+                              {attr("activation", std::string("Silu"))}, {true}, "kiln.gemm_f32_" + isa}, &cpu);
+    ASSERT_EQ(sig.kernel, "kiln.activation_f32_" + isa);
+    ASSERT_EQ(silu.kernel, "kiln.gemm_f32_" + isa);
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = v[static_cast<size_t>(i)], s = 1 / (1 + std::exp(-xi));
+      const float got_sig = sig.fast[0].data<float>()[i], got_silu = silu.fast[0].data<float>()[i];
+      SCOPED_TRACE("x=" + std::to_string(xi));
+      if (std::isnan(xi)) {
+        if (isa == "avx512") EXPECT_TRUE(std::isnan(got_sig) && std::isnan(got_silu));
+        continue;
+      }
+      if (std::isinf(xi)) {  // SiLU(−∞) is −∞·0: NaN on AVX-512 as in the reference, −∞ on AVX2
+        EXPECT_NEAR(got_sig, xi > 0 ? 1.f : 0.f, 2e-38);
+        if (xi > 0) EXPECT_EQ(got_silu, xi);
+        continue;
+      }
+      // 3e-7 relative near 0, 8e-8·|x| more past it (half an ulp of w, and log2 e as a float);
+      // values near the denormals flush to 0 (SiLU's below −88.7 on AVX-512, where e^-x
+      // overflows: 1e-35 at most; AVX2 clamps x to −87 in e^-x, x·1.7e-38 at most).
+      const double tol = 3e-7 + std::abs(xi) * 8e-8;
+      EXPECT_NEAR(got_sig, s, tol * s + 2e-38);
+      EXPECT_NEAR(got_silu, xi * s, std::abs(tol * xi * s) + 1e-35 + (isa == "avx2" ? std::abs(xi) * 1.7e-38 : 0));
+    }
+  }
   // Near zero, where a relative error shows.
   for (const char* op : {"Gelu", "Tanh", "Sigmoid"})
     EXPECT_EQ(check({op, {noise({4096}, 8, 1e-3f)}, {false}}, 1e-6).rfind("kiln.activation_f32_", 0), 0u) << op;
