@@ -97,6 +97,10 @@ Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::part(size_t offset, DType dtype, std::vector<int64_t> shape) const {
+  return view(dtype, std::move(shape), static_cast<char*>(data_) + offset, owner_);
+}
+
 Tensor Tensor::clone() const {
   if (layout_) {
     Tensor t = *this;

@@ -195,21 +195,69 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     return !bound.values[v].is_constant() && first[v] >= 0 && !is_output[v] && !plan.reinfer[static_cast<size_t>(first[v])];
   };
   // Views share their input's place, and so does an output its kernel may write over an input
-  // that dies there (Kernel::overwrites_input): `root` is the value whose memory a value is, and
-  // a root lives until the last read of any value that is its memory (`end`, grown node by node:
-  // a value read after node n is alive after n whichever value's memory it shares).
-  std::vector<size_t> root(nv);
-  std::vector<int32_t> end(nv, -1);
+  // that dies there (Kernel::overwrites_input), and the inputs of a Concat computed in place
+  // (below) are parts of its output: `root` is the value whose memory a value is, `delta` where
+  // in it (bytes), and a root lives from the first write of any value that is its memory
+  // (`begin`) until the last read of any (`end`, grown node by node: a value read after node n
+  // is alive after n whichever value's memory it shares).
+  std::vector<size_t> root(nv), delta(nv, 0);
+  std::vector<int32_t> begin(first), end(nv, -1);
   for (size_t v = 0; v < nv; ++v) {
     root[v] = v;
     if (first[v] >= 0) end[v] = std::max(last[v], first[v]);
   }
   auto share = [&](size_t out, size_t in) {
     root[out] = root[in];
+    delta[out] = delta[in];
     end[root[in]] = std::max(end[root[in]], end[out]);
+  };
+  auto plain_bytes = [&](size_t v) { return storage_bytes(bound.values[v].dtype, shape_numel(bound.values[v].shape.concrete())); };
+  // A Concat whose output is its inputs one after the other (every dim before the axis 1), each
+  // input whole in the memory its root gives it, no two inputs one memory, each part starting
+  // on kTensorAlignment, the output an arena intermediate or a graph output of known shape:
+  // every input's memory (with every value sharing it) moves into its part of the output, so
+  // its producer writes it there and running the Concat is nothing. A graph output gets its
+  // buffer when its first part is written (ExecutionPlan::output_parts) and lives past the
+  // run, so nothing writes over a part after it. Not in a reference plan (the oracle).
+  auto concat_in_place = [&](size_t n) {
+    const Node& node = bound.nodes[n];
+    if (options.reference || !node.domain.empty() || node.op != "Concat" || node.outputs.size() != 1 || node.outputs[0] < 0 ||
+        plan.reinfer[n])
+      return false;
+    const auto out = static_cast<size_t>(node.outputs[0]);
+    if (!placed_in_arena(out) && !is_output[out]) return false;
+    const std::vector<int64_t>& shape = bound.values[out].shape.concrete();
+    const auto rank = static_cast<int64_t>(shape.size());
+    int64_t axis = node.attr_int("axis", 0);
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis >= rank || std::any_of(shape.begin(), shape.begin() + axis, [](int64_t d) { return d != 1; })) return false;
+    std::vector<size_t> roots;
+    size_t at = 0;
+    for (ValueId in : node.inputs) {
+      if (in < 0) return false;
+      const auto v = static_cast<size_t>(in);
+      if (!placed_in_arena(v) || bound.values[v].dtype != bound.values[out].dtype || delta[v] != 0 || at % kTensorAlignment) return false;
+      const std::optional<size_t> bytes = plain_bytes(v);
+      if (!bytes || plain_bytes(root[v]) != bytes || std::count(roots.begin(), roots.end(), root[v])) return false;
+      roots.push_back(root[v]);
+      at += *bytes;
+    }
+    if (plain_bytes(out) != at) return false;
+    at = 0;
+    for (size_t i = 0; i < roots.size(); ++i) {
+      const size_t r = roots[i];
+      begin[out] = std::min(begin[out], begin[r]);
+      end[out] = std::max(end[out], end[r]);
+      for (size_t u = 0; u < nv; ++u)
+        if (root[u] == r) root[u] = out, delta[u] += at;
+      at += *plain_bytes(r);
+    }
+    if (is_output[out]) end[out] = static_cast<int32_t>(nn);
+    return true;
   };
   plan.views.assign(nn, 0);
   plan.overwrites.assign(nn, 0);
+  plan.in_place.assign(nn, 0);
   for (size_t n = 0; n < nn; ++n) {
     const Node& node = bound.nodes[n];
     static const std::set<std::string, std::less<>> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
@@ -225,6 +273,10 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
         plan.overwrites[n] = 1;
         share(static_cast<size_t>(out), static_cast<size_t>(in));
       }
+      continue;
+    }
+    if (concat_in_place(n)) {
+      plan.in_place[n] = 1;
       continue;
     }
     if (!node.domain.empty() || !kViews.count(node.op) || node.inputs.empty() || node.outputs.size() != 1) continue;
@@ -252,7 +304,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     }
     size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
     if (bytes == 0) bytes = kTensorAlignment;
-    items.push_back({v, bytes, first[v], end[v]});
+    items.push_back({v, bytes, begin[v], end[v]});
   }
   // Greedy by size: each value takes the lowest offset that no value alive at the same time
   // uses; Lifetimes finds those without visiting every value placed before.
@@ -280,10 +332,21 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   }
   mem.planned_values = items.size();
   for (size_t v = 0; v < nv; ++v)
-    if (root[v] != v) {
-      mem.offset[v] = mem.offset[root[v]];
-      mem.bytes[v] = mem.bytes[root[v]];
+    if (root[v] != v && mem.offset[root[v]] >= 0) {  // not a part of a graph output
+      mem.offset[v] = mem.offset[root[v]] + static_cast<int64_t>(delta[v]);
+      mem.bytes[v] = std::max<size_t>(1, (plain_bytes(v).value_or(0) + kTensorAlignment - 1) / kTensorAlignment) * kTensorAlignment;
     }
+  // The graph outputs that in-place Concats made of values computed before them.
+  for (ValueId o : bound.outputs) {
+    const auto out = static_cast<size_t>(o);
+    if (first[out] < 0 || begin[out] == first[out] || std::any_of(plan.output_parts.begin(), plan.output_parts.end(),
+                                                                  [&](const ExecutionPlan::OutputParts& p) { return p.output == o; }))
+      continue;
+    ExecutionPlan::OutputParts parts{o, begin[out], {}};
+    for (size_t v = 0; v < nv; ++v)
+      if (v != out && root[v] == out) parts.parts.emplace_back(static_cast<ValueId>(v), delta[v]);
+    plan.output_parts.push_back(std::move(parts));
+  }
 
   int64_t flops = 0;
   for (const Node& node : plan.bound.nodes) flops = flops::saturate(CheckedInt(flops) + node_flops(node, plan.bound));

@@ -55,6 +55,18 @@ struct ExecutionPlan {
   /// Per node: its kernel writes output 0 over the input it named (Kernel::overwrites_input),
   /// which dies there: the two values are one place in the arena.
   std::vector<char> overwrites;
+  /// Per node: a Concat whose inputs were computed in place, each into its part of the output
+  /// (runtime/plan.cc), so that running it is nothing.
+  std::vector<char> in_place;
+  /// A graph output that in-place Concats made of values computed before it: its buffer is made
+  /// when node `step` runs (the first to write a part), and each part (with every value sharing
+  /// its memory) is a view of it at a byte offset.
+  struct OutputParts {
+    ValueId output;
+    int32_t step;
+    std::vector<std::pair<ValueId, size_t>> parts;
+  };
+  std::vector<OutputParts> output_parts;
   std::vector<PlannedKernel> kernels;  ///< per node
   size_t workspace_bytes = 0;          ///< the largest any kernel asked for
   /// The threads a run uses: the target's, or 1 when the whole graph is too little work to

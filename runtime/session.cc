@@ -75,16 +75,26 @@ struct Session::Step {
   std::vector<Tensor*> outputs;       ///< into Plan::values; omitted ones point into `omitted`
   std::vector<Tensor> omitted;        ///< stand-ins for omitted outputs
   struct Fresh {
-    size_t output;
+    size_t node, output;  ///< whose output it is (messages): graph.nodes[node]'s output `output`
+    Tensor* value;        ///< into Plan::values
     DType dtype;
     std::vector<int64_t> shape;
+    /// Values that are parts of it (an in-place Concat's inputs, ExecutionPlan::output_parts):
+    /// views of the new buffer, made with it at the step that writes the first part.
+    struct Part {
+      Tensor* value;
+      size_t offset;
+      DType dtype;
+      std::vector<int64_t> shape;
+    };
+    std::vector<Part> parts;
     /// The buffers the last two runs returned: one is used again once the caller has let go
     /// of it (a caller may hold the previous result while it runs the next), so that a loop
     /// of runs does not allocate, and page-fault in, a new output every time.
     mutable std::array<Tensor, 2> kept;
     mutable size_t next = 0;
   };
-  std::vector<Fresh> fresh;           ///< graph outputs of known shape: a buffer each run
+  std::vector<Fresh> fresh;           ///< graph outputs of known shape: a buffer each run, made here
   std::vector<ValueId> release;       ///< data-dependent values whose last reader this node is
 };
 
@@ -370,7 +380,10 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
   }
   for (size_t n = 0; n < ep.kernels.size(); ++n) {
     PlannedKernel& k = ep.kernels[n];
-    std::string label = ep.views[n] ? "a view of its input's memory: nothing to run" : k.kernel ? k.kernel->label() : std::string();
+    std::string label = ep.views[n]      ? "a view of its input's memory: nothing to run"
+                        : ep.in_place[n] ? "its inputs were computed in their parts of its output: nothing to run"
+                        : k.kernel       ? k.kernel->label()
+                                         : std::string();
     plan->kernels.push_back(std::move(k.kernel));
     plan->choices.push_back(NodeKernel{std::move(k.name), std::move(label), std::move(k.declined)});
   }
@@ -404,11 +417,22 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
       if (o < 0 || st.reinfer) continue;
       const Value& val = bound.value(o);
       all_empty = all_empty && shape_numel(val.shape.concrete()) == 0;
-      if (is_output[static_cast<size_t>(o)]) st.fresh.push_back({i, val.dtype, val.shape.concrete()});
+      if (is_output[static_cast<size_t>(o)] && !ep.in_place[n]) st.fresh.push_back({n, i, st.outputs[i], val.dtype, val.shape.concrete(), {}});
     }
     // A node whose outputs are all empty has nothing to compute; skipping it also keeps kernels
     // from sizing per-axis tables by a huge dim of an empty tensor (0 x 2^62).
-    st.skip = (!st.reinfer && all_empty) || ep.views[n];
+    st.skip = (!st.reinfer && all_empty) || ep.views[n] || ep.in_place[n];
+  }
+  for (const ExecutionPlan::OutputParts& op : ep.output_parts) {
+    const auto out = static_cast<size_t>(op.output);
+    const Node& node = bound.nodes[static_cast<size_t>(first[out])];
+    const auto i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), op.output) - node.outputs.begin());
+    Step::Fresh f{static_cast<size_t>(first[out]), i, &plan->values[out], bound.values[out].dtype, bound.values[out].shape.concrete(), {}};
+    for (auto [v, offset] : op.parts) {
+      const Value& val = bound.values[static_cast<size_t>(v)];
+      f.parts.push_back({&plan->values[static_cast<size_t>(v)], offset, val.dtype, val.shape.concrete()});
+    }
+    plan->steps[static_cast<size_t>(op.step)].fresh.push_back(std::move(f));
   }
   for (size_t v = 0; v < nv; ++v)
     if (first[v] >= 0 && !is_output[v] && reinfer[static_cast<size_t>(first[v])])
@@ -486,16 +510,17 @@ Status Session::run_step(const Step& st, Frame& frame, Plan& plan) {
     status = infer_and_run(graph_, st.index, frame, kernel, st.inputs, st.outputs, plan.workspace.span());
   } else {
     for (const Step::Fresh& f : st.fresh) {
-      Tensor& out = *st.outputs[f.output];
+      Tensor& out = *f.value;
       auto free = std::find_if(f.kept.begin(), f.kept.end(), [](const Tensor& t) { return t.sole_owner(); });
       if (free != f.kept.end()) {  // as it is: a kernel writes all of its outputs, arena or not
         if (kPoisonBuffers) std::memset(free->raw(), 0xff, free->nbytes());
         out = *free;
       } else {
-        KILN_RETURN_IF_ERROR(allocate_output(graph_, node, f.output, f.dtype, f.shape, out));
+        KILN_RETURN_IF_ERROR(allocate_output(graph_, graph_.nodes[f.node], f.output, f.dtype, f.shape, out));
         f.kept[f.next] = out;
         f.next ^= 1;
       }
+      for (const Step::Fresh::Part& p : f.parts) *p.value = out.part(p.offset, p.dtype, p.shape);
     }
     if (observer_) observer_->on_node_begin(event);
     if (!st.skip) {

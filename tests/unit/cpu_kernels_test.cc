@@ -84,12 +84,16 @@ TEST(CpuKernels, Activations) {
       const float got_sig = sig.fast[0].data<float>()[i], got_silu = silu.fast[0].data<float>()[i];
       SCOPED_TRACE("x=" + std::to_string(xi));
       if (std::isnan(xi)) {
-        if (isa == "avx512") EXPECT_TRUE(std::isnan(got_sig) && std::isnan(got_silu));
+        if (isa == "avx512") {
+          EXPECT_TRUE(std::isnan(got_sig) && std::isnan(got_silu));
+        }
         continue;
       }
       if (std::isinf(xi)) {  // SiLU(−∞) is −∞·0: NaN on AVX-512 as in the reference, −∞ on AVX2
         EXPECT_NEAR(got_sig, xi > 0 ? 1.f : 0.f, 2e-38);
-        if (xi > 0) EXPECT_EQ(got_silu, xi);
+        if (xi > 0) {
+          EXPECT_EQ(got_silu, xi);
+        }
         continue;
       }
       // 3e-7 relative near 0, 8e-8·|x| more past it (half an ulp of w, and log2 e as a float);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "formats/infer.h"
+#include "op_test_util.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
 
@@ -189,6 +190,111 @@ TEST(Plan, ViewsShareTheirInputsMemory) {
   auto y = (*s)->run({in});
   ASSERT_TRUE(y.ok()) << y.error().message();
   for (int i = 0; i < 32; ++i) EXPECT_EQ((*y)[0].data<float>()[i], static_cast<float>(std::max(i - 16, 0))) << i;
+}
+
+// A Concat's inputs computed straight into their parts of its output: x [1, 16] -> Abs a, Neg
+// n -> Reshape b (n's memory) -> Concat(a, b) c [1, 32] -> Relu e; then Tanh t, Exp p ->
+// Reshape q -> Concat(t, q) out [1, 32], a graph output, and Relu(t) r after it (read by Neg),
+// which may not write over t (out's part). Both Concats run nothing; the results are the reference's, also
+// for a second run while the caller holds the first's output.
+TEST(Plan, ConcatInputsAreComputedInTheirPartsOfItsOutput) {
+  Graph g;
+  ValueId x = g.add_value("x", DType::f32, Shape::of(std::vector<int64_t>{1, 16}));
+  g.inputs = {x};
+  auto v = [&](const char* name) { return g.add_value(name, DType::undefined); };
+  ValueId a = v("a"), n = v("n"), b = v("b"), c = v("c"), e = v("e"), t = v("t"), p = v("p"), q = v("q"), out = v("out"), r = v("r"), z = v("z");
+  ValueId s116 = g.add_constant("s116", Tensor::from<int64_t>({2}, {1, 16}));
+  g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {x}, .outputs = {a}});
+  g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {x}, .outputs = {n}});
+  g.add_node(Node{.name = "view", .op = "Reshape", .inputs = {n, s116}, .outputs = {b}});
+  g.add_node(Node{.name = "cat", .op = "Concat", .inputs = {a, b}, .outputs = {c}, .attrs = {attr("axis", int64_t{1})}});
+  g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {c}, .outputs = {e}});
+  g.add_node(Node{.name = "tanh", .op = "Tanh", .inputs = {x}, .outputs = {t}});
+  g.add_node(Node{.name = "exp", .op = "Exp", .inputs = {x}, .outputs = {p}});
+  g.add_node(Node{.name = "view2", .op = "Reshape", .inputs = {p, s116}, .outputs = {q}});
+  g.add_node(Node{.name = "cat2", .op = "Concat", .inputs = {t, q}, .outputs = {out}, .attrs = {attr("axis", int64_t{-1})}});
+  g.add_node(Node{.name = "relu2", .op = "Relu", .inputs = {t}, .outputs = {r}});
+  g.add_node(Node{.name = "neg2", .op = "Neg", .inputs = {r}, .outputs = {z}});
+  g.outputs = {e, out, z};
+  Model model;
+  model.graph = g;
+  ASSERT_TRUE(infer_graph(model.graph).ok());
+  Target target;
+  const std::vector<std::vector<int64_t>> shapes = {{1, 16}};
+  auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->in_place, (std::vector<char>{0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0}));
+  EXPECT_EQ(plan->overwrites[9], 0) << "t is a part of a graph output";
+  const std::vector<int64_t>& off = plan->memory.offset;
+  auto at = [&](ValueId id) { return off[static_cast<size_t>(id)]; };
+  ASSERT_GE(at(c), 0);
+  EXPECT_EQ(at(a), at(c));
+  EXPECT_EQ(at(n), at(c) + 64);
+  EXPECT_EQ(at(b), at(c) + 64);
+  EXPECT_EQ(plan->memory.bytes[static_cast<size_t>(a)], 64u);
+  for (ValueId id : {t, p, q}) EXPECT_EQ(at(id), -1) << "parts of the graph output";
+  ASSERT_EQ(plan->output_parts.size(), 1u);
+  EXPECT_EQ(plan->output_parts[0].output, out);
+  EXPECT_EQ(plan->output_parts[0].step, 5) << "made when Tanh writes its part";
+  EXPECT_EQ(plan->output_parts[0].parts, (std::vector<std::pair<ValueId, size_t>>{{t, 0}, {p, 64}, {q, 64}}));
+  // The reference plan keeps its Concats.
+  auto ref_plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels(), true});
+  ASSERT_TRUE(ref_plan.ok());
+  EXPECT_EQ(std::count(ref_plan->in_place.begin(), ref_plan->in_place.end(), 1), 0);
+
+  auto fast = Session::create(model);
+  auto ref = Session::create(model, SessionOptions{.reference = true});
+  ASSERT_TRUE(fast.ok() && ref.ok());
+  std::vector<Tensor> held;
+  for (float shift : {0.f, 0.5f, -1.f}) {
+    Tensor in(DType::f32, {1, 16});
+    for (int i = 0; i < 16; ++i) in.data<float>()[i] = 0.3f * static_cast<float>(i - 8) + shift;
+    auto got = (*fast)->run({in});
+    auto want = (*ref)->run({in});
+    ASSERT_TRUE(got.ok() && want.ok());
+    ASSERT_EQ(got->size(), 3u);
+    for (size_t o = 0; o < 3; ++o)
+      for (int64_t i = 0; i < (*want)[o].numel(); ++i)
+        EXPECT_NEAR((*got)[o].data<float>()[i], (*want)[o].data<float>()[i], 1e-6) << shift << " " << o << " " << i;
+    if (!held.empty()) {  // the previous run's output, held while this one ran, is as it was
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(held[0].data<float>()[i], held[1].data<float>()[i]) << i;
+    }
+    held = {(*got)[1], (*got)[1].clone()};
+  }
+}
+
+TEST(Plan, ConcatsNotInPlace) {
+  // Each of these Concats copies: parts that are not whole runs of the output (a batch of 2
+  // before the axis), one value twice, a graph input, a part not starting on 64 bytes.
+  struct Case {
+    const char* what;
+    std::vector<int64_t> x;
+    bool twice, input;
+  };
+  for (const Case& k : {Case{"batch of 2", {2, 16}, false, false}, Case{"one value twice", {1, 16}, true, false},
+                        Case{"a graph input", {1, 16}, false, true}, Case{"12-byte parts", {1, 3}, false, false}}) {
+    SCOPED_TRACE(k.what);
+    Graph g;
+    ValueId x = g.add_value("x", DType::f32, Shape::of(k.x));
+    g.inputs = {x};
+    ValueId a = g.add_value("a", DType::undefined), b = g.add_value("b", DType::undefined), c = g.add_value("c", DType::undefined);
+    ValueId e = g.add_value("e", DType::undefined);
+    g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {x}, .outputs = {a}});
+    g.add_node(Node{.name = "neg", .op = "Neg", .inputs = {x}, .outputs = {b}});
+    const ValueId first = k.input ? x : a, second = k.twice ? a : b;
+    g.add_node(Node{.name = "cat", .op = "Concat", .inputs = {first, second}, .outputs = {c}, .attrs = {attr("axis", int64_t{1})}});
+    g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {c}, .outputs = {e}});
+    g.outputs = {e};
+    Model model;
+    model.graph = g;
+    ASSERT_TRUE(infer_graph(model.graph).ok());
+    Target target;
+    const std::vector<std::vector<int64_t>> shapes = {k.x};
+    auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    EXPECT_EQ(plan->in_place[2], 0);
+    EXPECT_TRUE(plan->output_parts.empty());
+  }
 }
 
 TEST(Plan, RejectsTheWrongNumberOfInputShapes) {
