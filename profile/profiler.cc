@@ -288,8 +288,9 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
     double total_us = 0;
     for (double x : times) total_us += x;
     const double med_us = median(times);
-    const int64_t flops = node_flops(node, shaped);
-    const int64_t bytes = node_bytes(node, shaped);
+    // A view or an in-place Concat moves nothing (NodeKernel::nothing_to_run).
+    const int64_t flops = k.nothing_to_run ? 0 : node_flops(node, shaped);
+    const int64_t bytes = k.nothing_to_run ? 0 : node_bytes(node, shaped);
     int64_t written = 0;
     for (const TensorInfo& o : m.node_outputs[n])
       if (!o.name.empty()) written += static_cast<int64_t>(storage_bytes(o.dtype, shape_numel(o.shape)).value_or(0));

@@ -385,7 +385,7 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
                         : k.kernel       ? k.kernel->label()
                                          : std::string();
     plan->kernels.push_back(std::move(k.kernel));
-    plan->choices.push_back(NodeKernel{std::move(k.name), std::move(label), std::move(k.declined)});
+    plan->choices.push_back(NodeKernel{std::move(k.name), std::move(label), std::move(k.declined), ep.views[n] || ep.in_place[n]});
   }
   KILN_RETURN_IF_ERROR(plan->workspace.allocate(ep.workspace_bytes, "input shapes " + signature_str(key)));
 

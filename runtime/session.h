@@ -46,6 +46,9 @@ struct NodeKernel {
   std::string name;
   std::string label;  ///< Kernel::label(): the template instance, when the name does not say it all
   std::vector<std::pair<std::string, std::string>> declined;
+  /// The node moves no data: a view of its input's memory, or a Concat whose inputs were
+  /// computed in their parts of its output (ExecutionPlan::views, in_place).
+  bool nothing_to_run = false;
 };
 
 struct SessionOptions {

@@ -377,6 +377,43 @@ TEST(Profiler, MeasuresAndReportsWhatRan) {
   EXPECT_TRUE(doc["notes"].empty()) << doc["notes"].dump();
 }
 
+// A Reshape between two intermediates runs nothing (a view of its input's memory): it reads
+// and writes no bytes and does no FLOPs in the report, not 2 KiB in no time.
+TEST(Profiler, ViewsMoveNothing) {
+  testing::GraphBuilder b;
+  ValueId x = b.input("x", Shape::of(std::vector<int64_t>{8, 64}));
+  ValueId a = b.op("relu", "Relu", {x});
+  ValueId v = b.op("view", "Reshape", {a, b.constant("shape", Tensor::from<int64_t>({2}, {64, 8}))});
+  Model m = b.done({b.op("neg", "Neg", {v})});
+  auto session = Session::create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message();
+  RunOptions ro;
+  ro.warmup = 1;
+  ro.iterations = 3;
+  auto measured = measure(**session, {Tensor(DType::f32, {8, 64})}, ro);
+  ASSERT_TRUE(measured.ok()) << measured.error().message();
+  ASSERT_EQ(measured->kernels.size(), 3u);
+  EXPECT_TRUE(measured->kernels[1].nothing_to_run);
+  EXPECT_FALSE(measured->kernels[2].nothing_to_run);
+  ReportContext ctx;
+  ctx.model_file = "m.kiln";
+  ctx.stage = Stage::exported;
+  ctx.inputs = {{"x", DType::f32, {8, 64}}};
+  ctx.ceilings.compute_gflops["f32"] = 1e6;
+  ctx.ceilings.memory = {{"DRAM", 0, 1e6}};
+  ctx.ceilings.memory_gbps = 1e6;
+  ctx.ceilings.threads = 1;
+  ctx.ceilings.source = "probed";
+  json doc = build_report(m.graph, *measured, ctx);
+  const json& view = doc["nodes"][1];
+  EXPECT_EQ(view["name"], "view");
+  EXPECT_EQ(view["bytes_read"], 0);
+  EXPECT_EQ(view["bytes_written"], 0);
+  EXPECT_EQ(view["flops"], 0);
+  EXPECT_EQ(view["gbps"], 0);
+  EXPECT_EQ(doc["nodes"][2]["bytes_written"], 8 * 64 * 4);
+}
+
 // A QAdd kernel for --check to judge: with unit scales and zero points 0 its codes are a + b,
 // which the reference computes exactly; its first code is `off` steps higher.
 class QAddOffBy final : public Kernel {
