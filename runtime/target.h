@@ -25,7 +25,7 @@ struct CpuFeatures {
   /// This machine's CPU, read once.
   static const CpuFeatures& host();
   /// A CPU to compile for (`kiln compile --target`): "host" (this one), "avx2" (AVX2 + FMA),
-  /// "avx512" (that + AVX-512 F/BW/VL), "avx512-vnni" (that + VNNI), "avx512-bf16" (that +
+  /// "avx512" (that + AVX-512 F/BW/VL/DQ), "avx512-vnni" (that + VNNI), "avx512-bf16" (that +
   /// AVX512-BF16), "avx512-fp16" (that + AVX512-FP16), "amx" (that + AMX: a Xeon since Sapphire
   /// Rapids); nullopt for other names.
   static std::optional<CpuFeatures> named(std::string_view name);
