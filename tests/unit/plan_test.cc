@@ -32,6 +32,14 @@ Graph chain() {
   return g;
 }
 
+// The graph as a model, its types and shapes inferred.
+Model model_of(Graph g) {
+  Model m;
+  m.graph = std::move(g);
+  EXPECT_TRUE(infer_graph(m.graph).ok());
+  return m;
+}
+
 TEST(Plan, LaysOutTheArenaByLivenessAndChoosesKernels) {
   Graph g = chain();
   Target target;
@@ -130,9 +138,7 @@ TEST(Plan, ElementwiseOutputsTakeTheirDyingInputsPlace) {
   g.add_node(Node{.name = "add2", .op = "Add", .inputs = {r, t}, .outputs = {out}});
   g.add_node(Node{.name = "abs", .op = "Abs", .inputs = {t}, .outputs = {u}});
   g.outputs = {out, u, r};
-  Model model;
-  model.graph = g;
-  ASSERT_TRUE(infer_graph(model.graph).ok());
+  const Model model = model_of(g);
   Target target;
   const std::vector<std::vector<int64_t>> shapes = {dims};
   auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
@@ -180,9 +186,7 @@ TEST(Plan, ViewsShareTheirInputsMemory) {
   EXPECT_NE(off[static_cast<size_t>(c)], off[static_cast<size_t>(a)]);
   EXPECT_EQ(plan->memory.planned_values, 2u);
   // And it computes what the nodes say.
-  Model m;
-  m.graph = g;
-  ASSERT_TRUE(infer_graph(m.graph).ok());
+  const Model m = model_of(g);
   auto s = Session::create(m);
   ASSERT_TRUE(s.ok());
   Tensor in(DType::f32, {32});
@@ -216,9 +220,7 @@ TEST(Plan, ConcatInputsAreComputedInTheirPartsOfItsOutput) {
   g.add_node(Node{.name = "relu2", .op = "Relu", .inputs = {t}, .outputs = {r}});
   g.add_node(Node{.name = "neg2", .op = "Neg", .inputs = {r}, .outputs = {z}});
   g.outputs = {e, out, z};
-  Model model;
-  model.graph = g;
-  ASSERT_TRUE(infer_graph(model.graph).ok());
+  const Model model = model_of(g);
   Target target;
   const std::vector<std::vector<int64_t>> shapes = {{1, 16}};
   auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
@@ -285,9 +287,7 @@ TEST(Plan, ConcatsNotInPlace) {
     g.add_node(Node{.name = "cat", .op = "Concat", .inputs = {first, second}, .outputs = {c}, .attrs = {attr("axis", int64_t{1})}});
     g.add_node(Node{.name = "relu", .op = "Relu", .inputs = {c}, .outputs = {e}});
     g.outputs = {e};
-    Model model;
-    model.graph = g;
-    ASSERT_TRUE(infer_graph(model.graph).ok());
+    const Model model = model_of(g);
     Target target;
     const std::vector<std::vector<int64_t>> shapes = {k.x};
     auto plan = build_plan(model.graph, shapes, PlanOptions{target, default_kernels()});
