@@ -212,6 +212,8 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     end[root[in]] = std::max(end[root[in]], end[out]);
   };
   auto plain_bytes = [&](size_t v) { return storage_bytes(bound.values[v].dtype, shape_numel(bound.values[v].shape.concrete())); };
+  // What a value of `nbytes` takes in the arena: whole kTensorAlignment units, at least one.
+  auto reserved = [](size_t nbytes) { return std::max<size_t>(1, (nbytes + kTensorAlignment - 1) / kTensorAlignment) * kTensorAlignment; };
   // A Concat whose output is its inputs one after the other (every dim before the axis 1), each
   // input whole in the memory its root gives it, no two inputs one memory, each part starting
   // on kTensorAlignment, the output an arena intermediate or a graph output of known shape:
@@ -219,6 +221,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   // its producer writes it there and running the Concat is nothing. A graph output gets its
   // buffer when its first part is written (ExecutionPlan::output_parts) and lives past the
   // run, so nothing writes over a part after it. Not in a reference plan (the oracle).
+  std::vector<size_t> parted_outputs;  // graph outputs that in-place Concats made
   auto concat_in_place = [&](size_t n) {
     const Node& node = bound.nodes[n];
     if (options.reference || !node.domain.empty() || node.op != "Concat" || node.outputs.size() != 1 || node.outputs[0] < 0 ||
@@ -252,7 +255,10 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
         if (root[u] == r) root[u] = out, delta[u] += at;
       at += *plain_bytes(r);
     }
-    if (is_output[out]) end[out] = static_cast<int32_t>(nn);
+    if (is_output[out]) {
+      end[out] = static_cast<int32_t>(nn);
+      parted_outputs.push_back(out);
+    }
     return true;
   };
   plan.views.assign(nn, 0);
@@ -296,15 +302,13 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
       continue;
     }
     if (root[v] != v) continue;  // a view, or an output over its input: placed with its root
-    std::optional<size_t> nbytes = storage_bytes(val.dtype, shape_numel(val.shape.concrete()));
+    const std::optional<size_t> nbytes = plain_bytes(v);
     if (!nbytes) {
       const Node& node = bound.nodes[static_cast<size_t>(first[v])];
       size_t i = static_cast<size_t>(std::find(node.outputs.begin(), node.outputs.end(), static_cast<ValueId>(v)) - node.outputs.begin());
       return user_error(node.where(), output_name(bound, node, i) + " of shape " + val.shape.str() + " is too large");
     }
-    size_t bytes = (*nbytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
-    if (bytes == 0) bytes = kTensorAlignment;
-    items.push_back({v, bytes, begin[v], end[v]});
+    items.push_back({v, reserved(*nbytes), begin[v], end[v]});
   }
   // Greedy by size: each value takes the lowest offset that no value alive at the same time
   // uses; Lifetimes finds those without visiting every value placed before.
@@ -334,15 +338,10 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
   for (size_t v = 0; v < nv; ++v)
     if (root[v] != v && mem.offset[root[v]] >= 0) {  // not a part of a graph output
       mem.offset[v] = mem.offset[root[v]] + static_cast<int64_t>(delta[v]);
-      mem.bytes[v] = std::max<size_t>(1, (plain_bytes(v).value_or(0) + kTensorAlignment - 1) / kTensorAlignment) * kTensorAlignment;
+      mem.bytes[v] = reserved(plain_bytes(v).value_or(0));
     }
-  // The graph outputs that in-place Concats made of values computed before them.
-  for (ValueId o : bound.outputs) {
-    const auto out = static_cast<size_t>(o);
-    if (first[out] < 0 || begin[out] == first[out] || std::any_of(plan.output_parts.begin(), plan.output_parts.end(),
-                                                                  [&](const ExecutionPlan::OutputParts& p) { return p.output == o; }))
-      continue;
-    ExecutionPlan::OutputParts parts{o, begin[out], {}};
+  for (size_t out : parted_outputs) {
+    ExecutionPlan::OutputParts parts{static_cast<ValueId>(out), begin[out], {}};
     for (size_t v = 0; v < nv; ++v)
       if (v != out && root[v] == out) parts.parts.emplace_back(static_cast<ValueId>(v), delta[v]);
     plan.output_parts.push_back(std::move(parts));
