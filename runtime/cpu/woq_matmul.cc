@@ -1,7 +1,9 @@
 // kiln.matmul_woq_avx512: WoqFusedMatMul (a linear layer whose weight `kiln quant --weight-only`
 // stored as int8 or int4 codes) on kiln's weight-only GEMM (runtime/cpu/gemm/woq.h): B's codes,
-// scales and zero points packed once at plan time, dequantized in the micro-kernel's loads; A
-// read in place; the bias, activations and residual in the GEMM's epilogue.
+// scales and zero points packed once at plan time, dequantized in the micro-kernel's loads (or,
+// for a decode step's few rows of 4-bit codes on VNNI, multiplied as integers by A split into
+// 16-bit integers: label `a16x2_vnni`); the bias, activations and residual in the GEMM's
+// epilogue.
 #include "runtime/cpu/gemm/woq.h"
 #include "runtime/cpu/linear.h"
 #include "runtime/cpu/rows.h"
@@ -79,9 +81,12 @@ class WoqMatMulKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
     ep_.ldz = n_;
-    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, threads_);
+    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, codes_, threads_);
     return {};
   }
+
+  // The 16-bit path (woq.h) where this CPU takes it: A as two 16-bit integers a value, on VNNI.
+  std::string label() const override { return gemm::woq_rounds_a(m_, codes_, group_) ? "a16x2_vnni" : ""; }
 
   Status run(KernelContext& ctx) override {
     gemm::Epilogue ep = ep_;

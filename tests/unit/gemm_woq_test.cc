@@ -6,6 +6,7 @@
 // relu + residual epilogue, on one and two threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -115,20 +116,44 @@ struct WoqCase {
   }
 };
 
-// Runs one case twice, C = A·B and C = relu(A·B + bias) + Z, and checks both against the
-// reference within a bound on f32's rounding over K terms; C's padding must stay untouched.
-void check(const WoqCase& t, std::mt19937& rng) {
+// The step to which gemm_woq rounds each of a row's K values of A (woq.h), and the blocks of
+// K it rounds them in; no blocks and steps of 0 where it takes an f32 path: per block of
+// kWoqABlock values within each group, the block's largest |a| / 32767 / 2^15.
+struct Steps {
+  std::vector<double> of;
+  int64_t blocks = 0;
+};
+Steps rounding_steps(const WoqCase& t, const float* row) {
+  Steps step{std::vector<double>(static_cast<size_t>(t.k), 0.0)};
+  if (!gemm::woq_rounds_a(t.m, t.codes, t.group)) return step;
+  const int64_t length = t.group > 0 ? t.group : t.k;
+  for (int64_t g0 = 0; g0 < t.k; g0 += length)
+    for (int64_t k0 = g0; k0 < std::min(t.k, g0 + length); k0 += gemm::kWoqABlock, ++step.blocks) {
+      const int64_t end = std::min({t.k, g0 + length, k0 + gemm::kWoqABlock});
+      double top = 0;
+      for (int64_t p = k0; p < end; ++p) top = std::max(top, double{std::abs(row[p])});
+      for (int64_t p = k0; p < end; ++p) step.of[static_cast<size_t>(p)] = top / 32767 / 32768;
+    }
+  return step;
+}
+
+// Runs one case twice, C = A·B and C = relu(A·B + bias) + Z (A with `outlier` every 37 values
+// where it is not 0), and checks both against the
+// reference within a bound on f32's rounding over K terms (and, where gemm_woq splits A into
+// 16-bit integers, half a step of each value times its weight); C's padding must stay untouched.
+void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   SCOPED_TRACE(t.str());
   const int64_t lda = t.k + 3, ldc = t.n + 5;
   const Weight b(t.codes, t.k, t.n, t.group, t.trans, t.zeros, rng);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   std::vector<float> a(static_cast<size_t>(t.m * lda)), bias(static_cast<size_t>(t.n)), z(static_cast<size_t>(t.m * t.n));
   for (auto& v : a) v = dist(rng);
+  for (size_t i = 0; outlier != 0 && i < a.size(); i += 37) a[i] = outlier;  // a value far above the rest of its block
   for (auto& v : bias) v = dist(rng);
   for (auto& v : z) v = dist(rng);
   std::vector<Line> packed = lines(static_cast<size_t>(gemm::packed_b_woq_bytes(b.w)));
   gemm::pack_b_woq(b.w, packed[0].bytes);
-  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.threads));
+  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.codes, t.threads));
   // B's values and magnitudes, K×N, read once for all the rows.
   std::vector<double> bv(static_cast<size_t>(t.k * t.n)), bm(bv.size());
   for (int64_t p = 0; p < t.k; ++p)
@@ -143,15 +168,20 @@ void check(const WoqCase& t, std::mt19937& rng) {
     gemm::gemm_woq(t.m, t.n, t.k, a.data(), lda, packed[0].bytes, t.codes, t.group, ep, c.data(), ldc, t.threads,
                    ws.empty() ? nullptr : ws[0].bytes);
     for (int64_t i = 0; i < t.m; ++i) {
+      const Steps step = rounding_steps(t, a.data() + i * lda);
       for (int64_t j = 0; j < t.n; ++j) {
-        double s = 0, mag = 0;
+        double s = 0, mag = 0, rounding = 0;
         for (int64_t p = 0; p < t.k; ++p) {
           const double av = a[static_cast<size_t>(i * lda + p)];
           s += av * bv[static_cast<size_t>(p * t.n + j)];
           mag += std::abs(av) * bm[static_cast<size_t>(p * t.n + j)];
+          rounding += step.of[static_cast<size_t>(p)] / 2 * std::abs(bv[static_cast<size_t>(p * t.n + j)]);
         }
         if (ep.bias) s = std::max(0.0, s + bias[static_cast<size_t>(j)]) + z[static_cast<size_t>(i * t.n + j)];
-        const double tol = 8 * std::ldexp(1.0, -24) * static_cast<double>(t.k + 2) * (mag + 2);
+        // The 16-bit path's sums are exact integers, rounded a few times a block: its bound
+        // counts blocks, not K's terms.
+        const double terms = static_cast<double>(step.blocks > 0 ? step.blocks + 4 : t.k + 2);
+        const double tol = 8 * std::ldexp(1.0, -24) * terms * (mag + 2) + 1.001 * rounding;
         ASSERT_NEAR(c[static_cast<size_t>(i * ldc + j)], s, tol) << "at " << i << "," << j << (ep.bias ? " fused" : "");
       }
       for (int64_t j = t.n; j < ldc; ++j)
@@ -189,12 +219,22 @@ TEST(GemmWoq, S4) { check_all(WoqCodes::s4); }
 TEST(GemmWoq, U4) { check_all(WoqCodes::u4); }
 
 // A K longer than the dequantized slices (on any L2 up to 2 MB), with a group that straddles
-// them and one that is K itself, on rows for the micro-kernel (5) and for the slices (20).
+// them and one that is K itself, on rows for the 16-bit path (2: many blocks a group), the
+// micro-kernel (5) and the slices (20).
 TEST(GemmWoq, LongGroups) {
   if (auto why = gemm::woq_lacks(CpuFeatures::host())) GTEST_SKIP() << *why;
   std::mt19937 rng(7);
-  for (int64_t m : {5, 20})
+  for (int64_t m : {2, 5, 20})
     for (int64_t group : {5000, 12000}) check({WoqCodes::s4, group, false, true, m, 70, 12000, 1}, rng);
+}
+
+// The 16-bit path keeps A to f32's precision where one value of a block is 10^4 times the others
+// (one 16-bit integer a value would round those others by up to a third of their size).
+TEST(GemmWoq, SixteenBitPathKeepsSmallValues) {
+  if (!gemm::woq_rounds_a(1, WoqCodes::u4, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
+  std::mt19937 rng(11);
+  for (int64_t group : {0, 32, 128})
+    for (int64_t m : {1, 2, 4}) check({WoqCodes::u4, group, false, true, m, 70, 300, 1}, rng, 1e4f);
 }
 
 }  // namespace

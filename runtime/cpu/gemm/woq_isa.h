@@ -1,7 +1,9 @@
-// What woq.cc and the AVX-512 build of the weight-only-quantized kernels (woq_avx512.cc) share:
-// the packed panel's layout and the kernels' entry points.
+// What woq.cc and the AVX-512 and AVX512-VNNI builds of the weight-only-quantized kernels
+// (woq_avx512.cc, woq_vnni.cc) share: the packed panel's layout, the layout of A rounded to 16
+// bits, and the kernels' entry points.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,3 +41,50 @@ void dequantizing_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k
 void dequantize(const std::byte* panel, WoqCodes codes, int64_t k, int64_t group, int64_t k0, int64_t kc, float* out);
 
 }  // namespace kiln::cpu::gemm::woq_avx512
+
+namespace kiln::cpu::gemm::woq_vnni {
+
+/// A's rows as two 16-bit integers a value (woq.h's kWoqABlock), as round_rows writes them into
+/// the workspace: per row, K codes, K rests (int16 each; room for one more where K is odd: the
+/// last pair reads it against the codes' zero padding), then a scale and a sum of the f32 values
+/// per block, each part on 64 bytes. Blocks are cut within each group (all of K when the scales
+/// are per column), kWoqABlock values long but the group's last.
+struct RoundedA {
+  RoundedA(int64_t m, int64_t k, int64_t group) : m(m), k(k), group(group) {
+    for_blocks([&](int64_t, int64_t, int64_t, int64_t) { ++blocks; });
+  }
+  /// f(k0, end, group index, block index) for each block, in K's order.
+  template <typename F>
+  void for_blocks(F&& f) const {
+    const int64_t length = group > 0 ? group : std::max<int64_t>(k, 1);
+    int64_t b = 0;
+    for (int64_t g0 = 0, g = 0; g0 < k; g0 += length, ++g)
+      for (int64_t k0 = g0; k0 < std::min(k, g0 + length); k0 += kWoqABlock) f(k0, std::min({k, g0 + length, k0 + kWoqABlock}), g, b++);
+  }
+  int64_t codes_bytes() const { return round64((k + 1) / 2 * 2 * 2); }
+  int64_t floats_bytes() const { return round64(blocks * 4); }
+  int64_t row_bytes() const { return 2 * codes_bytes() + 2 * floats_bytes(); }
+  int64_t bytes() const { return m * row_bytes(); }
+  int16_t* codes(std::byte* ws, int64_t i) const { return reinterpret_cast<int16_t*>(ws + i * row_bytes()); }
+  int16_t* rests(std::byte* ws, int64_t i) const { return reinterpret_cast<int16_t*>(ws + i * row_bytes() + codes_bytes()); }
+  float* scales(std::byte* ws, int64_t i) const { return reinterpret_cast<float*>(ws + i * row_bytes() + 2 * codes_bytes()); }
+  float* sums(std::byte* ws, int64_t i) const { return scales(ws, i) + floats_bytes() / 4; }
+
+  int64_t m, k, group, blocks = 0;
+
+ private:
+  static int64_t round64(int64_t x) { return (x + 63) / 64 * 64; }
+};
+
+/// A's m rows (`lda` floats apart) split into `out` (RoundedA(m, k, group).bytes() long, 64-byte
+/// aligned): per block, its scale s (largest |a| / 32767; NaN where a value is not finite), the
+/// codes q = round(a / s), the rests round((a / s − q) · 2^15), and the sum of the f32 values.
+void round_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out);
+
+/// C's rows [0, m) (`ldc` apart) and panels [p0, p1) of N columns from A split by round_rows
+/// (`rounded`, its rows from 0) and B's 4-bit codes packed by pack_b_woq, two rows at a time,
+/// then the epilogue on each tile (the residual starting at C's row 0).
+void rounded_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* rounded,
+                    const std::byte* b, const Epilogue& ep, float* c, int64_t ldc);
+
+}  // namespace kiln::cpu::gemm::woq_vnni
