@@ -1,7 +1,7 @@
 // kiln.matmul_woq_avx512: WoqFusedMatMul (a linear layer whose weight `kiln quant --weight-only`
 // stored as int8 or int4 codes) on kiln's weight-only GEMM (runtime/cpu/gemm/woq.h): B's codes,
 // scales and zero points packed once at plan time, dequantized in the micro-kernel's loads (or,
-// for a decode step's few rows of 4-bit codes on VNNI, multiplied as integers by A split into
+// for a decode step's few rows on VNNI, multiplied as integers by A split into
 // 16-bit integers: label `a16x2_vnni`); the bias, activations and residual in the GEMM's
 // epilogue.
 #include "runtime/cpu/gemm/woq.h"

@@ -1,13 +1,14 @@
 // kiln's weight-only-quantized GEMM (runtime/cpu/gemm/woq.h) against an exact reference: B
 // dequantized from its stored codes and the product taken in double. Every code type, a scale
 // per column and per group (one that divides K and ones that do not), B plain and transposed,
-// zero points absent and present, odd sizes (rows for the dequantizing micro-kernel and for the
-// dequantized slices, fewer panels than threads), strided A and C, with and without a bias +
-// relu + residual epilogue, on one and two threads.
+// zero points absent and present, odd sizes (rows for the 16-bit path, for the dequantizing
+// micro-kernel and for the dequantized slices, fewer panels than threads), strided A and C, with
+// and without a bias + relu + residual epilogue, on one and two threads.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -154,6 +155,7 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   std::vector<Line> packed = lines(static_cast<size_t>(gemm::packed_b_woq_bytes(b.w)));
   gemm::pack_b_woq(b.w, packed[0].bytes);
   std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.codes, t.threads));
+  for (Line& l : ws) std::memset(l.bytes, 0x5a, sizeof l.bytes);  // a workspace is not zeroed
   // B's values and magnitudes, K×N, read once for all the rows.
   std::vector<double> bv(static_cast<size_t>(t.k * t.n)), bm(bv.size());
   for (int64_t p = 0; p < t.k; ++p)
@@ -190,7 +192,8 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   }
 }
 
-// Every size, group, layout and zero point of one code type on one thread. On two threads,
+// Every size, group, layout and zero point of one code type on one thread (an odd group keeps
+// the f32 paths for the rows the 16-bit path takes on a CPU with VNNI). On two threads,
 // groups with zero points, both layouts, and the sizes that split B's panels (N = 130) or, with
 // fewer panels than threads, M (N = 47): the split depends on nothing else, and a parallel
 // region costs milliseconds on a loaded machine.
@@ -201,7 +204,7 @@ void check_all(WoqCodes codes) {
   for (int threads : {1, 2}) {
     use_threads(threads);
     const std::vector<int64_t> ns = threads == 1 ? std::vector<int64_t>{1, 47, 64, 130} : std::vector<int64_t>{47, 130};
-    for (int64_t group : {0, 32})
+    for (int64_t group : {0, 32, 33})
       for (bool trans : {false, true})
         for (bool zeros : {false, true}) {
           if (threads == 2 && (group == 0 || !zeros)) continue;
@@ -233,8 +236,9 @@ TEST(GemmWoq, LongGroups) {
 TEST(GemmWoq, SixteenBitPathKeepsSmallValues) {
   if (!gemm::woq_rounds_a(1, WoqCodes::u4, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
   std::mt19937 rng(11);
-  for (int64_t group : {0, 32, 128})
-    for (int64_t m : {1, 2, 4}) check({WoqCodes::u4, group, false, true, m, 70, 300, 1}, rng, 1e4f);
+  for (WoqCodes codes : {WoqCodes::u4, WoqCodes::s8})
+    for (int64_t group : {0, 32, 128})
+      for (int64_t m : {1, 2, 4}) check({codes, group, false, true, m, 70, 300, 1}, rng, 1e4f);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ void slice_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64
 
 bool woq_rounds_a(int64_t m, WoqCodes codes, int64_t group) {
   static const bool vnni = CpuFeatures::host().avx512_vnni;
-  return vnni && m <= kWoqRoundedRows && (codes == WoqCodes::s4 || codes == WoqCodes::u4) && group % 2 == 0;
+  return vnni && m <= kWoqRoundedRows && group % 2 == 0;
 }
 
 std::optional<std::string> woq_lacks(const CpuFeatures& cpu) {
@@ -140,7 +140,7 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
     Epilogue e = ep;
     if (e.z) e.z += m0 * e.ldz;
     if (rounded) {
-      woq_vnni::rounded_panels(rows, p0, p1, n, k, group, workspace, b_packed, e, c + m0 * ldc, ldc);
+      woq_vnni::rounded_panels(rows, p0, p1, n, k, group, workspace, b_packed, codes, e, c + m0 * ldc, ldc);
     } else if (dequantizing(rows, k)) {
       woq_avx512::dequantizing_panels(rows, p0, p1, n, k, group, a + m0 * lda, lda, b_packed, codes, e, c + m0 * ldc, ldc);
     } else {

@@ -14,7 +14,7 @@
 //  - more: each panel is dequantized a Kc×64 slice at a time into the thread's workspace
 //    (Inductor's "small dequant buffer", in L2), and kiln's f32 GEMM micro-kernel runs all the
 //    thread's rows against it, so a code is dequantized once, not once per row tile.
-// On CPUs with AVX512-VNNI, 4-bit codes and up to kWoqRoundedRows rows take a third path: each
+// On CPUs with AVX512-VNNI, up to kWoqRoundedRows rows take a third path: each
 // value of A becomes two 16-bit integers, s·(q + rest·2^-15), with a scale s per block of up to
 // kWoqABlock values of K (the block's largest |a| / 32767), so that A is kept to within
 // 2^-31 of the block's largest value, as good as f32 for the sums; `vpdpwssd` multiplies both
@@ -60,9 +60,9 @@ struct WoqWeight {
 /// The rows up to which, and the K values per scale with which, the 16-bit path splits A.
 inline constexpr int64_t kWoqRoundedRows = 4, kWoqABlock = 128;
 
-/// Whether gemm_woq takes the 16-bit path for M rows of these codes on this CPU: 4-bit codes, M
-/// up to kWoqRoundedRows, one group (a scale per column) or groups of an even length (so that no
-/// pair of K values straddles two), and AVX512-VNNI.
+/// Whether gemm_woq takes the 16-bit path for M rows of these codes on this CPU: M up to
+/// kWoqRoundedRows, one group (a scale per column) or groups of an even length (so that no pair
+/// of K values straddles two), and AVX512-VNNI.
 bool woq_rounds_a(int64_t m, WoqCodes codes, int64_t group);
 
 /// Why this CPU cannot run the weight-only GEMM ("the CPU lacks avx512"), or nullopt.

@@ -45,8 +45,8 @@ void dequantize(const std::byte* panel, WoqCodes codes, int64_t k, int64_t group
 namespace kiln::cpu::gemm::woq_vnni {
 
 /// A's rows as two 16-bit integers a value (woq.h's kWoqABlock), as round_rows writes them into
-/// the workspace: per row, K codes, K rests (int16 each; room for one more where K is odd: the
-/// last pair reads it against the codes' zero padding), then a scale and a sum of the f32 values
+/// the workspace: per row, K codes, K rests (int16 each; one more of each, 0, where K is odd: the
+/// last pair reads it), then a scale and a sum of the f32 values
 /// per block, each part on 64 bytes. Blocks are cut within each group (all of K when the scales
 /// are per column), kWoqABlock values long but the group's last.
 struct RoundedA {
@@ -82,9 +82,9 @@ struct RoundedA {
 void round_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out);
 
 /// C's rows [0, m) (`ldc` apart) and panels [p0, p1) of N columns from A split by round_rows
-/// (`rounded`, its rows from 0) and B's 4-bit codes packed by pack_b_woq, two rows at a time,
-/// then the epilogue on each tile (the residual starting at C's row 0).
+/// (`rounded`, its rows from 0) and B's codes packed by pack_b_woq, two rows at a time, then
+/// the epilogue on each tile (the residual starting at C's row 0).
 void rounded_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* rounded,
-                    const std::byte* b, const Epilogue& ep, float* c, int64_t ldc);
+                    const std::byte* b, WoqCodes codes, const Epilogue& ep, float* c, int64_t ldc);
 
 }  // namespace kiln::cpu::gemm::woq_vnni
