@@ -304,8 +304,8 @@ int weight_only(int threads, int64_t group) {
     std::byte* b4 = aligned(b4_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w4)));
     gemm::pack_b_woq(w8, b8);
     gemm::pack_b_woq(w4, b4);
-    std::byte* ws8 = aligned(ws8_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, 0, gemm::WoqCodes::s8, threads));
-    std::byte* ws4 = aligned(ws4_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, group, gemm::WoqCodes::s4, threads));
+    std::byte* ws8 = aligned(ws8_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, 0, threads));
+    std::byte* ws4 = aligned(ws4_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, group, threads));
     std::vector<double> spread;
     const std::vector<double> sec = interleaved(
         spread, [&] { gemm::run(p, g, f32_ws); },

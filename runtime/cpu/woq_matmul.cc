@@ -81,12 +81,12 @@ class WoqMatMulKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
     ep_.ldz = n_;
-    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, codes_, threads_);
+    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, threads_);
     return {};
   }
 
   // The 16-bit path (woq.h) where this CPU takes it: A as two 16-bit integers a value, on VNNI.
-  std::string label() const override { return gemm::woq_rounds_a(m_, codes_, group_) ? "a16x2_vnni" : ""; }
+  std::string label() const override { return gemm::woq_splits_a(m_, group_) ? "a16x2_vnni" : ""; }
 
   Status run(KernelContext& ctx) override {
     gemm::Epilogue ep = ep_;

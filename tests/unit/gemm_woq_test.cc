@@ -126,7 +126,7 @@ struct Steps {
 };
 Steps rounding_steps(const WoqCase& t, const float* row) {
   Steps step{std::vector<double>(static_cast<size_t>(t.k), 0.0)};
-  if (!gemm::woq_rounds_a(t.m, t.codes, t.group)) return step;
+  if (!gemm::woq_splits_a(t.m, t.group)) return step;
   const int64_t length = t.group > 0 ? t.group : t.k;
   for (int64_t g0 = 0; g0 < t.k; g0 += length)
     for (int64_t k0 = g0; k0 < std::min(t.k, g0 + length); k0 += gemm::kWoqABlock, ++step.blocks) {
@@ -154,7 +154,7 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   for (auto& v : z) v = dist(rng);
   std::vector<Line> packed = lines(static_cast<size_t>(gemm::packed_b_woq_bytes(b.w)));
   gemm::pack_b_woq(b.w, packed[0].bytes);
-  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.codes, t.threads));
+  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.threads));
   for (Line& l : ws) std::memset(l.bytes, 0x5a, sizeof l.bytes);  // a workspace is not zeroed
   // B's values and magnitudes, K×N, read once for all the rows.
   std::vector<double> bv(static_cast<size_t>(t.k * t.n)), bm(bv.size());
@@ -234,7 +234,7 @@ TEST(GemmWoq, LongGroups) {
 // The 16-bit path keeps A to f32's precision where one value of a block is 10^4 times the others
 // (one 16-bit integer a value would round those others by up to a third of their size).
 TEST(GemmWoq, SixteenBitPathKeepsSmallValues) {
-  if (!gemm::woq_rounds_a(1, WoqCodes::u4, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
+  if (!gemm::woq_splits_a(1, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
   std::mt19937 rng(11);
   for (WoqCodes codes : {WoqCodes::u4, WoqCodes::s8})
     for (int64_t group : {0, 32, 128})

@@ -71,9 +71,9 @@ void slice_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64
 
 }  // namespace
 
-bool woq_rounds_a(int64_t m, WoqCodes codes, int64_t group) {
+bool woq_splits_a(int64_t m, int64_t group) {
   static const bool vnni = CpuFeatures::host().avx512_vnni;
-  return vnni && m <= kWoqRoundedRows && group % 2 == 0;
+  return vnni && m <= kWoqSplitRows && group % 2 == 0;
 }
 
 std::optional<std::string> woq_lacks(const CpuFeatures& cpu) {
@@ -114,8 +114,8 @@ void pack_b_woq(const WoqWeight& w, std::byte* out) {
   }
 }
 
-size_t woq_workspace_bytes(int64_t m, int64_t /*n*/, int64_t k, int64_t group, WoqCodes codes, int threads) {
-  if (woq_rounds_a(m, codes, group)) return static_cast<size_t>(woq_vnni::RoundedA(m, k, group).bytes());
+size_t woq_workspace_bytes(int64_t m, int64_t /*n*/, int64_t k, int64_t group, int threads) {
+  if (woq_splits_a(m, group)) return static_cast<size_t>(woq_vnni::SplitA(m, k, group).bytes());
   return dequantizing(m, k) ? 0 : slice_bytes(k) * static_cast<size_t>(std::max(threads, 1));
 }
 
@@ -128,10 +128,10 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   const int t = std::max(1, std::min(threads, pool_threads()));
   const int tn = static_cast<int>(std::min<int64_t>(t, count));
   const int tm = static_cast<int>(std::min<int64_t>(t / tn, tiles));
-  // A split into 16-bit integers once, for every thread (m is at most kWoqRoundedRows: one row
+  // A split into 16-bit integers once, for every thread (m is at most kWoqSplitRows: one row
   // tile).
-  const bool rounded = woq_rounds_a(m, codes, group);
-  if (rounded) woq_vnni::round_rows(m, k, group, a, lda, workspace);
+  const bool split = woq_splits_a(m, group);
+  if (split) woq_vnni::split_rows(m, k, group, a, lda, workspace);
   auto part = [&](int i) {
     const auto [p0, p1] = even_share(count, tn, i % tn);
     const auto [r0, r1] = even_share(tiles, tm, i / tn);
@@ -139,8 +139,8 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
     if (p0 >= p1 || rows <= 0) return;
     Epilogue e = ep;
     if (e.z) e.z += m0 * e.ldz;
-    if (rounded) {
-      woq_vnni::rounded_panels(rows, p0, p1, n, k, group, workspace, b_packed, codes, e, c + m0 * ldc, ldc);
+    if (split) {
+      woq_vnni::split_panels(rows, p0, p1, n, k, group, workspace, b_packed, codes, e, c + m0 * ldc, ldc);
     } else if (dequantizing(rows, k)) {
       woq_avx512::dequantizing_panels(rows, p0, p1, n, k, group, a + m0 * lda, lda, b_packed, codes, e, c + m0 * ldc, ldc);
     } else {

@@ -14,7 +14,7 @@
 //  - more: each panel is dequantized a Kc×64 slice at a time into the thread's workspace
 //    (Inductor's "small dequant buffer", in L2), and kiln's f32 GEMM micro-kernel runs all the
 //    thread's rows against it, so a code is dequantized once, not once per row tile.
-// On CPUs with AVX512-VNNI, up to kWoqRoundedRows rows take a third path: each
+// On CPUs with AVX512-VNNI, up to kWoqSplitRows rows take a third path: each
 // value of A becomes two 16-bit integers, s·(q + rest·2^-15), with a scale s per block of up to
 // kWoqABlock values of K (the block's largest |a| / 32767), so that A is kept to within
 // 2^-31 of the block's largest value, as good as f32 for the sums; `vpdpwssd` multiplies both
@@ -58,12 +58,12 @@ struct WoqWeight {
 };
 
 /// The rows up to which, and the K values per scale with which, the 16-bit path splits A.
-inline constexpr int64_t kWoqRoundedRows = 4, kWoqABlock = 128;
+inline constexpr int64_t kWoqSplitRows = 4, kWoqABlock = 128;
 
-/// Whether gemm_woq takes the 16-bit path for M rows of these codes on this CPU: M up to
-/// kWoqRoundedRows, one group (a scale per column) or groups of an even length (so that no pair
+/// Whether gemm_woq takes the 16-bit path for M rows on this CPU: M up to
+/// kWoqSplitRows, one group (a scale per column) or groups of an even length (so that no pair
 /// of K values straddles two), and AVX512-VNNI.
-bool woq_rounds_a(int64_t m, WoqCodes codes, int64_t group);
+bool woq_splits_a(int64_t m, int64_t group);
 
 /// Why this CPU cannot run the weight-only GEMM ("the CPU lacks avx512"), or nullopt.
 std::optional<std::string> woq_lacks(const CpuFeatures& cpu);
@@ -77,13 +77,13 @@ int64_t packed_b_woq_bytes(const WoqWeight& w);
 void pack_b_woq(const WoqWeight& w, std::byte* out);
 
 /// Workspace gemm_woq needs for M rows on `threads` threads: a Kc×64 f32 slice of B per thread
-/// when M is more than 12 rows, A split in 16-bit integers where woq_rounds_a, else 0.
-size_t woq_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t group, WoqCodes codes, int threads);
+/// when M is more than 12 rows, A split into 16-bit integers where woq_splits_a, else 0.
+size_t woq_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t group, int threads);
 
 /// C[M×N] = epilogue(A[M×K] f32 (`lda` floats between rows) · dequantized B), B packed by
 /// pack_b_woq for this (k, n, group, codes), on min(threads, pool) threads; `ldc` floats between
 /// C's rows. The epilogue is the f32 GEMM's: post(act(c + bias[n]) + z[m, n]). `workspace` is
-/// woq_workspace_bytes(m, n, k, group, codes, threads) long and 64-byte aligned (may be null when that
+/// woq_workspace_bytes(m, n, k, group, threads) long and 64-byte aligned (may be null when that
 /// is 0).
 void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const std::byte* b_packed, WoqCodes codes,
               int64_t group, const Epilogue& ep, float* c, int64_t ldc, int threads, std::byte* workspace);

@@ -1,11 +1,12 @@
 // What woq.cc and the AVX-512 and AVX512-VNNI builds of the weight-only-quantized kernels
-// (woq_avx512.cc, woq_vnni.cc) share: the packed panel's layout, the layout of A rounded to 16
-// bits, and the kernels' entry points.
+// (woq_avx512.cc, woq_vnni.cc) share: the packed panel's layout, the layout of A split into
+// 16-bit integers, and the kernels' entry points.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/cpu/gemm/woq.h"
 
@@ -44,13 +45,13 @@ void dequantize(const std::byte* panel, WoqCodes codes, int64_t k, int64_t group
 
 namespace kiln::cpu::gemm::woq_vnni {
 
-/// A's rows as two 16-bit integers a value (woq.h's kWoqABlock), as round_rows writes them into
+/// A's rows as two 16-bit integers a value (woq.h's kWoqABlock), as split_rows writes them into
 /// the workspace: per row, K codes, K rests (int16 each; one more of each, 0, where K is odd: the
 /// last pair reads it), then a scale and a sum of the f32 values
 /// per block, each part on 64 bytes. Blocks are cut within each group (all of K when the scales
 /// are per column), kWoqABlock values long but the group's last.
-struct RoundedA {
-  RoundedA(int64_t m, int64_t k, int64_t group) : m(m), k(k), group(group) {
+struct SplitA {
+  SplitA(int64_t m, int64_t k, int64_t group) : m(m), k(k), group(group) {
     for_blocks([&](int64_t, int64_t, int64_t, int64_t) { ++blocks; });
   }
   /// f(k0, end, group index, block index) for each block, in K's order.
@@ -65,26 +66,36 @@ struct RoundedA {
   int64_t floats_bytes() const { return round64(blocks * 4); }
   int64_t row_bytes() const { return 2 * codes_bytes() + 2 * floats_bytes(); }
   int64_t bytes() const { return m * row_bytes(); }
-  int16_t* codes(std::byte* ws, int64_t i) const { return reinterpret_cast<int16_t*>(ws + i * row_bytes()); }
-  int16_t* rests(std::byte* ws, int64_t i) const { return reinterpret_cast<int16_t*>(ws + i * row_bytes() + codes_bytes()); }
-  float* scales(std::byte* ws, int64_t i) const { return reinterpret_cast<float*>(ws + i * row_bytes() + 2 * codes_bytes()); }
-  float* sums(std::byte* ws, int64_t i) const { return scales(ws, i) + floats_bytes() / 4; }
+  /// Row i's parts in the workspace `ws` (const where `ws` is).
+  template <typename B>
+  auto codes(B* ws, int64_t i) const { return at<int16_t>(ws + i * row_bytes()); }
+  template <typename B>
+  auto rests(B* ws, int64_t i) const { return at<int16_t>(ws + i * row_bytes() + codes_bytes()); }
+  template <typename B>
+  auto scales(B* ws, int64_t i) const { return at<float>(ws + i * row_bytes() + 2 * codes_bytes()); }
+  template <typename B>
+  auto sums(B* ws, int64_t i) const { return scales(ws, i) + floats_bytes() / 4; }
 
   int64_t m, k, group, blocks = 0;
 
  private:
   static int64_t round64(int64_t x) { return (x + 63) / 64 * 64; }
+  template <typename T, typename B>
+  static auto at(B* p) {
+    if constexpr (std::is_const_v<B>) return reinterpret_cast<const T*>(p);
+    else return reinterpret_cast<T*>(p);
+  }
 };
 
-/// A's m rows (`lda` floats apart) split into `out` (RoundedA(m, k, group).bytes() long, 64-byte
+/// A's m rows (`lda` floats apart) split into `out` (SplitA(m, k, group).bytes() long, 64-byte
 /// aligned): per block, its scale s (largest |a| / 32767; NaN where a value is not finite), the
 /// codes q = round(a / s), the rests round((a / s − q) · 2^15), and the sum of the f32 values.
-void round_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out);
+void split_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out);
 
-/// C's rows [0, m) (`ldc` apart) and panels [p0, p1) of N columns from A split by round_rows
-/// (`rounded`, its rows from 0) and B's codes packed by pack_b_woq, two rows at a time, then
+/// C's rows [0, m) (`ldc` apart) and panels [p0, p1) of N columns from A split by split_rows
+/// (`split`, its rows from 0) and B's codes packed by pack_b_woq, two rows at a time, then
 /// the epilogue on each tile (the residual starting at C's row 0).
-void rounded_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* rounded,
+void split_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* split,
                     const std::byte* b, WoqCodes codes, const Epilogue& ep, float* c, int64_t ldc);
 
 }  // namespace kiln::cpu::gemm::woq_vnni

@@ -1,8 +1,8 @@
 // The weight-only GEMM's 16-bit decode path (woq.h), built with AVX512-VNNI (CMake sets the
-// flags for this file); woq.cc calls it only on CPUs that have it, for up to kWoqRoundedRows
+// flags for this file); woq.cc calls it only on CPUs that have it, for up to kWoqSplitRows
 // rows.
 //
-// A's rows are first split (round_rows): per block of K, a scale s (the block's largest |a| /
+// A's rows are first split (split_rows): per block of K, a scale s (the block's largest |a| /
 // 32767), and each value as s · (q + rest · 2^-15) with q and rest 16-bit integers, and the
 // block's f32 sum. The product then runs on integers: `vpdpwssd` adds two 16-bit products a
 // lane, a pair of K values of q (or of rest) against the pair of codes of each column, 32
@@ -84,16 +84,15 @@ void to_columns(__m512 (&v)[4]) {
 // panel's codes, fetched into L2 a line per 64 bytes of this one's (woq_avx512's tile does the
 // same).
 template <Width W, int MRT>
-void tile(const RoundedA& r, const std::byte* rounded, const uint8_t* codes, const float* params, const uint8_t* next,
+void tile(const SplitA& r, const std::byte* split, const uint8_t* codes, const float* params, const uint8_t* next,
           const float* bias, float* c, int64_t ldc, int w) {
   constexpr int64_t RB = W == Width::u4 ? NR / 2 : NR;
   __m512 acc[MRT][4];
   const int16_t *q[MRT], *rest[MRT];
   const float *scale[MRT], *sum[MRT];
-  auto* ws = const_cast<std::byte*>(rounded);
   for (int i = 0; i < MRT; ++i) {
     for (auto& v : acc[i]) v = _mm512_setzero_ps();
-    q[i] = r.codes(ws, i), rest[i] = r.rests(ws, i), scale[i] = r.scales(ws, i), sum[i] = r.sums(ws, i);
+    q[i] = r.codes(split, i), rest[i] = r.rests(split, i), scale[i] = r.scales(split, i), sum[i] = r.sums(split, i);
   }
   r.for_blocks([&](int64_t k0, int64_t end, int64_t g, int64_t b) {
     __m512i s[MRT][4], t[MRT][4];  // Σ q · code and Σ rest · code
@@ -149,8 +148,8 @@ void tile(const RoundedA& r, const std::byte* rounded, const uint8_t* codes, con
 
 }  // namespace
 
-void round_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out) {
-  const RoundedA r(m, k, group);
+void split_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda, std::byte* out) {
+  const SplitA r(m, k, group);
   for (int64_t i = 0; i < m; ++i) {
     const float* row = a + i * lda;
     int16_t *q = r.codes(out, i), *rest = r.rests(out, i);
@@ -188,15 +187,15 @@ void round_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda
   }
 }
 
-void rounded_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* rounded,
+void split_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64_t group, const std::byte* split,
                     const std::byte* b, WoqCodes codes, const Epilogue& ep, float* c, int64_t ldc) {
-  using Tile = void (*)(const RoundedA&, const std::byte*, const uint8_t*, const float*, const uint8_t*, const float*, float*,
+  using Tile = void (*)(const SplitA&, const std::byte*, const uint8_t*, const float*, const uint8_t*, const float*, float*,
                         int64_t, int);
   const Width width = codes == WoqCodes::s8 ? Width::s8 : codes == WoqCodes::u8 ? Width::u8 : Width::u4;
   const Tile one = width == Width::u4 ? &tile<Width::u4, 1> : width == Width::s8 ? &tile<Width::s8, 1> : &tile<Width::u8, 1>;
   const Tile two = width == Width::u4 ? &tile<Width::u4, 2> : width == Width::s8 ? &tile<Width::s8, 2> : &tile<Width::u8, 2>;
   const RowKernels& rows = row_kernels(Isa::avx512);
-  const RoundedA r(m, k, group);
+  const SplitA r(m, k, group);
   const int64_t stride = woq_avx512::panel_bytes(k, group, codes), params_at = woq_avx512::codes_bytes(k, codes);
   for (int64_t panel = p0; panel < p1; ++panel) {
     const int64_t n0 = panel * NR;
@@ -206,7 +205,7 @@ void rounded_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int
     const uint8_t* next = panel + 1 < p1 ? bp + stride : nullptr;
     for (int64_t i0 = 0; i0 < m; i0 += 2) {
       const int64_t here = std::min<int64_t>(2, m - i0);
-      (here == 2 ? two : one)(r, rounded + i0 * r.row_bytes(), bp, params, next, ep.bias ? ep.bias + n0 : nullptr, c + i0 * ldc + n0,
+      (here == 2 ? two : one)(r, split + i0 * r.row_bytes(), bp, params, next, ep.bias ? ep.bias + n0 : nullptr, c + i0 * ldc + n0,
                               ldc, w);
       if (ep.has_tail())
         rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, here, w, ep.act, ep.post);
