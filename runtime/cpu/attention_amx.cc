@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "runtime/cpu/attention_amx.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/transpose16.h"
 
 namespace kiln::cpu::amx {
@@ -30,11 +31,9 @@ struct alignas(64) TileConfig {
 // as if ldtilecfg read only its first byte.
 constexpr TileConfig kConfig = {.colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
 
-__mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
-
 // 32 floats from x (n of them valid, the rest read as zeros) as 32 bf16 in order.
 __m512i bf16_32(const float* x, int64_t n) {
-  const __m512 lo = _mm512_maskz_loadu_ps(mask(n), x), hi = _mm512_maskz_loadu_ps(mask(n - 16), x + 16);
+  const __m512 lo = _mm512_maskz_loadu_ps(lanes16(n), x), hi = _mm512_maskz_loadu_ps(lanes16(n - 16), x + 16);
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
@@ -102,7 +101,7 @@ void split_bf16_rows(const float* x, int64_t ldx, int64_t rows, int64_t n, uint1
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * ldx;
     for (int64_t j = 0; j < n_pad; j += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(mask(n - j), row + j);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes16(n - j), row + j);
       const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
       const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + r * ldo + j), h);

@@ -29,6 +29,7 @@
 
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/gemm/prefetch.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::f16_avx512 {
@@ -37,8 +38,6 @@ namespace {
 
 constexpr int MR = kF16Tile.mr, NR = kF16Tile.nr, NV = NR / 16;  // NV vectors of 16 columns × 2 steps
 constexpr int64_t kPairs = kF16Block;                             // pairs of steps per block
-
-__mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
 // The 16 columns of a vector of pairs widened to f32 (`lo`: columns 0-7, each step 2q then
 // 2q + 1; `hi`: 8-15), each pair added.
@@ -68,7 +67,7 @@ template <int MRT>
 void tile(int64_t q0, int64_t q1, int64_t lda, const uint32_t* a, const uint16_t* b, const __m512 (&init)[NV],
           float (&sums)[MR][2 * NR], float* c, int64_t ldc, int w, PanelPrefetch pf, const Finish& fin) {
   __mmask16 store[NV];
-  for (int j = 0; j < NV; ++j) store[j] = mask(w - j * 16);
+  for (int j = 0; j < NV; ++j) store[j] = lanes16(w - j * 16);
   auto base = [&](int i, int j) { return q0 == 0 ? init[j] : _mm512_maskz_loadu_ps(store[j], c + i * ldc + j * 16); };
   auto put = [&](int i, int j, __m512 v) {
     if (fin.on) {
@@ -160,7 +159,7 @@ constexpr auto kTiles = table<TileFn, Tile>(std::make_index_sequence<MR>());
 // `count` values from `from` rounded to f16 (vcvtps2phx: to nearest even), 16 at a time.
 void narrow_run(const float* from, int64_t count, uint16_t* to) {
   for (int64_t p0 = 0; p0 < count; p0 += 16) {
-    const __mmask16 m = mask(static_cast<int>(std::min<int64_t>(16, count - p0)));
+    const __mmask16 m = lanes16(static_cast<int>(std::min<int64_t>(16, count - p0)));
     const __m256h h = _mm512_cvtxps_ph(_mm512_maskz_loadu_ps(m, from + p0));
     _mm256_mask_storeu_epi16(to + p0, m, _mm256_castph_si256(h));
   }
@@ -233,7 +232,7 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
                                                : nullptr;
         __m512 init[NV];
         for (int j = 0; j < NV; ++j)
-          init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+          init[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
         int64_t tile_index = 0;
         for (int64_t i0 = ib, rows_here = 0; i0 < ie; i0 += rows_here, ++tile_index) {
           rows_here = std::min<int64_t>(i0 < split ? MR : 4, ie - i0);

@@ -31,6 +31,7 @@
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/gemm/lowp_residual.h"
 #include "runtime/cpu/gemm/prefetch.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::lowp_amx {
@@ -41,8 +42,6 @@ constexpr int64_t NR = kLowpTile.nr;
 constexpr int64_t kGroupBytes = NR * 4;  // a group of 4 steps of a panel's NR columns
 constexpr int64_t kTilesPerPanel = NR / 16;  // column tiles of 16
 constexpr int64_t kLd = 32;              // columns of a block's sums as stored (two tiles)
-
-__mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
 // Tile d += tile a · tile b: u8 · s8 summed in s32, or bf16 pairs summed in f32. A macro: GCC's
 // tile intrinsics spell their tile numbers into the instruction's text, so they must be literal.
@@ -213,7 +212,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
   __mmask16 mk[C];
   const __m512i a_zero = _mm512_set1_epi32(ep.a_zero);
   for (int j = 0; j < C; ++j) {  // per column: what A's zero point adds (a_zero · Σb), the scale, the bias
-    mk[j] = mask(w - j * 16);
+    mk[j] = lanes16(w - j * 16);
     comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk[j], ep.col_sums + n0 + j * 16));
     scale[j] = _mm512_maskz_loadu_ps(mk[j], ep.scale + n0 + j * 16);
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
@@ -274,7 +273,7 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
     const int rows = static_cast<int>(std::min<int64_t>(16 * blk.rt, m - i0));  // the real ones
     const uint8_t* bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
     __m512 bias[2];
-    for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     const uint16_t* ar = a + i0 * lda;
     for (int i = 0; i < rows; ++i) {
       __m512 acc[2];
@@ -285,7 +284,7 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
         for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
       }
       for (int j = 0; j < blk.cols; ++j)
-        _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), gelu ? erf_rational::gelu_erf(acc[j]) : acc[j]);
+        _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), gelu ? erf_rational::gelu_erf(acc[j]) : acc[j]);
     }
     if (ep.has_tail() && !gelu)
       rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);

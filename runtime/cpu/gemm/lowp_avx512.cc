@@ -14,6 +14,7 @@
 #include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/gemm/lowp_residual.h"
 #include "runtime/cpu/gemm/prefetch.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::lowp_avx512 {
@@ -21,8 +22,6 @@ namespace kiln::cpu::gemm::lowp_avx512 {
 namespace {
 
 constexpr int MR = kLowpTile.mr, NR = kLowpTile.nr, NV = NR / 16;
-
-__mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
 // A tile's rows of C (`rows` of `bytes` from `c`, `ld` bytes apart), which it writes when its
 // sums are done, fetched into L1 before it starts, as the f32 tiles do. Where C outgrows L2, its
@@ -214,7 +213,7 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     U8s8Columns cols;
     cols.nv = (w + 15) / 16;
     for (int j = 0; j < NV; ++j) {
-      const __mmask16 mk = cols.mk[j] = mask(w - j * 16);
+      const __mmask16 mk = cols.mk[j] = lanes16(w - j * 16);
       cols.scale[j] = _mm512_maskz_loadu_ps(mk, ep.scale + n0 + j * 16);
       cols.comp[j] = _mm512_mullo_epi32(a_zero, _mm512_maskz_loadu_epi32(mk, ep.col_sums + n0 + j * 16));
       cols.bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk, ep.bias + n0 + j * 16) : _mm512_setzero_ps();
@@ -246,11 +245,11 @@ void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue&
     for (int i = 0; i < rows; ++i)
       for (int j = 0; j < nv; ++j) {
         float* v = values + i * ld + j * 16;
-        _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), z.at(i0 + i, n0 + j * 16, mask(w - j * 16))));
+        _mm512_store_ps(v, _mm512_add_ps(_mm512_load_ps(v), z.at(i0 + i, n0 + j * 16, lanes16(w - j * 16))));
       }
   if (ep.post.kind != Activation::none) rows_k.tile_epilogue(values, ld, nullptr, 0, rows, w, ep.post, ActivationSpec{});
   for (int i = 0; i < rows; ++i)
-    for (int j = 0; j < nv; ++j) out.store(_mm512_load_ps(values + i * ld + j * 16), c, ldc, i0 + i, n0 + j * 16, mask(w - j * 16));
+    for (int j = 0; j < nv; ++j) out.store(_mm512_load_ps(values + i * ld + j * 16), c, ldc, i0 + i, n0 + j * 16, lanes16(w - j * 16));
 }
 
 void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out) {
@@ -266,8 +265,8 @@ void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t 
     const float* row = a + (m0 + i) * lda;
     for (int64_t p0 = 0; p0 < k2; p0 += 16) {
       const int64_t f0 = 2 * p0, left = k - f0;  // floats of the row from f0
-      const __m512 lo = _mm512_maskz_loadu_ps(mask(static_cast<int>(std::min<int64_t>(left, 16))), row + f0);
-      const __m512 hi = _mm512_maskz_loadu_ps(mask(static_cast<int>(std::min<int64_t>(left - 16, 16))), row + f0 + 16);
+      const __m512 lo = _mm512_maskz_loadu_ps(lanes16(static_cast<int>(std::min<int64_t>(left, 16))), row + f0);
+      const __m512 hi = _mm512_maskz_loadu_ps(lanes16(static_cast<int>(std::min<int64_t>(left - 16, 16))), row + f0 + 16);
       alignas(64) uint32_t pairs[16];
       _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
       for (int64_t q = 0; q < std::min<int64_t>(16, k2 - p0); ++q) words[(p0 + q) * MR + i] = pairs[q];
@@ -286,7 +285,7 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     const uint16_t* bp = b + panel * panel_elements;
     const uint16_t* next = panel + 1 < p1 ? bp + panel_elements : nullptr;  // which the tiles fetch as they go
     __m512 init[NV];
-    for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       __m512 acc[MR][NV];
@@ -294,7 +293,7 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
       kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc,
                                                 PanelPrefetch::share(next, panel_elements * 2, (i0 - ib) / MR, tiles, blocks));
       for (int i = 0; i < rows_here; ++i)
-        for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, mask(w - j * 16), acc[i][j]);
+        for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), acc[i][j]);
       if (ep.has_tail())
         rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
                            ep.post);
@@ -312,7 +311,7 @@ void s8_column_sums(const int8_t* packed, int64_t panels, int64_t k4, int64_t n,
       for (int j = 0; j < NV; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], ones, _mm512_loadu_si512(panel + (g * NR + j * 16) * 4));
     for (int j = 0; j < NV; ++j) {
       const int64_t c0 = p * NR + j * 16;
-      if (c0 < n) _mm512_mask_storeu_epi32(col_sums + c0, static_cast<__mmask16>(n - c0 >= 16 ? 0xffff : (1u << (n - c0)) - 1), acc[j]);
+      if (c0 < n) _mm512_mask_storeu_epi32(col_sums + c0, lanes16(n - c0), acc[j]);
     }
   }
 }
@@ -321,7 +320,7 @@ void widen_f16(const uint16_t* in, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
   if (i < n) {
-    const __mmask16 m = mask(static_cast<int>(n - i));
+    const __mmask16 m = lanes16(static_cast<int>(n - i));
     _mm512_mask_storeu_ps(out + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + i)));
   }
 }

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "runtime/cpu/gemm/woq_isa.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::woq_avx512 {
@@ -24,8 +25,6 @@ namespace kiln::cpu::gemm::woq_avx512 {
 namespace {
 
 constexpr int HV = static_cast<int>(HALF) / 16;
-
-__mmask16 mask(int n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
 // How a packed code widens: 8-bit signed or unsigned, or a nibble (u4, and s4 shifted to u4).
 enum class Width { s8, u8, u4 };
@@ -63,7 +62,7 @@ float sum(const float* x, int64_t n) {
   __m512 v = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) v = _mm512_add_ps(v, _mm512_loadu_ps(x + i));
-  if (i < n) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask(static_cast<int>(n - i)), x + i));
+  if (i < n) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(lanes16(static_cast<int>(n - i)), x + i));
   return _mm512_reduce_add_ps(v);
 }
 
@@ -81,7 +80,7 @@ void tile(int64_t k, int64_t group, const float* a, int64_t lda, const uint8_t* 
   constexpr int U = MRT <= 2 ? 2 : 1;
   __m512 acc[U][MRT][HV];
   for (int j = 0; j < HV; ++j) {
-    const __m512 init = bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), bias + j * 16) : _mm512_setzero_ps();
+    const __m512 init = bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), bias + j * 16) : _mm512_setzero_ps();
     for (int i = 0; i < MRT; ++i) {
       acc[0][i][j] = init;
       for (int u = 1; u < U; ++u) acc[u][i][j] = _mm512_setzero_ps();
@@ -109,7 +108,7 @@ void tile(int64_t k, int64_t group, const float* a, int64_t lda, const uint8_t* 
     for (int i = 0; i < MRT; ++i)
       for (int j = 0; j < HV; ++j) acc[0][i][j] = _mm512_add_ps(acc[0][i][j], acc[u][i][j]);
   for (int j = 0; j < HV; ++j)
-    for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask(w - j * 16), acc[0][i][j]);
+    for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, lanes16(w - j * 16), acc[0][i][j]);
 }
 
 // The same product for up to kGroupRows rows, which is bound by its vector float operations (a
@@ -124,7 +123,7 @@ void tile_grouped(int64_t k, int64_t group, const float* a, int64_t lda, const u
   constexpr int U = MRT <= 2 ? 2 : 1;
   __m512 acc[MRT][HV];
   for (int j = 0; j < HV; ++j) {
-    const __m512 init = bias ? _mm512_maskz_loadu_ps(mask(w - j * 16), bias + j * 16) : _mm512_setzero_ps();
+    const __m512 init = bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), bias + j * 16) : _mm512_setzero_ps();
     for (int i = 0; i < MRT; ++i) acc[i][j] = init;
   }
   const int64_t length = group > 0 ? group : k;
@@ -159,7 +158,7 @@ void tile_grouped(int64_t k, int64_t group, const float* a, int64_t lda, const u
     }
   }
   for (int j = 0; j < HV; ++j)
-    for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask(w - j * 16), acc[i][j]);
+    for (int i = 0; i < MRT; ++i) _mm512_mask_storeu_ps(c + i * ldc + j * 16, lanes16(w - j * 16), acc[i][j]);
 }
 
 template <Width W>

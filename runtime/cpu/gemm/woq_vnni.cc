@@ -25,6 +25,7 @@
 #include <limits>
 
 #include "runtime/cpu/gemm/woq_isa.h"
+#include "runtime/cpu/lanes16.h"
 #include "runtime/cpu/rows.h"
 
 namespace kiln::cpu::gemm::woq_vnni {
@@ -32,8 +33,6 @@ namespace kiln::cpu::gemm::woq_vnni {
 namespace {
 
 using woq_avx512::NR;
-
-__mmask16 mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1); }
 
 // How a panel's codes widen: 4-bit (u4, and s4 stored shifted to u4), or 8-bit signed or
 // unsigned.
@@ -138,7 +137,7 @@ void tile(const SplitA& r, const std::byte* split, const uint8_t* codes, const f
   for (int i = 0; i < MRT; ++i) {
     to_columns<W>(acc[i]);
     for (int j = 0; j < 4; ++j) {
-      const __mmask16 mk = mask(w - j * 16);
+      const __mmask16 mk = lanes16(w - j * 16);
       __m512 y = acc[i][j];
       if (bias) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mk, bias + j * 16));
       _mm512_mask_storeu_ps(c + i * ldc + j * 16, mk, y);
@@ -158,7 +157,7 @@ void split_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda
     r.for_blocks([&](int64_t k0, int64_t end, int64_t, int64_t b) {
       __m512 most = _mm512_setzero_ps(), total = _mm512_setzero_ps();
       for (int64_t p = k0; p < end; p += 16) {
-        const __m512 v = _mm512_maskz_loadu_ps(mask(end - p), row + p);
+        const __m512 v = _mm512_maskz_loadu_ps(lanes16(end - p), row + p);
         most = _mm512_max_ps(most, _mm512_abs_ps(v));
         total = _mm512_add_ps(total, v);
       }
@@ -171,7 +170,7 @@ void split_rows(int64_t m, int64_t k, int64_t group, const float* a, int64_t lda
       // q = round(a / s_a), then what q misses in 2^-15 steps: rest = round((a / s_a − q) · 2^15),
       // within ±2^14 (a / s_a is f32's product, and q within half a step of it).
       for (int64_t p = k0; p < end; p += 16) {
-        const __mmask16 mk = mask(end - p);
+        const __mmask16 mk = lanes16(end - p);
         const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, row + p), inv);
         const __m512i whole = _mm512_cvtps_epi32(x);
         const __m512 part = _mm512_mul_ps(_mm512_sub_ps(x, _mm512_cvtepi32_ps(whole)), _mm512_set1_ps(32768.f));
