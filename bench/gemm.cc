@@ -4,7 +4,7 @@
 // that the percentages and the ratio compare.
 //
 //   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...
-//   kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]
+//   kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
 // independent FMAs on 16 zmm or 12 ymm accumulators (enough to hide the FMA latency on two
@@ -23,7 +23,9 @@
 // (B packed f32) against the same product with B as int8 codes (a scale per column) and as
 // int4 codes (a scale per group of G, 128 unless --group says), on an LLM's 4096×4096 weight
 // and BERT-base's FFN up (768×3072) at M = 1 and 8 (decode, where reading B is the cost) and
-// 128 (prefill); B's GB/s is its packed bytes over the time.
+// 128 (prefill); B's GB/s is its packed bytes over the time. The weight-only GEMM takes its
+// 16-bit path where it would in a model (gemm::woq_splits_a on this CPU); --f32-path keeps its
+// f32 paths everywhere, to compare the two.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sys/mman.h>
 
@@ -263,15 +265,15 @@ std::byte* aligned(avec<std::byte>& v, size_t bytes) {
 }
 
 // --woq: the f32 GEMM against the int8 and int4 weight-only GEMMs, one row per shape.
-int weight_only(int threads, int64_t group) {
+int weight_only(int threads, int64_t group, bool f32_path) {
   if (auto why = gemm::woq_lacks(kiln::CpuFeatures::host())) {
     std::fprintf(stderr, "kiln_bench_gemm: %s, which the weight-only GEMM needs\n", why->c_str());
     return 1;
   }
   kiln::use_threads(threads);
   std::printf("# kiln's f32 GEMM (B packed f32), int8 weight-only (s8, a scale per column), int4 weight-only (s4, a scale "
-              "per group of %lld), calls interleaved; median of %d calls each, spread = (max - min) / median, %d thread(s)\n",
-              static_cast<long long>(group), g_runs, threads);
+              "per group of %lld), calls interleaved; median of %d calls each, spread = (max - min) / median, %d thread(s)%s\n",
+              static_cast<long long>(group), g_runs, threads, f32_path ? "; the f32 paths only" : "");
   std::printf("%-26s %8s %6s %6s | %8s %6s %6s %6s | %8s %6s %6s %6s\n", "shape (MxNxK)", "f32 ms", "spread", "B GB/s",
               "int8 ms", "spread", "B GB/s", "x f32", "int4 ms", "spread", "B GB/s", "x f32");
   const Shape shapes[] = {{1, 4096, 4096, "LLM decode"},  {8, 4096, 4096, "LLM decode"},  {128, 4096, 4096, "LLM prefill"},
@@ -304,13 +306,15 @@ int weight_only(int threads, int64_t group) {
     std::byte* b4 = aligned(b4_store, static_cast<size_t>(gemm::packed_b_woq_bytes(w4)));
     gemm::pack_b_woq(w8, b8);
     gemm::pack_b_woq(w4, b4);
-    std::byte* ws8 = aligned(ws8_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, 0, threads));
-    std::byte* ws4 = aligned(ws4_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, group, threads));
+    const bool split8 = !f32_path && gemm::woq_splits_a(kiln::CpuFeatures::host(), s.m, 0),
+               split4 = !f32_path && gemm::woq_splits_a(kiln::CpuFeatures::host(), s.m, group);
+    std::byte* ws8 = aligned(ws8_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, 0, threads, split8));
+    std::byte* ws4 = aligned(ws4_store, gemm::woq_workspace_bytes(s.m, s.n, s.k, group, threads, split4));
     std::vector<double> spread;
     const std::vector<double> sec = interleaved(
         spread, [&] { gemm::run(p, g, f32_ws); },
-        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b8, gemm::WoqCodes::s8, 0, {}, c.data(), s.n, threads, ws8); },
-        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b4, gemm::WoqCodes::s4, group, {}, c.data(), s.n, threads, ws4); });
+        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b8, gemm::WoqCodes::s8, 0, split8, {}, c.data(), s.n, threads, ws8); },
+        [&] { gemm::gemm_woq(s.m, s.n, s.k, a.data(), s.k, b4, gemm::WoqCodes::s4, group, split4, {}, c.data(), s.n, threads, ws4); });
     const double bytes[] = {4.0 * static_cast<double>(bf.size()), static_cast<double>(gemm::packed_b_woq_bytes(w8)),
                             static_cast<double>(gemm::packed_b_woq_bytes(w4))};
     std::printf("%-26s %8.3f %5.0f%% %6.1f | %8.3f %5.0f%% %6.1f %6.2f | %8.3f %5.0f%% %6.1f %6.2f\n", shape_name(s).c_str(),
@@ -348,7 +352,7 @@ void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, in
 
 int main(int argc, char** argv) {
   int threads = 1;
-  bool sweep = false, woq = false, tiles = false;
+  bool sweep = false, woq = false, tiles = false, f32_path = false;
   int64_t group = 128;
   std::vector<Shape> shapes = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"},
                                {128, 3072, 768, "BERT FFN up"}, {128, 768, 3072, "BERT FFN down"}};
@@ -360,6 +364,7 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--tiles") tiles = true;
     else if (a == "--woq") woq = true;
+    else if (a == "--f32-path") f32_path = true;
     else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
     else if (Shape s{0, 0, 0, "given"}; a == "--shape" && i + 1 < argc &&
              std::sscanf(argv[++i], "%" SCNd64 "x%" SCNd64 "x%" SCNd64, &s.m, &s.n, &s.k) == 3 && s.m > 0 && s.n > 0 && s.k > 0) {
@@ -368,7 +373,7 @@ int main(int argc, char** argv) {
       shapes.push_back(s);
     } else {
       std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...\n"
-                           "       kiln_bench_gemm --woq [--group G] [--runs N] [--threads T]\n");
+                           "       kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]\n");
       return 2;
     }
   }
@@ -376,7 +381,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_bench_gemm: --sweep and --tiles are two different runs; ask for one\n");
     return 2;
   }
-  if (woq) return weight_only(threads, group);
+  if (f32_path && !woq) {
+    std::fprintf(stderr, "kiln_bench_gemm: --f32-path is an option of --woq\n");
+    return 2;
+  }
+  if (woq) return weight_only(threads, group, f32_path);
   const kiln::CpuFeatures& cpu = kiln::CpuFeatures::host();
   const std::optional<kiln::cpu::Isa> isa = kiln::cpu::best_isa(cpu);
   if (!isa) {

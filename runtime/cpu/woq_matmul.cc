@@ -81,18 +81,19 @@ class WoqMatMulKernel final : public Kernel {
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
     ep_.ldz = n_;
-    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, threads_);
+    split_a_ = gemm::woq_splits_a(q.target.cpu, m_, group_);
+    needs.workspace_bytes = gemm::woq_workspace_bytes(m_, n_, k_, group_, threads_, split_a_);
     return {};
   }
 
   // The 16-bit path (woq.h) where this CPU takes it: A as two 16-bit integers a value, on VNNI.
-  std::string label() const override { return gemm::woq_splits_a(m_, group_) ? "a16x2_vnni" : ""; }
+  std::string label() const override { return split_a_ ? "a16x2_vnni" : ""; }
 
   Status run(KernelContext& ctx) override {
     gemm::Epilogue ep = ep_;
     if (has_bias_) ep.bias = bias_.empty() ? ctx.input(4).data<float>() : bias_.data();
     if (has_z_) ep.z = ctx.input(5).data<float>();
-    gemm::gemm_woq(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const std::byte*>(packed_.raw()), codes_, group_, ep,
+    gemm::gemm_woq(m_, n_, k_, ctx.input(0).data<float>(), k_, static_cast<const std::byte*>(packed_.raw()), codes_, group_, split_a_, ep,
                    ctx.output(0).data<float>(), n_, threads_, ctx.workspace().data());
     return {};
   }
@@ -100,6 +101,7 @@ class WoqMatMulKernel final : public Kernel {
  private:
   int64_t m_ = 0, n_ = 0, k_ = 0, group_ = 0;
   int threads_ = 1;
+  bool split_a_ = false;  // the 16-bit path (gemm::woq_splits_a on the target CPU)
   gemm::WoqCodes codes_ = gemm::WoqCodes::s8;
   Tensor packed_;
   std::vector<float> bias_;

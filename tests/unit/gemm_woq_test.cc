@@ -124,9 +124,9 @@ struct Steps {
   std::vector<double> of;
   int64_t blocks = 0;
 };
-Steps rounding_steps(const WoqCase& t, const float* row) {
+Steps rounding_steps(const WoqCase& t, bool split_a, const float* row) {
   Steps step{std::vector<double>(static_cast<size_t>(t.k), 0.0)};
-  if (!gemm::woq_splits_a(t.m, t.group)) return step;
+  if (!split_a) return step;
   const int64_t length = t.group > 0 ? t.group : t.k;
   for (int64_t g0 = 0; g0 < t.k; g0 += length)
     for (int64_t k0 = g0; k0 < std::min(t.k, g0 + length); k0 += gemm::kWoqABlock, ++step.blocks) {
@@ -154,7 +154,8 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   for (auto& v : z) v = dist(rng);
   std::vector<Line> packed = lines(static_cast<size_t>(gemm::packed_b_woq_bytes(b.w)));
   gemm::pack_b_woq(b.w, packed[0].bytes);
-  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.threads));
+  const bool split_a = gemm::woq_splits_a(CpuFeatures::host(), t.m, t.group);
+  std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.threads, split_a));
   for (Line& l : ws) std::memset(l.bytes, 0x5a, sizeof l.bytes);  // a workspace is not zeroed
   // B's values and magnitudes, K×N, read once for all the rows.
   std::vector<double> bv(static_cast<size_t>(t.k * t.n)), bm(bv.size());
@@ -167,10 +168,10 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   for (const gemm::Epilogue& ep : {gemm::Epilogue{}, fused}) {
     const float sentinel = 12345.f;
     std::vector<float> c(static_cast<size_t>(t.m * ldc), sentinel);
-    gemm::gemm_woq(t.m, t.n, t.k, a.data(), lda, packed[0].bytes, t.codes, t.group, ep, c.data(), ldc, t.threads,
+    gemm::gemm_woq(t.m, t.n, t.k, a.data(), lda, packed[0].bytes, t.codes, t.group, split_a, ep, c.data(), ldc, t.threads,
                    ws.empty() ? nullptr : ws[0].bytes);
     for (int64_t i = 0; i < t.m; ++i) {
-      const Steps step = rounding_steps(t, a.data() + i * lda);
+      const Steps step = rounding_steps(t, split_a, a.data() + i * lda);
       for (int64_t j = 0; j < t.n; ++j) {
         double s = 0, mag = 0, rounding = 0;
         for (int64_t p = 0; p < t.k; ++p) {
@@ -234,7 +235,7 @@ TEST(GemmWoq, LongGroups) {
 // The 16-bit path keeps A to f32's precision where one value of a block is 10^4 times the others
 // (one 16-bit integer a value would round those others by up to a third of their size).
 TEST(GemmWoq, SixteenBitPathKeepsSmallValues) {
-  if (!gemm::woq_splits_a(1, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
+  if (!gemm::woq_splits_a(CpuFeatures::host(), 1, 32)) GTEST_SKIP() << "the 16-bit path needs avx512-vnni";
   std::mt19937 rng(11);
   for (WoqCodes codes : {WoqCodes::u4, WoqCodes::s8})
     for (int64_t group : {0, 32, 128})

@@ -71,9 +71,8 @@ void slice_panels(int64_t m, int64_t p0, int64_t p1, int64_t n, int64_t k, int64
 
 }  // namespace
 
-bool woq_splits_a(int64_t m, int64_t group) {
-  static const bool vnni = CpuFeatures::host().avx512_vnni;
-  return vnni && m <= kWoqSplitRows && group % 2 == 0;
+bool woq_splits_a(const CpuFeatures& cpu, int64_t m, int64_t group) {
+  return cpu.avx512_vnni && m <= kWoqSplitRows && group % 2 == 0;
 }
 
 std::optional<std::string> woq_lacks(const CpuFeatures& cpu) {
@@ -114,13 +113,13 @@ void pack_b_woq(const WoqWeight& w, std::byte* out) {
   }
 }
 
-size_t woq_workspace_bytes(int64_t m, int64_t /*n*/, int64_t k, int64_t group, int threads) {
-  if (woq_splits_a(m, group)) return static_cast<size_t>(woq_vnni::SplitA(m, k, group).bytes());
+size_t woq_workspace_bytes(int64_t m, int64_t /*n*/, int64_t k, int64_t group, int threads, bool split_a) {
+  if (split_a) return static_cast<size_t>(woq_vnni::SplitA(m, k, group).bytes());
   return dequantizing(m, k) ? 0 : slice_bytes(k) * static_cast<size_t>(std::max(threads, 1));
 }
 
 void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const std::byte* b_packed, WoqCodes codes,
-              int64_t group, const Epilogue& ep, float* c, int64_t ldc, int threads, std::byte* workspace) {
+              int64_t group, bool split_a, const Epilogue& ep, float* c, int64_t ldc, int threads, std::byte* workspace) {
   if (m <= 0 || n <= 0) return;
   // Threads over B's panels; where there are fewer panels than threads, over M too, in whole
   // micro-kernel tiles (each thread then dequantizes its own copy of the slices it needs).
@@ -130,8 +129,7 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   const int tm = static_cast<int>(std::min<int64_t>(t / tn, tiles));
   // A split into 16-bit integers once, for every thread (m is at most kWoqSplitRows: one row
   // tile).
-  const bool split = woq_splits_a(m, group);
-  if (split) woq_vnni::split_rows(m, k, group, a, lda, workspace);
+  if (split_a) woq_vnni::split_rows(m, k, group, a, lda, workspace);
   auto part = [&](int i) {
     const auto [p0, p1] = even_share(count, tn, i % tn);
     const auto [r0, r1] = even_share(tiles, tm, i / tn);
@@ -139,7 +137,7 @@ void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
     if (p0 >= p1 || rows <= 0) return;
     Epilogue e = ep;
     if (e.z) e.z += m0 * e.ldz;
-    if (split) {
+    if (split_a) {
       woq_vnni::split_panels(rows, p0, p1, n, k, group, workspace, b_packed, codes, e, c + m0 * ldc, ldc);
     } else if (dequantizing(rows, k)) {
       woq_avx512::dequantizing_panels(rows, p0, p1, n, k, group, a + m0 * lda, lda, b_packed, codes, e, c + m0 * ldc, ldc);

@@ -60,10 +60,11 @@ struct WoqWeight {
 /// The rows up to which, and the K values per scale with which, the 16-bit path splits A.
 inline constexpr int64_t kWoqSplitRows = 4, kWoqABlock = 128;
 
-/// Whether gemm_woq takes the 16-bit path for M rows on this CPU: M up to
-/// kWoqSplitRows, one group (a scale per column) or groups of an even length (so that no pair
-/// of K values straddles two), and AVX512-VNNI.
-bool woq_splits_a(int64_t m, int64_t group);
+/// Whether gemm_woq can take the 16-bit path for M rows on `cpu`: M up to kWoqSplitRows, one
+/// group (a scale per column) or groups of an even length (so that no pair of K values
+/// straddles two), and AVX512-VNNI. Decided once, at plan time, and passed to
+/// woq_workspace_bytes and gemm_woq as `split_a`.
+bool woq_splits_a(const CpuFeatures& cpu, int64_t m, int64_t group);
 
 /// Why this CPU cannot run the weight-only GEMM ("the CPU lacks avx512"), or nullopt.
 std::optional<std::string> woq_lacks(const CpuFeatures& cpu);
@@ -76,16 +77,17 @@ int64_t packed_b_woq_bytes(const WoqWeight& w);
 /// Padding columns get zero codes, scales and offsets.
 void pack_b_woq(const WoqWeight& w, std::byte* out);
 
-/// Workspace gemm_woq needs for M rows on `threads` threads: a Kc×64 f32 slice of B per thread
-/// when M is more than 12 rows, A split into 16-bit integers where woq_splits_a, else 0.
-size_t woq_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t group, int threads);
+/// Workspace gemm_woq needs for M rows on `threads` threads: A split into 16-bit integers with
+/// `split_a`, else a Kc×64 f32 slice of B per thread when M is more than 12 rows, else 0.
+size_t woq_workspace_bytes(int64_t m, int64_t n, int64_t k, int64_t group, int threads, bool split_a);
 
 /// C[M×N] = epilogue(A[M×K] f32 (`lda` floats between rows) · dequantized B), B packed by
 /// pack_b_woq for this (k, n, group, codes), on min(threads, pool) threads; `ldc` floats between
-/// C's rows. The epilogue is the f32 GEMM's: post(act(c + bias[n]) + z[m, n]). `workspace` is
-/// woq_workspace_bytes(m, n, k, group, threads) long and 64-byte aligned (may be null when that
-/// is 0).
+/// C's rows. The epilogue is the f32 GEMM's: post(act(c + bias[n]) + z[m, n]). `split_a`: the
+/// 16-bit path, only where woq_splits_a says so for the CPU that runs it. `workspace` is
+/// woq_workspace_bytes(m, n, k, group, threads, split_a) long and 64-byte aligned (may be null
+/// when that is 0).
 void gemm_woq(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const std::byte* b_packed, WoqCodes codes,
-              int64_t group, const Epilogue& ep, float* c, int64_t ldc, int threads, std::byte* workspace);
+              int64_t group, bool split_a, const Epilogue& ep, float* c, int64_t ldc, int threads, std::byte* workspace);
 
 }  // namespace kiln::cpu::gemm
