@@ -174,6 +174,36 @@ TEST(CpuKernels, SoftmaxBehindALargeNegativeMaskMakesNoDenormals) {
   }
 }
 
+// Each probability to its own relative precision, not only the row's L2: e^x within 2e-7 for
+// |x| <= 1 and the error growing with |x| on AVX-512 (rows.h), so within 1e-6 to x = −10 and
+// 6e-6 to −87 (the softmax's sum and division add a few ulp). The softmax over rows (a row
+// of 300, e^x a vector at a time along it) and flash attention's register rows (a block of 200
+// keys, the only one: divided by its sum).
+TEST(CpuKernels, SoftmaxProbabilitiesKeepTheirPrecision) {
+  for (cpu::Isa isa : {cpu::Isa::avx512, cpu::Isa::avx2}) {
+    if (cpu::lacks(CpuFeatures::host(), isa)) continue;
+    for (int64_t n : {300, 200}) {
+      SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " n=" + std::to_string(n));
+      std::vector<float> row(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) row[static_cast<size_t>(i)] = -87.f * static_cast<float>((i * 37) % n) / static_cast<float>(n - 1);
+      row[5] = 0.f;  // the maximum
+      double sum = 0;
+      for (float v : row) sum += std::exp(double{v});
+      std::vector<float> p = row;
+      if (n == 300) {
+        cpu::row_kernels(isa).softmax(p.data(), 1, n, 1.f, nullptr, 0);
+      } else {
+        float m = 0, l = 0, o = 0;
+        cpu::row_kernels(isa).softmax_block(p.data(), n, 1, n, 1.f, nullptr, nullptr, 0, cpu::kNoCausal, &m, &l, &o, 1, 1, true);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = row[static_cast<size_t>(i)], want = std::exp(x) / sum;
+        ASSERT_NEAR(p[static_cast<size_t>(i)] / want, 1.0, x >= -1 ? 5e-7 : x >= -10 ? 1e-6 : 6e-6) << "x = " << x;
+      }
+    }
+  }
+}
+
 // The row kernels' transpose (flash attention's Kᵀ panels): rows and columns below, at and past
 // a block (16x16 on AVX-512, 8x8 on AVX2), strided rows and columns, exact.
 TEST(CpuKernels, TransposeRows) {
