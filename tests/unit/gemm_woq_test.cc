@@ -109,11 +109,12 @@ struct WoqCase {
   bool trans, zeros;
   int64_t m, n, k;
   int threads;
+  bool f32_path = false;  // the f32 paths where the 16-bit path would run
 
   std::string str() const {
     return std::string(name(codes)) + " group=" + std::to_string(group) + (trans ? " transB" : "") +
            (zeros ? " zero points" : "") + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-           " threads=" + std::to_string(threads);
+           " threads=" + std::to_string(threads) + (f32_path ? " f32 path" : "");
   }
 };
 
@@ -154,7 +155,7 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
   for (auto& v : z) v = dist(rng);
   std::vector<Line> packed = lines(static_cast<size_t>(gemm::packed_b_woq_bytes(b.w)));
   gemm::pack_b_woq(b.w, packed[0].bytes);
-  const bool split_a = gemm::woq_splits_a(CpuFeatures::host(), t.m, t.group);
+  const bool split_a = !t.f32_path && gemm::woq_splits_a(CpuFeatures::host(), t.m, t.group);
   std::vector<Line> ws = lines(gemm::woq_workspace_bytes(t.m, t.n, t.k, t.group, t.threads, split_a));
   for (Line& l : ws) std::memset(l.bytes, 0x5a, sizeof l.bytes);  // a workspace is not zeroed
   // B's values and magnitudes, K×N, read once for all the rows.
@@ -194,8 +195,8 @@ void check(const WoqCase& t, std::mt19937& rng, float outlier = 0) {
 }
 
 // Every size, group, layout and zero point of one code type on one thread (an odd group keeps
-// the f32 paths for the rows the 16-bit path takes on a CPU with VNNI). On two threads,
-// groups with zero points, both layouts, and the sizes that split B's panels (N = 130) or, with
+// the f32 paths for the rows the 16-bit path takes on a CPU with VNNI; f32_path keeps them at
+// the groups it takes too). On two threads, groups with zero points, both layouts, and the sizes that split B's panels (N = 130) or, with
 // fewer panels than threads, M (N = 47): the split depends on nothing else, and a parallel
 // region costs milliseconds on a loaded machine.
 void check_all(WoqCodes codes) {
@@ -214,6 +215,11 @@ void check_all(WoqCodes codes) {
               for (int64_t k : ks) check({codes, group, trans, zeros, m, n, k, threads}, rng);
         }
   }
+  // The f32 paths on the rows and groups the 16-bit path takes on a CPU with VNNI.
+  use_threads(1);
+  for (int64_t group : {0, 32})
+    for (int64_t m : {1, 3})
+      for (int64_t k : ks) check({codes, group, false, true, m, 47, k, 1, true}, rng);
   use_threads(physical_cores());
 }
 
