@@ -256,6 +256,7 @@ class TransposeKernel final : public Kernel {
     in_stride_ = in_stride;
     out_stride_.assign(dims.size(), 1);
     for (size_t i = dims.size(); i-- > 1;) out_stride_[i - 1] = out_stride_[i] * dims[i];
+    if (dims_.size() == 1 || in_stride_.back() == 1) walk_rows();
     // When the last dim moves: the output dim read with input stride 1 pairs with the output's
     // last in 2-D tiles; the others index the batch of tiles.
     const size_t r = dims_.size();
@@ -290,35 +291,57 @@ class TransposeKernel final : public Kernel {
   }
 
  private:
-  // Whole rows of the last dim, the output's in order (row o at o · len): each thread takes an
-  // even share of them and walks the input's offsets as an odometer over the outer dims, one
-  // stride added a row, instead of decomposing each row's index (a division and a remainder a
-  // dim): YOLO's detection head's three (4,800, 1,200 and 300 rows of 85 floats) took 0.94,
-  // 0.90 and 0.74 of their time at one thread (3 alternated profiles).
+  // Whole rows move: the order they are walked in. The output's (its rows one after another,
+  // the input's read a dim's stride apart), but the input's where the output's would read its
+  // innermost dim a few columns at a time and that dim has at most kWriteStreams rows: YOLO's
+  // head, [40·40 pixels, 3 anchors, 85] into [3, 40·40, 85], read 85 of each pixel's 255 values
+  // a row, its lines in three passes; walked in the input's order, it reads them once and writes
+  // three streams: the head's three Transposes 0.81 of their time at one thread and 0.67 at two
+  // (alternated profiles on a 2-core Xeon).
+  static constexpr int64_t kWriteStreams = 8;
+  void walk_rows() {
+    const size_t outer = dims_.size() - 1;  // the dims over the rows
+    walk_.resize(outer);
+    for (size_t d = 0; d < outer; ++d) walk_[d] = d;
+    // The walked dim read with the least input stride: the output's innermost, or the dim whose
+    // rows the input's order writes to at once.
+    const size_t inner = static_cast<size_t>(
+        std::min_element(in_stride_.begin(), in_stride_.begin() + static_cast<ptrdiff_t>(outer)) - in_stride_.begin());
+    in_order_ = outer >= 2 && inner != outer - 1 && dims_[inner] <= kWriteStreams;
+    if (in_order_) std::sort(walk_.begin(), walk_.end(), [&](size_t a, size_t b) { return in_stride_[a] > in_stride_[b]; });
+    walk_stride_.resize(outer);
+    for (size_t k = 0; k < outer; ++k) walk_stride_[k] = in_order_ ? out_stride_[walk_[k]] : in_stride_[walk_[k]];
+  }
+
+  // Whole rows of the last dim in the walk's order (row i of the walked side at i · len): each
+  // thread takes an even share of them and keeps the other side's offset as an odometer over the
+  // walked dims, one stride added a row, instead of decomposing each row's index (a division and
+  // a remainder a dim): YOLO's detection head's three (4,800, 1,200 and 300 rows of 85 floats)
+  // took 0.94, 0.90 and 0.74 of their time at one thread (3 alternated profiles).
   void rows(const std::byte* src, std::byte* dst) const {
-    const size_t r = dims_.size();
-    const int64_t len = dims_[r - 1];
+    const int64_t len = dims_.back();
     const int64_t count = out_stride_[0] * dims_[0] / len;
-    const size_t bytes = static_cast<size_t>(len) * es_;
+    const size_t bytes = static_cast<size_t>(len) * es_, w = walk_.size();
 #pragma omp parallel if (count * static_cast<int64_t>(bytes) >= kParallelBytes)
     {
-      const auto [o0, o1] = even_share(count, omp_get_num_threads(), omp_get_thread_num());
-      if (o0 < o1) {
+      const auto [i0, i1] = even_share(count, omp_get_num_threads(), omp_get_thread_num());
+      if (i0 < i1) {
         int64_t idx[kMaxRank];  // merged dims are at most the rank
-        int64_t in_off = 0, o = o0;
-        for (size_t d = r - 1; d-- > 0;) {  // o0's index over the outer dims, and its offset
-          idx[d] = o % dims_[d];
-          o /= dims_[d];
-          in_off += idx[d] * in_stride_[d];
+        int64_t off = 0, i = i0;
+        for (size_t k = w; k-- > 0;) {  // i0's index over the walked dims, and the other side's offset
+          idx[k] = i % dims_[walk_[k]];
+          i /= dims_[walk_[k]];
+          off += idx[k] * walk_stride_[k];
         }
-        for (o = o0;;) {
-          move_bytes(dst + static_cast<size_t>(o * len) * es_, src + static_cast<size_t>(in_off) * es_, bytes);
-          if (++o == o1) break;
-          for (size_t d = r - 1; d-- > 0;) {
-            in_off += in_stride_[d];
-            if (++idx[d] < dims_[d]) break;
-            in_off -= dims_[d] * in_stride_[d];
-            idx[d] = 0;
+        for (i = i0;;) {
+          const size_t walked = static_cast<size_t>(i * len) * es_, other = static_cast<size_t>(off) * es_;
+          move_bytes(dst + (in_order_ ? other : walked), src + (in_order_ ? walked : other), bytes);
+          if (++i == i1) break;
+          for (size_t k = w; k-- > 0;) {
+            off += walk_stride_[k];
+            if (++idx[k] < dims_[walk_[k]]) break;
+            off -= dims_[walk_[k]] * walk_stride_[k];
+            idx[k] = 0;
           }
         }
       }
@@ -428,6 +451,9 @@ class TransposeKernel final : public Kernel {
   size_t es_ = 4;
   bool empty_ = false;
   std::vector<int64_t> dims_, in_stride_, out_stride_;
+  std::vector<size_t> walk_;          ///< whole rows: the dims over them, outermost first, in the walk's order
+  std::vector<int64_t> walk_stride_;  ///< whole rows: those dims' strides on the side not walked in order
+  bool in_order_ = false;             ///< whole rows: walked in the input's order (else the output's)
   size_t tile_dim_ = 0;            ///< tiles: the output dim read with input stride 1
   bool planes_ = false;            ///< the last dim moves and is 1-4 elements of 1 or 4 bytes: interleave
   const RowKernels* interleave_rows_ = nullptr;  ///< planes_: the CPU's vector interleave, if it has AVX2 or AVX-512

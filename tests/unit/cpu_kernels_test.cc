@@ -336,14 +336,18 @@ TEST(CpuKernels, Transpose) {
 }
 
 // Whole rows moving on two threads: each thread starts its share of the rows partway through
-// the outer dims (odd sizes, so the second starts mid-row of every one), then walks them. A
-// Relu after the Transpose makes its output an intermediate big enough for a plan of both.
+// the outer dims (odd sizes, so the second starts mid-row of every one), then walks them, in
+// the output's order or (YOLO's detection head: 3 anchors of 85 values a pixel into the
+// anchors' planes) the input's. A Relu after the Transpose makes its output an intermediate
+// big enough for a plan of both.
 TEST(CpuKernels, TransposeRowsOnTwoThreads) {
-  for (const std::vector<int64_t>& perm : {std::vector<int64_t>{2, 0, 1, 3}, std::vector<int64_t>{1, 2, 0, 3}}) {
-    SCOPED_TRACE(::testing::PrintToString(perm));
+  const std::vector<int64_t> odd = {5, 37, 11, 171}, head = {1, 41, 39, 3, 85};
+  for (const auto& [shape, perm] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {odd, {2, 0, 1, 3}}, {odd, {1, 2, 0, 3}}, {head, {0, 3, 1, 2, 4}}, {head, {3, 0, 2, 1, 4}}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape) + " " + ::testing::PrintToString(perm));
     Model m;
     Graph& g = m.graph;
-    const Tensor x = noise({5, 37, 11, 171}, 19);
+    const Tensor x = noise(shape, 19);
     const ValueId in = g.add_value("x", DType::f32, Shape::of(x.shape())), t = g.add_value("t", DType::undefined),
                   y = g.add_value("y", DType::undefined);
     g.inputs = {in};
