@@ -58,12 +58,23 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
 
 // The default rule's share of the channels-last ones: kiln takes the 3x3 and 5x5 ones (stride 1
 // or 2) whose epilogue is transcendental (SiLU: the activation applied while each row is in
-// cache, where oneDNN's post-ops lack it and a second pass over the output applies it) and
-// whose output rows have at least as many columns with every tap inside the image as with taps
-// in the padding. oneDNN keeps the rest: a piecewise-linear epilogue or none (MobileNetV2's Clip
-// layers: 1.03-1.08x their time on kiln's), 7x7 filters, and rows mostly edge (5x5 stride 1 on
-// 7 columns: 0.91-1.10x). In the compiled models, the least of 4-6 alternated profiles per
-// node at one and two threads; docs/architecture.md has the table. max-autotune times both.
+// cache, where oneDNN's post-ops lack it and a second pass over the output applies it), and
+// the stride-1 ones whose epilogue is a ReLU or Clip alone (applied in the registers as the sums
+// are stored; MobileNetV2's stride-1 layers 0.90 of their time on kiln's at one thread, 0.96 at
+// two), where their output rows have at least as many columns with every tap inside the image
+// as with taps in the padding. oneDNN keeps the rest: the other piecewise-linear epilogues and
+// none, stride 2 with a ReLU or Clip (MobileNetV2's two: 1.03-1.30x their time on kiln's), 7x7
+// filters, and rows mostly edge (5x5 stride 1 on 7 columns: 0.91-1.10x). In the compiled
+// models, alternated profiles per node at one and two threads; docs/architecture.md has the
+// table. max-autotune times both.
+// Whether a FusedConv's epilogue is a ReLU or Clip alone (no residual, no second activation),
+// which kiln's channels-last row kernels apply in the registers (RowKernels::dwconv_nhwc_rows).
+bool clamps_alone(const KernelQuery& q) {
+  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
+  return act.ok() && post.ok() && (act->kind == Activation::relu || act->kind == Activation::clip) &&
+         post->kind == Activation::none && !q.has_input(3);
+}
+
 std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   if (!nn::channels_last(q.node)) return std::nullopt;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete();
@@ -74,7 +85,9 @@ std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   const int64_t ow = w->out[1];
   const auto [j0, j1] = dwconv_inside_columns(xs[2], k, w->strides[1], w->pads[1], ow);
   if (2 * (j1 - j0) < ow) return "oneDNN's channels-last depthwise kernel is as fast on rows mostly of edge columns";
-  if (piecewise_linear_activation(q.node)) return "oneDNN's channels-last depthwise kernel applies a piecewise-linear epilogue faster";
+  if (piecewise_linear_activation(q.node) && !(w->strides[1] == 1 && clamps_alone(q)))
+    return w->strides[1] == 1 ? "oneDNN's channels-last depthwise kernel applies a piecewise-linear epilogue faster"
+                              : "oneDNN's channels-last depthwise kernel is faster at stride 2 with a piecewise-linear epilogue";
   return std::nullopt;
 }
 

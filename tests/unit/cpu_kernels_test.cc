@@ -424,8 +424,9 @@ TEST(CpuKernels, DepthwiseConv) {
   // and both); widths with edge columns only, and inside columns in blocks of eight, four and
   // fewer; output rows in pairs (3x3 stride 1) and one by one, those at the top and bottom with
   // filter rows in the padding; pads asymmetric and wider than the filter's reach; 7x7 filters
-  // through the general form. On two threads too, for 1x8x128 images of 1,000 channels (work
-  // enough for a plan of both threads; they share the output rows, or row pairs).
+  // through the general form; a SiLU with a residual and a ReLU after it, and a Clip alone (in the
+  // registers). On two threads too, for 1x8x128 images of 1,000 channels (work enough for a plan
+  // of both threads; they share the output rows, or row pairs).
   for (const auto& [isa, cpu] : isa_paths())
     for (int threads : {1, 2})
       for (int64_t k : {3, 5, 7})
@@ -451,25 +452,43 @@ TEST(CpuKernels, DepthwiseConv) {
               EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, name, {}, threads}, 1e-5,
                               &cpu),
                         name);
+              // A Clip alone, applied in the registers as the sums are stored (a ReLU6: both bounds met).
+              std::vector<Attribute> clip = a;
+              clip.push_back(attr("activation", std::string("Clip")));
+              clip.push_back(attr("activation_params", std::vector<double>{0, 0.5}));
+              EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, clip, {true}, name, {}, threads}, 1e-5, &cpu), name);
             }
   // The default rule: kiln's kernel for 3x3 and 5x5 filters, stride 1 or 2, on rows with as
-  // many columns whose taps all lie inside as edge ones, with a SiLU; oneDNN's for a
-  // piecewise-linear epilogue, 7x7 and shorter rows.
+  // many columns whose taps all lie inside as edge ones, with a SiLU, and at stride 1 with a
+  // ReLU or Clip alone; oneDNN's for no epilogue, a stride-2 Clip, a Clip with a residual or a
+  // second activation, 7x7 and shorter rows.
   for (const auto& [isa, cpu] : isa_paths()) {
-    auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act) {
+    auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act, const char* post = "",
+                                        bool residual = false) {
       std::vector<Attribute> a = {attr("group", int64_t{32}), attr("channels_last", int64_t{1}),
                                   attr("pads", std::vector<int64_t>(4, k / 2)),
                                   attr("strides", std::vector<int64_t>{stride, stride})};
       if (*act) a.push_back(attr("activation", std::string(act)));
       if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 6}));
+      if (std::string(act) == "LeakyRelu") a.push_back(attr("activation_params", std::vector<double>{0.1}));
+      if (*post) a.push_back(attr("post_activation", std::string(post)));
       SCOPED_TRACE(isa + " rule k=" + std::to_string(k) + " stride=" + std::to_string(stride) + " w=" + std::to_string(width) +
-                   " " + act);
+                   " " + act + " " + post + (residual ? " with a residual" : ""));
       const Tensor x = noise({1, 10, width, 32}, 25);
+      const int64_t ow = (width - 1) / stride + 1, oh = (10 - 1) / stride + 1;
+      if (residual)
+        return check({"FusedConv", {x, noise({32, 1, k, k}, 26), noise({32}, 27), noise({1, oh, ow, 32}, 28)}, {false, true, true, false}, a},
+                     1e-5, &cpu);
       return check({"FusedConv", {x, noise({32, 1, k, k}, 26), noise({32}, 27)}, {false, true, true}, a}, 1e-5, &cpu);
     };
     EXPECT_EQ(layer(3, 1, 14, "Silu"), "kiln.dwconv_f32_" + isa);
     EXPECT_EQ(layer(5, 1, 20, "Silu"), "kiln.dwconv_f32_" + isa);
-    EXPECT_EQ(layer(3, 1, 14, "Clip"), "onednn.conv");
+    EXPECT_EQ(layer(3, 1, 14, "Clip"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(5, 1, 14, "Relu"), "kiln.dwconv_f32_" + isa);
+    EXPECT_EQ(layer(3, 2, 28, "Clip"), "onednn.conv");
+    EXPECT_EQ(layer(3, 1, 14, "Clip", "", true), "onednn.conv");
+    EXPECT_EQ(layer(3, 1, 14, "Relu", "Relu"), "onednn.conv");
+    EXPECT_EQ(layer(3, 1, 14, "LeakyRelu"), "onednn.conv");
     EXPECT_EQ(layer(3, 1, 14, ""), "onednn.conv");
     EXPECT_EQ(layer(3, 2, 28, "Silu"), "kiln.dwconv_f32_" + isa);
     EXPECT_EQ(layer(5, 2, 28, "Silu"), "kiln.dwconv_f32_" + isa);
