@@ -233,6 +233,7 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
         __m512 init[NV];
         for (int j = 0; j < NV; ++j)
           init[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+        const PanelShares fetch(next, (q1 - q0) * 2 * NR * 2, tiles, blocks);
         int64_t tile_index = 0;
         for (int64_t i0 = ib, rows_here = 0; i0 < ie; i0 += rows_here, ++tile_index) {
           rows_here = std::min<int64_t>(i0 < split ? MR : 4, ie - i0);
@@ -242,8 +243,7 @@ void panels(int64_t m, int64_t mc, int64_t kc, int64_t p0, int64_t p1, int64_t k
           if (k1 == k && fused && !plain) fin = {true, ep.act.kind == Activation::relu, ep.post.kind == Activation::relu, z, ep.ldz};
           alignas(64) float sums[MR][2 * NR];
           kTiles[static_cast<size_t>(rows_here - 1)](q0, q1, pairs, a + i0 * pairs, bp, init, sums, ct, ldct, w,
-                                                     PanelPrefetch::share(next, (q1 - q0) * 2 * NR * 2, tile_index, tiles, blocks),
-                                                     fin);
+                                                     fetch(tile_index), fin);
           if (k1 == k && !fused && !plain && ep.has_tail())
             rows.tile_epilogue(ct, ldct, z, ep.ldz, static_cast<int>(rows_here), w, ep.act, ep.post);
         }

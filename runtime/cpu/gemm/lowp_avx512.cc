@@ -208,6 +208,7 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
     const int8_t* bp = b + panel * panel_bytes;
     const int8_t* next = panel + 1 < p1 ? bp + panel_bytes : nullptr;  // which the tiles fetch as they go
+    const PanelShares fetch(next, panel_bytes, tiles, blocks);
     // Per column: what A's zero point adds to the sum (a_zero · Σb, taken away in integers,
     // exactly, before the scale), the scale and the bias.
     U8s8Columns cols;
@@ -229,7 +230,7 @@ void u8s8_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
       const int64_t size = ep.out_u8 ? 1 : 4;
       fetch_rows(static_cast<const std::byte*>(c) + (i0 * ldc + n0) * size, ldc * size, rows_here, w * size);
       kernels[static_cast<size_t>(rows_here - 1)](k, a + i0 * lda, lda, bp, cols, TileDest{&fin, c, ldc, i0, n0, &tile[0][0]},
-                                                  PanelPrefetch::share(next, panel_bytes, (i0 - ib) / MR, tiles, blocks));
+                                                  fetch((i0 - ib) / MR));
       if (how == Finish::block) u8s8_store(&tile[0][0], NR, rows_here, w, ep, c, ldc, i0, n0);
     }
   }
@@ -284,14 +285,14 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     const int w = static_cast<int>(std::min<int64_t>(NR, n - n0));
     const uint16_t* bp = b + panel * panel_elements;
     const uint16_t* next = panel + 1 < p1 ? bp + panel_elements : nullptr;  // which the tiles fetch as they go
+    const PanelShares fetch(next, panel_elements * 2, tiles, blocks);
     __m512 init[NV];
     for (int j = 0; j < NV; ++j) init[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       __m512 acc[MR][NV];
       fetch_rows(c + i0 * ldc + n0, ldc * 4, rows_here, w * 4);
-      kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc,
-                                                PanelPrefetch::share(next, panel_elements * 2, (i0 - ib) / MR, tiles, blocks));
+      kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc, fetch((i0 - ib) / MR));
       for (int i = 0; i < rows_here; ++i)
         for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), acc[i][j]);
       if (ep.has_tail())
