@@ -3,6 +3,7 @@
 // one template runs it over any element type the op allows.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "runtime/ref/activation.h"
 #include "runtime/ref/elementwise_util.h"
@@ -11,8 +12,8 @@ namespace kiln::ref {
 
 namespace {
 
-// Same element type in and out: y[i] = T(op(C(x[i]))).
-template <class Op, template <class> class Pred>
+// y[i] = op(C(x[i])), in X's element type, or (Bool) as a bool.
+template <class Op, template <class> class Pred, bool Bool = false>
 Status unary(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0);
@@ -20,25 +21,10 @@ Status unary(KernelContext& ctx) {
   return dispatch<Pred>(ctx, x.dtype(), [&](auto tag) -> Status {
     using T = decltype(tag);
     using C = compute_t<T>;
+    using Y = std::conditional_t<Bool, bool, T>;
     const T* px = x.data<T>();
-    T* py = y.data<T>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = static_cast<T>(op(static_cast<C>(px[i])));
-    return {};
-  });
-}
-
-// Boolean result: y[i] = op(C(x[i])).
-template <class Op, template <class> class Pred>
-Status unary_to_bool(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  Tensor& y = ctx.output(0);
-  const Op op(ctx.node());
-  return dispatch<Pred>(ctx, x.dtype(), [&](auto tag) -> Status {
-    using T = decltype(tag);
-    using C = compute_t<T>;
-    const T* px = x.data<T>();
-    bool* py = y.data<bool>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = op(static_cast<C>(px[i]));
+    Y* py = y.data<Y>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = static_cast<Y>(op(static_cast<C>(px[i])));
     return {};
   });
 }
@@ -203,8 +189,8 @@ void register_ref_elementwise_unary(KernelRegistry& r) {
   r.add_reference("Neg", unary<Neg, IsNumeric>);
   r.add_reference("Not", unary<Not, IsBool>);
   r.add_reference("BitwiseNot", unary<BitwiseNot, IsInt>);
-  r.add_reference("IsNaN", unary_to_bool<IsNaN, IsFloat>);
-  r.add_reference("IsInf", unary_to_bool<IsInf, IsFloat>);
+  r.add_reference("IsNaN", unary<IsNaN, IsFloat, true>);
+  r.add_reference("IsInf", unary<IsInf, IsFloat, true>);
   r.add_reference("LeakyRelu", unary<LeakyRelu, IsFloat>);
   r.add_reference("Elu", unary<Elu, IsFloat>);
   r.add_reference("Selu", unary<Selu, IsFloat>);
