@@ -424,8 +424,8 @@ TEST(CpuKernels, DepthwiseConv) {
   // and both); widths with edge columns only, and inside columns in blocks of eight, four and
   // fewer; output rows in pairs (3x3 stride 1) and one by one, those at the top and bottom with
   // filter rows in the padding; pads asymmetric and wider than the filter's reach; 7x7 filters
-  // through the general form; a SiLU with a residual and a ReLU after it, and a Clip alone (in the
-  // registers). On two threads too, for 1x8x128 images of 1,000 channels (work enough for a plan
+  // through the general form; a SiLU with a residual and a ReLU after it, and a Clip, a SiLU or a
+  // Sigmoid alone (in the registers). On two threads too, for 1x8x128 images of 1,000 channels (work enough for a plan
   // of both threads; they share the output rows, or row pairs).
   for (const auto& [isa, cpu] : isa_paths())
     for (int threads : {1, 2})
@@ -452,11 +452,14 @@ TEST(CpuKernels, DepthwiseConv) {
               EXPECT_EQ(check({"FusedConv", {x, w, Tensor(), z}, {false, true, false, false}, fused, {true}, name, {}, threads}, 1e-5,
                               &cpu),
                         name);
-              // A Clip alone, applied in the registers as the sums are stored (a ReLU6: both bounds met).
-              std::vector<Attribute> clip = a;
-              clip.push_back(attr("activation", std::string("Clip")));
-              clip.push_back(attr("activation_params", std::vector<double>{0, 0.5}));
-              EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, clip, {true}, name, {}, threads}, 1e-5, &cpu), name);
+              // A Clip, a SiLU or a Sigmoid alone, applied in the registers as the sums are stored
+              // (the Clip's bounds both met).
+              for (const char* act : {"Clip", "Silu", "Sigmoid"}) {
+                std::vector<Attribute> alone = a;
+                alone.push_back(attr("activation", std::string(act)));
+                if (std::string(act) == "Clip") alone.push_back(attr("activation_params", std::vector<double>{0, 0.5}));
+                EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, alone, {true}, name, {}, threads}, 1e-5, &cpu), name);
+              }
             }
   // The default rule: kiln's kernel for 3x3 and 5x5 filters, stride 1 or 2, on rows with as
   // many columns whose taps all lie inside as edge ones, with a SiLU, and at stride 1 with a
@@ -604,9 +607,9 @@ TEST(CpuKernels, PointwiseDepthwiseConv) {
 // layer): 1 to 4 input channels; output channels of one to five vectors (on AVX-512 a group of
 // four and one of one; on AVX2 groups of four and the rest); 3x3 stride 2, 7x7 stride 2 and 1x1
 // stride 1 filters; rows with edge columns on both sides, inside columns in whole register
-// blocks and a remainder; pads asymmetric; X channels-first (x_channels_first); a Clip (in the
-// registers), a fused SiLU with a residual and a ReLU after it; one and two threads (two images
-// of 40x37: work enough for both).
+// blocks and a remainder; pads asymmetric; X channels-first (x_channels_first); a Clip, a SiLU or
+// a Sigmoid alone (in the registers), a fused SiLU with a residual and a ReLU after it; one and
+// two threads (two images of 40x37: work enough for both).
 TEST(CpuKernels, DirectConv) {
   struct Filter {
     int64_t k, stride;
@@ -636,6 +639,12 @@ TEST(CpuKernels, DirectConv) {
             clip.push_back(attr("activation", std::string("Clip")));
             clip.push_back(attr("activation_params", std::vector<double>{-0.25, 0.5}));
             EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, clip, {true}, name, {}, threads}, 1e-5, &cpu), name);
+            // A SiLU or a Sigmoid alone, also in the registers.
+            for (const char* act : {"Silu", "Sigmoid"}) {
+              std::vector<Attribute> logistic = a;
+              logistic.push_back(attr("activation", std::string(act)));
+              EXPECT_EQ(check({"FusedConv", {x, w, b}, {false, true, true}, logistic, {true}, name, {}, threads}, 1e-5, &cpu), name);
+            }
             const int64_t oh = (height + f.pads[0] + f.pads[2] - f.k) / f.stride + 1;
             const int64_t ow = (width + f.pads[1] + f.pads[3] - f.k) / f.stride + 1;
             std::vector<Attribute> fused = a;
