@@ -56,17 +56,6 @@ std::optional<std::string> dwconv_declines(const KernelQuery& q, Isa isa) {
   return std::nullopt;
 }
 
-// The default rule's share of the channels-last ones: kiln takes the 3x3 and 5x5 ones (stride 1
-// or 2) whose epilogue is transcendental (SiLU: the activation applied while each row is in
-// cache, where oneDNN's post-ops lack it and a second pass over the output applies it), and
-// the stride-1 ones whose epilogue is a ReLU or Clip alone (applied in the registers as the sums
-// are stored; MobileNetV2's stride-1 layers 0.90 of their time on kiln's at one thread, 0.96 at
-// two), where their output rows have at least as many columns with every tap inside the image
-// as with taps in the padding. oneDNN keeps the rest: the other piecewise-linear epilogues and
-// none, stride 2 with a ReLU or Clip (MobileNetV2's two: 1.03-1.30x their time on kiln's), 7x7
-// filters, and rows mostly edge (5x5 stride 1 on 7 columns: 0.91-1.10x). In the compiled
-// models, alternated profiles per node at one and two threads; docs/architecture.md has the
-// table. max-autotune times both.
 // Whether a FusedConv's epilogue is a ReLU or Clip alone (no residual, no second activation),
 // which kiln's channels-last row kernels apply in the registers (RowKernels::dwconv_nhwc_rows).
 bool clamps_alone(const KernelQuery& q) {
@@ -75,6 +64,17 @@ bool clamps_alone(const KernelQuery& q) {
          post->kind == Activation::none && !q.has_input(3);
 }
 
+// The default rule's share of the channels-last ones: kiln takes the 3x3 and 5x5 ones (stride 1
+// or 2) whose epilogue is transcendental (SiLU, where oneDNN's post-ops lack it and a second
+// pass over the output applies it; kiln's applies it to the sums in the registers), and the
+// stride-1 ones whose epilogue is a ReLU or Clip alone (also in the registers; MobileNetV2's
+// stride-1 layers 0.90 of their time on kiln's at one thread, 0.96 at two), where their output
+// rows have at least as many columns with every tap inside the image as with taps in the
+// padding. oneDNN keeps the rest: the other piecewise-linear epilogues and none, stride 2 with
+// a ReLU or Clip (MobileNetV2's two: 1.03-1.30x their time on kiln's), 7x7 filters, and rows
+// mostly edge (5x5 stride 1 on 7 columns: 0.91-1.10x). In the compiled models, alternated
+// profiles per node at one and two threads; docs/architecture.md has the table. max-autotune
+// times both.
 std::optional<std::string> dwconv_defers(const KernelQuery& q) {
   if (!nn::channels_last(q.node)) return std::nullopt;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[1].shape.concrete();

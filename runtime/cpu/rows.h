@@ -139,9 +139,9 @@ struct RowKernels {
   /// from input rows given by pointer: in[i] the input row [w, c] under filter row i of the
   /// first output row, for i in [i0, i1) (the rows outside the image, in the padding, are not
   /// read; i1 at most kh + rows − 1); the output rows at `out`, ow · c floats apart, then the
-  /// epilogue over them (z: their residual, may be null; a ReLU or Clip alone is applied in the
-  /// registers as the sums are stored). What a fused kernel whose input rows
-  /// are computed into a ring of row buffers calls (PointwiseDepthwiseConv's).
+  /// epilogue over them (z: their residual, may be null; an activation alone, a ReLU, Clip, SiLU
+  /// or Sigmoid, is applied in the registers as the sums are stored). What a fused kernel whose
+  /// input rows are computed into a ring of row buffers calls (PointwiseDepthwiseConv's).
   void (*dwconv_nhwc_rows)(const float* const* in, int64_t i0, int64_t i1, int64_t rows, int64_t w, int64_t c,
                            const float* filters, const float* bias, int64_t kh, int64_t kw, int64_t s, int64_t pl, float* out,
                            int64_t ow, const float* z, const ActivationSpec& act, const ActivationSpec& post);
