@@ -425,8 +425,8 @@ TEST(CpuKernels, DepthwiseConv) {
   // fewer; output rows in pairs (3x3 stride 1) and one by one, those at the top and bottom with
   // filter rows in the padding; pads asymmetric and wider than the filter's reach; 7x7 filters
   // through the general form; a SiLU with a residual and a ReLU after it, and a Clip, a SiLU or a
-  // Sigmoid alone (in the registers). On two threads too, for 1x8x128 images of 1,000 channels (work enough for a plan
-  // of both threads; they share the output rows, or row pairs).
+  // Sigmoid alone (in the registers). On two threads too, for 1x8x128 images of 1,000 channels
+  // (work enough for a plan of both threads; they share the output rows, or row pairs).
   for (const auto& [isa, cpu] : isa_paths())
     for (int threads : {1, 2})
       for (int64_t k : {3, 5, 7})
@@ -463,8 +463,8 @@ TEST(CpuKernels, DepthwiseConv) {
             }
   // The default rule: kiln's kernel for 3x3 and 5x5 filters, stride 1 or 2, on rows with as
   // many columns whose taps all lie inside as edge ones, with a SiLU, and at stride 1 with a
-  // ReLU or Clip alone; oneDNN's for no epilogue, a stride-2 Clip, a Clip with a residual or a
-  // second activation, 7x7 and shorter rows.
+  // ReLU or Clip alone; oneDNN's for no epilogue, a LeakyReLU, a stride-2 Clip, a Clip with a
+  // residual or a second activation, 7x7 and shorter rows.
   for (const auto& [isa, cpu] : isa_paths()) {
     auto layer = [isa = isa, cpu = cpu](int64_t k, int64_t stride, int64_t width, const char* act, const char* post = "",
                                         bool residual = false) {
