@@ -38,7 +38,9 @@ struct U8s8Residual {
 /// (ReLU6) and GELU. (SiLU and Sigmoid do not: on the registers, next to the tile's other sums,
 /// logistic.inc's SiLU made int8 EfficientNet-B0's expansions 1.2-1.36x slower than through
 /// the block, 12544x96x16 417 against 307 µs, one thread on a Zen 5 core, 5 alternated
-/// profiles; the SiLU itself costs about 0.11 ns a value there.)
+/// profiles; the SiLU itself costs about 0.11 ns a value there. Measured again on a 2-core
+/// Xeon, family 6 model 207, one thread, 6 alternated profiles: int8 EfficientNet-B0's and
+/// YOLO's expansions 1.13-1.18x slower on the registers there too.)
 inline bool on_registers(Activation kind) {
   return kind == Activation::none || kind == Activation::relu || kind == Activation::leaky_relu || kind == Activation::clip ||
          kind == Activation::gelu;
