@@ -25,7 +25,7 @@ struct CompileArgs {
   std::string input;
   std::string output;
   std::vector<std::string> input_shapes;
-  int threads = 0;  ///< 0: the machine's physical cores
+  int threads = 0;  ///< 0: the physical cores it may run on (physical_cores)
   std::string target = "host";
   std::vector<std::string> passes;
   std::vector<std::string> print_after;
@@ -224,7 +224,7 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_option("-o,--output", args->output, "output .kiln file (- for stdout)");
   cmd->add_option("--input-shape", args->input_shapes,
                   "NAME=SHAPE with a number for every dim, e.g. input=1x3x224x224 (repeatable); binds the input's symbolic dims everywhere");
-  cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the machine's physical cores)")
+  cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the physical cores it may run on)")
       ->check(thread_count());
   cmd->add_option("--target", args->target,
                   "the CPU to compile for: host (this one), avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16 or amx; the model then refuses CPUs without the features its kernels use")

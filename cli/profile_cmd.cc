@@ -281,7 +281,7 @@ void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   CLI::App* cmd = app.add_subcommand("profile", "Run a model on this machine and report each kernel's time against the machine's ceilings");
   cmd->add_option("model", args->model, "model .kiln file (- for stdin); an uncompiled one is compiled in memory first")->required();
   add_input_options(cmd, args->in);
-  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the machine's physical cores)")
+  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may run on)")
       ->check(thread_count());
   cmd->add_option("--warmup", args->warmup, "untimed runs first (the first also builds the plan)")
       ->check(whole_number(0))->capture_default_str();

@@ -609,7 +609,7 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
                   "default; int4's is 128)")
       ->check(whole_number(0));
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
-  cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the machine's physical cores)")
+  cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the physical cores it may run on)")
       ->check(thread_count());
   add_max_memory_option(cmd);
   cmd->add_flag("--report", args->report,

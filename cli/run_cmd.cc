@@ -37,7 +37,7 @@ struct RunArgs {
   int warmup = 1;  // the first run of a shape signature also plans it
   int iters = 0;
   bool json = false;
-  int threads = 0;  ///< 0: the machine's physical cores
+  int threads = 0;  ///< 0: the physical cores it may run on (physical_cores)
   bool reference = false;
   bool verbose = false;
   std::string node;
@@ -224,7 +224,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
                            ->check(whole_number(1));
   cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);
-  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the machine's physical cores)")
+  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may run on)")
       ->check(thread_count());
   cmd->add_flag("--reference", args->reference,
                 "run every node on its reference kernel, with IEEE denormals: the oracle other kernels are checked against");

@@ -14,8 +14,9 @@
 
 namespace kiln {
 
-/// The machine's physical cores (not hyper-threads), at most kMaxThreads; 1 when they cannot
-/// be read.
+/// The physical cores (not hyper-threads) this process may run on: those of the CPUs in its
+/// affinity mask (`taskset`, a container's cpuset; all the machine's where it cannot be read),
+/// at most kMaxThreads; 1 when they cannot be read.
 int physical_cores();
 
 /// Sizes the pool to `threads` (>= 1) and turns on FTZ/DAZ in each of its threads. Cheap when

@@ -682,6 +682,16 @@ def run_all(r, work):
     r.check("run_iters_table", rc == 0 and out == "" and "median ms" in err and "3 timed runs after 1 warm-up" in err
             and re.search(r"start: load [0-9.]+ ms, session [0-9.]+ ms, first run [0-9.e+-]+ ms; peak RSS [0-9.]+ MB", err),
             f"exit {rc}; stdout {out[:200]!r}; stderr {err[:300]!r}")
+    # The default thread count is the cores this process may run on: with one CPU allowed (as
+    # `taskset -c` or a container's cpuset leaves it), one thread, where the machine has more.
+    whole = re.search(r"warm-up, (\d+) threads?\n", err)
+    if hasattr(os, "sched_setaffinity") and whole and int(whole.group(1)) >= 2:
+        one = min(os.sched_getaffinity(0))
+        p = subprocess.run([r.kiln, "run", "cnn.kiln", "--iters", "1"], capture_output=True, cwd=r.work,
+                           preexec_fn=lambda: os.sched_setaffinity(0, {one}))
+        err_one = p.stderr.decode(errors="replace")
+        r.check("run_threads_follow_affinity", p.returncode == 0 and "warm-up, 1 thread\n" in err_one,
+                f"exit {p.returncode}; stderr {err_one[:300]!r}")
     rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16", "--threads", "3"])
     try:
         j = json.loads(out)
