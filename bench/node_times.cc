@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: kiln_bench_node_times MODEL.kiln INPUTS.npz [--runs N] [--warmup N] [--threads T] [--top K] [--nodes K]\n");
     return 2;
   }
-  int runs = 10, warmup = 2, threads = kiln::physical_cores(), top = 25, nodes = 0;
+  int runs = 10, warmup = 2, threads = kiln::available_cores(), top = 25, nodes = 0;
   std::vector<std::string> without;
   for (int i = 3; i + 1 < argc; i += 2) {
     std::string flag = argv[i];

@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: kiln_bench_profile_overhead MODEL.kiln INPUTS.npz [--threads T] [--rounds R] [--iters N]\n");
     return 2;
   }
-  int threads = kiln::physical_cores(), rounds = 20, iters = 10;
+  int threads = kiln::available_cores(), rounds = 20, iters = 10;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int v = std::atoi(argv[i + 1]);

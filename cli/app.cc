@@ -19,6 +19,7 @@
 #include "formats/npy.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
+#include "runtime/threads.h"
 
 namespace kiln::cli {
 
@@ -158,6 +159,15 @@ CLI::Validator whole_number(int64_t least, int64_t most) {
 }
 
 CLI::Validator thread_count() { return whole_number(1, kMaxThreads); }
+
+int thread_arg(const std::string& verb, int requested, bool runs_here) {
+  const int cores = available_cores();
+  if (requested <= 0) return cores;
+  if (runs_here && requested > cores)
+    std::cerr << "kiln " << verb << ": warning: --threads " << requested << " is more than the " << cores
+              << (cores == 1 ? " core" : " cores") << " kiln may use here (its affinity mask and CPU quota): the threads will take turns\n";
+  return requested;
+}
 
 CLI::Validator positive_number() {
   return CLI::Validator(

@@ -65,6 +65,11 @@ std::optional<double> parse_seconds(const std::string& text);
 CLI::Validator whole_number(int64_t least, int64_t most = INT32_MAX);
 /// `--threads`: a whole number from 1 to kMaxThreads.
 CLI::Validator thread_count();
+/// The thread count for `--threads`' value (0: not given): the one given, else the cores kiln
+/// may use here (available_cores). Where one is given above those and `runs_here` (the verb runs
+/// kernels at that count on this machine, not only compiles for it), a warning on stderr says
+/// so: the threads would take turns on the cores, and every parallel region waits for its last.
+int thread_arg(const std::string& verb, int requested, bool runs_here = true);
 /// A finite number above 0 (a tolerance).
 CLI::Validator positive_number();
 

@@ -25,7 +25,7 @@ struct CompileArgs {
   std::string input;
   std::string output;
   std::vector<std::string> input_shapes;
-  int threads = 0;  ///< 0: the physical cores it may run on (physical_cores)
+  int threads = 0;  ///< 0: the cores it may use (available_cores)
   std::string target = "host";
   std::vector<std::string> passes;
   std::vector<std::string> print_after;
@@ -111,7 +111,9 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
   options.passes = args.passes;
   options.print_after.insert(args.print_after.begin(), args.print_after.end());
   options.command_line = cmdline;
-  options.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  // A search times kernels here at the count given; a default compile only records it for the
+  // machine the model will run on.
+  options.target.threads = thread_arg(verb, args.threads, args.mode == "max-autotune" && !args.dry_run && !args.require_db);
   std::optional<CpuFeatures> cpu = CpuFeatures::named(args.target);
   if (!cpu)
     return report(verb, user_error("", "--target '" + args.target + "' is not one of host, avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16, amx"));
@@ -224,7 +226,7 @@ void add_compile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   cmd->add_option("-o,--output", args->output, "output .kiln file (- for stdout)");
   cmd->add_option("--input-shape", args->input_shapes,
                   "NAME=SHAPE with a number for every dim, e.g. input=1x3x224x224 (repeatable); binds the input's symbolic dims everywhere");
-  cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the physical cores it may run on)")
+  cmd->add_option("--threads", args->threads, "threads the compiled model is meant to run with (default: the physical cores it may use, within its CPU quota)")
       ->check(thread_count());
   cmd->add_option("--target", args->target,
                   "the CPU to compile for: host (this one), avx2, avx512, avx512-vnni, avx512-bf16, avx512-fp16 or amx; the model then refuses CPUs without the features its kernels use")

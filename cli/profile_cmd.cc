@@ -109,7 +109,7 @@ int run_profile(const ProfileArgs& args, const std::string& cmdline) {
   auto model = load_model_arg(args.model);
   if (!model.ok()) return report(verb, model.error());
   const std::string display = args.model == "-" ? "<stdin>" : args.model;
-  const int threads = args.threads > 0 ? args.threads : physical_cores();
+  const int threads = thread_arg(verb, args.threads);
   // An exported or quantized model runs as the default compile would make it.
   const Stage stage = model->stage;
   if (stage != Stage::compiled) {
@@ -281,7 +281,7 @@ void add_profile_command(CLI::App& app, int& exit_code, const std::string& cmdli
   CLI::App* cmd = app.add_subcommand("profile", "Run a model on this machine and report each kernel's time against the machine's ceilings");
   cmd->add_option("model", args->model, "model .kiln file (- for stdin); an uncompiled one is compiled in memory first")->required();
   add_input_options(cmd, args->in);
-  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may run on)")
+  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may use, within its CPU quota)")
       ->check(thread_count());
   cmd->add_option("--warmup", args->warmup, "untimed runs first (the first also builds the plan)")
       ->check(whole_number(0))->capture_default_str();

@@ -489,7 +489,7 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   }
   // As prepare_pt2e does first: BatchNorm folded into the convolution before it, so that the
   // quantized weights are the folded ones and Conv + Relu is one pattern.
-  job.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  job.target.threads = thread_arg(verb, args.threads);
   PassContext pass_context{job.target, {}};
   if (auto r = fold_batchnorm(job.float_model, pass_context); !r.ok()) return report(verb, with_file(r.status(), display));
   // And weights computed from constants (a tied LM head's Transpose) folded, so that the
@@ -609,7 +609,7 @@ void add_quant_command(CLI::App& app, int& exit_code, const std::string& cmdline
                   "default; int4's is 128)")
       ->check(whole_number(0));
   cmd->add_flag("--per-tensor", args->per_tensor, "xnnpack: one weight scale per tensor instead of per output channel");
-  cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the physical cores it may run on)")
+  cmd->add_option("--threads", args->threads, "threads for the calibration runs (default: the physical cores it may use, within its CPU quota)")
       ->check(thread_count());
   add_max_memory_option(cmd);
   cmd->add_flag("--report", args->report,

@@ -37,7 +37,7 @@ struct RunArgs {
   int warmup = 1;  // the first run of a shape signature also plans it
   int iters = 0;
   bool json = false;
-  int threads = 0;  ///< 0: the physical cores it may run on (physical_cores)
+  int threads = 0;  ///< 0: the cores it may use (available_cores)
   bool reference = false;
   bool verbose = false;
   std::string node;
@@ -83,7 +83,7 @@ int run(const RunArgs& args) {
   const std::vector<Tensor>& ordered = *gathered;
 
   SessionOptions options;
-  options.target.threads = args.threads > 0 ? args.threads : physical_cores();
+  options.target.threads = thread_arg(verb, args.threads);
   options.reference = args.reference;
   const auto session_start = clock::now();
   auto session = Session::create(*model, options);
@@ -224,7 +224,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   CLI::Option* iters = cmd->add_option("--iters", args->iters, "time this many runs and print min/median/p90/mean latency on stderr")
                            ->check(whole_number(1));
   cmd->add_flag("--json", args->json, "with --iters: print the latency as JSON on stdout")->needs(iters);
-  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may run on)")
+  cmd->add_option("--threads", args->threads, "threads for the kernels (default: the physical cores it may use, within its CPU quota)")
       ->check(thread_count());
   cmd->add_flag("--reference", args->reference,
                 "run every node on its reference kernel, with IEEE denormals: the oracle other kernels are checked against");

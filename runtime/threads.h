@@ -9,15 +9,26 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace kiln {
 
-/// The physical cores (not hyper-threads) this process may run on: those of the CPUs in its
+/// The physical cores (not hyper-threads) this process may use: those of the CPUs in its
 /// affinity mask (`taskset`, a container's cpuset; all the machine's where it cannot be read),
-/// at most kMaxThreads; 1 when they cannot be read.
-int physical_cores();
+/// but no more than its cgroups' CPU quota allows (cgroup_cpu_limit), at most kMaxThreads; 1
+/// when they cannot be read. The default thread count of every verb.
+int available_cores();
+
+/// The whole CPUs that the CFS quota of the cgroups holding this process allow it (`docker
+/// --cpus`, a Kubernetes CPU limit), rounded up: the smallest of its own cgroup's and its
+/// ancestors' limits, from cgroup v2's `cpu.max` and v1's `cpu.cfs_quota_us` /
+/// `cpu.cfs_period_us`; 0 where none is set or none can be read. `self_cgroup` and `mountinfo`
+/// hold the texts of /proc/self/cgroup and /proc/self/mountinfo; `root` is prefixed to the
+/// mount points they name (a test's copy of the tree; empty for the system's).
+int cgroup_cpu_limit(std::string_view self_cgroup, std::string_view mountinfo, const std::string& root = "");
 
 /// Sizes the pool to `threads` (>= 1) and turns on FTZ/DAZ in each of its threads. Cheap when
 /// the pool already has that size; call it before running kernels on another thread count.

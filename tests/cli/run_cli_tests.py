@@ -692,6 +692,16 @@ def run_all(r, work):
         err_one = p.stderr.decode(errors="replace")
         r.check("run_threads_follow_affinity", p.returncode == 0 and "warm-up, 1 thread\n" in err_one,
                 f"exit {p.returncode}; stderr {err_one[:300]!r}")
+    # More threads than those cores: run anyway, with a warning; as many: none.
+    if whole:
+        cores = int(whole.group(1))
+        rc, out, err = r.run(["run", "cnn.kiln", "--iters", "1", "--threads", str(cores + 1)])
+        warned = (f"kiln run: warning: --threads {cores + 1} is more than the {cores} core{'s' if cores > 1 else ''} kiln may use here"
+                  f" (its affinity mask and CPU quota): the threads will take turns\n")
+        r.check("run_threads_above_cores_warn", rc == 0 and warned in err and f"warm-up, {cores + 1} threads\n" in err,
+                f"exit {rc}; stderr {err[:400]!r}")
+        rc, out, err = r.run(["run", "cnn.kiln", "--iters", "1", "--threads", str(cores)])
+        r.check("run_threads_at_cores_quiet", rc == 0 and "warning" not in err, f"exit {rc}; stderr {err[:400]!r}")
     rc, out, err = r.run(["run", "mlp.kiln", "--iters", "4", "--json", "--input-shape", "input=8x16", "--threads", "3"])
     try:
         j = json.loads(out)

@@ -34,7 +34,7 @@ void for_each_case(const std::function<void(const Dims&, bool, int)>& check, con
         check(d, trans, threads);
       }
   }
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 // The VNNI kernel, and where the CPU has AMX the tiles' path too: rows in whole tiles and past
@@ -234,7 +234,7 @@ TEST(GemmLowp, F16) {
         }
       }
   }
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 // The f16 GEMM's block of A's rows (f16_block_rows) on a 2 MiB L2: ResNet-50's 56x56 1x1 product
@@ -315,7 +315,7 @@ TEST(GemmLowp, F16ColumnParts) {
               else ASSERT_EQ(got, (parts[q].plain ? bare : whole)[static_cast<size_t>(i * n + parts[q].begin + j)]) << "part " << q << " at " << i << ", " << j;
             }
       }
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 // A convolution as gemm_f16_windows runs it (channels-last images, weight [K, KH, KW, C]):
@@ -395,7 +395,7 @@ TEST(GemmLowp, F16Windows) {
         }
         EXPECT_LE(std::sqrt(err / std::max(norm, 1e-30)), 3e-3);
       }
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 TEST(GemmLowp, Bf16Rounding) {

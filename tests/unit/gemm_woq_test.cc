@@ -220,7 +220,7 @@ void check_all(WoqCodes codes) {
   for (int64_t group : {0, 32})
     for (int64_t m : {1, 3})
       for (int64_t k : ks) check({codes, group, false, true, m, 47, k, 1, true}, rng);
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 TEST(GemmWoq, S8) { check_all(WoqCodes::s8); }

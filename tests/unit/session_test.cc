@@ -4,7 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <unistd.h>
 
 #include "runtime/session.h"
 #include "runtime/threads.h"
@@ -525,7 +530,80 @@ TEST(Session, KernelsRunWithDenormalsFlushedOnEveryPoolThread) {
   }
 }
 
-TEST(Threads, PhysicalCoresAreCounted) { EXPECT_GE(physical_cores(), 1); }
+TEST(Threads, AvailableCoresAreCounted) {
+  EXPECT_GE(available_cores(), 1);
+  // This machine's own files parse, whatever they say.
+  std::ifstream cgroup("/proc/self/cgroup"), mounts("/proc/self/mountinfo");
+  std::stringstream c, m;
+  c << cgroup.rdbuf();
+  m << mounts.rdbuf();
+  const int limit = cgroup_cpu_limit(c.str(), m.str());
+  EXPECT_GE(limit, 0);
+  if (limit > 0) {
+    EXPECT_LE(available_cores(), limit);
+  }
+}
+
+// CPU quotas as containers set them, in a copy of the cgroup tree under a temporary directory:
+// cgroup v2 with and without a namespace, nested limits (the smallest binds), v1's cpu
+// controller mounted alone or with cpuacct at the container's own cgroup, and what sets no
+// limit.
+TEST(Threads, CgroupCpuLimitReadsTheQuota) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("kiln-cgroup-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const auto put = [&](const std::string& file, const std::string& text) {
+    fs::create_directories((root / file.substr(1)).parent_path());
+    std::ofstream(root / file.substr(1)) << text;
+  };
+  const std::string v2 = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+  const std::string r = root.string();
+  const auto limit = [&](const std::string& self, const std::string& mounts) { return cgroup_cpu_limit(self, mounts, r); };
+
+  // v2, a cgroup namespace (the container's cgroup is the mount's top): 1.5 CPUs round up.
+  put("/sys/fs/cgroup/cpu.max", "150000 100000\n");
+  EXPECT_EQ(limit("0::/\n", v2), 2);
+  put("/sys/fs/cgroup/cpu.max", "50000 100000\n");
+  EXPECT_EQ(limit("0::/\n", v2), 1);
+  put("/sys/fs/cgroup/cpu.max", "max 100000\n");
+  EXPECT_EQ(limit("0::/\n", v2), 0);
+  // Nested: a pod's limit above the container's unlimited cgroup, then a tighter own one.
+  put("/sys/fs/cgroup/kubepods/pod1/cpu.max", "400000 100000\n");
+  put("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  EXPECT_EQ(limit("0::/kubepods/pod1/ctr\n", v2), 4);
+  put("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "250000 100000\n");
+  EXPECT_EQ(limit("0::/kubepods/pod1/ctr\n", v2), 3);
+  // A v1 line for another hierarchy beside it changes nothing; no v2 line, no limit.
+  EXPECT_EQ(limit("5:memory:/x\n0::/kubepods/pod1/ctr\n", v2), 3);
+  EXPECT_EQ(limit("5:memory:/x\n", v2), 0);
+  // What does not parse sets no limit.
+  put("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "lots\n");
+  put("/sys/fs/cgroup/kubepods/pod1/cpu.max", "100000\n");
+  EXPECT_EQ(limit("0::/kubepods/pod1/ctr\n", v2), 0);
+
+  // v1 without a namespace: the cpu,cpuacct mount shows the container's own cgroup at its top.
+  const std::string v1 =
+      "30 25 0:27 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+      "31 25 0:28 /docker/abc /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory\n";
+  const std::string self_v1 = "6:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
+  put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "200000\n");
+  put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(limit(self_v1, v1), 2);
+  put("/sys/fs/cgroup/memory/cpu.cfs_quota_us", "100000\n");  // not the cpu controller's
+  put("/sys/fs/cgroup/memory/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(limit(self_v1, v1), 2);
+  put("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  EXPECT_EQ(limit(self_v1, v1), 0);
+  // v1 with the cpu controller alone, the process in a child of the mount's top.
+  const std::string v1_cpu = "30 25 0:27 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+  put("/sys/fs/cgroup/cpu/batch/cpu.cfs_quota_us", "300000\n");
+  put("/sys/fs/cgroup/cpu/batch/cpu.cfs_period_us", "100000\n");
+  EXPECT_EQ(limit("3:cpu:/batch/job7\n", v1_cpu), 3);
+  // Nothing mounted, nothing read.
+  EXPECT_EQ(limit("0::/\n", ""), 0);
+  EXPECT_EQ(limit("", v2 + v1), 0);
+  fs::remove_all(root);
+}
 
 // Sizes below, at and above the parallel threshold, stretches that do not divide evenly among
 // the threads, and unaligned ends: every byte arrives and nothing past the end is written.
@@ -541,7 +619,7 @@ TEST(Threads, ParallelCopyMovesEveryByte) {
       for (size_t i = bytes + 1; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xAB) << "byte " << i << " of a " << bytes << "-byte copy";
     }
   }
-  use_threads(physical_cores());
+  use_threads(available_cores());
 }
 
 // ShareQueues: every unit is taken exactly once, in chunks, whatever the threads do; a thread
