@@ -46,18 +46,24 @@ std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// The default rule's share: oneDNN (brdgmm_dw, jit_int8) keeps the layers of fewer than 64
-// channels, where most of a block's 64 lanes run empty, and the stride-2 ones over images 56 or
-// more wide, where each output column builds two input columns' quads rather than one. On the
-// 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled int8 models (us, kiln
-// against oneDNN): 112x112x32 123 / 99 (MobileNetV2), 320 / 226 (EfficientNet-B0, SiLU);
-// stride 2 onto 56x56x96 124 / 80 and 225 / 215, onto 28x28x144 34 / 31 and (5x5) 148 / 106;
-// kiln's won the other 14 and 13 depthwise layers (56x56x144 98 / 112, 28x28x192 25 / 39,
-// 14x14x672 with SiLU 99 / 129, 7x7x1152 43 / 69, stride 2 onto 14x14x192 9.0 / 11.6).
-// max-autotune times both.
+// The default rule's share: oneDNN (brdgmm_dw, jit_int8) keeps the layers of 33 to 63
+// channels, where most of a block's 64 lanes run empty, and the stride-2 ones of 64 channels or
+// more over images 56 or more wide, where each output column builds two input columns' quads
+// rather than one. On the 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled
+// int8 models (us, kiln against oneDNN): stride 2 onto 56x56x96 124 / 80 and 225 / 215, onto
+// 28x28x144 34 / 31 and (5x5) 148 / 106; kiln's won the other 14 and 13 depthwise layers
+// (56x56x144 98 / 112, 28x28x192 25 / 39, 14x14x672 with SiLU 99 / 129, 7x7x1152 43 / 69,
+// stride 2 onto 14x14x192 9.0 / 11.6). 32 channels or fewer run in pair mode (qdwconv.h) and are
+// kiln's at any stride and width: on the 2-core AVX512-FP16 Xeon (no AMX), max-autotune's
+// timings, two searches at one and two threads each, kiln's was the faster at 112x112x32 with
+// SiLU (EfficientNet-B0's: 177 against 272-338 us at one thread) and with Clip (MobileNetV2's:
+// 79-82 against 141-172), 28x28x32 5x5, 14x14x32 stride 2 and 30x30x8 in all four, stride 2
+// onto 28x28x24 and 28x28x32 (5x5) in seven of eight; 56x56x16 was a tie (oneDNN 0-10 %
+// faster in three of four). max-autotune times both.
 std::optional<std::string> qdwconv_defers(const KernelQuery& q) {
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
-  if (xs[3] < qdw::kBlock) return "fewer than " + std::to_string(qdw::kBlock) + " channels (oneDNN measured faster)";
+  if (xs[3] <= qdw::kBlock / 2) return std::nullopt;
+  if (xs[3] < qdw::kBlock) return "33 to 63 channels (oneDNN measured faster)";
   if (q.node.attr_ints("strides", {1, 1})[0] == 2 && xs[2] >= 56) return "stride 2 over an image 56 or more wide (oneDNN measured faster)";
   return std::nullopt;
 }
@@ -71,6 +77,7 @@ class QDwConvKernel final : public Kernel {
     n_ = xs[0];
     p.h = xs[1], p.w = xs[2], p.c = xs[3], p.kh = ws[2], p.kw = ws[3];
     p.s = win.strides[0], p.pt = win.pads[0], p.pl = win.pads[1], p.oh = ys[1], p.ow = ys[2];
+    p.pair = p.c <= qdw::kBlock / 2;
     p.blocks = (p.c + qdw::kBlock - 1) / qdw::kBlock;
     p.groups = (p.kh + qdw::kGroupRows - 1) / qdw::kGroupRows;
     const int32_t zx = constant_zero_point(q.inputs[2]);
@@ -86,7 +93,8 @@ class QDwConvKernel final : public Kernel {
     p.hi = std::max(p.hi, p.lo);
 
     // The weights as quads and the per-channel constants, in the sums' lane order: lane i of
-    // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h).
+    // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h); in pair mode
+    // 16·(i % 8 / 4) + 4·v + i % 4, each half a column's.
     const Tensor& wt = *q.inputs[3].value;  // [C, 1, KH, KW]
     const int8_t* w = wt.data<int8_t>();
     const float sx = constant_scalar(q.inputs[1]);
@@ -99,7 +107,7 @@ class QDwConvKernel final : public Kernel {
     for (int64_t b = 0; b < p.blocks; ++b)
       for (int64_t v = 0; v < 4; ++v)
         for (int64_t i = 0; i < 16; ++i) {
-          const int64_t ch = b * qdw::kBlock + 16 * (i / 4) + 4 * v + i % 4;
+          const int64_t ch = b * qdw::kBlock + 16 * ((p.pair ? i % 8 : i) / 4) + 4 * v + i % 4;
           if (ch >= p.c) continue;
           const size_t lane = static_cast<size_t>((b * 4 + v) * 16 + i);
           int32_t sum = 0;

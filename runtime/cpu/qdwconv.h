@@ -10,6 +10,8 @@
 // filter column (the same interleave of four filter rows, zero past the filter's height). The
 // sums' lanes are therefore channels in that order; two saturating packs (s32 → s16 of vectors
 // 0 and 1, 2 and 3, then s16 → u8) undo it, so a block's 64 codes are stored in channel order.
+// A layer of 32 channels or fewer runs in pair mode (Params::pair): each vector's halves are two
+// output columns, so no lane runs empty past the 32nd channel.
 #pragma once
 
 #include <cstdint>
@@ -39,11 +41,27 @@ struct Params {
   /// The codes' bounds before rounding: ReLU's or Clip's in codes, within [−1, 256] (the packs
   /// saturate to 0..255 after).
   float lo = -1, hi = 256;
+  /// 32 channels or fewer (MobileNetV2's and EfficientNet-B0's first depthwise layers): one
+  /// block whose vectors hold two output columns, each half the 32-channel quads of one (lane i
+  /// of vector v: channel 16·(i % 8 / 4) + 4·v + i % 4, of column j for i < 8 and j + 1 after),
+  /// where a block of 64 would run half its lanes empty. The weights and constants repeat in
+  /// both halves.
+  bool pair = false;
 };
+
+/// Input columns a row's quads cover in pair mode: one output column more than the row has
+/// (the second half of the last pair when the width is odd), so that every load stays inside.
+inline int64_t pair_columns(const Params& p) { return p.ow * p.s + p.kw; }
+/// Quads (32 bytes each) a group holds in pair mode, for each of its 4 vectors: the columns of
+/// each residue modulo the stride together, so that columns q and q + s are adjacent and one
+/// 64-byte load gives both halves of a pair's vector.
+inline int64_t pair_slots(const Params& p) { return p.s * ((pair_columns(p) + p.s - 1) / p.s); }
 
 /// Bytes of one thread's scratch: a block's quads of each group over the input columns the
 /// output row reads.
-inline int64_t scratch_bytes(const Params& p) { return p.groups * ((p.ow - 1) * p.s + p.kw) * 4 * kBlock; }
+inline int64_t scratch_bytes(const Params& p) {
+  return p.pair ? p.groups * 4 * pair_slots(p) * 32 : p.groups * ((p.ow - 1) * p.s + p.kw) * 4 * kBlock;
+}
 
 /// Output row `oy` of an image: y's row (y: the image's [oh, ow, c]) from x (its [h, w, c]),
 /// `scratch` 64-byte aligned, scratch_bytes long.

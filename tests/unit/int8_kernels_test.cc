@@ -181,7 +181,12 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
   SKIP_WITHOUT_VNNI();
   for (QConv s : std::vector<QConv>{{2, 64, 9, 11, 64, 3, 1, 64}, {1, 144, 10, 10, 144, 3, 2, 144}, {1, 40, 7, 6, 40, 5, 1, 40},
                                     {1, 67, 9, 9, 67, 5, 2, 67}, {1, 8, 3, 2, 8, 3, 1, 8}, {1, 130, 1, 5, 130, 3, 1, 130},
-                                    {1, 24, 9, 10, 24, 7, 1, 24}}) {
+                                    {1, 24, 9, 10, 24, 7, 1, 24},
+                                    // Pair mode (32 channels or fewer): odd and even widths
+                                    // (the last pair half empty), two images, strides 1 and 2,
+                                    // 3x3, 5x5 and 7x7, fewer than 32 channels (masked halves).
+                                    {2, 32, 7, 9, 32, 3, 1, 32}, {1, 32, 6, 8, 32, 3, 2, 32}, {1, 32, 11, 13, 32, 5, 2, 32},
+                                    {1, 20, 8, 7, 20, 5, 1, 20}, {1, 32, 5, 4, 32, 7, 1, 32}, {1, 1, 6, 5, 1, 3, 2, 1}}) {
     for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
       s.activation = activation;
       s.per_channel = s.c % 2 == 0;
@@ -194,13 +199,16 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
     }
   }
   // The default rule (qdwconv_defers): 64 channels and more are kiln's, but for stride 2 over
-  // an image 56 or more wide; fewer channels are oneDNN's.
+  // an image 56 or more wide; 33 to 63 channels are oneDNN's; 32 or fewer kiln's (pair mode).
   for (const auto& [v, kernel] : std::vector<std::pair<QConv, std::string>>{
            {{1, 64, 9, 11, 64, 3, 1, 64}, "kiln.qdwconv_u8s8_avx512"},
            {{1, 96, 12, 55, 96, 3, 2, 96}, "kiln.qdwconv_u8s8_avx512"},
            {{1, 96, 12, 56, 96, 3, 2, 96}, "onednn.qconv"},
            {{1, 64, 12, 56, 64, 3, 1, 64}, "kiln.qdwconv_u8s8_avx512"},
-           {{1, 48, 9, 11, 48, 3, 1, 48}, "onednn.qconv"}}) {
+           {{1, 48, 9, 11, 48, 3, 1, 48}, "onednn.qconv"},
+           {{1, 33, 9, 11, 33, 3, 1, 33}, "onednn.qconv"},
+           {{1, 32, 9, 11, 32, 3, 1, 32}, "kiln.qdwconv_u8s8_avx512"},
+           {{1, 24, 6, 57, 24, 3, 2, 24}, "kiln.qdwconv_u8s8_avx512"}}) {
     SCOPED_TRACE(std::to_string(v.h) + "x" + std::to_string(v.w) + "x" + std::to_string(v.c) + " s" + std::to_string(v.stride));
     expect_within_one_step(qconv_case(v), kernel);
   }
