@@ -49,7 +49,8 @@ std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
 // The default rule's share: oneDNN (brdgmm_dw, jit_int8) keeps the layers of 33 to 63
 // channels, where most of a block's 64 lanes run empty, and the stride-2 ones of 64 channels or
 // more over images 56 or more wide, where each output column builds two input columns' quads
-// rather than one. On the 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled
+// rather than one, but for a 3x3 with SiLU, whose values oneDNN writes in f32 for kiln's SiLU
+// pass. On the 2-core AMX Xeon, one thread, 50-iteration profiles of the compiled
 // int8 models (us, kiln against oneDNN): stride 2 onto 56x56x96 124 / 80 and 225 / 215, onto
 // 28x28x144 34 / 31 and (5x5) 148 / 106; kiln's won the other 14 and 13 depthwise layers
 // (56x56x144 98 / 112, 28x28x192 25 / 39, 14x14x672 with SiLU 99 / 129, 7x7x1152 43 / 69,
@@ -59,13 +60,19 @@ std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
 // SiLU (EfficientNet-B0's: 177 against 272-338 us at one thread) and with Clip (MobileNetV2's:
 // 79-82 against 141-172), 28x28x32 5x5, 14x14x32 stride 2 and 30x30x8 in all four, stride 2
 // onto 28x28x24 and 28x28x32 (5x5) in seven of eight; 56x56x16 was a tie (oneDNN 0-10 %
-// faster in three of four). max-autotune times both.
+// faster in three of four). With the last block of 96, 480 and 672 channels in pair mode too,
+// the same searches over the int8 models put EfficientNet-B0's 3x3 stride 2 with SiLU onto
+// 56x56x96 at 190 against oneDNN's 232 us (one thread) and 104 against 124 (two), its 5x5 one
+// onto 28x28x144 at 1.07-1.17x oneDNN's, and MobileNetV2's onto 56x56x96 (ReLU6) at
+// 1.08-1.13x. max-autotune times both.
 std::optional<std::string> qdwconv_defers(const KernelQuery& q) {
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete();
   if (xs[3] <= qdw::kBlock / 2) return std::nullopt;
   if (xs[3] < qdw::kBlock) return "33 to 63 channels (oneDNN measured faster)";
-  if (q.node.attr_ints("strides", {1, 1})[0] == 2 && xs[2] >= 56) return "stride 2 over an image 56 or more wide (oneDNN measured faster)";
-  return std::nullopt;
+  if (q.node.attr_ints("strides", {1, 1})[0] != 2 || xs[2] < 56) return std::nullopt;
+  auto act = read_activation(q.node, "activation");
+  if (act.ok() && act->kind == Activation::silu && q.inputs[3].shape.concrete()[3] == 3) return std::nullopt;
+  return "stride 2 over an image 56 or more wide, not a 3x3 with SiLU (oneDNN measured faster)";
 }
 
 class QDwConvKernel final : public Kernel {
@@ -77,8 +84,8 @@ class QDwConvKernel final : public Kernel {
     n_ = xs[0];
     p.h = xs[1], p.w = xs[2], p.c = xs[3], p.kh = ws[2], p.kw = ws[3];
     p.s = win.strides[0], p.pt = win.pads[0], p.pl = win.pads[1], p.oh = ys[1], p.ow = ys[2];
-    p.pair = p.c <= qdw::kBlock / 2;
     p.blocks = (p.c + qdw::kBlock - 1) / qdw::kBlock;
+    p.pair = p.c - (p.blocks - 1) * qdw::kBlock <= qdw::kBlock / 2;
     p.groups = (p.kh + qdw::kGroupRows - 1) / qdw::kGroupRows;
     const int32_t zx = constant_zero_point(q.inputs[2]);
     p.x_zero = static_cast<uint8_t>(zx);
@@ -93,8 +100,8 @@ class QDwConvKernel final : public Kernel {
     p.hi = std::max(p.hi, p.lo);
 
     // The weights as quads and the per-channel constants, in the sums' lane order: lane i of
-    // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h); in pair mode
-    // 16·(i % 8 / 4) + 4·v + i % 4, each half a column's.
+    // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h); in a pair-mode
+    // block 16·(i % 8 / 4) + 4·v + i % 4, each half a column's.
     const Tensor& wt = *q.inputs[3].value;  // [C, 1, KH, KW]
     const int8_t* w = wt.data<int8_t>();
     const float sx = constant_scalar(q.inputs[1]);
@@ -107,7 +114,8 @@ class QDwConvKernel final : public Kernel {
     for (int64_t b = 0; b < p.blocks; ++b)
       for (int64_t v = 0; v < 4; ++v)
         for (int64_t i = 0; i < 16; ++i) {
-          const int64_t ch = b * qdw::kBlock + 16 * ((p.pair ? i % 8 : i) / 4) + 4 * v + i % 4;
+          const bool pair = p.pair && b == p.blocks - 1;
+          const int64_t ch = b * qdw::kBlock + 16 * ((pair ? i % 8 : i) / 4) + 4 * v + i % 4;
           if (ch >= p.c) continue;
           const size_t lane = static_cast<size_t>((b * 4 + v) * 16 + i);
           int32_t sum = 0;

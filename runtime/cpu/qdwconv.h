@@ -10,8 +10,9 @@
 // filter column (the same interleave of four filter rows, zero past the filter's height). The
 // sums' lanes are therefore channels in that order; two saturating packs (s32 → s16 of vectors
 // 0 and 1, 2 and 3, then s16 → u8) undo it, so a block's 64 codes are stored in channel order.
-// A layer of 32 channels or fewer runs in pair mode (Params::pair): each vector's halves are two
-// output columns, so no lane runs empty past the 32nd channel.
+// A last block of 32 channels or fewer (a layer of 32 or fewer, or 96, 480, 672...) runs in
+// pair mode (Params::pair): each vector's halves are two output columns, so no lane runs empty
+// past the block's 32nd channel.
 #pragma once
 
 #include <cstdint>
@@ -41,11 +42,12 @@ struct Params {
   /// The codes' bounds before rounding: ReLU's or Clip's in codes, within [−1, 256] (the packs
   /// saturate to 0..255 after).
   float lo = -1, hi = 256;
-  /// 32 channels or fewer (MobileNetV2's and EfficientNet-B0's first depthwise layers): one
-  /// block whose vectors hold two output columns, each half the 32-channel quads of one (lane i
-  /// of vector v: channel 16·(i % 8 / 4) + 4·v + i % 4, of column j for i < 8 and j + 1 after),
-  /// where a block of 64 would run half its lanes empty. The weights and constants repeat in
-  /// both halves.
+  /// The last block has 32 channels or fewer (a layer of 32 or fewer: MobileNetV2's and
+  /// EfficientNet-B0's first depthwise layers; 96, 480 or 672 channels) and runs in pair mode:
+  /// its vectors hold two output columns, each half the 32-channel quads of one (lane i of
+  /// vector v: the block's channel 16·(i % 8 / 4) + 4·v + i % 4, of column j for i < 8 and
+  /// j + 1 after), where a block of 64 would run half its lanes empty. Its weights and
+  /// constants repeat in both halves.
   bool pair = false;
 };
 
@@ -58,9 +60,11 @@ inline int64_t pair_columns(const Params& p) { return p.ow * p.s + p.kw; }
 inline int64_t pair_slots(const Params& p) { return p.s * ((pair_columns(p) + p.s - 1) / p.s); }
 
 /// Bytes of one thread's scratch: a block's quads of each group over the input columns the
-/// output row reads.
+/// output row reads (the full blocks' and the pair-mode block's in turn).
 inline int64_t scratch_bytes(const Params& p) {
-  return p.pair ? p.groups * 4 * pair_slots(p) * 32 : p.groups * ((p.ow - 1) * p.s + p.kw) * 4 * kBlock;
+  const int64_t full = p.blocks > (p.pair ? 1 : 0) ? p.groups * ((p.ow - 1) * p.s + p.kw) * 4 * kBlock : 0;
+  const int64_t pair = p.pair ? p.groups * 4 * pair_slots(p) * 32 : 0;
+  return full > pair ? full : pair;
 }
 
 /// Output row `oy` of an image: y's row (y: the image's [oh, ow, c]) from x (its [h, w, c]),

@@ -90,30 +90,17 @@ void columns(const Params& p, const __m512i* quads, int64_t quad_stride, const i
   }
 }
 
-// Output row `oy`: each block's quads, then its columns through `Columns`.
-template <void (*Columns)(const Params&, const __m512i*, int64_t, const int8_t*, int64_t, __mmask64, uint8_t*)>
-void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch) {
-  const int64_t cols = (p.ow - 1) * p.s + p.kw, r0 = oy * p.s - p.pt;
-  auto* quads = reinterpret_cast<__m512i*>(scratch);
-  const int64_t quad_stride = cols * 4;
-  for (int64_t b = 0; b < p.blocks; ++b) {
-    const int64_t c0 = b * kBlock;
-    const __mmask64 mk = byte_mask(p.c - c0);
-    for (int64_t g = 0; g < p.groups; ++g) build_quads(p, x, r0, g, c0, mk, cols, quads + g * quad_stride);
-    Columns(p, quads, quad_stride, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, y + (oy * p.ow) * p.c + c0);
-  }
-}
-
-// Pair mode (32 channels or fewer, qdwconv.h): group g's quads of the input columns [0, cols)
-// of the window, 32 bytes each, vector v of column q at slot v · slots + (q mod s) · slots / s +
-// q / s of `out` (32-byte units); rows and columns outside the image read as x's zero point.
-void build_pair_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, int64_t cols, int64_t slots, uint8_t* out) {
+// Pair mode (the last block, of 32 channels or fewer, qdwconv.h): group g's quads of channels
+// [c0, c0 + 32) (`mk`: those there are) over the input columns [0, cols) of the window, 32
+// bytes each, vector v of column q at slot v · slots + (q mod s) · slots / s + q / s of `out`
+// (32-byte units); rows and columns outside the image read as x's zero point.
+void build_pair_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, int64_t c0, __mmask32 mk, int64_t cols, int64_t slots,
+                      uint8_t* out) {
   const __m256i pad = _mm256_set1_epi8(static_cast<char>(p.x_zero));
-  const __mmask32 mk = p.c >= 32 ? ~__mmask32{0} : (__mmask32{1} << p.c) - 1;
   const uint8_t* rows[kGroupRows];
   for (int64_t k = 0; k < kGroupRows; ++k) {
     const int64_t r = r0 + g * kGroupRows + k;
-    rows[k] = r >= 0 && r < p.h && g * kGroupRows + k < p.kh ? x + (r * p.w) * p.c : nullptr;
+    rows[k] = r >= 0 && r < p.h && g * kGroupRows + k < p.kh ? x + (r * p.w) * p.c + c0 : nullptr;
   }
   const int64_t per = slots / p.s;
   if (p.c == 32 && p.s == 1) {
@@ -168,24 +155,23 @@ void build_pair_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, 
 // Pair mode's output columns, two a step: the vectors of columns j and j + 1 (q = j·s + dx and
 // q + s, adjacent slots) in one 64-byte load each, the sums and epilogue as columns' above, and
 // the 64 bytes after the packs (column j's channels, then column j + 1's) stored as the two
-// columns. KW, S and G known (0: p's).
+// columns' `mk` channels at y. KW, S and G known (0: p's).
 template <int KW, int S, int G>
-void pairs(const Params& p, const uint8_t* quads, int64_t slots, uint8_t* y) {
+void pairs(const Params& p, const uint8_t* quads, int64_t slots, const int8_t* weights, int64_t b, __mmask32 mk, uint8_t* y) {
   const int64_t kw = KW ? KW : p.kw, s = S ? S : p.s, groups = G ? G : p.groups;
   __m512 scale[4], bias[4];
   for (int v = 0; v < 4; ++v) {
-    scale[v] = _mm512_loadu_ps(p.scale + v * 16);
-    bias[v] = _mm512_loadu_ps(p.bias + v * 16);
+    scale[v] = _mm512_loadu_ps(p.scale + (b * 4 + v) * 16);
+    bias[v] = _mm512_loadu_ps(p.bias + (b * 4 + v) * 16);
   }
   constexpr int kMaxW = G && KW ? G * KW * 4 : 1;
   __m512i wv[kMaxW];
   if constexpr (G && KW)
-    for (int i = 0; i < kMaxW; ++i) wv[i] = _mm512_loadu_si512(p.weights + i * kBlock);
+    for (int i = 0; i < kMaxW; ++i) wv[i] = _mm512_loadu_si512(weights + i * kBlock);
   const bool silu = p.silu;
   const __m512 inv = _mm512_set1_ps(p.inv_y_scale), zero = _mm512_set1_ps(p.y_zero);
   const __m512 lo = _mm512_set1_ps(p.lo), hi = _mm512_set1_ps(p.hi);
   const int64_t ow = p.ow, c = p.c, per = slots / s;
-  const __mmask32 mk = c >= 32 ? ~__mmask32{0} : (__mmask32{1} << c) - 1;
   for (int64_t j = 0; j < ow; j += 2) {
     __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 2
@@ -196,7 +182,7 @@ void pairs(const Params& p, const uint8_t* quads, int64_t slots, uint8_t* y) {
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           const int64_t i = (g * kw + dx) * 4 + v;
-          const __m512i w = G && KW ? wv[i] : _mm512_loadu_si512(p.weights + i * kBlock);
+          const __m512i w = G && KW ? wv[i] : _mm512_loadu_si512(weights + i * kBlock);
           acc[v] = _mm512_dpbusd_epi32(acc[v], _mm512_loadu_si512(qd + v * slots + (dx % s) * per + dx / s), w);
         }
     }
@@ -217,12 +203,28 @@ void pairs(const Params& p, const uint8_t* quads, int64_t slots, uint8_t* y) {
   }
 }
 
-// Output row `oy` in pair mode: every group's quads, then the pairs of columns.
-template <void (*Pairs)(const Params&, const uint8_t*, int64_t, uint8_t*)>
-void pair_row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch) {
-  const int64_t cols = pair_columns(p), slots = pair_slots(p), r0 = oy * p.s - p.pt;
-  for (int64_t g = 0; g < p.groups; ++g) build_pair_quads(p, x, r0, g, cols, slots, scratch + g * 4 * slots * 32);
-  Pairs(p, scratch, slots, y + (oy * p.ow) * p.c);
+// Output row `oy`: each block's quads, then its columns; the last block in pair mode where
+// p.pair says so.
+template <int KW, int S, int G>
+void row(const Params& p, const uint8_t* x, uint8_t* y, int64_t oy, uint8_t* scratch) {
+  const int64_t r0 = oy * p.s - p.pt;
+  const int64_t full = p.pair ? p.blocks - 1 : p.blocks;
+  uint8_t* out = y + (oy * p.ow) * p.c;
+  const int64_t cols = (p.ow - 1) * p.s + p.kw, quad_stride = cols * 4;
+  auto* quads = reinterpret_cast<__m512i*>(scratch);
+  for (int64_t b = 0; b < full; ++b) {
+    const int64_t c0 = b * kBlock;
+    const __mmask64 mk = byte_mask(p.c - c0);
+    for (int64_t g = 0; g < p.groups; ++g) build_quads(p, x, r0, g, c0, mk, cols, quads + g * quad_stride);
+    columns<KW, S, G>(p, quads, quad_stride, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, out + c0);
+  }
+  if (p.pair) {
+    const int64_t b = p.blocks - 1, c0 = b * kBlock, slots = pair_slots(p);
+    const __mmask32 mk = p.c - c0 >= 32 ? ~__mmask32{0} : (__mmask32{1} << (p.c - c0)) - 1;
+    for (int64_t g = 0; g < p.groups; ++g)
+      build_pair_quads(p, x, r0, g, c0, mk, pair_columns(p), slots, scratch + g * 4 * slots * 32);
+    pairs<KW, S, G>(p, scratch, slots, p.weights + b * p.groups * p.kw * 4 * kBlock, b, mk, out + c0);
+  }
 }
 
 }  // namespace
@@ -231,17 +233,11 @@ RowFn row_kernel(const Params& p) {
   // MobileNetV2's and EfficientNet-B0's filters known at compile time (3x3: one group of four
   // filter rows; 5x5: two), others as given.
   const bool g1 = p.groups == 1, g2 = p.groups == 2;
-  if (p.pair)
-    return p.kw == 3 && p.s == 1 && g1   ? pair_row<pairs<3, 1, 1>>
-           : p.kw == 3 && p.s == 2 && g1 ? pair_row<pairs<3, 2, 1>>
-           : p.kw == 5 && p.s == 1 && g2 ? pair_row<pairs<5, 1, 2>>
-           : p.kw == 5 && p.s == 2 && g2 ? pair_row<pairs<5, 2, 2>>
-                                         : pair_row<pairs<0, 0, 0>>;
-  return p.kw == 3 && p.s == 1 && g1   ? row<columns<3, 1, 1>>
-         : p.kw == 3 && p.s == 2 && g1 ? row<columns<3, 2, 1>>
-         : p.kw == 5 && p.s == 1 && g2 ? row<columns<5, 1, 2>>
-         : p.kw == 5 && p.s == 2 && g2 ? row<columns<5, 2, 2>>
-                                       : row<columns<0, 0, 0>>;
+  return p.kw == 3 && p.s == 1 && g1   ? row<3, 1, 1>
+         : p.kw == 3 && p.s == 2 && g1 ? row<3, 2, 1>
+         : p.kw == 5 && p.s == 1 && g2 ? row<5, 1, 2>
+         : p.kw == 5 && p.s == 2 && g2 ? row<5, 2, 2>
+                                       : row<0, 0, 0>;
 }
 
 }  // namespace kiln::cpu::qdw

@@ -186,7 +186,10 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
                                     // (the last pair half empty), two images, strides 1 and 2,
                                     // 3x3, 5x5 and 7x7, fewer than 32 channels (masked halves).
                                     {2, 32, 7, 9, 32, 3, 1, 32}, {1, 32, 6, 8, 32, 3, 2, 32}, {1, 32, 11, 13, 32, 5, 2, 32},
-                                    {1, 20, 8, 7, 20, 5, 1, 20}, {1, 32, 5, 4, 32, 7, 1, 32}, {1, 1, 6, 5, 1, 3, 2, 1}}) {
+                                    {1, 20, 8, 7, 20, 5, 1, 20}, {1, 32, 5, 4, 32, 7, 1, 32}, {1, 1, 6, 5, 1, 3, 2, 1},
+                                    // A full block, then a last one of 32 in pair mode (and
+                                    // 67, 130 and 144 above: last blocks of 3, 2 and 16).
+                                    {1, 96, 5, 7, 96, 3, 1, 96}, {2, 96, 8, 9, 96, 5, 2, 96}}) {
     for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
       s.activation = activation;
       s.per_channel = s.c % 2 == 0;
@@ -211,6 +214,14 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
            {{1, 24, 6, 57, 24, 3, 2, 24}, "kiln.qdwconv_u8s8_avx512"}}) {
     SCOPED_TRACE(std::to_string(v.h) + "x" + std::to_string(v.w) + "x" + std::to_string(v.c) + " s" + std::to_string(v.stride));
     expect_within_one_step(qconv_case(v), kernel);
+  }
+  // Stride 2 over a wide image with SiLU: kiln's for a 3x3, oneDNN's for a 5x5.
+  for (const auto& [v, kernel] : std::vector<std::pair<QConv, std::string>>{{{1, 96, 12, 56, 96, 3, 2, 96}, "kiln.qdwconv_u8s8_avx512"},
+                                                                             {{1, 96, 12, 56, 96, 5, 2, 96}, "onednn.qconv"}}) {
+    QConv silu = v;
+    silu.activation = "Silu";
+    SCOPED_TRACE("silu k" + std::to_string(v.k));
+    expect_within_one_step(qconv_case(silu), kernel);
   }
   QConv s{1, 64, 8, 8, 64, 3, 1, 64};
   s.act = DType::i8;
