@@ -19,6 +19,7 @@ void register_binary(KernelRegistry& r);
 void register_quant(KernelRegistry& r);
 void register_qmatmul(KernelRegistry& r);
 void register_qdwconv(KernelRegistry& r);
+void register_qconv_direct(KernelRegistry& r);
 void register_woq_matmul(KernelRegistry& r);
 }  // namespace cpu
 
@@ -38,6 +39,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   cpu::register_quant(r);
   cpu::register_qmatmul(r);
   cpu::register_qdwconv(r);
+  cpu::register_qconv_direct(r);
   cpu::register_woq_matmul(r);
 }
 

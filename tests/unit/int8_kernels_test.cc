@@ -234,6 +234,35 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
   EXPECT_EQ(testing::run_both(qconv_case(s)).kernel, "onednn.qconv");
 }
 
+// kiln's direct kernel for an image's first layer (u8 in and out, channels-last, 4 input
+// channels or fewer): 1, 3 and 4 channels; 3x3, 5x5 and 7x7 filters; strides 1 to 3; one to
+// four vectors of output channels, whole and not (8, 16, 40, 64); images whose every pixel's
+// window leaves them, and two images (the last pixels read through the copied windows, not past
+// the input); no activation, ReLU, Clip and SiLU. It declines more input channels, a residual
+// and other activations.
+TEST(Int8Kernels, DirectQFusedConvOnKiln) {
+  SKIP_WITHOUT_VNNI();
+  for (QConv s : std::vector<QConv>{{1, 3, 15, 17, 32, 3, 2, 1}, {2, 3, 9, 8, 16, 3, 1, 1}, {1, 4, 11, 13, 40, 5, 2, 1},
+                                    {1, 1, 6, 7, 8, 3, 1, 1}, {2, 3, 16, 12, 64, 7, 2, 1}, {1, 3, 2, 3, 24, 3, 1, 1},
+                                    {1, 3, 14, 14, 48, 3, 3, 1}, {1, 2, 30, 29, 16, 3, 2, 1}}) {
+    for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
+      s.activation = activation;
+      s.per_channel = s.m % 16 == 0;
+      s.bias = std::string(activation) != "Relu";
+      SCOPED_TRACE(std::to_string(s.n) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w) + "x" + std::to_string(s.c) + " -> " +
+                   std::to_string(s.m) + " k" + std::to_string(s.k) + " s" + std::to_string(s.stride) + " " + activation);
+      Case c = qconv_case(s);
+      c.kernel = "kiln.qconv_direct_u8s8_avx512";
+      expect_within_one_step(c, "kiln.qconv_direct_u8s8_avx512");
+    }
+  }
+  for (QConv s : std::vector<QConv>{{1, 8, 9, 9, 16, 3, 2, 1}, {1, 3, 9, 9, 16, 3, 2, 1}}) {
+    if (s.c == 3) s.residual = true;
+    const testing::BothRuns r = testing::run_both(qconv_case(s));
+    EXPECT_NE(r.kernel, "kiln.qconv_direct_u8s8_avx512") << s.c;
+  }
+}
+
 // Without VNNI, oneDNN 2.6's int8 convolutions sum pairs of u8 · s8 products in 16 bits
 // (`vpmaddubsw`: 255 · 127 · 2 > 32767 saturates) and halve the weights of s8 activations:
 // onednn.qconv declines such a CPU (AVX2, or AVX-512 before VNNI), leaving the reference.

@@ -1,0 +1,160 @@
+// kiln.qconv_direct_u8s8_avx512: QFusedConv over 4 input channels or fewer (an image's first
+// layer, over RGB: MobileNetV2's, EfficientNet-B0's, YOLO's) on u8 activations, channels-last,
+// with AVX-512 VNNI's `vpdpbusd` summing each 4-byte group of a window's row against its
+// weights for 16 output channels a vector, the input read where it lies (qconv_direct.h). The
+// epilogue (what x's zero point adds, zx · Σw, taken from the integer sums; the scale and the
+// bias; ReLU, Clip or SiLU; the requantization) runs on the sums' registers, in the order of
+// oneDNN's and the reference's arithmetic, so that a code rounds as theirs.
+// The threads share the output rows.
+#include <omp.h>
+
+#include "formats/ops/nn_util.h"
+#include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/qconv_direct.h"
+#include "runtime/kernel.h"
+#include "runtime/threads.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
+  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  for (size_t i = 0; i < q.inputs.size(); ++i) {
+    const InferInput& in = q.inputs[i];
+    if (in.dtype == DType::undefined) continue;
+    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
+    if (i != 0 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
+  }
+  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined) return "a residual";
+  if (q.inputs[0].dtype != DType::u8 || q.outputs[0].dtype != DType::u8) return "not u8 in and out";
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+  if (xs.size() != 4 || ws.size() != 4) return "not 2-D";
+  if (shape_numel(xs) == 0 || ws[0] == 0) return "an empty input or output";
+  if (q.node.attr_int("group", 1) != 1) return "grouped";
+  if (xs[3] > 4) return "more than 4 input channels (an image's first layer has 1 to 4)";
+  if (ws[3] * xs[3] > qcd::kMaxRowGroups * 4) return "a window row of more than " + std::to_string(qcd::kMaxRowGroups * 4) + " bytes";
+  if (ws[2] > qcd::kMaxRows) return "more than " + std::to_string(qcd::kMaxRows) + " rows of filter";
+  if (ws[0] > qcd::kLanes * qcd::kMaxVectors) return "more than " + std::to_string(qcd::kLanes * qcd::kMaxVectors) + " output channels";
+  for (double z : q.inputs[5].value->to_double_vector())
+    if (z != 0) return "the weights' zero points are not all zero";
+  for (int64_t d : q.node.attr_ints("dilations"))
+    if (d != 1) return "dilated";
+  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
+  if (strides.size() != 2 || strides[0] != strides[1] || strides[0] < 1) return "unequal strides";
+  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
+  if (!act.ok() || !post.ok() || post->kind != Activation::none) return "a post activation";
+  const Activation k = act->kind;
+  if (k != Activation::none && k != Activation::relu && k != Activation::clip && k != Activation::silu) return "an activation other than ReLU, Clip or SiLU";
+  return std::nullopt;
+}
+
+class QConvDirectKernel final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
+    const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ys = q.outputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+    KILN_ASSIGN_OR_RETURN(nn::Window win, nn::resolve_window(q.node, {xs[1], xs[2]}, {ws[2], ws[3]}, false));
+    qcd::Params& p = p_;
+    n_ = xs[0];
+    p.h = xs[1], p.w = xs[2], p.c = xs[3], p.kh = ws[2], p.kw = ws[3], p.cout = ws[0];
+    p.s = win.strides[0], p.pt = win.pads[0], p.pl = win.pads[1], p.oh = ys[1], p.ow = ys[2];
+    p.vectors = (p.cout + qcd::kLanes - 1) / qcd::kLanes;
+    p.row_groups = (p.kw * p.c + 3) / 4;
+    const int32_t zx = constant_zero_point(q.inputs[2]);
+    p.x_zero = static_cast<uint8_t>(zx);
+    KILN_ASSIGN_OR_RETURN(const ActivationSpec act, read_activation(q.node, "activation"));
+    const float inv = 1.f / constant_scalar(q.inputs[6]), zy = static_cast<float>(constant_zero_point(q.inputs[7]));
+    p.silu = act.kind == Activation::silu;
+    p.inv_y_scale = inv, p.y_zero = zy;
+    // ReLU's and Clip's bounds as codes (requantizing is monotonic, so clamping the value and
+    // then requantizing is clamping its code to theirs), within the codes' [0, 255].
+    if (act.kind == Activation::relu) p.lo = std::max(p.lo, zy);
+    if (act.kind == Activation::clip) p.lo = std::max(p.lo, act.a * inv + zy), p.hi = std::min(p.hi, act.b * inv + zy);
+    p.hi = std::max(p.hi, p.lo);
+
+    // The weights by window row, 4-byte group and vector (qconv_direct.h), and the per-channel
+    // constants.
+    const Tensor& wt = *q.inputs[3].value;  // [cout, c, kh, kw]
+    const int8_t* w = wt.data<int8_t>();
+    const float sx = constant_scalar(q.inputs[1]);
+    const std::vector<double> sw = q.inputs[4].value->to_double_vector();
+    const bool has_bias = q.inputs.size() > 8 && q.inputs[8].dtype != DType::undefined;
+    const float* bias = has_bias ? q.inputs[8].value->data<float>() : nullptr;
+    const int64_t lanes = p.vectors * qcd::kLanes;
+    weights_.assign(static_cast<size_t>(p.kh * p.row_groups * lanes * 4), 0);
+    zero_sums_.assign(static_cast<size_t>(lanes), 0);
+    scale_.assign(static_cast<size_t>(lanes), 0.f);
+    bias_.assign(scale_.size(), 0.f);
+    for (int64_t o = 0; o < p.cout; ++o) {
+      int32_t sum = 0;
+      for (int64_t ky = 0; ky < p.kh; ++ky)
+        for (int64_t b = 0; b < p.kw * p.c; ++b) {
+          const int8_t wv = w[((o * p.c + b % p.c) * p.kh + ky) * p.kw + b / p.c];
+          sum += wv;
+          weights_[static_cast<size_t>(((ky * p.row_groups + b / 4) * lanes + o) * 4 + b % 4)] = wv;
+        }
+      // y = (Σ − zx·Σw) · scale + bias, then (after the SiLU) y · inv + zy in codes.
+      zero_sums_[static_cast<size_t>(o)] = zx * sum;
+      const float scale = sx * static_cast<float>(sw[sw.size() == 1 ? 0 : static_cast<size_t>(o)]), offset = bias ? bias[o] : 0.f;
+      scale_[static_cast<size_t>(o)] = p.silu ? scale : scale * inv;
+      bias_[static_cast<size_t>(o)] = p.silu ? offset : offset * inv + zy;
+    }
+    zero_line_.assign(static_cast<size_t>(qcd::zero_line_bytes(p)), p.x_zero);
+    p.weights = weights_.data();
+    p.zero_sums = zero_sums_.data();
+    p.scale = scale_.data();
+    p.bias = bias_.data();
+    p.zero_line = zero_line_.data();
+    threads_ = std::max(1, q.target.threads);
+    scratch_ = static_cast<size_t>(qcd::scratch_bytes(p));
+    row_ = qcd::row_kernel(p);
+    needs.workspace_bytes = static_cast<size_t>(threads_) * scratch_;
+    return {};
+  }
+
+  Status run(KernelContext& ctx) override {
+    const auto* x = static_cast<const uint8_t*>(ctx.input(0).raw());
+    const uint8_t* x_end = x + ctx.input(0).nbytes();
+    auto* y = static_cast<uint8_t*>(ctx.output(0).raw());
+    auto* scratch = reinterpret_cast<uint8_t*>(ctx.workspace().data());
+    const int64_t rows = n_ * p_.oh;
+    const int t = static_cast<int>(std::min<int64_t>({threads_, pool_threads(), rows}));
+#pragma omp parallel num_threads(t) if (t > 1)
+    {
+      WorkerSpan span;
+      const int i = omp_get_thread_num();
+      const auto [r0, r1] = even_share(rows, omp_get_num_threads(), i);
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / p_.oh;
+        row_(p_, x + b * p_.h * p_.w * p_.c, x_end, y + b * p_.oh * p_.ow * p_.cout, r % p_.oh, scratch + static_cast<size_t>(i) * scratch_);
+      }
+    }
+    return {};
+  }
+
+ private:
+  qcd::Params p_;
+  qcd::RowFn row_ = nullptr;
+  int64_t n_ = 0;
+  std::vector<int8_t> weights_;
+  std::vector<int32_t> zero_sums_;
+  std::vector<float> scale_, bias_;
+  std::vector<uint8_t> zero_line_;
+  int threads_ = 1;
+  size_t scratch_ = 0;  ///< bytes a thread
+};
+
+}  // namespace
+
+void register_qconv_direct(KernelRegistry& r) {
+  CpuFeatures isa = isa_features(Isa::avx512);
+  isa.avx512_vnni = true;
+  r.add("QFusedConv", "cpu",
+        KernelImpl{.name = "kiln.qconv_direct_u8s8_avx512",
+                   .declines = qconv_direct_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<QConvDirectKernel>(); },
+                   .needs_isa = isa});
+}
+
+}  // namespace kiln::cpu

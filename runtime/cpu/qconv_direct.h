@@ -1,0 +1,64 @@
+// kiln's direct int8 convolution over few input channels (kiln.qconv_direct_u8s8_avx512,
+// runtime/cpu/qconv_direct.cc): an image's first layer, over RGB. What the kernel prepares once
+// and what its AVX-512 VNNI build (qconv_direct_avx512.cc) computes an output row at a time.
+//
+// A window's row of KW pixels of C channels is KW·C contiguous bytes of a channels-last input
+// (9 over RGB with a 3x3 filter). `vpdpbusd` adds four u8 · s8 products into each 32-bit lane:
+// each 4-byte group of such a row is broadcast to every lane and multiplied by the filter's four
+// weights of those bytes for each lane's output channel (16 a vector). A row's last group reads
+// up to 3 bytes past it (the next pixel's), whose weights are zero, so the input is read where
+// it lies: no window is gathered. A pixel whose window leaves the image (or whose last group
+// would read past the input) has its window's rows copied first, x's zero point outside the
+// image; a row above or below the image reads a line of zero points.
+#pragma once
+
+#include <cstdint>
+
+namespace kiln::cpu::qcd {
+
+/// Output channels a vector; vectors at most (64 output channels).
+inline constexpr int64_t kLanes = 16, kMaxVectors = 4;
+/// A window's rows at most, and the 4-byte groups of one at most (KW·C <= 28).
+inline constexpr int64_t kMaxRows = 11, kMaxRowGroups = 7;
+/// The most output pixels a row kernel's block takes at once (each the window's rows read again
+/// `step` bytes on).
+inline constexpr int64_t kMaxBlock = 12;
+
+/// What the row kernel needs, set once by prepare.
+struct Params {
+  int64_t h = 0, w = 0, c = 0;  ///< x is [n, h, w, c] u8
+  int64_t kh = 0, kw = 0, s = 1, pt = 0, pl = 0;
+  int64_t oh = 0, ow = 0, cout = 0;  ///< y is [n, oh, ow, cout] u8
+  int64_t vectors = 0;               ///< ceil(cout / 16)
+  int64_t row_groups = 0;            ///< ceil(kw · c / 4)
+  uint8_t x_zero = 0;                ///< the bytes of a padded pixel
+  /// [kh][row_groups][vectors][16 lanes][4 bytes]: lane i of vector v, output channel 16·v + i,
+  /// holds the weights of a window row's bytes 4·g .. 4·g + 3 (byte b is the row's pixel b / c,
+  /// channel b % c; zero past kw · c and past cout).
+  const int8_t* weights = nullptr;
+  /// [vectors][16] each: what x's zero point adds to a lane's sum Σ x·w (zx · Σw, subtracted
+  /// as an integer, as oneDNN and the reference's exact sums do), and the factor and offset that
+  /// make the difference its value: (Σ x·w − zx · Σw) · x_scale·w_scale + bias.
+  const int32_t* zero_sums = nullptr;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  bool silu = false;
+  float inv_y_scale = 1, y_zero = 0;  ///< values (after the SiLU) into codes
+  /// The codes' bounds before rounding: [0, 255], narrowed by a ReLU's or Clip's.
+  float lo = 0, hi = 255;
+  /// x's zero point, zero_line_bytes of them: a window's row above or below the image.
+  const uint8_t* zero_line = nullptr;
+};
+
+/// Bytes of the line of zero points: a block's pixels' rows and their last groups.
+inline int64_t zero_line_bytes(const Params& p) { return (kMaxBlock - 1) * p.s * p.c + p.row_groups * 4 + 64; }
+/// Bytes of one thread's scratch: one pixel's window rows, each its groups' bytes.
+inline int64_t scratch_bytes(const Params& p) { return p.kh * p.row_groups * 4 + 64; }
+
+/// Output row `oy` of an image: y's row (y: the image's [oh, ow, cout]) from x (its [h, w, c]);
+/// `x_end` the end of the whole input (no read goes past it), `scratch` scratch_bytes long.
+using RowFn = void (*)(const Params& p, const uint8_t* x, const uint8_t* x_end, uint8_t* y, int64_t oy, uint8_t* scratch);
+/// The row kernel for p's output vectors (chosen once, when the kernel is prepared).
+RowFn row_kernel(const Params& p);
+
+}  // namespace kiln::cpu::qcd
