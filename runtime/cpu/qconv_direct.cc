@@ -9,8 +9,8 @@
 #include <omp.h>
 
 #include "formats/ops/nn_util.h"
-#include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/qconv_direct.h"
+#include "runtime/cpu/qconv_util.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
 
@@ -19,34 +19,13 @@ namespace kiln::cpu {
 namespace {
 
 std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
-  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
-  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
-  for (size_t i = 0; i < q.inputs.size(); ++i) {
-    const InferInput& in = q.inputs[i];
-    if (in.dtype == DType::undefined) continue;
-    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
-    if (i != 0 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
-  }
-  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined) return "a residual";
-  if (q.inputs[0].dtype != DType::u8 || q.outputs[0].dtype != DType::u8) return "not u8 in and out";
+  if (auto why = u8_conv_declines(q)) return why;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
-  if (xs.size() != 4 || ws.size() != 4) return "not 2-D";
-  if (shape_numel(xs) == 0 || ws[0] == 0) return "an empty input or output";
   if (q.node.attr_int("group", 1) != 1) return "grouped";
   if (xs[3] > 4) return "more than 4 input channels (an image's first layer has 1 to 4)";
   if (ws[3] * xs[3] > qcd::kMaxRowGroups * 4) return "a window row of more than " + std::to_string(qcd::kMaxRowGroups * 4) + " bytes";
   if (ws[2] > qcd::kMaxRows) return "more than " + std::to_string(qcd::kMaxRows) + " rows of filter";
   if (ws[0] > qcd::kLanes * qcd::kMaxVectors) return "more than " + std::to_string(qcd::kLanes * qcd::kMaxVectors) + " output channels";
-  for (double z : q.inputs[5].value->to_double_vector())
-    if (z != 0) return "the weights' zero points are not all zero";
-  for (int64_t d : q.node.attr_ints("dilations"))
-    if (d != 1) return "dilated";
-  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
-  if (strides.size() != 2 || strides[0] != strides[1] || strides[0] < 1) return "unequal strides";
-  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
-  if (!act.ok() || !post.ok() || post->kind != Activation::none) return "a post activation";
-  const Activation k = act->kind;
-  if (k != Activation::none && k != Activation::relu && k != Activation::clip && k != Activation::silu) return "an activation other than ReLU, Clip or SiLU";
   return std::nullopt;
 }
 
@@ -63,15 +42,10 @@ class QConvDirectKernel final : public Kernel {
     p.row_groups = (p.kw * p.c + 3) / 4;
     const int32_t zx = constant_zero_point(q.inputs[2]);
     p.x_zero = static_cast<uint8_t>(zx);
-    KILN_ASSIGN_OR_RETURN(const ActivationSpec act, read_activation(q.node, "activation"));
-    const float inv = 1.f / constant_scalar(q.inputs[6]), zy = static_cast<float>(constant_zero_point(q.inputs[7]));
-    p.silu = act.kind == Activation::silu;
-    p.inv_y_scale = inv, p.y_zero = zy;
-    // ReLU's and Clip's bounds as codes (requantizing is monotonic, so clamping the value and
-    // then requantizing is clamping its code to theirs), within the codes' [0, 255].
-    if (act.kind == Activation::relu) p.lo = std::max(p.lo, zy);
-    if (act.kind == Activation::clip) p.lo = std::max(p.lo, act.a * inv + zy), p.hi = std::min(p.hi, act.b * inv + zy);
-    p.hi = std::max(p.hi, p.lo);
+    // Y's codes within [0, 255] (the stores truncate them to bytes).
+    KILN_ASSIGN_OR_RETURN(const Requantize r, requantize(q, 0.f, 255.f));
+    const float inv = r.inv, zy = r.zero;
+    p.silu = r.silu, p.inv_y_scale = inv, p.y_zero = zy, p.lo = r.lo, p.hi = r.hi;
 
     // The weights by window row, 4-byte group and vector (qconv_direct.h), and the per-channel
     // constants.

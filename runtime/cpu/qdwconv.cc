@@ -1,14 +1,15 @@
 // kiln.qdwconv_u8s8_avx512: QFusedConv that is a channels-last depthwise 2-D convolution (one
 // input and one output channel per group: MobileNetV2's, EfficientNet-B0's) on u8 activations,
 // with AVX-512 VNNI's `vpdpbusd` summing four filter rows of a channel per lane (qdwconv.h).
-// The epilogue (the scale, and the bias less what x's zero point adds, zx · Σw · scale, folded
-// into one offset per channel; ReLU, Clip or SiLU; the requantization) runs on each output
-// column's registers. The threads share the output
-// rows; each builds a row's quads in its own scratch, in L1.
+// The sums start at −zx · Σw (what x's zero point adds, taken off as an integer, as oneDNN and
+// the reference do), and the epilogue (the scale and the bias; ReLU, Clip or SiLU; the
+// requantization) runs on each output column's registers. The threads share the output rows;
+// each builds a row's quads in its own scratch, in L1.
 #include <omp.h>
 
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/qconv_util.h"
 #include "runtime/cpu/qdwconv.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -18,31 +19,12 @@ namespace kiln::cpu {
 namespace {
 
 std::optional<std::string> qdwconv_declines(const KernelQuery& q) {
-  if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
-  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
-  for (size_t i = 0; i < q.inputs.size(); ++i) {
-    const InferInput& in = q.inputs[i];
-    if (in.dtype == DType::undefined) continue;
-    if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
-    if (i != 0 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
-  }
-  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined) return "a residual";
-  if (q.inputs[0].dtype != DType::u8 || q.outputs[0].dtype != DType::u8) return "not u8 in and out";
+  if (auto why = u8_conv_declines(q)) return why;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
-  if (xs.size() != 4) return "not 2-D";
-  if (shape_numel(xs) == 0) return "an empty input";
   const int64_t c = xs[3];
   if (q.node.attr_int("group", 1) != c || ws[0] != c || ws[1] != 1) return "not depthwise (one channel per group in and out)";
-  for (double z : q.inputs[5].value->to_double_vector())
-    if (z != 0) return "the weights' zero points are not all zero";
-  for (int64_t d : q.node.attr_ints("dilations"))
-    if (d != 1) return "dilated";
-  const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
-  if (strides.size() != 2 || strides[0] != strides[1] || (strides[0] != 1 && strides[0] != 2)) return "strides other than 1 or 2";
-  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
-  if (!act.ok() || !post.ok() || post->kind != Activation::none) return "a post activation";
-  const Activation k = act->kind;
-  if (k != Activation::none && k != Activation::relu && k != Activation::clip && k != Activation::silu) return "an activation other than ReLU, Clip or SiLU";
+  const int64_t stride = q.node.attr_ints("strides", {1, 1})[0];
+  if (stride != 1 && stride != 2) return "strides other than 1 or 2";
   return std::nullopt;
 }
 
@@ -89,15 +71,10 @@ class QDwConvKernel final : public Kernel {
     p.groups = (p.kh + qdw::kGroupRows - 1) / qdw::kGroupRows;
     const int32_t zx = constant_zero_point(q.inputs[2]);
     p.x_zero = static_cast<uint8_t>(zx);
-    KILN_ASSIGN_OR_RETURN(const ActivationSpec act, read_activation(q.node, "activation"));
-    const float inv = 1.f / constant_scalar(q.inputs[6]), zy = static_cast<float>(constant_zero_point(q.inputs[7]));
-    p.silu = act.kind == Activation::silu;
-    p.inv_y_scale = inv, p.y_zero = zy;
-    // ReLU's and Clip's bounds as codes (requantizing is monotonic, so clamping the value and
-    // then requantizing is clamping its code to theirs), within what the packs saturate.
-    if (act.kind == Activation::relu) p.lo = std::max(p.lo, zy);
-    if (act.kind == Activation::clip) p.lo = std::max(p.lo, act.a * inv + zy), p.hi = std::min(p.hi, act.b * inv + zy);
-    p.hi = std::max(p.hi, p.lo);
+    // Y's codes within what the packs saturate to 0..255 after.
+    KILN_ASSIGN_OR_RETURN(const Requantize r, requantize(q, -1.f, 256.f));
+    const float inv = r.inv, zy = r.zero;
+    p.silu = r.silu, p.inv_y_scale = inv, p.y_zero = zy, p.lo = r.lo, p.hi = r.hi;
 
     // The weights as quads and the per-channel constants, in the sums' lane order: lane i of
     // vector v is channel 16·(i / 4) + 4·v + i % 4 of its block (qdwconv.h); in a pair-mode
@@ -111,6 +88,7 @@ class QDwConvKernel final : public Kernel {
     weights_.assign(static_cast<size_t>(p.blocks * p.groups * p.kw * 4 * qdw::kBlock), 0);
     scale_.assign(static_cast<size_t>(p.blocks * qdw::kBlock), 0.f);
     bias_.assign(scale_.size(), 0.f);
+    start_.assign(scale_.size(), 0);
     for (int64_t b = 0; b < p.blocks; ++b)
       for (int64_t v = 0; v < 4; ++v)
         for (int64_t i = 0; i < 16; ++i) {
@@ -126,12 +104,15 @@ class QDwConvKernel final : public Kernel {
               const int64_t g = dy / qdw::kGroupRows, k = dy % qdw::kGroupRows;
               weights_[static_cast<size_t>((((b * p.groups + g) * p.kw + dx) * 4 + v) * qdw::kBlock + i * 4 + k)] = wv;
             }
-          // y = (Σ − zx·Σw) · scale + bias; in codes (no SiLU), y · inv + zy.
+          // y = (Σ − zx·Σw) · scale + bias, the sums starting at −zx·Σw; in codes (no SiLU),
+          // y · inv + zy.
           const float scale = sx * static_cast<float>(sw[sw.size() == 1 ? 0 : static_cast<size_t>(ch)]);
-          const float offset = (bias ? bias[ch] : 0.f) - static_cast<float>(zx * sum) * scale;
+          const float offset = bias ? bias[ch] : 0.f;
+          start_[lane] = -zx * sum;
           scale_[lane] = p.silu ? scale : scale * inv;
           bias_[lane] = p.silu ? offset : offset * inv + zy;
         }
+    p.start = start_.data();
     p.weights = weights_.data();
     p.scale = scale_.data();
     p.bias = bias_.data();
@@ -167,6 +148,7 @@ class QDwConvKernel final : public Kernel {
   qdw::RowFn row_ = nullptr;
   int64_t n_ = 0;
   std::vector<int8_t> weights_;
+  std::vector<int32_t> start_;
   std::vector<float> scale_, bias_;
   int threads_ = 1;
   size_t scratch_ = 0;  ///< bytes a thread

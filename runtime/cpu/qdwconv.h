@@ -31,10 +31,12 @@ struct Params {
   uint8_t x_zero = 0;  ///< the bytes of a padded pixel
   /// [blocks][groups][kw][4 vectors][64 bytes]: each lane's four rows of the filter column.
   const int8_t* weights = nullptr;
-  /// [blocks][4 vectors][16 lanes] each, in the sums' lane order: the factor and the offset
-  /// that make a lane's sum Σ x·w its value: with SiLU, y = Σ · x_scale·w_scale + bias − x's
-  /// zero point · Σw · x_scale·w_scale (the SiLU's argument); otherwise that y already in
-  /// y's codes (· 1 / y_scale, + y's zero point), unrounded.
+  /// [blocks][4 vectors][16 lanes] each, in the sums' lane order: where a lane's sum starts,
+  /// −x's zero point · Σw (so that the sum is Σ (x − zx)·w, exactly, as oneDNN's and the
+  /// reference's are), and the factor and the offset that make it its value: with SiLU,
+  /// y = sum · x_scale·w_scale + bias (the SiLU's argument); otherwise that y already in y's
+  /// codes (· 1 / y_scale, + y's zero point), unrounded.
+  const int32_t* start = nullptr;
   const float* scale = nullptr;
   const float* bias = nullptr;
   bool silu = false;

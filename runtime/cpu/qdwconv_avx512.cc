@@ -43,28 +43,49 @@ void build_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, int64
   }
 }
 
+// Block b's sums' start and epilogue: its constants in registers (or the stack: stores through
+// bytes may alias anything, so read from memory each would be loaded again after every store),
+// and its four vectors of sums into 64 codes in channel order (the packs undo the lanes'
+// interleave).
+struct Epilogue {
+  Epilogue(const Params& p, int64_t b)
+      : inv(_mm512_set1_ps(p.inv_y_scale)), zero(_mm512_set1_ps(p.y_zero)), lo(_mm512_set1_ps(p.lo)), hi(_mm512_set1_ps(p.hi)),
+        silu(p.silu) {
+    for (int v = 0; v < 4; ++v) {
+      start[v] = _mm512_loadu_si512(p.start + (b * 4 + v) * 16);
+      scale[v] = _mm512_loadu_ps(p.scale + (b * 4 + v) * 16);
+      bias[v] = _mm512_loadu_ps(p.bias + (b * 4 + v) * 16);
+    }
+  }
+  __m512i codes(const __m512i* acc) const {
+    __m512i code[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), scale[v], bias[v]);
+      if (silu) t = _mm512_fmadd_ps(logistic<Activation::silu>(t), inv, zero);
+      code[v] = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, t)));  // a NaN: lo
+    }
+    return _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_packs_epi32(code[2], code[3]));
+  }
+  __m512i start[4];  // where the sums start
+  __m512 scale[4], bias[4];
+  __m512 inv, zero, lo, hi;
+  bool silu;
+};
+
 // The block's output columns: the sums of every group's quads against its weights, then the
 // epilogue and the packs back into channel order. KW, S and G (groups) known (0: p's).
 template <int KW, int S, int G>
 void columns(const Params& p, const __m512i* quads, int64_t quad_stride, const int8_t* weights, int64_t b, __mmask64 mk, uint8_t* y) {
   const int64_t kw = KW ? KW : p.kw, s = S ? S : p.s, groups = G ? G : p.groups;
-  // The block's constants and weights in registers (or the stack): stores through bytes may
-  // alias anything, so read from memory each would be loaded again after every store.
-  __m512 scale[4], bias[4];
-  for (int v = 0; v < 4; ++v) {
-    scale[v] = _mm512_loadu_ps(p.scale + (b * 4 + v) * 16);
-    bias[v] = _mm512_loadu_ps(p.bias + (b * 4 + v) * 16);
-  }
+  const Epilogue e(p, b);
   constexpr int kMaxW = G && KW ? G * KW * 4 : 1;
-  __m512i wv[kMaxW];
+  __m512i wv[kMaxW];  // the weights in registers too
   if constexpr (G && KW)
     for (int i = 0; i < kMaxW; ++i) wv[i] = _mm512_loadu_si512(weights + i * kBlock);
-  const bool silu = p.silu;
-  const __m512 inv = _mm512_set1_ps(p.inv_y_scale), zero = _mm512_set1_ps(p.y_zero);
-  const __m512 lo = _mm512_set1_ps(p.lo), hi = _mm512_set1_ps(p.hi);
   const int64_t ow = p.ow, c = p.c;
   for (int64_t j = 0; j < ow; ++j) {
-    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i acc[4] = {e.start[0], e.start[1], e.start[2], e.start[3]};
 #pragma GCC unroll 2
     for (int64_t g = 0; g < groups; ++g) {
       const __m512i* qd = quads + g * quad_stride + j * s * 4;
@@ -77,14 +98,7 @@ void columns(const Params& p, const __m512i* quads, int64_t quad_stride, const i
           acc[v] = _mm512_dpbusd_epi32(acc[v], _mm512_load_si512(qd + dx * 4 + v), w);
         }
     }
-    __m512i code[4];
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), scale[v], bias[v]);
-      if (silu) t = _mm512_fmadd_ps(logistic<Activation::silu>(t), inv, zero);
-      code[v] = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, t)));  // a NaN: lo
-    }
-    const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_packs_epi32(code[2], code[3]));
+    const __m512i bytes = e.codes(acc);
     if (mk == ~__mmask64{0}) _mm512_storeu_si512(y + j * c, bytes);
     else _mm512_mask_storeu_epi8(y + j * c, mk, bytes);
   }
@@ -159,21 +173,14 @@ void build_pair_quads(const Params& p, const uint8_t* x, int64_t r0, int64_t g, 
 template <int KW, int S, int G>
 void pairs(const Params& p, const uint8_t* quads, int64_t slots, const int8_t* weights, int64_t b, __mmask32 mk, uint8_t* y) {
   const int64_t kw = KW ? KW : p.kw, s = S ? S : p.s, groups = G ? G : p.groups;
-  __m512 scale[4], bias[4];
-  for (int v = 0; v < 4; ++v) {
-    scale[v] = _mm512_loadu_ps(p.scale + (b * 4 + v) * 16);
-    bias[v] = _mm512_loadu_ps(p.bias + (b * 4 + v) * 16);
-  }
+  const Epilogue e(p, b);
   constexpr int kMaxW = G && KW ? G * KW * 4 : 1;
   __m512i wv[kMaxW];
   if constexpr (G && KW)
     for (int i = 0; i < kMaxW; ++i) wv[i] = _mm512_loadu_si512(weights + i * kBlock);
-  const bool silu = p.silu;
-  const __m512 inv = _mm512_set1_ps(p.inv_y_scale), zero = _mm512_set1_ps(p.y_zero);
-  const __m512 lo = _mm512_set1_ps(p.lo), hi = _mm512_set1_ps(p.hi);
   const int64_t ow = p.ow, c = p.c, per = slots / s;
   for (int64_t j = 0; j < ow; j += 2) {
-    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i acc[4] = {e.start[0], e.start[1], e.start[2], e.start[3]};
 #pragma GCC unroll 2
     for (int64_t g = 0; g < groups; ++g) {
       const __m256i* qd = reinterpret_cast<const __m256i*>(quads) + g * 4 * slots + j;
@@ -186,14 +193,7 @@ void pairs(const Params& p, const uint8_t* quads, int64_t slots, const int8_t* w
           acc[v] = _mm512_dpbusd_epi32(acc[v], _mm512_loadu_si512(qd + v * slots + (dx % s) * per + dx / s), w);
         }
     }
-    __m512i code[4];
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      __m512 t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v]), scale[v], bias[v]);
-      if (silu) t = _mm512_fmadd_ps(logistic<Activation::silu>(t), inv, zero);
-      code[v] = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, t)));  // a NaN: lo
-    }
-    const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_packs_epi32(code[2], code[3]));
+    const __m512i bytes = e.codes(acc);
     if (c == 32 && j + 1 < ow) {
       _mm512_storeu_si512(y + j * c, bytes);
     } else {
