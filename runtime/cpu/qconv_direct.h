@@ -36,9 +36,11 @@ struct Params {
   /// holds the weights of a window row's bytes 4·g .. 4·g + 3 (byte b is the row's pixel b / c,
   /// channel b % c; zero past kw · c and past cout).
   const int8_t* weights = nullptr;
-  /// [vectors][16] each: what x's zero point adds to a lane's sum Σ x·w (zx · Σw, subtracted
-  /// as an integer, as oneDNN and the reference's exact sums do), and the factor and offset that
-  /// make the difference its value: (Σ x·w − zx · Σw) · x_scale·w_scale + bias.
+  /// [vectors][16] each: what x's zero point adds to a lane's sum Σ x·w (zx · Σw: the sums
+  /// start at its negative, so that it leaves them exactly, as in oneDNN's and the reference's
+  /// arithmetic), and the factor and offset that make the sum Σ (x − zx)·w its value: with
+  /// SiLU, y = sum · x_scale·w_scale + bias (the SiLU's argument); otherwise that y already in
+  /// y's codes (· 1 / y_scale, + y's zero point), unrounded.
   const int32_t* zero_sums = nullptr;
   const float* scale = nullptr;
   const float* bias = nullptr;
