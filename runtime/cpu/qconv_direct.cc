@@ -18,6 +18,9 @@ namespace kiln::cpu {
 
 namespace {
 
+// qconv_direct_defers' bound: a window's four-byte groups (rows times groups a row).
+constexpr int64_t kAmxMaxGroups = 24;
+
 std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
   if (auto why = u8_conv_declines(q)) return why;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
@@ -26,6 +29,23 @@ std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
   if (ws[3] * xs[3] > qcd::kMaxRowGroups * 4) return "a window row of more than " + std::to_string(qcd::kMaxRowGroups * 4) + " bytes";
   if (ws[2] > qcd::kMaxRows) return "more than " + std::to_string(qcd::kMaxRows) + " rows of filter";
   if (ws[0] > qcd::kLanes * qcd::kMaxVectors) return "more than " + std::to_string(qcd::kLanes * qcd::kMaxVectors) + " output channels";
+  return std::nullopt;
+}
+
+// The default rule's share: on a CPU with AMX, oneDNN's int8 convolution (jit:avx512_core_amx_int8)
+// takes windows of more than 24 four-byte groups (a 7x7 over RGB: 7 rows of 6), whose 64-byte
+// tile rows it fills where `vpdpbusd` takes a group at a time. On the 2-core AMX Xeon, one-layer
+// QDQ models over 224x224 RGB into 64 channels (`kiln profile --iters 100`, each build twice,
+// us kiln / oneDNN, one thread then two): 7x7 stride 2 555-775 / 338-355 and 241-264 / 191
+// (ResNet-50's stem in the model 549-551 / 339-359 at one thread); 5x5 (20 groups) 264-268 /
+// 277-287 and 127-135 / 180-186; 3x3 180-183 / 183-189 and 92 / 95-99; into 32 channels, 3x3
+// with SiLU 166-234 / 210-214 and 82-114 / 111-135, 5x5 with SiLU 213-298 / 306-336 and 116-118 /
+// 183-185. Without AMX kiln's took every one (bench/README "Int8 first layers over RGB").
+std::optional<std::string> qconv_direct_defers(const KernelQuery& q) {
+  if (!q.target.cpu.amx) return std::nullopt;
+  const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+  if (ws[2] * ((ws[3] * xs[3] + 3) / 4) > kAmxMaxGroups)
+    return "a window of more than " + std::to_string(kAmxMaxGroups) + " four-byte groups on AMX (oneDNN measured faster)";
   return std::nullopt;
 }
 
@@ -128,7 +148,8 @@ void register_qconv_direct(KernelRegistry& r) {
         KernelImpl{.name = "kiln.qconv_direct_u8s8_avx512",
                    .declines = qconv_direct_declines,
                    .create = [](const KernelQuery&) { return std::make_unique<QConvDirectKernel>(); },
-                   .needs_isa = isa});
+                   .needs_isa = isa,
+                   .defers = qconv_direct_defers});
 }
 
 }  // namespace kiln::cpu

@@ -235,11 +235,11 @@ TEST(Int8Kernels, DepthwiseQFusedConvOnKiln) {
 }
 
 // kiln's direct kernel for an image's first layer (u8 in and out, channels-last, 4 input
-// channels or fewer): 1, 3 and 4 channels; 3x3, 5x5 and 7x7 filters; strides 1 to 3; one to
-// four vectors of output channels, whole and not (8, 16, 40, 64); images whose every pixel's
-// window leaves them, and two images (the last pixels read through the copied windows, not past
-// the input); no activation, ReLU, Clip and SiLU. It declines more input channels, a residual
-// and other activations.
+// channels or fewer): 1 to 4 channels; 3x3, 5x5 and 7x7 filters; strides 1 to 3; one to four
+// vectors of output channels, whole and not (8, 16, 40, 64); images whose every pixel's window
+// leaves them, and two images (the last pixels read through the copied windows, not past the
+// input); no activation, ReLU, Clip and SiLU. It declines more input channels and a residual.
+// The default rule leaves windows of more than 24 four-byte groups to oneDNN on AMX only.
 TEST(Int8Kernels, DirectQFusedConvOnKiln) {
   SKIP_WITHOUT_VNNI();
   for (QConv s : std::vector<QConv>{{1, 3, 15, 17, 32, 3, 2, 1}, {2, 3, 9, 8, 16, 3, 1, 1}, {1, 4, 11, 13, 40, 5, 2, 1},
@@ -260,6 +260,16 @@ TEST(Int8Kernels, DirectQFusedConvOnKiln) {
     if (s.c == 3) s.residual = true;
     const testing::BothRuns r = testing::run_both(qconv_case(s));
     EXPECT_NE(r.kernel, "kiln.qconv_direct_u8s8_avx512") << s.c;
+  }
+  const CpuFeatures amx = *CpuFeatures::named("amx"), vnni = *CpuFeatures::named("avx512-vnni");
+  for (const auto& [s, on_amx] : std::vector<std::pair<QConv, std::string>>{
+           {{1, 3, 16, 12, 64, 7, 2, 1}, "onednn.qconv"},                  // 7 rows of 6 groups
+           {{1, 4, 16, 12, 32, 5, 1, 1}, "onednn.qconv"},                  // 5 of 5
+           {{1, 3, 16, 12, 64, 5, 2, 1}, "kiln.qconv_direct_u8s8_avx512"},  // 5 of 4
+           {{1, 1, 16, 12, 32, 7, 1, 1}, "kiln.qconv_direct_u8s8_avx512"}}) {  // 7 of 2
+    SCOPED_TRACE(std::to_string(s.c) + " channels k" + std::to_string(s.k));
+    EXPECT_EQ(testing::run_both(qconv_case(s), &vnni).kernel, "kiln.qconv_direct_u8s8_avx512");
+    EXPECT_EQ(testing::run_both(qconv_case(s), &amx).kernel, on_amx);
   }
 }
 
