@@ -81,11 +81,19 @@ std::optional<std::string> qconv_declines(const KernelQuery& q) {
 // 0.78-0.84 of oneDNN's time; 512 to 1024 channels into 128 or 256 without a residual
 // 0.90-1.02; with a residual over 196-3136 pixels 1.10-1.34 (oneDNN's store is the better one
 // there), and fewer channels over 3136 pixels 1.11-1.15. At two threads those it takes at one
-// were 0.89-1.37 of oneDNN's time, the model 1.04x against 0.98x at one thread.
+// were 0.89-1.37 of oneDNN's time, the model 1.04x against 0.98x at one thread. Those were
+// `vpdpbusd` against oneDNN; where kiln's kernel runs on AMX tiles (16 pixels or more, 64 input
+// channels or more, on a CPU with AMX-INT8) it takes them all: on the 2-core AMX Xeon, with its
+// u8 epilogues' rows decided once a product (U8s8Clamped) and its threads sharing a small B by
+// rows, max-autotune's timings of int8 ResNet-50's pointwise problems gave kiln's 0.73-0.99 of
+// oneDNN's time at one thread (the 11 of 13 timed on both) and 0.74-0.94 at two, but 7x7x2048
+// -> 512's 1.06; the model took 0.97 / 0.94 of its time at one / two threads, MobileNetV2
+// 0.96 / 0.95 (bench/README.md "Int8 residual epilogues on AMX").
 std::optional<std::string> qconv_defers(const KernelQuery& q) {
   if (q.inputs[2].value && q.inputs[2].value->to_double_vector().at(0) != 0) return std::nullopt;
-  if (q.target.threads > 1) return "oneDNN is faster on pointwise int8 convolutions at more than one thread";
   const std::vector<int64_t> x = q.inputs[0].shape.concrete();
+  if (gemm::u8s8_on_amx(q.target.cpu, shape_numel(x) / x.back(), x.back())) return std::nullopt;
+  if (q.target.threads > 1) return "oneDNN is faster on pointwise int8 convolutions at more than one thread";
   if (shape_numel(x) / x.back() <= 64) return std::nullopt;
   if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined)
     return "oneDNN is faster on pointwise int8 convolutions with a residual over more than 64 pixels";

@@ -102,6 +102,80 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
   }, dims);
 }
 
+// The u8 epilogues a network's convolutions end with: clamps (none, ReLU, Clip) around an
+// 8-bit residual Z, u8 or s8 (a ResNet block's end), and one clamp without Z. Where the CPU has
+// AMX, its path (U8s8Clamped: every decision made once a product, two vectors of codes stored
+// at once where 32 columns are whole, the packs' saturation as the clamp where the codes'
+// bounds are 0 and 255) writes the VNNI kernel's codes exactly where there is a Z; all within a
+// step of the exact value. Whole and partial pairs of column tiles, K in whole 64s and past them, the output's
+// zero point 0 (a ReLU's codes from 0) and 10 (bounds inside 0..255).
+TEST(GemmLowp, U8s8ClampedEpilogues) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
+  std::mt19937 rng(5);
+  enum ZKind { none, u8, s8 };
+  for_each_case([&](const Dims& d, bool trans, int threads) {
+    std::vector<uint8_t> a(static_cast<size_t>(d.m * d.k)), zq(static_cast<size_t>(d.m * d.n));
+    std::vector<int8_t> b(static_cast<size_t>(d.k * d.n));
+    for (auto& v : a) v = static_cast<uint8_t>(rng() % 256);
+    for (auto& v : b) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+    for (auto& v : zq) v = static_cast<uint8_t>(rng() % 256);
+    std::vector<float> scale(static_cast<size_t>(d.n)), bias(static_cast<size_t>(d.n));
+    for (int64_t j = 0; j < d.n; ++j) {
+      scale[static_cast<size_t>(j)] = 2e-6f * static_cast<float>(1 + j % 7);
+      bias[static_cast<size_t>(j)] = 0.01f * static_cast<float>(j % 5) - 0.02f;
+    }
+    std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(d.k, d.n)));
+    std::vector<int32_t> sums(static_cast<size_t>(d.n));
+    gemm::pack_b_s8(b.data(), trans ? d.k : d.n, trans, d.k, d.n, packed.data(), sums.data());
+    auto bv = [&](int64_t p, int64_t j) { return trans ? b[static_cast<size_t>(j * d.k + p)] : b[static_cast<size_t>(p * d.n + j)]; };
+    const std::vector<ActivationSpec> clamps = {{Activation::none}, {Activation::relu}, {Activation::clip, -0.1f, 0.2f}};
+    for (ZKind zk : {none, u8, s8})
+      for (const ActivationSpec& act : clamps)
+        for (const ActivationSpec& post : clamps) {
+          if (zk == none && post.kind != Activation::none) continue;
+          for (int32_t out_zero : {0, 10}) {
+            SCOPED_TRACE("Z " + std::to_string(zk) + " " + std::string(activation_name(act.kind)) + " then " + std::string(activation_name(post.kind)) +
+                         " zero " + std::to_string(out_zero));
+            gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 0, .scale = scale.data(), .bias = bias.data(), .act = act};
+            if (zk != none) {
+              ep.z_q = zq.data(), ep.z_s8 = zk == s8, ep.z_scale = 0.004f, ep.z_zero = zk == s8 ? -3 : 7, ep.ldz = d.n;
+              ep.post = post;
+            }
+            ep.out_u8 = true, ep.out_scale = 0.003f, ep.out_zero = out_zero;
+            std::vector<uint8_t> vnni(static_cast<size_t>(d.m * d.n), 7), amx = vnni;
+            gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, vnni.data(), d.n, threads, 0, false);
+            const bool on_amx = gemm::u8s8_on_amx(CpuFeatures::host(), d.m, d.k);
+            if (on_amx) {
+              gemm::gemm_u8s8(d.m, d.n, d.k, a.data(), d.k, packed.data(), ep, amx.data(), d.n, threads, 0, true);
+              // Without Z the VNNI kernel folds the scale and bias with the output's (one FMA a
+              // code), which may round a code the other way.
+              if (zk != none) {
+                ASSERT_EQ(amx, vnni);
+              }
+            }
+            auto clamp = [](const ActivationSpec& f, double v) {
+              return f.kind == Activation::relu ? std::max(0.0, v) : f.kind == Activation::clip ? std::clamp(v, double{f.a}, double{f.b}) : v;
+            };
+            for (int64_t i = 0; i < d.m; ++i)
+              for (int64_t j = 0; j < d.n; ++j) {
+                int64_t s = 0;
+                for (int64_t p = 0; p < d.k; ++p) s += int64_t{a[static_cast<size_t>(i * d.k + p)]} * bv(p, j);
+                double v = clamp(act, double{scale[static_cast<size_t>(j)]} * static_cast<double>(s) + bias[static_cast<size_t>(j)]);
+                if (zk != none) {
+                  const uint8_t code = zq[static_cast<size_t>(i * d.n + j)];
+                  v = clamp(post, v + 0.004 * ((zk == s8 ? static_cast<int8_t>(code) : code) - ep.z_zero));
+                }
+                const double want = std::clamp(std::nearbyint(v / 0.003) + out_zero, 0.0, 255.0);
+                ASSERT_LE(std::abs(static_cast<double>(vnni[static_cast<size_t>(i * d.n + j)]) - want), 1.0) << i << "," << j;
+                if (on_amx) {
+                  ASSERT_LE(std::abs(static_cast<double>(amx[static_cast<size_t>(i * d.n + j)]) - want), 1.0) << i << "," << j;
+                }
+              }
+          }
+        }
+  }, {{16, 32, 64}, {33, 64, 128}, {48, 40, 64}, {32, 17, 100}, {50, 96, 192}, {5, 47, 3}});
+}
+
 // A QFusedMatMul weight a compiled model stores packed: packed_b_s8_layout places B's elements
 // where pack_b_s8 does (padding zero), and the column sums read back from the panels are the
 // ones pack_b_s8 summed, on odd and panel-multiple sizes, both ways round.

@@ -103,8 +103,8 @@ Case qconv_case(const QConv& s) {
   return Case{"QFusedConv", in, constant, a};
 }
 
-void expect_within_one_step(const Case& c, const std::string& kernel) {
-  testing::BothRuns r = testing::run_both(c);
+void expect_within_one_step(const Case& c, const std::string& kernel, const CpuFeatures* cpu = nullptr) {
+  testing::BothRuns r = testing::run_both(c, cpu);
   EXPECT_EQ(r.kernel, kernel);
   ASSERT_EQ(r.fast.size(), 1u);
   ASSERT_EQ(r.ref.size(), 1u);
@@ -364,19 +364,27 @@ TEST(Int8Kernels, QFusedConvPointwiseOnKilnGemm) {
     c.threads = threads;
     expect_within_one_step(c, kiln);
   }
-  // x's zero point 0 (after a ReLU): kiln's at one thread over 64 pixels or fewer, or 512 input
-  // channels or more without a residual; oneDNN's otherwise and at two threads.
+  // x's zero point 0 (after a ReLU), without AMX: kiln's at one thread over 64 pixels or fewer,
+  // or 512 input channels or more without a residual; oneDNN's otherwise and at two threads.
+  // Where kiln's kernel runs on AMX tiles (16 pixels or more, 64 input channels or more): kiln's.
   auto relu_input = [](const QConv& s, int threads = 1) {
     Case c = qconv_case(s);
     c.inputs[2] = scalar_int(DType::u8, 0);
     c.threads = threads;
     return c;
   };
-  expect_within_one_step(relu_input(wide), kiln);
-  expect_within_one_step(relu_input(wide, 2), "onednn.qconv");
-  expect_within_one_step(relu_input(small), "onednn.qconv");
+  const CpuFeatures vnni = *CpuFeatures::named("avx512-vnni"), amx = *CpuFeatures::named("amx");
+  expect_within_one_step(relu_input(wide), kiln, &vnni);
+  expect_within_one_step(relu_input(wide, 2), "onednn.qconv", &vnni);
+  expect_within_one_step(relu_input(wide, 2), kiln, &amx);
+  expect_within_one_step(relu_input(small), "onednn.qconv", &vnni);
+  expect_within_one_step(relu_input(small), kiln, &amx);
+  expect_within_one_step(relu_input(small, 2), kiln, &amx);
+  QConv narrow = small;
+  narrow.c = 48;  // K under 64: the VNNI kernel, the rule without AMX
+  expect_within_one_step(relu_input(narrow), "onednn.qconv", &amx);
   small.h = 8;  // 64 pixels
-  expect_within_one_step(relu_input(small), kiln);
+  expect_within_one_step(relu_input(small), kiln, &vnni);
   wide.stride = 2;
   expect_within_one_step(qconv_case(wide), "onednn.qconv");
   wide.stride = 1, wide.k = 3;

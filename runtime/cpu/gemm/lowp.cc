@@ -205,10 +205,16 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
   // Only where this process was granted the tile state (CpuFeatures::host asks for it).
   if (amx && CpuFeatures::host().amx) {
     // The threads share pairs of B's 16-column tiles (a block's two) and the rows; the rows past
-    // the last whole 16 go to the VNNI kernel below.
+    // the last whole 16 go to the VNNI kernel below. A B of an eighth of L2 or less, which each
+    // thread can read whole, they share by rows: each then writes C (and reads Z) in one run of
+    // whole rows, not the halves of every row. On the 2-core AMX Xeon, two threads, one-layer
+    // models of ResNet-50's residual 1x1 convolutions (`kiln profile`, us, columns then rows):
+    // 3136x256x64 164-166 then 98-100, 784x512x128 81-83 then 56-58; 196x1024x256 (B 256 KiB)
+    // 49-51 either way.
     const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16;
     const int64_t group = amx_tiles_per_group(round_up(k, 4) * 16);
-    over_grid(rows, 16, (tiles + 1) / 2, 4, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    const int64_t pairs = (tiles + 1) / 2, least = k * n <= CacheSizes::host().l2 / 8 ? pairs + 1 : 4;
+    over_grid(rows, 16, pairs, least, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
       lowp_amx::u8s8_tiles(r1 - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, from_row(ep, r0),
                            static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
     });

@@ -198,11 +198,14 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
   amx::release();
 }
 
-// u8s8: rows [0, 16·blk.rt) of a block's sums finished: the K tail, A's zero point, the scales
-// and bias, the activation, the residual, the post activation, then stored in C (f32, or
-// requantized to u8) from the registers (U8s8Finish); through `values` and u8s8_store for the
-// other activations.
-template <int C, bool Tail>
+// How u8s8_finish ends its rows: through U8s8Finish (or `values` and u8s8_store) in `general`,
+// or U8s8Clamped's rows: with its Z (none, u8, s8) and whether a clamp comes before it.
+struct AmxFinish {
+  bool general = true, act_clamp = false;
+  U8s8Clamped::Z z = U8s8Clamped::none;
+};
+
+template <int C, bool Tail, AmxFinish F>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
                  const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
   const int64_t n0 = blk.t * 16, k4 = (k + 3) / 4;
@@ -219,6 +222,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
   }
   const bool direct = u8s8_on_registers(ep);
   const U8s8Finish fin(ep);
+  const U8s8Clamped clamped(ep);
   alignas(64) float values[32 * kLd];
   for (int i = 0; i < rows; ++i) {
     __m512i acc[C];
@@ -236,13 +240,37 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     }
     __m512 y[C];
     for (int j = 0; j < C; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
-    if (direct) {
+    if constexpr (!F.general) {
+      clamped.row<F.act_clamp, F.z>(y, C, static_cast<uint8_t*>(c), ldc, blk.i0 + i, n0, mk);
+    } else if (direct) {
       fin.row(y, C, c, ldc, blk.i0 + i, n0, mk);
     } else {
       for (int j = 0; j < C; ++j) _mm512_store_ps(values + i * kLd + j * 16, y[j]);
     }
   }
-  if (!direct) lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, blk.i0, n0);
+  if (F.general && !direct) lowp_avx512::u8s8_store(values, kLd, rows, w, ep, c, ldc, blk.i0, n0);
+}
+
+using U8s8FinishFn = void (*)(const Block&, const int32_t*, int64_t, int64_t, const uint8_t*, int64_t, const uint8_t* const (&)[2],
+                              const QuantEpilogue&, void*, int64_t, int64_t);
+
+// The finish for a block of `cols` column tiles, chosen once a product.
+template <bool Tail, AmxFinish F>
+U8s8FinishFn finish_of(int cols) {
+  return cols == 2 ? u8s8_finish<2, Tail, F> : u8s8_finish<1, Tail, F>;
+}
+
+template <bool Tail>
+U8s8FinishFn u8s8_finish_for(const QuantEpilogue& ep, int cols) {
+  using Z = U8s8Clamped::Z;
+  if (!U8s8Clamped::applies(ep)) return finish_of<Tail, AmxFinish{}>(cols);
+  const bool act = U8s8Clamped::act_clamps(ep);
+  switch (U8s8Clamped::z_kind(ep)) {
+    case Z::none: return finish_of<Tail, AmxFinish{false, false, Z::none}>(cols);
+    case Z::u8: return act ? finish_of<Tail, AmxFinish{false, true, Z::u8}>(cols) : finish_of<Tail, AmxFinish{false, false, Z::u8}>(cols);
+    case Z::s8: return act ? finish_of<Tail, AmxFinish{false, true, Z::s8}>(cols) : finish_of<Tail, AmxFinish{false, false, Z::s8}>(cols);
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -251,10 +279,11 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
   const int64_t chunks = k / 64, panel_bytes = (k + 3) / 4 * kGroupBytes;
   const bool tail = chunks * 64 < k;
+  const U8s8FinishFn finish[2] = {tail ? u8s8_finish_for<true>(ep, 1) : u8s8_finish_for<false>(ep, 1),
+                                  tail ? u8s8_finish_for<true>(ep, 2) : u8s8_finish_for<false>(ep, 2)};
   run_tiles<Lowp::u8s8>(m, nc, t0, t1, chunks, a, lda, b, panel_bytes, [&](const Block& blk, const int32_t* sums) {
     const uint8_t* const bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
-    if (blk.cols == 2) (tail ? u8s8_finish<2, true> : u8s8_finish<2, false>)(blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
-    else (tail ? u8s8_finish<1, true> : u8s8_finish<1, false>)(blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
+    finish[blk.cols - 1](blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
   });
 }
 

@@ -162,4 +162,90 @@ struct U8s8Finish {
   U8s8Out out;
 };
 
+/// The u8 epilogues most convolutions end with, nothing in them decided a value: clamps (none,
+/// ReLU or Clip) around an 8-bit Z, a ResNet block's end (none, then ReLU), or one clamp and no
+/// Z. Its constants are vectors of its own, which a row's stores leave in the registers
+/// (U8s8Finish::row asks its flags and kinds again at every value, and reloads them after every
+/// byte store), and two vectors of a row's codes go to C in one store. The same arithmetic as
+/// U8s8Finish::row, so the same codes: the activation before Z as its clamp (ReLU's
+/// `max(0, y)` is `min(+inf, max(0, y))`: y is never NaN, its sums are integers), the last one
+/// as a clamp of the codes (requantizing is monotonic, as in U8s8Finish::code_row).
+struct U8s8Clamped {
+  /// Z's kind: none, u8 or s8 codes.
+  enum Z { none, u8, s8 };
+  static bool clamps(Activation k) { return k == Activation::none || k == Activation::relu || k == Activation::clip; }
+  static bool applies(const QuantEpilogue& ep) {
+    return ep.out_u8 && !ep.out_dq && !ep.z_f32 && clamps(ep.act.kind) && clamps(ep.post.kind) &&
+           (ep.z_q || ep.post.kind == Activation::none);
+  }
+  static Z z_kind(const QuantEpilogue& ep) { return !ep.z_q ? none : ep.z_s8 ? s8 : u8; }
+  /// Whether a clamp comes before Z (the row's `ActClamp`).
+  static bool act_clamps(const QuantEpilogue& ep) { return ep.z_q && ep.act.kind != Activation::none; }
+  static float low(const ActivationSpec& a) {
+    return a.kind == Activation::clip ? a.a : a.kind == Activation::relu ? 0.f : -std::numeric_limits<float>::infinity();
+  }
+  static float high(const ActivationSpec& a) { return a.kind == Activation::clip ? a.b : std::numeric_limits<float>::infinity(); }
+  explicit U8s8Clamped(const QuantEpilogue& ep)
+      : act_lo(_mm512_set1_ps(low(ep.act))), act_hi(_mm512_set1_ps(high(ep.act))), z_zero(_mm512_set1_epi32(ep.z_zero)),
+        z_scale(_mm512_set1_ps(ep.z_scale)), inv(_mm512_set1_ps(1.f / ep.out_scale)), zero(_mm512_set1_epi32(ep.out_zero)),
+        z(static_cast<const uint8_t*>(ep.z_q)), ldz(ep.ldz) {
+    const ActivationSpec& last = ep.z_q ? ep.post : ep.act;
+    const int32_t lo = U8s8Finish::bound_code(low(last), ep), hi = U8s8Finish::bound_code(high(last), ep);
+    code_lo = _mm512_set1_epi32(lo);
+    code_hi = _mm512_set1_epi32(hi);
+    narrow = lo > 0 || hi < 255;
+  }
+  /// Row i's values y[j] (columns n + 16j, those in mk[j]) finished and stored: Z's values read
+  /// first (Y may be Z's memory).
+  template <bool ActClamp, Z ZK, int NV>
+  [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, uint8_t* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
+    if constexpr (NV == 2) {
+      if (nv == 2 && (mk[0] & mk[1]) == 0xffff) {  // 32 whole columns: Z's read unmasked, C's in one store
+        __m512i code[2];
+        codes<ActClamp, ZK>(y, code, 2, z + i * ldz + n, nullptr);
+        if (narrow)
+          for (int j = 0; j < 2; ++j) code[j] = _mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, code[j]));
+        // Saturated to 0..255 by the packs (the clamp where the bounds are 0 and 255). Each 128-bit
+        // lane L of them holds columns 4L..4L+3 of both vectors (dwords 0 and 1): the dwords in
+        // column order.
+        const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_setzero_si512());
+        const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc + n), _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes)));
+        return;
+      }
+    }
+    __m512i code[NV];
+    codes<ActClamp, ZK>(y, code, nv, z + i * ldz + n, mk);
+    for (int j = 0; j < nv; ++j) U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, code[j])), c, ldc, i, n + j * 16, mk[j]);
+  }
+  /// Z's product and its sum with y each rounded (the explicit rounding keeps GCC from fusing
+  /// them into one FMA, which U8s8Finish::row's do not get either: a code may round the other
+  /// way after one).
+  static constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  /// The codes of y[j] (+ Z's values at zr + 16j: those in mk[j], all without `mk`), unclamped.
+  template <bool ActClamp, Z ZK, int NV>
+  [[gnu::always_inline]] void codes(const __m512 (&y)[NV], __m512i (&code)[NV], int nv, const uint8_t* zr, const __mmask16* mk) const {
+    __m512 zv[NV];
+    if constexpr (ZK != none)
+      for (int j = 0; j < nv; ++j) {
+        const __m128i b = mk ? _mm_maskz_loadu_epi8(mk[j], zr + j * 16) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(zr + j * 16));
+        const __m512i q = ZK == s8 ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+        zv[j] = _mm512_mul_round_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, z_zero)), z_scale, kNearest);
+      }
+    for (int j = 0; j < nv; ++j) {
+      __m512 v = y[j];
+      if constexpr (ActClamp) v = _mm512_min_ps(act_hi, _mm512_max_ps(act_lo, v));
+      if constexpr (ZK != none) v = _mm512_add_round_ps(v, zv[j], kNearest);
+      code[j] = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), zero);
+    }
+  }
+  __m512 act_lo, act_hi;
+  __m512i z_zero;
+  __m512 z_scale, inv;
+  __m512i zero, code_lo, code_hi;
+  const uint8_t* z;
+  int64_t ldz;
+  bool narrow;  ///< the codes' bounds inside 0..255 (else the packs' saturation is the clamp)
+};
+
 }  // namespace kiln::cpu::gemm
