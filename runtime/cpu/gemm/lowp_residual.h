@@ -202,7 +202,7 @@ struct U8s8Clamped {
     if constexpr (NV == 2) {
       if (nv == 2 && (mk[0] & mk[1]) == 0xffff) {  // 32 whole columns: Z's read unmasked, C's in one store
         __m512i code[2];
-        codes<ActClamp, ZK>(y, code, 2, z + i * ldz + n, nullptr);
+        codes<ActClamp, ZK>(y, code, 2, z_row<ZK>(i, n), nullptr);
         if (narrow)
           for (int j = 0; j < 2; ++j) code[j] = _mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, code[j]));
         // Saturated to 0..255 by the packs (the clamp where the bounds are 0 and 255). Each 128-bit
@@ -215,8 +215,14 @@ struct U8s8Clamped {
       }
     }
     __m512i code[NV];
-    codes<ActClamp, ZK>(y, code, nv, z + i * ldz + n, mk);
+    codes<ActClamp, ZK>(y, code, nv, z_row<ZK>(i, n), mk);
     for (int j = 0; j < nv; ++j) U8s8Out::store_u8(_mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, code[j])), c, ldc, i, n + j * 16, mk[j]);
+  }
+  /// Z's row i from column n (none without Z: no offset on a null pointer).
+  template <Z ZK>
+  [[gnu::always_inline]] const uint8_t* z_row(int64_t i, int64_t n) const {
+    if constexpr (ZK == none) return nullptr;
+    return z + i * ldz + n;
   }
   /// Z's product and its sum with y each rounded (the explicit rounding keeps GCC from fusing
   /// them into one FMA, which U8s8Finish::row's do not get either: a code may round the other
