@@ -200,9 +200,10 @@ struct U8s8Clamped {
   template <bool ActClamp, Z ZK, int NV>
   [[gnu::always_inline]] void row(__m512 (&y)[NV], int nv, uint8_t* c, int64_t ldc, int64_t i, int64_t n, const __mmask16 (&mk)[NV]) const {
     if constexpr (NV == 2) {
-      if (nv == 2 && (mk[0] & mk[1]) == 0xffff) {  // 32 whole columns: Z's read unmasked, C's in one store
+      if (nv == 2) {  // two vectors' codes in one store (masked where the second is partial)
+        const bool whole = (mk[0] & mk[1]) == 0xffff;  // Z's then read unmasked
         __m512i code[2];
-        codes<ActClamp, ZK>(y, code, 2, z_row<ZK>(i, n), nullptr);
+        codes<ActClamp, ZK>(y, code, 2, z_row<ZK>(i, n), whole ? nullptr : mk);
         if (narrow)
           for (int j = 0; j < 2; ++j) code[j] = _mm512_min_epi32(code_hi, _mm512_max_epi32(code_lo, code[j]));
         // Saturated to 0..255 by the packs (the clamp where the bounds are 0 and 255). Each 128-bit
@@ -210,7 +211,12 @@ struct U8s8Clamped {
         // column order.
         const __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(code[0], code[1]), _mm512_setzero_si512());
         const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + i * ldc + n), _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes)));
+        const __m256i row = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, bytes));
+        auto* to = reinterpret_cast<__m256i*>(c + i * ldc + n);
+        if (whole)
+          _mm256_storeu_si256(to, row);
+        else
+          _mm256_mask_storeu_epi8(to, static_cast<__mmask32>(mk[0]) | static_cast<__mmask32>(mk[1]) << 16, row);
         return;
       }
     }
