@@ -104,10 +104,10 @@ TEST(GemmLowp, U8S8DequantizedAndRequantized) {
 
 // The u8 epilogues a network's convolutions end with: clamps (none, ReLU, Clip) around an
 // 8-bit residual Z, u8 or s8 (a ResNet block's end), and one clamp without Z. Where the CPU has
-// AMX, its path (U8s8Clamped: every decision made once a product, two vectors of codes stored
-// at once where 32 columns are whole, the packs' saturation as the clamp where the codes'
-// bounds are 0 and 255) writes the VNNI kernel's codes exactly where there is a Z; all within a
-// step of the exact value. Whole and partial pairs of column tiles, K in whole 64s and past them, the output's
+// AMX, its path (U8s8Clamped: every decision made once a product, a row's two vectors of codes
+// in one store, the packs' saturation as the clamp where the codes' bounds are 0 and 255)
+// writes the VNNI kernel's codes exactly where there is a Z; all within a step of the exact
+// value. Whole and partial pairs of column tiles, K in whole 64s and past them, the output's
 // zero point 0 (a ReLU's codes from 0) and 10 (bounds inside 0..255).
 TEST(GemmLowp, U8s8ClampedEpilogues) {
   if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::u8s8)) GTEST_SKIP() << *why;
@@ -134,8 +134,8 @@ TEST(GemmLowp, U8s8ClampedEpilogues) {
         for (const ActivationSpec& post : clamps) {
           if (zk == none && post.kind != Activation::none) continue;
           for (int32_t out_zero : {0, 10}) {
-            SCOPED_TRACE("Z " + std::to_string(zk) + " " + std::string(activation_name(act.kind)) + " then " + std::string(activation_name(post.kind)) +
-                         " zero " + std::to_string(out_zero));
+            SCOPED_TRACE("Z " + std::to_string(zk) + " " + std::string(activation_name(act.kind)) + " then " +
+                         std::string(activation_name(post.kind)) + " zero " + std::to_string(out_zero));
             gemm::QuantEpilogue ep{.col_sums = sums.data(), .a_zero = 0, .scale = scale.data(), .bias = bias.data(), .act = act};
             if (zk != none) {
               ep.z_q = zq.data(), ep.z_s8 = zk == s8, ep.z_scale = 0.004f, ep.z_zero = zk == s8 ? -3 : 7, ep.ldz = d.n;

@@ -205,9 +205,17 @@ struct AmxFinish {
   U8s8Clamped::Z z = U8s8Clamped::none;
 };
 
+// The epilogue's finishers, made once a product (each block copies the one it uses, so that its
+// stores to C leave the copy's constants in registers).
+struct Finishers {
+  explicit Finishers(const QuantEpilogue& ep) : general(ep), clamped(ep) {}
+  U8s8Finish general;
+  U8s8Clamped clamped;
+};
+
 template <int C, bool Tail, AmxFinish F>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
-                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+                 const QuantEpilogue& ep, const Finishers& finishers, void* c, int64_t ldc, int64_t n) {
   const int64_t n0 = blk.t * 16, k4 = (k + 3) / 4;
   const int w = static_cast<int>(std::min<int64_t>(16 * C, n - n0)), rows = 16 * blk.rt;
   __m512i comp[C];
@@ -221,8 +229,10 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     bias[j] = ep.bias ? _mm512_maskz_loadu_ps(mk[j], ep.bias + n0 + j * 16) : _mm512_setzero_ps();
   }
   const bool direct = u8s8_on_registers(ep);
-  const U8s8Finish fin(ep);
-  const U8s8Clamped clamped(ep);
+  const auto fin = [&] {
+    if constexpr (F.general) return finishers.general;
+    else return finishers.clamped;
+  }();
   alignas(64) float values[32 * kLd];
   for (int i = 0; i < rows; ++i) {
     __m512i acc[C];
@@ -241,7 +251,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
     __m512 y[C];
     for (int j = 0; j < C; ++j) y[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], comp[j])), scale[j], bias[j]);
     if constexpr (!F.general) {
-      clamped.row<F.act_clamp, F.z>(y, C, static_cast<uint8_t*>(c), ldc, blk.i0 + i, n0, mk);
+      fin.template row<F.act_clamp, F.z>(y, C, static_cast<uint8_t*>(c), ldc, blk.i0 + i, n0, mk);
     } else if (direct) {
       fin.row(y, C, c, ldc, blk.i0 + i, n0, mk);
     } else {
@@ -252,7 +262,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
 }
 
 using U8s8FinishFn = void (*)(const Block&, const int32_t*, int64_t, int64_t, const uint8_t*, int64_t, const uint8_t* const (&)[2],
-                              const QuantEpilogue&, void*, int64_t, int64_t);
+                              const QuantEpilogue&, const Finishers&, void*, int64_t, int64_t);
 
 // The finish for a block of `cols` column tiles, chosen once a product.
 template <bool Tail, AmxFinish F>
@@ -281,9 +291,10 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
   const bool tail = chunks * 64 < k;
   const U8s8FinishFn finish[2] = {tail ? u8s8_finish_for<true>(ep, 1) : u8s8_finish_for<false>(ep, 1),
                                   tail ? u8s8_finish_for<true>(ep, 2) : u8s8_finish_for<false>(ep, 2)};
+  const Finishers finishers(ep);
   run_tiles<Lowp::u8s8>(m, nc, t0, t1, chunks, a, lda, b, panel_bytes, [&](const Block& blk, const int32_t* sums) {
     const uint8_t* const bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
-    finish[blk.cols - 1](blk, sums, k, chunks, a, lda, bt, ep, c, ldc, n);
+    finish[blk.cols - 1](blk, sums, k, chunks, a, lda, bt, ep, finishers, c, ldc, n);
   });
 }
 
