@@ -207,30 +207,6 @@ std::optional<std::string> f32_windows_declines(const KernelQuery& q) {
   return std::nullopt;
 }
 
-// A channels-last convolution's windows: its input and output sizes, filter, strides,
-// dilations and top/left padding (X [N, H, W, C], or [N, C, H, W] where x_channels_first).
-Result<gemm::ImageWindows> image_windows(const KernelQuery& q) {
-  std::vector<int64_t> x = q.inputs[0].shape.concrete();
-  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[1].shape.concrete();
-  if (nn::x_channels_first(q.node)) x = {x[0], x[2], x[3], x[1]};
-  KILN_ASSIGN_OR_RETURN(const nn::Window win, nn::resolve_window(q.node, {x[1], x[2]}, {w[2], w[3]}, false));
-  return gemm::ImageWindows{.h = x[1], .w = x[2], .c = x[3], .oh = y[1], .ow = y[2], .kh = w[2], .kw = w[3], .sh = win.strides[0],
-                            .sw = win.strides[1], .dh = win.dilations[0], .dw = win.dilations[1], .pt = win.pads[0], .pl = win.pads[1]};
-}
-
-// A convolution's weight [K, C, KH, KW] (f32 or f16 bits) laid out [K, KH, KW, C], the order
-// of its windows' rows: B transposed, K×(KH·KW·C).
-template <typename T>
-Tensor in_windows_order(const T* w, DType dtype, int64_t k, const gemm::ImageWindows& g) {
-  const int64_t taps = g.kh * g.kw;
-  Tensor order(dtype, {k, taps * g.c});
-  T* to = order.data<T>();
-  for (int64_t o = 0; o < k; ++o)
-    for (int64_t ch = 0; ch < g.c; ++ch)
-      for (int64_t t = 0; t < taps; ++t) to[(o * taps + t) * g.c + ch] = w[(o * g.c + ch) * taps + t];
-  return order;
-}
-
 std::optional<std::string> gemm_declines(const KernelQuery& q, Isa isa) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
   // A constant f16 weight (`--precision fp16`) is widened to f32 as it is packed: a 2-D one, or
@@ -541,22 +517,9 @@ class GemmKernel final : public Kernel {
           gather_planes(x, rows, r0, r1);
           return;
         }
-        for (int64_t r = r0; r < r1; ++r) {
-          const float* image = x + (r / s.oh) * s.h * s.w * s.c;
-          const int64_t oy = r % s.oh;
-          float* row = rows + r * s.ow * k_;
-          for (int64_t ox = 0; ox < s.ow; ++ox)
-            for (int64_t ky = 0; ky < s.kh; ++ky) {
-              const int64_t iy = oy * s.sh - s.pt + ky * s.dh;
-              for (int64_t kx = 0; kx < s.kw; ++kx, row += s.c) {
-                const int64_t ix = ox * s.sw - s.pl + kx * s.dw;
-                if (iy >= 0 && iy < s.h && ix >= 0 && ix < s.w)
-                  std::memcpy(row, image + (iy * s.w + ix) * s.c, static_cast<size_t>(s.c) * sizeof(float));
-                else
-                  std::memset(row, 0, static_cast<size_t>(s.c) * sizeof(float));
-              }
-            }
-        }
+        const size_t bytes = static_cast<size_t>(s.c) * sizeof(float);
+        gather_windows(s, x, rows, r0, r1, [&](float* to, const float* from) { std::memcpy(to, from, bytes); },
+                       [&](float* to) { std::memset(to, 0, bytes); });
       };
       const int64_t lines = images_ * s.oh;
       const int threads = std::min(threads_, pool_threads());

@@ -18,15 +18,26 @@
 // kiln.qconv_u8s8_avx512: QFusedConv where it is that product (a channels-last 1x1 stride-1
 // convolution: its pixels A's rows, its weight [N, C, 1, 1] Bᵀ), the same kernel.
 //
+// kiln.qconv_windows_u8s8_avx512: any other channels-last QFusedConv without groups (filters
+// larger than 1x1, strides, padding, dilations) as the product of its windows: each output
+// pixel's window (KH·KW runs of C channels; X's zero point where it leaves the image, a real 0)
+// gathered into a row of A in the workspace, the weight reordered to the windows' order and
+// packed once at plan time (not stored packed: a compiled model keeps the weight as it was).
+// On AMX tiles A's rows are gathered up to a whole 16, so that the tiles take the last few
+// rows too (rather than the VNNI kernel reading all of B again for them).
+//
 // Both take a recorded `mc` (max-autotune's axis): the rows of A the VNNI kernel runs every
 // panel of B over at a time, by default those whose rows of A and C fill a quarter of L2
 // (gemm::u8s8_block_rows).
 #include <cstring>
 
+#include <omp.h>
+
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/linear.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
+#include "runtime/threads.h"
 
 namespace kiln::cpu {
 
@@ -48,6 +59,21 @@ std::optional<std::string> quantized_inputs_declines(const KernelQuery& q) {
   if (shape_numel(q.inputs[3].shape.concrete()) == 0) return "B is empty (the reference writes the bias alone)";
   for (double z : q.inputs[5].value->to_double_vector())
     if (z != 0) return "B's zero points are not all zero";
+  return std::nullopt;
+}
+
+// The rows of windows kiln.qconv_windows_u8s8_avx512 gathers at most.
+constexpr int64_t kMaxWindowBytes = int64_t{16} << 20;
+
+std::optional<std::string> qconv_windows_declines(const KernelQuery& q) {
+  if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
+  if (q.inputs[0].shape.rank() != 4 || q.inputs[3].shape.rank() != 4) return "not 2-D";
+  if (q.node.attr_int("group", 1) != 1) return "grouped";
+  if (auto why = quantized_inputs_declines(q)) return why;
+  if (!pointwise_declines(q, 3)) return "a pointwise convolution (kiln.qconv_u8s8_avx512's)";
+  if (!q.inputs[1].value || !q.inputs[2].value) return "X's scale and zero point are computed at run time";
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[3].shape.concrete();
+  if ((y[0] * y[1] * y[2] + 15) * w[1] * w[2] * w[3] > kMaxWindowBytes) return "its windows would take more than 16 MiB";
   return std::nullopt;
 }
 
@@ -101,6 +127,34 @@ std::optional<std::string> qconv_defers(const KernelQuery& q) {
   return std::nullopt;
 }
 
+// The default rule's share of those convolutions, on a CPU with AMX-INT8 (its tiles take the
+// windows' rows: 16 output pixels or more, 64 steps of K or more): a strided 1x1 one (its
+// windows are the pixels it reads); on one thread, one whose weight outgrows L2 over a quarter
+// as many pixels as output channels or fewer (streaming from memory each call, while kiln's
+// tiles fetch each next panel ahead); and one of 64 input channels or more (no steps past the
+// tiles' last 64) of kWindowsOps operations or fewer, where oneDNN's call costs more than its
+// products. On the 2-core AMX Xeon, against oneDNN's convolution (jit/brgconv:
+// avx512_core_amx_int8) in the int8 models (medians of 3 alternated `kiln profile` rounds, us
+// kiln / oneDNN at one thread, then at two): ResNet-50's 3x3 512-channel layers over 7x7
+// 215-223 / 229-302 (at two 137-149 / 115-157, so not taken there), its strided 1x1 ones 127-133
+// / 147 and 81 / 95 (28x28), 119-125 / 158 and 83 / 92 (14x14), 194-236 / 270-294 and 117 / 133
+// (7x7); YOLO's 3x3 layers over 20x20 and 10x10 (29-59 MOP) 28-67 / 48-79 and 23-46 / 40-64.
+// oneDNN stays the faster on ResNet-50's other 3x3 layers (231 MOP over 14x14 to 56x56: 1.14-
+// 2.3x kiln's time with their windows gathered) and on YOLO's over 40x40 and 80x80 (16-64
+// channels: 1.1-2.6x); without AMX it is not measured against.
+constexpr int64_t kWindowsOps = 100'000'000;
+
+std::optional<std::string> qconv_windows_defers(const KernelQuery& q) {
+  const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[3].shape.concrete();
+  const int64_t m = y[0] * y[1] * y[2], n = w[0], c = w[1], k = c * w[2] * w[3];
+  if (!gemm::u8s8_on_amx(q.target.cpu, m, k)) return "oneDNN's convolution where the windows' product does not run on AMX tiles";
+  if (w[2] * w[3] == 1) return std::nullopt;
+  if (q.target.threads <= 1 && n * k >= gemm::CacheSizes::host().l2 && 4 * m <= n) return std::nullopt;
+  if (c >= 64 && 2 * m * n * k <= kWindowsOps) return std::nullopt;
+  return "oneDNN is faster on convolutions of fewer than 64 input channels or over 100 million operations whose weight fits L2 or "
+         "that are more than a quarter of the output channels";
+}
+
 // max-autotune's axis for the int8 GEMM: the rows of A a block runs every panel of B over.
 std::vector<TuningAxis> qmatmul_space(const KernelQuery& q, bool pointwise) {
   Result<LinearDims> d = pointwise ? pointwise_dims(q, 3) : linear_dims(q, 3);
@@ -108,17 +162,28 @@ std::vector<TuningAxis> qmatmul_space(const KernelQuery& q, bool pointwise) {
   return {size_axis("mc", {32, 64, 128, 256, 512, 1024, 2048}, std::max<int64_t>(d->m, 1))};
 }
 
+// What QMatMulKernel multiplies: a linear layer's A, a pointwise convolution's pixels, or a
+// convolution's windows.
+enum class Form { linear, pointwise, windows };
+
 class QMatMulKernel final : public Kernel {
  public:
-  /// `pointwise`: a QFusedConv that is a plain product (qconv_declines).
-  explicit QMatMulKernel(bool pointwise) : pointwise_(pointwise) {}
+  explicit QMatMulKernel(Form form) : form_(form) {}
 
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     rows_ = &row_kernels(Isa::avx512);
-    KILN_ASSIGN_OR_RETURN(const LinearDims d, pointwise_ ? pointwise_dims(q, 3) : linear_dims(q, 3));
+    LinearDims d;
+    if (form_ == Form::windows) {
+      KILN_ASSIGN_OR_RETURN(win_, image_windows(q, 3));
+      const std::vector<int64_t> ws = q.inputs[3].shape.concrete();
+      d = LinearDims{.m = q.inputs[0].shape.concrete()[0] * win_.oh * win_.ow, .n = ws[0], .k = win_.k(), .trans = true};
+    } else {
+      KILN_ASSIGN_OR_RETURN(d, form_ == Form::pointwise ? pointwise_dims(q, 3) : linear_dims(q, 3));
+    }
     m_ = d.m, n_ = d.n, k_ = d.k;
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::u8s8_on_amx(q.target.cpu, m_, k_);
+    const bool windows = form_ == Form::windows;
     // A's rows a block (max-autotune's parameter; the VNNI kernel's, AMX tiles block by the
     // cache sizes): recorded, or the default.
     mc_ = gemm::u8s8_block_rows(k_, n_, q.outputs[0].dtype == DType::u8 ? 1 : 4);
@@ -131,11 +196,12 @@ class QMatMulKernel final : public Kernel {
     const Tensor& w = *q.inputs[3].value;
     const PackedLayout want = gemm::packed_b_s8_layout(k_, n_, d.trans);
     col_sums_.assign(static_cast<size_t>(n_), 0);
-    if (w.layout() && w.layout()->same_placement(want)) {
+    if (!windows && w.layout() && w.layout()->same_placement(want)) {
       packed_ = w;
       gemm::packed_b_s8_column_sums(static_cast<const int8_t*>(w.raw()), k_, n_, col_sums_.data());
     } else {
-      const Tensor plain = w.is_packed() ? unpack(w) : w;
+      Tensor plain = w.is_packed() ? unpack(w) : w;
+      if (windows) plain = in_windows_order(plain.data<int8_t>(), DType::i8, n_, win_);
       Tensor packed(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
       gemm::pack_b_s8(plain.data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed.data<int8_t>(), col_sums_.data());
       packed_ = Tensor::packed(DType::i8, w.shape(), want, packed.nbytes(), packed.raw(),
@@ -174,7 +240,10 @@ class QMatMulKernel final : public Kernel {
     }
     // The micro-kernel's store does it all: u8 or f32 out.
     direct_ = !out_int8_ || out_u8_;
-    a_bytes_ = a_s8_ ? up(static_cast<size_t>(m_ * k_)) : 0;
+    // A's rows in the workspace: s8 ones shifted, or the gathered windows (on AMX, up to a
+    // whole 16 rows).
+    a_rows_ = windows && amx_ ? (m_ + 15) / 16 * 16 : m_;
+    a_bytes_ = a_s8_ || windows ? up(static_cast<size_t>(a_rows_ * k_)) : 0;
     needs.workspace_bytes = a_bytes_ + (direct_ ? 0 : up(static_cast<size_t>(m_ * n_) * sizeof(float)));
     return {};
   }
@@ -183,7 +252,10 @@ class QMatMulKernel final : public Kernel {
     if (dynamic_) set_a(ctx.input(1).data<float>()[0], static_cast<int32_t>(ctx.input(2).as_int64(0)));
     std::byte* ws = ctx.workspace().data();
     const uint8_t* a = static_cast<const uint8_t*>(ctx.input(0).raw());
-    if (a_s8_) {  // s8 + 128 as u8: flip the sign bit
+    if (form_ == Form::windows) {
+      gather(a, reinterpret_cast<uint8_t*>(ws));
+      a = reinterpret_cast<const uint8_t*>(ws);
+    } else if (a_s8_) {  // s8 + 128 as u8: flip the sign bit
       auto* shifted = reinterpret_cast<uint8_t*>(ws);
       for (int64_t i = 0; i < m_ * k_; ++i) shifted[i] = static_cast<uint8_t>(a[i] ^ 0x80u);
       a = shifted;
@@ -210,17 +282,18 @@ class QMatMulKernel final : public Kernel {
       ep.out_dq = out_dq_;
       ep.out_scale = y_scale_;
       ep.out_zero = y_zero_;
-      gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, mc_, amx_);
+      gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, y.raw(), n_, threads_, mc_, amx_, a_rows_ > m_);
       return {};
     }
     // An s8 output: f32 into the workspace, then quantized.
     auto* f = reinterpret_cast<float*>(ws + a_bytes_);
-    gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, f, n_, threads_, mc_, amx_);
+    gemm::gemm_u8s8(m_, n_, k_, a, k_, static_cast<const int8_t*>(packed_.raw()), ep, f, n_, threads_, mc_, amx_, a_rows_ > m_);
     rows_->quantize(f, y.raw(), m_ * n_, y_scale_, y_zero_, false);
     return {};
   }
 
-  Tensor packed_input(size_t input) const override { return input == 3 ? packed_ : Tensor(); }
+  // The windows' weight is reordered before it is packed: a compiled model keeps it as it was.
+  Tensor packed_input(size_t input) const override { return input == 3 && form_ != Form::windows ? packed_ : Tensor(); }
   // Each value of Z is read where Y's is then written, by the same thread: Y may be Z's memory.
   int overwrites_input() const override { return has_z_ ? 9 : -1; }
 
@@ -228,19 +301,51 @@ class QMatMulKernel final : public Kernel {
   std::string label() const override {
     std::string s = "u8s8_8x48_mc" + std::to_string(mc_);
     if (amx_) s += ", amx_tiles";
+    if (form_ == Form::windows) s += ", windows";
     return direct_ ? s : s + ", epilogue_pass";
   }
 
  private:
+  // Each output pixel's window into A's row of KH·KW runs of C channels (u8: an s8 X's shifted),
+  // X's zero point (in u8) where the window leaves the image; the rows past M (AMX's padding)
+  // are X's zero point too. The threads share the output's lines.
+  void gather(const uint8_t* x, uint8_t* rows) const {
+    const gemm::ImageWindows& s = win_;
+    const auto pad = static_cast<uint8_t>(a_zero_);
+    const uint8_t flip = a_s8_ ? 0x80 : 0;
+    const size_t c = static_cast<size_t>(s.c);
+    auto lines = [&](int64_t r0, int64_t r1) {  // rows r0..r1 of the output's images × OH
+      auto fill = [&](uint8_t* to) { std::memset(to, pad, c); };
+      if (flip)
+        gather_windows(s, x, rows, r0, r1, [&](uint8_t* to, const uint8_t* from) { for (size_t i = 0; i < c; ++i) to[i] = from[i] ^ flip; }, fill);
+      else
+        gather_windows(s, x, rows, r0, r1, [&](uint8_t* to, const uint8_t* from) { std::memcpy(to, from, c); }, fill);
+    };
+    const int64_t all = m_ / s.ow;
+    const int t = static_cast<int>(std::min<int64_t>(std::min(threads_, pool_threads()), all));
+    if (t > 1 && m_ * k_ >= (int64_t{1} << 16)) {
+#pragma omp parallel num_threads(t)
+      {
+        WorkerSpan span;
+        const auto [r0, r1] = even_share(all, omp_get_num_threads(), omp_get_thread_num());
+        lines(r0, r1);
+      }
+    } else {
+      lines(0, all);
+    }
+    if (a_rows_ > m_) std::memset(rows + m_ * k_, pad, static_cast<size_t>((a_rows_ - m_) * k_));
+  }
+
   // A's scale and zero point into the epilogue's per-column scales and A's (u8) zero point.
   void set_a(float scale, int32_t zero) {
     for (size_t j = 0; j < scales_.size(); ++j) scales_[j] = scale * b_scales_[j];
     a_zero_ = zero + (a_s8_ ? 128 : 0);
   }
 
-  bool pointwise_ = false;
+  Form form_ = Form::linear;
+  gemm::ImageWindows win_;  // Form::windows's
   const RowKernels* rows_ = nullptr;
-  int64_t m_ = 0, n_ = 0, k_ = 0;
+  int64_t m_ = 0, n_ = 0, k_ = 0, a_rows_ = 0;
   int threads_ = 1;
   bool amx_ = false;  // the rows in whole 16s on AMX tiles (gemm::u8s8_on_amx)
   int64_t mc_ = 0;    // A's rows a block (resolved in prepare)
@@ -267,17 +372,23 @@ void register_qmatmul(KernelRegistry& r) {
   r.add("QFusedMatMul", "cpu",
         KernelImpl{.name = "kiln.qmatmul_u8s8_avx512",
                    .declines = qmatmul_declines,
-                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(false); },
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(Form::linear); },
                    .needs_isa = isa,
                    .reads_packed = true,
                    .tuning_space = [](const KernelQuery& q) { return qmatmul_space(q, false); }});
   r.add("QFusedConv", "cpu",
         KernelImpl{.name = "kiln.qconv_u8s8_avx512",
                    .declines = qconv_declines,
-                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(true); },
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(Form::pointwise); },
                    .needs_isa = isa,
                    .defers = qconv_defers,
                    .tuning_space = [](const KernelQuery& q) { return qmatmul_space(q, true); }});
+  r.add("QFusedConv", "cpu",
+        KernelImpl{.name = "kiln.qconv_windows_u8s8_avx512",
+                   .declines = qconv_windows_declines,
+                   .create = [](const KernelQuery&) { return std::make_unique<QMatMulKernel>(Form::windows); },
+                   .needs_isa = isa,
+                   .defers = qconv_windows_defers});
 }
 
 }  // namespace kiln::cpu

@@ -385,10 +385,80 @@ TEST(Int8Kernels, QFusedConvPointwiseOnKilnGemm) {
   expect_within_one_step(relu_input(narrow), "onednn.qconv", &amx);
   small.h = 8;  // 64 pixels
   expect_within_one_step(relu_input(small), kiln, &vnni);
+  // Strided and 3x3 ones are not this kernel's (kiln.qconv_windows_u8s8_avx512's on AMX).
   wide.stride = 2;
-  expect_within_one_step(qconv_case(wide), "onednn.qconv");
+  expect_within_one_step(qconv_case(wide), "onednn.qconv", &vnni);
   wide.stride = 1, wide.k = 3;
-  expect_within_one_step(qconv_case(wide), "onednn.qconv");
+  expect_within_one_step(qconv_case(wide), "onednn.qconv", &vnni);
+}
+
+// Any other channels-last QFusedConv without groups runs as the product of its windows on
+// kiln's u8s8 GEMM (pinned): 3x3, 5x5 and 1x1 filters, strides 1 and 2, a dilation, windows
+// leaving the image (x's zero point is not 0 there), rows past whole AMX tiles (the gathered
+// rows padded to 16) and K past whole 64s, two images, u8 and s8 activations (s8 output: the
+// epilogue's pass), every epilogue with a residual, one and two threads. The default rule
+// takes on AMX a strided 1x1 one, a small one (64 input channels or more, 100 million
+// operations or fewer), and at one thread one whose weight streams from memory over few pixels.
+TEST(Int8Kernels, QFusedConvWindowsOnKilnGemm) {
+  const std::string kiln = "kiln.qconv_windows_u8s8_avx512";
+  SKIP_WITHOUT_VNNI();
+  for (DType act : {DType::u8, DType::i8}) {
+    for (QConv s : std::vector<QConv>{{1, 64, 9, 11, 40, 3, 1, 1}, {2, 70, 9, 8, 50, 3, 2, 1}, {1, 96, 10, 10, 64, 1, 2, 1},
+                                      {1, 16, 8, 9, 24, 5, 1, 1}, {1, 128, 5, 4, 33, 3, 1, 1}}) {
+      s.act = act;
+      s.per_channel = s.m % 2 == 0;
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(std::string(dtype_name(act)) + " " + std::to_string(s.n) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w) +
+                     "x" + std::to_string(s.c) + " -> " + std::to_string(s.m) + " k" + std::to_string(s.k) + " s" +
+                     std::to_string(s.stride) + " threads " + std::to_string(threads));
+        s.activation.clear(), s.residual = false, s.post.clear();
+        Case c = qconv_case(s);
+        c.kernel = kiln, c.threads = threads;
+        expect_within_one_step(c, kiln);
+        s.activation = "Relu", s.residual = true, s.post = "Relu";
+        c = qconv_case(s);
+        c.kernel = kiln, c.threads = threads;
+        expect_within_one_step(c, kiln);
+        s.activation = "Silu", s.residual = false, s.post.clear();
+        c = qconv_case(s);
+        c.kernel = kiln, c.threads = threads;
+        expect_within_one_step(c, kiln);
+      }
+    }
+  }
+  QConv dilated{1, 64, 12, 10, 48, 3, 1, 1};
+  Case c = qconv_case(dilated);
+  for (Attribute& a : c.attrs)
+    if (a.name == "pads") a = attr("pads", std::vector<int64_t>{2, 1, 2, 1});
+  c.attrs.push_back(attr("dilations", std::vector<int64_t>{2, 1}));
+  c.kernel = kiln;
+  expect_within_one_step(c, kiln);
+  // The default rule: on AMX only, where the windows' product runs on its tiles.
+  const CpuFeatures vnni = *CpuFeatures::named("avx512-vnni"), amx = *CpuFeatures::named("amx");
+  const int64_t l2 = cpu::gemm::CacheSizes::host().l2;
+  struct Rule {
+    QConv s;
+    int threads;
+    std::string on_amx;
+  };
+  for (const Rule& r : std::vector<Rule>{
+           {{1, 96, 10, 10, 64, 1, 2, 1}, 2, kiln},                 // strided 1x1
+           {{1, 64, 10, 10, 64, 3, 1, 1}, 1, kiln},                 // 7.4 MOP
+           {{1, 64, 10, 10, 64, 3, 1, 1}, 2, kiln},
+           {{1, 32, 10, 10, 64, 3, 1, 1}, 1, "onednn.qconv"},       // fewer than 64 input channels
+           {{1, 64, 29, 29, 128, 3, 1, 1}, 1, "onednn.qconv"},      // 124 MOP
+           {{1, 64, 2, 3, 64, 3, 1, 1}, 1, "onednn.qconv"},         // 6 pixels: not on AMX tiles
+           // 2.25 MiB of weight over 49 pixels: kiln's at one thread where it outgrows L2.
+           {{1, 512, 7, 7, 512, 3, 1, 1}, 1, 9 * 512 * 512 >= l2 ? kiln : "onednn.qconv"},
+           {{1, 512, 7, 7, 512, 3, 1, 1}, 2, "onednn.qconv"}}) {
+    SCOPED_TRACE(std::to_string(r.s.h) + "x" + std::to_string(r.s.w) + "x" + std::to_string(r.s.c) + " -> " + std::to_string(r.s.m) +
+                 " k" + std::to_string(r.s.k) + " threads " + std::to_string(r.threads));
+    Case rc = qconv_case(r.s);
+    rc.inputs[2] = scalar_int(DType::u8, 0);  // after a ReLU
+    rc.threads = r.threads;
+    expect_within_one_step(rc, "onednn.qconv", &vnni);
+    expect_within_one_step(rc, r.on_amx, &amx);
+  }
 }
 
 // In a graph the residual dies at the convolution, so its output takes the residual's memory

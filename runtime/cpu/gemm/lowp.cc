@@ -198,7 +198,7 @@ QuantEpilogue from_row(const QuantEpilogue& ep, int64_t r) {
 }  // namespace
 
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
-               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx) {
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc, bool amx, bool a_padded) {
   if (m <= 0 || n <= 0) return;
   const int64_t bytes = ep.out_u8 ? 1 : 4;  // C's
   QuantEpilogue rest = ep;  // the VNNI kernel's rows' (all, or those past the tiles')
@@ -211,14 +211,14 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
     // models of ResNet-50's residual 1x1 convolutions (`kiln profile`, us, columns then rows):
     // 3136x256x64 164-166 then 98-100, 784x512x128 81-83 then 56-58; 196x1024x256 (B 256 KiB)
     // 49-51 either way.
-    const int64_t rows = m / 16 * 16, tiles = (n + 15) / 16;
+    const int64_t rows = a_padded ? round_up(m, 16) : m / 16 * 16, tiles = (n + 15) / 16;
     const int64_t group = amx_tiles_per_group(round_up(k, 4) * 16);
     const int64_t pairs = (tiles + 1) / 2, least = k * n <= CacheSizes::host().l2 / 8 ? pairs + 1 : 4;
     over_grid(rows, 16, pairs, least, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
       lowp_amx::u8s8_tiles(r1 - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, a + r0 * lda, lda, b_packed, from_row(ep, r0),
-                           static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n);
+                           static_cast<std::byte*>(c) + r0 * ldc * bytes, ldc, n, std::min(m, r1) - r0);
     });
-    if (rows == m) return;
+    if (rows >= m) return;
     a += rows * lda;
     c = static_cast<std::byte*>(c) + rows * ldc * bytes;
     m -= rows;

@@ -89,9 +89,10 @@ bool u8s8_on_amx(const CpuFeatures& cpu, int64_t m, int64_t k);
 /// `mc` at a time (a multiple of 8; 0: as many as fill half of L2); no workspace. With `amx`
 /// (u8s8_on_amx's answer for the CPU it runs on), the rows down to a multiple of 16 are
 /// multiplied on AMX tiles (`tdpbusd`, 16 rows × 16 columns × 64 steps; blocked by the cache
-/// sizes, `mc` aside), the rest on VNNI.
+/// sizes, `mc` aside), the rest on VNNI; with `a_padded` too (A's rows readable up to a multiple
+/// of 16, any bytes past the m-th) the tiles take all of them, and only C's m rows are written.
 void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b_packed,
-               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0, bool amx = false);
+               const QuantEpilogue& ep, void* c, int64_t ldc, int threads, int64_t mc = 0, bool amx = false, bool a_padded = false);
 
 // ---- bf16 · bf16 -----------------------------------------------------------------------------
 

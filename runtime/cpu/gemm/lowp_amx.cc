@@ -213,11 +213,12 @@ struct Finishers {
   U8s8Clamped clamped;
 };
 
+// A block's sums finished into C's rows below `real` (those past it are A's padding).
 template <int C, bool Tail, AmxFinish F>
 void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* const (&bt)[2],
-                 const QuantEpilogue& ep, const Finishers& finishers, void* c, int64_t ldc, int64_t n) {
+                 const QuantEpilogue& ep, const Finishers& finishers, void* c, int64_t ldc, int64_t n, int64_t real) {
   const int64_t n0 = blk.t * 16, k4 = (k + 3) / 4;
-  const int w = static_cast<int>(std::min<int64_t>(16 * C, n - n0)), rows = 16 * blk.rt;
+  const int w = static_cast<int>(std::min<int64_t>(16 * C, n - n0)), rows = static_cast<int>(std::min<int64_t>(16 * blk.rt, real - blk.i0));
   __m512i comp[C];
   __m512 scale[C], bias[C];
   __mmask16 mk[C];
@@ -262,7 +263,7 @@ void u8s8_finish(const Block& blk, const int32_t* sums, int64_t k, int64_t chunk
 }
 
 using U8s8FinishFn = void (*)(const Block&, const int32_t*, int64_t, int64_t, const uint8_t*, int64_t, const uint8_t* const (&)[2],
-                              const QuantEpilogue&, const Finishers&, void*, int64_t, int64_t);
+                              const QuantEpilogue&, const Finishers&, void*, int64_t, int64_t, int64_t);
 
 // The finish for a block of `cols` column tiles, chosen once a product.
 template <bool Tail, AmxFinish F>
@@ -286,7 +287,7 @@ U8s8FinishFn u8s8_finish_for(const QuantEpilogue& ep, int cols) {
 }  // namespace
 
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
-                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n) {
+                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n, int64_t real) {
   const int64_t chunks = k / 64, panel_bytes = (k + 3) / 4 * kGroupBytes;
   const bool tail = chunks * 64 < k;
   const U8s8FinishFn finish[2] = {tail ? u8s8_finish_for<true>(ep, 1) : u8s8_finish_for<false>(ep, 1),
@@ -294,7 +295,7 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
   const Finishers finishers(ep);
   run_tiles<Lowp::u8s8>(m, nc, t0, t1, chunks, a, lda, b, panel_bytes, [&](const Block& blk, const int32_t* sums) {
     const uint8_t* const bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
-    finish[blk.cols - 1](blk, sums, k, chunks, a, lda, bt, ep, finishers, c, ldc, n);
+    if (blk.i0 < real) finish[blk.cols - 1](blk, sums, k, chunks, a, lda, bt, ep, finishers, c, ldc, n, real);
   });
 }
 

@@ -39,10 +39,11 @@ namespace kiln::cpu::gemm::lowp_amx {
 
 /// u8s8 on AMX tiles: C's column tiles [t0, t1) (16 columns each, of pack_b_s8's panels; N in
 /// all) for rows [0, m) (a multiple of 16), in groups of `nc` column tiles (even): each group
-/// passes every 32 rows of A; A's rows read in place (`lda` bytes apart). Loads the tile
-/// configuration on the calling thread and releases it.
+/// passes every 32 rows of A; A's rows read in place (`lda` bytes apart), C's first `real` of
+/// them written (A's rows past those are padding). Loads the tile configuration on the calling
+/// thread and releases it.
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
-                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n);
+                const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n, int64_t real);
 /// bf16 on AMX tiles: C's column tiles [t0, t1) (of pack_b_bf16's panels) for rows [0, m),
 /// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a
 /// multiple of 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias
