@@ -1,6 +1,8 @@
 // kiln's direct int8 convolution over few input channels (kiln.qconv_direct_u8s8_avx512,
-// runtime/cpu/qconv_direct.cc): an image's first layer, over RGB. What the kernel prepares once
-// and what its AVX-512 VNNI build (qconv_direct_avx512.cc) computes an output row at a time.
+// runtime/cpu/qconv_direct.cc): an image's first layer, over RGB, and on AMX tiles 5 to 32
+// channels. What the kernel prepares once and what its AVX-512 VNNI build
+// (qconv_direct_avx512.cc) and its AMX build (qconv_direct_amx.cc) compute an output row at a
+// time.
 //
 // A window's row of KW pixels of C channels is KW·C contiguous bytes of a channels-last input
 // (9 over RGB with a 3x3 filter). `vpdpbusd` adds four u8 · s8 products into each 32-bit lane:
@@ -12,6 +14,7 @@
 // image; a row above or below the image reads a line of zero points.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace kiln::cpu::qcd {
@@ -50,6 +53,21 @@ struct Params {
   float lo = 0, hi = 255;
   /// x's zero point, zero_line_bytes of them: a window's row above or below the image.
   const uint8_t* zero_line = nullptr;
+
+  // On AMX tiles (amx_rows): the image padded with x's zero point, [hp, wp, c] (padded pixel
+  // (py, px) is x's (py − pt, px − pl) inside the image), so that a tile of 16 output pixels'
+  // window row ky reads 16 rows of 64 bytes `s·c` apart from padded pixel (oy·s + ky, ox·s),
+  // `chunks` of them a window row; its bytes past KW·C meet zero weights.
+  int64_t chunks = 0, hp = 0, wp = 0;
+  /// [kh][chunks][vectors] tiles of B, each 16 groups × 16 lanes × 4 bytes: lane i of the
+  /// tile for vector v, row g, the weights of window row bytes 64·chunk + 4·g .. + 3 for output
+  /// channel 16·v + i (zero past kw · c and past cout).
+  const int8_t* amx_weights = nullptr;
+  /// A residual z (u8, y's shape; AMX only), added in codes after the activation, whose clamp
+  /// in codes is then [act_lo, act_hi] ([lo, hi] the codes' bounds, with a ReLU after z):
+  /// y's code = clamp(act + (z − z_zero) · z_factor).
+  bool residual = false;
+  float act_lo = 0, act_hi = 255, z_factor = 1, z_zero = 0;
 };
 
 /// Bytes of the line of zero points: a block's pixels' rows and their last groups.
@@ -62,5 +80,19 @@ inline int64_t scratch_bytes(const Params& p) { return p.kh * p.row_groups * 4 +
 using RowFn = void (*)(const Params& p, const uint8_t* x, const uint8_t* x_end, uint8_t* y, int64_t oy, uint8_t* scratch);
 /// The row kernel for p's output vectors (chosen once, when the kernel is prepared).
 RowFn row_kernel(const Params& p);
+
+/// The padded image's width (amx_rows): the input's columns and padding, and those that the
+/// last tile of 16 output pixels' 64-byte chunks read.
+inline int64_t amx_padded_width(const Params& p) {
+  const int64_t tiles_px = (p.ow + 15) / 16 * 16;
+  return std::max(p.pl + p.w + p.kw, (tiles_px - 1) * p.s + (p.chunks * 64 + p.c - 1) / p.c);
+}
+/// Image `x` ([h, w, c]) padded into `padded` ([hp, wp, c]): rows [py0, py1) of it.
+void amx_pad(const Params& p, const uint8_t* x, uint8_t* padded, int64_t py0, int64_t py1);
+/// Output rows [oy0, oy1) of an image (y its [oh, ow, cout]; z the residual's, or null) from its padded copy, on AMX tiles
+/// (qconv_direct_amx.cc, built with AMX-INT8; only on a CPU whose tile state was granted):
+/// each tile's sums stored and finished as `block`'s. Loads the tile configuration and
+/// releases it.
+void amx_rows(const Params& p, const uint8_t* padded, uint8_t* y, const uint8_t* z, int64_t oy0, int64_t oy1);
 
 }  // namespace kiln::cpu::qcd

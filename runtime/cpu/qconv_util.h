@@ -12,18 +12,20 @@ namespace kiln::cpu {
 
 /// Why a QFusedConv is not one either kernel runs, by what they share: a CPU with VNNI,
 /// channels-last, 2-D, not empty, every input past X a constant and every shape concrete, no
-/// residual, u8 in and out, the weights' zero points 0, no dilation, equal strides, and ReLU,
-/// Clip, SiLU or no activation with no post activation.
-inline std::optional<std::string> u8_conv_declines(const KernelQuery& q) {
+/// residual (but a u8 one where `residual`, with no post activation or a ReLU), u8 in and out,
+/// the weights' zero points 0, no dilation, equal strides, and ReLU, Clip, SiLU or no
+/// activation with no post activation.
+inline std::optional<std::string> u8_conv_declines(const KernelQuery& q, bool residual = false) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
   if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
   for (size_t i = 0; i < q.inputs.size(); ++i) {
     const InferInput& in = q.inputs[i];
     if (in.dtype == DType::undefined) continue;
     if (!in.shape.is_concrete()) return "input " + std::to_string(i) + " has no concrete shape";
-    if (i != 0 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
+    if (i != 0 && i != 9 && !in.value) return "input " + std::to_string(i) + " is computed at run time";
   }
-  if (q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined) return "a residual";
+  const bool has_z = q.inputs.size() > 9 && q.inputs[9].dtype != DType::undefined;
+  if (has_z && (!residual || q.inputs[9].dtype != DType::u8)) return residual ? "a residual not u8" : "a residual";
   if (q.inputs[0].dtype != DType::u8 || q.outputs[0].dtype != DType::u8) return "not u8 in and out";
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
   if (xs.size() != 4 || ws.size() != 4) return "not 2-D";
@@ -35,7 +37,8 @@ inline std::optional<std::string> u8_conv_declines(const KernelQuery& q) {
   const std::vector<int64_t> strides = q.node.attr_ints("strides", {1, 1});
   if (strides.size() != 2 || strides[0] != strides[1] || strides[0] < 1) return "unequal strides";
   const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
-  if (!act.ok() || !post.ok() || post->kind != Activation::none) return "a post activation";
+  if (!act.ok() || !post.ok()) return "an activation it does not read";
+  if (post->kind != Activation::none && !(has_z && post->kind == Activation::relu)) return "a post activation (but a ReLU after a residual)";
   const Activation k = act->kind;
   if (k != Activation::none && k != Activation::relu && k != Activation::clip && k != Activation::silu) return "an activation other than ReLU, Clip or SiLU";
   return std::nullopt;

@@ -325,13 +325,14 @@ def quant_tests(r, work, samples):
         # 8-bit: within a few percent of the float logits, run as is and compiled.
         r.ok(f"quant_{q}_run", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--check-against", expected,
                                 "--atol", "0.05", "--rtol", "0.05"])
-        # Compiled: the convolutions become int8 kernels (QFusedConv), whose outputs match the
+        # Compiled: the convolutions become int8 kernels (QFusedConv: oneDNN's, or on AMX kiln's
+        # direct kernel for their 16 channels), whose outputs match the
         # quantized model's reference run within a small fraction of the logits' scale. (For a
         # CPU with VNNI: on one without, compiled for --target avx512-vnni, and then for this
         # CPU, whose convolutions stay f32 between their Q and DQ.)
         rc, _, err = r.run(["compile", f"cnn.{q}.kiln", "-o", f"cnn.{q}.c.kiln", "-v"] + int8_target)
         r.check(f"quant_{q}_compiled", rc == 0 and re.search(r"lowered 4 convolutions to QFusedConv, 1 linear layer to QFusedMatMul, \d adds? to QAdd and 1 max pool to int8", err)
-                and "(QFusedConv): onednn.qconv" in err and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err
+                and re.search(r"\(QFusedConv\): (onednn\.qconv|kiln\.qconv_)", err) and "(QFusedMatMul): kiln.qmatmul_u8s8_avx512" in err
                 and "(FusedConv)" not in err, f"exit {rc}; {err[:600]!r}")
         r.ok(f"quant_{q}_reference", ["run", f"cnn.{q}.kiln", "--inputs", cnn_in, "--reference", "--output-dir", f"qref_{q}"])
         if not vnni:

@@ -131,6 +131,12 @@ TEST(Int8Kernels, QFusedConvShapesGroupsAndLayouts) {
 
 TEST(Int8Kernels, QFusedConvTypesAndEpilogues) {
   SKIP_WITHOUT_VNNI();
+  // Pinned to oneDNN's (on AMX kiln's direct kernel takes the u8 ones by default).
+  auto expect_within_one_step = [](const Case& c, const std::string& kernel) {
+    Case pinned = c;
+    pinned.kernel = kernel;
+    kiln::expect_within_one_step(pinned, kernel);
+  };
   for (DType act : {DType::u8, DType::i8}) {
     for (bool per_channel : {true, false}) {
       QConv s;
@@ -259,7 +265,8 @@ TEST(Int8Kernels, DirectQFusedConvOnKiln) {
   for (QConv s : std::vector<QConv>{{1, 8, 9, 9, 16, 3, 2, 1}, {1, 3, 9, 9, 16, 3, 2, 1}}) {
     if (s.c == 3) s.residual = true;
     const testing::BothRuns r = testing::run_both(qconv_case(s));
-    EXPECT_NE(r.kernel, "kiln.qconv_direct_u8s8_avx512") << s.c;
+    if (s.c == 8 && CpuFeatures::host().amx) EXPECT_EQ(r.kernel, "kiln.qconv_direct_u8s8_avx512");  // on AMX tiles
+    else EXPECT_NE(r.kernel, "kiln.qconv_direct_u8s8_avx512") << s.c;
   }
   const CpuFeatures amx = *CpuFeatures::named("amx"), vnni = *CpuFeatures::named("avx512-vnni");
   for (const auto& [s, on_amx] : std::vector<std::pair<QConv, std::string>>{
@@ -270,6 +277,43 @@ TEST(Int8Kernels, DirectQFusedConvOnKiln) {
     SCOPED_TRACE(std::to_string(s.c) + " channels k" + std::to_string(s.k));
     EXPECT_EQ(testing::run_both(qconv_case(s), &vnni).kernel, "kiln.qconv_direct_u8s8_avx512");
     EXPECT_EQ(testing::run_both(qconv_case(s), &amx).kernel, on_amx);
+  }
+}
+
+// Over 5 to 32 input channels the direct kernel runs on AMX tiles, where the CPU has them: 16
+// output pixels' window rows read in place from the padded image, a 64-byte chunk of each a
+// tile row. Channels whose window rows fill 1 to 3 chunks, whole or not; 3x3 and 5x5 filters,
+// strides 1 and 2; rows of pixels in one tile, two, and past them (13, 20, 37, 40 wide); one to
+// four vectors of output channels, whole and not; two images; no activation, ReLU, Clip and
+// SiLU, with a u8 residual (a ReLU after it or none) and without; one and two threads. It
+// declines more than 32 input channels, a 1x1 filter and more than 64 output channels, and
+// by default takes every one it runs.
+TEST(Int8Kernels, DirectQFusedConvOnAmxTiles) {
+  SKIP_WITHOUT_VNNI();
+  if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU lacks AMX";
+  const std::string kiln = "kiln.qconv_direct_u8s8_avx512";
+  for (QConv s : std::vector<QConv>{{1, 16, 13, 13, 16, 3, 1, 1}, {2, 32, 20, 20, 32, 3, 2, 1}, {1, 8, 9, 37, 40, 5, 1, 1},
+                                    {1, 24, 7, 40, 64, 3, 1, 1}, {1, 5, 11, 17, 8, 3, 2, 1}, {1, 32, 6, 40, 48, 5, 2, 1}}) {
+    for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
+      for (int variant = 0; variant < 3; ++variant) {  // no residual; one; one with a ReLU after it
+        s.activation = activation;
+        s.per_channel = s.m % 16 == 0;
+        s.bias = std::string(activation) != "Relu";
+        s.residual = variant > 0;
+        s.post = variant == 2 ? "Relu" : "";
+        const int threads = 1 + variant % 2;
+        SCOPED_TRACE(std::to_string(s.n) + "x" + std::to_string(s.h) + "x" + std::to_string(s.w) + "x" + std::to_string(s.c) + " -> " +
+                     std::to_string(s.m) + " k" + std::to_string(s.k) + " s" + std::to_string(s.stride) + " " + activation + " residual " +
+                     std::to_string(variant) + " threads " + std::to_string(threads));
+        Case c = qconv_case(s);
+        c.threads = threads;
+        expect_within_one_step(c, kiln);
+      }
+    }
+  }
+  for (QConv s : std::vector<QConv>{{1, 33, 9, 9, 16, 3, 1, 1}, {1, 16, 9, 9, 16, 1, 1, 1}, {1, 16, 9, 9, 80, 3, 1, 1}}) {
+    SCOPED_TRACE(std::to_string(s.c) + " -> " + std::to_string(s.m) + " k" + std::to_string(s.k));
+    EXPECT_NE(testing::run_both(qconv_case(s)).kernel, kiln);
   }
 }
 
@@ -445,7 +489,7 @@ TEST(Int8Kernels, QFusedConvWindowsOnKilnGemm) {
            {{1, 96, 10, 10, 64, 1, 2, 1}, 2, kiln},                 // strided 1x1
            {{1, 64, 10, 10, 64, 3, 1, 1}, 1, kiln},                 // 7.4 MOP
            {{1, 64, 10, 10, 64, 3, 1, 1}, 2, kiln},
-           {{1, 32, 10, 10, 64, 3, 1, 1}, 1, "onednn.qconv"},       // fewer than 64 input channels
+           {{1, 48, 10, 10, 64, 3, 1, 1}, 1, "onednn.qconv"},       // fewer than 64 input channels
            {{1, 64, 29, 29, 128, 3, 1, 1}, 1, "onednn.qconv"},      // 124 MOP
            {{1, 64, 2, 3, 64, 3, 1, 1}, 1, "onednn.qconv"},         // 6 pixels: not on AMX tiles
            // 2.25 MiB of weight over 49 pixels: kiln's at one thread where it outgrows L2.
