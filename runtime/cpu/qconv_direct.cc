@@ -5,7 +5,7 @@
 // epilogue (what x's zero point adds, zx · Σw, taken from the integer sums; the scale and the
 // bias; ReLU, Clip or SiLU; the requantization) runs on the sums' registers, in the order of
 // oneDNN's and the reference's arithmetic, so that a code rounds as theirs.
-// On a CPU with AMX-INT8 it also takes 5 to 32 input channels with a filter larger than 1x1
+// On a CPU with AMX-INT8 it also takes 5 to 64 input channels with a filter larger than 1x1
 // (YOLO's early layers), a u8 residual too: the image padded with x's zero point once a run,
 // then 16 output pixels' window rows read from it a 64-byte chunk a tile row (qconv_direct_amx.cc),
 // the tiles' sums finished as the registers are.
@@ -31,11 +31,16 @@ constexpr int64_t kAmxMaxGroups = 24;
 // `vpdpbusd`, whose 4-byte groups waste less of a short window row than the tiles' 64-byte
 // chunks: the stems over RGB of MobileNetV2, EfficientNet-B0 and YOLO took 1.45-1.59x the time
 // of the VNNI kernel on tiles). With more, each block of 16 or 32 pixels passes all of B, which
-// outgrows L1: ResNet-50's 3x3 layers of 64-256 channels took 1.0-1.9x oneDNN's time.
-constexpr int64_t kAmxMaxChannels = 32;
+// outgrows L1: ResNet-50's 3x3 layers of 64-256 channels took 1.0-1.9x oneDNN's time. Over 33
+// to 64 channels the default rule takes only small products (qconv_direct_defers).
+constexpr int64_t kAmxMaxChannels = 64;
+
+// The most operations (2·M·N·K) of a convolution over 33 to 64 input channels that the default
+// rule gives the kernel on AMX tiles.
+constexpr int64_t kAmxWideOps = 100'000'000;
 
 // Whether the kernel runs a convolution over more than 4 input channels, on AMX tiles: the
-// target and this process have them, 32 input channels or fewer, a filter larger than 1x1
+// target and this process have them, 64 input channels or fewer, a filter larger than 1x1
 // (a pointwise one is kiln's GEMM's).
 std::optional<std::string> amx_declines(const KernelQuery& q, int64_t channels, int64_t taps) {
   if (!q.target.cpu.amx || !CpuFeatures::host().amx) return "more than 4 input channels without AMX";
@@ -73,11 +78,21 @@ std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
 // 16 and 32 input channels over 80x80 and 40x40 (medians of 3 alternated `kiln profile`
 // rounds, us kiln / oneDNN at one thread, then at two): 37-149 / 65-227 and 22-79 / 48-157,
 // 0.34-0.78 of oneDNN's time (with a residual, whose zero point oneDNN 2.6 also compensates on
-// every call, 0.32-0.45).
+// every call, 0.32-0.45). Over 33 to 64 channels, those of kAmxWideOps operations or fewer:
+// YOLO's 3x3 layers of 64 channels over 20x20 (29.5 MOP) took 0.72-0.90 of the time of
+// kiln.qconv_windows_u8s8_avx512 (which gathers their windows first) at one thread and
+// 0.65-0.97 at two (22-28 against 29-33 us, 13-19 against 19-21); ResNet-50's 56x56 ones (231
+// MOP) 1.0-1.3x oneDNN's.
 std::optional<std::string> qconv_direct_defers(const KernelQuery& q) {
-  if (q.inputs[0].shape.concrete()[3] > 4) return std::nullopt;
-  if (!q.target.cpu.amx) return std::nullopt;
   const std::vector<int64_t> xs = q.inputs[0].shape.concrete(), ws = q.inputs[3].shape.concrete();
+  if (xs[3] > 32) {
+    const std::vector<int64_t> ys = q.outputs[0].shape.concrete();
+    if (2 * ys[0] * ys[1] * ys[2] * ws[0] * xs[3] * ws[2] * ws[3] > kAmxWideOps)
+      return "oneDNN is faster over more than 32 input channels and 100 million operations";
+    return std::nullopt;
+  }
+  if (xs[3] > 4) return std::nullopt;
+  if (!q.target.cpu.amx) return std::nullopt;
   if (ws[2] * ((ws[3] * xs[3] + 3) / 4) > kAmxMaxGroups)
     return "a window of more than " + std::to_string(kAmxMaxGroups) + " four-byte groups on AMX (oneDNN measured faster)";
   return std::nullopt;
@@ -230,6 +245,8 @@ class QConvDirectKernel final : public Kernel {
 };
 
 }  // namespace
+
+bool qconv_direct_takes(const KernelQuery& q) { return !qconv_direct_declines(q) && !qconv_direct_defers(q); }
 
 void register_qconv_direct(KernelRegistry& r) {
   CpuFeatures isa = isa_features(Isa::avx512);

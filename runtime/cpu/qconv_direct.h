@@ -1,5 +1,5 @@
 // kiln's direct int8 convolution over few input channels (kiln.qconv_direct_u8s8_avx512,
-// runtime/cpu/qconv_direct.cc): an image's first layer, over RGB, and on AMX tiles 5 to 32
+// runtime/cpu/qconv_direct.cc): an image's first layer, over RGB, and on AMX tiles 5 to 64
 // channels. What the kernel prepares once and what its AVX-512 VNNI build
 // (qconv_direct_avx512.cc) and its AMX build (qconv_direct_amx.cc) compute an output row at a
 // time.

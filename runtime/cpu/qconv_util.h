@@ -65,4 +65,9 @@ inline Result<Requantize> requantize(const KernelQuery& q, float lo, float hi) {
   return r;
 }
 
+/// Whether kiln.qconv_direct_u8s8_avx512 runs a QFusedConv by the default rule (it accepts it
+/// and does not defer it): kiln.qconv_windows_u8s8_avx512, registered before it, then leaves
+/// it to it.
+bool qconv_direct_takes(const KernelQuery& q);
+
 }  // namespace kiln::cpu

@@ -35,6 +35,7 @@
 
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/linear.h"
+#include "runtime/cpu/qconv_util.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -145,6 +146,7 @@ std::optional<std::string> qconv_defers(const KernelQuery& q) {
 constexpr int64_t kWindowsOps = 100'000'000;
 
 std::optional<std::string> qconv_windows_defers(const KernelQuery& q) {
+  if (qconv_direct_takes(q)) return "kiln.qconv_direct_u8s8_avx512 is faster (no windows gathered: AMX tiles read them in the padded image)";
   const std::vector<int64_t> y = q.outputs[0].shape.concrete(), w = q.inputs[3].shape.concrete();
   const int64_t m = y[0] * y[1] * y[2], n = w[0], c = w[1], k = c * w[2] * w[3];
   if (!gemm::u8s8_on_amx(q.target.cpu, m, k)) return "oneDNN's convolution where the windows' product does not run on AMX tiles";

@@ -280,20 +280,22 @@ TEST(Int8Kernels, DirectQFusedConvOnKiln) {
   }
 }
 
-// Over 5 to 32 input channels the direct kernel runs on AMX tiles, where the CPU has them: 16
+// Over 5 to 64 input channels the direct kernel runs on AMX tiles, where the CPU has them: 16
 // output pixels' window rows read in place from the padded image, a 64-byte chunk of each a
 // tile row. Channels whose window rows fill 1 to 3 chunks, whole or not; 3x3 and 5x5 filters,
 // strides 1 and 2; rows of pixels in one tile, two, and past them (13, 20, 37, 40 wide); one to
 // four vectors of output channels, whole and not; two images; no activation, ReLU, Clip and
 // SiLU, with a u8 residual (a ReLU after it or none) and without; one and two threads. It
-// declines more than 32 input channels, a 1x1 filter and more than 64 output channels, and
-// by default takes every one it runs.
+// declines more than 64 input channels, a 1x1 filter and more than 64 output channels, and
+// by default takes every one it runs over 32 channels or fewer, over 33 to 64 those of 100
+// million operations or fewer.
 TEST(Int8Kernels, DirectQFusedConvOnAmxTiles) {
   SKIP_WITHOUT_VNNI();
   if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU lacks AMX";
   const std::string kiln = "kiln.qconv_direct_u8s8_avx512";
   for (QConv s : std::vector<QConv>{{1, 16, 13, 13, 16, 3, 1, 1}, {2, 32, 20, 20, 32, 3, 2, 1}, {1, 8, 9, 37, 40, 5, 1, 1},
-                                    {1, 24, 7, 40, 64, 3, 1, 1}, {1, 5, 11, 17, 8, 3, 2, 1}, {1, 32, 6, 40, 48, 5, 2, 1}}) {
+                                    {1, 24, 7, 40, 64, 3, 1, 1}, {1, 5, 11, 17, 8, 3, 2, 1}, {1, 32, 6, 40, 48, 5, 2, 1},
+                                    {1, 64, 9, 21, 64, 3, 1, 1}, {1, 48, 8, 8, 24, 3, 2, 1}}) {
     for (const char* activation : {"", "Relu", "Clip", "Silu"}) {
       for (int variant = 0; variant < 3; ++variant) {  // no residual; one; one with a ReLU after it
         s.activation = activation;
@@ -311,10 +313,21 @@ TEST(Int8Kernels, DirectQFusedConvOnAmxTiles) {
       }
     }
   }
-  for (QConv s : std::vector<QConv>{{1, 33, 9, 9, 16, 3, 1, 1}, {1, 16, 9, 9, 16, 1, 1, 1}, {1, 16, 9, 9, 80, 3, 1, 1}}) {
+  for (QConv s : std::vector<QConv>{{1, 65, 9, 9, 16, 3, 1, 1}, {1, 16, 9, 9, 16, 1, 1, 1}, {1, 16, 9, 9, 80, 3, 1, 1}}) {
     SCOPED_TRACE(std::to_string(s.c) + " -> " + std::to_string(s.m) + " k" + std::to_string(s.k));
     EXPECT_NE(testing::run_both(qconv_case(s)).kernel, kiln);
   }
+  // 33 to 64 input channels: by default over 100 million operations or fewer (before
+  // kiln.qconv_windows_u8s8_avx512, which would gather their windows), oneDNN's over more.
+  QConv wide{1, 64, 12, 11, 64, 3, 1, 1};  // 19 MOP
+  wide.activation = "Silu";
+  expect_within_one_step(qconv_case(wide), kiln);
+  wide.residual = true;
+  expect_within_one_step(qconv_case(wide), kiln);
+  QConv large{1, 40, 42, 40, 64, 3, 1, 1};  // 77 MOP
+  expect_within_one_step(qconv_case(large), kiln);
+  large.h = 56;  // 103 MOP
+  expect_within_one_step(qconv_case(large), "onednn.qconv");
 }
 
 // Without VNNI, oneDNN 2.6's int8 convolutions sum pairs of u8 · s8 products in 16 bits
@@ -480,6 +493,9 @@ TEST(Int8Kernels, QFusedConvWindowsOnKilnGemm) {
   // The default rule: on AMX only, where the windows' product runs on its tiles.
   const CpuFeatures vnni = *CpuFeatures::named("avx512-vnni"), amx = *CpuFeatures::named("amx");
   const int64_t l2 = cpu::gemm::CacheSizes::host().l2;
+  // kiln's direct kernel takes the small ones of 64 input channels or fewer where this CPU has
+  // AMX too (DirectQFusedConvOnAmxTiles); oneDNN's otherwise.
+  const std::string small = CpuFeatures::host().amx ? "kiln.qconv_direct_u8s8_avx512" : "onednn.qconv";
   struct Rule {
     QConv s;
     int threads;
@@ -487,11 +503,13 @@ TEST(Int8Kernels, QFusedConvWindowsOnKilnGemm) {
   };
   for (const Rule& r : std::vector<Rule>{
            {{1, 96, 10, 10, 64, 1, 2, 1}, 2, kiln},                 // strided 1x1
-           {{1, 64, 10, 10, 64, 3, 1, 1}, 1, kiln},                 // 7.4 MOP
-           {{1, 64, 10, 10, 64, 3, 1, 1}, 2, kiln},
-           {{1, 48, 10, 10, 64, 3, 1, 1}, 1, "onednn.qconv"},       // fewer than 64 input channels
+           {{1, 64, 10, 10, 80, 3, 1, 1}, 1, kiln},                 // 9.2 MOP (80 channels out: not the direct kernel's)
+           {{1, 64, 10, 10, 80, 3, 1, 1}, 2, kiln},
+           {{1, 48, 10, 10, 80, 3, 1, 1}, 1, "onednn.qconv"},       // fewer than 64 input channels
+           {{1, 48, 10, 10, 64, 3, 1, 1}, 1, small},
            {{1, 64, 29, 29, 128, 3, 1, 1}, 1, "onednn.qconv"},      // 124 MOP
-           {{1, 64, 2, 3, 64, 3, 1, 1}, 1, "onednn.qconv"},         // 6 pixels: not on AMX tiles
+           {{1, 64, 2, 3, 80, 3, 1, 1}, 1, "onednn.qconv"},         // 6 pixels: not on AMX tiles
+           {{1, 64, 2, 3, 64, 3, 1, 1}, 1, small},
            // 2.25 MiB of weight over 49 pixels: kiln's at one thread where it outgrows L2.
            {{1, 512, 7, 7, 512, 3, 1, 1}, 1, 9 * 512 * 512 >= l2 ? kiln : "onednn.qconv"},
            {{1, 512, 7, 7, 512, 3, 1, 1}, 2, "onednn.qconv"}}) {
