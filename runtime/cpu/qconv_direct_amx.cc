@@ -67,7 +67,8 @@ using ProductsFn = void (*)(const Params&, const uint8_t*, int64_t, int64_t, int
 constexpr ProductsFn kProducts[2][2] = {{&products<1, 1>, &products<1, 2>}, {&products<2, 1>, &products<2, 2>}};
 
 // `pixels` rows of a block's sums (vectors v0, v0 + 1: `cols` of them) into y's codes: the
-// sums less zx · Σw, the scale and bias, the SiLU where SILU, the requantization and the store.
+// sums less zx · Σw, the scale and bias, the SiLU where SILU, the residual z's codes where Z
+// (after the activation's clamp), the requantization and the store.
 template <bool SILU, bool Z>
 void finish(const Params& p, const int32_t* sums, int pixels, int64_t v0, int cols, uint8_t* y, const uint8_t* z) {
   const __m512 inv = _mm512_set1_ps(p.inv_y_scale), zero = _mm512_set1_ps(p.y_zero);

@@ -11,10 +11,10 @@
 namespace kiln::cpu {
 
 /// Why a QFusedConv is not one either kernel runs, by what they share: a CPU with VNNI,
-/// channels-last, 2-D, not empty, every input past X a constant and every shape concrete, no
-/// residual (but a u8 one where `residual`, with no post activation or a ReLU), u8 in and out,
-/// the weights' zero points 0, no dilation, equal strides, and ReLU, Clip, SiLU or no
-/// activation with no post activation.
+/// channels-last, 2-D, not empty, every input past X (and its residual Z) a constant and every
+/// shape concrete, no residual (but a u8 one where `residual`), u8 in and out, the weights'
+/// zero points 0, no dilation, equal strides, ReLU, Clip, SiLU or no activation, and no post
+/// activation (but a ReLU after a residual).
 inline std::optional<std::string> u8_conv_declines(const KernelQuery& q, bool residual = false) {
   if (auto why = gemm::lowp_lacks(q.target.cpu, gemm::Lowp::u8s8)) return why;
   if (q.node.attr_int("channels_last", 0) == 0) return "not channels-last";
