@@ -77,8 +77,8 @@ std::optional<std::string> qconv_direct_declines(const KernelQuery& q) {
 // Over more than 4 input channels (on AMX tiles) it takes every one: int8 YOLO's 3x3 layers of
 // 16 and 32 input channels over 80x80 and 40x40 (medians of 3 alternated `kiln profile`
 // rounds, us kiln / oneDNN at one thread, then at two): 37-149 / 65-227 and 22-79 / 48-157,
-// 0.34-0.78 of oneDNN's time (with a residual, whose zero point oneDNN 2.6 also compensates on
-// every call, 0.32-0.45). Over 33 to 64 channels, those of kAmxWideOps operations or fewer:
+// 0.32-0.78 of oneDNN's time (those with a residual, whose zero point oneDNN 2.6 also
+// compensates on every call, 0.32-0.45). Over 33 to 64 channels, those of kAmxWideOps operations or fewer:
 // YOLO's 3x3 layers of 64 channels over 20x20 (29.5 MOP) took 0.72-0.90 of the time of
 // kiln.qconv_windows_u8s8_avx512 (which gathers their windows first) at one thread and
 // 0.65-0.97 at two (22-28 against 29-33 us, 13-19 against 19-21); ResNet-50's 56x56 ones (231
