@@ -3,7 +3,7 @@
 // BERT-base's 128x768x768, 128x768x3072, 128x3072x768), in the same run, calls interleaved, so
 // that the percentages and the ratio compare.
 //
-//   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...
+//   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx]
 //   kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
@@ -26,6 +26,11 @@
 // 128 (prefill); B's GB/s is its packed bytes over the time. The weight-only GEMM takes its
 // 16-bit path where it would in a model (gemm::woq_splits_a on this CPU); --f32-path keeps its
 // f32 paths everywhere, to compare the two.
+//
+// On a CPU with AMX, kiln's u8s8 and bf16 GEMMs run on its tiles and are rated against the
+// tiles' probes; --no-amx runs them on their AVX-512 kernels instead (vpdpbusd, vdpbf16ps) rated
+// against those instructions' probes, with oneDNN held to AVX512-BF16 too, as on a CPU without
+// AMX.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sys/mman.h>
 
@@ -352,7 +357,7 @@ void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, in
 
 int main(int argc, char** argv) {
   int threads = 1;
-  bool sweep = false, woq = false, tiles = false, f32_path = false;
+  bool sweep = false, woq = false, tiles = false, f32_path = false, no_amx = false;
   int64_t group = 128;
   std::vector<Shape> shapes = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"},
                                {128, 3072, 768, "BERT FFN up"}, {128, 768, 3072, "BERT FFN down"}};
@@ -365,6 +370,7 @@ int main(int argc, char** argv) {
     else if (a == "--tiles") tiles = true;
     else if (a == "--woq") woq = true;
     else if (a == "--f32-path") f32_path = true;
+    else if (a == "--no-amx") no_amx = true;
     else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
     else if (Shape s{0, 0, 0, "given"}; a == "--shape" && i + 1 < argc &&
              std::sscanf(argv[++i], "%" SCNd64 "x%" SCNd64 "x%" SCNd64, &s.m, &s.n, &s.k) == 3 && s.m > 0 && s.n > 0 && s.k > 0) {
@@ -372,7 +378,7 @@ int main(int argc, char** argv) {
       shapes_given = true;
       shapes.push_back(s);
     } else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]...\n"
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx]\n"
                            "       kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]\n");
       return 2;
     }
@@ -385,8 +391,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kiln_bench_gemm: --f32-path is an option of --woq\n");
     return 2;
   }
+  if (no_amx && woq) {
+    std::fprintf(stderr, "kiln_bench_gemm: --no-amx is not an option of --woq\n");
+    return 2;
+  }
   if (woq) return weight_only(threads, group, f32_path);
-  const kiln::CpuFeatures& cpu = kiln::CpuFeatures::host();
+  kiln::CpuFeatures cpu = kiln::CpuFeatures::host();
+  if (no_amx) {  // before oneDNN creates its first primitive
+    cpu.amx = false;
+    if (dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16) != dnnl::status::success) {
+      std::fprintf(stderr, "kiln_bench_gemm: oneDNN would not be held to AVX512-BF16\n");
+      return 1;
+    }
+  }
   const std::optional<kiln::cpu::Isa> isa = kiln::cpu::best_isa(cpu);
   if (!isa) {
     std::fprintf(stderr, "kiln_bench_gemm: this CPU has no AVX2+FMA to probe\n");
