@@ -177,10 +177,19 @@ std::optional<std::string> qglobal_pool_declines(const KernelQuery& q, Isa isa) 
 // channels the vector lanes, each output pixel's window taken in registers (RowKernels::max_pool),
 // the threads sharing the output rows. oneDNN 2.6's AVX2 pooling of channels-last tensors took
 // 1.68 ms for ResNet-50's 3x3 stride-2 pool over 112x112x64 (`ONEDNN_VERBOSE`: jit:avx2, acdb) on
-// a Zen 3 core.
-std::optional<std::string> max_pool_declines(const KernelQuery& q, Isa isa) {
+// a Zen 3 core. kiln.max_pool_bf16_<isa> and kiln.max_pool_int8_<isa>: the same on bf16 images
+// (a `--precision bf16` chain's: compared as the floats they are) and on u8 / s8 codes (a
+// quantized model's), which oneDNN 2.6 pooled in 3-4 times the time (docs/architecture.md).
+// `values`: the kernel's name for the dtypes it takes ("f32", "bf16", "int8": u8 and s8).
+std::optional<std::string> max_pool_declines(const KernelQuery& q, Isa isa, const std::string& values) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
-  if (auto why = f32_and_concrete(q)) return why;
+  if (values == "f32") {
+    if (auto why = f32_and_concrete(q)) return why;
+  } else {
+    const DType dt = q.inputs[0].dtype;
+    if ((values == "int8" ? !is_int8(dt) : dt != DType::bf16) || q.outputs[0].dtype != dt) return "not " + values;
+    if (!q.inputs[0].shape.is_concrete() || shape_numel(q.inputs[0].shape.concrete()) == 0) return "the input is empty or not concrete";
+  }
   if (!nn::channels_last(q.node)) return "not channels-last";
   if (q.inputs[0].shape.rank() != 4) return "not 2-D";
   if (q.outputs.size() > 1 && q.outputs[1].dtype != DType::undefined) return "the Indices output";
@@ -203,20 +212,24 @@ class MaxPoolKernel final : public Kernel {
     ow_ = ys[2];
     KILN_ASSIGN_OR_RETURN(nn::Window w, nn::resolve_window(q.node, {h_, w_}, {}, q.node.attr_int("ceil_mode", 0) != 0));
     win_ = {w.kernel[0], w.kernel[1], w.strides[0], w.strides[1], w.dilations[0], w.dilations[1], w.pads[0], w.pads[1]};
+    const DType dt = q.inputs[0].dtype;
+    const PoolValues values = dt == DType::bf16 ? PoolValues::bf16 : dt == DType::u8 ? PoolValues::u8 : dt == DType::i8 ? PoolValues::s8 : PoolValues::f32;
+    pool_ = rows_.max_pool[static_cast<size_t>(values)];
+    bytes_ = static_cast<int64_t>(dtype_size(dt));
     // One thread below kParallelValues compared values (the output times the window).
     threads_ = n_ * oh_ * ow_ * c_ * win_.kh * win_.kw >= kParallelValues ? std::max(1, q.target.threads) : 1;
     return {};
   }
 
   Status run(KernelContext& ctx) override {
-    const float* x = ctx.input(0).data<float>();
-    float* y = ctx.output(0).data<float>();
+    const auto* x = static_cast<const std::byte*>(ctx.input(0).raw());
+    auto* y = static_cast<std::byte*>(ctx.output(0).raw());
     const int threads = std::min(threads_, pool_threads());
     // Rows u0 .. u1 of the batch's n · oh output rows, image by image.
     auto rows = [&](int64_t u0, int64_t u1) {
       for (int64_t u = u0; u < u1;) {
         const int64_t b = u / oh_, end = std::min(u1, (b + 1) * oh_);
-        rows_.max_pool(x + b * h_ * w_ * c_, h_, w_, c_, win_, y + b * oh_ * ow_ * c_, ow_, u - b * oh_, end - b * oh_);
+        pool_(x + b * h_ * w_ * c_ * bytes_, h_, w_, c_, win_, y + b * oh_ * ow_ * c_ * bytes_, ow_, u - b * oh_, end - b * oh_);
         u = end;
       }
     };
@@ -235,7 +248,8 @@ class MaxPoolKernel final : public Kernel {
 
  private:
   const RowKernels& rows_;
-  int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, oh_ = 0, ow_ = 0;
+  decltype(RowKernels::max_pool)::value_type pool_ = nullptr;
+  int64_t n_ = 0, h_ = 0, w_ = 0, c_ = 0, oh_ = 0, ow_ = 0, bytes_ = 4;
   PoolWindow win_;
   int threads_ = 1;
 };
@@ -244,11 +258,12 @@ class MaxPoolKernel final : public Kernel {
 
 void register_pool(KernelRegistry& r) {
   for (Isa isa : {Isa::avx512, Isa::avx2})
-    r.add("MaxPool", "cpu",
-          KernelImpl{.name = std::string("kiln.max_pool_f32_") + isa_name(isa),
-                     .declines = [isa](const KernelQuery& q) { return max_pool_declines(q, isa); },
-                     .create = [isa](const KernelQuery&) { return std::make_unique<MaxPoolKernel>(isa); },
-                     .needs_isa = isa_features(isa)});
+    for (std::string values : {"f32", "bf16", "int8"})
+      r.add("MaxPool", "cpu",
+            KernelImpl{.name = "kiln.max_pool_" + values + "_" + isa_name(isa),
+                       .declines = [isa, values](const KernelQuery& q) { return max_pool_declines(q, isa, values); },
+                       .create = [isa](const KernelQuery&) { return std::make_unique<MaxPoolKernel>(isa); },
+                       .needs_isa = isa_features(isa)});
   for (Isa isa : {Isa::avx512, Isa::avx2})
     for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
       r.add(op, "cpu",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -57,6 +58,9 @@ struct QNormParams {
 struct PoolWindow {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pl = 0;
 };
+
+/// The values RowKernels::max_pool compares, its index.
+enum class PoolValues { f32, bf16, u8, s8 };
 
 struct RowKernels {
   /// y = (x - mean) / sqrt(var + eps) * scale + bias per row of d values (bias may be null);
@@ -173,11 +177,14 @@ struct RowKernels {
   void (*column_reduce)(const float* x, int64_t rows, int64_t c, int64_t ld, float* acc, bool max);
   /// Output rows [r0, r1) of a 2-D max pool of one channels-last image x [h, w, c] into y
   /// [oh, ow, c] (the output's size given, ceil_mode's included), on the calling thread: each
-  /// output pixel the largest of its window's taps inside the image (none: the lowest float),
+  /// output pixel the largest of its window's taps inside the image (none: the lowest value),
   /// as the reference compares them (the first tap, then any tap greater than the maximum so
-  /// far: NaN stays where it is first, and is passed over later).
-  void (*max_pool)(const float* x, int64_t h, int64_t w, int64_t c, const PoolWindow& win, float* y, int64_t ow, int64_t r0,
-                   int64_t r1);
+  /// far: NaN stays where it is first, and is passed over later). One function per PoolValues:
+  /// f32, bf16 (compared as the floats they are), u8 and s8 codes.
+  std::array<void (*)(const void* x, int64_t h, int64_t w, int64_t c, const PoolWindow& win, void* y, int64_t ow, int64_t r0,
+                      int64_t r1),
+             4>
+      max_pool;
   /// QuantizeLinear per tensor over n values: y = saturate(round_half_even(x / scale) + zero)
   /// as u8 (or s8), NaN to the zero point: the reference's arithmetic exactly.
   void (*quantize)(const float* x, void* y, int64_t n, float scale, int32_t zero, bool u8);

@@ -4,7 +4,8 @@
 // output size); MaxPool's Indices output and average pooling that counts that extra padding
 // stay with the reference kernels. Max pooling also runs on u8 / s8 tensors (a quantized
 // model's, where a max commutes with the quantization) and on bf16 ones (a bf16 chain's, where
-// it commutes with the rounding).
+// it commutes with the rounding); kiln's own max pools take the channels-last 2-D ones of all
+// those types (runtime/cpu/pool.cc).
 #include <unordered_map>
 
 #include "formats/ops/nn_util.h"

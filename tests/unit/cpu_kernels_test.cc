@@ -764,38 +764,80 @@ TEST(CpuKernels, MaxPool) {
           EXPECT_EQ(check({"MaxPool", {noise({2, 23, 30, c}, 53)}, {false}, a, {true}, "", {}, threads}, 0, &cpu), name);
         }
   // NaN first in a window stays, NaN later is passed over; +0 after -0 leaves -0 (and the other
-  // way round): the outputs bit for bit.
-  for (const auto& [isa, cpu] : isa_paths()) {
-    SCOPED_TRACE(isa);
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::vector<float> v(2 * 2 * 20);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7) - 3.f;
-    // Channels 0-3 and 9-12 lie in vectors, 16-19 in the scalar tail (AVX2 and AVX-512 alike).
-    auto at = [&](int64_t pixel, int64_t ch) -> float& { return v[static_cast<size_t>(pixel * 20 + ch)]; };
-    for (int64_t ch : {0, 9, 16}) at(0, ch) = nan;  // first in the window
-    for (int64_t ch : {1, 10, 17}) at(3, ch) = nan;  // last
-    for (int64_t ch : {2, 11, 18}) at(0, ch) = -0.f, at(1, ch) = 0.f, at(2, ch) = at(3, ch) = -1.f;
-    for (int64_t ch : {3, 12, 19}) at(0, ch) = 0.f, at(1, ch) = -0.f, at(2, ch) = at(3, ch) = -1.f;
-    const Tensor x = Tensor::from<float>({1, 2, 2, 20}, v);
-    const BothRuns r = run_both({"MaxPool", {x}, {false}, {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{2, 2})}},
-                                &cpu);
-    EXPECT_EQ(r.kernel, "kiln.max_pool_f32_" + isa);
-    ASSERT_EQ(r.fast.size(), 1u);
-    ASSERT_EQ(r.ref.size(), 1u);
-    ASSERT_EQ(r.fast[0].numel(), 20);
-    EXPECT_EQ(std::memcmp(r.fast[0].data<float>(), r.ref[0].data<float>(), 20 * sizeof(float)), 0);
-    const float* y = r.fast[0].data<float>();
-    for (int64_t ch : {0, 16}) {
-      EXPECT_TRUE(std::isnan(y[ch])) << ch;
-      EXPECT_FALSE(std::isnan(y[ch + 1])) << ch;
-      EXPECT_TRUE(y[ch + 2] == 0.f && std::signbit(y[ch + 2])) << ch;
-      EXPECT_TRUE(y[ch + 3] == 0.f && !std::signbit(y[ch + 3])) << ch;
+  // way round): the outputs bit for bit, f32 and bf16 alike.
+  for (const auto& [isa, cpu] : isa_paths())
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(isa + " " + std::string(dtype_name(t)));
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> v(2 * 2 * 20);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7) - 3.f;
+      // Channels 0-3 and 9-12 lie in vectors, 16-19 in the scalar tail (AVX2 and AVX-512 alike).
+      auto at = [&](int64_t pixel, int64_t ch) -> float& { return v[static_cast<size_t>(pixel * 20 + ch)]; };
+      for (int64_t ch : {0, 9, 16}) at(0, ch) = nan;  // first in the window
+      for (int64_t ch : {1, 10, 17}) at(3, ch) = nan;  // last
+      for (int64_t ch : {2, 11, 18}) at(0, ch) = -0.f, at(1, ch) = 0.f, at(2, ch) = at(3, ch) = -1.f;
+      for (int64_t ch : {3, 12, 19}) at(0, ch) = 0.f, at(1, ch) = -0.f, at(2, ch) = at(3, ch) = -1.f;
+      Tensor x = Tensor::from<float>({1, 2, 2, 20}, v);
+      if (t == DType::bf16) {
+        Tensor b(DType::bf16, x.shape());
+        for (int64_t i = 0; i < x.numel(); ++i) b.data<bfloat16>()[i] = bfloat16(x.data<float>()[i]);
+        x = std::move(b);
+      }
+      const BothRuns r = run_both({"MaxPool", {x}, {false}, {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{2, 2})}},
+                                  &cpu);
+      EXPECT_EQ(r.kernel, "kiln.max_pool_" + std::string(dtype_name(t)) + "_" + isa);
+      ASSERT_EQ(r.fast.size(), 1u);
+      ASSERT_EQ(r.ref.size(), 1u);
+      ASSERT_EQ(r.fast[0].numel(), 20);
+      EXPECT_EQ(std::memcmp(r.fast[0].raw(), r.ref[0].raw(), r.ref[0].nbytes()), 0);
+      for (int64_t ch : {0, 16}) {
+        EXPECT_TRUE(std::isnan(r.fast[0].as_double(ch))) << ch;
+        EXPECT_FALSE(std::isnan(r.fast[0].as_double(ch + 1))) << ch;
+        EXPECT_TRUE(r.fast[0].as_double(ch + 2) == 0 && std::signbit(r.fast[0].as_double(ch + 2))) << ch;
+        EXPECT_TRUE(r.fast[0].as_double(ch + 3) == 0 && !std::signbit(r.fast[0].as_double(ch + 3))) << ch;
+      }
     }
-  }
   // Channels-first, without and with the Indices output.
   const std::vector<Attribute> a = {attr("kernel_shape", std::vector<int64_t>{3, 3})};
   EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 54)}, {false}, a}).rfind("kiln.max_pool", 0), std::string::npos);
   EXPECT_EQ(check({"MaxPool", {noise({1, 8, 9, 9}, 55)}, {false}, a, {true, true}}).rfind("kiln.max_pool", 0), std::string::npos);
+}
+
+// kiln.max_pool_bf16 and kiln.max_pool_int8: the same windows over bf16 images (a `--precision
+// bf16` chain's) and u8 / s8 codes (a quantized model's), channels below, at and past a
+// vector (16 or 32 bf16, 32 or 64 codes) and past four, one and two threads: the reference's
+// outputs bit for bit.
+TEST(CpuKernels, MaxPoolOnBf16AndCodes) {
+  const std::vector<std::vector<Attribute>> windows = {
+      {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})},
+      {attr("kernel_shape", std::vector<int64_t>{5, 5}), attr("pads", std::vector<int64_t>{2, 2, 2, 2})},
+      {attr("kernel_shape", std::vector<int64_t>{3, 2}), attr("strides", std::vector<int64_t>{1, 2}), attr("pads", std::vector<int64_t>{0, 1, 2, 0})},
+      {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("dilations", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{2, 2, 2, 2})},
+      {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}), attr("ceil_mode", int64_t{1})}};
+  for (const auto& [isa, cpu] : isa_paths())
+    for (DType t : {DType::bf16, DType::u8, DType::i8})
+      for (int64_t c : {1, 17, 64, 101, 300})
+        for (size_t w = 0; w < windows.size(); ++w)
+          for (int threads : {1, 2}) {
+            SCOPED_TRACE(isa + " " + std::string(dtype_name(t)) + " window " + std::to_string(w) + " c=" + std::to_string(c) + " threads=" +
+                         std::to_string(threads));
+            const Tensor f = noise({2, 11, 14, c}, 56 + static_cast<uint32_t>(c));  // in [-0.5, 0.5)
+            Tensor x(t, f.shape());
+            for (int64_t i = 0; i < f.numel(); ++i) {
+              const float v = f.data<float>()[i];
+              if (t == DType::bf16) x.data<bfloat16>()[i] = bfloat16(v * 100.f);
+              else if (t == DType::u8) x.data<uint8_t>()[i] = static_cast<uint8_t>(std::lround((v + 0.5f) * 255.f));
+              else x.data<int8_t>()[i] = static_cast<int8_t>(std::lround(v * 255.f));
+            }
+            std::vector<Attribute> a = windows[w];
+            a.push_back(attr("channels_last", int64_t{1}));
+            const BothRuns r = run_both({"MaxPool", {x}, {false}, a, {true}, "", {}, threads}, &cpu);
+            EXPECT_EQ(r.kernel, std::string("kiln.max_pool_") + (t == DType::bf16 ? "bf16_" : "int8_") + isa);
+            ASSERT_EQ(r.fast.size(), 1u);
+            ASSERT_EQ(r.fast[0].dtype(), t);
+            ASSERT_EQ(r.fast[0].shape(), r.ref[0].shape());
+            EXPECT_EQ(std::memcmp(r.fast[0].raw(), r.ref[0].raw(), r.ref[0].nbytes()), 0);
+          }
 }
 
 // kiln.winograd on channels-last 3x3 stride-1 convolutions, pinned with each tile (4x4 and

@@ -13,6 +13,7 @@
 #include "compile/pipeline.h"
 #include "formats/serialize.h"
 #include "profile/profiler.h"
+#include "runtime/cpu/rows.h"
 #include "runtime/session.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -379,8 +380,8 @@ TEST(LowerPrecision, AmxKeepsActivationsBf16BetweenConvolutions) {
         EXPECT_EQ(g.value(n.inputs[0]).dtype, DType::bf16);
         EXPECT_EQ(g.value(n.outputs[0]).dtype, DType::f32);
       }
-      if (n.op == "MaxPool") {  // kiln's f32 one where the activations stay f32
-        EXPECT_EQ(n.kernel.name, amx ? "onednn.pool" : "kiln.max_pool_f32_avx512");
+      if (n.op == "MaxPool") {  // kiln's, on bf16 between bf16 convolutions, else on f32
+        EXPECT_EQ(n.kernel.name, amx ? "kiln.max_pool_bf16_avx512" : "kiln.max_pool_f32_avx512");
         EXPECT_EQ(g.value(n.inputs[0]).dtype, amx ? DType::bf16 : DType::f32) << "the max pool between bf16 convolutions";
         EXPECT_EQ(g.value(n.outputs[0]).dtype, amx ? DType::bf16 : DType::f32);
       }
@@ -481,11 +482,16 @@ TEST(LowerPrecision, Bf16ActivationKernelsMatchTheReference) {
       EXPECT_EQ(testing::check(c, y_bf16 ? 2e-3 : 1e-5), "onednn.conv");
     }
   }
-  // A max pool on bf16 (between two bf16 convolutions): the reference's, bitwise.
-  testing::Case pool{"MaxPool", {bf16_of(random_f32({1, 7, 9, 24}, 37))}, {false},
-                     {attr("channels_last", int64_t{1}), attr("kernel_shape", std::vector<int64_t>{3, 3}),
-                      attr("strides", std::vector<int64_t>{2, 2}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}};
-  EXPECT_EQ(testing::check(pool, 0.0), "onednn.pool");
+  // A max pool on bf16 (between two bf16 convolutions): the reference's, bitwise; channels-last
+  // on kiln's kernel (CpuKernels.MaxPoolOnBf16AndCodes), channels-first on oneDNN's.
+  for (bool last : {true, false}) {
+    std::vector<Attribute> a = {attr("kernel_shape", std::vector<int64_t>{3, 3}), attr("strides", std::vector<int64_t>{2, 2}),
+                                attr("pads", std::vector<int64_t>{1, 1, 1, 1})};
+    if (last) a.push_back(attr("channels_last", int64_t{1}));
+    const std::optional<cpu::Isa> isa = cpu::best_isa(CpuFeatures::host());
+    EXPECT_EQ(testing::check({"MaxPool", {bf16_of(random_f32({1, 7, 9, 24}, 37))}, {false}, a}, 0.0),
+              last && isa ? "kiln.max_pool_bf16_" + std::string(cpu::isa_name(*isa)) : "onednn.pool");
+  }
   // bf16 activations come with a bf16 weight only, and Z has Y's type.
   auto infer_error = [&](DType x, const Tensor& w, const char* output_type, DType z) {
     testing::GraphBuilder b;
