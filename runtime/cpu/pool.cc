@@ -179,7 +179,7 @@ std::optional<std::string> qglobal_pool_declines(const KernelQuery& q, Isa isa) 
 // 1.68 ms for ResNet-50's 3x3 stride-2 pool over 112x112x64 (`ONEDNN_VERBOSE`: jit:avx2, acdb) on
 // a Zen 3 core. kiln.max_pool_bf16_<isa> and kiln.max_pool_int8_<isa>: the same on bf16 images
 // (a `--precision bf16` chain's: compared as the floats they are) and on u8 / s8 codes (a
-// quantized model's), which oneDNN 2.6 pooled in 3-4 times the time (docs/architecture.md).
+// quantized model's), which oneDNN 2.6 pooled in 1.7-4 times the time (docs/architecture.md).
 // `values`: the kernel's name for the dtypes it takes ("f32", "bf16", "int8": u8 and s8).
 std::optional<std::string> max_pool_declines(const KernelQuery& q, Isa isa, const std::string& values) {
   if (auto why = lacks(q.target.cpu, isa)) return why;
