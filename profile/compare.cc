@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include "profile/stats.h"
 
@@ -150,22 +152,34 @@ Comparison compare_profiles(const ProfileSamples& base, const ProfileSamples& no
   c.end_to_end = make_delta("end to end", "", base.iteration_ms, now.iteration_ms, o);
   c.base_spread = spread_of(base.iteration_ms);
   c.spread = spread_of(now.iteration_ms);
-  std::map<std::pair<std::string, std::string>, const ProfileSamples::Node*> base_nodes;
-  for (const auto& n : base.nodes) base_nodes[{n.name, n.kernel}] = &n;
-  std::map<std::pair<std::string, std::string>, bool> matched;
-  for (const auto& n : now.nodes) {
-    auto it = base_nodes.find({n.name, n.kernel});
+  // A node is its name and kernel, and which of the nodes of that name and kernel it is in the
+  // profile's order: a graph's node names need not be unique, and the k-th of a name pairs with
+  // the k-th.
+  using Key = std::tuple<std::string, std::string, int>;
+  auto keys_of = [](const std::vector<ProfileSamples::Node>& nodes) {
+    std::map<std::pair<std::string, std::string>, int> seen;
+    std::vector<Key> keys;
+    for (const auto& n : nodes) keys.emplace_back(n.name, n.kernel, seen[{n.name, n.kernel}]++);
+    return keys;
+  };
+  const std::vector<Key> base_keys = keys_of(base.nodes), now_keys = keys_of(now.nodes);
+  std::map<Key, const ProfileSamples::Node*> base_nodes;
+  for (size_t i = 0; i < base.nodes.size(); ++i) base_nodes[base_keys[i]] = &base.nodes[i];
+  std::set<Key> matched;
+  for (size_t i = 0; i < now.nodes.size(); ++i) {
+    const ProfileSamples::Node& n = now.nodes[i];
+    auto it = base_nodes.find(now_keys[i]);
     if (it == base_nodes.end()) {
       c.only_now.push_back(n.name + " [" + n.kernel + "]");
       continue;
     }
-    matched[it->first] = true;
+    matched.insert(it->first);
     Delta d = make_delta(n.name, n.kernel, it->second->times_us, n.times_us, o);
     d.share = n.share;
     c.nodes.push_back(d);
   }
-  for (const auto& n : base.nodes)
-    if (!matched.count({n.name, n.kernel})) c.only_base.push_back(n.name + " [" + n.kernel + "]");
+  for (size_t i = 0; i < base.nodes.size(); ++i)
+    if (!matched.count(base_keys[i])) c.only_base.push_back(base.nodes[i].name + " [" + base.nodes[i].kernel + "]");
   if (base.cpu != now.cpu) c.notes.push_back("the baseline ran on another CPU (" + base.cpu + ")");
   if (base.threads != now.threads)
     c.notes.push_back("the baseline ran on " + std::to_string(base.threads) + " threads, this profile on " + std::to_string(now.threads));
