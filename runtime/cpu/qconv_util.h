@@ -11,7 +11,7 @@
 namespace kiln::cpu {
 
 /// Why a QFusedConv is not one either kernel runs, by what they share: a CPU with VNNI,
-/// channels-last, 2-D, not empty, every input past X (and its residual Z) a constant and every
+/// channels-last, 2-D, not empty, every input but X and its residual Z a constant and every
 /// shape concrete, no residual (but a u8 one where `residual`), u8 in and out, the weights'
 /// zero points 0, no dilation, equal strides, ReLU, Clip, SiLU or no activation, and no post
 /// activation (but a ReLU after a residual).
