@@ -55,7 +55,7 @@ constexpr std::array kPasses = {
              lower_int8},
     PassInfo{"lower_precision", "--precision bf16|fp16: convolutions and matrix products by constant weights in bf16 / f16, weights stored converted (and on AMX, attention's products bf16); the rest and the final layers f32",
              lower_precision},
-    PassInfo{"merge_projections", "f32 matrix products of one input by constant weights (Q, K, V) -> one FusedMatMul whose columns split into their outputs; a Split of a product's columns folded into it",
+    PassInfo{"merge_projections", "matrix products of one input by constant weights of one type (Q, K, V) -> one FusedMatMul whose columns split into their outputs; a Split of a product's columns folded into it",
              merge_projections},
     PassInfo{"merge_transposes", "Transpose -> Reshape splitting dims -> Transpose (or two Transposes) -> Reshape -> one Transpose",
              merge_transposes},

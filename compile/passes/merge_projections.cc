@@ -15,11 +15,11 @@
 // already packed and then cut into Q, K and V (GPT-2's c_attn, ViT's qkv). One product reads A
 // once and spreads over the threads as one wider N, and no Split copies its output again: the
 // GEMM writes each tile where its output lies. A product has no residual Z here and writes f32;
-// its weight is f32 or f16 (what lower_precision made of it with fp16: kiln's f16 GEMM), the
-// same for all it merges; a bf16 one stays a product of its own (kiln's bf16 GEMM writes one
-// output). Every split point is a multiple of 32 columns (f16: 64): some
+// its weight is f32, f16 or bf16 (what lower_precision made of it: kiln's f16 and bf16 GEMMs),
+// the same for all it merges. Every split point is a multiple of 32 columns (f16: 64): some
 // register tile of kiln's GEMM divides it on each ISA (AVX-512's 14x32, AVX2's 3x32, the f16
-// GEMM's 6x64), so no tile straddles two outputs; a product whose width is not stays apart.
+// GEMM's 6x64; the bf16 GEMM stores 16-column vectors), so no tile straddles two outputs; a
+// product whose width is not stays apart.
 //
 // Then SwiGLU: a merged product of two equal f32 halves, one plain (up) and one activated (the
 // gate's SiLU), whose outputs only one Mul reads, becomes a gated product (`gate_block` 64):
@@ -40,7 +40,7 @@ namespace {
 
 constexpr int64_t kAlign = 32;
 
-// A product of f32 A (rank 2 or more) by a constant 2-D f32 or f16 weight, with a constant
+// A product of f32 A (rank 2 or more) by a constant 2-D f32, f16 or bf16 weight, with a constant
 // bias or none and no residual, writing one f32 output: what may merge or take splits.
 bool mergeable(const Graph& g, const Node& n) {
   if (!n.domain.empty() || !n.captures.empty() || n.outputs.size() != 1 || n.has_attr("splits")) return false;
@@ -54,7 +54,8 @@ bool mergeable(const Graph& g, const Node& n) {
   const Value& b = g.value(n.inputs[1]);
   const Value& y = g.value(n.outputs[0]);
   if (a.dtype != DType::f32 || a.shape.rank() < 2 || y.dtype != DType::f32 || !y.shape.rank_known) return false;
-  if (!b.is_constant() || (b.dtype != DType::f32 && b.dtype != DType::f16) || b.constant.rank() != 2) return false;
+  if (!b.is_constant() || (b.dtype != DType::f32 && b.dtype != DType::f16 && b.dtype != DType::bf16) || b.constant.rank() != 2)
+    return false;
   if (n.has_input(2)) {
     const Value& bias = g.value(n.inputs[2]);
     if (!bias.is_constant() || bias.dtype != DType::f32 || bias.constant.rank() != 1) return false;

@@ -619,7 +619,12 @@ class GemmKernel final : public Kernel {
 // its time at one thread (three runs) and 0.97-1.04 at two (two runs), ViT-S/16 0.95, ResNet-50's
 // pointwise convolutions 0.99: even, and kiln's own kernel, with kiln's epilogues. A pointwise
 // FusedConv on bf16 activations (lower_precision's chains on an AMX target) has X widened into
-// the workspace first, and Y computed there in f32 with the epilogue and then rounded.
+// the workspace first, and Y computed there in f32 with the epilogue and then rounded. A
+// merged projection's split outputs (merge_projections: BERT's Q, K and V) take each 16-column
+// vector of C's rows where its output lies: one product of 2,304 columns instead of three of
+// 768 at two threads on the AMX Xeon, where each thread's share of a narrow one is small
+// (kiln_bench_gemm 128x2304x768 285 us against 3 x 132; BERT-base's bf16 Q, K and V 0.73 of
+// their time, the model 0.94 of its time; one thread: the same time).
 
 // Whether a FusedConv reads or writes bf16 activations (`output_type` bf16, or a bf16 X).
 bool bf16_activations(const KernelQuery& q) {
@@ -646,10 +651,13 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
   if (auto why = gemm::lowp_lacks(q.target.cpu, kind)) return why;
   if (auto why = x_form_decline(q)) return why;
   if (q.inputs[1].dtype != weight) return "the weight is not " + std::string(dtype_name(weight));
-  // Split outputs: the f16 GEMM writes its 64-column panels where they lie.
-  if (q.outputs.size() > 1 && (kind != gemm::Lowp::f16 || is_conv(q.node))) return "split outputs";
+  // Split outputs (a merged projection's): the f16 GEMM writes its 64-column panels where they
+  // lie, the bf16 one each 16-column vector of C's rows.
+  if (q.outputs.size() > 1 && is_conv(q.node)) return "split outputs";
   if (q.node.has_attr("gate_block")) return "a gated product";
-  if (auto why = split_declines(q, std::span<const gemm::Tile>(&gemm::kF16Tile, 1))) return why;
+  constexpr gemm::Tile kBf16Vector{.mr = 1, .nr = 16};
+  if (auto why = split_declines(q, std::span<const gemm::Tile>(kind == gemm::Lowp::f16 ? &gemm::kF16Tile : &kBf16Vector, 1)))
+    return why;
   if (kind == gemm::Lowp::bf16 && bf16_activations(q)) {  // X, or Y, bf16 (lower_precision's chains, an AMX target)
     if (!is_conv(q.node)) return "bf16 activations: only a pointwise convolution";
     if (q.has_input(3) && q.inputs[3].dtype == DType::bf16) return "a bf16 residual";
@@ -706,6 +714,7 @@ class Bf16GemmKernel final : public Kernel {
                                std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
+    parts_ = column_parts(q.node);
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::bf16_on_amx(q.target.cpu, k_);
     x_bf16_ = q.inputs[0].dtype == DType::bf16, y_bf16_ = q.outputs[0].dtype == DType::bf16;
@@ -722,7 +731,8 @@ class Bf16GemmKernel final : public Kernel {
     if (x_bf16_) rows_.widen_bf16(static_cast<const uint16_t*>(ctx.input(0).raw()), widened, m_ * k_);
     const float* a = x_bf16_ ? widened : ctx.input(0).data<float>();
     float* c = y_bf16_ ? reinterpret_cast<float*>(ws + c_at_) : ctx.output(0).data<float>();
-    gemm::gemm_bf16(m_, n_, k_, a, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx), c, n_, threads_, ws, 0, amx_);
+    gemm::gemm_bf16(m_, n_, k_, a, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx), c, n_, threads_, ws, 0, amx_,
+                    parts_at(parts_, ctx));
     if (y_bf16_) rows_.narrow_bf16(c, static_cast<uint16_t*>(ctx.output(0).raw()), m_ * n_);
     return {};
   }
@@ -739,6 +749,7 @@ class Bf16GemmKernel final : public Kernel {
   size_t a_at_ = 0, c_at_ = 0;  // the workspace: A's bf16 copy, then X widened, then C in f32
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
   LowpEpilogue ep_;
+  std::vector<gemm::ColumnPart> parts_;  // split outputs
 };
 
 const char* f16_split_name(gemm::F16Split s) {

@@ -28,6 +28,7 @@ using testing::attr;
 using testing::check;
 using testing::isa_paths;
 using testing::noise;
+using testing::to_bf16;
 using testing::to_f16;
 namespace gemm = cpu::gemm;
 
@@ -646,6 +647,28 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
                       2e-3, &cpu),
                 want);
     }
+    // A bf16 weight (`--precision bf16`, then merged): kiln's bf16 GEMM where the CPU has
+    // AVX512-BF16, on AMX tiles where it has those too and on VDPBF16PS, each 16-column vector
+    // of C's rows stored in its output: split points that are whole tiles of neither (48 and
+    // 80; 32 and 48), rows that are not whole tiles, and on two threads rows that the threads
+    // share (200 of them by 96 columns).
+    if (isa == "avx512" && !gemm::lowp_lacks(cpu, gemm::Lowp::bf16))
+      for (bool amx : {false, true}) {
+        if (amx && !cpu.amx) continue;
+        SCOPED_TRACE(amx ? "bf16 on AMX" : "bf16 on VDPBF16PS");
+        CpuFeatures target = cpu;
+        target.amx = amx;
+        for (const auto& [rows, widths] : {std::pair{int64_t{13}, std::vector<int64_t>{48, 32, 80}}, std::pair{int64_t{200}, std::vector<int64_t>{32, 16, 48}}}) {
+          const int64_t n = widths[0] + widths[1] + widths[2];
+          std::string label;
+          EXPECT_EQ(check({"FusedMatMul", {noise({3, rows, 64}, 65), to_bf16(noise({64, n}, 66)), noise({n}, 67)}, {false, true, true},
+                           {attr("splits", widths), attr("activation", std::string("Gelu")), attr("activated", std::vector<int64_t>{1, 0, 1})},
+                           {true, true, true}, "", {}, 2},
+                          1e-4, &target, nullptr, &label),
+                    "kiln.gemm_bf16_avx512");
+          EXPECT_EQ(label, amx ? "bf16_amx_tiles" : "bf16_8x48");
+        }
+      }
     // A gated product (SwiGLU): the tile whose width divides the blocks of 64, batched A rows;
     // an f16 weight widened by this GEMM (the f16 GEMM has no gated form; merge_projections
     // gates f32 weights only).

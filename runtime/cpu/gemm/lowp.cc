@@ -246,7 +246,7 @@ int64_t u8s8_block_rows(int64_t k, int64_t n, int64_t c_bytes, int64_t l2) {
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
 
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
-               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc, bool amx) {
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc, bool amx, std::span<const ColumnPart> parts) {
   if (m <= 0 || n <= 0) return;
   auto* packed = reinterpret_cast<uint16_t*>(workspace);
   if (amx && CpuFeatures::host().amx) {
@@ -262,7 +262,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + r0 * ep.ldz;
       lowp_amx::bf16_tiles(std::min(m, r1) - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at,
-                           c + r0 * ldc, ldc, n);
+                           c + r0 * ldc, ldc, parts, r0, n);
     });
     return;
   }
@@ -270,7 +270,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
   for (int64_t i0 = 0; i0 < m; i0 += MR) lowp_avx512::bf16_pack_a(a, lda, i0, std::min(MR, m - i0), k, packed + (i0 / MR) * panel);
   if (mc <= 0) mc = rows_per_block(round_up(k, 2) * 2);
   over_panels(panels(n), threads,
-              [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, n); });
+              [&](int64_t p0, int64_t p1) { lowp_avx512::bf16_panels(m, mc, p0, p1, k, packed, b_packed, ep, c, ldc, parts, n); });
 }
 
 std::optional<std::string> f16_conv_stays_f32(int64_t in, int64_t out, int64_t pixels, bool pointwise) {

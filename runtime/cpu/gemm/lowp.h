@@ -112,9 +112,12 @@ bool bf16_on_amx(const CpuFeatures& cpu, int64_t k);
 /// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
 /// pack_b_bf16, then bias and the epilogue as in the f32 GEMM. With `amx` (bf16_on_amx's
 /// answer for the CPU it runs on), on AMX tiles (`tdpbf16ps`, 16 rows × 16 columns × 32 steps),
-/// A rounded to bf16 rows first (`mc` aside, as gemm_u8s8's).
+/// A rounded to bf16 rows first (`mc` aside, as gemm_u8s8's). With `parts`, C lies in them as in
+/// the f32 GEMM (a merged projection's split outputs; no residual Z then), each part beginning
+/// at a multiple of 16 columns (one vector of C's row).
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
-               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, bool amx = false);
+               float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc = 0, bool amx = false,
+               std::span<const ColumnPart> parts = {});
 
 /// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16), either way.
 size_t bf16_workspace_bytes(int64_t m, int64_t k);

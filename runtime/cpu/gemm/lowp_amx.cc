@@ -300,7 +300,7 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
 }
 
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
+                const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n) {
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
@@ -316,6 +316,10 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
     __m512 bias[2];
     for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
     const uint16_t* ar = a + i0 * lda;
+    // Where each tile of 16 columns goes: C's rows, or the part of `parts` that holds them; and
+    // whether the activations skip it (a plain part).
+    CAt at[2];
+    for (int j = 0; j < blk.cols; ++j) at[j] = parts.empty() ? CAt{c + i0 * ldc + n0 + j * 16, ldc, false} : c_at(c, ldc, parts, row0 + i0, n0 + j * 16);
     for (int i = 0; i < rows; ++i) {
       __m512 acc[2];
       for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
@@ -325,10 +329,17 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
         for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], av, (__m512bh)_mm512_loadu_si512(bt[j] + g * kGroupBytes));
       }
       for (int j = 0; j < blk.cols; ++j)
-        _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), gelu ? erf_rational::gelu_erf(acc[j]) : acc[j]);
+        _mm512_mask_storeu_ps(at[j].c + i * at[j].ldc, lanes16(w - j * 16), gelu && !at[j].plain ? erf_rational::gelu_erf(acc[j]) : acc[j]);
     }
-    if (ep.has_tail() && !gelu)
+    if (!ep.has_tail() || gelu) return;
+    if (parts.empty()) {
       rows_k.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+      return;
+    }
+    for (int j = 0; j < blk.cols; ++j)
+      if (!at[j].plain)
+        rows_k.tile_epilogue(at[j].c, at[j].ldc, ep.z ? ep.z + i0 * ep.ldz + n0 + j * 16 : nullptr, ep.ldz, rows,
+                             std::min(16, w - j * 16), ep.act, ep.post);
   });
 }
 

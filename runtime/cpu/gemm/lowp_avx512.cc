@@ -290,7 +290,7 @@ void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t 
 }
 
 void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b,
-                 const Epilogue& ep, float* c, int64_t ldc, int64_t n) {
+                 const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t n) {
   const RowKernels& rows = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, panel_elements = k2 * NR * 2, blocks = (k2 + kFetchSteps - 1) / kFetchSteps;
   for (int64_t ib = 0; ib < m; ib += mc)
@@ -305,13 +305,24 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
     for (int64_t i0 = ib; i0 < std::min(m, ib + mc); i0 += MR) {
       const int rows_here = static_cast<int>(std::min<int64_t>(MR, m - i0));
       __m512 acc[MR][NV];
-      fetch_rows(c + i0 * ldc + n0, ldc * 4, rows_here, w * 4);
+      if (parts.empty()) fetch_rows(c + i0 * ldc + n0, ldc * 4, rows_here, w * 4);
       kBf16[static_cast<size_t>(rows_here - 1)](k2, a_packed + (i0 / MR) * k2 * MR * 2, bp, init, acc, fetch((i0 - ib) / MR));
-      for (int i = 0; i < rows_here; ++i)
-        for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), acc[i][j]);
-      if (ep.has_tail())
-        rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
-                           ep.post);
+      if (parts.empty()) {
+        for (int i = 0; i < rows_here; ++i)
+          for (int j = 0; j < NV; ++j) _mm512_mask_storeu_ps(c + (i0 + i) * ldc + n0 + j * 16, lanes16(w - j * 16), acc[i][j]);
+        if (ep.has_tail())
+          rows.tile_epilogue(c + i0 * ldc + n0, ldc, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows_here, w, ep.act,
+                             ep.post);
+        continue;
+      }
+      // Split outputs: each vector's 16 columns lie in one part (gemm_bf16's).
+      for (int j = 0; j < NV && j * 16 < w; ++j) {
+        const int wj = std::min(16, w - j * 16);
+        const auto [ct, ldct, plain] = c_at(c, ldc, parts, i0, n0 + j * 16);
+        for (int i = 0; i < rows_here; ++i) _mm512_mask_storeu_ps(ct + i * ldct, lanes16(wj), acc[i][j]);
+        if (ep.has_tail() && !plain)
+          rows.tile_epilogue(ct, ldct, ep.z ? ep.z + i0 * ep.ldz + n0 + j * 16 : nullptr, ep.ldz, rows_here, wj, ep.act, ep.post);
+      }
     }
   }
 }

@@ -21,9 +21,9 @@ void u8s8_store(float* values, int64_t ld, int rows, int w, const QuantEpilogue&
 /// bf16: A's rows [m0, m0 + rows) as one MR-row panel of bf16 pairs (rows past `rows` zero).
 void bf16_pack_a(const float* a, int64_t lda, int64_t m0, int64_t rows, int64_t k, uint16_t* out);
 /// bf16: C's panels [p0, p1) for all M rows, `mc` at a time, A packed by bf16_pack_a panel after
-/// panel.
+/// panel, into `c` (rows `ldc` apart) or `parts` (gemm_bf16's).
 void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const uint16_t* a_packed, const uint16_t* b, const Epilogue& ep,
-                 float* c, int64_t ldc, int64_t n);
+                 float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t n);
 
 /// The column sums of `panels` of pack_b_s8's panels over k4 groups of 4 steps (vpdpbusd by
 /// ones), into col_sums[panel · NR + column] for the n columns.
@@ -47,9 +47,10 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
 /// bf16 on AMX tiles: C's column tiles [t0, t1) (of pack_b_bf16's panels) for rows [0, m),
 /// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a
 /// multiple of 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias
-/// and the epilogue as in the f32 GEMM.
+/// and the epilogue as in the f32 GEMM, into `c` (rows `ldc` apart) or, from C's row `row0`,
+/// `parts` (gemm_bf16's).
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, float* c, int64_t ldc, int64_t n);
+                const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n);
 
 }  // namespace kiln::cpu::gemm::lowp_amx
 
