@@ -3,7 +3,7 @@
 // BERT-base's 128x768x768, 128x768x3072, 128x3072x768), in the same run, calls interleaved, so
 // that the percentages and the ratio compare.
 //
-//   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx]
+//   kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx] [--cold]
 //   kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]
 //
 // The peak is probed, not looked up, by `kiln profile`'s ceilings probe (profile/ceilings.h):
@@ -31,6 +31,14 @@
 // tiles' probes; --no-amx runs them on their AVX-512 kernels instead (vpdpbusd, vdpbf16ps) rated
 // against those instructions' probes, with oneDNN held to AVX512-BF16 too, as on a CPU without
 // AMX.
+//
+// --cold flushes each library's B (packed or reordered ahead) from the caches before each of its
+// timed calls (`clflush`), so that it streams from memory while A and C stay where the calls
+// before left them, as a layer's weight does in a model's run (gone from the caches since the
+// run before, where the activations are the layers' own, warm); without it the calls before
+// leave B in L3, or in L2 when it fits. The default table and the f16 and lower-precision ones;
+// not --sweep or --tiles.
+#include <emmintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sys/mman.h>
 
@@ -59,6 +67,21 @@ using dnnl::memory;
 namespace gemm = kiln::cpu::gemm;
 
 int g_runs = 21;
+
+// --cold: the weights the functions of the next interleaved run read, for each function (in
+// order) the bytes to flush before each of its timed calls; the run clears it.
+struct Bytes {
+  const void* at;
+  size_t size;
+};
+bool g_cold = false;
+std::vector<std::vector<Bytes>> g_weights;
+
+void flush(const Bytes& b) {
+  const auto* p = static_cast<const char*>(b.at);
+  for (size_t i = 0; i < b.size; i += 64) _mm_clflush(p + i);
+  _mm_mfence();
+}
 
 // 64-byte aligned storage, as kiln's tensors and packed weights have (glibc hands out large
 // blocks 16 bytes past a page boundary, where every vector load of a packed B would straddle two
@@ -169,6 +192,12 @@ struct Problem {
   double disagreement() const { return max_rel_diff(c_kiln, c_onednn); }
 };
 
+template <class V>
+Bytes bytes_of(const V& v) {
+  return {v.data(), v.size() * sizeof(v[0])};
+}
+Bytes weights_of(const memory& m) { return {m.get_data_handle(), m.get_desc().get_size()}; }
+
 double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -240,10 +269,13 @@ std::vector<double> interleaved_all(std::vector<double>& spread, const std::vect
   std::vector<std::vector<double>> t(f.size());
   for (int r = 0; r < g_runs; ++r)
     for (size_t i = 0; i < f.size(); ++i) {
+      if (g_cold && i < g_weights.size())
+        for (const Bytes& b : g_weights[i]) flush(b);
       const auto t0 = clock_type::now();
       f[i]();
       t[i].push_back(seconds_since(t0));
     }
+  g_weights.clear();
   std::vector<double> med;
   spread.clear();
   for (auto& ti : t) {
@@ -357,7 +389,7 @@ void tiles_side_by_side(kiln::cpu::Isa isa, const std::vector<Shape>& shapes, in
 
 int main(int argc, char** argv) {
   int threads = 1;
-  bool sweep = false, woq = false, tiles = false, f32_path = false, no_amx = false;
+  bool sweep = false, woq = false, tiles = false, f32_path = false, no_amx = false, cold = false;
   int64_t group = 128;
   std::vector<Shape> shapes = {{1024, 1024, 1024, "square"}, {128, 768, 768, "BERT attn proj"},
                                {128, 3072, 768, "BERT FFN up"}, {128, 768, 3072, "BERT FFN down"}};
@@ -371,6 +403,7 @@ int main(int argc, char** argv) {
     else if (a == "--woq") woq = true;
     else if (a == "--f32-path") f32_path = true;
     else if (a == "--no-amx") no_amx = true;
+    else if (a == "--cold") cold = true;
     else if (a == "--group" && i + 1 < argc) group = std::max(1, std::atoi(argv[++i]));
     else if (Shape s{0, 0, 0, "given"}; a == "--shape" && i + 1 < argc &&
              std::sscanf(argv[++i], "%" SCNd64 "x%" SCNd64 "x%" SCNd64, &s.m, &s.n, &s.k) == 3 && s.m > 0 && s.n > 0 && s.k > 0) {
@@ -378,7 +411,7 @@ int main(int argc, char** argv) {
       shapes_given = true;
       shapes.push_back(s);
     } else {
-      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx]\n"
+      std::fprintf(stderr, "usage: kiln_bench_gemm [--runs N] [--threads T] [--sweep | --tiles] [--shape MxNxK]... [--no-amx] [--cold]\n"
                            "       kiln_bench_gemm --woq [--group G] [--f32-path] [--runs N] [--threads T]\n");
       return 2;
     }
@@ -393,6 +426,10 @@ int main(int argc, char** argv) {
   }
   if (no_amx && woq) {
     std::fprintf(stderr, "kiln_bench_gemm: --no-amx is not an option of --woq\n");
+    return 2;
+  }
+  if (cold && (woq || sweep || tiles)) {
+    std::fprintf(stderr, "kiln_bench_gemm: --cold is not an option of --woq, --sweep or --tiles\n");
     return 2;
   }
   if (woq) return weight_only(threads, group, f32_path);
@@ -421,6 +458,8 @@ int main(int argc, char** argv) {
               probe_isa, core_peak, peak, threads);
   std::printf("# caches per core: L1d %lld KiB, L2 %lld KiB, L3 %lld KiB\n", static_cast<long long>(caches.l1d >> 10),
               static_cast<long long>(caches.l2 >> 10), static_cast<long long>(caches.l3 >> 10));
+  g_cold = cold;
+  if (cold) std::printf("# --cold: each library's B flushed from the caches before each of its calls (read from memory)\n");
   if (tiles) {
     std::printf("# kiln's GEMM, each tile with its default parameters (B packed ahead), and the FMA probe (one repeat a call), "
                 "calls interleaved; median of %d calls each; peak = the share of the probe's median beside them, spread = (max - "
@@ -466,6 +505,7 @@ int main(int argc, char** argv) {
     Problem::Kiln best = pr.kiln(chosen);  // packs B for the chosen tile
     std::vector<double> spread;
     PeakBeside f32_peak{cpu, "f32", threads};
+    g_weights = {{weights_of(pr.b_mem)}, {bytes_of(pr.b_packed)}};
     const std::vector<double> sec = interleaved(spread, [&] { pr.onednn(); }, [&] { Problem::run(best); }, [&] { f32_peak(); });
     const double beside = median(f32_peak.readings);
     std::printf("%-28s %9.3f %7.1f %5.0f%% %5.0f%% | %9.3f %7.1f %5.0f%% %5.0f%% | %7.1f | %6.2f  %s (max rel diff %.1e)\n",
@@ -494,8 +534,10 @@ int main(int argc, char** argv) {
       avec<float> c(static_cast<size_t>(s.m * s.n));
       auto f16 = [&] { gemm::gemm_f16(s.m, s.n, s.k, pr.a.data(), s.k, bhp.data(), {}, c.data(), s.n, threads, ws.data()); };
       std::vector<double> spread;
+      g_weights = {{bytes_of(pr.b_packed)}, {bytes_of(bhp)}};
       const std::vector<double> vs_f32 = interleaved(spread, [&] { Problem::run(f32); }, f16);
       PeakBeside f16_peak{cpu, "f16", threads};
+      g_weights = {{bytes_of(bhp)}};
       const double alone = interleaved(spread, f16, [&] { f16_peak(); })[0], peak16 = median(f16_peak.readings);
       std::printf("%-28s %9.3f %9.3f %6.2f | %9.3f %8.1f %8.1f %5.0f%%\n", shape_name(s).c_str(), vs_f32[0] * 1e3, vs_f32[1] * 1e3,
                   vs_f32[0] / vs_f32[1], alone * 1e3, gflops(s, alone), peak16, 100 * gflops(s, alone) / peak16);
@@ -530,11 +572,13 @@ int main(int argc, char** argv) {
     PeakBeside peak8{cpu, "int8", threads}, peak16{cpu, "bf16", threads};
     // f32; then u8s8, oneDNN's and the probe; then bf16, oneDNN's and the probe.
     std::vector<std::function<void()>> fns = {[&] { Problem::run(f32); }};
+    g_weights = {{bytes_of(pr.b_packed)}};
     if (vnni) {
       d8.emplace(s, true, a8.data(), nullptr, b8.data(), c_dnnl.data(), 128, 1e-3f);
       fns.push_back([&] { gemm::gemm_u8s8(s.m, s.n, s.k, a8.data(), s.k, b8p.data(), qep, c.data(), s.n, threads, 0, amx8); });
       fns.push_back([&] { d8->run(); });
       fns.push_back([&] { peak8(); });
+      g_weights.insert(g_weights.end(), {{bytes_of(b8p)}, {weights_of(d8->b_mem)}, {}});
     }
     const size_t first16 = fns.size();
     if (bf16) {
@@ -542,6 +586,7 @@ int main(int argc, char** argv) {
       fns.push_back([&] { gemm::gemm_bf16(s.m, s.n, s.k, pr.a.data(), s.k, bbf.data(), {}, c.data(), s.n, threads, ws.data(), 0, amx16); });
       fns.push_back([&] { d16->run(); });
       fns.push_back([&] { peak16(); });
+      g_weights.insert(g_weights.end(), {{bytes_of(bbf)}, {weights_of(d16->b_mem)}, {}});
     }
     std::vector<double> spread;
     const std::vector<double> sec = interleaved_all(spread, fns);
