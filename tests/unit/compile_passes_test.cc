@@ -755,47 +755,33 @@ TEST(CompileMergeProjections, MergesGateAndUpProjections) {
   }
 }
 
-// With `--precision fp16`, products by f16 weights merge among themselves (kiln's f16 GEMM),
-// at multiples of 64 columns, never with f32 ones.
-TEST(CompileMergeProjections, MergesF16WeightsApart) {
-  Builder b;
-  ValueId x = b.input("x", {2, 5, 16});
-  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", to_f16(uniform_f32({16, 64}, 110)))}, "q_out"));
-  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", to_f16(uniform_f32({16, 128}, 111)))}, "k_out"));
-  b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", to_f16(uniform_f32({16, 32}, 112)))}, "narrow_out"));
-  b.output(b.op("f32", "MatMul", {x, b.constant("wf", uniform_f32({16, 64}, 113))}, "f32_out"));
-  Model before = b.done(), after = before;
-  EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
-  const std::string text = compact(after.graph);
-  EXPECT_NE(text.find("  const wq_merged: f16[16,192]\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged) -> (q_out, k_out) splits=ints[64, 128] sources=[\"q\", \"k\"]\n"),
-            std::string::npos)
-      << text;
-  for (const char* apart : {"node narrow: FusedMatMul(x, wn)", "node f32: MatMul(x, wf)"})
-    EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
-  expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 114)}, 0);
-}
-
-// With `--precision bf16`, products by bf16 weights merge among themselves (kiln's bf16 GEMM
-// stores each 16-column vector where its output lies), at multiples of 32 columns, never with
-// f32 ones.
-TEST(CompileMergeProjections, MergesBf16WeightsApart) {
-  Builder b;
-  ValueId x = b.input("x", {2, 5, 16});
-  b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", to_bf16(uniform_f32({16, 64}, 115))), b.constant("bq", uniform_f32({64}, 116))}, "q_out"));
-  b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", to_bf16(uniform_f32({16, 32}, 117)))}, "k_out"));
-  b.output(b.op("odd", "FusedMatMul", {x, b.constant("wn", to_bf16(uniform_f32({16, 48}, 118)))}, "odd_out"));
-  b.output(b.op("f32", "MatMul", {x, b.constant("wf", uniform_f32({16, 64}, 119))}, "f32_out"));
-  Model before = b.done(), after = before;
-  EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
-  const std::string text = compact(after.graph);
-  EXPECT_NE(text.find("  const wq_merged: bf16[16,96]\n  const wq_merged_bias: f32[96]\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged, wq_merged_bias) -> (q_out, k_out) splits=ints[64, 32] sources=[\"q\", \"k\"]\n"),
-            std::string::npos)
-      << text;
-  for (const char* apart : {"node odd: FusedMatMul(x, wn)", "node f32: MatMul(x, wf)"})
-    EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
-  expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 120)}, 0);
+// With `--precision fp16` or `bf16`, products by f16 or bf16 weights merge among their own type
+// (kiln's f16 GEMM, and its bf16 one, which stores each 16-column vector where its output
+// lies), at multiples of 64 and 32 columns, never with f32 ones.
+TEST(CompileMergeProjections, MergesLowerPrecisionWeightsApart) {
+  for (DType type : {DType::f16, DType::bf16}) {
+    const std::string name(dtype_name(type));
+    SCOPED_TRACE(name);
+    const int64_t align = type == DType::f16 ? 64 : 32;
+    auto lowered = [&](const Tensor& t) { return type == DType::f16 ? to_f16(t) : to_bf16(t); };
+    Builder b;
+    ValueId x = b.input("x", {2, 5, 16});
+    b.output(b.op("q", "FusedMatMul", {x, b.constant("wq", lowered(uniform_f32({16, 64}, 110))), b.constant("bq", uniform_f32({64}, 115))}, "q_out"));
+    b.output(b.op("k", "FusedMatMul", {x, b.constant("wk", lowered(uniform_f32({16, 2 * align}, 111)))}, "k_out"));
+    b.output(b.op("narrow", "FusedMatMul", {x, b.constant("wn", lowered(uniform_f32({16, align / 2}, 112)))}, "narrow_out"));
+    b.output(b.op("f32", "MatMul", {x, b.constant("wf", uniform_f32({16, 64}, 113))}, "f32_out"));
+    Model before = b.done(), after = before;
+    EXPECT_EQ(run_pass("merge_projections", after).summary, "merged 2 products of a shared input into 1 product with split outputs");
+    const std::string text = compact(after.graph), n = std::to_string(64 + 2 * align);
+    EXPECT_NE(text.find("  const wq_merged: " + name + "[16," + n + "]\n  const wq_merged_bias: f32[" + n + "]\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("  node q: FusedMatMul(x, wq_merged, wq_merged_bias) -> (q_out, k_out) splits=ints[64, " + std::to_string(2 * align) +
+                        "] sources=[\"q\", \"k\"]\n"),
+              std::string::npos)
+        << text;
+    for (const char* apart : {"node narrow: FusedMatMul(x, wn)", "node f32: MatMul(x, wf)"})
+      EXPECT_NE(text.find(apart), std::string::npos) << apart << "\n" << text;
+    expect_same_outputs(before, after, {uniform_f32({2, 5, 16}, 114)}, 0);
+  }
 }
 
 // GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with
