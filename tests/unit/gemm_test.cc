@@ -650,8 +650,8 @@ TEST(GemmKernel, MatMulGemmAndFusedForms) {
     // A bf16 weight (`--precision bf16`, then merged): kiln's bf16 GEMM where the CPU has
     // AVX512-BF16, on AMX tiles where it has those too and on VDPBF16PS, each 16-column vector
     // of C's rows stored in its output: split points that are whole tiles of neither (48 and
-    // 80; 32 and 48), rows that are not whole tiles, and on two threads rows that the threads
-    // share (200 of them by 96 columns).
+    // 80; 32 and 48), rows that are not whole tiles (39), and on two threads rows that the
+    // threads share (600 of them by 96 columns).
     if (isa == "avx512" && !gemm::lowp_lacks(cpu, gemm::Lowp::bf16))
       for (bool amx : {false, true}) {
         if (amx && !cpu.amx) continue;
