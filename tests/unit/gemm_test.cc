@@ -9,12 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "compile/pass.h"
 #include "compile/pipeline.h"
 #include "formats/infer.h"
 #include "runtime/compare.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/gemm/prefetch.h"
+#include "runtime/cpu/linear.h"
 #include "runtime/plan.h"
 #include "runtime/session.h"
 #include "runtime/threads.h"
@@ -554,6 +556,29 @@ TEST(Gemm, PackedLayoutDescribesPackB) {
     }
 }
 
+// A convolution's weight [N, C, KH, KW] in the panels its GEMM reads, in the windows' order:
+// pack() through packed_b_windows_layout places every element where in_windows_order then
+// pack_b does, and unpack() gives the weight back.
+TEST(Gemm, PackedLayoutDescribesTheWindowsOrder) {
+  for (int nr : {48, 64}) {
+    const int64_t n = 70, c = 5;
+    const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 2};
+    const int64_t taps = win.kh * win.kw, k = taps * c;
+    const Tensor w = noise({n, c, win.kh, win.kw}, 6);
+    const Tensor ordered = cpu::in_windows_order(w.data<float>(), DType::f32, n, win);
+    std::vector<float> packed(static_cast<size_t>(gemm::packed_b_floats(k, n, nr)));
+    gemm::pack_b(ordered.data<float>(), k, true, k, n, nr, packed.data());
+    const PackedLayout l = gemm::packed_b_windows_layout(n, c, taps, nr);
+    EXPECT_EQ(check_layout(l, w.numel(), packed.size() * 4, 4), std::nullopt);
+    EXPECT_FALSE(l.same_placement(gemm::packed_b_layout(k, n, nr, true)));
+    const Tensor via = pack(w, l);
+    ASSERT_EQ(via.nbytes(), packed.size() * 4);
+    EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0) << "nr " << nr;
+    const Tensor back = unpack(via);
+    EXPECT_EQ(std::memcmp(back.raw(), w.raw(), w.nbytes()), 0);
+  }
+}
+
 // The tiles of a panel (or a group's blocks) fetching the next one: every line of it is asked
 // for exactly once, each tile's share within its own fetches, however the lines, tiles and
 // fetches a tile makes divide.
@@ -963,6 +988,39 @@ TEST(GemmKernel, BatchesAreSharedAmongThreads) {
     EXPECT_EQ(check({"MatMul", {noise({12, 17, 64}, 1), noise({12, 64, 17}, 2)}, {false, false}}).rfind("kiln.gemm", 0), 0u);
   }
   use_threads(available_cores());
+}
+
+// A 3x3 convolution on kiln's GEMM: prepack_weights stores its weight in the panels of the
+// windows' order, and a plan of the stored model multiplies by those bytes where they lie (no
+// reorder while planning), with the same outputs as the plain weight gave.
+TEST(GemmKernel, ConvolutionWeightsAreStoredInTheirPanels) {
+  testing::Case c{"FusedConv",
+                  {noise({1, 7, 7, 24}, 110), noise({40, 24, 3, 3}, 111, 0.1f)},
+                  {false, true},
+                  {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}};
+  c.kernel = std::string("kiln.gemm_f32_") + cpu::isa_name(*cpu::best_isa(CpuFeatures::host()));
+  std::vector<Tensor> feed;
+  Model plain = testing::case_model(c, feed), stored = plain;
+  Target target;
+  PassContext ctx{target, {}};
+  auto r = find_pass("prepack_weights")->run(stored, ctx);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_TRUE(r->changed) << r->summary;
+  const ValueId wid = stored.graph.nodes[0].inputs[1];
+  const Tensor& w = stored.graph.value(wid).constant;
+  ASSERT_TRUE(w.is_packed());
+  EXPECT_EQ(w.layout()->packed_for.find(" windows"), w.layout()->packed_for.size() - 8) << w.layout()->packed_for;
+  EXPECT_EQ(std::memcmp(unpack(w).raw(), plain.graph.value(wid).constant.raw(), w.numel() * 4), 0);
+  const std::vector<std::vector<int64_t>> shapes = {feed[0].shape()};
+  auto plan = build_plan(stored.graph, shapes, PlanOptions{target, default_kernels()});
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->kernels[0].kernel->packed_input(1).raw(), w.raw());
+  const testing::ModelRuns before = testing::run_model_both(plain, feed, SessionOptions{}),
+                           after = testing::run_model_both(stored, feed, SessionOptions{});
+  ASSERT_FALSE(before.fast.empty() || after.fast.empty());
+  EXPECT_EQ(after.kernels[0].name, c.kernel);
+  EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
+  EXPECT_LE(testing::relative_l2(after.fast[0], after.ref[0]), 1e-6);
 }
 
 TEST(GemmKernel, CompiledModelsRecordAndReuseTheParameters) {

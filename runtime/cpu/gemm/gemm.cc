@@ -200,6 +200,17 @@ PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans) {
   return l;
 }
 
+PackedLayout packed_b_windows_layout(int64_t n, int64_t c, int64_t taps, int nr) {
+  PackedLayout l;
+  l.dims = {n, c, taps};
+  l.padded_dims = {round_up(n, nr), c, taps};
+  l.strides = {taps * c * nr, nr, c * nr};  // B's row of (tap, channel) is tap · C + channel
+  l.inner_blocks = {nr};
+  l.inner_dims = {0};
+  l.packed_for = "kiln gemm_f32 nr" + std::to_string(nr) + " windows";
+  return l;
+}
+
 int64_t packed_b_floats(int64_t k, int64_t n, int nr) { return round_up(n, nr) * k; }
 
 void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t kc, int64_t n0, int64_t nc, int nr,

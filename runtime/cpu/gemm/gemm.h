@@ -95,6 +95,11 @@ GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, i
 /// NR columns, each K rows of NR floats, the last panel zero-padded. The layout depends on NR
 /// alone, so one packed weight serves every Mc/Nc/Kc and thread grid.
 PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans);
+/// A convolution's weight [N, C, taps] (N output channels, taps = KH·KW) as pack_b packs its
+/// transpose in the windows' order (K = taps runs of C channels: in_windows_order's), for tiles
+/// NR columns wide: the weight stored in the panels its GEMM reads, as packed_b_layout stores
+/// a pointwise one's.
+PackedLayout packed_b_windows_layout(int64_t n, int64_t c, int64_t taps, int nr);
 /// Floats packed_b writes: ceil(N / NR) · K · NR.
 int64_t packed_b_floats(int64_t k, int64_t n, int nr);
 /// Packs B (`ld` floats between its rows as stored) into `out` (packed_b_floats long).
