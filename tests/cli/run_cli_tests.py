@@ -125,6 +125,13 @@ def compile_tests(r, work, samples):
     r.ok("compile_input_shape", ["compile", "mlp.kiln", "-o", "mlp4.kiln", "--input-shape", "input=4x16"])
     r.ok("compile_input_shape_inspect", ["inspect", "mlp4.kiln"], stdout_has="input  input: f32 4x16")
     r.ok("compile_input_shape_run", ["run", "mlp4.kiln", "--seed", "1"], stdout_has="logits: f32 4x10")
+    # A symbolic input: one note that the kernels and packed weights wait for a session's first
+    # run; nothing once --input-shape binds it.
+    rc, out, err = r.run(["compile", "mlp.kiln", "-o", "mlp.note.kiln"])
+    r.check("compile_symbolic_note", rc == 0 and err == "kiln compile: note: input 'input' has shape batchx16: kernels are chosen "
+            "and weights packed on each session's first run (--input-shape does it here)\n", f"exit {rc}; stderr {err[:400]!r}")
+    rc, out, err = r.run(["compile", "mlp.kiln", "-o", "mlp.note.kiln", "--input-shape", "input=4x16"])
+    r.check("compile_concrete_no_note", rc == 0 and err == "", f"exit {rc}; stderr {err[:400]!r}")
     # Through stdin and stdout.
     with open(os.path.join(work, "cnn.kiln"), "rb") as f:
         piped = subprocess.run([r.kiln, "compile", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
