@@ -796,25 +796,33 @@ std::vector<TuningAxis> f16_space(const KernelQuery& q) {
 class F16GemmKernel final : public Kernel {
  public:
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
-    const Tensor& w = *q.inputs[1].value;  // plain f16 (the plan unpacks a packed one)
-    const auto* bits = static_cast<const uint16_t*>(w.raw());
-    Tensor reordered;  // a convolution's weight in the windows' order
     bool trans_b = true;
     if (is_conv(q.node)) {
       const std::vector<int64_t> ys = q.outputs[0].shape.concrete();
       KILN_ASSIGN_OR_RETURN(g_, image_windows(q));
       m_ = ys[0] * ys[1] * ys[2], n_ = ys[3], k_ = g_.k();
       windows_ = !(g_.kh == 1 && g_.kw == 1 && g_.sh == 1 && g_.sw == 1 && g_.pt == 0 && g_.pl == 0 && g_.oh == g_.h && g_.ow == g_.w);
-      if (windows_) {
-        reordered = in_windows_order(bits, DType::u16, n_, g_);
-        bits = reordered.data<uint16_t>();
-      }
     } else {
       const Product p = product_of(q);
       m_ = p.m, n_ = p.n, k_ = p.k, trans_b = p.trans_b;
     }
-    packed_ = Tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
-    gemm::pack_b_f16(bits, trans_b ? k_ : n_, trans_b, k_, n_, packed_.data<uint16_t>());
+    // B packed once (a convolution's weight in the windows' order), or used where a compiled
+    // model mapped it when it was stored packed so: BERT-base's session in fp16 took 330 ms
+    // packing its weights, where its f32 and bf16 ones map theirs.
+    const Tensor& w = *q.inputs[1].value;
+    const std::optional<PackedLayout> want = windows_ ? gemm::packed_b_f16_windows_layout(n_, g_.c, g_.kh * g_.kw)
+                                                      : gemm::packed_b_f16_layout(k_, n_, trans_b);
+    if (want && w.layout() && w.layout()->same_placement(*want)) {
+      packed_ = w;
+    } else {
+      const Tensor plain = w.is_packed() ? unpack(w) : w;
+      const Tensor ordered = windows_ ? in_windows_order(static_cast<const uint16_t*>(plain.raw()), DType::u16, n_, g_) : plain;
+      Tensor packed(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
+      gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), trans_b ? k_ : n_, trans_b, k_, n_, packed.data<uint16_t>());
+      packed_ = !want ? packed
+                      : Tensor::packed(DType::f16, w.shape(), *want, packed.nbytes(), packed.raw(),
+                                       std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+    }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);
     threads_ = std::max(1, q.target.threads);
@@ -827,13 +835,15 @@ class F16GemmKernel final : public Kernel {
   Status run(KernelContext& ctx) override {
     const float* x = ctx.input(0).data<float>();
     float* y = ctx.output(0).data<float>();
+    const auto* b = static_cast<const uint16_t*>(packed_.raw());
     if (windows_)
-      gemm::gemm_f16_windows(m_, n_, g_, x, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_);
+      gemm::gemm_f16_windows(m_, n_, g_, x, b, ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_);
     else
-      gemm::gemm_f16(m_, n_, k_, x, k_, packed_.data<uint16_t>(), ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_,
-                     parts_at(parts_, ctx));
+      gemm::gemm_f16(m_, n_, k_, x, k_, b, ep_.at(ctx), y, n_, threads_, ctx.workspace().data(), blocking_, parts_at(parts_, ctx));
     return {};
   }
+
+  Tensor packed_input(size_t input) const override { return input == 1 && packed_.is_packed() ? packed_ : Tensor(); }
 
   std::vector<std::pair<std::string, KernelParam>> params() const override {
     return {{"mc", blocking_.mc}, {"kc", blocking_.kc}, {"split", std::string(f16_split_name(blocking_.split))}};
@@ -849,7 +859,7 @@ class F16GemmKernel final : public Kernel {
   gemm::F16Blocking blocking_;  // resolved in prepare
   bool windows_ = false;  // a convolution other than pointwise: A is its windows
   gemm::ImageWindows g_;
-  Tensor packed_;  // B in pack_b_f16's panels
+  Tensor packed_;  // B in pack_b_f16's panels (f16 with packed_b_f16_layout or its windows', else u16 bits)
   LowpEpilogue ep_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs
 };
@@ -865,6 +875,7 @@ void register_gemm(KernelRegistry& r) {
                      .declines = [](const KernelQuery& q) { return lowp_declines(q, gemm::Lowp::f16, DType::f16); },
                      .create = [](const KernelQuery&) { return std::make_unique<F16GemmKernel>(); },
                      .needs_isa = f16,
+                     .reads_packed = true,
                      .defers = f16_defers,
                      .tuning_space = f16_space});
   CpuFeatures bf16 = isa_features(Isa::avx512);

@@ -21,6 +21,7 @@
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/gemm/lowp_isa.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
 #include "runtime/threads.h"
@@ -220,7 +221,7 @@ class WinogradKernel final : public Kernel {
       packed_ = Tensor(DType::u16, {points_ * panel_floats_});
       std::vector<uint16_t> bits(static_cast<size_t>(c_ * k_));
       for (int64_t xi = 0; xi < points_; ++xi) {
-        for (size_t i = 0; i < bits.size(); ++i) bits[i] = half(u[static_cast<size_t>(xi * c_ * k_) + i]).bits;
+        gemm::lowp_avx512::narrow_f16(u.data() + xi * c_ * k_, c_ * k_, bits.data());  // (f16_: the CPU has AVX-512)
         gemm::pack_b_f16(bits.data(), k_, false, c_, k_, packed_.data<uint16_t>() + xi * panel_floats_);
       }
     } else {

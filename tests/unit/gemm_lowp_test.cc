@@ -10,7 +10,9 @@
 #include <limits>
 #include <random>
 
+#include "formats/layout.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/cpu/linear.h"
 #include "runtime/threads.h"
 
 namespace kiln {
@@ -332,6 +334,48 @@ TEST(GemmLowp, F16BlockRows) {
 // 768-column products in one block of their 128 rows or more, MobileNetV2's 12544x96x16
 // expansion to u8 in 4,688 (C's bytes counted), A alone held to half of L2, and never fewer rows
 // than a tile.
+// pack() through packed_b_f16_layout places every element where pack_b_f16 does, and through
+// packed_b_f16_windows_layout where in_windows_order then pack_b_f16 do (a convolution's weight
+// [N, C, KH, KW]; none for an odd C, whose pairs of K steps span two taps); unpack() gives the
+// weight back. (No AVX512-FP16 needed: the packing is plain code.)
+TEST(GemmLowp, F16Layouts) {
+  std::mt19937 rng(9);
+  auto random_f16 = [&](std::vector<int64_t> shape) {
+    Tensor t(DType::f16, std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = half(static_cast<float>(rng() % 2001) / 1000.f - 1.f).bits;
+    return t;
+  };
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 50}, {64, 64}, {259, 97}})
+    for (bool trans : {false, true}) {
+      SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(n) + (trans ? " transposed" : ""));
+      const Tensor b = random_f16(trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+      std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)));
+      gemm::pack_b_f16(static_cast<const uint16_t*>(b.raw()), trans ? k : n, trans, k, n, packed.data());
+      const Tensor placed = pack(b, gemm::packed_b_f16_layout(k, n, trans));
+      ASSERT_EQ(placed.nbytes(), packed.size() * 2);
+      EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), placed.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(unpack(placed).raw(), b.raw(), b.nbytes()), 0);
+    }
+  for (const int64_t c : {2, 24, 5}) {
+    SCOPED_TRACE("C=" + std::to_string(c));
+    const int64_t n = 70;
+    const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 3};
+    const int64_t taps = win.kh * win.kw, k = win.k();
+    const std::optional<PackedLayout> l = gemm::packed_b_f16_windows_layout(n, c, taps);
+    ASSERT_EQ(l.has_value(), c % 2 == 0);
+    if (!l) continue;
+    const Tensor w = random_f16({n, c, win.kh, win.kw});
+    const Tensor ordered = cpu::in_windows_order(static_cast<const uint16_t*>(w.raw()), DType::u16, n, win);
+    std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)));
+    gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), k, true, k, n, packed.data());
+    EXPECT_EQ(check_layout(*l, w.numel(), packed.size() * 2, 2), std::nullopt);
+    const Tensor placed = pack(w, *l);
+    ASSERT_EQ(placed.nbytes(), packed.size() * 2);
+    EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), placed.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(unpack(placed).raw(), w.raw(), w.nbytes()), 0);
+  }
+}
+
 TEST(GemmLowp, U8s8BlockRows) {
   const int64_t l2 = int64_t{2} << 20;
   EXPECT_EQ(gemm::u8s8_block_rows(1024, 1024, 4, l2), 128);

@@ -21,6 +21,7 @@
 #include "runtime/session.h"
 #include "runtime/threads.h"
 #include "tests/unit/kernel_test_util.h"
+#include "tests/unit/op_test_util.h"
 
 namespace kiln {
 namespace {
@@ -990,37 +991,49 @@ TEST(GemmKernel, BatchesAreSharedAmongThreads) {
   use_threads(available_cores());
 }
 
-// A 3x3 convolution on kiln's GEMM: prepack_weights stores its weight in the panels of the
-// windows' order, and a plan of the stored model multiplies by those bytes where they lie (no
-// reorder while planning), with the same outputs as the plain weight gave.
-TEST(GemmKernel, ConvolutionWeightsAreStoredInTheirPanels) {
-  testing::Case c{"FusedConv",
-                  {noise({1, 7, 7, 24}, 110), noise({40, 24, 3, 3}, 111, 0.1f)},
-                  {false, true},
-                  {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}};
-  c.kernel = std::string("kiln.gemm_f32_") + cpu::isa_name(*cpu::best_isa(CpuFeatures::host()));
-  std::vector<Tensor> feed;
-  Model plain = testing::case_model(c, feed), stored = plain;
-  Target target;
-  PassContext ctx{target, {}};
-  auto r = find_pass("prepack_weights")->run(stored, ctx);
-  ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_TRUE(r->changed) << r->summary;
-  const ValueId wid = stored.graph.nodes[0].inputs[1];
-  const Tensor& w = stored.graph.value(wid).constant;
-  ASSERT_TRUE(w.is_packed());
-  EXPECT_EQ(w.layout()->packed_for.find(" windows"), w.layout()->packed_for.size() - 8) << w.layout()->packed_for;
-  EXPECT_EQ(std::memcmp(unpack(w).raw(), plain.graph.value(wid).constant.raw(), w.numel() * 4), 0);
-  const std::vector<std::vector<int64_t>> shapes = {feed[0].shape()};
-  auto plan = build_plan(stored.graph, shapes, PlanOptions{target, default_kernels()});
-  ASSERT_TRUE(plan.ok()) << plan.error().message();
-  EXPECT_EQ(plan->kernels[0].kernel->packed_input(1).raw(), w.raw());
-  const testing::ModelRuns before = testing::run_model_both(plain, feed, SessionOptions{}),
-                           after = testing::run_model_both(stored, feed, SessionOptions{});
-  ASSERT_FALSE(before.fast.empty() || after.fast.empty());
-  EXPECT_EQ(after.kernels[0].name, c.kernel);
-  EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
-  EXPECT_LE(testing::relative_l2(after.fast[0], after.ref[0]), 1e-6);
+// A 3x3 convolution and a linear layer on kiln's f32 GEMM and (where the CPU has AVX512-FP16)
+// its f16 one: prepack_weights stores each weight in the panels its GEMM reads (the
+// convolution's in the windows' order), and a plan of the stored model multiplies by those
+// bytes where they lie (no reorder while planning), with the same outputs as the plain weight.
+TEST(GemmKernel, WeightsAreStoredInTheirPanels) {
+  const std::string f32 = std::string("kiln.gemm_f32_") + cpu::isa_name(*cpu::best_isa(CpuFeatures::host()));
+  const bool f16 = !gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16);
+  auto weight = [](const Tensor& w, bool half) { return half ? testing::to_f16(w) : w; };
+  for (const bool half : {false, true}) {
+    if (half && !f16) continue;
+    for (const bool conv : {true, false}) {
+      SCOPED_TRACE(std::string(half ? "f16" : "f32") + (conv ? " conv" : " linear"));
+      testing::Case c = conv ? testing::Case{"FusedConv",
+                                             {noise({1, 7, 7, 24}, 110), weight(noise({40, 24, 3, 3}, 111, 0.1f), half)},
+                                             {false, true},
+                                             {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1})}}
+                             : testing::Case{"FusedMatMul", {noise({5, 96}, 112), weight(noise({96, 72}, 113, 0.1f), half)}, {false, true}};
+      c.kernel = half ? "kiln.gemm_f16_avx512" : f32;
+      std::vector<Tensor> feed;
+      Model plain = testing::case_model(c, feed), stored = plain;
+      Target target;
+      PassContext ctx{target, {}};
+      auto r = find_pass("prepack_weights")->run(stored, ctx);
+      ASSERT_TRUE(r.ok()) << r.error().message();
+      EXPECT_TRUE(r->changed) << r->summary;
+      const ValueId wid = stored.graph.nodes[0].inputs[1];
+      const Tensor& w = stored.graph.value(wid).constant;
+      ASSERT_TRUE(w.is_packed());
+      EXPECT_EQ(w.layout()->packed_for.find(conv ? " windows" : " nr"), w.layout()->packed_for.size() - (conv ? 8 : 5))
+          << w.layout()->packed_for;
+      EXPECT_EQ(std::memcmp(unpack(w).raw(), plain.graph.value(wid).constant.raw(), plain.graph.value(wid).constant.nbytes()), 0);
+      const std::vector<std::vector<int64_t>> shapes = {feed[0].shape()};
+      auto plan = build_plan(stored.graph, shapes, PlanOptions{target, default_kernels()});
+      ASSERT_TRUE(plan.ok()) << plan.error().message();
+      EXPECT_EQ(plan->kernels[0].kernel->packed_input(1).raw(), w.raw());
+      const testing::ModelRuns before = testing::run_model_both(plain, feed, SessionOptions{}),
+                               after = testing::run_model_both(stored, feed, SessionOptions{});
+      ASSERT_FALSE(before.fast.empty() || after.fast.empty());
+      EXPECT_EQ(after.kernels[0].name, c.kernel);
+      EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
+      EXPECT_LE(testing::relative_l2(after.fast[0], after.ref[0]), half ? 1e-2 : 1e-6);
+    }
+  }
 }
 
 TEST(GemmKernel, CompiledModelsRecordAndReuseTheParameters) {

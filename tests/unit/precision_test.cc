@@ -303,7 +303,18 @@ TEST(LowerPrecision, FastKernelsMatchTheReferenceCompiledSavedAndLoaded) {
       EXPECT_EQ(node_named(g, "conv").kernel.name, "onednn.conv") << "5 channels in: oneDNN's";
       EXPECT_EQ(node_named(g, "conv2").kernel.name, "kiln.gemm_f16_avx512");
       EXPECT_FALSE(g.value(node_named(g, "conv").inputs[1]).constant.is_packed()) << "f16 weights stay f16";
-      EXPECT_FALSE(g.value(node_named(g, "conv2").inputs[1]).constant.is_packed());
+      // The f16 GEMM's weights are stored in its panels, still f16: the 3x3 convolution's in the
+      // windows' order.
+      const Tensor& w2 = g.value(node_named(g, "conv2").inputs[1]).constant;
+      ASSERT_TRUE(w2.is_packed());
+      EXPECT_EQ(w2.dtype(), DType::f16);
+      EXPECT_EQ(w2.layout()->packed_for, "kiln gemm_f16 nr64 windows");
+      const Tensor& b1 = g.value(node_named(g, "mm1").inputs[1]).constant;
+      ASSERT_TRUE(b1.is_packed());
+      EXPECT_EQ(b1.layout()->packed_for, "kiln gemm_f16 nr64");
+      const Tensor plain = unpack(b1), want = random_f32({64, 100}, 5);
+      for (int64_t i = 0; i < want.numel(); ++i)
+        ASSERT_EQ(static_cast<float>(plain.data<half>()[i]), static_cast<float>(half(want.data<float>()[i]))) << i;
       if (!CpuFeatures::host().avx512_fp16) {  // compiled for a CPU with AVX512-FP16: refused here
         auto s = Session::create(m);
         ASSERT_FALSE(s.ok());

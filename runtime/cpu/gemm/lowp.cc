@@ -128,17 +128,17 @@ namespace {
 
 // Element (p, j) of a K×N B (stored N×K when `trans`) in panel j / NR, group p / g, at
 // (j % NR) · g + p % g: N blocked by NR outside K blocked by g (pack_b_s8's g = 4, pack_b_bf16's 2).
-PackedLayout panel_layout(int64_t k, int64_t n, bool trans, int64_t g, std::string packed_for) {
+PackedLayout panel_layout(int64_t k, int64_t n, bool trans, int64_t g, std::string packed_for, int64_t nr = NR) {
   PackedLayout l;
   const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
   l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
   l.padded_dims.assign(2, 0);
   l.padded_dims[static_cast<size_t>(kd)] = round_up(k, g);
-  l.padded_dims[static_cast<size_t>(nd)] = panels(n) * NR;
+  l.padded_dims[static_cast<size_t>(nd)] = panels(n, nr) * nr;
   l.strides.assign(2, 0);
-  l.strides[static_cast<size_t>(kd)] = NR * g;
-  l.strides[static_cast<size_t>(nd)] = round_up(k, g) * NR;
-  l.inner_blocks = {NR, g};
+  l.strides[static_cast<size_t>(kd)] = nr * g;
+  l.strides[static_cast<size_t>(nd)] = round_up(k, g) * nr;
+  l.inner_blocks = {nr, g};
   l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
   l.packed_for = std::move(packed_for);
   return l;
@@ -295,6 +295,23 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
     uint16_t* panel = out + (j / nr) * k2 * nr + (j % nr) * 2;
     for (int64_t p = 0; p < k; ++p) panel[(p / 2) * 2 * nr + p % 2] = trans ? b[j * ld + p] : b[p * ld + j];
   }
+}
+
+PackedLayout packed_b_f16_layout(int64_t k, int64_t n, bool trans) {
+  return panel_layout(k, n, trans, 2, "kiln gemm_f16 nr" + std::to_string(kF16Tile.nr), kF16Tile.nr);
+}
+
+std::optional<PackedLayout> packed_b_f16_windows_layout(int64_t n, int64_t c, int64_t taps) {
+  if (c % 2) return std::nullopt;  // a pair of K steps would span two taps
+  const int64_t nr = kF16Tile.nr;
+  PackedLayout l;
+  l.dims = {n, c, taps};
+  l.padded_dims = {panels(n, nr) * nr, c, taps};
+  l.strides = {round_up(taps * c, 2) * nr, 2 * nr, c * nr};  // pair q of B's row tap · C + channel
+  l.inner_blocks = {nr, 2};
+  l.inner_dims = {0, 1};
+  l.packed_for = "kiln gemm_f16 nr" + std::to_string(nr) + " windows";
+  return l;
 }
 
 int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2) {

@@ -187,6 +187,13 @@ int64_t packed_b_f16_elements(int64_t k, int64_t n);
 /// Packs f16 B (bits; K×N, or N×K when `trans`; `ld` between stored rows) for kF16Tile,
 /// zero-padded in N.
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
+/// pack_b_f16's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
+/// store the packed weight.
+PackedLayout packed_b_f16_layout(int64_t k, int64_t n, bool trans);
+/// pack_b_f16's placement of a convolution's weight [N, C, taps] (N output channels, taps =
+/// KH·KW) packed as the transpose of its windows' order (K = taps runs of C channels); nullopt
+/// for an odd C, where a pair of K steps spans two taps and no layout describes it.
+std::optional<PackedLayout> packed_b_f16_windows_layout(int64_t n, int64_t c, int64_t taps);
 
 /// C[M×N] f32 = A[M×K] f32 (rounded to f16 as it is copied to the workspace) · B packed by
 /// pack_b_f16, the products summed in f16 over blocks of kF16Block and the blocks in f32, then

@@ -351,4 +351,14 @@ void widen_f16(const uint16_t* in, int64_t n, float* out) {
   }
 }
 
+void narrow_f16(const float* in, int64_t n, uint16_t* out) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtps_ph(_mm512_loadu_ps(in + i), kNearest));
+  if (i < n) {
+    const __mmask16 m = lanes16(static_cast<int>(n - i));
+    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, in + i), kNearest));
+  }
+}
+
 }  // namespace kiln::cpu::gemm::lowp_avx512
