@@ -972,7 +972,8 @@ void register_nn_ops(OpRegistry& r) {
         .traits = {.types = {input(0, int8, "x"), input(1, DType::f32, "x_scale"), same_as(2, 0, "x_zero_point"),
                              input(3, DType::i8, "w"), same_as(4, 1, "w_scale"), same_as(5, 3, "w_zero_point"),
                              same_as(6, 1, "y_scale"), input(7, int8, "y_zero_point"), same_as(8, 1, "B"),
-                             input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")}};
+                             input(9, int8, "z"), same_as(10, 1, "z_scale"), same_as(11, 9, "z_zero_point")},
+                   .prepack_inputs = {3}};
     std::vector<AttrSpec> qmatmul = epilogue;
     qmatmul.push_back({"transB", AttrType::int64, false, "1: B is [N, K] (0)"});
     qmatmul.push_back({"dequantize_output", AttrType::int64, false,

@@ -376,6 +376,32 @@ TEST(GemmLowp, F16Layouts) {
   }
 }
 
+// pack() through packed_b_s8_windows_layout places a convolution's weight [N, C, KH, KW] where
+// in_windows_order then pack_b_s8 do; none where C is not a multiple of 4.
+TEST(GemmLowp, S8WindowsLayout) {
+  std::mt19937 rng(11);
+  for (const int64_t c : {4, 64, 70}) {
+    SCOPED_TRACE("C=" + std::to_string(c));
+    const int64_t n = 50;
+    const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 3};
+    const int64_t taps = win.kh * win.kw, k = win.k();
+    const std::optional<PackedLayout> l = gemm::packed_b_s8_windows_layout(n, c, taps);
+    ASSERT_EQ(l.has_value(), c % 4 == 0);
+    if (!l) continue;
+    Tensor w(DType::i8, {n, c, win.kh, win.kw});
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+    const Tensor ordered = cpu::in_windows_order(w.data<int8_t>(), DType::i8, n, win);
+    std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(k, n)));
+    std::vector<int32_t> sums(static_cast<size_t>(n));
+    gemm::pack_b_s8(ordered.data<int8_t>(), k, true, k, n, packed.data(), sums.data());
+    EXPECT_EQ(check_layout(*l, w.numel(), packed.size(), 1), std::nullopt);
+    const Tensor placed = pack(w, *l);
+    ASSERT_EQ(placed.nbytes(), packed.size());
+    EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), packed.size()), 0);
+    EXPECT_EQ(std::memcmp(unpack(placed).raw(), w.raw(), w.nbytes()), 0);
+  }
+}
+
 TEST(GemmLowp, U8s8BlockRows) {
   const int64_t l2 = int64_t{2} << 20;
   EXPECT_EQ(gemm::u8s8_block_rows(1024, 1024, 4, l2), 128);

@@ -4,7 +4,11 @@
 // windows; each kernel's default rule.
 #include <gtest/gtest.h>
 
+#include "compile/pass.h"
+#include "formats/layout.h"
 #include "runtime/cpu/gemm/lowp.h"
+#include "runtime/plan.h"
+#include "runtime/session.h"
 #include "tests/unit/int8_test_util.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -312,6 +316,52 @@ TEST(Int8Kernels, QFusedConvWindowsOnKilnGemm) {
     rc.threads = r.threads;
     expect_within_one_step(rc, "onednn.qconv", &vnni);
     expect_within_one_step(rc, r.on_amx, &amx);
+  }
+}
+
+// prepack_weights stores the weights of kiln's int8 convolutions in the GEMM's panels (a 3x3
+// one's in its windows' order, where its input channels are a multiple of 4), and a plan of
+// the stored model multiplies by those bytes where they lie, with the same outputs as the plain
+// weight gave; 70 input channels leave the windows' weight plain (a group of 4 K steps would
+// span two taps), packed while planning as before.
+TEST(Int8Kernels, QFusedConvWeightsAreStoredInTheirPanels) {
+  SKIP_WITHOUT_VNNI();
+  struct Form {
+    std::string kernel;
+    QConv s;
+    const char* layout;  // the stored weight's packed_for; null: stored plain
+  };
+  for (const Form& f : std::vector<Form>{{"kiln.qconv_u8s8_avx512", {1, 70, 5, 7, 50, 1, 1, 1}, "kiln gemm_u8s8 nr48"},
+                                         {"kiln.qconv_windows_u8s8_avx512", {1, 64, 9, 11, 40, 3, 1, 1}, "kiln gemm_u8s8 nr48 windows"},
+                                         {"kiln.qconv_windows_u8s8_avx512", {1, 70, 9, 8, 50, 3, 2, 1}, nullptr}}) {
+    SCOPED_TRACE(f.kernel + " " + std::to_string(f.s.c) + " channels");
+    Case c = qconv_case(f.s);
+    c.kernel = f.kernel;
+    std::vector<Tensor> feed;
+    Model plain = testing::case_model(c, feed), stored = plain;
+    Target target;
+    PassContext ctx{target, {}};
+    auto r = find_pass("prepack_weights")->run(stored, ctx);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    const ValueId wid = stored.graph.nodes[0].inputs[3];
+    const Tensor& w = stored.graph.value(wid).constant;
+    ASSERT_EQ(w.is_packed(), f.layout != nullptr) << r->summary;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const Tensor& t : feed) shapes.push_back(t.shape());
+    auto plan = build_plan(stored.graph, shapes, PlanOptions{target, default_kernels()});
+    ASSERT_TRUE(plan.ok()) << plan.error().message();
+    if (f.layout) {
+      EXPECT_EQ(w.layout()->packed_for, f.layout);
+      EXPECT_EQ(std::memcmp(unpack(w).raw(), plain.graph.value(wid).constant.raw(), w.numel()), 0);
+      EXPECT_EQ(plan->kernels[0].kernel->packed_input(3).raw(), w.raw());
+    } else {
+      EXPECT_FALSE(plan->kernels[0].kernel->packed_input(3).defined());
+    }
+    const testing::ModelRuns before = testing::run_model_both(plain, feed, SessionOptions{}),
+                             after = testing::run_model_both(stored, feed, SessionOptions{});
+    ASSERT_FALSE(before.fast.empty() || after.fast.empty());
+    EXPECT_EQ(after.kernels[0].name, f.kernel);
+    EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
   }
 }
 

@@ -150,6 +150,18 @@ PackedLayout packed_b_s8_layout(int64_t k, int64_t n, bool trans) {
   return panel_layout(k, n, trans, 4, "kiln gemm_u8s8 nr" + std::to_string(NR));
 }
 
+std::optional<PackedLayout> packed_b_s8_windows_layout(int64_t n, int64_t c, int64_t taps) {
+  if (c % 4) return std::nullopt;  // a group of 4 K steps would span two taps
+  PackedLayout l;
+  l.dims = {n, c, taps};
+  l.padded_dims = {panels(n) * NR, c, taps};
+  l.strides = {taps * c * NR, 4 * NR, c * NR};  // group q of B's row tap · C + channel
+  l.inner_blocks = {NR, 4};
+  l.inner_dims = {0, 1};
+  l.packed_for = "kiln gemm_u8s8 nr" + std::to_string(NR) + " windows";
+  return l;
+}
+
 void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t* col_sums) {
   lowp_avx512::s8_column_sums(packed, panels(n), (k + 3) / 4, n, col_sums);
 }

@@ -40,6 +40,10 @@ void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, in
 /// pack_b_s8's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
 /// store B packed (QFusedMatMul's weight).
 PackedLayout packed_b_s8_layout(int64_t k, int64_t n, bool trans);
+/// pack_b_s8's placement of a convolution's weight [N, C, taps] (N output channels, taps =
+/// KH·KW) packed as the transpose of its windows' order (K = taps runs of C channels); nullopt
+/// where C is not a multiple of 4, so that a group of K steps would span two taps.
+std::optional<PackedLayout> packed_b_s8_windows_layout(int64_t n, int64_t c, int64_t taps);
 /// The column sums pack_b_s8 gives, from its packed B (a weight a compiled model stored packed).
 void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t* col_sums);
 
