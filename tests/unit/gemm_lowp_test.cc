@@ -334,72 +334,62 @@ TEST(GemmLowp, F16BlockRows) {
 // 768-column products in one block of their 128 rows or more, MobileNetV2's 12544x96x16
 // expansion to u8 in 4,688 (C's bytes counted), A alone held to half of L2, and never fewer rows
 // than a tile.
-// pack() through packed_b_f16_layout places every element where pack_b_f16 does, and through
-// packed_b_f16_windows_layout where in_windows_order then pack_b_f16 do (a convolution's weight
-// [N, C, KH, KW]; none for an odd C, whose pairs of K steps span two taps); unpack() gives the
-// weight back. (No AVX512-FP16 needed: the packing is plain code.)
-TEST(GemmLowp, F16Layouts) {
+// pack(w, l) gives the `bytes` at `packed` (what the GEMM's own packing wrote), and unpack()
+// gives w back.
+void expect_layout_places(const Tensor& w, const PackedLayout& l, const void* packed, size_t bytes) {
+  EXPECT_EQ(check_layout(l, w.numel(), bytes, w.nbytes() / static_cast<size_t>(w.numel())), std::nullopt);
+  const Tensor placed = pack(w, l);
+  ASSERT_EQ(placed.nbytes(), bytes);
+  EXPECT_EQ(std::memcmp(placed.raw(), packed, bytes), 0);
+  EXPECT_EQ(std::memcmp(unpack(placed).raw(), w.raw(), w.nbytes()), 0);
+}
+
+// pack() through packed_b_f16_layout places every element where pack_b_f16 does, and unpack()
+// gives the weight back. (No AVX512-FP16 needed: the packing is plain code.)
+TEST(GemmLowp, F16Layout) {
   std::mt19937 rng(9);
-  auto random_f16 = [&](std::vector<int64_t> shape) {
-    Tensor t(DType::f16, std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = half(static_cast<float>(rng() % 2001) / 1000.f - 1.f).bits;
-    return t;
-  };
   for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 50}, {64, 64}, {259, 97}})
     for (bool trans : {false, true}) {
       SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(n) + (trans ? " transposed" : ""));
-      const Tensor b = random_f16(trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+      Tensor b(DType::f16, trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+      for (int64_t i = 0; i < b.numel(); ++i) b.data<half>()[i] = half(static_cast<float>(rng() % 2001) / 1000.f - 1.f);
       std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)));
       gemm::pack_b_f16(static_cast<const uint16_t*>(b.raw()), trans ? k : n, trans, k, n, packed.data());
-      const Tensor placed = pack(b, gemm::packed_b_f16_layout(k, n, trans));
-      ASSERT_EQ(placed.nbytes(), packed.size() * 2);
-      EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), placed.nbytes()), 0);
-      EXPECT_EQ(std::memcmp(unpack(placed).raw(), b.raw(), b.nbytes()), 0);
+      expect_layout_places(b, gemm::packed_b_f16_layout(k, n, trans), packed.data(), packed.size() * 2);
     }
-  for (const int64_t c : {2, 24, 5}) {
-    SCOPED_TRACE("C=" + std::to_string(c));
-    const int64_t n = 70;
-    const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 3};
-    const int64_t taps = win.kh * win.kw, k = win.k();
-    const std::optional<PackedLayout> l = gemm::packed_b_f16_windows_layout(n, c, taps);
-    ASSERT_EQ(l.has_value(), c % 2 == 0);
-    if (!l) continue;
-    const Tensor w = random_f16({n, c, win.kh, win.kw});
-    const Tensor ordered = cpu::in_windows_order(static_cast<const uint16_t*>(w.raw()), DType::u16, n, win);
-    std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)));
-    gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), k, true, k, n, packed.data());
-    EXPECT_EQ(check_layout(*l, w.numel(), packed.size() * 2, 2), std::nullopt);
-    const Tensor placed = pack(w, *l);
-    ASSERT_EQ(placed.nbytes(), packed.size() * 2);
-    EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), placed.nbytes()), 0);
-    EXPECT_EQ(std::memcmp(unpack(placed).raw(), w.raw(), w.nbytes()), 0);
-  }
 }
 
-// pack() through packed_b_s8_windows_layout places a convolution's weight [N, C, KH, KW] where
-// in_windows_order then pack_b_s8 do; none where C is not a multiple of 4.
-TEST(GemmLowp, S8WindowsLayout) {
+// pack() through packed_b_f16_windows_layout and packed_b_s8_windows_layout places a
+// convolution's weight [N, C, KH, KW] where in_windows_order then pack_b_f16 / pack_b_s8 do;
+// neither describes a C whose pairs (f16) or groups of 4 (s8) of K steps would span two taps.
+TEST(GemmLowp, WindowsLayouts) {
   std::mt19937 rng(11);
-  for (const int64_t c : {4, 64, 70}) {
-    SCOPED_TRACE("C=" + std::to_string(c));
-    const int64_t n = 50;
-    const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 3};
-    const int64_t taps = win.kh * win.kw, k = win.k();
-    const std::optional<PackedLayout> l = gemm::packed_b_s8_windows_layout(n, c, taps);
-    ASSERT_EQ(l.has_value(), c % 4 == 0);
-    if (!l) continue;
-    Tensor w(DType::i8, {n, c, win.kh, win.kw});
-    for (int64_t i = 0; i < w.numel(); ++i) w.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
-    const Tensor ordered = cpu::in_windows_order(w.data<int8_t>(), DType::i8, n, win);
-    std::vector<int8_t> packed(static_cast<size_t>(gemm::packed_b_s8_bytes(k, n)));
-    std::vector<int32_t> sums(static_cast<size_t>(n));
-    gemm::pack_b_s8(ordered.data<int8_t>(), k, true, k, n, packed.data(), sums.data());
-    EXPECT_EQ(check_layout(*l, w.numel(), packed.size(), 1), std::nullopt);
-    const Tensor placed = pack(w, *l);
-    ASSERT_EQ(placed.nbytes(), packed.size());
-    EXPECT_EQ(std::memcmp(placed.raw(), packed.data(), packed.size()), 0);
-    EXPECT_EQ(std::memcmp(unpack(placed).raw(), w.raw(), w.nbytes()), 0);
-  }
+  for (const bool f16 : {true, false})
+    for (const int64_t c : {2, 4, 5, 24, 64, 70}) {
+      SCOPED_TRACE(std::string(f16 ? "f16" : "s8") + " C=" + std::to_string(c));
+      const int64_t n = 50;
+      const gemm::ImageWindows win{.h = 9, .w = 9, .c = c, .oh = 9, .ow = 9, .kh = 3, .kw = 3};
+      const int64_t taps = win.kh * win.kw, k = win.k();
+      const std::optional<PackedLayout> l =
+          f16 ? gemm::packed_b_f16_windows_layout(n, c, taps) : gemm::packed_b_s8_windows_layout(n, c, taps);
+      ASSERT_EQ(l.has_value(), c % (f16 ? 2 : 4) == 0);
+      if (!l) continue;
+      Tensor w(f16 ? DType::f16 : DType::i8, {n, c, win.kh, win.kw});
+      std::vector<std::byte> packed;
+      if (f16) {
+        for (int64_t i = 0; i < w.numel(); ++i) w.data<half>()[i] = half(static_cast<float>(rng() % 2001) / 1000.f - 1.f);
+        const Tensor ordered = cpu::in_windows_order(static_cast<const uint16_t*>(w.raw()), DType::u16, n, win);
+        packed.resize(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)) * 2);
+        gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), k, true, k, n, reinterpret_cast<uint16_t*>(packed.data()));
+      } else {
+        for (int64_t i = 0; i < w.numel(); ++i) w.data<int8_t>()[i] = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+        const Tensor ordered = cpu::in_windows_order(w.data<int8_t>(), DType::i8, n, win);
+        packed.resize(static_cast<size_t>(gemm::packed_b_s8_bytes(k, n)));
+        std::vector<int32_t> sums(static_cast<size_t>(n));
+        gemm::pack_b_s8(ordered.data<int8_t>(), k, true, k, n, reinterpret_cast<int8_t*>(packed.data()), sums.data());
+      }
+      expect_layout_places(w, *l, packed.data(), packed.size());
+    }
 }
 
 TEST(GemmLowp, U8s8BlockRows) {

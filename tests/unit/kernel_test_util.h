@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "compile/pass.h"
+#include "formats/layout.h"
 #include "runtime/cpu/rows.h"
+#include "runtime/plan.h"
 #include "tests/unit/compile_test_util.h"
 
 namespace kiln::testing {
@@ -116,6 +121,43 @@ inline ModelRuns run_model_both(const Model& m, const std::vector<Tensor>& feed,
   out.kernels.assign((*fast)->kernels().begin(), (*fast)->kernels().end());
   out.threads = (*fast)->run_threads();
   return out;
+}
+
+/// `c`'s one-node model on its pinned kernel, its constant input `slot` stored as compile's
+/// prepack_weights stores it: where the kernel stores it packed, the plan of the stored model
+/// uses those bytes where they lie (no reorder while planning) and they unpack to the plain
+/// weight; either way the stored model's outputs are the plain one's bit for bit (and within
+/// `tol` relative L2 of the reference kernels' where `tol` ≥ 0). Returns the stored constant.
+inline Tensor expect_stored_weight_used_in_place(const Case& c, size_t slot, double tol = -1) {
+  std::vector<Tensor> feed;
+  const Model plain = case_model(c, feed);
+  Model stored = plain;
+  Target target;
+  PassContext ctx{target, {}};
+  auto r = find_pass("prepack_weights")->run(stored, ctx);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+  const ValueId wid = stored.graph.nodes[0].inputs[slot];
+  const Tensor w = stored.graph.value(wid).constant;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Tensor& t : feed) shapes.push_back(t.shape());
+  auto plan = build_plan(stored.graph, shapes, PlanOptions{target, default_kernels()});
+  EXPECT_TRUE(plan.ok()) << (plan.ok() ? "" : plan.error().message());
+  if (!r.ok() || !plan.ok()) return w;
+  const Tensor offered = plan->kernels[0].kernel->packed_input(slot);
+  if (w.is_packed()) {
+    const Tensor& given = plain.graph.value(wid).constant;
+    EXPECT_EQ(std::memcmp(unpack(w).raw(), given.raw(), given.nbytes()), 0);
+    EXPECT_EQ(offered.raw(), w.raw());
+  } else {
+    EXPECT_FALSE(offered.defined()) << "offered a packed weight that prepack_weights did not store";
+  }
+  const ModelRuns before = run_model_both(plain, feed, SessionOptions{}), after = run_model_both(stored, feed, SessionOptions{});
+  EXPECT_FALSE(before.fast.empty() || after.fast.empty());
+  if (before.fast.empty() || after.fast.empty()) return w;
+  EXPECT_EQ(after.kernels[0].name, c.kernel);
+  EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
+  if (tol >= 0) EXPECT_LE(relative_l2(after.fast[0], after.ref[0]), tol);
+  return w;
 }
 
 inline BothRuns run_both(const Case& c, const CpuFeatures* cpu = nullptr, const KernelRegistry* kernels = nullptr) {
