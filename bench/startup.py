@@ -2,9 +2,10 @@
 """Start-up and memory of compiled kiln against ONNX Runtime, one model at a time.
 
     python bench/startup.py --kiln PATH [--models NAME ...] [--threads 1] [--repeat 3] [--work-dir DIR]
+                            [--precision fp32 bf16 fp16]
 
-For each model (the real-sized test models by default), each in fresh processes, `--repeat`
-times, medians reported:
+For each model (the real-sized test models by default), compiled at each `--precision` (a row
+each; fp32 alone by default), each in fresh processes, `--repeat` times, medians reported:
   - kiln: `kiln run COMPILED --iters 10 --json` gives the load time (memory-mapped), the
     session creation (which plans the compiled input shapes: kernels prepared on the weights
     as the model stores them, packed), the first run, the steady-state median and the peak RSS;
@@ -67,6 +68,8 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--work-dir", default=DEFAULT_OUT_DIR)
+    parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16", "fp16"],
+                        help="compile kiln's model at each (a row each; ONNX Runtime's f32 session is the same)")
     args = parser.parse_args()
     generated = Generated(args.work_dir)
     print(f"# {args.threads} thread(s), medians of {args.repeat} fresh processes; ms and MB")
@@ -83,27 +86,32 @@ def main():
             exported = os.path.join(scratch, f"{name}.kiln")
             compiled = os.path.join(scratch, f"{name}.c.kiln")
             run([args.kiln, "export", onnx_path, "-o", exported])
-            cmd = [args.kiln, "compile", exported, "-o", compiled, "--threads", str(args.threads)]
-            for s in input_shapes(load_npz(inputs_path)):
-                cmd += ["--input-shape", s]
-            run(cmd)
-            weights = os.path.getsize(compiled)
-            k, o = [], []
-            for _ in range(args.repeat):
-                k.append(json.loads(run([args.kiln, "run", compiled, "--inputs", inputs_path, "--threads", str(args.threads),
-                                         "--iters", str(args.iters), "--warmup", "0", "--json"])))
-                o.append(json.loads(run([sys.executable, "-c", ORT_CHILD, onnx_path, inputs_path, str(args.threads), str(args.iters)])))
-            med = lambda xs: statistics.median(xs)  # noqa: E731
-            k_median = med([r["latency_ms"]["median"] for r in k])
-            k_first = med([r["startup_ms"]["first_run"] for r in k])
-            k_start = med([r["startup_ms"]["load"] + r["startup_ms"]["session"] + r["startup_ms"]["first_run"] - r["latency_ms"]["median"]
-                           for r in k])
-            o_session = med([r["session_ms"] for r in o])
-            arena = k[0]["arena_bytes"]
-            print(f"{name:16s} {k_start:22.1f} {o_session:12.1f} {k_start / o_session:6.2f}  {k_first / k_median:15.2f} "
-                  f"{med([r['first_ms'] for r in o]) / med([r['median_ms'] for r in o]):14.2f}  "
-                  f"{med([r['peak_rss_bytes'] for r in k]) / 1e6:8.0f} {(weights + arena) / 1e6:13.0f} "
-                  f"{med([r['peak_rss_bytes'] for r in o]) / 1e6:8.0f}", flush=True)
+            o = []  # ONNX Runtime's f32 session, once a model
+            for precision in args.precision:
+                cmd = [args.kiln, "compile", exported, "-o", compiled, "--threads", str(args.threads), "--precision", precision]
+                for s in input_shapes(load_npz(inputs_path)):
+                    cmd += ["--input-shape", s]
+                run(cmd)
+                weights = os.path.getsize(compiled)
+                k = []
+                for _ in range(args.repeat):
+                    k.append(json.loads(run([args.kiln, "run", compiled, "--inputs", inputs_path, "--threads", str(args.threads),
+                                             "--iters", str(args.iters), "--warmup", "0", "--json"])))
+                    if len(o) < args.repeat:
+                        o.append(json.loads(run([sys.executable, "-c", ORT_CHILD, onnx_path, inputs_path, str(args.threads),
+                                                 str(args.iters)])))
+                med = lambda xs: statistics.median(xs)  # noqa: E731
+                k_median = med([r["latency_ms"]["median"] for r in k])
+                k_first = med([r["startup_ms"]["first_run"] for r in k])
+                k_start = med([r["startup_ms"]["load"] + r["startup_ms"]["session"] + r["startup_ms"]["first_run"] -
+                               r["latency_ms"]["median"] for r in k])
+                o_session = med([r["session_ms"] for r in o])
+                arena = k[0]["arena_bytes"]
+                label = name if precision == "fp32" else f"{name} {precision}"
+                print(f"{label:16s} {k_start:22.1f} {o_session:12.1f} {k_start / o_session:6.2f}  {k_first / k_median:15.2f} "
+                      f"{med([r['first_ms'] for r in o]) / med([r['median_ms'] for r in o]):14.2f}  "
+                      f"{med([r['peak_rss_bytes'] for r in k]) / 1e6:8.0f} {(weights + arena) / 1e6:13.0f} "
+                      f"{med([r['peak_rss_bytes'] for r in o]) / 1e6:8.0f}", flush=True)
 
 
 if __name__ == "__main__":
