@@ -101,6 +101,10 @@ Tensor Tensor::part(size_t offset, DType dtype, std::vector<int64_t> shape) cons
   return view(dtype, std::move(shape), static_cast<char*>(data_) + offset, owner_);
 }
 
+Tensor Tensor::as_packed(DType dtype, std::vector<int64_t> shape, PackedLayout layout) const {
+  return packed(dtype, std::move(shape), std::move(layout), nbytes(), data_, owner_);
+}
+
 Tensor Tensor::clone() const {
   if (layout_) {
     Tensor t = *this;

@@ -75,6 +75,9 @@ class Tensor {
   /// A view of part of its storage, sharing it: `shape`'s elements of `dtype` from byte
   /// `offset` on (plain tensors only; the part must lie within).
   Tensor part(size_t offset, DType dtype, std::vector<int64_t> shape) const;
+  /// Its whole storage, sharing it, as a packed tensor of `dtype` and `shape` in `layout` (a
+  /// kernel's packed weight, which the caller has laid out so).
+  Tensor as_packed(DType dtype, std::vector<int64_t> shape, PackedLayout layout) const;
   /// Whether this tensor is the only holder of its storage (no copy or view of it is alive).
   bool sole_owner() const { return owner_ && owner_.use_count() == 1; }
   /// A deep copy with its own storage (and the same layout).

@@ -451,8 +451,7 @@ class GemmKernel final : public Kernel {
         if (reorder) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
-        packed_ = Tensor::packed(DType::f32, w->shape(), want, packed.nbytes(), packed.raw(),
-                                 std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+        packed_ = packed.as_packed(DType::f32, w->shape(), want);
       }
       b_packed_ = true;
       // An f16 weight is stored as it is (half the bytes). A reordered one is stored in its
@@ -714,8 +713,7 @@ class Bf16GemmKernel final : public Kernel {
       const Tensor wide = gemm::widened_to_f32(w);  // exact: bf16 widens without rounding
       Tensor packed(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
       gemm::pack_b_bf16(wide.data<float>(), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
-      packed_ = Tensor::packed(DType::bf16, w.shape(), want, packed.nbytes(), packed.raw(),
-                               std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+      packed_ = packed.as_packed(DType::bf16, w.shape(), want);
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);
@@ -819,9 +817,7 @@ class F16GemmKernel final : public Kernel {
       const Tensor ordered = windows_ ? in_windows_order(static_cast<const uint16_t*>(plain.raw()), DType::u16, n_, g_) : plain;
       Tensor packed(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
       gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), trans_b ? k_ : n_, trans_b, k_, n_, packed.data<uint16_t>());
-      packed_ = !want ? packed
-                      : Tensor::packed(DType::f16, w.shape(), *want, packed.nbytes(), packed.raw(),
-                                       std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+      packed_ = want ? packed.as_packed(DType::f16, w.shape(), *want) : packed;
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);

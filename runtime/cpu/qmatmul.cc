@@ -209,9 +209,7 @@ class QMatMulKernel final : public Kernel {
       if (windows) plain = in_windows_order(plain.data<int8_t>(), DType::i8, n_, win_);
       Tensor packed(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
       gemm::pack_b_s8(plain.data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed.data<int8_t>(), col_sums_.data());
-      packed_ = !want ? packed
-                      : Tensor::packed(DType::i8, w.shape(), *want, packed.nbytes(), packed.raw(),
-                                       std::shared_ptr<void>(std::make_shared<Tensor>(packed), packed.raw()));
+      packed_ = want ? packed.as_packed(DType::i8, w.shape(), *want) : packed;
     }
     // A's scale and zero point: constants, or (a dynamically quantized input) each run's.
     dynamic_ = !q.inputs[1].value || !q.inputs[2].value;

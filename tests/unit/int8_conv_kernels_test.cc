@@ -335,7 +335,9 @@ TEST(Int8Kernels, QFusedConvWeightsAreStoredInTheirPanels) {
     c.kernel = f.kernel;
     const Tensor w = testing::expect_stored_weight_used_in_place(c, 3);
     ASSERT_EQ(w.is_packed(), f.layout != nullptr);
-    if (f.layout) EXPECT_EQ(w.layout()->packed_for, f.layout);
+    if (f.layout) {
+      EXPECT_EQ(w.layout()->packed_for, f.layout);
+    }
   }
 }
 

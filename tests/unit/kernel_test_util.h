@@ -156,7 +156,9 @@ inline Tensor expect_stored_weight_used_in_place(const Case& c, size_t slot, dou
   if (before.fast.empty() || after.fast.empty()) return w;
   EXPECT_EQ(after.kernels[0].name, c.kernel);
   EXPECT_EQ(std::memcmp(after.fast[0].raw(), before.fast[0].raw(), before.fast[0].nbytes()), 0);
-  if (tol >= 0) EXPECT_LE(relative_l2(after.fast[0], after.ref[0]), tol);
+  if (tol >= 0) {
+    EXPECT_LE(relative_l2(after.fast[0], after.ref[0]), tol);
+  }
   return w;
 }
 

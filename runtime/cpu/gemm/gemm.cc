@@ -200,15 +200,21 @@ PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans) {
   return l;
 }
 
-PackedLayout packed_b_windows_layout(int64_t n, int64_t c, int64_t taps, int nr) {
+std::optional<PackedLayout> windows_panels_layout(int64_t n, int64_t c, int64_t taps, int64_t nr, int64_t group,
+                                                  const std::string& packed_for) {
+  if (c % group) return std::nullopt;  // a group of K steps would span two taps
   PackedLayout l;
   l.dims = {n, c, taps};
   l.padded_dims = {round_up(n, nr), c, taps};
-  l.strides = {taps * c * nr, nr, c * nr};  // B's row of (tap, channel) is tap · C + channel
-  l.inner_blocks = {nr};
-  l.inner_dims = {0};
-  l.packed_for = "kiln gemm_f32 nr" + std::to_string(nr) + " windows";
+  l.strides = {taps * c * nr, group * nr, c * nr};  // group q of B's row of (tap, channel), tap · C + channel
+  l.inner_blocks = group > 1 ? std::vector<int64_t>{nr, group} : std::vector<int64_t>{nr};
+  l.inner_dims = group > 1 ? std::vector<int32_t>{0, 1} : std::vector<int32_t>{0};
+  l.packed_for = packed_for + " windows";
   return l;
+}
+
+PackedLayout packed_b_windows_layout(int64_t n, int64_t c, int64_t taps, int nr) {
+  return *windows_panels_layout(n, c, taps, nr, 1, "kiln gemm_f32 nr" + std::to_string(nr));
 }
 
 int64_t packed_b_floats(int64_t k, int64_t n, int nr) { return round_up(n, nr) * k; }

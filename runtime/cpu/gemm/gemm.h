@@ -100,6 +100,12 @@ PackedLayout packed_b_layout(int64_t k, int64_t n, int nr, bool trans);
 /// NR columns wide: the weight stored in the panels its GEMM reads, as packed_b_layout stores
 /// a pointwise one's.
 PackedLayout packed_b_windows_layout(int64_t n, int64_t c, int64_t taps, int nr);
+/// The layout of a convolution's weight [N, C, taps] packed by a GEMM's packing in the windows'
+/// order (K = taps runs of C channels) in panels of `nr` columns, K's steps in groups of
+/// `group` (1: f32, 2: f16 pairs, 4: u8s8 quads; "`packed_for` windows"); nullopt where C is
+/// not a multiple of `group`, as a group would then span two taps.
+std::optional<PackedLayout> windows_panels_layout(int64_t n, int64_t c, int64_t taps, int64_t nr, int64_t group,
+                                                  const std::string& packed_for);
 /// Floats packed_b writes: ceil(N / NR) · K · NR.
 int64_t packed_b_floats(int64_t k, int64_t n, int nr);
 /// Packs B (`ld` floats between its rows as stored) into `out` (packed_b_floats long).

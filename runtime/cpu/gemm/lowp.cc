@@ -151,15 +151,7 @@ PackedLayout packed_b_s8_layout(int64_t k, int64_t n, bool trans) {
 }
 
 std::optional<PackedLayout> packed_b_s8_windows_layout(int64_t n, int64_t c, int64_t taps) {
-  if (c % 4) return std::nullopt;  // a group of 4 K steps would span two taps
-  PackedLayout l;
-  l.dims = {n, c, taps};
-  l.padded_dims = {panels(n) * NR, c, taps};
-  l.strides = {taps * c * NR, 4 * NR, c * NR};  // group q of B's row tap · C + channel
-  l.inner_blocks = {NR, 4};
-  l.inner_dims = {0, 1};
-  l.packed_for = "kiln gemm_u8s8 nr" + std::to_string(NR) + " windows";
-  return l;
+  return windows_panels_layout(n, c, taps, NR, 4, "kiln gemm_u8s8 nr" + std::to_string(NR));
 }
 
 void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t* col_sums) {
@@ -314,16 +306,7 @@ PackedLayout packed_b_f16_layout(int64_t k, int64_t n, bool trans) {
 }
 
 std::optional<PackedLayout> packed_b_f16_windows_layout(int64_t n, int64_t c, int64_t taps) {
-  if (c % 2) return std::nullopt;  // a pair of K steps would span two taps
-  const int64_t nr = kF16Tile.nr;
-  PackedLayout l;
-  l.dims = {n, c, taps};
-  l.padded_dims = {panels(n, nr) * nr, c, taps};
-  l.strides = {round_up(taps * c, 2) * nr, 2 * nr, c * nr};  // pair q of B's row tap · C + channel
-  l.inner_blocks = {nr, 2};
-  l.inner_dims = {0, 1};
-  l.packed_for = "kiln gemm_f16 nr" + std::to_string(nr) + " windows";
-  return l;
+  return windows_panels_layout(n, c, taps, kF16Tile.nr, 2, "kiln gemm_f16 nr" + std::to_string(kF16Tile.nr));
 }
 
 int64_t f16_block_rows(int64_t n, int64_t kc, int64_t l2) {
