@@ -71,6 +71,7 @@ def main():
     parser.add_argument("--precision", nargs="+", default=["fp32"], choices=["fp32", "bf16", "fp16"],
                         help="compile kiln's model at each (a row each; ONNX Runtime's f32 session is the same)")
     args = parser.parse_args()
+    os.makedirs(args.work_dir, exist_ok=True)
     generated = Generated(args.work_dir)
     print(f"# {args.threads} thread(s), medians of {args.repeat} fresh processes; ms and MB")
     print(f"{'model':16s} {'kiln load+session+plan':>22s} {'ORT session':>12s} {'ratio':>6s}  {'kiln 1st/median':>15s} "

@@ -116,6 +116,12 @@ int run(const RunArgs& args) {
               << " bytes of kernel workspace, " << m.dynamic_values
               << " allocated separately; " << m.reinferred_nodes << " of " << g.nodes.size()
               << " nodes infer their output shapes on each run\n";
+    if (const size_t eligible = (*session)->huge_page_eligible_bytes(); eligible > 0) {
+      const size_t moved = (*session)->huge_page_weight_bytes();
+      std::cerr << "huge pages: " << moved << " of " << eligible << " bytes of low-precision weights moved onto them"
+                << (moved < eligible ? " (the machine gave them slowly past there; the rest are read where mapped)" : "")
+                << "\n";
+    }
     std::span<const NodeKernel> kernels = (*session)->kernels();
     for (size_t i = 0; i < kernels.size(); ++i) {
       std::cerr << "node '" << escape_controls(g.nodes[i].name) << "' (" << escape_controls(g.nodes[i].qualified_op()) << "): " << kernels[i].name;

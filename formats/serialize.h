@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -82,14 +83,34 @@ void release_file_pages(const Tensor& t);
 /// mode; false for "never" or text that names none).
 bool huge_pages_enabled(std::string_view thp_mode);
 
-/// `g` with its packed constants whose type is not f32 (a compiled model's int8, int4, bf16 and
-/// f16 weights) that no convolution reads moved out of a model file load_model memory-mapped,
-/// into one anonymous region that asks for transparent huge pages (MADV_HUGEPAGE), their file
-/// pages given back: the AMX and VNNI GEMMs stream such weights at memory speed, where 4 KiB
-/// pages stop the hardware's prefetchers at every page and miss the TLB. Null, and `g` left
-/// to run as it is, when `thp_mode` (huge_pages_enabled's text) says no, less than 2 MiB would
-/// move, the memory budget has no room or the machine refuses the region.
-std::shared_ptr<const Graph> weights_on_huge_pages(const Graph& g, std::string_view thp_mode);
+/// Faults in the 2 MiB page at `page` and returns the milliseconds it took.
+using HugePageFault = std::function<double(uint8_t* page)>;
+
+/// What weights_on_huge_pages moved.
+struct HugePageWeights {
+  /// `g` with the moved weights in their new place, or null: nothing moved.
+  std::shared_ptr<const Graph> graph;
+  size_t moved_bytes = 0;     ///< the weights moved
+  size_t eligible_bytes = 0;  ///< the weights that would have moved had the pages come quickly
+};
+
+/// Moves a model's packed constants whose type is not f32 (a compiled model's int8, int4, bf16
+/// and f16 weights) that no convolution reads out of a model file load_model memory-mapped, in
+/// a copy of `g`, into one anonymous region that asks for transparent huge pages
+/// (MADV_HUGEPAGE), their file pages given back: the AMX and VNNI GEMMs stream such weights at
+/// memory speed, where 4 KiB pages stop the hardware's prefetchers at every page and miss the
+/// TLB. The region's pages are faulted in one at a time, in the weights' order, by `fault`
+/// (null: touched and timed), and the moving stops once the pages that each took over
+/// kSlowHugePageMs have cost kSlowHugePagesBudgetMs in all (a virtual machine whose host backs
+/// fresh memory on demand, or a kernel compacting memory for free 2 MiB blocks): the weights
+/// past there stay in the file. Nothing moves when `thp_mode` (huge_pages_enabled's text) says
+/// no, less than 2 MiB would, the memory budget has no room, the machine refuses the region or
+/// its first pages came slowly.
+HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault = nullptr);
+/// A huge page slower to fault in than this (2 MiB at under 2 GB/s; zeroing one takes 0.1-0.3 ms)
+/// counts against kSlowHugePagesBudgetMs, which bounds what a session spends on slow ones.
+inline constexpr double kSlowHugePageMs = 1.0;
+inline constexpr double kSlowHugePagesBudgetMs = 5.0;
 
 /// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
 /// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A

@@ -253,9 +253,9 @@ Status run_kernel(Kernel& kernel, KernelContext& ctx, const Graph& g, const Node
 
 }  // namespace
 
-Session::Session(const Model& model, SessionOptions options, std::shared_ptr<const Graph> placed)
+Session::Session(const Model& model, SessionOptions options, HugePageWeights placed)
     : placed_(std::move(placed)),
-      graph_(placed_ ? *placed_ : model.graph),
+      graph_(placed_.graph ? *placed_.graph : model.graph),
       options_(std::move(options)),
       subgraph_workspace_(std::make_unique<Workspace>()) {}
 Session::~Session() = default;
@@ -263,8 +263,7 @@ Session::~Session() = default;
 Result<std::unique_ptr<Session>> Session::create(const Model& model, SessionOptions options) {
   // The kernels' low-precision packed weights (not the reference kernels', which read them
   // unpacked) move out of the mapped file onto huge pages, in a copy of the graph.
-  std::shared_ptr<const Graph> placed =
-      options.reference ? nullptr : weights_on_huge_pages(model.graph, transparent_huge_pages());
+  HugePageWeights placed = options.reference ? HugePageWeights{} : weights_on_huge_pages(model.graph, transparent_huge_pages());
   std::unique_ptr<Session> s(new Session(model, std::move(options), std::move(placed)));
   if (s->options_.target.threads < 1 || s->options_.target.threads > kMaxThreads)
     return user_error("", "the thread count must be from 1 to " + std::to_string(kMaxThreads) + ", not " +

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "formats/ir.h"
+#include "formats/serialize.h"
 #include "runtime/kernel.h"
 
 namespace kiln {
@@ -103,6 +104,10 @@ class Session {
   void set_observer(ExecutionObserver* observer) { observer_ = observer; }
 
   const MemoryPlanStats& memory_stats() const { return stats_; }
+  /// The weights the session moved onto huge pages as it was created (weights_on_huge_pages).
+  size_t huge_page_weight_bytes() const { return placed_.moved_bytes; }
+  /// The weights it would have moved, had the machine given it huge pages quickly.
+  size_t huge_page_eligible_bytes() const { return placed_.eligible_bytes; }
   /// The kernel of each node in the last run's plan, in node order (empty before a run).
   std::span<const NodeKernel> kernels() const;
   const Graph& graph() const { return graph_; }
@@ -117,7 +122,7 @@ class Session {
   struct Workspace;
   struct Frame;
   class Context;
-  Session(const Model& model, SessionOptions options, std::shared_ptr<const Graph> placed);
+  Session(const Model& model, SessionOptions options, HugePageWeights placed);
   /// The plan for inputs of these shapes (graph.inputs order), built on first use.
   Result<Plan*> plan_for(std::vector<std::vector<int64_t>> key);
   Status run_planned(Plan& plan);
@@ -129,8 +134,8 @@ class Session {
   Result<std::vector<Tensor>> run_subgraph(const Graph& g, std::vector<Tensor> inputs, Frame& parent, const Node& owner);
 
   /// The model's graph with its lower-precision packed weights moved onto huge pages
-  /// (weights_on_huge_pages), or null: the session runs the model's own graph.
-  std::shared_ptr<const Graph> placed_;
+  /// (weights_on_huge_pages), or a null graph: the session runs the model's own graph.
+  HugePageWeights placed_;
   const Graph& graph_;
   SessionOptions options_;
   std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>> subgraph_kernels_;

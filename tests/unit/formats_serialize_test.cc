@@ -454,10 +454,13 @@ TEST(FormatsSerialize, LowPrecisionWeightsMoveOntoHugePages) {
   ASSERT_TRUE(save_model(m, path).ok());
   auto loaded = load_model(path, LoadOptions{.verify = false});
   ASSERT_TRUE(loaded.ok()) << loaded.error().message();
-  EXPECT_EQ(weights_on_huge_pages(loaded->graph, "always madvise [never]"), nullptr);
-  const std::shared_ptr<const Graph> placed = weights_on_huge_pages(loaded->graph, "always [madvise] never");
-  ASSERT_NE(placed, nullptr);
-  const Graph& g = *placed;
+  EXPECT_EQ(weights_on_huge_pages(loaded->graph, "always madvise [never]").graph, nullptr);
+  const auto quick = [](uint8_t*) { return 0.0; };  // the pages came quickly (see below for slow ones)
+  const HugePageWeights placed = weights_on_huge_pages(loaded->graph, "always [madvise] never", quick);
+  ASSERT_NE(placed.graph, nullptr);
+  EXPECT_EQ(placed.moved_bytes, 2048u * 1536);
+  EXPECT_EQ(placed.eligible_bytes, 2048u * 1536);
+  const Graph& g = *placed.graph;
   const Tensor& moved = g.values[linear].constant;
   EXPECT_NE(moved.raw(), loaded->graph.values[linear].constant.raw());
   ASSERT_TRUE(moved.is_packed());
@@ -476,7 +479,63 @@ TEST(FormatsSerialize, LowPrecisionWeightsMoveOntoHugePages) {
   ASSERT_TRUE(save_model(small, dir.file("small.kiln")).ok());
   auto small_loaded = load_model(dir.file("small.kiln"));
   ASSERT_TRUE(small_loaded.ok());
-  EXPECT_EQ(weights_on_huge_pages(small_loaded->graph, "[always] madvise never"), nullptr);
+  EXPECT_EQ(weights_on_huge_pages(small_loaded->graph, "[always] madvise never", quick).graph, nullptr);
+}
+
+// The weights move in order while the machine gives huge pages quickly: once slow pages have
+// cost kSlowHugePagesBudgetMs, the rest stay in the mapped file; a slow page now and then
+// does not stop it, and a slow first page moves nothing.
+TEST(FormatsSerialize, HugePagesStopWhereTheyComeSlowly) {
+  TempDir dir;
+  const PackedLayout layout{{2048, 1536}, {2048, 1536}, {1, 2048}, {}, {}, "test"};
+  Model m;
+  std::vector<ValueId> weights;
+  for (uint32_t seed = 1; seed <= 3; ++seed)  // 3 MiB each: 9 MiB in five 2 MiB pages
+    weights.push_back(m.graph.add_constant("w" + std::to_string(seed), pack(random_tensor(DType::i8, {2048, 1536}, seed), layout)));
+  ASSERT_TRUE(save_model(m, dir.file("w.kiln")).ok());
+  auto loaded = load_model(dir.file("w.kiln"), LoadOptions{.verify = false});
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  const size_t each = 2048 * 1536;
+  // Page k (in 2 MiB steps from the region's start) faults in in times[k] ms.
+  auto place = [&](std::vector<double> times, size_t& calls) {
+    calls = 0;
+    uint8_t* first = nullptr;
+    return weights_on_huge_pages(loaded->graph, "always [madvise] never", [&, times](uint8_t* page) {
+      if (!first) first = page;
+      EXPECT_EQ(page, first + calls * (2 << 20));
+      return times.at(calls++);
+    });
+  };
+  auto moved = [&](const HugePageWeights& p, ValueId v) { return p.graph->values[v].constant.raw() != loaded->graph.values[v].constant.raw(); };
+  size_t calls = 0;
+  // Quick pages: all three move.
+  HugePageWeights all = place({0.3, 0.3, 0.3, 0.3, 0.3}, calls);
+  EXPECT_EQ(calls, 5u);
+  ASSERT_NE(all.graph, nullptr);
+  EXPECT_EQ(all.moved_bytes, 3 * each);
+  EXPECT_EQ(all.eligible_bytes, 3 * each);
+  for (ValueId w : weights) EXPECT_TRUE(moved(all, w));
+  // One slow page within the budget: the same.
+  all = place({0.3, kSlowHugePagesBudgetMs / 2, 0.3, 0.3, 0.3}, calls);
+  EXPECT_EQ(all.moved_bytes, 3 * each);
+  // Slow from the second page on: the budget is spent there, and only the first weight, which
+  // lies in the first two pages, moves; the others stay where the file is mapped.
+  const HugePageWeights some = place({0.3, kSlowHugePagesBudgetMs, 20, 20, 20}, calls);
+  EXPECT_EQ(calls, 2u);
+  ASSERT_NE(some.graph, nullptr);
+  EXPECT_EQ(some.moved_bytes, each);
+  EXPECT_EQ(some.eligible_bytes, 3 * each);
+  EXPECT_TRUE(moved(some, weights[0]));
+  EXPECT_FALSE(moved(some, weights[1]));
+  EXPECT_FALSE(moved(some, weights[2]));
+  EXPECT_EQ(std::memcmp(some.graph->values[weights[0]].constant.raw(), m.graph.values[weights[0]].constant.raw(), each), 0);
+  EXPECT_EQ(std::memcmp(some.graph->values[weights[1]].constant.raw(), m.graph.values[weights[1]].constant.raw(), each), 0);
+  // A slow first page: nothing moves.
+  const HugePageWeights none = place({2 * kSlowHugePagesBudgetMs, 0.3, 0.3, 0.3, 0.3}, calls);
+  EXPECT_EQ(calls, 1u);
+  EXPECT_EQ(none.graph, nullptr);
+  EXPECT_EQ(none.moved_bytes, 0u);
+  EXPECT_EQ(none.eligible_bytes, 3 * each);
 }
 
 TEST(FormatsSerialize, LoadFromAPipe) {
