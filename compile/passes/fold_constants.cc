@@ -3,9 +3,10 @@
 // computed (Shape -> Gather -> Concat chains on concrete shapes), even when their inputs are not
 // constants. A Reshape whose shape is computed from shapes that are not known yet (a symbolic
 // batch or sequence: Concat(Shape(x)[0], Shape(x)[1], 12, 64)) gets a constant shape when each
-// entry is a number or x's own dim in its place (0: copy it), one other entry at most (-1):
-// inference then knows the output's dims, the patterns can see a head split, and the shape
-// arithmetic, run on every call before, goes.
+// entry is a number or x's own dim in its place (0: copy it; the shape of what x dequantizes,
+// as a quantized model reads it before its Q/DQ pair, counts as x's), one other entry at most
+// (-1): inference then knows the output's dims, the patterns can see a head split, and the
+// shape arithmetic, run on every call before, goes.
 //
 // What is never folded:
 // - ops outside the core set (no reference kernel, and nothing says they are pure);
@@ -135,6 +136,20 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v, int d
   return std::nullopt;
 }
 
+// The value `v` is computed from by ops that keep their input's shape (a quantized model's
+// QuantizeLinear and DequantizeLinear, Cast, Identity), as far back as they go: two values of
+// one origin have one shape.
+ValueId shape_origin(const Matcher& m, ValueId v) {
+  for (int depth = 0; depth < 16; ++depth) {
+    const Node* n = m.def(v);
+    if (!n || !n->domain.empty() || n->inputs.empty() || n->inputs[0] == kNoValue ||
+        (n->op != "QuantizeLinear" && n->op != "DequantizeLinear" && n->op != "Cast" && n->op != "Identity"))
+      break;
+    v = n->inputs[0];
+  }
+  return v;
+}
+
 // Gives every Reshape whose shape is computed from shapes a constant one where the entries allow
 // (the file's header); returns how many.
 size_t constant_reshape_shapes(Graph& g) {
@@ -158,7 +173,7 @@ size_t constant_reshape_shapes(Graph& g) {
           shape.push_back(t.value);
           inferred += t.value == -1;
           zero = zero || t.value == 0;
-        } else if (t.of == n.inputs[0] && t.axis == static_cast<int64_t>(d) && t.axis < rank) {
+        } else if (t.axis == static_cast<int64_t>(d) && t.axis < rank && shape_origin(m, t.of) == shape_origin(m, n.inputs[0])) {
           shape.push_back(0);
         } else {
           shape.push_back(-1);

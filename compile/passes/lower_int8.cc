@@ -595,7 +595,7 @@ class Lowering {
     if (!n.has_input(0) || !n.has_input(1)) return false;
     for (size_t o = 1; o < n.outputs.size(); ++o)
       if (n.outputs[o] != kNoValue && (outputs_.count(n.outputs[o]) || !uses_[static_cast<size_t>(n.outputs[o])].empty())) return false;
-    if (n.attr_int("stash_type", 1) != 1 || !g_.value(n.inputs[0]).shape.is_concrete()) return false;
+    if (n.attr_int("stash_type", 1) != 1 || !g_.value(n.inputs[0]).shape.rank_known) return false;
     for (size_t k : {size_t{1}, size_t{2}})
       if (n.has_input(k) && (!g_.value(n.inputs[k]).is_constant() || g_.value(n.inputs[k]).dtype != DType::f32)) return false;
     const Node* dx = nullptr;

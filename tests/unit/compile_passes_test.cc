@@ -256,6 +256,28 @@ TEST(CompileFoldConstants, ComputedReshapeShapesBecomeConstant) {
   }
 }
 
+// A quantized model reads the shape before its QuantizeLinear -> DequantizeLinear pair and
+// reshapes the DQ's output, of the same shape: its dims are still copies, and the shape constant.
+TEST(CompileFoldConstants, ComputedReshapeShapeReadBeforeQuantization) {
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::unknown(), Dim::known(8)}));
+  ValueId y = b.op("relu", "Relu", {x}, "y");
+  ValueId s = b.op("shape", "Shape", {y}, "s");
+  ValueId lead = b.op("lead", "Slice", {s, b.constant("zero", testing::ints({0})), b.constant("minus_one", testing::ints({-1}))}, "lead");
+  ValueId target = b.op("target", "Concat", {lead, b.constant("heads", testing::ints({2, 4}))}, "target", {attr("axis", int64_t{0})});
+  ValueId scale = b.constant("scale", Tensor::from<float>({}, {0.05f})), zero = b.constant("zero_point", Tensor::from<uint8_t>({}, {3}));
+  ValueId codes = b.op("q", "QuantizeLinear", {y, scale, zero}, "codes");
+  ValueId dq = b.op("dq", "DequantizeLinear", {codes, scale, zero}, "dq");
+  b.output(b.op("reshape", "Reshape", {dq, target}, "out"));
+  Model before = b.done();
+  Model after = before;
+  EXPECT_TRUE(run_pass("fold_constants", after).changed);
+  ASSERT_NE(after.graph.find_value("target_static"), kNoValue);
+  EXPECT_EQ(testing::values<int64_t>(after.graph.value(after.graph.find_value("target_static")).constant), (std::vector<int64_t>{0, 0, 2, 4}));
+  EXPECT_EQ(after.graph.value(after.graph.find_value("out")).shape.str(), "batchx?x2x4");
+  for (int64_t seq : {1, 3}) expect_same_outputs(before, after, {uniform_f32({2, seq, 8}, 14)}, 0);
+}
+
 // An entry that is another value's dim becomes -1 when it is the only one; with two such
 // entries, or allowzero (0 is then a size, not a copy), the shape stays computed.
 TEST(CompileFoldConstants, ComputedReshapeShapesThatStay) {

@@ -818,42 +818,47 @@ TEST(Int8Kernels, SplitQkvAttentionLowered) {
 }
 
 // compile's lower_int8 makes DQ -> LayerNormalization -> Q one QLayerNormalization, which
-// computes what the three nodes' kernels did, within one quantization step.
+// computes what the three nodes' kernels did, within one quantization step; also where the
+// rows' count is symbolic (a transformer compiled without --input-shape).
 TEST(Int8Kernels, LayerNormBetweenQdqLowered) {
-  testing::GraphBuilder b;
-  const ValueId x = b.input("x", {2, 9, 48});
-  const ValueId xq = b.op("xq", "QuantizeLinear", {x, b.scalar("xs", 0.03f), b.constant("xz", scalar_int(DType::u8, 120))});
-  const ValueId xd = b.op("xd", "DequantizeLinear", {xq, b.scalar("xs2", 0.03f), b.constant("xz2", scalar_int(DType::u8, 120))});
-  const ValueId ln = b.op("ln", "LayerNormalization", {xd, b.constant("g", noise({48}, 61, 1.5f)), b.constant("beta", noise({48}, 62))},
-                          {attr("axis", int64_t{-1}), attr("epsilon", 1e-5)});
-  const ValueId yq = b.op("yq", "QuantizeLinear", {ln, b.scalar("ys", 0.025f), b.constant("yz", scalar_int(DType::i8, 3))});
-  const ValueId y = b.op("yd", "DequantizeLinear", {yq, b.scalar("ys2", 0.025f), b.constant("yz2", scalar_int(DType::i8, 3))});
-  Model m = b.done({y});
-  const std::vector<Tensor> in = {noise({2, 9, 48}, 63, 6.f)};
-  auto unfused = Session::create(m);
-  ASSERT_TRUE(unfused.ok()) << unfused.error().message();
-  auto want = (*unfused)->run(in);
-  ASSERT_TRUE(want.ok()) << want.error().message();
-  CompileOptions options;
-  options.target.threads = 2;
-  auto report = compile_model(m, options);
-  ASSERT_TRUE(report.ok()) << report.error().message();
-  std::vector<std::string> ops;
-  for (const Node& n : m.graph.nodes) ops.push_back(n.op);
-  EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "QLayerNormalization", "DequantizeLinear"})) << testing::nodes_text(m.graph);
-  auto fused = Session::create(m);
-  ASSERT_TRUE(fused.ok()) << fused.error().message();
-  auto got = (*fused)->run(in);
-  ASSERT_TRUE(got.ok()) << got.error().message();
-  ASSERT_EQ(got->size(), 1u);
-  const std::vector<double> g = (*got)[0].to_double_vector(), w = (*want)[0].to_double_vector();
-  ASSERT_EQ(g.size(), w.size());
-  size_t same = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    EXPECT_LE(std::abs(g[i] - w[i]), 0.025 * 1.001) << i;  // one step of y's scale
-    same += g[i] == w[i];
+  for (bool symbolic : {false, true}) {
+    SCOPED_TRACE(symbolic ? "batch x sequence x 48" : "2x9x48");
+    testing::GraphBuilder b;
+    const ValueId x = symbolic ? b.input("x", Shape({Dim::sym("batch"), Dim::sym("sequence"), Dim::known(48)}))
+                               : b.input("x", {2, 9, 48});
+    const ValueId xq = b.op("xq", "QuantizeLinear", {x, b.scalar("xs", 0.03f), b.constant("xz", scalar_int(DType::u8, 120))});
+    const ValueId xd = b.op("xd", "DequantizeLinear", {xq, b.scalar("xs2", 0.03f), b.constant("xz2", scalar_int(DType::u8, 120))});
+    const ValueId ln = b.op("ln", "LayerNormalization", {xd, b.constant("g", noise({48}, 61, 1.5f)), b.constant("beta", noise({48}, 62))},
+                            {attr("axis", int64_t{-1}), attr("epsilon", 1e-5)});
+    const ValueId yq = b.op("yq", "QuantizeLinear", {ln, b.scalar("ys", 0.025f), b.constant("yz", scalar_int(DType::i8, 3))});
+    const ValueId y = b.op("yd", "DequantizeLinear", {yq, b.scalar("ys2", 0.025f), b.constant("yz2", scalar_int(DType::i8, 3))});
+    Model m = b.done({y});
+    const std::vector<Tensor> in = {noise({2, 9, 48}, 63, 6.f)};
+    auto unfused = Session::create(m);
+    ASSERT_TRUE(unfused.ok()) << unfused.error().message();
+    auto want = (*unfused)->run(in);
+    ASSERT_TRUE(want.ok()) << want.error().message();
+    CompileOptions options;
+    options.target.threads = 2;
+    auto report = compile_model(m, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    std::vector<std::string> ops;
+    for (const Node& n : m.graph.nodes) ops.push_back(n.op);
+    EXPECT_EQ(ops, (std::vector<std::string>{"QuantizeLinear", "QLayerNormalization", "DequantizeLinear"})) << testing::nodes_text(m.graph);
+    auto fused = Session::create(m);
+    ASSERT_TRUE(fused.ok()) << fused.error().message();
+    auto got = (*fused)->run(in);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    ASSERT_EQ(got->size(), 1u);
+    const std::vector<double> g = (*got)[0].to_double_vector(), w = (*want)[0].to_double_vector();
+    ASSERT_EQ(g.size(), w.size());
+    size_t same = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_LE(std::abs(g[i] - w[i]), 0.025 * 1.001) << i;  // one step of y's scale
+      same += g[i] == w[i];
+    }
+    EXPECT_GT(same, g.size() * 95 / 100);
   }
-  EXPECT_GT(same, g.size() * 95 / 100);
 }
 
 // lower_int8 lets a linear layer dequantize its own u8 output where only a DequantizeLinear of
