@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "compile/graph_util.h"
 #include "formats/ops/nn_util.h"
+#include "formats/ops/shape_util.h"
 #include "runtime/cpu/gemm/lowp.h"
 
 namespace kiln {
@@ -141,6 +143,97 @@ std::vector<std::string> merged_sources(const Graph& g, const std::vector<size_t
     for (const std::string& s : n.sources) add(s);
   }
   return out;
+}
+
+namespace {
+
+std::optional<std::vector<DimTerm>> dim_terms_at(const Matcher& m, ValueId v, int depth) {
+  const Graph& g = m.graph();
+  const Value& val = g.value(v);
+  if ((val.dtype != DType::i64 && val.dtype != DType::i32) || !val.shape.rank_known || val.shape.rank() > 1 || depth > 32)
+    return std::nullopt;
+  std::vector<DimTerm> terms;
+  if (val.is_constant()) {
+    if (val.constant.is_packed() || val.constant.numel() > kFoldLimit) return std::nullopt;
+    for (int64_t e : val.constant.to_int64_vector()) terms.push_back({e});
+    return terms;
+  }
+  const Node* n = m.def(v);
+  if (!n || !n->domain.empty()) return std::nullopt;
+  if (n->op == "Shape") {
+    const Shape& x = g.value(n->inputs[0]).shape;
+    if (!x.rank_known) return std::nullopt;
+    const int64_t rank = x.rank();
+    const auto clamp = [rank](int64_t a) { return std::clamp(a < 0 ? a + rank : a, int64_t{0}, rank); };
+    for (int64_t d = clamp(n->attr_int("start", 0)); d < clamp(n->attr_int("end", rank)); ++d) {
+      const Dim& dim = x.dims[static_cast<size_t>(d)];
+      terms.push_back(dim.is_known() ? DimTerm{dim.value} : DimTerm{0, n->inputs[0], d});
+    }
+    return terms;
+  }
+  if (n->op == "Identity" || n->op == "Cast" || n->op == "Unsqueeze" || n->op == "Squeeze") return dim_terms_at(m, n->inputs[0], depth + 1);
+  if (n->op == "Concat") {
+    for (ValueId in : n->inputs) {
+      std::optional<std::vector<DimTerm>> part = dim_terms_at(m, in, depth + 1);
+      if (!part) return std::nullopt;
+      terms.insert(terms.end(), part->begin(), part->end());
+    }
+    return terms;
+  }
+  std::optional<std::vector<DimTerm>> data = n->inputs.empty() ? std::nullopt : dim_terms_at(m, n->inputs[0], depth + 1);
+  if (!data || g.value(n->inputs[0]).shape.rank() != 1) return std::nullopt;
+  const auto size = static_cast<int64_t>(data->size());
+  if (n->op == "Gather") {
+    std::optional<std::vector<int64_t>> at = n->inputs.size() == 2 ? int_constant(g, n->inputs[1]) : std::nullopt;
+    if (!at || n->attr_int("axis", 0) != 0) return std::nullopt;
+    for (int64_t i : *at) {
+      if (i < -size || i >= size) return std::nullopt;
+      terms.push_back((*data)[static_cast<size_t>(i < 0 ? i + size : i)]);
+    }
+    return terms;
+  }
+  if (n->op == "Slice") {
+    const std::optional<SliceSpec> spec = constant_slice(g, *n);
+    if (!spec || spec->starts.size() != 1 || spec->steps[0] != 1 || (spec->axes[0] != 0 && spec->axes[0] != -1)) return std::nullopt;
+    const auto clamp = [size](int64_t a) { return std::clamp(a < 0 ? a + size : a, int64_t{0}, size); };
+    for (int64_t i = clamp(spec->starts[0]); i < clamp(spec->ends[0]); ++i) terms.push_back((*data)[static_cast<size_t>(i)]);
+    return terms;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v) { return dim_terms_at(m, v, 0); }
+
+ValueId shape_origin(const Matcher& m, ValueId v) {
+  for (int depth = 0; depth < 16; ++depth) {
+    const Node* n = m.def(v);
+    if (!n || n->inputs.empty() || n->inputs[0] == kNoValue ||
+        (n->op != "QuantizeLinear" && n->op != "DequantizeLinear" && n->op != "Cast" && n->op != "Identity"))
+      break;
+    v = n->inputs[0];
+  }
+  return v;
+}
+
+void erase_dead_shape_arithmetic(Graph& g) {
+  for (bool dropped = true; dropped;) {
+    const std::vector<std::vector<Use>> uses = g.uses();
+    const std::set<ValueId> outputs(g.outputs.begin(), g.outputs.end());
+    std::vector<char> dead(g.nodes.size(), 0);
+    dropped = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      static const std::set<std::string_view> kShapeOps = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Identity"};
+      if (!n.domain.empty() || !kShapeOps.count(n.op) || n.outputs.size() != 1 || n.outputs[0] == kNoValue) continue;
+      const ValueId o = n.outputs[0];
+      if (uses[static_cast<size_t>(o)].empty() && !outputs.count(o) && g.value(o).shape.rank() <= 1 &&
+          (g.value(o).dtype == DType::i64 || g.value(o).dtype == DType::i32))
+        dead[i] = 1, dropped = true;
+    }
+    if (dropped) erase_nodes(g, dead);
+  }
 }
 
 bool pointwise_conv_of(const Graph& g, const Node& n, ValueId x, bool f16) {

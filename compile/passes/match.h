@@ -79,6 +79,28 @@ struct SliceSpec {
 };
 std::optional<SliceSpec> constant_slice(const Graph& g, const Node& slice);
 
+/// One entry of a small integer tensor computed from shapes: a number, or dim `axis` of `of`.
+struct DimTerm {
+  int64_t value = 0;
+  ValueId of = kNoValue;
+  int64_t axis = 0;
+};
+
+/// The entries of an i64 / i32 value of rank 0 or 1 that shape arithmetic computes (Shape,
+/// Gather, Unsqueeze, Squeeze, Concat, Slice, Cast and Identity over constants and shapes), as
+/// numbers and dims of values; nullopt for anything else.
+std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v);
+
+/// The value `v` is computed from by ops that keep their input's shape (a quantized model's
+/// QuantizeLinear and DequantizeLinear, Cast, Identity), as far back as they go: two values of
+/// one origin have one shape.
+ValueId shape_origin(const Matcher& m, ValueId v);
+
+/// Erases the shape arithmetic that nothing reads (those ops on i64 / i32 values of rank 0 or
+/// 1, as long as some are left dead), once a rewrite stopped reading it: a pattern asking
+/// whether a value is read by one node alone must not count a dead Shape of it.
+void erase_dead_shape_arithmetic(Graph& g);
+
 /// Whether `n` is a core FusedConv multiplying `x` pointwise: X its input 0 and read there only,
 /// whole (no x_parts) and channels-last (channels_last 1, not x_channels_first); 1x1 by a
 /// constant f32 weight [K, C, 1, 1] (with `f16`, an f16 one too: `--precision fp16`'s, which

@@ -110,7 +110,7 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
     if (split.op != "Split" || !split.domain.empty() || !split.has_input(0) || split.outputs.size() < 2) continue;
     const ValueId x = split.inputs[0];
     const Shape& xs = g.value(x).shape;
-    if (!xs.is_concrete() || xs.rank() < 2) continue;
+    if (!xs.rank_known || xs.rank() < 2 || !xs.dims.back().is_known()) continue;  // leading dims may be symbolic
     const int64_t axis = split.attr_int("axis", 0);
     if (axis != -1 && axis != xs.rank() - 1) continue;
     const int64_t n = xs.dims.back().value;
@@ -127,7 +127,7 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
     int64_t total = 0;
     bool ok = true;
     for (size_t i = 0; i < widths.size(); ++i) {
-      ok = ok && widths[i] > 0 && split.outputs[i] != kNoValue && g.value(split.outputs[i]).shape.is_concrete();
+      ok = ok && widths[i] > 0 && split.outputs[i] != kNoValue;
       total += widths[i];
     }
     if (!ok || total != n || !only_reader(x)) continue;
@@ -137,7 +137,9 @@ void fold_splits(Graph& g, std::vector<char>& drop, std::map<size_t, std::vector
     if (p >= 0 && g.nodes[static_cast<size_t>(p)].op == "Reshape" && g.nodes[static_cast<size_t>(p)].domain.empty()) {
       const ValueId y = g.nodes[static_cast<size_t>(p)].inputs[0];
       const Shape& ys = g.value(y).shape;
-      if (!ys.is_concrete() || ys.rank() < 2 || ys.dims.back().value != n || !only_reader(y)) continue;
+      // The views to the Split's outputs need their shapes.
+      const bool concrete = std::all_of(split.outputs.begin(), split.outputs.end(), [&](ValueId o) { return g.value(o).shape.is_concrete(); });
+      if (!concrete || !ys.is_concrete() || ys.rank() < 2 || ys.dims.back().value != n || !only_reader(y)) continue;
       reshape = p;
       p = producer[static_cast<size_t>(y)];
     }

@@ -630,6 +630,53 @@ TEST(CompileDropLinearReshapes, LeavesOtherShapes) {
   }
 }
 
+// GPT-2's layers compiled without --input-shape: x [batch, sequence, 5] -> Reshape [-1, 5] ->
+// Gemm -> Reshape(Shape(x)[:-1] + [N]), `layers` of them in a row (the second reads the first's
+// Relu, whose dims are known only once the first's Reshape is gone); `qdq` puts a Q/DQ pair
+// after each product (the shape is still read from x, before its pair).
+Model symbolic_rows_linear(int layers, bool qdq) {
+  Builder b;
+  ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::sym("sequence"), Dim::known(5)}));
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "l" + std::to_string(l) + "_";
+    ValueId rows = b.op(p + "rows", "Reshape", {x, b.constant(p + "rows_shape", make<int64_t>({2}, {-1, 5}))}, p + "rows_out");
+    ValueId y = b.op(p + "fc", "Gemm", {rows, b.constant(p + "w", uniform_f32({5, 5}, 70 + l)), b.constant(p + "bias", uniform_f32({5}, 80 + l))}, p + "y");
+    if (qdq) {
+      ValueId q = b.op(p + "q", "QuantizeLinear", {y, b.constant(p + "s", make<float>({}, {0.02f})), b.constant(p + "z", make<uint8_t>({}, {120}))}, p + "codes");
+      y = b.op(p + "dq", "DequantizeLinear", {q, b.constant(p + "s2", make<float>({}, {0.02f})), b.constant(p + "z2", make<uint8_t>({}, {120}))}, p + "deq");
+    }
+    ValueId lead = b.op(p + "lead", "Slice", {b.op(p + "shape", "Shape", {x}, p + "s"), b.constant(p + "zero", testing::ints({0})),
+                                              b.constant(p + "minus_one", testing::ints({-1}))}, p + "lead_out");
+    ValueId target = b.op(p + "target", "Concat", {lead, b.constant(p + "n", testing::ints({5}))}, p + "target_out", {attr("axis", int64_t{0})});
+    x = b.op(p + "relu", "Relu", {b.op(p + "back", "Reshape", {y, target}, p + "z")}, p + "out");
+  }
+  b.output(x);
+  return b.done();
+}
+
+TEST(CompileDropLinearReshapes, SymbolicDimsReadFromTheInput) {
+  for (bool qdq : {false, true}) {
+    SCOPED_TRACE(qdq ? "Q/DQ after the products" : "f32");
+    Model m = symbolic_rows_linear(2, qdq);
+    Model before = m;
+    EXPECT_EQ(run_pass("drop_linear_reshapes", m).summary, "made 2 linear layers on 2-D rows between Reshapes a MatMul of the rows' own shape");
+    for (const char* gone : {"Reshape", "Shape", "Slice", "Concat"}) EXPECT_EQ(count_ops(m.graph, gone), 0u) << gone << "\n" << compact(m.graph);
+    EXPECT_EQ(count_ops(m.graph, "MatMul"), 2u);
+    EXPECT_EQ(m.graph.value(m.graph.outputs[0]).shape.str(), "batchxsequencex5");
+    for (auto [batch, seq] : {std::pair{1, 1}, std::pair{2, 7}}) expect_same_outputs(before, m, {uniform_f32({batch, seq, 5}, 90 + seq)}, qdq ? 0 : 1e-6);
+  }
+  // The shape read from another value of those dims is no proof: left alone.
+  Model m = symbolic_rows_linear(1, false);
+  Graph& g = m.graph;
+  const ValueId other = g.add_value("other", DType::f32, sym_shape({Dim::sym("batch"), Dim::sym("sequence"), Dim::known(5)}));
+  g.inputs.push_back(other);
+  for (Node& n : g.nodes)
+    if (n.op == "Shape") n.inputs[0] = other;
+  const std::string text = compact(g);
+  EXPECT_FALSE(run_pass("drop_linear_reshapes", m).changed);
+  EXPECT_EQ(compact(m.graph), text);
+}
+
 // ---- fuse_linear_bias --------------------------------------------------------------------
 
 // relu(bias + x @ w), the bias first as torch exports it.
@@ -807,15 +854,17 @@ TEST(CompileMergeProjections, MergesLowerPrecisionWeightsApart) {
 }
 
 // GPT-2's packed projection (a 2-D product, a Reshape back to [batch, seq, ·], a Split with
-// sizes) and ViT's (a Split into equal parts along axis -1).
-Model packed_projections_model() {
+// sizes) and ViT's (a Split into equal parts along axis -1; with `symbolic`, of a product whose
+// batch and sequence are symbolic, as compiled without --input-shape).
+Model packed_projections_model(bool symbolic = false) {
   Builder b;
   ValueId x = b.input("x", {10, 16});
   ValueId qkv = b.op("c_attn", "FusedMatMul", {x, b.constant("w", uniform_f32({16, 96}, 90)), b.constant("bias", uniform_f32({96}, 91))}, "qkv");
   ValueId r = b.op("reshape", "Reshape", {qkv, b.constant("shape", testing::ints({2, 5, 96}))}, "qkv3");
   for (ValueId p : b.split("split", {r, b.constant("sizes", testing::ints({32, 32, 32}))}, {"q", "k", "v"}, {attr("axis", int64_t{2})}))
     b.output(p);
-  ValueId y = b.op("proj", "MatMul", {b.input("y", {2, 3, 8}), b.constant("w2", uniform_f32({8, 64}, 92))}, "y2");
+  const ValueId in = symbolic ? b.input("y", sym_shape({Dim::sym("batch"), Dim::sym("sequence"), Dim::known(8)})) : b.input("y", {2, 3, 8});
+  ValueId y = b.op("proj", "MatMul", {in, b.constant("w2", uniform_f32({8, 64}, 92))}, "y2");
   const std::vector<ValueId> halves = b.split("halves", {y}, {"h0", "h1"}, {attr("axis", int64_t{-1})});
   b.output(b.op("relu", "Relu", {halves[0]}, "h0_relu"));
   b.output(halves[1]);
@@ -823,19 +872,22 @@ Model packed_projections_model() {
 }
 
 TEST(CompileMergeProjections, FoldsSplitsOfAProductsColumns) {
-  Model before = packed_projections_model(), after = before;
-  EXPECT_EQ(run_pass("merge_projections", after).summary, "folded 2 Splits of a product's columns into it");
-  EXPECT_EQ(count_ops(after.graph, "Split"), 0u);
-  const std::string text = compact(after.graph);
-  EXPECT_NE(text.find("  node c_attn: FusedMatMul(x, w, bias) -> (q_part, k_part, v_part) splits=ints[32, 32, 32] "
-                      "sources=[\"c_attn\", \"reshape\", \"split\"]\n"
-                      "  node q_reshape: Reshape(q_part, q_shape) -> (q) sources=[\"reshape\"]\n"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("  node proj: FusedMatMul(y, w2) -> (h0, h1) splits=ints[32, 32] sources=[\"proj\", \"halves\"]\n"),
-            std::string::npos)
-      << text;
-  expect_same_outputs(before, after, {uniform_f32({10, 16}, 93), uniform_f32({2, 3, 8}, 94)}, 0);
+  for (bool symbolic : {false, true}) {
+    SCOPED_TRACE(symbolic ? "symbolic batch and sequence" : "concrete");
+    Model before = packed_projections_model(symbolic), after = before;
+    EXPECT_EQ(run_pass("merge_projections", after).summary, "folded 2 Splits of a product's columns into it");
+    EXPECT_EQ(count_ops(after.graph, "Split"), 0u);
+    const std::string text = compact(after.graph);
+    EXPECT_NE(text.find("  node c_attn: FusedMatMul(x, w, bias) -> (q_part, k_part, v_part) splits=ints[32, 32, 32] "
+                        "sources=[\"c_attn\", \"reshape\", \"split\"]\n"
+                        "  node q_reshape: Reshape(q_part, q_shape) -> (q) sources=[\"reshape\"]\n"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("  node proj: FusedMatMul(y, w2) -> (h0, h1) splits=ints[32, 32] sources=[\"proj\", \"halves\"]\n"),
+              std::string::npos)
+        << text;
+    expect_same_outputs(before, after, {uniform_f32({10, 16}, 93), uniform_f32({2, 3, 8}, 94)}, 0);
+  }
 }
 
 TEST(CompileMergeProjections, LeavesWhatItCannotMerge) {
