@@ -119,7 +119,7 @@ int run(const RunArgs& args) {
     if (const size_t eligible = (*session)->huge_page_eligible_bytes(); eligible > 0) {
       const size_t moved = (*session)->huge_page_weight_bytes();
       std::cerr << "huge pages: " << moved << " of " << eligible << " bytes of low-precision weights moved onto them"
-                << (moved < eligible ? " (the machine gave them slowly past there; the rest are read where mapped)" : "")
+                << (moved < eligible ? " (the rest are read where mapped: the machine gave the pages slowly, or the memory budget had no room)" : "")
                 << "\n";
     }
     std::span<const NodeKernel> kernels = (*session)->kernels();

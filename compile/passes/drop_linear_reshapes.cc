@@ -59,7 +59,6 @@ bool leading_dims_back(const Graph& g, const Matcher& mt, const Node& reshape, V
   return true;
 }
 
-
 // One sweep over the graph: the layers it rewrote, and how many of them by their symbolic dims.
 Result<size_t> drop_once(Graph& g, size_t& symbolic) {
   const std::vector<int32_t> producer = g.producers();

@@ -96,9 +96,10 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v);
 /// one origin have one shape.
 ValueId shape_origin(const Matcher& m, ValueId v);
 
-/// Erases the shape arithmetic that nothing reads (those ops on i64 / i32 values of rank 0 or
-/// 1, as long as some are left dead), once a rewrite stopped reading it: a pattern asking
-/// whether a value is read by one node alone must not count a dead Shape of it.
+/// Erases the shape arithmetic that nothing reads (Shape, Gather, Unsqueeze, Squeeze, Concat,
+/// Slice, Cast and Identity nodes writing i64 / i32 values of rank 0 or 1, until none is left
+/// dead), once a rewrite stopped reading it: a pattern asking whether a value is read by one
+/// node alone must not count a dead Shape of it.
 void erase_dead_shape_arithmetic(Graph& g);
 
 /// Whether `n` is a core FusedConv multiplying `x` pointwise: X its input 0 and read there only,
