@@ -117,6 +117,27 @@ size_t constant_reshape_shapes(Graph& g) {
   return fixes.size();
 }
 
+// A Range(0, n, 1) whose limit n is a symbolic dim of a value (a sequence length as exporters
+// take it: Gather(Shape(input_ids), 1)) has n elements: its output's dim gets that symbol,
+// which inference cannot compute (the limit is data), so that the positions, the embeddings
+// gathered by them and what those are added to keep the sequence's symbol. Returns how many.
+size_t symbolic_range_lengths(Graph& g) {
+  const Matcher m(g);
+  size_t named = 0;
+  for (const Node& n : g.nodes) {
+    if (n.op != "Range" || !n.domain.empty() || n.inputs.size() != 3 || n.outputs.size() != 1 || n.outputs[0] == kNoValue) continue;
+    if (int_constant(g, n.inputs[0]) != std::vector<int64_t>{0} || int_constant(g, n.inputs[2]) != std::vector<int64_t>{1}) continue;
+    const std::optional<std::vector<DimTerm>> t = dim_terms(m, n.inputs[1]);
+    if (!t || t->size() != 1 || (*t)[0].of == kNoValue) continue;
+    const Dim d = g.value((*t)[0].of).shape.dims[static_cast<size_t>((*t)[0].axis)];
+    Value& out = g.value(n.outputs[0]);
+    if (!d.is_symbolic() || (out.shape.rank_known && out.shape.rank() == 1 && out.shape.dims[0] == d)) continue;
+    out.shape = Shape({d});
+    ++named;
+  }
+  return named;
+}
+
 }  // namespace
 
 Result<PassResult> fold_constants(Model& model, PassContext&) {
@@ -188,13 +209,16 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
   }
   const size_t count = by_kernel + by_inference;
   if (count > 0) erase_nodes(g, folded);
+  const size_t ranges = symbolic_range_lengths(g);
+  if (ranges > 0) KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the symbol, wherever the positions go
   const size_t reshapes = constant_reshape_shapes(g);
-  if (count == 0 && reshapes == 0)
+  if (count == 0 && reshapes == 0 && ranges == 0)
     return PassResult{false, capped ? "no change (" + count_of(capped, "node", "nodes") + " over the size cap)" : ""};
   if (reshapes > 0) KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the reshaped values' dims
   const size_t dropped = drop_unused_values(g);
   std::string summary = "folded " + count_of(count, "node", "nodes") + " (" + std::to_string(by_inference) +
                         " from shape inference)";
+  if (ranges > 0) summary += ", gave " + count_of(ranges, "Range its symbolic length", "Ranges their symbolic lengths");
   if (reshapes > 0) summary += ", gave " + count_of(reshapes, "Reshape a constant shape", "Reshapes constant shapes");
   summary += ", dropped " + count_of(dropped, "unused value", "unused values");
   if (capped) summary += "; " + count_of(capped, "node", "nodes") + " over the size cap kept";

@@ -176,12 +176,76 @@ bool foldable_rotary(const Graph& g, const Node& rot) {
 // to see whether they are causal (a 4096-token mask has 16M).
 constexpr int64_t kMaxComputedMask = int64_t{1} << 26;
 
+// Whether `t`, a dim of a value (a sequence length as exporters take it: Gather(Shape(x), 1)),
+// is the length of the scores [.., S, S]: the same symbol, or the same number.
+bool scores_length(const Graph& g, const DimTerm& t, const Shape& scores) {
+  if (t.of == kNoValue || scores.rank() != 4) return false;
+  const Dim& d = g.value(t.of).shape.dims[static_cast<size_t>(t.axis)];
+  return (d.is_known() || d.is_symbolic()) && d == scores.dims[2] && d == scores.dims[3];
+}
+
+// Whether `v` is a constant scalar equal to `want` (at most `want`, with `at_most`).
+bool scalar_is(const Graph& g, ValueId v, double want, bool at_most = false) {
+  if (v == kNoValue || !g.value(v).is_constant()) return false;
+  const Tensor& t = g.value(v).constant;
+  if (t.is_packed() || t.numel() != 1) return false;
+  return at_most ? t.as_double(0) <= want : t.as_double(0) == want;
+}
+
+// Whether `mask` (an additive mask or a Where's condition) is causal over `scores` [.., S, S]
+// for every S by the way it is built from the sequence length S, when S is not known (a
+// model compiled without --input-shape; the scores' S a symbol), after Unsqueezes of leading
+// axes and Casts:
+//   GPT-2's condition: Cast(Trilu(ConstantOfShape([S, S], nonzero), upper 0, k 0), bool)
+//   LLaMA's additive mask: Where(Less(Unsqueeze(R, 1), R), c <= -1e30, 0), R = Range(0, S, 1)
+bool causal_by_construction(const Matcher& m, ValueId mask, const Shape& scores) {
+  const Graph& g = m.graph();
+  const bool condition = g.value(mask).dtype == DType::boolean;
+  ValueId v = mask;
+  for (const Node* n = m.def(v); n && (n->op == "Unsqueeze" || (condition && n->op == "Cast" && n->attr_string("to", "") == "bool"));
+       n = m.def(v)) {
+    if (n->op == "Unsqueeze") {  // axes before the last two
+      const std::optional<std::vector<int64_t>> axes = m.reduce_axes(*n);
+      const Shape& out = g.value(n->outputs[0]).shape;
+      if (!axes || !out.rank_known) return false;
+      for (int64_t a : *axes)
+        if ((a < 0 ? a + out.rank() : a) >= out.rank() - 2) return false;
+    }
+    v = n->inputs[0];
+  }
+  const Node* n = m.def(v);
+  if (!n) return false;
+  if (condition && n->op == "Trilu") {
+    if (n->attr_int("upper", 1) != 0 || (n->has_input(1) && !scalar_is(g, n->inputs[1], 0))) return false;
+    const Node* ones = m.def(n->inputs[0], "ConstantOfShape");
+    const Attribute* value = ones ? ones->find_attr("value") : nullptr;
+    const Tensor* fill = value ? std::get_if<Tensor>(&value->value) : nullptr;
+    if (!fill || fill->numel() != 1 || fill->as_double(0) == 0) return false;
+    const std::optional<std::vector<DimTerm>> t = dim_terms(m, ones->inputs[0]);
+    return t && t->size() == 2 && (*t)[0].of == (*t)[1].of && (*t)[0].axis == (*t)[1].axis && scores_length(g, (*t)[0], scores);
+  }
+  if (!condition && n->op == "Where" && n->inputs.size() == 3 && scalar_is(g, n->inputs[1], -1e30, true) && scalar_is(g, n->inputs[2], 0)) {
+    const Node* less = m.def(n->inputs[0], "Less");
+    const Node* col = less ? m.def(less->inputs[0], "Unsqueeze") : nullptr;
+    const Node* range = col ? m.def(col->inputs[0], "Range") : nullptr;
+    if (!range || less->inputs[1] != col->inputs[0] || m.reduce_axes(*col) != std::vector<int64_t>{1} || !scalar_is(g, range->inputs[0], 0) ||
+        !scalar_is(g, range->inputs[2], 1))
+      return false;
+    const std::optional<std::vector<DimTerm>> t = dim_terms(m, range->inputs[1]);
+    return t && t->size() == 1 && scores_length(g, (*t)[0], scores);
+  }
+  return false;
+}
+
 // Whether `mask` (an additive mask or a Where's condition) is causal over `scores`: a constant,
-// or computed from constants alone (exporters build it from the sequence length with
-// Range/Less/Where or Trilu, which folding leaves to run time when it is large).
-bool causal(const Graph& g, ValueId mask, ValueId scores) {
+// computed from constants alone (exporters build it from the sequence length with
+// Range/Less/Where or Trilu, which folding leaves to run time when it is large), or built from
+// a symbolic sequence length as exporters build it (causal_by_construction).
+bool causal(const Matcher& m, ValueId mask, ValueId scores) {
+  const Graph& g = m.graph();
   const Value& mv = g.value(mask);
   if (mv.is_constant()) return is_causal_mask(mv.constant, g.value(scores).shape);
+  if (causal_by_construction(m, mask, g.value(scores).shape)) return true;
   if (!mv.shape.is_concrete() || shape_numel(mv.shape.concrete()) > kMaxComputedMask) return false;
   std::optional<std::vector<size_t>> cone = constant_cone(g, mask);
   if (!cone) return false;
@@ -313,7 +377,7 @@ Result<size_t> fuse_attention(Graph& g) {
     // A causal mask becomes is_causal.
     const ValueId mask_or_cond = mask != kNoValue ? mask : where_cond;
     if (mask_or_cond != kNoValue && !causal_masks.count(mask_or_cond))
-      causal_masks[mask_or_cond] = causal(g, mask_or_cond, sm.inputs[0]);  // layers share their mask
+      causal_masks[mask_or_cond] = causal(m, mask_or_cond, s);  // layers share their mask
     const bool is_causal = mask_or_cond != kNoValue && causal_masks[mask_or_cond];
     if (is_causal) mask = where_cond = kNoValue;
     if (where_cond != kNoValue) {

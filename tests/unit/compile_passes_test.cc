@@ -278,6 +278,34 @@ TEST(CompileFoldConstants, ComputedReshapeShapeReadBeforeQuantization) {
   for (int64_t seq : {1, 3}) expect_same_outputs(before, after, {uniform_f32({2, seq, 8}, 14)}, 0);
 }
 
+// GPT-2's and LLaMA's positions, Range(0, S, 1) with S = Shape(ids)[1] a symbol: the Range's
+// output gets S, which inference cannot compute from the data, and so do the embeddings it
+// gathers and the sum with the tokens'. A Range from 1 has S - 1 elements: left unknown.
+TEST(CompileFoldConstants, RangeOfASymbolicLengthGetsTheSymbol) {
+  for (int64_t start : {0, 1}) {
+    SCOPED_TRACE("start " + std::to_string(start));
+    Builder b;
+    ValueId x = b.input("x", sym_shape({Dim::sym("batch"), Dim::sym("sequence"), Dim::known(4)}));
+    ValueId len = b.op("len", "Gather", {b.op("shape", "Shape", {x}, "s"), b.constant("at", make<int64_t>({}, {1}))}, "len_out");
+    ValueId pos = b.op("range", "Range", {b.constant("start", make<int64_t>({}, {start})), len, b.constant("one", make<int64_t>({}, {1}))}, "pos");
+    ValueId rows = b.op("rows", "Unsqueeze", {pos, b.constant("ax0", testing::ints({0}))}, "rows_out");
+    ValueId table = b.op("gather", "Gather", {b.constant("table", uniform_f32({16, 4}, 15)), rows}, "table_rows");
+    b.output(b.op("add", "Add", {x, table}, "out"));
+    Model before = b.done();
+    Model after = before;
+    const PassResult r = run_pass("fold_constants", after);
+    if (start == 0) {
+      EXPECT_EQ(r.summary, "folded 0 nodes (0 from shape inference), gave 1 Range its symbolic length, dropped 0 unused values");
+      EXPECT_EQ(after.graph.value(after.graph.find_value("pos")).shape.str(), "sequence");
+      EXPECT_EQ(after.graph.value(after.graph.find_value("out")).shape.str(), "batchxsequencex4");
+      for (int64_t seq : {1, 5}) expect_same_outputs(before, after, {uniform_f32({2, seq, 4}, 16)}, 0);
+    } else {
+      EXPECT_FALSE(r.changed);
+      EXPECT_EQ(after.graph.value(after.graph.find_value("out")).shape.str(), before.graph.value(before.graph.find_value("out")).shape.str());
+    }
+  }
+}
+
 // An entry that is another value's dim becomes -1 when it is the only one; with two such
 // entries, or allowzero (0 is then a size, not a copy), the shape stays computed.
 TEST(CompileFoldConstants, ComputedReshapeShapesThatStay) {

@@ -428,6 +428,49 @@ TEST(CompilePatterns, AttentionComputedCausalMaskBecomesIsCausal) {
   EXPECT_EQ(nodes_text(m.graph), "node ctx: Attention(q, k, v) -> (ctx) is_causal=1 scale=1.0 sources=[\"kt\", \"qk\", \"masked\", \"probs\", \"ctx\"]\n");
 }
 
+// The same masks built from a sequence length that is a symbol (a model compiled without
+// --input-shape): GPT-2's condition Cast(Trilu(ConstantOfShape([S, S], 1)), bool) and LLaMA's
+// Where(Less(col, row), min, 0) over Range(0, S, 1), S taken from Q's shape. They cannot be
+// computed, but they are causal for every S by construction: is_causal, the same outputs at
+// two lengths. Built from another length, or above the diagonal, they stay masks.
+TEST(CompilePatterns, AttentionSymbolicCausalMaskBecomesIsCausal) {
+  enum Form { gpt2, llama, gpt2_upper, llama_other_length };
+  for (Form form : {gpt2, llama, gpt2_upper, llama_other_length}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    GraphBuilder b;
+    const Shape heads({Dim::sym("batch"), Dim::known(2), Dim::sym("sequence"), Dim::known(8)});
+    ValueId q = b.input("q", heads), k = b.input("k", heads), v = b.input("v", heads);
+    ValueId other = b.input("other", Shape({Dim::sym("batch"), Dim::sym("other")}));
+    ValueId len = b.op("len", "Gather", {b.op("q_shape", "Shape", {form == llama_other_length ? other : q}), b.constant("at", make<int64_t>({}, {form == llama_other_length ? 1 : 2}))});
+    ValueId kt = b.op("kt", "Transpose", {k}, {attr("perm", std::vector<int64_t>{0, 1, 3, 2})});
+    ValueId s = b.op("qk", "MatMul", {q, kt});
+    ValueId masked;
+    if (form == gpt2 || form == gpt2_upper) {
+      ValueId len1 = b.op("len1", "Unsqueeze", {len, b.constant("ax0", ints({0}))});
+      ValueId square = b.op("square", "Concat", {len1, len1}, {attr("axis", int64_t{0})});
+      ValueId ones = b.op("ones", "ConstantOfShape", {square}, {attr("value", make<int64_t>({1}, {1}))});
+      ValueId tril = b.op("tril", "Trilu", {ones}, {attr("upper", int64_t{form == gpt2_upper ? 1 : 0})});
+      ValueId cond = b.op("cond", "Cast", {tril}, {attr("to", std::string("bool"))});
+      ValueId cond4 = b.op("cond4", "Unsqueeze", {cond, b.constant("ax01", ints({0, 1}))});
+      masked = b.op("masked", "Where", {cond4, s, b.scalar("min", kF32Min)});
+    } else {
+      ValueId pos = b.op("pos", "Range", {b.constant("zero", make<int64_t>({}, {0})), len, b.constant("one", make<int64_t>({}, {1}))});
+      ValueId col = b.op("col", "Unsqueeze", {pos, b.constant("ax1", ints({1}))});
+      ValueId mask = b.op("mask", "Where", {b.op("future", "Less", {col, pos}), b.scalar("min", kF32Min), b.scalar("zero_f", 0.f)});
+      masked = b.op("masked", "Add", {s, b.op("mask4", "Unsqueeze", {mask, b.constant("ax01", ints({0, 1}))})});
+    }
+    const Model built = b.done({b.op("ctx", "MatMul", {b.op("probs", "Softmax", {masked}), v})});
+    for (int64_t seq : {5, 1}) {
+      Model m = built;
+      const std::vector<Tensor> in = {ramp({2, 2, seq, 8}), ramp({2, 2, seq, 8}, 0.3f), ramp({2, 2, seq, 8}, 0.2f), ramp({2, seq})};
+      EXPECT_EQ(apply(m, fuse_attention, in, 1e-5), 1u);
+      const Node& att = m.graph.nodes.back();
+      ASSERT_EQ(att.op, "Attention");
+      EXPECT_EQ(att.attr_int("is_causal", 0), form == gpt2 || form == llama ? 1 : 0) << nodes_text(m.graph);
+    }
+  }
+}
+
 // ViT: no mask, the scale a Mul; and no scale at all.
 TEST(CompilePatterns, AttentionWithoutMask) {
   for (bool scaled : {true, false}) {
