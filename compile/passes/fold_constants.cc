@@ -71,22 +71,39 @@ bool dequantized_weight(const Graph& g, const std::vector<std::vector<Use>>& use
   return false;
 }
 
+// Whether dim `axis` of `of` is x's dim d: x's own (or that of what x dequantizes) in its place,
+// or a dim of the same symbol (a session binds each symbol to one size, and inference carries a
+// symbol only to dims equal to it).
+bool same_dim(const Matcher& m, ValueId of, int64_t axis, ValueId x, size_t d) {
+  const Shape& xs = m.graph().value(x).shape;
+  if (!xs.rank_known || d >= xs.dims.size()) return false;
+  if (axis == static_cast<int64_t>(d) && shape_origin(m, of) == shape_origin(m, x)) return true;
+  const Shape& os = m.graph().value(of).shape;
+  return os.rank_known && axis < os.rank() && os.dims[static_cast<size_t>(axis)].is_symbolic() && os.dims[static_cast<size_t>(axis)] == xs.dims[d];
+}
+
 // Gives every Reshape whose shape is computed from shapes a constant one where the entries allow
-// (the file's header); returns how many.
-size_t constant_reshape_shapes(Graph& g) {
+// (the file's header), and every Expand of x whose shape, of x's rank, is computed from shapes
+// one where each entry is a number or x's own dim in its place (a 1 there: broadcasting keeps
+// it; LLaMA's grouped-query heads, repeated to [B, Hkv, n, S, D] by Shape(k)'s dims); returns
+// how many of each.
+std::pair<size_t, size_t> constant_computed_shapes(Graph& g) {
   std::vector<std::pair<size_t, Tensor>> fixes;
+  size_t expands = 0;
   {
     Matcher m(g);
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       const Node& n = g.nodes[i];
-      if (n.op != "Reshape" || !n.domain.empty() || n.inputs.size() != 2 || n.inputs[1] == kNoValue ||
+      const bool reshape = n.op == "Reshape";
+      if ((!reshape && n.op != "Expand") || !n.domain.empty() || n.inputs.size() != 2 || n.inputs[1] == kNoValue ||
           g.value(n.inputs[1]).is_constant() || n.attr_int("allowzero", 0) != 0)
         continue;
       std::optional<std::vector<DimTerm>> terms = dim_terms(m, n.inputs[1]);
       if (!terms || g.value(n.inputs[1]).shape.rank() != 1) continue;
-      const int64_t rank = g.value(n.inputs[0]).shape.rank();
+      const Shape& xs = g.value(n.inputs[0]).shape;
+      if (!reshape && (!xs.rank_known || xs.rank() != static_cast<int64_t>(terms->size()))) continue;
       std::vector<int64_t> shape;
-      int inferred = 0;  // entries left to -1: the one whose product the others leave
+      int inferred = 0;  // a Reshape's entries left to -1: the one whose product the others leave
       bool zero = false;
       for (size_t d = 0; d < terms->size(); ++d) {
         const DimTerm& t = (*terms)[d];
@@ -94,16 +111,17 @@ size_t constant_reshape_shapes(Graph& g) {
           shape.push_back(t.value);
           inferred += t.value == -1;
           zero = zero || t.value == 0;
-        } else if (t.axis == static_cast<int64_t>(d) && t.axis < rank && shape_origin(m, t.of) == shape_origin(m, n.inputs[0])) {
-          shape.push_back(0);
+        } else if (same_dim(m, t.of, t.axis, n.inputs[0], d)) {
+          shape.push_back(reshape ? 0 : 1);
         } else {
           shape.push_back(-1);
           ++inferred;
         }
       }
-      // -1 cannot stand for a dim beside a 0-sized one (it would be 0 / 0).
-      if (inferred > 1 || (inferred == 1 && zero)) continue;
+      // -1 cannot stand for a dim beside a 0-sized one (it would be 0 / 0); an Expand has none.
+      if ((reshape && (inferred > 1 || (inferred == 1 && zero))) || (!reshape && std::count(shape.begin(), shape.end(), -1) > 0)) continue;
       fixes.emplace_back(i, Tensor::from<int64_t>({static_cast<int64_t>(shape.size())}, shape));
+      expands += !reshape;
     }
   }
   for (auto& [i, shape] : fixes) {
@@ -114,7 +132,7 @@ size_t constant_reshape_shapes(Graph& g) {
   // The shape arithmetic nothing reads now goes at once: a pattern asking whether a projection
   // is read by its head split alone must not count a dead Shape of it.
   if (!fixes.empty()) erase_dead_shape_arithmetic(g);
-  return fixes.size();
+  return {fixes.size() - expands, expands};
 }
 
 // A Range(0, n, 1) whose limit n is a symbolic dim of a value (a sequence length as exporters
@@ -211,15 +229,23 @@ Result<PassResult> fold_constants(Model& model, PassContext&) {
   if (count > 0) erase_nodes(g, folded);
   const size_t ranges = symbolic_range_lengths(g);
   if (ranges > 0) KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the symbol, wherever the positions go
-  const size_t reshapes = constant_reshape_shapes(g);
-  if (count == 0 && reshapes == 0 && ranges == 0)
+  // Each constant shape gives inference dims that a later shape's entries may be (LLaMA's
+  // grouped-query Expand reads K's dims, known once its head split's Reshape is): again until
+  // none is left to give.
+  size_t reshapes = 0, expands = 0;
+  for (auto made = constant_computed_shapes(g); made.first + made.second > 0; made = constant_computed_shapes(g)) {
+    reshapes += made.first;
+    expands += made.second;
+    KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the reshaped values' dims
+  }
+  if (count == 0 && reshapes == 0 && expands == 0 && ranges == 0)
     return PassResult{false, capped ? "no change (" + count_of(capped, "node", "nodes") + " over the size cap)" : ""};
-  if (reshapes > 0) KILN_RETURN_IF_ERROR(infer_graph(g).status());  // the reshaped values' dims
   const size_t dropped = drop_unused_values(g);
   std::string summary = "folded " + count_of(count, "node", "nodes") + " (" + std::to_string(by_inference) +
                         " from shape inference)";
   if (ranges > 0) summary += ", gave " + count_of(ranges, "Range its symbolic length", "Ranges their symbolic lengths");
   if (reshapes > 0) summary += ", gave " + count_of(reshapes, "Reshape a constant shape", "Reshapes constant shapes");
+  if (expands > 0) summary += ", gave " + count_of(expands, "Expand a constant shape", "Expands constant shapes");
   summary += ", dropped " + count_of(dropped, "unused value", "unused values");
   if (capped) summary += "; " + count_of(capped, "node", "nodes") + " over the size cap kept";
   return PassResult{true, summary};

@@ -306,6 +306,49 @@ TEST(CompileFoldConstants, RangeOfASymbolicLengthGetsTheSymbol) {
   }
 }
 
+// LLaMA's grouped-query repeat of K [batch, 2, sequence, 4]: Unsqueeze at 2, Expand to
+// Concat(Shape(k)[0], 2, 3, Shape(k)[2], 4), Reshape to Concat(Shape(k)[0], 6, Shape(k)[2], 4).
+// The Expand's entries that are the input's own dims become 1s ([1, 2, 3, 1, 4]); then the
+// Reshape's batch, k's dim of the symbol its input has there, is a copy and its sequence the one
+// entry left to -1 ([0, 6, -1, 4]): the repeat's shape [batch, 6, sequence, 4] is known, as
+// fuse_attention wants it. Built from a dim of another symbol, the Expand's shape stays computed.
+TEST(CompileFoldConstants, GroupedQueryRepeatGetsConstantShapes) {
+  for (bool other_symbol : {false, true}) {
+    SCOPED_TRACE(other_symbol ? "another symbol" : "k's own dims");
+    Builder b;
+    ValueId k = b.input("k", sym_shape({Dim::sym("batch"), Dim::known(2), Dim::sym("sequence"), Dim::known(4)}));
+    ValueId other = b.input("other", sym_shape({Dim::sym("batch"), Dim::sym("length")}));
+    ValueId ks = b.op("k_shape", "Shape", {k}, "ks");
+    auto dim = [&](ValueId shape, int64_t i, const std::string& name) {
+      ValueId d = b.op(name, "Gather", {shape, b.constant(name + "_at", make<int64_t>({}, {i}))}, name + "_out");
+      return b.op(name + "_1", "Unsqueeze", {d, b.constant(name + "_ax", testing::ints({0}))}, name + "_1d");
+    };
+    ValueId batch = dim(ks, 0, "batch"), seq = other_symbol ? dim(b.op("o_shape", "Shape", {other}, "os"), 1, "seq") : dim(ks, 2, "seq");
+    ValueId wide = b.op("unsq", "Unsqueeze", {k, b.constant("ax2", testing::ints({2}))}, "k5");
+    ValueId target5 = b.op("target5", "Concat", {batch, b.constant("two", testing::ints({2})), b.constant("three", testing::ints({3})), seq,
+                                                  b.constant("four", testing::ints({4}))}, "t5", {attr("axis", int64_t{0})});
+    ValueId repeated = b.op("expand", "Expand", {wide, target5}, "repeated");
+    ValueId target4 = b.op("target4", "Concat", {batch, b.constant("six", testing::ints({6})), seq, b.constant("four2", testing::ints({4}))}, "t4",
+                           {attr("axis", int64_t{0})});
+    b.output(b.op("reshape", "Reshape", {repeated, target4}, "out"));
+    Model before = b.done();
+    Model after = before;
+    run_pass("fold_constants", after);
+    const ValueId expand_shape = after.graph.nodes[static_cast<size_t>(after.graph.producers()[after.graph.find_value("repeated")])].inputs[1];
+    if (other_symbol) {
+      EXPECT_FALSE(after.graph.value(expand_shape).is_constant()) << compact(after.graph);
+      continue;
+    }
+    ASSERT_TRUE(after.graph.value(expand_shape).is_constant()) << compact(after.graph);
+    EXPECT_EQ(testing::values<int64_t>(after.graph.value(expand_shape).constant), (std::vector<int64_t>{1, 2, 3, 1, 4}));
+    EXPECT_EQ(testing::values<int64_t>(after.graph.value(after.graph.find_value("t4_static")).constant), (std::vector<int64_t>{0, 6, -1, 4}));
+    EXPECT_EQ(after.graph.value(after.graph.find_value("out")).shape.str(), "batchx6xsequencex4");
+    EXPECT_EQ(count_ops(after.graph, "Shape"), 0u) << compact(after.graph);
+    for (auto [n, seq_len] : {std::pair{1, 1}, std::pair{2, 5}})
+      expect_same_outputs(before, after, {uniform_f32({n, 2, seq_len, 4}, 17), uniform_f32({n, seq_len}, 18)}, 0);
+  }
+}
+
 // An entry that is another value's dim becomes -1 when it is the only one; with two such
 // entries, or allowzero (0 is then a size, not a copy), the shape stays computed.
 TEST(CompileFoldConstants, ComputedReshapeShapesThatStay) {
