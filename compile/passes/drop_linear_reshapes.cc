@@ -12,8 +12,8 @@
 // Every value of the chain must be read by the next node alone. The second Reshape must give
 // x's leading dims back: its output's concrete shape says so, or, where they are symbolic (a
 // model compiled without --input-shape), its shape operand, computed from x's own dims as
-// GPT-2 writes it (`x.size()[:-1] + (N,)`: Concat(Slice(Shape(x)), N)); the shape arithmetic
-// then goes. Gemm must have transA = transB = 0 and alpha = beta = 1.
+// GPT-2 writes it (`x.size()[:-1] + (N,)`: Concat(Slice(Shape(x)), N)) or from dims of the
+// same symbols; the shape arithmetic then goes. Gemm must have transA = transB = 0 and alpha = beta = 1.
 #include <algorithm>
 
 #include "compile/graph_util.h"
@@ -38,8 +38,8 @@ std::optional<int64_t> columns(const Graph& g, ValueId v) {
 }
 
 // Whether `reshape` gives x's leading dims back, then `n`: its output's concrete shape says so,
-// or its shape operand's entries are x's dims in their places (read from x, or from what x
-// dequantizes) or equal known ones, then n.
+// or its shape operand's entries are x's dims in their places (same_dim: read from x, from what
+// x dequantizes, or of the same symbol) or equal known ones, then n.
 bool leading_dims_back(const Graph& g, const Matcher& mt, const Node& reshape, ValueId x, int64_t n) {
   const Shape& xs = g.value(x).shape;
   if (const auto out = concrete(g, reshape.outputs[0]); out && xs.is_concrete()) {
@@ -52,8 +52,7 @@ bool leading_dims_back(const Graph& g, const Matcher& mt, const Node& reshape, V
   if (!terms || terms->size() != xs.dims.size() || terms->back().of != kNoValue || terms->back().value != n) return false;
   for (size_t d = 0; d + 1 < terms->size(); ++d) {
     const DimTerm& t = (*terms)[d];
-    const bool same = t.of == kNoValue ? t.value > 0 && xs.dims[d].is_known() && t.value == xs.dims[d].value
-                                       : t.axis == static_cast<int64_t>(d) && shape_origin(mt, t.of) == shape_origin(mt, x);
+    const bool same = t.of == kNoValue ? t.value > 0 && xs.dims[d].is_known() && t.value == xs.dims[d].value : same_dim(mt, t.of, t.axis, x, d);
     if (!same) return false;
   }
   return true;

@@ -71,17 +71,6 @@ bool dequantized_weight(const Graph& g, const std::vector<std::vector<Use>>& use
   return false;
 }
 
-// Whether dim `axis` of `of` is x's dim d: x's own (or that of what x dequantizes) in its place,
-// or a dim of the same symbol (a session binds each symbol to one size, and inference carries a
-// symbol only to dims equal to it).
-bool same_dim(const Matcher& m, ValueId of, int64_t axis, ValueId x, size_t d) {
-  const Shape& xs = m.graph().value(x).shape;
-  if (!xs.rank_known || d >= xs.dims.size()) return false;
-  if (axis == static_cast<int64_t>(d) && shape_origin(m, of) == shape_origin(m, x)) return true;
-  const Shape& os = m.graph().value(of).shape;
-  return os.rank_known && axis < os.rank() && os.dims[static_cast<size_t>(axis)].is_symbolic() && os.dims[static_cast<size_t>(axis)] == xs.dims[d];
-}
-
 // Gives every Reshape whose shape is computed from shapes a constant one where the entries allow
 // (the file's header), and every Expand of x whose shape, of x's rank, is computed from shapes
 // one where each entry is a number or x's own dim in its place (a 1 there: broadcasting keeps

@@ -217,6 +217,14 @@ ValueId shape_origin(const Matcher& m, ValueId v) {
   return v;
 }
 
+bool same_dim(const Matcher& m, ValueId of, int64_t axis, ValueId x, size_t d) {
+  const Shape& xs = m.graph().value(x).shape;
+  if (!xs.rank_known || d >= xs.dims.size()) return false;
+  if (axis == static_cast<int64_t>(d) && shape_origin(m, of) == shape_origin(m, x)) return true;
+  const Shape& os = m.graph().value(of).shape;
+  return os.rank_known && axis < os.rank() && os.dims[static_cast<size_t>(axis)].is_symbolic() && os.dims[static_cast<size_t>(axis)] == xs.dims[d];
+}
+
 void erase_dead_shape_arithmetic(Graph& g) {
   for (bool dropped = true; dropped;) {
     const std::vector<std::vector<Use>> uses = g.uses();

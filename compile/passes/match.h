@@ -96,6 +96,11 @@ std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v);
 /// one origin have one shape.
 ValueId shape_origin(const Matcher& m, ValueId v);
 
+/// Whether dim `axis` of `of` is dim d of x: x's own in its place (or that of what x dequantizes:
+/// shape_origin), or a dim of the same symbol (a session binds each symbol to one size, and
+/// inference carries a symbol only to dims equal to it).
+bool same_dim(const Matcher& m, ValueId of, int64_t axis, ValueId x, size_t d);
+
 /// Erases the shape arithmetic that nothing reads (Shape, Gather, Unsqueeze, Squeeze, Concat,
 /// Slice, Cast and Identity nodes writing i64 / i32 values of rank 0 or 1, until none is left
 /// dead), once a rewrite stopped reading it: a pattern asking whether a value is read by one
