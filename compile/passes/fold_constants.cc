@@ -132,11 +132,9 @@ size_t symbolic_range_lengths(Graph& g) {
   const Matcher m(g);
   size_t named = 0;
   for (const Node& n : g.nodes) {
-    if (n.op != "Range" || !n.domain.empty() || n.inputs.size() != 3 || n.outputs.size() != 1 || n.outputs[0] == kNoValue) continue;
-    if (int_constant(g, n.inputs[0]) != std::vector<int64_t>{0} || int_constant(g, n.inputs[2]) != std::vector<int64_t>{1}) continue;
-    const std::optional<std::vector<DimTerm>> t = dim_terms(m, n.inputs[1]);
-    if (!t || t->size() != 1 || (*t)[0].of == kNoValue) continue;
-    const Dim d = g.value((*t)[0].of).shape.dims[static_cast<size_t>((*t)[0].axis)];
+    const std::optional<DimTerm> t = range_length(m, n);
+    if (!t || n.outputs.size() != 1 || n.outputs[0] == kNoValue) continue;
+    const Dim d = g.value(t->of).shape.dims[static_cast<size_t>(t->axis)];
     Value& out = g.value(n.outputs[0]);
     if (!d.is_symbolic() || (out.shape.rank_known && out.shape.rank() == 1 && out.shape.dims[0] == d)) continue;
     out.shape = Shape({d});

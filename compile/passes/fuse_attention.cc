@@ -184,14 +184,6 @@ bool scores_length(const Graph& g, const DimTerm& t, const Shape& scores) {
   return (d.is_known() || d.is_symbolic()) && d == scores.dims[2] && d == scores.dims[3];
 }
 
-// Whether `v` is a constant scalar equal to `want` (at most `want`, with `at_most`).
-bool scalar_is(const Graph& g, ValueId v, double want, bool at_most = false) {
-  if (v == kNoValue || !g.value(v).is_constant()) return false;
-  const Tensor& t = g.value(v).constant;
-  if (t.is_packed() || t.numel() != 1) return false;
-  return at_most ? t.as_double(0) <= want : t.as_double(0) == want;
-}
-
 // Whether `mask` (an additive mask or a Where's condition) is causal over `scores` [.., S, S]
 // for every S by the way it is built from the sequence length S, when S is not known (a
 // model compiled without --input-shape; the scores' S a symbol), after Unsqueezes of leading
@@ -216,7 +208,7 @@ bool causal_by_construction(const Matcher& m, ValueId mask, const Shape& scores)
   const Node* n = m.def(v);
   if (!n) return false;
   if (condition && n->op == "Trilu") {
-    if (n->attr_int("upper", 1) != 0 || (n->has_input(1) && !scalar_is(g, n->inputs[1], 0))) return false;
+    if (n->attr_int("upper", 1) != 0 || (n->has_input(1) && int_constant(g, n->inputs[1]) != std::vector<int64_t>{0})) return false;
     const Node* ones = m.def(n->inputs[0], "ConstantOfShape");
     const Attribute* value = ones ? ones->find_attr("value") : nullptr;
     const Tensor* fill = value ? std::get_if<Tensor>(&value->value) : nullptr;
@@ -224,15 +216,15 @@ bool causal_by_construction(const Matcher& m, ValueId mask, const Shape& scores)
     const std::optional<std::vector<DimTerm>> t = dim_terms(m, ones->inputs[0]);
     return t && t->size() == 2 && (*t)[0].of == (*t)[1].of && (*t)[0].axis == (*t)[1].axis && scores_length(g, (*t)[0], scores);
   }
-  if (!condition && n->op == "Where" && n->inputs.size() == 3 && scalar_is(g, n->inputs[1], -1e30, true) && scalar_is(g, n->inputs[2], 0)) {
+  const std::optional<float> fill = n->inputs.size() == 3 ? m.scalar(n->inputs[1]) : std::nullopt;
+  const std::optional<float> keep = n->inputs.size() == 3 ? m.scalar(n->inputs[2]) : std::nullopt;
+  if (!condition && n->op == "Where" && fill && *fill <= -1e30f && keep == 0.f) {
     const Node* less = m.def(n->inputs[0], "Less");
     const Node* col = less ? m.def(less->inputs[0], "Unsqueeze") : nullptr;
     const Node* range = col ? m.def(col->inputs[0], "Range") : nullptr;
-    if (!range || less->inputs[1] != col->inputs[0] || m.reduce_axes(*col) != std::vector<int64_t>{1} || !scalar_is(g, range->inputs[0], 0) ||
-        !scalar_is(g, range->inputs[2], 1))
-      return false;
-    const std::optional<std::vector<DimTerm>> t = dim_terms(m, range->inputs[1]);
-    return t && t->size() == 1 && scores_length(g, (*t)[0], scores);
+    if (!range || less->inputs[1] != col->inputs[0] || m.reduce_axes(*col) != std::vector<int64_t>{1}) return false;
+    const std::optional<DimTerm> t = range_length(m, *range);
+    return t && scores_length(g, *t, scores);
   }
   return false;
 }

@@ -206,6 +206,16 @@ std::optional<std::vector<DimTerm>> dim_terms_at(const Matcher& m, ValueId v, in
 
 std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v) { return dim_terms_at(m, v, 0); }
 
+std::optional<DimTerm> range_length(const Matcher& m, const Node& range) {
+  const Graph& g = m.graph();
+  if (range.op != "Range" || !range.domain.empty() || range.inputs.size() != 3 || int_constant(g, range.inputs[0]) != std::vector<int64_t>{0} ||
+      int_constant(g, range.inputs[2]) != std::vector<int64_t>{1})
+    return std::nullopt;
+  const std::optional<std::vector<DimTerm>> t = dim_terms(m, range.inputs[1]);
+  if (!t || t->size() != 1 || (*t)[0].of == kNoValue) return std::nullopt;
+  return (*t)[0];
+}
+
 ValueId shape_origin(const Matcher& m, ValueId v) {
   for (int depth = 0; depth < 16; ++depth) {
     const Node* n = m.def(v);

@@ -91,6 +91,10 @@ struct DimTerm {
 /// numbers and dims of values; nullopt for anything else.
 std::optional<std::vector<DimTerm>> dim_terms(const Matcher& m, ValueId v);
 
+/// The length of `range` when it is Range(0, n, 1) with n one dim of a value (a sequence length
+/// as exporters take it: Gather(Shape(input_ids), 1)), else nullopt.
+std::optional<DimTerm> range_length(const Matcher& m, const Node& range);
+
 /// The value `v` is computed from by ops that keep their input's shape (a quantized model's
 /// QuantizeLinear and DequantizeLinear, Cast, Identity), as far back as they go: two values of
 /// one origin have one shape.
