@@ -77,6 +77,37 @@ KernelRegistry KernelRegistry::without(const std::vector<std::string>& names) co
   return r;
 }
 
+Tensor PackedWeights::find(const Tensor& plain, const PackedLayout& layout, DType dtype) const {
+  for (const Form& f : forms_)
+    if (f.plain == plain.raw() && f.plain_bytes == plain.nbytes() && f.packed.dtype() == dtype && f.packed.layout()->same_placement(layout))
+      return f.packed;
+  return {};
+}
+
+void PackedWeights::keep(const Tensor& plain, const Tensor& packed) {
+  if (!packed.layout() || find(plain, *packed.layout(), packed.dtype()).defined()) return;
+  forms_.push_back(Form{plain.raw(), plain.nbytes(), packed});
+}
+
+void PackedWeights::drop_unused() {
+  std::erase_if(forms_, [](const Form& f) { return f.packed.sole_owner(); });
+}
+
+size_t PackedWeights::bytes() const {
+  size_t total = 0;
+  for (const Form& f : forms_) total += f.packed.nbytes();
+  return total;
+}
+
+Tensor packed_before(const KernelQuery& q, const Tensor& w, const PackedLayout& layout, DType dtype) {
+  if (w.layout() && w.dtype() == dtype && w.layout()->same_placement(layout)) return w;
+  return q.packed_weights ? q.packed_weights->find(w, layout, dtype) : Tensor();
+}
+
+void keep_packed(const KernelQuery& q, const Tensor& w, const Tensor& packed) {
+  if (q.packed_weights && packed.defined()) q.packed_weights->keep(w, packed);
+}
+
 std::optional<std::string> f32_and_concrete(const KernelQuery& q) { return f32_and_concrete(q, TypeSet()); }
 
 std::optional<std::string> f32_and_concrete(const KernelQuery& q, TypeSet weights) {

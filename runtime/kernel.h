@@ -63,6 +63,32 @@ class OutputNotAllocated : public std::runtime_error {
   size_t index_;
 };
 
+/// The packed forms of constant weights that kernels made while planning, shared by the plans
+/// of one session (Session keeps one): a plan for new input shapes whose kernel wants a weight
+/// in a layout an earlier plan packed it into takes that tensor, rather than packing the weight
+/// again and holding it twice (a model compiled without --input-shape plans each new shape).
+/// A weight is known by its data's address, so the constants must outlive the cache.
+class PackedWeights {
+ public:
+  /// The form of `plain` packed in `layout` as `dtype`, or undefined.
+  Tensor find(const Tensor& plain, const PackedLayout& layout, DType dtype) const;
+  /// Keeps `packed` (`plain` packed by a kernel) for later plans, unless it has that form.
+  void keep(const Tensor& plain, const Tensor& packed);
+  /// Lets go of the forms no kernel holds any more (after a plan was dropped).
+  void drop_unused();
+  size_t size() const { return forms_.size(); }
+  /// The bytes of the packed forms kept.
+  size_t bytes() const;
+
+ private:
+  struct Form {
+    const void* plain;
+    size_t plain_bytes;
+    Tensor packed;
+  };
+  std::vector<Form> forms_;
+};
+
 /// What an implementation sees when it is chosen and prepared for a node: the node, its graph,
 /// the target, each input's type, shape (concrete when the plan knows it) and data (constants
 /// and shape arithmetic the plan folded), and each output's type and shape as inferred.
@@ -75,10 +101,19 @@ struct KernelQuery {
   const Target& target;
   std::span<const InferInput> inputs;
   std::span<const InferOutput> outputs;
+  /// The session's packed weights (null: none to share, as in a compile's plans).
+  PackedWeights* packed_weights = nullptr;
 
   /// Whether optional input i is given (neither past the end nor omitted).
   bool has_input(size_t i) const { return i < inputs.size() && inputs[i].dtype != DType::undefined; }
 };
+
+/// Constant `w` in `layout` as `dtype`, made before: `w` itself when it is stored so (a compiled
+/// model's packed weight, used where it is mapped), else the form an earlier plan of the session
+/// packed; undefined when the kernel must pack it (and then hands it to keep_packed).
+Tensor packed_before(const KernelQuery& q, const Tensor& w, const PackedLayout& layout, DType dtype);
+/// Keeps `packed`, constant `w` as the kernel packed it, for the session's later plans.
+void keep_packed(const KernelQuery& q, const Tensor& w, const Tensor& packed);
 
 /// What a kernel asks of the plan while it prepares.
 struct KernelNeeds {

@@ -169,7 +169,7 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     const Node& node = bound.nodes[n];
     node_query_operands(plan, n, q_in, q_out);
     // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
-    KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out};
+    KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out, options.packed_weights};
     KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));

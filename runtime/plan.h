@@ -85,6 +85,9 @@ struct PlanOptions {
   /// false: shapes, constants and memory only, no kernel chosen or prepared (`kernels` stays
   /// empty), for callers that only build kernel queries (max-autotune's probes).
   bool choose_kernels = true;
+  /// Weights packed by earlier plans, which this plan's kernels take where they want the same
+  /// layout and add to otherwise (a session's; null: each plan packs its own).
+  PackedWeights* packed_weights = nullptr;
 };
 
 /// "output 0 'y'" for messages about a node's outputs.

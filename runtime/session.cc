@@ -343,7 +343,9 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
 
   const KernelRegistry& reg = options_.kernels ? *options_.kernels : default_kernels();
   use_threads(options_.target.threads);  // kernels are created for the target's threads
-  KILN_ASSIGN_OR_RETURN(ExecutionPlan ep, build_plan(graph_, key, PlanOptions{options_.target, reg, options_.reference}));
+  PlanOptions plan_options{options_.target, reg, options_.reference};
+  plan_options.packed_weights = &packed_weights_;
+  KILN_ASSIGN_OR_RETURN(ExecutionPlan ep, build_plan(graph_, key, plan_options));
   const Graph& bound = ep.bound;
   const size_t nv = bound.values.size(), nn = bound.nodes.size();
   const std::vector<int32_t>& first = ep.first_use;
@@ -443,6 +445,7 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
                                    [](const auto& a, const auto& b) { return a.second->last_used < b.second->last_used; });
     if (oldest->second.get() == last_plan_) last_plan_ = nullptr;
     plans_.erase(oldest);
+    packed_weights_.drop_unused();
   }
   plan->last_used = runs_;
   ++planned_;

@@ -108,6 +108,11 @@ class Session {
   size_t huge_page_weight_bytes() const { return placed_.moved_bytes; }
   /// The weights it would have moved, had the machine given it huge pages quickly.
   size_t huge_page_eligible_bytes() const { return placed_.eligible_bytes; }
+  /// The weights the plans' kernels packed while planning (a model compiled with its input
+  /// shapes stores them packed, and they are read where mapped), which every plan that wants
+  /// them so shares: their packed forms, and those forms' bytes.
+  size_t packed_weight_forms() const { return packed_weights_.size(); }
+  size_t packed_weight_bytes() const { return packed_weights_.bytes(); }
   /// The kernel of each node in the last run's plan, in node order (empty before a run).
   std::span<const NodeKernel> kernels() const;
   const Graph& graph() const { return graph_; }
@@ -140,6 +145,9 @@ class Session {
   SessionOptions options_;
   std::map<const Graph*, std::vector<std::unique_ptr<Kernel>>> subgraph_kernels_;
   std::unique_ptr<Workspace> subgraph_workspace_;
+  /// The weights the plans' kernels packed, shared by every plan that wants them so (declared
+  /// before the plans: the kernels let go of them first).
+  PackedWeights packed_weights_;
   std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<Plan>> plans_;
   Plan* last_plan_ = nullptr;
   uint64_t runs_ = 0;     ///< plan_for calls, the clock of Plan::last_used

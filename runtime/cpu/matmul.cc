@@ -444,14 +444,15 @@ class GemmKernel final : public Kernel {
       const bool reorder = taps > 1 && !x_planes_;
       const PackedLayout want = reorder ? gemm::packed_b_windows_layout(n_, win_.c, taps, params_.tile.nr)
                                         : gemm::packed_b_layout(k_, n_, params_.tile.nr, trans_b_);
-      if (w->dtype() == DType::f32 && w->layout() && w->layout()->same_placement(want)) {
-        packed_ = *w;  // stored packed this way: used where it is mapped
-      } else {
+      // Stored packed this way (used where it is mapped), or packed so by an earlier plan.
+      packed_ = packed_before(q, *w, want, DType::f32);
+      if (!packed_.defined()) {
         Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
         if (reorder) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
         Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = packed.as_packed(DType::f32, w->shape(), want);
+        keep_packed(q, *w, packed_);
       }
       b_packed_ = true;
       // An f16 weight is stored as it is (half the bytes). A reordered one is stored in its
@@ -704,16 +705,17 @@ class Bf16GemmKernel final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     const Product p = product_of(q);
     m_ = p.m, n_ = p.n, k_ = p.k;
-    // B packed once, or used where a compiled model mapped it when it was stored packed so.
+    // B packed once, or used where a compiled model mapped it when it was stored packed so,
+    // or as an earlier plan of the session packed it.
     const Tensor& w = *q.inputs[1].value;
     const PackedLayout want = gemm::packed_b_bf16_layout(k_, n_, p.trans_b);
-    if (w.layout() && w.layout()->same_placement(want)) {
-      packed_ = w;
-    } else {
-      const Tensor wide = gemm::widened_to_f32(w);  // exact: bf16 widens without rounding
+    packed_ = packed_before(q, w, want, DType::bf16);
+    if (!packed_.defined()) {
+      const Tensor plain = w.is_packed() ? unpack(w) : w;  // bf16 (lowp_declines)
       Tensor packed(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
-      gemm::pack_b_bf16(wide.data<float>(), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
+      gemm::pack_b_bf16(static_cast<const uint16_t*>(plain.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
       packed_ = packed.as_packed(DType::bf16, w.shape(), want);
+      keep_packed(q, w, packed_);
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);
@@ -810,14 +812,14 @@ class F16GemmKernel final : public Kernel {
     const Tensor& w = *q.inputs[1].value;
     const std::optional<PackedLayout> want = windows_ ? gemm::packed_b_f16_windows_layout(n_, g_.c, g_.kh * g_.kw)
                                                       : gemm::packed_b_f16_layout(k_, n_, trans_b);
-    if (want && w.layout() && w.layout()->same_placement(*want)) {
-      packed_ = w;
-    } else {
+    packed_ = want ? packed_before(q, w, *want, DType::f16) : Tensor();
+    if (!packed_.defined()) {
       const Tensor plain = w.is_packed() ? unpack(w) : w;
       const Tensor ordered = windows_ ? in_windows_order(static_cast<const uint16_t*>(plain.raw()), DType::u16, n_, g_) : plain;
       Tensor packed(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
       gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), trans_b ? k_ : n_, trans_b, k_, n_, packed.data<uint16_t>());
       packed_ = want ? packed.as_packed(DType::f16, w.shape(), *want) : packed;
+      if (want) keep_packed(q, w, packed_);
     }
     KILN_RETURN_IF_ERROR(ep_.read(q, n_));
     parts_ = column_parts(q.node);

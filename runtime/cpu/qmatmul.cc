@@ -201,15 +201,16 @@ class QMatMulKernel final : public Kernel {
     const std::optional<PackedLayout> want = windows ? gemm::packed_b_s8_windows_layout(n_, win_.c, win_.kh * win_.kw)
                                                      : gemm::packed_b_s8_layout(k_, n_, d.trans);
     col_sums_.assign(static_cast<size_t>(n_), 0);
-    if (want && w.layout() && w.layout()->same_placement(*want)) {
-      packed_ = w;
-      gemm::packed_b_s8_column_sums(static_cast<const int8_t*>(w.raw()), k_, n_, col_sums_.data());
+    packed_ = want ? packed_before(q, w, *want, DType::i8) : Tensor();  // or as an earlier plan packed it
+    if (packed_.defined()) {
+      gemm::packed_b_s8_column_sums(static_cast<const int8_t*>(packed_.raw()), k_, n_, col_sums_.data());
     } else {
       Tensor plain = w.is_packed() ? unpack(w) : w;
       if (windows) plain = in_windows_order(plain.data<int8_t>(), DType::i8, n_, win_);
       Tensor packed(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
       gemm::pack_b_s8(plain.data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed.data<int8_t>(), col_sums_.data());
       packed_ = want ? packed.as_packed(DType::i8, w.shape(), *want) : packed;
+      if (want) keep_packed(q, w, packed_);
     }
     // A's scale and zero point: constants, or (a dynamically quantized input) each run's.
     dynamic_ = !q.inputs[1].value || !q.inputs[2].value;

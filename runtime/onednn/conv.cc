@@ -235,10 +235,17 @@ class ConvKernel final : public Kernel {
           }
         }
       }
-      // Winograd's weight layout is its own: it starts from the plain weights.
-      KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
-      // An f16 weight is stored as it is (half the bytes); the others as oneDNN packed them.
-      packed_ = given.dtype() == DType::f16 ? Tensor() : packed_weights(given, weights_, false, "convolution");
+      // Winograd's weight layout is its own: it starts from the plain weights. An f16 weight is
+      // stored as it is (half the bytes); the others as oneDNN packed them (and shared by the
+      // session's plans).
+      if (winograd_ || given.dtype() == DType::f16) {
+        KILN_ASSIGN_OR_RETURN(weights_, prepack(winograd_ && wt.is_packed() ? unpack(wt) : wt, user_w, pd.weights_desc()));
+        packed_ = given.dtype() == DType::f16 ? Tensor() : packed_weights(given, weights_, false, "convolution");
+      } else {
+        KILN_ASSIGN_OR_RETURN(PrepackedWeights w, prepack_weights(q, given, user_w, pd.weights_desc(), false, "convolution"));
+        weights_ = std::move(w.weights);
+        packed_ = std::move(w.packed);
+      }
       prim_ = dnnl::convolution_forward(pd);
       src_ = memory(src, cpu_engine(), nullptr);
       dst_ = memory(dst, cpu_engine(), nullptr);
@@ -351,8 +358,10 @@ class ConvKernel final : public Kernel {
       return {};
     }
     const Tensor& given = *q.inputs[1].value;
-    KILN_ASSIGN_OR_RETURN(weights_, prepack(given, plain(geo.wdims, memory::data_type::bf16), pd->weights_desc()));
-    packed_ = packed_weights(given, weights_, false, "convolution");
+    KILN_ASSIGN_OR_RETURN(PrepackedWeights w, prepack_weights(q, given, plain(geo.wdims, memory::data_type::bf16), pd->weights_desc(),
+                                                              false, "convolution"));
+    weights_ = std::move(w.weights);
+    packed_ = std::move(w.packed);
     prim_ = dnnl::convolution_forward(*pd);
     threads_ = std::max(1, q.target.threads);
     rows_at_ = (pd->scratchpad_desc().get_size() + 63) / 64 * 64;

@@ -106,8 +106,9 @@ class MatMulKernel final : public Kernel {
       dnnl::matmul::desc desc(bf16 ? src_bf16 : src, w, bias, dst);
       dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
       if (const_b) {
-        KILN_ASSIGN_OR_RETURN(weights_, prepack(*q.inputs[1].value, user_w, pd.weights_desc(), tb));
-        packed_ = packed_weights(*q.inputs[1].value, weights_, tb, "matmul");
+        KILN_ASSIGN_OR_RETURN(PrepackedWeights w, prepack_weights(q, *q.inputs[1].value, user_w, pd.weights_desc(), tb, "matmul"));
+        weights_ = std::move(w.weights);
+        packed_ = std::move(w.packed);
       } else {
         weights_ = memory(user_w, cpu_engine(), nullptr);
       }

@@ -234,6 +234,17 @@ Tensor packed_weights(const Tensor& original, const memory& weights, bool swap_l
                         std::shared_ptr<void>(held, data));
 }
 
+Result<PrepackedWeights> prepack_weights(const KernelQuery& q, const Tensor& w, const memory::desc& user, const memory::desc& wanted,
+                                         bool swap_last2, std::string_view primitive) {
+  const std::optional<PackedLayout> want = layout_of(wanted, swap_last2);
+  const Tensor earlier = want && q.packed_weights ? q.packed_weights->find(w, *want, w.dtype()) : Tensor();
+  const Tensor& from = earlier.defined() ? earlier : w;
+  KILN_ASSIGN_OR_RETURN(memory weights, prepack(from, user, wanted, swap_last2));
+  Tensor packed = packed_weights(from, weights, swap_last2, primitive);
+  if (!earlier.defined()) keep_packed(q, w, packed);
+  return PrepackedWeights{std::move(weights), std::move(packed)};
+}
+
 void execute(const dnnl::primitive& prim, std::unordered_map<int, memory>& args, memory& scratch,
              std::span<std::byte> workspace) {
   if (!workspace.empty()) {

@@ -65,6 +65,17 @@ std::optional<PackedLayout> layout_of(const dnnl::memory::desc& desc, bool swap_
 /// model stores (Kernel::packed_input); undefined when the layout cannot be described.
 Tensor packed_weights(const Tensor& original, const dnnl::memory& weights, bool swap_last2, std::string_view primitive);
 
+/// A constant weight prepacked (`weights`) and as the packed tensor to store (`packed`).
+struct PrepackedWeights {
+  dnnl::memory weights;
+  Tensor packed;
+};
+/// prepack and packed_weights, through the session's packed weights (KernelQuery::
+/// packed_weights): `w` as an earlier plan packed it in `wanted`'s layout is used where it is,
+/// and a weight packed here is kept for later plans.
+Result<PrepackedWeights> prepack_weights(const KernelQuery& q, const Tensor& w, const dnnl::memory::desc& user,
+                                         const dnnl::memory::desc& wanted, bool swap_last2, std::string_view primitive);
+
 /// Executes `prim` with `args` on the CPU stream and waits; `scratch` (a memory of the
 /// primitive's scratchpad descriptor) is bound to the kernel's workspace when it has one.
 void execute(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& args, dnnl::memory& scratch,

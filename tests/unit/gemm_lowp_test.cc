@@ -241,6 +241,35 @@ TEST(GemmLowp, Bf16) {
   }, dims);
 }
 
+// pack_b_bf16 from bf16 bits copies them where it puts the rounded floats: element (p, j) of B
+// in panel j / 48, pair p / 2, at (j % 48) * 2 + p % 2, zero past K and N; both ways round,
+// on K and N odd, below a panel and past one.
+TEST(GemmLowp, Bf16PackedFromBitsWhereFromFloats) {
+  constexpr int64_t nr = gemm::kLowpTile.nr;
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{1, 1}, {7, 5}, {64, 48}, {33, 97}, {130, 50}})
+    for (bool trans : {false, true}) {
+      SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(n) + (trans ? " trans" : ""));
+      std::vector<uint16_t> bits(static_cast<size_t>(k * n));
+      std::vector<float> floats(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) {
+        bits[i] = static_cast<uint16_t>(0x3f80 + (i * 37) % 200 + (i % 3 ? 0 : 0x8000));  // ±1.0 .. ±3.5 in bf16
+        floats[i] = gemm::from_bf16(bits[i]);
+      }
+      const auto size = static_cast<size_t>(gemm::packed_b_bf16_elements(k, n));
+      std::vector<uint16_t> from_bits(size, 0xffff), from_floats(size, 0xffff);
+      gemm::pack_b_bf16(bits.data(), trans ? k : n, trans, k, n, from_bits.data());
+      gemm::pack_b_bf16(floats.data(), trans ? k : n, trans, k, n, from_floats.data());
+      EXPECT_EQ(from_bits, from_floats);
+      std::vector<uint16_t> want(size, 0);
+      const int64_t pairs = (k + 1) / 2;
+      for (int64_t p = 0; p < k; ++p)
+        for (int64_t j = 0; j < n; ++j)
+          want[static_cast<size_t>((j / nr) * pairs * nr * 2 + (p / 2) * nr * 2 + (j % nr) * 2 + p % 2)] =
+              bits[static_cast<size_t>(trans ? j * k + p : p * n + j)];
+      EXPECT_EQ(from_bits, want);
+    }
+}
+
 // The blockings the f16 tests run: rows of A in blocks of 8 (two tiles once rounded up), the
 // defaults, and what max-autotune may record: K in passes of 128 steps (one block each) with
 // the threads on A's rows, and of 256 with the threads on B's panels.

@@ -442,6 +442,78 @@ TEST(Session, KeepsTheMostRecentlyUsedPlansOnly) {
   EXPECT_EQ((*s)->memory_stats().signatures, cap + 5) << "batch 2 was evicted and planned again";
 }
 
+// Scales x's rows by a constant weight it "packs" (copies, padded) on prepare: to a layout of 4
+// elements for batches up to 4, of 8 (padded) past that. `packs` counts the packings.
+class PackingScale final : public Kernel {
+ public:
+  explicit PackingScale(int* packs) : packs_(packs) {}
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    const Tensor& w = *q.inputs[1].value;
+    const int64_t padded = q.inputs[0].shape.concrete()[0] > 4 ? 8 : 4;
+    const PackedLayout layout{.dims = {4}, .padded_dims = {padded}, .strides = {1}, .packed_for = "test"};
+    w_ = packed_before(q, w, layout, DType::f32);
+    if (!w_.defined()) {
+      Tensor storage(DType::f32, {padded});
+      std::copy_n(w.data<float>(), 4, storage.data<float>());
+      w_ = storage.as_packed(DType::f32, w.shape(), layout);
+      ++*packs_;
+      keep_packed(q, w, w_);
+    }
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const auto* w = static_cast<const float*>(w_.raw());
+    for (int64_t i = 0; i < x.numel(); ++i) ctx.output(0).data<float>()[i] = x.data<float>()[i] * w[i % 4];
+    return {};
+  }
+
+ private:
+  int* packs_;
+  Tensor w_;
+};
+
+TEST(Session, PlansShareTheWeightsTheirKernelsPacked) {
+  Model m;
+  Graph& g = m.graph;
+  const ValueId x = g.add_value("x", DType::f32, Shape({Dim::sym("batch"), Dim::known(4)}));
+  const ValueId w = g.add_constant("w", Tensor::from<float>({4}, {1.f, -2.f, 3.f, 0.5f}));  // `scale` below
+  const ValueId y = g.add_value("y", DType::f32, Shape({Dim::sym("batch"), Dim::known(4)}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "scale", .op = "Mul", .inputs = {x, w}, .outputs = {y}});
+  g.outputs = {y};
+  int packs = 0;
+  KernelRegistry reg;
+  reg.add("Mul", "cpu",
+          KernelImpl{"packs", [](const KernelQuery&) -> std::optional<std::string> { return std::nullopt; },
+                     [&packs](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<PackingScale>(&packs); }});
+  auto s = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  const float scale[4] = {1.f, -2.f, 3.f, 0.5f};
+  auto run_batch = [&](int64_t n) {
+    Tensor in = zigzag({n, 4}, 0.5f);
+    auto r = (*s)->run(std::vector<Tensor>{in});
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    for (int64_t i = 0; i < in.numel(); ++i) ASSERT_FLOAT_EQ((*r)[0].data<float>()[i], in.data<float>()[i] * scale[i % 4]);
+  };
+  for (int64_t n : {1, 2, 3}) run_batch(n);
+  EXPECT_EQ(packs, 1) << "three plans, one packing";
+  EXPECT_EQ((*s)->packed_weight_forms(), 1u);
+  EXPECT_EQ((*s)->packed_weight_bytes(), 4 * sizeof(float));
+  for (int64_t n : {5, 6, 7}) run_batch(n);
+  EXPECT_EQ(packs, 2) << "the other layout packed once";
+  EXPECT_EQ((*s)->packed_weight_forms(), 2u);
+  EXPECT_EQ((*s)->packed_weight_bytes(), 12 * sizeof(float));
+  // Plans of batches 1, 2 and 3 dropped (the session keeps 8): nothing holds the 4-element form.
+  static_assert(Session::kMaxCachedPlans == 8);
+  for (int64_t n : {8, 9, 10, 11, 12}) run_batch(n);
+  EXPECT_EQ(packs, 2);
+  EXPECT_EQ((*s)->packed_weight_forms(), 1u);
+  run_batch(1);
+  EXPECT_EQ(packs, 3) << "packed again once no plan held it";
+  EXPECT_EQ((*s)->packed_weight_forms(), 2u);
+}
+
 TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
   Model m = chain_model();
   m.graph.nodes[1].kernel.name = "narrow";  // a recorded choice does not bind the oracle

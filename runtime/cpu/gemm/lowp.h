@@ -104,6 +104,8 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
 int64_t packed_b_bf16_elements(int64_t k, int64_t n);
 /// Packs f32 B (K×N, or N×K when `trans`) as bf16 (round to nearest even) for kLowpTile.
 void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
+/// The same from a bf16 B (its bits), copied.
+void pack_b_bf16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
 
 /// pack_b_bf16's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
 /// store the packed weight.
