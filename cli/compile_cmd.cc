@@ -200,13 +200,13 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
     std::cerr << "kiln compile: " << db;
   }
   if (args.time_passes) print_times(*compiled);
-  // A symbolic input leaves the kernels unchosen and the weights plain: each session then does
-  // both on its first run (BERT-base in bf16: 0.8 s of it on the 2-core AMX Xeon). -v says so
-  // in select_kernels' line, and max-autotune in its warning above.
+  // A symbolic input leaves the kernels unchosen: each session chooses them on each new input
+  // shape's first run, and packs the weights the model could not store packed for every shape
+  // (prepack_weights). -v says so in select_kernels' line, and max-autotune in its warning above.
   if (std::vector<std::vector<int64_t>> shapes; !args.verbose && !options.tuning.search)
     if (std::optional<std::string> symbolic = concrete_input_shapes(model->graph, shapes))
       std::cerr << "kiln compile: note: " << *symbolic
-                << ": kernels are chosen and weights packed on each session's first run (--input-shape does it here)\n";
+                << ": kernels are chosen on each new input shape's first run (--input-shape chooses them here)\n";
   if (options.precision == DType::bf16 && !options.target.cpu.amx && args.target == "host") {
     // Whether bf16 will be faster here without AMX: the compute peaks probed now (this machine
     // only; tens of milliseconds), not the cached ceilings, which a busy moment can have skewed.

@@ -118,7 +118,7 @@ int run(const RunArgs& args) {
               << " nodes infer their output shapes on each run\n";
     if (const size_t forms = (*session)->packed_weight_forms(); forms > 0)
       std::cerr << "packed weights: " << (*session)->packed_weight_bytes() << " bytes in " << forms
-                << (forms == 1 ? " form" : " forms") << " packed while planning, shared by the plans of every input shape\n";
+                << (forms == 1 ? " form" : " forms") << " made while planning, shared by the plans of every input shape\n";
     if (const size_t eligible = (*session)->huge_page_eligible_bytes(); eligible > 0) {
       const size_t moved = (*session)->huge_page_weight_bytes();
       std::cerr << "huge pages: " << moved << " of " << eligible << " bytes of low-precision weights moved onto them"

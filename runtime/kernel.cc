@@ -56,6 +56,7 @@ Result<KernelSelection> KernelRegistry::select(const KernelQuery& query, bool re
     }
     sel.name = impl.name;
     sel.needs_isa = impl.needs_isa;
+    sel.reads_packed = impl.reads_packed;
     sel.kernel = impl.create(query);
     if (!sel.kernel) return internal_error(node.where(), "kernel '" + impl.name + "' accepted the node but made no kernel");
     return sel;
@@ -79,7 +80,8 @@ KernelRegistry KernelRegistry::without(const std::vector<std::string>& names) co
 
 Tensor PackedWeights::find(const Tensor& plain, const PackedLayout& layout, DType dtype) const {
   for (const Form& f : forms_)
-    if (f.plain == plain.raw() && f.plain_bytes == plain.nbytes() && f.packed.dtype() == dtype && f.packed.layout()->same_placement(layout))
+    if (f.plain == plain.raw() && f.plain_bytes == plain.nbytes() && f.packed.layout() && f.packed.dtype() == dtype &&
+        f.packed.layout()->same_placement(layout))
       return f.packed;
   return {};
 }
@@ -87,6 +89,14 @@ Tensor PackedWeights::find(const Tensor& plain, const PackedLayout& layout, DTyp
 void PackedWeights::keep(const Tensor& plain, const Tensor& packed) {
   if (!packed.layout() || find(plain, *packed.layout(), packed.dtype()).defined()) return;
   forms_.push_back(Form{plain.raw(), plain.nbytes(), packed});
+}
+
+Tensor PackedWeights::unpacked(const Tensor& packed) {
+  for (const Form& f : forms_)
+    if (f.plain == packed.raw() && f.plain_bytes == packed.nbytes() && !f.packed.is_packed()) return f.packed;
+  Tensor plain = unpack(packed);
+  forms_.push_back(Form{packed.raw(), packed.nbytes(), plain});
+  return plain;
 }
 
 void PackedWeights::drop_unused() {

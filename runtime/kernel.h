@@ -74,6 +74,8 @@ class PackedWeights {
   Tensor find(const Tensor& plain, const PackedLayout& layout, DType dtype) const;
   /// Keeps `packed` (`plain` packed by a kernel) for later plans, unless it has that form.
   void keep(const Tensor& plain, const Tensor& packed);
+  /// A weight stored packed, unpacked for a kernel that reads it plain: once for all plans.
+  Tensor unpacked(const Tensor& packed);
   /// Lets go of the forms no kernel holds any more (after a plan was dropped).
   void drop_unused();
   size_t size() const { return forms_.size(); }
@@ -84,7 +86,7 @@ class PackedWeights {
   struct Form {
     const void* plain;
     size_t plain_bytes;
-    Tensor packed;
+    Tensor packed;  ///< or (unpacked) the plain form of the stored packed weight at `plain`
   };
   std::vector<Form> forms_;
 };
@@ -213,6 +215,7 @@ struct KernelSelection {
   std::unique_ptr<Kernel> kernel;
   std::string name;
   CpuFeatures needs_isa;  ///< the chosen implementation's KernelImpl::needs_isa
+  bool reads_packed = false;  ///< the chosen implementation's KernelImpl::reads_packed
   std::vector<std::pair<std::string, std::string>> declined;
 };
 

@@ -69,11 +69,12 @@ class Lifetimes {
   std::multimap<int32_t, uint32_t> begins_;
 };
 
-// Packed constants (a compiled model's weights) stay packed only where every reader reads the
-// layout: the kernel recorded for it, at one of its op's prepack inputs, when that kernel
-// takes packed inputs. Everything else (the reference kernels, other readers and slots,
-// subgraph captures, graph outputs) gets the plain tensor, unpacked once here, before
-// inference or any kernel sees it.
+// Packed constants (a compiled model's weights) stay packed only where every reader may read
+// the layout: at one of its op's prepack inputs, when the kernel recorded for it takes packed
+// inputs, or (a model compiled without its input shapes records none) some implementation of
+// the op does; build_plan unpacks them later for a chosen kernel that does not. Everything else
+// (the reference kernels, other readers and slots, subgraph captures, graph outputs) gets the
+// plain tensor, unpacked once here, before inference or any kernel sees it.
 void unpack_for_readers(Graph& g, const PlanOptions& options) {
   std::vector<char> plain(g.values.size(), 0);
   bool any = false;
@@ -84,7 +85,7 @@ void unpack_for_readers(Graph& g, const PlanOptions& options) {
     bool reads_packed = false;
     if (!options.reference && schema)
       for (const KernelImpl& impl : options.kernels.find(node.op, options.target.device))
-        if (impl.name == node.kernel.name) reads_packed = impl.reads_packed;
+        if (node.kernel.name.empty() || impl.name == node.kernel.name) reads_packed = reads_packed || impl.reads_packed;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       if (node.inputs[i] == kNoValue) continue;
       const bool slot = reads_packed && std::count(schema->traits.prepack_inputs.begin(), schema->traits.prepack_inputs.end(),
@@ -171,6 +172,18 @@ Result<ExecutionPlan> build_plan(const Graph& graph, std::span<const std::vector
     // The caller's node: kernels may keep a reference to it, and `bound` is the plan's copy.
     KernelQuery q{graph.nodes[n], graph, options.target, q_in, q_out, options.packed_weights};
     KILN_ASSIGN_OR_RETURN(KernelSelection sel, options.kernels.select(q, options.reference));
+    // A weight stored packed for whichever kernel a shape picks, where the one picked reads it
+    // plain: plain from here on, for it and for the runs.
+    if (!sel.reads_packed) {
+      bool unpacked = false;
+      for (ValueId in : node.inputs)
+        if (in >= 0 && bound.value(in).constant.is_packed()) {
+          const Tensor& packed = bound.value(in).constant;
+          bound.value(in).constant = options.packed_weights ? options.packed_weights->unpacked(packed) : unpack(packed);
+          unpacked = true;
+        }
+      if (unpacked) node_query_operands(plan, n, q_in, q_out);
+    }
     KernelNeeds needs;
     KILN_RETURN_IF_ERROR(sel.kernel->prepare(q, needs));
     // Plain weights the kernel packed into memory of its own: their file pages go back to the

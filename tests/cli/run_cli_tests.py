@@ -125,18 +125,18 @@ def compile_tests(r, work, samples):
     r.ok("compile_input_shape", ["compile", "mlp.kiln", "-o", "mlp4.kiln", "--input-shape", "input=4x16"])
     r.ok("compile_input_shape_inspect", ["inspect", "mlp4.kiln"], stdout_has="input  input: f32 4x16")
     r.ok("compile_input_shape_run", ["run", "mlp4.kiln", "--seed", "1"], stdout_has="logits: f32 4x10")
-    # A symbolic input: one note that the kernels and packed weights wait for a session's first
-    # run; nothing once --input-shape binds it.
+    # A symbolic input: one note that the kernels wait for each new shape's first run; nothing
+    # once --input-shape binds it.
     rc, out, err = r.run(["compile", "mlp.kiln", "-o", "mlp.note.kiln"])
     r.check("compile_symbolic_note", rc == 0 and err == "kiln compile: note: input 'input' has shape batchx16: kernels are chosen "
-            "and weights packed on each session's first run (--input-shape does it here)\n", f"exit {rc}; stderr {err[:400]!r}")
+            "on each new input shape's first run (--input-shape chooses them here)\n", f"exit {rc}; stderr {err[:400]!r}")
     # Run so, the session's plan packs the weights its kiln GEMMs read (kept for the plans of
     # later shapes, `run -v` says); compiled with the shape, they are stored packed and read
     # where mapped.
     rc, out, err = r.run(["run", "mlp.note.kiln", "--input-shape", "input=64x16", "-v"])
     packs = any(re.search(r"\(FusedMatMul\): kiln\.gemm_f32_", l) for l in err.splitlines())
     r.check("run_symbolic_packs_weights", rc == 0 and packs and
-            re.search(r"^packed weights: \d+ bytes in \d+ forms? packed while planning, shared by the plans of every input shape$",
+            re.search(r"^packed weights: \d+ bytes in \d+ forms? made while planning, shared by the plans of every input shape$",
                       err, re.M) is not None, f"exit {rc}; stderr {err[:600]!r}")
     rc, out, err = r.run(["compile", "mlp.kiln", "-o", "mlp.note.kiln", "--input-shape", "input=4x16"])
     r.check("compile_concrete_no_note", rc == 0 and err == "", f"exit {rc}; stderr {err[:400]!r}")

@@ -514,6 +514,83 @@ TEST(Session, PlansShareTheWeightsTheirKernelsPacked) {
   EXPECT_EQ((*s)->packed_weight_forms(), 2u);
 }
 
+// x · W with W read as stored: column-major (the test's packed layout), which it checks.
+class ColumnMajorMatMul final : public Kernel {
+ public:
+  Status prepare(const KernelQuery& q, KernelNeeds&) override {
+    w_ = *q.inputs[1].value;
+    if (!w_.is_packed() || w_.layout()->strides != std::vector<int64_t>{1, 4}) return internal_error(q.node.where(), "W is not packed");
+    return {};
+  }
+  Status run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const auto* w = static_cast<const float*>(w_.raw());
+    const int64_t rows = x.shape()[0];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < 3; ++j) {
+        float sum = 0;
+        for (int64_t p = 0; p < 4; ++p) sum += x.data<float>()[i * 4 + p] * w[j * 4 + p];
+        ctx.output(0).data<float>()[i * 3 + j] = sum;
+      }
+    return {};
+  }
+
+ private:
+  Tensor w_;
+};
+
+// A model compiled without its input shapes may store a weight packed for the kernels it
+// expects and record none: the plan keeps it packed for an implementation that reads packed
+// weights, and hands a chosen one that does not (here the reference kernel, past 4 rows) the
+// weight unpacked, once for every plan.
+TEST(Session, StoredPackedWeightsGoPlainToKernelsThatReadThemPlain) {
+  Model m;
+  Graph& g = m.graph;
+  const ValueId x = g.add_value("x", DType::f32, Shape({Dim::sym("batch"), Dim::known(4)}));
+  const std::vector<float> w_rows = {1, 2, 3, -1, 0, 1, 2, 2, -3, 0.5f, 1, 1};  // W [4, 3], row-major
+  std::vector<float> columns(12);
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 3; ++j) columns[static_cast<size_t>(j * 4 + p)] = w_rows[static_cast<size_t>(p * 3 + j)];
+  const PackedLayout layout{.dims = {4, 3}, .padded_dims = {4, 3}, .strides = {1, 4}, .packed_for = "test"};
+  const ValueId w = g.add_constant("w", Tensor::from<float>({12}, columns).as_packed(DType::f32, {4, 3}, layout));
+  const ValueId y = g.add_value("y", DType::f32, Shape({Dim::sym("batch"), Dim::known(3)}));
+  g.inputs = {x};
+  g.add_node(Node{.name = "mm", .op = "MatMul", .inputs = {x, w}, .outputs = {y}});
+  g.outputs = {y};
+  KernelRegistry reg;
+  reg.add("MatMul", "cpu",
+          KernelImpl{"column_major",
+                     [](const KernelQuery& q) -> std::optional<std::string> {
+                       if (q.inputs[0].shape.concrete()[0] > 4) return "more than 4 rows";
+                       return std::nullopt;
+                     },
+                     [](const KernelQuery&) -> std::unique_ptr<Kernel> { return std::make_unique<ColumnMajorMatMul>(); },
+                     {}, /*reads_packed=*/true});
+  for (const KernelImpl& k : default_kernels().find("MatMul", "cpu"))
+    if (k.name == kReferenceKernel) reg.add("MatMul", "cpu", k);
+  auto s = Session::create(m, SessionOptions{.kernels = &reg});
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  auto run_batch = [&](int64_t n, const char* kernel) {
+    Tensor in = zigzag({n, 4}, 0.5f);
+    auto r = (*s)->run(std::vector<Tensor>{in});
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_EQ((*s)->kernels()[0].name, kernel);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < 3; ++j) {
+        float want = 0;
+        for (int64_t p = 0; p < 4; ++p) want += in.data<float>()[i * 4 + p] * w_rows[static_cast<size_t>(p * 3 + j)];
+        ASSERT_FLOAT_EQ((*r)[0].data<float>()[i * 3 + j], want) << i << "," << j;
+      }
+  };
+  run_batch(2, "column_major");
+  EXPECT_EQ((*s)->packed_weight_forms(), 0u) << "read where it is stored";
+  run_batch(6, "ref");
+  EXPECT_EQ((*s)->packed_weight_forms(), 1u) << "the plain form, kept";
+  run_batch(7, "ref");
+  EXPECT_EQ((*s)->packed_weight_forms(), 1u) << "and used again";
+  run_batch(2, "column_major");
+}
+
 TEST(Session, ReferenceRunsEveryNodeOnItsReferenceKernel) {
   Model m = chain_model();
   m.graph.nodes[1].kernel.name = "narrow";  // a recorded choice does not bind the oracle
