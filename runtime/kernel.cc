@@ -80,7 +80,7 @@ KernelRegistry KernelRegistry::without(const std::vector<std::string>& names) co
 
 Tensor PackedWeights::find(const Tensor& plain, const PackedLayout& layout, DType dtype) const {
   for (const Form& f : forms_)
-    if (f.plain == plain.raw() && f.plain_bytes == plain.nbytes() && f.packed.layout() && f.packed.dtype() == dtype &&
+    if (f.source == plain.raw() && f.source_bytes == plain.nbytes() && f.packed.layout() && f.packed.dtype() == dtype &&
         f.packed.layout()->same_placement(layout))
       return f.packed;
   return {};
@@ -93,7 +93,7 @@ void PackedWeights::keep(const Tensor& plain, const Tensor& packed) {
 
 Tensor PackedWeights::unpacked(const Tensor& packed) {
   for (const Form& f : forms_)
-    if (f.plain == packed.raw() && f.plain_bytes == packed.nbytes() && !f.packed.is_packed()) return f.packed;
+    if (f.source == packed.raw() && f.source_bytes == packed.nbytes() && !f.packed.is_packed()) return f.packed;
   Tensor plain = unpack(packed);
   forms_.push_back(Form{packed.raw(), packed.nbytes(), plain});
   return plain;

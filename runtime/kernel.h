@@ -84,9 +84,9 @@ class PackedWeights {
 
  private:
   struct Form {
-    const void* plain;
-    size_t plain_bytes;
-    Tensor packed;  ///< or (unpacked) the plain form of the stored packed weight at `plain`
+    const void* source;   ///< the data of the weight it was made from
+    size_t source_bytes;  ///< and their size
+    Tensor packed;        ///< a packed form, or (unpacked) the plain form of a packed source
   };
   std::vector<Form> forms_;
 };

@@ -29,9 +29,13 @@ struct Form {
 using Forms = std::map<ValueId, std::vector<Form>>;
 
 // Plans `g` on `shapes` and collects the forms the kernels packed: the kernel each node recorded
-// (select_kernels), or where none is recorded, the one the plan chose.
-Result<Forms> packed_forms(const Graph& g, std::span<const std::vector<int64_t>> shapes, const Target& target) {
-  KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(g, shapes, PlanOptions{target, default_kernels()}));
+// (select_kernels), or where none is recorded, the one the plan chose. Plans given the same
+// `shared` pack a weight once per layout.
+Result<Forms> packed_forms(const Graph& g, std::span<const std::vector<int64_t>> shapes, const Target& target,
+                           PackedWeights* shared = nullptr) {
+  PlanOptions options{target, default_kernels()};
+  options.packed_weights = shared;
+  KILN_ASSIGN_OR_RETURN(ExecutionPlan plan, build_plan(g, shapes, options));
   Forms forms;
   for (size_t n = 0; n < g.nodes.size(); ++n) {
     const Node& node = g.nodes[n];
@@ -94,10 +98,11 @@ Result<PassResult> prepack_weights(Model& model, PassContext& ctx) {
     constexpr int64_t kSizes[] = {1, 8, 32};
     std::optional<Forms> every;
     bool any = false;
+    PackedWeights shared;
     for (int64_t size : kSizes) {
       std::optional<std::vector<std::vector<int64_t>>> at = shapes_at(g, size);
       if (!at) return PassResult{false, *symbolic + ": no kernels to pack for"};
-      Result<Forms> f = packed_forms(g, *at, ctx.target);
+      Result<Forms> f = packed_forms(g, *at, ctx.target, &shared);
       if (!f.ok())
         return PassResult{false, *symbolic + ": no kernels to pack for (with its symbolic dims at " + std::to_string(size) + ": " +
                                      f.error().message() + ")"};
