@@ -108,9 +108,10 @@ class Session {
   size_t huge_page_weight_bytes() const { return placed_.moved_bytes; }
   /// The weights it would have moved, had the machine given it huge pages quickly.
   size_t huge_page_eligible_bytes() const { return placed_.eligible_bytes; }
-  /// The weights the plans' kernels packed while planning (a model compiled with its input
-  /// shapes stores them packed, and they are read where mapped), which every plan that wants
-  /// them so shares: their packed forms, and those forms' bytes.
+  /// The weights the plans' kernels packed while planning (or unpacked, a stored packed weight
+  /// for a kernel that reads it plain; a model compiled with its input shapes stores them as
+  /// its kernels read them), which every plan that wants them so shares: the forms, and their
+  /// bytes.
   size_t packed_weight_forms() const { return packed_weights_.size(); }
   size_t packed_weight_bytes() const { return packed_weights_.bytes(); }
   /// The kernel of each node in the last run's plan, in node order (empty before a run).
