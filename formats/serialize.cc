@@ -976,10 +976,6 @@ void release_file_pages(const Tensor& t) {
   ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
-bool huge_pages_enabled(std::string_view thp_mode) {
-  return thp_mode.find("[always]") != std::string_view::npos || thp_mode.find("[madvise]") != std::string_view::npos;
-}
-
 namespace {
 
 // Whether all of `t`'s bytes lie in one model file load_model mapped.
@@ -989,20 +985,9 @@ bool in_mapped_file(const Tensor& t) {
   return inside_mapped_file(begin, begin + t.nbytes());
 }
 
-// An anonymous mapping, its 2 MiB-aligned start and its charge against the memory budget.
-struct HugeRegion {
-  void* base = nullptr;
-  size_t length = 0;
-  MemoryCharge charge;
-  ~HugeRegion() {
-    if (base) ::munmap(base, length);
-  }
-};
-
 }  // namespace
 
 HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault) {
-  constexpr size_t kHuge = size_t{2} << 20;
   if (!huge_pages_enabled(thp_mode)) return {};
   // A convolution's weight stays: ResNet-50's int8 convolutions ran 2-4 % slower from huge
   // pages (kiln profile, alternated), where the linear layers of int8 BERT-base ran 0.91x.
@@ -1020,48 +1005,23 @@ HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode,
       total += static_cast<size_t>(align_up(t.nbytes()));
     }
   }
-  if (total < kHuge) return {};
+  if (total < kHugePageBytes) return {};
   HugePageWeights placed{nullptr, 0, total};
-  const size_t bytes = (total + kHuge - 1) / kHuge * kHuge;
-  if (!try_charge_memory(bytes)) return placed;
-  auto region = std::make_shared<HugeRegion>();
-  region->charge = MemoryCharge::adopt(bytes);
-  region->length = bytes + kHuge;  // room to start on a 2 MiB boundary
-  void* p = ::mmap(nullptr, region->length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return placed;
-  region->base = p;
-  auto* const start = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge);
-  ::madvise(start, bytes, MADV_HUGEPAGE);
-
-  // Fault the pages in one at a time (the kernel hands out each huge page on its first touch)
-  // until slow ones have cost the budget: on a virtual machine whose host backs fresh memory on
-  // demand, pages came at 0.25 ms each while the guest reused memory the host had backed, then
-  // at 5-30 ms each, and the whole copy of BERT-base's bf16 weights took 0.06 to 1.4 s.
-  const HugePageFault touch = fault ? fault : [](uint8_t* page) {
-    const auto t0 = std::chrono::steady_clock::now();
-    *reinterpret_cast<volatile uint8_t*>(page) = 0;
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
-  size_t faulted = 0;
-  for (double slow_ms = 0; faulted < bytes && slow_ms < kSlowHugePagesBudgetMs; faulted += kHuge) {
-    const double ms = touch(start + faulted);
-    if (ms > kSlowHugePageMs) slow_ms += ms;
-  }
+  std::shared_ptr<HugePages> region = HugePages::map((total + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
+  if (!region) return placed;
+  // Faulted in one page at a time until slow ones have cost the budget: on a virtual machine
+  // whose host backs fresh memory on demand, the whole copy of BERT-base's bf16 weights took
+  // 0.06 to 1.4 s.
+  double slow_budget_ms = kSlowHugePagesBudgetMs;
+  const size_t faulted = region->fault_in(fault, slow_budget_ms);
   size_t used = 0, moved = 0;
   while (moved < moving.size() && used + g.values[moving[moved]].constant.nbytes() <= faulted)
     used += static_cast<size_t>(align_up(g.values[moving[moved++]].constant.nbytes()));
   if (moved == 0) return placed;
-  // The pages no weight reached go back, with their share of the charge.
-  if (const size_t kept = std::min(bytes, (used + kHuge - 1) / kHuge * kHuge); kept < bytes) {
-    uint8_t* const end = start + kept;
-    ::munmap(end, static_cast<size_t>(static_cast<uint8_t*>(p) + region->length - end));
-    region->length = static_cast<size_t>(end - static_cast<uint8_t*>(p));
-    region->charge = MemoryCharge();  // released, then charged again for what stays
-    region->charge = MemoryCharge(kept);
-  }
+  region->shrink(used);  // the pages no weight reached go back, with their share of the charge
   auto out = std::make_shared<Graph>(g);
   placed.moved_bytes = used;
-  uint8_t* at = start;
+  uint8_t* at = region->data();
   for (size_t k = 0; k < moved; ++k) {
     Tensor& t = out->values[moving[k]].constant;
     std::memcpy(at, t.raw(), t.nbytes());

@@ -26,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "formats/huge_pages.h"
 #include "formats/ir.h"
 #include "formats/status.h"
 
@@ -78,14 +79,6 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options = {
 /// a process holds each weight once.
 void release_file_pages(const Tensor& t);
 
-/// Whether the kernel's transparent huge pages can back memory given MADV_HUGEPAGE, from
-/// /sys/kernel/mm/transparent_hugepage/enabled's text ("always [madvise] never": the bracketed
-/// mode; false for "never" or text that names none).
-bool huge_pages_enabled(std::string_view thp_mode);
-
-/// Faults in the 2 MiB page at `page` and returns the milliseconds it took.
-using HugePageFault = std::function<double(uint8_t* page)>;
-
 /// What weights_on_huge_pages moved.
 struct HugePageWeights {
   /// `g` with the moved weights in their new place, or null: nothing moved.
@@ -107,11 +100,6 @@ struct HugePageWeights {
 /// no, less than 2 MiB would, the memory budget has no room, the machine refuses the region or
 /// its first pages came slowly.
 HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault = nullptr);
-/// A huge page slower to fault in than this (2 MiB at under 2 GB/s; zeroing one takes 0.1-0.3 ms)
-/// counts against kSlowHugePagesBudgetMs, which bounds what a session spends on slow ones.
-inline constexpr double kSlowHugePageMs = 1.0;
-inline constexpr double kSlowHugePagesBudgetMs = 5.0;
-
 /// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
 /// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A
 /// sidecar weights file is looked up in `sidecar_dir` (the current directory when empty).

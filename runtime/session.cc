@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <unordered_map>
 
@@ -29,16 +28,6 @@ constexpr bool kPoisonBuffers = true;
 #else
 constexpr bool kPoisonBuffers = false;
 #endif
-// /sys/kernel/mm/transparent_hugepage/enabled's text, read once ("" where there is none).
-const std::string& transparent_huge_pages() {
-  static const std::string mode = [] {
-    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string line;
-    std::getline(f, line);
-    return line;
-  }();
-  return mode;
-}
 }  // namespace
 
 /// Scratch memory shared by kernels that run one after another: the largest size any of them

@@ -17,6 +17,7 @@
 
 #include <omp.h>
 
+#include "formats/huge_pages.h"
 #include "formats/ops/nn_util.h"
 #include "runtime/cpu/gemm/gemm.h"
 #include "runtime/cpu/gemm/lowp.h"
@@ -449,7 +450,7 @@ class GemmKernel final : public Kernel {
       if (!packed_.defined()) {
         Tensor plain = w->dtype() == DType::f32 ? (w->is_packed() ? unpack(*w) : *w) : gemm::widened_to_f32(*w);  // f16
         if (reorder) plain = in_windows_order(plain.data<float>(), DType::f32, n_, win_);
-        Tensor packed = Tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
+        Tensor packed = huge_page_tensor(DType::f32, {gemm::packed_b_floats(k_, n_, params_.tile.nr)});
         gemm::pack_b(plain.data<float>(), trans_b_ ? k_ : n_, trans_b_, k_, n_, params_.tile.nr, packed.data<float>());
         packed_ = packed.as_packed(DType::f32, w->shape(), want);
         keep_packed(q, *w, packed_);
@@ -712,7 +713,7 @@ class Bf16GemmKernel final : public Kernel {
     packed_ = packed_before(q, w, want, DType::bf16);
     if (!packed_.defined()) {
       const Tensor plain = w.is_packed() ? unpack(w) : w;  // bf16 (lowp_declines)
-      Tensor packed(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
+      Tensor packed = huge_page_tensor(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
       gemm::pack_b_bf16(static_cast<const uint16_t*>(plain.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
       packed_ = packed.as_packed(DType::bf16, w.shape(), want);
       keep_packed(q, w, packed_);
@@ -816,7 +817,7 @@ class F16GemmKernel final : public Kernel {
     if (!packed_.defined()) {
       const Tensor plain = w.is_packed() ? unpack(w) : w;
       const Tensor ordered = windows_ ? in_windows_order(static_cast<const uint16_t*>(plain.raw()), DType::u16, n_, g_) : plain;
-      Tensor packed(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
+      Tensor packed = huge_page_tensor(DType::u16, {gemm::packed_b_f16_elements(k_, n_)});
       gemm::pack_b_f16(static_cast<const uint16_t*>(ordered.raw()), trans_b ? k_ : n_, trans_b, k_, n_, packed.data<uint16_t>());
       packed_ = want ? packed.as_packed(DType::f16, w.shape(), *want) : packed;
       if (want) keep_packed(q, w, packed_);

@@ -33,6 +33,7 @@
 
 #include <omp.h>
 
+#include "formats/huge_pages.h"
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/linear.h"
 #include "runtime/cpu/qconv_util.h"
@@ -207,7 +208,7 @@ class QMatMulKernel final : public Kernel {
     } else {
       Tensor plain = w.is_packed() ? unpack(w) : w;
       if (windows) plain = in_windows_order(plain.data<int8_t>(), DType::i8, n_, win_);
-      Tensor packed(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
+      Tensor packed = huge_page_tensor(DType::i8, {gemm::packed_b_s8_bytes(k_, n_)});
       gemm::pack_b_s8(plain.data<int8_t>(), d.trans ? k_ : n_, d.trans, k_, n_, packed.data<int8_t>(), col_sums_.data());
       packed_ = want ? packed.as_packed(DType::i8, w.shape(), *want) : packed;
       if (want) keep_packed(q, w, packed_);

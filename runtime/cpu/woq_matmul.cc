@@ -4,6 +4,7 @@
 // for a decode step's few rows on VNNI, multiplied as integers by A split into
 // 16-bit integers: label `a16x2_vnni`); the bias, activations and residual in the GEMM's
 // epilogue.
+#include "formats/huge_pages.h"
 #include "runtime/cpu/gemm/woq.h"
 #include "runtime/cpu/linear.h"
 #include "runtime/cpu/rows.h"
@@ -70,7 +71,7 @@ class WoqMatMulKernel final : public Kernel {
     w.group = group_;
     w.scale = scales.data();
     w.zero = has_zero ? zeros.data() : nullptr;
-    packed_ = Tensor(DType::u8, {gemm::packed_b_woq_bytes(w)});
+    packed_ = huge_page_tensor(DType::u8, {gemm::packed_b_woq_bytes(w)});
     gemm::pack_b_woq(w, static_cast<std::byte*>(packed_.raw()));
     has_bias_ = q.inputs.size() > 4 && q.inputs[4].dtype != DType::undefined;
     if (has_bias_ && q.inputs[4].value) {  // a constant bias is copied once; a computed one is read each run

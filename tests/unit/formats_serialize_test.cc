@@ -17,7 +17,9 @@
 #include <cstring>
 
 #include "formats/atomic_file.h"
+#include "formats/huge_pages.h"
 #include "formats/layout.h"
+#include "formats/memory.h"
 #include "formats/serialize.h"
 #include "formats/sha256.h"
 #include "formats/text.h"
@@ -536,6 +538,69 @@ TEST(FormatsSerialize, HugePagesStopWhereTheyComeSlowly) {
   EXPECT_EQ(none.graph, nullptr);
   EXPECT_EQ(none.moved_bytes, 0u);
   EXPECT_EQ(none.eligible_bytes, 3 * each);
+}
+
+// Storage for a weight packed while planning: on huge pages from 2 MiB on where the kernel
+// offers them, 2 MiB-aligned and zero-filled, its whole pages faulted in first and the part
+// past them on ordinary pages; under 2 MiB, with huge pages off or the slow-page budget spent,
+// an ordinary tensor. Where the pages come slowly, those after the budget ran out are ordinary.
+TEST(FormatsHugePages, PackedWeightStorageAsksForHugePages) {
+  const bool marked = std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled");  // smaps shows hg / nh
+  constexpr size_t kMiB = size_t{1} << 20;
+  std::vector<uint8_t*> pages;
+  std::vector<double> times;
+  const HugePageFault fault = [&](uint8_t* page) {
+    pages.push_back(page);
+    return pages.size() <= times.size() ? times[pages.size() - 1] : 0.1;
+  };
+  auto zeros = [](const Tensor& t) {
+    const auto* b = static_cast<const uint8_t*>(t.raw());
+    return std::all_of(b, b + t.nbytes(), [](uint8_t v) { return v == 0; });
+  };
+  double budget = kSlowHugePagesBudgetMs;
+  // Huge pages off, or less than one: an ordinary tensor, nothing faulted.
+  for (auto [mode, floats] : {std::pair{"always madvise [never]", int64_t{5} << 18}, std::pair{"always [madvise] never", int64_t{1} << 18}}) {
+    const Tensor t = huge_page_tensor(DType::f32, {floats}, mode, fault, budget);
+    EXPECT_EQ(t.numel(), floats);
+    EXPECT_TRUE(zeros(t));
+    if (marked) EXPECT_EQ(vm_flags(t.raw()).find(" hg"), std::string::npos) << vm_flags(t.raw());
+  }
+  EXPECT_TRUE(pages.empty());
+  // 5 MiB: two huge pages faulted in, the last MiB on ordinary pages; the charge goes with it.
+  const size_t in_use = memory_in_use();
+  {
+    Tensor t = huge_page_tensor(DType::f32, {5, int64_t{1} << 18}, "always [madvise] never", fault, budget);
+    EXPECT_EQ(t.shape(), (std::vector<int64_t>{5, 1 << 18}));
+    auto* const data = static_cast<uint8_t*>(t.raw());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % kHugePageBytes, 0u);
+    EXPECT_EQ(pages, (std::vector<uint8_t*>{data, data + kHugePageBytes}));
+    EXPECT_TRUE(zeros(t));
+    EXPECT_GE(memory_in_use(), in_use + 5 * kMiB);
+    std::memset(data, 7, t.nbytes());
+    if (marked) {
+      EXPECT_NE(vm_flags(data).find(" hg"), std::string::npos) << vm_flags(data);
+      EXPECT_EQ(vm_flags(data + 4 * kMiB).find(" hg"), std::string::npos) << vm_flags(data + 4 * kMiB);
+    }
+  }
+  EXPECT_EQ(memory_in_use(), in_use);
+  EXPECT_EQ(budget, kSlowHugePagesBudgetMs);
+  // Pages slow from the second on: the budget is spent there and the rest are ordinary pages;
+  // the next weight gets an ordinary tensor.
+  pages.clear();
+  times = {0.3, kSlowHugePagesBudgetMs, 20, 20};
+  const Tensor slow = huge_page_tensor(DType::u16, {int64_t{4} << 20}, "[always] madvise never", fault, budget);
+  EXPECT_EQ(pages.size(), 2u);
+  EXPECT_LE(budget, 0);
+  EXPECT_TRUE(zeros(slow));
+  if (marked) {
+    const auto* const data = static_cast<const uint8_t*>(slow.raw());
+    EXPECT_NE(vm_flags(data).find(" hg"), std::string::npos) << vm_flags(data);
+    EXPECT_NE(vm_flags(data + 4 * kMiB).find(" nh"), std::string::npos) << vm_flags(data + 4 * kMiB);
+  }
+  pages.clear();
+  const Tensor after = huge_page_tensor(DType::u16, {int64_t{4} << 20}, "[always] madvise never", fault, budget);
+  EXPECT_TRUE(pages.empty());
+  EXPECT_TRUE(zeros(after));
 }
 
 TEST(FormatsSerialize, LoadFromAPipe) {
