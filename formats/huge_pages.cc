@@ -87,23 +87,52 @@ void HugePages::ordinary_pages_from(size_t offset) {
   if (from < bytes_) ::madvise(data_ + from, bytes_ - from, MADV_NOHUGEPAGE);
 }
 
-Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_view thp_mode, const HugePageFault& fault,
-                        double& slow_budget_ms) {
-  const std::optional<size_t> bytes = storage_bytes(dtype, shape_numel(shape));
-  if (!bytes || *bytes < kHugePageBytes || !huge_pages_enabled(thp_mode) || slow_budget_ms <= 0)
-    return Tensor(dtype, std::move(shape));
-  std::shared_ptr<HugePages> region = HugePages::map(*bytes);
-  if (!region) return Tensor(dtype, std::move(shape));  // which throws what the budget says
-  region->ordinary_pages_from(region->fault_in(fault, slow_budget_ms));
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes, std::string_view thp_mode, const HugePageFault& fault,
+                                               double& slow_budget_ms) {
+  if (bytes < kHugePageBytes || !huge_pages_enabled(thp_mode) || slow_budget_ms <= 0) return nullptr;
+  std::shared_ptr<HugePages> region = HugePages::map(bytes);
+  if (region) region->ordinary_pages_from(region->fault_in(fault, slow_budget_ms));
+  return region;
+}
+
+namespace {
+
+// The process's budget of slow huge pages, and the lock that orders its users.
+std::mutex process_budget_mu;
+double process_budget_ms = kSlowHugePagesBudgetMs;
+
+}  // namespace
+
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes) {
+  std::lock_guard lock(process_budget_mu);
+  return huge_pages_if_quick(bytes, transparent_huge_pages(), nullptr, process_budget_ms);
+}
+
+bool huge_pages_quick_so_far() {
+  std::lock_guard lock(process_budget_mu);
+  return process_budget_ms > 0;
+}
+
+namespace {
+
+// `region` (null: none) as a tensor of `dtype` and `shape`, else Tensor(dtype, shape).
+Tensor on(std::shared_ptr<HugePages> region, DType dtype, std::vector<int64_t> shape) {
+  if (!region) return Tensor(dtype, std::move(shape));  // which throws what the budget says, if it does
   uint8_t* const data = region->data();
   return Tensor::view(dtype, std::move(shape), data, std::shared_ptr<void>(std::move(region), data));
 }
 
+}  // namespace
+
+Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_view thp_mode, const HugePageFault& fault,
+                        double& slow_budget_ms) {
+  const std::optional<size_t> bytes = storage_bytes(dtype, shape_numel(shape));
+  return on(bytes ? huge_pages_if_quick(*bytes, thp_mode, fault, slow_budget_ms) : nullptr, dtype, std::move(shape));
+}
+
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape) {
-  static std::mutex mu;
-  static double slow_budget_ms = kSlowHugePagesBudgetMs;
-  std::lock_guard lock(mu);
-  return huge_page_tensor(dtype, std::move(shape), transparent_huge_pages(), nullptr, slow_budget_ms);
+  const std::optional<size_t> bytes = storage_bytes(dtype, shape_numel(shape));
+  return on(bytes ? huge_pages_if_quick(*bytes) : nullptr, dtype, std::move(shape));
 }
 
 }  // namespace kiln

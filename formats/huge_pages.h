@@ -67,16 +67,26 @@ class HugePages {
   MemoryCharge charge_;
 };
 
+/// `bytes` on huge pages where they come quickly: a HugePages region of `bytes` faulted in, past
+/// whose pages that came slowly (`slow_budget_ms` spent, as HugePages::fault_in) the rest is on
+/// ordinary pages; null where `bytes` is under 2 MiB, `thp_mode` (huge_pages_enabled's text)
+/// offers no huge pages, the budget is spent, the memory budget has no room or the machine
+/// refuses the mapping.
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes, std::string_view thp_mode, const HugePageFault& fault,
+                                               double& slow_budget_ms);
+/// The same on this machine, within one budget of kSlowHugePagesBudgetMs for the process.
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes);
+/// Whether the process's budget is not spent: huge_pages_if_quick(bytes) still maps huge pages
+/// where this machine offers them.
+bool huge_pages_quick_so_far();
+
 /// Zero-filled storage for a weight that a kernel packs while planning and reads on every run
 /// (a model compiled without --input-shape, an exported one run as it is): where it is 2 MiB or
-/// more and `thp_mode` (huge_pages_enabled's text) offers huge pages, a HugePages region faulted
-/// in first, past whose pages that came slowly (`slow_budget_ms` spent, as HugePages::fault_in)
-/// the rest is on ordinary pages; otherwise, or with the budget spent, Tensor(dtype, shape).
-/// LLaMA's 65 MB language-model head ran 1.2x the time from 4 KiB pages. Throws as
-/// Tensor(dtype, shape) does.
+/// more, on huge_pages_if_quick's region; otherwise Tensor(dtype, shape). LLaMA's 65 MB
+/// language-model head ran 1.2x the time from 4 KiB pages. Throws as Tensor(dtype, shape) does.
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_view thp_mode, const HugePageFault& fault,
                         double& slow_budget_ms);
-/// The same on this machine, within one budget of kSlowHugePagesBudgetMs for the process.
+/// The same on this machine, within the process's budget.
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape);
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "formats/huge_pages.h"
 #include "formats/infer.h"
 #include "formats/memory.h"
 #include "formats/op_schema.h"
@@ -41,6 +42,12 @@ struct Session::Workspace {
   Status allocate(size_t size, const std::string& what) {
     if (size == 0) return {};
     size = (size + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+    if (std::shared_ptr<HugePages> region = huge_pages_if_quick(size)) {  // read and written on every run, as the arena
+      data = std::shared_ptr<void>(region, region->data());
+      charge = MemoryCharge();  // the region's own
+      bytes = size;
+      return {};
+    }
     if (!try_charge_memory(size))
       return user_error("", what + " needs " + format_bytes(size) + " of kernel workspace with " +
                                 format_bytes(memory_in_use()) + " already in use, past the memory limit of " +
@@ -349,8 +356,15 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
   auto plan = std::make_unique<Plan>();
   plan->threads = ep.threads;
   plan->values.resize(nv);
+  // The arena on 2 MiB pages where the machine gives them quickly (formats/huge_pages.h): its
+  // activations are written and read on every run, and from 4 KiB pages YOLO took 1.03x its time
+  // at one thread, ViT-S/16 and EfficientNet-B0 1.02x, ResNet-50 1.01x and 1.02x at two (eight
+  // alternated rounds; the rest within 0.5 %).
   const size_t arena = mem.arena_bytes;
-  if (arena) {
+  if (std::shared_ptr<HugePages> region = huge_pages_if_quick(arena)) {
+    if (kPoisonBuffers) std::memset(region->data(), 0xff, arena);
+    plan->arena = std::shared_ptr<void>(region, region->data());  // charged by the region
+  } else if (arena) {
     if (!try_charge_memory(arena))
       return user_error("", "the memory arena for input shapes " + signature_str(key) + " needs " + format_bytes(arena) +
                                 " with " + format_bytes(memory_in_use()) + " already in use, past the memory limit of " +

@@ -24,6 +24,7 @@
 #include "formats/sha256.h"
 #include "formats/text.h"
 #include "formats/verify.h"
+#include "tests/unit/vm_flags_test_util.h"
 
 namespace kiln {
 namespace {
@@ -416,19 +417,6 @@ TEST(FormatsSerialize, HugePagesFollowTheKernelsMode) {
   EXPECT_FALSE(huge_pages_enabled(""));
 }
 
-// The VMA flags of the mapping holding `p` (/proc/self/smaps' VmFlags line), "" if none does.
-std::string vm_flags(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    unsigned long lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) inside = lo <= at && at < hi;
-    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
-  }
-  return "";
-}
-
 // A compiled model's packed int8 weight moves out of the mapped file onto memory that asks for
 // huge pages, the same bytes in the same layout; a packed f32 weight, a convolution's, a plain
 // tensor and a model under 2 MiB of such weights stay where they are, and so does everything
@@ -563,7 +551,9 @@ TEST(FormatsHugePages, PackedWeightStorageAsksForHugePages) {
     const Tensor t = huge_page_tensor(DType::f32, {floats}, mode, fault, budget);
     EXPECT_EQ(t.numel(), floats);
     EXPECT_TRUE(zeros(t));
-    if (marked) EXPECT_EQ(vm_flags(t.raw()).find(" hg"), std::string::npos) << vm_flags(t.raw());
+    if (marked) {
+      EXPECT_EQ(vm_flags(t.raw()).find(" hg"), std::string::npos) << vm_flags(t.raw());
+    }
   }
   EXPECT_TRUE(pages.empty());
   // 5 MiB: two huge pages faulted in, the last MiB on ordinary pages; the charge goes with it.

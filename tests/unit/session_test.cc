@@ -13,6 +13,7 @@
 
 #include "runtime/session.h"
 #include "runtime/threads.h"
+#include "tests/unit/vm_flags_test_util.h"
 
 namespace kiln {
 namespace {
@@ -210,6 +211,35 @@ TEST(Session, ObserverSeesEveryNodeInOrder) {
   (*s)->set_observer(nullptr);
   ASSERT_TRUE((*s)->run(std::vector<Tensor>{zigzag({1, 4}, 2.f), zigzag({1, 4}, -1.f)}).ok());
   EXPECT_EQ(rec.events.size(), 8u);
+}
+
+// A plan's arena of 2 MiB or more asks for huge pages where the machine gives them quickly (a
+// region marked hg, or nh past pages that came slowly); a smaller one does not.
+TEST(Session, ArenaAsksForHugePages) {
+  if (!huge_pages_enabled(transparent_huge_pages()) || !std::filesystem::exists("/proc/self/smaps"))
+    GTEST_SKIP() << "transparent huge pages are off: '" << transparent_huge_pages() << "'";
+  if (!huge_pages_quick_so_far()) GTEST_SKIP() << "this process's huge pages came slowly: it asks for no more";
+  struct Intermediate : ExecutionObserver {
+    const void* sum = nullptr;
+    void on_node_end(const NodeEvent& e) override {
+      if (e.node.name == "add") sum = e.outputs[0]->raw();
+    }
+  };
+  const Model m = chain_model();
+  auto s = Session::create(m);
+  ASSERT_TRUE(s.ok());
+  Intermediate seen;
+  (*s)->set_observer(&seen);
+  const int64_t rows = int64_t{1} << 18;  // 4 MiB a value
+  auto big = (*s)->run(std::vector<Tensor>{zigzag({rows, 4}, 2.f), zigzag({rows, 4}, -1.f)});
+  ASSERT_TRUE(big.ok()) << big.error().message();
+  ASSERT_NE(seen.sum, nullptr);
+  const std::string flags = vm_flags(seen.sum);
+  EXPECT_TRUE(flags.find(" hg") != std::string::npos || flags.find(" nh") != std::string::npos) << flags;
+  EXPECT_EQ((*big)[0].data<float>()[2], 5.f);  // relu(relu(relu((2 + 2) + (-1 + 2))))
+  auto small = (*s)->run(std::vector<Tensor>{zigzag({2, 4}, 2.f), zigzag({2, 4}, -1.f)});
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(vm_flags(seen.sum).find(" hg"), std::string::npos) << vm_flags(seen.sum);
 }
 
 TEST(Session, AFailedRunLeavesTheSessionUsable) {
