@@ -358,8 +358,8 @@ Result<Session::Plan*> Session::plan_for(std::vector<std::vector<int64_t>> key) 
   plan->values.resize(nv);
   // The arena on 2 MiB pages where the machine gives them quickly (formats/huge_pages.h): its
   // activations are written and read on every run, and from 4 KiB pages YOLO took 1.03x its time
-  // at one thread, ViT-S/16 and EfficientNet-B0 1.02x, ResNet-50 1.01x and 1.02x at two (eight
-  // alternated rounds; the rest within 0.5 %).
+  // at one thread, ViT-S/16 and EfficientNet-B0 1.02x, ResNet-50 1.01x, and ResNet-50 1.02x at
+  // two (eight alternated rounds; the rest within 0.5 %).
   const size_t arena = mem.arena_bytes;
   if (std::shared_ptr<HugePages> region = huge_pages_if_quick(arena)) {
     if (kPoisonBuffers) std::memset(region->data(), 0xff, arena);
