@@ -49,7 +49,6 @@ class HugePages {
   HugePages& operator=(const HugePages&) = delete;
 
   uint8_t* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
   /// Faults the whole 2 MiB pages in from the start, one at a time, by `fault` (null: the first
   /// byte touched, timed), until the pages that each took over kSlowHugePageMs have cost
   /// `slow_budget_ms`, which it lowers by what they cost. Returns the bytes faulted (whole pages).
