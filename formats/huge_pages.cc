@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <mutex>
+#include <optional>
+#include <sstream>
 
 namespace kiln {
 
@@ -28,6 +32,25 @@ const std::string& transparent_huge_pages() {
 namespace {
 
 size_t round_up(size_t bytes, size_t to) { return (bytes + to - 1) / to * to; }
+
+// The HugePages regions mapped now: start -> end address.
+struct Regions {
+  std::mutex mu;
+  std::map<uintptr_t, uintptr_t> ranges;
+};
+Regions& regions() {
+  static Regions* r = new Regions;  // never destroyed: regions may be unmapped at exit
+  return *r;
+}
+
+void set_region(const uint8_t* data, size_t bytes) {
+  const auto start = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard lock(regions().mu);
+  if (bytes == 0)
+    regions().ranges.erase(start);
+  else
+    regions().ranges[start] = start + bytes;
+}
 
 }  // namespace
 
@@ -50,11 +73,14 @@ std::shared_ptr<HugePages> HugePages::map(size_t bytes) {
   region->data_ = start;
   region->bytes_ = bytes;
   region->charge_ = std::move(charge);
+  set_region(start, bytes);
   return region;
 }
 
 HugePages::~HugePages() {
-  if (data_ && bytes_) ::munmap(data_, bytes_);
+  if (!data_ || !bytes_) return;
+  set_region(data_, 0);
+  ::munmap(data_, bytes_);
 }
 
 size_t HugePages::fault_in(const HugePageFault& fault, double& slow_budget_ms) {
@@ -78,6 +104,7 @@ void HugePages::shrink(size_t offset) {
   if (keep == bytes_) return;
   ::munmap(data_ + keep, bytes_ - keep);
   bytes_ = keep;
+  set_region(data_, keep);
   charge_ = MemoryCharge();  // released, then charged again for what stays
   charge_ = MemoryCharge(keep);
 }
@@ -133,6 +160,69 @@ Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_vie
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape) {
   const std::optional<size_t> bytes = storage_bytes(dtype, shape_numel(shape));
   return on(bytes ? huge_pages_if_quick(*bytes) : nullptr, dtype, std::move(shape));
+}
+
+AddressRanges huge_page_regions() {
+  std::lock_guard lock(regions().mu);
+  return AddressRanges(regions().ranges.begin(), regions().ranges.end());
+}
+
+namespace {
+
+// Whether `text` is a hex number, into `value`.
+bool hex(std::string_view text, uintptr_t& value) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
+  return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+// The bytes of "Name:   N kB" after its name, if that is how it reads.
+std::optional<uint64_t> kilobytes(std::string_view rest) {
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  uint64_t kb = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), kb);
+  if (ec != std::errc() || std::string_view(end, rest.data() + rest.size() - end) != " kB" || kb > (UINT64_MAX >> 10))
+    return std::nullopt;
+  return kb << 10;
+}
+
+}  // namespace
+
+PageUse page_use(std::string_view smaps, const AddressRanges& ranges) {
+  double share = 0;  // of the mapping whose lines follow: the part of it in `ranges`
+  double resident = 0, huge = 0;
+  while (!smaps.empty()) {
+    const size_t eol = smaps.find('\n');
+    const std::string_view line = smaps.substr(0, eol);
+    smaps.remove_prefix(eol == std::string_view::npos ? smaps.size() : eol + 1);
+    const size_t colon = line.find(':'), dash = line.find('-'), space = line.find(' ');
+    uintptr_t start = 0, end = 0;
+    if (dash < space && space != std::string_view::npos && hex(line.substr(0, dash), start) &&
+        hex(line.substr(dash + 1, space - dash - 1), end)) {  // "start-end perms offset dev inode path"
+      share = 0;
+      if (end <= start) continue;
+      uintptr_t inside = 0;
+      for (const auto& [first, last] : ranges)
+        if (first < end && last > start) inside += std::min(end, last) - std::max(start, first);
+      share = static_cast<double>(inside) / static_cast<double>(end - start);
+      continue;
+    }
+    if (share == 0 || colon == std::string_view::npos) continue;
+    const std::string_view name = line.substr(0, colon);
+    const std::optional<uint64_t> bytes = kilobytes(line.substr(colon + 1));
+    if (!bytes) continue;
+    if (name == "Rss") resident += share * static_cast<double>(*bytes);
+    if (name == "AnonHugePages" || name == "FilePmdMapped" || name == "ShmemPmdMapped")
+      huge += share * static_cast<double>(*bytes);
+  }
+  return PageUse{.resident_bytes = static_cast<uint64_t>(resident + 0.5), .huge_page_bytes = static_cast<uint64_t>(huge + 0.5)};
+}
+
+std::string self_smaps() {
+  std::ifstream f("/proc/self/smaps");
+  if (!f) return "";
+  std::ostringstream text;
+  text << f.rdbuf();
+  return f.bad() ? "" : text.str();
 }
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "formats/memory.h"
@@ -87,5 +88,24 @@ Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_vie
                         double& slow_budget_ms);
 /// The same on this machine, within the process's budget.
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape);
+
+/// Address ranges, each [first, second), sorted and disjoint.
+using AddressRanges = std::vector<std::pair<uintptr_t, uintptr_t>>;
+/// The HugePages regions mapped now.
+AddressRanges huge_page_regions();
+
+/// What the pages of some address ranges are: resident bytes, and how many of them lie on 2 MiB
+/// pages.
+struct PageUse {
+  uint64_t resident_bytes = 0;
+  uint64_t huge_page_bytes = 0;
+};
+/// The part of `smaps` (/proc/PID/smaps's text) that lies in `ranges`: each mapping's Rss and
+/// its 2 MiB pages (AnonHugePages, FilePmdMapped, ShmemPmdMapped), whole where the mapping lies
+/// in the ranges and in proportion to its overlap where it lies partly in them (mappings the
+/// kernel merged). Lines it does not read as a mapping or a size in kB count nothing.
+PageUse page_use(std::string_view smaps, const AddressRanges& ranges);
+/// This process's /proc/self/smaps ("" where it cannot be read).
+std::string self_smaps();
 
 }  // namespace kiln

@@ -987,6 +987,15 @@ bool in_mapped_file(const Tensor& t) {
 
 }  // namespace
 
+AddressRanges mapped_model_files() {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::lock_guard lock(mapped_files().mu);
+  AddressRanges ranges;
+  for (const auto& [begin, end] : mapped_files().ranges)
+    ranges.emplace_back(begin, (end + page - 1) / page * page);  // the mapping's whole pages
+  return ranges;
+}
+
 HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault) {
   if (!huge_pages_enabled(thp_mode)) return {};
   // A convolution's weight stays: ResNet-50's int8 convolutions ran 2-4 % slower from huge

@@ -78,6 +78,8 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options = {
 /// the file. Planning calls it for weights a kernel has packed into memory of its own, so that
 /// a process holds each weight once.
 void release_file_pages(const Tensor& t);
+/// The model files load_model memory-mapped and has not unmapped yet: their pages' address ranges.
+AddressRanges mapped_model_files();
 
 /// What weights_on_huge_pages moved.
 struct HugePageWeights {

@@ -271,6 +271,13 @@ constexpr const char* kScript = R"js(
     const mem = obj(doc.memory, "memory");
     row("memory", "peak RSS " + bytes(num(mem.peak_rss_bytes, "memory.peak_rss_bytes")) + ", arena " +
         bytes(num(mem.arena_bytes, "memory.arena_bytes")) + ", workspace " + bytes(num(mem.workspace_bytes, "memory.workspace_bytes")));
+    const pages = [["model file ", "model_file"], ["buffers that asked for them ", "huge_page_buffers"]]
+      .filter(function (p) { return mem[p[1] + "_resident_bytes"] !== undefined; })
+      .map(function (p) {
+        return p[0] + bytes(num(mem[p[1] + "_huge_page_bytes"], "memory." + p[1] + "_huge_page_bytes")) + " of " +
+               bytes(num(mem[p[1] + "_resident_bytes"], "memory." + p[1] + "_resident_bytes")) + " resident";
+      });
+    if (pages.length > 0) row("2 MiB pages", pages.join(", "));
     const kt = obj(doc.kernel_time, "kernel_time");
     const sum = num(kt.sum_ms_p50, "kernel_time.sum_ms_p50"), wall = num(kt.wall_ms_p50, "kernel_time.wall_ms_p50");
     const share = num(kt.overhead_share, "kernel_time.overhead_share");

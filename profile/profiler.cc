@@ -9,6 +9,7 @@
 #include <ctime>
 
 #include "formats/memory.h"
+#include "formats/serialize.h"
 #include "formats/summary.h"
 #include "profile/stats.h"
 #include "runtime/threads.h"
@@ -185,6 +186,11 @@ Result<Measurements> measure(Session& session, const std::vector<Tensor>& inputs
   m.run_threads = session.run_threads();
   m.thread_id = static_cast<int64_t>(syscall(SYS_gettid));
   m.peak_rss_bytes = peak_rss_bytes();
+  const AddressRanges files = mapped_model_files(), buffers = huge_page_regions();
+  if (const std::string smaps = files.empty() && buffers.empty() ? "" : self_smaps(); !smaps.empty()) {
+    if (!files.empty()) m.model_file_pages = page_use(smaps, files);
+    if (!buffers.empty()) m.huge_page_buffers = page_use(smaps, buffers);
+  }
   return m;
 }
 
@@ -257,6 +263,14 @@ json build_report(const Graph& graph, const Measurements& m, const ReportContext
   doc["memory"] = {{"peak_rss_bytes", m.peak_rss_bytes},
                    {"arena_bytes", m.memory.arena_bytes},
                    {"workspace_bytes", m.memory.workspace_bytes}};
+  if (m.model_file_pages) {
+    doc["memory"]["model_file_resident_bytes"] = m.model_file_pages->resident_bytes;
+    doc["memory"]["model_file_huge_page_bytes"] = m.model_file_pages->huge_page_bytes;
+  }
+  if (m.huge_page_buffers) {
+    doc["memory"]["huge_page_buffers_resident_bytes"] = m.huge_page_buffers->resident_bytes;
+    doc["memory"]["huge_page_buffers_huge_page_bytes"] = m.huge_page_buffers->huge_page_bytes;
+  }
 
   // The executor's own time: per run, its wall time less the sum of its nodes' times.
   std::vector<double> sums(iters, 0.0), gaps(iters, 0.0);

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "formats/huge_pages.h"
 #include "formats/ir.h"
 #include "profile/ceilings.h"
 #include "runtime/session.h"
@@ -66,6 +68,9 @@ struct Measurements {
   std::vector<Tensor> outputs;  ///< the last run's
   int64_t thread_id = 0;        ///< the OS thread that ran the nodes
   int64_t peak_rss_bytes = 0;   ///< the process's peak resident set after the runs
+  /// After the runs, where /proc/self/smaps tells: the mapped model file's pages, and those of
+  /// the buffers that asked for 2 MiB pages (HugePages: packed weights, arenas, workspace).
+  std::optional<PageUse> model_file_pages, huge_page_buffers;
 };
 
 /// The compute ceiling a kernel works against: "bf16", "f16" or "int8" when its name (and

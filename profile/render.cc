@@ -145,6 +145,17 @@ std::string render_table(const json& doc, int width, int top) {
   out << "memory   peak RSS " << bytes_text(doc["memory"]["peak_rss_bytes"].get<double>()) << ", arena "
       << bytes_text(doc["memory"]["arena_bytes"].get<double>()) << ", workspace "
       << bytes_text(doc["memory"]["workspace_bytes"].get<double>()) << "\n";
+  // Absent where nothing was mapped or asked for 2 MiB pages, or smaps could not be read.
+  std::string pages;
+  for (const auto& [what, key] :
+       {std::pair{"model file ", "model_file"}, std::pair{"buffers that asked for them ", "huge_page_buffers"}}) {
+    const json& mem = doc["memory"];
+    const std::string resident = std::string(key) + "_resident_bytes", huge = std::string(key) + "_huge_page_bytes";
+    if (!mem.contains(resident) || !mem.contains(huge)) continue;
+    pages += (pages.empty() ? "" : ", ") + (what + bytes_text(mem[huge].get<double>())) + " of " +
+             bytes_text(mem[resident].get<double>()) + " resident";
+  }
+  if (!pages.empty()) out << "pages    on 2 MiB pages: " << pages << "\n";
   out << "kernels  " << fmt("%.4g", kt["sum_ms_p50"].get<double>()) << " ms of " << fmt("%.4g", kt["wall_ms_p50"].get<double>())
       << " ms per run; executor overhead " << fmt("%.3g", kt["overhead_ms_p50"].get<double>()) << " ms ("
       << fmt("%.1f", 100 * kt["overhead_share"].get<double>()) << "%)\n\n";

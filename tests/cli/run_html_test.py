@@ -301,6 +301,9 @@ def run_all(r, kiln, browser, work, artifacts):
         ok, errors, parsed = rendered(dom)
         r.check(f"rendered_{name}", rc == 0 and ok and errors == "",
                 f"exit {rc}; rendered {ok}; #errors {errors[:400]!r}; stderr {err[-400:]!r}")
+        if "model_file_resident_bytes" in doc["memory"]:  # the model file's pages, in the header's rows
+            row = r"2 MiB pages.*model file [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B resident"
+            r.check(f"pages_row_{name}", re.search(row, dom, re.S), f"no '2 MiB pages' row in {dom[:600]!r}")
         with_flops = sum(1 for n in doc["nodes"] if n["flops"] > 0)
         points = parsed.inside("roofline-svg", "circle", "rl-point")
         r.check(f"roofline_points_{name}", len(points) == with_flops and with_flops > 0,

@@ -168,9 +168,25 @@ def run_all(r, work):
                     and len(doc["timeline"]["events"]) == len(nodes))
             if model == "mlp.kiln":
                 good = good and doc["run"]["inputs"][0]["shape"] == [4, 16]
+            # The mapped model file's pages, where smaps tells (Linux): some resident, 2 MiB ones among them.
+            mem = doc["memory"]
+            if os.path.exists("/proc/self/smaps"):
+                good = good and 0 <= mem["model_file_huge_page_bytes"] <= mem["model_file_resident_bytes"] > 0
         except (ValueError, KeyError, TypeError, jsonschema.ValidationError) as e:
             good, err = False, f"{err} ({str(e)[:400]})"
         r.check(f"json_{model}", good, f"exit {rc}; stdout {out[:300]!r}; stderr {err[:400]!r}")
+    # A model read from stdin is in memory of kiln's own: no model file's pages to tell of.
+    with open(os.path.join(work, "cnn.c.kiln"), "rb") as f:
+        p = subprocess.run([r.kiln, "profile", "-", "--json", "--iters", "2"], stdin=f, capture_output=True, cwd=work,
+                           env=r.env)
+    try:
+        doc = json.loads(p.stdout)
+        jsonschema.validate(doc, SCHEMA)
+        good = p.returncode == 0 and "model_file_resident_bytes" not in doc["memory"]
+    except (ValueError, KeyError, jsonschema.ValidationError) as e:
+        good = False
+    r.check("json_stdin_no_file_pages", good,
+            f"exit {p.returncode}; stdout {p.stdout[:300]!r}; stderr {p.stderr[:300]!r}")
 
     # A fused node lists every source node it came from.
     rc, out, err = r.run(["profile", "cnn.kiln", "--json", "--iters", "3"])

@@ -593,6 +593,68 @@ TEST(FormatsHugePages, PackedWeightStorageAsksForHugePages) {
   EXPECT_TRUE(zeros(after));
 }
 
+// page_use counts a mapping's resident and 2 MiB pages where it lies in the ranges, in
+// proportion where it lies partly in them, and nothing for lines it cannot read.
+TEST(FormatsHugePages, PageUseReadsSmaps) {
+  const std::string smaps =
+      "00400000-00800000 r--p 00000000 fe:01 42    /models/a b.kiln\n"  // 4 MiB, inside
+      "Size:               4096 kB\n"
+      "Rss:                3072 kB\n"
+      "AnonHugePages:         0 kB\n"
+      "FilePmdMapped:      2048 kB\n"
+      "THPeligible:    1\n"
+      "Rss: 12 MB\n"
+      "Rss:                 -4 kB\n"
+      "Rss:                  4 kB extra\n"
+      "VmFlags: rd mr mw me\n"
+      "00800000-00c00000 rw-p 00000000 00:00 0 \n"  // 4 MiB, half inside
+      "Rss:                4096 kB\n"
+      "AnonHugePages:      4096 kB\n"
+      "01000000-01200000 rw-p 00000000 00:00 0 \n"  // outside
+      "Rss:                2048 kB\n"
+      "AnonHugePages:      2048 kB\n"
+      "zzzz-01200000 rw-p 00000000 00:00 0\n"
+      "Rss:                1024 kB\n"
+      "01300000-01200000 rw-p 00000000 00:00 0\n"  // ends before it starts
+      "Rss:                1024 kB\n"
+      "01400000-01600000 rw-p 00000000 00:00 0 [heap]\n"
+      "ShmemPmdMapped:     2048 kB\n"
+      "Rss:                2048 kB";  // no newline at the end
+  const AddressRanges ranges{{0x400000, 0xa00000}, {0x1400000, 0x1600000}};
+  const PageUse use = page_use(smaps, ranges);
+  constexpr uint64_t kKiB = 1024;
+  EXPECT_EQ(use.resident_bytes, (3072 + 2048 + 2048) * kKiB);
+  EXPECT_EQ(use.huge_page_bytes, (2048 + 2048 + 2048) * kKiB);
+  EXPECT_EQ(page_use(smaps, {}).resident_bytes, 0u);
+  EXPECT_EQ(page_use("", ranges).resident_bytes, 0u);
+  EXPECT_EQ(page_use("Rss: 4 kB\n00400000-00800000\nRss: 4 kB\n-\n:", ranges).resident_bytes, 0u);
+}
+
+// The HugePages regions are listed while they are mapped, at their size; this process's smaps
+// then counts what was touched of them as resident.
+TEST(FormatsHugePages, RegionsListedWhileMapped) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  auto listed = [](const uint8_t* data) -> size_t {
+    for (const auto& [first, last] : huge_page_regions())
+      if (first == reinterpret_cast<uintptr_t>(data)) return last - first;
+    return 0;
+  };
+  std::shared_ptr<HugePages> region = HugePages::map(5 * kMiB);
+  ASSERT_NE(region, nullptr);
+  uint8_t* const data = region->data();
+  EXPECT_EQ(listed(data), 5 * kMiB);
+  std::memset(data, 1, 5 * kMiB);
+  if (const std::string smaps = self_smaps(); !smaps.empty()) {
+    const PageUse use = page_use(smaps, huge_page_regions());
+    EXPECT_GE(use.resident_bytes, 5 * kMiB);
+    EXPECT_LE(use.huge_page_bytes, use.resident_bytes);
+  }
+  region->shrink(kMiB);
+  EXPECT_EQ(listed(data), 2 * kMiB);
+  region.reset();
+  EXPECT_EQ(listed(data), 0u);
+}
+
 TEST(FormatsSerialize, LoadFromAPipe) {
   TempDir dir;
   std::string fifo = dir.file("pipe.kiln");
