@@ -69,7 +69,8 @@ struct Measurements {
   int64_t thread_id = 0;        ///< the OS thread that ran the nodes
   int64_t peak_rss_bytes = 0;   ///< the process's peak resident set after the runs
   /// After the runs, where /proc/self/smaps tells: the mapped model file's pages, and those of
-  /// the buffers that asked for 2 MiB pages (HugePages: packed weights, arenas, workspace).
+  /// the buffers that asked for 2 MiB pages (HugePages: weights packed or moved there, arenas,
+  /// workspace).
   std::optional<PageUse> model_file_pages, huge_page_buffers;
 };
 

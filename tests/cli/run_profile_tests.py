@@ -182,11 +182,11 @@ def run_all(r, work):
     try:
         doc = json.loads(p.stdout)
         jsonschema.validate(doc, SCHEMA)
-        good = p.returncode == 0 and "model_file_resident_bytes" not in doc["memory"]
+        good, why = p.returncode == 0 and "model_file_resident_bytes" not in doc["memory"], ""
     except (ValueError, KeyError, jsonschema.ValidationError) as e:
-        good = False
+        good, why = False, str(e)[:300]
     r.check("json_stdin_no_file_pages", good,
-            f"exit {p.returncode}; stdout {p.stdout[:300]!r}; stderr {p.stderr[:300]!r}")
+            f"exit {p.returncode}; stdout {p.stdout[:300]!r}; stderr {p.stderr[:300]!r} {why}")
 
     # A fused node lists every source node it came from.
     rc, out, err = r.run(["profile", "cnn.kiln", "--json", "--iters", "3"])
