@@ -214,7 +214,10 @@ PageUse page_use(std::string_view smaps, const AddressRanges& ranges) {
     if (name == "AnonHugePages" || name == "FilePmdMapped" || name == "ShmemPmdMapped")
       huge += share * static_cast<double>(*bytes);
   }
-  return PageUse{.resident_bytes = static_cast<uint64_t>(resident + 0.5), .huge_page_bytes = static_cast<uint64_t>(huge + 0.5)};
+  auto bytes = [](double sum) {  // past what 64 bits hold (text that is not the kernel's): the most they do
+    return sum < 0x1p64 ? static_cast<uint64_t>(sum + 0.5) : UINT64_MAX;
+  };
+  return PageUse{.resident_bytes = bytes(resident), .huge_page_bytes = bytes(huge)};
 }
 
 std::string self_smaps() {

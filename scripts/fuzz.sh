@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets=(fuzz_kiln_load fuzz_npy fuzz_npz fuzz_onnx_export fuzz_run fuzz_profile_compare fuzz_quant_config fuzz_tuning_db)
+targets=(fuzz_kiln_load fuzz_npy fuzz_npz fuzz_onnx_export fuzz_run fuzz_profile_compare fuzz_quant_config fuzz_tuning_db fuzz_smaps)
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"

@@ -15,6 +15,10 @@ bytes every time:
   fuzz_tuning_db    tuning databases (JSON lines): two machines, a key twice, blank and CRLF
                     lines, and near misses (a future format, a truncated line, not an object,
                     a mistyped field)
+  fuzz_smaps        /proc/PID/smaps text after 16 bytes of an address range: a mapped file on
+                    2 MiB pages, anonymous huge pages, a mapping half in the range, sizes past
+                    64 bits, and near misses (no newline at the end, a size in MB, a header
+                    that ends before it starts)
 Run: .venv/bin/python tests/fuzz/make_corpus.py --kiln build/kiln
 """
 import argparse
@@ -172,6 +176,34 @@ def main():
         write("fuzz_quant_config", name, (json.dumps(doc) + "\n").encode())
     for name, data in tuning_seeds().items():
         write("fuzz_tuning_db", name, data)
+    for name, data in smaps_seeds().items():
+        write("fuzz_smaps", name, data)
+
+
+def smaps_seeds():
+    """/proc/PID/smaps text as Linux 6.x writes it, and near misses, each after the address range
+    (two little-endian 64-bit addresses) fuzz_smaps.cc reads first."""
+    import struct
+
+    def seed(first, last, text):
+        return struct.pack("<QQ", first, last) + text.encode()
+
+    file_and_anon = ("00400000-00800000 r--p 00000000 fe:01 42                         /models/llama.kiln\n"
+                     "Size:               4096 kB\nKernelPageSize:        4 kB\nRss:                3072 kB\n"
+                     "Pss:                3072 kB\nAnonHugePages:         0 kB\nFilePmdMapped:      2048 kB\n"
+                     "THPeligible:    1\nVmFlags: rd wr mr mw me ac sd\n"
+                     "00800000-00c00000 rw-p 00000000 00:00 0 \nRss:                4096 kB\n"
+                     "AnonHugePages:      4096 kB\nVmFlags: rd wr mr mw me ac sd hg\n")
+    huge = "18014398509481983 kB\n"
+    return {
+        "file_and_anon": seed(0x400000, 0xa00000, file_and_anon),
+        "whole_space": seed(0, 2**64 - 1, file_and_anon),
+        "past_64_bits": seed(0, 2**64 - 1, "0-ffffffffffffffff rw-p 0 0:0 0\nRss: " + huge + "Rss: " + huge
+                             + "AnonHugePages: " + huge),
+        "near_misses": seed(0x400000, 0x1600000, "01300000-01200000 rw-p 00000000 00:00 0\nRss: 1024 kB\n"
+                            "01400000-01600000 rw-p 00000000 00:00 0 [heap]\nRss: 12 MB\nRss: -4 kB\n"
+                            "ShmemPmdMapped: 2048 kB\nRss: 2048 kB"),
+    }
 
 
 def tuning_seeds():
