@@ -97,7 +97,14 @@ Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& ca
   // 12 % (64 and 128).
   if (round_up(n, first.nr) - n > n / (isa == Isa::avx2 ? 25 : 100)) return by_n;
   const bool streams = std::max<int64_t>(k, 1) * n * static_cast<int64_t>(sizeof(float)) > caches.l3;
-  return streams || round_up(m, by_n.mr) > round_up(m, first.mr) ? first : by_n;
+  // And rows that one preferred tile holds: each tile reads all of B for them, which the
+  // preferred tile reads fastest (AVX-512's 8x48 against 6x64, the one this moves: 4 rows by
+  // 4096x4096 in 0.84 of the time at one and two threads; one row by 4096x4096, 11008x4096,
+  // 4096x11008 or 32000x512 in 0.98-1.00, kiln_bench_gemm --tiles). A language model's head then
+  // takes one tile at 1, 8 and 32 rows, so that a compile without `--input-shape` stores it
+  // packed (prepack_weights).
+  const bool one_tile = m <= first.mr;
+  return streams || one_tile || round_up(m, by_n.mr) > round_up(m, first.mr) ? first : by_n;
 }
 
 GemmParams default_params(Isa isa, const Tile& tile, const CacheSizes& caches, int64_t m, int64_t n, int64_t k,

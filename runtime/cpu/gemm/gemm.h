@@ -69,11 +69,11 @@ struct CacheSizes {
 Tile default_tile(Isa isa, int64_t n);
 /// The tile for M rows by a K×N weight: as above, but the preferred tile, the first listed,
 /// where it pads N by at most 1 % (AVX2: 4 %) and either B outgrows a thread's share of L3 (it
-/// then streams from memory on every call) or the tile that pads N least pads M more. On
-/// GPT-2's LM head (32×768 by 768×50257, 154 MB) 8x48 ran 3-5 % faster than the N-padding
-/// choice, 14x32 (whose 14-row tiles compute 42 rows for 32), in the compiled model at 2
-/// threads (kiln_bench_gemm: 10 %); on the LLaMA block's (32×512 by 512×32000) it tied 6x64
-/// there (kiln_bench_gemm: 15 % faster).
+/// then streams from memory on every call), M fits one of its tiles, or the tile that
+/// pads N least pads M more. On GPT-2's LM head (32×768 by 768×50257, 154 MB) 8x48 ran 3-5 %
+/// faster than the N-padding choice, 14x32 (whose 14-row tiles compute 42 rows for 32), in the
+/// compiled model at 2 threads (kiln_bench_gemm: 10 %); on the LLaMA block's (32×512 by
+/// 512×32000) it tied 6x64 there (kiln_bench_gemm: 15 % faster).
 Tile default_tile(Isa isa, int64_t m, int64_t n, int64_t k, const CacheSizes& caches);
 
 /// Parameters for an M×N×K product on `threads` threads, derived from the cache sizes: Kc the
