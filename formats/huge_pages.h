@@ -89,7 +89,7 @@ Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape, std::string_vie
 /// The same on this machine, within the process's budget.
 Tensor huge_page_tensor(DType dtype, std::vector<int64_t> shape);
 
-/// Address ranges, each [first, second), sorted and disjoint.
+/// Address ranges, each [first, second), disjoint (page_use would count an overlap twice).
 using AddressRanges = std::vector<std::pair<uintptr_t, uintptr_t>>;
 /// The HugePages regions mapped now.
 AddressRanges huge_page_regions();

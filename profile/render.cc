@@ -147,9 +147,9 @@ std::string render_table(const json& doc, int width, int top) {
       << bytes_text(doc["memory"]["workspace_bytes"].get<double>()) << "\n";
   // Absent where nothing was mapped or asked for 2 MiB pages, or smaps could not be read.
   std::string pages;
+  const json& mem = doc["memory"];
   for (const auto& [what, key] :
        {std::pair{"model file ", "model_file"}, std::pair{"buffers that asked for them ", "huge_page_buffers"}}) {
-    const json& mem = doc["memory"];
     const std::string resident = std::string(key) + "_resident_bytes", huge = std::string(key) + "_huge_page_bytes";
     if (!mem.contains(resident) || !mem.contains(huge)) continue;
     pages += (pages.empty() ? "" : ", ") + (what + bytes_text(mem[huge].get<double>())) + " of " +
