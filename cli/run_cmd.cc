@@ -125,6 +125,15 @@ int run(const RunArgs& args) {
                 << (moved < eligible ? " (the rest are read where mapped: the machine gave the pages slowly, or the memory budget had no room)" : "")
                 << "\n";
     }
+    // Where the runs left the pages (after them: a mapped weight is resident once read).
+    const ModelPageUse pages = model_page_use();
+    std::string on_huge;
+    for (const auto& [what, use] :
+         {std::pair{"model file ", pages.model_files}, std::pair{"buffers that asked for them ", pages.huge_page_buffers}})
+      if (use)
+        on_huge += (on_huge.empty() ? "" : ", ") + (what + std::to_string(use->huge_page_bytes)) + " of " +
+                   std::to_string(use->resident_bytes) + " resident bytes";
+    if (!on_huge.empty()) std::cerr << "on 2 MiB pages: " << on_huge << "\n";
     std::span<const NodeKernel> kernels = (*session)->kernels();
     for (size_t i = 0; i < kernels.size(); ++i) {
       std::cerr << "node '" << escape_controls(g.nodes[i].name) << "' (" << escape_controls(g.nodes[i].qualified_op()) << "): " << kernels[i].name;

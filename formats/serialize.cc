@@ -996,6 +996,17 @@ AddressRanges mapped_model_files() {
   return ranges;
 }
 
+ModelPageUse model_page_use() {
+  ModelPageUse use;
+  const AddressRanges files = mapped_model_files(), buffers = huge_page_regions();
+  if (files.empty() && buffers.empty()) return use;
+  const std::string smaps = self_smaps();
+  if (smaps.empty()) return use;
+  if (!files.empty()) use.model_files = page_use(smaps, files);
+  if (!buffers.empty()) use.huge_page_buffers = page_use(smaps, buffers);
+  return use;
+}
+
 HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault) {
   if (!huge_pages_enabled(thp_mode)) return {};
   // A convolution's weight stays: ResNet-50's int8 convolutions ran 2-4 % slower from huge

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -80,6 +81,12 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options = {
 void release_file_pages(const Tensor& t);
 /// The model files load_model memory-mapped and has not unmapped yet: their pages' address ranges.
 AddressRanges mapped_model_files();
+/// Where the pages of the mapped model files and of the HugePages regions are now (page_use
+/// over /proc/self/smaps): each absent where there is none, both where smaps cannot be read.
+struct ModelPageUse {
+  std::optional<PageUse> model_files, huge_page_buffers;
+};
+ModelPageUse model_page_use();
 
 /// What weights_on_huge_pages moved.
 struct HugePageWeights {

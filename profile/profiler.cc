@@ -186,13 +186,9 @@ Result<Measurements> measure(Session& session, const std::vector<Tensor>& inputs
   m.run_threads = session.run_threads();
   m.thread_id = static_cast<int64_t>(syscall(SYS_gettid));
   m.peak_rss_bytes = peak_rss_bytes();
-  const AddressRanges files = mapped_model_files(), buffers = huge_page_regions();
-  if (!files.empty() || !buffers.empty()) {
-    if (const std::string smaps = self_smaps(); !smaps.empty()) {
-      if (!files.empty()) m.model_file_pages = page_use(smaps, files);
-      if (!buffers.empty()) m.huge_page_buffers = page_use(smaps, buffers);
-    }
-  }
+  const ModelPageUse pages = model_page_use();
+  m.model_file_pages = pages.model_files;
+  m.huge_page_buffers = pages.huge_page_buffers;
   return m;
 }
 

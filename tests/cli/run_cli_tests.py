@@ -144,6 +144,15 @@ def compile_tests(r, work, samples):
     rc, out, err = r.run(["run", "mlp64.kiln", "-v"])
     packs = any(re.search(r"\(FusedMatMul\): kiln\.gemm_f32_", l) for l in err.splitlines())
     r.check("run_concrete_packs_nothing", rc == 0 and packs and "packed weights:" not in err, f"exit {rc}; stderr {err[:600]!r}")
+    # -v says, after the runs, how much of the mapped file is resident and on 2 MiB pages (the
+    # kernel decides; at most all of it); a model read from stdin is not mapped.
+    m = re.search(r"^on 2 MiB pages: model file (\d+) of (\d+) resident bytes$", err, re.M)
+    r.check("run_verbose_pages", m is not None and 0 < int(m.group(2)) and int(m.group(1)) <= int(m.group(2)),
+            f"stderr {err[:600]!r}")
+    with open(os.path.join(work, "mlp64.kiln"), "rb") as f:
+        rc, out, err = r.run(["run", "-", "-v"], stdin=f.read())
+    r.check("run_verbose_pages_stdin", rc == 0 and "packed weights:" not in err and "on 2 MiB pages" not in err,
+            f"exit {rc}; stderr {err[:600]!r}")
     # Through stdin and stdout.
     with open(os.path.join(work, "cnn.kiln"), "rb") as f:
         piped = subprocess.run([r.kiln, "compile", "-", "-o", "-"], input=f.read(), capture_output=True).stdout
