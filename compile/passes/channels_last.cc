@@ -177,9 +177,11 @@ class Converter {
   }
 
   // Whether convolution n reads a graph input that kiln.direct_conv would read channels-first:
-  // the kernel itself is asked, on the node as it would be. Not when the convolutions go to
-  // bf16 AMX tiles and the window is long enough to fill them (kTileWindowSteps): there the
-  // image's Transpose lets lower_precision take the first layer too.
+  // the kernel itself is asked, on the node as it would be, with a symbolic dim (an open batch)
+  // at 1: what it checks (channels, filter, strides) does not change with it, and an empty
+  // batch runs no kernel. Not when the convolutions go to bf16 AMX tiles and the window is
+  // long enough to fill them (kTileWindowSteps): there the image's Transpose lets
+  // lower_precision take the first layer too.
   bool reads_image(const Node& n) const {
     if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() < 2 || n.inputs.size() > 3 || n.outputs.size() != 1 ||
         n.has_attr("x_parts"))
@@ -198,10 +200,10 @@ class Converter {
         continue;
       }
       const Value& value = g_.value(v);
-      in.push_back({value.dtype, value.shape, value.is_constant() ? &value.constant : nullptr});
+      in.push_back({value.dtype, at_one(value.shape), value.is_constant() ? &value.constant : nullptr});
     }
     const Value& y = g_.value(n.outputs[0]);
-    const InferOutput out[] = {{y.dtype, last_shape(y.shape), Tensor()}};
+    const InferOutput out[] = {{y.dtype, at_one(last_shape(y.shape)), Tensor()}};
     const KernelQuery q{c, g_, target_, in, out};
     for (const KernelImpl& impl : default_kernels().find("FusedConv", target_.device))
       if (impl.name.starts_with("kiln.direct_conv") && !impl.declines(q)) return true;
@@ -214,6 +216,12 @@ class Converter {
   }
 
   static Shape last_shape(const Shape& s) { return Shape(nn::permute(s.dims, nn::channels_last_perm(4))); }
+  // `s` with each dim not known at 1 (a shape of unknown rank as it is).
+  static Shape at_one(Shape s) {
+    for (Dim& d : s.dims)
+      if (!d.is_known()) d = Dim::known(1);
+    return s;
+  }
 
   Node transpose(ValueId from, ValueId to, std::vector<int64_t> perm) {
     Node t;

@@ -156,9 +156,10 @@ TEST(CompileChannelsLast, SameOutputs) {
 // bit, on the chosen kernel within 1e-5). Eight input channels (past the kernel's four), an
 // input that is not the graph's, a target without AVX2 (no such kernel) and --precision bf16
 // on AMX (the first layer on bf16 tiles) keep the Transpose.
-Model image_cnn(int64_t channels, bool computed_input = false, int64_t window = 3) {
+Model image_cnn(int64_t channels, bool computed_input = false, int64_t window = 3, bool open_batch = false) {
   Builder b;
-  ValueId x = b.input("x", {1, channels, 16, 15});
+  ValueId x = open_batch ? b.input("x", Shape({Dim::sym("N"), Dim::known(channels), Dim::known(16), Dim::known(15)}))
+                         : b.input("x", {1, channels, 16, 15});
   if (computed_input) x = b.op("neg", "Neg", {x}, "x_neg");
   const int64_t pad = window / 2;
   ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({32, channels, window, window}, 84)), b.constant("b", uniform_f32({32}, 85))},
@@ -218,6 +219,32 @@ TEST(CompileChannelsLast, AnImageIsReadAsItComes) {
       }
 }
 
+
+// The same with the batch open (compiled without --input-shape): the kernel is asked with the
+// batch at 1, and each batch's plan, an empty one's too, runs what the shaped compile runs.
+TEST(CompileChannelsLast, AnImageOfOpenBatchIsReadAsItComes) {
+  if (!cpu::best_isa(CpuFeatures::host())) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+  Model before = image_cnn(3, false, 3, true), after = before;
+  EXPECT_EQ(run_pass("channels_last", after).summary, "ran 3 nodes channels-last, with 0 transposes in and 1 transpose out");
+  run_pass("eliminate_dead", after);
+  const auto conv = std::find_if(after.graph.nodes.begin(), after.graph.nodes.end(), [](const Node& n) { return n.name == "conv"; });
+  ASSERT_NE(conv, after.graph.nodes.end());
+  EXPECT_EQ(conv->attr_int("x_channels_first", 0), 1);
+  auto s = Session::create(after);
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  for (int64_t batch : {2, 0, 1}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    const std::vector<Tensor> inputs = {uniform_f32({batch, 3, 16, 15}, 87)};
+    auto got = (*s)->run(inputs);
+    ASSERT_TRUE(got.ok()) << got.error().message();
+    EXPECT_EQ((*got)[0].shape(), (std::vector<int64_t>{batch, 32, 1, 1}));
+    if (batch == 0) continue;
+    bool direct = false;
+    for (const NodeKernel& k : (*s)->kernels()) direct = direct || k.name.rfind("kiln.direct_conv", 0) == 0;
+    EXPECT_TRUE(direct);
+    EXPECT_LE(relative_l2((*got)[0], run_reference(before, inputs)[0]), 1e-5);
+  }
+}
 TEST(CompileChannelsLast, LeavesWhatItCannotConvert) {
   auto unchanged = [](Model m, const char* why) {
     const std::string text = compact(m.graph);
