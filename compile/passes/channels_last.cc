@@ -177,11 +177,11 @@ class Converter {
   }
 
   // Whether convolution n reads a graph input that kiln.direct_conv would read channels-first:
-  // the kernel itself is asked, on the node as it would be, with a symbolic dim (an open batch)
-  // at 1: what it checks (channels, filter, strides) does not change with it, and an empty
-  // batch runs no kernel. Not when the convolutions go to bf16 AMX tiles and the window is
-  // long enough to fill them (kTileWindowSteps): there the image's Transpose lets
-  // lower_precision take the first layer too.
+  // the kernel itself is asked, on the node as it would be, with each symbolic dim (an open
+  // batch, height or width) at 1: what it checks (channels, filter, strides) does not change
+  // with them, and an empty input runs no kernel. Not when the convolutions go to bf16 AMX
+  // tiles and the window is long enough to fill them (kTileWindowSteps): there the image's
+  // Transpose lets lower_precision take the first layer too.
   bool reads_image(const Node& n) const {
     if ((n.op != "Conv" && n.op != "FusedConv") || n.inputs.size() < 2 || n.inputs.size() > 3 || n.outputs.size() != 1 ||
         n.has_attr("x_parts"))
