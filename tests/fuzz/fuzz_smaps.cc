@@ -1,7 +1,7 @@
 // Bytes → page_use (formats/huge_pages.h), the reader of /proc/self/smaps that `kiln profile`
-// tells the model file's and its buffers' 2 MiB pages by. The first 16 bytes pick one address
-// range; whatever the text, no mapping counts more in part of the address space than in all of
-// it, and no ranges count nothing.
+// and `kiln run -v` tell the model file's and its buffers' 2 MiB pages by (model_page_use).
+// The first 16 bytes pick one address range; whatever the text, no mapping counts more in part
+// of the address space than in all of it, and no ranges count nothing.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
