@@ -546,21 +546,23 @@ TEST(Gemm, NamesAndValidation) {
 
 TEST(Gemm, PackedLayoutDescribesPackB) {
   // pack() through the PackedLayout that a compiled model stores places every element where
-  // pack_b does, so any kiln can unpack a stored weight and oneDNN can reorder it.
+  // pack_b does, so any kiln can unpack a stored weight and oneDNN can reorder it. (K = 37:
+  // pack_b copies Bᵀ's rows 16 steps at a time, and a last slice of 5.)
   for (bool trans : {false, true})
-    for (int nr : {48, 64}) {
-      const int64_t k = 13, n = 100;
-      const Tensor b = noise(trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, 5);
-      std::vector<float> packed(static_cast<size_t>(gemm::packed_b_floats(k, n, nr)));
-      gemm::pack_b(b.data<float>(), trans ? k : n, trans, k, n, nr, packed.data());
-      const PackedLayout l = gemm::packed_b_layout(k, n, nr, trans);
-      EXPECT_EQ(check_layout(l, b.numel(), packed.size() * 4, 4), std::nullopt);
-      const Tensor via = pack(b, l);
-      ASSERT_EQ(via.nbytes(), packed.size() * 4);
-      EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0) << "trans " << trans << " nr " << nr;
-      const Tensor back = unpack(via);
-      EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
-    }
+    for (int nr : {48, 64})
+      for (int64_t k : {13, 37}) {
+        const int64_t n = 100;
+        const Tensor b = noise(trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n}, 5);
+        std::vector<float> packed(static_cast<size_t>(gemm::packed_b_floats(k, n, nr)));
+        gemm::pack_b(b.data<float>(), trans ? k : n, trans, k, n, nr, packed.data());
+        const PackedLayout l = gemm::packed_b_layout(k, n, nr, trans);
+        EXPECT_EQ(check_layout(l, b.numel(), packed.size() * 4, 4), std::nullopt);
+        const Tensor via = pack(b, l);
+        ASSERT_EQ(via.nbytes(), packed.size() * 4);
+        EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0) << "trans " << trans << " nr " << nr << " k " << k;
+        const Tensor back = unpack(via);
+        EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
+      }
 }
 
 // A convolution's weight [N, C, KH, KW] in the panels its GEMM reads, in the windows' order:

@@ -238,12 +238,24 @@ void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t k
         std::fill(dst + w, dst + nr, 0.f);
       }
     } else {
-      for (int64_t j = 0; j < w; ++j) {
-        const float* src = b + (n0 + j0 + j) * ld + k0;
-        for (int64_t p = 0; p < kc; ++p) panel[p * nr + j] = src[p];
+      // Bᵀ's rows 16 steps of K (a cache line) at a time, the line after next fetched ahead,
+      // so that the 16 panel rows written in between stay in L1. A whole row at once wrote one
+      // float to each of K panel rows 256 bytes apart for NR = 64, which share a quarter of
+      // L1's sets: ResNet-50's 1x1 weights packed at 2.0-2.4 GB/s so, 7.4-9.9 now with B in
+      // the caches. From the page cache: the first run of a ResNet-50 compiled without its
+      // batch, at batch 1 and one thread (planning included), 144 → 125 ms (the fetch 131 → 125).
+      constexpr int64_t kSteps = 16;
+      for (int64_t p0 = 0; p0 < kc; p0 += kSteps) {
+        const int64_t steps = std::min(kSteps, kc - p0);
+        float* rows = panel + p0 * nr;
+        for (int64_t j = 0; j < w; ++j) {
+          const float* src = b + (n0 + j0 + j) * ld + k0 + p0;
+          __builtin_prefetch(src + 2 * kSteps);
+          for (int64_t p = 0; p < steps; ++p) rows[p * nr + j] = src[p];
+        }
+        if (w < nr)
+          for (int64_t p = 0; p < steps; ++p) std::fill(rows + p * nr + w, rows + (p + 1) * nr, 0.f);
       }
-      if (w < nr)
-        for (int64_t p = 0; p < kc; ++p) std::fill(panel + p * nr + w, panel + (p + 1) * nr, 0.f);
     }
   }
 }
