@@ -1,5 +1,9 @@
-// A plain SHA-256 (FIPS 180-4); small inputs and model files, no need for speed tricks.
+// SHA-256 (FIPS 180-4): portable rounds, and the x86 SHA extensions' where the CPU has them.
+// kiln compile and kiln quant hash the whole input file for its provenance: BERT-base's 438 MB
+// took 1.6 of the compile's 4.8 s in the portable rounds (270 MB/s), 0.4 s on the extensions.
 #include "formats/sha256.h"
+
+#include <immintrin.h>
 
 #include <array>
 #include <cstdio>
@@ -38,13 +42,49 @@ void block(std::array<uint32_t, 8>& h, const uint8_t* p) {
   h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
 }
 
-}  // namespace
+void portable_blocks(std::array<uint32_t, 8>& h, const uint8_t* p, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i) block(h, p + 64 * i);
+}
 
-std::string sha256_hex(std::span<const uint8_t> bytes) {
+// The SHA extensions' rounds: `sha256rnds2` does two rounds on the state held as ABEF and CDGH,
+// `sha256msg1` / `sha256msg2` extend the message schedule four words at a time (Intel's
+// "Intel SHA Extensions" paper, 2013).
+__attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>& h, const uint8_t* p, size_t blocks) {
+  const __m128i swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);  // big-endian words
+  __m128i cdab = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0])), 0xB1);
+  __m128i cdgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4])), 0x1B);  // HGFE
+  __m128i abef = _mm_alignr_epi8(cdab, cdgh, 8);
+  cdgh = _mm_blend_epi16(cdgh, cdab, 0xF0);
+  for (size_t b = 0; b < blocks; ++b, p += 64) {
+    const __m128i abef_in = abef, cdgh_in = cdgh;
+    __m128i w[4];  // the schedule's last 16 words, 4 a vector: W[4g..4g+3] in w[g % 4]
+    for (int g = 0; g < 4; ++g) w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), swap);
+#pragma GCC unroll 16
+    for (int g = 0; g < 16; ++g) {
+      const __m128i kw = _mm_add_epi32(w[g % 4], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * g])));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, kw);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(kw, 0x0E));
+      if (g < 12) {  // W[4g + 16..]: from W[4g..4g + 15]
+        const __m128i& w1 = w[(g + 1) % 4], &w2 = w[(g + 2) % 4], &w3 = w[(g + 3) % 4];
+        w[g % 4] = _mm_sha256msg2_epu32(_mm_add_epi32(_mm_sha256msg1_epu32(w[g % 4], w1), _mm_alignr_epi8(w3, w2, 4)), w3);
+      }
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+  }
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[0]), _mm_blend_epi16(feba, dchg, 0xF0));  // DCBA: h0..h3
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&h[4]), _mm_alignr_epi8(dchg, feba, 8));     // HGFE: h4..h7
+}
+
+using Blocks = void (*)(std::array<uint32_t, 8>&, const uint8_t*, size_t);
+
+std::string hex_digest(std::span<const uint8_t> bytes, Blocks blocks) {
   std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   size_t full = bytes.size() / 64 * 64;
-  for (size_t i = 0; i < full; i += 64) block(h, bytes.data() + i);
+  blocks(h, bytes.data(), full / 64);
   uint8_t tail[128] = {};
   size_t rest = bytes.size() - full;
   for (size_t i = 0; i < rest; ++i) tail[i] = bytes[full + i];
@@ -52,8 +92,7 @@ std::string sha256_hex(std::span<const uint8_t> bytes) {
   size_t len = rest + 9 <= 64 ? 64 : 128;
   uint64_t bits = static_cast<uint64_t>(bytes.size()) * 8;
   for (int i = 0; i < 8; ++i) tail[len - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
-  block(h, tail);
-  if (len == 128) block(h, tail + 64);
+  blocks(h, tail, len / 64);
   std::string out;
   char buf[9];
   for (uint32_t x : h) {
@@ -62,5 +101,18 @@ std::string sha256_hex(std::span<const uint8_t> bytes) {
   }
   return out;
 }
+
+}  // namespace
+
+bool sha256_uses_sha_extensions() {
+  static const bool has = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+  return has;
+}
+
+std::string sha256_hex(std::span<const uint8_t> bytes) {
+  return hex_digest(bytes, sha256_uses_sha_extensions() ? sha_ni_blocks : portable_blocks);
+}
+
+std::string sha256_hex_portable(std::span<const uint8_t> bytes) { return hex_digest(bytes, portable_blocks); }
 
 }  // namespace kiln

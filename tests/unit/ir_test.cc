@@ -90,10 +90,31 @@ TEST(DType, HalfAndBfloatRoundTrip) {
 }
 
 TEST(Sha256, KnownVectors) {
-  EXPECT_EQ(sha256_hex({}), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  std::string abc = "abc";
-  EXPECT_EQ(sha256_hex({reinterpret_cast<const uint8_t*>(abc.data()), abc.size()}),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // FIPS 180-4's examples (empty, "abc", the two-block message, a million a's), on the SHA
+  // extensions where this CPU has them and in the portable code.
+  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", million(1000000, 'a');
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+      {two_blocks, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+      {million, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"}};
+  for (const auto& [text, digest] : cases) {
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+    EXPECT_EQ(sha256_hex(bytes), digest) << text.size() << " bytes";
+    EXPECT_EQ(sha256_hex_portable(bytes), digest) << text.size() << " bytes";
+  }
+}
+
+TEST(Sha256, BothPathsAgree) {
+  // Every length around the 64-byte blocks and the padding's second block, over bytes of every
+  // value. (On a CPU without the SHA extensions both are the portable code.)
+  std::vector<uint8_t> bytes(4099);
+  uint32_t x = 12345;
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+  for (size_t n = 0; n < bytes.size(); n += n < 300 ? 1 : 97) {
+    const std::span<const uint8_t> some(bytes.data(), n);
+    ASSERT_EQ(sha256_hex(some), sha256_hex_portable(some)) << n << " bytes";
+  }
 }
 
 }  // namespace
