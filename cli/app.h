@@ -33,8 +33,8 @@ std::string command_line(int argc, char** argv);
 Result<std::string> read_input(const std::string& path);
 /// Loads and verifies a .kiln model from a file, or from stdin for "-".
 Result<Model> load_model_arg(const std::string& path);
-/// A model argument loaded from its bytes, with their hex SHA-256 (the provenance of what
-/// compile and quant write), from a file or stdin for "-".
+/// A model argument loaded with the hex SHA-256 of its bytes (the provenance of what compile and
+/// quant write), from a file (mapped, as load_model maps it) or stdin for "-".
 struct HashedModel {
   Model model;
   std::string sha256;

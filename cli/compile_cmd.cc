@@ -156,8 +156,8 @@ int run_compile(const CompileArgs& args, const std::string& cmdline) {
     options.input_shapes[flag->first] = flag->second;
   }
 
-  // The file's bytes are read once: hashed for the provenance, then decoded (the constants
-  // view a copy of them, so the bytes read are freed before the passes run).
+  // The file is mapped once: hashed for the provenance where it lies, then decoded (the constants
+  // view the mapping; stdin's bytes are read and copied).
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
   Result<Model> model = Error{};
   {

@@ -463,8 +463,8 @@ int run_quant(const QuantArgs& args, const std::string& cmdline) {
   }
 
   const std::string display = args.input == "-" ? "<stdin>" : args.input;
-  // The file's bytes are read once: hashed for the provenance, then decoded (the constants view
-  // a copy of them, so the bytes are freed before calibration runs).
+  // The file is mapped once: hashed for the provenance where it lies, then decoded (the constants
+  // view the mapping; stdin's bytes are read and copied).
   std::string input_sha256;
   Result<Model> model = Error{};
   {

@@ -1056,6 +1056,7 @@ HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode,
 Result<Model> load_model(const std::string& path, const LoadOptions& options) {
   auto buf = read_file(path, "file");
   if (!buf.ok()) return with_file(buf.status(), path);
+  if (options.sha256) *options.sha256 = sha256_hex({buf->data.get(), static_cast<size_t>(buf->size)});
   std::string dir = std::filesystem::path(path).parent_path().string();
   auto model = decode(*buf, dir, options);
   if (!model.ok()) return with_file(model.status(), path);
@@ -1064,6 +1065,7 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options) {
 
 Result<Model> load_model_from_bytes(std::span<const uint8_t> bytes, const std::string& name,
                                     const LoadOptions& options, const std::string& sidecar_dir) {
+  if (options.sha256) *options.sha256 = sha256_hex(bytes);
   auto buf = alloc_buffer(bytes.size());
   if (!buf.ok()) return with_file(buf.status(), name);
   if (!bytes.empty()) std::memcpy(buf->data.get(), bytes.data(), bytes.size());

@@ -58,6 +58,9 @@ struct LoadOptions {
   /// (FlatBuffers verification, dtypes and sizes of tensor data, blob bounds) always run; turning
   /// this off lets `inspect` show a model whose graph is inconsistent.
   bool verify = true;
+  /// Where given, set to the hex SHA-256 of the file's bytes as read (the provenance that
+  /// compile and quant record), hashed where they are mapped.
+  std::string* sha256 = nullptr;
 };
 
 /// Writes `model` to `path` atomically: the file (and its sidecar, if any) is written to a

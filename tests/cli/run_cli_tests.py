@@ -3,6 +3,7 @@
 its exit code and one-line message. Corrupt .onnx/.npy/.npz inputs are made here, in a temporary
 folder. Run with --update to rewrite the golden --help files after an intended change."""
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -104,6 +105,16 @@ def compile_tests(r, work, samples):
               name + ".c.out", "--check-against", name + ".out", "--atol", "1e-5", "--rtol", "1e-4"])
         text = r.ok(f"compile_{name}_inspect", ["inspect", name + ".c.kiln"], stdout_has="stage: compiled")
         r.check(f"compile_{name}_provenance", f"kiln compile 0.1.0 from {name}.kiln" in text, text[:400])
+    # The provenance's digest is the input file's SHA-256 (hashed where the file is mapped; the
+    # SHA extensions' rounds where the CPU has them), and the same for the bytes through stdin.
+    with open(os.path.join(r.work, "mlp.kiln"), "rb") as f:
+        mlp_bytes = f.read()
+    want = hashlib.sha256(mlp_bytes).hexdigest()
+    got = json.loads(r.ok("compile_provenance_sha256", ["inspect", "--json", "mlp.c.kiln"]))["provenance"][-1]
+    r.check("compile_provenance_sha256_is_the_input's", got.get("input_sha256") == want, f"{got} against {want}")
+    piped = subprocess.run([r.kiln, "compile", "-", "-o", "-"], input=mlp_bytes, capture_output=True).stdout
+    got = json.loads(r.ok("compile_provenance_sha256_stdin", ["inspect", "--json", "-"], stdin=piped))["provenance"][-1]
+    r.check("compile_provenance_sha256_stdin_is_the_input's", got.get("input_sha256") == want, f"{got} against {want}")
     # What the passes did to the samples: the CNN's BatchNormalizations are folded into its
     # convolutions and their Relus fused; the MLP's MatMul + Add (+ Relu) are fused linear layers;
     # the transformer's Q, K and V projections are one product with split outputs (4 of its 6).
