@@ -62,9 +62,19 @@ bool same_node(const Node& a, const Node& b) {
 
 size_t mix(size_t h, size_t x) { return h ^ (x + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
 
+// Of a large constant, 4 KiB at its start, middle and end (the bytes are compared where the
+// hashes meet): hashing all of them took BERT-base's 438 MB of weights 0.18 s a compile.
 size_t tensor_hash(const Tensor& t) {
-  size_t h = std::hash<std::string_view>{}(
-      std::string_view(reinterpret_cast<const char*>(t.raw()), t.nbytes()));
+  constexpr size_t kPiece = 4096;
+  const auto* bytes = static_cast<const char*>(t.raw());
+  const size_t n = t.nbytes();
+  size_t h = 0;
+  if (n <= 3 * kPiece) {
+    h = std::hash<std::string_view>{}(std::string_view(bytes, n));
+  } else {
+    for (size_t at : {size_t{0}, (n - kPiece) / 2, n - kPiece})
+      h = mix(h, std::hash<std::string_view>{}(std::string_view(bytes + at, kPiece)));
+  }
   h = mix(h, static_cast<size_t>(t.dtype()));
   for (int64_t d : t.shape()) h = mix(h, static_cast<size_t>(d));
   return h;

@@ -452,6 +452,26 @@ TEST(CompileCse, KeepsNodesThatDiffer) {
   EXPECT_EQ(compact(m.graph), text);
 }
 
+// Constants past 12 KiB are hashed by 4 KiB at their start, middle and end: two that differ in
+// one float between those pieces meet in the hash and are compared, and stay apart; an equal
+// copy of either is merged.
+TEST(CompileCse, LargeConstantsAreComparedWhereTheirHashesMeet) {
+  Builder b;
+  ValueId x = b.input("x", {8192});
+  Tensor w = uniform_f32({8192}, 11), other = w.clone();
+  other.data<float>()[2000] += 1.f;  // byte 8000: between the start's piece and the middle's
+  ValueId m1 = b.op("mul_a", "Mul", {x, b.constant("w1", w)}, "m1");
+  ValueId m2 = b.op("mul_b", "Mul", {x, b.constant("w2", other)}, "m2");
+  ValueId m3 = b.op("mul_c", "Mul", {x, b.constant("w3", w.clone())}, "m3");
+  b.output(b.op("sum", "Sum", {m1, m2, m3}, "out"));
+  Model m = b.done();
+  PassResult r = run_pass("cse", m);
+  EXPECT_EQ(r.summary, "merged 1 duplicate node and 1 duplicate constant");
+  const std::string text = compact(m.graph);
+  EXPECT_NE(text.find("Mul(x, w2)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("w3"), std::string::npos) << text;
+}
+
 TEST(CompileCse, NeverMergesNodesWithSubgraphs) {
   Model m = testing::if_model();
   Graph& g = m.graph;
