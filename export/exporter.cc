@@ -266,18 +266,25 @@ Result<Shape> parse_shape(const std::string& text) {
   return Shape(std::move(dims));
 }
 
-Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
-                                const std::string& model_dir, const ExportOptions& options) {
-  auto fail = [&](Error e) -> Result<Model> {
-    if (e.file.empty()) e.file = display_name;
-    return e;
-  };
-  onnx::ModelProto proto;
+namespace {
+
+// Parses an ONNX model's bytes into `proto`.
+Status parse_onnx(const std::string& bytes, onnx::ModelProto& proto) {
   google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
                                                 static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
   stream.SetTotalBytesLimit(INT32_MAX);
   if (bytes.empty() || !proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
-    return fail(user_error("", "not a valid ONNX model (the protobuf does not parse)"));
+    return user_error("", "not a valid ONNX model (the protobuf does not parse)");
+  return {};
+}
+
+// The kiln model of a parsed ONNX model, verified, with its provenance (`sha256`: its file's).
+Result<Model> export_proto(const onnx::ModelProto& proto, std::string sha256, const std::string& display_name,
+                           const std::string& model_dir, const ExportOptions& options) {
+  auto fail = [&](Error e) -> Result<Model> {
+    if (e.file.empty()) e.file = display_name;
+    return e;
+  };
   Exporter exporter(options, model_dir);
   // An allocation past the memory budget that no converter named (an initializer names itself)
   // is still a user error about this file, never an exception out of the exporter.
@@ -296,17 +303,41 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
   p.version = std::string(kiln_version());
   p.command = options.command_line;
   p.input_file = base_name(display_name);
-  p.input_sha256 = sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  p.input_sha256 = std::move(sha256);
   model->provenance.push_back(std::move(p));
   return model;
 }
 
+}  // namespace
+
+Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
+                                const std::string& model_dir, const ExportOptions& options) {
+  onnx::ModelProto proto;
+  if (Status parsed = parse_onnx(bytes, proto); !parsed.ok()) {
+    Error e = parsed.error();
+    e.file = display_name;
+    return e;
+  }
+  return export_proto(proto, sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}), display_name,
+                      model_dir, options);
+}
+
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
-  if (bytes.size() >= INT32_MAX)
-    return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
+  onnx::ModelProto proto;
+  std::string sha256;
+  {
+    KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
+    if (bytes.size() >= INT32_MAX)
+      return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
+    if (Status parsed = parse_onnx(bytes, proto); !parsed.ok()) {
+      Error e = parsed.error();
+      e.file = path;
+      return e;
+    }
+    sha256 = sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+  }  // The file's bytes go here: the parsed message holds its own copy of every initializer.
   std::string dir = fs::path(path).parent_path().string();
-  return export_onnx_bytes(bytes, path, dir.empty() ? "." : dir, options);
+  return export_proto(proto, std::move(sha256), path, dir.empty() ? "." : dir, options);
 }
 
 std::vector<std::string> supported_onnx_ops() {
