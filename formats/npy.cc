@@ -644,7 +644,8 @@ Result<std::string> read_file_string(const std::string& path) {
     // A regular file is read into place at its size: a byte at a time through istreambuf_iterator,
     // the string doubling as it went, BERT-base's 438 MB ONNX file took 0.47 s of its export.
     std::error_code size_ec;
-    const uintmax_t size = std::filesystem::is_regular_file(path, size_ec) ? std::filesystem::file_size(path, size_ec) : 0;
+    const uintmax_t size =
+        std::filesystem::is_regular_file(path, size_ec) ? std::filesystem::file_size(path, size_ec) : 0;
     if (!size_ec && size > 0) {
       bytes.resize(static_cast<size_t>(size));
       in.read(bytes.data(), static_cast<std::streamsize>(size));

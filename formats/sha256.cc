@@ -49,7 +49,8 @@ void portable_blocks(std::array<uint32_t, 8>& h, const uint8_t* p, size_t blocks
 // The SHA extensions' rounds: `sha256rnds2` does two rounds on the state held as ABEF and CDGH,
 // `sha256msg1` / `sha256msg2` extend the message schedule four words at a time (Intel's
 // "Intel SHA Extensions" paper, 2013).
-__attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>& h, const uint8_t* p, size_t blocks) {
+__attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>& h, const uint8_t* p,
+                                                          size_t blocks) {
   const __m128i swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);  // big-endian words
   __m128i cdab = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[0])), 0xB1);
   __m128i cdgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&h[4])), 0x1B);  // HGFE
@@ -58,7 +59,8 @@ __attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>
   for (size_t b = 0; b < blocks; ++b, p += 64) {
     const __m128i abef_in = abef, cdgh_in = cdgh;
     __m128i w[4];  // the schedule's last 16 words, 4 a vector: W[4g..4g+3] in w[g % 4]
-    for (int g = 0; g < 4; ++g) w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), swap);
+    for (int g = 0; g < 4; ++g)
+      w[g] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), swap);
 #pragma GCC unroll 16
     for (int g = 0; g < 16; ++g) {
       const __m128i kw = _mm_add_epi32(w[g % 4], _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kRound[4 * g])));
@@ -66,7 +68,8 @@ __attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>
       abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(kw, 0x0E));
       if (g < 12) {  // W[4g + 16..]: from W[4g..4g + 15]
         const __m128i& w1 = w[(g + 1) % 4], &w2 = w[(g + 2) % 4], &w3 = w[(g + 3) % 4];
-        w[g % 4] = _mm_sha256msg2_epu32(_mm_add_epi32(_mm_sha256msg1_epu32(w[g % 4], w1), _mm_alignr_epi8(w3, w2, 4)), w3);
+        const __m128i sum = _mm_add_epi32(_mm_sha256msg1_epu32(w[g % 4], w1), _mm_alignr_epi8(w3, w2, 4));
+        w[g % 4] = _mm_sha256msg2_epu32(sum, w3);
       }
     }
     abef = _mm_add_epi32(abef, abef_in);
@@ -102,15 +105,16 @@ std::string hex_digest(std::span<const uint8_t> bytes, Blocks blocks) {
   return out;
 }
 
-}  // namespace
-
-bool sha256_uses_sha_extensions() {
+// Whether the CPU has the SHA extensions (and SSE4.1, which their code uses too).
+bool has_sha_extensions() {
   static const bool has = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
   return has;
 }
 
+}  // namespace
+
 std::string sha256_hex(std::span<const uint8_t> bytes) {
-  return hex_digest(bytes, sha256_uses_sha_extensions() ? sha_ni_blocks : portable_blocks);
+  return hex_digest(bytes, has_sha_extensions() ? sha_ni_blocks : portable_blocks);
 }
 
 std::string sha256_hex_portable(std::span<const uint8_t> bytes) { return hex_digest(bytes, portable_blocks); }

@@ -10,8 +10,6 @@ namespace kiln {
 /// Lower-case hex SHA-256 of the bytes: on the SHA extensions where the CPU has them (checked
 /// when first asked), else in portable code.
 std::string sha256_hex(std::span<const uint8_t> bytes);
-/// Whether sha256_hex runs on the SHA extensions on this CPU.
-bool sha256_uses_sha_extensions();
 /// The same digest in the portable code alone (what a CPU without the extensions runs).
 std::string sha256_hex_portable(std::span<const uint8_t> bytes);
 

@@ -200,7 +200,8 @@ class WinogradKernel final : public Kernel {
       }
     } else {
       packed_ = Tensor(DType::f32, {points_ * panel_floats_});
-      rows.winograd_filters(static_cast<int>(m_), given.data<float>(), k_, c_, tile.nr, packed_.data<float>(), panel_floats_);
+      rows.winograd_filters(static_cast<int>(m_), given.data<float>(), k_, c_, tile.nr, packed_.data<float>(),
+                            panel_floats_);
     }
     zeros_.assign(static_cast<size_t>(c_), 0.f);
 

@@ -559,7 +559,8 @@ TEST(Gemm, PackedLayoutDescribesPackB) {
         EXPECT_EQ(check_layout(l, b.numel(), packed.size() * 4, 4), std::nullopt);
         const Tensor via = pack(b, l);
         ASSERT_EQ(via.nbytes(), packed.size() * 4);
-        EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0) << "trans " << trans << " nr " << nr << " k " << k;
+        EXPECT_EQ(std::memcmp(via.raw(), packed.data(), via.nbytes()), 0)
+            << "trans " << trans << " nr " << nr << " k " << k;
         const Tensor back = unpack(via);
         EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
       }
