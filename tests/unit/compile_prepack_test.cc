@@ -88,6 +88,9 @@ TEST(CompilePrepackWeights, SameOutputsAndTheFileUsesThemInPlace) {
   auto got = (*s)->run(in), want = (*s0)->run(in);
   ASSERT_TRUE(got.ok() && want.ok());
   for (size_t i = 0; i < want->size(); ++i) EXPECT_EQ(std::memcmp((*got)[i].raw(), (*want)[i].raw(), (*want)[i].nbytes()), 0) << i;
+  // Both read where they are stored: no form made while planning (oneDNN's weight, used where
+  // it lies, is no form of the session's own either).
+  EXPECT_EQ((*s)->packed_weight_forms(), 0u);
   // Compiled again: the packed weights come back plain for the passes, and are packed again.
   Model again = *loaded;
   CompileOptions options;
