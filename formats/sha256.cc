@@ -1,6 +1,6 @@
 // SHA-256 (FIPS 180-4): portable rounds, and the x86 SHA extensions' where the CPU has them.
 // kiln compile and kiln quant hash the whole input file for its provenance: BERT-base's 438 MB
-// took 1.6 of the compile's 4.8 s in the portable rounds (270 MB/s), 0.4 s on the extensions.
+// took 1.6 of the compile's 4.8 s in the portable rounds (260 MB/s), 0.4 s on the extensions.
 #include "formats/sha256.h"
 
 #include <cpuid.h>

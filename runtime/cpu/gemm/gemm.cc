@@ -241,7 +241,7 @@ void pack_b_panels(const float* b, int64_t ld, bool trans, int64_t k0, int64_t k
       // Bᵀ's rows 16 steps of K (a cache line) at a time, the line after next fetched ahead,
       // so that the 16 panel rows written in between stay in L1. A whole row at once wrote one
       // float to each of K panel rows 256 bytes apart for NR = 64, which share a quarter of
-      // L1's sets: ResNet-50's 1x1 weights packed at 2.0-2.4 GB/s so, 7.4-9.9 now with B in
+      // L1's sets: ResNet-50's 1x1 weights packed at 2.0-2.4 GB/s so, 7.7-9.9 now with B in
       // the caches. From the page cache: the first run of a ResNet-50 compiled without its
       // batch, at batch 1 and one thread (planning included), 144 → 125 ms (the fetch 131 → 125).
       constexpr int64_t kSteps = 16;
