@@ -268,13 +268,13 @@ Result<Shape> parse_shape(const std::string& text) {
 
 namespace {
 
-// Parses an ONNX model's bytes into `proto`.
-Status parse_onnx(const std::string& bytes, onnx::ModelProto& proto) {
+// Parses an ONNX model's bytes (of `file`, which an error names) into `proto`.
+Status parse_onnx(const std::string& bytes, const std::string& file, onnx::ModelProto& proto) {
   google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
                                                 static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
   stream.SetTotalBytesLimit(INT32_MAX);
   if (bytes.empty() || !proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
-    return user_error("", "not a valid ONNX model (the protobuf does not parse)");
+    return Error{ErrorKind::user, file, "", "not a valid ONNX model (the protobuf does not parse)"};
   return {};
 }
 
@@ -313,11 +313,7 @@ Result<Model> export_proto(const onnx::ModelProto& proto, std::string sha256, co
 Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
                                 const std::string& model_dir, const ExportOptions& options) {
   onnx::ModelProto proto;
-  if (Status parsed = parse_onnx(bytes, proto); !parsed.ok()) {
-    Error e = parsed.error();
-    e.file = display_name;
-    return e;
-  }
+  KILN_RETURN_IF_ERROR(parse_onnx(bytes, display_name, proto));
   return export_proto(proto, sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}), display_name,
                       model_dir, options);
 }
@@ -329,11 +325,7 @@ Result<Model> export_onnx(const std::string& path, const ExportOptions& options)
     KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
     if (bytes.size() >= INT32_MAX)
       return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
-    if (Status parsed = parse_onnx(bytes, proto); !parsed.ok()) {
-      Error e = parsed.error();
-      e.file = path;
-      return e;
-    }
+    KILN_RETURN_IF_ERROR(parse_onnx(bytes, path, proto));
     sha256 = sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
   }  // The file's bytes go here: the parsed message holds its own copy of every initializer.
   std::string dir = fs::path(path).parent_path().string();

@@ -87,7 +87,7 @@ Tensor PackedWeights::find(const Tensor& plain, const PackedLayout& layout, DTyp
 }
 
 void PackedWeights::keep(const Tensor& plain, const Tensor& packed) {
-  if (!packed.layout() || find(plain, *packed.layout(), packed.dtype()).defined()) return;
+  if (!packed.layout() || packed.raw() == plain.raw() || find(plain, *packed.layout(), packed.dtype()).defined()) return;
   forms_.push_back(Form{plain.raw(), plain.nbytes(), packed});
 }
 

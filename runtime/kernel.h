@@ -72,7 +72,9 @@ class PackedWeights {
  public:
   /// The form of `plain` packed in `layout` as `dtype`, or undefined.
   Tensor find(const Tensor& plain, const PackedLayout& layout, DType dtype) const;
-  /// Keeps `packed` (`plain` packed by a kernel) for later plans, unless it has that form.
+  /// Keeps `packed` (`plain` packed by a kernel) for later plans, unless it has that form or is
+  /// `plain` itself (a weight stored in the layout the kernel wants, used where it is mapped: no
+  /// form made while planning).
   void keep(const Tensor& plain, const Tensor& packed);
   /// A weight stored packed, unpacked for a kernel that reads it plain: once for all plans.
   Tensor unpacked(const Tensor& packed);

@@ -241,9 +241,7 @@ Result<PrepackedWeights> prepack_weights(const KernelQuery& q, const Tensor& w, 
   const Tensor& from = earlier.defined() ? earlier : w;
   KILN_ASSIGN_OR_RETURN(memory weights, prepack(from, user, wanted, swap_last2));
   Tensor packed = packed_weights(from, weights, swap_last2, primitive);
-  // Kept for the plans of other shapes, unless it is the stored weight itself, used where it is
-  // mapped (prepack's): a view of the file is no form made while planning.
-  if (!earlier.defined() && packed.raw() != w.raw()) keep_packed(q, w, packed);
+  if (!earlier.defined()) keep_packed(q, w, packed);
   return PrepackedWeights{std::move(weights), std::move(packed)};
 }
 
