@@ -926,21 +926,24 @@ TEST(CpuKernels, WinogradConv) {
   }
   // An f16 weight (`--precision fp16`): with 2x2 tiles the products on kiln's f16 GEMM where
   // the CPU has AVX512-FP16 (V rounded to f16, sums in f16 over blocks of K); with 4x4 ones, or
-  // without it, in f32 on the weight widened.
-  for (int64_t tile : {4, 2})
-    for (int threads : {1, 2}) {
-      SCOPED_TRACE("f16 tile=" + std::to_string(tile) + " threads=" + std::to_string(threads));
-      const Tensor h = to_f16(noise({48, 40, 3, 3}, 47, 0.5f));
-      const std::string name = std::string("kiln.winograd_f32_") + (CpuFeatures::host().avx512f ? "avx512" : "avx2");
-      std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
-                                  attr("activation", std::string("Relu"))};
-      std::string label;
-      EXPECT_EQ(check({"FusedConv", {noise({1, 21, 17, 40}, 48), h, noise({48}, 49)}, {false, true, true}, a, {true}, name,
-                       {{"tile", tile}}, threads},
-                      tile == 2 && CpuFeatures::host().avx512_fp16 ? 3e-3 : 1e-5, nullptr, nullptr, &label),
-                name);
-      EXPECT_EQ(label.find("gemm_f16") != std::string::npos, tile == 2 && CpuFeatures::host().avx512_fp16) << label;
-    }
+  // without it, in f32 on the weight widened. 70 outputs of 41 channels: U in two panels of the
+  // f16 GEMM's 64 columns, the second part empty, and the last pair of channels half zeros.
+  for (const auto& [k, c] : {std::pair<int64_t, int64_t>{48, 40}, {70, 41}})
+    for (int64_t tile : {4, 2})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE("f16 k=" + std::to_string(k) + " c=" + std::to_string(c) + " tile=" + std::to_string(tile) + " threads=" +
+                     std::to_string(threads));
+        const Tensor h = to_f16(noise({k, c, 3, 3}, 47, 0.5f));
+        const std::string name = std::string("kiln.winograd_f32_") + (CpuFeatures::host().avx512f ? "avx512" : "avx2");
+        std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("pads", std::vector<int64_t>{1, 1, 1, 1}),
+                                    attr("activation", std::string("Relu"))};
+        std::string label;
+        EXPECT_EQ(check({"FusedConv", {noise({1, 21, 17, c}, 48), h, noise({k}, 49)}, {false, true, true}, a, {true}, name,
+                         {{"tile", tile}}, threads},
+                        tile == 2 && CpuFeatures::host().avx512_fp16 ? 3e-3 : 1e-5, nullptr, nullptr, &label),
+                  name);
+        EXPECT_EQ(label.find("gemm_f16") != std::string::npos, tile == 2 && CpuFeatures::host().avx512_fp16) << label;
+      }
   // The default rule (winograd_defers): 32 channels or more in and out with AVX-512, 16 or more
   // on AVX2, 4x4 tiles from 25 of them, 2x2 ones down to 16 (but with AVX-512 a weight that
   // outgrows L2 over fewer than 25 goes to kiln's GEMM over the windows); oneDNN's convolution

@@ -346,6 +346,27 @@ TEST(GemmLowp, F16) {
 // to 128 channels in 516 rows (the copy and C a quarter of L2, not the copy alone half: 2,046), a
 // transformer's 768- and 3072-column products in 132 (one block of a 128-token sequence), a
 // long K held to half of L2 by its copy alone, and never fewer rows than a tile.
+// B in f32 panels of the f16 GEMM's width (pack_b's for that NR), paired into f16 as
+// pack_b_f16 pairs B's f16 rounding: the same bits, K odd or even, N in one panel or past it.
+TEST(GemmLowp, F16PackedFromPanels) {
+  if (auto why = gemm::lowp_lacks(CpuFeatures::host(), gemm::Lowp::f16)) GTEST_SKIP() << *why;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-70000.f, 70000.f);  // past f16's largest: infinities too
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{1, 1}, {2, 64}, {7, 65}, {40, 130}, {41, 200}}) {
+    SCOPED_TRACE("k=" + std::to_string(k) + " n=" + std::to_string(n));
+    std::vector<float> b(static_cast<size_t>(k * n));
+    for (float& v : b) v = dist(rng) * (dist(rng) > 0 ? 1.f : 1e-4f);  // small values rounded too
+    std::vector<float> panels(static_cast<size_t>(gemm::packed_b_floats(k, n, gemm::kF16Tile.nr)));
+    gemm::pack_b(b.data(), n, false, k, n, gemm::kF16Tile.nr, panels.data());
+    std::vector<uint16_t> bits(b.size()), want(static_cast<size_t>(gemm::packed_b_f16_elements(k, n)));
+    for (size_t i = 0; i < b.size(); ++i) bits[i] = half(b[i]).bits;
+    gemm::pack_b_f16(bits.data(), n, false, k, n, want.data());
+    std::vector<uint16_t> got(want.size(), 0xffff);
+    gemm::pack_b_f16_from_panels(panels.data(), k, n, got.data());
+    EXPECT_EQ(got, want);
+  }
+}
+
 TEST(GemmLowp, F16BlockRows) {
   const int64_t l2 = int64_t{2} << 20;
   EXPECT_EQ(gemm::f16_block_rows(128, 256, l2), 516);

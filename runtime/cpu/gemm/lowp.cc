@@ -213,12 +213,17 @@ PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
   return panel_layout(k, n, trans, 2, "kiln gemm_bf16 nr" + std::to_string(NR));
 }
 
+void widen_f16(const uint16_t* in, int64_t n, float* out) {
+  // vcvtph2ps from the AVX-512 build of the lower-precision kernels, which needs what they need.
+  if (!lowp_lacks(CpuFeatures::host(), Lowp::bf16)) return lowp_avx512::widen_f16(in, n, out);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::bit_cast<half>(in[i]));
+}
+
 Tensor widened_to_f32(const Tensor& w) {
   const Tensor plain = w.is_packed() ? unpack(w) : w;
-  // vcvtph2ps from the AVX-512 build of the lower-precision kernels, which needs what they need.
-  if (plain.dtype() != DType::f16 || lowp_lacks(CpuFeatures::host(), Lowp::bf16)) return nn::to_f32(plain);
+  if (plain.dtype() != DType::f16) return nn::to_f32(plain);
   Tensor out(DType::f32, plain.shape());
-  lowp_avx512::widen_f16(static_cast<const uint16_t*>(plain.raw()), plain.numel(), out.data<float>());
+  widen_f16(static_cast<const uint16_t*>(plain.raw()), plain.numel(), out.data<float>());
   return out;
 }
 
@@ -336,6 +341,10 @@ void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n,
   if (k <= 0 || n <= 0) return;  // nothing to pack (`out` may be null)
   std::memset(out, 0, static_cast<size_t>(packed_b_f16_elements(k, n)) * 2);
   pack_panels<2>(b, ld, trans, k, n, nr, out, [](uint16_t v) { return v; });
+}
+
+void pack_b_f16_from_panels(const float* panels, int64_t k, int64_t n, uint16_t* out) {
+  if (k > 0 && n > 0) lowp_avx512::pair_f16(panels, k, n, out);
 }
 
 PackedLayout packed_b_f16_layout(int64_t k, int64_t n, bool trans) {

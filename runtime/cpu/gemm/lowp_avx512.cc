@@ -361,4 +361,26 @@ void narrow_f16(const float* in, int64_t n, uint16_t* out) {
   }
 }
 
+void pair_f16(const float* panels, int64_t k, int64_t n, uint16_t* out) {
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  constexpr int64_t kNr = kF16Tile.nr;
+  static_assert(kNr % 16 == 0);
+  // Lane 2i of a pair's vector: lane i of the first row's 16 values, lane 2i + 1: of the second's.
+  alignas(64) static constexpr uint16_t kOrder[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i order = _mm512_load_si512(kOrder);
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < (n + kNr - 1) / kNr; ++p)
+    for (int64_t q = 0; q < pairs; ++q) {
+      const float* first = panels + (p * k + 2 * q) * kNr;
+      const bool second = 2 * q + 1 < k;  // zeros past an odd K
+      uint16_t* to = out + (p * pairs + q) * 2 * kNr;
+      for (int64_t j = 0; j < kNr; j += 16) {
+        const __m256i a = _mm512_cvtps_ph(_mm512_loadu_ps(first + j), kNearest);
+        const __m256i b = second ? _mm512_cvtps_ph(_mm512_loadu_ps(first + kNr + j), kNearest) : _mm256_setzero_si256();
+        _mm512_storeu_si512(to + 2 * j, _mm512_permutexvar_epi16(order, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)));
+      }
+    }
+}
+
 }  // namespace kiln::cpu::gemm::lowp_avx512
