@@ -1,5 +1,8 @@
 // Reference kernels of the nn family: MatMul and Gemm here, and the registration of the rest
 // (nn_conv.cc, nn_pool.cc, nn_sample.cc, nn_einsum.cc).
+#include <cpuid.h>
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -11,24 +14,77 @@ namespace kiln {
 
 namespace nn {
 
+namespace {
+
+// Conversions 8 values at a time where the CPU can (f16 by F16C's instructions, bf16's rounding
+// in AVX2's integer lanes): the same bits as half's and bfloat16's one at a time (rounded to
+// nearest even; NaNs quieted, their payload's top bits kept). BERT-base's f32 weights to f16
+// (`kiln compile --precision fp16`) took 530 ms one at a time.
+bool has_f16c() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return CpuFeatures::host().avx2 && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx >> 29 & 1);
+  }();
+  return has;
+}
+
+__attribute__((target("avx2,f16c"))) int64_t widen_f16_f16c(const uint16_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  return i;
+}
+
+__attribute__((target("avx2,f16c"))) int64_t narrow_f16_f16c(const float* in, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  return i;
+}
+
+// bfloat16(float) on 8 lanes: x + 0x7fff + (bit 16 of x), its top half; a NaN's top half with
+// the quiet bit set.
+__attribute__((target("avx2"))) int64_t narrow_bf16_avx2(const float* in, int64_t n, uint16_t* out) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff), infinity = _mm256_set1_epi32(0x7f800000);
+  const __m256i half_ulp = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)), top = _mm256_srli_epi32(x, 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, magnitude), infinity);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(half_ulp, _mm256_and_si256(top, one))), 16);
+    const __m256i bits = _mm256_blendv_epi8(rounded, _mm256_or_si256(top, quiet), nan);
+    // Each 128-bit half packed to 16 bits (values under 2^16: packus keeps them), its 4 in the low 64 bits.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0b1000);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+  return i;
+}
+
+}  // namespace
+
 Tensor to_f32(const Tensor& t) {
   Tensor r(DType::f32, t.shape());
   float* d = r.data<float>();
-  if (t.dtype() == DType::f16)
-    for (int64_t i = 0; i < t.numel(); ++i) d[i] = t.data<half>()[i];
-  else if (t.dtype() == DType::bf16)
+  if (t.dtype() == DType::f16) {
+    const int64_t done = has_f16c() ? widen_f16_f16c(static_cast<const uint16_t*>(t.raw()), t.numel(), d) : 0;
+    for (int64_t i = done; i < t.numel(); ++i) d[i] = t.data<half>()[i];
+  } else if (t.dtype() == DType::bf16) {
     for (int64_t i = 0; i < t.numel(); ++i) d[i] = t.data<bfloat16>()[i];
-  else
+  } else {
     for (int64_t i = 0; i < t.numel(); ++i) d[i] = static_cast<float>(t.as_double(i));
+  }
   return r;
 }
 
 void store_from_f32(const Tensor& src, Tensor& dst) {
   const float* s = src.data<float>();
-  if (dst.dtype() == DType::f16)
-    for (int64_t i = 0; i < dst.numel(); ++i) dst.data<half>()[i] = half(s[i]);
-  else if (dst.dtype() == DType::bf16)
-    for (int64_t i = 0; i < dst.numel(); ++i) dst.data<bfloat16>()[i] = bfloat16(s[i]);
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::f16) {
+    const int64_t done = has_f16c() ? narrow_f16_f16c(s, n, static_cast<uint16_t*>(dst.raw())) : 0;
+    for (int64_t i = done; i < n; ++i) dst.data<half>()[i] = half(s[i]);
+  } else if (dst.dtype() == DType::bf16) {
+    const int64_t done = CpuFeatures::host().avx2 ? narrow_bf16_avx2(s, n, static_cast<uint16_t*>(dst.raw())) : 0;
+    for (int64_t i = done; i < n; ++i) dst.data<bfloat16>()[i] = bfloat16(s[i]);
+  }
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include "formats/serialize.h"
 #include "profile/profiler.h"
 #include "runtime/cpu/rows.h"
+#include "runtime/ref/nn_util.h"
 #include "runtime/session.h"
 #include "tests/unit/kernel_test_util.h"
 
@@ -119,6 +120,34 @@ const Node& node_named(const Graph& g, const std::string& name) {
   for (const Node& n : g.nodes)
     if (n.name == name) return n;
   throw std::runtime_error("no node " + name);
+}
+
+// A weight's conversion (nn::store_from_f32, 8 values at a time where the CPU can) gives the
+// bits half's and bfloat16's one at a time give, and f16 widens back (nn::to_f32) as half's does:
+// every 251st bit pattern of a float (NaNs, infinities, subnormals), and for every exponent and
+// sign the patterns on either side of both types' rounding ties, in a count that leaves a tail.
+TEST(LowerPrecision, WeightsConvertedAsOneAtATime) {
+  std::vector<uint32_t> bits;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 251) bits.push_back(static_cast<uint32_t>(b));
+  for (uint32_t top = 0; top < 512; ++top)  // sign and exponent
+    for (uint32_t mid = 0; mid < 1024; mid += 3)
+      for (uint32_t tie : {0x1000u, 0x8000u})
+        for (uint32_t low : {tie - 1, tie, tie + 1}) bits.push_back(top << 23 | (mid << 13 & 0x7fffffu) | low);
+  bits.push_back(0x7f800001u);  // a signalling NaN
+  const int64_t n = static_cast<int64_t>(bits.size());
+  ASSERT_NE(n % 8, 0);
+  Tensor f(DType::f32, {n}), h(DType::f16, {n}), b(DType::bf16, {n});
+  std::memcpy(f.raw(), bits.data(), bits.size() * 4);
+  nn::store_from_f32(f, h);
+  nn::store_from_f32(f, b);
+  const Tensor wide = nn::to_f32(h);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = f.data<float>()[i];
+    ASSERT_EQ(h.data<half>()[i].bits, half(v).bits) << std::hex << bits[static_cast<size_t>(i)];
+    ASSERT_EQ(b.data<bfloat16>()[i].bits, bfloat16(v).bits) << std::hex << bits[static_cast<size_t>(i)];
+    const float back = static_cast<float>(h.data<half>()[i]);
+    ASSERT_EQ(std::memcmp(&wide.data<float>()[i], &back, 4), 0) << std::hex << h.data<half>()[i].bits;
+  }
 }
 
 TEST(LowerPrecision, LowersConstantWeightProductsAndKeepsTheFinalLayer) {
