@@ -40,9 +40,9 @@ namespace {
 
 constexpr size_t kTensorBookkeepingBytes = 256;
 
-// Zero-filled, aligned storage of `bytes` (nullopt: past any limit), charged against the
-// memory budget; sets `data` and returns its owner.
-std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data) {
+// Aligned storage of `bytes` (nullopt: past any limit), zero-filled where `zero`, charged
+// against the memory budget; sets `data` and returns its owner.
+std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data, bool zero = true) {
   // A negative or overflowing shape cannot be allocated: report it as a request past any limit.
   if (!bytes || *bytes > SIZE_MAX - kTensorAlignment) throw MemoryLimitExceeded(SIZE_MAX, memory_in_use(), memory_limit());
   size_t rounded = (*bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
@@ -56,7 +56,7 @@ std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data) {
     release_memory(charge);
     throw std::bad_alloc();
   }
-  std::memset(p, 0, rounded);
+  if (zero) std::memset(p, 0, rounded);
   data = p;
   return std::shared_ptr<void>(p, [charge](void* q) {
     std::free(q);
@@ -69,6 +69,15 @@ std::shared_ptr<void> allocate(std::optional<size_t> bytes, void*& data) {
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
     : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
   owner_ = allocate(storage_bytes(dtype_, numel_), data_);
+}
+
+Tensor Tensor::for_overwrite(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  t.owner_ = allocate(storage_bytes(t.dtype_, t.numel_), t.data_, false);
+  return t;
 }
 
 Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, void* data,

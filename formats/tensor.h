@@ -33,6 +33,10 @@ class Tensor {
   /// (formats/memory.h): throws MemoryLimitExceeded when it does not fit or when the shape has
   /// a negative dim or its byte count overflows.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  /// Allocates as the constructor does but leaves the storage unwritten, for a caller that
+  /// writes every byte before anything reads it: the zeros cost a pass over memory it is about
+  /// to write (a shaped ResNet-50's Winograd transforms, 30 MB: 12 % of its session).
+  static Tensor for_overwrite(DType dtype, std::vector<int64_t> shape);
   /// Wraps memory owned by `owner` (an arena, a mapped file) without copying.
   static Tensor view(DType dtype, std::vector<int64_t> shape, void* data,
                      std::shared_ptr<void> owner);

@@ -195,7 +195,12 @@ class WinogradKernel final : public Kernel {
     const int64_t nr = f16_ ? gemm::kF16Tile.nr : tile.nr, u_apart = c_ * nr + kApart, pair_rows = (c_ + 1) / 2 * 2;
     std::vector<float> filters(static_cast<size_t>(widen ? nr * c_ * 9 : 0)), u(static_cast<size_t>(f16_ ? points_ * u_apart : 0));
     if (f16_) panel_floats_ = gemm::packed_b_f16_elements(c_, k_);
-    packed_ = Tensor(f16_ ? DType::u16 : DType::f32, {points_ * panel_floats_});
+    // Every element written below (U's panels, and past each point's in f32 the cache line
+    // between them).
+    packed_ = Tensor::for_overwrite(f16_ ? DType::u16 : DType::f32, {points_ * panel_floats_});
+    if (!f16_)
+      for (int64_t xi = 0; xi < points_; ++xi)
+        std::fill_n(packed_.data<float>() + (xi + 1) * panel_floats_ - kApart, kApart, 0.f);
     for (int64_t n0 = 0; n0 < k_; n0 += nr) {
       const int64_t cols = std::min(nr, k_ - n0);
       if (widen) gemm::widen_f16(static_cast<const uint16_t*>(weight.raw()) + n0 * c_ * 9, cols * c_ * 9, filters.data());

@@ -252,6 +252,17 @@ TEST(MemoryBudget, ChargesTensorsAndRefusesPastTheLimit) {
     EXPECT_THROW(Tensor(DType::f32, {kHuge, kHuge}), MemoryLimitExceeded);
   }
   EXPECT_EQ(memory_in_use(), before);
+  {  // storage left unwritten for its caller to fill: charged and refused alike
+    Tensor t = Tensor::for_overwrite(DType::u16, {1024, 1024});
+    EXPECT_EQ(t.dtype(), DType::u16);
+    EXPECT_EQ(t.shape(), (std::vector<int64_t>{1024, 1024}));
+    EXPECT_EQ(t.nbytes(), size_t{2} << 20);
+    EXPECT_GE(memory_in_use(), before + (size_t{2} << 20));
+    EXPECT_THROW(Tensor::for_overwrite(DType::f32, {1 << 14, 1 << 14}), MemoryLimitExceeded);
+    EXPECT_THROW(Tensor::for_overwrite(DType::f32, {kHuge, kHuge}), MemoryLimitExceeded);
+    EXPECT_THROW(Tensor::for_overwrite(DType::f32, {-1, 4}), MemoryLimitExceeded);
+  }
+  EXPECT_EQ(memory_in_use(), before);
   set_memory_limit(0);
 }
 
