@@ -193,7 +193,7 @@ class WinogradKernel final : public Kernel {
     const Tensor weight = q.inputs[1].value->is_packed() ? unpack(*q.inputs[1].value) : *q.inputs[1].value;
     const bool widen = weight.dtype() == DType::f16;
     const int64_t nr = f16_ ? gemm::kF16Tile.nr : tile.nr, u_apart = c_ * nr + kApart, pair_rows = (c_ + 1) / 2 * 2;
-    std::vector<float> filters(static_cast<size_t>(widen ? nr * c_ * 9 : 0)), u(static_cast<size_t>(f16_ ? points_ * u_apart : 0));
+    const int64_t filter_floats = widen ? nr * c_ * 9 : 0, u_floats = f16_ ? points_ * u_apart : 0;
     if (f16_) panel_floats_ = gemm::packed_b_f16_elements(c_, k_);
     // Every element written below (U's panels, and past each point's in f32 the cache line
     // between them).
@@ -201,17 +201,27 @@ class WinogradKernel final : public Kernel {
     if (!f16_)
       for (int64_t xi = 0; xi < points_; ++xi)
         std::fill_n(packed_.data<float>() + (xi + 1) * panel_floats_ - kApart, kApart, 0.f);
-    for (int64_t n0 = 0; n0 < k_; n0 += nr) {
-      const int64_t cols = std::min(nr, k_ - n0);
-      if (widen) gemm::widen_f16(static_cast<const uint16_t*>(weight.raw()) + n0 * c_ * 9, cols * c_ * 9, filters.data());
-      const float* g = widen ? filters.data() : weight.data<float>() + n0 * c_ * 9;
-      if (!f16_) {
-        rows_.winograd_filters(static_cast<int>(m_), g, cols, c_, nr, packed_.data<float>() + n0 * c_, panel_floats_);
-        continue;
+    // The panels shared among the session's threads, each with its own scratch.
+    const int64_t panels = (k_ + nr - 1) / nr;
+    const int threads = static_cast<int>(std::min<int64_t>(std::min(threads_, pool_threads()), panels));
+    std::vector<float> scratch(static_cast<size_t>((filter_floats + u_floats) * threads));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      float* filters = scratch.data() + (filter_floats + u_floats) * omp_get_thread_num();
+      float* u = filters + filter_floats;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < panels; ++p) {
+        const int64_t n0 = p * nr, cols = std::min(nr, k_ - n0);
+        if (widen) gemm::widen_f16(static_cast<const uint16_t*>(weight.raw()) + n0 * c_ * 9, cols * c_ * 9, filters);
+        const float* g = widen ? filters : weight.data<float>() + n0 * c_ * 9;
+        if (!f16_) {
+          rows_.winograd_filters(static_cast<int>(m_), g, cols, c_, nr, packed_.data<float>() + n0 * c_, panel_floats_);
+          continue;
+        }
+        rows_.winograd_filters(static_cast<int>(m_), g, cols, c_, nr, u, u_apart);
+        for (int64_t xi = 0; xi < points_; ++xi)
+          gemm::pack_b_f16_from_panels(u + xi * u_apart, c_, cols, packed_.data<uint16_t>() + xi * panel_floats_ + n0 * pair_rows);
       }
-      rows_.winograd_filters(static_cast<int>(m_), g, cols, c_, nr, u.data(), u_apart);
-      for (int64_t xi = 0; xi < points_; ++xi)
-        gemm::pack_b_f16_from_panels(u.data() + xi * u_apart, c_, cols, packed_.data<uint16_t>() + xi * panel_floats_ + n0 * pair_rows);
     }
     zeros_.assign(static_cast<size_t>(c_), 0.f);
 
