@@ -189,7 +189,8 @@ class WinogradKernel final : public Kernel {
     // (f16_) each panel's U in f32 panels of the f16 GEMM's width first (every point's, in L2),
     // then rounded to f16 pairs in its place in each point's packed U. The whole f16 weight
     // widened at once and all of U in f32, as plain C×K matrices, took ResNet-50's fp16 session
-    // 87 ms against 38 at one thread (store misses, and page faults on the copies).
+    // 87 ms against 38 at one thread, compiled for two (store misses, and page faults on the
+    // copies).
     const Tensor weight = q.inputs[1].value->is_packed() ? unpack(*q.inputs[1].value) : *q.inputs[1].value;
     const bool widen = weight.dtype() == DType::f16;
     const int64_t nr = f16_ ? gemm::kF16Tile.nr : tile.nr, u_apart = c_ * nr + kApart, pair_rows = (c_ + 1) / 2 * 2;
