@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <span>
 
 namespace kiln::quant {
 
@@ -11,11 +12,15 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-Result<std::vector<float>> float_values(const Tensor& x) {
+// x's values as floats: where they lie for a plain f32 tensor (a calibration run's activations),
+// else converted into `held`.
+Result<std::span<const float>> float_values(const Tensor& x, std::vector<float>& held) {
   if (!is_float(x.dtype()))
     return user_error("", "an observer takes floating-point values, got " + std::string(dtype_name(x.dtype())));
+  if (x.dtype() == DType::f32 && !x.is_packed()) return std::span<const float>(x.data<float>(), static_cast<size_t>(x.numel()));
   std::vector<double> d = x.to_double_vector();
-  return std::vector<float>(d.begin(), d.end());
+  held.assign(d.begin(), d.end());
+  return std::span<const float>(held);
 }
 
 // min/max per tensor, plain or as a moving average (PT2E: the first batch sets them).
@@ -23,7 +28,8 @@ class MinMaxObserver final : public Observer {
  public:
   MinMaxObserver(const QuantSpec& spec, bool moving) : spec_(spec), moving_(moving) {}
   Status observe(const Tensor& x) override {
-    KILN_ASSIGN_OR_RETURN(std::vector<float> v, float_values(x));
+    std::vector<float> held;
+    KILN_ASSIGN_OR_RETURN(std::span<const float> v, float_values(x, held));
     float lo = kInf, hi = -kInf;
     for (float f : v)
       if (!std::isnan(f)) lo = std::min(lo, f), hi = std::max(hi, f);
@@ -57,7 +63,8 @@ class PerChannelObserver final : public Observer {
   Status observe(const Tensor& x) override {
     if (spec_.ch_axis >= x.rank())
       return user_error("", "ch_axis " + std::to_string(spec_.ch_axis) + " is past the rank " + std::to_string(x.rank()) + " of the values");
-    KILN_ASSIGN_OR_RETURN(std::vector<float> v, float_values(x));
+    std::vector<float> held;
+    KILN_ASSIGN_OR_RETURN(std::span<const float> v, float_values(x, held));
     const ChannelIndex index(x.shape(), spec_.ch_axis, spec_.block_size);
     const int64_t channels = index.count(x.numel());
     if (!min_.empty() && static_cast<int64_t>(min_.size()) != channels)
@@ -101,6 +108,37 @@ class PerChannelObserver final : public Observer {
   std::vector<float> min_, max_;
 };
 
+// Values a block of kLanes at a time, each lane a running result of its own, so that the
+// compiler takes a block as vectors.
+constexpr size_t kLanes = 16;
+
+// The smallest and the largest finite value, each the one std::minmax_element finds (the first
+// smallest, the last largest: which of 0 and -0, where both are there); lo > hi where there is
+// none.
+std::pair<float, float> finite_range(std::span<const float> v) {
+  float l[kLanes], h[kLanes];
+  std::fill_n(l, kLanes, kInf);
+  std::fill_n(h, kLanes, -kInf);
+  size_t i = 0;
+  for (; i + kLanes <= v.size(); i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) {
+      const float f = v[i + j];
+      const bool finite = f - f == 0.0f;  // NaN for infinities and NaNs
+      l[j] = finite && f < l[j] ? f : l[j];
+      h[j] = finite && f > h[j] ? f : h[j];
+    }
+  for (; i < v.size(); ++i) {
+    const float f = v[i];
+    if (f - f == 0.0f) l[0] = std::min(l[0], f), h[0] = std::max(h[0], f);
+  }
+  float lo = kInf, hi = -kInf;
+  for (size_t j = 0; j < kLanes; ++j) lo = std::min(lo, l[j]), hi = std::max(hi, h[j]);
+  // Equal floats are the same bits but for 0 and -0.
+  if (lo == 0.0f) lo = *std::find(v.begin(), v.end(), 0.0f);
+  if (hi == 0.0f) hi = *std::find(v.rbegin(), v.rend(), 0.0f);
+  return {lo, hi};
+}
+
 }  // namespace
 
 std::unique_ptr<Observer> make_observer(const QuantSpec& spec) {
@@ -122,14 +160,39 @@ HistogramObserver::HistogramObserver(const QuantSpec& spec)
 
 // torch.histc: kBins equal bins over [lo, hi], a value at hi in the last bin, values outside
 // left out; an empty range [v, v] widens to [v − 1, v + 1].
-std::vector<float> HistogramObserver::bin(const std::vector<float>& values, float lo, float hi) const {
-  std::vector<float> h(kBins, 0.0f);
+std::vector<float> HistogramObserver::bin(std::span<const float> values, float lo, float hi) const {
   if (lo == hi) lo -= 1, hi += 1;
-  for (float v : values) {
-    if (!(v >= lo && v <= hi)) continue;
-    // In float, as torch.histc computes on f32 values.
-    int64_t b = static_cast<int64_t>((v - lo) * static_cast<float>(kBins) / (hi - lo));
-    h[static_cast<size_t>(std::clamp<int64_t>(b, 0, kBins - 1))] += 1;
+  // Counted in integers, in four histograms the values take in turn (a run of values in one bin
+  // then does not wait on its own sums): the counts a float's += 1 makes while a bin holds fewer
+  // than 2^24 values of one call, exact past that.
+  constexpr size_t kWays = 4;
+  std::vector<uint32_t> counts(kWays * kBins, 0);
+  // A value's bin, in float as torch.histc computes on f32 values; -1 outside [lo, hi] (NaN
+  // too). A quotient just past the last bin is the last; one past the float range (where the
+  // range itself is: infinite or NaN) bin 0, as the x86 conversion clamped put it before.
+  const float scale = static_cast<float>(kBins), width = hi - lo;
+  auto bin_of = [&](float v) {
+    const bool in = v >= lo && v <= hi;
+    const float r = (in ? v - lo : 0.0f) * scale / width;
+    return !in ? -1 : r < scale ? static_cast<int32_t>(r) : r - r == 0.0f ? kBins - 1 : 0;
+  };
+  // Each block's bins first (the compiler takes a whole block as vectors), then counted.
+  int32_t bins[kLanes];
+  for (size_t i = 0; i < values.size(); i += kLanes) {
+    const size_t n = std::min(kLanes, values.size() - i);
+    if (n == kLanes) {
+      for (size_t j = 0; j < kLanes; ++j) bins[j] = bin_of(values[i + j]);
+    } else {
+      for (size_t j = 0; j < n; ++j) bins[j] = bin_of(values[i + j]);
+    }
+    for (size_t j = 0; j < n; ++j)
+      if (bins[j] >= 0) ++counts[j % kWays * kBins + static_cast<size_t>(bins[j])];
+  }
+  std::vector<float> h(kBins);
+  for (size_t b = 0; b < kBins; ++b) {
+    uint64_t n = 0;
+    for (size_t w = 0; w < kWays; ++w) n += counts[w * kBins + b];
+    h[b] = static_cast<float>(n);
   }
   return h;
 }
@@ -151,12 +214,12 @@ std::vector<float> HistogramObserver::upscale(float orig_min, float orig_max, fl
 }
 
 Status HistogramObserver::observe(const Tensor& x) {
-  KILN_ASSIGN_OR_RETURN(std::vector<float> v, float_values(x));
-  // Infinities would make the range infinite; they are clamped when quantized anyway.
-  v.erase(std::remove_if(v.begin(), v.end(), [](float f) { return !std::isfinite(f); }), v.end());
-  if (v.empty()) return {};
-  const auto [lo_it, hi_it] = std::minmax_element(v.begin(), v.end());
-  const float lo = *lo_it, hi = *hi_it;
+  std::vector<float> held;
+  KILN_ASSIGN_OR_RETURN(std::span<const float> v, float_values(x, held));
+  // Infinities would make the range infinite; they are clamped when quantized anyway (and bin
+  // leaves them out, as it does NaNs, being outside any finite range).
+  const auto [lo, hi] = finite_range(v);
+  if (lo > hi) return {};  // nothing finite (or nothing)
   if (min_ > max_) {  // the first batch
     min_ = lo;
     max_ = hi;
@@ -170,7 +233,8 @@ Status HistogramObserver::observe(const Tensor& x) {
   } else if (min_ == max_) {
     // Every earlier value was min_: they all land in its bin of the new range.
     float count = std::accumulate(histogram_.begin(), histogram_.end(), 0.0f);
-    std::vector<float> old = bin({min_}, new_min, new_max);
+    const float seen[] = {min_};
+    std::vector<float> old = bin(seen, new_min, new_max);
     for (int i = 0; i < kBins; ++i) histogram_[static_cast<size_t>(i)] = update[static_cast<size_t>(i)] + old[static_cast<size_t>(i)] * count;
   } else {
     std::vector<float> old = upscale(min_, max_, new_min, new_max);

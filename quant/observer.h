@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "formats/tensor.h"
@@ -53,7 +54,7 @@ class HistogramObserver final : public Observer {
   std::pair<float, float> search_range() const;
 
  private:
-  std::vector<float> bin(const std::vector<float>& values, float lo, float hi) const;
+  std::vector<float> bin(std::span<const float> values, float lo, float hi) const;
   std::vector<float> upscale(float orig_min, float orig_max, float new_min, float new_max) const;
   double quantization_error(int start_bin, int end_bin) const;
 

@@ -3,10 +3,12 @@
 // reduction, and the histogram observer's upsampled merge and L2 range search.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "quant/observer.h"
 #include "tests/unit/op_test_util.h"
@@ -182,6 +184,39 @@ TEST(HistogramObserver, ConstantFirstBatchInfinitiesAndNaNs) {
   HistogramObserver empty(histogram_spec());
   EXPECT_FLOAT_EQ(empty.qparams().scale[0], 1.0f);
   EXPECT_TRUE(empty.min_vals().empty());
+}
+
+// The histogram as torch.histc's rule gives it one value at a time (the observer bins blocks of
+// values as vectors and counts in integers): a batch whose length leaves a partial block, with
+// NaNs, infinities, the range's own ends and values of every sign; and the smallest and largest
+// as std::minmax_element finds them, -0 or 0 alike.
+TEST(HistogramObserver, BinsAsOneValueAtATime) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = uniform(10007, -3, 5, 7);
+  for (size_t i = 0; i < v.size(); i += 97) v[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? inf : -inf;
+  v[5] = -3.5f, v[6] = 5.25f, v[7] = -0.0f, v[8] = 0.0f;
+  HistogramObserver h(histogram_spec());
+  ASSERT_TRUE(h.observe(values({static_cast<int64_t>(v.size())}, v)).ok());
+  EXPECT_EQ(h.observed_min(), -3.5f);
+  EXPECT_EQ(h.observed_max(), 5.25f);
+  std::vector<float> want(HistogramObserver::kBins, 0.0f);
+  for (float x : v) {
+    if (!(x >= -3.5f && x <= 5.25f)) continue;
+    const auto b = static_cast<int64_t>((x - -3.5f) * static_cast<float>(HistogramObserver::kBins) / (5.25f - -3.5f));
+    want[static_cast<size_t>(std::clamp<int64_t>(b, 0, HistogramObserver::kBins - 1))] += 1;
+  }
+  EXPECT_EQ(h.histogram(), want);
+  for (const auto& [zeros, min_negative, max_negative] :
+       {std::tuple{std::vector<float>{-0.0f, 0.0f, 0.0f, -0.0f}, true, true}, {std::vector<float>{0.0f, -0.0f, -0.0f, 0.0f}, false, false}}) {
+    std::vector<float> z(40, 0.0f);  // past a block of 16, and a tail
+    std::copy(zeros.begin(), zeros.end(), z.begin() + 2), std::copy(zeros.begin(), zeros.end(), z.end() - 4);
+    z[0] = z[1] = NAN;  // left out
+    for (size_t i = 6; i + 4 < z.size(); ++i) z[i] = zeros[i % 2 + 1];
+    HistogramObserver zh(histogram_spec());
+    ASSERT_TRUE(zh.observe(values({static_cast<int64_t>(z.size())}, z)).ok());
+    EXPECT_EQ(std::signbit(zh.observed_min()), min_negative);
+    EXPECT_EQ(std::signbit(zh.observed_max()), max_negative);
+  }
 }
 
 TEST(QuantSpec, ValidateFollowsPT2E) {
