@@ -24,6 +24,7 @@
 #include "runtime/cpu/gemm/lowp.h"
 #include "runtime/cpu/rows.h"
 #include "runtime/kernel.h"
+#include "runtime/ref/nn_util.h"
 #include "runtime/threads.h"
 
 namespace kiln::cpu {
@@ -213,7 +214,7 @@ class WinogradKernel final : public Kernel {
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t n0 = p * nr, cols = std::min(nr, k_ - n0);
-        if (widen) gemm::widen_f16(static_cast<const uint16_t*>(weight.raw()) + n0 * c_ * 9, cols * c_ * 9, filters);
+        if (widen) nn::widen_f16(static_cast<const uint16_t*>(weight.raw()) + n0 * c_ * 9, cols * c_ * 9, filters);
         const float* g = widen ? filters : weight.data<float>() + n0 * c_ * 9;
         if (!f16_) {
           rows_.winograd_filters(static_cast<int>(m_), g, cols, c_, nr, packed_.data<float>() + n0 * c_, panel_floats_);

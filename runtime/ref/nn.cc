@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "formats/ops/epilogue.h"
@@ -28,7 +29,7 @@ bool has_f16c() {
   return has;
 }
 
-__attribute__((target("avx2,f16c"))) int64_t widen_f16_f16c(const uint16_t* in, int64_t n, float* out) {
+__attribute__((target("avx2,f16c"))) int64_t widen_f16c(const uint16_t* in, int64_t n, float* out) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
   return i;
@@ -61,12 +62,15 @@ __attribute__((target("avx2"))) int64_t narrow_bf16_avx2(const float* in, int64_
 
 }  // namespace
 
+void widen_f16(const uint16_t* in, int64_t n, float* out) {
+  for (int64_t i = has_f16c() ? widen_f16c(in, n, out) : 0; i < n; ++i) out[i] = static_cast<float>(std::bit_cast<half>(in[i]));
+}
+
 Tensor to_f32(const Tensor& t) {
   Tensor r(DType::f32, t.shape());
   float* d = r.data<float>();
   if (t.dtype() == DType::f16) {
-    const int64_t done = has_f16c() ? widen_f16_f16c(static_cast<const uint16_t*>(t.raw()), t.numel(), d) : 0;
-    for (int64_t i = done; i < t.numel(); ++i) d[i] = t.data<half>()[i];
+    widen_f16(static_cast<const uint16_t*>(t.raw()), t.numel(), d);
   } else if (t.dtype() == DType::bf16) {
     for (int64_t i = 0; i < t.numel(); ++i) d[i] = t.data<bfloat16>()[i];
   } else {

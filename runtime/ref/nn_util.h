@@ -69,6 +69,9 @@ void transpose_into(const T* src, int64_t rows, int64_t cols, int64_t ld, std::v
 
 /// A tensor's elements converted to f32 (for f16 / bf16 inputs).
 Tensor to_f32(const Tensor& t);
+/// `n` f16 values (bits) as f32, exactly as half's conversion: 8 at a time by F16C's vcvtph2ps
+/// where the CPU has it.
+void widen_f16(const uint16_t* in, int64_t n, float* out);
 /// Writes f32 `src` into `dst` (f16 / bf16) element by element.
 void store_from_f32(const Tensor& src, Tensor& dst);
 

@@ -213,19 +213,7 @@ PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
   return panel_layout(k, n, trans, 2, "kiln gemm_bf16 nr" + std::to_string(NR));
 }
 
-void widen_f16(const uint16_t* in, int64_t n, float* out) {
-  // vcvtph2ps from the AVX-512 build of the lower-precision kernels, which needs what they need.
-  if (!lowp_lacks(CpuFeatures::host(), Lowp::bf16)) return lowp_avx512::widen_f16(in, n, out);
-  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(std::bit_cast<half>(in[i]));
-}
-
-Tensor widened_to_f32(const Tensor& w) {
-  const Tensor plain = w.is_packed() ? unpack(w) : w;
-  if (plain.dtype() != DType::f16) return nn::to_f32(plain);
-  Tensor out(DType::f32, plain.shape());
-  widen_f16(static_cast<const uint16_t*>(plain.raw()), plain.numel(), out.data<float>());
-  return out;
-}
+Tensor widened_to_f32(const Tensor& w) { return nn::to_f32(w.is_packed() ? unpack(w) : w); }
 
 size_t bf16_workspace_bytes(int64_t m, int64_t k) {
   // A in MR-row panels of bf16 pairs, or (AMX) in rows of whole 32s, whole tiles of 16 rows.

@@ -194,7 +194,7 @@ int64_t packed_b_f16_elements(int64_t k, int64_t n);
 /// zero-padded in N.
 void pack_b_f16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
 /// pack_b_f16's output from B already in f32 panels of kF16Tile.nr columns (pack_b's for that
-/// NR: `panels`, packed_b_floats(k, n, kF16Tile.nr) long), each rounded to f16 as narrow_f16
+/// NR: `panels`, packed_b_floats(k, n, kF16Tile.nr) long), each rounded to f16 as half()
 /// rounds: a row of pairs written at a time, where pack_b_f16 writes a column of each pair.
 /// Needs what the f16 GEMM needs (lowp_lacks(..., Lowp::f16)).
 void pack_b_f16_from_panels(const float* panels, int64_t k, int64_t n, uint16_t* out);
@@ -250,13 +250,10 @@ bool f16_pointwise_fuses(int64_t in, int64_t out, int64_t pixels);
 /// up to pairs).
 size_t f16_workspace_bytes(int64_t m, int64_t k);
 
-/// `n` f16 values (bits) as f32, exactly: vcvtph2ps where the CPU runs gemm_bf16, else one at
-/// a time.
-void widen_f16(const uint16_t* in, int64_t n, float* out);
 /// A bf16 or f16 weight (`kiln compile --precision`) as plain f32 (exact; a packed one
-/// unpacked first), f16 by vcvtph2ps where the CPU runs gemm_bf16 (BERT-base's f16 session:
-/// 0.45 s, against 0.7 s converting one value at a time; packing the f32 copies takes most of
-/// the rest).
+/// unpacked first), f16 by vcvtph2ps where the CPU has it (nn::widen_f16; BERT-base's f16
+/// session: 0.45 s, against 0.7 s converting one value at a time; packing the f32 copies takes
+/// most of the rest).
 Tensor widened_to_f32(const Tensor& w);
 
 /// f32 to bf16, rounding to nearest even (NaN stays NaN), and back: what the kernels compute

@@ -342,25 +342,6 @@ void s8_column_sums(const int8_t* packed, int64_t panels, int64_t k4, int64_t n,
   }
 }
 
-void widen_f16(const uint16_t* in, int64_t n, float* out) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
-  if (i < n) {
-    const __mmask16 m = lanes16(static_cast<int>(n - i));
-    _mm512_mask_storeu_ps(out + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, in + i)));
-  }
-}
-
-void narrow_f16(const float* in, int64_t n, uint16_t* out) {
-  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtps_ph(_mm512_loadu_ps(in + i), kNearest));
-  if (i < n) {
-    const __mmask16 m = lanes16(static_cast<int>(n - i));
-    _mm256_mask_storeu_epi16(out + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, in + i), kNearest));
-  }
-}
-
 void pair_f16(const float* panels, int64_t k, int64_t n, uint16_t* out) {
   constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   constexpr int64_t kNr = kF16Tile.nr;

@@ -29,11 +29,8 @@ void bf16_panels(int64_t m, int64_t mc, int64_t p0, int64_t p1, int64_t k, const
 /// ones), into col_sums[panel · NR + column] for the n columns.
 void s8_column_sums(const int8_t* packed, int64_t panels, int64_t k4, int64_t n, int32_t* col_sums);
 
-/// f16 to f32, 16 values at a time (vcvtph2ps), exactly.
-void widen_f16(const uint16_t* in, int64_t n, float* out);
-/// f32 to f16 bits, 16 values at a time (vcvtps2ph), rounded to nearest even as half() rounds.
-void narrow_f16(const float* in, int64_t n, uint16_t* out);
-/// pack_b_f16_from_panels: f32 panels of kF16Tile.nr columns to pack_b_f16's f16 pairs.
+/// pack_b_f16_from_panels: f32 panels of kF16Tile.nr columns to pack_b_f16's f16 pairs (by
+/// vcvtps2ph, rounded to nearest even as half() rounds).
 void pair_f16(const float* panels, int64_t k, int64_t n, uint16_t* out);
 
 }  // namespace kiln::cpu::gemm::lowp_avx512
