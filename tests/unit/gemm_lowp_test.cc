@@ -342,10 +342,6 @@ TEST(GemmLowp, F16) {
   use_threads(available_cores());
 }
 
-// The f16 GEMM's block of A's rows (f16_block_rows) on a 2 MiB L2: ResNet-50's 56x56 1x1 product
-// to 128 channels in 516 rows (the copy and C a quarter of L2, not the copy alone half: 2,046), a
-// transformer's 768- and 3072-column products in 132 (one block of a 128-token sequence), a
-// long K held to half of L2 by its copy alone, and never fewer rows than a tile.
 // B in f32 panels of the f16 GEMM's width (pack_b's for that NR), paired into f16 as
 // pack_b_f16 pairs B's f16 rounding: the same bits, K odd or even, N in one panel or past it.
 TEST(GemmLowp, F16PackedFromPanels) {
@@ -367,6 +363,10 @@ TEST(GemmLowp, F16PackedFromPanels) {
   }
 }
 
+// The f16 GEMM's block of A's rows (f16_block_rows) on a 2 MiB L2: ResNet-50's 56x56 1x1 product
+// to 128 channels in 516 rows (the copy and C a quarter of L2, not the copy alone half: 2,046), a
+// transformer's 768- and 3072-column products in 132 (one block of a 128-token sequence), a
+// long K held to half of L2 by its copy alone, and never fewer rows than a tile.
 TEST(GemmLowp, F16BlockRows) {
   const int64_t l2 = int64_t{2} << 20;
   EXPECT_EQ(gemm::f16_block_rows(128, 256, l2), 516);

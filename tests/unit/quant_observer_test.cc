@@ -209,7 +209,8 @@ TEST(HistogramObserver, BinsAsOneValueAtATime) {
   for (const auto& [zeros, min_negative, max_negative] :
        {std::tuple{std::vector<float>{-0.0f, 0.0f, 0.0f, -0.0f}, true, true}, {std::vector<float>{0.0f, -0.0f, -0.0f, 0.0f}, false, false}}) {
     std::vector<float> z(40, 0.0f);  // past a block of 16, and a tail
-    std::copy(zeros.begin(), zeros.end(), z.begin() + 2), std::copy(zeros.begin(), zeros.end(), z.end() - 4);
+    std::copy(zeros.begin(), zeros.end(), z.begin() + 2);
+    std::copy(zeros.begin(), zeros.end(), z.end() - 4);
     z[0] = z[1] = NAN;  // left out
     for (size_t i = 6; i + 4 < z.size(); ++i) z[i] = zeros[i % 2 + 1];
     HistogramObserver zh(histogram_spec());
