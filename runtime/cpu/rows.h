@@ -171,7 +171,7 @@ struct RowKernels {
   /// `relu`, written into y [oh, ow, k] where they lie inside it.
   void (*winograd_output)(int m, const float* p, int64_t ldp, int64_t k, int64_t tiles_w, int64_t t0, int64_t t1,
                           const float* bias, bool relu, float* y, int64_t oh, int64_t ow);
-  /// Its filter transform: U_ξ = (G g Gᵀ)[ξ] for the (m + 2)² points ξ, computed in doubles, as
+  /// Its filter transform: U_ξ = (G g Gᵀ)[ξ] for the (m + 2)² points ξ, computed in floats, as
   /// C×K matrices (input channel ch, output channel o; filters g [k, c, 3, 3]) packed for the f32
   /// GEMM in panels of `nr` columns (pack_b's: element (ch, o) at (o / nr)·c·nr + ch·nr + o % nr,
   /// zeros in the columns past k), U_ξ at u + ξ·point_stride; on the calling thread. With nr = k,
