@@ -582,6 +582,42 @@ TEST(GemmLowp, F16Windows) {
   use_threads(available_cores());
 }
 
+// 32 rows or fewer on the tiles with each thread's share of a bf16 weight past
+// amx_stream_bytes() (a language model's head): B streams through a panel at a time, its three
+// column tiles a block, one or two tiles of rows (lowp_amx.cc). Their C is bit for bit the same
+// rows of a taller A's on one thread, which takes B in groups and K in slices, checked against
+// exact sums above: K past whole chunks, N past whole panels and tiles, one and two threads
+// (whose shares of B's columns may start inside a panel), a bias.
+TEST(GemmLowp, AmxStreamsAWideWeight) {
+  if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU has no AMX";
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const int64_t tall = 48, k = 1030;
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE("threads=" + std::to_string(threads));
+    const int64_t n = (gemm::amx_stream_bytes() * threads / (2 * k) + 100) / 48 * 48 + 37;
+    std::vector<float> a(static_cast<size_t>(tall * k)), b(static_cast<size_t>(k * n)), bias(static_cast<size_t>(n));
+    for (auto& v : a) v = dist(rng);
+    for (auto& v : b) v = dist(rng);
+    for (auto& v : bias) v = dist(rng);
+    std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(k, n)));
+    gemm::pack_b_bf16(b.data(), n, false, k, n, packed.data());
+    const gemm::Epilogue ep{.bias = bias.data()};
+    std::vector<std::byte> ws(gemm::bf16_workspace_bytes(tall, k));
+    std::vector<float> want(static_cast<size_t>(tall * n));
+    use_threads(1);
+    gemm::gemm_bf16(tall, n, k, a.data(), k, packed.data(), ep, want.data(), n, 1, ws.data(), 0, true);
+    use_threads(threads);
+    for (int64_t m : {16, 32}) {
+      SCOPED_TRACE("m=" + std::to_string(m));
+      std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
+      gemm::gemm_bf16(m, n, k, a.data(), k, packed.data(), ep, y.data(), n, threads, ws.data(), 0, true);
+      EXPECT_EQ(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)), 0);
+    }
+  }
+  use_threads(available_cores());
+}
+
 TEST(GemmLowp, Bf16Rounding) {
   EXPECT_EQ(gemm::to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(gemm::from_bf16(gemm::to_bf16(1.00390625f)), 1.0f);      // halfway: ties to even (down)

@@ -282,6 +282,8 @@ int64_t u8s8_block_rows(int64_t k, int64_t n, int64_t c_bytes, int64_t l2) {
 
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32; }
 
+int64_t amx_stream_bytes() { return 4 * CacheSizes::host().l2; }
+
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
                float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc, bool amx, std::span<const ColumnPart> parts) {
   if (m <= 0 || n <= 0) return;

@@ -115,6 +115,11 @@ PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans);
 /// least 32 steps of K (one `tdpbf16ps`'s).
 bool bf16_on_amx(const CpuFeatures& cpu, int64_t k);
 
+/// The bytes of a bf16 B a thread's share of a product of 32 rows or fewer on AMX tiles must
+/// pass to stream through a panel at a time rather than in groups that fill a quarter of L2,
+/// fetched ahead (lowp_amx.cc): four L2s.
+int64_t amx_stream_bytes();
+
 /// C[M×N] f32 = A[M×K] f32 (rounded to bf16 as each MR-row panel is packed) · B packed by
 /// pack_b_bf16, then bias and the epilogue as in the f32 GEMM. With `amx` (bf16_on_amx's
 /// answer for the CPU it runs on), on AMX tiles (`tdpbf16ps`, 16 rows × 16 columns × 32 steps),

@@ -22,6 +22,9 @@
 // with `vpdpbusd` / `vdpbf16ps`, then the epilogue), straight into C's rows. (Spreading a
 // block's epilogue between the next block's chunks, so that it ran while the tiles multiply,
 // was slower: each chunk's tile loads then waited for the epilogue's stores before them.)
+// With 32 rows or fewer (a language model's tokens) and a large bf16 B, A passes B once and B
+// only streams through: no groups, slices or fetches, a panel's three column tiles a block
+// (panel_block).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +44,7 @@ namespace {
 constexpr int64_t NR = kLowpTile.nr;
 constexpr int64_t kGroupBytes = NR * 4;  // a group of 4 steps of a panel's NR columns
 constexpr int64_t kTilesPerPanel = NR / 16;  // column tiles of 16
+static_assert(kTilesPerPanel == 3, "panel_block multiplies a panel's three column tiles");
 constexpr int64_t kLd = 32;              // columns of a block's sums as stored (two tiles)
 
 // Tile d += tile a · tile b: u8 · s8 summed in s32, or bf16 pairs summed in f32. A macro: GCC's
@@ -91,6 +95,53 @@ void products(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b0, 
   }
 }
 
+// A whole panel's three column tiles for R·16 rows of A over `chunks` chunks of K, into tiles
+// 0-5 (row tile r's column tile j in tile 3r + j), A's row tile in 6 and each column tile of B
+// in turn in 7: the second row tile loads the panel's tiles again (from L1). Then the sums of
+// the first two column tiles to `sums` (R·16 × 32, kLd apart), the third's to `third`.
+template <Lowp T, int R>
+void panel_block(int64_t chunks, const uint8_t* a, int64_t lda, const uint8_t* b, void* sums, void* third) {
+  constexpr int64_t stride = kLd * 4;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  if constexpr (R > 1) {
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+  }
+  const uint8_t* a1 = a + 16 * lda;
+  for (int64_t s = 0; s < chunks; ++s) {
+    const uint8_t* bs = b + s * 16 * kGroupBytes;
+    _tile_loadd(6, a + s * 64, lda);
+    _tile_loadd(7, bs, kGroupBytes);
+    KILN_TILE_PRODUCT(T, 0, 6, 7)
+    _tile_loadd(7, bs + 64, kGroupBytes);
+    KILN_TILE_PRODUCT(T, 1, 6, 7)
+    _tile_loadd(7, bs + 128, kGroupBytes);
+    KILN_TILE_PRODUCT(T, 2, 6, 7)
+    if constexpr (R > 1) {
+      _tile_loadd(6, a1 + s * 64, lda);
+      _tile_loadd(7, bs, kGroupBytes);
+      KILN_TILE_PRODUCT(T, 3, 6, 7)
+      _tile_loadd(7, bs + 64, kGroupBytes);
+      KILN_TILE_PRODUCT(T, 4, 6, 7)
+      _tile_loadd(7, bs + 128, kGroupBytes);
+      KILN_TILE_PRODUCT(T, 5, 6, 7)
+    }
+  }
+  auto* out = static_cast<uint8_t*>(sums);
+  auto* out3 = static_cast<uint8_t*>(third);
+  _tile_stored(0, out, stride);
+  _tile_stored(1, out + 64, stride);
+  _tile_stored(2, out3, stride);
+  if constexpr (R > 1) {
+    _tile_stored(3, out + 16 * stride, stride);
+    _tile_stored(4, out + 16 * stride + 64, stride);
+    _tile_stored(5, out3 + 16 * stride, stride);
+  }
+}
+
 #undef KILN_TILE_PRODUCT
 
 // Tiles 0-3's sums to `sums` (R·16 × C·16, kLd apart).
@@ -138,10 +189,46 @@ struct Block {
 
 // Runs C's column tiles [t0, t1) for rows [0, m) (a multiple of 16) over `chunks` chunks of K
 // (A's rows `lda` bytes apart; B's panels `panel_bytes` each), in groups of `nc` column tiles
-// and slices of K, then finish(block, sums) for each block once its sums are whole.
+// and slices of K (32 rows or fewer of a large bf16 B: a panel at a time, K whole), then
+// finish(block, sums) for each block once its sums are whole.
 template <Lowp T, class Finish>
 void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, const uint8_t* a, int64_t lda, const void* b,
                int64_t panel_bytes, Finish&& finish) {
+  alignas(64) int32_t sums[32 * kLd];
+  amx::configure();
+  if (T == Lowp::bf16 && m <= 32 && chunks > 0 && (t1 - t0) * (panel_bytes / kTilesPerPanel) > amx_stream_bytes()) {
+    // One pass of A's rows over a share of a bf16 B of more than four L2s: each byte of B is
+    // read once and comes from memory, so B streams through, a panel at a time: its three
+    // column tiles in one block, which reads the panel's lines in order, and no fetches (the
+    // hardware's prefetchers follow a stream on their own). In pairs of column tiles (a panel's
+    // first two, then its third with the next one's first), each panel read twice at a stride,
+    // with the fetches below, the 32x50257x768 product (a language model's head) read its 77 MB
+    // weight from memory at 7.6 GB/s, now at 10.6 (10.1 against 7.3 ms, `kiln_bench_gemm
+    // --cold`, one thread; in GPT-2 compiled `--precision bf16 --lower-output-layers`, 11.3
+    // against 8.5 ms, `kiln profile`). Smaller weights keep the groups and their fetches:
+    // 32x8192x768 (12.6 MB) took 0.94 of their time this way with B cold but 1.14 with B left in
+    // L3 by the call before, 32x3072x768 (4.7 MB) 1.0 and 1.1-1.4; 32x16384x768 0.80 and 0.82.
+    // So did u8s8: GPT-2's int8 head took 3.96 ms this way against 3.37 (its bench 4.2 against
+    // 5.5), with the next panel fetched one or two panels ahead 3.8-4.1.
+    alignas(64) int32_t third[32 * kLd];
+    const int rt = m > 16 ? 2 : 1;
+    for (int64_t t = t0; t < t1;) {
+      if (t % kTilesPerPanel == 0 && t + kTilesPerPanel <= t1) {
+        (rt == 2 ? panel_block<T, 2> : panel_block<T, 1>)(chunks, a, lda, column_tile(b, panel_bytes, t), sums, third);
+        finish(Block{0, t, rt, 2}, sums);
+        finish(Block{0, t + 2, rt, 1}, third);
+        t += kTilesPerPanel;
+        continue;
+      }
+      const int cols = t + 1 < t1 && (t + 1) % kTilesPerPanel != 0 ? 2 : 1;  // up to the panel's end
+      kBlocks<T>[rt - 1][cols - 1](chunks, a, lda, column_tile(b, panel_bytes, t), cols > 1 ? column_tile(b, panel_bytes, t + 1) : nullptr,
+                                   nullptr, nullptr, PanelPrefetch{}, sums);
+      finish(Block{0, t, rt, cols}, sums);
+      t += cols;
+    }
+    amx::release();
+    return;
+  }
   const int64_t row_bytes = chunks * 64;
   const int64_t pairs = (std::min(nc, t1 - t0) + 1) / 2;  // of a group
   const int64_t slices = row_bytes > kSliceBytes && pairs >= kSlicedPairs ? (row_bytes + kSliceBytes - 1) / kSliceBytes : 1;
@@ -152,9 +239,7 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
   const size_t need = static_cast<size_t>(pairs * 32 * kLd + 16);
   if (slices > 1 && partial.size() < need) partial.resize(need);
   int32_t* const kept_base = slices > 1 ? reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(partial.data()) + 63) & ~uintptr_t{63}) : nullptr;
-  alignas(64) int32_t sums[32 * kLd];
   const int64_t passes = (m + 31) / 32, slice_count = chunks > 0 ? (chunks + per_slice - 1) / per_slice : 1;
-  amx::configure();
   for (int64_t tg = t0; tg < t1; tg += nc) {  // a group of B's column tiles stays in L2
     // The next group's panels come into L2 while this group's blocks run, each block (of every
     // pass and slice) fetching an equal share of them a few lines a chunk. Fetched only in the
