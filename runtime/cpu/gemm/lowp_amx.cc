@@ -207,7 +207,8 @@ void run_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t chunks, co
     // --cold`, one thread; in GPT-2 compiled `--precision bf16 --lower-output-layers`, 11.3
     // against 8.5 ms, `kiln profile`). Smaller weights keep the groups and their fetches:
     // 32x8192x768 (12.6 MB) took 0.94 of their time this way with B cold but 1.14 with B left in
-    // L3 by the call before, 32x3072x768 (4.7 MB) 1.0 and 1.1-1.4; 32x16384x768 0.80 and 0.82.
+    // L3 by the call before, 32x3072x768 and 32x768x3072 (4.7 MB) 0.94-1.0 and 1.1-1.4;
+    // 32x16384x768 (25 MB) 0.80 and 0.82.
     // So did u8s8: GPT-2's int8 head took 3.96 ms this way against 3.37 (its bench 4.2 against
     // 5.5), with the next panel fetched one or two panels ahead 3.8-4.1.
     alignas(64) int32_t third[32 * kLd];
