@@ -636,16 +636,35 @@ bool bf16_activations(const KernelQuery& q) {
   return q.node.op == "FusedConv" && (q.inputs[0].dtype == DType::bf16 || q.outputs[0].dtype == DType::bf16);
 }
 
-// kiln.gemm_bf16's default share of the pointwise convolutions on bf16 activations: those of
+// kiln.gemm_bf16's default share of the pointwise convolutions on bf16 activations. Those of
 // one pixel (a squeeze-and-excitation's two, on the pooled channels), where a call of oneDNN's
 // costs more than the product: 0.27-0.95 of its time in EfficientNet-B0's bf16 compile (medians
-// of 4-6 alternated profiles a node, one and two threads). Over more pixels oneDNN's AMX
-// convolution was the faster, 1.2-1.7x kiln's time on its expansions, SiLU and all, and 1.2
+// of 4-6 alternated profiles a node, one and two threads). Over more pixels on AMX tiles
+// (gemm_bf16_tiles: X and Y as they are, K up to a whole tile), those of 32 output channels or
+// more whose epilogue is a clamp (none, ReLU, Clip), but not 64 pixels or fewer by a weight of
+// more than 512 KiB, nor 64 steps of K or fewer into 256 channels or more. Against oneDNN's AMX convolution (medians of alternated `kiln profile`
+// rounds a node, one thread): MobileNetV2's expansions 0.85-0.93 of its time (112x112x96,
+// 56x56x144), its projections 0.64-0.87; EfficientNet-B0's projections 0.45-0.73; ResNet-50's
+// ReLU reductions 0.85-0.99; but MobileNetV2's 16- and 24-channel outputs 1.4-1.65x,
+// EfficientNet-B0's SiLU expansions (each block's values through the row kernels) 1.13-1.22x
+// over 28x28 or more, the 7x7 layers of ResNet-50's 2 MiB weights 1.09-1.26x, its 56x56
+// downsample (64 channels into 256) 1.13-1.16x and MobileNetV2's 64 into 384 1.02-1.05x. Without AMX
+// (X widened, Y computed in f32 and rounded), oneDNN's convolution over more than one pixel: it
+// was the faster, 1.2-1.7x kiln's time on EfficientNet-B0's expansions, SiLU and all, and 1.2
 // on its 7x7 ones at two threads. f32 activations: the f32 GEMM's rule.
 std::optional<std::string> bf16_gemm_defers(const KernelQuery& q) {
   if (!bf16_activations(q)) return gemm_defers(q);
   const std::vector<int64_t> y = q.outputs[0].shape.concrete();
-  if (y[1] * y[2] > 1) return "oneDNN's AMX convolution is faster on bf16 activations over more than one pixel";
+  const int64_t m = y[0] * y[1] * y[2], n = y[3], k = q.inputs[0].shape.concrete()[3];
+  if (m == 1) return std::nullopt;
+  if (!q.target.cpu.amx || m < 16) return "oneDNN's convolution is faster on bf16 activations over more than one pixel without AMX tiles";
+  if (n < 32) return "oneDNN's AMX convolution is faster on fewer than 32 output channels";
+  const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
+  if (!act.ok() || !post.ok() || q.has_input(3) || post->kind != Activation::none ||
+      (act->kind != Activation::none && act->kind != Activation::relu && act->kind != Activation::clip))
+    return "oneDNN's AMX convolution is faster where the epilogue is more than a clamp";
+  if (m <= 64 && k * n * 2 > 512 * 1024) return "oneDNN's AMX convolution is faster on 64 pixels or fewer by a weight over 512 KiB";
+  if (k <= 64 && n >= 256) return "oneDNN's AMX convolution is faster on 64 steps or fewer into 256 channels or more";
   return std::nullopt;
 }
 
@@ -706,15 +725,20 @@ class Bf16GemmKernel final : public Kernel {
   Status prepare(const KernelQuery& q, KernelNeeds& needs) override {
     const Product p = product_of(q);
     m_ = p.m, n_ = p.n, k_ = p.k;
+    x_bf16_ = q.inputs[0].dtype == DType::bf16, y_bf16_ = q.outputs[0].dtype == DType::bf16;
+    // bf16 activations over a tile's rows or more on AMX tiles (where this process has them): B's
+    // panels over K up to a whole tile's steps, X and Y read and written as they are.
+    tiles_ = (x_bf16_ || y_bf16_) && m_ >= 16 && q.target.cpu.amx && CpuFeatures::host().amx;
+    const int64_t steps = tiles_ ? gemm::bf16_tile_steps(k_) : 0;
     // B packed once, or used where a compiled model mapped it when it was stored packed so,
     // or as an earlier plan of the session packed it.
     const Tensor& w = *q.inputs[1].value;
-    const PackedLayout want = gemm::packed_b_bf16_layout(k_, n_, p.trans_b);
+    const PackedLayout want = gemm::packed_b_bf16_layout(k_, n_, p.trans_b, steps);
     packed_ = packed_before(q, w, want, DType::bf16);
     if (!packed_.defined()) {
       const Tensor plain = w.is_packed() ? unpack(w) : w;  // bf16 (lowp_declines)
-      Tensor packed = huge_page_tensor(DType::u16, {gemm::packed_b_bf16_elements(k_, n_)});
-      gemm::pack_b_bf16(static_cast<const uint16_t*>(plain.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>());
+      Tensor packed = huge_page_tensor(DType::u16, {gemm::packed_b_bf16_elements(k_, n_, steps)});
+      gemm::pack_b_bf16(static_cast<const uint16_t*>(plain.raw()), p.trans_b ? k_ : n_, p.trans_b, k_, n_, packed.data<uint16_t>(), steps);
       packed_ = packed.as_packed(DType::bf16, w.shape(), want);
       keep_packed(q, w, packed_);
     }
@@ -722,8 +746,12 @@ class Bf16GemmKernel final : public Kernel {
     parts_ = column_parts(q.node);
     threads_ = std::max(1, q.target.threads);
     amx_ = gemm::bf16_on_amx(q.target.cpu, k_);
-    x_bf16_ = q.inputs[0].dtype == DType::bf16, y_bf16_ = q.outputs[0].dtype == DType::bf16;
-    // bf16 activations: X widened into the workspace first, Y computed there in f32 and rounded.
+    if (tiles_) {
+      needs.workspace_bytes = gemm::bf16_tiles_workspace_bytes(m_, k_, threads_);
+      return {};
+    }
+    // bf16 activations on VDPBF16PS: X widened into the workspace first, Y computed there in
+    // f32 and rounded.
     a_at_ = (gemm::bf16_workspace_bytes(m_, k_) + 63) / 64 * 64;
     c_at_ = a_at_ + (x_bf16_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
     needs.workspace_bytes = c_at_ + (y_bf16_ ? static_cast<size_t>(m_ * n_) * sizeof(float) : 0);
@@ -732,6 +760,11 @@ class Bf16GemmKernel final : public Kernel {
 
   Status run(KernelContext& ctx) override {
     std::byte* ws = ctx.workspace().data();
+    if (tiles_) {
+      gemm::gemm_bf16_tiles(m_, n_, k_, ctx.input(0).raw(), x_bf16_, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx),
+                            ctx.output(0).raw(), y_bf16_, n_, threads_, ws);
+      return {};
+    }
     auto* widened = reinterpret_cast<float*>(ws + a_at_);
     if (x_bf16_) rows_.widen_bf16(static_cast<const uint16_t*>(ctx.input(0).raw()), widened, m_ * k_);
     const float* a = x_bf16_ ? widened : ctx.input(0).data<float>();
@@ -743,7 +776,7 @@ class Bf16GemmKernel final : public Kernel {
   }
 
   Tensor packed_input(size_t input) const override { return input == 1 ? packed_ : Tensor(); }
-  std::string label() const override { return amx_ ? "bf16_amx_tiles" : "bf16_8x48"; }
+  std::string label() const override { return tiles_ ? "bf16_amx_tiles_bf16_rows" : amx_ ? "bf16_amx_tiles" : "bf16_8x48"; }
 
  private:
   const RowKernels& rows_ = row_kernels(Isa::avx512);
@@ -751,6 +784,7 @@ class Bf16GemmKernel final : public Kernel {
   int threads_ = 1;
   bool amx_ = false;  // on AMX tiles (gemm::bf16_on_amx)
   bool x_bf16_ = false, y_bf16_ = false;  // bf16 activations
+  bool tiles_ = false;  // bf16 activations on AMX tiles, read and written as they are (gemm::gemm_bf16_tiles)
   size_t a_at_ = 0, c_at_ = 0;  // the workspace: A's bf16 copy, then X widened, then C in f32
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
   LowpEpilogue ep_;

@@ -4,6 +4,7 @@
 // A's rows in one block and in blocks of 8.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -616,6 +617,117 @@ TEST(GemmLowp, AmxStreamsAWideWeight) {
     }
   }
   use_threads(available_cores());
+}
+
+// gemm_bf16_tiles between bf16 activations: A's rows bf16 or f32, C's bf16 or f32, B in panels
+// of K up to a whole tile. Against the f32 product of the bf16-rounded inputs in double (each
+// bf16 output within one rounding of it) for every K, and bit for bit gemm_bf16's rounded where
+// K is a whole number of tiles (the same tiles' sums). K below a tile, past one and in place;
+// rows short of a tile, rows in several of the copy's chunks; 24 columns (a masked tile) and
+// more; the clamps finished on the registers (none, ReLU, Clip), a SiLU and an f32 residual
+// through the block's values; one and two threads.
+TEST(GemmLowp, Bf16TilesOnBf16Rows) {
+  if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU has no AMX";
+  std::mt19937 rng(10);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  struct Epi {
+    const char* name;
+    ActivationSpec act;
+    bool z;
+  };
+  const Epi epis[] = {{"none", {}, false}, {"ReLU", {Activation::relu}, false}, {"Clip", {Activation::clip, 0.f, 0.5f}, false},
+                      {"SiLU", {Activation::silu}, false}, {"ReLU + Z", {Activation::relu}, true}};
+  for (const Dims& d : {Dims{63, 48, 16}, Dims{30, 24, 24}, Dims{100, 96, 40}, Dims{1000, 64, 64}, Dims{1300, 40, 200}, Dims{17, 130, 96}})
+    for (int threads : {1, 2}) {
+      use_threads(threads);
+      SCOPED_TRACE("m=" + std::to_string(d.m) + " n=" + std::to_string(d.n) + " k=" + std::to_string(d.k) + " threads=" + std::to_string(threads));
+      const int64_t steps = gemm::bf16_tile_steps(d.k);
+      std::vector<float> a(static_cast<size_t>(d.m * d.k)), b(static_cast<size_t>(d.k * d.n)), bias(static_cast<size_t>(d.n));
+      std::vector<float> z(static_cast<size_t>(d.m * d.n));
+      for (auto& v : b) v = gemm::from_bf16(gemm::to_bf16(dist(rng)));
+      for (auto& v : bias) v = dist(rng);
+      for (auto& v : z) v = dist(rng);
+      std::vector<uint16_t> a16(a.size()), b16(b.size());
+      for (size_t i = 0; i < a.size(); ++i) a16[i] = gemm::to_bf16(a[i] = dist(rng)), a[i] = gemm::from_bf16(a16[i]);
+      for (size_t i = 0; i < b.size(); ++i) b16[i] = gemm::to_bf16(b[i]);
+      std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n, steps)), 0xffff);
+      gemm::pack_b_bf16(b16.data(), d.n, false, d.k, d.n, packed.data(), steps);
+      std::vector<uint16_t> plain_packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n)));
+      gemm::pack_b_bf16(b16.data(), d.n, false, d.k, d.n, plain_packed.data());
+      std::vector<std::byte> ws(std::max(gemm::bf16_tiles_workspace_bytes(d.m, d.k, threads), gemm::bf16_workspace_bytes(d.m, d.k)));
+      for (const Epi& e : epis) {
+        SCOPED_TRACE(e.name);
+        const gemm::Epilogue ep{.bias = bias.data(), .z = e.z ? z.data() : nullptr, .ldz = d.n, .act = e.act};
+        std::vector<float> exact(static_cast<size_t>(d.m * d.n));
+        for (int64_t i = 0; i < d.m; ++i)
+          for (int64_t j = 0; j < d.n; ++j) {
+            double s = bias[static_cast<size_t>(j)];
+            for (int64_t p = 0; p < d.k; ++p) s += double{a[static_cast<size_t>(i * d.k + p)]} * b[static_cast<size_t>(p * d.n + j)];
+            double y = e.act.kind == Activation::relu   ? std::max(s, 0.0)
+                       : e.act.kind == Activation::clip ? std::clamp(s, 0.0, 0.5)
+                       : e.act.kind == Activation::silu ? s / (1 + std::exp(-s))
+                                                        : s;
+            if (e.z) y += z[static_cast<size_t>(i * d.n + j)];
+            exact[static_cast<size_t>(i * d.n + j)] = static_cast<float>(y);
+          }
+        // gemm_bf16's f32 C where the tiles take all of K alike (A f32, already bf16's values).
+        std::vector<float> same;
+        if (d.k == steps) {
+          same.assign(exact.size(), std::nanf(""));
+          gemm::gemm_bf16(d.m, d.n, d.k, a.data(), d.k, plain_packed.data(), ep, same.data(), d.n, threads, ws.data(), 0, true);
+        }
+        for (bool a_bf16 : {true, false})
+          for (bool c_bf16 : {true, false}) {
+            SCOPED_TRACE(std::string(a_bf16 ? "bf16 A" : "f32 A") + (c_bf16 ? ", bf16 C" : ", f32 C"));
+            std::vector<uint16_t> c16(exact.size(), 0xffff);
+            std::vector<float> c32(exact.size(), std::nanf(""));
+            void* c = c_bf16 ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data());
+            gemm::gemm_bf16_tiles(d.m, d.n, d.k, a_bf16 ? static_cast<const void*>(a16.data()) : static_cast<const void*>(a.data()), a_bf16,
+                                  d.k, packed.data(), ep, c, c_bf16, d.n, threads, ws.data());
+            for (size_t i = 0; i < exact.size(); ++i) {
+              const float got = c_bf16 ? gemm::from_bf16(c16[i]) : c32[i];
+              // f32 sums off the double's by a few ulp of the terms; a bf16 C by one rounding more.
+              const double tol = (c_bf16 ? std::ldexp(std::abs(exact[i]), -8) : 0.0) + 1e-5 * std::sqrt(double(d.k));
+              ASSERT_NEAR(got, exact[i], tol) << "row " << i / static_cast<size_t>(d.n) << " column " << i % static_cast<size_t>(d.n);
+              if (!same.empty()) {
+                const float want = c_bf16 ? gemm::from_bf16(gemm::to_bf16(same[i])) : same[i];
+                ASSERT_EQ(std::memcmp(&got, &want, 4), 0) << "row " << i / static_cast<size_t>(d.n) << " column " << i % static_cast<size_t>(d.n);
+              }
+            }
+          }
+      }
+    }
+  use_threads(available_cores());
+}
+
+// pack_b_bf16 into panels of more steps than K: each panel as pack_b_bf16's, zeros past K, and
+// what packed_b_bf16_layout describes (a compiled model stores it so).
+TEST(GemmLowp, Bf16PanelsOfWholeTiles) {
+  for (auto [k, n] : {std::pair<int64_t, int64_t>{16, 96}, {24, 50}, {40, 48}, {7, 5}})
+    for (bool trans : {false, true}) {
+      SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(n) + (trans ? " trans" : ""));
+      const int64_t steps = gemm::bf16_tile_steps(k), nr = gemm::kLowpTile.nr;
+      ASSERT_EQ(steps % 32, 0);
+      Tensor b(DType::bf16, trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+      for (int64_t i = 0; i < b.numel(); ++i) b.data<bfloat16>()[i] = bfloat16(0.25f * static_cast<float>(i % 13) - 1.f);
+      const auto* bits = static_cast<const uint16_t*>(b.raw());
+      std::vector<uint16_t> tiles(static_cast<size_t>(gemm::packed_b_bf16_elements(k, n, steps)), 0xffff);
+      std::vector<uint16_t> plain(static_cast<size_t>(gemm::packed_b_bf16_elements(k, n)));
+      gemm::pack_b_bf16(bits, trans ? k : n, trans, k, n, tiles.data(), steps);
+      gemm::pack_b_bf16(bits, trans ? k : n, trans, k, n, plain.data());
+      const int64_t pairs = (k + 1) / 2, panels = (n + nr - 1) / nr;
+      ASSERT_EQ(tiles.size(), static_cast<size_t>(panels * steps * nr));
+      for (int64_t p = 0; p < panels; ++p) {
+        const uint16_t* panel = tiles.data() + p * steps * nr;
+        EXPECT_EQ(std::memcmp(panel, plain.data() + p * pairs * 2 * nr, static_cast<size_t>(pairs * 2 * nr) * 2), 0) << "panel " << p;
+        EXPECT_TRUE(std::all_of(panel + pairs * 2 * nr, panel + steps * nr, [](uint16_t v) { return v == 0; })) << "panel " << p;
+      }
+      const Tensor packed = pack(b, gemm::packed_b_bf16_layout(k, n, trans, steps));
+      ASSERT_EQ(packed.nbytes(), tiles.size() * 2);
+      EXPECT_EQ(std::memcmp(packed.raw(), tiles.data(), packed.nbytes()), 0);
+      const Tensor back = unpack(packed);
+      EXPECT_EQ(std::memcmp(back.raw(), b.raw(), b.nbytes()), 0);
+    }
 }
 
 TEST(GemmLowp, Bf16Rounding) {

@@ -706,6 +706,36 @@ TEST(LowerPrecision, Bf16GemmOnBf16Activations) {
   EXPECT_EQ(testing::check({"FusedConv", {x16, w16}, {false, true}, out16}, 2e-3), "onednn.conv");
 }
 
+// On AMX tiles (gemm_bf16_tiles): X and Y as they are, K up to a whole tile (16, 24 and 40
+// channels) or read in place (64), the clamps on the registers and a SiLU through the block's
+// values, a masked last tile (40 output channels), pinned; then the rule: 32 output channels or
+// more with a clamp kiln's, fewer or a SiLU oneDNN's, one pixel kiln's.
+TEST(LowerPrecision, Bf16GemmOnAmxTiles) {
+  if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU has no AMX";
+  const std::string name = "kiln.gemm_bf16_avx512";
+  for (int threads : {1, 2})
+    for (int64_t c : {16, 24, 40, 64})
+      for (const char* act : {"", "Relu", "Clip", "Silu"}) {
+        SCOPED_TRACE(std::to_string(c) + " channels, " + act + ", threads " + std::to_string(threads));
+        std::vector<Attribute> a = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16"))};
+        if (*act) a.push_back(attr("activation", std::string(act)));
+        if (std::string(act) == "Clip") a.push_back(attr("activation_params", std::vector<double>{0, 0.5}));
+        const Tensor x = bf16_of(random_f32({1, 7, 9, c}, 58)), w = bf16_of(random_f32({40, c, 1, 1}, 59)), b = random_f32({40}, 60);
+        std::string label;
+        EXPECT_EQ(testing::check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name, {}, threads}, 2e-3, nullptr, nullptr, &label),
+                  name);
+        EXPECT_EQ(label, "bf16_amx_tiles_bf16_rows");
+      }
+  const Tensor x = bf16_of(random_f32({1, 7, 9, 24}, 61));
+  std::vector<Attribute> relu = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16")),
+                                 attr("activation", std::string("Relu"))};
+  EXPECT_EQ(testing::check({"FusedConv", {x, bf16_of(random_f32({32, 24, 1, 1}, 62))}, {false, true}, relu}, 2e-3), name);
+  EXPECT_EQ(testing::check({"FusedConv", {x, bf16_of(random_f32({24, 24, 1, 1}, 63))}, {false, true}, relu}, 2e-3), "onednn.conv");
+  EXPECT_EQ(testing::check({"FusedConv", {bf16_of(random_f32({1, 1, 1, 24}, 64)), bf16_of(random_f32({24, 24, 1, 1}, 63))}, {false, true}, relu},
+                           2e-3),
+            name);
+}
+
 // onednn.conv's chunked form: a pointwise convolution from bf16 to bf16 activations with a
 // transcendental activation runs in chunks of pixels, oneDNN's bare product then kiln's
 // epilogue and rounding (the label says so), against the reference: one chunk, several a

@@ -29,11 +29,12 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // panel j / nr, group p / g, at (j % nr) · g + p % g: the lower-precision GEMMs' panels (the
 // caller zeroed the padding). Reads B's stored rows, one panel's columns at a time, and writes
 // a group of K rows as one word: planning bf16 BERT-base's first shape took 800 ms packing by
-// columns from weights widened to f32, 181 ms so (int8 233 → 103).
+// columns from weights widened to f32, 181 ms so (int8 233 → 103). Each panel holds `steps`
+// steps of K where that is more than K.
 template <int64_t g, typename In, typename Out, typename Convert>
-void pack_panels(const In* b, int64_t ld, bool trans, int64_t k, int64_t n, int64_t nr, Out* out, Convert convert) {
+void pack_panels(const In* b, int64_t ld, bool trans, int64_t k, int64_t n, int64_t nr, Out* out, Convert convert, int64_t steps = 0) {
   using Bits = std::make_unsigned_t<Out>;
-  const int64_t groups = (k + g - 1) / g;
+  const int64_t groups = (std::max(k, steps) + g - 1) / g;
   for (int64_t j0 = 0; j0 < n; j0 += nr) {
     Out* panel = out + (j0 / nr) * groups * nr * g;
     const int64_t w = std::min(nr, n - j0);
@@ -166,17 +167,19 @@ void pack_b_s8(const int8_t* b, int64_t ld, bool trans, int64_t k, int64_t n, in
 namespace {
 
 // Element (p, j) of a K×N B (stored N×K when `trans`) in panel j / NR, group p / g, at
-// (j % NR) · g + p % g: N blocked by NR outside K blocked by g (pack_b_s8's g = 4, pack_b_bf16's 2).
-PackedLayout panel_layout(int64_t k, int64_t n, bool trans, int64_t g, std::string packed_for, int64_t nr = NR) {
+// (j % NR) · g + p % g: N blocked by NR outside K blocked by g (pack_b_s8's g = 4, pack_b_bf16's 2);
+// each panel `steps` steps long where that is more than K.
+PackedLayout panel_layout(int64_t k, int64_t n, bool trans, int64_t g, std::string packed_for, int64_t nr = NR, int64_t steps = 0) {
   PackedLayout l;
   const int64_t kd = trans ? 1 : 0, nd = trans ? 0 : 1;  // the dims of K and N in the stored shape
+  const int64_t padded_k = round_up(std::max(k, steps), g);
   l.dims = trans ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
   l.padded_dims.assign(2, 0);
-  l.padded_dims[static_cast<size_t>(kd)] = round_up(k, g);
+  l.padded_dims[static_cast<size_t>(kd)] = padded_k;
   l.padded_dims[static_cast<size_t>(nd)] = panels(n, nr) * nr;
   l.strides.assign(2, 0);
   l.strides[static_cast<size_t>(kd)] = nr * g;
-  l.strides[static_cast<size_t>(nd)] = round_up(k, g) * nr;
+  l.strides[static_cast<size_t>(nd)] = padded_k * nr;
   l.inner_blocks = {nr, g};
   l.inner_dims = {static_cast<int32_t>(nd), static_cast<int32_t>(kd)};
   l.packed_for = std::move(packed_for);
@@ -197,20 +200,21 @@ void packed_b_s8_column_sums(const int8_t* packed, int64_t k, int64_t n, int32_t
   lowp_avx512::s8_column_sums(packed, panels(n), (k + 3) / 4, n, col_sums);
 }
 
-int64_t packed_b_bf16_elements(int64_t k, int64_t n) { return panels(n) * round_up(k, 2) * NR; }
+int64_t packed_b_bf16_elements(int64_t k, int64_t n, int64_t steps) { return panels(n) * round_up(std::max(k, steps), 2) * NR; }
 
 void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
   std::memset(out, 0, static_cast<size_t>(packed_b_bf16_elements(k, n)) * 2);
   pack_panels<2>(b, ld, trans, k, n, NR, out, to_bf16);
 }
 
-void pack_b_bf16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out) {
-  std::memset(out, 0, static_cast<size_t>(packed_b_bf16_elements(k, n)) * 2);
-  pack_panels<2>(b, ld, trans, k, n, NR, out, [](uint16_t v) { return v; });
+void pack_b_bf16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out, int64_t steps) {
+  std::memset(out, 0, static_cast<size_t>(packed_b_bf16_elements(k, n, steps)) * 2);
+  pack_panels<2>(b, ld, trans, k, n, NR, out, [](uint16_t v) { return v; }, steps);
 }
 
-PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans) {
-  return panel_layout(k, n, trans, 2, "kiln gemm_bf16 nr" + std::to_string(NR));
+PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans, int64_t steps) {
+  return panel_layout(k, n, trans, 2, "kiln gemm_bf16 nr" + std::to_string(NR) + (steps > k ? " steps" + std::to_string(steps) : ""), NR,
+                      steps);
 }
 
 Tensor widened_to_f32(const Tensor& w) { return nn::to_f32(w.is_packed() ? unpack(w) : w); }
@@ -284,6 +288,52 @@ bool bf16_on_amx(const CpuFeatures& cpu, int64_t k) { return cpu.amx && k >= 32;
 
 int64_t amx_stream_bytes() { return 4 * CacheSizes::host().l2; }
 
+namespace {
+
+// The rows of A gemm_bf16_tiles copies at a time (a multiple of 16) for rows of `ld` steps: an
+// eighth of L2, so that the copy is read back from L2 by the tiles; A's rows where they lie,
+// and C's, pass through the memory once (X read in place by oneDNN's convolution).
+int64_t bf16_copy_rows(int64_t ld) { return std::max<int64_t>(32, CacheSizes::host().l2 / 8 / (ld * 2) / 16 * 16); }
+
+}  // namespace
+
+size_t bf16_tiles_workspace_bytes(int64_t m, int64_t k, int threads) {
+  const int64_t ld = bf16_tile_steps(k);
+  return static_cast<size_t>(std::max(threads, 1) * std::min(bf16_copy_rows(ld), round_up(m, 16)) * ld) * 2;
+}
+
+void gemm_bf16_tiles(int64_t m, int64_t n, int64_t k, const void* a, bool a_bf16, int64_t lda, const uint16_t* b_packed,
+                     const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, int threads, std::byte* workspace) {
+  if (m <= 0 || n <= 0) return;
+  const int64_t steps = bf16_tile_steps(k), tiles = (n + 15) / 16, bytes = c_bf16 ? 2 : 4;
+  const int64_t group = amx_tiles_per_group(steps * 32), chunk = std::min(bf16_copy_rows(steps), round_up(m, 16));
+  // bf16 rows of whole tiles' steps are read where they lie, up to the last whole 16 of them;
+  // the rest (f32 rows, rows of other lengths, the last rows) a chunk at a time from a copy of
+  // each thread's (rounded to bf16 or copied, zeros past K and past the last row).
+  const int64_t in_place = a_bf16 && k == steps ? m / 16 * 16 : 0;
+  const int level = omp_get_level();  // a thread's copy: its number in over_grid's team, if it makes one
+  over_grid(round_up(m, 16), 16, (tiles + 1) / 2, 4, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    auto* copy = reinterpret_cast<uint16_t*>(workspace) + (omp_get_level() > level ? omp_get_thread_num() : 0) * chunk * steps;
+    for (int64_t c0 = r0; c0 < r1;) {
+      const int64_t c1 = c0 < in_place ? std::min(r1, in_place) : std::min(r1, c0 + chunk), real = std::min(m, c1) - c0;
+      const uint16_t* rows = copy;
+      int64_t ld = steps;
+      if (c0 < in_place) {
+        rows = static_cast<const uint16_t*>(a) + c0 * lda, ld = lda;
+      } else if (a_bf16) {
+        lowp_amx::copy_bf16_rows(static_cast<const uint16_t*>(a) + c0 * lda, lda, real, k, copy, steps, c1 - c0);
+      } else {
+        amx::to_bf16_rows(static_cast<const float*>(a) + c0 * lda, lda, real, k, copy, steps, steps, c1 - c0);
+      }
+      Epilogue at = ep;
+      if (ep.z) at.z = ep.z + c0 * ep.ldz;
+      lowp_amx::bf16_tiles(real, group, 2 * p0, std::min(tiles, 2 * p1), steps, rows, ld, b_packed, at,
+                           static_cast<std::byte*>(c) + c0 * ldc * bytes, c_bf16, ldc, {}, c0, n);
+      c0 = c1;
+    }
+  });
+}
+
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b_packed, const Epilogue& ep,
                float* c, int64_t ldc, int threads, std::byte* workspace, int64_t mc, bool amx, std::span<const ColumnPart> parts) {
   if (m <= 0 || n <= 0) return;
@@ -301,7 +351,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + r0 * ep.ldz;
       lowp_amx::bf16_tiles(std::min(m, r1) - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at,
-                           c + r0 * ldc, ldc, parts, r0, n);
+                           c + r0 * ldc, false, ldc, parts, r0, n);
     });
     return;
   }

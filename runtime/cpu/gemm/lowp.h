@@ -100,16 +100,20 @@ void gemm_u8s8(int64_t m, int64_t n, int64_t k, const uint8_t* a, int64_t lda, c
 
 // ---- bf16 · bf16 -----------------------------------------------------------------------------
 
-/// uint16 elements pack_b_bf16 writes: ceil(N / NR) panels of ceil(K / 2) pairs of NR × 2.
-int64_t packed_b_bf16_elements(int64_t k, int64_t n);
+/// uint16 elements pack_b_bf16 writes: ceil(N / NR) panels of ceil(K / 2) pairs of NR × 2, or
+/// of `steps` / 2 pairs where the panels are laid out for `steps` ≥ K steps (even; zero past K).
+int64_t packed_b_bf16_elements(int64_t k, int64_t n, int64_t steps = 0);
 /// Packs f32 B (K×N, or N×K when `trans`) as bf16 (round to nearest even) for kLowpTile.
 void pack_b_bf16(const float* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
-/// The same from a bf16 B (its bits), copied.
-void pack_b_bf16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out);
+/// The same from a bf16 B (its bits), copied, into panels of `steps` steps (0: K).
+void pack_b_bf16(const uint16_t* b, int64_t ld, bool trans, int64_t k, int64_t n, uint16_t* out, int64_t steps = 0);
 
-/// pack_b_bf16's placement of B's elements (K×N, or N×K when `trans`), for a compiled model to
-/// store the packed weight.
-PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans);
+/// pack_b_bf16's placement of B's elements (K×N, or N×K when `trans`) in panels of `steps`
+/// steps (0: K), for a compiled model to store the packed weight.
+PackedLayout packed_b_bf16_layout(int64_t k, int64_t n, bool trans, int64_t steps = 0);
+
+/// The steps of K whose panels gemm_bf16_tiles multiplies: K up to a whole 32 (a tile's).
+inline int64_t bf16_tile_steps(int64_t k) { return (k + 31) / 32 * 32; }
 
 /// Whether gemm_bf16 should multiply on AMX tiles on `cpu`: where it has AMX-BF16, with at
 /// least 32 steps of K (one `tdpbf16ps`'s).
@@ -132,6 +136,21 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 
 /// Workspace gemm_bf16 takes for M rows of K (A's copy in bf16), either way.
 size_t bf16_workspace_bytes(int64_t m, int64_t k);
+
+/// gemm_bf16 on AMX tiles for a product between bf16 activations (a pointwise convolution in
+/// lower_precision's bf16 chains): A's rows bf16 (`a_bf16`) or f32, `lda` elements apart; B
+/// packed by pack_b_bf16 over bf16_tile_steps(k) steps, so that the tiles take all of K
+/// (MobileNetV2's 16- and 24-channel expansions, which gemm_bf16 leaves to `vdpbf16ps`, among
+/// them); C's rows bf16 (`c_bf16`: each block's sums finished in f32 with the bias and the
+/// epilogue, Z f32, then rounded to nearest even) or f32, `ldc` elements apart. bf16 rows of a
+/// multiple of 32 steps are read where they lie; other rows (and the last ones short of a
+/// tile) are copied, rounded if f32, a chunk of rows at a time into each thread's share of the
+/// workspace. Only where this process was granted the tile state (CpuFeatures::host().amx).
+void gemm_bf16_tiles(int64_t m, int64_t n, int64_t k, const void* a, bool a_bf16, int64_t lda, const uint16_t* b_packed,
+                     const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, int threads, std::byte* workspace);
+
+/// Workspace gemm_bf16_tiles takes for M rows of K on `threads` threads.
+size_t bf16_tiles_workspace_bytes(int64_t m, int64_t k, int threads);
 
 // ---- f16 · f16 (AVX512-FP16) -----------------------------------------------------------------
 

@@ -28,6 +28,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "runtime/cpu/attention_amx.h"
@@ -180,6 +181,43 @@ const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
 // bf16 128x768x768 151 against 169 us, 128x3072x768 757 against 812, 1024x1024x1024 2.62
 // against 2.76 ms; u8s8 1024x1024x1024 1.07 against 1.13 ms.
 constexpr int64_t kSliceBytes = 512, kSlicedPairs = 4;
+
+// Whether the epilogue past the bias is a clamp to [lo, hi] and nothing else: no activation
+// (-inf, inf), ReLU (0, inf) or Clip, no residual. min(hi, max(lo, y)) is then y's activation
+// exactly, NaN and infinities too (`vmaxps` / `vminps` return their second operand where either
+// is NaN).
+bool as_clamp(const Epilogue& ep, __m512& lo, __m512& hi) {
+  if (ep.z || ep.post.kind != Activation::none) return false;
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  switch (ep.act.kind) {
+    case Activation::none: lo = _mm512_set1_ps(-inf), hi = _mm512_set1_ps(inf); return true;
+    case Activation::relu: lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(inf); return true;
+    case Activation::clip: lo = _mm512_set1_ps(ep.act.a), hi = _mm512_set1_ps(ep.act.b); return true;
+    default: return false;
+  }
+}
+
+// A block's sums (rows × `cols` tiles, kLd apart) plus the bias, clamped to [lo, hi] and rounded
+// to bf16 (nearest even) into C's rows (`ldc` apart; w columns).
+void clamped_bf16_rows(const float* sums, const __m512 (&bias)[2], __m512 lo, __m512 hi, int rows, int cols, int w, uint16_t* y,
+                       int64_t ldc) {
+  const auto row = [&](int i, int j, __mmask16 mk) {
+    const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j])));
+    const __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
+    if (mk == 0xffff)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldc + j * 16), out);
+    else
+      _mm256_mask_storeu_epi16(y + i * ldc + j * 16, mk, out);
+  };
+  if (w == 32) {
+    for (int i = 0; i < rows; ++i) row(i, 0, 0xffff), row(i, 1, 0xffff);
+    return;
+  }
+  for (int j = 0; j < cols; ++j) {
+    const __mmask16 mk = lanes16(w - j * 16);
+    for (int i = 0; i < rows; ++i) row(i, j, mk);
+  }
+}
 
 // A block of C to finish: rows [i0, i0 + 16·rt) of column tiles t, t + 1 (cols of them).
 struct Block {
@@ -372,6 +410,17 @@ U8s8FinishFn u8s8_finish_for(const QuantEpilogue& ep, int cols) {
 
 }  // namespace
 
+void copy_bf16_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t n, uint16_t* out, int64_t ldo, int64_t rows_pad) {
+  for (int64_t r = 0; r < rows_pad; ++r) {
+    uint16_t* to = out + r * ldo;
+    for (int64_t j = 0; j < ldo; j += 32) {  // 32 values a vector, zeros past n and in the padding rows
+      const int64_t left = r < rows ? std::clamp<int64_t>(n - j, 0, 32) : 0;
+      const __mmask32 mk = left == 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      _mm512_storeu_si512(to + j, left > 0 ? _mm512_maskz_loadu_epi16(mk, x + r * ldx + j) : _mm512_setzero_si512());
+    }
+  }
+}
+
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n, int64_t real) {
   const int64_t chunks = k / 64, panel_bytes = (k + 3) / 4 * kGroupBytes;
@@ -386,12 +435,18 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
 }
 
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n) {
+                const Epilogue& ep, void* c_out, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n) {
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
   // GELU alone applies on the registers (as u8s8's), the rest over the block in C.
   const bool gelu = ep.act.kind == Activation::gelu && !ep.z && ep.post.kind == Activation::none;
+  // A bf16 C: each block finished on the registers where its epilogue is a clamp (no steps of K
+  // left past the tiles'), else in f32 here (in L1), then rounded into C's rows.
+  __m512 lo, hi;
+  const bool clamp = chunks * 16 == k2 && as_clamp(ep, lo, hi);
+  alignas(64) float block_values[32 * kLd];
+  auto* const c = c_bf16 ? nullptr : static_cast<float*>(c_out);
   run_tiles<Lowp::bf16>(padded, nc, t0, t1, chunks, reinterpret_cast<const uint8_t*>(a), lda * 2, b, panel_bytes,
                         [&](const Block& blk, const int32_t* sum_bits) {
     const auto* sums = reinterpret_cast<const float*>(sum_bits);
@@ -401,11 +456,18 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
     const uint8_t* bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
     __m512 bias[2];
     for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
+    if (c_bf16 && clamp) {
+      clamped_bf16_rows(sums, bias, lo, hi, rows, blk.cols, w, static_cast<uint16_t*>(c_out) + i0 * ldc + n0, ldc);
+      return;
+    }
     const uint16_t* ar = a + i0 * lda;
-    // Where each tile of 16 columns goes: C's rows, or the part of `parts` that holds them; and
-    // whether the activations skip it (a plain part).
+    // Where each tile of 16 columns goes: C's rows (or the block's values, for a bf16 C), or the
+    // part of `parts` that holds them; and whether the activations skip it (a plain part).
     CAt at[2];
-    for (int j = 0; j < blk.cols; ++j) at[j] = parts.empty() ? CAt{c + i0 * ldc + n0 + j * 16, ldc, false} : c_at(c, ldc, parts, row0 + i0, n0 + j * 16);
+    for (int j = 0; j < blk.cols; ++j)
+      at[j] = c_bf16 ? CAt{block_values + j * 16, kLd, false}
+              : parts.empty() ? CAt{c + i0 * ldc + n0 + j * 16, ldc, false}
+                              : c_at(c, ldc, parts, row0 + i0, n0 + j * 16);
     for (int i = 0; i < rows; ++i) {
       __m512 acc[2];
       for (int j = 0; j < blk.cols; ++j) acc[j] = _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]);
@@ -416,6 +478,16 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
       }
       for (int j = 0; j < blk.cols; ++j)
         _mm512_mask_storeu_ps(at[j].c + i * at[j].ldc, lanes16(w - j * 16), gelu && !at[j].plain ? erf_rational::gelu_erf(acc[j]) : acc[j]);
+    }
+    if (c_bf16) {
+      if (ep.has_tail() && !gelu)
+        rows_k.tile_epilogue(block_values, kLd, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+      uint16_t* y = static_cast<uint16_t*>(c_out) + i0 * ldc + n0;
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < blk.cols; ++j)
+          _mm256_mask_storeu_epi16(y + i * ldc + j * 16, lanes16(w - j * 16),
+                                   (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(block_values + i * kLd + j * 16)));
+      return;
     }
     if (!ep.has_tail() || gelu) return;
     if (parts.empty()) {

@@ -45,13 +45,16 @@ namespace kiln::cpu::gemm::lowp_amx {
 /// thread and releases it.
 void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint8_t* a, int64_t lda, const int8_t* b,
                 const QuantEpilogue& ep, void* c, int64_t ldc, int64_t n, int64_t real);
+/// `rows` rows of n bf16 values (`ldx` apart) copied to rows `ldo` apart (a multiple of 32),
+/// zeros past n and in the rows after them up to `rows_pad`: A's copy for the tiles.
+void copy_bf16_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t n, uint16_t* out, int64_t ldo, int64_t rows_pad);
 /// bf16 on AMX tiles: C's column tiles [t0, t1) (of pack_b_bf16's panels) for rows [0, m),
 /// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a
 /// multiple of 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias
-/// and the epilogue as in the f32 GEMM, into `c` (rows `ldc` apart) or, from C's row `row0`,
-/// `parts` (gemm_bf16's).
+/// and the epilogue as in the f32 GEMM, into `c` (rows `ldc` apart; f32, or bf16 rounded from
+/// the f32 values where `c_bf16`) or, from C's row `row0`, `parts` (gemm_bf16's; f32).
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, float* c, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n);
+                const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n);
 
 }  // namespace kiln::cpu::gemm::lowp_amx
 
