@@ -640,31 +640,29 @@ bool bf16_activations(const KernelQuery& q) {
 // one pixel (a squeeze-and-excitation's two, on the pooled channels), where a call of oneDNN's
 // costs more than the product: 0.27-0.95 of its time in EfficientNet-B0's bf16 compile (medians
 // of 4-6 alternated profiles a node, one and two threads). Over more pixels on AMX tiles
-// (gemm_bf16_tiles: X and Y as they are, K up to a whole tile), those of 32 output channels or
-// more whose epilogue is a clamp (none, ReLU, Clip), but not 64 pixels or fewer by a weight of
-// more than 512 KiB, nor 64 steps of K or fewer into 256 channels or more. Against oneDNN's AMX convolution (medians of alternated `kiln profile`
-// rounds a node, one thread): MobileNetV2's expansions 0.85-0.93 of its time (112x112x96,
-// 56x56x144), its projections 0.64-0.87; EfficientNet-B0's projections 0.45-0.73; ResNet-50's
-// ReLU reductions 0.85-0.99; but MobileNetV2's 16- and 24-channel outputs 1.4-1.65x,
-// EfficientNet-B0's SiLU expansions (each block's values through the row kernels) 1.13-1.22x
-// over 28x28 or more, the 7x7 layers of ResNet-50's 2 MiB weights 1.09-1.26x, its 56x56
-// downsample (64 channels into 256) 1.13-1.16x and MobileNetV2's 64 into 384 1.02-1.05x. Without AMX
-// (X widened, Y computed in f32 and rounded), oneDNN's convolution over more than one pixel: it
-// was the faster, 1.2-1.7x kiln's time on EfficientNet-B0's expansions, SiLU and all, and 1.2
-// on its 7x7 ones at two threads. f32 activations: the f32 GEMM's rule.
+// (gemm_bf16_tiles: X and Y as they are, K up to a whole tile), the projections: no activation
+// (a residual may follow), K at least twice N, 32 output channels or more, but not 64 pixels or
+// fewer by a weight over 512 KiB. Against oneDNN's AMX convolution (medians of 4 alternated
+// `kiln profile` rounds of each compile loaded from stdin, one thread): EfficientNet-B0's
+// projections 0.46-0.80 of its time, MobileNetV2's 0.67-0.96 (its 14x14 ones into 96 channels
+// with a residual 1.01-1.08, its 7x7 ones 0.98-1.01); but MobileNetV2's Clip expansions
+// 1.14-1.33x, and ResNet-50's ReLU reductions 0.98-1.20x (0.91 from 1,024 channels into 512),
+// its expansions with their residual 0.95-1.01. Without AMX (X widened, Y computed in f32 and
+// rounded), oneDNN's convolution over more than one pixel: it was the faster, 1.2-1.7x kiln's
+// time on EfficientNet-B0's expansions, SiLU and all, and 1.2 on its 7x7 ones at two threads.
+// f32 activations: the f32 GEMM's rule.
 std::optional<std::string> bf16_gemm_defers(const KernelQuery& q) {
   if (!bf16_activations(q)) return gemm_defers(q);
   const std::vector<int64_t> y = q.outputs[0].shape.concrete();
   const int64_t m = y[0] * y[1] * y[2], n = y[3], k = q.inputs[0].shape.concrete()[3];
   if (m == 1) return std::nullopt;
   if (!q.target.cpu.amx || m < 16) return "oneDNN's convolution is faster on bf16 activations over more than one pixel without AMX tiles";
-  if (n < 32) return "oneDNN's AMX convolution is faster on fewer than 32 output channels";
   const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
-  if (!act.ok() || !post.ok() || q.has_input(3) || post->kind != Activation::none ||
-      (act->kind != Activation::none && act->kind != Activation::relu && act->kind != Activation::clip))
-    return "oneDNN's AMX convolution is faster where the epilogue is more than a clamp";
+  if (!act.ok() || !post.ok() || act->kind != Activation::none || post->kind != Activation::none)
+    return "oneDNN's AMX convolution is faster on bf16 activations but on a projection (no activation)";
+  if (k < 2 * n) return "oneDNN's AMX convolution is faster on bf16 activations but on a projection (K at least twice N)";
+  if (n < 32) return "oneDNN's AMX convolution is faster on fewer than 32 output channels";
   if (m <= 64 && k * n * 2 > 512 * 1024) return "oneDNN's AMX convolution is faster on 64 pixels or fewer by a weight over 512 KiB";
-  if (k <= 64 && n >= 256) return "oneDNN's AMX convolution is faster on 64 steps or fewer into 256 channels or more";
   return std::nullopt;
 }
 
@@ -684,7 +682,6 @@ std::optional<std::string> lowp_declines(const KernelQuery& q, gemm::Lowp kind, 
     return why;
   if (kind == gemm::Lowp::bf16 && bf16_activations(q)) {  // X, or Y, bf16 (lower_precision's chains, an AMX target)
     if (!is_conv(q.node)) return "bf16 activations: only a pointwise convolution";
-    if (q.has_input(3) && q.inputs[3].dtype == DType::bf16) return "a bf16 residual";
     if (q.has_input(2) && q.inputs[2].dtype != DType::f32) return "the bias is not f32";
     for (const Shape* s : {&q.inputs[0].shape, &q.inputs[1].shape, &q.outputs[0].shape})
       if (!s->is_concrete() || shape_numel(s->concrete()) == 0) return "a shape is not known ahead or is empty";
@@ -703,20 +700,23 @@ class LowpEpilogue {
   Status read(const KernelQuery& q, int64_t n) {
     has_bias_ = q.has_input(2);
     has_z_ = q.has_input(3);
+    z_bf16_ = has_z_ && q.inputs[3].dtype == DType::bf16;
     KILN_ASSIGN_OR_RETURN(ep_.act, read_activation(q.node, "activation"));
     KILN_ASSIGN_OR_RETURN(ep_.post, read_activation(q.node, "post_activation"));
     ep_.ldz = n;
     return {};
   }
+  /// The epilogue of a run; a bf16 Z (z_bf16()) is the caller's to pass.
   gemm::Epilogue at(KernelContext& ctx) const {
     gemm::Epilogue ep = ep_;
     if (has_bias_) ep.bias = ctx.input(2).data<float>();
-    if (has_z_) ep.z = ctx.input(3).data<float>();
+    if (has_z_ && !z_bf16_) ep.z = ctx.input(3).data<float>();
     return ep;
   }
+  bool z_bf16() const { return z_bf16_; }
 
  private:
-  bool has_bias_ = false, has_z_ = false;
+  bool has_bias_ = false, has_z_ = false, z_bf16_ = false;
   gemm::Epilogue ep_;
 };
 
@@ -750,26 +750,34 @@ class Bf16GemmKernel final : public Kernel {
       needs.workspace_bytes = gemm::bf16_tiles_workspace_bytes(m_, k_, threads_);
       return {};
     }
-    // bf16 activations on VDPBF16PS: X widened into the workspace first, Y computed there in
-    // f32 and rounded.
+    // bf16 activations on VDPBF16PS: X (and a bf16 Z) widened into the workspace first, Y
+    // computed there in f32 and rounded.
     a_at_ = (gemm::bf16_workspace_bytes(m_, k_) + 63) / 64 * 64;
     c_at_ = a_at_ + (x_bf16_ ? static_cast<size_t>(m_ * k_) * sizeof(float) : 0);
-    needs.workspace_bytes = c_at_ + (y_bf16_ ? static_cast<size_t>(m_ * n_) * sizeof(float) : 0);
+    z_at_ = c_at_ + (y_bf16_ ? static_cast<size_t>(m_ * n_) * sizeof(float) : 0);
+    needs.workspace_bytes = z_at_ + (ep_.z_bf16() ? static_cast<size_t>(m_ * n_) * sizeof(float) : 0);
     return {};
   }
 
   Status run(KernelContext& ctx) override {
     std::byte* ws = ctx.workspace().data();
+    gemm::Epilogue ep = ep_.at(ctx);
+    const auto* z16 = ep_.z_bf16() ? static_cast<const uint16_t*>(ctx.input(3).raw()) : nullptr;
     if (tiles_) {
-      gemm::gemm_bf16_tiles(m_, n_, k_, ctx.input(0).raw(), x_bf16_, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx),
-                            ctx.output(0).raw(), y_bf16_, n_, threads_, ws);
+      gemm::gemm_bf16_tiles(m_, n_, k_, ctx.input(0).raw(), x_bf16_, k_, static_cast<const uint16_t*>(packed_.raw()), ep,
+                            ctx.output(0).raw(), y_bf16_, n_, threads_, ws, z16);
       return {};
     }
     auto* widened = reinterpret_cast<float*>(ws + a_at_);
     if (x_bf16_) rows_.widen_bf16(static_cast<const uint16_t*>(ctx.input(0).raw()), widened, m_ * k_);
+    if (z16) {
+      auto* z = reinterpret_cast<float*>(ws + z_at_);
+      rows_.widen_bf16(z16, z, m_ * n_);
+      ep.z = z;
+    }
     const float* a = x_bf16_ ? widened : ctx.input(0).data<float>();
     float* c = y_bf16_ ? reinterpret_cast<float*>(ws + c_at_) : ctx.output(0).data<float>();
-    gemm::gemm_bf16(m_, n_, k_, a, k_, static_cast<const uint16_t*>(packed_.raw()), ep_.at(ctx), c, n_, threads_, ws, 0, amx_,
+    gemm::gemm_bf16(m_, n_, k_, a, k_, static_cast<const uint16_t*>(packed_.raw()), ep, c, n_, threads_, ws, 0, amx_,
                     parts_at(parts_, ctx));
     if (y_bf16_) rows_.narrow_bf16(c, static_cast<uint16_t*>(ctx.output(0).raw()), m_ * n_);
     return {};
@@ -785,7 +793,7 @@ class Bf16GemmKernel final : public Kernel {
   bool amx_ = false;  // on AMX tiles (gemm::bf16_on_amx)
   bool x_bf16_ = false, y_bf16_ = false;  // bf16 activations
   bool tiles_ = false;  // bf16 activations on AMX tiles, read and written as they are (gemm::gemm_bf16_tiles)
-  size_t a_at_ = 0, c_at_ = 0;  // the workspace: A's bf16 copy, then X widened, then C in f32
+  size_t a_at_ = 0, c_at_ = 0, z_at_ = 0;  // the workspace: A's bf16 copy, then X widened, C in f32, Z widened
   Tensor packed_;  // B in pack_b_bf16's panels (bf16, packed_b_bf16_layout)
   LowpEpilogue ep_;
   std::vector<gemm::ColumnPart> parts_;  // split outputs

@@ -624,8 +624,9 @@ TEST(GemmLowp, AmxStreamsAWideWeight) {
 // bf16 output within one rounding of it) for every K, and bit for bit gemm_bf16's rounded where
 // K is a whole number of tiles (the same tiles' sums). K below a tile, past one and in place;
 // rows short of a tile, rows in several of the copy's chunks; 24 columns (a masked tile) and
-// more; the clamps finished on the registers (none, ReLU, Clip), a SiLU and an f32 residual
-// through the block's values; one and two threads.
+// more; the clamps finished on the registers (none, ReLU, Clip; an f32 or bf16 residual between
+// two), a SiLU through the block's values (a bf16 residual widened beside it); one and two
+// threads.
 TEST(GemmLowp, Bf16TilesOnBf16Rows) {
   if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU has no AMX";
   std::mt19937 rng(10);
@@ -633,10 +634,15 @@ TEST(GemmLowp, Bf16TilesOnBf16Rows) {
   struct Epi {
     const char* name;
     ActivationSpec act;
-    bool z;
+    bool z, z16 = false;  // an f32 residual, a bf16 one (with a bf16 C), then a ReLU
   };
-  const Epi epis[] = {{"none", {}, false}, {"ReLU", {Activation::relu}, false}, {"Clip", {Activation::clip, 0.f, 0.5f}, false},
-                      {"SiLU", {Activation::silu}, false}, {"ReLU + Z", {Activation::relu}, true}};
+  const Epi epis[] = {{"none", {}, false},
+                      {"ReLU", {Activation::relu}, false},
+                      {"Clip", {Activation::clip, 0.f, 0.5f}, false},
+                      {"SiLU", {Activation::silu}, false},
+                      {"ReLU, Z, ReLU", {Activation::relu}, true},
+                      {"Clip, bf16 Z, ReLU", {Activation::clip, 0.f, 0.5f}, true, true},
+                      {"SiLU, bf16 Z, ReLU", {Activation::silu}, true, true}};
   for (const Dims& d : {Dims{63, 48, 16}, Dims{30, 24, 24}, Dims{100, 96, 40}, Dims{1000, 64, 64}, Dims{1300, 40, 200}, Dims{17, 130, 96}})
     for (int threads : {1, 2}) {
       use_threads(threads);
@@ -646,8 +652,9 @@ TEST(GemmLowp, Bf16TilesOnBf16Rows) {
       std::vector<float> z(static_cast<size_t>(d.m * d.n));
       for (auto& v : b) v = gemm::from_bf16(gemm::to_bf16(dist(rng)));
       for (auto& v : bias) v = dist(rng);
-      for (auto& v : z) v = dist(rng);
-      std::vector<uint16_t> a16(a.size()), b16(b.size());
+      for (auto& v : z) v = gemm::from_bf16(gemm::to_bf16(dist(rng)));
+      std::vector<uint16_t> a16(a.size()), b16(b.size()), z16(z.size());
+      for (size_t i = 0; i < z.size(); ++i) z16[i] = gemm::to_bf16(z[i]);
       for (size_t i = 0; i < a.size(); ++i) a16[i] = gemm::to_bf16(a[i] = dist(rng)), a[i] = gemm::from_bf16(a16[i]);
       for (size_t i = 0; i < b.size(); ++i) b16[i] = gemm::to_bf16(b[i]);
       std::vector<uint16_t> packed(static_cast<size_t>(gemm::packed_b_bf16_elements(d.k, d.n, steps)), 0xffff);
@@ -657,7 +664,10 @@ TEST(GemmLowp, Bf16TilesOnBf16Rows) {
       std::vector<std::byte> ws(std::max(gemm::bf16_tiles_workspace_bytes(d.m, d.k, threads), gemm::bf16_workspace_bytes(d.m, d.k)));
       for (const Epi& e : epis) {
         SCOPED_TRACE(e.name);
-        const gemm::Epilogue ep{.bias = bias.data(), .z = e.z ? z.data() : nullptr, .ldz = d.n, .act = e.act};
+        const gemm::Epilogue ep{.bias = bias.data(), .z = e.z ? z.data() : nullptr, .ldz = d.n, .act = e.act,
+                                .post = {e.z ? Activation::relu : Activation::none}};
+        gemm::Epilogue ep16 = ep;  // the same with the residual in bf16
+        ep16.z = nullptr;
         std::vector<float> exact(static_cast<size_t>(d.m * d.n));
         for (int64_t i = 0; i < d.m; ++i)
           for (int64_t j = 0; j < d.n; ++j) {
@@ -667,7 +677,7 @@ TEST(GemmLowp, Bf16TilesOnBf16Rows) {
                        : e.act.kind == Activation::clip ? std::clamp(s, 0.0, 0.5)
                        : e.act.kind == Activation::silu ? s / (1 + std::exp(-s))
                                                         : s;
-            if (e.z) y += z[static_cast<size_t>(i * d.n + j)];
+            if (e.z) y = std::max(y + z[static_cast<size_t>(i * d.n + j)], 0.0);
             exact[static_cast<size_t>(i * d.n + j)] = static_cast<float>(y);
           }
         // gemm_bf16's f32 C where the tiles take all of K alike (A f32, already bf16's values).
@@ -678,12 +688,13 @@ TEST(GemmLowp, Bf16TilesOnBf16Rows) {
         }
         for (bool a_bf16 : {true, false})
           for (bool c_bf16 : {true, false}) {
+            if (e.z16 && !c_bf16) continue;  // a bf16 residual beside a bf16 C only
             SCOPED_TRACE(std::string(a_bf16 ? "bf16 A" : "f32 A") + (c_bf16 ? ", bf16 C" : ", f32 C"));
             std::vector<uint16_t> c16(exact.size(), 0xffff);
             std::vector<float> c32(exact.size(), std::nanf(""));
             void* c = c_bf16 ? static_cast<void*>(c16.data()) : static_cast<void*>(c32.data());
             gemm::gemm_bf16_tiles(d.m, d.n, d.k, a_bf16 ? static_cast<const void*>(a16.data()) : static_cast<const void*>(a.data()), a_bf16,
-                                  d.k, packed.data(), ep, c, c_bf16, d.n, threads, ws.data());
+                                  d.k, packed.data(), e.z16 ? ep16 : ep, c, c_bf16, d.n, threads, ws.data(), e.z16 ? z16.data() : nullptr);
             for (size_t i = 0; i < exact.size(); ++i) {
               const float got = c_bf16 ? gemm::from_bf16(c16[i]) : c32[i];
               // f32 sums off the double's by a few ulp of the terms; a bf16 C by one rounding more.

@@ -696,9 +696,15 @@ TEST(LowerPrecision, Bf16GemmOnBf16Activations) {
           EXPECT_EQ(testing::check({"FusedConv", {xi, w, b, z}, {false, true, true, false}, a, {true}, name, {}, threads}, tol), name);
         }
       }
-  // A bf16 residual stays with oneDNN.
+  // A bf16 residual, pinned (widened into the workspace beside X over fewer than 16 pixels or
+  // without AMX); by default oneDNN's over 9 pixels.
   const Tensor x16 = bf16_of(random_f32({1, 3, 3, 16}, 55)), w16 = bf16_of(random_f32({16, 16, 1, 1}, 56));
   std::vector<Attribute> out16 = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16"))};
+  for (int threads : {1, 2}) {
+    std::vector<Attribute> post = out16;
+    post.push_back(attr("post_activation", std::string("Relu")));
+    EXPECT_EQ(testing::check({"FusedConv", {x16, w16, Tensor(), x16}, {false, true, false, false}, post, {true}, name, {}, threads}, 2e-3), name);
+  }
   EXPECT_EQ(testing::check({"FusedConv", {x16, w16, Tensor(), x16}, {false, true, false, false}, out16}, 2e-3), "onednn.conv");
   // The rule, with a SiLU: one pixel kiln's, more oneDNN's.
   out16.push_back(attr("activation", std::string("Silu")));
@@ -708,8 +714,7 @@ TEST(LowerPrecision, Bf16GemmOnBf16Activations) {
 
 // On AMX tiles (gemm_bf16_tiles): X and Y as they are, K up to a whole tile (16, 24 and 40
 // channels) or read in place (64), the clamps on the registers and a SiLU through the block's
-// values, a masked last tile (40 output channels), pinned; then the rule: 32 output channels or
-// more with a clamp kiln's, fewer or a SiLU oneDNN's, one pixel kiln's.
+// values, a masked last tile (40 output channels), a bf16 residual, pinned; then the rule.
 TEST(LowerPrecision, Bf16GemmOnAmxTiles) {
   if (!CpuFeatures::host().amx) GTEST_SKIP() << "the CPU has no AMX";
   const std::string name = "kiln.gemm_bf16_avx512";
@@ -725,12 +730,28 @@ TEST(LowerPrecision, Bf16GemmOnAmxTiles) {
         EXPECT_EQ(testing::check({"FusedConv", {x, w, b}, {false, true, true}, a, {true}, name, {}, threads}, 2e-3, nullptr, nullptr, &label),
                   name);
         EXPECT_EQ(label, "bf16_amx_tiles_bf16_rows");
+        // A bf16 residual, then a ReLU.
+        const Tensor z = bf16_of(random_f32({1, 7, 9, 40}, 65));
+        a.push_back(attr("post_activation", std::string("Relu")));
+        EXPECT_EQ(testing::check({"FusedConv", {x, w, b, z}, {false, true, true, false}, a, {true}, name, {}, threads}, 2e-3, nullptr, nullptr,
+                                 &label),
+                  name);
+        EXPECT_EQ(label, "bf16_amx_tiles_bf16_rows");
       }
-  const Tensor x = bf16_of(random_f32({1, 7, 9, 24}, 61));
-  std::vector<Attribute> relu = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16")),
-                                 attr("activation", std::string("Relu"))};
-  EXPECT_EQ(testing::check({"FusedConv", {x, bf16_of(random_f32({32, 24, 1, 1}, 62))}, {false, true}, relu}, 2e-3), name);
-  EXPECT_EQ(testing::check({"FusedConv", {x, bf16_of(random_f32({24, 24, 1, 1}, 63))}, {false, true}, relu}, 2e-3), "onednn.conv");
+  // The rule: a projection (no activation, K at least twice N, 32 output channels or more; a bf16
+  // residual after it too) kiln's, a ReLU, fewer steps or fewer channels oneDNN's, one pixel kiln's.
+  const Tensor x = bf16_of(random_f32({1, 7, 9, 64}, 61)), w = bf16_of(random_f32({32, 64, 1, 1}, 62));
+  const std::vector<Attribute> plain = {attr("channels_last", int64_t{1}), attr("output_type", std::string("bf16"))};
+  std::vector<Attribute> relu = plain;
+  relu.push_back(attr("activation", std::string("Relu")));
+  EXPECT_EQ(testing::check({"FusedConv", {x, w}, {false, true}, plain}, 2e-3), name);
+  EXPECT_EQ(testing::check({"FusedConv", {x, w, Tensor(), bf16_of(random_f32({1, 7, 9, 32}, 66))}, {false, true, false, false}, plain}, 2e-3),
+            name);
+  EXPECT_EQ(testing::check({"FusedConv", {x, w}, {false, true}, relu}, 2e-3), "onednn.conv");
+  EXPECT_EQ(testing::check({"FusedConv", {x, bf16_of(random_f32({40, 64, 1, 1}, 63))}, {false, true}, plain}, 2e-3), "onednn.conv");
+  EXPECT_EQ(testing::check({"FusedConv", {bf16_of(random_f32({1, 7, 9, 48}, 64)), bf16_of(random_f32({24, 48, 1, 1}, 63))}, {false, true}, plain},
+                           2e-3),
+            "onednn.conv");
   EXPECT_EQ(testing::check({"FusedConv", {bf16_of(random_f32({1, 1, 1, 24}, 64)), bf16_of(random_f32({24, 24, 1, 1}, 63))}, {false, true}, relu},
                            2e-3),
             name);

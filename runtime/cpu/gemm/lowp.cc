@@ -303,7 +303,7 @@ size_t bf16_tiles_workspace_bytes(int64_t m, int64_t k, int threads) {
 }
 
 void gemm_bf16_tiles(int64_t m, int64_t n, int64_t k, const void* a, bool a_bf16, int64_t lda, const uint16_t* b_packed,
-                     const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, int threads, std::byte* workspace) {
+                     const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, int threads, std::byte* workspace, const uint16_t* z16) {
   if (m <= 0 || n <= 0) return;
   const int64_t steps = bf16_tile_steps(k), tiles = (n + 15) / 16, bytes = c_bf16 ? 2 : 4;
   const int64_t group = amx_tiles_per_group(steps * 32), chunk = std::min(bf16_copy_rows(steps), round_up(m, 16));
@@ -327,7 +327,7 @@ void gemm_bf16_tiles(int64_t m, int64_t n, int64_t k, const void* a, bool a_bf16
       }
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + c0 * ep.ldz;
-      lowp_amx::bf16_tiles(real, group, 2 * p0, std::min(tiles, 2 * p1), steps, rows, ld, b_packed, at,
+      lowp_amx::bf16_tiles(real, group, 2 * p0, std::min(tiles, 2 * p1), steps, rows, ld, b_packed, at, z16 ? z16 + c0 * ep.ldz : nullptr,
                            static_cast<std::byte*>(c) + c0 * ldc * bytes, c_bf16, ldc, {}, c0, n);
       c0 = c1;
     }
@@ -350,7 +350,7 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
     over_grid(round_up(m, 16), 16, (tiles + 1) / 2, 4, threads, [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
       Epilogue at = ep;
       if (ep.z) at.z = ep.z + r0 * ep.ldz;
-      lowp_amx::bf16_tiles(std::min(m, r1) - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at,
+      lowp_amx::bf16_tiles(std::min(m, r1) - r0, group, 2 * p0, std::min(tiles, 2 * p1), k, packed + r0 * ld, ld, b_packed, at, nullptr,
                            c + r0 * ldc, false, ldc, parts, r0, n);
     });
     return;

@@ -182,28 +182,44 @@ const uint8_t* column_tile(const void* b, int64_t panel_bytes, int64_t t) {
 // against 2.76 ms; u8s8 1024x1024x1024 1.07 against 1.13 ms.
 constexpr int64_t kSliceBytes = 512, kSlicedPairs = 4;
 
-// Whether the epilogue past the bias is a clamp to [lo, hi] and nothing else: no activation
-// (-inf, inf), ReLU (0, inf) or Clip, no residual. min(hi, max(lo, y)) is then y's activation
-// exactly, NaN and infinities too (`vmaxps` / `vminps` return their second operand where either
-// is NaN).
-bool as_clamp(const Epilogue& ep, __m512& lo, __m512& hi) {
-  if (ep.z || ep.post.kind != Activation::none) return false;
+// An activation as a clamp to [lo, hi]: none (-inf, inf), ReLU (0, inf) or Clip. min(hi, max(lo,
+// y)) is then y's activation exactly, NaN and infinities too (`vmaxps` / `vminps` return their
+// second operand where either is NaN).
+struct Clamp {
+  __m512 lo, hi;
+  [[gnu::always_inline]] __m512 operator()(__m512 y) const { return _mm512_min_ps(hi, _mm512_max_ps(lo, y)); }
+};
+bool clamp_of(const ActivationSpec& a, Clamp& c) {
   constexpr float inf = std::numeric_limits<float>::infinity();
-  switch (ep.act.kind) {
-    case Activation::none: lo = _mm512_set1_ps(-inf), hi = _mm512_set1_ps(inf); return true;
-    case Activation::relu: lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(inf); return true;
-    case Activation::clip: lo = _mm512_set1_ps(ep.act.a), hi = _mm512_set1_ps(ep.act.b); return true;
+  switch (a.kind) {
+    case Activation::none: c = {_mm512_set1_ps(-inf), _mm512_set1_ps(inf)}; return true;
+    case Activation::relu: c = {_mm512_setzero_ps(), _mm512_set1_ps(inf)}; return true;
+    case Activation::clip: c = {_mm512_set1_ps(a.a), _mm512_set1_ps(a.b)}; return true;
     default: return false;
   }
 }
 
-// A block's sums (rows × `cols` tiles, kLd apart) plus the bias, clamped to [lo, hi] and rounded
-// to bf16 (nearest even) into C's rows (`ldc` apart; w columns).
-void clamped_bf16_rows(const float* sums, const __m512 (&bias)[2], __m512 lo, __m512 hi, int rows, int cols, int w, uint16_t* y,
-                       int64_t ldc) {
+// The epilogue past the bias where both its activations are clamps: act, the residual added
+// (f32 `z`, bf16 `z16` or none, rows `ldz` apart), post.
+struct ClampedEpilogue {
+  Clamp act, post;
+  const float* z = nullptr;
+  const uint16_t* z16 = nullptr;
+  int64_t ldz = 0;
+};
+
+// A block's sums (rows × `cols` tiles, kLd apart; C's rows from `i0`, columns from n0) plus the
+// bias, through `ep`, rounded to bf16 (nearest even) into C's rows (`ldc` apart; w columns).
+template <bool Z, bool Z16>
+void clamped_bf16_rows(const float* sums, const __m512 (&bias)[2], const ClampedEpilogue& ep, int64_t i0, int64_t n0, int rows, int cols,
+                       int w, uint16_t* c, int64_t ldc) {
+  uint16_t* const y = c + i0 * ldc + n0;
   const auto row = [&](int i, int j, __mmask16 mk) {
-    const __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j])));
-    const __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
+    __m512 v = ep.act(_mm512_add_ps(_mm512_load_ps(sums + i * kLd + j * 16), bias[j]));
+    const int64_t zo = (i0 + i) * ep.ldz + n0 + j * 16;
+    if constexpr (Z) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, ep.z + zo));
+    if constexpr (Z16) v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, ep.z16 + zo)), 16)));
+    const __m256i out = (__m256i)_mm512_cvtneps_pbh(ep.post(v));
     if (mk == 0xffff)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldc + j * 16), out);
     else
@@ -218,6 +234,7 @@ void clamped_bf16_rows(const float* sums, const __m512 (&bias)[2], __m512 lo, __
     for (int i = 0; i < rows; ++i) row(i, j, mk);
   }
 }
+using ClampedRowsFn = void (*)(const float*, const __m512 (&)[2], const ClampedEpilogue&, int64_t, int64_t, int, int, int, uint16_t*, int64_t);
 
 // A block of C to finish: rows [i0, i0 + 16·rt) of column tiles t, t + 1 (cols of them).
 struct Block {
@@ -435,17 +452,21 @@ void u8s8_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
 }
 
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, void* c_out, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n) {
+                const Epilogue& ep, const uint16_t* z16, void* c_out, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts,
+                int64_t row0, int64_t n) {
   const RowKernels& rows_k = row_kernels(Isa::avx512);
   const int64_t k2 = (k + 1) / 2, chunks = k / 32, panel_bytes = k2 * kGroupBytes;
   const int64_t padded = (m + 15) / 16 * 16;  // A's copy has zero rows up to whole tiles
   // GELU alone applies on the registers (as u8s8's), the rest over the block in C.
-  const bool gelu = ep.act.kind == Activation::gelu && !ep.z && ep.post.kind == Activation::none;
-  // A bf16 C: each block finished on the registers where its epilogue is a clamp (no steps of K
-  // left past the tiles'), else in f32 here (in L1), then rounded into C's rows.
-  __m512 lo, hi;
-  const bool clamp = chunks * 16 == k2 && as_clamp(ep, lo, hi);
+  const bool gelu = ep.act.kind == Activation::gelu && !ep.z && !z16 && ep.post.kind == Activation::none;
+  // A bf16 C: each block finished on the registers where its activations are clamps (no steps of
+  // K left past the tiles'), else in f32 here (in L1; a bf16 Z widened beside it), then rounded
+  // into C's rows.
+  ClampedEpilogue clamped{.z = ep.z, .z16 = z16, .ldz = ep.ldz};
+  const bool clamp = c_bf16 && chunks * 16 == k2 && clamp_of(ep.act, clamped.act) && clamp_of(ep.post, clamped.post);
+  const ClampedRowsFn clamped_rows = ep.z ? clamped_bf16_rows<true, false> : z16 ? clamped_bf16_rows<false, true> : clamped_bf16_rows<false, false>;
   alignas(64) float block_values[32 * kLd];
+  alignas(64) float z_values[32 * kLd];
   auto* const c = c_bf16 ? nullptr : static_cast<float*>(c_out);
   run_tiles<Lowp::bf16>(padded, nc, t0, t1, chunks, reinterpret_cast<const uint8_t*>(a), lda * 2, b, panel_bytes,
                         [&](const Block& blk, const int32_t* sum_bits) {
@@ -456,8 +477,8 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
     const uint8_t* bt[2] = {column_tile(b, panel_bytes, blk.t), blk.cols > 1 ? column_tile(b, panel_bytes, blk.t + 1) : nullptr};
     __m512 bias[2];
     for (int j = 0; j < blk.cols; ++j) bias[j] = ep.bias ? _mm512_maskz_loadu_ps(lanes16(w - j * 16), ep.bias + n0 + j * 16) : _mm512_setzero_ps();
-    if (c_bf16 && clamp) {
-      clamped_bf16_rows(sums, bias, lo, hi, rows, blk.cols, w, static_cast<uint16_t*>(c_out) + i0 * ldc + n0, ldc);
+    if (clamp) {
+      clamped_rows(sums, bias, clamped, i0, n0, rows, blk.cols, w, static_cast<uint16_t*>(c_out), ldc);
       return;
     }
     const uint16_t* ar = a + i0 * lda;
@@ -480,8 +501,13 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
         _mm512_mask_storeu_ps(at[j].c + i * at[j].ldc, lanes16(w - j * 16), gelu && !at[j].plain ? erf_rational::gelu_erf(acc[j]) : acc[j]);
     }
     if (c_bf16) {
-      if (ep.has_tail() && !gelu)
-        rows_k.tile_epilogue(block_values, kLd, ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr, ep.ldz, rows, w, ep.act, ep.post);
+      const float* z = ep.z ? ep.z + i0 * ep.ldz + n0 : nullptr;
+      int64_t ldz = ep.ldz;
+      if (z16) {
+        for (int i = 0; i < rows; ++i) rows_k.widen_bf16(z16 + (i0 + i) * ep.ldz + n0, z_values + i * kLd, w);
+        z = z_values, ldz = kLd;
+      }
+      if ((ep.has_tail() || z16) && !gelu) rows_k.tile_epilogue(block_values, kLd, z, ldz, rows, w, ep.act, ep.post);
       uint16_t* y = static_cast<uint16_t*>(c_out) + i0 * ldc + n0;
       for (int i = 0; i < rows; ++i)
         for (int j = 0; j < blk.cols; ++j)

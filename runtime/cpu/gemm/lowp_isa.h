@@ -52,9 +52,11 @@ void copy_bf16_rows(const uint16_t* x, int64_t ldx, int64_t rows, int64_t n, uin
 /// in groups of `nc` column tiles as u8s8_tiles; A is bf16, rows `lda` elements apart (a
 /// multiple of 32, zeros past K), zero rows after the m-th up to a multiple of 16; then bias
 /// and the epilogue as in the f32 GEMM, into `c` (rows `ldc` apart; f32, or bf16 rounded from
-/// the f32 values where `c_bf16`) or, from C's row `row0`, `parts` (gemm_bf16's; f32).
+/// the f32 values where `c_bf16`, then the residual may be bf16: `z16`, rows ep.ldz apart, in
+/// place of ep.z) or, from C's row `row0`, `parts` (gemm_bf16's; f32).
 void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
-                const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0, int64_t n);
+                const Epilogue& ep, const uint16_t* z16, void* c, bool c_bf16, int64_t ldc, std::span<const ColumnPart> parts, int64_t row0,
+                int64_t n);
 
 }  // namespace kiln::cpu::gemm::lowp_amx
 
