@@ -644,10 +644,10 @@ bool bf16_activations(const KernelQuery& q) {
 // (a residual may follow), K at least twice N, 32 output channels or more, but not 64 pixels or
 // fewer by a weight over 512 KiB. Against oneDNN's AMX convolution (medians of 4 alternated
 // `kiln profile` rounds of each compile loaded from stdin, one thread): EfficientNet-B0's
-// projections 0.46-0.80 of its time, MobileNetV2's 0.67-0.96 (its 14x14 ones into 96 channels
-// with a residual 1.01-1.08, its 7x7 ones 0.98-1.01); but MobileNetV2's Clip expansions
-// 1.14-1.33x, and ResNet-50's ReLU reductions 0.98-1.20x (0.91 from 1,024 channels into 512),
-// its expansions with their residual 0.95-1.01. Without AMX (X widened, Y computed in f32 and
+// projections 0.46-0.80 of its time, MobileNetV2's 0.73-0.98 (its two 14x14 ones into 96
+// channels with a residual 1.04-1.05); but MobileNetV2's Clip expansions 1.14-1.33x, and
+// ResNet-50's ReLU reductions 0.98-1.20x (0.91 from 1,024 channels into 512), its expansions
+// with their residual 0.95-1.01. Without AMX (X widened, Y computed in f32 and
 // rounded), oneDNN's convolution over more than one pixel: it was the faster, 1.2-1.7x kiln's
 // time on EfficientNet-B0's expansions, SiLU and all, and 1.2 on its 7x7 ones at two threads.
 // f32 activations: the f32 GEMM's rule.

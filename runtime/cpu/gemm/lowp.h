@@ -139,14 +139,14 @@ size_t bf16_workspace_bytes(int64_t m, int64_t k);
 
 /// gemm_bf16 on AMX tiles for a product between bf16 activations (a pointwise convolution in
 /// lower_precision's bf16 chains): A's rows bf16 (`a_bf16`) or f32, `lda` elements apart; B
-/// packed by pack_b_bf16 over bf16_tile_steps(k) steps, so that the tiles take all of K
-/// (MobileNetV2's 16- and 24-channel expansions, which gemm_bf16 leaves to `vdpbf16ps`, among
-/// them); C's rows bf16 (`c_bf16`: each block's sums finished in f32 with the bias and the
-/// epilogue, then rounded to nearest even; the residual f32, ep.z, or bf16, `z16`, rows ep.ldz
-/// apart) or f32 (ep.z alone), `ldc` elements apart. bf16 rows of a
-/// multiple of 32 steps are read where they lie; other rows (and the last ones short of a
-/// tile) are copied, rounded if f32, a chunk of rows at a time into each thread's share of the
-/// workspace. Only where this process was granted the tile state (CpuFeatures::host().amx).
+/// packed by pack_b_bf16 over bf16_tile_steps(k) steps, so that the tiles take all of K (where
+/// gemm_bf16 leaves K below 32, and the steps past the last whole 32, to `vdpbf16ps`); C's rows
+/// bf16 (`c_bf16`: each block's sums finished in f32 with the bias and the epilogue, then
+/// rounded to nearest even; the residual f32, ep.z, or bf16, `z16`, rows ep.ldz apart) or f32
+/// (ep.z alone), `ldc` elements apart. bf16 rows of a multiple of 32 steps are read where they
+/// lie; other rows (and the last ones short of a tile) are copied, rounded if f32, a chunk of
+/// rows at a time into each thread's share of the workspace. Only where this process was
+/// granted the tile state (CpuFeatures::host().amx).
 void gemm_bf16_tiles(int64_t m, int64_t n, int64_t k, const void* a, bool a_bf16, int64_t lda, const uint16_t* b_packed,
                      const Epilogue& ep, void* c, bool c_bf16, int64_t ldc, int threads, std::byte* workspace, const uint16_t* z16 = nullptr);
 

@@ -6,10 +6,11 @@
 // or a pair of bf16 ones: 4 bytes a column) one after another, NR × 4 bytes each. Sixteen
 // columns of sixteen groups are then one tile of B as `tdpbusd` / `tdpbf16ps` read it (16 rows
 // of 64 bytes, a group for each of 16 columns), at a stride of NR × 4 bytes, so the vector
-// kernels' packed weights serve both. A's rows (u8 read in place; bf16 from a rounded copy)
-// give a tile of 16 rows × 64 bytes per 64 u8 or 32 bf16 steps ("a chunk" of K). Each block
-// keeps R×C (≤ 2×2) tiles of 16×16 32-bit sums in tile registers 0-3, A's R row tiles in 4-5
-// and B's C column tiles in 6-7: per chunk it loads R + C tiles and issues R·C products.
+// kernels' packed weights serve both. A's rows (u8 read in place; bf16 from a rounded copy, or
+// in place where they are bf16 rows of whole chunks: gemm_bf16_tiles) give a tile of 16 rows ×
+// 64 bytes per 64 u8 or 32 bf16 steps ("a chunk" of K). Each block keeps R×C (≤ 2×2) tiles of
+// 16×16 32-bit sums in tile registers 0-3, A's R row tiles in 4-5 and B's C column tiles in
+// 6-7: per chunk it loads R + C tiles and issues R·C products.
 //
 // Blocking: B's column tiles go in groups that fill a quarter of L2 (lowp.cc picks `nc`), each
 // group passing every 32 rows of A. The first group's first pass fetches its panels of B into
