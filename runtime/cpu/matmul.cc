@@ -639,7 +639,7 @@ bool bf16_activations(const KernelQuery& q) {
 // kiln.gemm_bf16's default share of the pointwise convolutions on bf16 activations. Those of
 // one pixel (a squeeze-and-excitation's two, on the pooled channels), where a call of oneDNN's
 // costs more than the product: 0.27-0.95 of its time in EfficientNet-B0's bf16 compile (medians
-// of 4-6 alternated profiles a node, one and two threads). Over more pixels on AMX tiles
+// of 4-6 alternated profiles a node, one and two threads). Over 16 pixels or more on AMX tiles
 // (gemm_bf16_tiles: X and Y as they are, K up to a whole tile), the projections: no activation
 // (a residual may follow), K at least twice N, 32 output channels or more, but not 64 pixels or
 // fewer by a weight over 512 KiB. Against oneDNN's AMX convolution (medians of 4 alternated
@@ -656,7 +656,8 @@ std::optional<std::string> bf16_gemm_defers(const KernelQuery& q) {
   const std::vector<int64_t> y = q.outputs[0].shape.concrete();
   const int64_t m = y[0] * y[1] * y[2], n = y[3], k = q.inputs[0].shape.concrete()[3];
   if (m == 1) return std::nullopt;
-  if (!q.target.cpu.amx || m < 16) return "oneDNN's convolution is faster on bf16 activations over more than one pixel without AMX tiles";
+  if (!q.target.cpu.amx) return "oneDNN's convolution is faster on bf16 activations over more than one pixel without AMX tiles";
+  if (m < 16) return "oneDNN's convolution is faster on bf16 activations over 2 to 15 pixels, fewer than a tile's rows";
   const Result<ActivationSpec> act = read_activation(q.node, "activation"), post = read_activation(q.node, "post_activation");
   if (!act.ok() || !post.ok() || act->kind != Activation::none || post->kind != Activation::none)
     return "oneDNN's AMX convolution is faster on bf16 activations but on a projection (no activation)";

@@ -511,9 +511,10 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
       if ((ep.has_tail() || z16) && !gelu) rows_k.tile_epilogue(block_values, kLd, z, ldz, rows, w, ep.act, ep.post);
       uint16_t* y = static_cast<uint16_t*>(c_out) + i0 * ldc + n0;
       for (int i = 0; i < rows; ++i)
-        for (int j = 0; j < blk.cols; ++j)
-          _mm256_mask_storeu_epi16(y + i * ldc + j * 16, lanes16(w - j * 16),
-                                   (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(block_values + i * kLd + j * 16)));
+        for (int j = 0; j < blk.cols; ++j) {
+          const __mmask16 mk = lanes16(w - j * 16);  // the lanes the values were written in
+          _mm256_mask_storeu_epi16(y + i * ldc + j * 16, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_load_ps(mk, block_values + i * kLd + j * 16)));
+        }
       return;
     }
     if (!ep.has_tail() || gelu) return;
