@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -16,7 +17,7 @@ namespace kiln {
 
 namespace {
 
-constexpr size_t kBufferSize = size_t{1} << 20;
+constexpr size_t kChunkBytes = size_t{2} << 20;  // a transparent huge page
 
 // The writer pid of a temporary named `<...>.tmp.<pid>.<n>`, or 0 when the name is not one.
 pid_t temp_writer(const std::string& name) {
@@ -88,6 +89,35 @@ FolderLock::~FolderLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
+Status ChunkedWriter::append(const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (!pending_.empty() || size < chunk_) {
+    const size_t take = std::min(size, chunk_ - pending_.size());
+    pending_.insert(pending_.end(), p, p + take);
+    p += take;
+    size -= take;
+    if (pending_.size() < chunk_) return {};
+    KILN_RETURN_IF_ERROR(finish());
+  }
+  // Nothing gathered: the file ends on a chunk's boundary.
+  if (const size_t whole = size / chunk_ * chunk_; whole > 0) {
+    KILN_RETURN_IF_ERROR(write_(p, whole));
+    p += whole;
+    size -= whole;
+  }
+  pending_.assign(p, p + size);
+  return {};
+}
+
+Status ChunkedWriter::finish() {
+  if (pending_.empty()) return {};
+  Status s = write_(pending_.data(), pending_.size());
+  pending_.clear();
+  return s;
+}
+
+AtomicFile::AtomicFile() : out_(kChunkBytes, [this](const uint8_t* p, size_t n) { return write_all(p, n); }) {}
+
 AtomicFile::~AtomicFile() {
   if (fd_ >= 0) ::close(fd_);
   if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
@@ -119,17 +149,11 @@ Status AtomicFile::open(const std::string& final_path) {
   return user_error("", "cannot create a temporary file next to '" + final_path + "': too many attempts");
 }
 
-Status AtomicFile::write(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  if (buffer_.size() + size > kBufferSize) KILN_RETURN_IF_ERROR(flush());
-  if (size > kBufferSize) return write_all(p, size);
-  buffer_.insert(buffer_.end(), p, p + size);
-  return {};
-}
+Status AtomicFile::write(const void* data, size_t size) { return out_.append(data, size); }
 
 Status AtomicFile::sync() {
   if (synced_) return {};
-  KILN_RETURN_IF_ERROR(flush());
+  KILN_RETURN_IF_ERROR(out_.finish());
   if (::fsync(fd_) != 0) return user_error("", "cannot write '" + final_ + "': " + errno_text(errno));
   synced_ = true;
   return {};
@@ -146,12 +170,6 @@ Status AtomicFile::commit() {
   fd_ = -1;
   sync_folder(folder_of(final_));
   return {};
-}
-
-Status AtomicFile::flush() {
-  Status s = write_all(buffer_.data(), buffer_.size());
-  buffer_.clear();
-  return s;
 }
 
 Status AtomicFile::write_all(const uint8_t* p, size_t size) {

@@ -417,6 +417,45 @@ TEST(FormatsSerialize, HugePagesFollowTheKernelsMode) {
   EXPECT_FALSE(huge_pages_enabled(""));
 }
 
+// Every write starts on a chunk's boundary and all but the last are whole chunks, whatever the
+// pieces appended; the bytes arrive as appended, in order.
+TEST(FormatsAtomicFile, WritesWholeChunksAtTheirOffsets) {
+  constexpr size_t kChunk = 64;
+  std::vector<uint8_t> file;
+  std::vector<std::pair<size_t, size_t>> writes;  // offset, size
+  ChunkedWriter out(kChunk, [&](const uint8_t* p, size_t n) {
+    writes.emplace_back(file.size(), n);
+    file.insert(file.end(), p, p + n);
+    return Status{};
+  });
+  std::vector<uint8_t> appended;
+  uint8_t next = 0;
+  for (size_t size : {1, 0, 63, 64, 65, 1000, 3, 128, 200, 64, 7}) {
+    std::vector<uint8_t> piece(size);
+    for (uint8_t& b : piece) b = next++;
+    ASSERT_TRUE(out.append(piece.data(), piece.size()).ok());
+    appended.insert(appended.end(), piece.begin(), piece.end());
+    EXPECT_EQ(file.size() % kChunk, 0u);
+    EXPECT_EQ(file.size(), appended.size() / kChunk * kChunk);  // only the partial chunk is held
+  }
+  ASSERT_TRUE(out.finish().ok());
+  ASSERT_TRUE(out.finish().ok());  // nothing left: no write
+  EXPECT_EQ(file, appended);
+  ASSERT_GE(writes.size(), 3u);
+  for (size_t i = 0; i < writes.size(); ++i) {
+    EXPECT_EQ(writes[i].first % kChunk, 0u) << "write " << i;
+    EXPECT_GT(writes[i].second, 0u) << "write " << i;
+    if (i + 1 < writes.size()) {
+      EXPECT_EQ(writes[i].second % kChunk, 0u) << "write " << i;
+    }
+  }
+  EXPECT_NE(writes.back().second % kChunk, 0u);  // 1595 bytes: the last chunk is partial
+  // A write that fails is reported.
+  ChunkedWriter failing(kChunk, [](const uint8_t*, size_t) { return internal_error("", "disk full"); });
+  const std::vector<uint8_t> big(3 * kChunk);
+  EXPECT_FALSE(failing.append(big.data(), big.size()).ok());
+}
+
 // A compiled model's packed int8 weight moves out of the mapped file onto memory that asks for
 // huge pages, the same bytes in the same layout; a packed f32 weight, a convolution's, a plain
 // tensor and a model under 2 MiB of such weights stay where they are, and so does everything
