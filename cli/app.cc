@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <iterator>
 #include <random>
 
 #include "export/exporter.h"
@@ -42,7 +41,18 @@ std::string command_line(int argc, char** argv) {
 
 Result<std::string> read_input(const std::string& path) {
   if (path == "-") {
-    std::string bytes((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    // In blocks: a character at a time, through the stream synced with stdio, a 55 MB model took
+    // 1.1 s to read.
+    constexpr size_t kBlock = size_t{1} << 20;
+    std::string bytes;
+    std::streambuf* in = std::cin.rdbuf();
+    for (;;) {
+      const size_t at = bytes.size();
+      bytes.resize(at + kBlock);
+      const auto got = static_cast<size_t>(in->sgetn(bytes.data() + at, static_cast<std::streamsize>(kBlock)));
+      bytes.resize(at + got);
+      if (got == 0) break;
+    }
     return bytes;
   }
   return read_file_string(path);

@@ -390,7 +390,15 @@ struct Buffer {
 
 Result<Buffer> alloc_buffer(uint64_t size) {
   uint64_t rounded = align_up(std::max<uint64_t>(size, 1));
-  if (rounded > std::numeric_limits<size_t>::max() || !try_charge_memory(rounded))
+  const bool fits = rounded <= std::numeric_limits<size_t>::max();
+  // The constants are read where they lie in the buffer (a model from stdin: its weights,
+  // streamed on every run), so from 2 MiB on it is on 2 MiB pages where the machine gives them
+  // quickly, as a model file kiln wrote is in the page cache (ChunkedWriter). Zero-filled.
+  if (fits) {
+    if (std::shared_ptr<HugePages> region = huge_pages_if_quick(static_cast<size_t>(rounded)))
+      return Buffer{std::shared_ptr<uint8_t>(region, region->data()), size};
+  }
+  if (!fits || !try_charge_memory(rounded))
     return user_error("", "reading it needs " + format_bytes(size) + ", past the memory limit of " +
                               format_bytes(memory_limit()) + " (--max-memory)");
   void* p = std::aligned_alloc(kAlign, rounded);

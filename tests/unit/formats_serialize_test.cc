@@ -711,6 +711,39 @@ TEST(FormatsSerialize, LoadFromAPipe) {
   expect_aligned(*loaded);
 }
 
+// A model read from a pipe or from bytes in memory (stdin) lies, from 2 MiB on, in a HugePages
+// region where the machine gives huge pages quickly, its weights read there as they were
+// written; a small one on the heap.
+TEST(FormatsSerialize, ModelReadIntoMemoryIsOnHugePages) {
+  Model m;
+  const ValueId w = m.graph.add_constant("w", random_tensor(DType::f32, {1024, 768}, 7));  // 3 MiB
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  const bool quick = huge_pages_enabled(transparent_huge_pages()) && huge_pages_quick_so_far();
+  auto in_region = [](const Tensor& t) {
+    const auto at = reinterpret_cast<uintptr_t>(t.raw());
+    for (const auto& [first, last] : huge_page_regions()) {
+      if (first <= at && at + t.nbytes() <= last) return true;
+    }
+    return false;
+  };
+  auto loaded = load_model_from_bytes(*bytes, "<stdin>");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  const Tensor& weight = loaded->graph.values[w].constant;
+  EXPECT_EQ(std::memcmp(weight.raw(), m.graph.values[w].constant.raw(), weight.nbytes()), 0);
+  EXPECT_EQ(in_region(weight), quick);
+  if (quick) {
+    EXPECT_NE(vm_flags(weight.raw()).find(" hg"), std::string::npos) << vm_flags(weight.raw());
+  }
+  auto small = load_model_from_bytes(*serialize_model(rich_model()), "<stdin>");
+  ASSERT_TRUE(small.ok()) << small.error().message();
+  for (const Value& v : small->graph.values) {
+    if (v.constant.defined() && v.constant.nbytes() > 0) {
+      EXPECT_FALSE(in_region(v.constant)) << v.name;
+    }
+  }
+}
+
 TEST(FormatsSerialize, SidecarAboveThreshold) {
   TempDir dir;
   Model m = rich_model();
