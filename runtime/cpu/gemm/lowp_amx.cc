@@ -513,7 +513,8 @@ void bf16_tiles(int64_t m, int64_t nc, int64_t t0, int64_t t1, int64_t k, const 
       for (int i = 0; i < rows; ++i)
         for (int j = 0; j < blk.cols; ++j) {
           const __mmask16 mk = lanes16(w - j * 16);  // the lanes the values were written in
-          _mm256_mask_storeu_epi16(y + i * ldc + j * 16, mk, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_load_ps(mk, block_values + i * kLd + j * 16)));
+          const __m512 v = _mm512_maskz_load_ps(mk, block_values + i * kLd + j * 16);
+          _mm256_mask_storeu_epi16(y + i * ldc + j * 16, mk, (__m256i)_mm512_cvtneps_pbh(v));
         }
       return;
     }
