@@ -79,16 +79,13 @@ Result<HashedModel> load_model_arg_hashed(const std::string& path) {
     KILN_ASSIGN_OR_RETURN(out.model, with_onnx_hint(path, load_model(path, hashed)));
     return out;
   }
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_input(path));
-  std::span<const uint8_t> raw(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-  KILN_ASSIGN_OR_RETURN(out.model, load_model_from_bytes(raw, "<stdin>", hashed));
+  KILN_ASSIGN_OR_RETURN(out.model, load_model_from_fd(STDIN_FILENO, "<stdin>", hashed));
   return out;
 }
 
 Result<Model> load_model_arg(const std::string& path) {
   if (path != "-") return with_onnx_hint(path, load_model(path));
-  KILN_ASSIGN_OR_RETURN(std::string bytes, read_input("-"));
-  return load_model_from_bytes({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "<stdin>");
+  return load_model_from_fd(STDIN_FILENO, "<stdin>");
 }
 
 Status write_output(const std::string& path, const std::string& bytes) {

@@ -130,9 +130,9 @@ double process_budget_ms = kSlowHugePagesBudgetMs;
 
 }  // namespace
 
-std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes) {
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes, const HugePageFault& fault) {
   std::lock_guard lock(process_budget_mu);
-  return huge_pages_if_quick(bytes, transparent_huge_pages(), nullptr, process_budget_ms);
+  return huge_pages_if_quick(bytes, transparent_huge_pages(), fault, process_budget_ms);
 }
 
 bool huge_pages_quick_so_far() {

@@ -74,8 +74,9 @@ class HugePages {
 /// refuses the mapping.
 std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes, std::string_view thp_mode, const HugePageFault& fault,
                                                double& slow_budget_ms);
-/// The same on this machine, within one budget of kSlowHugePagesBudgetMs for the process.
-std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes);
+/// The same on this machine, within one budget of kSlowHugePagesBudgetMs for the process. `fault`
+/// (null: the first byte touched, timed) may fill each page as it faults it in.
+std::shared_ptr<HugePages> huge_pages_if_quick(size_t bytes, const HugePageFault& fault = nullptr);
 /// Whether the process's budget is not spent: huge_pages_if_quick(bytes) still maps huge pages
 /// where this machine offers them.
 bool huge_pages_quick_so_far();

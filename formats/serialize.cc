@@ -20,6 +20,8 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "formats/atomic_file.h"
 #include "formats/memory.h"
@@ -388,14 +390,16 @@ struct Buffer {
   uint64_t size = 0;
 };
 
-Result<Buffer> alloc_buffer(uint64_t size) {
+/// `size` bytes, zero-filled. Where they are on huge pages, `fault` (null: a touch) faults in
+/// each 2 MiB page that came quickly, in order from the start, and may fill it (HugePageFault).
+Result<Buffer> alloc_buffer(uint64_t size, const HugePageFault& fault = nullptr) {
   uint64_t rounded = align_up(std::max<uint64_t>(size, 1));
   const bool fits = rounded <= std::numeric_limits<size_t>::max();
   // The constants are read where they lie in the buffer (a model from stdin: its weights,
   // streamed on every run), so from 2 MiB on it is on 2 MiB pages where the machine gives them
-  // quickly, as a model file kiln wrote is in the page cache (ChunkedWriter). Zero-filled.
+  // quickly, as a model file kiln wrote is in the page cache (ChunkedWriter).
   if (fits) {
-    if (std::shared_ptr<HugePages> region = huge_pages_if_quick(static_cast<size_t>(rounded)))
+    if (std::shared_ptr<HugePages> region = huge_pages_if_quick(static_cast<size_t>(rounded), fault))
       return Buffer{std::shared_ptr<uint8_t>(region, region->data()), size};
   }
   if (!fits || !try_charge_memory(rounded))
@@ -425,17 +429,12 @@ MappedFiles& mapped_files() {
   return *m;
 }
 
-/// Reads `path` whole: a regular file is memory-mapped, a pipe or device read into an aligned
-/// buffer. `what` names the file in messages ("file" for the model file itself, whose path the
-/// caller puts in Error::file).
-Result<Buffer> read_file(const std::string& path, const std::string& what) {
+/// Reads what `fd` holds from its current offset to its end: a regular file read from its start
+/// is memory-mapped, anything else (a pipe, a device, a file read from elsewhere) read into an
+/// aligned buffer. `what` names the file in messages ("file" for the model file itself, whose
+/// path the caller puts in Error::file).
+Result<Buffer> read_fd(int fd, const std::string& what) {
   std::string label = " " + what;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return user_error("", "cannot open" + label + ": " + errno_text(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
   if (S_ISDIR(st.st_mode)) return user_error("", "cannot read" + label + ": " + errno_text(EISDIR));
@@ -446,7 +445,8 @@ Result<Buffer> read_file(const std::string& path, const std::string& what) {
       return r;
     }
   };
-  if (S_ISREG(st.st_mode) && st.st_size > 0) {
+  const bool from_start = S_ISREG(st.st_mode) && ::lseek(fd, 0, SEEK_CUR) == 0;
+  if (from_start && st.st_size > 0) {
     // Mapped, not copied: weights are views into the page cache, loading costs no copy and
     // the pages of weights a run never touches are never read. Private and writable, so that
     // nothing written through a view (there should be nothing) could reach the file.
@@ -469,7 +469,7 @@ Result<Buffer> read_file(const std::string& path, const std::string& what) {
                     static_cast<uint64_t>(size)};
     }
   }
-  if (S_ISREG(st.st_mode)) {
+  if (from_start) {
     KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(static_cast<uint64_t>(st.st_size)));
     uint64_t got = 0;
     while (got < buf.size) {
@@ -480,18 +480,79 @@ Result<Buffer> read_file(const std::string& path, const std::string& what) {
     }
     return buf;
   }
-  // A pipe or device: size unknown, read to the end.
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  for (;;) {
-    ssize_t r = read_some(chunk, sizeof chunk);
-    if (r < 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
-    if (r == 0) break;
-    bytes.insert(bytes.end(), chunk, chunk + r);
+  // Size unknown: read to the end in pieces of huge pages' size, each its own mapping (charged
+  // to --max-memory), then each copied into the buffer and unmapped, so that the peak is the
+  // file and one piece. Gathered in a growing vector and copied whole into a buffer on huge
+  // pages faulted in first, a 438 MB model from a pipe peaked at twice its size.
+  struct Piece {
+    uint8_t* data = nullptr;
+    size_t size = 0;
+    bool charged = true;
+    explicit Piece(uint8_t* d) : data(d) {}
+    Piece(Piece&& o) noexcept : data(std::exchange(o.data, nullptr)), size(o.size), charged(o.charged) {}
+    Piece(const Piece&) = delete;
+    ~Piece() { drop(); }
+    void drop() noexcept {
+      if (!data) return;
+      ::munmap(std::exchange(data, nullptr), kHugePageBytes);
+      if (std::exchange(charged, false)) release_memory(kHugePageBytes);
+    }
+  };
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (bool end = false; !end;) {
+    if (!try_charge_memory(kHugePageBytes))
+      return user_error("", "reading it needs at least " + format_bytes(static_cast<size_t>(total) + kHugePageBytes) +
+                                ", past the memory limit of " + format_bytes(memory_limit()) + " (--max-memory)");
+    void* p = ::mmap(nullptr, kHugePageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      release_memory(kHugePageBytes);
+      return user_error("", "cannot allocate memory to read" + label);
+    }
+    Piece& piece = pieces.emplace_back(static_cast<uint8_t*>(p));
+    while (piece.size < kHugePageBytes) {
+      ssize_t r = read_some(piece.data + piece.size, kHugePageBytes - piece.size);
+      if (r < 0) return user_error("", "cannot read" + label + ": " + errno_text(errno));
+      if (r == 0) {
+        end = true;
+        break;
+      }
+      piece.size += static_cast<size_t>(r);
+    }
+    total += piece.size;
   }
-  KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(bytes.size()));
-  if (!bytes.empty()) std::memcpy(buf.data.get(), bytes.data(), bytes.size());
+  // Every piece but the last is whole, so piece k fills the buffer's 2 MiB page k: on huge pages
+  // each page that comes quickly is faulted in by its piece's copy.
+  size_t copied = 0;
+  auto copy_next = [&](uint8_t* to) {
+    std::memcpy(to, pieces[copied].data, pieces[copied].size);
+    pieces[copied++].drop();
+  };
+  const HugePageFault copy_in = [&](uint8_t* page) {
+    const auto t0 = std::chrono::steady_clock::now();
+    *reinterpret_cast<volatile uint8_t*>(page) = 0;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    copy_next(page);
+    return ms;
+  };
+  for (Piece& piece : pieces) {  // the buffer's charge covers them while they are copied in
+    release_memory(kHugePageBytes);
+    piece.charged = false;
+  }
+  KILN_ASSIGN_OR_RETURN(Buffer buf, alloc_buffer(total, copy_in));
+  while (copied < pieces.size()) copy_next(buf.data.get() + copied * kHugePageBytes);
   return buf;
+}
+
+/// Reads `path` whole (read_fd).
+Result<Buffer> read_file(const std::string& path, const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return user_error("", "cannot open " + what + ": " + errno_text(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  return read_fd(fd, what);
 }
 
 std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
@@ -1068,6 +1129,16 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options) {
   std::string dir = std::filesystem::path(path).parent_path().string();
   auto model = decode(*buf, dir, options);
   if (!model.ok()) return with_file(model.status(), path);
+  return model;
+}
+
+Result<Model> load_model_from_fd(int fd, const std::string& name, const LoadOptions& options,
+                                 const std::string& sidecar_dir) {
+  auto buf = read_fd(fd, "file");
+  if (!buf.ok()) return with_file(buf.status(), name);
+  if (options.sha256) *options.sha256 = sha256_hex({buf->data.get(), static_cast<size_t>(buf->size)});
+  auto model = decode(*buf, sidecar_dir, options);
+  if (!model.ok()) return with_file(model.status(), name);
   return model;
 }
 

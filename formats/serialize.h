@@ -112,7 +112,15 @@ struct HugePageWeights {
 /// no, less than 2 MiB would, the memory budget has no room, the machine refuses the region or
 /// its first pages came slowly.
 HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode, const HugePageFault& fault = nullptr);
-/// Like load_model for bytes already in memory (stdin). `name` is used in messages (e.g.
+/// Like load_model for what an open descriptor holds from its offset on (`-`: stdin). A regular
+/// file read from its start is mapped as load_model maps it; a pipe is read in 2 MiB pieces,
+/// each released as it is copied into the model's buffer, so the peak is the model and one
+/// piece. `name` is used in messages (e.g. "<stdin>"); a sidecar weights file is looked up in
+/// `sidecar_dir` (the current directory when empty). Does not close `fd`.
+Result<Model> load_model_from_fd(int fd, const std::string& name, const LoadOptions& options = {},
+                                 const std::string& sidecar_dir = "");
+
+/// Like load_model for bytes already in memory. `name` is used in messages (e.g.
 /// "<stdin>"); the bytes are copied once into an aligned buffer that the constants view. A
 /// sidecar weights file is looked up in `sidecar_dir` (the current directory when empty).
 Result<Model> load_model_from_bytes(std::span<const uint8_t> bytes, const std::string& name,

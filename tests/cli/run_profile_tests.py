@@ -175,18 +175,24 @@ def run_all(r, work):
         except (ValueError, KeyError, TypeError, jsonschema.ValidationError) as e:
             good, err = False, f"{err} ({str(e)[:400]})"
         r.check(f"json_{model}", good, f"exit {rc}; stdout {out[:300]!r}; stderr {err[:400]!r}")
-    # A model read from stdin is in memory of kiln's own: no model file's pages to tell of.
+    # A model read from a pipe on stdin is in memory of kiln's own: no model file's pages to tell
+    # of. Stdin redirected from the file itself maps it, as a path does.
     with open(os.path.join(work, "cnn.c.kiln"), "rb") as f:
-        p = subprocess.run([r.kiln, "profile", "-", "--json", "--iters", "2"], stdin=f, capture_output=True, cwd=work,
-                           env=r.env)
-    try:
-        doc = json.loads(p.stdout)
-        jsonschema.validate(doc, SCHEMA)
-        good, why = p.returncode == 0 and "model_file_resident_bytes" not in doc["memory"], ""
-    except (ValueError, KeyError, jsonschema.ValidationError) as e:
-        good, why = False, str(e)[:300]
-    r.check("json_stdin_no_file_pages", good,
-            f"exit {p.returncode}; stdout {p.stdout[:300]!r}; stderr {p.stderr[:300]!r} {why}")
+        model_bytes = f.read()
+        f.seek(0)
+        redirected = subprocess.run([r.kiln, "profile", "-", "--json", "--iters", "2"], stdin=f, capture_output=True,
+                                    cwd=work, env=r.env)
+    piped = subprocess.run([r.kiln, "profile", "-", "--json", "--iters", "2"], input=model_bytes, capture_output=True,
+                           cwd=work, env=r.env)
+    for name, p, mapped in (("json_stdin_pipe_no_file_pages", piped, False),
+                            ("json_stdin_file_mapped", redirected, True)):
+        try:
+            doc = json.loads(p.stdout)
+            jsonschema.validate(doc, SCHEMA)
+            good, why = p.returncode == 0 and ("model_file_resident_bytes" in doc["memory"]) == mapped, ""
+        except (ValueError, KeyError, jsonschema.ValidationError) as e:
+            good, why = False, str(e)[:300]
+        r.check(name, good, f"exit {p.returncode}; stdout {p.stdout[:300]!r}; stderr {p.stderr[:300]!r} {why}")
 
     # A fused node lists every source node it came from.
     rc, out, err = r.run(["profile", "cnn.kiln", "--json", "--iters", "3"])

@@ -3,18 +3,17 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
-#include <algorithm>
-#include <cstring>
 
 #include "formats/atomic_file.h"
 #include "formats/huge_pages.h"
@@ -24,7 +23,7 @@
 #include "formats/sha256.h"
 #include "formats/text.h"
 #include "formats/verify.h"
-#include "tests/unit/vm_flags_test_util.h"
+#include "tests/unit/proc_self_test_util.h"
 
 namespace kiln {
 namespace {
@@ -709,6 +708,91 @@ TEST(FormatsSerialize, LoadFromAPipe) {
   ASSERT_TRUE(loaded.ok()) << loaded.error().message();
   expect_model_eq(m, *loaded);
   expect_aligned(*loaded);
+}
+
+// A model from a pipe is held once while it is read: its bytes in 2 MiB pieces, each released as
+// it is copied into the model's buffer (gathered whole first and then copied, the peak was twice
+// the model). The pieces are charged to the memory budget.
+TEST(FormatsSerialize, LoadFromAPipeHoldsTheModelOnce) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.kiln");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Model m;
+  const ValueId w = m.graph.add_constant("w", random_tensor(DType::f32, {3 << 20, 4}, 11));  // 48 MiB
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  const size_t size = bytes->size();
+  const size_t in_use = memory_in_use();
+  reset_memory_peak();
+  const bool rss_known = reset_peak_rss();
+  const size_t rss_before_kb = proc_status_kb("VmRSS:");
+  std::thread writer([&] {
+    std::ofstream(fifo, std::ios::binary).write(reinterpret_cast<const char*>(bytes->data()),
+                                                static_cast<std::streamsize>(size));
+  });
+  auto loaded = load_model(fifo);
+  writer.join();
+  const size_t peak_rss_kb = proc_status_kb("VmHWM:");
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+  const Tensor& weight = loaded->graph.values[w].constant;
+  EXPECT_EQ(std::memcmp(weight.raw(), m.graph.values[w].constant.raw(), weight.nbytes()), 0);
+  EXPECT_GE(memory_peak() - in_use, size);
+  EXPECT_LE(memory_peak() - in_use, size + (size_t{2} << 20) + (size_t{4} << 20));
+  if (rss_known && peak_rss_kb > rss_before_kb) {
+    EXPECT_LT((peak_rss_kb - rss_before_kb) * 1024, size + size / 4) << "peak RSS grew past the model";
+  }
+}
+
+// A descriptor is read from where it stands: a regular file from its start is mapped, as
+// load_model maps it; from further on, what follows is read.
+TEST(FormatsSerialize, LoadFromADescriptor) {
+  TempDir dir;
+  Model m = rich_model();
+  auto bytes = serialize_model(m);
+  ASSERT_TRUE(bytes.ok());
+  const std::string path = dir.file("m.kiln");
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "junk";
+    out.write(reinterpret_cast<const char*>(bytes->data()), static_cast<std::streamsize>(bytes->size()));
+  }
+  auto mapped = [](const Model& model) {
+    for (const Value& v : model.graph.values) {
+      if (!v.constant.defined() || v.constant.nbytes() == 0) continue;
+      const auto at = reinterpret_cast<uintptr_t>(v.constant.raw());
+      for (const auto& [first, last] : mapped_model_files())
+        if (first <= at && at < last) return true;
+    }
+    return false;
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::lseek(fd, 4, SEEK_SET), 4);
+  std::string sha;
+  auto after_junk = load_model_from_fd(fd, "<stdin>", LoadOptions{.sha256 = &sha});
+  ::close(fd);
+  ASSERT_TRUE(after_junk.ok()) << after_junk.error().message();
+  expect_model_eq(m, *after_junk);
+  expect_aligned(*after_junk);
+  EXPECT_FALSE(mapped(*after_junk));
+  EXPECT_EQ(sha, sha256_hex(*bytes));
+
+  ASSERT_TRUE(save_model(m, path).ok());
+  const int whole = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(whole, 0);
+  auto from_start = load_model_from_fd(whole, "<stdin>");
+  ::close(whole);
+  ASSERT_TRUE(from_start.ok()) << from_start.error().message();
+  expect_model_eq(m, *from_start);
+  EXPECT_TRUE(mapped(*from_start));
+
+  const int bad = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(bad, 0);
+  ASSERT_EQ(::lseek(bad, 1, SEEK_SET), 1);
+  auto shifted = load_model_from_fd(bad, "<stdin>");
+  ::close(bad);
+  ASSERT_FALSE(shifted.ok());
+  EXPECT_EQ(shifted.error().file, "<stdin>");
 }
 
 // A model read from a pipe or from bytes in memory (stdin) lies, from 2 MiB on, in a HugePages

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "formats/memory.h"
+#include "tests/unit/proc_self_test_util.h"
 
 namespace kiln {
 namespace {
@@ -496,21 +497,6 @@ TEST(NpzWrite, FileRoundTripAndFailedWrite) {
   Status s = write_npz_file(bad, t);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.error().file, bad);
-}
-
-// RSS of this process now, and its peak since the last reset_peak_rss (kB, from /proc).
-size_t proc_status_kb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key, 0) == 0) return std::strtoull(line.c_str() + std::strlen(key), nullptr, 10);
-  return 0;
-}
-bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";  // resets VmHWM (Linux 4.0+)
-  out.flush();
-  return out.good();
 }
 
 // A calibration-sized archive read from its path: every value arrives, and the reader holds the

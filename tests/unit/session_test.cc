@@ -13,7 +13,7 @@
 
 #include "runtime/session.h"
 #include "runtime/threads.h"
-#include "tests/unit/vm_flags_test_util.h"
+#include "tests/unit/proc_self_test_util.h"
 
 namespace kiln {
 namespace {
