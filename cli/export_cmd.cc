@@ -1,5 +1,7 @@
 // `kiln export IN.onnx -o OUT.kiln`: ONNX → .kiln.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -39,9 +41,7 @@ int run_export(const ExportArgs& args, const std::string& cmdline) {
   }
   Result<Model> model = Error{};
   if (args.input == "-") {
-    auto bytes = read_input("-");
-    if (!bytes.ok()) return report(verb, bytes.error());
-    model = export_onnx_bytes(*bytes, "<stdin>", ".", options);
+    model = export_onnx_fd(STDIN_FILENO, "<stdin>", ".", options);
   } else {
     model = export_onnx(args.input, options);
   }

@@ -2,9 +2,16 @@
 // node outputs, runs each node's converter, infers types and shapes node by node, verifies.
 #include "export/exporter.h"
 
+#include <fcntl.h>
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/onnx_pb.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -30,7 +37,8 @@ class Exporter {
  public:
   Exporter(const ExportOptions& options, std::string model_dir) : options_(options), model_dir_(std::move(model_dir)) {}
 
-  Result<Model> run(const onnx::ModelProto& proto);
+  /// Converts `proto`, emptying its top graph's initializers as their tensors are made.
+  Result<Model> run(onnx::ModelProto& proto);
 
   static Result<std::shared_ptr<Graph>> convert_subgraph(const onnx::GraphProto& g, void* self) {
     return static_cast<Exporter*>(self)->convert_graph(g, /*top=*/false);
@@ -48,6 +56,7 @@ class Exporter {
   Status convert_node(Scope& scope, const onnx::NodeProto& node, size_t index);
 
   const ExportOptions& options_;
+  onnx::GraphProto* top_graph_ = nullptr;  // run()'s, whose initializers go once converted
   std::string model_dir_;
   std::map<std::string, int> opsets_;
   std::vector<Scope*> scopes_;  // enclosing graphs, innermost last
@@ -150,11 +159,15 @@ Result<std::shared_ptr<Graph>> Exporter::convert_graph(const onnx::GraphProto& g
   struct Pop { std::vector<Scope*>& s; ~Pop() { s.pop_back(); } } pop{scopes_};
 
   std::set<std::string> initializer_names;
-  for (const auto& init : gp.initializer()) {
+  for (int i = 0; i < gp.initializer_size(); ++i) {
+    const onnx::TensorProto& init = gp.initializer(i);
     if (!initializer_names.insert(init.name()).second)
       return user_error("initializer '" + init.name() + "'", "is defined twice");
     KILN_ASSIGN_OR_RETURN(Tensor t, tensor_from_onnx(init, model_dir_));
     graph->add_constant(init.name(), std::move(t));
+    // Its bytes go now (into a temporary that frees them; clearing keeps a string's capacity):
+    // the export holds each weight once, where the parsed model and the graph held two copies.
+    if (top && top_graph_) onnx::TensorProto().Swap(top_graph_->mutable_initializer(i));
   }
   if (gp.sparse_initializer_size() > 0) return user_error("", "sparse initializers are not supported");
   for (const auto& in : gp.input()) {
@@ -202,7 +215,7 @@ Result<std::shared_ptr<Graph>> Exporter::convert_graph(const onnx::GraphProto& g
   return graph;
 }
 
-Result<Model> Exporter::run(const onnx::ModelProto& proto) {
+Result<Model> Exporter::run(onnx::ModelProto& proto) {
   for (const auto& op : proto.opset_import()) {
     std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
     opsets_[domain] = static_cast<int>(op.version());
@@ -213,6 +226,7 @@ Result<Model> Exporter::run(const onnx::ModelProto& proto) {
     return user_error("", "the model imports ONNX opset " + std::to_string(opsets_[""]) + "; kiln supports up to 27");
   if (!proto.has_graph()) return user_error("", "the model has no graph");
 
+  top_graph_ = proto.mutable_graph();
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Graph> graph, convert_graph(proto.graph(), true));
   if (!unsupported_.empty()) {
     std::string what = "unsupported ops: ";
@@ -279,7 +293,7 @@ Status parse_onnx(const std::string& bytes, const std::string& file, onnx::Model
 }
 
 // The kiln model of a parsed ONNX model, verified, with its provenance (`sha256`: its file's).
-Result<Model> export_proto(const onnx::ModelProto& proto, std::string sha256, const std::string& display_name,
+Result<Model> export_proto(onnx::ModelProto& proto, std::string sha256, const std::string& display_name,
                            const std::string& model_dir, const ExportOptions& options) {
   auto fail = [&](Error e) -> Result<Model> {
     if (e.file.empty()) e.file = display_name;
@@ -318,18 +332,97 @@ Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& dis
                       model_dir, options);
 }
 
-Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
+namespace {
+
+// A descriptor's bytes for the protobuf parser, hashed as they go by: a chunk is hashed when the
+// parser asks for the next (less what it backed up, which the next chunk returns again), so
+// the file is read once and never held whole.
+class HashingInput final : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit HashingInput(int fd) : in_(fd, 1 << 20) {}
+  bool Next(const void** data, int* size) override {
+    sha_.update(taken_);
+    taken_ = {};
+    if (!in_.Next(data, size)) return false;
+    taken_ = {static_cast<const uint8_t*>(*data), static_cast<size_t>(*size)};
+    return true;
+  }
+  void BackUp(int count) override {
+    in_.BackUp(count);
+    taken_ = taken_.first(taken_.size() - static_cast<size_t>(count));
+  }
+  bool Skip(int count) override {
+    const void* data = nullptr;
+    for (int size = 0; count > 0; count -= size) {
+      if (!Next(&data, &size)) return false;
+      if (size > count) BackUp(size - count);
+      size = std::min(size, count);
+    }
+    return true;
+  }
+  int64_t ByteCount() const override { return in_.ByteCount(); }
+  /// The digest of the whole file: what the parser left is read and hashed too.
+  std::string hex() {
+    const void* data = nullptr;
+    int size = 0;
+    while (Next(&data, &size)) {
+    }
+    sha_.update(taken_);
+    taken_ = {};
+    return sha_.hex();
+  }
+  /// errno of a read that failed, 0 if none did.
+  int error() const { return in_.GetErrno(); }
+
+ private:
+  google::protobuf::io::FileInputStream in_;
+  Sha256 sha_;
+  std::span<const uint8_t> taken_;
+};
+
+}  // namespace
+
+Result<Model> export_onnx_fd(int fd, const std::string& display_name, const std::string& model_dir,
+                             const ExportOptions& options) {
+  auto fail = [&](const std::string& what) -> Status { return Error{ErrorKind::user, display_name, "", what}; };
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fail("cannot read file: " + std::string(std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) return fail("is a directory, expected a file");
+  constexpr char kOver2GB[] = "the model is over 2 GB; keep its weights in ONNX external data";
+  if (S_ISREG(st.st_mode) && st.st_size >= INT32_MAX) return fail(kOver2GB);
   onnx::ModelProto proto;
   std::string sha256;
   {
-    KILN_ASSIGN_OR_RETURN(std::string bytes, read_file_string(path));
-    if (bytes.size() >= INT32_MAX)
-      return Error{ErrorKind::user, path, "", "the model is over 2 GB; keep its weights in ONNX external data"};
-    KILN_RETURN_IF_ERROR(parse_onnx(bytes, path, proto));
-    sha256 = sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
-  }  // The file's bytes go here: the parsed message holds its own copy of every initializer.
+    // Parsed as it is read, never held whole: BERT-base's 438 MB export peaked at twice that
+    // reading the file into memory first, from a pipe at three times.
+    HashingInput input(fd);
+    bool parsed = false;
+    try {
+      google::protobuf::io::CodedInputStream stream(&input);
+      stream.SetTotalBytesLimit(INT32_MAX);
+      parsed = proto.ParseFromCodedStream(&stream) && stream.ConsumedEntireMessage();
+    } catch (const MemoryLimitExceeded& e) {
+      return fail(std::string("reading it ") + e.what());
+    }
+    if (input.error() != 0) return fail("cannot read file: " + std::string(std::strerror(input.error())));
+    if (!parsed && input.ByteCount() >= INT32_MAX) return fail(kOver2GB);
+    if (!parsed || input.ByteCount() == 0) return fail("not a valid ONNX model (the protobuf does not parse)");
+    sha256 = input.hex();
+  }
+  return export_proto(proto, std::move(sha256), display_name, model_dir, options);
+}
+
+Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return Error{ErrorKind::user, path, "", "is a directory, expected a file"};
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error{ErrorKind::user, path, "", "cannot open file"};
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   std::string dir = fs::path(path).parent_path().string();
-  return export_proto(proto, std::move(sha256), path, dir.empty() ? "." : dir, options);
+  return export_onnx_fd(fd, path, dir.empty() ? "." : dir, options);
 }
 
 std::vector<std::string> supported_onnx_ops() {

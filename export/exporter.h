@@ -21,7 +21,11 @@ struct ExportOptions {
 /// Exports an ONNX file. Errors carry the file name; unsupported ops are reported together,
 /// grouped by op type with counts.
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options = {});
-/// Same, from serialized bytes (`-` for stdin); external data resolves against `model_dir`.
+/// Same, from what `fd` holds from where it stands (`-`: stdin), parsed as it is read and named
+/// `display_name` in errors; external data resolves against `model_dir`. Does not close `fd`.
+Result<Model> export_onnx_fd(int fd, const std::string& display_name, const std::string& model_dir,
+                             const ExportOptions& options = {});
+/// Same, from serialized bytes; external data resolves against `model_dir`.
 Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
                                 const std::string& model_dir, const ExportOptions& options = {});
 

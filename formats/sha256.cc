@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 
@@ -84,17 +85,16 @@ __attribute__((target("sha,sse4.1"))) void sha_ni_blocks(std::array<uint32_t, 8>
 
 using Blocks = void (*)(std::array<uint32_t, 8>&, const uint8_t*, size_t);
 
-std::string hex_digest(std::span<const uint8_t> bytes, Blocks blocks) {
-  std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                               0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  size_t full = bytes.size() / 64 * 64;
-  blocks(h, bytes.data(), full / 64);
+constexpr std::array<uint32_t, 8> kInitial = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                              0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+// The digest of `total` bytes whose whole blocks have gone into `h`, `rest` (under 64) left over.
+std::string finish(std::array<uint32_t, 8>& h, const uint8_t* rest, size_t rest_size, uint64_t total, Blocks blocks) {
   uint8_t tail[128] = {};
-  size_t rest = bytes.size() - full;
-  for (size_t i = 0; i < rest; ++i) tail[i] = bytes[full + i];
-  tail[rest] = 0x80;
-  size_t len = rest + 9 <= 64 ? 64 : 128;
-  uint64_t bits = static_cast<uint64_t>(bytes.size()) * 8;
+  for (size_t i = 0; i < rest_size; ++i) tail[i] = rest[i];
+  tail[rest_size] = 0x80;
+  size_t len = rest_size + 9 <= 64 ? 64 : 128;
+  uint64_t bits = total * 8;
   for (int i = 0; i < 8; ++i) tail[len - 1 - i] = static_cast<uint8_t>(bits >> (8 * i));
   blocks(h, tail, len / 64);
   std::string out;
@@ -104,6 +104,13 @@ std::string hex_digest(std::span<const uint8_t> bytes, Blocks blocks) {
     out += buf;
   }
   return out;
+}
+
+std::string hex_digest(std::span<const uint8_t> bytes, Blocks blocks) {
+  std::array<uint32_t, 8> h = kInitial;
+  size_t full = bytes.size() / 64 * 64;
+  blocks(h, bytes.data(), full / 64);
+  return finish(h, bytes.data() + full, bytes.size() - full, bytes.size(), blocks);
 }
 
 // Whether the CPU has the SHA extensions (CPUID leaf 7's EBX) and SSE4.1 (leaf 1's ECX), which
@@ -117,12 +124,33 @@ bool has_sha_extensions() {
   return has;
 }
 
+Blocks best_blocks() { return has_sha_extensions() ? sha_ni_blocks : portable_blocks; }
+
 }  // namespace
 
-std::string sha256_hex(std::span<const uint8_t> bytes) {
-  return hex_digest(bytes, has_sha_extensions() ? sha_ni_blocks : portable_blocks);
-}
+std::string sha256_hex(std::span<const uint8_t> bytes) { return hex_digest(bytes, best_blocks()); }
 
 std::string sha256_hex_portable(std::span<const uint8_t> bytes) { return hex_digest(bytes, portable_blocks); }
+
+Sha256::Sha256() : h_(kInitial) {}
+
+void Sha256::update(std::span<const uint8_t> bytes) {
+  total_ += bytes.size();
+  if (pending_size_ > 0) {
+    const size_t take = std::min(bytes.size(), sizeof pending_ - pending_size_);
+    std::copy_n(bytes.data(), take, pending_ + pending_size_);
+    pending_size_ += take;
+    bytes = bytes.subspan(take);
+    if (pending_size_ < sizeof pending_) return;
+    best_blocks()(h_, pending_, 1);
+    pending_size_ = 0;
+  }
+  const size_t full = bytes.size() / 64 * 64;
+  if (full > 0) best_blocks()(h_, bytes.data(), full / 64);
+  std::copy(bytes.begin() + static_cast<std::ptrdiff_t>(full), bytes.end(), pending_);
+  pending_size_ = bytes.size() - full;
+}
+
+std::string Sha256::hex() { return finish(h_, pending_, pending_size_, total_, best_blocks()); }
 
 }  // namespace kiln

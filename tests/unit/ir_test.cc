@@ -117,5 +117,27 @@ TEST(Sha256, BothPathsAgree) {
   }
 }
 
+TEST(Sha256, PiecesHashAsTheirWhole) {
+  // Bytes given in pieces of every size around a block, empty ones among them, digest as one.
+  std::vector<uint8_t> bytes(20000);
+  uint32_t x = 777;
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>((x = x * 1664525u + 1013904223u) >> 24);
+  for (size_t piece : {size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{65}, size_t{128}, size_t{1000}}) {
+    for (size_t n : {size_t{0}, size_t{55}, size_t{64}, size_t{119}, size_t{4097}, bytes.size()}) {
+      Sha256 sha;
+      for (size_t at = 0; at < n; at += piece) {
+        sha.update({bytes.data() + at, std::min(piece, n - at)});
+        sha.update({});
+      }
+      ASSERT_EQ(sha.hex(), sha256_hex({bytes.data(), n})) << n << " bytes in pieces of " << piece;
+    }
+  }
+  Sha256 million;
+  const std::string a(997, 'a');
+  for (size_t at = 0; at < 1000000; at += a.size())
+    million.update({reinterpret_cast<const uint8_t*>(a.data()), std::min(a.size(), 1000000 - at)});
+  EXPECT_EQ(million.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
 }  // namespace
 }  // namespace kiln
