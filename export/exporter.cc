@@ -413,8 +413,6 @@ Result<Model> export_onnx_fd(int fd, const std::string& display_name, const std:
 }
 
 Result<Model> export_onnx(const std::string& path, const ExportOptions& options) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return Error{ErrorKind::user, path, "", "is a directory, expected a file"};
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error{ErrorKind::user, path, "", "cannot open file"};
   struct Closer {
