@@ -113,6 +113,13 @@ TEST(ExportRead, FilePipeAndBytesGiveOneModel) {
 // go as their tensors are made. (Reading the file whole first and converting with the parsed
 // model kept, the peak was twice the weights.)
 TEST(ExportRead, HoldsEachWeightAboutOnce) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer keeps freed blocks resident in its quarantine";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "AddressSanitizer keeps freed blocks resident in its quarantine";
+#endif
+#endif
   ExportScratch scratch;
   constexpr int kWeights = 8;
   constexpr int64_t kElems = int64_t{1} << 20;  // 4 MiB each, 32 MiB in all
