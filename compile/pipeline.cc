@@ -3,13 +3,40 @@
 
 #include <chrono>
 #include <cstdio>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
+#include "formats/serialize.h"
 #include "formats/text.h"
 #include "formats/verify.h"
 
 namespace kiln {
 
 namespace {
+
+// Where the constants of `g` of 64 KiB or more lie: the bytes, not the tensors, so that a
+// weight a pass replaces is freed when the pass lets go of it.
+std::vector<std::pair<const void*, size_t>> large_constants(const Graph& g) {
+  std::vector<std::pair<const void*, size_t>> out;
+  for (const Value& v : g.values) {
+    if (v.constant.defined() && v.constant.nbytes() >= (size_t{64} << 10))
+      out.emplace_back(v.constant.raw(), v.constant.nbytes());
+  }
+  return out;
+}
+
+// Gives back the pages of the constants in `before` that the graph no longer holds, where they
+// lie in the mapped model file (release_file_pages): a pass that replaces a weight (BatchNorm
+// folded into it, lowered to bf16) read it, so its file pages stayed in the process beside the
+// new one.
+void release_replaced(const std::vector<std::pair<const void*, size_t>>& before, const Graph& g) {
+  std::unordered_set<const void*> kept;
+  for (const Value& v : g.values)
+    if (v.constant.defined()) kept.insert(v.constant.raw());
+  for (const auto& [data, bytes] : before)
+    if (!kept.count(data)) release_file_pages(data, bytes);
+}
 
 std::string known_pass_list() {
   std::string s;
@@ -69,7 +96,9 @@ Result<CompileReport> compile_model(Model& model, const CompileOptions& options)
     PassRecord rec;
     rec.name = std::string(pass->name);
     const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<std::pair<const void*, size_t>> before = large_constants(model.graph);
     Result<PassResult> r = pass->run(model, ctx);
+    release_replaced(before, model.graph);
     const auto t1 = std::chrono::steady_clock::now();
     if (!r.ok()) {
       Error e = r.error();

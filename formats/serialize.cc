@@ -1033,8 +1033,12 @@ bool inside_mapped_file(uintptr_t begin, uintptr_t end) {
 }  // namespace
 
 void release_file_pages(const Tensor& t) {
-  if (!t.defined() || t.nbytes() == 0) return;
-  const auto begin = reinterpret_cast<uintptr_t>(t.raw()), end = begin + t.nbytes();
+  if (t.defined()) release_file_pages(t.raw(), t.nbytes());
+}
+
+void release_file_pages(const void* data, size_t bytes) {
+  if (!data || bytes == 0) return;
+  const auto begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages only
   if (first >= last) return;
@@ -1122,10 +1126,24 @@ HugePageWeights weights_on_huge_pages(const Graph& g, std::string_view thp_mode,
   return placed;
 }
 
+namespace {
+
+// The hex SHA-256 of `buf`'s bytes. Hashing reads every page; where they are a model file's
+// mapping they go back to the page cache after (the pages a run or a pass reads fault in again).
+std::string hash_buffer(const Buffer& buf) {
+  std::string hex = sha256_hex({buf.data.get(), static_cast<size_t>(buf.size)});
+  const auto begin = reinterpret_cast<uintptr_t>(buf.data.get());
+  std::lock_guard lock(mapped_files().mu);
+  if (buf.size > 0 && inside_mapped_file(begin, begin + buf.size)) ::madvise(buf.data.get(), buf.size, MADV_DONTNEED);
+  return hex;
+}
+
+}  // namespace
+
 Result<Model> load_model(const std::string& path, const LoadOptions& options) {
   auto buf = read_file(path, "file");
   if (!buf.ok()) return with_file(buf.status(), path);
-  if (options.sha256) *options.sha256 = sha256_hex({buf->data.get(), static_cast<size_t>(buf->size)});
+  if (options.sha256) *options.sha256 = hash_buffer(*buf);
   std::string dir = std::filesystem::path(path).parent_path().string();
   auto model = decode(*buf, dir, options);
   if (!model.ok()) return with_file(model.status(), path);
@@ -1136,7 +1154,7 @@ Result<Model> load_model_from_fd(int fd, const std::string& name, const LoadOpti
                                  const std::string& sidecar_dir) {
   auto buf = read_fd(fd, "file");
   if (!buf.ok()) return with_file(buf.status(), name);
-  if (options.sha256) *options.sha256 = sha256_hex({buf->data.get(), static_cast<size_t>(buf->size)});
+  if (options.sha256) *options.sha256 = hash_buffer(*buf);
   auto model = decode(*buf, sidecar_dir, options);
   if (!model.ok()) return with_file(model.status(), name);
   return model;

@@ -82,6 +82,8 @@ Result<Model> load_model(const std::string& path, const LoadOptions& options = {
 /// the file. Planning calls it for weights a kernel has packed into memory of its own, so that
 /// a process holds each weight once.
 void release_file_pages(const Tensor& t);
+/// The same for the bytes [data, data + bytes), which need no longer be a tensor's.
+void release_file_pages(const void* data, size_t bytes);
 /// The model files load_model memory-mapped and has not unmapped yet: their pages' address ranges.
 AddressRanges mapped_model_files();
 /// Where the pages of the mapped model files and of the HugePages regions are now (page_use

@@ -134,6 +134,51 @@ TEST(CompilePrepackWeights, SymbolicShapesStoreWhatEveryPlannedShapeReads) {
   }
 }
 
+// A compile reads its input where it is mapped; hashing it for the provenance touched every page,
+// and a pass that replaces a weight (BatchNorm folded into it) read the old one. Both give those
+// pages back to the page cache, so the process holds the new weight alone.
+TEST(CompilePipeline, GivesBackTheFilePagesOfReplacedWeights) {
+  Builder b;
+  ValueId x = b.input("x", {1, 512, 4, 4});
+  ValueId y = b.op("conv", "Conv", {x, b.constant("w", uniform_f32({512, 512, 3, 3}, 61))}, "y",
+                   {attr("pads", std::vector<int64_t>{1, 1, 1, 1})});
+  std::vector<ValueId> bn{y, b.constant("gamma", uniform_f32({512}, 62)), b.constant("beta", uniform_f32({512}, 63)),
+                          b.constant("mean", uniform_f32({512}, 64)), b.constant("var", uniform_f32({512}, 65, 0.5f, 1.5f))};
+  ValueId z = b.op("bn", "BatchNormalization", bn, "z", {attr("epsilon", 1e-3)});
+  // A constant that stays keeps the file mapped.
+  b.output(b.op("add", "Add", {z, b.constant("shift", uniform_f32({512, 1, 1}, 66))}, "out"));
+  const Model m = b.done();
+  const std::string path = ::testing::TempDir() + "kiln_pipeline_pages.kiln";
+  ASSERT_TRUE(save_model(m, path).ok());
+  auto resident = [] {
+    const ModelPageUse use = model_page_use();
+    return use.model_files ? use.model_files->resident_bytes : uint64_t{0};
+  };
+  const uint64_t baseline = resident();  // other models' mapped files, if any are
+  // 9.4 MB; reading the graph's metadata maps the file's first 2 MiB page, which holds some of it.
+  const size_t weight = 512 * 512 * 9 * sizeof(float);
+  {
+    std::string sha;
+    auto loaded = load_model(path, LoadOptions{.sha256 = &sha});
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message();
+    if (!model_page_use().model_files) GTEST_SKIP() << "no /proc/self/smaps";
+    EXPECT_EQ(sha.size(), 64u);
+    EXPECT_LT(resident(), baseline + weight / 2) << "the hashed file's pages stayed";
+    const Tensor& w = loaded->graph.value(loaded->graph.find_value("w")).constant;
+    volatile float sum = 0;
+    for (int64_t i = 0; i < w.numel(); i += 1024) sum = sum + w.data<float>()[i];
+    EXPECT_GE(resident(), baseline + weight * 3 / 4) << "reading the weight faults it in";
+    CompileOptions options;
+    options.passes = {"fold_batchnorm"};
+    auto report = compile_model(*loaded, options);
+    ASSERT_TRUE(report.ok()) << report.error().message();
+    EXPECT_EQ(loaded->graph.find_value("w"), kNoValue);
+    ASSERT_TRUE(model_page_use().model_files) << "the file is still mapped";
+    EXPECT_LT(resident(), baseline + weight / 2) << "the replaced weight's pages stayed";
+  }
+  std::remove(path.c_str());
+}
+
 TEST(CompilePrepackWeights, NothingToPack) {
   Builder b;
   ValueId x = b.input("x", Shape({Dim::sym("batch"), Dim::known(4)}));
