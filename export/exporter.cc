@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <onnx/onnx_pb.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -282,13 +284,70 @@ Result<Shape> parse_shape(const std::string& text) {
 
 namespace {
 
-// Parses an ONNX model's bytes (of `file`, which an error names) into `proto`.
-Status parse_onnx(const std::string& bytes, const std::string& file, onnx::ModelProto& proto) {
-  google::protobuf::io::CodedInputStream stream(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                                static_cast<int>(std::min<size_t>(bytes.size(), INT32_MAX)));
-  stream.SetTotalBytesLimit(INT32_MAX);
-  if (bytes.empty() || !proto.ParseFromCodedStream(&stream) || !stream.ConsumedEntireMessage())
-    return Error{ErrorKind::user, file, "", "not a valid ONNX model (the protobuf does not parse)"};
+// Bytes for the protobuf parser, hashed as they go by: a chunk is hashed when the parser asks for
+// the next (less what it backed up, which the next chunk returns again), so a file is read once
+// and never held whole.
+class HashingInput final : public google::protobuf::io::ZeroCopyInputStream {
+ public:
+  explicit HashingInput(google::protobuf::io::ZeroCopyInputStream& in) : in_(in) {}
+  bool Next(const void** data, int* size) override {
+    sha_.update(taken_);
+    taken_ = {};
+    if (!in_.Next(data, size)) return false;
+    taken_ = {static_cast<const uint8_t*>(*data), static_cast<size_t>(*size)};
+    return true;
+  }
+  void BackUp(int count) override {
+    in_.BackUp(count);
+    taken_ = taken_.first(taken_.size() - static_cast<size_t>(count));
+  }
+  bool Skip(int count) override {
+    const void* data = nullptr;
+    for (int size = 0; count > 0; count -= size) {
+      if (!Next(&data, &size)) return false;
+      if (size > count) BackUp(size - count);
+      size = std::min(size, count);
+    }
+    return true;
+  }
+  int64_t ByteCount() const override { return in_.ByteCount(); }
+  /// The digest of all the bytes: what the parser left is read and hashed too.
+  std::string hex() {
+    const void* data = nullptr;
+    int size = 0;
+    while (Next(&data, &size)) {
+    }
+    sha_.update(taken_);
+    taken_ = {};
+    return sha_.hex();
+  }
+
+ private:
+  google::protobuf::io::ZeroCopyInputStream& in_;
+  Sha256 sha_;
+  std::span<const uint8_t> taken_;
+};
+
+constexpr char kOver2GB[] = "the model is over 2 GB; keep its weights in ONNX external data";
+
+// Parses the ONNX model `in` holds (of `file`, which an error names) into `proto`, and its bytes'
+// SHA-256 into `sha256`. `read_errno` (null: none) tells of a read that failed.
+Status parse_onnx(google::protobuf::io::ZeroCopyInputStream& in, const std::string& file, onnx::ModelProto& proto,
+                  std::string& sha256, const std::function<int()>& read_errno = nullptr) {
+  auto fail = [&](const std::string& what) -> Status { return Error{ErrorKind::user, file, "", what}; };
+  HashingInput input(in);
+  bool parsed = false;
+  try {
+    google::protobuf::io::CodedInputStream stream(&input);
+    stream.SetTotalBytesLimit(INT32_MAX);
+    parsed = proto.ParseFromCodedStream(&stream) && stream.ConsumedEntireMessage();
+  } catch (const MemoryLimitExceeded& e) {
+    return fail(std::string("reading it ") + e.what());
+  }
+  if (read_errno && read_errno() != 0) return fail("cannot read file: " + std::string(std::strerror(read_errno())));
+  if (!parsed && input.ByteCount() >= INT32_MAX) return fail(kOver2GB);
+  if (!parsed || input.ByteCount() == 0) return fail("not a valid ONNX model (the protobuf does not parse)");
+  sha256 = input.hex();
   return {};
 }
 
@@ -326,61 +385,13 @@ Result<Model> export_proto(onnx::ModelProto& proto, std::string sha256, const st
 
 Result<Model> export_onnx_bytes(const std::string& bytes, const std::string& display_name,
                                 const std::string& model_dir, const ExportOptions& options) {
+  if (bytes.size() >= INT32_MAX) return Error{ErrorKind::user, display_name, "", kOver2GB};
+  google::protobuf::io::ArrayInputStream in(bytes.data(), static_cast<int>(bytes.size()));
   onnx::ModelProto proto;
-  KILN_RETURN_IF_ERROR(parse_onnx(bytes, display_name, proto));
-  return export_proto(proto, sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}), display_name,
-                      model_dir, options);
+  std::string sha256;
+  KILN_RETURN_IF_ERROR(parse_onnx(in, display_name, proto, sha256));
+  return export_proto(proto, std::move(sha256), display_name, model_dir, options);
 }
-
-namespace {
-
-// A descriptor's bytes for the protobuf parser, hashed as they go by: a chunk is hashed when the
-// parser asks for the next (less what it backed up, which the next chunk returns again), so
-// the file is read once and never held whole.
-class HashingInput final : public google::protobuf::io::ZeroCopyInputStream {
- public:
-  explicit HashingInput(int fd) : in_(fd, 1 << 20) {}
-  bool Next(const void** data, int* size) override {
-    sha_.update(taken_);
-    taken_ = {};
-    if (!in_.Next(data, size)) return false;
-    taken_ = {static_cast<const uint8_t*>(*data), static_cast<size_t>(*size)};
-    return true;
-  }
-  void BackUp(int count) override {
-    in_.BackUp(count);
-    taken_ = taken_.first(taken_.size() - static_cast<size_t>(count));
-  }
-  bool Skip(int count) override {
-    const void* data = nullptr;
-    for (int size = 0; count > 0; count -= size) {
-      if (!Next(&data, &size)) return false;
-      if (size > count) BackUp(size - count);
-      size = std::min(size, count);
-    }
-    return true;
-  }
-  int64_t ByteCount() const override { return in_.ByteCount(); }
-  /// The digest of the whole file: what the parser left is read and hashed too.
-  std::string hex() {
-    const void* data = nullptr;
-    int size = 0;
-    while (Next(&data, &size)) {
-    }
-    sha_.update(taken_);
-    taken_ = {};
-    return sha_.hex();
-  }
-  /// errno of a read that failed, 0 if none did.
-  int error() const { return in_.GetErrno(); }
-
- private:
-  google::protobuf::io::FileInputStream in_;
-  Sha256 sha_;
-  std::span<const uint8_t> taken_;
-};
-
-}  // namespace
 
 Result<Model> export_onnx_fd(int fd, const std::string& display_name, const std::string& model_dir,
                              const ExportOptions& options) {
@@ -388,27 +399,13 @@ Result<Model> export_onnx_fd(int fd, const std::string& display_name, const std:
   struct stat st {};
   if (::fstat(fd, &st) != 0) return fail("cannot read file: " + std::string(std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) return fail("is a directory, expected a file");
-  constexpr char kOver2GB[] = "the model is over 2 GB; keep its weights in ONNX external data";
   if (S_ISREG(st.st_mode) && st.st_size >= INT32_MAX) return fail(kOver2GB);
+  // Parsed as it is read, never held whole: BERT-base's 438 MB export peaked at twice that
+  // reading the file into memory first, from a pipe at three times.
+  google::protobuf::io::FileInputStream in(fd, 1 << 20);
   onnx::ModelProto proto;
   std::string sha256;
-  {
-    // Parsed as it is read, never held whole: BERT-base's 438 MB export peaked at twice that
-    // reading the file into memory first, from a pipe at three times.
-    HashingInput input(fd);
-    bool parsed = false;
-    try {
-      google::protobuf::io::CodedInputStream stream(&input);
-      stream.SetTotalBytesLimit(INT32_MAX);
-      parsed = proto.ParseFromCodedStream(&stream) && stream.ConsumedEntireMessage();
-    } catch (const MemoryLimitExceeded& e) {
-      return fail(std::string("reading it ") + e.what());
-    }
-    if (input.error() != 0) return fail("cannot read file: " + std::string(std::strerror(input.error())));
-    if (!parsed && input.ByteCount() >= INT32_MAX) return fail(kOver2GB);
-    if (!parsed || input.ByteCount() == 0) return fail("not a valid ONNX model (the protobuf does not parse)");
-    sha256 = input.hex();
-  }
+  KILN_RETURN_IF_ERROR(parse_onnx(in, display_name, proto, sha256, [&] { return in.GetErrno(); }));
   return export_proto(proto, std::move(sha256), display_name, model_dir, options);
 }
 
