@@ -430,8 +430,8 @@ MappedFiles& mapped_files() {
 }
 
 /// Reads what `fd` holds from its current offset to its end: a regular file read from its start
-/// is memory-mapped, anything else (a pipe, a device, a file read from elsewhere) read into an
-/// aligned buffer. `what` names the file in messages ("file" for the model file itself, whose
+/// is memory-mapped, anything else (a pipe, a device, a file read from part-way through) read
+/// into an aligned buffer. `what` names the file in messages ("file" for the model file itself, whose
 /// path the caller puts in Error::file).
 Result<Buffer> read_fd(int fd, const std::string& what) {
   std::string label = " " + what;
