@@ -23,7 +23,6 @@
 #include "export/onnx_tensor.h"
 #include "formats/infer.h"
 #include "formats/memory.h"
-#include "formats/npy.h"
 #include "formats/sha256.h"
 #include "formats/verify.h"
 

@@ -1,9 +1,7 @@
 // Reading an ONNX model to export it: a file or a pipe is parsed as it is read and hashed as it
 // goes by (never held whole), and each initializer's bytes go once its tensor is made, so an
 // export holds each weight about once.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
